@@ -1,0 +1,193 @@
+"""The Profile: what every block of a model costs, the value the planner reasons with.
+
+A Profile is plain data (no torch): the measured profiler (``profile.py``) and the analytic
+cost model both produce one, ``autopipe profile`` writes one as JSON, and the solver reads
+numbers from it. Costs depend on the micro-batch size ``u``; each is stored as an affine fit
+``y(u) = intercept + slope * u`` over the micro-batch sizes that were profiled, so the planner
+can price any micro-batch count.
+
+Blocks are listed in a topological order of the model's graph. Tensors say which block
+produces them (``src``, -1 for the model's inputs) and which blocks read them (``dsts``); a
+tensor read by a block more than one position later is a skip connection.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from autopipe._io import atomic_write_text
+from autopipe.errors import ProfileError
+
+__all__ = ["PROFILE_VERSION", "Affine", "BlockCost", "Profile", "TensorCost"]
+
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Affine:
+    """``y(u) = intercept + slope * u``, a cost as a function of micro-batch size ``u``."""
+
+    intercept: float
+    slope: float
+
+    def __call__(self, u: float) -> float:
+        return self.intercept + self.slope * u
+
+    @staticmethod
+    def constant(value: float) -> Affine:
+        return Affine(float(value), 0.0)
+
+    @staticmethod
+    def fit(xs: Sequence[float], ys: Sequence[float]) -> Affine:
+        """Least-squares line through ``(xs, ys)``; never negative at ``u >= 0``.
+
+        Measured times are noisy: a negative slope (more work taking less time) is clipped to
+        zero, and a negative intercept to zero with the slope refit through the origin.
+        """
+        if len(xs) != len(ys) or not xs:
+            raise ValueError(f"fit needs equal, non-empty xs and ys (got {len(xs)} and {len(ys)})")
+        n = len(xs)
+        if n == 1 or len(set(xs)) == 1:
+            # One size only: assume cost proportional to the micro-batch size.
+            mean_x = sum(xs) / n
+            return Affine(0.0, max(0.0, sum(ys) / n / mean_x)) if mean_x else Affine(0.0, 0.0)
+        mx, my = sum(xs) / n, sum(ys) / n
+        sxx = sum((x - mx) ** 2 for x in xs)
+        sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+        slope = max(0.0, sxy / sxx)
+        intercept = my - slope * mx
+        if intercept < 0.0:
+            slope = max(0.0, sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs))
+            intercept = 0.0
+        return Affine(intercept, slope)
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """One block: the unit the solver places on a stage (about one layer of the model)."""
+
+    name: str  # the user's module path, e.g. "layers.3", or the fx name of a loose op
+    nodes: tuple[str, ...]  # fx node names in this block, in graph order
+    params: int  # number of parameter elements the block owns (shared ones: first user)
+    param_bytes: int  # bytes of those parameters
+    forward_s: Affine  # forward time, seconds per micro-batch
+    backward_s: Affine  # full backward time (input-grad + weight-grad)
+    backward_input_s: Affine  # input-grad part of backward (zero-bubble "B")
+    backward_weight_s: Affine  # weight-grad part of backward (zero-bubble "W")
+    saved_bytes: Affine  # bytes saved for backward per micro-batch (activations)
+    forward_flops: Affine = Affine(0.0, 0.0)  # counted FLOPs of one forward (analytic)
+
+
+@dataclass(frozen=True)
+class TensorCost:
+    """A tensor that flows between blocks (or from the model's inputs)."""
+
+    name: str  # fx node name of the tensor
+    src: int  # producing block index; -1 for a model input
+    dsts: tuple[int, ...]  # consuming block indices, ascending
+    bytes: Affine  # size at micro-batch size u
+    dtype: str = "float32"
+    shape: tuple[int, ...] = ()  # shape at micro-batch size 1 (batch dimension first)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Per-block costs of one model on one device; the planner's input."""
+
+    model: str  # the model file spec it was made from
+    fingerprint: str  # hash of graph structure and parameter shapes (see trace.fingerprint)
+    device: str  # e.g. "cpu (2 threads)" or "cuda: NVIDIA H200"
+    torch_version: str
+    dtype: str
+    micro_batch_sizes: tuple[int, ...]  # the sizes that were measured or counted
+    method: str  # "measured" or "analytic"
+    blocks: tuple[BlockCost, ...]
+    tensors: tuple[TensorCost, ...]
+    shared_params: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (name, blocks using it)
+    version: int = PROFILE_VERSION
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> Profile:
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ProfileError(f"profile is not valid JSON ({e}); write it again with 'autopipe profile'") from None
+        return _profile_from_dict(raw)
+
+    def save(self, path: str | Path) -> None:
+        atomic_write_text(path, self.to_json())
+
+    @staticmethod
+    def load(path: str | Path) -> Profile:
+        p = Path(path)
+        if not p.is_file():
+            raise ProfileError(f"profile file not found: {p}; make one with 'autopipe profile MODEL -o {p}'")
+        return Profile.from_json(p.read_text())
+
+
+def _affine(raw: Any) -> Affine:
+    return Affine(float(raw["intercept"]), float(raw["slope"]))
+
+
+def _profile_from_dict(raw: Any) -> Profile:
+    if not isinstance(raw, dict) or "version" not in raw:
+        raise ProfileError("not an autopipe profile (no 'version' field); make one with 'autopipe profile'")
+    if raw["version"] != PROFILE_VERSION:
+        raise ProfileError(
+            f"profile version {raw['version']} is not supported (this autopipe reads version "
+            f"{PROFILE_VERSION}); profile the model again"
+        )
+    try:
+        blocks = tuple(
+            BlockCost(
+                name=b["name"],
+                nodes=tuple(b["nodes"]),
+                params=int(b["params"]),
+                param_bytes=int(b["param_bytes"]),
+                forward_s=_affine(b["forward_s"]),
+                backward_s=_affine(b["backward_s"]),
+                backward_input_s=_affine(b["backward_input_s"]),
+                backward_weight_s=_affine(b["backward_weight_s"]),
+                saved_bytes=_affine(b["saved_bytes"]),
+                forward_flops=_affine(b.get("forward_flops", {"intercept": 0, "slope": 0})),
+            )
+            for b in raw["blocks"]
+        )
+        tensors = tuple(
+            TensorCost(
+                name=t["name"],
+                src=int(t["src"]),
+                dsts=tuple(int(d) for d in t["dsts"]),
+                bytes=_affine(t["bytes"]),
+                dtype=t.get("dtype", "float32"),
+                shape=tuple(int(s) for s in t.get("shape", ())),
+            )
+            for t in raw["tensors"]
+        )
+        return Profile(
+            model=raw["model"],
+            fingerprint=raw["fingerprint"],
+            device=raw["device"],
+            torch_version=raw["torch_version"],
+            dtype=raw["dtype"],
+            micro_batch_sizes=tuple(int(u) for u in raw["micro_batch_sizes"]),
+            method=raw["method"],
+            blocks=blocks,
+            tensors=tensors,
+            shared_params=tuple((str(n), tuple(int(i) for i in bs)) for n, bs in raw.get("shared_params", ())),
+            version=int(raw["version"]),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProfileError(f"profile is corrupt ({type(e).__name__}: {e}); profile the model again") from None
+

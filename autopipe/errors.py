@@ -1,0 +1,55 @@
+"""The exceptions users of autopipe see.
+
+Every error autopipe raises on bad input is an :class:`AutopipeError`: its message is one line
+that says what is wrong and how to fix it. The CLI prints that line and exits with code 2;
+API users catch the typed subclass. A traceback from autopipe is a bug.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AutopipeError",
+    "InfeasibleError",
+    "ModelLoadError",
+    "PlanError",
+    "PlanFileError",
+    "ProfileError",
+    "ScheduleError",
+    "TraceError",
+]
+
+
+class AutopipeError(ValueError):
+    """Base class: bad input to autopipe, with a one-line message."""
+
+
+class ModelLoadError(AutopipeError):
+    """A model file could not be loaded or its model could not run on its example inputs."""
+
+
+class TraceError(AutopipeError):
+    """The model could not be traced into a graph of blocks."""
+
+
+class ProfileError(AutopipeError):
+    """Profiling failed, or a profile file is unreadable or belongs to another model."""
+
+
+class ScheduleError(AutopipeError):
+    """A pipeline schedule is invalid (the message shows the whole grid, bad step marked)."""
+
+
+class PlanError(AutopipeError):
+    """The planning request is invalid (stages, batch size, memory, pinned decisions)."""
+
+
+class InfeasibleError(PlanError):
+    """No plan fits the memory limits; the message names the smallest limit that would fit."""
+
+    def __init__(self, message: str, min_memory_bytes: float | None = None) -> None:
+        super().__init__(message)
+        self.min_memory_bytes = min_memory_bytes
+
+
+class PlanFileError(AutopipeError):
+    """A plan file is missing, corrupt, or of an unknown version."""
