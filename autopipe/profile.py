@@ -1,0 +1,313 @@
+"""Measure what each block of a model costs: time, saved activations, parameters, edges.
+
+For each micro-batch size the model is traced (``trace.py``), every block is cut out as its
+own module (``segment.py``) and run on the values the blocks before it produced:
+
+- forward and backward time: warm-up runs, then the median of ``repeat`` timed runs — CUDA
+  events with synchronisation on a GPU, ``time.perf_counter`` on the CPU;
+- backward split into input-gradient (``torch.autograd.grad`` with respect to the block's
+  inputs only, which skips weight-gradient kernels) and weight-gradient (the rest), the B and W
+  of zero-bubble schedules;
+- bytes saved for backward, counted exactly with ``torch.autograd.graph.saved_tensors_hooks``:
+  every saved tensor's storage once, parameters excluded (they are counted as parameters);
+- parameter bytes of the parameters each block owns, and bytes of every tensor on every edge.
+
+Times and bytes are then fitted as affine functions of the micro-batch size (``costs.Affine``)
+so the planner can price any micro-batch count.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from autopipe.costs import Affine, BlockCost, Profile, TensorCost
+from autopipe.errors import ProfileError
+from autopipe.segment import extract
+from autopipe.trace import TracedModel, trace_model
+
+__all__ = ["BlockMeasurement", "measure_blocks", "profile_model", "saved_bytes", "time_call"]
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class BlockMeasurement:
+    """One block at one micro-batch size."""
+
+    forward_s: float
+    backward_s: float
+    backward_input_s: float
+    saved_bytes: int
+
+
+def profile_model(
+    loaded: Any,
+    *,
+    micro_batch_sizes: Sequence[int],
+    tracer: str = "auto",
+    leaf_modules: Sequence[str] = (),
+    max_blocks: int | None = None,
+    warmup: int = 2,
+    repeat: int = 5,
+    device: str = "cpu",
+    progress: Progress | None = None,
+) -> Profile:
+    """Trace and measure ``loaded`` (a ``load.LoadedModel``) at each micro-batch size."""
+    sizes = sorted(set(micro_batch_sizes))
+    if not sizes or sizes[0] < 1:
+        raise ProfileError(f"micro-batch sizes must be positive integers (got {list(micro_batch_sizes)})")
+    if warmup < 0 or repeat < 1:
+        raise ProfileError(f"need warmup >= 0 and repeat >= 1 (got warmup={warmup}, repeat={repeat})")
+    dev = _device(device)
+    model: nn.Module = loaded.model.to(dev)
+    model.train()
+    traces: list[TracedModel] = []
+    measured: list[list[BlockMeasurement]] = []
+    for k, u in enumerate(sizes):
+        inputs = _to_device(loaded.make_inputs(u), dev)
+        traced = trace_model(
+            model,
+            inputs,
+            micro_batch_size=u,
+            tracer=traces[0].tracer if traces else tracer,
+            leaf_modules=leaf_modules,
+            max_blocks=max_blocks,
+            source=loaded.spec.path,
+        )
+        if traces and [b.nodes for b in traced.blocks] != [b.nodes for b in traces[0].blocks]:
+            raise ProfileError(
+                f"the model's graph changes with the micro-batch size ({sizes[0]} vs {u}); "
+                "profile one micro-batch size with --micro-batch-sizes N"
+            )
+        traces.append(traced)
+
+        def report(done: int, total: int, k: int = k, u: int = u) -> None:
+            if progress is not None:
+                progress(f"micro-batch {u}", k * total + done, total * len(sizes))
+
+        measured.append(measure_blocks(traced, inputs, warmup=warmup, repeat=repeat, progress=report))
+    return _make_profile(loaded, traces, measured, sizes, dev)
+
+
+def measure_blocks(
+    traced: TracedModel,
+    inputs: Any,
+    *,
+    warmup: int = 2,
+    repeat: int = 5,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[BlockMeasurement]:
+    """Run every block of ``traced`` alone, in order, and measure it."""
+    gm = traced.gm
+    param_storages = {p.untyped_storage().data_ptr() for p in gm.parameters()}
+    flat = _flat_inputs(traced, inputs)
+    env: dict[str, Any] = dict(zip(traced.input_names, flat, strict=True))
+    results = []
+    for block in traced.blocks:
+        seg = extract(gm, block.nodes)
+        args = [_leaf(env[name]) for name in seg.inputs]
+        measurement, outs = _measure(seg.module, args, warmup, repeat, param_storages)
+        for name, o in zip(seg.outputs, outs, strict=True):
+            env[name] = o.detach() if isinstance(o, torch.Tensor) else o
+        results.append(measurement)
+        if progress is not None:
+            progress(block.index + 1, len(traced.blocks))
+    for p in gm.parameters():
+        p.grad = None
+    return results
+
+
+def _measure(
+    module: nn.Module, args: list[Any], warmup: int, repeat: int, exclude: set[int]
+) -> tuple[BlockMeasurement, tuple[Any, ...]]:
+    """Time one block's forward and backward on ``args``; count what it saves."""
+
+    def forward() -> Any:
+        return module(*args)
+
+    forward_s = time_call(forward, warmup, repeat)
+    nbytes = saved_bytes(forward, exclude=exclude)
+    outs = tuple(forward())
+    diff = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+    grads = [torch.ones_like(o) for o in diff]
+    grad_inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+
+    def backward() -> None:
+        torch.autograd.backward(diff, grads, retain_graph=True)
+
+    def backward_input() -> None:
+        torch.autograd.grad(diff, grad_inputs, grads, retain_graph=True, allow_unused=True)
+
+    backward_s = time_call(backward, warmup, repeat) if diff else 0.0
+    backward_input_s = time_call(backward_input, warmup, repeat) if diff and grad_inputs else 0.0
+    return BlockMeasurement(forward_s, backward_s, min(backward_input_s, backward_s), nbytes), outs
+
+
+def time_call(fn: Callable[[], object], warmup: int = 2, repeat: int = 5) -> float:
+    """Median wall time of ``fn()`` in seconds; CUDA work is synchronised (events on a GPU)."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        if cuda:
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            torch.cuda.synchronize()
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(float(start.elapsed_time(end)) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+    return float(statistics.median(samples))
+
+
+def saved_bytes(fn: Callable[[], object], exclude: set[int] = frozenset()) -> int:  # type: ignore[assignment]
+    """Bytes of the tensors autograd saves for backward while ``fn()`` runs.
+
+    Each storage counts once (views and tensors saved twice share it); storages in
+    ``exclude`` (parameters: they are counted as parameters) do not count.
+    """
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        ptr = s.data_ptr()
+        if ptr not in exclude and t.device.type != "meta":
+            seen[ptr] = max(seen.get(ptr, 0), s.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    del out
+    return sum(seen.values())
+
+
+def _leaf(v: Any) -> Any:
+    """A value as a fresh autograd leaf, so a block's backward stops at its inputs."""
+    if isinstance(v, torch.Tensor) and v.is_floating_point():
+        return v.detach().requires_grad_(True)
+    return v
+
+
+def _flat_inputs(traced: TracedModel, inputs: Any) -> list[Any]:
+    if isinstance(inputs, dict):
+        ph = [n.target for n in traced.gm.graph.nodes if n.op == "placeholder"]
+        return [inputs.get(str(t).lstrip("*")) for t in ph]
+    if isinstance(inputs, (tuple, list)):
+        return list(torch.utils._pytree.tree_leaves(list(inputs)))
+    return [inputs]
+
+
+def _device(device: str) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ProfileError(f"unknown device {device!r}; use cpu or cuda") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ProfileError("--device cuda, but no CUDA device is visible; use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise ProfileError(f"cannot measure on {dev.type}; use cpu or cuda (meta models are planned analytically)")
+    return dev
+
+
+def _to_device(x: Any, dev: torch.device) -> Any:
+    return torch.utils._pytree.tree_map(lambda t: t.to(dev) if isinstance(t, torch.Tensor) else t, x)
+
+
+def _device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(dev)}"
+    cpu = platform.processor() or platform.machine()
+    return f"cpu: {cpu}, {torch.get_num_threads()} threads"
+
+
+def _make_profile(
+    loaded: Any,
+    traces: list[TracedModel],
+    measured: list[list[BlockMeasurement]],
+    sizes: list[int],
+    dev: torch.device,
+) -> Profile:
+    ref = traces[0]
+    gm = ref.gm
+    xs = [float(u) for u in sizes]
+
+    def fit(get: Callable[[BlockMeasurement], float], i: int) -> Affine:
+        return Affine.fit(xs, [get(m[i]) for m in measured])
+
+    blocks = []
+    for i, b in enumerate(ref.blocks):
+        owned = [gm.get_parameter(p) for p in b.params]
+        forward = fit(lambda m: m.forward_s, i)
+        backward = fit(lambda m: m.backward_s, i)
+        backward_input = fit(lambda m: m.backward_input_s, i)
+        blocks.append(
+            BlockCost(
+                name=b.name,
+                nodes=b.nodes,
+                params=sum(p.numel() for p in owned),
+                param_bytes=sum(p.numel() * p.element_size() for p in owned),
+                forward_s=forward,
+                backward_s=backward,
+                backward_input_s=backward_input,
+                backward_weight_s=Affine(
+                    max(0.0, backward.intercept - backward_input.intercept),
+                    max(0.0, backward.slope - backward_input.slope),
+                ),
+                saved_bytes=fit(lambda m: float(m.saved_bytes), i),
+            )
+        )
+    tensors = []
+    for name in _crossing_values(ref):
+        src = ref.block_of.get(name, -1)
+        node = next(n for n in gm.graph.nodes if n.name == name)
+        dsts = tuple(sorted({ref.block_of[u.name] for u in node.users if u.name in ref.block_of} - {src}))
+        info = ref.values[name]
+        tensors.append(
+            TensorCost(
+                name=name,
+                src=src,
+                dsts=dsts,
+                bytes=Affine.fit(xs, [float(t.values[name].bytes) for t in traces]),
+                dtype=info.dtype,
+                shape=info.shape,
+            )
+        )
+    dtypes = {p.dtype for p in gm.parameters()}
+    return Profile(
+        model=str(loaded.spec),
+        fingerprint=ref.fingerprint(),
+        device=_device_name(dev),
+        torch_version=torch.__version__,
+        dtype=str(dtypes.pop()).removeprefix("torch.") if len(dtypes) == 1 else "mixed",
+        micro_batch_sizes=tuple(sizes),
+        method="measured",
+        blocks=tuple(blocks),
+        tensors=tuple(tensors),
+        shared_params=ref.shared_params,
+    )
+
+
+def _crossing_values(traced: TracedModel) -> list[str]:
+    """Names of values read by a block other than the one that makes them, graph order."""
+    out = []
+    for n in traced.gm.graph.nodes:
+        if n.op not in ("placeholder", "call_module", "call_function", "call_method"):
+            continue
+        src = traced.block_of.get(n.name, -1)
+        if any(traced.block_of.get(u.name, src) != src for u in n.users):
+            out.append(n.name)
+    return out

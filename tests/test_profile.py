@@ -1,0 +1,148 @@
+"""The measured profiler against whole-model measurements, and the Profile file format."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from autopipe.costs import Affine, Profile
+from autopipe.errors import ProfileError
+from autopipe.profile import measure_blocks, profile_model, saved_bytes, time_call
+from autopipe.trace import trace_model
+
+
+class Layer(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))  # (B, T, C)
+
+
+class Net(nn.Module):
+    def __init__(self, d: int = 128, n: int = 4, vocab: int = 512) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList([Layer(d) for _ in range(n)])
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.embed(idx)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+
+def _loaded(model: nn.Module, seq: int = 64, vocab: int = 512) -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        model=model,
+        make_inputs=lambda u: torch.randint(0, vocab, (u, seq), generator=torch.Generator().manual_seed(u)),
+        spec=types.SimpleNamespace(path=Path("net.py")),
+    )
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def test_sum_of_block_forward_times_matches_the_whole_model() -> None:
+    torch.manual_seed(0)
+    model = Net()
+    x = torch.randint(0, 512, (8, 64))
+    traced = trace_model(model, x, micro_batch_size=8, tracer="fx")
+    # The machine is shared and noisy: interleave the two measurements, keep each one's best.
+    blocks, whole = [], []
+    for _ in range(3):
+        blocks.append(sum(m.forward_s for m in measure_blocks(traced, x, warmup=2, repeat=7)))
+        whole.append(time_call(lambda: model(x), warmup=2, repeat=7))
+    assert min(blocks) == pytest.approx(min(whole), rel=0.15)
+
+
+def test_sum_of_block_saved_bytes_matches_the_whole_model() -> None:
+    model = Net()
+    x = torch.randint(0, 512, (4, 64))
+    traced = trace_model(model, x, micro_batch_size=4, tracer="fx")
+    per_block = sum(m.saved_bytes for m in measure_blocks(traced, x, warmup=0, repeat=1))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    whole = saved_bytes(lambda: model(x), exclude=params)
+    # A tensor saved by ops on both sides of a block boundary (the residual stream read by
+    # the next layer's norm and by this layer's add) is the only allowed difference.
+    assert per_block == pytest.approx(whole, rel=0.05)
+
+
+def test_saved_bytes_counts_shared_storage_once_and_skips_parameters() -> None:
+    lin = nn.Linear(16, 16)
+    x = torch.randn(8, 16, requires_grad=True)
+    params = {p.untyped_storage().data_ptr() for p in lin.parameters()}
+    # x is saved by both matmuls (once), the weight is a parameter (skipped).
+    assert saved_bytes(lambda: lin(x) + lin(x), exclude=params) == 8 * 16 * 4
+
+
+def test_profile_fits_costs_over_micro_batch_sizes_and_round_trips(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    loaded = _loaded(Net(d=64, n=2))
+    seen: list[tuple[int, int]] = []
+    prof = profile_model(loaded, micro_batch_sizes=[1, 2, 4], warmup=1, repeat=3, progress=lambda _d, i, n: seen.append((i, n)))
+    assert [b.name for b in prof.blocks] == ["embed", "layers.0", "layers.1", "head"]
+    assert prof.micro_batch_sizes == (1, 2, 4) and prof.method == "measured"
+    assert seen[-1] == (12, 12)
+    layer = prof.blocks[1]
+    assert layer.params == sum(p.numel() for p in loaded.model.layers[0].parameters())
+    assert layer.param_bytes == 4 * layer.params
+    # Activation bytes are exactly linear in the micro-batch size here.
+    assert layer.saved_bytes(4) == pytest.approx(4 * layer.saved_bytes(1), rel=1e-6)
+    assert all(b.forward_s(4) > 0 for b in prof.blocks[1:])
+    # The tensors between blocks: the input ids (from the model input), then a chain.
+    assert [(t.src, t.dsts) for t in prof.tensors] == [(-1, (0,)), (0, (1,)), (1, (2,)), (2, (3,))]
+    assert prof.tensors[1].bytes(2) == 2 * 64 * 64 * 4
+    path = tmp_path / "profile.json"
+    prof.save(path)
+    assert Profile.load(path) == prof
+    assert Profile.load(path).to_json() == prof.to_json()
+
+
+def test_profile_errors() -> None:
+    loaded = _loaded(Net(d=16, n=1))
+    with pytest.raises(ProfileError, match=r"micro-batch sizes must be positive integers \(got \[0, 2\]\)"):
+        profile_model(loaded, micro_batch_sizes=[0, 2])
+    if not torch.cuda.is_available():
+        with pytest.raises(ProfileError, match="no CUDA device is visible; use --device cpu"):
+            profile_model(loaded, micro_batch_sizes=[1], device="cuda")
+
+
+def test_profile_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match="profile file not found"):
+        Profile.load(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ProfileError, match="profile is not valid JSON"):
+        Profile.load(bad)
+    bad.write_text('{"version": 99}')
+    with pytest.raises(ProfileError, match="profile version 99 is not supported"):
+        Profile.load(bad)
+    bad.write_text('{"version": 1, "blocks": []}')
+    with pytest.raises(ProfileError, match="profile is corrupt"):
+        Profile.load(bad)
+
+
+@pytest.mark.parametrize(
+    ("xs", "ys", "expected"),
+    [
+        ([1, 2, 4], [3.0, 5.0, 9.0], Affine(1.0, 2.0)),
+        ([1, 2], [2.0, 1.0], Affine(1.5, 0.0)),  # noise that slopes down: flat
+        ([2, 4], [1.0, 5.0], Affine(0.0, 1.1)),  # negative intercept: refit through 0
+        ([4], [8.0], Affine(0.0, 2.0)),  # one size: proportional
+    ],
+)
+def test_affine_fit(xs: list[float], ys: list[float], expected: Affine) -> None:
+    got = Affine.fit(xs, ys)
+    assert got.intercept == pytest.approx(expected.intercept)
+    assert got.slope == pytest.approx(expected.slope)
