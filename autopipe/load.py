@@ -206,7 +206,8 @@ def _import_file(path: Path) -> ModuleType:
     independent modules). The module stays in sys.modules so dataclasses and pickling work."""
     shown = str(path)
     if not path.exists():
-        raise ModelLoadError(f"model file not found: {shown}; give the path to a .py file (relative to {Path.cwd()})")
+        where = "" if path.is_absolute() else f" (looked relative to {Path.cwd()})"
+        raise ModelLoadError(f"model file not found: {shown}{where}; check the path")
     if path.is_dir():
         raise ModelLoadError(f"{shown} is a directory, not a model file; name the .py file inside it (e.g. {path / 'model.py'})")
     if path.suffix != ".py":
