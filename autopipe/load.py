@@ -272,8 +272,9 @@ def _required(module: ModuleType, name: str, path: Path, hint: str) -> Callable[
     return fn
 
 
-def _accepted(fn: Callable[..., Any]) -> tuple[set[str] | None, list[str]]:
-    """Keyword names ``fn`` accepts (None: anything, it has ``**kwargs``) and required ones."""
+def _accepted(fn: Callable[..., Any]) -> tuple[list[str] | None, list[str]]:
+    """Keyword names ``fn`` accepts, in signature order (None: any, it has ``**kwargs``), and the
+    required ones."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
@@ -283,17 +284,19 @@ def _accepted(fn: Callable[..., Any]) -> tuple[set[str] | None, list[str]]:
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     names = [p.name for p in params if p.kind in kinds]
     required = [p.name for p in params if p.kind in kinds and p.default is p.empty]
-    return set(names), required
+    return names, required
 
 
 def _check_factory_kwargs(fn: Callable[..., Any], name: str, kwargs: Mapping[str, object]) -> None:
+    """Reject kwargs the factory's signature cannot take, before calling it (clearer than the
+    TypeError the call would raise)."""
     accepted, required = _accepted(fn)
     if accepted is None:
         return
     unknown = [k for k in kwargs if k not in accepted]
     if unknown:
-        takes = ", ".join(sorted(accepted)) if accepted else "no arguments"
-        close = difflib.get_close_matches(unknown[0], sorted(accepted), n=1)
+        takes = ", ".join(accepted) if accepted else "no arguments"
+        close = difflib.get_close_matches(unknown[0], accepted, n=1)
         hint = f"; did you mean -k {close[0]}=...?" if close else ""
         raise ModelLoadError(f"{name}() does not take {', '.join(unknown)} (it takes: {takes}){hint}")
     missing = [k for k in required if k not in kwargs]
@@ -323,8 +326,9 @@ def _batch_maker(
     def make(batch_size: int) -> object:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ModelLoadError(f"batch size must be a positive integer (got {batch_size!r})")
-        with device if device is not None else nullcontext():
-            out = _call_user(fn, f"{name}({batch_size})", path, batch_size, **bound)
+        # Made where the file makes them, then moved: a file seeding a CPU torch.Generator must
+        # not fail under a CUDA default device.
+        out = _call_user(fn, f"{name}({batch_size})", path, batch_size, **bound)
         if out is None:
             raise ModelLoadError(
                 f"{name}({batch_size}) in {path} returned None; return a Tensor, a tuple of positional inputs or a dict of keyword inputs"

@@ -224,7 +224,7 @@ def test_model_rejects_inputs() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "parts"),
     [
-        ({"widht": 4}, ["build_model() does not take widht", "(it takes: depth, n_classes, width)", "did you mean -k width"]),
+        ({"widht": 4}, ["build_model() does not take widht", "(it takes: width, depth, n_classes)", "did you mean -k width"]),
         ({"width": 4, "zzz": 1}, ["does not take zzz"]),
     ],
 )
@@ -326,3 +326,17 @@ def test_default_loss() -> None:
     assert default_loss({"logits": a, "aux": (b, torch.ones(2, dtype=torch.long))}).item() == 7.0
     with pytest.raises(ModelLoadError, match="define loss_fn"):
         default_loss(torch.ones(2, dtype=torch.long))
+
+
+def test_error_in_sibling_module_names_its_line(tmp_path: Path) -> None:
+    write(
+        tmp_path, "layers_sibling_abc.py",
+        "import torch\nclass Bad(torch.nn.Module):\n    def forward(self, x):\n        raise RuntimeError('shape mismatch')\n",
+    )  # fmt: skip
+    p = write(tmp_path, "net.py", "from layers_sibling_abc import Bad\ndef build_model():\n    return Bad()\n" + GOOD_TAIL)
+    try:
+        msg = load_error(str(p), device="cpu")
+    finally:
+        sys.modules.pop("layers_sibling_abc", None)
+    assert msg.startswith("the model rejected its example inputs (input shapes: (2, 4) float32): RuntimeError: shape mismatch (")
+    assert msg.endswith("layers_sibling_abc.py:4)")
