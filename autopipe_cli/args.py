@@ -1,0 +1,99 @@
+"""Checks on command-line values that argparse cannot express in one clear line.
+
+argparse reports a bad value with a usage block; autopipe reports it like every other bad
+input, as one ``autopipe: error:`` line naming the flag, the value and the fix. Options are
+therefore parsed as strings and checked here, after parsing and before any slow work starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from autopipe.errors import AutopipeError
+
+__all__ = [
+    "UsageError",
+    "default_micro_batch_sizes",
+    "int_list",
+    "non_negative_int",
+    "output_path",
+    "positive_int",
+    "resolve_device",
+    "split_names",
+]
+
+
+class UsageError(AutopipeError):
+    """A command-line value is malformed or out of range."""
+
+
+def _int(text: str, flag: str, what: str) -> int:
+    try:
+        return int(text.strip())
+    except (ValueError, AttributeError):
+        raise UsageError(f"{flag} must be {what} (got {text!r})") from None
+
+
+def positive_int(text: str, flag: str) -> int:
+    """``"8"`` -> 8; zero, negatives and non-numbers raise UsageError."""
+    value = _int(text, flag, "a positive integer")
+    if value < 1:
+        raise UsageError(f"{flag} must be a positive integer (got {value})")
+    return value
+
+
+def non_negative_int(text: str, flag: str) -> int:
+    value = _int(text, flag, "an integer >= 0")
+    if value < 0:
+        raise UsageError(f"{flag} must be an integer >= 0 (got {value})")
+    return value
+
+
+def int_list(text: str, flag: str) -> tuple[int, ...]:
+    """``"4,1,2,2"`` -> ``(1, 2, 4)``: positive integers, sorted, duplicates dropped."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts) or any(int(p) < 1 for p in parts):
+        raise UsageError(f"{flag} must be positive integers separated by commas, like 1,2,4 (got {text!r})")
+    return tuple(sorted({int(p) for p in parts}))
+
+
+def default_micro_batch_sizes(batch_size: int) -> tuple[int, ...]:
+    """Two or three sizes up to ``batch_size`` for the affine cost fit: B/4, B/2, B.
+
+    ``8 -> (2, 4, 8)``, ``6 -> (1, 3, 6)``, ``2 -> (1, 2)``, ``1 -> (1,)``.
+    """
+    return tuple(sorted({s for s in (batch_size // 4, batch_size // 2, batch_size) if s >= 1}))
+
+
+def split_names(values: Iterable[str] | None) -> tuple[str, ...]:
+    """Repeated and comma-separated names (``--leaf A,B --leaf C``) -> ``("A", "B", "C")``."""
+    return tuple(n.strip() for v in values or () for n in v.split(",") if n.strip())
+
+
+def resolve_device(name: str | None) -> str:
+    """``None`` -> ``"cuda"`` when a CUDA device is usable, else ``"cpu"``; checks cpu/cuda[:N]."""
+    import torch  # here, so that --help and --version do not wait for torch
+
+    cuda = torch.cuda.is_available()
+    if name is None:
+        return "cuda" if cuda else "cpu"
+    name = name.strip().lower()
+    kind, _, index = name.partition(":")
+    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
+        raise UsageError(f"--device must be cpu, cuda or cuda:N (got {name!r})")
+    if kind == "cuda" and not cuda:
+        raise UsageError(f"--device {name} but this torch ({torch.__version__}) sees no CUDA device; use --device cpu")
+    if kind == "cuda" and index and int(index) >= torch.cuda.device_count():
+        raise UsageError(f"--device {name} but only {torch.cuda.device_count()} CUDA device(s) are visible; use cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return name
+
+
+def output_path(text: str, flag: str) -> Path:
+    """An output file whose folder exists (checked before the slow work, not after)."""
+    path = Path(text)
+    if path.is_dir():
+        raise UsageError(f"{flag} {text} is a directory; name a file, e.g. {path / 'profile.json'}")
+    if not path.parent.is_dir():
+        raise UsageError(f"{flag} {text}: folder {path.parent} does not exist; create it or write elsewhere")
+    return path

@@ -1,0 +1,235 @@
+"""Tests for the ``autopipe`` command line: exit codes, one-line errors, profile printing."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+import autopipe_cli.main as cli
+from autopipe.costs import Affine, BlockCost, Profile, TensorCost
+from autopipe.load import LoadedModel
+from autopipe_cli.args import default_micro_batch_sizes, int_list, split_names
+from autopipe_cli.main import main
+from autopipe_cli.render import (
+    block_out_bytes,
+    profile_summary,
+    profile_table,
+    progress_reporter,
+    wrote_line,
+)
+
+torch.set_num_threads(1)
+
+GOOD = "tests/fixtures/good_mlp.py"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def hand_profile() -> Profile:
+    """Two blocks measured at u = 1, 4; costs chosen so the numbers are easy to check."""
+
+    def block(name: str, params: int, fwd_ms: float) -> BlockCost:
+        per_u = Affine(0.0, fwd_ms * 1e-3)  # fwd_ms per sample
+        return BlockCost(
+            name=name, nodes=(name,), params=params, param_bytes=4 * params, forward_s=per_u,
+            backward_s=Affine(0.0, 2 * fwd_ms * 1e-3), backward_input_s=per_u, backward_weight_s=per_u,
+            saved_bytes=Affine(0.0, 2.0**20),  # 1 MiB per sample
+        )  # fmt: skip
+
+    return Profile(
+        model=f"{GOOD}:build_model",
+        fingerprint="abc",
+        device="cpu (1 threads)",
+        torch_version=torch.__version__,
+        dtype="float32",
+        micro_batch_sizes=(1, 4),
+        method="measured",
+        blocks=(block("layers.0", 272, 0.5), block("head", 1_500_000, 0.25)),
+        tensors=(
+            TensorCost("x", -1, (0,), Affine(0.0, 64.0)),
+            TensorCost("layers_0", 0, (1,), Affine(0.0, 2.0**19)),  # 0.5 MiB per sample
+            TensorCost("head", 1, (), Affine(0.0, 16.0)),
+        ),
+    )
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("autopipe: error: ")
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- error paths
+
+
+@pytest.mark.parametrize(
+    ("argv", "parts"),
+    [
+        (["profile", "tests/fixtures/missing.py"], ["model file not found: tests/fixtures/missing.py"]),
+        (["profile", "tests/fixtures/bad_syntax.py"], ["syntax error in tests/fixtures/bad_syntax.py:7:"]),
+        (["profile", "tests/fixtures/no_factory.py"], ["has no function 'build_model'"]),
+        (["profile", GOOD, "-k", "width"], ["factory argument 'width' has no '='"]),
+        (["profile", GOOD, "-k", "widht=3"], ["build_model() does not take widht"]),
+        (["profile", "tests/fixtures/rejects_inputs.py"], ["the model rejected its example inputs", "rejects_inputs.py:15)"]),
+        (["profile", GOOD, "--batch-size", "0"], ["--batch-size must be a positive integer (got 0)"]),
+        (["profile", GOOD, "--batch-size", "-3"], ["--batch-size must be a positive integer (got -3)"]),
+        (["profile", GOOD, "--batch-size", "eight"], ["--batch-size must be a positive integer (got 'eight')"]),
+        (["profile", GOOD, "--micro-batch-sizes", "1,x"], ["--micro-batch-sizes must be positive integers", "'1,x'"]),
+        (["profile", GOOD, "--micro-batch-sizes", "0,2"], ["--micro-batch-sizes must be positive integers"]),
+        (["profile", GOOD, "--micro-batch-sizes", "4,16,32"], ["--micro-batch-sizes 16,32 larger than --batch-size 8"]),
+        (["profile", GOOD, "--repeat", "0"], ["--repeat must be a positive integer"]),
+        (["profile", GOOD, "--warmup", "-1"], ["--warmup must be an integer >= 0"]),
+        (["profile", GOOD, "--device", "tpu"], ["--device must be cpu, cuda or cuda:N"]),
+        (["profile", GOOD, "-o", "no/such/dir/p.json"], ["folder no/such/dir does not exist"]),
+    ],
+)
+def test_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], parts: list[str]) -> None:
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    line = one_error_line(err)
+    for part in parts:
+        assert part in line, line
+
+
+def test_argparse_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys, "profile")[0] == 2  # MODEL missing
+    assert run(capsys, "profile", GOOD, "--tracer", "jit")[0] == 2
+    assert run(capsys, "frobnicate")[0] == 2
+    assert run(capsys)[0] == 2  # no command
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--version")
+    assert code == 0 and out.strip() == "autopipe 0.1.0"
+
+
+def test_keyboard_interrupt_exits_130(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(args: argparse.Namespace, loaded: LoadedModel, progress: object = None) -> Profile:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run_profile", interrupted)
+    code, _, err = run(capsys, "profile", GOOD, "--device", "cpu")
+    assert code == 130 and "interrupted" in err
+
+
+def test_other_exceptions_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(args: argparse.Namespace, loaded: LoadedModel, progress: object = None) -> Profile:
+        raise RuntimeError("a bug in autopipe")
+
+    monkeypatch.setattr(cli, "_run_profile", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["profile", GOOD, "--device", "cpu"])
+
+
+def test_subprocess_missing_file() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "autopipe_cli.main", "profile", "tests/fixtures/missing.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"autopipe: error: model file not found: tests/fixtures/missing.py (looked relative to {ROOT}); check the path"
+    ]
+
+
+# ----------------------------------------------------------------------------- profile success path
+
+
+@pytest.fixture
+def fake_profiler(monkeypatch: pytest.MonkeyPatch) -> list[argparse.Namespace]:
+    """Replace the profiler call; record the arguments it received."""
+    calls: list[argparse.Namespace] = []
+
+    def fake(args: argparse.Namespace, loaded: LoadedModel, progress: object = None) -> Profile:
+        assert isinstance(loaded, LoadedModel)
+        calls.append(args)
+        return hand_profile()
+
+    monkeypatch.setattr(cli, "_run_profile", fake)
+    return calls
+
+
+def test_profile_table_and_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_profiler: list[argparse.Namespace]
+) -> None:
+    out_file = tmp_path / "p.json"
+    code, out, err = run(
+        capsys, "profile", GOOD, "-k", "width=8", "-o", str(out_file), "--batch-size", "4",
+        "--leaf", "MLP,Linear", "--leaf", "ReLU", "--blocks", "3", "--device", "cpu",
+    )  # fmt: skip
+    assert code == 0 and err == ""
+    args = fake_profiler[0]
+    assert args.micro_batch_sizes == (1, 2, 4) and args.leaf == ("MLP", "Linear", "ReLU")
+    assert (args.blocks, args.warmup, args.repeat, args.device, args.tracer) == (3, 2, 5, "cpu", "auto")
+    assert Profile.load(out_file) == hand_profile()
+    assert "layers.0" in out and "head" in out and "1.50M" in out
+    assert out.strip().splitlines()[-1] == f"wrote {out_file} (2 blocks, measured on cpu (1 threads))"
+
+
+def test_profile_json(capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_profiler: list[argparse.Namespace]) -> None:
+    out_file = tmp_path / "p.json"
+    code, out, _ = run(capsys, "profile", GOOD, "-o", str(out_file), "--json", "--micro-batch-sizes", "4,1", "--device", "cpu")
+    assert code == 0
+    summary = json.loads(out)
+    assert fake_profiler[0].micro_batch_sizes == (1, 4)
+    assert summary["micro_batch_size"] == 4 and summary["output"] == str(out_file)
+    assert [b["name"] for b in summary["blocks"]] == ["layers.0", "head"]
+    assert summary["blocks"][0]["forward_s"] == pytest.approx(4 * 0.5e-3)
+    assert summary["blocks"][1]["saved_bytes"] == 4 * 2**20
+
+
+# ----------------------------------------------------------------------------- render and args helpers
+
+
+def test_render_numbers() -> None:
+    profile = hand_profile()
+    assert block_out_bytes(profile, 0, 4) == 2 * 2**20
+    assert block_out_bytes(profile, -1, 4) == 256
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(profile_table(profile))
+    text = console.export_text()
+    row0 = next(line for line in text.splitlines() if "layers.0" in line)
+    # u = 4: fwd 4 * 0.5 ms, bwd 4 * 1 ms, saved 4 MiB, out 2 MiB
+    assert row0.split("│")[1:-1] == [" 0 ", " layers.0 ", "    272 ", "  2.000 ", "  4.000 ", "      4.00 ", "    2.00 "]
+    assert "total" in text and "3.000" in text  # footer: fwd 2.0 + 1.0 ms
+    assert wrote_line(profile, "p.json") == "wrote p.json (2 blocks, measured on cpu (1 threads))"
+    assert profile_summary(profile)["num_blocks"] == 2
+
+
+@pytest.mark.parametrize(("batch", "sizes"), [(1, (1,)), (2, (1, 2)), (3, (1, 3)), (6, (1, 3, 6)), (8, (2, 4, 8)), (64, (16, 32, 64))])
+def test_default_micro_batch_sizes(batch: int, sizes: tuple[int, ...]) -> None:
+    assert default_micro_batch_sizes(batch) == sizes
+
+
+def test_arg_helpers() -> None:
+    assert int_list(" 4,1,2,2 ", "--x") == (1, 2, 4)
+    assert split_names(["A,B", "C", " ,"]) == ("A", "B", "C")
+    assert split_names(None) == ()
+
+
+def test_progress_only_on_a_terminal() -> None:
+    with progress_reporter(Console(file=io.StringIO())) as report:
+        assert report is None  # redirected stderr stays clean
+    tty = io.StringIO()
+    with progress_reporter(Console(file=tty, force_terminal=True, width=80)) as report:
+        assert report is not None
+        report("block 1/2", 1, 2)
+        report("block 2/2", 2, 2)
+    assert "block" in tty.getvalue()
