@@ -57,8 +57,8 @@ def validate(schedule: Schedule, stages: int, microbatches: int, virtual: int = 
             if action.microbatch >= microbatches:
                 raise _fail(
                     schedule,
-                    f"{here} names micro-batch {action.microbatch}, but there are "
-                    f"{microbatches} (0..{microbatches - 1})",
+                    f"{here} names micro-batch {action.microbatch}, outside "
+                    f"0..{microbatches - 1} (microbatches: {microbatches})",
                     (rank, step),
                 )
             if action.stage % stages != rank:
