@@ -29,8 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autopipe.errors import ScheduleError
-from autopipe.schedules.action import Action, Schedule, format_schedule
+from autopipe.schedules.action import Action, Schedule
 from autopipe.schedules.deps import dependencies, execute_in_order
+from autopipe.schedules.validate import validate
 
 __all__ = ["ActionTiming", "StageCost", "Timeline", "bubble_formula", "simulate"]
 
@@ -89,7 +90,7 @@ def _check_inputs(
     if ranks < 1:
         raise ScheduleError("cannot simulate an empty schedule; give at least one rank")
     n = len(costs)
-    if n % ranks:
+    if n == 0 or n % ranks:
         raise ScheduleError(
             f"costs must have one entry per virtual stage, a multiple of the {ranks} ranks "
             f"(got {n})"
@@ -100,15 +101,11 @@ def _check_inputs(
             f"comm_s must have one entry per stage boundary, {max(n - 1, 0)} for {n} "
             f"virtual stages (got {len(comm)})"
         )
-    for rank, actions in schedule.items():
-        if not 0 <= rank < ranks:
-            raise ScheduleError(f"rank {rank} is outside 0..{ranks - 1} (ranks: {ranks})")
-        for a in actions:
-            if a is not None and (a.stage >= n or a.stage % ranks != rank):
-                raise ScheduleError(
-                    f"rank {rank} runs {a}, but stage {a.stage} is not one of its stages "
-                    f"({n} virtual stages on {ranks} ranks)"
-                )
+    mbs = [a.microbatch for actions in schedule.values() for a in actions if a is not None]
+    if not mbs:
+        raise ScheduleError("cannot simulate a schedule without actions; give each rank its list")
+    # Complete, well placed, ordered and deadlock-free, or a ScheduleError with the grid.
+    validate(schedule, ranks, max(mbs) + 1, n // ranks)
     return ranks, comm
 
 
@@ -121,20 +118,15 @@ def simulate(
 ) -> Timeline:
     """Simulate ``schedule`` with ``costs[j]`` per virtual stage and ``comm_s[j]`` per boundary.
 
-    ``stages`` is the number of ranks (default: the highest rank in ``schedule`` plus one).
-    Raises ScheduleError on inconsistent sizes or a deadlock.
+    ``stages`` is the number of ranks (default: the highest rank in ``schedule`` plus one);
+    ``len(costs) // stages`` is the number of virtual stages per rank and the highest
+    micro-batch index plus one the number of micro-batches. The schedule is validated first
+    (:func:`autopipe.schedules.validate`): an incomplete, misplaced or deadlocking schedule,
+    or costs and comm_s of the wrong length, raise ScheduleError.
     """
     ranks, comm = _check_inputs(schedule, costs, comm_s, stages)
     n = len(costs)
     execution = execute_in_order(schedule, n)
-    if execution.stuck:
-        detail = "; ".join(s.describe() for s in execution.stuck)
-        first = execution.stuck[0]
-        raise ScheduleError(
-            f"deadlock: no rank can run its next step ({detail})\n"
-            + format_schedule(schedule, (first.rank, first.step))
-        )
-
     split = {
         (a.stage, a.microbatch) for acts in schedule.values() for a in acts if a and a.kind == "W"
     }

@@ -193,8 +193,9 @@ def test_simulate_deadlock() -> None:
     ("costs", "comm", "stages", "match"),
     [
         (3, (), None, "costs must have one entry per virtual stage"),
+        (0, (), None, r"a multiple of the 2 ranks \(got 0\)"),
         (2, (1.0, 2.0), None, "comm_s must have one entry per stage boundary, 1 for 2"),
-        (2, (), 1, r"rank 1 is outside 0..0 \(ranks: 1\)"),
+        (2, (), 1, r"rank 1 is outside 0..0 \(stages: 1\)"),
     ],
 )
 def test_simulate_bad_sizes(
@@ -210,5 +211,12 @@ def test_bubble_formula_unknown() -> None:
 
 
 def test_simulate_stage_on_wrong_rank() -> None:
-    with pytest.raises(ScheduleError, match="rank 0 runs 1F0, but stage 1 is not one of its"):
+    with pytest.raises(ScheduleError, match=r"rank 0 step 0: 1F0 belongs on rank 1"):
         simulate(parse_schedule({0: ["1F0"], 1: []}), equal_costs(2, 1.0, 1.0))
+
+
+def test_simulate_incomplete_schedule() -> None:
+    with pytest.raises(ScheduleError, match="1B0 is missing"):
+        simulate(parse_schedule({0: ["0F0", "0B0"], 1: ["1F0"]}), equal_costs(2, 1.0, 1.0))
+    with pytest.raises(ScheduleError, match="cannot simulate a schedule without actions"):
+        simulate({0: []}, equal_costs(1, 1.0, 1.0))
