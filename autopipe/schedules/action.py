@@ -107,9 +107,9 @@ def format_schedule(schedule: Schedule, mark: tuple[int, int] | None = None) -> 
 
     ``mark=(rank, step)`` draws that cell as ``>1B0<`` (used by error messages)::
 
-        step     0    1    2    3
-        rank 0   0F0  0F1  -    0B0
-        rank 1   -   >1F0< 1B0  -
+        step    0    1    2    3
+        rank 0  0F0  0F1  -    0B0
+        rank 1  -   >1F0< 1B0  -
     """
     table = to_table(schedule)
     steps = max((len(cells) for cells in table.values()), default=0)
