@@ -1,0 +1,420 @@
+"""The planner's search: micro-batch count x schedule x virtual stages x cuts x recompute.
+
+For every micro-batch count ``m`` that divides the batch (micro-batch size ``u = B/m``, costs
+from the Profile's affine fits), every schedule (GPipe, 1F1B, ZB-H1, interleaved 1F1B with v
+virtual stages) and the per-stage recomputation choice, the partition solver finds the cuts
+that minimise the pipeline's bottleneck under each device's memory limit, given how many
+micro-batches of activations the schedule holds on each stage:
+
+    GPipe              k_s = m
+    1F1B               k_s = min(m, S - s)            (PipeDream-Flush)
+    ZB-H1              k_s = min(m, S)                (W keeps inputs alive past B; conservative)
+    interleaved 1F1B   k_j = (w_r + 1) / v per chunk, limit M / v per chunk,
+                       w_r = min(2 (S - r - 1) + (v - 1) S, v m) warm-up forwards on rank r
+
+Each candidate — the solver's cuts and three simple splits (even by layers, balanced by
+parameters, greedy by time) for the same decision — is then *simulated* with the schedule's
+real action lists (``simulate.py``, communication included), and the plan with the shortest
+simulated iteration whose simulated peak memory fits every device wins. The simple splits are
+also reported as baselines, priced the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autopipe.costs import Profile
+from autopipe.errors import InfeasibleError, PlanError
+from autopipe.plan import Alternative, Baseline, Plan, StagePlan
+from autopipe.schedules import SCHEDULES, make_schedule
+from autopipe.simulate import StageCost, Timeline, simulate
+from autopipe.solve.chain import solve_chain
+from autopipe.solve.greedy import solve_fast
+from autopipe.solve.min_memory import min_memory_limit
+from autopipe.solve.problem import Partition, PartitionProblem, Tensor, contiguous_assignment, evaluate, stage_stats
+from autopipe.solve.units import format_bytes
+
+__all__ = ["SEARCH_SCHEDULES", "PlanRequest", "plan_pipeline"]
+
+SEARCH_SCHEDULES = ("1f1b", "zb-h1", "gpipe", "interleaved-1f1b")  # ties go to the first
+_VIRTUAL_CHOICES = (2, 4)
+_EXACT_DP_LIMIT = 4_000_000  # n^2 * S above which the bisection solver replaces the DP
+_SIMULATION_BUDGET = 400_000  # simulated actions; above it only the best estimates are simulated
+_SIMULATE_TOP = 8
+_BASELINES = ("even-layers", "by-params", "greedy-time")
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the user asks for; ``None`` leaves a decision to the search."""
+
+    stages: int  # S: pipeline devices
+    batch_size: int  # samples per iteration (per pipeline)
+    memory_bytes: float  # per device
+    micro_batches: int | None = None
+    schedule: str | None = None
+    virtual: int | None = None  # stages per device, interleaved 1F1B only
+    recompute: str = "auto"  # "auto" | "never" | "always"
+    link_bandwidth: float = 10e9  # bytes/s between neighbouring devices
+    link_latency_s: float = 20e-6
+    state_factor: float = 4.0  # bytes kept per parameter byte: weights, grads, Adam m and v
+    alternatives: int = 5
+
+
+@dataclass(frozen=True)
+class _Decision:
+    schedule: str
+    virtual: int
+    micro_batches: int
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    decision: _Decision
+    source: str  # "solver" or a baseline name
+    problem: PartitionProblem
+    partition: Partition
+    estimate_s: float
+
+
+def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
+    """The best plan for ``profile`` under ``request`` (see the module docstring)."""
+    _validate(profile, request)
+    candidates: list[_Candidate] = []
+    smallest_fit = math.inf
+    for decision in _decisions(profile, request):
+        problem = _problem(profile, request, decision)
+        try:
+            solved = _solve(problem)
+        except InfeasibleError as e:
+            need = e.min_memory_bytes if e.min_memory_bytes is not None else min_memory_limit(problem)
+            smallest_fit = min(smallest_fit, need * decision.virtual)
+            continue
+        candidates.append(_candidate(decision, "solver", problem, solved))
+        for name in _BASELINES:
+            part = evaluate(problem, _baseline_assignment(name, profile, problem, decision))
+            if part.fits:
+                candidates.append(_candidate(decision, name, problem, part))
+    if not candidates:
+        raise _infeasible(profile, request, smallest_fit)
+    simulated = _simulate_best(profile, request, candidates)
+    fitting = [(c, t) for c, t in simulated if _fits(t, request)]
+    if not fitting:
+        worst = min(max(t.peak_memory_bytes) for _, t in simulated)
+        raise _infeasible(profile, request, worst)
+    fitting.sort(key=lambda ct: (ct[1].iteration_s, _order(ct[0])))
+    best, timeline = fitting[0]
+    return _make_plan(profile, request, best, timeline, fitting, simulated)
+
+
+# --------------------------------------------------------------------------- decisions
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _decisions(profile: Profile, req: PlanRequest) -> list[_Decision]:
+    S, n = req.stages, profile.num_blocks
+    ms = [req.micro_batches] if req.micro_batches else _divisors(req.batch_size)
+    schedules = [req.schedule] if req.schedule else list(SEARCH_SCHEDULES)
+    out = []
+    for m in ms:
+        for name in schedules:
+            if name != "interleaved-1f1b":
+                out.append(_Decision(name, 1, m))
+                continue
+            vs = [req.virtual] if req.virtual else list(_VIRTUAL_CHOICES)
+            for v in vs:
+                if S > 1 and m % S == 0 and S * v <= n:
+                    out.append(_Decision(name, v, m))
+    return out
+
+
+def _inflight(decision: _Decision, S: int) -> list[float]:
+    m, v = decision.micro_batches, decision.virtual
+    if decision.schedule == "gpipe":
+        return [float(m)] * S
+    if decision.schedule == "1f1b":
+        return [float(min(m, S - s)) for s in range(S)]
+    if decision.schedule == "zb-h1":
+        return [float(min(m, S))] * S
+    warm = [min(2 * (S - r - 1) + (v - 1) * S, v * m) for r in range(S)]
+    return [(warm[j % S] + 1) / v for j in range(S * v)]
+
+
+def _problem(profile: Profile, req: PlanRequest, decision: _Decision) -> PartitionProblem:
+    u = req.batch_size // decision.micro_batches
+    chunks = req.stages * decision.virtual
+    blocks = profile.blocks
+    return PartitionProblem(
+        time_s=tuple(b.forward_s(u) + b.backward_s(u) for b in blocks),
+        recompute_s=tuple(b.forward_s(u) for b in blocks),
+        static_bytes=tuple(b.param_bytes * req.state_factor for b in blocks),
+        activation_bytes=tuple(b.saved_bytes(u) for b in blocks),
+        tensors=tuple(Tensor(t.src, t.dsts, t.bytes(u)) for t in profile.tensors if t.dsts),
+        stages=chunks,
+        inflight=tuple(_inflight(decision, req.stages)),
+        memory_limit=(req.memory_bytes / decision.virtual,) * chunks,
+        link_latency_s=req.link_latency_s,
+        link_bandwidth=req.link_bandwidth,
+        recompute=req.recompute,
+    )
+
+
+def _solve(problem: PartitionProblem) -> Partition:
+    n = problem.blocks
+    if n * n * problem.stages <= _EXACT_DP_LIMIT:
+        return solve_chain(problem)
+    return solve_fast(problem)
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def _baseline_assignment(name: str, profile: Profile, p: PartitionProblem, d: _Decision) -> tuple[int, ...]:
+    n, S = p.blocks, p.stages
+    if name == "even-layers":
+        bounds = [round(s * n / S) for s in range(S)]
+    elif name == "by-params":
+        weights = tuple(float(b.params) for b in profile.blocks)
+        bounds = list(_min_max_split(weights, S))
+    else:
+        bounds = _greedy_split(p.time_s, S)
+    return contiguous_assignment(bounds, n)
+
+
+def _min_max_split(weights: tuple[float, ...], S: int) -> tuple[int, ...]:
+    """Contiguous split minimising the largest part (DeepSpeed's 'parameters' method)."""
+    n = len(weights)
+    p = PartitionProblem(
+        time_s=weights,
+        recompute_s=(0.0,) * n,
+        static_bytes=(0.0,) * n,
+        activation_bytes=(0.0,) * n,
+        tensors=(),
+        stages=S,
+        inflight=(0.0,) * S,
+        memory_limit=(math.inf,) * S,
+        recompute="never",
+    )
+    return solve_fast(p).boundaries
+
+
+def _greedy_split(times: Sequence[float], S: int) -> list[int]:
+    """Cut where the running time first passes each k/S share of the total."""
+    n, total = len(times), sum(times)
+    bounds, acc, s = [0], 0.0, 1
+    for i, t in enumerate(times):
+        if s < S and acc >= s * total / S and i > bounds[-1] and n - i >= S - s:
+            bounds.append(i)
+            s += 1
+        acc += t
+    while len(bounds) < S:  # too few cuts: take the last blocks one per stage
+        bounds.append(n - (S - len(bounds)))
+    return sorted(set(bounds)) if len(set(bounds)) == S else [round(k * n / S) for k in range(S)]
+
+
+# --------------------------------------------------------------------------- simulation
+
+
+def _candidate(decision: _Decision, source: str, problem: PartitionProblem, part: Partition) -> _Candidate:
+    m, v, S = decision.micro_batches, decision.virtual, problem.stages // decision.virtual
+    per_rank = [0.0] * S
+    for j, t in enumerate(part.stage_time_s):
+        per_rank[j % S] += t
+    estimate = (m - 1) * max(per_rank) + sum(part.stage_time_s) / v + 2 * sum(part.comm_s)
+    return _Candidate(decision, source, problem, part, estimate)
+
+
+def _stage_costs(profile: Profile, c: _Candidate, u: int) -> list[StageCost]:
+    stats = stage_stats(c.problem, c.partition.stage_of_block)
+    costs = []
+    for s in range(c.problem.stages):
+        members = [i for i, x in enumerate(c.partition.stage_of_block) if x == s]
+        f = sum(profile.blocks[i].forward_s(u) for i in members)
+        b = sum(profile.blocks[i].backward_s(u) for i in members)
+        bi = sum(profile.blocks[i].backward_input_s(u) for i in members)
+        w = sum(profile.blocks[i].backward_weight_s(u) for i in members)
+        rc = c.partition.recompute[s]
+        held = stats.in_bytes[s] if rc else stats.act[s]
+        costs.append(
+            StageCost(
+                forward_s=f,
+                backward_s=b + (f if rc else 0.0),
+                backward_input_s=bi + (f if rc else 0.0),
+                backward_weight_s=w,
+                activation_bytes=held,
+                weight_grad_bytes=held,
+                transient_bytes=stats.act[s] if rc else 0.0,
+                static_bytes=stats.static[s],
+            )
+        )
+    return costs
+
+
+def _timeline(profile: Profile, req: PlanRequest, c: _Candidate) -> Timeline:
+    d = c.decision
+    schedule = make_schedule(d.schedule, req.stages, d.micro_batches, d.virtual)
+    u = req.batch_size // d.micro_batches
+    return simulate(schedule, _stage_costs(profile, c, u), c.partition.comm_s, stages=req.stages)
+
+
+def _simulate_best(profile: Profile, req: PlanRequest, cs: list[_Candidate]) -> list[tuple[_Candidate, Timeline]]:
+    """Simulate every candidate, or the best by estimate when that would take too long."""
+    actions = sum(3 * c.problem.stages * c.decision.micro_batches for c in cs)
+    chosen = cs
+    if actions > _SIMULATION_BUDGET:
+        chosen = sorted(cs, key=lambda c: (c.estimate_s, _order(c)))[:_SIMULATE_TOP]
+    return [(c, _timeline(profile, req, c)) for c in chosen]
+
+
+def _fits(t: Timeline, req: PlanRequest) -> bool:
+    return all(m <= req.memory_bytes * (1 + 1e-9) for m in t.peak_memory_bytes)
+
+
+def _order(c: _Candidate) -> tuple[int, int, int, int]:
+    d = c.decision
+    sources = ("solver", *_BASELINES)
+    return (SEARCH_SCHEDULES.index(d.schedule), d.virtual, d.micro_batches, sources.index(c.source))
+
+
+# --------------------------------------------------------------------------- results
+
+
+def _make_plan(
+    profile: Profile,
+    req: PlanRequest,
+    best: _Candidate,
+    timeline: Timeline,
+    fitting: list[tuple[_Candidate, Timeline]],
+    simulated: list[tuple[_Candidate, Timeline]],
+) -> Plan:
+    d = best.decision
+    u = req.batch_size // d.micro_batches
+    part = best.partition
+    stats = stage_stats(best.problem, part.stage_of_block)
+    stages = []
+    for s in range(best.problem.stages):
+        members = tuple(i for i, x in enumerate(part.stage_of_block) if x == s)
+        rc = part.recompute[s]
+        f = sum(profile.blocks[i].forward_s(u) for i in members)
+        stages.append(
+            StagePlan(
+                index=s,
+                rank=s % req.stages,
+                blocks=tuple(profile.blocks[i].name for i in members),
+                block_indices=members,
+                nodes=tuple(n for i in members for n in profile.blocks[i].nodes),
+                params=sum(profile.blocks[i].params for i in members),
+                forward_s=f,
+                backward_s=part.stage_time_s[s] - f,
+                recompute=rc,
+                memory_bytes=timeline.peak_memory_bytes[s] if d.virtual == 1 else part.stage_memory_bytes[s],
+                static_bytes=stats.static[s],
+                activation_bytes=stats.act[s],
+                send_bytes=part.cut_bytes[s] if s < len(part.cut_bytes) else 0.0,
+            )
+        )
+    seen = {(d.schedule, d.virtual, d.micro_batches)}
+    alternatives = []
+    for c, t in fitting[1:]:
+        key = (c.decision.schedule, c.decision.virtual, c.decision.micro_batches)
+        if key in seen or len(alternatives) >= req.alternatives:
+            continue
+        seen.add(key)
+        alternatives.append(
+            Alternative(c.decision.schedule, c.decision.virtual, c.decision.micro_batches, t.iteration_s, t.bubble_fraction, max(t.peak_memory_bytes), c.source)
+        )
+    return Plan(
+        model=profile.model,
+        fingerprint=profile.fingerprint,
+        profile_device=profile.device,
+        devices=req.stages,
+        virtual=d.virtual,
+        schedule=d.schedule,
+        micro_batches=d.micro_batches,
+        micro_batch_size=u,
+        batch_size=req.batch_size,
+        memory_limit_bytes=req.memory_bytes,
+        link_bandwidth=req.link_bandwidth,
+        link_latency_s=req.link_latency_s,
+        recompute_policy=req.recompute,
+        stages=tuple(stages),
+        iteration_time_s=timeline.iteration_s,
+        bubble_fraction=timeline.bubble_fraction,
+        throughput=req.batch_size / timeline.iteration_s if timeline.iteration_s > 0 else math.inf,
+        peak_memory_bytes=timeline.peak_memory_bytes,
+        alternatives=tuple(alternatives),
+        baselines=tuple(_baselines(profile, req, best)),
+    )
+
+
+def _baselines(profile: Profile, req: PlanRequest, best: _Candidate) -> list[Baseline]:
+    """The simple splits under the chosen decision, without recomputation (as others run them)."""
+    d, p = best.decision, best.problem
+    out = []
+    for name in _BASELINES:
+        assignment = _baseline_assignment(name, profile, p, d)
+        rc = (p.recompute == "always",) * p.stages
+        part = evaluate(p, assignment, rc)
+        c = _candidate(d, name, p, part)
+        t = _timeline(profile, req, c)
+        sizes = tuple(assignment.count(s) for s in range(p.stages))
+        out.append(Baseline(name, sizes, t.iteration_s, t.bubble_fraction, t.peak_memory_bytes, _fits(t, req)))
+    return out
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _validate(profile: Profile, req: PlanRequest) -> None:
+    n, S, B = profile.num_blocks, req.stages, req.batch_size
+    if S < 1:
+        raise PlanError(f"--stages must be at least 1 (got {S})")
+    if S > n:
+        raise PlanError(
+            f"cannot cut {n} blocks into {S} stages; use --stages {n} or fewer, or finer blocks when profiling (--blocks)"
+        )
+    if B < 1:
+        raise PlanError(f"--batch-size must be at least 1 (got {B})")
+    if not req.memory_bytes > 0:
+        raise PlanError(f"--memory must be positive (got {req.memory_bytes})")
+    if req.micro_batches is not None:
+        m = req.micro_batches
+        if m < 1:
+            raise PlanError(f"--micro-batches must be at least 1 (got {m})")
+        if B % m:
+            some = ", ".join(str(x) for x in _divisors(B))
+            raise PlanError(f"batch size {B} is not divisible into {m} micro-batches; use one of {some}")
+    if req.schedule is not None and req.schedule not in SCHEDULES:
+        raise PlanError(f"unknown schedule {req.schedule!r}; use one of {', '.join(SEARCH_SCHEDULES)}")
+    if req.virtual is not None:
+        if req.virtual < 1:
+            raise PlanError(f"--virtual must be at least 1 (got {req.virtual})")
+        if req.schedule not in (None, "interleaved-1f1b"):
+            raise PlanError(f"--virtual applies to the interleaved-1f1b schedule only (got --schedule {req.schedule})")
+        if S * req.virtual > n:
+            raise PlanError(f"{S} devices x {req.virtual} virtual stages needs {S * req.virtual} blocks, the model has {n}")
+    if req.schedule == "interleaved-1f1b" and req.micro_batches is not None and req.micro_batches % S:
+        raise PlanError(f"interleaved-1f1b needs the micro-batch count to be a multiple of {S} stages (got {req.micro_batches})")
+    if req.recompute not in ("auto", "never", "always"):
+        raise PlanError(f"recompute must be auto, never or always (got {req.recompute!r})")
+    if not req.link_bandwidth > 0 or req.link_latency_s < 0:
+        raise PlanError("link bandwidth must be positive and latency non-negative")
+    if not _decisions(profile, req):
+        raise PlanError(
+            f"no schedule fits the request: interleaved-1f1b needs micro-batches divisible by {S} and {S} x v <= {n} blocks"
+        )
+
+
+def _infeasible(profile: Profile, req: PlanRequest, need: float) -> InfeasibleError:
+    fixes = "more stages or smaller micro-batches" if req.recompute != "never" else "more stages, recomputation, or smaller micro-batches"
+    need_text = f"; the smallest limit that fits is {format_bytes(need, round_up=True)} per device" if math.isfinite(need) else ""
+    return InfeasibleError(
+        f"no plan of {profile.num_blocks} blocks on {req.stages} devices fits {format_bytes(req.memory_bytes)} per device"
+        f"{need_text} (or use {fixes})",
+        min_memory_bytes=need if math.isfinite(need) else None,
+    )
