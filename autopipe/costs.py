@@ -108,6 +108,13 @@ class Profile:
     blocks: tuple[BlockCost, ...]
     tensors: tuple[TensorCost, ...]
     shared_params: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (name, blocks using it)
+    # How to rebuild and re-trace the model exactly (the executor and emit need the same blocks):
+    model_file: str = ""  # path of the model file
+    factory: str = "build_model"
+    model_kwargs: tuple[str, ...] = ()  # "key=value" strings, as given with -k
+    tracer: str = "fx"  # the tracer that worked ("fx" or "export")
+    leaf_modules: tuple[str, ...] = ()
+    max_blocks: int | None = None
     version: int = PROFILE_VERSION
 
     @property
@@ -186,6 +193,12 @@ def _profile_from_dict(raw: Any) -> Profile:
             blocks=blocks,
             tensors=tensors,
             shared_params=tuple((str(n), tuple(int(i) for i in bs)) for n, bs in raw.get("shared_params", ())),
+            model_file=str(raw.get("model_file", "")),
+            factory=str(raw.get("factory", "build_model")),
+            model_kwargs=tuple(str(k) for k in raw.get("model_kwargs", ())),
+            tracer=str(raw.get("tracer", "fx")),
+            leaf_modules=tuple(str(k) for k in raw.get("leaf_modules", ())),
+            max_blocks=None if raw.get("max_blocks") is None else int(raw["max_blocks"]),
             version=int(raw["version"]),
         )
     except (KeyError, TypeError, ValueError) as e:

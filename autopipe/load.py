@@ -117,8 +117,12 @@ class ModelSpec:
             raise ModelLoadError(f"no model file in {text!r}; write path/to/model.py[:factory]")
         return ModelSpec(Path(path), factory, dict(kwargs or {}))
 
+    def kwarg_items(self) -> tuple[str, ...]:
+        """The kwargs as ``key=value`` strings that :func:`parse_kwargs` reads back."""
+        return tuple(f"{k}={_format_value(v)}" for k, v in self.kwargs.items())
+
     def __str__(self) -> str:
-        args = "".join(f" -k {k}={_format_value(v)}" for k, v in self.kwargs.items())
+        args = "".join(f" -k {item}" for item in self.kwarg_items())
         return f"{self.path}:{self.factory}{args}"
 
 

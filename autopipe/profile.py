@@ -94,7 +94,7 @@ def profile_model(
                 progress(f"micro-batch {u}", k * total + done, total * len(sizes))
 
         measured.append(measure_blocks(traced, inputs, warmup=warmup, repeat=repeat, progress=report))
-    return _make_profile(loaded, traces, measured, sizes, dev)
+    return _make_profile(loaded, traces, measured, sizes, dev, leaf_modules, max_blocks)
 
 
 def measure_blocks(
@@ -240,6 +240,8 @@ def _make_profile(
     measured: list[list[BlockMeasurement]],
     sizes: list[int],
     dev: torch.device,
+    leaf_modules: Sequence[str],
+    max_blocks: int | None,
 ) -> Profile:
     ref = traces[0]
     gm = ref.gm
@@ -298,6 +300,12 @@ def _make_profile(
         blocks=tuple(blocks),
         tensors=tuple(tensors),
         shared_params=ref.shared_params,
+        model_file=str(loaded.spec.path),
+        factory=loaded.spec.factory,
+        model_kwargs=loaded.spec.kwarg_items(),
+        tracer=ref.tracer,
+        leaf_modules=tuple(leaf_modules),
+        max_blocks=max_blocks,
     )
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from autopipe.costs import Profile
 from autopipe.errors import InfeasibleError, PlanError
-from autopipe.plan import Alternative, Baseline, Plan, StagePlan
+from autopipe.plans import Alternative, Baseline, Plan, StagePlan
 from autopipe.schedules import SCHEDULES, make_schedule
 from autopipe.simulate import StageCost, Timeline, simulate
 from autopipe.solve.chain import solve_chain
@@ -311,6 +311,8 @@ def _make_plan(
                 params=sum(profile.blocks[i].params for i in members),
                 forward_s=f,
                 backward_s=part.stage_time_s[s] - f,
+                backward_input_s=sum(profile.blocks[i].backward_input_s(u) for i in members) + (f if rc else 0.0),
+                backward_weight_s=sum(profile.blocks[i].backward_weight_s(u) for i in members),
                 recompute=rc,
                 memory_bytes=timeline.peak_memory_bytes[s] if d.virtual == 1 else part.stage_memory_bytes[s],
                 static_bytes=stats.static[s],
@@ -330,6 +332,12 @@ def _make_plan(
         )
     return Plan(
         model=profile.model,
+        model_file=profile.model_file,
+        factory=profile.factory,
+        model_kwargs=profile.model_kwargs,
+        tracer=profile.tracer,
+        leaf_modules=profile.leaf_modules,
+        max_blocks=profile.max_blocks,
         fingerprint=profile.fingerprint,
         profile_device=profile.device,
         devices=req.stages,

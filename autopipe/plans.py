@@ -35,6 +35,8 @@ class StagePlan:
     params: int  # parameter elements owned
     forward_s: float  # per micro-batch
     backward_s: float  # per micro-batch, recomputation included
+    backward_input_s: float  # input-gradient part (zero-bubble B), recomputation included
+    backward_weight_s: float  # weight-gradient part (zero-bubble W)
     recompute: bool  # activation checkpointing on this stage
     memory_bytes: float  # predicted: static + activations held at the schedule's peak
     static_bytes: float  # parameters + gradients + optimizer state
@@ -71,7 +73,13 @@ class Baseline:
 class Plan:
     """A pipeline plan and everything predicted about it."""
 
-    model: str
+    model: str  # for people: "models/gpt.py:build_model -k n_layer=4"
+    model_file: str  # to rebuild the model: file, factory, kwargs ("key=value")
+    factory: str
+    model_kwargs: tuple[str, ...]
+    tracer: str  # to re-trace it into the same blocks
+    leaf_modules: tuple[str, ...]
+    max_blocks: int | None
     fingerprint: str
     profile_device: str
     devices: int  # S: pipeline ranks
@@ -169,9 +177,12 @@ def _plan_from_dict(raw: dict[str, Any]) -> Plan:
         Baseline(**{**b, "stage_blocks": _tuple(b["stage_blocks"]), "peak_memory_bytes": _tuple(b["peak_memory_bytes"])})
         for b in raw["baselines"]
     )
-    fields = {k: v for k, v in raw.items() if k not in ("stages", "alternatives", "baselines", "peak_memory_bytes")}
+    tuples = ("model_kwargs", "leaf_modules")
+    fields = {k: v for k, v in raw.items() if k not in ("stages", "alternatives", "baselines", "peak_memory_bytes", *tuples)}
     return Plan(
         **fields,
+        model_kwargs=_tuple(raw["model_kwargs"]),
+        leaf_modules=_tuple(raw["leaf_modules"]),
         stages=stages,
         alternatives=alternatives,
         baselines=baselines,
