@@ -41,6 +41,7 @@ class StagePlan:
     memory_bytes: float  # predicted: static + activations held at the schedule's peak
     static_bytes: float  # parameters + gradients + optimizer state
     activation_bytes: float  # saved for backward, one micro-batch
+    held_bytes: float  # kept per micro-batch in flight: activations, or only inputs if recomputed
     send_bytes: float  # bytes sent to the next stage per micro-batch (0 for the last)
 
 

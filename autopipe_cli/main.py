@@ -71,6 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_arguments(p)
     p.add_argument("-o", "--output", default="profile.json", help="profile file to write (default: profile.json)")
     p.add_argument("--batch-size", default="8", metavar="N", help="global batch size (default: 8)")
+    _add_profiling_arguments(p)
+    p.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
+    p.set_defaults(func=cmd_profile)
+    from autopipe_cli.plan_cmd import add_plan_parsers
+
+    add_plan_parsers(commands, _add_model_arguments, _add_profiling_arguments)
+    return parser
+
+
+def _add_profiling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--micro-batch-sizes", default=None, metavar="U,U,...",
         help="micro-batch sizes to measure, e.g. 1,2,4 (default: batch/4, batch/2, batch)",
@@ -84,9 +94,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", default="2", metavar="N", help="untimed runs before measuring (default: 2)")
     p.add_argument("--repeat", default="5", metavar="N", help="timed runs per measurement (default: 5)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    p.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
-    p.set_defaults(func=cmd_profile)
-    return parser
 
 
 # ----------------------------------------------------------------------------- profile
@@ -94,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_profile_args(args: argparse.Namespace) -> None:
     """Validate and normalise the profile options in place (fast, before loading the model)."""
-    args.batch_size = positive_int(args.batch_size, "--batch-size")
+    args.batch_size = positive_int(str(args.batch_size), "--batch-size")
     if args.micro_batch_sizes is None:
         args.micro_batch_sizes = default_micro_batch_sizes(args.batch_size)
     else:
@@ -145,6 +152,19 @@ def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
     else:
         print_profile(profile, out, args.output)
     return 0
+
+
+def profile_for_plan(args: argparse.Namespace, err: Console) -> Profile:
+    """Profile MODEL for ``autopipe plan`` with the profiling options it shares with ``profile``."""
+    saved_output = args.output
+    _check_profile_args(args)
+    args.output = saved_output
+    from autopipe.load import check_model_runs, load_model, parse_kwargs
+
+    loaded = load_model(args.model, parse_kwargs(args.kwargs), device=args.device)
+    check_model_runs(loaded, max(args.micro_batch_sizes))
+    with progress_reporter(err) as progress:
+        return _run_profile(args, loaded, progress)
 
 
 # ----------------------------------------------------------------------------- entry point

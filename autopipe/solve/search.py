@@ -36,7 +36,7 @@ from autopipe.solve.min_memory import min_memory_limit
 from autopipe.solve.problem import Partition, PartitionProblem, Tensor, contiguous_assignment, evaluate, stage_stats
 from autopipe.solve.units import format_bytes
 
-__all__ = ["SEARCH_SCHEDULES", "PlanRequest", "plan_pipeline"]
+__all__ = ["SEARCH_SCHEDULES", "PlanRequest", "default_link", "plan_pipeline", "plan_timeline"]
 
 SEARCH_SCHEDULES = ("1f1b", "zb-h1", "gpipe", "interleaved-1f1b")  # ties go to the first
 _VIRTUAL_CHOICES = (2, 4)
@@ -317,6 +317,7 @@ def _make_plan(
                 memory_bytes=timeline.peak_memory_bytes[s] if d.virtual == 1 else part.stage_memory_bytes[s],
                 static_bytes=stats.static[s],
                 activation_bytes=stats.act[s],
+                held_bytes=stats.in_bytes[s] if rc else stats.act[s],
                 send_bytes=part.cut_bytes[s] if s < len(part.cut_bytes) else 0.0,
             )
         )
@@ -373,6 +374,40 @@ def _baselines(profile: Profile, req: PlanRequest, best: _Candidate) -> list[Bas
         sizes = tuple(assignment.count(s) for s in range(p.stages))
         out.append(Baseline(name, sizes, t.iteration_s, t.bubble_fraction, t.peak_memory_bytes, _fits(t, req)))
     return out
+
+
+def plan_timeline(plan: Plan) -> Timeline:
+    """Simulate ``plan`` again from its own numbers (what ``autopipe show`` draws)."""
+    costs = [
+        StageCost(
+            forward_s=s.forward_s,
+            backward_s=s.backward_s,
+            backward_input_s=s.backward_input_s,
+            backward_weight_s=s.backward_weight_s,
+            activation_bytes=s.held_bytes,
+            weight_grad_bytes=s.held_bytes,
+            transient_bytes=s.activation_bytes if s.recompute else 0.0,
+            static_bytes=s.static_bytes,
+        )
+        for s in plan.stages
+    ]
+    comm = [
+        plan.link_latency_s + s.send_bytes / plan.link_bandwidth if s.send_bytes > 0 else 0.0
+        for s in plan.stages[:-1]
+    ]
+    schedule = make_schedule(plan.schedule, plan.devices, plan.micro_batches, plan.virtual)
+    return simulate(schedule, costs, comm, stages=plan.devices)
+
+
+def default_link(device: str) -> tuple[float, float]:
+    """(bandwidth bytes/s, latency s) between neighbouring devices, by the profile's device.
+
+    GPUs: 50 GB/s and 10 us (between PCIe 5.0 x16 and NVLink: a conservative default);
+    CPU processes talking over gloo on one host: 5 GB/s and 50 us.
+    """
+    if device.startswith("cuda"):
+        return 50e9, 10e-6
+    return 5e9, 50e-6
 
 
 # --------------------------------------------------------------------------- checks

@@ -1,0 +1,131 @@
+"""How the CLI shows a Plan: stage table, prediction, baselines, a text timeline, JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from autopipe.plans import Plan
+
+__all__ = ["plan_json", "print_plan"]
+
+_MIB = 2.0**20
+
+
+def _bytes(n: float) -> str:
+    for scale, unit in ((2.0**40, "TiB"), (2.0**30, "GiB"), (2.0**20, "MiB"), (2.0**10, "KiB")):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3f}"
+
+
+def _count(n: float) -> str:
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{suffix}"
+    return f"{n:.0f}"
+
+
+def stage_table(plan: Plan) -> Table:
+    t = Table(title=f"{plan.model}: plan", title_justify="left")
+    for col in ("stage", "device", "layers", "blocks", "params", "F ms", "B ms", "memory / limit", "recompute"):
+        t.add_column(col, justify="right" if col not in ("layers", "recompute") else "left")
+    for s in plan.stages:
+        span = s.blocks[0] if len(s.blocks) == 1 else f"{s.blocks[0]} .. {s.blocks[-1]}"
+        t.add_row(
+            str(s.index), str(s.rank), span, str(len(s.blocks)), _count(s.params), _ms(s.forward_s), _ms(s.backward_s),
+            f"{_bytes(s.memory_bytes)} / {_bytes(plan.memory_limit_bytes / plan.virtual)}", "yes" if s.recompute else "",
+        )  # fmt: skip
+    return t
+
+
+def baseline_table(plan: Plan) -> Table:
+    t = Table(title=f"same schedule ({plan.schedule}, m={plan.micro_batches}) with simple splits", title_justify="left")
+    for col in ("split", "blocks per stage", "iteration ms", "vs autopipe", "bubble", "peak memory", "fits"):
+        t.add_column(col, justify="left" if col in ("split", "blocks per stage") else "right")
+    t.add_row(
+        "autopipe", "/".join(str(len(s.blocks)) for s in plan.stages), _ms(plan.iteration_time_s), "1.00x",
+        f"{plan.bubble_fraction:.1%}", _bytes(max(plan.peak_memory_bytes)), "yes",
+    )  # fmt: skip
+    for b in plan.baselines:
+        ratio = b.iteration_time_s / plan.iteration_time_s if plan.iteration_time_s else float("nan")
+        t.add_row(
+            b.name, "/".join(map(str, b.stage_blocks)), _ms(b.iteration_time_s), f"{ratio:.2f}x",
+            f"{b.bubble_fraction:.1%}", _bytes(max(b.peak_memory_bytes)), "yes" if b.fits else "[red]no (OOM)[/]",
+        )  # fmt: skip
+    return t
+
+
+def print_plan(plan: Plan, console: Console, timeline_rows: list[str] | None = None, wrote: str | None = None) -> None:
+    console.print(stage_table(plan))
+    console.print(
+        f"schedule [bold]{plan.schedule}[/]"
+        + (f" (v={plan.virtual})" if plan.virtual > 1 else "")
+        + f", {plan.micro_batches} micro-batches of {plan.micro_batch_size} (batch {plan.batch_size}); "
+        f"predicted iteration [bold]{_ms(plan.iteration_time_s)} ms[/], bubble {plan.bubble_fraction:.1%}, "
+        f"{plan.throughput:.1f} samples/s"
+    )
+    if plan.alternatives:
+        alt = ", ".join(
+            f"{a.schedule}{f'/v{a.virtual}' if a.virtual > 1 else ''} m={a.micro_batches}: {_ms(a.iteration_time_s)} ms"
+            for a in plan.alternatives[:3]
+        )
+        console.print(f"runners-up: {alt}")
+    console.print(baseline_table(plan))
+    if timeline_rows:
+        console.print("timeline (digit = micro-batch; [green]F[/] [blue]B[/] [magenta]W[/], · idle):")
+        for row in timeline_rows:
+            console.print(row, highlight=False)
+    if wrote:
+        console.print(wrote)
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    """The one JSON object ``autopipe plan --json`` prints for scripts."""
+    return {
+        "model": plan.model,
+        "schedule": plan.schedule,
+        "virtual": plan.virtual,
+        "micro_batches": plan.micro_batches,
+        "micro_batch_size": plan.micro_batch_size,
+        "batch_size": plan.batch_size,
+        "iteration_time_s": plan.iteration_time_s,
+        "bubble_fraction": plan.bubble_fraction,
+        "throughput": plan.throughput,
+        "memory_limit_bytes": plan.memory_limit_bytes,
+        "peak_memory_bytes": list(plan.peak_memory_bytes),
+        "stages": [
+            {
+                "index": s.index,
+                "device": s.rank,
+                "blocks": list(s.blocks),
+                "time_s": s.forward_s + s.backward_s,
+                "forward_s": s.forward_s,
+                "backward_s": s.backward_s,
+                "memory_bytes": s.memory_bytes,
+                "recompute": s.recompute,
+                "params": s.params,
+            }
+            for s in plan.stages
+        ],
+        "baselines": [
+            {
+                "name": b.name,
+                "iteration_time_s": b.iteration_time_s,
+                "bubble_fraction": b.bubble_fraction,
+                "fits": b.fits,
+                "stage_blocks": list(b.stage_blocks),
+            }
+            for b in plan.baselines
+        ],
+        "alternatives": [
+            {"schedule": a.schedule, "virtual": a.virtual, "micro_batches": a.micro_batches, "iteration_time_s": a.iteration_time_s}
+            for a in plan.alternatives
+        ],
+    }
