@@ -17,9 +17,10 @@ from numpy.typing import NDArray
 
 from autopipe.solve.problem import EPS, PartitionProblem
 
-__all__ = ["position_comm", "in_bytes_matrix", "range_sums", "prefix", "stage_caps"]
+__all__ = ["InBytes", "in_bytes_matrix", "position_comm", "prefix", "range_sums", "stage_caps"]
 
 Floats = NDArray[np.float64]
+Ints = NDArray[np.int64]
 
 
 def prefix(values: tuple[float, ...]) -> Floats:
@@ -43,41 +44,74 @@ def range_sums(values: tuple[float, ...]) -> Floats:
     return out
 
 
-def in_bytes_matrix(p: PartitionProblem) -> Floats:
-    """``IN[i, j] = in_bytes`` of the contiguous stage [i, j), shape (n + 1, n + 1)."""
-    n = p.blocks
-    rows: list[NDArray[np.int64]] = []
-    cols: list[NDArray[np.int64]] = []
-    vals: list[Floats] = []
+def _in_bytes_entries(p: PartitionProblem) -> tuple[Ints, Ints, Floats]:
+    """``(row, col, bytes)``: a stage starting at block ``row`` takes the tensor as input once
+    its range reaches past ``col - 1`` (the first consumer at or after ``row``)."""
+    seg_lo: list[int] = []
+    seg_hi: list[int] = []
+    seg_b: list[float] = []
     for t in p.tensors:
         if not t.dsts or t.bytes == 0:
             continue
-        dsts = np.array(sorted(set(t.dsts)), dtype=np.int64)
-        starts = np.arange(t.src + 1, dsts[-1] + 1, dtype=np.int64)  # stages starting after src
-        first = dsts[np.searchsorted(dsts, starts, side="left")]  # first consumer >= start
-        rows.append(starts)
-        cols.append(first + 1)  # counted once the range reaches past that consumer
-        vals.append(np.full(len(starts), t.bytes))
-    diff = np.zeros((n + 1, n + 2))
-    if rows:
-        np.add.at(diff, (np.concatenate(rows), np.concatenate(cols)), np.concatenate(vals))
-    return np.cumsum(diff, axis=1)[:, : n + 1]
+        lo = t.src + 1  # starts after the producer (any start for a model input)
+        for d in sorted(set(t.dsts)):
+            seg_lo.append(lo)  # starts lo..d all meet consumer d first
+            seg_hi.append(d)
+            seg_b.append(t.bytes)
+            lo = d + 1
+    lo_a = np.asarray(seg_lo, dtype=np.int64)
+    lengths = np.asarray(seg_hi, dtype=np.int64) - lo_a + 1
+    offsets = np.cumsum(lengths) - lengths
+    rows = np.repeat(lo_a, lengths) + (np.arange(int(lengths.sum())) - np.repeat(offsets, lengths))
+    cols = np.repeat(np.asarray(seg_hi, dtype=np.int64) + 1, lengths)
+    return rows, cols, np.repeat(np.asarray(seg_b, dtype=np.float64), lengths)
+
+
+def in_bytes_matrix(p: PartitionProblem) -> Floats:
+    """``IN[i, j] = in_bytes`` of the contiguous stage [i, j), shape (n + 1, n + 1)."""
+    n = p.blocks
+    rows, cols, vals = _in_bytes_entries(p)
+    diff = np.bincount(rows * (n + 2) + cols, weights=vals, minlength=(n + 1) * (n + 2))
+    return np.cumsum(diff.reshape(n + 1, n + 2), axis=1)[:, : n + 1]
+
+
+class InBytes:
+    """``in_bytes(i, j)`` of contiguous ranges, looked up for arrays of (i, j) pairs.
+
+    Sparse (one entry per start and tensor it can be an input of) instead of an (n+1)^2 matrix;
+    for a fixed i the value is non-decreasing in j.
+    """
+
+    def __init__(self, p: PartitionProblem) -> None:
+        n = self.n = p.blocks
+        rows, cols, vals = _in_bytes_entries(p)
+        keys = rows * (n + 2) + cols
+        order = np.argsort(keys, kind="stable")
+        self.keys = keys[order]
+        self.cum = np.concatenate([[0.0], np.cumsum(vals[order])])
+        # cumulative total before each row's first entry
+        self.row_base = self.cum[np.searchsorted(self.keys, np.arange(n + 1) * (n + 2))]
+
+    def at(self, i: Ints, j: Ints) -> Floats:
+        pos = np.searchsorted(self.keys, i * (self.n + 2) + j, side="right")
+        return np.asarray(self.cum[pos] - self.row_base[i], dtype=np.float64)
 
 
 def position_comm(p: PartitionProblem) -> tuple[Floats, Floats]:
     """``(cut_bytes, comm_s)`` of a cut at each position j (length n + 1; 0 at 0 and n)."""
     n = p.blocks
-    diff = np.zeros(n + 2)
-    alive = np.zeros(n + 2, dtype=np.int64)  # tensors of non-zero size across each position
-    for t in p.tensors:
-        if t.src >= 0 and t.dsts and t.bytes > 0:
-            diff[t.src + 1] += t.bytes
-            diff[max(t.dsts) + 1] -= t.bytes
-            alive[t.src + 1] += 1
-            alive[max(t.dsts) + 1] -= 1
+    crossing = [(t.src + 1, max(t.dsts) + 1, t.bytes)
+                for t in p.tensors if t.src >= 0 and t.dsts and t.bytes > 0]
+    first = np.asarray([c[0] for c in crossing], dtype=np.int64)
+    after = np.asarray([c[1] for c in crossing], dtype=np.int64)
+    size = np.asarray([c[2] for c in crossing], dtype=np.float64)
+    diff = np.bincount(first, size, n + 2) - np.bincount(after, size, n + 2)
+    # number of tensors of non-zero size across each position
+    alive = np.bincount(first, minlength=n + 2) - np.bincount(after, minlength=n + 2)
     # exactly 0 where nothing crosses (a running sum can leave rounding dust there)
     cut = np.where(np.cumsum(alive)[: n + 1] > 0, np.cumsum(diff)[: n + 1], 0.0)
     cut = np.maximum(cut, 0.0)
+    cut[0] = cut[n] = 0.0
     comm = np.where(cut > 0, p.link_latency_s + cut / p.link_bandwidth, 0.0)
     return cut, comm
 
