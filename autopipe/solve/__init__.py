@@ -1,0 +1,30 @@
+"""Partition solvers: numbers in, stage assignment out (no torch).
+
+- :func:`solve_chain`: exact DP over contiguous partitions (chains, or DAGs cut in order).
+- :func:`solve_fast`: bisection + greedy for large chains; exact bottleneck, approximate total.
+- :func:`solve_ilp`: exact MILP over monotone assignments of a DAG (pulp / CBC).
+- :func:`solve_brute`: exhaustive search, the test oracle.
+- :func:`evaluate`: prices any assignment; the definitions live in :mod:`.problem`.
+"""
+
+from autopipe.solve.brute import solve_brute
+from autopipe.solve.chain import solve_chain
+from autopipe.solve.greedy import solve_fast
+from autopipe.solve.ilp import solve_ilp
+from autopipe.solve.min_memory import min_memory_limit
+from autopipe.solve.problem import EPS, Partition, PartitionProblem, Tensor, evaluate
+from autopipe.solve.units import format_bytes
+
+__all__ = [
+    "EPS",
+    "Partition",
+    "PartitionProblem",
+    "Tensor",
+    "evaluate",
+    "format_bytes",
+    "min_memory_limit",
+    "solve_brute",
+    "solve_chain",
+    "solve_fast",
+    "solve_ilp",
+]

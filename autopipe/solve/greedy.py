@@ -1,0 +1,278 @@
+"""Fast contiguous partitioning for large chains: :func:`solve_fast`.
+
+Bisection on the bottleneck Z with a furthest-reach feasibility probe, the parametric search
+for the linear-partition (bottleneck) problem (Manne & Olstad 1995; Pinar & Aykanat 2004),
+extended with per-stage memory limits, recomputation and cut comm.
+
+**Feasible pieces.** For a given Z, a range [i, j) may be stage s if its time is <= Z and its
+memory fits (without recomputation, or, where the mode allows, with it and its time plus
+recompute time <= Z); a cut at position j is allowed if comm(j) <= Z. For a *fixed start* i
+each condition is closed under shrinking the end: time and static/activation sums only grow
+with j, and so does in_bytes(i, j) (more consumers, same producers outside). So the ends that
+stage s can reach from i form a prefix ``(i, E_s(i)]``, with ``E_s(i)`` the furthest end
+(memory part precomputed per stage with ``searchsorted`` / a vectorised binary search, time
+part per probe).
+
+**Greedy probe.** Stage s starts where stage s-1 ended and goes to the furthest allowed cut
+``j <= min(E_s(i), n - (S-1-s))`` (leaving a block for each later stage). Claim: if a
+partition ``b`` is feasible and the greedy starts ``g`` never get stuck, then ``g_s >= b_s``.
+Proof by induction: if ``g_s < b_{s+1}``, the range [g_s, b_{s+1}) lies inside b's stage s
+[b_s, b_{s+1}), so it is feasible for stage s *when feasibility is also closed under raising
+the start* (time and memory without recomputation are; in_bytes is not), and b_{s+1} is an
+allowed cut, so ``g_{s+1} >= b_{s+1}``; if ``g_s >= b_{s+1}`` it holds trivially. The greedy
+can still get stuck where b does not: when it has run ahead (``g_s >= b_{s+1}``) the block at
+g_s may not fit stage s although it fits the later stage b gives it (per-stage limits and
+in-flight counts differ), or a start inside a recomputed range may need more input bytes.
+
+**Exact probe.** So every answer is certified by an exact reachability probe: with R_s the
+set of positions where stage s can start, ``R_{s+1} = {j allowed : exists i in R_s,
+i < j <= E_s(i)}`` (a difference array and a cumulative sum per stage, O(S n) per probe). It
+is exact because the feasible ends from each start form a prefix (above). If greedy bisection
+ends at Z_g and the exact probe rejects the next float below Z_g, Z* = Z_g exactly;
+otherwise (rare) bisection repeats with the exact probe.
+
+**Exact Z.** Each successful probe returns a partition whose largest piece M <= Z, and the
+upper bound moves to M, a value some partition attains; once the bracket is below 1e-12
+relative, the next probe is at the float just below the upper bound. So the result's
+bottleneck *is* Z* (in this module's arithmetic: range sums as prefix differences).
+
+**Total is approximate.** Phase 2 (least total at Z*) is not solved here: the result is the
+greedy (or exact-probe) partition at Z*, whose total may exceed the optimum. Use
+:func:`~autopipe.solve.chain.solve_chain` when the total matters and n is moderate.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from autopipe.solve._intervals import Floats, InBytes, position_comm, prefix, stage_caps
+from autopipe.solve.min_memory import infeasible_error
+from autopipe.solve.problem import Partition, PartitionProblem, contiguous_assignment, evaluate
+
+__all__ = ["solve_fast"]
+
+Ints = NDArray[np.int64]
+Cost = Callable[[Ints, Ints], Floats]
+
+
+def _furthest(cost: Cost, guess: Ints, bound: float | Floats) -> Ints:
+    """For every start i: the largest e in [i, n] with cost(i, e) <= bound, where cost is
+    non-decreasing in e and cost(i, i) == 0; ``guess`` is close (found by searchsorted)."""
+    n = len(guess) - 1
+    i = np.arange(n + 1)
+    e = np.clip(guess, i, n)
+    while True:
+        bad = (e > i) & (cost(i, e) > bound)
+        if not bad.any():
+            break
+        e = e - bad
+    while True:
+        nxt = np.minimum(e + 1, n)
+        good = (e < n) & (cost(i, nxt) <= bound)
+        if not good.any():
+            return e
+        e = e + good
+
+
+@dataclass(frozen=True)
+class _Found:
+    starts: tuple[int, ...]
+    recompute: tuple[bool, ...]
+    worst: float  # largest piece (stage time or cut comm)
+
+
+class _Probes:
+    """Precomputed prefix sums and per-stage memory reach of one problem."""
+
+    def __init__(self, p: PartitionProblem) -> None:
+        self.p = p
+        n = self.n = p.blocks
+        self.S = p.stages
+        self.pt = prefix(p.time_s)
+        self.pr = prefix(p.recompute_s)
+        self.comm = position_comm(p)[1]
+        self.plain_ok = p.recompute != "always"
+        self.rc_ok = p.recompute != "never"
+        caps = stage_caps(p)
+        ps, pa = prefix(p.static_bytes), prefix(p.activation_bytes)
+        psa = prefix(tuple(a + b for a, b in zip(p.static_bytes, p.activation_bytes, strict=True)))
+        inb = InBytes(p) if self.rc_ok else None
+        idx = np.arange(n + 1)
+        self.mem_plain: list[Ints] = []
+        self.mem_rc: list[Ints] = []
+        for s in range(self.S):
+            k, cap = p.inflight[s], float(caps[s])
+            pw = ps + k * pa
+
+            def plain_mem(i: Ints, e: Ints, pw: Floats = pw) -> Floats:
+                return pw[e] - pw[i]
+
+            self.mem_plain.append(
+                _furthest(plain_mem, np.searchsorted(pw, pw + cap, side="right") - 1, cap))
+        if inb is None:
+            self.mem_rc = [idx] * self.S
+        else:  # binary search on the end, vectorised over all (stage, start) pairs
+            shape = (self.S, n + 1)
+            start = np.broadcast_to(idx, shape).ravel()
+            k = np.broadcast_to(np.asarray(p.inflight, dtype=np.float64)[:, None], shape).ravel()
+            cap_v = np.broadcast_to(caps[:, None], shape).ravel()
+            lo = start.copy()
+            # static + activations alone must fit: an upper bound (+1 absorbs rounding)
+            hi = np.clip(np.searchsorted(psa, psa[start] + cap_v, side="right"), lo, n)
+            active = np.flatnonzero(lo < hi)
+            while active.size:
+                a_lo, a_hi, a_i = lo[active], hi[active], start[active]
+                mid = (a_lo + a_hi + 1) // 2
+                ok = (psa[mid] - psa[a_i]) + k[active] * inb.at(a_i, mid) <= cap_v[active]
+                lo[active] = np.where(ok, mid, a_lo)
+                hi[active] = np.where(ok, a_hi, mid - 1)
+                active = active[lo[active] < hi[active]]
+            self.mem_rc = list(lo.reshape(shape))
+        self.mem_plain_l = [a.tolist() for a in self.mem_plain]
+        self.mem_rc_l = [a.tolist() for a in self.mem_rc]
+        self.pt_l, self.pr_l, self.comm_l = self.pt.tolist(), self.pr.tolist(), self.comm.tolist()
+        self.ptr_l = (self.pt + self.pr).tolist()
+
+    # -- per-probe pieces -------------------------------------------------------------------
+    def _time_reach(self, z: float) -> tuple[Ints, Ints]:
+        pt, pr = self.pt, self.pr
+        n = self.n
+        none = np.arange(n + 1)
+        plain = rc = none
+        if self.plain_ok:
+            plain = _furthest(lambda i, e: pt[e] - pt[i],
+                              np.searchsorted(pt, pt + z, side="right") - 1, z)
+        if self.rc_ok:
+            ptr = pt + pr
+            rc = _furthest(lambda i, e: (pt[e] - pt[i]) + (pr[e] - pr[i]),
+                           np.searchsorted(ptr, ptr + z, side="right") - 1, z)
+        return plain, rc
+
+    def _allowed(self, z: float) -> NDArray[np.bool_]:
+        ok = self.comm <= z
+        ok[self.n] = True
+        return ok
+
+    def _found(self, starts: list[int]) -> _Found:
+        ends = [*starts[1:], self.n]
+        worst, rcs = 0.0, []
+        pt, pr = self.pt_l, self.pr_l
+        for s, (i, j) in enumerate(zip(starts, ends, strict=True)):
+            plain = self.plain_ok and j <= self.mem_plain_l[s][i]
+            t = pt[j] - pt[i]
+            if not plain:
+                t = t + (pr[j] - pr[i])
+            rcs.append(not plain)
+            worst = max(worst, t, self.comm_l[j] if s < self.S - 1 else 0.0)
+        return _Found(tuple(starts), tuple(rcs), worst)
+
+    # -- probes -----------------------------------------------------------------------------
+    def _plain_reach(self, i: int, z: float) -> int:
+        """Scalar twin of ``_time_reach`` (same predicate, so the same answer)."""
+        pt, n = self.pt_l, self.n
+        e = max(i, bisect_right(pt, pt[i] + z, i) - 1)
+        while e > i and pt[e] - pt[i] > z:
+            e -= 1
+        while e < n and pt[e + 1] - pt[i] <= z:
+            e += 1
+        return e
+
+    def _rc_reach(self, i: int, z: float) -> int:
+        pt, pr, ptr, n = self.pt_l, self.pr_l, self.ptr_l, self.n
+        e = max(i, bisect_right(ptr, ptr[i] + z, i) - 1)
+        while e > i and (pt[e] - pt[i]) + (pr[e] - pr[i]) > z:
+            e -= 1
+        while e < n and (pt[e + 1] - pt[i]) + (pr[e + 1] - pr[i]) <= z:
+            e += 1
+        return e
+
+    def greedy(self, z: float) -> _Found | None:
+        n, S, comm = self.n, self.S, self.comm_l
+        starts, i = [0], 0
+        for s in range(S):
+            e = i
+            if self.plain_ok:
+                e = min(self.mem_plain_l[s][i], self._plain_reach(i, z))
+            if self.rc_ok:
+                e = max(e, min(self.mem_rc_l[s][i], self._rc_reach(i, z)))
+            if s == S - 1:
+                return self._found(starts) if e >= n else None
+            j = min(e, n - (S - 1 - s))
+            while j > i and comm[j] > z:  # the furthest allowed cut
+                j -= 1
+            if j <= i:
+                return None
+            starts.append(j)
+            i = j
+        raise AssertionError("unreachable")
+
+    def exact(self, z: float) -> _Found | None:
+        n, S = self.n, self.S
+        tp, tr = self._time_reach(z)
+        allowed = self._allowed(z)
+        reach = np.zeros(n + 1, dtype=bool)
+        reach[0] = True
+        history: list[tuple[NDArray[np.bool_], Ints]] = []
+        for s in range(S):
+            e = np.arange(n + 1)
+            if self.plain_ok:
+                e = np.minimum(self.mem_plain[s], tp)
+            if self.rc_ok:
+                e = np.maximum(e, np.minimum(self.mem_rc[s], tr))
+            history.append((reach, e))
+            starts = np.flatnonzero(reach)
+            cover = np.cumsum(np.bincount(starts + 1, minlength=n + 2)
+                              - np.bincount(e[starts] + 1, minlength=n + 2))[: n + 1] > 0
+            reach = cover & allowed
+        if not reach[n]:
+            return None
+        bounds, j = [0] * S, n
+        for s in range(S - 1, -1, -1):
+            r, e = history[s]
+            cand = np.flatnonzero(r[:j] & (e[:j] >= j))
+            j = bounds[s] = int(cand[-1])
+        return self._found(bounds)
+
+
+def _bisect(probe: Callable[[float], _Found | None], lo: float, best: _Found) -> _Found:
+    """Smallest attained Z in (lo, best.worst] for which ``probe`` succeeds."""
+    hi = best.worst
+    while True:
+        mid = lo + (hi - lo) / 2 if hi - lo > 1e-12 * hi else math.nextafter(hi, -math.inf)
+        if not lo < mid < hi:
+            return best
+        found = probe(mid)
+        if found is None:
+            lo = mid
+        else:
+            best, hi = found, found.worst
+
+
+def solve_fast(problem: PartitionProblem) -> Partition:
+    """A contiguous partition with the least bottleneck Z (exact); its total is not minimised.
+
+    Raises :class:`~autopipe.errors.InfeasibleError` when no contiguous partition fits memory.
+    """
+    p = problem
+    probes = _Probes(p)
+    lower = 0.5 * max(max(p.time_s), float(probes.pt[-1]) / p.stages)  # below Z*, safely
+    start = probes.greedy(math.inf)
+    if start is not None:
+        best = _bisect(probes.greedy, lower, start)
+        below = math.nextafter(best.worst, -math.inf)
+        if below >= 0:
+            witness = probes.exact(below)  # certify: nothing strictly better exists
+            if witness is not None:
+                best = _bisect(probes.exact, lower, witness)
+    else:
+        witness = probes.exact(math.inf)
+        if witness is None:
+            raise infeasible_error(p)
+        best = _bisect(probes.exact, lower, witness)
+    return evaluate(p, contiguous_assignment(best.starts, p.blocks), best.recompute)
