@@ -84,7 +84,7 @@ def _comm_by_stage(plan: Plan) -> dict[tuple[int, str], float]:
     return out
 
 
-def text_timeline(plan: Plan, timeline: Timeline, width: int = 96) -> list[str]:
+def text_timeline(plan: Plan, timeline: Timeline, width: int = 100) -> list[str]:
     """Rows of rich markup: one character per time slice, the micro-batch's digit coloured by
     kind (F green, B blue, W magenta), ``·`` idle."""
     total = timeline.iteration_s or 1.0

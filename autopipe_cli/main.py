@@ -177,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version, usage errors (argparse exits 2)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
-    out = Console(file=sys.stdout, highlight=False)
+    # Tables stay readable when piped (rich assumes 80 columns without a terminal).
+    out = Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 120)
     err = Console(file=sys.stderr, highlight=False)
     try:
         code: int = args.func(args, out, err)
