@@ -72,7 +72,7 @@ def in_bytes_matrix(p: PartitionProblem) -> Floats:
     n = p.blocks
     rows, cols, vals = _in_bytes_entries(p)
     diff = np.bincount(rows * (n + 2) + cols, weights=vals, minlength=(n + 1) * (n + 2))
-    return np.cumsum(diff.reshape(n + 1, n + 2), axis=1)[:, : n + 1]
+    return np.asarray(np.cumsum(diff.reshape(n + 1, n + 2), axis=1)[:, : n + 1], dtype=np.float64)
 
 
 class InBytes:

@@ -20,9 +20,11 @@ Proof by induction: if ``g_s < b_{s+1}``, the range [g_s, b_{s+1}) lies inside b
 [b_s, b_{s+1}), so it is feasible for stage s *when feasibility is also closed under raising
 the start* (time and memory without recomputation are; in_bytes is not), and b_{s+1} is an
 allowed cut, so ``g_{s+1} >= b_{s+1}``; if ``g_s >= b_{s+1}`` it holds trivially. The greedy
-can still get stuck where b does not: when it has run ahead (``g_s >= b_{s+1}``) the block at
-g_s may not fit stage s although it fits the later stage b gives it (per-stage limits and
-in-flight counts differ), or a start inside a recomputed range may need more input bytes.
+can still get stuck where b does not, once it has run ahead (``g_s >= b_{s+1}``): the block
+at g_s may not fit stage s although it fits the later stage b gives it (per-stage limits and
+in-flight counts differ), the next allowed cut after g_s may lie beyond the reach of stage s
+(comm is not monotone in the position), or a start inside a recomputed range may need more
+input bytes. Then the greedy answer is only an upper bound.
 
 **Exact probe.** So every answer is certified by an exact reachability probe: with R_s the
 set of positions where stage s can start, ``R_{s+1} = {j allowed : exists i in R_s,
@@ -120,7 +122,7 @@ class _Probes:
         else:  # binary search on the end, vectorised over all (stage, start) pairs
             shape = (self.S, n + 1)
             start = np.broadcast_to(idx, shape).ravel()
-            k = np.broadcast_to(np.asarray(p.inflight, dtype=np.float64)[:, None], shape).ravel()
+            k_v = np.broadcast_to(np.asarray(p.inflight, dtype=np.float64)[:, None], shape).ravel()
             cap_v = np.broadcast_to(caps[:, None], shape).ravel()
             lo = start.copy()
             # static + activations alone must fit: an upper bound (+1 absorbs rounding)
@@ -129,7 +131,7 @@ class _Probes:
             while active.size:
                 a_lo, a_hi, a_i = lo[active], hi[active], start[active]
                 mid = (a_lo + a_hi + 1) // 2
-                ok = (psa[mid] - psa[a_i]) + k[active] * inb.at(a_i, mid) <= cap_v[active]
+                ok = (psa[mid] - psa[a_i]) + k_v[active] * inb.at(a_i, mid) <= cap_v[active]
                 lo[active] = np.where(ok, mid, a_lo)
                 hi[active] = np.where(ok, a_hi, mid - 1)
                 active = active[lo[active] < hi[active]]

@@ -25,6 +25,10 @@ recomputation the solver left on for free. CBC runs single-threaded, so it is de
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TypeAlias
 
 import pulp
 
@@ -40,7 +44,16 @@ from autopipe.solve.problem import (
 
 __all__ = ["solve_ilp"]
 
-Expr = pulp.LpAffineExpression
+Expr: TypeAlias = Any  # pulp.LpAffineExpression (pulp is untyped)
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """PuLP 3.x warns that ``LpVariable(...)`` and ``PULP_CBC_CMD`` change in PuLP 4; both are
+    the API that works from PuLP 2.7 on, and the bundled CBC is the solver every install has."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        yield
 
 
 class _Model:
@@ -123,20 +136,20 @@ class _Model:
             if self.L is None and math.isinf(limit):
                 continue
             scale = self.mem_unit if self.L is not None else max(limit, 1.0)
-            k = p.inflight[s]
+            k_s = p.inflight[s]
             terms: list[Expr] = [
                 (p.static_bytes[i] / scale) * x[i][s]
-                + (p.activation_bytes[i] / scale) * (k * x[i][s] - (k - 1) * w[i][s])
+                + (p.activation_bytes[i] / scale) * (k_s * x[i][s] - (k_s - 1) * w[i][s])
                 for i in range(n)
             ]
-            if p.recompute != "never" and k > 0:
+            if p.recompute != "never" and k_s > 0:
                 for q, t in enumerate(inputs):
                     u = pulp.LpVariable(f"u_{q}_{s}", lowBound=0, upBound=1)
                     for d in set(t.dsts):
                         prob += u >= (x[d][s] - x[t.src][s] if t.src >= 0 else x[d][s])
                     v = pulp.LpVariable(f"v_{q}_{s}", lowBound=0)
                     prob += v >= u + rho[s] - 1
-                    terms.append((k * t.bytes / scale) * v)
+                    terms.append((k_s * t.bytes / scale) * v)
             if self.L is not None:
                 prob += pulp.lpSum(terms) <= self.L
             else:
@@ -162,6 +175,11 @@ class _Model:
 
 def _min_memory(p: PartitionProblem, time_limit_s: float) -> float:
     """Smallest single per-device limit under which some monotone assignment fits."""
+    with _quiet():
+        return _min_memory_quiet(p, time_limit_s)
+
+
+def _min_memory_quiet(p: PartitionProblem, time_limit_s: float) -> float:
     m = _Model(p, memory_var=True)
     if m.L is None or not m.solve(m.L, time_limit_s):  # cannot happen: L is free
         return math.inf
@@ -177,7 +195,11 @@ def solve_ilp(problem: PartitionProblem, time_limit_s: float = 60.0) -> Partitio
     :class:`PlanError`. Raises :class:`~autopipe.errors.InfeasibleError` (with the smallest
     limit under which some monotone assignment fits) when nothing fits.
     """
-    p = problem
+    with _quiet():
+        return _solve_ilp(problem, time_limit_s)
+
+
+def _solve_ilp(p: PartitionProblem, time_limit_s: float) -> Partition:
     model = _Model(p)
     if not model.solve(model.Z, time_limit_s):
         raise infeasible_error(p, _min_memory(p, time_limit_s))
