@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import types
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ from torch import nn
 
 from autopipe.costs import Affine, Profile
 from autopipe.errors import ProfileError
+from autopipe.load import LoadedModel, ModelSpec, default_loss
 from autopipe.profile import measure_blocks, profile_model, saved_bytes, time_call
 from autopipe.trace import trace_model
 
@@ -40,11 +40,14 @@ class Net(nn.Module):
         return self.head(h)
 
 
-def _loaded(model: nn.Module, seq: int = 64, vocab: int = 512) -> types.SimpleNamespace:
-    return types.SimpleNamespace(
+def _loaded(model: nn.Module, seq: int = 64, vocab: int = 512) -> LoadedModel:
+    return LoadedModel(
+        spec=ModelSpec(Path("net.py")),
         model=model,
         make_inputs=lambda u: torch.randint(0, vocab, (u, seq), generator=torch.Generator().manual_seed(u)),
-        spec=types.SimpleNamespace(path=Path("net.py")),
+        make_targets=None,
+        loss_fn=default_loss,
+        has_targets=False,
     )
 
 

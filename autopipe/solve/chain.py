@@ -29,6 +29,7 @@ from autopipe.solve._intervals import (
     range_sums,
     stage_caps,
 )
+from autopipe.errors import InfeasibleError
 from autopipe.solve.min_memory import infeasible_error
 from autopipe.solve.problem import EPS, Partition, PartitionProblem, contiguous_assignment, evaluate
 
@@ -69,11 +70,12 @@ def stage_tables(p: PartitionProblem) -> list[tuple[Floats, Bools]]:
     return out
 
 
-def solve_chain(problem: PartitionProblem) -> Partition:
+def solve_chain(problem: PartitionProblem, *, explain: bool = True) -> Partition:
     """The lexicographically best contiguous partition (Z, then total, then fewer recomputes).
 
     Raises :class:`~autopipe.errors.InfeasibleError` (with the smallest per-device limit that
-    fits) when no contiguous partition fits the memory limits.
+    fits) when no contiguous partition fits the memory limits; ``explain=False`` skips
+    working out that limit (an O(S n^2) DP) when the caller only needs to know.
     """
     p = problem
     n, S = p.blocks, p.stages
@@ -88,7 +90,7 @@ def solve_chain(problem: PartitionProblem) -> Partition:
         f = np.maximum(g[:, None], cost).min(axis=0)
     z = float(f[n])
     if not np.isfinite(z):
-        raise infeasible_error(p)
+        raise infeasible_error(p) if explain else InfeasibleError("no partition fits")
 
     # Phase 2: least total among partitions whose every piece is <= Z*, then fewest recomputes.
     bound = z + EPS * z

@@ -54,6 +54,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from autopipe.solve._intervals import Floats, InBytes, position_comm, prefix, stage_caps
+from autopipe.errors import InfeasibleError
 from autopipe.solve.min_memory import infeasible_error
 from autopipe.solve.problem import Partition, PartitionProblem, contiguous_assignment, evaluate
 
@@ -256,10 +257,11 @@ def _bisect(probe: Callable[[float], _Found | None], lo: float, best: _Found) ->
             best, hi = found, found.worst
 
 
-def solve_fast(problem: PartitionProblem) -> Partition:
+def solve_fast(problem: PartitionProblem, *, explain: bool = True) -> Partition:
     """A contiguous partition with the least bottleneck Z (exact); its total is not minimised.
 
-    Raises :class:`~autopipe.errors.InfeasibleError` when no contiguous partition fits memory.
+    Raises :class:`~autopipe.errors.InfeasibleError` when no contiguous partition fits
+    memory (with the smallest limit that would, unless ``explain=False``).
     """
     p = problem
     probes = _Probes(p)
@@ -275,6 +277,6 @@ def solve_fast(problem: PartitionProblem) -> Partition:
     else:
         witness = probes.exact(math.inf)
         if witness is None:
-            raise infeasible_error(p)
+            raise infeasible_error(p) if explain else InfeasibleError("no partition fits")
         best = _bisect(probes.exact, lower, witness)
     return evaluate(p, contiguous_assignment(best.starts, p.blocks), best.recompute)

@@ -21,6 +21,7 @@ also reported as baselines, priced the same way.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from autopipe.costs import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Alternative, Baseline, Plan, StagePlan
 from autopipe.schedules import SCHEDULES, make_schedule
-from autopipe.simulate import StageCost, Timeline, simulate
+from autopipe.simulate import CompiledSchedule, StageCost, Summary, Timeline, compile_schedule, simulate, simulate_summary
 from autopipe.solve.chain import solve_chain
 from autopipe.solve.greedy import solve_fast
 from autopipe.solve.min_memory import min_memory_limit
@@ -42,7 +43,7 @@ SEARCH_SCHEDULES = ("1f1b", "zb-h1", "gpipe", "interleaved-1f1b")  # ties go to 
 _VIRTUAL_CHOICES = (2, 4)
 _EXACT_DP_LIMIT = 4_000_000  # n^2 * S above which the bisection solver replaces the DP
 _SIMULATION_BUDGET = 400_000  # simulated actions; above it only the best estimates are simulated
-_SIMULATE_TOP = 8
+_SIMULATE_TOP = 3
 _BASELINES = ("even-layers", "by-params", "greedy-time")
 
 
@@ -84,13 +85,16 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
     _validate(profile, request)
     candidates: list[_Candidate] = []
     smallest_fit = math.inf
+    infeasible: dict[tuple[str, int], tuple[int, PartitionProblem]] = {}
     for decision in _decisions(profile, request):
         problem = _problem(profile, request, decision)
         try:
             solved = _solve(problem)
-        except InfeasibleError as e:
-            need = e.min_memory_bytes if e.min_memory_bytes is not None else min_memory_limit(problem)
-            smallest_fit = min(smallest_fit, need * decision.virtual)
+        except InfeasibleError:
+            # Keep the most micro-batches per schedule: the least memory, for the error.
+            key = (decision.schedule, decision.virtual)
+            if decision.micro_batches > infeasible.get(key, (0, problem))[0]:
+                infeasible[key] = (decision.micro_batches, problem)
             continue
         candidates.append(_candidate(decision, "solver", problem, solved))
         for name in _BASELINES:
@@ -98,6 +102,8 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
             if part.fits:
                 candidates.append(_candidate(decision, name, problem, part))
     if not candidates:
+        for (_, v), (_, problem) in infeasible.items():
+            smallest_fit = min(smallest_fit, min_memory_limit(problem) * v)
         raise _infeasible(profile, request, smallest_fit)
     simulated = _simulate_best(profile, request, candidates)
     fitting = [(c, t) for c, t in simulated if _fits(t, request)]
@@ -167,8 +173,8 @@ def _problem(profile: Profile, req: PlanRequest, decision: _Decision) -> Partiti
 def _solve(problem: PartitionProblem) -> Partition:
     n = problem.blocks
     if n * n * problem.stages <= _EXACT_DP_LIMIT:
-        return solve_chain(problem)
-    return solve_fast(problem)
+        return solve_chain(problem, explain=False)
+    return solve_fast(problem, explain=False)
 
 
 # --------------------------------------------------------------------------- baselines
@@ -255,14 +261,20 @@ def _stage_costs(profile: Profile, c: _Candidate, u: int) -> list[StageCost]:
     return costs
 
 
-def _timeline(profile: Profile, req: PlanRequest, c: _Candidate) -> Timeline:
+@functools.lru_cache(maxsize=128)
+def _compiled(name: str, stages: int, micro_batches: int, virtual: int) -> CompiledSchedule:
+    # The generators are tested against the full validator; compiling re-checks the essentials.
+    return compile_schedule(SCHEDULES[name](stages, micro_batches, virtual), stages, virtual)
+
+
+def _timeline(profile: Profile, req: PlanRequest, c: _Candidate) -> Summary:
     d = c.decision
-    schedule = make_schedule(d.schedule, req.stages, d.micro_batches, d.virtual)
     u = req.batch_size // d.micro_batches
-    return simulate(schedule, _stage_costs(profile, c, u), c.partition.comm_s, stages=req.stages)
+    compiled = _compiled(d.schedule, req.stages, d.micro_batches, d.virtual)
+    return simulate_summary(compiled, _stage_costs(profile, c, u), c.partition.comm_s)
 
 
-def _simulate_best(profile: Profile, req: PlanRequest, cs: list[_Candidate]) -> list[tuple[_Candidate, Timeline]]:
+def _simulate_best(profile: Profile, req: PlanRequest, cs: list[_Candidate]) -> list[tuple[_Candidate, Summary]]:
     """Simulate every candidate, or the best by estimate when that would take too long."""
     actions = sum(3 * c.problem.stages * c.decision.micro_batches for c in cs)
     chosen = cs
@@ -271,7 +283,7 @@ def _simulate_best(profile: Profile, req: PlanRequest, cs: list[_Candidate]) -> 
     return [(c, _timeline(profile, req, c)) for c in chosen]
 
 
-def _fits(t: Timeline, req: PlanRequest) -> bool:
+def _fits(t: Summary, req: PlanRequest) -> bool:
     return all(m <= req.memory_bytes * (1 + 1e-9) for m in t.peak_memory_bytes)
 
 
@@ -288,9 +300,9 @@ def _make_plan(
     profile: Profile,
     req: PlanRequest,
     best: _Candidate,
-    timeline: Timeline,
-    fitting: list[tuple[_Candidate, Timeline]],
-    simulated: list[tuple[_Candidate, Timeline]],
+    timeline: Summary,
+    fitting: list[tuple[_Candidate, Summary]],
+    simulated: list[tuple[_Candidate, Summary]],
 ) -> Plan:
     d = best.decision
     u = req.batch_size // d.micro_batches

@@ -1,0 +1,73 @@
+# Run: python bench/bench_planner.py   (from the repository root, autopipe installed or PYTHONPATH=.)
+"""Planner speed: the full search (micro-batches x schedule x virtual stages x cuts x
+recompute, every candidate simulated or the best estimates simulated) on synthetic profiles of
+transformer-like models — 1,000 blocks into 64 stages, and 100 blocks into 8 stages.
+
+One CPU core (the search is single-threaded Python + numpy). Prints the median of several
+runs, the decision, and the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+
+from autopipe.costs import Affine, BlockCost, Profile, TensorCost
+from autopipe.solve.search import PlanRequest, _compiled, plan_pipeline
+
+
+def synthetic_profile(n: int, seed: int = 0) -> Profile:
+    """An embedding, n-2 transformer-like layers of jittered cost, and an LM head."""
+    rng = random.Random(seed)
+    blocks, tensors = [], [TensorCost("input", -1, (0,), Affine(0, 8192.0))]
+    for i in range(n):
+        heavy = 0 < i < n - 1
+        f = rng.uniform(0.9, 1.1) * (2e-3 if heavy else 1e-3)
+        blocks.append(
+            BlockCost(
+                name=f"layers.{i}",
+                nodes=(f"n{i}",),
+                params=12_600_000 if heavy else 50_000_000,
+                param_bytes=(12_600_000 if heavy else 50_000_000) * 2,
+                forward_s=Affine(1e-4, f),
+                backward_s=Affine(2e-4, 2 * f),
+                backward_input_s=Affine(1e-4, f),
+                backward_weight_s=Affine(1e-4, f),
+                saved_bytes=Affine(0, 40 * 2**20 if heavy else 8 * 2**20),
+            )
+        )
+        if i < n - 1:
+            tensors.append(TensorCost(f"n{i}", i, (i + 1,), Affine(0, 4 * 2**20)))
+    return Profile("synthetic", "0", "cuda: synthetic", "-", "bfloat16", (1, 2), "measured", tuple(blocks), tuple(tensors))
+
+
+def bench(n: int, stages: int, batch: int, memory: float, repeat: int) -> None:
+    prof = synthetic_profile(n)
+    req = PlanRequest(stages=stages, batch_size=batch, memory_bytes=memory, link_bandwidth=50e9, link_latency_s=1e-5)
+    times, plan = [], None
+    for _ in range(repeat):
+        _compiled.cache_clear()  # every run starts cold, as one `autopipe plan` does
+        t0 = time.perf_counter()
+        plan = plan_pipeline(prof, req)
+        times.append(time.perf_counter() - t0)
+    assert plan is not None
+    print(
+        f"{n:5d} blocks -> {stages:3d} stages, batch {batch}: median {statistics.median(times):.3f} s "
+        f"(min {min(times):.3f}, max {max(times):.3f}, {repeat} runs); chose {plan.schedule}"
+        f"{f' v={plan.virtual}' if plan.virtual > 1 else ''}, m={plan.micro_batches}, "
+        f"{sum(s.recompute for s in plan.stages)} recomputed stages, bubble {plan.bubble_fraction:.1%}"
+    )
+
+
+def main() -> None:
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, Python {sys.version.split()[0]}")
+    bench(100, 8, batch=64, memory=8 * 2**30, repeat=7)
+    bench(1000, 64, batch=512, memory=16 * 2**30, repeat=3)
+
+
+if __name__ == "__main__":
+    main()
