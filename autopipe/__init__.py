@@ -1,4 +1,8 @@
-"""autopipe: automatic pipeline-parallelism planning for PyTorch models."""
+"""autopipe: automatic pipeline-parallelism planning for PyTorch models.
+
+``autopipe.plan(model, example_inputs, stages=4, memory="16GiB", batch_size=32)`` profiles a
+model and returns its Plan; ``autopipe.api`` has the rest of the programmatic interface.
+"""
 
 from autopipe.costs import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import (
@@ -14,6 +18,17 @@ from autopipe.errors import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # ``autopipe.plan`` is imported on first use, so ``import autopipe`` (and the CLI's
+    # --help) does not wait for torch.
+    if name == "plan":
+        from autopipe.api import plan
+
+        return plan
+    raise AttributeError(f"module 'autopipe' has no attribute {name!r}")
+
+
 __all__ = [
     "Affine",
     "AutopipeError",
@@ -28,4 +43,5 @@ __all__ = [
     "TensorCost",
     "TraceError",
     "__version__",
+    "plan",
 ]

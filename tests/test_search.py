@@ -1,0 +1,182 @@
+"""The planner's search: decisions, baselines, infeasibility, reproducibility."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from autopipe.costs import Affine, BlockCost, Profile, TensorCost
+from autopipe.errors import InfeasibleError, PlanError
+from autopipe.plans import Plan
+from autopipe.simulate import compile_schedule, simulate, simulate_summary
+from autopipe.solve.search import (
+    PlanRequest,
+    _candidate,
+    _compiled,
+    _decisions,
+    _problem,
+    _solve,
+    _stage_costs,
+    plan_pipeline,
+    plan_timeline,
+)
+from autopipe.schedules import make_schedule
+from autopipe.simulate import StageCost
+
+MIB = 2.0**20
+
+
+def random_profile(n: int, seed: int, skips: int = 0) -> Profile:
+    rng = random.Random(seed)
+    blocks = []
+    for i in range(n):
+        f = rng.uniform(0.5, 2.0) * 1e-3
+        blocks.append(
+            BlockCost(
+                name=f"layers.{i}",
+                nodes=(f"n{i}",),
+                params=rng.randrange(1000, 100_000),
+                param_bytes=rng.randrange(1, 50) * int(MIB),
+                forward_s=Affine(rng.uniform(0, 1e-4), f),
+                backward_s=Affine(rng.uniform(0, 2e-4), 2 * f),
+                backward_input_s=Affine(0.0, f),
+                backward_weight_s=Affine(0.0, f),
+                saved_bytes=Affine(0.0, rng.uniform(1, 20) * MIB),
+            )
+        )
+    tensors = [TensorCost("x", -1, (0,), Affine(0, 1e4))]
+    tensors += [TensorCost(f"n{i}", i, (i + 1,), Affine(0, rng.uniform(0.1, 2) * MIB)) for i in range(n - 1)]
+    for k in range(skips):
+        a = rng.randrange(n - 2)
+        tensors.append(TensorCost(f"skip{k}", a, (rng.randrange(a + 2, n),), Affine(0, MIB)))
+    return Profile("random", "fp", "cpu", "-", "float32", (1, 2), "measured", tuple(blocks), tuple(tensors))
+
+
+def _request(**kw: object) -> PlanRequest:
+    base = dict(stages=4, batch_size=16, memory_bytes=4 * 2**30, link_bandwidth=5e9, link_latency_s=5e-5)
+    base.update(kw)
+    return PlanRequest(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_chosen_plan_is_no_worse_than_any_enumerated_alternative(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(4, 12)
+    prof = random_profile(n, seed, skips=rng.randint(0, 2))
+    req = _request(stages=rng.randint(2, min(4, n)), batch_size=rng.choice([4, 8, 12]), memory_bytes=rng.uniform(0.3, 3) * 2**30)
+    try:
+        plan = plan_pipeline(prof, req)
+    except InfeasibleError:
+        return
+    # Every decision the search can take, with its solver partition, simulated independently
+    # with the full event simulator.
+    for d in _decisions(prof, req):
+        problem = _problem(prof, req, d)
+        try:
+            part = _solve(problem)
+        except InfeasibleError:
+            continue
+        c = _candidate(d, "solver", problem, part)
+        costs = _stage_costs(prof, c, req.batch_size // d.micro_batches)
+        t = simulate(make_schedule(d.schedule, req.stages, d.micro_batches, d.virtual), costs, part.comm_s, stages=req.stages)
+        if all(m <= req.memory_bytes * (1 + 1e-9) for m in t.peak_memory_bytes):
+            assert plan.iteration_time_s <= t.iteration_s * (1 + 1e-9), d
+    for b in plan.baselines:
+        if b.fits:
+            assert plan.iteration_time_s <= b.iteration_time_s * (1 + 1e-9), b.name
+    for a in plan.alternatives:
+        assert plan.iteration_time_s <= a.iteration_time_s
+    # The plan's predictions are what the simulator says of it, and fit the memory limit.
+    assert plan_timeline(plan).iteration_s == pytest.approx(plan.iteration_time_s, rel=1e-12)
+    assert max(plan.peak_memory_bytes) <= req.memory_bytes * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b"])
+def test_fast_simulation_equals_the_event_simulator(name: str) -> None:
+    rng = random.Random(7)
+    S, m, v = 4, 8, (2 if name == "interleaved-1f1b" else 1)
+    costs = [
+        StageCost(rng.random(), rng.random() * 2, rng.random(), rng.random(), rng.random() * 100, rng.random() * 50, rng.random() * 10, rng.random() * 1000)
+        for _ in range(S * v)
+    ]
+    comm = [rng.random() * 0.1 for _ in range(S * v - 1)]
+    schedule = make_schedule(name, S, m, v)
+    full = simulate(schedule, costs, comm, stages=S)
+    fast = simulate_summary(compile_schedule(schedule, S, v), costs, comm)
+    assert fast.iteration_s == pytest.approx(full.iteration_s, rel=1e-12)
+    assert fast.bubble_fraction == pytest.approx(full.bubble_fraction, rel=1e-9)
+    assert fast.peak_memory_bytes == pytest.approx(full.peak_memory_bytes, rel=1e-12)
+    assert _compiled(name, S, m, v).rank == compile_schedule(schedule, S, v).rank
+
+
+def test_plans_are_byte_identical_for_the_same_inputs() -> None:
+    prof = random_profile(10, 3, skips=1)
+    a = plan_pipeline(prof, _request())
+    _compiled.cache_clear()
+    b = plan_pipeline(Profile.from_json(prof.to_json()), _request())
+    assert a.to_json() == b.to_json()
+    assert Plan.from_json(a.to_json()) == a
+
+
+def test_pinned_decisions_are_respected() -> None:
+    prof = random_profile(12, 1)
+    plan = plan_pipeline(prof, _request(micro_batches=8, schedule="gpipe", recompute="never"))
+    assert (plan.schedule, plan.micro_batches, plan.micro_batch_size) == ("gpipe", 8, 2)
+    assert not any(s.recompute for s in plan.stages)
+    inter = plan_pipeline(prof, _request(micro_batches=8, schedule="interleaved-1f1b", virtual=2))
+    assert (inter.virtual, len(inter.stages)) == (2, 8)
+    assert [s.rank for s in inter.stages] == [0, 1, 2, 3, 0, 1, 2, 3]
+
+
+def test_recomputation_is_chosen_only_where_memory_needs_it() -> None:
+    prof = random_profile(8, 2)
+    roomy = plan_pipeline(prof, _request(schedule="1f1b", micro_batches=8))
+    assert not any(s.recompute for s in roomy.stages)
+    # Squeeze memory until plain 1F1B no longer fits but recomputation does.
+    need = max(roomy.peak_memory_bytes)
+    found = False
+    for factor in (0.95, 0.9, 0.85, 0.8, 0.75, 0.7):
+        try:
+            tight = plan_pipeline(prof, _request(schedule="1f1b", micro_batches=8, memory_bytes=need * factor))
+        except InfeasibleError:
+            break
+        assert max(tight.peak_memory_bytes) <= need * factor
+        assert tight.iteration_time_s >= roomy.iteration_time_s * (1 - 1e-12)
+        found = found or any(s.recompute for s in tight.stages)
+    assert found, "no memory limit made the planner recompute"
+
+
+def test_too_little_memory_names_the_smallest_limit_that_fits() -> None:
+    prof = random_profile(8, 4)
+    req = _request(memory_bytes=1 * MIB, schedule="1f1b", micro_batches=16)
+    with pytest.raises(InfeasibleError) as err:
+        plan_pipeline(prof, req)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "fits 1.00 MiB per device" in msg or "fits 1.0 MiB per device" in msg
+    assert "the smallest limit that fits is" in msg
+    need = err.value.min_memory_bytes
+    assert need is not None and need > MIB
+    plan = plan_pipeline(prof, dataclasses.replace(req, memory_bytes=need * 1.01))
+    assert max(plan.peak_memory_bytes) <= need * 1.01
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(stages=20), "cannot cut 8 blocks into 20 stages; use --stages 8 or fewer"),
+        (dict(stages=0), "--stages must be at least 1 (got 0)"),
+        (dict(batch_size=10, micro_batches=4), "batch size 10 is not divisible into 4 micro-batches; use one of 1, 2, 5, 10"),
+        (dict(memory_bytes=-1.0), "--memory must be positive"),
+        (dict(schedule="dualpipe"), "unknown schedule 'dualpipe'"),
+        (dict(virtual=2, schedule="1f1b"), "--virtual applies to the interleaved-1f1b schedule only"),
+        (dict(schedule="interleaved-1f1b", micro_batches=6, batch_size=12), "needs the micro-batch count to be a multiple of 4"),
+    ],
+)
+def test_bad_requests_get_one_clear_line(change: dict[str, object], message: str) -> None:
+    with pytest.raises(PlanError) as err:
+        plan_pipeline(random_profile(8, 0), _request(**change))
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
