@@ -3,6 +3,7 @@
 from autopipe.costs import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import (
     AutopipeError,
+    EmitError,
     InfeasibleError,
     ModelLoadError,
     PlanError,
@@ -18,6 +19,7 @@ __all__ = [
     "Affine",
     "AutopipeError",
     "BlockCost",
+    "EmitError",
     "InfeasibleError",
     "ModelLoadError",
     "PlanError",
