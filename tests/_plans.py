@@ -29,13 +29,15 @@ def even_plan(
     micro_batch_size: int = 2,
     tracer: str = "auto",
     device: str | None = None,
+    leaf_modules: tuple[str, ...] = (),
 ) -> Plan:
     """``model`` is a file name in models/ (``"gpt.py"``) or a path."""
     path = MODELS / model if "/" not in model else Path(model)
     torch.manual_seed(0)
     loaded = load_model(str(path), parse_kwargs(kwargs), device=device)
     traced = trace_model(
-        loaded.model, loaded.make_inputs(micro_batch_size), micro_batch_size=micro_batch_size, tracer=tracer
+        loaded.model, loaded.make_inputs(micro_batch_size), micro_batch_size=micro_batch_size, tracer=tracer,
+        leaf_modules=leaf_modules,
     )
     n, parts = traced.num_blocks, stages * virtual
     if n < parts:
@@ -55,7 +57,7 @@ def even_plan(
         )
     return Plan(
         model=f"{path}:build_model", model_file=str(path), factory="build_model", model_kwargs=tuple(kwargs),
-        tracer=traced.tracer, leaf_modules=(), max_blocks=None, fingerprint=traced.fingerprint(),
+        tracer=traced.tracer, leaf_modules=leaf_modules, max_blocks=None, fingerprint=traced.fingerprint(),
         profile_device="cpu", devices=stages, virtual=virtual, schedule=schedule, micro_batches=micro_batches,
         micro_batch_size=micro_batch_size, batch_size=micro_batches * micro_batch_size, memory_limit_bytes=2.0**30,
         link_bandwidth=1e9, link_latency_s=0.0, recompute_policy="never", stages=tuple(stage_plans),

@@ -207,3 +207,22 @@ def test_no_weights_never_materialises(tmp_path: Path) -> None:
     assert head["shape"] == [50257, 12288] and head["shared"]
     with pytest.raises(EmitError, match="--no-weights"):
         merge_state_dict(tmp_path / "stages")
+
+
+def test_write_failure_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import autopipe.emit as emit_module
+
+    def broken(*args: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(emit_module, "_save", broken)
+    with pytest.raises(OSError, match="disk full"):
+        emit(even_plan("mlp.py"), tmp_path / "stages")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_user_leaf_module_is_refused(tmp_path: Path) -> None:
+    plan = even_plan("gpt.py", leaf_modules=("MLP",))
+    with pytest.raises(EmitError, match="module blocks.0.mlp .MLP, a module of the model's own code.*--leaf MLP"):
+        emit(plan, tmp_path / "stages")
+    assert list(tmp_path.iterdir()) == []
