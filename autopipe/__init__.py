@@ -7,6 +7,7 @@ model and returns its Plan; ``autopipe.api`` has the rest of the programmatic in
 from autopipe.costs import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import (
     AutopipeError,
+    EmitError,
     InfeasibleError,
     ModelLoadError,
     PlanError,
@@ -33,6 +34,7 @@ __all__ = [
     "Affine",
     "AutopipeError",
     "BlockCost",
+    "EmitError",
     "InfeasibleError",
     "ModelLoadError",
     "PlanError",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "AutopipeError",
+    "EmitError",
     "InfeasibleError",
     "ModelLoadError",
     "PlanError",
@@ -53,3 +54,7 @@ class InfeasibleError(PlanError):
 
 class PlanFileError(AutopipeError):
     """A plan file is missing, corrupt, or of an unknown version."""
+
+
+class EmitError(AutopipeError):
+    """Stage folders cannot be written (or read back): a folder in the way, code torch alone cannot run."""

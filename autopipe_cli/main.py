@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     from autopipe_cli.plan_cmd import add_plan_parsers
 
     add_plan_parsers(commands, _add_model_arguments, _add_profiling_arguments)
+    from autopipe_cli.emit_cmd import add_emit_parsers
+
+    add_emit_parsers(commands)
     return parser
 
 

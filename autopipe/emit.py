@@ -1,0 +1,414 @@
+"""``autopipe emit``: a plan's stages as standalone folders, and ``merge`` to put them back.
+
+    autopipe emit plan.json -o stages/        # stages/stage0/, stages/stage1/, ..., manifest.json
+    autopipe merge stages/ -o model.pt        # the original model's state_dict, bit for bit
+
+Layout (``S*v`` stages, ``j = 0 .. S*v-1``; interleaved plans place stage j on rank ``j % S``)::
+
+    stages/manifest.json        routing, shapes, parameter names, schedule (see below)
+    stages/stagej/__init__.py   ``from .stage import StageJ, build, load``
+    stages/stagej/stage.py      the stage module's source: needs only torch
+    stages/stagej/weights.pt    its parameters and buffers (absent with --no-weights)
+    stages/unused.pt            state the model holds but no stage reads (only if there is any)
+
+Weights are written with ``torch.save`` as a plain ``{name: tensor}`` dict and read back with
+``torch.load(weights_only=True)`` -- the format that needs nothing but torch, which is the
+promise of an emitted folder. ``weights_format="safetensors"`` writes ``weights.safetensors``
+instead (then reading them needs the safetensors package). Buffers are included, persistent or
+not, since the stage needs them to run; the manifest records which ones the model's own
+``state_dict`` holds, so ``merge`` rebuilds exactly that.
+
+The manifest (``manifest.json``) lists, per stage in order: its inputs (name, shape and dtype at
+the plan's micro-batch size, and the stage that makes each one, -1 for a model input) and
+outputs (with every stage that reads each one, ``"output"`` for the model output), and its
+tensors with the original model's names (a tied weight is listed in each stage that uses it,
+``shared: true``, under every name the model gives it). ``transfers`` lists every value sent
+from one stage to another, skip connections (not to the next stage) marked. Plus the
+schedule, micro-batch count and size, and the model's state_dict keys in order.
+
+The folder is built next to its destination and renamed into place, so a failure never leaves
+half an emit; a non-empty destination is replaced only with ``force``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from autopipe import __version__
+from autopipe.errors import EmitError
+from autopipe.plans import Plan
+from autopipe.rebuild import SEED, rebuild_model, trace_for_plan
+from autopipe.split import OUTPUT, Split, StageModule, split_model
+from autopipe.stage_source import stage_source
+from autopipe.trace import TracedModel
+
+__all__ = ["MANIFEST", "check_destination", "emit", "emit_stages", "merge_state_dict", "read_manifest"]
+
+MANIFEST = "manifest.json"
+FORMAT = "autopipe-stages"
+FORMAT_VERSION = 1
+WEIGHT_FORMATS = ("pt", "safetensors")
+
+
+def emit(
+    plan: Plan,
+    folder: str | Path,
+    *,
+    force: bool = False,
+    weights: bool = True,
+    state_dict: str | Path | None = None,
+    weights_format: str = "pt",
+    base: str | Path | None = None,
+) -> dict[str, Any]:
+    """Rebuild the plan's model (seeded, or with ``state_dict``'s weights), split it, write it.
+
+    ``weights=False`` builds the model on the meta device: nothing is materialised and no
+    weights are written. Returns the manifest.
+    """
+    check_destination(folder, force)
+    loaded = rebuild_model(plan, weights=state_dict, meta=not weights, base=base)
+    inputs = loaded.make_inputs(plan.micro_batch_size)
+    seed = None if state_dict is not None or not weights else SEED
+    return emit_stages(
+        plan, loaded.model, inputs, folder, force=force, weights=weights, weights_format=weights_format,
+        source=loaded.spec.path, seed=seed,
+    )  # fmt: skip
+
+
+def emit_stages(
+    plan: Plan,
+    model: nn.Module,
+    example_inputs: Any,
+    folder: str | Path,
+    *,
+    force: bool = False,
+    weights: bool = True,
+    weights_format: str = "pt",
+    source: Path | None = None,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """Split ``model`` (traced on one micro-batch ``example_inputs``) by ``plan`` into ``folder``."""
+    if weights_format not in WEIGHT_FORMATS:
+        raise EmitError(f"unknown weights format {weights_format!r}; use one of: {', '.join(WEIGHT_FORMATS)}")
+    if weights and any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        raise EmitError("the model is on the meta device, so it has no weights to write; emit with --no-weights")
+    dest = check_destination(folder, force)
+    traced = trace_for_plan(plan, model, example_inputs, source)
+    split = split_model(traced, plan)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    try:
+        manifest = _write(plan, model, traced, split, tmp, weights, weights_format, seed)
+        _publish(tmp, dest, force)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def check_destination(folder: str | Path, force: bool) -> Path:
+    """The destination as a Path; EmitError if it is a file, or a non-empty folder without ``force``."""
+    dest = Path(folder)
+    if dest.exists() and not dest.is_dir():
+        raise EmitError(f"{dest} is a file, not a folder; name a new folder for the stages")
+    if dest.is_dir() and any(dest.iterdir()) and not force:
+        count = sum(1 for _ in dest.iterdir())
+        raise EmitError(f"{dest} is not empty ({count} entries); emit into a new folder or pass --force to replace it")
+    return dest
+
+
+def _publish(tmp: Path, dest: Path, force: bool) -> None:
+    mask = os.umask(0)
+    os.umask(mask)
+    tmp.chmod(0o777 & ~mask)  # mkdtemp made it private
+    if dest.is_dir():
+        if not any(dest.iterdir()):
+            dest.rmdir()
+        else:
+            check_destination(dest, force)  # it may have filled up meanwhile
+            old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+            dest.rename(old)
+            tmp.rename(dest)
+            shutil.rmtree(old, ignore_errors=True)
+            return
+    tmp.rename(dest)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _write(
+    plan: Plan, model: nn.Module, traced: TracedModel, split: Split, out: Path, weights: bool, fmt: str, seed: int | None
+) -> dict[str, Any]:
+    names_of: dict[int, list[str]] = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        names_of.setdefault(id(t), []).append(name)
+    state_keys = list(model.state_dict().keys())
+    persistent = set(state_keys)
+    users: dict[int, set[int]] = {}
+    for st in split.stages:
+        for t in [*st.module.parameters(), *st.module.buffers()]:
+            users.setdefault(id(t), set()).add(st.index)
+
+    stages: list[dict[str, Any]] = []
+    covered: set[str] = set()
+    for st in split.stages:
+        entry = _write_stage(plan, st, split, traced, out, weights, fmt, names_of, persistent, users)
+        covered.update(o for t in entry["tensors"] for o in t["original"])
+        stages.append(entry)
+
+    unused = [k for k in state_keys if k not in covered]
+    if unused and weights:
+        state = model.state_dict()
+        _save({k: _compact(state[k]) for k in unused}, out / f"unused.{fmt}", fmt)
+    manifest = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "autopipe": __version__,
+        "model": plan.model,
+        "model_file": plan.model_file,
+        "factory": plan.factory,
+        "model_kwargs": list(plan.model_kwargs),
+        "tracer": traced.tracer,
+        "fingerprint": plan.fingerprint,
+        "schedule": plan.schedule,
+        "devices": plan.devices,
+        "virtual": plan.virtual,
+        "micro_batches": plan.micro_batches,
+        "micro_batch_size": plan.micro_batch_size,
+        "batch_size": plan.batch_size,
+        "weights": fmt if weights else None,
+        "seed": seed,
+        "inputs": [{"name": n, **_value(traced, n)} for n in split.input_names],
+        "outputs": [{"name": n, "stage": _maker(split, n)} for n in split.output_names if n is not None],
+        "output_is_tuple": split.output_is_tuple,
+        "stages": stages,
+        "transfers": _transfers(split, traced),
+        "shared": [
+            {"original": names_of.get(_param_id(split, name), [name]), "stages": list(ss)} for name, ss in split.shared_params
+        ],
+        "state_dict": state_keys,
+        "unused": {"file": f"unused.{fmt}" if weights else None, "names": unused} if unused else None,
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def _write_stage(
+    plan: Plan,
+    st: StageModule,
+    split: Split,
+    traced: TracedModel,
+    out: Path,
+    weights: bool,
+    fmt: str,
+    names_of: dict[int, list[str]],
+    persistent: set[str],
+    users: dict[int, set[int]],
+) -> dict[str, Any]:
+    package, cls = f"stage{st.index}", f"Stage{st.index}"
+    weights_file = f"weights.{fmt}" if weights else None
+    inputs = [{"name": n, **_value(traced, n), "from": src} for n, src in zip(st.inputs, st.sources, strict=True)]
+    outputs = [
+        {"name": n, **_value(traced, n), "to": ["output" if r == OUTPUT else r for r in sends]}
+        for n, sends in zip(st.outputs, st.sends, strict=True)
+    ]
+    blocks = plan.stages[st.index].blocks
+    src = stage_source(st.module, cls, _docstring(plan, st, cls, package, blocks, inputs, outputs, weights_file), weights_file)
+    folder = out / package
+    folder.mkdir()
+    (folder / "stage.py").write_text(src.text)
+    (folder / "__init__.py").write_text(
+        f'"""Stage {st.index} of {plan.model}, emitted by autopipe (source: stage.py)."""\n\n'
+        f"from .stage import {cls}, build, load\n\n__all__ = [{cls!r}, 'build', 'load']\n"
+    )
+    if weights:
+        _save({k: _compact(t) for k, t in src.tensors.items()}, folder / weights_file, fmt)  # type: ignore[operator]
+    tensors = []
+    local = {**src.tensors, **{alias: src.tensors[name] for alias, name in src.ties.items()}}
+    for name, t in local.items():
+        original = names_of.get(id(t), [])
+        tensors.append(
+            {
+                "name": name,
+                "original": original,
+                "kind": "parameter" if isinstance(t, nn.Parameter) else "buffer",
+                "persistent": any(o in persistent for o in original),
+                "shared": len(users.get(id(t), ())) > 1,
+                "tied_to": src.ties.get(name),
+                "shape": list(t.shape),
+                "dtype": _dtype(t.dtype),
+            }
+        )
+    return {
+        "index": st.index,
+        "rank": st.rank,
+        "package": package,
+        "class": cls,
+        "module": f"{package}/stage.py",
+        "weights": f"{package}/{weights_file}" if weights_file else None,
+        "blocks": list(blocks),
+        "inputs": inputs,
+        "outputs": outputs,
+        "tensors": tensors,
+    }
+
+
+def _docstring(
+    plan: Plan, st: StageModule, cls: str, package: str, blocks: tuple[str, ...],
+    inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], weights_file: str | None,
+) -> str:  # fmt: skip
+    n = len(plan.stages)
+    span = blocks[0] if len(blocks) == 1 else f"{blocks[0]} .. {blocks[-1]}"
+
+    def row(v: dict[str, Any], where: str) -> str:
+        return f"    {v['name']}  {tuple(v['shape'])} {v['dtype']}  {where}"
+
+    ins = [row(v, "model input" if v["from"] == -1 else f"from stage {v['from']}") for v in inputs]
+    outs = [row(v, "to " + ", ".join("the model output" if t == "output" else f"stage {t}" for t in v["to"])) for v in outputs]
+    args, results = ", ".join(v["name"] for v in inputs), ", ".join(v["name"] for v in outputs)
+    how = f"weights from {weights_file} next to this file" if weights_file else "emitted without weights: use build()"
+    return "\n".join(
+        [
+            f"Stage {st.index} of {n} (rank {st.rank}) of {plan.model}, emitted by autopipe {__version__}.",
+            "",
+            f"Blocks: {span}. Plan: {plan.schedule}, {plan.micro_batches} micro-batches of {plan.micro_batch_size}.",
+            "Needs only torch. Shapes below are at the plan's micro-batch size.",
+            "",
+            "Inputs (argument order):",
+            *ins,
+            "Outputs (forward returns this tuple):",
+            *outs,
+            "",
+            "Use (with the emit folder on sys.path):",
+            "",
+            f"    import {package}",
+            f"    module = {package}.load()  # {how}",
+            f"    ({results},) = module({args})",
+        ]
+    )
+
+
+def _value(traced: TracedModel, name: str) -> dict[str, Any]:
+    info = traced.values.get(name)
+    if info is None or not info.is_tensor:
+        return {"shape": None, "dtype": None}
+    return {"shape": list(info.shape), "dtype": info.dtype}
+
+
+def _maker(split: Split, name: str) -> int:
+    return next(st.index for st in split.stages if name in st.outputs)
+
+
+def _transfers(split: Split, traced: TracedModel) -> list[dict[str, Any]]:
+    out = []
+    for st in split.stages:
+        for name, sends in zip(st.outputs, st.sends, strict=True):
+            for r in sends:
+                if r != OUTPUT:
+                    out.append({"value": name, "from": st.index, "to": r, "skip": r != st.index + 1, **_value(traced, name)})
+    return out
+
+
+def _param_id(split: Split, name: str) -> int:
+    for st in split.stages:
+        for n, p in st.module.named_parameters(remove_duplicate=False):
+            if n == name:
+                return id(p)
+    return -1
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached; copied when it views a larger storage (which torch.save would write whole)."""
+    t = t.detach()
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size() or not t.is_contiguous():
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+def _save(tensors: dict[str, torch.Tensor], path: Path, fmt: str) -> None:
+    if fmt == "safetensors":
+        try:
+            from safetensors.torch import save_file
+        except ImportError:
+            raise EmitError("weights format safetensors needs the safetensors package; pip install safetensors or use pt") from None
+        save_file(tensors, str(path))
+    else:
+        torch.save(tensors, path)
+
+
+# --------------------------------------------------------------------------- reading back
+
+
+def read_manifest(folder: str | Path) -> dict[str, Any]:
+    """The manifest of an emitted folder (EmitError if it is missing or of another format)."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise EmitError(f"{folder} has no {MANIFEST}; give a folder written by 'autopipe emit'")
+    try:
+        manifest: dict[str, Any] = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise EmitError(f"{path} is not valid JSON ({e}); emit the stages again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise EmitError(f"{path} is not an autopipe stage manifest; give a folder written by 'autopipe emit'")
+    if manifest.get("version") != FORMAT_VERSION:
+        raise EmitError(f"{path} has format version {manifest.get('version')}, this autopipe reads {FORMAT_VERSION}; emit again")
+    return manifest
+
+
+def merge_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
+    """The original model's ``state_dict`` from emitted stage folders: its names, its order, its
+    buffers, each tied weight under every name the model's state_dict has for it.
+
+    A tensor several stages hold (a tied weight) is taken from the first of them; keep the
+    copies in step while training (sum their gradients) and they are identical.
+    """
+    root = Path(folder)
+    manifest = read_manifest(root)
+    if manifest["weights"] is None:
+        raise EmitError(f"{root} was emitted with --no-weights, so it holds no weights to merge; emit again without it")
+    where: dict[str, tuple[str, str]] = {}  # original name -> (weights file, name in it)
+    for st in manifest["stages"]:
+        for t in st["tensors"]:
+            if not t["persistent"]:
+                continue
+            for o in t["original"]:
+                where.setdefault(o, (st["weights"], t["tied_to"] or t["name"]))
+    unused = manifest.get("unused") or {"file": None, "names": []}
+    for name in unused["names"]:
+        where[name] = (unused["file"], name)
+    files: dict[str, dict[str, torch.Tensor]] = {}
+    out: dict[str, torch.Tensor] = {}
+    for key in manifest["state_dict"]:
+        if key not in where:
+            raise EmitError(f"no stage in {root} holds {key}; the folder is incomplete, emit it again")
+        file, name = where[key]
+        if file not in files:
+            files[file] = _load(root / file)
+        if name not in files[file]:
+            raise EmitError(f"{root / file} lacks {name}; the folder is incomplete, emit it again")
+        out[key] = files[file][name]
+    return out
+
+
+def _load(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise EmitError(f"weights file {path} is missing; the folder is incomplete, emit it again")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    state: dict[str, torch.Tensor] = torch.load(path, map_location="cpu", weights_only=True)
+    return state

@@ -1,0 +1,225 @@
+"""Hand a plan to ``torch.distributed.pipelining``: the stages this rank owns and the schedule.
+
+    stages, schedule = to_torch_pipelining(plan, model, rank, example_inputs=x[:u], loss_fn=loss)
+    schedule.step(x, target=y)              # x on rank 0, target on the last rank, nothing elsewhere
+    sync_shared_grads(stages)               # tied weights (every rank calls it)
+    optimizer.step()
+
+torch's pipelining sends one tuple of tensors from stage j to stage j + 1 and nothing else, so
+each stage module is wrapped in a :class:`RelayStage`: it takes the tuple stage j-1 sent,
+runs the stage, and sends on everything a later stage still needs -- its own outputs and the
+values it received that skip past it (a U-Net's long skip connections, a model input read
+late). The last stage returns the model's output (one tensor, or the tuple the model returns)
+for ``loss_fn(output, target)``.
+
+Schedules: ``gpipe`` -> ScheduleGPipe, ``1f1b`` -> Schedule1F1B, ``interleaved-1f1b`` ->
+ScheduleInterleaved1F1B (``virtual`` stages per rank, stage j on rank ``j % S``), ``zb-h1`` ->
+ScheduleInterleavedZeroBubble (torch's ZB schedule; with one stage per rank it is ZB-H1-like).
+torch scales gradients by ``1 / n_microbatches``, so a mean loss gives the full batch's
+gradient.
+
+Tied weights (a GPT's embedding and LM head, on the first and last stage): each rank updates
+the copy in its own model, so their gradients must be summed across the ranks that use them
+after every ``schedule.step`` and before ``optimizer.step`` -- :func:`sync_shared_grads` does
+that with one all-reduce per tied tensor over the pipeline group (ranks that do not use it add
+zeros). Built this way, training matches the unsplit model.
+
+For ``nn.Sequential`` pipelines (torchgpipe, ``torch.distributed.pipelining.pipeline`` with
+split points), ``plan.balance`` gives the number of blocks per stage; when the model's blocks
+are the Sequential's children, that is the layer count per stage they take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx
+from torch import nn
+
+from autopipe.errors import PlanError
+from autopipe.plans import Plan
+from autopipe.rebuild import trace_for_plan
+from autopipe.split import Split, StageModule, split_model
+from autopipe.trace import TracedModel
+
+__all__ = ["SCHEDULE_CLASSES", "RelayStage", "relay_stages", "sync_shared_grads", "to_torch_pipelining"]
+
+SCHEDULE_CLASSES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "zb-h1": "ScheduleInterleavedZeroBubble",
+}
+_MULTI_STAGE = ("interleaved-1f1b", "zb-h1")
+
+
+class RelayStage(nn.Module):
+    """Stage ``index`` with one tuple in and one tuple out (the values ``carry_out`` names)."""
+
+    def __init__(
+        self,
+        stage: StageModule,
+        carry_in: Sequence[str],
+        carry_out: Sequence[str],
+        model_output: Sequence[str] | None,
+        output_is_tuple: bool,
+    ) -> None:
+        super().__init__()
+        self.index = stage.index
+        self.stage = stage.module
+        self.inputs = tuple(stage.inputs)
+        self.outputs = tuple(stage.outputs)
+        self.carry_in = tuple(carry_in)
+        self.carry_out = tuple(carry_out)
+        self.model_output = None if model_output is None else tuple(model_output)
+        self.output_is_tuple = output_is_tuple
+        self.tied: dict[str, nn.Parameter] = {}  # tied parameters this stage uses, by model name
+        self.tied_ranks: tuple[tuple[str, tuple[int, ...], tuple[int, ...], str], ...] = ()  # all, every rank
+
+    def forward(self, *args: torch.Tensor) -> Any:
+        env = dict(zip(self.carry_in, args, strict=True))
+        made = self.stage(*[env[n] for n in self.inputs])
+        relayed = {n: _relay(env[n]) for n in self.carry_out if n in env}
+        env.update(zip(self.outputs, made, strict=True))
+        env.update(relayed)
+        if self.model_output is not None:
+            out = tuple(env[n] for n in self.model_output)
+            return out if self.output_is_tuple else out[0]
+        return tuple(env[n] for n in self.carry_out)
+
+
+def _relay(t: torch.Tensor) -> torch.Tensor:
+    # A value passed through untouched still gets an autograd node of this stage, so its
+    # gradient flows back through the pipeline like any other output's.
+    return t.view_as(t) if t.requires_grad else t
+
+
+def relay_stages(split: Split, order: dict[str, int]) -> list[RelayStage]:
+    """Every stage of ``split`` wrapped for a linear pipeline (``order``: value -> graph position)."""
+    maker = {n: -1 for n in split.input_names}
+    readers: dict[str, set[int]] = {}
+    for st in split.stages:
+        maker.update({n: st.index for n in st.outputs})
+        for n in st.inputs:
+            readers.setdefault(n, set()).add(st.index)
+    last = len(split.stages) - 1
+    outputs = [n for n in split.output_names if n is not None]
+    if len(outputs) != len(split.output_names):
+        raise PlanError("the model returns a non-tensor value, which torch.distributed.pipelining cannot send; return tensors only")
+    for n in outputs:
+        readers.setdefault(n, set()).add(last + 1)  # the model output is read after the last stage
+
+    def carry(j: int) -> tuple[str, ...]:  # values made before stage j and read at j or later
+        if j == 0:
+            return tuple(split.input_names)
+        live = [n for n, m in maker.items() if m < j and any(r >= j for r in readers.get(n, ()))]
+        return tuple(sorted(live, key=lambda n: order.get(n, -1)))
+
+    return [
+        RelayStage(
+            st, carry(st.index), carry(st.index + 1) if st.index < last else (),
+            outputs if st.index == last else None, split.output_is_tuple,
+        )
+        for st in split.stages
+    ]
+
+
+def to_torch_pipelining(
+    plan: Plan,
+    model: nn.Module,
+    rank: int,
+    *,
+    example_inputs: Any,
+    device: str | torch.device = "cpu",
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    group: dist.ProcessGroup | None = None,
+    scale_grads: bool = True,
+) -> tuple[list[Any], Any]:
+    """The ``PipelineStage``(s) ``rank`` owns and the torch schedule matching ``plan``.
+
+    ``example_inputs`` is one micro-batch (``plan.micro_batch_size`` samples) of the model's
+    inputs, used to trace the model as the plan was traced. ``model`` is the full model, on
+    every rank; the stages hold its own parameters (moved to ``device``), so an optimizer over
+    ``[p for s in stages for p in s.submod.parameters()]`` trains them in place.
+    Without ``loss_fn`` the schedule runs forward only.
+    """
+    from torch.distributed import pipelining
+
+    if not 0 <= rank < plan.devices:
+        raise PlanError(f"rank {rank} is outside the plan's {plan.devices} pipeline ranks; use 0 to {plan.devices - 1}")
+    if plan.schedule not in SCHEDULE_CLASSES:
+        raise PlanError(f"schedule {plan.schedule!r} has no torch.distributed.pipelining counterpart; plan with one of: {', '.join(SCHEDULE_CLASSES)}")
+    traced = trace_for_plan(plan, model, example_inputs)
+    split = split_model(traced, plan)
+    relays = relay_stages(split, {n.name: i for i, n in enumerate(traced.gm.graph.nodes)})
+    _tie_info(relays, split, plan, traced.gm)
+    dev = torch.device(device)
+    n = len(relays)
+    stages = []
+    for relay in relays:
+        if plan.stages[relay.index].rank != rank:
+            continue
+        relay.to(dev)
+        stages.append(
+            pipelining.PipelineStage(
+                relay, relay.index, n, dev, input_args=_examples(traced, relay.carry_in, dev, relay.index > 0),
+                output_args=_examples(traced, relay.model_output or relay.carry_out, dev, True), group=group,
+            )
+        )
+    cls = getattr(pipelining, SCHEDULE_CLASSES[plan.schedule])
+    options: dict[str, Any] = {"n_microbatches": plan.micro_batches, "loss_fn": loss_fn, "scale_grads": scale_grads}
+    try:
+        schedule = cls(stages if plan.schedule in _MULTI_STAGE else stages[0], **options)
+    except (ValueError, RuntimeError) as e:
+        raise PlanError(f"torch's {cls.__name__} rejects this plan ({e}); plan with another schedule or micro-batch count") from None
+    return stages, schedule
+
+
+def _examples(
+    traced: TracedModel, names: Sequence[str], device: torch.device, requires_grad: bool
+) -> tuple[torch.Tensor, ...]:
+    """Empty tensors shaped like the values ``names`` (torch's static stage metadata)."""
+    out = []
+    for n in names:
+        info = traced.values[n]
+        dtype = getattr(torch, info.dtype)
+        t = torch.empty(info.shape, dtype=dtype, device=device)
+        out.append(t.requires_grad_(requires_grad) if t.is_floating_point() else t)
+    return tuple(out)
+
+
+def sync_shared_grads(stages: Sequence[Any], group: dist.ProcessGroup | None = None) -> None:
+    """Sum the gradients of tied parameters across the ranks that use them.
+
+    ``stages`` are this rank's PipelineStages from :func:`to_torch_pipelining`. Every rank of
+    the pipeline calls this after ``schedule.step`` and before ``optimizer.step``; ranks that do
+    not hold a tied parameter add zeros.
+    """
+    relays = [s.submod for s in stages]
+    for name, _ranks, shape, dtype in relays[0].tied_ranks:
+        p = next((r.tied[name] for r in relays if name in r.tied), None)
+        if p is None:
+            dist.all_reduce(torch.zeros(shape, dtype=getattr(torch, dtype), device=stages[0].device), group=group)
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
+
+
+def _tie_info(relays: list[RelayStage], split: Split, plan: Plan, gm: torch.fx.GraphModule) -> None:
+    rank_of = {s.index: s.rank for s in plan.stages}
+    found: list[tuple[str, tuple[int, ...], tuple[int, ...], str]] = []
+    for name, stage_ids in split.shared_params:
+        ranks = tuple(sorted({rank_of[s] for s in stage_ids}))
+        if len(ranks) < 2:
+            continue  # one rank holds every use: its gradient is whole already
+        p = gm.get_parameter(name)
+        for relay in relays:
+            if any(q is p for q in relay.stage.parameters()):
+                relay.tied[name] = p
+        found.append((name, ranks, tuple(p.shape), str(p.dtype).removeprefix("torch.")))
+    for relay in relays:
+        relay.tied_ranks = tuple(found)

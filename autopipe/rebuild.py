@@ -1,0 +1,111 @@
+"""Rebuild a plan's model and re-trace it into the plan's blocks.
+
+A Plan records how its model was made (model file, factory, kwargs) and traced (tracer, leaf
+modules, block limit), plus the trace's fingerprint. ``emit`` and ``export`` rebuild the model
+from that record, trace it again at the plan's micro-batch size and check the fingerprint, so
+the plan's node names are the trace's node names before anything is cut.
+
+Weights: a rebuilt model is seeded with ``torch.manual_seed(0)`` before its factory runs (the
+same weights every time), unless they come from a ``state_dict`` file; ``meta=True`` builds it
+on the meta device (shapes only, nothing materialised).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from autopipe.errors import ModelLoadError, PlanError
+from autopipe.load import LoadedModel, load_model, parse_kwargs
+from autopipe.plans import Plan
+from autopipe.trace import TracedModel, trace_model
+
+__all__ = ["SEED", "rebuild_model", "trace_for_plan"]
+
+SEED = 0
+
+
+def rebuild_model(
+    plan: Plan, *, weights: str | Path | None = None, meta: bool = False, base: str | Path | None = None
+) -> LoadedModel:
+    """Build the plan's model again from its model file.
+
+    ``base`` is a folder to look for a relative ``model_file`` in when it is not found relative
+    to the working directory (the folder of the plan file, typically).
+    """
+    path = Path(plan.model_file)
+    if not path.exists() and base is not None and (Path(base) / path).exists():
+        path = Path(base) / path
+    spec = f"{path}:{plan.factory}"
+    kwargs = parse_kwargs(plan.model_kwargs)
+    if meta:
+        if weights is not None:
+            raise PlanError("weights from a file and a meta (structure-only) model contradict each other; drop one")
+        return load_model(spec, kwargs, device="meta")
+    torch.manual_seed(SEED)
+    loaded = load_model(spec, kwargs)
+    if weights is not None:
+        _load_weights(loaded.model, Path(weights))
+    return loaded
+
+
+def _load_weights(model: nn.Module, path: Path) -> None:
+    if not path.is_file():
+        raise ModelLoadError(f"weights file not found: {path}; give a state_dict saved with torch.save(model.state_dict(), ...)")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state: Any = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a corrupt file, or a pickle of something other than tensors
+        raise ModelLoadError(f"cannot read weights from {path} ({type(e).__name__}: {str(e)[:120]}); save model.state_dict() with torch.save") from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise ModelLoadError(f"{path} holds a {type(state).__name__}, not a state_dict; save model.state_dict() with torch.save")
+    want = set(model.state_dict())
+    missing, extra = sorted(want - set(state))[:3], sorted(set(state) - want)[:3]
+    if missing or extra:
+        raise ModelLoadError(
+            f"{path} does not fit the plan's model (missing {missing}, unexpected {extra}); "
+            "give the state_dict of the model the plan was made for"
+        )
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[-1].strip()
+        raise ModelLoadError(f"{path} does not fit the plan's model ({first[:200]}); check the model kwargs") from None
+
+
+def trace_for_plan(plan: Plan, model: nn.Module, inputs: Any, source: Path | None = None) -> TracedModel:
+    """Trace ``model`` on one micro-batch ``inputs`` as the plan was traced; check the fingerprint.
+
+    Tracing runs the model once (shape propagation), which bumps BatchNorm's running statistics;
+    the buffers are put back as they were, so the model's state is the user's, bit for bit.
+    """
+    saved = [(b, b.clone()) for b in model.buffers() if not b.is_meta]
+    try:
+        traced = trace_model(
+            model,
+            inputs,
+            micro_batch_size=plan.micro_batch_size,
+            tracer=plan.tracer,
+            leaf_modules=plan.leaf_modules,
+            max_blocks=plan.max_blocks,
+            source=source,
+        )
+    finally:
+        with torch.no_grad():
+            for b, copy in saved:
+                b.copy_(copy)
+    if traced.fingerprint() != plan.fingerprint:
+        raise PlanError(
+            f"the plan was made for another model (fingerprint {plan.fingerprint}, this model traces to "
+            f"{traced.fingerprint()}); plan this model again with 'autopipe plan {plan.model_file}'"
+        )
+    return traced

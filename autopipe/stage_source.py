@@ -1,0 +1,247 @@
+"""Write one stage's fx GraphModule as a standalone Python file that needs only torch.
+
+``GraphModule.to_folder`` writes an absolute path to its weights into the code and pickles
+every module it cannot print; the file written here instead
+
+- rebuilds the module tree by name: plain containers are ``torch.nn.Module()``, leaf modules
+  (``nn.Linear``, ``nn.Conv2d``, ...) are constructed from their ``repr`` -- checked at emit
+  time to rebuild the same module (type, ``repr``, tensor names and shapes, plain attributes);
+  loose parameters and buffers are ``torch.empty`` of the recorded shape and dtype;
+- re-ties tensors that one stage reaches under two names (a tied embedding and LM head);
+- holds the fx-generated ``forward`` verbatim, with an import for every global it uses
+  (torch and the standard library only; user code in the graph is refused);
+- finds its weights next to itself (``load()``), so the folder can be moved anywhere.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+
+from autopipe.errors import EmitError
+
+__all__ = ["StageSource", "stage_source"]
+
+_KNOWN_GLOBALS = {
+    "torch": "import torch",
+    "inf": "from math import inf",
+    "nan": "from math import nan",
+    "NoneType": "NoneType = type(None)",
+    "device": "from torch import device",
+    "fx_pytree": "import torch.fx._pytree as fx_pytree",
+    "pytree": "import torch.utils._pytree as pytree",
+}
+_INDENT = "    "
+
+
+@dataclass(frozen=True)
+class StageSource:
+    """The file's text and the stage's tensors by name (each tensor once; ``ties`` are aliases)."""
+
+    text: str
+    tensors: dict[str, torch.Tensor]  # local name -> tensor, in module order
+    ties: dict[str, str]  # alias -> the name it shares a tensor with
+
+
+def stage_source(module: torch.fx.GraphModule, class_name: str, docstring: str, weights_file: str | None) -> StageSource:
+    """The Python source of ``module`` as class ``class_name`` with ``load()`` and ``build()``."""
+    init: list[str] = []
+    tensors: dict[str, torch.Tensor] = {}
+    ties: dict[str, str] = {}
+    seen: dict[int, str] = {}
+    _walk(module, "", init, tensors, ties, seen)
+    forward = module.code.strip("\n")
+    imports = _imports(module, forward)
+    parts = [
+        f'"""{docstring.strip()}\n"""',
+        "",
+        "import os",
+        "",
+        *imports,
+        "",
+        f"WEIGHTS = {weights_file!r}  # next to this file; None: emitted without weights",
+        f"TIES = {ties!r}  # alias -> name: one tensor reached under both names",
+        "",
+        "",
+        f"class {class_name}(torch.nn.Module):",
+        f"{_INDENT}def __init__(self):",
+        f"{_INDENT * 2}super().__init__()",
+        *(f"{_INDENT * 2}{line}" for line in init),
+        f"{_INDENT * 2}_tie(self)",
+        "",
+        *(f"{_INDENT}{line}".rstrip() for line in forward.splitlines()),
+        "",
+        "",
+        _HELPERS.replace("CLASS", class_name).strip("\n"),
+        "",
+    ]
+    return StageSource("\n".join(parts), tensors, ties)
+
+
+def _walk(
+    m: nn.Module, prefix: str, init: list[str], tensors: dict[str, torch.Tensor], ties: dict[str, str], seen: dict[int, str]
+) -> None:
+    for name, t in [*m._parameters.items(), *m._buffers.items()]:
+        if t is None:
+            continue
+        full = f"{prefix}{name}"
+        if id(t) in seen:
+            ties[full] = seen[id(t)]
+            init.append(f"_tensor(self, {full!r}, {tuple(t.shape)!r}, {t.dtype}, parameter={isinstance(t, nn.Parameter)})")
+            continue
+        seen[id(t)] = full
+        tensors[full] = t
+        if isinstance(t, nn.Parameter):
+            init.append(f"_tensor(self, {full!r}, {tuple(t.shape)!r}, {t.dtype}, parameter=True, requires_grad={t.requires_grad})")
+        else:
+            init.append(f"_tensor(self, {full!r}, {tuple(t.shape)!r}, {t.dtype}, parameter=False)")
+    for name, child in m._modules.items():
+        if child is None:
+            continue
+        full = f"{prefix}{name}"
+        if type(child) is nn.Module:
+            init.append(f"_module(self, {full!r}, torch.nn.Module())")
+            _walk(child, f"{full}.", init, tensors, ties, seen)
+            continue
+        init.append(f"_module(self, {full!r}, {_constructor(full, child)})")
+        for sub, t in [*child.named_parameters(remove_duplicate=False), *child.named_buffers(remove_duplicate=False)]:
+            local = f"{full}.{sub}"
+            if id(t) in seen:
+                ties[local] = seen[id(t)]
+            else:
+                seen[id(t)] = local
+                tensors[local] = t
+
+
+def _constructor(path: str, m: nn.Module) -> str:
+    """``torch.nn.Linear(in_features=4, ...)``, checked to rebuild a module like ``m``."""
+    cls = type(m)
+    text = repr(m)
+    if getattr(torch.nn, cls.__name__, None) is not cls or "\n" in text:
+        kind = "a module of the model's own code" if getattr(torch.nn, cls.__name__, None) is not cls else "a torch module with submodules"
+        raise EmitError(
+            f"module {path} ({cls.__name__}, {kind}) cannot be written as plain torch source; "
+            f"plan without --leaf {cls.__name__}, or with --tracer export, which records its operations instead"
+        )
+    expr = f"torch.nn.{text}"
+    try:
+        with torch.device("meta"):
+            rebuilt = eval(expr, {"torch": torch})
+    except Exception as e:
+        raise EmitError(f"module {path}: {expr} does not rebuild it ({type(e).__name__}: {e}); plan with --tracer export") from None
+    if not _same_module(m, rebuilt):
+        raise EmitError(f"module {path}: {expr} does not rebuild the same module; plan with --tracer export")
+    return expr
+
+
+def _same_module(a: nn.Module, b: nn.Module) -> bool:
+    if type(a) is not type(b) or repr(a) != repr(b):
+        return False
+    shapes_a = {k: tuple(v.shape) for k, v in a.state_dict(keep_vars=True).items()}
+    shapes_b = {k: tuple(v.shape) for k, v in b.state_dict(keep_vars=True).items()}
+    if shapes_a != shapes_b:
+        return False
+    plain = (bool, int, float, str, tuple, type(None))
+    for key, value in vars(a).items():
+        if key.startswith("_") or key == "training" or not isinstance(value, plain):
+            continue
+        if getattr(b, key, object()) != value:
+            return False
+    return True
+
+
+def _imports(module: torch.fx.GraphModule, code: str) -> list[str]:
+    lines = ["import torch"]
+    for name, obj in module.graph.python_code("self").globals.items():
+        if name == "torch" or not re.search(rf"\b{re.escape(name)}\b", code):
+            continue
+        if name in _KNOWN_GLOBALS:
+            lines.append(_KNOWN_GLOBALS[name])
+        elif getattr(builtins, name, None) is obj:
+            continue
+        else:
+            lines.append(_import_line(name, obj))
+    return sorted(set(lines), key=lambda s: (not s.startswith("import "), s))
+
+
+def _import_line(name: str, obj: Any) -> str:
+    mod = getattr(obj, "__name__", None) if isinstance(obj, type(sys)) else getattr(obj, "__module__", None)
+    qual = None if isinstance(obj, type(sys)) else getattr(obj, "__qualname__", None)
+    top = (mod or "").split(".")[0]
+    if not mod or (top != "torch" and top not in sys.stdlib_module_names) or (qual is None and not isinstance(obj, type(sys))):
+        raise EmitError(
+            f"the stage's code calls {name} ({mod or type(obj).__name__}), which is not part of torch or the standard "
+            "library; plan with --tracer export so the graph holds torch operations only"
+        )
+    if qual is None:
+        return f"import {mod} as {name}"
+    found: Any = importlib.import_module(mod)
+    for part in qual.split("."):
+        found = getattr(found, part, None)
+    if found is not obj:
+        raise EmitError(f"the stage's code calls {name}, which cannot be imported as {mod}.{qual}; plan with --tracer export")
+    if "." not in qual:
+        return f"from {mod} import {qual}" + ("" if qual == name else f" as {name}")
+    return f"import {mod}; {name} = {mod}.{qual}"
+
+
+_HELPERS = '''
+def build(device="cpu"):
+    """The stage with uninitialised weights (torch.empty) on ``device``."""
+    with torch.device(device):
+        return CLASS()
+
+
+def load(device="cpu", path=None):
+    """The stage with its weights, read from ``path`` (default: WEIGHTS next to this file)."""
+    if path is None:
+        if WEIGHTS is None:
+            raise FileNotFoundError("this stage was emitted without weights; use build() and load your own")
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), WEIGHTS)
+    if str(path).endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        state = load_file(str(path), device=str(device))
+    else:
+        state = torch.load(path, map_location=device, weights_only=True)
+    for alias, name in TIES.items():
+        state[alias] = state[name]
+    with torch.device("meta"):
+        module = CLASS()
+    module.load_state_dict(state, strict=True, assign=True)
+    _tie(module)
+    return module
+
+
+def _module(root, path, module):
+    """Put ``module`` at dotted ``path`` below ``root``."""
+    parent, _, name = path.rpartition(".")
+    owner = root.get_submodule(parent) if parent else root
+    owner.add_module(name, module)
+
+
+def _tensor(root, path, shape, dtype, parameter, requires_grad=True):
+    parent, _, name = path.rpartition(".")
+    owner = root.get_submodule(parent) if parent else root
+    value = torch.empty(shape, dtype=dtype)
+    if parameter:
+        owner.register_parameter(name, torch.nn.Parameter(value, requires_grad=requires_grad))
+    else:
+        owner.register_buffer(name, value)
+
+
+def _tie(root):
+    for alias, name in TIES.items():
+        parent, _, field = alias.rpartition(".")
+        owner = root.get_submodule(parent) if parent else root
+        value = root.get_parameter(name) if isinstance(getattr(owner, field), torch.nn.Parameter) else root.get_buffer(name)
+        setattr(owner, field, value)
+'''

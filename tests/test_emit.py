@@ -1,0 +1,228 @@
+"""autopipe emit / merge: stage folders that run with torch alone and merge back bit for bit.
+
+The transparency check runs in a fresh ``python -I`` subprocess, in another folder, with every
+``sys.path`` entry that holds an ``autopipe`` package removed and autopipe imports blocked: it
+imports each emitted stage, chains the stages by the manifest's routing on the example inputs
+and compares with the original model's output. Models run in eval mode on both sides (BatchNorm
+uses its running statistics, dropout is off), so the comparison is deterministic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _plans import even_plan
+
+from autopipe.emit import emit, merge_state_dict, read_manifest
+from autopipe.errors import EmitError, PlanError
+from autopipe.rebuild import rebuild_model
+from autopipe_cli.main import main
+
+torch.set_num_threads(1)
+
+CASES = [
+    ("gpt.py", 2, 1, "auto"),
+    ("gpt.py", 2, 2, "auto"),  # interleaved: 4 stages on 2 ranks; tied weight on stages 0 and 3
+    ("gpt.py", 3, 1, "export"),
+    ("llama.py", 3, 1, "auto"),
+    ("resnet.py", 2, 1, "auto"),
+    ("resnet.py", 4, 1, "auto"),
+    ("unet.py", 3, 1, "auto"),  # long skip connections
+    ("unet.py", 4, 1, "auto"),
+    ("mlp.py", 2, 1, "auto"),
+    ("mlp.py", 4, 1, "auto"),
+]
+
+CHAIN = r"""
+import importlib.util, json, os, sys
+sys.path[:] = [p for p in sys.path if not os.path.isdir(os.path.join(p or ".", "autopipe"))]
+
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("autopipe", "autopipe_cli"):
+            raise ImportError("autopipe must not be needed")
+        return None
+
+sys.meta_path.insert(0, _Block())
+import torch
+torch.set_num_threads(1)
+results = {}
+for case in sorted(os.listdir("cases")):
+    root = os.path.join("cases", case, "stages")
+    manifest = json.load(open(os.path.join(root, "manifest.json")))
+    env = dict(zip([i["name"] for i in manifest["inputs"]], torch.load(os.path.join("cases", case, "inputs.pt"))))
+    for st in manifest["stages"]:
+        spec = importlib.util.spec_from_file_location(f"{case}_{st['package']}", os.path.join(root, st["module"]))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        module = mod.load().eval()
+        with torch.no_grad():
+            outs = module(*[env[i["name"]] for i in st["inputs"]])
+        assert len(outs) == len(st["outputs"])
+        env.update(zip([o["name"] for o in st["outputs"]], outs))
+    outputs = [env[o["name"]] for o in manifest["outputs"]]
+    expected = torch.load(os.path.join("cases", case, "expected.pt"))
+    expected = list(expected) if isinstance(expected, tuple) else [expected]
+    results[case] = max(float((a - b).abs().max()) for a, b in zip(outputs, expected))
+print(json.dumps({"results": results, "autopipe_loaded": any(m.startswith("autopipe") for m in sys.modules)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def emitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, object]]:
+    """Every case emitted once: case name -> (stages folder, plan)."""
+    base = tmp_path_factory.mktemp("emitted")
+    out = {}
+    for model, stages, virtual, tracer in CASES:
+        name = f"{model[:-3]}-{stages}x{virtual}-{tracer}"
+        plan = even_plan(model, stages=stages, virtual=virtual, tracer=tracer,
+                         schedule="interleaved-1f1b" if virtual > 1 else "1f1b")  # fmt: skip
+        folder = base / name / "stages"
+        emit(plan, folder)
+        out[name] = (folder, plan)
+    return out
+
+
+def test_emitted_stages_run_without_autopipe(emitted: dict[str, tuple[Path, object]], tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    for name, (folder, plan) in emitted.items():
+        case = elsewhere / "cases" / name
+        shutil.copytree(folder, case / "stages")  # moved away from where it was written
+        loaded = rebuild_model(plan)  # type: ignore[arg-type]
+        inputs = loaded.make_inputs(plan.micro_batch_size)  # type: ignore[attr-defined]
+        model = loaded.model.eval()
+        with torch.no_grad():
+            expected = model(inputs)
+        torch.save([inputs], case / "inputs.pt")
+        torch.save(expected, case / "expected.pt")
+    (elsewhere / "chain.py").write_text(CHAIN)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    proc = subprocess.run(
+        [sys.executable, "-I", "chain.py"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not report["autopipe_loaded"]
+    assert set(report["results"]) == set(emitted)
+    for name, diff in report["results"].items():
+        assert diff <= 1e-6, (name, diff)
+
+
+def test_merge_is_bit_for_bit(emitted: dict[str, tuple[Path, object]]) -> None:
+    for name, (folder, plan) in emitted.items():
+        original = rebuild_model(plan).model.state_dict()  # type: ignore[arg-type]
+        merged = merge_state_dict(folder)
+        assert list(merged) == list(original), name
+        for key, value in original.items():
+            assert merged[key].dtype == value.dtype and torch.equal(merged[key], value), (name, key)
+
+
+def test_manifest_routing_tied_and_skip(tmp_path: Path) -> None:
+    gpt = emit(even_plan("gpt.py", stages=3), tmp_path / "gpt")
+    shared = [t for s in gpt["stages"] for t in s["tensors"] if t["shared"]]
+    assert {s["name"] for s in shared} == {"wte.weight", "lm_head.weight"}
+    assert all(sorted(t["original"]) == ["lm_head.weight", "wte.weight"] for t in shared)
+    assert gpt["shared"] == [{"original": ["wte.weight", "lm_head.weight"], "stages": [0, 2]}]
+    assert gpt["stages"][1]["inputs"][0] == {"name": "add_2", "shape": [2, 64, 128], "dtype": "float32", "from": 0}
+    assert (gpt["schedule"], gpt["micro_batches"], gpt["micro_batch_size"]) == ("1f1b", 2, 2)
+    unet = emit(even_plan("unet.py", stages=3), tmp_path / "unet")
+    skips = [t for t in unet["transfers"] if t["skip"]]
+    assert skips and all(t["to"] > t["from"] + 1 for t in skips)
+    last = unet["stages"][-1]
+    assert {i["from"] for i in last["inputs"]} == {0, 1}
+    assert unet["outputs"] == [{"name": "outc", "stage": 2}]
+    assert read_manifest(tmp_path / "unet") == unet
+
+
+def test_refuses_non_empty_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan_file = tmp_path / "plan.json"
+    even_plan("mlp.py").save(plan_file)
+    dest = tmp_path / "stages"
+    dest.mkdir()
+    (dest / "keep.txt").write_text("mine")
+    code = main(["emit", str(plan_file), "-o", str(dest)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip() == f"autopipe: error: {dest} is not empty (1 entries); emit into a new folder or pass --force to replace it"
+    assert [p.name for p in dest.iterdir()] == ["keep.txt"] and (dest / "keep.txt").read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left behind
+    assert main(["emit", str(plan_file), "-o", str(dest), "--force"]) == 0
+    assert not (dest / "keep.txt").exists() and (dest / "manifest.json").is_file()
+    assert main(["merge", str(dest), "-o", str(tmp_path / "model.pt")]) == 0
+    merged = torch.load(tmp_path / "model.pt", weights_only=True)
+    original = rebuild_model(even_plan("mlp.py")).model.state_dict()
+    assert list(merged) == list(original) and all(torch.equal(merged[k], original[k]) for k in original)
+
+
+def test_failed_emit_leaves_nothing(tmp_path: Path) -> None:
+    plan = even_plan("mlp.py")
+    wrong = dataclasses.replace(plan, fingerprint="0" * 16)
+    with pytest.raises(PlanError, match="made for another model"):
+        emit(wrong, tmp_path / "stages")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_weights_from_a_state_dict(tmp_path: Path) -> None:
+    plan = even_plan("mlp.py")
+    model = rebuild_model(plan).model
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    torch.save(model.state_dict(), tmp_path / "sd.pt")
+    manifest = emit(plan, tmp_path / "stages", state_dict=tmp_path / "sd.pt")
+    assert manifest["seed"] is None
+    merged = merge_state_dict(tmp_path / "stages")
+    assert all(torch.equal(merged[k], v) for k, v in model.state_dict().items())
+    torch.save({"nope": torch.zeros(1)}, tmp_path / "bad.pt")
+    with pytest.raises(Exception, match="does not fit the plan's model"):
+        emit(plan, tmp_path / "other", state_dict=tmp_path / "bad.pt")
+
+
+def test_safetensors_format(tmp_path: Path) -> None:
+    pytest.importorskip("safetensors")
+    plan = even_plan("gpt.py", stages=2)
+    emit(plan, tmp_path / "stages", weights_format="safetensors")
+    assert (tmp_path / "stages" / "stage0" / "weights.safetensors").is_file()
+    merged = merge_state_dict(tmp_path / "stages")
+    original = rebuild_model(plan).model.state_dict()
+    assert all(torch.equal(merged[k], v) for k, v in original.items())
+
+
+def test_no_weights_never_materialises(tmp_path: Path) -> None:
+    # ~4e9 parameters: materialising them would need 17 GB; on meta it is only shapes.
+    kwargs = ("preset='gpt3-175b'", "n_layer=2")
+    plan = even_plan("gpt.py", kwargs, stages=2, micro_batch_size=1, device="meta")
+    manifest = emit(plan, tmp_path / "stages", weights=False)
+    assert manifest["weights"] is None
+    assert not list((tmp_path / "stages").rglob("weights.*"))
+    head = next(t for t in manifest["stages"][1]["tensors"] if t["name"] == "lm_head.weight")
+    assert head["shape"] == [50257, 12288] and head["shared"]
+    with pytest.raises(EmitError, match="--no-weights"):
+        merge_state_dict(tmp_path / "stages")
+
+
+def test_write_failure_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import autopipe.emit as emit_module
+
+    def broken(*args: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(emit_module, "_save", broken)
+    with pytest.raises(OSError, match="disk full"):
+        emit(even_plan("mlp.py"), tmp_path / "stages")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_user_leaf_module_is_refused(tmp_path: Path) -> None:
+    plan = even_plan("gpt.py", leaf_modules=("MLP",))
+    with pytest.raises(EmitError, match=r"module blocks\.0\.mlp \(MLP, a module of the model's own code\).*--leaf MLP"):
+        emit(plan, tmp_path / "stages")
+    assert list(tmp_path.iterdir()) == []
