@@ -85,24 +85,17 @@ def _load_weights(model: nn.Module, path: Path) -> None:
 def trace_for_plan(plan: Plan, model: nn.Module, inputs: Any, source: Path | None = None) -> TracedModel:
     """Trace ``model`` on one micro-batch ``inputs`` as the plan was traced; check the fingerprint.
 
-    Tracing runs the model once (shape propagation), which bumps BatchNorm's running statistics;
-    the buffers are put back as they were, so the model's state is the user's, bit for bit.
+    (Tracing leaves the model's buffers, BatchNorm statistics included, as they were.)
     """
-    saved = [(b, b.clone()) for b in model.buffers() if not b.is_meta]
-    try:
-        traced = trace_model(
-            model,
-            inputs,
-            micro_batch_size=plan.micro_batch_size,
-            tracer=plan.tracer,
-            leaf_modules=plan.leaf_modules,
-            max_blocks=plan.max_blocks,
-            source=source,
-        )
-    finally:
-        with torch.no_grad():
-            for b, copy in saved:
-                b.copy_(copy)
+    traced = trace_model(
+        model,
+        inputs,
+        micro_batch_size=plan.micro_batch_size,
+        tracer=plan.tracer,
+        leaf_modules=plan.leaf_modules,
+        max_blocks=plan.max_blocks,
+        source=source,
+    )
     if traced.fingerprint() != plan.fingerprint:
         raise PlanError(
             f"the plan was made for another model (fingerprint {plan.fingerprint}, this model traces to "

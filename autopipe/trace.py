@@ -121,6 +121,32 @@ def trace_model(
     if max_blocks is not None and max_blocks < 1:
         raise TraceError(f"--blocks must be at least 1 (got {max_blocks})")
     _check_leaf_names(model, leaf_modules)
+    with _buffers_kept(model):
+        return _trace(model, inputs, micro_batch_size, tracer, leaf_modules, max_blocks, source)
+
+
+@contextlib.contextmanager
+def _buffers_kept(model: nn.Module) -> Iterator[None]:
+    """Tracing runs the model (shape propagation), which would bump BatchNorm's running
+    statistics; put every buffer back as it was, so the user's model is left bit for bit."""
+    saved = [(b, b.clone()) for b in model.buffers() if not b.is_meta]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, copy in saved:
+                b.copy_(copy)
+
+
+def _trace(
+    model: nn.Module,
+    inputs: Any,
+    micro_batch_size: int,
+    tracer: str,
+    leaf_modules: Sequence[str],
+    max_blocks: int | None,
+    source: Path | None,
+) -> TracedModel:
     gm: torch.fx.GraphModule | None = None
     used, reason = tracer, ""
     errors: list[tuple[str, BaseException]] = []

@@ -182,3 +182,12 @@ def test_hugging_face_models_trace_by_falling_back_to_export(name: str) -> None:
     assert layers == [f"{layer_prefix}0", f"{layer_prefix}1"]
     with torch.no_grad():
         assert _same_outputs(t.gm(x), model(x))
+
+
+def test_tracing_leaves_batchnorm_statistics_alone() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for tracer in ("fx", "export"):
+        trace_model(model, torch.randn(2, 3, 8, 8), micro_batch_size=2, tracer=tracer)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
