@@ -9,11 +9,13 @@ from __future__ import annotations
 
 __all__ = [
     "AutopipeError",
+    "CommunicationError",
     "InfeasibleError",
     "ModelLoadError",
     "PlanError",
     "PlanFileError",
     "ProfileError",
+    "RuntimeFailure",
     "ScheduleError",
     "TraceError",
 ]
@@ -53,3 +55,18 @@ class InfeasibleError(PlanError):
 
 class PlanFileError(AutopipeError):
     """A plan file is missing, corrupt, or of an unknown version."""
+
+
+class RuntimeFailure(AutopipeError):
+    """A pipeline run failed: a rank raised, died or timed out (``autopipe run`` exits 1).
+
+    ``rank`` is the rank whose failure ended the run (None when it is not known).
+    """
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+class CommunicationError(RuntimeFailure):
+    """A send, receive or collective failed or timed out: usually a peer rank died or hung."""
