@@ -16,6 +16,7 @@ the engine posts matching sends and receives in the same order per pair of ranks
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -56,6 +57,11 @@ class Comm(Protocol):
 # ----------------------------------------------------------------------------- torch.distributed
 
 
+def _reason(e: BaseException) -> str:
+    """The first line of a torch.distributed error without its ``[file.cc:78]`` prefix."""
+    return re.sub(r"^\[[^\]]*\]\s*", "", first_line(e)) or type(e).__name__
+
+
 @dataclass
 class _DistWork:
     work: Any
@@ -66,7 +72,7 @@ class _DistWork:
         try:
             ok = self.work.wait(self.timeout)
         except Exception as e:
-            raise CommunicationError(f"{self.what} failed: {first_line(e)}") from e
+            raise CommunicationError(f"{self.what} failed: {_reason(e)}") from e
         if ok is False:
             raise CommunicationError(f"{self.what} timed out after {self.timeout.total_seconds():g}s")
 
@@ -87,14 +93,14 @@ class DistComm:
         try:
             work = dist.isend(tensor, dst, tag=tag)
         except Exception as e:
-            raise CommunicationError(f"sending to rank {dst} failed: {first_line(e)}") from e
+            raise CommunicationError(f"sending to rank {dst} failed: {_reason(e)}") from e
         return _DistWork(work, f"sending to rank {dst}", self.timeout)
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
         try:
             work = dist.irecv(tensor, src, tag=tag)
         except Exception as e:
-            raise CommunicationError(f"receiving from rank {src} failed: {first_line(e)}") from e
+            raise CommunicationError(f"receiving from rank {src} failed: {_reason(e)}") from e
         return _DistWork(work, f"receiving from rank {src}", self.timeout)
 
     def all_reduce_sum(self, tensors: Sequence[torch.Tensor], ranks: tuple[int, ...]) -> None:
@@ -103,14 +109,14 @@ class DistComm:
             try:
                 work = dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group, async_op=True)
             except Exception as e:
-                raise CommunicationError(f"all-reduce among ranks {list(ranks)} failed: {first_line(e)}") from e
+                raise CommunicationError(f"all-reduce among ranks {list(ranks)} failed: {_reason(e)}") from e
             _DistWork(work, f"all-reduce among ranks {list(ranks)}", self.timeout).wait()
 
     def barrier(self) -> None:
         try:
             work = dist.barrier(async_op=True)
         except Exception as e:
-            raise CommunicationError(f"barrier failed: {first_line(e)}") from e
+            raise CommunicationError(f"barrier failed: {_reason(e)}") from e
         _DistWork(work, "barrier", self.timeout).wait()
 
     def all_gather_object(self, obj: Any) -> list[Any]:
@@ -118,7 +124,7 @@ class DistComm:
         try:
             dist.all_gather_object(out, obj)
         except Exception as e:
-            raise CommunicationError(f"gathering results failed: {first_line(e)}") from e
+            raise CommunicationError(f"gathering results failed: {_reason(e)}") from e
         return out
 
 
