@@ -20,14 +20,33 @@ from autopipe._io import atomic_write_text
 from autopipe.errors import RuntimeFailure
 from autopipe.split import StageModule
 
-__all__ = ["assemble_state_dict", "load_rank", "read_meta", "save_rank", "write_meta"]
+__all__ = ["aliases", "assemble_state_dict", "load_rank", "read_meta", "save_rank", "write_meta"]
 
 
-def save_rank(folder: str | Path, rank: int, stages: list[StageModule], optimizer: torch.optim.Optimizer, step: int) -> None:
+def aliases(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
+    """For every tensor of ``model``'s state reachable by several names: name -> its other names."""
+    groups: dict[int, list[str]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        groups.setdefault(id(t), []).append(name)
+    return {n: tuple(o for o in names if o != n) for names in groups.values() if len(names) > 1 for n in names}
+
+
+def save_rank(
+    folder: str | Path,
+    rank: int,
+    stages: list[StageModule],
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    other_names: dict[str, tuple[str, ...]] | None = None,
+) -> None:
+    """Write the stages' weights (under every name the model gives them) and the optimizer."""
     d = Path(folder)
     d.mkdir(parents=True, exist_ok=True)
     for st in stages:
         state = {k: v.detach().cpu().clone() for k, v in st.module.state_dict(keep_vars=True).items()}
+        for k in list(state):
+            for alias in (other_names or {}).get(k, ()):
+                state.setdefault(alias, state[k])
         torch.save(state, d / f"stage-{st.index}.pt")
     torch.save({"optimizer": optimizer.state_dict(), "step": step}, d / f"rank-{rank}.pt")
 
@@ -61,7 +80,8 @@ def load_rank(
         path = d / f"stage-{st.index}.pt"
         if not path.is_file():
             raise RuntimeFailure(f"checkpoint {folder} has no {path.name}; it was saved with another plan")
-        st.module.load_state_dict(torch.load(path, weights_only=True))
+        own = st.module.state_dict()
+        st.module.load_state_dict({k: v for k, v in torch.load(path, weights_only=True).items() if k in own})
     saved = torch.load(d / f"rank-{rank}.pt", weights_only=False)
     optimizer.load_state_dict(saved["optimizer"])
     return int(saved["step"])

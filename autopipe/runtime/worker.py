@@ -182,7 +182,8 @@ def train_rank(plan: Plan, rank: int, comm_factory: Callable[[list[tuple[int, ..
         peak = static + max((it.peak_activation_bytes for it in iterations), default=0)
         kind = "cpu count: parameters + gradients + optimizer state + peak saved activations"
     if options.save_checkpoint:
-        checkpoint.save_rank(options.save_checkpoint, rank, mine, optimizer, done + options.steps)
+        names = checkpoint.aliases(rb.loaded.model)
+        checkpoint.save_rank(options.save_checkpoint, rank, mine, optimizer, done + options.steps, names)
         comm.barrier()
         if rank == 0:
             checkpoint.write_meta(options.save_checkpoint, plan.fingerprint, done + options.steps, len(split.stages))
