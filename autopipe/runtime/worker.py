@@ -13,6 +13,7 @@ same batch every step. All ranks make the same batch and cut the same micro-batc
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,8 @@ from autopipe.runtime.shapes import value_specs
 from autopipe.schedules import make_schedule
 from autopipe.split import Split, StageModule, split_model
 from autopipe.trace import TracedModel, trace_model
+
+_BATCH_LOCK = threading.Lock()
 
 __all__ = ["RankResult", "Rebuilt", "rebuild", "shared_groups", "train_rank"]
 
@@ -170,10 +173,11 @@ def train_rank(plan: Plan, rank: int, comm_factory: Callable[[list[tuple[int, ..
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     for k in range(done, done + options.steps):
-        torch.manual_seed(options.seed + k + 1)
         B, m = plan.batch_size, plan.micro_batches
-        batch = [_to(v, device) for v in flat_inputs(targets_of, rb.loaded.make_inputs(B))]
-        targets = _to(rb.loaded.make_targets(B), device) if rb.loaded.make_targets is not None else None
+        with _BATCH_LOCK:  # thread-ranks share the global RNG
+            torch.manual_seed(options.seed + k + 1)
+            batch = [_to(v, device) for v in flat_inputs(targets_of, rb.loaded.make_inputs(B))]
+            targets = _to(rb.loaded.make_targets(B), device) if rb.loaded.make_targets is not None else None
         iterations.append(engine.train_step(split_flat(batch, B, m), split_batch(targets, B, m), k))
     static = state_bytes(params, optimizer)
     if device.type == "cuda":
