@@ -7,7 +7,13 @@ import json
 
 from rich.console import Console
 
-from autopipe_cli.args import UsageError, non_negative_int, output_path, parse_duration, positive_int
+from autopipe_cli.args import (
+    UsageError,
+    non_negative_int,
+    output_path,
+    parse_duration,
+    positive_int,
+)
 
 __all__ = ["add_run_parser"]
 
@@ -21,13 +27,35 @@ def add_run_parser(commands: argparse._SubParsersAction) -> None:  # type: ignor
     )  # fmt: skip
     p.add_argument("plan", metavar="PLAN", help="plan JSON written by autopipe plan")
     p.add_argument("--steps", default="10", metavar="N", help="optimizer steps (default: 10)")
-    p.add_argument("--timeout", default="60", metavar="SECONDS", help="timeout of every send/receive/collective (default: 60)")
-    p.add_argument("--seed", default="0", metavar="N", help="seed for weights and batches (default: 0)")
+    p.add_argument(
+        "--timeout",
+        default="60",
+        metavar="SECONDS",
+        help="timeout of every send/receive/collective (default: 60)",
+    )
+    p.add_argument(
+        "--seed", default="0", metavar="N", help="seed for weights and batches (default: 0)"
+    )
     p.add_argument("--optimizer", default="Adam", help="torch.optim class (default: Adam)")
     p.add_argument("--lr", default="1e-3", help="learning rate (default: 1e-3)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="cpu (gloo) or cuda (NCCL) (default: cuda if available)")
-    p.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace (chrome://tracing, Perfetto)")
-    p.add_argument("--save-checkpoint", default=None, metavar="DIR", help="save weights and optimizer state after the run")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="cpu (gloo) or cuda (NCCL) (default: cuda if available)",
+    )
+    p.add_argument(
+        "--trace",
+        default=None,
+        metavar="FILE",
+        help="write a Chrome trace (chrome://tracing, Perfetto)",
+    )
+    p.add_argument(
+        "--save-checkpoint",
+        default=None,
+        metavar="DIR",
+        help="save weights and optimizer state after the run",
+    )
     p.add_argument("--resume", default=None, metavar="DIR", help="continue from a checkpoint")
     p.add_argument("--json", action="store_true", help="print the measurements as JSON")
     p.set_defaults(func=cmd_run)

@@ -28,7 +28,12 @@ def even_plan(
     lm = load_model(model_file, dict(kwargs))
     u = batch_size // micro_batches
     traced = trace_model(
-        lm.model, lm.make_inputs(u), micro_batch_size=u, tracer=tracer, leaf_modules=leaf_modules, source=lm.spec.path
+        lm.model,
+        lm.make_inputs(u),
+        micro_batch_size=u,
+        tracer=tracer,
+        leaf_modules=leaf_modules,
+        source=lm.spec.path,
     )
     n = stages * virtual
     blocks = traced.blocks

@@ -45,14 +45,22 @@ def _reference(model: str, steps: int = STEPS) -> tuple[list[float], dict[str, t
 
 
 @functools.cache
-def _plan(model: str, stages: int, schedule: str, virtual: int = 1, recompute: tuple[int, ...] = ()) -> Plan:
+def _plan(
+    model: str, stages: int, schedule: str, virtual: int = 1, recompute: tuple[int, ...] = ()
+) -> Plan:
     file, kwargs = {"gpt": GPT, "skip": SKIP, "hf": HF}[model]
-    return even_plan(file, kwargs, stages=stages, schedule=schedule, virtual=virtual, recompute=recompute)
+    return even_plan(
+        file, kwargs, stages=stages, schedule=schedule, virtual=virtual, recompute=recompute
+    )
 
 
-def _run(plan: Plan, tmp: Path, steps: int = STEPS, **kw: object) -> tuple[RunResult, dict[str, torch.Tensor]]:
+def _run(
+    plan: Plan, tmp: Path, steps: int = STEPS, **kw: object
+) -> tuple[RunResult, dict[str, torch.Tensor]]:
     folder = tmp / "ckpt"
-    opts = RunOptions(steps=steps, optimizer="SGD", lr=LR, timeout_s=30, save_checkpoint=str(folder), **kw)  # type: ignore[arg-type]
+    opts = RunOptions(
+        steps=steps, optimizer="SGD", lr=LR, timeout_s=30, save_checkpoint=str(folder), **kw
+    )  # type: ignore[arg-type]
     result = RunResult(tuple(run_threads(plan, opts, _rebuilt_for(plan))))
     return result, assemble_state_dict(folder)
 
@@ -66,6 +74,7 @@ def _rebuilt_for(plan: Plan) -> Rebuilt:
     if key not in _REBUILT:
         _REBUILT[key] = rebuild(plan)
     return _REBUILT[key]
+
 
 CASES = [
     # model, ranks, schedule, virtual, recomputed stages
@@ -108,7 +117,9 @@ def test_pipeline_training_equals_unsplit_training(
 def test_adam_matches_unsplit_training(tmp_path: Path) -> None:
     plan = _plan("skip", 2, "1f1b")
     file, kwargs = SKIP
-    ref_losses, ref_state = reference_training(file, kwargs, steps=STEPS, batch_size=8, lr=1e-2, optimizer="Adam")
+    ref_losses, ref_state = reference_training(
+        file, kwargs, steps=STEPS, batch_size=8, lr=1e-2, optimizer="Adam"
+    )
     opts = RunOptions(steps=STEPS, optimizer="Adam", lr=1e-2, save_checkpoint=str(tmp_path))
     result = RunResult(tuple(run_threads(plan, opts)))
     assert max(abs(a - b) for a, b in zip(result.losses, ref_losses, strict=True)) <= TOL
@@ -120,7 +131,9 @@ def test_resume_continues_bit_for_bit(tmp_path: Path) -> None:
     base = dict(optimizer="Adam", lr=1e-2, timeout_s=30)
     run_threads(plan, RunOptions(steps=4, save_checkpoint=str(tmp_path / "full"), **base))  # type: ignore[arg-type]
     run_threads(plan, RunOptions(steps=2, save_checkpoint=str(tmp_path / "half"), **base))  # type: ignore[arg-type]
-    resumed = RunOptions(steps=2, resume=str(tmp_path / "half"), save_checkpoint=str(tmp_path / "end"), **base)  # type: ignore[arg-type]
+    resumed = RunOptions(
+        steps=2, resume=str(tmp_path / "half"), save_checkpoint=str(tmp_path / "end"), **base
+    )  # type: ignore[arg-type]
     results = run_threads(plan, resumed)
     assert results[0].steps_done == 4
     full, end = assemble_state_dict(tmp_path / "full"), assemble_state_dict(tmp_path / "end")
@@ -160,9 +173,18 @@ def test_report_and_chrome_trace(tmp_path: Path) -> None:
     plan = _plan("skip", 2, "zb-h1")
     result = RunResult(tuple(run_threads(plan, RunOptions(steps=2))))
     rows = {r.what: r for r in compare(plan, result)}
-    assert {"stage 0 F", "stage 1 B", "stage 1 W", "iteration", "bubble", "peak memory rank 1"} <= set(rows)
+    assert {
+        "stage 0 F",
+        "stage 1 B",
+        "stage 1 W",
+        "iteration",
+        "bubble",
+        "peak memory rank 1",
+    } <= set(rows)
     assert all(r.measured > 0 for r in rows.values() if r.what != "bubble")
-    assert rows["iteration"].error_pct == pytest.approx((rows["iteration"].measured / plan.iteration_time_s - 1) * 100)
+    assert rows["iteration"].error_pct == pytest.approx(
+        (rows["iteration"].measured / plan.iteration_time_s - 1) * 100
+    )
     assert "predicted" in format_report(plan, result)
     events = [e for e in chrome_trace(result)["traceEvents"] if e["ph"] == "X"]
     assert len(events) == 2 * 3 * 4 * 2  # steps x (F, B, W) x micro-batches x stages
@@ -179,27 +201,62 @@ def test_thread_rank_error_is_raised() -> None:
 # ----------------------------------------------------------------------------- processes (gloo)
 
 
-def test_cli_run_with_gloo_equals_unsplit_training_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_run_with_gloo_equals_unsplit_training_and_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     plan = _plan("gpt", 2, "1f1b", 1, (1,))
     plan.save(tmp_path / "plan.json")
     common = [str(tmp_path / "plan.json"), "--optimizer", "SGD", "--lr", str(LR), "--timeout", "30"]
-    code = main(["run", *common, "--steps", "3", "--save-checkpoint", str(tmp_path / "c3"), "--trace", str(tmp_path / "t.json")])
+    code = main(
+        [
+            "run",
+            *common,
+            "--steps",
+            "3",
+            "--save-checkpoint",
+            str(tmp_path / "c3"),
+            "--trace",
+            str(tmp_path / "t.json"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "stage 1 B" in out and "bubble" in out and "loss per step" in out
     assert max_diff(assemble_state_dict(tmp_path / "c3"), _reference("gpt")[1]) <= TOL
-    assert {e.get("tid") for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]} >= {0, 1}
-    code = main(["run", *common, "--steps", "1", "--resume", str(tmp_path / "c3"), "--save-checkpoint", str(tmp_path / "c4"), "--json"])
+    assert {e.get("tid") for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]} >= {
+        0,
+        1,
+    }
+    code = main(
+        [
+            "run",
+            *common,
+            "--steps",
+            "1",
+            "--resume",
+            str(tmp_path / "c3"),
+            "--save-checkpoint",
+            str(tmp_path / "c4"),
+            "--json",
+        ]
+    )
     assert code == 0
     assert len(json.loads(capsys.readouterr().out)["losses"]) == 1
-    run_threads(plan, RunOptions(steps=4, optimizer="SGD", lr=LR, save_checkpoint=str(tmp_path / "t4")))
+    run_threads(
+        plan, RunOptions(steps=4, optimizer="SGD", lr=LR, save_checkpoint=str(tmp_path / "t4"))
+    )
     threads, procs = assemble_state_dict(tmp_path / "t4"), assemble_state_dict(tmp_path / "c4")
     assert all(torch.equal(threads[k], procs[k]) for k in threads)
 
 
 def test_four_gloo_ranks_with_skips_equal_unsplit_training(tmp_path: Path) -> None:
     plan = _plan("skip", 4, "interleaved-1f1b", 2)
-    result = launch(plan, RunOptions(steps=STEPS, optimizer="SGD", lr=LR, timeout_s=30, save_checkpoint=str(tmp_path)))
+    result = launch(
+        plan,
+        RunOptions(
+            steps=STEPS, optimizer="SGD", lr=LR, timeout_s=30, save_checkpoint=str(tmp_path)
+        ),
+    )
     ref_losses, ref_state = _reference("skip")
     assert max(abs(a - b) for a, b in zip(result.losses, ref_losses, strict=True)) <= TOL
     assert max_diff(assemble_state_dict(tmp_path), ref_state) <= TOL
@@ -208,7 +265,11 @@ def test_four_gloo_ranks_with_skips_equal_unsplit_training(tmp_path: Path) -> No
 @pytest.mark.parametrize(("fault", "message"), [("raise:1", "rank 1 failed: RuntimeError: boom (tests/fixtures/faulty.py:"),
                                                 ("kill:1", "rank 1 failed: killed by SIGKILL")])  # fmt: skip
 def test_a_failing_rank_ends_the_run_naming_it(
-    fault: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    fault: str,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     plan = even_plan(FAULTY, {}, stages=2, schedule="1f1b", leaf_modules=("Bomb",))
     plan.save(tmp_path / "plan.json")
@@ -225,6 +286,9 @@ def test_a_failing_rank_ends_the_run_naming_it(
 def test_a_hung_rank_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = even_plan(FAULTY, {}, stages=2, schedule="1f1b", leaf_modules=("Bomb",))
     monkeypatch.setenv("AUTOPIPE_TEST_FAULT", "hang:1")
-    with pytest.raises(RuntimeFailure, match=r"rank 0 failed: receiving from rank 1 failed: .*(Timed out|timed out)") as info:
+    with pytest.raises(
+        RuntimeFailure,
+        match=r"rank 0 failed: receiving from rank 1 failed: .*(Timed out|timed out)",
+    ) as info:
         launch(plan, RunOptions(steps=1, timeout_s=2))
     assert info.value.rank == 0

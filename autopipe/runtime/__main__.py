@@ -20,13 +20,19 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autopipe._io import atomic_write_text
 from autopipe.runtime.options import RunOptions
 
+if TYPE_CHECKING:
+    from autopipe.runtime.worker import RankResult
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m autopipe.runtime", description="Run one rank of an autopipe plan.")
+    p = argparse.ArgumentParser(
+        prog="python -m autopipe.runtime", description="Run one rank of an autopipe plan."
+    )
     p.add_argument("plan")
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -78,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os._exit(0)  # skip process-group teardown (a peer may already be gone)
 
 
-def _run(plan: object, rank: int, options: RunOptions) -> object:
+def _run(plan: object, rank: int, options: RunOptions) -> RankResult:
     import torch
     import torch.distributed as dist
 
@@ -90,11 +96,15 @@ def _run(plan: object, rank: int, options: RunOptions) -> object:
     assert isinstance(plan, Plan)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != plan.devices:
-        raise RuntimeFailure(f"the plan needs {plan.devices} ranks but WORLD_SIZE is {world}; start {plan.devices} processes")
+        raise RuntimeFailure(
+            f"the plan needs {plan.devices} ranks but WORLD_SIZE is {world}; start {plan.devices} processes"
+        )
     if options.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     backend = "nccl" if options.device == "cuda" else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=options.timeout_s))
+    dist.init_process_group(
+        backend, rank=rank, world_size=world, timeout=timedelta(seconds=options.timeout_s)
+    )
     holder: list[DistComm] = []
 
     def comm(groups: list[tuple[int, ...]]) -> DistComm:
@@ -135,14 +145,18 @@ def _fail(rank: int, e: BaseException, model_file: Path, out: Path | None) -> No
         message = exception_summary(e, model_file)
     kind = "comm" if isinstance(e, CommunicationError) or _looks_like_comm(e) else "user"
     if out is not None:
-        atomic_write_text(out / f"error-{rank}.json", json.dumps({"kind": kind, "message": message}))
+        atomic_write_text(
+            out / f"error-{rank}.json", json.dumps({"kind": kind, "message": message})
+        )
     print(f"autopipe: error: rank {rank} failed: {message}", file=sys.stderr, flush=True)
     os._exit(1)
 
 
 def _looks_like_comm(e: BaseException) -> bool:
     text = f"{type(e).__name__} {e}".lower()
-    return any(w in text for w in ("gloo", "nccl", "connection", "timed out", "distnetworkerror", "socket"))
+    return any(
+        w in text for w in ("gloo", "nccl", "connection", "timed out", "distnetworkerror", "socket")
+    )
 
 
 if __name__ == "__main__":

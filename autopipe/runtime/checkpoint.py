@@ -28,7 +28,12 @@ def aliases(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
     groups: dict[int, list[str]] = {}
     for name, t in model.state_dict(keep_vars=True).items():
         groups.setdefault(id(t), []).append(name)
-    return {n: tuple(o for o in names if o != n) for names in groups.values() if len(names) > 1 for n in names}
+    return {
+        n: tuple(o for o in names if o != n)
+        for names in groups.values()
+        if len(names) > 1
+        for n in names
+    }
 
 
 def save_rank(
@@ -43,7 +48,9 @@ def save_rank(
     d = Path(folder)
     d.mkdir(parents=True, exist_ok=True)
     for st in stages:
-        state = {k: v.detach().cpu().clone() for k, v in st.module.state_dict(keep_vars=True).items()}
+        state = {
+            k: v.detach().cpu().clone() for k, v in st.module.state_dict(keep_vars=True).items()
+        }
         for k in list(state):
             for alias in (other_names or {}).get(k, ()):
                 state.setdefault(alias, state[k])
@@ -53,20 +60,27 @@ def save_rank(
 
 def write_meta(folder: str | Path, fingerprint: str, step: int, stages: int) -> None:
     atomic_write_text(
-        Path(folder) / "meta.json", json.dumps({"fingerprint": fingerprint, "step": step, "stages": stages}, indent=1)
+        Path(folder) / "meta.json",
+        json.dumps({"fingerprint": fingerprint, "step": step, "stages": stages}, indent=1),
     )
 
 
 def read_meta(folder: str | Path) -> dict[str, Any]:
     path = Path(folder) / "meta.json"
     if not path.is_file():
-        raise RuntimeFailure(f"no checkpoint in {folder} (no meta.json); write one with --save-checkpoint {folder}")
+        raise RuntimeFailure(
+            f"no checkpoint in {folder} (no meta.json); write one with --save-checkpoint {folder}"
+        )
     meta: dict[str, Any] = json.loads(path.read_text())
     return meta
 
 
 def load_rank(
-    folder: str | Path, rank: int, stages: list[StageModule], optimizer: torch.optim.Optimizer, fingerprint: str
+    folder: str | Path,
+    rank: int,
+    stages: list[StageModule],
+    optimizer: torch.optim.Optimizer,
+    fingerprint: str,
 ) -> int:
     """Restore ``stages`` and ``optimizer`` from ``folder``; returns the steps already done."""
     d = Path(folder)
@@ -79,9 +93,13 @@ def load_rank(
     for st in stages:
         path = d / f"stage-{st.index}.pt"
         if not path.is_file():
-            raise RuntimeFailure(f"checkpoint {folder} has no {path.name}; it was saved with another plan")
+            raise RuntimeFailure(
+                f"checkpoint {folder} has no {path.name}; it was saved with another plan"
+            )
         own = st.module.state_dict()
-        st.module.load_state_dict({k: v for k, v in torch.load(path, weights_only=True).items() if k in own})
+        st.module.load_state_dict(
+            {k: v for k, v in torch.load(path, weights_only=True).items() if k in own}
+        )
     saved = torch.load(d / f"rank-{rank}.pt", weights_only=False)
     optimizer.load_state_dict(saved["optimizer"])
     return int(saved["step"])
@@ -92,7 +110,9 @@ def assemble_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     files = sorted(Path(folder).glob("stage-*.pt"), key=lambda p: int(p.stem.split("-")[1]))
     if not files:
-        raise RuntimeFailure(f"no stage files in {folder}; write a checkpoint with --save-checkpoint {folder}")
+        raise RuntimeFailure(
+            f"no stage files in {folder}; write a checkpoint with --save-checkpoint {folder}"
+        )
     for path in files:
         out.update(torch.load(path, weights_only=True))
     return out

@@ -26,6 +26,7 @@ running statistics) are restored after the recomputation, so numbers equal a pla
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,6 +88,12 @@ class _RestoreBuffers:
                 b.copy_(v)
 
 
+def _recompute_contexts(
+    module: torch.nn.Module,
+) -> tuple[contextlib.AbstractContextManager[None], _RestoreBuffers]:
+    return contextlib.nullcontext(), _RestoreBuffers(module)
+
+
 class PipelineEngine:
     """Runs one rank's stages; :meth:`train_step` is one optimizer step."""
 
@@ -122,13 +129,16 @@ class PipelineEngine:
         self.timer = ActionTimer(self.device)
         params = {id(p): p for s in stages for p in s.module.parameters()}
         self.params: dict[int, list[torch.nn.Parameter]] = {
-            s.index: [p for p in dict.fromkeys(s.module.parameters()) if p.requires_grad] for s in stages
+            s.index: [p for p in dict.fromkeys(s.module.parameters()) if p.requires_grad]
+            for s in stages
         }
         self.saved_bytes = SavedBytes({p.untyped_storage().data_ptr() for p in params.values()})
 
     # ------------------------------------------------------------------ one iteration
 
-    def train_step(self, inputs: Sequence[Sequence[Any]], targets: Sequence[object], step: int) -> IterationResult:
+    def train_step(
+        self, inputs: Sequence[Sequence[Any]], targets: Sequence[object], step: int
+    ) -> IterationResult:
         """Run the rank's actions on micro-batches ``inputs`` (flat, graph order), step once."""
         self.step = step
         self.mb_inputs = [dict(zip(self.input_names, mb, strict=True)) for mb in inputs]
@@ -160,7 +170,9 @@ class PipelineEngine:
         import time
 
         loss = float(self.loss_total) if self.loss_total is not None else None
-        return IterationResult(loss, records, start, makespan, time.perf_counter() - start, self.peak_held)
+        return IterationResult(
+            loss, records, start, makespan, time.perf_counter() - start, self.peak_held
+        )
 
     def _sync_shared(self) -> None:
         for p, ranks in self.shared:
@@ -177,14 +189,22 @@ class PipelineEngine:
         if a.kind == "F":
             for name, src in R.receives[j]:
                 if R.rank_of(src) != me:
-                    yield (FORWARD, src, name, j, i), R.rank_of(src), R.tag(src, name, j, i, FORWARD, self.step)
+                    yield (
+                        (FORWARD, src, name, j, i),
+                        R.rank_of(src),
+                        R.tag(src, name, j, i, FORWARD, self.step),
+                    )
         elif a.kind == "B":
             for name, to in R.readers[j]:
                 if not self.specs[name].requires_grad:
                     continue
                 for r in to:
                     if r != OUTPUT and R.rank_of(r) != me:
-                        yield (BACKWARD, j, name, r, i), R.rank_of(r), R.tag(j, name, r, i, BACKWARD, self.step)
+                        yield (
+                            (BACKWARD, j, name, r, i),
+                            R.rank_of(r),
+                            R.tag(j, name, r, i, BACKWARD, self.step),
+                        )
 
     def _post_receives(self, a: Action) -> None:
         for key, src, tag in self._incoming(a):
@@ -225,8 +245,8 @@ class PipelineEngine:
         args = [got[n] if n in got else self.mb_inputs[i][n] for n in st.inputs]
         with self.saved_bytes.count():
             if j in self.recompute:
-                ctx = (lambda: (contextlib.nullcontext(), _RestoreBuffers(st.module)))
-                out = checkpoint(st.module, *args, use_reentrant=False, context_fn=ctx)
+                contexts = functools.partial(_recompute_contexts, st.module)
+                out = checkpoint(st.module, *args, use_reentrant=False, context_fn=contexts)
             else:
                 out = st.module(*args)
         held = self.saved_bytes.total
@@ -268,11 +288,17 @@ class PipelineEngine:
                 sv.roots.append(value)
                 sv.grads.append(total)
         names = list(sv.leaves)
+        grads: list[torch.Tensor | None] = []
         if self.split_backward:
-            grads: Sequence[torch.Tensor | None] = ()
             if names and sv.roots:
-                grads = torch.autograd.grad(
-                    sv.roots, [sv.leaves[n] for n in names], sv.grads, retain_graph=True, allow_unused=True
+                grads = list(
+                    torch.autograd.grad(
+                        sv.roots,
+                        [sv.leaves[n] for n in names],
+                        sv.grads,
+                        retain_graph=True,
+                        allow_unused=True,
+                    )
                 )
         else:
             if sv.roots:
@@ -280,8 +306,12 @@ class PipelineEngine:
             grads = [sv.leaves[n].grad for n in names]
             self._free(j, i)
         sources = dict(R.receives[j])
-        for n, g in zip(names, grads, strict=False):
-            self._send((BACKWARD, sources[n], n, j, i), g if g is not None else torch.zeros_like(sv.leaves[n]), sources[n])
+        for n, grad in zip(names, grads, strict=False):
+            self._send(
+                (BACKWARD, sources[n], n, j, i),
+                grad if grad is not None else torch.zeros_like(sv.leaves[n]),
+                sources[n],
+            )
         for n in names[len(grads) :]:
             self._send((BACKWARD, sources[n], n, j, i), torch.zeros_like(sv.leaves[n]), sources[n])
 

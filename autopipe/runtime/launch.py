@@ -68,14 +68,21 @@ def launch(plan: Plan | str | Path, options: RunOptions) -> RunResult:
             plan_path = str(plan)
             world = Plan.load(plan_path).devices
         port = free_port()
-        cmd = [sys.executable, "-m", "autopipe.runtime", *worker_arguments(plan_path, options), "--result-dir", tmp]
+        cmd = [
+            sys.executable,
+            "-m",
+            "autopipe.runtime",
+            *worker_arguments(plan_path, options),
+            "--result-dir",
+            tmp,
+        ]
         procs = []
         try:
             for rank in range(world):
                 env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                        "OMP_NUM_THREADS": str(options.threads)}  # fmt: skip
-                log = open(Path(tmp) / f"log-{rank}.txt", "wb")  # noqa: SIM115
+                log = open(Path(tmp) / f"log-{rank}.txt", "wb")
                 procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
                 log.close()
             _watch(procs, Path(tmp))

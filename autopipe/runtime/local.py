@@ -18,7 +18,9 @@ from autopipe.runtime.worker import RankResult, Rebuilt, rebuild, train_rank
 __all__ = ["run_threads"]
 
 
-def run_threads(plan: Plan, options: RunOptions, rebuilt: Rebuilt | None = None) -> list[RankResult]:
+def run_threads(
+    plan: Plan, options: RunOptions, rebuilt: Rebuilt | None = None
+) -> list[RankResult]:
     """``plan`` on ``plan.devices`` threads; one result per rank. Rebuilds the model once."""
     base = rebuilt if rebuilt is not None else rebuild(plan, options.seed)
     hub = ThreadHub(plan.devices, options.timeout_s)

@@ -37,7 +37,7 @@ class ActionTimer:
         """Start a new iteration; returns its absolute start (``perf_counter``)."""
         self._events, self._cpu = [], []
         if self.cuda:
-            self._origin = torch.cuda.Event(enable_timing=True)
+            self._origin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             self._origin.record()
         self.t0 = time.perf_counter()
         return self.t0
@@ -45,7 +45,8 @@ class ActionTimer:
     @contextmanager
     def time(self, key: Any) -> Iterator[None]:
         if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             start.record()
             yield
             end.record()
@@ -96,5 +97,7 @@ def state_bytes(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimiz
     total = sum(p.numel() * p.element_size() for p in params)
     total += sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
     for state in optimizer.state.values():
-        total += sum(v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor))
+        total += sum(
+            v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor)
+        )
     return int(total)

@@ -36,7 +36,9 @@ class Row:
     @property
     def error_pct(self) -> float:
         """(measured - predicted) / predicted, in percent (nan without a prediction)."""
-        return (self.measured - self.predicted) / self.predicted * 100 if self.predicted else math.nan
+        return (
+            (self.measured - self.predicted) / self.predicted * 100 if self.predicted else math.nan
+        )
 
 
 def _measured_steps(result: RunResult) -> range:
@@ -67,14 +69,44 @@ def compare(plan: Plan, result: RunResult) -> list[Row]:
     split = any(kind == "W" for _, kind in times)
     rows = []
     for s in plan.stages:
-        rows.append(Row(f"stage {s.index} F", s.forward_s, statistics.fmean(times.get((s.index, "F"), [0.0])), "s"))
+        rows.append(
+            Row(
+                f"stage {s.index} F",
+                s.forward_s,
+                statistics.fmean(times.get((s.index, "F"), [0.0])),
+                "s",
+            )
+        )
         b_pred = s.backward_input_s if split else s.backward_s
-        rows.append(Row(f"stage {s.index} B", b_pred, statistics.fmean(times.get((s.index, "B"), [0.0])), "s"))
+        rows.append(
+            Row(
+                f"stage {s.index} B",
+                b_pred,
+                statistics.fmean(times.get((s.index, "B"), [0.0])),
+                "s",
+            )
+        )
         if split:
-            rows.append(Row(f"stage {s.index} W", s.backward_weight_s, statistics.fmean(times.get((s.index, "W"), [0.0])), "s"))
+            rows.append(
+                Row(
+                    f"stage {s.index} W",
+                    s.backward_weight_s,
+                    statistics.fmean(times.get((s.index, "W"), [0.0])),
+                    "s",
+                )
+            )
     spans = result.makespans()
-    rows.append(Row("iteration", plan.iteration_time_s, statistics.fmean(spans[k] for k in steps), "s"))
-    rows.append(Row("bubble", plan.bubble_fraction, statistics.fmean(measured_bubble(result, k) for k in steps), "fraction"))
+    rows.append(
+        Row("iteration", plan.iteration_time_s, statistics.fmean(spans[k] for k in steps), "s")
+    )
+    rows.append(
+        Row(
+            "bubble",
+            plan.bubble_fraction,
+            statistics.fmean(measured_bubble(result, k) for k in steps),
+            "fraction",
+        )
+    )
     for r in result.ranks:
         pred = plan.peak_memory_bytes[r.rank] if r.rank < len(plan.peak_memory_bytes) else 0.0
         rows.append(Row(f"peak memory rank {r.rank}", pred, float(r.peak_memory_bytes), "bytes"))
@@ -99,7 +131,9 @@ def format_report(plan: Plan, result: RunResult) -> str:
     lines = [f"{'':<{width}}  {'predicted':>12}  {'measured':>12}  {'error':>8}"]
     for r in rows:
         err = "" if math.isnan(r.error_pct) else f"{r.error_pct:+.1f}%"
-        lines.append(f"{r.what:<{width}}  {_fmt(r.predicted, r.unit):>12}  {_fmt(r.measured, r.unit):>12}  {err:>8}")
+        lines.append(
+            f"{r.what:<{width}}  {_fmt(r.predicted, r.unit):>12}  {_fmt(r.measured, r.unit):>12}  {err:>8}"
+        )
     n = len(_measured_steps(result))
     lines.append(f"(means over {n} step(s){', first step left out as warm-up' if result.steps > 1 else ''}; "
                  f"memory: {result.ranks[0].memory_kind})")  # fmt: skip
@@ -115,7 +149,15 @@ def chrome_trace(result: RunResult) -> dict[str, Any]:
         {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "autopipe pipeline"}},
     ]
     for r in result.ranks:
-        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": r.rank, "args": {"name": f"rank {r.rank}"}})
+        events.append(
+            {
+                "name": "thread_name",
+                "ph": "M",
+                "pid": 0,
+                "tid": r.rank,
+                "args": {"name": f"rank {r.rank}"},
+            }
+        )
         for k, it in enumerate(r.iterations):
             base = it.start_time - origin
             for rec in it.records:

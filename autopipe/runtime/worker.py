@@ -32,7 +32,7 @@ from autopipe.runtime.options import RunOptions
 from autopipe.runtime.routing import make_routing
 from autopipe.runtime.shapes import value_specs
 from autopipe.schedules import make_schedule
-from autopipe.split import Split, StageModule, split_model
+from autopipe.split import Split, split_model
 from autopipe.trace import TracedModel, trace_model
 
 _BATCH_LOCK = threading.Lock()
@@ -67,7 +67,11 @@ class RankResult:
 def rebuild(plan: Plan, seed: int = 0) -> Rebuilt:
     """Build and trace the plan's model; PlanError when it no longer matches the plan."""
     torch.manual_seed(seed)
-    spec = plan.model_file if plan.factory in ("", "build_model") else f"{plan.model_file}:{plan.factory}"
+    spec = (
+        plan.model_file
+        if plan.factory in ("", "build_model")
+        else f"{plan.model_file}:{plan.factory}"
+    )
     loaded = load_model(spec, parse_kwargs(plan.model_kwargs))
     loaded.model.train()
     u = plan.micro_batch_size
@@ -110,7 +114,9 @@ def _output_builder(rebuilt: Rebuilt, split: Split) -> Callable[[list[Any]], obj
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         inputs = rebuilt.loaded.make_inputs(rebuilt.traced.micro_batch_size)
         with mode, torch.no_grad():
-            fake = torch.utils._pytree.tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, inputs)
+            fake = torch.utils._pytree.tree_map(
+                lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, inputs
+            )
             from autopipe.load import call_model
 
             out = call_model(rebuilt.loaded.model, fake)
@@ -125,27 +131,44 @@ def _output_builder(rebuilt: Rebuilt, split: Split) -> Callable[[list[Any]], obj
 def make_optimizer(params: list[torch.nn.Parameter], options: RunOptions) -> torch.optim.Optimizer:
     cls = getattr(torch.optim, options.optimizer, None)
     if cls is None or not isinstance(cls, type) or not issubclass(cls, torch.optim.Optimizer):
-        raise RuntimeFailure(f"unknown optimizer {options.optimizer!r}; name a torch.optim class such as SGD, Adam or AdamW")
-    opt: torch.optim.Optimizer = cls(params, lr=options.lr, **dict(options.optimizer_kwargs))
+        raise RuntimeFailure(
+            f"unknown optimizer {options.optimizer!r}; name a torch.optim class such as SGD, Adam or AdamW"
+        )
+    extra: dict[str, Any] = dict(options.optimizer_kwargs)
+    opt: torch.optim.Optimizer = cls(params, lr=options.lr, **extra)  # type: ignore[call-arg]
     return opt
 
 
-def train_rank(plan: Plan, rank: int, comm_factory: Callable[[list[tuple[int, ...]]], Comm], options: RunOptions,
-               rebuilt: Rebuilt | None = None) -> RankResult:
+def train_rank(
+    plan: Plan,
+    rank: int,
+    comm_factory: Callable[[list[tuple[int, ...]]], Comm],
+    options: RunOptions,
+    rebuilt: Rebuilt | None = None,
+) -> RankResult:
     """Run ``options.steps`` optimizer steps of ``plan`` as ``rank``."""
     S = plan.devices
     rb = rebuilt if rebuilt is not None else rebuild(plan, options.seed)
     split = split_model(rb.traced, plan)
     groups = shared_groups(split, S)
     comm = comm_factory([g for _, g in groups])
-    device = torch.device(f"cuda:{torch.cuda.current_device()}") if options.device == "cuda" else torch.device("cpu")
+    device = (
+        torch.device(f"cuda:{torch.cuda.current_device()}")
+        if options.device == "cuda"
+        else torch.device("cpu")
+    )
     u = plan.micro_batch_size
-    example = flat_inputs([str(n.target) for n in rb.traced.gm.graph.nodes if n.op == "placeholder"], rb.loaded.make_inputs(u))
+    example = flat_inputs(
+        [str(n.target) for n in rb.traced.gm.graph.nodes if n.op == "placeholder"],
+        rb.loaded.make_inputs(u),
+    )
     specs = value_specs(rb.traced.gm, example)
     mine = [st for st in split.stages if st.rank == rank]
     for st in mine:
         st.module.to(device)
-    params = list(dict.fromkeys(p for st in mine for p in st.module.parameters() if p.requires_grad))
+    params = list(
+        dict.fromkeys(p for st in mine for p in st.module.parameters() if p.requires_grad)
+    )
     optimizer = make_optimizer(params, options)
     by_name = dict(rb.traced.gm.named_parameters())
     shared = [(by_name[name], holders) for name, holders in groups if rank in holders]
@@ -177,7 +200,11 @@ def train_rank(plan: Plan, rank: int, comm_factory: Callable[[list[tuple[int, ..
         with _BATCH_LOCK:  # thread-ranks share the global RNG
             torch.manual_seed(options.seed + k + 1)
             batch = [_to(v, device) for v in flat_inputs(targets_of, rb.loaded.make_inputs(B))]
-            targets = _to(rb.loaded.make_targets(B), device) if rb.loaded.make_targets is not None else None
+            targets = (
+                _to(rb.loaded.make_targets(B), device)
+                if rb.loaded.make_targets is not None
+                else None
+            )
         iterations.append(engine.train_step(split_flat(batch, B, m), split_batch(targets, B, m), k))
     static = state_bytes(params, optimizer)
     if device.type == "cuda":
@@ -187,12 +214,26 @@ def train_rank(plan: Plan, rank: int, comm_factory: Callable[[list[tuple[int, ..
         kind = "cpu count: parameters + gradients + optimizer state + peak saved activations"
     if options.save_checkpoint:
         names = checkpoint.aliases(rb.loaded.model)
-        checkpoint.save_rank(options.save_checkpoint, rank, mine, optimizer, done + options.steps, names)
+        checkpoint.save_rank(
+            options.save_checkpoint, rank, mine, optimizer, done + options.steps, names
+        )
         comm.barrier()
         if rank == 0:
-            checkpoint.write_meta(options.save_checkpoint, plan.fingerprint, done + options.steps, len(split.stages))
-    return RankResult(rank, tuple(st.index for st in mine), tuple(iterations), static, peak, kind, done + options.steps)
+            checkpoint.write_meta(
+                options.save_checkpoint, plan.fingerprint, done + options.steps, len(split.stages)
+            )
+    return RankResult(
+        rank,
+        tuple(st.index for st in mine),
+        tuple(iterations),
+        static,
+        peak,
+        kind,
+        done + options.steps,
+    )
 
 
 def _to(x: Any, device: torch.device) -> Any:
-    return torch.utils._pytree.tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, x)
+    return torch.utils._pytree.tree_map(
+        lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, x
+    )
