@@ -11,6 +11,8 @@ For each action of the rank's list (``autopipe.schedules``), in order::
              W; with W (zero-bubble, Qi et al. 2023) only the input gradients, keeping the
              graph (``retain_graph``) for ...
     W(j, i)  ... the parameter gradients, from the same graph and output gradients.
+             (W walks the retained graph again from the outputs: exact, but on this
+             generic path it costs about a full backward, not only the weight-grad kernels.)
 
 Gradients accumulate in ``.grad`` over the m micro-batches (each loss scaled by 1/m: the mean
 over equal micro-batches is the batch mean), then parameters used by stages on several ranks
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -167,8 +170,6 @@ class PipelineEngine:
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        import time
-
         loss = float(self.loss_total) if self.loss_total is not None else None
         return IterationResult(
             loss, records, start, makespan, time.perf_counter() - start, self.peak_held
