@@ -9,12 +9,14 @@ from __future__ import annotations
 
 __all__ = [
     "AutopipeError",
+    "CommunicationError",
     "EmitError",
     "InfeasibleError",
     "ModelLoadError",
     "PlanError",
     "PlanFileError",
     "ProfileError",
+    "RuntimeFailure",
     "ScheduleError",
     "TraceError",
 ]
@@ -58,3 +60,18 @@ class PlanFileError(AutopipeError):
 
 class EmitError(AutopipeError):
     """Stage folders cannot be written (or read back): a folder in the way, code torch alone cannot run."""
+
+
+class RuntimeFailure(AutopipeError):
+    """A pipeline run failed: a rank raised, died or timed out (``autopipe run`` exits 1).
+
+    ``rank`` is the rank whose failure ended the run (None when it is not known).
+    """
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+class CommunicationError(RuntimeFailure):
+    """A send, receive or collective failed or timed out: usually a peer rank died or hung."""

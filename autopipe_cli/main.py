@@ -3,6 +3,8 @@
 No planning logic lives here. Exit codes, decided in one place (:func:`main`):
 
 - 0 success;
+- 1 a pipeline run failed (``autopipe run``: a rank raised, died or timed out):
+  :class:`autopipe.errors.RuntimeFailure`, printed as one ``autopipe: error:`` line naming the rank;
 - 2 bad input: any :class:`autopipe.errors.AutopipeError` prints ``autopipe: error: <message>``
   (one line) to stderr; argparse usage errors exit 2 as well;
 - 130 interrupted (Ctrl-C);
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from autopipe import __version__
-from autopipe.errors import AutopipeError
+from autopipe.errors import AutopipeError, RuntimeFailure
 from autopipe_cli.args import (
     UsageError,
     default_micro_batch_sizes,
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = ["build_parser", "main"]
 
+EXIT_FAILED_RUN = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
@@ -80,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     from autopipe_cli.emit_cmd import add_emit_parsers
 
     add_emit_parsers(commands)
+    from autopipe_cli.run_cmd import add_run_parser
+
+    add_run_parser(commands)
     return parser
 
 
@@ -186,6 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args, out, err)
         return code
+    except RuntimeFailure as e:
+        print(f"autopipe: error: {e}", file=sys.stderr)
+        return EXIT_FAILED_RUN
     except AutopipeError as e:
         print(f"autopipe: error: {e}", file=sys.stderr)
         return EXIT_USAGE

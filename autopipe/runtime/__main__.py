@@ -1,0 +1,163 @@
+"""One rank of a pipeline run: ``python -m autopipe.runtime plan.json --steps N``.
+
+The torchrun entry point (reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``)::
+
+    torchrun --nnodes 2 --nproc-per-node 4 ... -m autopipe.runtime plan.json --steps 100
+
+Rank 0 prints the measured-vs-predicted report. ``autopipe run`` starts the same entry point
+on this machine with ``--result-dir``, where each rank writes its result or its error.
+A failing rank prints ``autopipe: error: rank R failed: ...`` and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autopipe._io import atomic_write_text
+from autopipe.runtime.options import RunOptions
+
+if TYPE_CHECKING:
+    from autopipe.runtime.worker import RankResult
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m autopipe.runtime", description="Run one rank of an autopipe plan."
+    )
+    p.add_argument("plan")
+    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--optimizer", default="Adam")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--optimizer-arg", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--save-checkpoint", default=None)
+    p.add_argument("--resume", default=None)
+    p.add_argument("--trace", default=None, help="Chrome trace to write (rank 0)")
+    p.add_argument("--result-dir", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    out = Path(args.result_dir) if args.result_dir else None
+    model_file = Path(args.plan)
+    try:
+        import torch
+
+        from autopipe.load import parse_kwargs
+        from autopipe.plans import Plan
+
+        kwargs = tuple((k, float(v)) for k, v in parse_kwargs(args.optimizer_arg).items())  # type: ignore[arg-type]
+        options = RunOptions(
+            steps=args.steps, seed=args.seed, optimizer=args.optimizer, lr=args.lr, optimizer_kwargs=kwargs,
+            timeout_s=args.timeout, device=args.device, threads=args.threads,
+            save_checkpoint=args.save_checkpoint, resume=args.resume,
+        )  # fmt: skip
+        torch.set_num_threads(options.threads)
+        plan = Plan.load(args.plan)
+        model_file = Path(plan.model_file)
+        result = _run(plan, rank, options)
+    except BaseException as e:  # report every failure as one line, then leave at once
+        _fail(rank, e, model_file, out)
+    from autopipe.runtime.results import rank_to_dict
+
+    if out is not None:
+        atomic_write_text(out / f"rank-{rank}.json", json.dumps(rank_to_dict(result)))
+    else:
+        try:
+            _report(plan, rank, result, args.trace)
+        except BaseException as e:
+            _fail(rank, e, model_file, out)
+    os._exit(0)  # skip process-group teardown (a peer may already be gone)
+
+
+def _run(plan: object, rank: int, options: RunOptions) -> RankResult:
+    import torch
+    import torch.distributed as dist
+
+    from autopipe.errors import RuntimeFailure
+    from autopipe.plans import Plan
+    from autopipe.runtime.comm import DistComm
+    from autopipe.runtime.worker import train_rank
+
+    assert isinstance(plan, Plan)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != plan.devices:
+        raise RuntimeFailure(
+            f"the plan needs {plan.devices} ranks but WORLD_SIZE is {world}; start {plan.devices} processes"
+        )
+    if options.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    backend = "nccl" if options.device == "cuda" else "gloo"
+    dist.init_process_group(
+        backend, rank=rank, world_size=world, timeout=timedelta(seconds=options.timeout_s)
+    )
+    holder: list[DistComm] = []
+
+    def comm(groups: list[tuple[int, ...]]) -> DistComm:
+        holder.append(DistComm(options.timeout_s, groups))
+        return holder[0]
+
+    return train_rank(plan, rank, comm, replace(options))
+
+
+def _report(plan: object, rank: int, result: object, trace: str | None) -> None:
+    """torchrun: gather every rank's result on rank 0, print the report, write the trace."""
+    import torch.distributed as dist
+
+    from autopipe.plans import Plan
+    from autopipe.runtime.report import format_report, write_chrome_trace
+    from autopipe.runtime.results import RunResult, rank_from_dict, rank_to_dict
+    from autopipe.runtime.worker import RankResult
+
+    assert isinstance(plan, Plan) and isinstance(result, RankResult)
+    gathered: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, rank_to_dict(result))
+    if rank == 0:
+        run = RunResult(tuple(rank_from_dict(d) for d in gathered if isinstance(d, dict)))
+        print(format_report(plan, run), flush=True)
+        if trace:
+            write_chrome_trace(run, trace)
+
+
+def _fail(rank: int, e: BaseException, model_file: Path, out: Path | None) -> None:
+    from autopipe._usercode import exception_summary
+    from autopipe.errors import AutopipeError, CommunicationError
+
+    if isinstance(e, AutopipeError):
+        message = f"{type(e).__name__}: {e}" if not isinstance(e, CommunicationError) else str(e)
+    elif isinstance(e, KeyboardInterrupt):
+        message = "interrupted"
+    else:
+        message = exception_summary(e, model_file)
+    kind = "comm" if isinstance(e, CommunicationError) or _looks_like_comm(e) else "user"
+    if out is not None:
+        atomic_write_text(
+            out / f"error-{rank}.json", json.dumps({"kind": kind, "message": message})
+        )
+    print(f"autopipe: error: rank {rank} failed: {message}", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def _looks_like_comm(e: BaseException) -> bool:
+    text = f"{type(e).__name__} {e}".lower()
+    return any(
+        w in text for w in ("gloo", "nccl", "connection", "timed out", "distnetworkerror", "socket")
+    )
+
+
+if __name__ == "__main__":
+    main()

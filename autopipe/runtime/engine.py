@@ -1,0 +1,335 @@
+"""The pipeline engine: one rank runs its action list for one training iteration.
+
+For each action of the rank's list (``autopipe.schedules``), in order::
+
+    F(j, i)  inputs of stage j for micro-batch i (model inputs, received or local activations,
+             received ones as fresh autograd leaves) -> stage module -> send each output to
+             every stage that reads it; the last stage computes loss_fn(output, targets) / m
+    B(j, i)  gradients of j's outputs (summed over the stages that read them; the loss on
+             the last stage) -> backward -> send the gradient of every received input back
+             to its producer.  Full backward (inputs and parameters) when the schedule has no
+             W; with W (zero-bubble, Qi et al. 2023) only the input gradients, keeping the
+             graph (``retain_graph``) for ...
+    W(j, i)  ... the parameter gradients, from the same graph and output gradients.
+             (W walks the retained graph again from the outputs: exact, but on this
+             generic path it costs about a full backward, not only the weight-grad kernels.)
+
+Gradients accumulate in ``.grad`` over the m micro-batches (each loss scaled by 1/m: the mean
+over equal micro-batches is the batch mean), then parameters used by stages on several ranks
+(tied embeddings) get their gradients summed over those ranks — each holds a copy updated
+identically, the same as one shared parameter — and the optimizer steps once.
+
+Receives for the next action are posted before the current one runs, sends are waited on at
+the end of the iteration: transfers overlap compute. Stages marked for recomputation run
+under ``torch.utils.checkpoint`` (non-reentrant); buffers it would update twice (batch-norm
+running statistics) are restored after the recomputation, so numbers equal a plain run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from autopipe.runtime.comm import Comm, Work
+from autopipe.runtime.measure import ActionTimer, SavedBytes
+from autopipe.runtime.routing import BACKWARD, FORWARD, Routing
+from autopipe.runtime.shapes import TensorSpec
+from autopipe.schedules import Action
+from autopipe.split import OUTPUT, StageModule
+
+__all__ = ["ActionRecord", "IterationResult", "PipelineEngine"]
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    """One action as it ran: seconds from the rank's iteration start."""
+
+    action: str  # "1F0"
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class IterationResult:
+    loss: float | None  # the batch loss, on the rank of the last stage
+    records: tuple[ActionRecord, ...]
+    start_time: float  # absolute time.perf_counter() of the iteration start
+    makespan_s: float  # end of the rank's last action
+    step_s: float  # the whole iteration: actions, gradient sync, optimizer step
+    peak_activation_bytes: int  # saved-for-backward bytes held at once (CPU count)
+
+
+@dataclass
+class _Saved:
+    leaves: dict[str, torch.Tensor]  # received inputs that need a gradient
+    outputs: dict[str, torch.Tensor]  # outputs that need a gradient
+    loss: torch.Tensor | None
+    roots: list[torch.Tensor] = field(default_factory=list)
+    grads: list[torch.Tensor | None] = field(default_factory=list)
+
+
+class _RestoreBuffers:
+    """Put the module's buffers back after recomputation (running stats update once)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __enter__(self) -> None:
+        self.saved = [(b, b.detach().clone()) for b in self.module.buffers()]
+
+    def __exit__(self, *exc: object) -> None:
+        with torch.no_grad():
+            for b, v in self.saved:
+                b.copy_(v)
+
+
+def _recompute_contexts(
+    module: torch.nn.Module,
+) -> tuple[contextlib.AbstractContextManager[None], _RestoreBuffers]:
+    return contextlib.nullcontext(), _RestoreBuffers(module)
+
+
+class PipelineEngine:
+    """Runs one rank's stages; :meth:`train_step` is one optimizer step."""
+
+    def __init__(
+        self,
+        stages: Sequence[StageModule],
+        actions: Sequence[Action | None],
+        routing: Routing,
+        specs: Mapping[str, TensorSpec],
+        comm: Comm,
+        *,
+        input_names: Sequence[str],
+        output_names: Sequence[str | None],
+        make_output: Callable[[list[Any]], object],
+        loss_fn: Callable[[object, object], torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        shared: Sequence[tuple[torch.nn.Parameter, tuple[int, ...]]] = (),
+        recompute: Sequence[int] = (),
+        last_stage: int,
+        device: torch.device | None = None,
+    ) -> None:
+        self.stages = {s.index: s for s in stages}
+        self.actions = [a for a in actions if a is not None]
+        self.routing, self.specs, self.comm = routing, specs, comm
+        self.input_names = tuple(input_names)
+        self.output_names = tuple(output_names)
+        self.make_output, self.loss_fn, self.optimizer = make_output, loss_fn, optimizer
+        self.shared = tuple(shared)
+        self.recompute = set(recompute)
+        self.last = last_stage
+        self.device = device or torch.device("cpu")
+        self.split_backward = any(a.kind == "W" for a in self.actions)
+        self.timer = ActionTimer(self.device)
+        params = {id(p): p for s in stages for p in s.module.parameters()}
+        self.params: dict[int, list[torch.nn.Parameter]] = {
+            s.index: [p for p in dict.fromkeys(s.module.parameters()) if p.requires_grad]
+            for s in stages
+        }
+        self.saved_bytes = SavedBytes({p.untyped_storage().data_ptr() for p in params.values()})
+
+    # ------------------------------------------------------------------ one iteration
+
+    def train_step(
+        self, inputs: Sequence[Sequence[Any]], targets: Sequence[object], step: int
+    ) -> IterationResult:
+        """Run the rank's actions on micro-batches ``inputs`` (flat, graph order), step once."""
+        self.step = step
+        self.mb_inputs = [dict(zip(self.input_names, mb, strict=True)) for mb in inputs]
+        self.mb_targets = list(targets)
+        self.m = len(self.mb_inputs)
+        self.posted: dict[tuple[Any, ...], tuple[torch.Tensor, Work]] = {}
+        self.local: dict[tuple[Any, ...], torch.Tensor] = {}
+        self.sends: list[tuple[Work, torch.Tensor]] = []
+        self.saved: dict[tuple[int, int], _Saved] = {}
+        self.held: dict[tuple[int, int], int] = {}
+        self.peak_held = 0
+        self.loss_total: torch.Tensor | None = None
+        self.comm.barrier()
+        start = self.timer.reset()
+        for k, a in enumerate(self.actions):
+            for b in self.actions[k : k + 2]:
+                self._post_receives(b)
+            with self.timer.time(a):
+                getattr(self, f"_{a.kind.lower()}")(a.stage, a.microbatch)
+        for work, _ in self.sends:
+            work.wait()
+        records = tuple(ActionRecord(str(a), s, e) for a, s, e in self.timer.results())
+        makespan = max((r.end_s for r in records), default=0.0)
+        self._sync_shared()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        loss = float(self.loss_total) if self.loss_total is not None else None
+        return IterationResult(
+            loss, records, start, makespan, time.perf_counter() - start, self.peak_held
+        )
+
+    def _sync_shared(self) -> None:
+        for p, ranks in self.shared:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            self.comm.all_reduce_sum([p.grad], ranks)
+
+    # ------------------------------------------------------------------ messages
+
+    def _incoming(self, a: Action) -> Iterator[tuple[tuple[Any, ...], int, int]]:
+        """(message key, source rank, tag) of every remote message ``a`` reads."""
+        R, j, i = self.routing, a.stage, a.microbatch
+        me = self.comm.rank
+        if a.kind == "F":
+            for name, src in R.receives[j]:
+                if R.rank_of(src) != me:
+                    yield (
+                        (FORWARD, src, name, j, i),
+                        R.rank_of(src),
+                        R.tag(src, name, j, i, FORWARD, self.step),
+                    )
+        elif a.kind == "B":
+            for name, to in R.readers[j]:
+                if not self.specs[name].requires_grad:
+                    continue
+                for r in to:
+                    if r != OUTPUT and R.rank_of(r) != me:
+                        yield (
+                            (BACKWARD, j, name, r, i),
+                            R.rank_of(r),
+                            R.tag(j, name, r, i, BACKWARD, self.step),
+                        )
+
+    def _post_receives(self, a: Action) -> None:
+        for key, src, tag in self._incoming(a):
+            if key not in self.posted:
+                spec = self.specs[key[2]]
+                buf = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
+                self.posted[key] = (buf, self.comm.irecv(buf, src, tag))
+
+    def _take(self, key: tuple[Any, ...], remote: bool) -> torch.Tensor:
+        if not remote:
+            return self.local.pop(key)
+        buf, work = self.posted.pop(key)
+        work.wait()
+        return buf
+
+    def _send(self, key: tuple[Any, ...], value: torch.Tensor, dst_stage: int) -> None:
+        direction, producer, name, reader, i = key
+        dst = self.routing.rank_of(dst_stage)
+        if dst == self.comm.rank:
+            self.local[key] = value
+            return
+        t = value.detach().contiguous()
+        tag = self.routing.tag(producer, name, reader, i, direction, self.step)
+        self.sends.append((self.comm.isend(t, dst, tag), t))
+
+    # ------------------------------------------------------------------ actions
+
+    def _f(self, j: int, i: int) -> None:
+        st, R = self.stages[j], self.routing
+        got: dict[str, torch.Tensor] = {}
+        leaves: dict[str, torch.Tensor] = {}
+        for name, src in R.receives[j]:
+            v = self._take((FORWARD, src, name, j, i), R.rank_of(src) != self.comm.rank)
+            if self.specs[name].requires_grad:
+                v = v.detach().requires_grad_(True)
+                leaves[name] = v
+            got[name] = v
+        args = [got[n] if n in got else self.mb_inputs[i][n] for n in st.inputs]
+        with self.saved_bytes.count():
+            if j in self.recompute:
+                contexts = functools.partial(_recompute_contexts, st.module)
+                out = checkpoint(st.module, *args, use_reentrant=False, context_fn=contexts)
+            else:
+                out = st.module(*args)
+        held = self.saved_bytes.total
+        if j in self.recompute:
+            held = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+        values = dict(zip(st.outputs, out, strict=True))
+        outputs: dict[str, torch.Tensor] = {}
+        for name, to in R.readers[j]:
+            v = values[name]
+            for r in to:
+                if r != OUTPUT:
+                    self._send((FORWARD, j, name, r, i), v, r)
+            if isinstance(v, torch.Tensor) and v.requires_grad and self.specs[name].requires_grad:
+                outputs[name] = v
+        loss = None
+        if j == self.last:
+            have = {**self.mb_inputs[i], **got, **values}
+            flat = [have[n] if n is not None else None for n in self.output_names]
+            loss = self.loss_fn(self.make_output(flat), self.mb_targets[i]) / self.m
+            d = loss.detach()
+            self.loss_total = d if self.loss_total is None else self.loss_total + d
+        self.saved[(j, i)] = _Saved(leaves, outputs, loss)
+        self.held[(j, i)] = held
+        self.peak_held = max(self.peak_held, sum(self.held.values()))
+
+    def _b(self, j: int, i: int) -> None:
+        sv, R = self.saved[(j, i)], self.routing
+        if sv.loss is not None:
+            sv.roots.append(sv.loss)
+            sv.grads.append(None)
+        for name, value in sv.outputs.items():
+            total: torch.Tensor | None = None
+            for r in dict(R.readers[j])[name]:
+                if r == OUTPUT:
+                    continue
+                g = self._take((BACKWARD, j, name, r, i), R.rank_of(r) != self.comm.rank)
+                total = g if total is None else total + g
+            if total is not None:
+                sv.roots.append(value)
+                sv.grads.append(total)
+        names = list(sv.leaves)
+        grads: list[torch.Tensor | None] = []
+        if self.split_backward:
+            if names and sv.roots:
+                grads = list(
+                    torch.autograd.grad(
+                        sv.roots,
+                        [sv.leaves[n] for n in names],
+                        sv.grads,
+                        retain_graph=True,
+                        allow_unused=True,
+                    )
+                )
+        else:
+            if sv.roots:
+                torch.autograd.backward(sv.roots, sv.grads)
+            grads = [sv.leaves[n].grad for n in names]
+            self._free(j, i)
+        sources = dict(R.receives[j])
+        for n, grad in zip(names, grads, strict=False):
+            self._send(
+                (BACKWARD, sources[n], n, j, i),
+                grad if grad is not None else torch.zeros_like(sv.leaves[n]),
+                sources[n],
+            )
+        for n in names[len(grads) :]:
+            self._send((BACKWARD, sources[n], n, j, i), torch.zeros_like(sv.leaves[n]), sources[n])
+
+    def _w(self, j: int, i: int) -> None:
+        sv = self.saved[(j, i)]
+        params = self.params[j]
+        if sv.roots and params:
+            grads = torch.autograd.grad(sv.roots, params, sv.grads, allow_unused=True)
+            with torch.no_grad():
+                for p, g in zip(params, grads, strict=True):
+                    if g is not None:
+                        if p.grad is None:
+                            p.grad = g.detach().clone()
+                        else:
+                            p.grad.add_(g)
+        self._free(j, i)
+
+    def _free(self, j: int, i: int) -> None:
+        del self.saved[(j, i)]
+        del self.held[(j, i)]

@@ -1,0 +1,48 @@
+"""Run every rank of a plan as a thread of this process (no torch.distributed, no ports).
+
+The same engine and worker as ``autopipe run``, with in-memory mailboxes
+(:class:`~autopipe.runtime.comm.ThreadHub`): for tests, and for debugging a plan in a
+debugger. The first rank to raise makes the others fail fast (their waits see the failure);
+its exception is raised again here. Timings are not meaningful (threads share the GIL).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from autopipe.plans import Plan
+from autopipe.runtime.comm import Comm, ThreadHub
+from autopipe.runtime.options import RunOptions
+from autopipe.runtime.worker import RankResult, Rebuilt, rebuild, train_rank
+
+__all__ = ["run_threads"]
+
+
+def run_threads(
+    plan: Plan, options: RunOptions, rebuilt: Rebuilt | None = None
+) -> list[RankResult]:
+    """``plan`` on ``plan.devices`` threads; one result per rank. Rebuilds the model once."""
+    base = rebuilt if rebuilt is not None else rebuild(plan, options.seed)
+    hub = ThreadHub(plan.devices, options.timeout_s)
+    results: dict[int, RankResult] = {}
+    errors: list[tuple[int, BaseException]] = []
+    copies = [base.copy() for _ in range(plan.devices)]
+
+    def work(rank: int) -> None:
+        def comm(groups: list[tuple[int, ...]]) -> Comm:
+            return hub.comm(rank)
+
+        try:
+            results[rank] = train_rank(plan, rank, comm, options, copies[rank])
+        except BaseException as e:
+            errors.append((rank, e))
+            hub.fail(f"rank {rank}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(plan.devices)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0][1]
+    return [results[r] for r in range(plan.devices)]

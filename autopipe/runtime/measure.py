@@ -1,0 +1,103 @@
+"""What the engine measures while it runs: action times and the memory it holds.
+
+Times: ``time.perf_counter`` on the CPU; on a GPU, CUDA events recorded around each action on
+the current stream and read once at the end of the iteration (no synchronisation between
+actions, so measuring does not serialise the pipeline).
+
+Memory: on a GPU, ``torch.cuda.max_memory_allocated`` (everything the rank allocated). On the
+CPU there is no allocator to ask, so the engine counts what the planner's memory model counts:
+bytes saved for backward by each forward (``torch.autograd.graph.saved_tensors_hooks``, every
+storage once, parameters excluded; for a recomputed stage, the bytes of its inputs), held from
+the end of F until its backward frees them; plus parameters, gradients and optimizer state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+__all__ = ["ActionTimer", "SavedBytes", "state_bytes"]
+
+
+class ActionTimer:
+    """Start/end seconds of each action, relative to :meth:`reset`."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.t0 = 0.0
+        self._events: list[tuple[Any, Any, Any]] = []
+        self._cpu: list[tuple[Any, float, float]] = []
+        self._origin: Any = None
+
+    def reset(self) -> float:
+        """Start a new iteration; returns its absolute start (``perf_counter``)."""
+        self._events, self._cpu = [], []
+        if self.cuda:
+            self._origin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            self._origin.record()
+        self.t0 = time.perf_counter()
+        return self.t0
+
+    @contextmanager
+    def time(self, key: Any) -> Iterator[None]:
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            yield
+            end.record()
+            self._events.append((key, start, end))
+        else:
+            start_s = time.perf_counter() - self.t0
+            yield
+            self._cpu.append((key, start_s, time.perf_counter() - self.t0))
+
+    def results(self) -> list[tuple[Any, float, float]]:
+        if not self.cuda:
+            return list(self._cpu)
+        torch.cuda.synchronize()
+        return [
+            (k, self._origin.elapsed_time(s) / 1e3, self._origin.elapsed_time(e) / 1e3)
+            for k, s, e in self._events
+        ]
+
+
+class SavedBytes:
+    """Counts the bytes autograd saves for backward inside :meth:`count` (each storage once)."""
+
+    def __init__(self, exclude: set[int]) -> None:
+        self.exclude = exclude  # storage data pointers of parameters
+        self.total = 0
+        self._seen: set[int] = set()
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        try:
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr not in self.exclude and ptr not in self._seen:
+                self._seen.add(ptr)
+                self.total += storage.nbytes()
+        except (RuntimeError, NotImplementedError):
+            pass
+        return t
+
+    @contextmanager
+    def count(self) -> Iterator[None]:
+        self.total, self._seen = 0, set()
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            yield
+
+
+def state_bytes(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of parameters, their gradients and the optimizer's state tensors."""
+    total = sum(p.numel() * p.element_size() for p in params)
+    total += sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+    for state in optimizer.state.values():
+        total += sum(
+            v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor)
+        )
+    return int(total)

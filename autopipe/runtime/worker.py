@@ -1,0 +1,239 @@
+"""One rank of a run: rebuild the model from the plan, keep this rank's stages, train.
+
+Every rank rebuilds the whole model the same way (``torch.manual_seed(seed)`` right before the
+factory, so all ranks hold identical initial weights), re-traces it at the plan's micro-batch
+size, checks the trace's fingerprint against the plan's, splits it and keeps its own stages.
+
+Data: step ``k`` seeds the global RNG with ``seed + k + 1`` and calls the model file's
+``example_inputs(batch_size)`` / ``example_targets(batch_size)``: a file that draws from the
+global RNG gets a new batch each step, a file with its own fixed generator (models/*.py) the
+same batch every step. All ranks make the same batch and cut the same micro-batches.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from autopipe.errors import PlanError, RuntimeFailure
+from autopipe.load import LoadedModel, load_model, parse_kwargs
+from autopipe.plans import Plan
+from autopipe.runtime import checkpoint
+from autopipe.runtime.comm import Comm
+from autopipe.runtime.engine import IterationResult, PipelineEngine
+from autopipe.runtime.measure import state_bytes
+from autopipe.runtime.microbatch import flat_inputs, split_batch, split_flat
+from autopipe.runtime.options import RunOptions
+from autopipe.runtime.routing import make_routing
+from autopipe.runtime.shapes import value_specs
+from autopipe.schedules import make_schedule
+from autopipe.split import Split, split_model
+from autopipe.trace import TracedModel, trace_model
+
+_BATCH_LOCK = threading.Lock()
+
+__all__ = ["RankResult", "Rebuilt", "rebuild", "shared_groups", "train_rank"]
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """The model of a plan, rebuilt and traced (one per rank: each rank owns its weights)."""
+
+    loaded: LoadedModel
+    traced: TracedModel
+
+    def copy(self) -> Rebuilt:
+        return Rebuilt(self.loaded, copy.deepcopy(self.traced))
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What one rank measured; plain values, JSON-ready."""
+
+    rank: int
+    stages: tuple[int, ...]
+    iterations: tuple[IterationResult, ...]
+    static_bytes: int  # parameters + gradients + optimizer state of the rank's stages
+    peak_memory_bytes: int
+    memory_kind: str  # how peak_memory_bytes was measured
+    steps_done: int  # including those of a resumed checkpoint
+
+
+def rebuild(plan: Plan, seed: int = 0) -> Rebuilt:
+    """Build and trace the plan's model; PlanError when it no longer matches the plan."""
+    torch.manual_seed(seed)
+    spec = (
+        plan.model_file
+        if plan.factory in ("", "build_model")
+        else f"{plan.model_file}:{plan.factory}"
+    )
+    loaded = load_model(spec, parse_kwargs(plan.model_kwargs))
+    loaded.model.train()
+    u = plan.micro_batch_size
+    traced = trace_model(
+        loaded.model,
+        loaded.make_inputs(u),
+        micro_batch_size=u,
+        tracer=plan.tracer,
+        leaf_modules=plan.leaf_modules,
+        max_blocks=plan.max_blocks,
+        source=loaded.spec.path,
+    )
+    if plan.fingerprint and traced.fingerprint() != plan.fingerprint:
+        raise PlanError(
+            f"{plan.model_file} traces to fingerprint {traced.fingerprint()}, the plan was made for {plan.fingerprint}; "
+            "the model changed since planning: plan again"
+        )
+    return Rebuilt(loaded, traced)
+
+
+def shared_groups(split: Split, ranks: int) -> list[tuple[str, tuple[int, ...]]]:
+    """Shared parameters held by more than one rank, with those ranks (sorted)."""
+    out = []
+    for name, stages in split.shared_params:
+        holders = tuple(sorted({s % ranks for s in stages}))
+        if len(holders) > 1:
+            out.append((name, holders))
+    return out
+
+
+def _output_builder(rebuilt: Rebuilt, split: Split) -> Callable[[list[Any]], object]:
+    """Turn the graph's flat outputs back into what the model returns (for ``loss_fn``)."""
+    if rebuilt.traced.tracer == "fx" or not split.output_is_tuple:
+        if split.output_is_tuple:
+            return tuple
+        return lambda flat: flat[0]
+    try:  # export flattens the output: recover its structure from a fake forward
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        inputs = rebuilt.loaded.make_inputs(rebuilt.traced.micro_batch_size)
+        with mode, torch.no_grad():
+            fake = torch.utils._pytree.tree_map(
+                lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, inputs
+            )
+            from autopipe.load import call_model
+
+            out = call_model(rebuilt.loaded.model, fake)
+        leaves, spec = torch.utils._pytree.tree_flatten(out)
+        if len(leaves) == len(split.output_names):
+            return lambda flat: torch.utils._pytree.tree_unflatten(flat, spec)
+    except Exception:
+        pass
+    return (lambda flat: flat[0]) if len(split.output_names) == 1 else tuple
+
+
+def make_optimizer(params: list[torch.nn.Parameter], options: RunOptions) -> torch.optim.Optimizer:
+    cls = getattr(torch.optim, options.optimizer, None)
+    if cls is None or not isinstance(cls, type) or not issubclass(cls, torch.optim.Optimizer):
+        raise RuntimeFailure(
+            f"unknown optimizer {options.optimizer!r}; name a torch.optim class such as SGD, Adam or AdamW"
+        )
+    extra: dict[str, Any] = dict(options.optimizer_kwargs)
+    opt: torch.optim.Optimizer = cls(params, lr=options.lr, **extra)  # type: ignore[call-arg]
+    return opt
+
+
+def train_rank(
+    plan: Plan,
+    rank: int,
+    comm_factory: Callable[[list[tuple[int, ...]]], Comm],
+    options: RunOptions,
+    rebuilt: Rebuilt | None = None,
+) -> RankResult:
+    """Run ``options.steps`` optimizer steps of ``plan`` as ``rank``."""
+    S = plan.devices
+    rb = rebuilt if rebuilt is not None else rebuild(plan, options.seed)
+    split = split_model(rb.traced, plan)
+    groups = shared_groups(split, S)
+    comm = comm_factory([g for _, g in groups])
+    device = (
+        torch.device(f"cuda:{torch.cuda.current_device()}")
+        if options.device == "cuda"
+        else torch.device("cpu")
+    )
+    u = plan.micro_batch_size
+    example = flat_inputs(
+        [str(n.target) for n in rb.traced.gm.graph.nodes if n.op == "placeholder"],
+        rb.loaded.make_inputs(u),
+    )
+    specs = value_specs(rb.traced.gm, example)
+    mine = [st for st in split.stages if st.rank == rank]
+    for st in mine:
+        st.module.to(device)
+    params = list(
+        dict.fromkeys(p for st in mine for p in st.module.parameters() if p.requires_grad)
+    )
+    optimizer = make_optimizer(params, options)
+    by_name = dict(rb.traced.gm.named_parameters())
+    shared = [(by_name[name], holders) for name, holders in groups if rank in holders]
+    engine = PipelineEngine(
+        mine,
+        make_schedule(plan.schedule, S, plan.micro_batches, plan.virtual)[rank],
+        make_routing(split, S, plan.micro_batches),
+        specs,
+        comm,
+        input_names=split.input_names,
+        output_names=split.output_names,
+        make_output=_output_builder(rb, split),
+        loss_fn=rb.loaded.loss_fn,
+        optimizer=optimizer,
+        shared=shared,
+        recompute=[s.index for s in plan.stages if s.recompute],
+        last_stage=split.last.index,
+        device=device,
+    )
+    done = 0
+    if options.resume:
+        done = checkpoint.load_rank(options.resume, rank, mine, optimizer, plan.fingerprint)
+    targets_of = [str(n.target) for n in rb.traced.gm.graph.nodes if n.op == "placeholder"]
+    iterations = []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for k in range(done, done + options.steps):
+        B, m = plan.batch_size, plan.micro_batches
+        with _BATCH_LOCK:  # thread-ranks share the global RNG
+            torch.manual_seed(options.seed + k + 1)
+            batch = [_to(v, device) for v in flat_inputs(targets_of, rb.loaded.make_inputs(B))]
+            targets = (
+                _to(rb.loaded.make_targets(B), device)
+                if rb.loaded.make_targets is not None
+                else None
+            )
+        iterations.append(engine.train_step(split_flat(batch, B, m), split_batch(targets, B, m), k))
+    static = state_bytes(params, optimizer)
+    if device.type == "cuda":
+        peak, kind = int(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated"
+    else:
+        peak = static + max((it.peak_activation_bytes for it in iterations), default=0)
+        kind = "cpu count: parameters + gradients + optimizer state + peak saved activations"
+    if options.save_checkpoint:
+        names = checkpoint.aliases(rb.loaded.model)
+        checkpoint.save_rank(
+            options.save_checkpoint, rank, mine, optimizer, done + options.steps, names
+        )
+        comm.barrier()
+        if rank == 0:
+            checkpoint.write_meta(
+                options.save_checkpoint, plan.fingerprint, done + options.steps, len(split.stages)
+            )
+    return RankResult(
+        rank,
+        tuple(st.index for st in mine),
+        tuple(iterations),
+        static,
+        peak,
+        kind,
+        done + options.steps,
+    )
+
+
+def _to(x: Any, device: torch.device) -> Any:
+    return torch.utils._pytree.tree_map(
+        lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, x
+    )

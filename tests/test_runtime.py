@@ -1,0 +1,294 @@
+"""Tests for the pipeline executor: transparency, faults, checkpoints, reports.
+
+Transparency (torchgpipe's test): training with the pipeline equals single-process training
+of the unsplit model — loss and every parameter after 3 optimizer steps within 1e-5 — for
+every schedule, a model with long skips, one with tied weights and a Hugging Face GPT-2
+traced by torch.export. Most cases run the ranks as threads (same engine, in-memory
+transport); the gloo cases start real processes through the launcher and the CLI.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from autopipe.errors import RuntimeFailure
+from autopipe.plans import Plan
+from autopipe.runtime import Rebuilt, RunOptions, assemble_state_dict, rebuild, run_threads
+from autopipe.runtime.launch import launch
+from autopipe.runtime.microbatch import split_batch, split_flat
+from autopipe.runtime.report import chrome_trace, compare, format_report
+from autopipe.runtime.results import RunResult
+from autopipe.runtime.routing import BACKWARD, FORWARD, make_routing
+from autopipe.split import split_model
+from autopipe_cli.main import main
+from tests.runtime_helpers import even_plan, max_diff, reference_training
+
+torch.set_num_threads(1)
+
+GPT = ("models/gpt.py", {"n_layer": 2, "n_embd": 32, "vocab_size": 64, "block_size": 16})
+SKIP = ("tests/fixtures/skip_mlp.py", {})
+HF = ("tests/fixtures/hf_gpt2.py", {})
+FAULTY = "tests/fixtures/faulty.py"
+STEPS, LR, TOL = 3, 0.1, 1e-5
+
+
+@functools.cache
+def _reference(model: str, steps: int = STEPS) -> tuple[list[float], dict[str, torch.Tensor]]:
+    file, kwargs = {"gpt": GPT, "skip": SKIP, "hf": HF}[model]
+    return reference_training(file, kwargs, steps=steps, batch_size=8, lr=LR)
+
+
+@functools.cache
+def _plan(
+    model: str, stages: int, schedule: str, virtual: int = 1, recompute: tuple[int, ...] = ()
+) -> Plan:
+    file, kwargs = {"gpt": GPT, "skip": SKIP, "hf": HF}[model]
+    return even_plan(
+        file, kwargs, stages=stages, schedule=schedule, virtual=virtual, recompute=recompute
+    )
+
+
+def _run(
+    plan: Plan, tmp: Path, steps: int = STEPS, **kw: object
+) -> tuple[RunResult, dict[str, torch.Tensor]]:
+    folder = tmp / "ckpt"
+    opts = RunOptions(
+        steps=steps, optimizer="SGD", lr=LR, timeout_s=30, save_checkpoint=str(folder), **kw
+    )  # type: ignore[arg-type]
+    result = RunResult(tuple(run_threads(plan, opts, _rebuilt_for(plan))))
+    return result, assemble_state_dict(folder)
+
+
+_REBUILT: dict[tuple[str, int], Rebuilt] = {}
+
+
+def _rebuilt_for(plan: Plan) -> Rebuilt:
+    """Trace each model once for all its plans (the plans differ only in their cuts)."""
+    key = (plan.model_file, plan.micro_batch_size)
+    if key not in _REBUILT:
+        _REBUILT[key] = rebuild(plan)
+    return _REBUILT[key]
+
+
+CASES = [
+    # model, ranks, schedule, virtual, recomputed stages
+    ("skip", 2, "gpipe", 1, ()),
+    ("skip", 2, "1f1b", 1, ()),
+    ("skip", 2, "interleaved-1f1b", 2, ()),
+    ("skip", 2, "zb-h1", 1, ()),
+    ("skip", 4, "gpipe", 1, ()),
+    ("skip", 4, "1f1b", 1, (1, 2)),
+    ("skip", 4, "interleaved-1f1b", 2, ()),
+    ("skip", 4, "zb-h1", 1, (0, 3)),
+    ("gpt", 2, "gpipe", 1, ()),
+    ("gpt", 2, "1f1b", 1, ()),
+    ("gpt", 2, "interleaved-1f1b", 2, ()),
+    ("gpt", 2, "zb-h1", 1, ()),
+    ("gpt", 2, "1f1b", 1, (0, 1)),
+    ("gpt", 2, "zb-h1", 1, (1,)),
+    ("gpt", 4, "1f1b", 1, ()),
+    ("hf", 2, "gpipe", 1, ()),
+    ("hf", 2, "1f1b", 1, (1,)),
+    ("hf", 2, "interleaved-1f1b", 2, ()),
+    ("hf", 2, "zb-h1", 1, ()),
+]
+
+
+@pytest.mark.parametrize(("model", "ranks", "schedule", "virtual", "recompute"), CASES)
+def test_pipeline_training_equals_unsplit_training(
+    model: str, ranks: int, schedule: str, virtual: int, recompute: tuple[int, ...], tmp_path: Path
+) -> None:
+    plan = _plan(model, ranks, schedule, virtual, recompute)
+    ref_losses, ref_state = _reference(model)
+    result, state = _run(plan, tmp_path)
+    assert len(result.losses) == STEPS
+    assert max(abs(a - b) for a, b in zip(result.losses, ref_losses, strict=True)) <= TOL
+    assert set(state) == set(ref_state)  # the whole state_dict, original names (tied ones too)
+    assert max_diff(state, ref_state) <= TOL
+    assert max_diff(state, _reference(model, 0)[1]) > 1e-3  # training moved the weights
+
+
+def test_adam_matches_unsplit_training(tmp_path: Path) -> None:
+    plan = _plan("skip", 2, "1f1b")
+    file, kwargs = SKIP
+    ref_losses, ref_state = reference_training(
+        file, kwargs, steps=STEPS, batch_size=8, lr=1e-2, optimizer="Adam"
+    )
+    opts = RunOptions(steps=STEPS, optimizer="Adam", lr=1e-2, save_checkpoint=str(tmp_path))
+    result = RunResult(tuple(run_threads(plan, opts)))
+    assert max(abs(a - b) for a, b in zip(result.losses, ref_losses, strict=True)) <= TOL
+    assert max_diff(assemble_state_dict(tmp_path), ref_state) <= 1e-4
+
+
+def test_resume_continues_bit_for_bit(tmp_path: Path) -> None:
+    plan = _plan("gpt", 2, "zb-h1")
+    base = dict(optimizer="Adam", lr=1e-2, timeout_s=30)
+    run_threads(plan, RunOptions(steps=4, save_checkpoint=str(tmp_path / "full"), **base))  # type: ignore[arg-type]
+    run_threads(plan, RunOptions(steps=2, save_checkpoint=str(tmp_path / "half"), **base))  # type: ignore[arg-type]
+    resumed = RunOptions(
+        steps=2, resume=str(tmp_path / "half"), save_checkpoint=str(tmp_path / "end"), **base
+    )  # type: ignore[arg-type]
+    results = run_threads(plan, resumed)
+    assert results[0].steps_done == 4
+    full, end = assemble_state_dict(tmp_path / "full"), assemble_state_dict(tmp_path / "end")
+    assert set(full) == set(end)
+    assert all(torch.equal(full[k], end[k]) for k in full)
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def test_routing_gives_every_message_its_own_tag() -> None:
+    plan = _plan("skip", 2, "interleaved-1f1b", 2)
+    split = split_model(rebuild(plan).traced, plan)
+    routing = make_routing(split, 2, plan.micro_batches)
+    tags = [
+        routing.tag(p, v, r, i, d, s)
+        for (p, v, r) in routing.edges
+        for i in range(plan.micro_batches)
+        for d in (FORWARD, BACKWARD)
+        for s in (0, 1)
+    ]
+    assert len(tags) == len(set(tags))
+    # the first encoder output skips straight to the decoder stage that reads it
+    down0 = split.stages[0].outputs
+    assert any(r >= 2 for (p, v, r) in routing.edges if p == 0 and v in down0)
+
+
+def test_micro_batches_cut_the_batch_dimension_only() -> None:
+    x, mask = torch.arange(8.0).reshape(8, 1), torch.ones(3)
+    mbs = split_flat([x, mask, 5], 8, 4)
+    assert [mb[0].flatten().tolist() for mb in mbs] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert all(mb[1] is mask and mb[2] == 5 for mb in mbs)
+    assert [t[0].tolist() for t in split_batch((torch.arange(4),), 4, 2)] == [[0, 1], [2, 3]]
+
+
+def test_report_and_chrome_trace(tmp_path: Path) -> None:
+    plan = _plan("skip", 2, "zb-h1")
+    result = RunResult(tuple(run_threads(plan, RunOptions(steps=2))))
+    rows = {r.what: r for r in compare(plan, result)}
+    assert {
+        "stage 0 F",
+        "stage 1 B",
+        "stage 1 W",
+        "iteration",
+        "bubble",
+        "peak memory rank 1",
+    } <= set(rows)
+    assert all(r.measured > 0 for r in rows.values() if r.what != "bubble")
+    assert rows["iteration"].error_pct == pytest.approx(
+        (rows["iteration"].measured / plan.iteration_time_s - 1) * 100
+    )
+    assert "predicted" in format_report(plan, result)
+    events = [e for e in chrome_trace(result)["traceEvents"] if e["ph"] == "X"]
+    assert len(events) == 2 * 3 * 4 * 2  # steps x (F, B, W) x micro-batches x stages
+    assert {e["tid"] for e in events} == {0, 1}
+    assert RunResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
+
+
+def test_thread_rank_error_is_raised() -> None:
+    plan = even_plan(FAULTY, {}, stages=2, schedule="1f1b", leaf_modules=("Bomb",))
+    with pytest.raises(RuntimeFailure, match="unknown optimizer"):
+        run_threads(plan, RunOptions(optimizer="NoSuchOpt"))
+
+
+# ----------------------------------------------------------------------------- processes (gloo)
+
+
+def test_cli_run_with_gloo_equals_unsplit_training_and_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = _plan("gpt", 2, "1f1b", 1, (1,))
+    plan.save(tmp_path / "plan.json")
+    common = [str(tmp_path / "plan.json"), "--optimizer", "SGD", "--lr", str(LR), "--timeout", "30"]
+    code = main(
+        [
+            "run",
+            *common,
+            "--steps",
+            "3",
+            "--save-checkpoint",
+            str(tmp_path / "c3"),
+            "--trace",
+            str(tmp_path / "t.json"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "stage 1 B" in out and "bubble" in out and "loss per step" in out
+    assert max_diff(assemble_state_dict(tmp_path / "c3"), _reference("gpt")[1]) <= TOL
+    assert {e.get("tid") for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]} >= {
+        0,
+        1,
+    }
+    code = main(
+        [
+            "run",
+            *common,
+            "--steps",
+            "1",
+            "--resume",
+            str(tmp_path / "c3"),
+            "--save-checkpoint",
+            str(tmp_path / "c4"),
+            "--json",
+        ]
+    )
+    assert code == 0
+    assert len(json.loads(capsys.readouterr().out)["losses"]) == 1
+    run_threads(
+        plan, RunOptions(steps=4, optimizer="SGD", lr=LR, save_checkpoint=str(tmp_path / "t4"))
+    )
+    threads, procs = assemble_state_dict(tmp_path / "t4"), assemble_state_dict(tmp_path / "c4")
+    assert all(torch.equal(threads[k], procs[k]) for k in threads)
+
+
+def test_four_gloo_ranks_with_skips_equal_unsplit_training(tmp_path: Path) -> None:
+    plan = _plan("skip", 4, "interleaved-1f1b", 2)
+    result = launch(
+        plan,
+        RunOptions(
+            steps=STEPS, optimizer="SGD", lr=LR, timeout_s=30, save_checkpoint=str(tmp_path)
+        ),
+    )
+    ref_losses, ref_state = _reference("skip")
+    assert max(abs(a - b) for a, b in zip(result.losses, ref_losses, strict=True)) <= TOL
+    assert max_diff(assemble_state_dict(tmp_path), ref_state) <= TOL
+
+
+@pytest.mark.parametrize(("fault", "message"), [("raise:1", "rank 1 failed: RuntimeError: boom (tests/fixtures/faulty.py:"),
+                                                ("kill:1", "rank 1 failed: killed by SIGKILL")])  # fmt: skip
+def test_a_failing_rank_ends_the_run_naming_it(
+    fault: str,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    plan = even_plan(FAULTY, {}, stages=2, schedule="1f1b", leaf_modules=("Bomb",))
+    plan.save(tmp_path / "plan.json")
+    monkeypatch.setenv("AUTOPIPE_TEST_FAULT", fault)
+    start = time.monotonic()
+    code = main(["run", str(tmp_path / "plan.json"), "--steps", "3", "--timeout", "3"])
+    elapsed = time.monotonic() - start
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert err[-1].startswith(f"autopipe: error: {message}")
+    assert elapsed < 40  # process start-up (importing torch) plus far less than a hang
+
+
+def test_a_hung_rank_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = even_plan(FAULTY, {}, stages=2, schedule="1f1b", leaf_modules=("Bomb",))
+    monkeypatch.setenv("AUTOPIPE_TEST_FAULT", "hang:1")
+    with pytest.raises(
+        RuntimeFailure,
+        match=r"rank 0 failed: receiving from rank 1 failed: .*(Timed out|timed out)",
+    ) as info:
+        launch(plan, RunOptions(steps=1, timeout_s=2))
+    assert info.value.rank == 0
