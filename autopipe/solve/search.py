@@ -33,6 +33,7 @@ from autopipe.schedules import SCHEDULES, make_schedule
 from autopipe.simulate import CompiledSchedule, StageCost, Summary, Timeline, compile_schedule, simulate, simulate_summary
 from autopipe.solve.chain import solve_chain
 from autopipe.solve.greedy import solve_fast
+from autopipe.solve.ilp import solve_ilp
 from autopipe.solve.min_memory import min_memory_limit
 from autopipe.solve.problem import Partition, PartitionProblem, Tensor, contiguous_assignment, evaluate, stage_stats
 from autopipe.solve.units import format_bytes
@@ -45,6 +46,9 @@ _EXACT_DP_LIMIT = 4_000_000  # n^2 * S above which the bisection solver replaces
 _SIMULATION_BUDGET = 400_000  # simulated actions; above it only the best estimates are simulated
 _SIMULATE_TOP = 3
 _BASELINES = ("even-layers", "by-params", "greedy-time")
+_ILP_MAX_BLOCKS = 48  # DAGs up to this many blocks also get the ILP's free placement
+_ILP_DECISIONS = 2
+_ILP_TIME_LIMIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ class _Decision:
 @dataclass(frozen=True)
 class _Candidate:
     decision: _Decision
-    source: str  # "solver" or a baseline name
+    source: str  # "solver", "ilp" or a baseline name
     problem: PartitionProblem
     partition: Partition
     estimate_s: float
@@ -111,8 +115,41 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
         worst = min(max(t.peak_memory_bytes) for _, t in simulated)
         raise _infeasible(profile, request, worst)
     fitting.sort(key=lambda ct: (ct[1].iteration_s, _order(ct[0])))
+    fitting = _refine_with_ilp(profile, request, fitting)
     best, timeline = fitting[0]
     return _make_plan(profile, request, best, timeline, fitting, simulated)
+
+
+def _is_dag(profile: Profile) -> bool:
+    return any(t.src >= 0 and any(d != t.src + 1 for d in t.dsts) for t in profile.tensors)
+
+
+def _refine_with_ilp(
+    profile: Profile, req: PlanRequest, fitting: list[tuple[_Candidate, Summary]]
+) -> list[tuple[_Candidate, Summary]]:
+    """On a small DAG (skip connections), let the ILP place blocks freely — any assignment
+    monotone along the edges, not only contiguous ranges of one topological order — for the
+    best decisions, and keep its partition where the simulator says it is faster."""
+    if not _is_dag(profile) or profile.num_blocks > _ILP_MAX_BLOCKS:
+        return fitting
+    extra = []
+    tried = set()
+    for c, _ in fitting:
+        if len(tried) == _ILP_DECISIONS:
+            break
+        if c.decision in tried:
+            continue
+        tried.add(c.decision)
+        try:
+            part = solve_ilp(c.problem, time_limit_s=_ILP_TIME_LIMIT_S)
+        except (InfeasibleError, PlanError):
+            continue
+        if part.stage_of_block != c.partition.stage_of_block:
+            cand = _candidate(c.decision, "ilp", c.problem, part)
+            t = _timeline(profile, req, cand)
+            if _fits(t, req):
+                extra.append((cand, t))
+    return sorted(fitting + extra, key=lambda ct: (ct[1].iteration_s, _order(ct[0])))
 
 
 # --------------------------------------------------------------------------- decisions
@@ -289,7 +326,7 @@ def _fits(t: Summary, req: PlanRequest) -> bool:
 
 def _order(c: _Candidate) -> tuple[int, int, int, int]:
     d = c.decision
-    sources = ("solver", *_BASELINES)
+    sources = ("solver", "ilp", *_BASELINES)
     return (SEARCH_SCHEDULES.index(d.schedule), d.virtual, d.micro_batches, sources.index(c.source))
 
 
