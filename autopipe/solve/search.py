@@ -22,6 +22,8 @@ also reported as baselines, priced the same way.
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,8 +45,6 @@ __all__ = ["SEARCH_SCHEDULES", "PlanRequest", "default_link", "plan_pipeline", "
 SEARCH_SCHEDULES = ("1f1b", "zb-h1", "gpipe", "interleaved-1f1b")  # ties go to the first
 _VIRTUAL_CHOICES = (2, 4)
 _EXACT_DP_LIMIT = 4_000_000  # n^2 * S above which the bisection solver replaces the DP
-_SIMULATION_BUDGET = 400_000  # simulated actions; above it only the best estimates are simulated
-_SIMULATE_TOP = 3
 _BASELINES = ("even-layers", "by-params", "greedy-time")
 _ILP_MAX_BLOCKS = 48  # DAGs up to this many blocks also get the ILP's free placement
 _ILP_DECISIONS = 2
@@ -81,16 +81,52 @@ class _Candidate:
     source: str  # "solver", "ilp" or a baseline name
     problem: PartitionProblem
     partition: Partition
-    estimate_s: float
+    costs: list[StageCost] | None = None  # per stage, filled when the candidate is made
 
 
 def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
-    """The best plan for ``profile`` under ``request`` (see the module docstring)."""
+    """The best plan for ``profile`` under ``request`` (see the module docstring).
+
+    Best-first branch and bound: decisions are opened in the order of a lower bound on any
+    plan they can give (:func:`_decision_bound`), candidates simulated in the order of a
+    lower bound on their own iteration time (:func:`_candidate_bound`); the search stops when
+    no bound left is below the best simulated plan that fits. Nothing skipped can be faster.
+    """
     _validate(profile, request)
-    candidates: list[_Candidate] = []
-    smallest_fit = math.inf
+    decisions = sorted(
+        _decisions(profile, request),
+        key=lambda d: (_decision_bound(profile, request, d), _order_key(d)),
+    )
+    simulated: list[tuple[_Candidate, Summary]] = []
+    queue: list[tuple[float, int, _Candidate]] = []  # (bound, tie-break, candidate)
+    best = math.inf
     infeasible: dict[tuple[str, int], tuple[int, PartitionProblem]] = {}
-    for decision in _decisions(profile, request):
+    next_decision = 0
+    counter = itertools.count()
+    expand: dict[_Decision, tuple[PartitionProblem, _BlockTimes]] = {}
+    while True:
+        open_bound = _decision_bound(profile, request, decisions[next_decision]) if next_decision < len(decisions) else math.inf
+        if queue and queue[0][0] <= open_bound:
+            bound, _, c = heapq.heappop(queue)
+            if bound >= best * (1 + 1e-12):
+                break
+            t = _timeline(profile, request, c)
+            simulated.append((c, t))
+            if _fits(t, request):
+                best = min(best, t.iteration_s)
+            if c.source == "solver":
+                # The simple splits of this decision are candidates too (and so never win).
+                problem, times = expand.pop(c.decision)
+                for name in _BASELINES:
+                    part = evaluate(problem, _baseline_assignment(name, profile, problem, c.decision))
+                    if part.fits and part.stage_of_block != c.partition.stage_of_block:
+                        b = _candidate(c.decision, name, problem, part, times)
+                        heapq.heappush(queue, (_candidate_bound(profile, request, b), next(counter), b))
+            continue
+        if open_bound >= best * (1 + 1e-12) or next_decision >= len(decisions):
+            break
+        decision = decisions[next_decision]
+        next_decision += 1
         problem = _problem(profile, request, decision)
         try:
             solved = _solve(problem)
@@ -100,24 +136,74 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
             if decision.micro_batches > infeasible.get(key, (0, problem))[0]:
                 infeasible[key] = (decision.micro_batches, problem)
             continue
-        candidates.append(_candidate(decision, "solver", problem, solved))
-        for name in _BASELINES:
-            part = evaluate(problem, _baseline_assignment(name, profile, problem, decision))
-            if part.fits:
-                candidates.append(_candidate(decision, name, problem, part))
-    if not candidates:
+        times = _BlockTimes.of(profile, request.batch_size // decision.micro_batches)
+        c = _candidate(decision, "solver", problem, solved, times)
+        heapq.heappush(queue, (_candidate_bound(profile, request, c), next(counter), c))
+        expand[decision] = (problem, times)
+    if not simulated:
+        smallest_fit = math.inf
         for (_, v), (_, problem) in infeasible.items():
             smallest_fit = min(smallest_fit, min_memory_limit(problem) * v)
         raise _infeasible(profile, request, smallest_fit)
-    simulated = _simulate_best(profile, request, candidates)
     fitting = [(c, t) for c, t in simulated if _fits(t, request)]
     if not fitting:
-        worst = min(max(t.peak_memory_bytes) for _, t in simulated)
-        raise _infeasible(profile, request, worst)
+        raise _infeasible(profile, request, min(max(t.peak_memory_bytes) for _, t in simulated))
     fitting.sort(key=lambda ct: (ct[1].iteration_s, _order(ct[0])))
     fitting = _refine_with_ilp(profile, request, fitting)
-    best, timeline = fitting[0]
-    return _make_plan(profile, request, best, timeline, fitting, simulated)
+    best_candidate, timeline = fitting[0]
+    return _make_plan(profile, request, best_candidate, timeline, fitting, simulated)
+
+
+def _order_key(d: _Decision) -> tuple[int, int, int]:
+    return (SEARCH_SCHEDULES.index(d.schedule), d.virtual, d.micro_batches)
+
+
+def _candidate_bound(profile: Profile, req: PlanRequest, c: _Candidate) -> float:
+    """A time the simulator cannot beat for this candidate (its cuts are known now).
+
+    Rank r cannot start before micro-batch 0's forward reaches its first stage r; it runs
+    all m F and m B of its stages (r, r + S, ...) before its last B ends; and after that B
+    the gradient still crosses every stage before r. Every rank also works m times its
+    stages' F + B + W, and micro-batch 0 makes the whole round trip.
+    """
+    d = c.decision
+    u = req.batch_size // d.micro_batches
+    costs = _stage_costs(profile, c, u)
+    m, S = d.micro_batches, req.stages
+    split = d.schedule == "zb-h1"
+    f = [x.forward_s for x in costs]
+    b = [x.backward_input_s if split else x.backward_s for x in costs]
+    w = [x.backward_weight_s if split else 0.0 for x in costs]
+    comm = c.partition.comm_s
+    busy = [0.0] * S
+    work = [0.0] * S
+    for j in range(len(costs)):
+        busy[j % S] += m * (f[j] + b[j] + w[j])
+        work[j % S] += m * (f[j] + b[j])
+    bound = max(max(busy), sum(f) + sum(b) + 2 * sum(comm))
+    before = 0.0
+    for r in range(S):
+        bound = max(bound, before + work[r])
+        before += f[r] + b[r] + (2 * comm[r] if r < len(comm) else 0.0)
+    return bound
+
+
+def _decision_bound(profile: Profile, req: PlanRequest, d: _Decision) -> float:
+    """A time no plan of decision ``d`` can beat, whatever its cuts (so the search may skip it).
+
+    Micro-batch 0 runs forward through every stage and back, one action after another, so
+    the iteration takes at least the model's whole F + B for one micro-batch (B: the input-
+    gradient part when W is split off); and the ranks share m times the model's total work, so
+    the busiest works at least a 1/S share of it.
+    """
+    u = req.batch_size // d.micro_batches
+    blocks = profile.blocks
+    total = sum(b.forward_s(u) + b.backward_s(u) for b in blocks)
+    if d.schedule == "zb-h1":
+        chain = sum(b.forward_s(u) + b.backward_input_s(u) for b in blocks)
+    else:
+        chain = total
+    return max(chain, d.micro_batches * total / req.stages)
 
 
 def _is_dag(profile: Profile) -> bool:
@@ -263,32 +349,60 @@ def _greedy_split(times: Sequence[float], S: int) -> list[int]:
 # --------------------------------------------------------------------------- simulation
 
 
-def _candidate(decision: _Decision, source: str, problem: PartitionProblem, part: Partition) -> _Candidate:
-    m, v, S = decision.micro_batches, decision.virtual, problem.stages // decision.virtual
-    per_rank = [0.0] * S
-    for j, t in enumerate(part.stage_time_s):
-        per_rank[j % S] += t
-    estimate = (m - 1) * max(per_rank) + sum(part.stage_time_s) / v + 2 * sum(part.comm_s)
-    return _Candidate(decision, source, problem, part, estimate)
+def _candidate(
+    decision: _Decision, source: str, problem: PartitionProblem, part: Partition, times: _BlockTimes | None = None
+) -> _Candidate:
+    return _Candidate(decision, source, problem, part, _costs_of(problem, part, times) if times is not None else None)
+
+
+@dataclass(frozen=True)
+class _BlockTimes:
+    """Per-block times at one micro-batch size (computed once per decision)."""
+
+    f: tuple[float, ...]
+    b: tuple[float, ...]
+    bi: tuple[float, ...]
+    w: tuple[float, ...]
+
+    @staticmethod
+    def of(profile: Profile, u: int) -> _BlockTimes:
+        bs = profile.blocks
+        return _BlockTimes(
+            tuple(x.forward_s(u) for x in bs),
+            tuple(x.backward_s(u) for x in bs),
+            tuple(x.backward_input_s(u) for x in bs),
+            tuple(x.backward_weight_s(u) for x in bs),
+        )
 
 
 def _stage_costs(profile: Profile, c: _Candidate, u: int) -> list[StageCost]:
-    stats = stage_stats(c.problem, c.partition.stage_of_block)
+    """What each stage of ``c`` costs per micro-batch, recomputation included."""
+    if c.costs is not None:
+        return c.costs
+    times = _BlockTimes.of(profile, u)
+    return _costs_of(c.problem, c.partition, times)
+
+
+def _costs_of(problem: PartitionProblem, part: Partition, t: _BlockTimes) -> list[StageCost]:
+    stats = stage_stats(problem, part.stage_of_block)
+    n = problem.stages
+    f, b, bi, w = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
+    for i, s in enumerate(part.stage_of_block):
+        f[s] += t.f[i]
+        b[s] += t.b[i]
+        bi[s] += t.bi[i]
+        w[s] += t.w[i]
     costs = []
-    for s in range(c.problem.stages):
-        members = [i for i, x in enumerate(c.partition.stage_of_block) if x == s]
-        f = sum(profile.blocks[i].forward_s(u) for i in members)
-        b = sum(profile.blocks[i].backward_s(u) for i in members)
-        bi = sum(profile.blocks[i].backward_input_s(u) for i in members)
-        w = sum(profile.blocks[i].backward_weight_s(u) for i in members)
-        rc = c.partition.recompute[s]
+    for s in range(n):
+        rc = part.recompute[s]
         held = stats.in_bytes[s] if rc else stats.act[s]
+        extra = f[s] if rc else 0.0
         costs.append(
             StageCost(
-                forward_s=f,
-                backward_s=b + (f if rc else 0.0),
-                backward_input_s=bi + (f if rc else 0.0),
-                backward_weight_s=w,
+                forward_s=f[s],
+                backward_s=b[s] + extra,
+                backward_input_s=bi[s] + extra,
+                backward_weight_s=w[s],
                 activation_bytes=held,
                 weight_grad_bytes=held,
                 transient_bytes=stats.act[s] if rc else 0.0,
@@ -309,15 +423,6 @@ def _timeline(profile: Profile, req: PlanRequest, c: _Candidate) -> Summary:
     u = req.batch_size // d.micro_batches
     compiled = _compiled(d.schedule, req.stages, d.micro_batches, d.virtual)
     return simulate_summary(compiled, _stage_costs(profile, c, u), c.partition.comm_s)
-
-
-def _simulate_best(profile: Profile, req: PlanRequest, cs: list[_Candidate]) -> list[tuple[_Candidate, Summary]]:
-    """Simulate every candidate, or the best by estimate when that would take too long."""
-    actions = sum(3 * c.problem.stages * c.decision.micro_batches for c in cs)
-    chosen = cs
-    if actions > _SIMULATION_BUDGET:
-        chosen = sorted(cs, key=lambda c: (c.estimate_s, _order(c)))[:_SIMULATE_TOP]
-    return [(c, _timeline(profile, req, c)) for c in chosen]
 
 
 def _fits(t: Summary, req: PlanRequest) -> bool:
