@@ -93,7 +93,7 @@ def text_timeline(plan: Plan, timeline: Timeline, width: int = 100) -> list[str]
     for at in timeline.actions:
         a = at.action
         lo = int(at.start_s / total * width)
-        hi = max(lo + 1, int(round(at.end_s / total * width)))
+        hi = max(lo + 1, round(at.end_s / total * width))
         for c in range(lo, min(hi, width)):
             rows[at.rank][c] = f"[{style[a.kind]}]{a.microbatch % 10}[/]"
     return [f"device {r} │" + "".join(row) + "│" for r, row in enumerate(rows)]

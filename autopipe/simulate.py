@@ -265,10 +265,10 @@ def compile_schedule(schedule: Schedule, stages: int, virtual: int = 1) -> Compi
     # What each action waits for, as keys (see autopipe.schedules.deps).
     needs: list[list[tuple[int, ...]]] = []
     for lst in lists:
-        row = []
+        row: list[tuple[int, ...]] = []
         for k in lst:
             stage, rest = divmod(k, 3 * m)
-            kind, mb = divmod(rest, m)
+            kind = rest // m
             if kind == _F:
                 row.append((k - 3 * m,) if stage > 0 else ())
             elif kind == _B:

@@ -146,7 +146,7 @@ def _check_fingerprint(args: argparse.Namespace, profile: Profile) -> None:
 
 
 def cmd_show(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from autopipe.plans import Plan  # noqa: F811 - the runtime import of the TYPE_CHECKING name
+    from autopipe.plans import Plan
 
     timeline = _timeline_path(args.timeline)
     plan = Plan.load(args.plan)

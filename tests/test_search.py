@@ -10,7 +10,8 @@ import pytest
 from autopipe.costs import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Plan
-from autopipe.simulate import compile_schedule, simulate, simulate_summary
+from autopipe.schedules import make_schedule
+from autopipe.simulate import StageCost, compile_schedule, simulate, simulate_summary
 from autopipe.solve.search import (
     PlanRequest,
     _candidate,
@@ -22,8 +23,6 @@ from autopipe.solve.search import (
     plan_pipeline,
     plan_timeline,
 )
-from autopipe.schedules import make_schedule
-from autopipe.simulate import StageCost
 
 MIB = 2.0**20
 

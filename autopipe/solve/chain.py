@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from autopipe.errors import InfeasibleError
 from autopipe.solve._intervals import (
     Floats,
     in_bytes_matrix,
@@ -29,7 +30,6 @@ from autopipe.solve._intervals import (
     range_sums,
     stage_caps,
 )
-from autopipe.errors import InfeasibleError
 from autopipe.solve.min_memory import infeasible_error
 from autopipe.solve.problem import EPS, Partition, PartitionProblem, contiguous_assignment, evaluate
 

@@ -53,8 +53,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from autopipe.solve._intervals import Floats, InBytes, position_comm, prefix, stage_caps
 from autopipe.errors import InfeasibleError
+from autopipe.solve._intervals import Floats, InBytes, position_comm, prefix, stage_caps
 from autopipe.solve.min_memory import infeasible_error
 from autopipe.solve.problem import Partition, PartitionProblem, contiguous_assignment, evaluate
 

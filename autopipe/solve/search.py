@@ -32,12 +32,27 @@ from autopipe.costs import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Alternative, Baseline, Plan, StagePlan
 from autopipe.schedules import SCHEDULES, make_schedule
-from autopipe.simulate import CompiledSchedule, StageCost, Summary, Timeline, compile_schedule, simulate, simulate_summary
+from autopipe.simulate import (
+    CompiledSchedule,
+    StageCost,
+    Summary,
+    Timeline,
+    compile_schedule,
+    simulate,
+    simulate_summary,
+)
 from autopipe.solve.chain import solve_chain
 from autopipe.solve.greedy import solve_fast
 from autopipe.solve.ilp import solve_ilp
 from autopipe.solve.min_memory import min_memory_limit
-from autopipe.solve.problem import Partition, PartitionProblem, Tensor, contiguous_assignment, evaluate, stage_stats
+from autopipe.solve.problem import (
+    Partition,
+    PartitionProblem,
+    Tensor,
+    contiguous_assignment,
+    evaluate,
+    stage_stats,
+)
 from autopipe.solve.units import format_bytes
 
 __all__ = ["SEARCH_SCHEDULES", "PlanRequest", "default_link", "plan_pipeline", "plan_timeline"]
@@ -219,7 +234,7 @@ def _refine_with_ilp(
     if not _is_dag(profile) or profile.num_blocks > _ILP_MAX_BLOCKS:
         return fitting
     extra = []
-    tried = set()
+    tried: set[_Decision] = set()
     for c, _ in fitting:
         if len(tried) == _ILP_DECISIONS:
             break
@@ -476,7 +491,7 @@ def _make_plan(
             )
         )
     seen = {(d.schedule, d.virtual, d.micro_batches)}
-    alternatives = []
+    alternatives: list[Alternative] = []
     for c, t in fitting[1:]:
         key = (c.decision.schedule, c.decision.virtual, c.decision.micro_batches)
         if key in seen or len(alternatives) >= req.alternatives:
