@@ -26,6 +26,7 @@ from autopipe.plans import Plan
 from autopipe.profile import profile_model
 from autopipe.solve.search import PlanRequest, default_link, plan_pipeline
 from autopipe.trace import trace_model
+from autopipe.units import parse_bytes
 
 __all__ = ["fingerprint_of", "plan", "profile"]
 
@@ -116,7 +117,7 @@ def plan(
     request = PlanRequest(
         stages=stages,
         batch_size=batch_size,
-        memory_bytes=_memory(memory),
+        memory_bytes=parse_bytes(memory, "memory"),
         micro_batches=micro_batches,
         schedule=schedule,
         virtual=virtual,
@@ -125,20 +126,6 @@ def plan(
         link_latency_s=lat if link_latency_s is None else link_latency_s,
     )
     return plan_pipeline(prof, request)
-
-
-def _memory(memory: float | str) -> float:
-    if isinstance(memory, (int, float)):
-        return float(memory)
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "b": 1}
-    text = memory.strip().lower().replace(" ", "")
-    for unit in sorted(units, key=len, reverse=True):
-        if text.endswith(unit):
-            try:
-                return float(text[: -len(unit)]) * units[unit]
-            except ValueError:
-                break
-    raise PlanError(f"memory {memory!r} is not a size; write it like '16GiB' or '80GB' or give bytes")
 
 
 def fingerprint_of(loaded: LoadedModel, prof: Profile) -> str:

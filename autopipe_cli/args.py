@@ -18,9 +18,6 @@ __all__ = [
     "int_list",
     "non_negative_int",
     "output_path",
-    "parse_bytes",
-    "parse_duration",
-    "parse_rate",
     "positive_int",
     "resolve_device",
     "split_names",
@@ -101,46 +98,3 @@ def output_path(text: str, flag: str) -> Path:
         raise UsageError(f"{flag} {text}: folder {path.parent} does not exist; create it or write elsewhere")
     return path
 
-
-_BYTE_UNITS = {
-    "": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
-}  # fmt: skip
-_TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-
-
-def _number_with_unit(text: str, units: dict[str, float], flag: str, example: str) -> float:
-    t = text.strip().lower().replace(" ", "")
-    i = len(t)
-    while i > 0 and not (t[i - 1].isdigit() or t[i - 1] == "."):
-        i -= 1
-    try:
-        value, unit = float(t[:i]), t[i:]
-    except ValueError:
-        raise UsageError(f"{flag} must be a number with a unit, like {example} (got {text!r})") from None
-    if unit not in units:
-        raise UsageError(f"{flag}: unknown unit {unit!r} in {text!r}; write it like {example}")
-    if not value > 0:
-        raise UsageError(f"{flag} must be positive (got {text!r})")
-    return value * units[unit]
-
-
-def parse_bytes(text: str, flag: str) -> float:
-    """``"16GiB"`` -> 17179869184.0; GB/MB are decimal, GiB/MiB (and bare G/M) binary."""
-    return _number_with_unit(text, _BYTE_UNITS, flag, "16GiB or 80GB")
-
-
-def parse_rate(text: str, flag: str) -> float:
-    """``"25GB/s"`` -> 25e9 bytes per second."""
-    t = text.strip()
-    if t.lower().endswith("/s"):
-        t = t[:-2]
-    return _number_with_unit(t, _BYTE_UNITS, flag, "25GB/s")
-
-
-def parse_duration(text: str, flag: str) -> float:
-    """``"20us"`` -> 2e-05 seconds (s, ms, us, ns)."""
-    t = text.strip().lower()
-    if t in ("0", "0s", "0us", "0ms"):
-        return 0.0
-    return _number_with_unit(t, _TIME_UNITS, flag, "20us or 1ms")

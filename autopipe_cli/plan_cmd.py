@@ -9,15 +9,8 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from autopipe_cli.args import (
-    UsageError,
-    default_micro_batch_sizes,
-    output_path,
-    parse_bytes,
-    parse_duration,
-    parse_rate,
-    positive_int,
-)
+from autopipe.units import parse_bytes, parse_duration, parse_rate
+from autopipe_cli.args import UsageError, default_micro_batch_sizes, output_path, positive_int
 from autopipe_cli.render_plan import plan_json, print_plan
 
 if TYPE_CHECKING:

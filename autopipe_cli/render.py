@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from autopipe.costs import Profile
+from autopipe.units import format_count
 
 __all__ = [
     "ProgressCallback",
@@ -41,13 +42,6 @@ def block_out_bytes(profile: Profile, index: int, u: float) -> float:
     return sum(t.bytes(u) for t in profile.tensors if t.src == index)
 
 
-def _count(n: float) -> str:
-    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f}{suffix}"
-    return f"{n:.0f}"
-
-
 def profile_table(profile: Profile) -> Table:
     """One row per block: index, name, params, fwd ms, bwd ms, saved MiB, out MiB (largest u)."""
     u = _largest(profile)
@@ -63,13 +57,13 @@ def profile_table(profile: Profile) -> Table:
     out = [block_out_bytes(profile, i, u) / _MIB for i in range(len(blocks))]
     table.add_column("#", "", justify="right")
     table.add_column("block", "total")
-    table.add_column("params", _count(sum(b.params for b in blocks)), justify="right")
+    table.add_column("params", format_count(sum(b.params for b in blocks)), justify="right")
     table.add_column("fwd ms", f"{sum(fwd):.3f}", justify="right")
     table.add_column("bwd ms", f"{sum(bwd):.3f}", justify="right")
     table.add_column("saved MiB", f"{sum(saved):.2f}", justify="right")
     table.add_column("out MiB", "", justify="right")
     for i, b in enumerate(blocks):
-        table.add_row(str(i), b.name, _count(b.params), f"{fwd[i]:.3f}", f"{bwd[i]:.3f}", f"{saved[i]:.2f}", f"{out[i]:.2f}")
+        table.add_row(str(i), b.name, format_count(b.params), f"{fwd[i]:.3f}", f"{bwd[i]:.3f}", f"{saved[i]:.2f}", f"{out[i]:.2f}")
     return table
 
 

@@ -8,28 +8,12 @@ from rich.console import Console
 from rich.table import Table
 
 from autopipe.plans import Plan
+from autopipe.units import format_bytes, format_count
 
 __all__ = ["plan_json", "print_plan"]
 
-_MIB = 2.0**20
-
-
-def _bytes(n: float) -> str:
-    for scale, unit in ((2.0**40, "TiB"), (2.0**30, "GiB"), (2.0**20, "MiB"), (2.0**10, "KiB")):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
 def _ms(s: float) -> str:
     return f"{s * 1e3:.3f}"
-
-
-def _count(n: float) -> str:
-    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f}{suffix}"
-    return f"{n:.0f}"
 
 
 def stage_table(plan: Plan) -> Table:
@@ -39,8 +23,8 @@ def stage_table(plan: Plan) -> Table:
     for s in plan.stages:
         span = s.blocks[0] if len(s.blocks) == 1 else f"{s.blocks[0]} .. {s.blocks[-1]}"
         t.add_row(
-            str(s.index), str(s.rank), span, str(len(s.blocks)), _count(s.params), _ms(s.forward_s), _ms(s.backward_s),
-            f"{_bytes(s.memory_bytes)} / {_bytes(plan.memory_limit_bytes / plan.virtual)}", "yes" if s.recompute else "",
+            str(s.index), str(s.rank), span, str(len(s.blocks)), format_count(s.params), _ms(s.forward_s), _ms(s.backward_s),
+            f"{format_bytes(s.memory_bytes)} / {format_bytes(plan.memory_limit_bytes / plan.virtual)}", "yes" if s.recompute else "",
         )  # fmt: skip
     return t
 
@@ -51,13 +35,13 @@ def baseline_table(plan: Plan) -> Table:
         t.add_column(col, justify="left" if col in ("split", "blocks per stage") else "right")
     t.add_row(
         "autopipe", "/".join(str(len(s.blocks)) for s in plan.stages), _ms(plan.iteration_time_s), "1.00x",
-        f"{plan.bubble_fraction:.1%}", _bytes(max(plan.peak_memory_bytes)), "yes",
+        f"{plan.bubble_fraction:.1%}", format_bytes(max(plan.peak_memory_bytes)), "yes",
     )  # fmt: skip
     for b in plan.baselines:
         ratio = b.iteration_time_s / plan.iteration_time_s if plan.iteration_time_s else float("nan")
         t.add_row(
             b.name, "/".join(map(str, b.stage_blocks)), _ms(b.iteration_time_s), f"{ratio:.2f}x",
-            f"{b.bubble_fraction:.1%}", _bytes(max(b.peak_memory_bytes)), "yes" if b.fits else "[red]no (OOM)[/]",
+            f"{b.bubble_fraction:.1%}", format_bytes(max(b.peak_memory_bytes)), "yes" if b.fits else "[red]no (OOM)[/]",
         )  # fmt: skip
     return t
 

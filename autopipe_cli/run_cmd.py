@@ -7,11 +7,11 @@ import json
 
 from rich.console import Console
 
+from autopipe.units import parse_duration
 from autopipe_cli.args import (
     UsageError,
     non_negative_int,
     output_path,
-    parse_duration,
     positive_int,
 )
 

@@ -13,7 +13,7 @@ from autopipe.solve.greedy import solve_fast
 from autopipe.solve.ilp import solve_ilp
 from autopipe.solve.min_memory import min_memory_limit
 from autopipe.solve.problem import EPS, Partition, PartitionProblem, Tensor, evaluate
-from autopipe.solve.units import format_bytes
+from autopipe.units import format_bytes
 
 __all__ = [
     "EPS",

@@ -14,7 +14,7 @@ import numpy as np
 from autopipe.errors import InfeasibleError
 from autopipe.solve._intervals import in_bytes_matrix, range_sums
 from autopipe.solve.problem import PartitionProblem
-from autopipe.solve.units import format_bytes
+from autopipe.units import format_bytes
 
 __all__ = ["infeasible_error", "min_memory_limit"]
 

@@ -53,7 +53,7 @@ from autopipe.solve.problem import (
     evaluate,
     stage_stats,
 )
-from autopipe.solve.units import format_bytes
+from autopipe.units import format_bytes
 
 __all__ = ["SEARCH_SCHEDULES", "PlanRequest", "default_link", "plan_pipeline", "plan_timeline"]
 

@@ -1,0 +1,87 @@
+"""Sizes, rates and durations: printed for people, parsed from what people type.
+
+``format_bytes(1.5 * 2**30) == "1.5 GiB"``; ``parse_bytes("16GiB")``, ``parse_bytes("80GB")``
+(GB, MB decimal; GiB, MiB and bare G, M binary), ``parse_rate("25GB/s")``,
+``parse_duration("20us")``. Bad text raises :class:`~autopipe.errors.PlanError` naming
+``what`` (the flag or argument) and an example.
+"""
+
+from __future__ import annotations
+
+import math
+
+from autopipe.errors import PlanError
+
+__all__ = ["format_bytes", "format_count", "parse_bytes", "parse_duration", "parse_rate"]
+
+_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def format_bytes(n: float, *, round_up: bool = False) -> str:
+    """``1.4 GiB``, ``512.0 MiB``, ``12 B``; one decimal, binary units.
+
+    ``round_up`` rounds up at the printed precision, for limits a user will type back in
+    (the printed "smallest limit that fits" must fit).
+    """
+    if math.isinf(n):
+        return "unlimited"
+    for name, size in _UNITS:
+        if abs(n) >= size:
+            value = n / size
+            if round_up:
+                value = math.ceil(value * 10 - 1e-9) / 10
+            return f"{value:.1f} {name}"
+    return f"{math.ceil(n) if round_up else round(n)} B"
+
+
+def format_count(n: float) -> str:
+    """``867.07k``, ``1.49M``, ``175.00B``: parameter counts and the like."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{suffix}"
+    return f"{n:.0f}"
+
+
+_BYTE_UNITS = {
+    "": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}  # fmt: skip
+_TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def _number_with_unit(text: str, units: dict[str, float], what: str, example: str, zero_ok: bool = False) -> float:
+    t = str(text).strip().lower().replace(" ", "")
+    i = len(t)
+    while i > 0 and not (t[i - 1].isdigit() or t[i - 1] == "."):
+        i -= 1
+    try:
+        value, unit = float(t[:i]), t[i:]
+    except ValueError:
+        raise PlanError(f"{what} must be a number with a unit, like {example} (got {text!r})") from None
+    if unit not in units:
+        raise PlanError(f"{what}: unknown unit {unit!r} in {text!r}; write it like {example}")
+    if not (value > 0 or (zero_ok and value == 0)):
+        raise PlanError(f"{what} must be positive (got {text!r})")
+    return value * units[unit]
+
+
+def parse_bytes(text: str | float, what: str = "memory") -> float:
+    """``"16GiB"`` -> 17179869184.0; a number is taken as bytes."""
+    if isinstance(text, (int, float)):
+        if not text > 0:
+            raise PlanError(f"{what} must be positive (got {text!r})")
+        return float(text)
+    return _number_with_unit(text, _BYTE_UNITS, what, "16GiB or 80GB")
+
+
+def parse_rate(text: str, what: str = "bandwidth") -> float:
+    """``"25GB/s"`` -> 25e9 bytes per second."""
+    t = text.strip()
+    if t.lower().endswith("/s"):
+        t = t[:-2]
+    return _number_with_unit(t, _BYTE_UNITS, what, "25GB/s")
+
+
+def parse_duration(text: str, what: str = "latency") -> float:
+    """``"20us"`` -> 2e-05 seconds (s, ms, us, ns); zero allowed."""
+    return _number_with_unit(text, _TIME_UNITS, what, "20us or 1ms", zero_ok=True)
