@@ -1,0 +1,29 @@
+"""The code is linted (ruff) and strictly typed (mypy --strict, configured in pyproject.toml)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tool(name: str) -> list[str]:
+    if shutil.which(name) is None and not (Path(sys.executable).parent / name).exists():
+        pytest.skip(f"{name} is not installed (pip install -e '.[dev]')")
+    return [str(Path(sys.executable).parent / name) if (Path(sys.executable).parent / name).exists() else name]
+
+
+def test_ruff() -> None:
+    result = subprocess.run([*_tool("ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.timeout(300)
+def test_mypy_strict() -> None:
+    result = subprocess.run(_tool("mypy"), cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stdout + result.stderr
