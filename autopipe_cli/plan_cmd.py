@@ -150,7 +150,7 @@ def cmd_show(args: argparse.Namespace, out: Console, err: Console) -> int:
 def _show(plan: Plan, out: Console, as_json: bool, timeline: str | None, wrote: str | None, text_timeline: bool = False) -> None:
     from autopipe.draw import draw_timeline
     from autopipe.draw import text_timeline as text_rows
-    from autopipe.solve.search import plan_timeline
+    from autopipe.solve.results import plan_timeline
 
     simulated = plan_timeline(plan) if (timeline or text_timeline) else None
     if timeline and simulated is not None:

@@ -17,7 +17,8 @@ import sys
 import time
 
 from autopipe.costs import Affine, BlockCost, Profile, TensorCost
-from autopipe.solve.search import PlanRequest, _compiled, plan_pipeline
+from autopipe.solve.pricing import compiled
+from autopipe.solve.search import PlanRequest, plan_pipeline
 
 
 def synthetic_profile(n: int, seed: int = 0) -> Profile:
@@ -50,7 +51,7 @@ def bench(n: int, stages: int, batch: int, memory: float, repeat: int) -> None:
     req = PlanRequest(stages=stages, batch_size=batch, memory_bytes=memory, link_bandwidth=50e9, link_latency_s=1e-5)
     times, plan = [], None
     for _ in range(repeat):
-        _compiled.cache_clear()  # every run starts cold, as one `autopipe plan` does
+        compiled.cache_clear()  # every run starts cold, as one `autopipe plan` does
         t0 = time.perf_counter()
         plan = plan_pipeline(prof, req)
         times.append(time.perf_counter() - t0)

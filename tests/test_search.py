@@ -12,14 +12,12 @@ from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Plan
 from autopipe.schedules import make_schedule
 from autopipe.simulate import StageCost, compile_schedule, simulate, simulate_summary
+from autopipe.solve.pricing import BlockTimes, candidate, compiled
 from autopipe.solve.search import (
     PlanRequest,
-    _candidate,
-    _compiled,
     _decisions,
     _problem,
     _solve,
-    _stage_costs,
     plan_pipeline,
     plan_timeline,
 )
@@ -77,9 +75,8 @@ def test_chosen_plan_is_no_worse_than_any_enumerated_alternative(seed: int) -> N
             part = _solve(problem)
         except InfeasibleError:
             continue
-        c = _candidate(d, "solver", problem, part)
-        costs = _stage_costs(prof, c, req.batch_size // d.micro_batches)
-        t = simulate(make_schedule(d.schedule, req.stages, d.micro_batches, d.virtual), costs, part.comm_s, stages=req.stages)
+        c = candidate(d, "solver", problem, part, BlockTimes.of(prof, req.batch_size // d.micro_batches))
+        t = simulate(make_schedule(d.schedule, req.stages, d.micro_batches, d.virtual), c.costs, part.comm_s, stages=req.stages)
         if all(m <= req.memory_bytes * (1 + 1e-9) for m in t.peak_memory_bytes):
             assert plan.iteration_time_s <= t.iteration_s * (1 + 1e-9), d
     for b in plan.baselines:
@@ -107,13 +104,13 @@ def test_fast_simulation_equals_the_event_simulator(name: str) -> None:
     assert fast.iteration_s == pytest.approx(full.iteration_s, rel=1e-12)
     assert fast.bubble_fraction == pytest.approx(full.bubble_fraction, rel=1e-9)
     assert fast.peak_memory_bytes == pytest.approx(full.peak_memory_bytes, rel=1e-12)
-    assert _compiled(name, S, m, v).rank == compile_schedule(schedule, S, v).rank
+    assert compiled(name, S, m, v).rank == compile_schedule(schedule, S, v).rank
 
 
 def test_plans_are_byte_identical_for_the_same_inputs() -> None:
     prof = random_profile(10, 3, skips=1)
     a = plan_pipeline(prof, _request())
-    _compiled.cache_clear()
+    compiled.cache_clear()
     b = plan_pipeline(Profile.from_json(prof.to_json()), _request())
     assert a.to_json() == b.to_json()
     assert Plan.from_json(a.to_json()) == a

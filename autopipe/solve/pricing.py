@@ -1,0 +1,118 @@
+"""Pricing a candidate plan: per-stage costs from per-block costs, then the simulator.
+
+A :class:`Candidate` is a decision (schedule, virtual stages, micro-batches) with its cuts;
+:func:`costs_of` turns the blocks on each stage into the simulator's per-stage costs (a
+recomputed stage pays one more forward in its backward and keeps only its inputs per
+micro-batch in flight, plus one micro-batch's activations while it recomputes), and
+:func:`price` runs the compiled schedule (:func:`autopipe.simulate.simulate_summary`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from autopipe.costs import Profile
+from autopipe.schedules import SCHEDULES
+from autopipe.simulate import (
+    CompiledSchedule,
+    StageCost,
+    Summary,
+    compile_schedule,
+    simulate_summary,
+)
+from autopipe.solve.problem import Partition, PartitionProblem, stage_stats
+
+__all__ = ["BlockTimes", "Candidate", "Decision", "candidate", "compiled", "costs_of", "fits", "price"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A pipeline decision the search prices: schedule, virtual stages, micro-batches."""
+
+    schedule: str
+    virtual: int
+    micro_batches: int
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A decision with its cuts (a Partition) and what each stage costs."""
+
+    decision: Decision
+    source: str  # "solver", "ilp" or a baseline name
+    problem: PartitionProblem
+    partition: Partition
+    costs: list[StageCost]  # per stage, per micro-batch
+
+
+def candidate(decision: Decision, source: str, problem: PartitionProblem, part: Partition, times: BlockTimes) -> Candidate:
+    return Candidate(decision, source, problem, part, costs_of(problem, part, times))
+
+
+@dataclass(frozen=True)
+class BlockTimes:
+    """Per-block times at one micro-batch size (computed once per decision)."""
+
+    f: tuple[float, ...]
+    b: tuple[float, ...]
+    bi: tuple[float, ...]
+    w: tuple[float, ...]
+
+    @staticmethod
+    def of(profile: Profile, u: int) -> BlockTimes:
+        bs = profile.blocks
+        return BlockTimes(
+            tuple(x.forward_s(u) for x in bs),
+            tuple(x.backward_s(u) for x in bs),
+            tuple(x.backward_input_s(u) for x in bs),
+            tuple(x.backward_weight_s(u) for x in bs),
+        )
+
+
+def costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list[StageCost]:
+    """What each stage costs per micro-batch, recomputation included (for the simulator)."""
+    stats = stage_stats(problem, part.stage_of_block)
+    n = problem.stages
+    f, b, bi, w = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
+    for i, s in enumerate(part.stage_of_block):
+        f[s] += t.f[i]
+        b[s] += t.b[i]
+        bi[s] += t.bi[i]
+        w[s] += t.w[i]
+    costs = []
+    for s in range(n):
+        rc = part.recompute[s]
+        held = stats.in_bytes[s] if rc else stats.act[s]
+        extra = f[s] if rc else 0.0
+        costs.append(
+            StageCost(
+                forward_s=f[s],
+                backward_s=b[s] + extra,
+                backward_input_s=bi[s] + extra,
+                backward_weight_s=w[s],
+                activation_bytes=held,
+                weight_grad_bytes=held,
+                transient_bytes=stats.act[s] if rc else 0.0,
+                static_bytes=stats.static[s],
+            )
+        )
+    return costs
+
+
+@functools.lru_cache(maxsize=128)
+def compiled(name: str, stages: int, micro_batches: int, virtual: int) -> CompiledSchedule:
+    # The generators are tested against the full validator; compiling re-checks the essentials.
+    return compile_schedule(SCHEDULES[name](stages, micro_batches, virtual), stages, virtual)
+
+
+def price(c: Candidate, stages: int) -> Summary:
+    """Simulate candidate ``c`` on ``stages`` devices (iteration, bubble, peak memory)."""
+    d = c.decision
+    schedule = compiled(d.schedule, stages, d.micro_batches, d.virtual)
+    return simulate_summary(schedule, c.costs, c.partition.comm_s)
+
+
+def fits(t: Summary, memory_bytes: float) -> bool:
+    """Every device's simulated peak within ``memory_bytes``."""
+    return all(m <= memory_bytes * (1 + 1e-9) for m in t.peak_memory_bytes)
