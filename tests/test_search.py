@@ -13,14 +13,8 @@ from autopipe.plans import Plan
 from autopipe.schedules import make_schedule
 from autopipe.simulate import StageCost, compile_schedule, simulate, simulate_summary
 from autopipe.solve.pricing import BlockTimes, candidate, compiled
-from autopipe.solve.search import (
-    PlanRequest,
-    _decisions,
-    _problem,
-    _solve,
-    plan_pipeline,
-    plan_timeline,
-)
+from autopipe.solve.results import plan_timeline
+from autopipe.solve.search import PlanRequest, _decisions, _problem, _solve, plan_pipeline
 
 MIB = 2.0**20
 
