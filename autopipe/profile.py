@@ -105,73 +105,101 @@ def measure_blocks(
     repeat: int = 5,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[BlockMeasurement]:
-    """Run every block of ``traced`` alone, in order, and measure it."""
+    """Run every block of ``traced`` alone and measure it.
+
+    First the blocks run once in order, each on what the blocks before it made (its forward
+    graph kept for the backward timings). Then the timing runs go round the blocks: each
+    round times every block once, and a block's figure is the median of its rounds. A burst of
+    other work on a shared machine then slows one round of every block alike instead of all
+    the samples of one block, so the blocks keep their true proportions.
+    """
     gm = traced.gm
     param_storages = {p.untyped_storage().data_ptr() for p in gm.parameters()}
     flat = _flat_inputs(traced, inputs)
     env: dict[str, Any] = dict(zip(traced.input_names, flat, strict=True))
-    results = []
+    runs = []
     for block in traced.blocks:
         seg = extract(gm, block.nodes)
-        args = [_leaf(env[name]) for name in seg.inputs]
-        measurement, outs = _measure(seg.module, args, warmup, repeat, param_storages)
-        for name, o in zip(seg.outputs, outs, strict=True):
+        run = _BlockRun.start(seg.module, [_leaf(env[name]) for name in seg.inputs], param_storages)
+        for name, o in zip(seg.outputs, run.outs, strict=True):
             env[name] = o.detach() if isinstance(o, torch.Tensor) else o
-        results.append(measurement)
-        if progress is not None:
-            progress(block.index + 1, len(traced.blocks))
+        runs.append(run)
+    total = 3 * (warmup + repeat)
+    samples: dict[str, list[list[float]]] = {}
+    done = 0
+    for kind in ("forward", "backward", "backward_input"):
+        rows = samples[kind] = [[] for _ in runs]
+        for r in range(warmup + repeat):
+            for run, row in zip(runs, rows, strict=True):
+                t = _time_once(getattr(run, kind)) if run.has(kind) else 0.0
+                if r >= warmup:
+                    row.append(t)
+            done += 1
+            if progress is not None:
+                progress(done * len(runs) // total, len(runs))
     for p in gm.parameters():
         p.grad = None
-    return results
+    out = []
+    for i, run in enumerate(runs):
+        f, b, bi = (float(statistics.median(samples[k][i])) for k in ("forward", "backward", "backward_input"))
+        out.append(BlockMeasurement(f, b, min(bi, b), run.saved))
+    return out
 
 
-def _measure(
-    module: nn.Module, args: list[Any], warmup: int, repeat: int, exclude: set[int]
-) -> tuple[BlockMeasurement, tuple[Any, ...]]:
-    """Time one block's forward and backward on ``args``; count what it saves."""
+@dataclass
+class _BlockRun:
+    """One block's forward graph, kept so its backward can be timed again and again."""
 
-    def forward() -> Any:
-        return module(*args)
+    module: nn.Module
+    args: list[Any]
+    outs: tuple[Any, ...]
+    diff: list[torch.Tensor]  # outputs that need a gradient
+    grads: list[torch.Tensor]
+    grad_inputs: list[torch.Tensor]  # inputs that need a gradient
+    saved: int  # bytes saved for backward
 
-    forward_s = time_call(forward, warmup, repeat)
-    nbytes = saved_bytes(forward, exclude=exclude)
-    outs = tuple(forward())
-    diff = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
-    grads = [torch.ones_like(o) for o in diff]
-    grad_inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    @staticmethod
+    def start(module: nn.Module, args: list[Any], exclude: set[int]) -> _BlockRun:
+        saved = saved_bytes(lambda: module(*args), exclude=exclude)
+        outs = tuple(module(*args))
+        diff = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+        grad_inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+        return _BlockRun(module, args, outs, diff, [torch.ones_like(o) for o in diff], grad_inputs, saved)
 
-    def backward() -> None:
-        torch.autograd.backward(diff, grads, retain_graph=True)
+    def has(self, kind: str) -> bool:
+        return kind == "forward" or (bool(self.diff) and (kind == "backward" or bool(self.grad_inputs)))
 
-    def backward_input() -> None:
-        torch.autograd.grad(diff, grad_inputs, grads, retain_graph=True, allow_unused=True)
+    def forward(self) -> None:
+        self.module(*self.args)
 
-    backward_s = time_call(backward, warmup, repeat) if diff else 0.0
-    backward_input_s = time_call(backward_input, warmup, repeat) if diff and grad_inputs else 0.0
-    return BlockMeasurement(forward_s, backward_s, min(backward_input_s, backward_s), nbytes), outs
+    def backward(self) -> None:
+        torch.autograd.backward(self.diff, self.grads, retain_graph=True)
+
+    def backward_input(self) -> None:
+        torch.autograd.grad(self.diff, self.grad_inputs, self.grads, retain_graph=True, allow_unused=True)
 
 
 def time_call(fn: Callable[[], object], warmup: int = 2, repeat: int = 5) -> float:
     """Median wall time of ``fn()`` in seconds; CUDA work is synchronised (events on a GPU)."""
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
     for _ in range(warmup):
         fn()
-    samples = []
-    for _ in range(repeat):
-        if cuda:
-            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            torch.cuda.synchronize()
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            samples.append(float(start.elapsed_time(end)) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-    return float(statistics.median(samples))
+    return float(statistics.median(_time_once(fn) for _ in range(repeat)))
+
+
+def _time_once(fn: Callable[[], object]) -> float:
+    """Seconds one call of ``fn`` takes: CUDA events around it on a GPU, a clock on the CPU."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return float(start.elapsed_time(end)) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def saved_bytes(fn: Callable[[], object], exclude: set[int] = frozenset()) -> int:  # type: ignore[assignment]
