@@ -9,10 +9,9 @@ For each action of the rank's list (``autopipe.schedules``), in order::
              the last stage) -> backward -> send the gradient of every received input back
              to its producer.  Full backward (inputs and parameters) when the schedule has no
              W; with W (zero-bubble, Qi et al. 2023) only the input gradients, keeping the
-             graph (``retain_graph``) for ...
-    W(j, i)  ... the parameter gradients, from the same graph and output gradients.
-             (W walks the retained graph again from the outputs: exact, but on this
-             generic path it costs about a full backward, not only the weight-grad kernels.)
+             gradients that flow into the weight-gradient part of the graph for ...
+    W(j, i)  ... the parameter gradients, restarted from those kept gradients: W runs only
+             the weight-gradient kernels (``autopipe.runtime.zerobubble``).
 
 Gradients accumulate in ``.grad`` over the m micro-batches (each loss scaled by 1/m: the mean
 over equal micro-batches is the batch mean), then parameters used by stages on several ranks
@@ -41,6 +40,7 @@ from autopipe.runtime.comm import Comm, Work
 from autopipe.runtime.measure import ActionTimer, SavedBytes
 from autopipe.runtime.routing import BACKWARD, FORWARD, Routing
 from autopipe.runtime.shapes import TensorSpec
+from autopipe.runtime.zerobubble import WeightGrad, backward_input
 from autopipe.schedules import Action
 from autopipe.split import OUTPUT, StageModule
 
@@ -73,6 +73,7 @@ class _Saved:
     loss: torch.Tensor | None
     roots: list[torch.Tensor] = field(default_factory=list)
     grads: list[torch.Tensor | None] = field(default_factory=list)
+    weight: WeightGrad | None = None  # W's half of a split backward
 
 
 class _RestoreBuffers:
@@ -291,15 +292,9 @@ class PipelineEngine:
         names = list(sv.leaves)
         grads: list[torch.Tensor | None] = []
         if self.split_backward:
-            if names and sv.roots:
-                grads = list(
-                    torch.autograd.grad(
-                        sv.roots,
-                        [sv.leaves[n] for n in names],
-                        sv.grads,
-                        retain_graph=True,
-                        allow_unused=True,
-                    )
+            if sv.roots:
+                grads, sv.weight = backward_input(
+                    sv.roots, sv.grads, [sv.leaves[n] for n in names], self.params[j]
                 )
         else:
             if sv.roots:
@@ -318,16 +313,8 @@ class PipelineEngine:
 
     def _w(self, j: int, i: int) -> None:
         sv = self.saved[(j, i)]
-        params = self.params[j]
-        if sv.roots and params:
-            grads = torch.autograd.grad(sv.roots, params, sv.grads, allow_unused=True)
-            with torch.no_grad():
-                for p, g in zip(params, grads, strict=True):
-                    if g is not None:
-                        if p.grad is None:
-                            p.grad = g.detach().clone()
-                        else:
-                            p.grad.add_(g)
+        if sv.weight is not None:
+            sv.weight.run()
         self._free(j, i)
 
     def _free(self, j: int, i: int) -> None:
