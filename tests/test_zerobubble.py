@@ -29,7 +29,7 @@ class Counted(torch.autograd.Function):
 
 
 def chain(m: nn.ModuleDict, x: torch.Tensor) -> list[torch.Tensor]:
-    h = torch.tanh(m["a"](Counted.apply(x)  # type: ignore[no-untyped-call]))
+    h = torch.tanh(m["a"](Counted.apply(x)))  # type: ignore[no-untyped-call]
     return [m["b"](h).sum(-1).mean()]
 
 
