@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from autopipe.errors import RuntimeFailure
+from autopipe.errors import CommunicationError, RuntimeFailure
 from autopipe.plans import Plan
 from autopipe.runtime import Rebuilt, RunOptions, assemble_state_dict, rebuild, run_threads
+from autopipe.runtime.comm import ThreadHub
 from autopipe.runtime.launch import free_port, launch
 from autopipe.runtime.microbatch import split_batch, split_flat
 from autopipe.runtime.report import chrome_trace, compare, format_report
@@ -374,3 +375,15 @@ def test_a_hung_rank_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     ) as info:
         launch(plan, RunOptions(steps=1, timeout_s=2))
     assert info.value.rank == 0
+
+
+def test_thread_comm_matches_receives_by_position_as_nccl_does() -> None:
+    hub = ThreadHub(2, timeout_s=5)
+    a, b = hub.comm(0), hub.comm(1)
+    a.isend(torch.ones(1), 1, tag=7)
+    a.isend(torch.zeros(1), 1, tag=8)
+    out = torch.empty(1)
+    with pytest.raises(CommunicationError, match="expected tag 8, the send has tag 7"):
+        b.irecv(out, 0, tag=8).wait()  # posted first: it meets the first send, not tag 8
+    b.irecv(out, 0, tag=8).wait()
+    assert out.item() == 0.0

@@ -18,8 +18,10 @@ over equal micro-batches is the batch mean), then parameters used by stages on s
 (tied embeddings) get their gradients summed over those ranks — each holds a copy updated
 identically, the same as one shared parameter — and the optimizer steps once.
 
-Receives for the next action are posted before the current one runs, sends are waited on at
-the end of the iteration: transfers overlap compute. Stages marked for recomputation run
+Sends and receives between two ranks are posted in one order both agree on
+(``autopipe.runtime.order``: NCCL matches them by position, not tag); receives as early as
+that order allows, sends as soon as their tensor is made; sends are waited on at the end of
+the iteration: transfers overlap compute. Stages marked for recomputation run
 under ``torch.utils.checkpoint`` (non-reentrant); buffers it would update twice (batch-norm
 running statistics) are restored after the recomputation, so numbers equal a plain run.
 """
@@ -29,15 +31,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from autopipe.errors import RuntimeFailure
 from autopipe.runtime.comm import Comm, Work
 from autopipe.runtime.measure import ActionTimer, SavedBytes
+from autopipe.runtime.order import SEND, MessageKey
 from autopipe.runtime.routing import BACKWARD, FORWARD, Routing
 from autopipe.runtime.shapes import TensorSpec
 from autopipe.runtime.zerobubble import WeightGrad, backward_input
@@ -114,6 +118,7 @@ class PipelineEngine:
         make_output: Callable[[list[Any]], object],
         loss_fn: Callable[[object, object], torch.Tensor],
         optimizer: torch.optim.Optimizer,
+        order: Mapping[int, Sequence[tuple[int, MessageKey]]],
         shared: Sequence[tuple[torch.nn.Parameter, tuple[int, ...]]] = (),
         recompute: Sequence[int] = (),
         last_stage: int,
@@ -122,6 +127,7 @@ class PipelineEngine:
         self.stages = {s.index: s for s in stages}
         self.actions = [a for a in actions if a is not None]
         self.routing, self.specs, self.comm = routing, specs, comm
+        self.order = dict(order)  # peer -> (SEND or RECV, message), in the agreed order
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
         self.make_output, self.loss_fn, self.optimizer = make_output, loss_fn, optimizer
@@ -148,7 +154,9 @@ class PipelineEngine:
         self.mb_inputs = [dict(zip(self.input_names, mb, strict=True)) for mb in inputs]
         self.mb_targets = list(targets)
         self.m = len(self.mb_inputs)
-        self.posted: dict[tuple[Any, ...], tuple[torch.Tensor, Work]] = {}
+        self.posted: dict[MessageKey, tuple[torch.Tensor, Work]] = {}
+        self.made: dict[MessageKey, torch.Tensor] = {}  # sends waiting for their turn
+        self.cursor: dict[int, int] = {}  # peer -> operations posted
         self.local: dict[tuple[Any, ...], torch.Tensor] = {}
         self.sends: list[tuple[Work, torch.Tensor]] = []
         self.saved: dict[tuple[int, int], _Saved] = {}
@@ -157,11 +165,18 @@ class PipelineEngine:
         self.loss_total: torch.Tensor | None = None
         self.comm.barrier()
         start = self.timer.reset()
-        for k, a in enumerate(self.actions):
-            for b in self.actions[k : k + 2]:
-                self._post_receives(b)
+        for peer in self.order:
+            self._pump(peer)
+        for a in self.actions:
             with self.timer.time(a):
                 getattr(self, f"_{a.kind.lower()}")(a.stage, a.microbatch)
+        for peer in self.order:
+            self._pump(peer)
+        if self.made or self.posted:
+            raise RuntimeFailure(
+                f"internal error: rank {self.comm.rank} ended the iteration with messages "
+                f"not sent or not read ({sorted(self.made)[:3]}, {sorted(self.posted)[:3]})"
+            )
         for work, _ in self.sends:
             work.wait()
         records = tuple(ActionRecord(str(a), s, e) for a, s, e in self.timer.results())
@@ -184,53 +199,50 @@ class PipelineEngine:
 
     # ------------------------------------------------------------------ messages
 
-    def _incoming(self, a: Action) -> Iterator[tuple[tuple[Any, ...], int, int]]:
-        """(message key, source rank, tag) of every remote message ``a`` reads."""
-        R, j, i = self.routing, a.stage, a.microbatch
-        me = self.comm.rank
-        if a.kind == "F":
-            for name, src in R.receives[j]:
-                if R.rank_of(src) != me:
-                    yield (
-                        (FORWARD, src, name, j, i),
-                        R.rank_of(src),
-                        R.tag(src, name, j, i, FORWARD, self.step),
-                    )
-        elif a.kind == "B":
-            for name, to in R.readers[j]:
-                if not self.specs[name].requires_grad:
-                    continue
-                for r in to:
-                    if r != OUTPUT and R.rank_of(r) != me:
-                        yield (
-                            (BACKWARD, j, name, r, i),
-                            R.rank_of(r),
-                            R.tag(j, name, r, i, BACKWARD, self.step),
-                        )
-
-    def _post_receives(self, a: Action) -> None:
-        for key, src, tag in self._incoming(a):
-            if key not in self.posted:
-                spec = self.specs[key[2]]
+    def _pump(self, peer: int) -> None:
+        """Post the operations with ``peer`` in their agreed order, up to a send not yet made."""
+        ops, k = self.order.get(peer, []), self.cursor.get(peer, 0)
+        while k < len(ops):
+            op, key = ops[k]
+            direction, producer, name, reader, i = key
+            tag = self.routing.tag(producer, name, reader, i, direction, self.step)
+            if op == SEND:
+                if key not in self.made:
+                    break
+                t = self.made.pop(key)
+                self.sends.append((self.comm.isend(t, peer, tag), t))
+            else:
+                spec = self.specs[name]
                 buf = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
-                self.posted[key] = (buf, self.comm.irecv(buf, src, tag))
+                self.posted[key] = (buf, self.comm.irecv(buf, peer, tag))
+            k += 1
+        self.cursor[peer] = k
 
-    def _take(self, key: tuple[Any, ...], remote: bool) -> torch.Tensor:
+    def _take(self, key: MessageKey, remote: bool) -> torch.Tensor:
         if not remote:
             return self.local.pop(key)
+        if key not in self.posted:
+            self._pump(self._peer(key))
+        if key not in self.posted:
+            raise RuntimeFailure(
+                f"internal error: rank {self.comm.rank} needs message {key} before the agreed "
+                "message order lets it post the receive; please report this with the plan"
+            )
         buf, work = self.posted.pop(key)
         work.wait()
         return buf
 
-    def _send(self, key: tuple[Any, ...], value: torch.Tensor, dst_stage: int) -> None:
-        direction, producer, name, reader, i = key
+    def _peer(self, key: MessageKey) -> int:
+        direction, producer, _, reader, _ = key
+        return self.routing.rank_of(reader if direction == BACKWARD else producer)
+
+    def _send(self, key: MessageKey, value: torch.Tensor, dst_stage: int) -> None:
         dst = self.routing.rank_of(dst_stage)
         if dst == self.comm.rank:
             self.local[key] = value
             return
-        t = value.detach().contiguous()
-        tag = self.routing.tag(producer, name, reader, i, direction, self.step)
-        self.sends.append((self.comm.isend(t, dst, tag), t))
+        self.made[key] = value.detach().contiguous()
+        self._pump(dst)
 
     # ------------------------------------------------------------------ actions
 
