@@ -80,6 +80,10 @@ def worker(plans: list[str], steps: int, out: str) -> None:
             "autopipe_step": [it.step_s for it in res.iterations],
             "autopipe_makespan": [it.makespan_s for it in res.iterations],
         }
+        for it in res.iterations[1:]:  # per stage and kind: seconds of each action
+            for rec in it.records:
+                key = rec.action.split(rec.action.strip("0123456789")[-1])[0] + rec.action.strip("0123456789")[-1]
+                mine.setdefault(key, []).append(rec.end_s - rec.start_s)
         loaded = rebuild_model(plan)
         x, y = loaded.make_inputs(plan.batch_size), loaded.make_targets(plan.batch_size)  # type: ignore[misc]
         stages, schedule = to_torch_pipelining(
@@ -146,6 +150,11 @@ def main() -> None:
             pred = plan.iteration_time_s * 1e3
             print(f"{plan.schedule:9} {ours:>12.2f} {theirs:>9.2f} {ours / theirs:>6.2f} "
                   f"{span:>12.2f} {pred:>13.2f} {(span / pred - 1) * 100:>+6.1f}%")  # fmt: skip
+            for st in plan.stages:
+                got = {k: statistics.median(v) * 1e3 for r in ranks for k, v in r[plan.schedule].items()
+                       if k in (f"{st.index}F", f"{st.index}B")}  # fmt: skip
+                print(f"  stage {st.index}: F {got[f'{st.index}F']:.2f} ms (predicted {st.forward_s * 1e3:.2f}), "
+                      f"B {got[f'{st.index}B']:.2f} ms (predicted {st.backward_s * 1e3:.2f})")  # fmt: skip
 
 
 if __name__ == "__main__":
