@@ -8,7 +8,9 @@ executor and again with ``torch.distributed.pipelining`` on the same split and s
 (``autopipe.export.to_torch_pipelining``); the first step of each is warm-up. Printed:
 median iteration time of both (barrier -> optimizer step done, slowest rank), their ratio
 (goal <= 1.0), and autopipe's measured schedule makespan against the plan's predicted
-iteration time (goal within 15%).
+iteration time (goal within 15%). The default GPT's actions last a few ms, so load from other
+processes on the machine moves its figures by tens of percent; ``-k n_layer=8 n_embd=256``
+(20-60 ms actions) gives steadier ones.
 """
 
 from __future__ import annotations
