@@ -7,11 +7,13 @@ iteration (sends), so transfers overlap compute. Every wait has a timeout; a pee
 naming the peer, never a silent hang.
 
 :class:`ThreadComm` runs every rank as a thread of one process with in-memory mailboxes: the
-same engine, no processes, for tests and debugging a plan.
+same engine, no processes, for tests and debugging a plan. It matches messages as NCCL does
+-- the k-th receive a rank posts from a peer meets the k-th send of that peer to it -- and
+checks the tags agree, so the thread tests prove the engine's operation order NCCL-safe.
 
-Messages are matched by ``(source, destination, tag)``; the engine gives every tensor of an
-iteration its own tag, so receives may be posted in any order (gloo matches tags; with NCCL
-the engine posts matching sends and receives in the same order per pair of ranks).
+The engine gives every tensor of an iteration its own tag (gloo matches receives to sends by
+tag) and posts each pair's operations in one agreed order (``autopipe.runtime.order``; NCCL
+ignores tags).
 """
 
 from __future__ import annotations
@@ -144,7 +146,8 @@ class ThreadHub:
     world: int
     timeout_s: float = 60.0
     cond: threading.Condition = field(default_factory=threading.Condition)
-    boxes: dict[tuple[int, int, int], list[torch.Tensor]] = field(default_factory=dict)
+    sent: dict[tuple[int, int], list[tuple[int, torch.Tensor]]] = field(default_factory=dict)
+    received: dict[tuple[int, int], int] = field(default_factory=dict)  # receives posted
     rounds: dict[tuple[str, tuple[int, ...], int], dict[int, Any]] = field(default_factory=dict)
     counters: dict[tuple[int, str, tuple[int, ...]], int] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
@@ -178,15 +181,22 @@ class _Done:
 @dataclass
 class _ThreadRecv:
     hub: ThreadHub
-    key: tuple[int, int, int]
+    pair: tuple[int, int]  # (source, destination)
+    index: int  # the k-th receive posted on the pair meets the k-th send, as with NCCL
+    tag: int
     buffer: torch.Tensor
 
     def wait(self) -> None:
-        self.hub.wait_for(
-            lambda: bool(self.hub.boxes.get(self.key)), f"receiving from rank {self.key[0]}"
-        )
+        box = self.hub.sent
+        what = f"receiving from rank {self.pair[0]}"
+        self.hub.wait_for(lambda: len(box.get(self.pair, ())) > self.index, what)
         with self.hub.cond:
-            value = self.hub.boxes[self.key].pop(0)
+            tag, value = box[self.pair][self.index]
+        if tag != self.tag:  # gloo would match by tag; NCCL would deliver the wrong tensor
+            raise CommunicationError(
+                f"{what}: receive {self.index} expected tag {self.tag}, the send has tag {tag} "
+                "(the ranks post their operations in different orders)"
+            )
         self.buffer.copy_(value)
 
 
@@ -200,12 +210,16 @@ class ThreadComm:
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
         with self.hub.cond:
-            self.hub.boxes.setdefault((self.rank, dst, tag), []).append(tensor.detach().clone())
+            box = self.hub.sent.setdefault((self.rank, dst), [])
+            box.append((tag, tensor.detach().clone()))
             self.hub.cond.notify_all()
         return _Done()
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
-        return _ThreadRecv(self.hub, (src, self.rank, tag), tensor)
+        with self.hub.cond:
+            index = self.hub.received.get((src, self.rank), 0)
+            self.hub.received[(src, self.rank)] = index + 1
+        return _ThreadRecv(self.hub, (src, self.rank), index, tag, tensor)
 
     def _exchange(self, kind: str, ranks: tuple[int, ...], value: Any) -> dict[int, Any]:
         hub = self.hub

@@ -9,18 +9,19 @@ For each action of the rank's list (``autopipe.schedules``), in order::
              the last stage) -> backward -> send the gradient of every received input back
              to its producer.  Full backward (inputs and parameters) when the schedule has no
              W; with W (zero-bubble, Qi et al. 2023) only the input gradients, keeping the
-             graph (``retain_graph``) for ...
-    W(j, i)  ... the parameter gradients, from the same graph and output gradients.
-             (W walks the retained graph again from the outputs: exact, but on this
-             generic path it costs about a full backward, not only the weight-grad kernels.)
+             gradients that flow into the weight-gradient part of the graph for ...
+    W(j, i)  ... the parameter gradients, restarted from those kept gradients: W runs only
+             the weight-gradient kernels (``autopipe.runtime.zerobubble``).
 
 Gradients accumulate in ``.grad`` over the m micro-batches (each loss scaled by 1/m: the mean
 over equal micro-batches is the batch mean), then parameters used by stages on several ranks
 (tied embeddings) get their gradients summed over those ranks — each holds a copy updated
 identically, the same as one shared parameter — and the optimizer steps once.
 
-Receives for the next action are posted before the current one runs, sends are waited on at
-the end of the iteration: transfers overlap compute. Stages marked for recomputation run
+Sends and receives between two ranks are posted in one order both agree on
+(``autopipe.runtime.order``: NCCL matches them by position, not tag); receives as early as
+that order allows, sends as soon as their tensor is made; sends are waited on at the end of
+the iteration: transfers overlap compute. Stages marked for recomputation run
 under ``torch.utils.checkpoint`` (non-reentrant); buffers it would update twice (batch-norm
 running statistics) are restored after the recomputation, so numbers equal a plain run.
 """
@@ -30,17 +31,20 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from autopipe.errors import RuntimeFailure
 from autopipe.runtime.comm import Comm, Work
 from autopipe.runtime.measure import ActionTimer, SavedBytes
+from autopipe.runtime.order import SEND, MessageKey
 from autopipe.runtime.routing import BACKWARD, FORWARD, Routing
 from autopipe.runtime.shapes import TensorSpec
+from autopipe.runtime.zerobubble import WeightGrad, backward_input
 from autopipe.schedules import Action
 from autopipe.split import OUTPUT, StageModule
 
@@ -73,6 +77,7 @@ class _Saved:
     loss: torch.Tensor | None
     roots: list[torch.Tensor] = field(default_factory=list)
     grads: list[torch.Tensor | None] = field(default_factory=list)
+    weight: WeightGrad | None = None  # W's half of a split backward
 
 
 class _RestoreBuffers:
@@ -113,6 +118,7 @@ class PipelineEngine:
         make_output: Callable[[list[Any]], object],
         loss_fn: Callable[[object, object], torch.Tensor],
         optimizer: torch.optim.Optimizer,
+        order: Mapping[int, Sequence[tuple[int, MessageKey]]],
         shared: Sequence[tuple[torch.nn.Parameter, tuple[int, ...]]] = (),
         recompute: Sequence[int] = (),
         last_stage: int,
@@ -121,6 +127,7 @@ class PipelineEngine:
         self.stages = {s.index: s for s in stages}
         self.actions = [a for a in actions if a is not None]
         self.routing, self.specs, self.comm = routing, specs, comm
+        self.order = dict(order)  # peer -> (SEND or RECV, message), in the agreed order
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
         self.make_output, self.loss_fn, self.optimizer = make_output, loss_fn, optimizer
@@ -136,6 +143,7 @@ class PipelineEngine:
             for s in stages
         }
         self.saved_bytes = SavedBytes({p.untyped_storage().data_ptr() for p in params.values()})
+        self.stage_saved: dict[int, int] = {}  # stage -> saved-for-backward bytes of one F
 
     # ------------------------------------------------------------------ one iteration
 
@@ -147,7 +155,9 @@ class PipelineEngine:
         self.mb_inputs = [dict(zip(self.input_names, mb, strict=True)) for mb in inputs]
         self.mb_targets = list(targets)
         self.m = len(self.mb_inputs)
-        self.posted: dict[tuple[Any, ...], tuple[torch.Tensor, Work]] = {}
+        self.posted: dict[MessageKey, tuple[torch.Tensor, Work]] = {}
+        self.made: dict[MessageKey, torch.Tensor] = {}  # sends waiting for their turn
+        self.cursor: dict[int, int] = {}  # peer -> operations posted
         self.local: dict[tuple[Any, ...], torch.Tensor] = {}
         self.sends: list[tuple[Work, torch.Tensor]] = []
         self.saved: dict[tuple[int, int], _Saved] = {}
@@ -156,11 +166,18 @@ class PipelineEngine:
         self.loss_total: torch.Tensor | None = None
         self.comm.barrier()
         start = self.timer.reset()
-        for k, a in enumerate(self.actions):
-            for b in self.actions[k : k + 2]:
-                self._post_receives(b)
+        for peer in self.order:
+            self._pump(peer)
+        for a in self.actions:
             with self.timer.time(a):
                 getattr(self, f"_{a.kind.lower()}")(a.stage, a.microbatch)
+        for peer in self.order:
+            self._pump(peer)
+        if self.made or self.posted:
+            raise RuntimeFailure(
+                f"internal error: rank {self.comm.rank} ended the iteration with messages "
+                f"not sent or not read ({sorted(self.made)[:3]}, {sorted(self.posted)[:3]})"
+            )
         for work, _ in self.sends:
             work.wait()
         records = tuple(ActionRecord(str(a), s, e) for a, s, e in self.timer.results())
@@ -183,53 +200,50 @@ class PipelineEngine:
 
     # ------------------------------------------------------------------ messages
 
-    def _incoming(self, a: Action) -> Iterator[tuple[tuple[Any, ...], int, int]]:
-        """(message key, source rank, tag) of every remote message ``a`` reads."""
-        R, j, i = self.routing, a.stage, a.microbatch
-        me = self.comm.rank
-        if a.kind == "F":
-            for name, src in R.receives[j]:
-                if R.rank_of(src) != me:
-                    yield (
-                        (FORWARD, src, name, j, i),
-                        R.rank_of(src),
-                        R.tag(src, name, j, i, FORWARD, self.step),
-                    )
-        elif a.kind == "B":
-            for name, to in R.readers[j]:
-                if not self.specs[name].requires_grad:
-                    continue
-                for r in to:
-                    if r != OUTPUT and R.rank_of(r) != me:
-                        yield (
-                            (BACKWARD, j, name, r, i),
-                            R.rank_of(r),
-                            R.tag(j, name, r, i, BACKWARD, self.step),
-                        )
-
-    def _post_receives(self, a: Action) -> None:
-        for key, src, tag in self._incoming(a):
-            if key not in self.posted:
-                spec = self.specs[key[2]]
+    def _pump(self, peer: int) -> None:
+        """Post the operations with ``peer`` in their agreed order, up to a send not yet made."""
+        ops, k = self.order.get(peer, []), self.cursor.get(peer, 0)
+        while k < len(ops):
+            op, key = ops[k]
+            direction, producer, name, reader, i = key
+            tag = self.routing.tag(producer, name, reader, i, direction, self.step)
+            if op == SEND:
+                if key not in self.made:
+                    break
+                t = self.made.pop(key)
+                self.sends.append((self.comm.isend(t, peer, tag), t))
+            else:
+                spec = self.specs[name]
                 buf = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
-                self.posted[key] = (buf, self.comm.irecv(buf, src, tag))
+                self.posted[key] = (buf, self.comm.irecv(buf, peer, tag))
+            k += 1
+        self.cursor[peer] = k
 
-    def _take(self, key: tuple[Any, ...], remote: bool) -> torch.Tensor:
+    def _take(self, key: MessageKey, remote: bool) -> torch.Tensor:
         if not remote:
             return self.local.pop(key)
+        if key not in self.posted:
+            self._pump(self._peer(key))
+        if key not in self.posted:
+            raise RuntimeFailure(
+                f"internal error: rank {self.comm.rank} needs message {key} before the agreed "
+                "message order lets it post the receive; please report this with the plan"
+            )
         buf, work = self.posted.pop(key)
         work.wait()
         return buf
 
-    def _send(self, key: tuple[Any, ...], value: torch.Tensor, dst_stage: int) -> None:
-        direction, producer, name, reader, i = key
+    def _peer(self, key: MessageKey) -> int:
+        direction, producer, _, reader, _ = key
+        return self.routing.rank_of(reader if direction == BACKWARD else producer)
+
+    def _send(self, key: MessageKey, value: torch.Tensor, dst_stage: int) -> None:
         dst = self.routing.rank_of(dst_stage)
         if dst == self.comm.rank:
             self.local[key] = value
             return
-        t = value.detach().contiguous()
-        tag = self.routing.tag(producer, name, reader, i, direction, self.step)
-        self.sends.append((self.comm.isend(t, dst, tag), t))
+        self.made[key] = value.detach().contiguous()
+        self._pump(dst)
 
     # ------------------------------------------------------------------ actions
 
@@ -244,13 +258,18 @@ class PipelineEngine:
                 leaves[name] = v
             got[name] = v
         args = [got[n] if n in got else self.mb_inputs[i][n] for n in st.inputs]
-        with self.saved_bytes.count():
+        # Counting saved tensors costs a Python call each (~40% of a small GPT block's
+        # forward): count the first forward of each stage only; micro-batches are equal.
+        counting = j not in self.stage_saved
+        with self.saved_bytes.count() if counting else contextlib.nullcontext():
             if j in self.recompute:
                 contexts = functools.partial(_recompute_contexts, st.module)
                 out = checkpoint(st.module, *args, use_reentrant=False, context_fn=contexts)
             else:
                 out = st.module(*args)
-        held = self.saved_bytes.total
+        if counting:
+            self.stage_saved[j] = self.saved_bytes.total
+        held = self.stage_saved[j]
         if j in self.recompute:
             held = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
         values = dict(zip(st.outputs, out, strict=True))
@@ -291,15 +310,9 @@ class PipelineEngine:
         names = list(sv.leaves)
         grads: list[torch.Tensor | None] = []
         if self.split_backward:
-            if names and sv.roots:
-                grads = list(
-                    torch.autograd.grad(
-                        sv.roots,
-                        [sv.leaves[n] for n in names],
-                        sv.grads,
-                        retain_graph=True,
-                        allow_unused=True,
-                    )
+            if sv.roots:
+                grads, sv.weight = backward_input(
+                    sv.roots, sv.grads, [sv.leaves[n] for n in names], self.params[j]
                 )
         else:
             if sv.roots:
@@ -318,16 +331,8 @@ class PipelineEngine:
 
     def _w(self, j: int, i: int) -> None:
         sv = self.saved[(j, i)]
-        params = self.params[j]
-        if sv.roots and params:
-            grads = torch.autograd.grad(sv.roots, params, sv.grads, allow_unused=True)
-            with torch.no_grad():
-                for p, g in zip(params, grads, strict=True):
-                    if g is not None:
-                        if p.grad is None:
-                            p.grad = g.detach().clone()
-                        else:
-                            p.grad.add_(g)
+        if sv.weight is not None:
+            sv.weight.run()
         self._free(j, i)
 
     def _free(self, j: int, i: int) -> None:

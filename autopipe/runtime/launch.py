@@ -9,7 +9,8 @@ Faults: the launcher polls the children. The first rank that exits non-zero ends
 others are killed and :class:`~autopipe.errors.RuntimeFailure` names the rank and its error.
 When several fail together (a rank raised, its peers then lost their connection), the cause is
 chosen over its consequences: an error raised by the rank itself first, then a rank killed by
-a signal, then communication errors. Ranks waiting on a dead or hung peer fail on their own
+a signal, then communication errors. When the only errors are lost peers (timeouts) and a rank
+is still running, that rank hung: it is the one named (the one the errors name first). Ranks waiting on a dead or hung peer fail on their own
 within ``timeout_s`` (every send, receive and collective has that timeout), so a run never hangs.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -115,7 +117,15 @@ def _failure(codes: list[int | None], folder: Path) -> RuntimeFailure:
             found.append((0 if info["kind"] == "user" else 2, rank, info["message"]))
         else:
             found.append((1, rank, _describe_exit(code, folder / f"log-{rank}.txt")))
-    _, rank, message = min(found)
+    priority, rank, message = min(found)
+    running = [r for r, code in enumerate(codes) if code is None]
+    if priority == 2 and running:  # only lost peers: a rank that still runs hung
+        named = [r for r in running if re.search(rf"\brank {r}\b", message)]
+        culprit = (named or running)[0]
+        return RuntimeFailure(
+            f"rank {culprit} failed: it stopped responding (rank {rank} gave up on it: {message})",
+            rank=culprit,
+        )
     return RuntimeFailure(f"rank {rank} failed: {message}", rank=rank)
 
 

@@ -29,9 +29,10 @@ from autopipe.runtime.engine import IterationResult, PipelineEngine
 from autopipe.runtime.measure import state_bytes
 from autopipe.runtime.microbatch import flat_inputs, split_batch, split_flat
 from autopipe.runtime.options import RunOptions
+from autopipe.runtime.order import message_order
 from autopipe.runtime.routing import make_routing
 from autopipe.runtime.shapes import value_specs
-from autopipe.schedules import make_schedule
+from autopipe.schedules import Action, make_schedule
 from autopipe.split import Split, split_model
 from autopipe.trace import TracedModel, trace_model
 
@@ -128,6 +129,25 @@ def _output_builder(rebuilt: Rebuilt, split: Split) -> Callable[[list[Any]], obj
     return (lambda flat: flat[0]) if len(split.output_names) == 1 else tuple
 
 
+def action_seconds(plan: Plan) -> Callable[[Action], float]:
+    """The plan's predicted duration of an action (1, 2, 1 for F, B, W where it has none)."""
+    split = plan.schedule == "zb-h1"
+    stages = {st.index: st for st in plan.stages}
+
+    def seconds(a: Action) -> float:
+        st = stages[a.stage]
+        if a.kind == "F":
+            t, default = st.forward_s, 1.0
+        elif a.kind == "W":
+            t, default = st.backward_weight_s, 1.0
+        else:
+            t = st.backward_input_s if split else st.backward_s
+            t, default = t + (st.forward_s if st.recompute else 0.0), 2.0
+        return t if t > 0 else default
+
+    return seconds
+
+
 def make_optimizer(params: list[torch.nn.Parameter], options: RunOptions) -> torch.optim.Optimizer:
     cls = getattr(torch.optim, options.optimizer, None)
     if cls is None or not isinstance(cls, type) or not issubclass(cls, torch.optim.Optimizer):
@@ -172,12 +192,16 @@ def train_rank(
     optimizer = make_optimizer(params, options)
     by_name = dict(rb.traced.gm.named_parameters())
     shared = [(by_name[name], holders) for name, holders in groups if rank in holders]
+    schedule = make_schedule(plan.schedule, S, plan.micro_batches, plan.virtual)
+    routing = make_routing(split, S, plan.micro_batches)
+    order = message_order(schedule, routing, specs, action_seconds(plan))
     engine = PipelineEngine(
         mine,
-        make_schedule(plan.schedule, S, plan.micro_batches, plan.virtual)[rank],
-        make_routing(split, S, plan.micro_batches),
+        schedule[rank],
+        routing,
         specs,
         comm,
+        order=order[rank],
         input_names=split.input_names,
         output_names=split.output_names,
         make_output=_output_builder(rb, split),

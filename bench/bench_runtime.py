@@ -1,0 +1,163 @@
+# Run: PYTHONPATH=. python bench/bench_runtime.py [-k n_layer=8 n_embd=256] [--steps 12]   (repository root; ~15 s)
+"""autopipe's executor against torch.distributed.pipelining, and against its own prediction.
+
+models/gpt.py is profiled here with one thread (as each rank runs), then planned for 2 CPU
+ranks with the schedule and micro-batch count pinned (1F1B and GPipe, m = 4). Two gloo
+processes (one thread each) then train each plan for ``--steps`` SGD steps with autopipe's
+executor and again with ``torch.distributed.pipelining`` on the same split and schedule
+(``autopipe.export.to_torch_pipelining``); the first step of each is warm-up. Printed:
+median iteration time of both (barrier -> optimizer step done, slowest rank), their ratio
+(goal <= 1.0), and autopipe's measured schedule makespan against the plan's predicted
+iteration time (goal within 15%). The default GPT's actions last a few ms, so load from other
+processes on the machine moves its figures by tens of percent; ``-k n_layer=8 n_embd=256``
+(20-60 ms actions) gives steadier ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEDULES = ("1f1b", "gpipe")
+BATCH, MICRO_BATCHES, LR = 16, 4, 1e-3
+
+
+def plan_all(kwargs: list[str], folder: Path) -> list[Path]:
+    from autopipe.load import load_model, parse_kwargs
+    from autopipe.profile import profile_model
+    from autopipe.solve.search import PlanRequest, default_link, plan_pipeline
+
+    torch.manual_seed(0)
+    loaded = load_model(str(ROOT / "models" / "gpt.py"), parse_kwargs(kwargs))
+    prof = profile_model(loaded, micro_batch_sizes=[BATCH // MICRO_BATCHES], warmup=3, repeat=9)
+    bw, lat = default_link(prof.device)
+    paths = []
+    for schedule in SCHEDULES:
+        req = PlanRequest(
+            stages=2, batch_size=BATCH, memory_bytes=2.0**34, micro_batches=MICRO_BATCHES,
+            schedule=schedule, recompute="never", link_bandwidth=bw, link_latency_s=lat,
+        )  # fmt: skip
+        plan = plan_pipeline(prof, req)
+        path = folder / f"plan-{schedule}.json"
+        plan.save(path)
+        paths.append(path)
+    return paths
+
+
+def worker(plans: list[str], steps: int, out: str) -> None:
+    """One rank: every plan with autopipe's executor, then with torch.distributed.pipelining."""
+    import torch.distributed as dist
+
+    from autopipe.export import sync_shared_grads, to_torch_pipelining
+    from autopipe.plans import Plan
+    from autopipe.rebuild import rebuild_model
+    from autopipe.runtime import RunOptions, train_rank
+    from autopipe.runtime.comm import Comm, DistComm
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=120))
+    results: dict[str, dict[str, list[float]]] = {}
+    for path in plans:
+        plan = Plan.load(path)
+
+        def comm(groups: list[tuple[int, ...]]) -> Comm:
+            return DistComm(120.0, groups)
+
+        opts = RunOptions(steps=steps, optimizer="SGD", lr=LR, timeout_s=120.0)
+        res = train_rank(plan, rank, comm, opts)
+        mine = {
+            "autopipe_step": [it.step_s for it in res.iterations],
+            "autopipe_makespan": [it.makespan_s for it in res.iterations],
+        }
+        for it in res.iterations[1:]:  # per stage and kind: seconds of each action
+            for rec in it.records:
+                key = rec.action.split(rec.action.strip("0123456789")[-1])[0] + rec.action.strip("0123456789")[-1]
+                mine.setdefault(key, []).append(rec.end_s - rec.start_s)
+        loaded = rebuild_model(plan)
+        x, y = loaded.make_inputs(plan.batch_size), loaded.make_targets(plan.batch_size)  # type: ignore[misc]
+        stages, schedule = to_torch_pipelining(
+            plan, loaded.model, rank, example_inputs=loaded.make_inputs(plan.micro_batch_size),
+            loss_fn=loaded.loss_fn,
+        )  # fmt: skip
+        params = list({id(p): p for s in stages for p in s.submod.parameters()}.values())
+        optimizer = torch.optim.SGD(params, lr=LR)
+        first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+        times = []
+        for _ in range(steps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            schedule.step(*((x,) if first else ()), target=y if last else None)
+            sync_shared_grads(stages)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            times.append(time.perf_counter() - t0)
+        mine["torch_step"] = times
+        results[plan.schedule] = mine
+    Path(out).write_text(json.dumps(results))
+    dist.barrier()
+    os._exit(0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-k", nargs="*", default=[], help="models/gpt.py factory kwargs, KEY=VALUE")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker is not None:
+        worker(args.worker[1:], args.steps, args.worker[0])
+        return
+    torch.set_num_threads(1)
+    from autopipe.plans import Plan
+    from autopipe.runtime.launch import free_port
+
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+          f"torch {torch.__version__}; 2 gloo ranks x 1 thread; gpt {' '.join(args.k) or '(default)'}; "
+          f"batch {BATCH}, m {MICRO_BATCHES}, {args.steps} steps (first is warm-up)")  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        plans = plan_all(args.k, Path(tmp))
+        port, procs = free_port(), []
+        for rank in range(2):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # fmt: skip
+            out = str(Path(tmp) / f"rank-{rank}.json")
+            cmd = [sys.executable, __file__, "--steps", str(args.steps), "--worker", out, *map(str, plans)]
+            procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT))
+        if any(p.wait() for p in procs):
+            sys.exit("a worker failed")
+        ranks = [json.loads((Path(tmp) / f"rank-{r}.json").read_text()) for r in range(2)]
+        print(f"{'schedule':9} {'autopipe ms':>12} {'torch ms':>9} {'ratio':>6} "
+              f"{'makespan ms':>12} {'predicted ms':>13} {'error':>7}")  # fmt: skip
+        for path in plans:
+            plan = Plan.load(path)
+
+            def median(key: str, s: str = plan.schedule) -> float:
+                per_step = zip(*(r[s][key] for r in ranks), strict=True)
+                return statistics.median([max(v) for v in list(per_step)[1:]]) * 1e3
+
+            ours, theirs, span = median("autopipe_step"), median("torch_step"), median("autopipe_makespan")
+            pred = plan.iteration_time_s * 1e3
+            print(f"{plan.schedule:9} {ours:>12.2f} {theirs:>9.2f} {ours / theirs:>6.2f} "
+                  f"{span:>12.2f} {pred:>13.2f} {(span / pred - 1) * 100:>+6.1f}%")  # fmt: skip
+            for st in plan.stages:
+                got = {k: statistics.median(v) * 1e3 for r in ranks for k, v in r[plan.schedule].items()
+                       if k in (f"{st.index}F", f"{st.index}B")}  # fmt: skip
+                print(f"  stage {st.index}: F {got[f'{st.index}F']:.2f} ms (predicted {st.forward_s * 1e3:.2f}), "
+                      f"B {got[f'{st.index}B']:.2f} ms (predicted {st.backward_s * 1e3:.2f})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
