@@ -29,7 +29,12 @@ SEED = 0
 
 
 def rebuild_model(
-    plan: Plan, *, weights: str | Path | None = None, meta: bool = False, base: str | Path | None = None
+    plan: Plan,
+    *,
+    weights: str | Path | None = None,
+    meta: bool = False,
+    base: str | Path | None = None,
+    seed: int = SEED,
 ) -> LoadedModel:
     """Build the plan's model again from its model file.
 
@@ -45,7 +50,7 @@ def rebuild_model(
         if weights is not None:
             raise PlanError("weights from a file and a meta (structure-only) model contradict each other; drop one")
         return load_model(spec, kwargs, device="meta")
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     loaded = load_model(spec, kwargs)
     if weights is not None:
         _load_weights(loaded.model, Path(weights))
@@ -96,7 +101,7 @@ def trace_for_plan(plan: Plan, model: nn.Module, inputs: Any, source: Path | Non
         max_blocks=plan.max_blocks,
         source=source,
     )
-    if traced.fingerprint() != plan.fingerprint:
+    if plan.fingerprint and traced.fingerprint() != plan.fingerprint:
         raise PlanError(
             f"the plan was made for another model (fingerprint {plan.fingerprint}, this model traces to "
             f"{traced.fingerprint()}); plan this model again with 'autopipe plan {plan.model_file}'"

@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 
-from autopipe.errors import PlanError, RuntimeFailure
-from autopipe.load import LoadedModel, load_model, parse_kwargs
+from autopipe.errors import RuntimeFailure
+from autopipe.load import LoadedModel
 from autopipe.plans import Plan
+from autopipe.rebuild import rebuild_model, trace_for_plan
 from autopipe.runtime import checkpoint
 from autopipe.runtime.comm import Comm
 from autopipe.runtime.engine import IterationResult, PipelineEngine
@@ -34,7 +35,7 @@ from autopipe.runtime.routing import make_routing
 from autopipe.runtime.shapes import value_specs
 from autopipe.schedules import Action, make_schedule
 from autopipe.split import Split, split_model
-from autopipe.trace import TracedModel, trace_model
+from autopipe.trace import TracedModel
 
 _BATCH_LOCK = threading.Lock()
 
@@ -67,30 +68,10 @@ class RankResult:
 
 def rebuild(plan: Plan, seed: int = 0) -> Rebuilt:
     """Build and trace the plan's model; PlanError when it no longer matches the plan."""
-    torch.manual_seed(seed)
-    spec = (
-        plan.model_file
-        if plan.factory in ("", "build_model")
-        else f"{plan.model_file}:{plan.factory}"
-    )
-    loaded = load_model(spec, parse_kwargs(plan.model_kwargs))
+    loaded = rebuild_model(plan, seed=seed)
     loaded.model.train()
-    u = plan.micro_batch_size
-    traced = trace_model(
-        loaded.model,
-        loaded.make_inputs(u),
-        micro_batch_size=u,
-        tracer=plan.tracer,
-        leaf_modules=plan.leaf_modules,
-        max_blocks=plan.max_blocks,
-        source=loaded.spec.path,
-    )
-    if plan.fingerprint and traced.fingerprint() != plan.fingerprint:
-        raise PlanError(
-            f"{plan.model_file} traces to fingerprint {traced.fingerprint()}, the plan was made for {plan.fingerprint}; "
-            "the model changed since planning: plan again"
-        )
-    return Rebuilt(loaded, traced)
+    inputs = loaded.make_inputs(plan.micro_batch_size)
+    return Rebuilt(loaded, trace_for_plan(plan, loaded.model, inputs, source=loaded.spec.path))
 
 
 def shared_groups(split: Split, ranks: int) -> list[tuple[str, tuple[int, ...]]]:
