@@ -41,7 +41,7 @@ from autopipe.counting import BlockCount, OpCount, count_block
 from autopipe.devices import DeviceSpec
 from autopipe.errors import ProfileError
 from autopipe.profile import crossing_tensors, storage_key
-from autopipe.segment import Segment, extract
+from autopipe.segment import extract
 from autopipe.trace import TracedModel, trace_model
 
 __all__ = [
@@ -156,51 +156,77 @@ def _meta_inputs(inputs: Any, dtype: torch.dtype) -> Any:
 
 
 def _count_blocks(traced: TracedModel, inputs: Any) -> tuple[BlockCount, ...]:
+    """Count each block on the values the blocks before it produced; a block that computes
+    what an earlier one did (same ops, same shapes) reuses its count and its outputs' layout."""
     from autopipe.profile import _flat_inputs
 
     gm = traced.gm
     exclude = {storage_key(p) for p in gm.parameters()}
     env: dict[str, Any] = dict(zip(traced.input_names, _flat_inputs(traced, inputs), strict=True))
-    seen: dict[tuple[Any, ...], BlockCount] = {}
+    seen: dict[tuple[Any, ...], tuple[BlockCount, tuple[Any, ...]]] = {}
+    by_name = {n.name: n for n in gm.graph.nodes}
     out = []
     for block in traced.blocks:
-        seg = extract(gm, block.nodes)
-        args = [env[name] for name in seg.inputs]
-        key = _signature(seg, args)
+        nodes = [by_name[name] for name in block.nodes]
+        key, input_names, output_names = _signature(gm, nodes, env)
         if key in seen:
-            with torch.no_grad():
-                outs = tuple(seg.module(*args))
-            count = seen[key]
+            count, outs = seen[key]
+            outs = _fresh_like(outs)
         else:
-            count, outs = count_block(seg.module, args, exclude)
-            seen[key] = count
-        env.update(zip(seg.outputs, outs, strict=True))
+            seg = extract(gm, block.nodes)
+            count, outs = count_block(seg.module, [env[name] for name in seg.inputs], exclude)
+            seen[key] = (count, outs)
+        env.update(zip(output_names, outs, strict=True))
         out.append(count)
     return tuple(out)
 
 
-def _signature(seg: Segment, args: Sequence[Any]) -> tuple[Any, ...]:
-    """The block's computation up to renaming: ops, constants, shapes of inputs and weights."""
-    gm = seg.module
-    index: dict[torch.fx.Node, int] = {}
+def _fresh_like(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """New meta tensors with the shapes, strides and storages of ``values`` (shared storages
+    stay shared among them), so no two blocks' outputs are taken for one storage."""
+    bases: dict[int, torch.Tensor] = {}
+    out = []
+    for v in values:
+        if not isinstance(v, torch.Tensor):
+            out.append(v)
+            continue
+        key = storage_key(v)
+        if key not in bases:
+            numel = v.untyped_storage().nbytes() // max(1, v.element_size())
+            bases[key] = torch.empty(numel, dtype=v.dtype, device="meta")
+        out.append(bases[key].as_strided(v.shape, v.stride(), v.storage_offset()))
+    return tuple(out)
+
+
+def _signature(
+    gm: torch.fx.GraphModule, nodes: Sequence[torch.fx.Node], env: dict[str, Any]
+) -> tuple[tuple[Any, ...], list[str], list[str]]:
+    """The block's computation up to renaming (ops, constants, shapes of inputs and weights),
+    with the names of the values it reads (first-use order, as ``extract``) and makes for others."""
+    inside = set(nodes)
+    index: dict[torch.fx.Node, str] = {}
     items: list[Any] = []
-    placeholders = iter(args)
-    for n in gm.graph.nodes:
-        index[n] = len(index)
-        if n.op == "placeholder":
-            v = next(placeholders)
-            head: Any = ("in", _describe(v))
-        elif n.op == "get_attr":
-            v = _fetch(gm, str(n.target))
-            head = ("attr", _describe(v), isinstance(v, nn.Parameter))
-        elif n.op == "call_module":
+    inputs: list[str] = []
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a in index or a in inside:
+                continue
+            if a.op == "get_attr":
+                v = _fetch(gm, str(a.target))
+                items.append(("attr", _describe(v), isinstance(v, nn.Parameter)))
+            else:
+                inputs.append(a.name)
+                items.append(("in", _describe(env[a.name])))
+            index[a] = f"%{len(index)}"
+        if n.op == "call_module":
             m = gm.get_submodule(str(n.target))
-            head = ("mod", repr(m), tuple(_describe(t) for t in (*m.parameters(), *m.buffers())))
+            head: Any = ("mod", repr(m), tuple(_describe(t) for t in (*m.parameters(), *m.buffers())))
         else:
             head = (n.op, str(n.target))
-        args_repr = repr(torch.fx.node.map_arg((n.args, n.kwargs), lambda a: f"%{index[a]}"))
-        items.append((head, args_repr))
-    return tuple(items)
+        items.append((head, repr(torch.fx.node.map_arg((n.args, n.kwargs), lambda a: index[a]))))
+        index[n] = f"%{len(index)}"
+    outputs = [n.name for n in nodes if any(u not in inside for u in n.users)]
+    return tuple(items), inputs, outputs
 
 
 def _describe(v: Any) -> Any:
