@@ -39,6 +39,7 @@ __all__ = [
     "load_catalogue",
     "match_device",
     "measure_cpu",
+    "read_device_file",
 ]
 
 CATALOGUE_FILE = Path(__file__).with_name("devices.json")
@@ -117,7 +118,7 @@ def _spec(name: str, raw: Mapping[str, Any], source: str) -> DeviceSpec:
     return spec
 
 
-def _read(path: Path) -> dict[str, DeviceSpec]:
+def read_device_file(path: Path) -> dict[str, DeviceSpec]:
     if not path.is_file():
         raise DeviceError(f"device file not found: {path}; write one like {CATALOGUE_FILE}")
     try:
@@ -137,9 +138,9 @@ def device_files_from_env() -> tuple[Path, ...]:
 
 def load_catalogue(device_files: Sequence[str | Path] = ()) -> dict[str, DeviceSpec]:
     """The built-in catalogue, then ``AUTOPIPE_DEVICES``' files, then ``device_files``."""
-    out = _read(CATALOGUE_FILE)
+    out = read_device_file(CATALOGUE_FILE)
     for path in (*device_files_from_env(), *map(Path, device_files)):
-        out.update(_read(path))
+        out.update(read_device_file(path))
     return out
 
 
