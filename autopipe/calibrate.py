@@ -112,8 +112,8 @@ def fit_efficiency(
                 best = (float(loss[j]), float(ce), float(me), float(_OVERHEADS[j]))
     _, ce, me, o = best
     spec = base.calibrated(ce, me, o)
-    work = np.bincount(owner, np.maximum(flat_c / ce, flat_m / me), minlength=len(ops)) + o * n_ops
-    return spec, np.abs(work / np.asarray(measured) - 1.0)
+    fitted = np.bincount(owner, np.maximum(flat_c / ce, flat_m / me), minlength=len(ops)) + o * n_ops
+    return spec, np.abs(fitted / np.asarray(measured) - 1.0)
 
 
 def _entry(cal: Calibration) -> dict[str, Any]:

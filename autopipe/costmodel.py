@@ -168,7 +168,7 @@ def _count_blocks(traced: TracedModel, inputs: Any) -> tuple[BlockCount, ...]:
     out = []
     for block in traced.blocks:
         nodes = [by_name[name] for name in block.nodes]
-        key, input_names, output_names = _signature(gm, nodes, env)
+        key, _inputs, output_names = _signature(gm, nodes, env)
         if key in seen:
             count, outs = seen[key]
             outs = _fresh_like(outs)
