@@ -57,7 +57,7 @@ class DeviceSpec:
 
     name: str  # catalogue key, e.g. "h100"
     description: str
-    peak_flops: tuple[tuple[str, float], ...]  # (compute dtype, dense FLOP/s)
+    peak_flops: tuple[tuple[str, float], ...]  # (compute dtype, dense FLOP/s), sorted by dtype
     memory_bytes: float
     memory_bandwidth: float  # bytes/s, device memory
     nvlink_bandwidth: float  # bytes/s to a device in the same node
@@ -93,7 +93,7 @@ def _spec(name: str, raw: Mapping[str, Any], source: str) -> DeviceSpec:
         spec = DeviceSpec(
             name=name,
             description=str(raw.get("description", name)),
-            peak_flops=tuple((str(k), float(v)) for k, v in peaks.items()),
+            peak_flops=tuple(sorted((str(k), float(v)) for k, v in peaks.items())),
             memory_bytes=float(raw["memory_bytes"]),
             memory_bandwidth=float(raw["memory_bandwidth"]),
             nvlink_bandwidth=float(raw["nvlink_bandwidth"]),
@@ -195,7 +195,7 @@ def measure_cpu() -> DeviceSpec:
     return DeviceSpec(
         name="cpu",
         description=f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads (measured)",
-        peak_flops=(("fp32", fp32), ("tf32", fp32), ("bf16", bf16), ("fp16", bf16)),
+        peak_flops=(("bf16", bf16), ("fp16", bf16), ("fp32", fp32), ("tf32", fp32)),  # sorted, as read from files
         memory_bytes=memory,
         memory_bandwidth=2.0 * src.numel() / copy_s,  # read + write
         nvlink_bandwidth=5e9,  # processes on one host (gloo), as search.default_link
