@@ -9,6 +9,12 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from autopipe_cli.analytic_cmd import (
+    add_analytic_arguments,
+    analytic_profile_for_plan,
+    device_for,
+    wants_analytic,
+)
 from autopipe_cli.args import (
     UsageError,
     default_micro_batch_sizes,
@@ -18,7 +24,6 @@ from autopipe_cli.args import (
     parse_rate,
     positive_int,
 )
-from autopipe_cli.analytic_cmd import add_analytic_arguments, analytic_profile_for_plan, device_for, wants_analytic
 from autopipe_cli.render_plan import plan_json, print_plan
 
 if TYPE_CHECKING:
@@ -219,7 +224,7 @@ def _check_fingerprint(args: argparse.Namespace, profile: Profile) -> None:
 
 
 def cmd_show(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from autopipe.plans import Plan  # noqa: F811 - the runtime import of the TYPE_CHECKING name
+    from autopipe.plans import Plan
 
     timeline = _timeline_path(args.timeline)
     plan = Plan.load(args.plan)

@@ -11,7 +11,13 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from autopipe.calibrate import calibrate, save_calibration, stored_calibration
-from autopipe.costmodel import analytic_profile, count_model, op_time, profile_from_counts, state_factor
+from autopipe.costmodel import (
+    analytic_profile,
+    count_model,
+    op_time,
+    profile_from_counts,
+    state_factor,
+)
 from autopipe.costs import Affine, Profile
 from autopipe.counting import OpCount, count_block
 from autopipe.devices import DeviceError, DeviceSpec, device_spec, known_devices, match_device
@@ -172,7 +178,7 @@ def test_device_catalogue_names_and_user_files(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("AUTOPIPE_DEVICES", str(tmp_path / "mine.json"))
     assert "mi300x" in known_devices()
     (tmp_path / "bad.json").write_text(json.dumps({"broken": {"memory_bytes": 1}}))
-    with pytest.raises(DeviceError, match="'broken' .* is incomplete"):
+    with pytest.raises(DeviceError, match=r"'broken' .* is incomplete"):
         device_spec("h100", [tmp_path / "bad.json"])
     cpu = device_spec("cpu")
     assert cpu.peak("fp32") > 1e8 and cpu.memory_bandwidth > 1e8

@@ -11,7 +11,14 @@ import pytest
 from autopipe.costs import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Plan
-from autopipe.solve.parallel import Cluster, Layout, ParallelRequest, layouts, plan_parallel, ring_allreduce_s
+from autopipe.solve.parallel import (
+    Cluster,
+    Layout,
+    ParallelRequest,
+    layouts,
+    plan_parallel,
+    ring_allreduce_s,
+)
 from autopipe.solve.search import PlanRequest, plan_pipeline
 
 GB = 1e9
@@ -24,7 +31,7 @@ def chain_profile(n: int = 8, params: int = 10**8, f: float = 1e-3, act: float =
             name=f"layers.{i}", nodes=(f"n{i}",), params=params, param_bytes=4 * params,
             forward_s=Affine(0.0, f), backward_s=Affine(0.0, 2 * f), backward_input_s=Affine(0.0, f),
             backward_weight_s=Affine(0.0, f), saved_bytes=Affine(0.0, act),
-        )  # fmt: skip
+        )
         for i in range(n)
     )
     tensors = tuple(TensorCost(f"n{i}", i, (i + 1,), Affine(0.0, 1e6)) for i in range(n - 1))
