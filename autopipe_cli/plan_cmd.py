@@ -200,7 +200,7 @@ def _short(reason: str) -> str:
     marker = "the smallest limit that fits is "
     if marker in reason:
         return "needs " + reason.split(marker, 1)[1].split(" per device", 1)[0]
-    return reason
+    return reason.split(" per device", 1)[0]
 
 
 def _element_size(profile: Profile) -> float:

@@ -169,6 +169,10 @@ def plan_parallel(profile: Profile, request: ParallelRequest) -> ParallelPlan:
         if B % D:
             rejected.append(Rejected(S, D, f"global batch {B} does not split into {D} equal replicas"))
             continue
+        static = _static_bound(profile, request, S, D)
+        if static > request.memory_bytes:
+            rejected.append(Rejected(S, D, f"needs at least {format_bytes(static, round_up=True)} per device for weights, gradients and optimizer state"))
+            continue
         plans: dict[float, Plan] = {}
         for lay in layouts(S, D, request.cluster):
             try:
@@ -196,6 +200,13 @@ def _state_factor(profile: Profile, request: ParallelRequest, D: int) -> float:
     if request.shard_optimizer:
         per_param = 2 * elt + (per_param - 2 * elt) / D  # weights and grads whole, the rest split
     return per_param / elt
+
+
+def _static_bound(profile: Profile, request: ParallelRequest, S: int, D: int) -> float:
+    """Bytes some device of an S-stage pipeline holds at least, before any activation."""
+    factor = _state_factor(profile, request, D)
+    per_block = [b.param_bytes * factor for b in profile.blocks]
+    return max(sum(per_block) / S, max(per_block, default=0.0))
 
 
 def _pipeline_request(profile: Profile, request: ParallelRequest, lay: Layout) -> PlanRequest:
@@ -234,9 +245,8 @@ def _with_allreduce(profile: Profile, plan: Plan, lay: Layout, request: Parallel
 
 
 def _no_layout(request: ParallelRequest, rejected: list[Rejected]) -> PlanError:
-    needs = [e.reason for e in rejected]
-    smallest = min((r for r in rejected if "smallest limit" in r.reason), key=lambda r: -r.stages, default=None)
-    hint = f"; deepest pipeline tried (S={smallest.stages}): {smallest.reason}" if smallest else (f"; {needs[0]}" if needs else "")
+    deepest = max(rejected, key=lambda r: r.stages, default=None)
+    hint = f"; the deepest pipeline (S={deepest.stages}): {deepest.reason}" if deepest else ""
     return InfeasibleError(
         f"no split of {request.cluster.devices} devices into stages x replicas fits {format_bytes(request.memory_bytes)} per device"
         f"{hint}"
