@@ -111,6 +111,8 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
     timeline = _timeline_path(args.timeline)
     if args.profile is None and args.model is None:
         raise UsageError("give a MODEL to profile or --profile profile.json")
+    if args.dtype is not None and not wants_analytic(args):
+        raise UsageError(f"--dtype {args.dtype} applies to analytic plans; add --device NAME (e.g. h100) or --analytic")
 
     from autopipe_cli.main import profile_for_plan
 

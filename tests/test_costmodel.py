@@ -201,6 +201,8 @@ def test_cli_errors_and_calibrate(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["plan", GPT, "--device", "tpu9"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown device 'tpu9'; known devices: cpu, a100-40gb, a100-80gb, h100, h200" in err[0]
+    assert main(["plan", GPT, "--dtype", "bf16", "--device", "cpu"]) == 2
+    assert "--dtype bf16 applies to analytic plans" in capsys.readouterr().err
     prof = tmp_path / "p.json"
     assert main(["profile", GPT, "--device", "cpu", "--micro-batch-sizes", "2,4", "--batch-size", "4", "--repeat", "2", "-o", str(prof)]) == 0
     capsys.readouterr()
