@@ -104,8 +104,12 @@ class ParallelOption:
         lay, p = self.layout, self.plan
         return (
             f"S={lay.stages} x D={lay.data_parallel} ({lay.placement}): {p.schedule}, m={p.micro_batches}, "
-            f"step {p.step_time_s:.3f} s (pipeline {p.iteration_time_s:.3f} s + all-reduce {p.allreduce_s:.3f} s)"
+            f"step {_seconds(p.step_time_s)} (pipeline {_seconds(p.iteration_time_s)} + all-reduce {_seconds(p.allreduce_s)})"
         )
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.3f} s" if s >= 1.0 else f"{s * 1e3:.3f} ms"
 
 
 @dataclass(frozen=True)
