@@ -80,6 +80,7 @@ class BlockCost:
     backward_weight_s: Affine  # weight-grad part of backward (zero-bubble "W")
     saved_bytes: Affine  # bytes saved for backward per micro-batch (activations)
     forward_flops: Affine = Affine(0.0, 0.0)  # counted FLOPs of one forward (analytic)
+    backward_flops: Affine = Affine(0.0, 0.0)  # counted FLOPs of one full backward (analytic)
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ def _profile_from_dict(raw: Any) -> Profile:
                 backward_weight_s=_affine(b["backward_weight_s"]),
                 saved_bytes=_affine(b["saved_bytes"]),
                 forward_flops=_affine(b.get("forward_flops", {"intercept": 0, "slope": 0})),
+                backward_flops=_affine(b.get("backward_flops", {"intercept": 0, "slope": 0})),
             )
             for b in raw["blocks"]
         )

@@ -100,7 +100,17 @@ class Plan:
     peak_memory_bytes: tuple[float, ...]  # per device, simulated
     alternatives: tuple[Alternative, ...]
     baselines: tuple[Baseline, ...]
+    # Data x pipeline parallel (solve.parallel): D replicas of this pipeline, each step ending
+    # with a ring all-reduce of every stage's gradients; throughput then counts all D replicas.
+    data_parallel: int = 1  # D; the devices in all are devices * data_parallel
+    allreduce_s: float = 0.0  # gradient all-reduce per iteration, after the pipeline flush
+    parallel_note: str = ""  # the (S, D) decision, its links and the runner-up, for people
     version: int = PLAN_VERSION
+
+    @property
+    def step_time_s(self) -> float:
+        """Iteration time including the data-parallel gradient all-reduce."""
+        return self.iteration_time_s + self.allreduce_s
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

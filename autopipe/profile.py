@@ -33,7 +33,7 @@ from autopipe.errors import ProfileError
 from autopipe.segment import extract
 from autopipe.trace import TracedModel, trace_model
 
-__all__ = ["BlockMeasurement", "measure_blocks", "profile_model", "saved_bytes", "time_call"]
+__all__ = ["BlockMeasurement", "crossing_tensors", "measure_blocks", "profile_model", "saved_bytes", "storage_key", "time_call"]
 
 Progress = Callable[[str, int, int], None]
 
@@ -114,7 +114,7 @@ def measure_blocks(
     the samples of one block, so the blocks keep their true proportions.
     """
     gm = traced.gm
-    param_storages = {p.untyped_storage().data_ptr() for p in gm.parameters()}
+    param_storages = {storage_key(p) for p in gm.parameters()}
     flat = _flat_inputs(traced, inputs)
     env: dict[str, Any] = dict(zip(traced.input_names, flat, strict=True))
     runs = []
@@ -202,19 +202,28 @@ def _time_once(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+def storage_key(t: torch.Tensor) -> int:
+    """Identity of the storage under ``t``: equal for views of one tensor, distinct otherwise.
+
+    The storage object's own address, not its data pointer, so meta tensors (which have no
+    data) are told apart exactly as real ones are.
+    """
+    return int(t.untyped_storage()._cdata)
+
+
 def saved_bytes(fn: Callable[[], object], exclude: set[int] = frozenset()) -> int:  # type: ignore[assignment]
     """Bytes of the tensors autograd saves for backward while ``fn()`` runs.
 
     Each storage counts once (views and tensors saved twice share it); storages in
-    ``exclude`` (parameters: they are counted as parameters) do not count.
+    ``exclude`` (their :func:`storage_key`; parameters: they are counted as parameters) do
+    not count. Works on meta tensors too (the analytic cost model counts with it).
     """
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        ptr = s.data_ptr()
-        if ptr not in exclude and t.device.type != "meta":
-            seen[ptr] = max(seen.get(ptr, 0), s.nbytes())
+        key = storage_key(t)
+        if key not in exclude:
+            seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -300,11 +309,38 @@ def _make_profile(
                 saved_bytes=fit(lambda m: float(m.saved_bytes), i),
             )
         )
+    tensors = crossing_tensors(traces)
+    dtypes = {p.dtype for p in gm.parameters()}
+    return Profile(
+        model=str(loaded.spec),
+        fingerprint=ref.fingerprint(),
+        device=_device_name(dev),
+        torch_version=torch.__version__,
+        dtype=str(dtypes.pop()).removeprefix("torch.") if len(dtypes) == 1 else "mixed",
+        micro_batch_sizes=tuple(sizes),
+        method="measured",
+        blocks=tuple(blocks),
+        tensors=tensors,
+        shared_params=ref.shared_params,
+        model_file=str(loaded.spec.path),
+        factory=loaded.spec.factory,
+        model_kwargs=loaded.spec.kwarg_items(),
+        tracer=ref.tracer,
+        leaf_modules=tuple(leaf_modules),
+        max_blocks=max_blocks,
+    )
+
+
+def crossing_tensors(traces: Sequence[TracedModel]) -> tuple[TensorCost, ...]:
+    """Every tensor a block reads from another block (or from the model's inputs), with its
+    bytes fitted over the traces' micro-batch sizes (the first trace gives names and shapes)."""
+    ref = traces[0]
+    xs = [float(t.micro_batch_size) for t in traces]
+    nodes = {n.name: n for n in ref.gm.graph.nodes}
     tensors = []
     for name in _crossing_values(ref):
         src = ref.block_of.get(name, -1)
-        node = next(n for n in gm.graph.nodes if n.name == name)
-        dsts = tuple(sorted({ref.block_of[u.name] for u in node.users if u.name in ref.block_of} - {src}))
+        dsts = tuple(sorted({ref.block_of[u.name] for u in nodes[name].users if u.name in ref.block_of} - {src}))
         info = ref.values[name]
         tensors.append(
             TensorCost(
@@ -316,25 +352,7 @@ def _make_profile(
                 shape=info.shape,
             )
         )
-    dtypes = {p.dtype for p in gm.parameters()}
-    return Profile(
-        model=str(loaded.spec),
-        fingerprint=ref.fingerprint(),
-        device=_device_name(dev),
-        torch_version=torch.__version__,
-        dtype=str(dtypes.pop()).removeprefix("torch.") if len(dtypes) == 1 else "mixed",
-        micro_batch_sizes=tuple(sizes),
-        method="measured",
-        blocks=tuple(blocks),
-        tensors=tuple(tensors),
-        shared_params=ref.shared_params,
-        model_file=str(loaded.spec.path),
-        factory=loaded.spec.factory,
-        model_kwargs=loaded.spec.kwarg_items(),
-        tracer=ref.tracer,
-        leaf_modules=tuple(leaf_modules),
-        max_blocks=max_blocks,
-    )
+    return tuple(tensors)
 
 
 def _crossing_values(traced: TracedModel) -> list[str]:

@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     from autopipe_cli.run_cmd import add_run_parser
 
     add_run_parser(commands)
+    from autopipe_cli.analytic_cmd import add_calibrate_parser
+
+    add_calibrate_parser(commands)
     return parser
 
 
@@ -102,7 +105,11 @@ def _add_profiling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocks", default=None, metavar="N", help="target number of blocks (default: about one per layer)")
     p.add_argument("--warmup", default="2", metavar="N", help="untimed runs before measuring (default: 2)")
     p.add_argument("--repeat", default="5", metavar="N", help="timed runs per measurement (default: 5)")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    p.add_argument(
+        "--device", default=None,
+        help="cpu, cuda or cuda:N to measure on (default: cuda if available); for plan, a catalogue device "
+        "(h100, h200, a100-80gb, a100-40gb, or your --device-file's) to plan analytically on the meta device",
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- profile

@@ -10,11 +10,18 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from autopipe.units import parse_bytes, parse_duration, parse_rate
+from autopipe_cli.analytic_cmd import (
+    add_analytic_arguments,
+    analytic_profile_for_plan,
+    device_for,
+    wants_analytic,
+)
 from autopipe_cli.args import UsageError, default_micro_batch_sizes, output_path, positive_int
 from autopipe_cli.render_plan import plan_json, print_plan
 
 if TYPE_CHECKING:
     from autopipe.costs import Profile
+    from autopipe.devices import DeviceSpec
     from autopipe.plans import Plan
 
 __all__ = ["add_plan_parsers"]
@@ -45,6 +52,7 @@ def add_plan_parsers(commands: argparse._SubParsersAction, add_model: object, ad
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--timeline", default=None, metavar="FILE", help="draw the schedule as a Gantt chart (.png or .svg)")
     add_profiling(p)  # type: ignore[operator]
+    add_analytic_arguments(p)
     p.set_defaults(func=cmd_plan)
 
     s = commands.add_parser("show", help="print a saved plan again, with a text timeline")
@@ -79,6 +87,7 @@ def _timeline_path(text: str | None) -> str | None:
 
 
 def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from autopipe.costmodel import state_factor
     from autopipe.costs import Profile
     from autopipe.solve.search import PlanRequest, default_link, plan_pipeline
 
@@ -95,32 +104,103 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
     timeline = _timeline_path(args.timeline)
     if args.profile is None and args.model is None:
         raise UsageError("give a MODEL to profile or --profile profile.json")
+    if args.dtype is not None and not wants_analytic(args):
+        raise UsageError(f"--dtype {args.dtype} applies to analytic plans; add --device NAME (e.g. h100) or --analytic")
 
     from autopipe_cli.main import profile_for_plan
 
+    spec = None
     if args.profile is not None:
         profile = Profile.load(args.profile)
         if args.model is not None:
             _check_fingerprint(args, profile)
+        if wants_analytic(args):
+            spec = device_for(args)  # links and memory of the named device
+    elif wants_analytic(args):
+        spec = device_for(args)
+        profile = analytic_profile_for_plan(args, spec)
     else:
         args.micro_batch_sizes = args.micro_batch_sizes or ",".join(map(str, default_micro_batch_sizes(min(batch, 8))))
         profile = profile_for_plan(args, err)
-    link_bw, link_lat = default_link(profile.device)
-    request = PlanRequest(
-        stages=stages or _default_stages(),
-        batch_size=batch,
-        memory_bytes=memory or _device_memory(profile.device),
-        micro_batches=micro,
-        schedule=args.schedule,
-        virtual=virtual,
-        recompute="never" if args.no_recompute else "always" if args.recompute_all else "auto",
-        link_bandwidth=bandwidth or link_bw,
-        link_latency_s=link_lat if latency is None else latency,
-    )
-    plan = plan_pipeline(profile, request)
+    link_bw, link_lat = default_link(profile.device) if spec is None else (spec.nvlink_bandwidth, spec.link_latency_s)
+    memory = memory or (spec.memory_bytes if spec is not None else _device_memory(profile.device))
+    recompute = "never" if args.no_recompute else "always" if args.recompute_all else "auto"
+    factor = state_factor(profile) if profile.method == "analytic" else PlanRequest.state_factor
+    note = ""
+    if args.gpus is not None:
+        plan, note = _plan_parallel(args, profile, spec, batch, memory, stages, micro, virtual, recompute, bandwidth, latency)
+    else:
+        if args.zero1:
+            raise UsageError("--zero1 shards optimizer state across data-parallel replicas; give --gpus G as well")
+        request = PlanRequest(
+            stages=stages or _default_stages(),
+            batch_size=batch,
+            memory_bytes=memory,
+            micro_batches=micro,
+            schedule=args.schedule,
+            virtual=virtual,
+            recompute=recompute,
+            link_bandwidth=bandwidth or link_bw,
+            link_latency_s=link_lat if latency is None else latency,
+            state_factor=factor,
+        )
+        plan = plan_pipeline(profile, request)
     plan.save(output)
     _show(plan, out, args.json, timeline, wrote=f"wrote {output}")
+    if note and not args.json:
+        out.print(note)
     return 0
+
+
+def _plan_parallel(
+    args: argparse.Namespace, profile: Profile, spec: DeviceSpec | None, batch: int, memory: float,
+    stages: int | None, micro: int | None, virtual: int | None, recompute: str,
+    bandwidth: float | None, latency: float | None,
+) -> tuple[Plan, str]:  # fmt: skip
+    """``--gpus G``: the best S x D split; returns the plan and lines on the choice."""
+    from autopipe.costmodel import BYTES_PER_PARAM
+    from autopipe.devices import device_spec, match_device
+    from autopipe.solve.parallel import Cluster, ParallelRequest, plan_parallel
+    from autopipe.solve.search import PlanRequest, default_link
+
+    gpus = positive_int(args.gpus, "--gpus")
+    if spec is None:
+        name = match_device(profile.device, args.device_file)
+        spec = device_spec(name, args.device_file) if name is not None else None
+    if spec is not None:
+        cluster = Cluster.of(spec, gpus)
+    else:
+        bw, lat = default_link(profile.device)
+        cluster = Cluster(gpus, gpus, bw, bw, lat)
+    if bandwidth is not None or latency is not None:
+        cluster = Cluster(
+            gpus, cluster.devices_per_node, bandwidth or cluster.nvlink_bandwidth, bandwidth or cluster.network_bandwidth,
+            cluster.link_latency_s if latency is None else latency,
+        )  # fmt: skip
+    per_param = BYTES_PER_PARAM if profile.method == "analytic" else PlanRequest.state_factor * _element_size(profile)
+    result = plan_parallel(
+        profile,
+        ParallelRequest(
+            cluster, batch, memory, bytes_per_param=per_param, shard_optimizer=args.zero1, stages=stages,
+            micro_batches=micro, schedule=args.schedule, virtual=virtual, recompute=recompute,
+        ),
+    )  # fmt: skip
+    lines = [f"data x pipeline parallel on {gpus} devices: {result.plan.parallel_note}"]
+    if result.rejected:
+        lines.append("no plan for: " + "; ".join(f"S={r.stages} x D={r.data_parallel} ({_short(r.reason)})" for r in result.rejected))
+    return result.plan, "\n".join(lines)
+
+
+def _short(reason: str) -> str:
+    marker = "the smallest limit that fits is "
+    if marker in reason:
+        return "needs " + reason.split(marker, 1)[1].split(" per device", 1)[0]
+    return reason.split(" per device", 1)[0]
+
+
+def _element_size(profile: Profile) -> float:
+    params = sum(b.params for b in profile.blocks)
+    return sum(b.param_bytes for b in profile.blocks) / params if params else 4.0
 
 
 def _check_fingerprint(args: argparse.Namespace, profile: Profile) -> None:

@@ -82,6 +82,9 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "iteration_time_s": plan.iteration_time_s,
         "bubble_fraction": plan.bubble_fraction,
         "throughput": plan.throughput,
+        "data_parallel": plan.data_parallel,
+        "allreduce_s": plan.allreduce_s,
+        "step_time_s": plan.step_time_s,
         "memory_limit_bytes": plan.memory_limit_bytes,
         "peak_memory_bytes": list(plan.peak_memory_bytes),
         "stages": [

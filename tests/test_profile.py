@@ -11,7 +11,7 @@ from torch import nn
 from autopipe.costs import Affine, Profile
 from autopipe.errors import ProfileError
 from autopipe.load import LoadedModel, ModelSpec, default_loss
-from autopipe.profile import measure_blocks, profile_model, saved_bytes, time_call
+from autopipe.profile import measure_blocks, profile_model, saved_bytes, storage_key, time_call
 from autopipe.trace import trace_model
 
 
@@ -74,7 +74,7 @@ def test_sum_of_block_saved_bytes_matches_the_whole_model() -> None:
     x = torch.randint(0, 512, (4, 64))
     traced = trace_model(model, x, micro_batch_size=4, tracer="fx")
     per_block = sum(m.saved_bytes for m in measure_blocks(traced, x, warmup=0, repeat=1))
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    params = {storage_key(p) for p in model.parameters()}
     whole = saved_bytes(lambda: model(x), exclude=params)
     # A tensor saved by ops on both sides of a block boundary (the residual stream read by
     # the next layer's norm and by this layer's add) is the only allowed difference.
@@ -84,7 +84,7 @@ def test_sum_of_block_saved_bytes_matches_the_whole_model() -> None:
 def test_saved_bytes_counts_shared_storage_once_and_skips_parameters() -> None:
     lin = nn.Linear(16, 16)
     x = torch.randn(8, 16, requires_grad=True)
-    params = {p.untyped_storage().data_ptr() for p in lin.parameters()}
+    params = {storage_key(p) for p in lin.parameters()}
     # x is saved by both matmuls (once), the weight is a parameter (skipped).
     assert saved_bytes(lambda: lin(x) + lin(x), exclude=params) == 8 * 16 * 4
 

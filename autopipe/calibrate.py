@@ -1,0 +1,163 @@
+"""Fit the roofline's efficiencies to a measured profile: ``autopipe calibrate PROFILE``.
+
+The analytic model prices every op as ``max(flops / (peak * ce), bytes / (bw * me)) + o``
+(``costmodel.op_time``). Given a Profile measured on the present device, the model it came
+from is counted again on the meta device (same tracer, same blocks: the fingerprints must
+match), and the compute efficiency ``ce``, memory efficiency ``me`` and per-op overhead ``o``
+are chosen to minimise the squared log error of every block's forward and backward time at
+every measured micro-batch size (a grid over ``ce`` and ``me``, the best ``o`` for each):
+relative errors, so small blocks count as much as large ones.
+
+The result is stored as a device file entry (the shape of ``devices.json``, plus how it was
+fitted) under the calibration store (``$AUTOPIPE_CALIBRATION_DIR``, else
+``~/.cache/autopipe/calibration``) as ``<device>.json``, or where ``-o`` says; the analytic
+profile for that device then uses it (:func:`stored_calibration`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autopipe._io import atomic_write_text
+from autopipe.costmodel import ModelCounts, count_model
+from autopipe.costs import Profile
+from autopipe.counting import OpCount
+from autopipe.devices import DeviceSpec, device_spec, match_device, read_device_file
+from autopipe.errors import ProfileError
+
+__all__ = ["Calibration", "calibrate", "calibration_dir", "fit_efficiency", "save_calibration", "stored_calibration"]
+
+_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+_GRID = np.geomspace(0.02, 1.0, 40)
+_OVERHEADS = np.concatenate(([0.0], np.geomspace(1e-7, 1e-3, 61)))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    spec: DeviceSpec  # the device with fitted efficiencies and overhead
+    profile: str  # the measured profile's model
+    observations: int  # block times fitted
+    median_error: float  # median |predicted / measured - 1| after the fit
+    max_error: float
+
+
+def calibration_dir() -> Path:
+    env = os.environ.get("AUTOPIPE_CALIBRATION_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "autopipe" / "calibration"
+
+
+def calibrate(profile: Profile, *, device_files: Sequence[str | Path] = (), counts: ModelCounts | None = None) -> Calibration:
+    """Fit the efficiencies of the device ``profile`` was measured on (see the module docstring)."""
+    from autopipe.load import load_model, parse_kwargs
+
+    if profile.method != "measured":
+        raise ProfileError(f"calibrate needs a measured profile (this one is {profile.method}); make one with 'autopipe profile MODEL'")
+    name = match_device(profile.device, device_files)
+    if name is None:
+        raise ProfileError(
+            f"profile device {profile.device!r} matches no catalogue entry; add one whose 'match' names it (--device-file)"
+        )
+    base = device_spec(name, device_files)
+    if counts is None:
+        if not profile.model_file:
+            raise ProfileError("the profile does not name its model file; profile the model again with 'autopipe profile MODEL'")
+        loaded = load_model(f"{profile.model_file}:{profile.factory}", parse_kwargs(profile.model_kwargs), device="meta")
+        counts = count_model(
+            loaded, micro_batch_sizes=profile.micro_batch_sizes, dtype=_DTYPES.get(profile.dtype, "fp32"),
+            tracer=profile.tracer, leaf_modules=profile.leaf_modules, max_blocks=profile.max_blocks,
+        )  # fmt: skip
+    if counts.traces[0].fingerprint() != profile.fingerprint:
+        raise ProfileError("the profile was made from another model than its model file builds now; profile it again")
+    ops: list[Sequence[OpCount]] = []
+    measured: list[float] = []
+    for k, u in enumerate(counts.sizes):
+        for i, b in enumerate(profile.blocks):
+            c = counts.counts[k][i]
+            for seq, t in ((c.forward, b.forward_s(u)), (c.backward, b.backward_s(u))):
+                if t > 0 and seq:
+                    ops.append(seq)
+                    measured.append(t)
+    if not measured:
+        raise ProfileError("the profile has no block times to calibrate with; profile the model again")
+    spec, errors = fit_efficiency(base, counts.precision.compute, ops, measured)
+    return Calibration(spec, profile.model, len(measured), float(np.median(errors)), float(np.max(errors)))
+
+
+def fit_efficiency(
+    base: DeviceSpec, compute: str, ops: Sequence[Sequence[OpCount]], measured: Sequence[float]
+) -> tuple[DeviceSpec, np.ndarray]:
+    """``base`` with the (ce, me, o) that minimise the squared log error; and the relative errors."""
+    peak, bw = base.peak(compute), base.memory_bandwidth
+    flat_c = np.array([op.flops / peak for seq in ops for op in seq])
+    flat_m = np.array([op.bytes / bw for seq in ops for op in seq])
+    owner = np.repeat(np.arange(len(ops)), [len(seq) for seq in ops])
+    n_ops = np.array([len(seq) for seq in ops], dtype=float)
+    y = np.log(np.asarray(measured))
+    best: tuple[float, float, float, float] = (math.inf, 1.0, 1.0, 0.0)
+    for ce in _GRID:
+        for me in _GRID:
+            work = np.bincount(owner, np.maximum(flat_c / ce, flat_m / me), minlength=len(ops))
+            pred = work[None, :] + _OVERHEADS[:, None] * n_ops[None, :]  # (overheads, observations)
+            loss = ((np.log(np.maximum(pred, 1e-12)) - y[None, :]) ** 2).sum(axis=1)
+            j = int(np.argmin(loss))
+            if loss[j] < best[0]:
+                best = (float(loss[j]), float(ce), float(me), float(_OVERHEADS[j]))
+    _, ce, me, o = best
+    spec = base.calibrated(ce, me, o)
+    fitted = np.bincount(owner, np.maximum(flat_c / ce, flat_m / me), minlength=len(ops)) + o * n_ops
+    return spec, np.abs(fitted / np.asarray(measured) - 1.0)
+
+
+def _entry(cal: Calibration) -> dict[str, Any]:
+    s = cal.spec
+    return {
+        s.name: {
+            "description": s.description,
+            "match": list(s.match),
+            "aliases": list(s.aliases),
+            "peak_flops": dict(s.peak_flops),
+            "memory_bytes": s.memory_bytes,
+            "memory_bandwidth": s.memory_bandwidth,
+            "nvlink_bandwidth": s.nvlink_bandwidth,
+            "network_bandwidth": s.network_bandwidth,
+            "devices_per_node": s.devices_per_node,
+            "link_latency_s": s.link_latency_s,
+            "compute_efficiency": s.compute_efficiency,
+            "memory_efficiency": s.memory_efficiency,
+            "op_overhead_s": s.op_overhead_s,
+            "calibrated_from": cal.profile,
+            "observations": cal.observations,
+            "median_error": cal.median_error,
+            "max_error": cal.max_error,
+        }
+    }
+
+
+def save_calibration(cal: Calibration, path: str | Path | None = None) -> Path:
+    """Write ``cal`` as a device file entry (default: the store, ``<device>.json``)."""
+    target = Path(path) if path is not None else calibration_dir() / f"{cal.spec.name}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(target, json.dumps(_entry(cal), indent=1, sort_keys=True))
+    return target
+
+
+def stored_calibration(spec: DeviceSpec, path: str | Path | None = None) -> DeviceSpec:
+    """``spec`` as calibrated in ``path`` (default: the store's ``<name>.json``), if it exists."""
+    target = Path(path) if path is not None else calibration_dir() / f"{spec.name}.json"
+    if path is None and not target.is_file():
+        return spec
+    entries = read_device_file(target)
+    if spec.name in entries:
+        return entries[spec.name]
+    if len(entries) == 1 and path is not None:
+        only = next(iter(entries.values()))
+        return replace(spec, compute_efficiency=only.compute_efficiency, memory_efficiency=only.memory_efficiency, op_overhead_s=only.op_overhead_s)
+    raise ProfileError(f"calibration file {target} has no entry for device {spec.name} (it has: {', '.join(entries)})")

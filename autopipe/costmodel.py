@@ -1,0 +1,331 @@
+"""The analytic profile: a model's block costs from counting, for hardware you are not at.
+
+The model is built on the meta device (no weights allocated), traced by the measured
+profiler's own tracer (``trace.trace_model``: same blocks, same fingerprint for the same
+model and dtype), and every block's segment is run on meta inputs, forward and backward,
+under :mod:`autopipe.counting`, at each micro-batch size. Identical blocks (a transformer's
+layers) are counted once. Per op, time is a roofline (Williams et al. 2009)::
+
+    t_op = max(flops / (peak[dtype] * compute_efficiency),
+               bytes / (memory_bandwidth * memory_efficiency)) + op_overhead_s
+
+and a block's forward / backward / input-gradient time is the sum over its ops. Bytes saved
+for backward are counted by the measured profiler's ``saved_tensors_hooks`` path, so the two
+profiles agree on them exactly; the result is a :class:`~autopipe.costs.Profile` with
+``method="analytic"``, interchangeable with a measured one as planner input.
+
+Precision. ``fp32``: fp32 weights, activations and matmuls. ``tf32``: the same with TF32
+matmuls. ``bf16`` / ``fp16`` (mixed precision, Micikevicius et al. 2018): weights and
+activations in 16 bits, fp32 master weights and Adam moments. Device memory per parameter,
+either way (:data:`BYTES_PER_PARAM`)::
+
+    fp32:  4 weight + 4 grad + 4 Adam m + 4 Adam v                       = 16 bytes
+    bf16:  2 weight + 2 grad + 4 fp32 master + 4 Adam m + 4 Adam v       = 16 bytes
+
+which the planner takes as ``state_factor = 16 / (bytes of one stored parameter)`` times the
+profile's parameter bytes (:func:`state_factor`); activations are counted in the stored dtype.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from autopipe.costs import Affine, BlockCost, Profile
+from autopipe.counting import BlockCount, OpCount, count_block
+from autopipe.devices import DeviceSpec
+from autopipe.errors import ProfileError
+from autopipe.profile import crossing_tensors, storage_key
+from autopipe.segment import extract
+from autopipe.trace import TracedModel, trace_model
+
+__all__ = [
+    "BYTES_PER_PARAM",
+    "PRECISIONS",
+    "ModelCounts",
+    "Precision",
+    "analytic_profile",
+    "block_time",
+    "count_model",
+    "profile_from_counts",
+    "state_factor",
+]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How a model is stored and computed in training."""
+
+    name: str  # "fp32", "tf32", "bf16", "fp16"
+    dtype: torch.dtype  # weights and activations
+    compute: str  # the device peak that prices its matmuls
+    bytes_per_param: float  # device memory per parameter: weights, grads, master, Adam
+
+
+PRECISIONS = {
+    "fp32": Precision("fp32", torch.float32, "fp32", 16.0),
+    "tf32": Precision("tf32", torch.float32, "tf32", 16.0),
+    "bf16": Precision("bf16", torch.bfloat16, "bf16", 16.0),
+    "fp16": Precision("fp16", torch.float16, "fp16", 16.0),
+}
+BYTES_PER_PARAM = 16.0
+
+
+def precision(name: str) -> Precision:
+    if name not in PRECISIONS:
+        raise ProfileError(f"unknown dtype {name!r}; use one of: {', '.join(PRECISIONS)}")
+    return PRECISIONS[name]
+
+
+def state_factor(profile: Profile, bytes_per_param: float = BYTES_PER_PARAM) -> float:
+    """Device bytes per parameter byte of ``profile`` (``PlanRequest.state_factor``)."""
+    params = sum(b.params for b in profile.blocks)
+    nbytes = sum(b.param_bytes for b in profile.blocks)
+    return bytes_per_param * params / nbytes if nbytes else 4.0
+
+
+@dataclass(frozen=True)
+class ModelCounts:
+    """A model traced and counted at several micro-batch sizes (device independent)."""
+
+    traces: tuple[TracedModel, ...]  # one per size, ascending
+    counts: tuple[tuple[BlockCount, ...], ...]  # [size][block]
+    loaded: Any  # the load.LoadedModel it came from (built on meta)
+    precision: Precision
+    leaf_modules: tuple[str, ...] = ()
+    max_blocks: int | None = None
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(t.micro_batch_size for t in self.traces)
+
+
+def count_model(
+    loaded: Any,
+    *,
+    micro_batch_sizes: Sequence[int] = (1, 2),
+    dtype: str = "fp32",
+    tracer: str = "auto",
+    leaf_modules: Sequence[str] = (),
+    max_blocks: int | None = None,
+) -> ModelCounts:
+    """Trace ``loaded`` (a ``load.LoadedModel``, ideally built on meta) and count every block."""
+    prec = precision(dtype)
+    sizes = sorted(set(micro_batch_sizes))
+    if not sizes or sizes[0] < 1:
+        raise ProfileError(f"micro-batch sizes must be positive integers (got {list(micro_batch_sizes)})")
+    model = _on_meta(loaded.model, prec.dtype)
+    model.train()
+    traces: list[TracedModel] = []
+    counts: list[tuple[BlockCount, ...]] = []
+    for u in sizes:
+        inputs = _meta_inputs(loaded.make_inputs(u), prec.dtype)
+        traced = trace_model(
+            model, inputs, micro_batch_size=u, tracer=traces[0].tracer if traces else tracer,
+            leaf_modules=leaf_modules, max_blocks=max_blocks, source=loaded.spec.path,
+        )  # fmt: skip
+        if traces and [b.nodes for b in traced.blocks] != [b.nodes for b in traces[0].blocks]:
+            raise ProfileError(
+                f"the model's graph changes with the micro-batch size ({sizes[0]} vs {u}); count one size only"
+            )
+        traces.append(traced)
+        counts.append(_count_blocks(traced, inputs))
+    return ModelCounts(tuple(traces), tuple(counts), loaded, prec, tuple(leaf_modules), max_blocks)
+
+
+def _on_meta(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``model`` on meta in ``dtype``; a model with real weights is copied, never changed."""
+    if any(not t.is_meta for t in (*model.parameters(), *model.buffers())):
+        model = copy.deepcopy(model).to("meta")
+    return model.to(dtype)
+
+
+def _meta_inputs(inputs: Any, dtype: torch.dtype) -> Any:
+    def move(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        t = t.to("meta")
+        return t.to(dtype) if t.is_floating_point() else t
+
+    return torch.utils._pytree.tree_map(move, inputs)
+
+
+def _count_blocks(traced: TracedModel, inputs: Any) -> tuple[BlockCount, ...]:
+    """Count each block on the values the blocks before it produced; a block that computes
+    what an earlier one did (same ops, same shapes) reuses its count and its outputs' layout."""
+    from autopipe.profile import _flat_inputs
+
+    gm = traced.gm
+    exclude = {storage_key(p) for p in gm.parameters()}
+    env: dict[str, Any] = dict(zip(traced.input_names, _flat_inputs(traced, inputs), strict=True))
+    seen: dict[tuple[Any, ...], tuple[BlockCount, tuple[Any, ...]]] = {}
+    by_name = {n.name: n for n in gm.graph.nodes}
+    out = []
+    for block in traced.blocks:
+        nodes = [by_name[name] for name in block.nodes]
+        key, _inputs, output_names = _signature(gm, nodes, env)
+        if key in seen:
+            count, outs = seen[key]
+            outs = _fresh_like(outs)
+        else:
+            seg = extract(gm, block.nodes)
+            count, outs = count_block(seg.module, [env[name] for name in seg.inputs], exclude)
+            seen[key] = (count, outs)
+        env.update(zip(output_names, outs, strict=True))
+        out.append(count)
+    return tuple(out)
+
+
+def _fresh_like(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """New meta tensors with the shapes, strides and storages of ``values`` (shared storages
+    stay shared among them), so no two blocks' outputs are taken for one storage."""
+    bases: dict[int, torch.Tensor] = {}
+    out = []
+    for v in values:
+        if not isinstance(v, torch.Tensor):
+            out.append(v)
+            continue
+        key = storage_key(v)
+        if key not in bases:
+            numel = v.untyped_storage().nbytes() // max(1, v.element_size())
+            bases[key] = torch.empty(numel, dtype=v.dtype, device="meta")
+        out.append(bases[key].as_strided(v.shape, v.stride(), v.storage_offset()))
+    return tuple(out)
+
+
+def _signature(
+    gm: torch.fx.GraphModule, nodes: Sequence[torch.fx.Node], env: dict[str, Any]
+) -> tuple[tuple[Any, ...], list[str], list[str]]:
+    """The block's computation up to renaming (ops, constants, shapes of inputs and weights),
+    with the names of the values it reads (first-use order, as ``extract``) and makes for others."""
+    inside = set(nodes)
+    index: dict[torch.fx.Node, str] = {}
+    items: list[Any] = []
+    inputs: list[str] = []
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a in index or a in inside:
+                continue
+            if a.op == "get_attr":
+                v = _fetch(gm, str(a.target))
+                items.append(("attr", _describe(v), isinstance(v, nn.Parameter)))
+            else:
+                inputs.append(a.name)
+                items.append(("in", _describe(env[a.name])))
+            index[a] = f"%{len(index)}"
+        if n.op == "call_module":
+            m = gm.get_submodule(str(n.target))
+            head: Any = ("mod", repr(m), tuple(_describe(t) for t in (*m.parameters(), *m.buffers())))
+        else:
+            head = (n.op, str(n.target))
+        items.append((head, repr(torch.fx.node.map_arg((n.args, n.kwargs), lambda a: index[a]))))
+        index[n] = f"%{len(index)}"
+    outputs = [n.name for n in nodes if any(u not in inside for u in n.users)]
+    return tuple(items), inputs, outputs
+
+
+def _describe(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return (tuple(v.shape), str(v.dtype), v.requires_grad or v.is_floating_point())
+    return repr(v)
+
+
+def _fetch(gm: torch.fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# --------------------------------------------------------------------------- time
+
+
+def op_time(op: OpCount, spec: DeviceSpec, peak: float) -> float:
+    """Roofline time of one op on ``spec`` (``peak``: FLOP/s of the op's compute dtype)."""
+    compute = op.flops / (peak * spec.compute_efficiency)
+    memory = op.bytes / (spec.memory_bandwidth * spec.memory_efficiency)
+    return max(compute, memory) + spec.op_overhead_s
+
+
+def block_time(ops: Sequence[OpCount], spec: DeviceSpec, compute: str) -> float:
+    """Seconds for ``ops`` run one after another on ``spec``."""
+    peak = spec.peak(compute)
+    return sum(op_time(op, spec, peak) for op in ops)
+
+
+def profile_from_counts(counts: ModelCounts, spec: DeviceSpec) -> Profile:
+    """Price ``counts`` on ``spec``: the analytic Profile."""
+    ref = counts.traces[0]
+    gm = ref.gm
+    xs = [float(u) for u in counts.sizes]
+    compute = counts.precision.compute
+
+    def fit(i: int, what: Any) -> Affine:
+        return Affine.fit(xs, [float(what(c[i])) for c in counts.counts])
+
+    blocks = []
+    for i, b in enumerate(ref.blocks):
+        owned = [gm.get_parameter(p) for p in b.params]
+        forward = fit(i, lambda c: block_time(c.forward, spec, compute))
+        backward = fit(i, lambda c: block_time(c.backward, spec, compute))
+        backward_input = fit(i, lambda c: min(block_time(c.backward_input, spec, compute), block_time(c.backward, spec, compute)))
+        blocks.append(
+            BlockCost(
+                name=b.name,
+                nodes=b.nodes,
+                params=sum(p.numel() for p in owned),
+                param_bytes=sum(p.numel() * p.element_size() for p in owned),
+                forward_s=forward,
+                backward_s=backward,
+                backward_input_s=backward_input,
+                backward_weight_s=Affine(
+                    max(0.0, backward.intercept - backward_input.intercept),
+                    max(0.0, backward.slope - backward_input.slope),
+                ),
+                saved_bytes=fit(i, lambda c: c.saved_bytes),
+                forward_flops=fit(i, lambda c: c.forward_flops),
+                backward_flops=fit(i, lambda c: c.backward_flops),
+            )
+        )
+    loaded = counts.loaded
+    return Profile(
+        model=str(loaded.spec),
+        fingerprint=ref.fingerprint(),
+        device=f"{spec.name}: {spec.description} (analytic, {counts.precision.name})",
+        torch_version=torch.__version__,
+        dtype=str(counts.precision.dtype).removeprefix("torch."),
+        micro_batch_sizes=counts.sizes,
+        method="analytic",
+        blocks=tuple(blocks),
+        tensors=crossing_tensors(counts.traces),
+        shared_params=ref.shared_params,
+        model_file=str(loaded.spec.path),
+        factory=loaded.spec.factory,
+        model_kwargs=loaded.spec.kwarg_items(),
+        tracer=ref.tracer,
+        leaf_modules=counts.leaf_modules,
+        max_blocks=counts.max_blocks,
+    )
+
+
+def analytic_profile(
+    loaded: Any,
+    spec: DeviceSpec,
+    *,
+    micro_batch_sizes: Sequence[int] = (1, 2),
+    dtype: str = "fp32",
+    tracer: str = "auto",
+    leaf_modules: Sequence[str] = (),
+    max_blocks: int | None = None,
+) -> Profile:
+    """Count ``loaded`` on meta and price it on ``spec`` (see the module docstring)."""
+    counts = count_model(
+        loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, tracer=tracer,
+        leaf_modules=leaf_modules, max_blocks=max_blocks,
+    )  # fmt: skip
+    return profile_from_counts(counts, spec)

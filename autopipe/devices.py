@@ -1,0 +1,218 @@
+"""Accelerator specs: what the analytic cost model prices a block's FLOPs and bytes with.
+
+The catalogue is a data file, ``autopipe/devices.json`` (A100 40/80 GB, H100 SXM, H200;
+figures from NVIDIA's datasheets, dense, no sparsity), which users extend with entries of the
+same shape in their own file: ``--device-file my.json`` or ``AUTOPIPE_DEVICES=my.json``
+(several files joined by ``os.pathsep``); a user entry with a catalogue name replaces it.
+``cpu`` is not in the file: it is measured on the spot (a matmul benchmark per dtype and a
+memcpy), so it describes this machine.
+
+Every figure is per device and one direction: peak dense FLOP/s per compute dtype, memory size
+and bandwidth, the link to devices in the same node (NVLink) and to other nodes (the device's
+share of the network, e.g. one 400 Gb/s InfiniBand NIC per GPU: 50 GB/s). The efficiencies
+and the per-op overhead say how close real kernels get to the peaks (the roofline of
+Williams et al. 2009, per op); ``autopipe calibrate`` fits them on the present device.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from autopipe.errors import AutopipeError
+
+__all__ = [
+    "CATALOGUE_FILE",
+    "DTYPES",
+    "DeviceError",
+    "DeviceSpec",
+    "device_files_from_env",
+    "device_spec",
+    "known_devices",
+    "load_catalogue",
+    "match_device",
+    "measure_cpu",
+    "read_device_file",
+]
+
+CATALOGUE_FILE = Path(__file__).with_name("devices.json")
+DTYPES = ("fp32", "tf32", "bf16", "fp16")  # compute dtypes a spec gives peaks for
+ENV_VAR = "AUTOPIPE_DEVICES"
+
+
+class DeviceError(AutopipeError):
+    """An unknown device name, or a device file that cannot be read."""
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator (all rates per device, one direction)."""
+
+    name: str  # catalogue key, e.g. "h100"
+    description: str
+    peak_flops: tuple[tuple[str, float], ...]  # (compute dtype, dense FLOP/s), sorted by dtype
+    memory_bytes: float
+    memory_bandwidth: float  # bytes/s, device memory
+    nvlink_bandwidth: float  # bytes/s to a device in the same node
+    network_bandwidth: float  # bytes/s to a device in another node
+    devices_per_node: int
+    link_latency_s: float = 10e-6
+    compute_efficiency: float = 0.6  # fraction of peak FLOP/s a matmul reaches
+    memory_efficiency: float = 0.7  # fraction of memory bandwidth a memory-bound op reaches
+    op_overhead_s: float = 5e-6  # fixed cost per op (kernel launch, dispatch)
+    match: tuple[str, ...] = ()  # substrings of torch's device name that mean this device
+    aliases: tuple[str, ...] = ()
+
+    def peak(self, dtype: str) -> float:
+        """Peak dense FLOP/s for compute dtype ``dtype`` (fp32, tf32, bf16, fp16)."""
+        table = dict(self.peak_flops)
+        if dtype in table:
+            return table[dtype]
+        if dtype == "tf32" and "fp32" in table:
+            return table["fp32"]
+        if dtype == "fp16" and "bf16" in table:
+            return table["bf16"]
+        raise DeviceError(f"device {self.name} gives no peak for {dtype}; add peak_flops.{dtype} to its entry (it has: {', '.join(table)})")
+
+    def calibrated(self, compute_efficiency: float, memory_efficiency: float, op_overhead_s: float) -> DeviceSpec:
+        return replace(
+            self, compute_efficiency=compute_efficiency, memory_efficiency=memory_efficiency, op_overhead_s=op_overhead_s
+        )
+
+
+def _spec(name: str, raw: Mapping[str, Any], source: str) -> DeviceSpec:
+    try:
+        peaks = raw["peak_flops"]
+        spec = DeviceSpec(
+            name=name,
+            description=str(raw.get("description", name)),
+            peak_flops=tuple(sorted((str(k), float(v)) for k, v in peaks.items())),
+            memory_bytes=float(raw["memory_bytes"]),
+            memory_bandwidth=float(raw["memory_bandwidth"]),
+            nvlink_bandwidth=float(raw["nvlink_bandwidth"]),
+            network_bandwidth=float(raw["network_bandwidth"]),
+            devices_per_node=int(raw.get("devices_per_node", 8)),
+            link_latency_s=float(raw.get("link_latency_s", 10e-6)),
+            compute_efficiency=float(raw.get("compute_efficiency", 0.6)),
+            memory_efficiency=float(raw.get("memory_efficiency", 0.7)),
+            op_overhead_s=float(raw.get("op_overhead_s", 5e-6)),
+            match=tuple(str(m) for m in raw.get("match", ())),
+            aliases=tuple(str(a).lower() for a in raw.get("aliases", ())),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise DeviceError(
+            f"device {name!r} in {source} is incomplete ({type(e).__name__}: {e}); "
+            f"give peak_flops, memory_bytes, memory_bandwidth, nvlink_bandwidth, network_bandwidth (see {CATALOGUE_FILE})"
+        ) from None
+    rates = (spec.memory_bytes, spec.memory_bandwidth, spec.nvlink_bandwidth, spec.network_bandwidth)
+    effs = (spec.compute_efficiency, spec.memory_efficiency)
+    if min(rates) <= 0 or any(v <= 0 for _, v in spec.peak_flops) or spec.devices_per_node < 1 or not all(0 < e <= 1 for e in effs):
+        raise DeviceError(f"device {name!r} in {source}: sizes and rates must be positive and efficiencies in (0, 1]")
+    return spec
+
+
+def read_device_file(path: Path) -> dict[str, DeviceSpec]:
+    if not path.is_file():
+        raise DeviceError(f"device file not found: {path}; write one like {CATALOGUE_FILE}")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise DeviceError(f"device file {path} is not valid JSON ({e}); fix it") from None
+    if not isinstance(raw, dict):
+        raise DeviceError(f"device file {path} must hold an object of named devices, like {CATALOGUE_FILE}")
+    return {k.lower(): _spec(k.lower(), v, str(path)) for k, v in raw.items() if not k.startswith("_")}
+
+
+def device_files_from_env() -> tuple[Path, ...]:
+    """The user's device files named by ``AUTOPIPE_DEVICES`` (``os.pathsep``-separated)."""
+    text = os.environ.get(ENV_VAR, "")
+    return tuple(Path(p) for p in text.split(os.pathsep) if p.strip())
+
+
+def load_catalogue(device_files: Sequence[str | Path] = ()) -> dict[str, DeviceSpec]:
+    """The built-in catalogue, then ``AUTOPIPE_DEVICES``' files, then ``device_files``."""
+    out = read_device_file(CATALOGUE_FILE)
+    for path in (*device_files_from_env(), *map(Path, device_files)):
+        out.update(read_device_file(path))
+    return out
+
+
+def known_devices(device_files: Sequence[str | Path] = ()) -> tuple[str, ...]:
+    return ("cpu", *sorted(load_catalogue(device_files)))
+
+
+def device_spec(name: str, device_files: Sequence[str | Path] = ()) -> DeviceSpec:
+    """The spec called ``name`` (or one of its aliases; any case); ``cpu`` is measured now."""
+    key = name.strip().lower()
+    catalogue = load_catalogue(device_files)
+    if key in catalogue:
+        return catalogue[key]
+    for spec in catalogue.values():
+        if key in spec.aliases:
+            return spec
+    if key == "cpu":
+        return measure_cpu()
+    raise DeviceError(f"unknown device {name!r}; known devices: {', '.join(known_devices(device_files))} (add yours with --device-file)")
+
+
+def match_device(torch_name: str, device_files: Sequence[str | Path] = ()) -> str | None:
+    """Catalogue name for a profile's device string (``"cuda: NVIDIA H200"`` -> ``"h200"``)."""
+    if torch_name.startswith("cpu"):
+        return "cpu"
+    for spec in load_catalogue(device_files).values():
+        if any(m.lower() in torch_name.lower() for m in spec.match):
+            return spec.name
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def measure_cpu() -> DeviceSpec:
+    """This CPU, measured now (about a second): matmul FLOP/s per dtype and memcpy bandwidth.
+
+    Peaks are what a 512 x 512 matmul reaches with torch's current thread count, so the
+    efficiencies start at 1; ``autopipe calibrate`` fits them to a measured profile.
+    """
+    import torch
+
+    def flops(dtype: torch.dtype) -> float:
+        n = 512
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        best = _best_time(lambda: torch.mm(a, b), 5)
+        return 2.0 * n**3 / best
+
+    src = torch.empty(64 * 2**20, dtype=torch.uint8)  # past the caches
+    dst = torch.empty_like(src)
+    copy_s = _best_time(lambda: dst.copy_(src), 5)
+    fp32, bf16 = flops(torch.float32), flops(torch.bfloat16)
+    memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return DeviceSpec(
+        name="cpu",
+        description=f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads (measured)",
+        peak_flops=(("bf16", bf16), ("fp16", bf16), ("fp32", fp32), ("tf32", fp32)),  # sorted, as read from files
+        memory_bytes=memory,
+        memory_bandwidth=2.0 * src.numel() / copy_s,  # read + write
+        nvlink_bandwidth=5e9,  # processes on one host (gloo), as search.default_link
+        network_bandwidth=1.25e9,  # 10 Gb/s Ethernet
+        devices_per_node=max(1, os.cpu_count() or 1),
+        link_latency_s=50e-6,
+        compute_efficiency=1.0,
+        memory_efficiency=1.0,
+        op_overhead_s=10e-6,
+    )
+
+
+def _best_time(fn: Any, repeat: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return max(best, 1e-9)

@@ -1,0 +1,93 @@
+"""Analytic planning on the command line: ``plan --device h100 --gpus 64`` and ``calibrate``.
+
+``autopipe plan MODEL --device NAME`` with a catalogue device (``h100``, ``a100-80gb``, ...;
+``--analytic`` for this CPU) builds MODEL on the meta device and prices it with the analytic
+cost model (no weights allocated); ``--gpus G`` searches pipeline depth x data-parallel width.
+``autopipe calibrate PROFILE`` fits the analytic model's efficiencies to a measured profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from autopipe_cli.args import UsageError, int_list, output_path, positive_int, split_names
+
+if TYPE_CHECKING:
+    from autopipe.costs import Profile
+    from autopipe.devices import DeviceSpec
+
+__all__ = ["add_analytic_arguments", "add_calibrate_parser", "analytic_profile_for_plan", "device_for", "wants_analytic"]
+
+MEASURING_DEVICES = ("cpu", "cuda")
+
+
+def add_analytic_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", default=None, metavar="G", help="devices in all: also choose pipeline depth S x data-parallel width G/S")
+    p.add_argument("--analytic", action="store_true", help="count FLOPs and bytes on the meta device instead of measuring (implied by a catalogue --device)")
+    p.add_argument("--dtype", default=None, choices=("fp32", "tf32", "bf16", "fp16"), help="training precision, analytic mode (default: bf16 on a catalogue GPU, else fp32)")
+    p.add_argument("--device-file", action="append", default=[], metavar="FILE", help="your own device catalogue entries (JSON like autopipe/devices.json; repeatable)")
+    p.add_argument("--calibration", default=None, metavar="FILE", help="efficiencies fitted by 'autopipe calibrate' (default: the stored one for the device, if any)")
+    p.add_argument("--zero1", action="store_true", help="with --gpus: shard optimizer state and master weights across data-parallel replicas (ZeRO-1)")
+
+
+def wants_analytic(args: argparse.Namespace) -> bool:
+    """True for --analytic or a --device that is not one to measure on (cpu, cuda, cuda:N)."""
+    device = (args.device or "").strip().lower()
+    return bool(args.analytic) or (bool(device) and device.partition(":")[0] not in MEASURING_DEVICES)
+
+
+
+def device_for(args: argparse.Namespace) -> DeviceSpec:
+    from autopipe.calibrate import stored_calibration
+    from autopipe.devices import device_spec
+
+    spec = device_spec((args.device or "cpu").partition(":")[0], args.device_file)
+    return stored_calibration(spec, args.calibration)
+
+
+def analytic_profile_for_plan(args: argparse.Namespace, spec: DeviceSpec) -> Profile:
+    """MODEL built on meta and priced on ``spec`` (``-k``, ``--tracer``, ``--leaf``, ``--blocks``)."""
+    from autopipe.costmodel import analytic_profile
+    from autopipe.load import load_model, parse_kwargs
+
+    if args.model is None:
+        raise UsageError("--device NAME plans MODEL analytically; give MODEL (a --profile is already priced)")
+    sizes = int_list(args.micro_batch_sizes, "--micro-batch-sizes") if args.micro_batch_sizes else (1, 2)
+    blocks = positive_int(args.blocks, "--blocks") if args.blocks is not None else None
+    dtype = args.dtype or ("fp32" if spec.name == "cpu" else "bf16")
+    loaded = load_model(args.model, parse_kwargs(args.kwargs), device="meta")
+    return analytic_profile(
+        loaded, spec, micro_batch_sizes=sizes, dtype=dtype, tracer=args.tracer,
+        leaf_modules=split_names(args.leaf), max_blocks=blocks,
+    )  # fmt: skip
+
+
+def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    c = commands.add_parser(
+        "calibrate", help="fit the analytic cost model's efficiencies to a measured profile",
+        description="Count PROFILE's model on the meta device and fit compute efficiency, memory efficiency "
+        "and per-op overhead of the device it was measured on; store them for analytic plans.",
+    )  # fmt: skip
+    c.add_argument("profile", metavar="PROFILE", help="profile JSON written by autopipe profile (measured)")
+    c.add_argument("-o", "--output", default=None, metavar="FILE", help="calibration file to write (default: the calibration store)")
+    c.add_argument("--device-file", action="append", default=[], metavar="FILE", help="your own device catalogue entries")
+    c.set_defaults(func=cmd_calibrate)
+
+
+def cmd_calibrate(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from autopipe.calibrate import calibrate, save_calibration
+    from autopipe.costs import Profile
+
+    target = output_path(args.output, "--output") if args.output else None
+    cal = calibrate(Profile.load(args.profile), device_files=args.device_file)
+    path = save_calibration(cal, target)
+    s = cal.spec
+    out.print(
+        f"{s.name}: compute efficiency {s.compute_efficiency:.3f}, memory efficiency {s.memory_efficiency:.3f}, "
+        f"op overhead {s.op_overhead_s * 1e6:.2f} us; {cal.observations} block times, median error "
+        f"{cal.median_error:.1%}, worst {cal.max_error:.1%}; wrote {path}"
+    )
+    return 0

@@ -1,0 +1,165 @@
+"""Data x pipeline parallel search (autopipe.solve.parallel): pure, on synthetic profiles."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from autopipe.costs import Affine, BlockCost, Profile, TensorCost
+from autopipe.errors import InfeasibleError, PlanError
+from autopipe.plans import Plan
+from autopipe.solve.parallel import (
+    Cluster,
+    Layout,
+    ParallelRequest,
+    layouts,
+    plan_parallel,
+    ring_allreduce_s,
+)
+from autopipe.solve.search import PlanRequest, plan_pipeline
+
+GB = 1e9
+
+
+def chain_profile(n: int = 8, params: int = 10**8, f: float = 1e-3, act: float = 1e8) -> Profile:
+    """``n`` equal blocks in a chain: ``params`` fp32 parameters each, forward ``f`` s per sample."""
+    blocks = tuple(
+        BlockCost(
+            name=f"layers.{i}", nodes=(f"n{i}",), params=params, param_bytes=4 * params,
+            forward_s=Affine(0.0, f), backward_s=Affine(0.0, 2 * f), backward_input_s=Affine(0.0, f),
+            backward_weight_s=Affine(0.0, f), saved_bytes=Affine(0.0, act),
+        )
+        for i in range(n)
+    )
+    tensors = tuple(TensorCost(f"n{i}", i, (i + 1,), Affine(0.0, 1e6)) for i in range(n - 1))
+    return Profile(
+        model="chain", fingerprint="x", device="synthetic", torch_version="", dtype="float32",
+        micro_batch_sizes=(1, 2), method="analytic", blocks=blocks, tensors=tensors,
+    )  # fmt: skip
+
+
+CLUSTER = Cluster(devices=8, devices_per_node=4, nvlink_bandwidth=100 * GB, network_bandwidth=10 * GB, link_latency_s=0.0)
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "group", "bandwidth", "latency", "expected"),
+    [
+        (1e9, 1, 1e9, 0.0, 0.0),  # nothing to reduce
+        (1e9, 2, 1e9, 0.0, 1.0),  # 2 (D-1)/D = 1
+        (1e9, 4, 1e9, 0.0, 1.5),
+        (1e9, 8, 1e10, 1e-3, 2 * 7 / 8 * 0.1 + 14e-3),
+    ],
+)
+def test_ring_allreduce_time(nbytes: float, group: int, bandwidth: float, latency: float, expected: float) -> None:
+    assert ring_allreduce_s(nbytes, group, bandwidth, latency) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("S", "D", "expected"),
+    [
+        (2, 2, [("one node", 100, 100)]),  # 4 devices fit one node: NVLink everywhere
+        (2, 4, [("data-parallel within nodes", 10, 100), ("pipelines within nodes", 100, 10)]),
+        (8, 1, [("pipelines within nodes", 10, 10)]),  # 8 stages span 2 nodes, nothing to reduce
+        (1, 8, [("data-parallel within nodes", 10, 10)]),  # 8 replicas span 2 nodes
+    ],
+)
+def test_layouts_price_the_links_each_placement_uses(S: int, D: int, expected: list[tuple[str, float, float]]) -> None:
+    got = [(lay.placement, lay.p2p_bandwidth / GB, lay.allreduce_bandwidth / GB) for lay in layouts(S, D, CLUSTER)]
+    assert got == expected
+
+
+def _brute_force(profile: Profile, req: ParallelRequest) -> dict[tuple[int, int, str], float]:
+    """Step time of every (S, D, placement) that fits, by calling plan_pipeline directly."""
+    out = {}
+    G = req.cluster.devices
+    for S in (s for s in range(1, G + 1) if G % s == 0):
+        D = G // S
+        for lay in layouts(S, D, req.cluster):
+            try:
+                plan = plan_pipeline(
+                    profile,
+                    PlanRequest(stages=S, batch_size=req.global_batch // D, memory_bytes=req.memory_bytes,
+                                link_bandwidth=lay.p2p_bandwidth, link_latency_s=0.0),
+                )  # fmt: skip
+            except PlanError:
+                continue
+            grad = max(sum(st.params * 4 for st in plan.stages if st.rank == r) for r in range(S))
+            out[(S, D, lay.placement)] = plan.iteration_time_s + ring_allreduce_s(grad, D, lay.allreduce_bandwidth)
+    return out
+
+
+@pytest.mark.parametrize(("memory", "network"), [(64 * GB, 10 * GB), (64 * GB, 0.05 * GB), (12 * GB, 10 * GB)])
+def test_choice_is_the_fastest_layout_that_fits_and_the_runner_up_another_depth(memory: float, network: float) -> None:
+    profile = chain_profile()
+    cluster = dataclasses.replace(CLUSTER, network_bandwidth=network, nvlink_bandwidth=max(network, 100 * GB))
+    req = ParallelRequest(cluster, global_batch=64, memory_bytes=memory)
+    result = plan_parallel(profile, req)
+    brute = _brute_force(profile, req)
+    best = min(brute.values())
+    assert result.best.step_time_s == pytest.approx(best, rel=1e-9)
+    lay = result.best.layout
+    assert brute[(lay.stages, lay.data_parallel, lay.placement)] == pytest.approx(best, rel=1e-9)
+    others = [t for (s, _, _), t in brute.items() if s != lay.stages]
+    if others:
+        assert result.runner_up is not None and result.runner_up.layout.stages != lay.stages
+        assert result.runner_up.step_time_s == pytest.approx(min(others), rel=1e-9)
+    plan = result.plan
+    assert plan.data_parallel == lay.data_parallel and plan.devices == lay.stages
+    assert plan.throughput == pytest.approx(64 / plan.step_time_s)
+    assert all(m <= memory * (1 + 1e-9) for m in plan.peak_memory_bytes)
+    assert "runner-up" in plan.parallel_note
+
+
+def test_a_slow_network_pushes_toward_deeper_pipelines() -> None:
+    profile = chain_profile()
+    fast = plan_parallel(profile, ParallelRequest(dataclasses.replace(CLUSTER, network_bandwidth=100 * GB), 64, 64 * GB))
+    slow = plan_parallel(
+        profile,
+        ParallelRequest(dataclasses.replace(CLUSTER, network_bandwidth=0.01 * GB, nvlink_bandwidth=0.01 * GB), 64, 64 * GB),
+    )
+    assert slow.best.layout.data_parallel <= fast.best.layout.data_parallel
+    assert slow.best.layout.data_parallel == 1  # an all-reduce over 0.01 GB/s costs more than any bubble
+
+
+def test_sharding_the_optimizer_lets_wider_data_parallelism_fit() -> None:
+    profile = chain_profile(act=1e6)
+    # 8 blocks x 1e8 params x 16 B = 12.8 GB; on 4 stages 3.2 GB per stage plus activations.
+    plain = ParallelRequest(CLUSTER, global_batch=64, memory_bytes=3.0 * GB)
+    sharded = dataclasses.replace(plain, shard_optimizer=True)
+    unfit_plain = {r.stages for r in plan_parallel(profile, plain).rejected}
+    unfit_sharded = {r.stages for r in plan_parallel(profile, sharded).rejected}
+    assert 4 in unfit_plain and unfit_sharded < unfit_plain  # S=4 x D=2 fits only sharded
+
+
+def test_nothing_fits_names_the_deepest_pipeline_need() -> None:
+    with pytest.raises(InfeasibleError, match=r"no split of 8 devices .* fits"):
+        plan_parallel(chain_profile(), ParallelRequest(CLUSTER, global_batch=64, memory_bytes=0.1 * GB))
+
+
+def test_pinned_depth_and_bad_requests() -> None:
+    r = plan_parallel(chain_profile(), ParallelRequest(CLUSTER, global_batch=64, memory_bytes=64 * GB, stages=4))
+    assert (r.best.layout.stages, r.best.layout.data_parallel) == (4, 2)
+    with pytest.raises(PlanError, match="does not divide 8 devices"):
+        plan_parallel(chain_profile(), ParallelRequest(CLUSTER, global_batch=64, memory_bytes=64 * GB, stages=3))
+    # A batch that does not split evenly over the replicas rules those layouts out.
+    r = plan_parallel(chain_profile(), ParallelRequest(CLUSTER, global_batch=6, memory_bytes=64 * GB))
+    assert 6 % r.best.layout.data_parallel == 0
+    assert any("does not split" in x.reason for x in r.rejected)
+
+
+def test_plans_keep_loading_without_the_data_parallel_fields() -> None:
+    plan = plan_parallel(chain_profile(), ParallelRequest(CLUSTER, global_batch=64, memory_bytes=64 * GB)).plan
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and again.step_time_s == pytest.approx(plan.iteration_time_s + plan.allreduce_s)
+    raw = json.loads(plan.to_json())
+    for key in ("data_parallel", "allreduce_s", "parallel_note"):
+        del raw[key]
+    old = Plan.from_json(json.dumps(raw))
+    assert old.data_parallel == 1 and old.allreduce_s == 0.0 and math.isclose(old.step_time_s, old.iteration_time_s)
+
+
+def test_layout_is_a_value() -> None:
+    assert Layout(2, 4, "one node", 1.0, 1.0) == Layout(2, 4, "one node", 1.0, 1.0)
