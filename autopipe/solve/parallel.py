@@ -35,7 +35,7 @@ from autopipe.devices import DeviceSpec
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Plan
 from autopipe.solve.search import PlanRequest, plan_pipeline
-from autopipe.solve.units import format_bytes
+from autopipe.units import format_bytes
 
 __all__ = [
     "Cluster",
