@@ -285,23 +285,35 @@ def compile_schedule(schedule: Schedule, stages: int, virtual: int = 1) -> Compi
     deps: list[tuple[int, ...]] = []
     pointer = [0] * stages
     progress = True
+    per_stage = 3 * m
+    # A plain loop (no generators): this runs once per action, tens of thousands of times.
     while progress:
         progress = False
         for r in range(stages):
-            lst, need_r, i = lists[r], needs[r], pointer[r]
-            while i < len(lst):
+            lst, need_r, i, end = lists[r], needs[r], pointer[r], len(lists[r])
+            while i < end:
                 need = need_r[i]
-                if any(position[d] < 0 for d in need):
-                    break
+                if len(need) == 2:
+                    p0, p1 = position[need[0]], position[need[1]]
+                    if p0 < 0 or p1 < 0:
+                        break
+                    dep: tuple[int, ...] = (p0, p1)
+                elif need:
+                    p0 = position[need[0]]
+                    if p0 < 0:
+                        break
+                    dep = (p0,)
+                else:
+                    dep = ()
                 k = lst[i]
                 position[k] = len(rank_of)
                 rank_of.append(r)
-                stage, rest = divmod(k, 3 * m)
+                stage, rest = divmod(k, per_stage)
                 kind = rest // m
                 stage_of.append(stage)
                 kind_of.append(kind)
                 split_of.append(kind == _B and has_w)
-                deps.append(tuple(position[d] for d in need))
+                deps.append(dep)
                 i += 1
                 progress = True
             pointer[r] = i
