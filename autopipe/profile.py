@@ -59,8 +59,36 @@ def profile_model(
     repeat: int = 5,
     device: str = "cpu",
     progress: Progress | None = None,
+    threads: int | None = 1,
 ) -> Profile:
-    """Trace and measure ``loaded`` (a ``load.LoadedModel``) at each micro-batch size."""
+    """Trace and measure ``loaded`` (a ``load.LoadedModel``) at each micro-batch size.
+
+    On the CPU the blocks run on ``threads`` threads (default 1: each pipeline rank of
+    ``autopipe run`` runs on one thread, so that is what its stages will cost); ``None``
+    keeps torch's current setting.
+    """
+    if threads is not None and threads < 1:
+        raise ProfileError(f"threads must be at least 1 (got {threads})")
+    before = torch.get_num_threads()
+    if threads is not None and not device.startswith("cuda"):
+        torch.set_num_threads(threads)
+    try:
+        return _profile(loaded, micro_batch_sizes, tracer, leaf_modules, max_blocks, warmup, repeat, device, progress)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _profile(
+    loaded: Any,
+    micro_batch_sizes: Sequence[int],
+    tracer: str,
+    leaf_modules: Sequence[str],
+    max_blocks: int | None,
+    warmup: int,
+    repeat: int,
+    device: str,
+    progress: Progress | None,
+) -> Profile:
     sizes = sorted(set(micro_batch_sizes))
     if not sizes or sizes[0] < 1:
         raise ProfileError(f"micro-batch sizes must be positive integers (got {list(micro_batch_sizes)})")

@@ -110,6 +110,10 @@ def _add_profiling_arguments(p: argparse.ArgumentParser) -> None:
         help="cpu, cuda or cuda:N to measure on (default: cuda if available); for plan, a catalogue device "
         "(h100, h200, a100-80gb, a100-40gb, or your --device-file's) to plan analytically on the meta device",
     )  # fmt: skip
+    p.add_argument(
+        "--threads", default="1", metavar="N",
+        help="CPU threads while measuring (default: 1, as each rank of 'autopipe run' uses)",
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- profile
@@ -131,6 +135,7 @@ def _check_profile_args(args: argparse.Namespace) -> None:
     args.blocks = positive_int(args.blocks, "--blocks") if args.blocks is not None else None
     args.warmup = non_negative_int(args.warmup, "--warmup")
     args.repeat = positive_int(args.repeat, "--repeat")
+    args.threads = positive_int(str(args.threads), "--threads")
     args.leaf = split_names(args.leaf)
     args.output = str(output_path(args.output, "--output"))
     args.device = resolve_device(args.device)
@@ -150,6 +155,7 @@ def _run_profile(args: argparse.Namespace, loaded: LoadedModel, progress: Progre
         repeat=args.repeat,
         device=args.device,
         progress=progress,
+        threads=args.threads,
     )
     return profile
 
