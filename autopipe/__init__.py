@@ -13,9 +13,11 @@ from autopipe.errors import (
     PlanError,
     PlanFileError,
     ProfileError,
+    RuntimeFailure,
     ScheduleError,
     TraceError,
 )
+from autopipe.plans import Plan
 
 __version__ = "0.1.0"
 
@@ -37,10 +39,12 @@ __all__ = [
     "EmitError",
     "InfeasibleError",
     "ModelLoadError",
+    "Plan",
     "PlanError",
     "PlanFileError",
     "Profile",
     "ProfileError",
+    "RuntimeFailure",
     "ScheduleError",
     "TensorCost",
     "TraceError",
