@@ -153,6 +153,7 @@ def test_affine_fit(xs: list[float], ys: list[float], expected: Affine) -> None:
 
 def test_profiling_uses_the_asked_threads_and_restores_them() -> None:
     loaded = _loaded(Net(d=16, n=1))
+    before = torch.get_num_threads()
     torch.set_num_threads(2)
     seen: list[int] = []
     original = loaded.make_inputs
@@ -162,8 +163,11 @@ def test_profiling_uses_the_asked_threads_and_restores_them() -> None:
         return original(u)
 
     loaded = LoadedModel(loaded.spec, loaded.model, spy, None, default_loss, False)
-    profile_model(loaded, micro_batch_sizes=[1], warmup=0, repeat=1, threads=1)
-    assert seen == [1]
-    assert torch.get_num_threads() == 2
-    with pytest.raises(ProfileError, match="threads must be at least 1"):
-        profile_model(loaded, micro_batch_sizes=[1], threads=0)
+    try:
+        profile_model(loaded, micro_batch_sizes=[1], warmup=0, repeat=1, threads=1)
+        assert seen == [1]
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ProfileError, match="threads must be at least 1"):
+            profile_model(loaded, micro_batch_sizes=[1], threads=0)
+    finally:
+        torch.set_num_threads(before)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import threading
 
+import torch
+
 from autopipe.plans import Plan
 from autopipe.runtime.comm import Comm, ThreadHub
 from autopipe.runtime.options import RunOptions
@@ -21,7 +23,20 @@ __all__ = ["run_threads"]
 def run_threads(
     plan: Plan, options: RunOptions, rebuilt: Rebuilt | None = None
 ) -> list[RankResult]:
-    """``plan`` on ``plan.devices`` threads; one result per rank. Rebuilds the model once."""
+    """``plan`` on ``plan.devices`` threads; one result per rank. Rebuilds the model once.
+
+    torch runs each op on ``options.threads`` threads meanwhile (as every rank process of
+    ``launch`` does), so the two give the same numbers bit for bit.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(options.threads)
+    try:
+        return _run_threads(plan, options, rebuilt)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_threads(plan: Plan, options: RunOptions, rebuilt: Rebuilt | None) -> list[RankResult]:
     base = rebuilt if rebuilt is not None else rebuild(plan, options.seed)
     hub = ThreadHub(plan.devices, options.timeout_s)
     results: dict[int, RankResult] = {}
