@@ -36,11 +36,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe.costs import Affine, BlockCost, Profile
+from autopipe.costs import Affine, Profile
 from autopipe.counting import BlockCount, OpCount, count_block
 from autopipe.devices import DeviceSpec
 from autopipe.errors import ProfileError
-from autopipe.profile import crossing_tensors, storage_key
+from autopipe.profile import block_cost, crossing_tensors, storage_key
 from autopipe.segment import extract
 from autopipe.trace import TracedModel, trace_model
 
@@ -268,30 +268,21 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec) -> Profile:
     def fit(i: int, what: Any) -> Affine:
         return Affine.fit(xs, [float(what(c[i])) for c in counts.counts])
 
-    blocks = []
-    for i, b in enumerate(ref.blocks):
-        owned = [gm.get_parameter(p) for p in b.params]
-        forward = fit(i, lambda c: block_time(c.forward, spec, compute))
-        backward = fit(i, lambda c: block_time(c.backward, spec, compute))
-        backward_input = fit(i, lambda c: min(block_time(c.backward_input, spec, compute), block_time(c.backward, spec, compute)))
-        blocks.append(
-            BlockCost(
-                name=b.name,
-                nodes=b.nodes,
-                params=sum(p.numel() for p in owned),
-                param_bytes=sum(p.numel() * p.element_size() for p in owned),
-                forward_s=forward,
-                backward_s=backward,
-                backward_input_s=backward_input,
-                backward_weight_s=Affine(
-                    max(0.0, backward.intercept - backward_input.intercept),
-                    max(0.0, backward.slope - backward_input.slope),
-                ),
-                saved_bytes=fit(i, lambda c: c.saved_bytes),
-                forward_flops=fit(i, lambda c: c.forward_flops),
-                backward_flops=fit(i, lambda c: c.backward_flops),
-            )
+    blocks = [
+        block_cost(
+            b,
+            gm,
+            forward=fit(i, lambda c: block_time(c.forward, spec, compute)),
+            backward=fit(i, lambda c: block_time(c.backward, spec, compute)),
+            backward_input=fit(
+                i, lambda c: min(block_time(c.backward_input, spec, compute), block_time(c.backward, spec, compute))
+            ),
+            saved_bytes=fit(i, lambda c: c.saved_bytes),
+            forward_flops=fit(i, lambda c: c.forward_flops),
+            backward_flops=fit(i, lambda c: c.backward_flops),
         )
+        for i, b in enumerate(ref.blocks)
+    ]
     loaded = counts.loaded
     return Profile(
         model=str(loaded.spec),

@@ -31,11 +31,12 @@ from torch import nn
 from autopipe.costs import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import ProfileError
 from autopipe.segment import extract
-from autopipe.trace import TracedModel, trace_model
+from autopipe.trace import Block, TracedModel, trace_model
 
 __all__ = ["BlockMeasurement", "crossing_tensors", "measure_blocks", "profile_model", "saved_bytes", "storage_key", "time_call"]
 
 Progress = Callable[[str, int, int], None]
+_ZERO = Affine(0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -315,28 +316,17 @@ def _make_profile(
     def fit(get: Callable[[BlockMeasurement], float], i: int) -> Affine:
         return Affine.fit(xs, [get(m[i]) for m in measured])
 
-    blocks = []
-    for i, b in enumerate(ref.blocks):
-        owned = [gm.get_parameter(p) for p in b.params]
-        forward = fit(lambda m: m.forward_s, i)
-        backward = fit(lambda m: m.backward_s, i)
-        backward_input = fit(lambda m: m.backward_input_s, i)
-        blocks.append(
-            BlockCost(
-                name=b.name,
-                nodes=b.nodes,
-                params=sum(p.numel() for p in owned),
-                param_bytes=sum(p.numel() * p.element_size() for p in owned),
-                forward_s=forward,
-                backward_s=backward,
-                backward_input_s=backward_input,
-                backward_weight_s=Affine(
-                    max(0.0, backward.intercept - backward_input.intercept),
-                    max(0.0, backward.slope - backward_input.slope),
-                ),
-                saved_bytes=fit(lambda m: float(m.saved_bytes), i),
-            )
+    blocks = [
+        block_cost(
+            b,
+            gm,
+            forward=fit(lambda m: m.forward_s, i),
+            backward=fit(lambda m: m.backward_s, i),
+            backward_input=fit(lambda m: m.backward_input_s, i),
+            saved_bytes=fit(lambda m: float(m.saved_bytes), i),
         )
+        for i, b in enumerate(ref.blocks)
+    ]
     tensors = crossing_tensors(traces)
     dtypes = {p.dtype for p in gm.parameters()}
     return Profile(
@@ -381,6 +371,38 @@ def crossing_tensors(traces: Sequence[TracedModel]) -> tuple[TensorCost, ...]:
             )
         )
     return tuple(tensors)
+
+
+def block_cost(
+    block: Block,
+    gm: torch.fx.GraphModule,
+    *,
+    forward: Affine,
+    backward: Affine,
+    backward_input: Affine,
+    saved_bytes: Affine,
+    forward_flops: Affine = _ZERO,
+    backward_flops: Affine = _ZERO,
+) -> BlockCost:
+    """A block's costs from its fits; parameters are the ones it owns in ``gm``, and the
+    weight-gradient part of backward is what the input-gradient part leaves (never < 0)."""
+    owned = [gm.get_parameter(p) for p in block.params]
+    return BlockCost(
+        name=block.name,
+        nodes=block.nodes,
+        params=sum(p.numel() for p in owned),
+        param_bytes=sum(p.numel() * p.element_size() for p in owned),
+        forward_s=forward,
+        backward_s=backward,
+        backward_input_s=backward_input,
+        backward_weight_s=Affine(
+            max(0.0, backward.intercept - backward_input.intercept),
+            max(0.0, backward.slope - backward_input.slope),
+        ),
+        saved_bytes=saved_bytes,
+        forward_flops=forward_flops,
+        backward_flops=backward_flops,
+    )
 
 
 def _crossing_values(traced: TracedModel) -> list[str]:
