@@ -387,3 +387,20 @@ def test_thread_comm_matches_receives_by_position_as_nccl_does() -> None:
         b.irecv(out, 0, tag=8).wait()  # posted first: it meets the first send, not tag 8
     b.irecv(out, 0, tag=8).wait()
     assert out.item() == 0.0
+
+
+def test_a_relative_model_file_is_found_beside_the_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from autopipe.errors import ModelLoadError
+    from autopipe.runtime.worker import rebuild
+
+    shutil.copy(Path(__file__).parent.parent / "models" / "mlp.py", tmp_path / "mlp.py")
+    monkeypatch.chdir(tmp_path)
+    plan = even_plan("mlp.py", {"depth": 2}, stages=2, schedule="1f1b")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(ModelLoadError, match="model file not found"):
+        rebuild(plan)
+    assert rebuild(plan, base=str(tmp_path)).traced.fingerprint() == plan.fingerprint

@@ -65,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             steps=args.steps, seed=args.seed, optimizer=args.optimizer, lr=args.lr, optimizer_kwargs=kwargs,
             timeout_s=args.timeout, device=args.device, threads=args.threads,
             save_checkpoint=args.save_checkpoint, resume=args.resume,
+            model_base=str(Path(args.plan).resolve().parent),
         )  # fmt: skip
         torch.set_num_threads(options.threads)
         plan = Plan.load(args.plan)

@@ -19,3 +19,4 @@ class RunOptions:
     threads: int = 1  # torch.set_num_threads per rank
     save_checkpoint: str | None = None  # folder written after the last step
     resume: str | None = None  # folder to continue from
+    model_base: str | None = None  # where to look for a relative model_file besides the cwd (the plan's folder)

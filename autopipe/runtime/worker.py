@@ -66,9 +66,12 @@ class RankResult:
     steps_done: int  # including those of a resumed checkpoint
 
 
-def rebuild(plan: Plan, seed: int = 0) -> Rebuilt:
-    """Build and trace the plan's model; PlanError when it no longer matches the plan."""
-    loaded = rebuild_model(plan, seed=seed)
+def rebuild(plan: Plan, seed: int = 0, base: str | None = None) -> Rebuilt:
+    """Build and trace the plan's model; PlanError when it no longer matches the plan.
+
+    A relative model file is looked for from the working directory, then from ``base``.
+    """
+    loaded = rebuild_model(plan, seed=seed, base=base)
     loaded.model.train()
     inputs = loaded.make_inputs(plan.micro_batch_size)
     return Rebuilt(loaded, trace_for_plan(plan, loaded.model, inputs, source=loaded.spec.path))
@@ -149,7 +152,7 @@ def train_rank(
 ) -> RankResult:
     """Run ``options.steps`` optimizer steps of ``plan`` as ``rank``."""
     S = plan.devices
-    rb = rebuilt if rebuilt is not None else rebuild(plan, options.seed)
+    rb = rebuilt if rebuilt is not None else rebuild(plan, options.seed, options.model_base)
     split = split_model(rb.traced, plan)
     groups = shared_groups(split, S)
     comm = comm_factory([g for _, g in groups])
