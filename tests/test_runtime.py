@@ -11,6 +11,7 @@ does); the CLI and fault tests start processes through the launcher.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -122,6 +123,26 @@ def test_pipeline_training_equals_unsplit_training(
     assert set(state) == set(ref_state)  # the whole state_dict, original names (tied ones too)
     assert max_diff(state, ref_state) <= TOL
     assert max_diff(state, _reference(model, 0)[1]) > 1e-3  # training moved the weights
+
+
+def test_thread_ranks_get_the_batches_processes_draw(tmp_path: Path) -> None:
+    """A recomputed stage sets and restores the global RNG in its backward, while other
+    thread-ranks would be drawing their next batch from it: run_threads draws them first.
+    A slow ``example_inputs`` (a data loader) makes the race it closes all but certain."""
+    plan = _plan("skip", 4, "1f1b", 1, (1, 2))
+    base = _rebuilt_for(plan)
+    draw = base.loaded.make_inputs
+
+    def slow(batch_size: int) -> object:
+        time.sleep(0.002)
+        return draw(batch_size)
+
+    slow_base = Rebuilt(dataclasses.replace(base.loaded, make_inputs=slow), base.traced)
+    opts = RunOptions(steps=STEPS, optimizer="SGD", lr=LR, timeout_s=30, save_checkpoint=str(tmp_path))
+    result = RunResult(tuple(run_threads(plan, opts, slow_base)))
+    ref_losses, ref_state = _reference("skip")
+    assert max(abs(a - b) for a, b in zip(result.losses, ref_losses, strict=True)) <= TOL
+    assert max_diff(assemble_state_dict(tmp_path), ref_state) <= TOL
 
 
 def test_adam_matches_unsplit_training(tmp_path: Path) -> None:

@@ -4,6 +4,11 @@ The same engine and worker as ``autopipe run``, with in-memory mailboxes
 (:class:`~autopipe.runtime.comm.ThreadHub`): for tests, and for debugging a plan in a
 debugger. The first rank to raise makes the others fail fast (their waits see the failure);
 its exception is raised again here. Timings are not meaningful (threads share the GIL).
+
+The threads share torch's global RNG, which a recomputed stage sets and restores during its
+backward: so every step's batch is drawn here, before the threads start, and each rank gets
+its own copy. A model that draws random numbers in its forward (dropout) is not reproducible
+as threads; ``autopipe run`` (one process per rank) is.
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ import threading
 import torch
 
 from autopipe.plans import Plan
+from autopipe.runtime import checkpoint
 from autopipe.runtime.comm import Comm, ThreadHub
 from autopipe.runtime.options import RunOptions
-from autopipe.runtime.worker import RankResult, Rebuilt, rebuild, train_rank
+from autopipe.runtime.worker import Batch, RankResult, Rebuilt, make_batch, rebuild, train_rank
 
 __all__ = ["run_threads"]
 
@@ -42,13 +48,23 @@ def _run_threads(plan: Plan, options: RunOptions, rebuilt: Rebuilt | None) -> li
     results: dict[int, RankResult] = {}
     errors: list[tuple[int, BaseException]] = []
     copies = [base.copy() for _ in range(plan.devices)]
+    done = int(checkpoint.read_meta(options.resume)["step"]) if options.resume else 0
+    drawn = {
+        k: make_batch(base, plan, options.seed, k) for k in range(done, done + options.steps)
+    }
+
+    def batches(k: int) -> Batch:
+        inputs, targets = torch.utils._pytree.tree_map(
+            lambda t: t.clone() if isinstance(t, torch.Tensor) else t, drawn[k]
+        )
+        return list(inputs), targets
 
     def work(rank: int) -> None:
         def comm(groups: list[tuple[int, ...]]) -> Comm:
             return hub.comm(rank)
 
         try:
-            results[rank] = train_rank(plan, rank, comm, options, copies[rank])
+            results[rank] = train_rank(plan, rank, comm, options, copies[rank], batches)
         except BaseException as e:
             errors.append((rank, e))
             hub.fail(f"rank {rank}: {type(e).__name__}: {e}")

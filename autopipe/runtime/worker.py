@@ -4,16 +4,18 @@ Every rank rebuilds the whole model the same way (``torch.manual_seed(seed)`` ri
 factory, so all ranks hold identical initial weights), re-traces it at the plan's micro-batch
 size, checks the trace's fingerprint against the plan's, splits it and keeps its own stages.
 
-Data: step ``k`` seeds the global RNG with ``seed + k + 1`` and calls the model file's
-``example_inputs(batch_size)`` / ``example_targets(batch_size)``: a file that draws from the
-global RNG gets a new batch each step, a file with its own fixed generator (models/*.py) the
-same batch every step. All ranks make the same batch and cut the same micro-batches.
+Data (:func:`make_batch`): step ``k`` seeds the global RNG with ``seed + k + 1`` and calls the
+model file's ``example_inputs(batch_size)`` / ``example_targets(batch_size)``: a file that draws
+from the global RNG gets a new batch each step, a file with its own fixed generator
+(models/*.py) the same batch every step. All ranks make the same batch and cut the same
+micro-batches. Ranks run as threads share that RNG with each other's recomputation (which
+sets and restores it), so :func:`~autopipe.runtime.local.run_threads` draws the batches
+before its threads start and hands them in (``batches``).
 """
 
 from __future__ import annotations
 
 import copy
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,9 +39,9 @@ from autopipe.schedules import Action, make_schedule
 from autopipe.split import Split, split_model
 from autopipe.trace import TracedModel
 
-_BATCH_LOCK = threading.Lock()
+__all__ = ["Batch", "RankResult", "Rebuilt", "make_batch", "rebuild", "shared_groups", "train_rank"]
 
-__all__ = ["RankResult", "Rebuilt", "rebuild", "shared_groups", "train_rank"]
+Batch = tuple[list[Any], Any]  # one step's flat graph inputs and targets (None without targets)
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,16 @@ def rebuild(plan: Plan, seed: int = 0, base: str | None = None) -> Rebuilt:
     loaded.model.train()
     inputs = loaded.make_inputs(plan.micro_batch_size)
     return Rebuilt(loaded, trace_for_plan(plan, loaded.model, inputs, source=loaded.spec.path))
+
+
+def make_batch(rebuilt: Rebuilt, plan: Plan, seed: int, step: int) -> Batch:
+    """Step ``step``'s whole batch (``plan.batch_size`` samples), drawn after seeding the RNG."""
+    B = plan.batch_size
+    torch.manual_seed(seed + step + 1)
+    names = [str(n.target) for n in rebuilt.traced.gm.graph.nodes if n.op == "placeholder"]
+    inputs = flat_inputs(names, rebuilt.loaded.make_inputs(B))
+    make_targets = rebuilt.loaded.make_targets
+    return inputs, (make_targets(B) if make_targets is not None else None)
 
 
 def shared_groups(split: Split, ranks: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -149,8 +161,12 @@ def train_rank(
     comm_factory: Callable[[list[tuple[int, ...]]], Comm],
     options: RunOptions,
     rebuilt: Rebuilt | None = None,
+    batches: Callable[[int], Batch] | None = None,
 ) -> RankResult:
-    """Run ``options.steps`` optimizer steps of ``plan`` as ``rank``."""
+    """Run ``options.steps`` optimizer steps of ``plan`` as ``rank``.
+
+    ``batches(k)`` gives step ``k``'s batch; by default the rank draws it with :func:`make_batch`.
+    """
     S = plan.devices
     rb = rebuilt if rebuilt is not None else rebuild(plan, options.seed, options.model_base)
     split = split_model(rb.traced, plan)
@@ -199,21 +215,16 @@ def train_rank(
     done = 0
     if options.resume:
         done = checkpoint.load_rank(options.resume, rank, mine, optimizer, plan.fingerprint)
-    targets_of = [str(n.target) for n in rb.traced.gm.graph.nodes if n.op == "placeholder"]
     iterations = []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     for k in range(done, done + options.steps):
         B, m = plan.batch_size, plan.micro_batches
-        with _BATCH_LOCK:  # thread-ranks share the global RNG
-            torch.manual_seed(options.seed + k + 1)
-            batch = [_to(v, device) for v in flat_inputs(targets_of, rb.loaded.make_inputs(B))]
-            targets = (
-                _to(rb.loaded.make_targets(B), device)
-                if rb.loaded.make_targets is not None
-                else None
-            )
-        iterations.append(engine.train_step(split_flat(batch, B, m), split_batch(targets, B, m), k))
+        inputs, targets = batches(k) if batches is not None else make_batch(rb, plan, options.seed, k)
+        batch, targets = [_to(v, device) for v in inputs], _to(targets, device)
+        iterations.append(
+            engine.train_step(split_flat(batch, B, m), split_batch(targets, B, m), k)
+        )
     static = state_bytes(params, optimizer)
     if device.type == "cuda":
         peak, kind = int(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated"
