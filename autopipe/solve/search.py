@@ -25,9 +25,11 @@ baselines, priced the same way (``results.py``).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from autopipe.costs import Profile
@@ -81,9 +83,10 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
     no bound left is below the best simulated plan that fits. Nothing skipped can be faster.
     """
     _validate(profile, request)
+    work = _work_table(profile)
     decisions = sorted(
         _decisions(profile, request),
-        key=lambda d: (_decision_bound(profile, request, d), _order_key(d)),
+        key=lambda d: (_decision_bound(work, request, d), _order_key(d)),
     )
     simulated: list[tuple[Candidate, Summary]] = []
     queue: list[tuple[float, int, Candidate]] = []  # (bound, tie-break, candidate)
@@ -93,7 +96,7 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
     counter = itertools.count()
     expand: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
     while True:
-        open_bound = _decision_bound(profile, request, decisions[next_decision]) if next_decision < len(decisions) else math.inf
+        open_bound = _decision_bound(work, request, decisions[next_decision]) if next_decision < len(decisions) else math.inf
         if queue and queue[0][0] <= open_bound:
             bound, _, c = heapq.heappop(queue)
             if bound >= best * (1 + 1e-12):
@@ -175,22 +178,49 @@ def _candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
     return bound
 
 
-def _decision_bound(profile: Profile, req: PlanRequest, d: Decision) -> float:
+def _decision_bound(work: Work, req: PlanRequest, d: Decision) -> float:
     """A time no plan of decision ``d`` can beat, whatever its cuts (so the search may skip it).
 
     Micro-batch 0 runs forward through every stage and back, one action after another, so
     the iteration takes at least the model's whole F + B for one micro-batch (B: the input-
-    gradient part when W is split off); and the ranks share m times the model's total work, so
-    the busiest works at least a 1/S share of it.
+    gradient part when W is split off); and the ranks share m times the model's total work T,
+    so the busiest works at least a 1/S share of it. Sharper, for one stage per rank: rank r
+    cannot start before micro-batch 0's forward has crossed stages 0..r-1, then works m t_r,
+    and (GPipe, 1F1B) its last gradient still crosses stages r-1..0 — at least
+    ``a P_r + m t_r`` with ``P_r`` the work of the stages before r and ``a`` the smallest
+    share of a block's work on that path (1 with the backward, f / (f + b) without). The
+    cuts that make these equal for every r give the bound ``a T / (1 - (1 - a / m)^S)``
+    (blocks cannot be cut finer, and communication and recomputation only add).
     """
     u = req.batch_size // d.micro_batches
-    blocks = profile.blocks
-    total = sum(b.forward_s(u) + b.backward_s(u) for b in blocks)
-    if d.schedule == "zb-h1":
-        chain = sum(b.forward_s(u) + b.backward_input_s(u) for b in blocks)
-    else:
-        chain = total
-    return max(chain, d.micro_batches * total / req.stages)
+    total, chain, share = work(u, d.schedule == "zb-h1")
+    bound = max(chain, d.micro_batches * total / req.stages)
+    if d.virtual == 1 and share > 0:
+        m, S = d.micro_batches, req.stages
+        bound = max(bound, share * total / (1 - (1 - share / m) ** S))
+    return bound
+
+
+Work = Callable[[int, bool], tuple[float, float, float]]
+
+
+def _work_table(profile: Profile) -> Work:
+    """``work(u, split)``: (T: every block's F + B, the chain micro-batch 0 must cross, the
+    share ``a`` of :func:`_decision_bound`) at micro-batch size ``u``, computed once each."""
+
+    @functools.cache
+    def work(u: int, split: bool) -> tuple[float, float, float]:
+        blocks = profile.blocks
+        f = [b.forward_s(u) for b in blocks]
+        t = [fi + b.backward_s(u) for fi, b in zip(f, blocks, strict=True)]
+        total = sum(t)
+        if not split:
+            return total, total, 1.0
+        chain = sum(fi + b.backward_input_s(u) for fi, b in zip(f, blocks, strict=True))
+        share = min((fi / ti for fi, ti in zip(f, t, strict=True) if ti > 0), default=0.0)
+        return total, chain, share
+
+    return work
 
 
 def _is_dag(profile: Profile) -> bool:
