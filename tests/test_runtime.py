@@ -34,7 +34,8 @@ from autopipe.runtime.results import RunResult
 from autopipe.runtime.routing import BACKWARD, FORWARD, make_routing
 from autopipe.split import split_model
 from autopipe_cli.main import main
-from tests.runtime_helpers import even_plan, max_diff, reference_training
+from tests._plans import even_plan
+from tests.runtime_helpers import max_diff, reference_training
 
 torch.set_num_threads(1)
 
@@ -61,7 +62,8 @@ def _plan(
 ) -> Plan:
     file, kwargs = MODELS[model]
     return even_plan(
-        file, kwargs, stages=stages, schedule=schedule, virtual=virtual, recompute=recompute
+        file, kwargs, stages=stages, schedule=schedule, virtual=virtual, micro_batches=4,
+        recompute=recompute,
     )
 
 
@@ -224,7 +226,7 @@ def test_report_and_chrome_trace(tmp_path: Path) -> None:
 
 
 def test_thread_rank_error_is_raised() -> None:
-    plan = even_plan(FAULTY, {}, stages=2, schedule="1f1b", leaf_modules=("Bomb",))
+    plan = even_plan(FAULTY, stages=2, micro_batches=4, leaf_modules=("Bomb",))
     with pytest.raises(RuntimeFailure, match="unknown optimizer"):
         run_threads(plan, RunOptions(optimizer="NoSuchOpt"))
 
@@ -375,7 +377,7 @@ def test_a_failing_rank_ends_the_run_naming_it(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    plan = even_plan(FAULTY, {}, stages=2, schedule="1f1b", leaf_modules=("Bomb",))
+    plan = even_plan(FAULTY, stages=2, micro_batches=4, leaf_modules=("Bomb",))
     plan.save(tmp_path / "plan.json")
     monkeypatch.setenv("AUTOPIPE_TEST_FAULT", fault)
     start = time.monotonic()
@@ -388,7 +390,7 @@ def test_a_failing_rank_ends_the_run_naming_it(
 
 
 def test_a_hung_rank_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    plan = even_plan(FAULTY, {}, stages=2, schedule="1f1b", leaf_modules=("Bomb",))
+    plan = even_plan(FAULTY, stages=2, micro_batches=4, leaf_modules=("Bomb",))
     monkeypatch.setenv("AUTOPIPE_TEST_FAULT", "hang:1")
     with pytest.raises(
         RuntimeFailure,
@@ -418,7 +420,7 @@ def test_a_relative_model_file_is_found_beside_the_plan(tmp_path: Path, monkeypa
 
     shutil.copy(Path(__file__).parent.parent / "models" / "mlp.py", tmp_path / "mlp.py")
     monkeypatch.chdir(tmp_path)
-    plan = even_plan("mlp.py", {"depth": 2}, stages=2, schedule="1f1b")
+    plan = even_plan("mlp.py", {"depth": 2}, stages=2, micro_batches=4)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
