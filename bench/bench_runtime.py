@@ -82,10 +82,10 @@ def worker(plans: list[str], steps: int, out: str) -> None:
             "autopipe_step": [it.step_s for it in res.iterations],
             "autopipe_makespan": [it.makespan_s for it in res.iterations],
         }
-        for it in res.iterations[1:]:  # per stage and kind: seconds of each action
+        for it in res.iterations[1:]:  # per stage and kind: seconds of each action's work
             for rec in it.records:
                 key = rec.action.split(rec.action.strip("0123456789")[-1])[0] + rec.action.strip("0123456789")[-1]
-                mine.setdefault(key, []).append(rec.end_s - rec.start_s)
+                mine.setdefault(key, []).append(rec.compute_s)
         loaded = rebuild_model(plan)
         x, y = loaded.make_inputs(plan.batch_size), loaded.make_targets(plan.batch_size)  # type: ignore[misc]
         stages, schedule = to_torch_pipelining(

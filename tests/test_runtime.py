@@ -27,7 +27,9 @@ from autopipe.errors import CommunicationError, RuntimeFailure
 from autopipe.plans import Plan
 from autopipe.runtime import Rebuilt, RunOptions, assemble_state_dict, rebuild, run_threads
 from autopipe.runtime.comm import ThreadHub
+from autopipe.runtime.engine import ActionRecord
 from autopipe.runtime.launch import free_port, launch
+from autopipe.runtime.measure import ActionTimer
 from autopipe.runtime.microbatch import split_batch, split_flat
 from autopipe.runtime.report import chrome_trace, compare, format_report
 from autopipe.runtime.results import RunResult
@@ -219,10 +221,31 @@ def test_report_and_chrome_trace(tmp_path: Path) -> None:
         (rows["iteration"].measured / plan.iteration_time_s - 1) * 100
     )
     assert "predicted" in format_report(plan, result)
-    events = [e for e in chrome_trace(result)["traceEvents"] if e["ph"] == "X"]
+    every = [e for e in chrome_trace(result)["traceEvents"] if e["ph"] == "X"]
+    events = [e for e in every if e["cat"] != "wait"]
     assert len(events) == 2 * 3 * 4 * 2  # steps x (F, B, W) x micro-batches x stages
     assert {e["tid"] for e in events} == {0, 1}
+    starts = {(e["tid"], e["name"], e["args"]["step"]): e["ts"] for e in events}
+    for w in (e for e in every if e["cat"] == "wait"):  # a wait ends where its action starts
+        key = (w["tid"], w["name"].removeprefix("wait "), w["args"]["step"])
+        assert w["ts"] + w["dur"] == pytest.approx(starts[key])
     assert RunResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
+
+
+def test_action_times_split_waiting_from_work() -> None:
+    timer = ActionTimer(torch.device("cpu"))
+    timer.reset()
+    with timer.time("1F0"):
+        time.sleep(0.02)  # the message is on its way
+        timer.ready()
+        time.sleep(0.01)  # the stage computes
+    with timer.time("0F1"):  # needed no message
+        time.sleep(0.01)
+    (_, s0, r0, e0), (_, s1, r1, e1) = timer.results()
+    assert r0 - s0 >= 0.02 and 0.01 <= e0 - r0 < 0.02
+    assert r1 == s1 and e1 - r1 >= 0.01
+    rec = ActionRecord("1F0", s0, r0, e0)
+    assert rec.wait_s + rec.compute_s == pytest.approx(e0 - s0)
 
 
 def test_thread_rank_error_is_raised() -> None:

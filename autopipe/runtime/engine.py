@@ -53,11 +53,24 @@ __all__ = ["ActionRecord", "IterationResult", "PipelineEngine"]
 
 @dataclass(frozen=True)
 class ActionRecord:
-    """One action as it ran: seconds from the rank's iteration start."""
+    """One action as it ran: seconds from the rank's iteration start.
+
+    ``ready_s``: when the messages it needed had arrived (its start when it needed none);
+    the time before that is spent waiting, after it computing (and posting its sends).
+    """
 
     action: str  # "1F0"
     start_s: float
+    ready_s: float
     end_s: float
+
+    @property
+    def wait_s(self) -> float:
+        return self.ready_s - self.start_s
+
+    @property
+    def compute_s(self) -> float:
+        return self.end_s - self.ready_s
 
 
 @dataclass(frozen=True)
@@ -180,7 +193,7 @@ class PipelineEngine:
             )
         for work, _ in self.sends:
             work.wait()
-        records = tuple(ActionRecord(str(a), s, e) for a, s, e in self.timer.results())
+        records = tuple(ActionRecord(str(a), s, r, e) for a, s, r, e in self.timer.results())
         makespan = max((r.end_s for r in records), default=0.0)
         self._sync_shared()
         self.optimizer.step()
@@ -231,6 +244,7 @@ class PipelineEngine:
             )
         buf, work = self.posted.pop(key)
         work.wait()
+        self.timer.ready()
         return buf
 
     def _peer(self, key: MessageKey) -> int:

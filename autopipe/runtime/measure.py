@@ -24,14 +24,19 @@ __all__ = ["ActionTimer", "SavedBytes", "state_bytes"]
 
 
 class ActionTimer:
-    """Start/end seconds of each action, relative to :meth:`reset`."""
+    """Start, ready and end seconds of each action, relative to :meth:`reset`.
+
+    :meth:`ready` marks the moment an action's received messages are in (call it after each
+    wait; the last call counts): the time before is waiting, the time after is work.
+    """
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.t0 = 0.0
-        self._events: list[tuple[Any, Any, Any]] = []
-        self._cpu: list[tuple[Any, float, float]] = []
+        self._events: list[tuple[Any, Any, Any, Any]] = []
+        self._cpu: list[tuple[Any, float, float, float]] = []
         self._origin: Any = None
+        self._ready: Any = None
 
     def reset(self) -> float:
         """Start a new iteration; returns its absolute start (``perf_counter``)."""
@@ -42,28 +47,36 @@ class ActionTimer:
         self.t0 = time.perf_counter()
         return self.t0
 
+    def ready(self) -> None:
+        if self.cuda:  # after the stream waits for a receive: fires when the data is in
+            self._ready = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            self._ready.record()
+        else:
+            self._ready = time.perf_counter() - self.t0
+
     @contextmanager
     def time(self, key: Any) -> Iterator[None]:
+        self._ready = None
         if self.cuda:
             start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             start.record()
             yield
             end.record()
-            self._events.append((key, start, end))
+            self._events.append((key, start, start if self._ready is None else self._ready, end))
         else:
             start_s = time.perf_counter() - self.t0
             yield
-            self._cpu.append((key, start_s, time.perf_counter() - self.t0))
+            ready = start_s if self._ready is None else self._ready
+            self._cpu.append((key, start_s, ready, time.perf_counter() - self.t0))
 
-    def results(self) -> list[tuple[Any, float, float]]:
+    def results(self) -> list[tuple[Any, float, float, float]]:
+        """``(key, start, ready, end)`` of every action of the iteration, in order."""
         if not self.cuda:
             return list(self._cpu)
         torch.cuda.synchronize()
-        return [
-            (k, self._origin.elapsed_time(s) / 1e3, self._origin.elapsed_time(e) / 1e3)
-            for k, s, e in self._events
-        ]
+        at = self._origin.elapsed_time
+        return [(k, at(s) / 1e3, at(r) / 1e3, at(e) / 1e3) for k, s, r, e in self._events]
 
 
 class SavedBytes:

@@ -1,12 +1,13 @@
 """Measured against predicted: what the run did beside what the plan said it would do.
 
 Per stage: mean forward and backward time per micro-batch (B and W apart for zero-bubble
-schedules); for the pipeline: iteration time (the schedule's makespan, from the barrier that
-starts each iteration to the last action's end on the slowest rank), bubble fraction
-(``1 - busy / (S * makespan)``, as the simulator defines it) and per-rank peak memory (see
+schedules), from when the action's messages had arrived to its end (waiting is not work);
+for the pipeline: iteration time (the schedule's makespan, from the barrier that starts each
+iteration to the last action's end on the slowest rank), bubble fraction
+(``1 - busy / (S * makespan)`` with busy the actions' work, as the simulator defines it) and per-rank peak memory (see
 :mod:`autopipe.runtime.measure` for what is counted on a CPU). The first step is a warm-up and
 is left out when there are more. ``chrome_trace`` writes what happened as a Chrome / Perfetto
-trace: one row per rank, one event per action.
+trace: one row per rank, one event per action and one per wait for its messages.
 """
 
 from __future__ import annotations
@@ -52,13 +53,13 @@ def _durations(result: RunResult, steps: range) -> dict[tuple[int, str], list[fl
             for rec in r.iterations[k].records:
                 a = Action.parse(rec.action)
                 if a is not None:
-                    out.setdefault((a.stage, a.kind), []).append(rec.end_s - rec.start_s)
+                    out.setdefault((a.stage, a.kind), []).append(rec.compute_s)
     return out
 
 
 def measured_bubble(result: RunResult, step: int) -> float:
     span = max(r.iterations[step].makespan_s for r in result.ranks)
-    busy = sum(rec.end_s - rec.start_s for r in result.ranks for rec in r.iterations[step].records)
+    busy = sum(rec.compute_s for r in result.ranks for rec in r.iterations[step].records)
     return 1.0 - busy / (len(result.ranks) * span) if span > 0 else 0.0
 
 
@@ -162,10 +163,15 @@ def chrome_trace(result: RunResult) -> dict[str, Any]:
             base = it.start_time - origin
             for rec in it.records:
                 a = Action.parse(rec.action)
+                args = {"step": k, "stage": a.stage if a else -1, "microbatch": a.microbatch if a else -1}
+                if rec.wait_s > 0:
+                    events.append({
+                        "name": f"wait {rec.action}", "cat": "wait", "ph": "X", "pid": 0, "tid": r.rank,
+                        "ts": (base + rec.start_s) * 1e6, "dur": rec.wait_s * 1e6, "args": args,
+                    })  # fmt: skip
                 events.append({
                     "name": rec.action, "cat": a.kind if a else "", "ph": "X", "pid": 0, "tid": r.rank,
-                    "ts": (base + rec.start_s) * 1e6, "dur": (rec.end_s - rec.start_s) * 1e6,
-                    "args": {"step": k, "stage": a.stage if a else -1, "microbatch": a.microbatch if a else -1},
+                    "ts": (base + rec.ready_s) * 1e6, "dur": rec.compute_s * 1e6, "args": args,
                 })  # fmt: skip
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
