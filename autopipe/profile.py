@@ -4,7 +4,9 @@ For each micro-batch size the model is traced (``trace.py``), every block is cut
 own module (``segment.py``) and run on the values the blocks before it produced:
 
 - forward and backward time: warm-up runs, then the median of ``repeat`` timed runs — CUDA
-  events with synchronisation on a GPU, ``time.perf_counter`` on the CPU;
+  events with synchronisation on a GPU, ``time.perf_counter`` on the CPU. Forwards are timed
+  as in training: each run is a whole forward, block after block on what the blocks before
+  made, keeping everything it made (and its graph) alive until the run ends;
 - backward split into input-gradient (``torch.autograd.grad`` with respect to the block's
   inputs only, which skips weight-gradient kernels) and weight-gradient (the rest), the B and W
   of zero-bubble schedules;
@@ -30,7 +32,7 @@ from torch import nn
 
 from autopipe.costs import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import ProfileError
-from autopipe.segment import extract
+from autopipe.segment import Segment, extract
 from autopipe.trace import Block, TracedModel, trace_model
 
 __all__ = ["BlockMeasurement", "crossing_tensors", "measure_blocks", "profile_model", "saved_bytes", "storage_key", "time_call"]
@@ -140,15 +142,18 @@ def measure_blocks(
     graph kept for the backward timings). Then the timing runs go round the blocks: each
     round times every block once, and a block's figure is the median of its rounds. A burst of
     other work on a shared machine then slows one round of every block alike instead of all
-    the samples of one block, so the blocks keep their true proportions.
+    the samples of one block, so the blocks keep their true proportions. A forward round is a
+    real forward (:func:`_forward_round`): a block alone on inputs it has seen before, its
+    output freed at once, runs 5-10% faster than inside a training forward on a CPU.
     """
     gm = traced.gm
     param_storages = {storage_key(p) for p in gm.parameters()}
     flat = _flat_inputs(traced, inputs)
     env: dict[str, Any] = dict(zip(traced.input_names, flat, strict=True))
-    runs = []
+    runs, segments = [], []
     for block in traced.blocks:
         seg = extract(gm, block.nodes)
+        segments.append(seg)
         run = _BlockRun.start(seg.module, [_leaf(env[name]) for name in seg.inputs], param_storages)
         for name, o in zip(seg.outputs, run.outs, strict=True):
             env[name] = o.detach() if isinstance(o, torch.Tensor) else o
@@ -159,9 +164,12 @@ def measure_blocks(
     for kind in ("forward", "backward", "backward_input"):
         rows = samples[kind] = [[] for _ in runs]
         for r in range(warmup + repeat):
-            for run, row in zip(runs, rows, strict=True):
-                t = _time_once(getattr(run, kind)) if run.has(kind) else 0.0
-                if r >= warmup:
+            if kind == "forward":
+                times = _forward_round(traced.input_names, segments, flat)
+            else:
+                times = [_time_once(getattr(run, kind)) if run.has(kind) else 0.0 for run in runs]
+            if r >= warmup:
+                for row, t in zip(rows, times, strict=True):
                     row.append(t)
             done += 1
             if progress is not None:
@@ -173,6 +181,18 @@ def measure_blocks(
         f, b, bi = (float(statistics.median(samples[k][i])) for k in ("forward", "backward", "backward_input"))
         out.append(BlockMeasurement(f, b, min(bi, b), run.saved))
     return out
+
+
+def _forward_round(input_names: Sequence[str], segments: Sequence[Segment], flat: list[Any]) -> list[float]:
+    """One timed forward of the whole model, block by block, as training runs it."""
+    env: dict[str, Any] = dict(zip(input_names, flat, strict=True))
+    times = []
+    for seg in segments:
+        args = [env[name] for name in seg.inputs]
+        outs: list[Any] = []
+        times.append(_time_once(lambda: outs.append(seg.module(*args))))  # noqa: B023
+        env.update(zip(seg.outputs, outs[0], strict=True))
+    return times
 
 
 @dataclass
