@@ -29,7 +29,7 @@ profile's parameter bytes (:func:`state_factor`); activations are counted in the
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,9 +37,10 @@ import torch
 from torch import nn
 
 from autopipe.costs import Affine, Profile
-from autopipe.counting import BlockCount, OpCount, count_block
+from autopipe.counting import BlockCount, OpCount, count_block, count_loss
 from autopipe.devices import DeviceSpec
-from autopipe.errors import ProfileError
+from autopipe.errors import ModelLoadError, ProfileError
+from autopipe.outputs import graph_outputs, output_builder
 from autopipe.profile import block_cost, crossing_tensors, storage_key
 from autopipe.segment import extract
 from autopipe.trace import TracedModel, trace_model
@@ -134,7 +135,7 @@ def count_model(
                 f"the model's graph changes with the micro-batch size ({sizes[0]} vs {u}); count one size only"
             )
         traces.append(traced)
-        counts.append(_count_blocks(traced, inputs))
+        counts.append(_count_blocks(traced, inputs, _meta_loss(loaded, traced, model, inputs, u, prec.dtype)))
     return ModelCounts(tuple(traces), tuple(counts), loaded, prec, tuple(leaf_modules), max_blocks)
 
 
@@ -155,9 +156,30 @@ def _meta_inputs(inputs: Any, dtype: torch.dtype) -> Any:
     return torch.utils._pytree.tree_map(move, inputs)
 
 
-def _count_blocks(traced: TracedModel, inputs: Any) -> tuple[BlockCount, ...]:
+def _meta_loss(
+    loaded: Any, traced: TracedModel, model: nn.Module, inputs: Any, u: int, dtype: torch.dtype
+) -> Callable[[list[Any]], torch.Tensor]:
+    """The model file's ``loss_fn`` on the graph's flat outputs and ``u`` targets, on meta."""
+    build = output_builder(traced.gm, traced.tracer, model, inputs)
+    targets = _meta_inputs(loaded.make_targets(u), dtype) if loaded.make_targets is not None else None
+    loss_fn: Callable[[object, object], torch.Tensor] = loaded.loss_fn
+
+    def loss(flat: list[Any]) -> torch.Tensor:
+        return loss_fn(build(flat), targets)
+
+    return loss
+
+
+def _count_blocks(
+    traced: TracedModel, inputs: Any, loss: Callable[[list[Any]], torch.Tensor] | None = None
+) -> tuple[BlockCount, ...]:
     """Count each block on the values the blocks before it produced; a block that computes
-    what an earlier one did (same ops, same shapes) reuses its count and its outputs' layout."""
+    what an earlier one did (same ops, same shapes) reuses its count and its outputs' layout.
+
+    The training loss (computed on the last stage, after the last block) is counted in the
+    last block, as the measured profiler does; a loss that cannot run on meta tensors (one
+    that reads values, say) is left out and costs nothing.
+    """
     from autopipe.profile import _flat_inputs
 
     gm = traced.gm
@@ -178,6 +200,19 @@ def _count_blocks(traced: TracedModel, inputs: Any) -> tuple[BlockCount, ...]:
             seen[key] = (count, outs)
         env.update(zip(output_names, outs, strict=True))
         out.append(count)
+    if loss is not None and out:
+        names, _ = graph_outputs(gm)
+        try:
+            extra = count_loss(loss, [env[n] if n is not None else None for n in names], exclude)
+        except ModelLoadError:
+            return tuple(out)
+        last = out[-1]
+        out[-1] = BlockCount(
+            last.forward + extra.forward,
+            last.backward + extra.backward,
+            last.backward_input + extra.backward_input,
+            last.saved_bytes + extra.saved_bytes,
+        )
     return tuple(out)
 
 

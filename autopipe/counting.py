@@ -41,7 +41,7 @@ from torch.utils.flop_counter import (
 
 from autopipe.profile import saved_bytes
 
-__all__ = ["BlockCount", "OpCount", "count_block", "fused_attention"]
+__all__ = ["BlockCount", "OpCount", "count_block", "count_loss", "fused_attention"]
 
 aten = torch.ops.aten
 
@@ -192,6 +192,23 @@ def count_block(module: nn.Module, args: Sequence[Any], exclude: set[int] | froz
         p.grad = None
     detached = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outs)
     return BlockCount(tuple(fwd.ops), tuple(bwd.ops), tuple(bwd_in.ops), nbytes), detached
+
+
+def count_loss(
+    loss: Callable[[list[Any]], torch.Tensor], outputs: Sequence[Any], exclude: set[int] | frozenset[int] = frozenset()
+) -> BlockCount:
+    """Count the training loss on the model's flat outputs (meta tensors, made leaves), as
+    :func:`count_block` counts a block: its backward has no weights, so B = full backward."""
+    leaves = [_leaf(o) for o in outputs]
+    nbytes = saved_bytes(lambda: loss(leaves), exclude=set(exclude))
+    fwd = _CountMode()
+    with fwd:
+        value = loss(leaves)
+    bwd = _CountMode()
+    if value.requires_grad:
+        with bwd:
+            torch.autograd.backward([value])
+    return BlockCount(tuple(fwd.ops), tuple(bwd.ops), tuple(bwd.ops), nbytes)
 
 
 def _leaf(v: Any) -> Any:

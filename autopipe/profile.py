@@ -32,6 +32,7 @@ from torch import nn
 
 from autopipe.costs import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import ProfileError
+from autopipe.outputs import graph_outputs, output_builder
 from autopipe.segment import Segment, extract
 from autopipe.trace import Block, TracedModel, trace_model
 
@@ -124,8 +125,25 @@ def _profile(
             if progress is not None:
                 progress(f"micro-batch {u}", k * total + done, total * len(sizes))
 
-        measured.append(measure_blocks(traced, inputs, warmup=warmup, repeat=repeat, progress=report))
+        loss = _training_loss(loaded, traced, model, inputs, u, dev)
+        measured.append(
+            measure_blocks(traced, inputs, warmup=warmup, repeat=repeat, progress=report, loss=loss)
+        )
     return _make_profile(loaded, traces, measured, sizes, dev, leaf_modules, max_blocks)
+
+
+def _training_loss(
+    loaded: Any, traced: TracedModel, model: nn.Module, inputs: Any, u: int, dev: torch.device
+) -> Callable[[list[Any]], torch.Tensor]:
+    """The model file's ``loss_fn`` on the graph's flat outputs and ``u`` samples of targets."""
+    build = output_builder(traced.gm, traced.tracer, model, inputs)
+    targets = _to_device(loaded.make_targets(u), dev) if loaded.make_targets is not None else None
+    loss_fn: Callable[[object, object], torch.Tensor] = loaded.loss_fn
+
+    def loss(flat: list[Any]) -> torch.Tensor:
+        return loss_fn(build(flat), targets)
+
+    return loss
 
 
 def measure_blocks(
@@ -135,8 +153,13 @@ def measure_blocks(
     warmup: int = 2,
     repeat: int = 5,
     progress: Callable[[int, int], None] | None = None,
+    loss: Callable[[list[Any]], torch.Tensor] | None = None,
 ) -> list[BlockMeasurement]:
     """Run every block of ``traced`` alone and measure it.
+
+    ``loss``: the training loss from the graph's flat outputs (:mod:`autopipe.outputs`). The
+    executor computes it on the last stage, after the last block, so its forward, backward
+    and saved bytes are measured too and counted in the last block's figures.
 
     First the blocks run once in order, each on what the blocks before it made (its forward
     graph kept for the backward timings). Then the timing runs go round the blocks: each
@@ -158,6 +181,12 @@ def measure_blocks(
         for name, o in zip(seg.outputs, run.outs, strict=True):
             env[name] = o.detach() if isinstance(o, torch.Tensor) else o
         runs.append(run)
+    out_names, _ = graph_outputs(gm)
+    loss_run = (
+        _LossRun.start(loss, [env[n] if n is not None else None for n in out_names], param_storages)
+        if loss is not None
+        else None
+    )
     total = 3 * (warmup + repeat)
     samples: dict[str, list[list[float]]] = {}
     done = 0
@@ -165,9 +194,11 @@ def measure_blocks(
         rows = samples[kind] = [[] for _ in runs]
         for r in range(warmup + repeat):
             if kind == "forward":
-                times = _forward_round(traced.input_names, segments, flat)
+                times = _forward_round(traced.input_names, segments, flat, loss, out_names)
             else:
                 times = [_time_once(getattr(run, kind)) if run.has(kind) else 0.0 for run in runs]
+                if loss_run is not None:
+                    times[-1] += _time_once(loss_run.backward)
             if r >= warmup:
                 for row, t in zip(rows, times, strict=True):
                     row.append(t)
@@ -179,12 +210,20 @@ def measure_blocks(
     out = []
     for i, run in enumerate(runs):
         f, b, bi = (float(statistics.median(samples[k][i])) for k in ("forward", "backward", "backward_input"))
-        out.append(BlockMeasurement(f, b, min(bi, b), run.saved))
+        extra = loss_run.saved if loss_run is not None and i == len(runs) - 1 else 0
+        out.append(BlockMeasurement(f, b, min(bi, b), run.saved + extra))
     return out
 
 
-def _forward_round(input_names: Sequence[str], segments: Sequence[Segment], flat: list[Any]) -> list[float]:
-    """One timed forward of the whole model, block by block, as training runs it."""
+def _forward_round(
+    input_names: Sequence[str],
+    segments: Sequence[Segment],
+    flat: list[Any],
+    loss: Callable[[list[Any]], torch.Tensor] | None = None,
+    out_names: Sequence[str | None] = (),
+) -> list[float]:
+    """One timed forward of the whole model, block by block, as training runs it (the loss,
+    if given, counted in the last block)."""
     env: dict[str, Any] = dict(zip(input_names, flat, strict=True))
     times = []
     for seg in segments:
@@ -192,6 +231,9 @@ def _forward_round(input_names: Sequence[str], segments: Sequence[Segment], flat
         outs: list[Any] = []
         times.append(_time_once(lambda: outs.append(seg.module(*args))))  # noqa: B023
         env.update(zip(seg.outputs, outs[0], strict=True))
+    if loss is not None:
+        values = [env[n] if n is not None else None for n in out_names]
+        times[-1] += _time_once(lambda: loss(values))
     return times
 
 
@@ -226,6 +268,24 @@ class _BlockRun:
 
     def backward_input(self) -> None:
         torch.autograd.grad(self.diff, self.grad_inputs, self.grads, retain_graph=True, allow_unused=True)
+
+
+@dataclass
+class _LossRun:
+    """The loss on the model's outputs (as leaves), kept so its backward can be timed."""
+
+    value: torch.Tensor
+    saved: int
+
+    @staticmethod
+    def start(loss: Callable[[list[Any]], torch.Tensor], outputs: list[Any], exclude: set[int]) -> _LossRun:
+        leaves = [_leaf(o) for o in outputs]
+        saved = saved_bytes(lambda: loss(leaves), exclude=exclude)
+        return _LossRun(loss(leaves), saved)
+
+    def backward(self) -> None:
+        if self.value.requires_grad:
+            torch.autograd.backward([self.value], retain_graph=True)
 
 
 def time_call(fn: Callable[[], object], warmup: int = 2, repeat: int = 5) -> float:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch.fx
 
 from autopipe.errors import PlanError
+from autopipe.outputs import graph_outputs
 from autopipe.plans import Plan
 from autopipe.segment import extract
 from autopipe.trace import TracedModel
@@ -63,10 +64,7 @@ def split_model(traced: TracedModel, plan: Plan) -> Split:
     by_name = {n.name: n for n in gm.graph.nodes}
     _check_nodes(traced, plan)
     stage_of = {name: s.index for s in plan.stages for name in s.nodes}
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    result = out_node.args[0]
-    flat_out = list(result) if isinstance(result, (tuple, list)) else [result]
-    output_names = tuple(o.name if isinstance(o, torch.fx.Node) else None for o in flat_out)
+    output_names, output_is_tuple = graph_outputs(gm)
     last = len(plan.stages) - 1
 
     stages = []
@@ -93,7 +91,7 @@ def split_model(traced: TracedModel, plan: Plan) -> Split:
         for p in {id(p) for p in st.module.parameters()}:
             users.setdefault(canonical[p], []).append(st.index)
     shared = tuple(sorted((p, tuple(u)) for p, u in users.items() if len(u) > 1))
-    return Split(tuple(stages), traced.input_names, output_names, isinstance(result, (tuple, list)), shared)
+    return Split(tuple(stages), traced.input_names, output_names, output_is_tuple, shared)
 
 
 def _readers(node: torch.fx.Node, stage_of: dict[str, int], me: int, last: int) -> tuple[int, ...]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -171,3 +173,38 @@ def test_profiling_uses_the_asked_threads_and_restores_them() -> None:
             profile_model(loaded, micro_batch_sizes=[1], threads=0)
     finally:
         torch.set_num_threads(before)
+
+
+class _SlowGrad(torch.autograd.Function):
+    """Identity (a copy) whose backward takes at least 20 ms."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.02)
+        return g
+
+
+def test_the_training_loss_is_measured_in_the_last_block() -> None:
+    """The executor computes the loss on the last stage, after the last block: the profile
+    counts its forward, backward and saved bytes there, and nowhere else."""
+    torch.manual_seed(0)
+    model = Net(d=32, n=2, vocab=64)
+    x = torch.randint(0, 64, (2, 16))
+    traced = trace_model(model, x, micro_batch_size=2, tracer="fx")
+
+    def loss(flat: list[Any]) -> torch.Tensor:
+        time.sleep(0.02)
+        return (_SlowGrad.apply(flat[0]) ** 2).mean()  # pow saves the copy: one output's bytes
+
+    plain = measure_blocks(traced, x, warmup=1, repeat=3)
+    with_loss = measure_blocks(traced, x, warmup=1, repeat=3, loss=loss)
+    out = model(x)
+    assert with_loss[-1].saved_bytes - plain[-1].saved_bytes == out.numel() * out.element_size()
+    assert [m.saved_bytes for m in with_loss[:-1]] == [m.saved_bytes for m in plain[:-1]]
+    last = with_loss[-1]
+    assert min(last.forward_s, last.backward_s, last.backward_input_s) >= 0.02
+    assert max(m.forward_s for m in with_loss[:-1]) < 0.02

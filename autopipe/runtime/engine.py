@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from autopipe.errors import RuntimeFailure
 from autopipe.runtime.comm import Comm, Work
@@ -275,17 +275,26 @@ class PipelineEngine:
         # Counting saved tensors costs a Python call each (~40% of a small GPT block's
         # forward): count the first forward of each stage only; micro-batches are equal.
         counting = j not in self.stage_saved
+        forward = st.module if j != self.last else functools.partial(self._with_loss, st, got, i)
         with self.saved_bytes.count() if counting else contextlib.nullcontext():
-            if j in self.recompute:
+            if j in self.recompute:  # the last stage recomputes its loss too
                 contexts = functools.partial(_recompute_contexts, st.module)
-                out = checkpoint(st.module, *args, use_reentrant=False, context_fn=contexts)
+                # Early stop ends a recomputation with an exception once it has what backward
+                # needs: not through the model file's loss_fn, which reports what it raises.
+                with set_checkpoint_early_stop(j != self.last):
+                    out = checkpoint(forward, *args, use_reentrant=False, context_fn=contexts)
             else:
-                out = st.module(*args)
+                out = forward(*args)
         if counting:
             self.stage_saved[j] = self.saved_bytes.total
         held = self.stage_saved[j]
         if j in self.recompute:
             held = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+        loss = None
+        if j == self.last:
+            *out, loss = out
+            d = loss.detach()
+            self.loss_total = d if self.loss_total is None else self.loss_total + d
         values = dict(zip(st.outputs, out, strict=True))
         outputs: dict[str, torch.Tensor] = {}
         for name, to in R.readers[j]:
@@ -295,16 +304,18 @@ class PipelineEngine:
                     self._send((FORWARD, j, name, r, i), v, r)
             if isinstance(v, torch.Tensor) and v.requires_grad and self.specs[name].requires_grad:
                 outputs[name] = v
-        loss = None
-        if j == self.last:
-            have = {**self.mb_inputs[i], **got, **values}
-            flat = [have[n] if n is not None else None for n in self.output_names]
-            loss = self.loss_fn(self.make_output(flat), self.mb_targets[i]) / self.m
-            d = loss.detach()
-            self.loss_total = d if self.loss_total is None else self.loss_total + d
         self.saved[(j, i)] = _Saved(leaves, outputs, loss)
         self.held[(j, i)] = held
         self.peak_held = max(self.peak_held, sum(self.held.values()))
+
+    def _with_loss(
+        self, st: StageModule, got: dict[str, torch.Tensor], i: int, *args: Any
+    ) -> tuple[Any, ...]:
+        """The last stage's forward: its outputs, then the micro-batch's loss (/ m) on them."""
+        out = tuple(st.module(*args))
+        have = {**self.mb_inputs[i], **got, **dict(zip(st.outputs, out, strict=True))}
+        flat = [have[n] if n is not None else None for n in self.output_names]
+        return (*out, self.loss_fn(self.make_output(flat), self.mb_targets[i]) / self.m)
 
     def _b(self, j: int, i: int) -> None:
         sv, R = self.saved[(j, i)], self.routing

@@ -24,6 +24,7 @@ import torch
 
 from autopipe.errors import RuntimeFailure
 from autopipe.load import LoadedModel
+from autopipe.outputs import output_builder
 from autopipe.plans import Plan
 from autopipe.rebuild import rebuild_model, trace_for_plan
 from autopipe.runtime import checkpoint
@@ -97,32 +98,6 @@ def shared_groups(split: Split, ranks: int) -> list[tuple[str, tuple[int, ...]]]
         if len(holders) > 1:
             out.append((name, holders))
     return out
-
-
-def _output_builder(rebuilt: Rebuilt, split: Split) -> Callable[[list[Any]], object]:
-    """Turn the graph's flat outputs back into what the model returns (for ``loss_fn``)."""
-    if rebuilt.traced.tracer == "fx" or not split.output_is_tuple:
-        if split.output_is_tuple:
-            return tuple
-        return lambda flat: flat[0]
-    try:  # export flattens the output: recover its structure from a fake forward
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
-        inputs = rebuilt.loaded.make_inputs(rebuilt.traced.micro_batch_size)
-        with mode, torch.no_grad():
-            fake = torch.utils._pytree.tree_map(
-                lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, inputs
-            )
-            from autopipe.load import call_model
-
-            out = call_model(rebuilt.loaded.model, fake)
-        leaves, spec = torch.utils._pytree.tree_flatten(out)
-        if len(leaves) == len(split.output_names):
-            return lambda flat: torch.utils._pytree.tree_unflatten(flat, spec)
-    except Exception:
-        pass
-    return (lambda flat: flat[0]) if len(split.output_names) == 1 else tuple
 
 
 def action_seconds(plan: Plan) -> Callable[[Action], float]:
@@ -204,7 +179,9 @@ def train_rank(
         order=order[rank],
         input_names=split.input_names,
         output_names=split.output_names,
-        make_output=_output_builder(rb, split),
+        make_output=output_builder(
+            rb.traced.gm, rb.traced.tracer, rb.loaded.model, rb.loaded.make_inputs(u)
+        ),
         loss_fn=rb.loaded.loss_fn,
         optimizer=optimizer,
         shared=shared,
