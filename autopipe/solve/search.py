@@ -334,11 +334,13 @@ def default_link(device: str) -> tuple[float, float]:
     """(bandwidth bytes/s, latency s) between neighbouring devices, by the profile's device.
 
     GPUs: 50 GB/s and 10 us (between PCIe 5.0 x16 and NVLink: a conservative default);
-    CPU processes talking over gloo on one host: 5 GB/s and 50 us.
+    CPU processes talking over gloo on one host: 4 GB/s and 120 us, as ``bench/bench_link.py``
+    measured on the development machine (3.2-4.1 GB/s, 110-190 us; run it for yours and pass
+    ``--bandwidth`` / ``--latency``).
     """
     if device.startswith("cuda"):
         return 50e9, 10e-6
-    return 5e9, 50e-6
+    return 4e9, 120e-6
 
 
 # --------------------------------------------------------------------------- checks
