@@ -315,6 +315,7 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec) -> Profile:
             saved_bytes=fit(i, lambda c: c.saved_bytes),
             forward_flops=fit(i, lambda c: c.forward_flops),
             backward_flops=fit(i, lambda c: c.backward_flops),
+            shared=ref.shared_params,
         )
         for i, b in enumerate(ref.blocks)
     ]

@@ -81,6 +81,9 @@ class BlockCost:
     saved_bytes: Affine  # bytes saved for backward per micro-batch (activations)
     forward_flops: Affine = Affine(0.0, 0.0)  # counted FLOPs of one forward (analytic)
     backward_flops: Affine = Affine(0.0, 0.0)  # counted FLOPs of one full backward (analytic)
+    # Bytes of parameters it uses that an earlier block owns (a tied LM head): a stage without
+    # their owner holds its own copy, with gradients and optimizer state, as the executor does.
+    shared_param_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,7 @@ def _profile_from_dict(raw: Any) -> Profile:
                 saved_bytes=_affine(b["saved_bytes"]),
                 forward_flops=_affine(b.get("forward_flops", {"intercept": 0, "slope": 0})),
                 backward_flops=_affine(b.get("backward_flops", {"intercept": 0, "slope": 0})),
+                shared_param_bytes=int(b.get("shared_param_bytes", 0)),
             )
             for b in raw["blocks"]
         )

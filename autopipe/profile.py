@@ -404,6 +404,7 @@ def _make_profile(
             backward=fit(lambda m: m.backward_s, i),
             backward_input=fit(lambda m: m.backward_input_s, i),
             saved_bytes=fit(lambda m: float(m.saved_bytes), i),
+            shared=ref.shared_params,
         )
         for i, b in enumerate(ref.blocks)
     ]
@@ -463,10 +464,15 @@ def block_cost(
     saved_bytes: Affine,
     forward_flops: Affine = _ZERO,
     backward_flops: Affine = _ZERO,
+    shared: Sequence[tuple[str, tuple[int, ...]]] = (),
 ) -> BlockCost:
-    """A block's costs from its fits; parameters are the ones it owns in ``gm``, and the
-    weight-gradient part of backward is what the input-gradient part leaves (never < 0)."""
+    """A block's costs from its fits; parameters are the ones it owns in ``gm`` (plus, apart,
+    the ``shared`` ones — ``TracedModel.shared_params`` — it uses but an earlier block owns),
+    and the weight-gradient part of backward is what the input-gradient part leaves (>= 0)."""
     owned = [gm.get_parameter(p) for p in block.params]
+    borrowed = [
+        gm.get_parameter(name) for name, users in shared if block.index in users and block.index != min(users)
+    ]
     return BlockCost(
         name=block.name,
         nodes=block.nodes,
@@ -482,6 +488,7 @@ def block_cost(
         saved_bytes=saved_bytes,
         forward_flops=forward_flops,
         backward_flops=backward_flops,
+        shared_param_bytes=sum(p.numel() * p.element_size() for p in borrowed),
     )
 
 

@@ -161,6 +161,26 @@ def test_adam_matches_unsplit_training(tmp_path: Path) -> None:
     assert max_diff(assemble_state_dict(tmp_path), ref_state) <= 1e-4
 
 
+def test_planned_state_bytes_are_what_each_rank_holds() -> None:
+    """Weights, gradients and SGD's momentum per stage as planned (state_factor 3), the tied
+    embedding's copy on the LM head's stage included, are exactly what the ranks hold."""
+    from autopipe.costmodel import analytic_profile
+    from autopipe.devices import device_spec
+    from autopipe.load import load_model
+    from autopipe.solve.search import PlanRequest, plan_pipeline
+
+    file, kwargs = GPT
+    profile = analytic_profile(load_model(file, kwargs, device="meta"), device_spec("h100"), micro_batch_sizes=(2,))
+    assert profile.blocks[-1].shared_param_bytes > 0  # lm_head uses wte.weight
+    request = PlanRequest(
+        stages=2, batch_size=8, memory_bytes=2.0**30, micro_batches=4, schedule="1f1b", state_factor=3.0
+    )
+    plan = plan_pipeline(profile, request)
+    options = RunOptions(steps=1, optimizer="SGD", lr=1e-3, optimizer_kwargs=(("momentum", 0.9),))
+    for r in run_threads(plan, options):
+        assert r.static_bytes == sum(s.static_bytes for s in plan.stages if s.rank == r.rank)
+
+
 def test_resume_continues_bit_for_bit(tmp_path: Path) -> None:
     plan = _plan("gpt", 2, "zb-h1")
     base = dict(optimizer="Adam", lr=1e-2, timeout_s=30)

@@ -106,9 +106,10 @@ class SavedBytes:
 
 
 def state_bytes(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of parameters, their gradients and the optimizer's state tensors."""
+    """Bytes of parameters, their gradients (held from the first backward to the step, so
+    counted whether or not they are there now) and the optimizer's state tensors."""
     total = sum(p.numel() * p.element_size() for p in params)
-    total += sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+    total += sum(p.numel() * p.element_size() for p in params if p.requires_grad)
     for state in optimizer.state.values():
         total += sum(
             v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor)

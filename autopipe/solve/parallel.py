@@ -209,7 +209,7 @@ def _state_factor(profile: Profile, request: ParallelRequest, D: int) -> float:
 def _static_bound(profile: Profile, request: ParallelRequest, S: int, D: int) -> float:
     """Bytes some device of an S-stage pipeline holds at least, before any activation."""
     factor = _state_factor(profile, request, D)
-    per_block = [b.param_bytes * factor for b in profile.blocks]
+    per_block = [(b.param_bytes + b.shared_param_bytes) * factor for b in profile.blocks]
     return max(sum(per_block) / S, max(per_block, default=0.0))
 
 

@@ -299,7 +299,7 @@ def _problem(profile: Profile, req: PlanRequest, decision: Decision) -> Partitio
     return PartitionProblem(
         time_s=tuple(b.forward_s(u) + b.backward_s(u) for b in blocks),
         recompute_s=tuple(b.forward_s(u) for b in blocks),
-        static_bytes=tuple(b.param_bytes * req.state_factor for b in blocks),
+        static_bytes=tuple((b.param_bytes + b.shared_param_bytes) * req.state_factor for b in blocks),
         activation_bytes=tuple(b.saved_bytes(u) for b in blocks),
         tensors=tuple(Tensor(t.src, t.dsts, t.bytes(u)) for t in profile.tensors if t.dsts),
         stages=chunks,
