@@ -5,7 +5,8 @@ The model is built on the meta device (no weights allocated), traced, counted bl
 (FLOPs, bytes, saved bytes) and priced on the catalogue's H100 in bf16 mixed precision; then
 every pipeline depth S x data-parallel width D = 64 / S is planned (cuts, micro-batches,
 schedule, recomputation) and the gradient all-reduce priced. Memory per device by the stated
-formula: 16 bytes per parameter (2 bf16 weight + 2 bf16 grad + 4 fp32 master + 4 + 4 Adam),
+formula: 16 bytes per parameter held (2 bf16 weight + 2 bf16 grad + 4 fp32 master + 4 + 4 Adam;
+the last stage holds a copy of the embedding its LM head is tied to),
 or with ZeRO-1 (``--zero1``) 4 + 12 / D, plus the activations the schedule holds (bf16).
 
 One CPU core (pinned when the OS allows). Prints each phase's wall time, the decision, the
@@ -63,9 +64,11 @@ def main() -> int:
         plan = result.plan
         D = plan.data_parallel
         per_param = BYTES_PER_PARAM if not zero1 else 4 + (BYTES_PER_PARAM - 4) / D
-        ok = all(
-            abs(s.static_bytes - per_param * s.params) <= 1e-6 * s.static_bytes + 1 and s.memory_bytes <= MEMORY
+        elt = sum(b.param_bytes for b in profile.blocks) / sum(b.params for b in profile.blocks)
+        ok = all(  # parameters a stage holds: its own and its copy of a tied one (the LM head's)
+            abs(s.static_bytes - per_param * held) <= 1e-6 * s.static_bytes + 1 and s.memory_bytes <= MEMORY
             for s in plan.stages
+            for held in [s.params + sum(profile.blocks[i].shared_param_bytes for i in s.block_indices) / elt]
         )
         recomputed = sum(s.recompute for s in plan.stages)
         print(f"\n{'ZeRO-1' if zero1 else 'plain Adam'} ({per_param:.2f} bytes/parameter): planned in {t_plan:.2f} s")
