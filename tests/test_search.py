@@ -170,3 +170,35 @@ def test_bad_requests_get_one_clear_line(change: dict[str, object], message: str
         plan_pipeline(random_profile(8, 0), _request(**change))
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_the_first_stage_of_a_split_backward_is_all_w() -> None:
+    """The first stage's inputs are the batch: its B has no gradient to compute, so the plan
+    (and the simulator) put its whole backward, recomputation included, in W."""
+    prof = random_profile(8, seed=3)
+    for recompute in ("never", "always"):
+        plan = plan_pipeline(prof, _request(schedule="zb-h1", micro_batches=8, recompute=recompute))
+        first, *rest = plan.stages
+        assert first.backward_input_s == 0.0
+        assert first.backward_weight_s == pytest.approx(first.backward_s)
+        assert all(st.backward_input_s > 0 for st in rest)
+
+
+def test_action_overhead_is_paid_by_every_action() -> None:
+    prof = random_profile(8, seed=5)
+    o = 1e-3
+    for schedule in ("1f1b", "zb-h1"):
+        base = plan_pipeline(prof, _request(schedule=schedule, micro_batches=8))
+        paid = plan_pipeline(prof, _request(schedule=schedule, micro_batches=8, action_overhead_s=o))
+        assert paid.action_overhead_s == o and base.action_overhead_s == 0.0
+        assert [s.blocks for s in paid.stages] == [s.blocks for s in base.stages]  # same cuts
+        for a, b in zip(paid.stages, base.stages, strict=True):
+            assert a.forward_s == pytest.approx(b.forward_s + o)
+            assert a.backward_s == pytest.approx(b.backward_s + o)
+            assert a.backward_input_s == pytest.approx(b.backward_input_s + o)
+            assert a.backward_weight_s == pytest.approx(b.backward_weight_s + o)
+        # Each rank runs 2m (or 3m) actions: the makespan grows by at least m of them.
+        assert paid.iteration_time_s >= base.iteration_time_s + 8 * o
+        assert plan_timeline(paid).iteration_s == pytest.approx(paid.iteration_time_s)
+    with pytest.raises(PlanError, match="--action-overhead must be zero or more"):
+        plan_pipeline(prof, _request(action_overhead_s=-1e-3))

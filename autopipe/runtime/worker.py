@@ -101,20 +101,21 @@ def shared_groups(split: Split, ranks: int) -> list[tuple[str, tuple[int, ...]]]
 
 
 def action_seconds(plan: Plan) -> Callable[[Action], float]:
-    """The plan's predicted duration of an action (1, 2, 1 for F, B, W where it has none)."""
+    """The plan's predicted duration of an action (recomputation included); 1, 2, 1 for F, B,
+    W when the plan has no predictions (made by hand, say)."""
     split = plan.schedule == "zb-h1"
     stages = {st.index: st for st in plan.stages}
+    predicted = any(st.forward_s > 0 for st in plan.stages)
 
     def seconds(a: Action) -> float:
         st = stages[a.stage]
+        if not predicted:
+            return 2.0 if a.kind == "B" else 1.0
         if a.kind == "F":
-            t, default = st.forward_s, 1.0
-        elif a.kind == "W":
-            t, default = st.backward_weight_s, 1.0
-        else:
-            t = st.backward_input_s if split else st.backward_s
-            t, default = t + (st.forward_s if st.recompute else 0.0), 2.0
-        return t if t > 0 else default
+            return st.forward_s
+        if a.kind == "W":
+            return st.backward_weight_s
+        return st.backward_input_s if split else st.backward_s
 
     return seconds
 

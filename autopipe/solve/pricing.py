@@ -3,7 +3,9 @@
 A :class:`Candidate` is a decision (schedule, virtual stages, micro-batches) with its cuts;
 :func:`costs_of` turns the blocks on each stage into the simulator's per-stage costs (a
 recomputed stage pays one more forward in its backward and keeps only its inputs per
-micro-batch in flight, plus one micro-batch's activations while it recomputes), and
+micro-batch in flight, plus one micro-batch's activations while it recomputes; split in B and
+W, the first stage's backward is all W, as the executor runs it; every action also pays the
+executor's fixed cost per action, ``PlanRequest.action_overhead_s``), and
 :func:`price` runs the compiled schedule (:func:`autopipe.simulate.simulate_summary`).
 """
 
@@ -58,15 +60,17 @@ class BlockTimes:
     b: tuple[float, ...]
     bi: tuple[float, ...]
     w: tuple[float, ...]
+    action_s: float = 0.0  # the executor's own cost per action (F, B or W), whatever its size
 
     @staticmethod
-    def of(profile: Profile, u: int) -> BlockTimes:
+    def of(profile: Profile, u: int, action_s: float = 0.0) -> BlockTimes:
         bs = profile.blocks
         return BlockTimes(
             tuple(x.forward_s(u) for x in bs),
             tuple(x.backward_s(u) for x in bs),
             tuple(x.backward_input_s(u) for x in bs),
             tuple(x.backward_weight_s(u) for x in bs),
+            action_s,
         )
 
 
@@ -85,12 +89,15 @@ def costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list[
         rc = part.recompute[s]
         held = stats.in_bytes[s] if rc else stats.act[s]
         extra = f[s] if rc else 0.0
+        # The first stage's inputs are the batch: no gradient to pass back, so a split
+        # backward's B has nothing to compute and W is all of it (recomputation included).
+        first, o = s == 0, t.action_s
         costs.append(
             StageCost(
-                forward_s=f[s],
-                backward_s=b[s] + extra,
-                backward_input_s=bi[s] + extra,
-                backward_weight_s=w[s],
+                forward_s=f[s] + o,
+                backward_s=b[s] + extra + o,
+                backward_input_s=o if first else bi[s] + extra + o,
+                backward_weight_s=b[s] + extra + o if first else w[s] + o,
                 activation_bytes=held,
                 weight_grad_bytes=held,
                 transient_bytes=stats.act[s] if rc else 0.0,

@@ -37,7 +37,6 @@ def make_plan(
     for s in range(best.problem.stages):
         members = tuple(i for i, x in enumerate(part.stage_of_block) if x == s)
         rc = part.recompute[s]
-        f = sum(profile.blocks[i].forward_s(u) for i in members)
         stages.append(
             StagePlan(
                 index=s,
@@ -46,10 +45,10 @@ def make_plan(
                 block_indices=members,
                 nodes=tuple(n for i in members for n in profile.blocks[i].nodes),
                 params=sum(profile.blocks[i].params for i in members),
-                forward_s=f,
-                backward_s=part.stage_time_s[s] - f,
-                backward_input_s=sum(profile.blocks[i].backward_input_s(u) for i in members) + (f if rc else 0.0),
-                backward_weight_s=sum(profile.blocks[i].backward_weight_s(u) for i in members),
+                forward_s=best.costs[s].forward_s,
+                backward_s=best.costs[s].backward_s,
+                backward_input_s=best.costs[s].backward_input_s,
+                backward_weight_s=best.costs[s].backward_weight_s,
                 recompute=rc,
                 memory_bytes=timeline.peak_memory_bytes[s] if d.virtual == 1 else part.stage_memory_bytes[s],
                 static_bytes=stats.static[s],
@@ -87,6 +86,7 @@ def make_plan(
         memory_limit_bytes=req.memory_bytes,
         link_bandwidth=req.link_bandwidth,
         link_latency_s=req.link_latency_s,
+        action_overhead_s=req.action_overhead_s,
         recompute_policy=req.recompute,
         stages=tuple(stages),
         iteration_time_s=timeline.iteration_s,
@@ -101,7 +101,7 @@ def make_plan(
 def _baselines(profile: Profile, req: PlanRequest, best: Candidate) -> list[Baseline]:
     """The simple splits under the chosen decision, without recomputation (as others run them)."""
     d, p = best.decision, best.problem
-    times = BlockTimes.of(profile, req.batch_size // d.micro_batches)
+    times = BlockTimes.of(profile, req.batch_size // d.micro_batches, req.action_overhead_s)
     out = []
     for name in BASELINES:
         assignment = baseline_assignment(name, tuple(float(b.params) for b in profile.blocks), p.time_s, p.stages)

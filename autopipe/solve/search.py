@@ -47,7 +47,7 @@ from autopipe.solve.problem import Partition, PartitionProblem, Tensor, evaluate
 from autopipe.solve.results import make_plan
 from autopipe.units import format_bytes
 
-__all__ = ["SEARCH_SCHEDULES", "PlanRequest", "default_link", "plan_pipeline"]
+__all__ = ["SEARCH_SCHEDULES", "PlanRequest", "default_action_overhead", "default_link", "plan_pipeline"]
 
 SEARCH_SCHEDULES = ("1f1b", "zb-h1", "gpipe", "interleaved-1f1b")  # ties go to the first
 _VIRTUAL_CHOICES = (2, 4)
@@ -70,6 +70,7 @@ class PlanRequest:
     recompute: str = "auto"  # "auto" | "never" | "always"
     link_bandwidth: float = 10e9  # bytes/s between neighbouring devices
     link_latency_s: float = 20e-6
+    action_overhead_s: float = 0.0  # the executor's fixed cost per F, B or W (default_action_overhead)
     state_factor: float = 4.0  # bytes kept per parameter byte: weights, grads, Adam m and v
     alternatives: int = 5
 
@@ -83,7 +84,7 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
     no bound left is below the best simulated plan that fits. Nothing skipped can be faster.
     """
     _validate(profile, request)
-    work = _work_table(profile)
+    work = _work_table(profile, request.stages)
     decisions = sorted(
         _decisions(profile, request),
         key=lambda d: (_decision_bound(work, request, d), _order_key(d)),
@@ -127,7 +128,7 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
             if decision.micro_batches > infeasible.get(key, (0, problem))[0]:
                 infeasible[key] = (decision.micro_batches, problem)
             continue
-        times = BlockTimes.of(profile, request.batch_size // decision.micro_batches)
+        times = BlockTimes.of(profile, request.batch_size // decision.micro_batches, request.action_overhead_s)
         c = candidate(decision, "solver", problem, solved, times)
         heapq.heappush(queue, (_candidate_bound(profile, request, c), next(counter), c))
         expand[decision] = (problem, times)
@@ -183,7 +184,7 @@ def _decision_bound(work: Work, req: PlanRequest, d: Decision) -> float:
 
     Micro-batch 0 runs forward through every stage and back, one action after another, so
     the iteration takes at least the model's whole F + B for one micro-batch (B: the input-
-    gradient part when W is split off); and the ranks share m times the model's total work T,
+    gradient part when W is split off, which the first stage does not have); and the ranks share m times the model's total work T,
     so the busiest works at least a 1/S share of it. Sharper, for one stage per rank: rank r
     cannot start before micro-batch 0's forward has crossed stages 0..r-1, then works m t_r,
     and (GPipe, 1F1B) its last gradient still crosses stages r-1..0 — at least
@@ -204,7 +205,7 @@ def _decision_bound(work: Work, req: PlanRequest, d: Decision) -> float:
 Work = Callable[[int, bool], tuple[float, float, float]]
 
 
-def _work_table(profile: Profile) -> Work:
+def _work_table(profile: Profile, req_stages: int) -> Work:
     """``work(u, split)``: (T: every block's F + B, the chain micro-batch 0 must cross, the
     share ``a`` of :func:`_decision_bound`) at micro-batch size ``u``, computed once each."""
 
@@ -216,7 +217,10 @@ def _work_table(profile: Profile) -> Work:
         total = sum(t)
         if not split:
             return total, total, 1.0
-        chain = sum(fi + b.backward_input_s(u) for fi, b in zip(f, blocks, strict=True))
+        # B of the first stage is empty (its inputs need no gradient); the last S - 1 blocks
+        # are never on it.
+        tail = blocks[len(blocks) - req_stages + 1 :] if req_stages > 1 else ()
+        chain = sum(f) + sum(b.backward_input_s(u) for b in tail)
         share = min((fi / ti for fi, ti in zip(f, t, strict=True) if ti > 0), default=0.0)
         return total, chain, share
 
@@ -248,7 +252,7 @@ def _refine_with_ilp(
         except (InfeasibleError, PlanError):
             continue
         if part.stage_of_block != c.partition.stage_of_block:
-            times = BlockTimes.of(profile, req.batch_size // c.decision.micro_batches)
+            times = BlockTimes.of(profile, req.batch_size // c.decision.micro_batches, req.action_overhead_s)
             cand = candidate(c.decision, "ilp", c.problem, part, times)
             t = price(cand, req.stages)
             if fits(t, req.memory_bytes):
@@ -330,6 +334,18 @@ def _params(profile: Profile) -> tuple[float, ...]:
     return tuple(float(b.params) for b in profile.blocks)
 
 
+def default_action_overhead(device: str) -> float:
+    """Seconds the executor spends on an action besides its computation (Python, posting its
+    sends, starting an autograd call), by the profile's device.
+
+    CPU ranks: 0.3 ms, as ``bench/bench_overhead.py`` measured on the development machine
+    (0.37-0.43 ms per F and per B, 0.10-0.22 ms per W, medians 0.22-0.34 ms over three runs).
+    GPUs: 0 until measured there (host work mostly overlaps the kernels); pass
+    ``--action-overhead``.
+    """
+    return 3e-4 if device.startswith("cpu") else 0.0
+
+
 def default_link(device: str) -> tuple[float, float]:
     """(bandwidth bytes/s, latency s) between neighbouring devices, by the profile's device.
 
@@ -380,6 +396,8 @@ def _validate(profile: Profile, req: PlanRequest) -> None:
         raise PlanError(f"recompute must be auto, never or always (got {req.recompute!r})")
     if not req.link_bandwidth > 0 or req.link_latency_s < 0:
         raise PlanError("link bandwidth must be positive and latency non-negative")
+    if not req.action_overhead_s >= 0:
+        raise PlanError(f"--action-overhead must be zero or more (got {req.action_overhead_s})")
     if not _decisions(profile, req):
         raise PlanError(
             f"no schedule fits the request: interleaved-1f1b needs micro-batches divisible by {S} and {S} x v <= {n} blocks"
