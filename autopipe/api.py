@@ -24,7 +24,7 @@ from autopipe.errors import PlanError
 from autopipe.load import LoadedModel, ModelSpec, default_loss
 from autopipe.plans import Plan
 from autopipe.profile import profile_model
-from autopipe.solve.search import PlanRequest, default_link, plan_pipeline
+from autopipe.solve.search import PlanRequest, default_action_overhead, default_link, plan_pipeline
 from autopipe.trace import trace_model
 from autopipe.units import parse_bytes
 
@@ -102,6 +102,7 @@ def plan(
     recompute: str = "auto",
     link_bandwidth: float | None = None,
     link_latency_s: float | None = None,
+    action_overhead_s: float | None = None,
     profile_data: Profile | None = None,
     **profile_options: Any,
 ) -> Plan:
@@ -124,6 +125,7 @@ def plan(
         recompute=recompute,
         link_bandwidth=link_bandwidth or bw,
         link_latency_s=lat if link_latency_s is None else link_latency_s,
+        action_overhead_s=default_action_overhead(prof.device) if action_overhead_s is None else action_overhead_s,
     )
     return plan_pipeline(prof, request)
 

@@ -105,6 +105,7 @@ class Plan:
     data_parallel: int = 1  # D; the devices in all are devices * data_parallel
     allreduce_s: float = 0.0  # gradient all-reduce per iteration, after the pipeline flush
     parallel_note: str = ""  # the (S, D) decision, its links and the runner-up, for people
+    action_overhead_s: float = 0.0  # the executor's cost per action, in every stage time above
     version: int = PLAN_VERSION
 
     @property

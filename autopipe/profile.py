@@ -50,6 +50,7 @@ class BlockMeasurement:
     backward_s: float
     backward_input_s: float
     saved_bytes: int
+    backward_weight_s: float = -1.0  # measured W of a split backward; < 0: B - B_input
 
 
 def profile_model(
@@ -167,7 +168,9 @@ def measure_blocks(
     other work on a shared machine then slows one round of every block alike instead of all
     the samples of one block, so the blocks keep their true proportions. A forward round is a
     real forward (:func:`_forward_round`): a block alone on inputs it has seen before, its
-    output freed at once, runs 5-10% faster than inside a training forward on a CPU.
+    output freed at once, runs 5-10% faster than inside a training forward on a CPU. B and W
+    are timed as the executor runs them for zero-bubble schedules (``runtime.zerobubble``),
+    which costs more than one full backward: an autograd call per group of weights.
     """
     gm = traced.gm
     param_storages = {storage_key(p) for p in gm.parameters()}
@@ -188,20 +191,24 @@ def measure_blocks(
         else None
     )
     total = 3 * (warmup + repeat)
-    samples: dict[str, list[list[float]]] = {}
+    samples: dict[str, list[list[float]]] = {k: [[] for _ in runs] for k in _KINDS}
     done = 0
-    for kind in ("forward", "backward", "backward_input"):
-        rows = samples[kind] = [[] for _ in runs]
+    for kind in ("forward", "backward", "split"):
         for r in range(warmup + repeat):
             if kind == "forward":
-                times = _forward_round(traced.input_names, segments, flat, loss, out_names)
-            else:
-                times = [_time_once(getattr(run, kind)) if run.has(kind) else 0.0 for run in runs]
-                if loss_run is not None:
-                    times[-1] += _time_once(loss_run.backward)
+                rows = {"forward": _forward_round(traced.input_names, segments, flat, loss, out_names)}
+            elif kind == "backward":
+                rows = {"backward": [_time_once(run.backward) if run.has_backward else 0.0 for run in runs]}
+            else:  # B then W, as the executor splits them for zero-bubble schedules
+                pairs = [run.time_split() for run in runs]
+                rows = {"backward_input": [b for b, _ in pairs], "backward_weight": [w for _, w in pairs]}
+            if loss_run is not None and kind != "forward":  # the loss has no weights: all B
+                key = "backward" if kind == "backward" else "backward_input"
+                rows[key][-1] += _time_once(loss_run.backward)
             if r >= warmup:
-                for row, t in zip(rows, times, strict=True):
-                    row.append(t)
+                for key, times in rows.items():
+                    for row, t in zip(samples[key], times, strict=True):
+                        row.append(t)
             done += 1
             if progress is not None:
                 progress(done * len(runs) // total, len(runs))
@@ -209,10 +216,13 @@ def measure_blocks(
         p.grad = None
     out = []
     for i, run in enumerate(runs):
-        f, b, bi = (float(statistics.median(samples[k][i])) for k in ("forward", "backward", "backward_input"))
+        f, b, bi, w = (float(statistics.median(samples[k][i])) for k in _KINDS)
         extra = loss_run.saved if loss_run is not None and i == len(runs) - 1 else 0
-        out.append(BlockMeasurement(f, b, min(bi, b), run.saved + extra))
+        out.append(BlockMeasurement(f, b, bi, run.saved + extra, w))
     return out
+
+
+_KINDS = ("forward", "backward", "backward_input", "backward_weight")
 
 
 def _forward_round(
@@ -257,8 +267,9 @@ class _BlockRun:
         grad_inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
         return _BlockRun(module, args, outs, diff, [torch.ones_like(o) for o in diff], grad_inputs, saved)
 
-    def has(self, kind: str) -> bool:
-        return kind == "forward" or (bool(self.diff) and (kind == "backward" or bool(self.grad_inputs)))
+    @property
+    def has_backward(self) -> bool:
+        return bool(self.diff)
 
     def forward(self) -> None:
         self.module(*self.args)
@@ -266,8 +277,18 @@ class _BlockRun:
     def backward(self) -> None:
         torch.autograd.backward(self.diff, self.grads, retain_graph=True)
 
-    def backward_input(self) -> None:
-        torch.autograd.grad(self.diff, self.grad_inputs, self.grads, retain_graph=True, allow_unused=True)
+    def time_split(self) -> tuple[float, float]:
+        """Seconds of B (input gradients; nothing without inputs that need one) and of W
+        (the weight gradients B left), by the executor's own split (runtime.zerobubble)."""
+        if not self.diff:
+            return 0.0, 0.0
+        from autopipe.runtime.zerobubble import backward_input
+
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        held: list[Any] = []
+        b = _time_once(lambda: held.append(backward_input(self.diff, self.grads, self.grad_inputs, params)))
+        w = _time_once(held[0][1].run)
+        return b, w
 
 
 @dataclass
@@ -403,6 +424,7 @@ def _make_profile(
             forward=fit(lambda m: m.forward_s, i),
             backward=fit(lambda m: m.backward_s, i),
             backward_input=fit(lambda m: m.backward_input_s, i),
+            backward_weight=fit(lambda m: m.backward_weight_s, i) if all(m[i].backward_weight_s >= 0 for m in measured) else None,
             saved_bytes=fit(lambda m: float(m.saved_bytes), i),
             shared=ref.shared_params,
         )
@@ -462,13 +484,15 @@ def block_cost(
     backward: Affine,
     backward_input: Affine,
     saved_bytes: Affine,
+    backward_weight: Affine | None = None,
     forward_flops: Affine = _ZERO,
     backward_flops: Affine = _ZERO,
     shared: Sequence[tuple[str, tuple[int, ...]]] = (),
 ) -> BlockCost:
     """A block's costs from its fits; parameters are the ones it owns in ``gm`` (plus, apart,
-    the ``shared`` ones — ``TracedModel.shared_params`` — it uses but an earlier block owns),
-    and the weight-gradient part of backward is what the input-gradient part leaves (>= 0)."""
+    the ``shared`` ones — ``TracedModel.shared_params`` — it uses but an earlier block owns);
+    the weight-gradient part of backward is ``backward_weight`` where it was measured, else
+    what the input-gradient part leaves (>= 0)."""
     owned = [gm.get_parameter(p) for p in block.params]
     borrowed = [
         gm.get_parameter(name) for name, users in shared if block.index in users and block.index != min(users)
@@ -481,7 +505,9 @@ def block_cost(
         forward_s=forward,
         backward_s=backward,
         backward_input_s=backward_input,
-        backward_weight_s=Affine(
+        backward_weight_s=backward_weight
+        if backward_weight is not None
+        else Affine(
             max(0.0, backward.intercept - backward_input.intercept),
             max(0.0, backward.slope - backward_input.slope),
         ),

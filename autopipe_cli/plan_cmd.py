@@ -48,6 +48,9 @@ def add_plan_parsers(commands: argparse._SubParsersAction, add_model: object, ad
     p.add_argument("--recompute-all", action="store_true", help="recompute activations on every stage")
     p.add_argument("--bandwidth", default=None, help="link bandwidth, like 25GB/s (default: by device type)")
     p.add_argument("--latency", default=None, help="link latency, like 20us (default: by device type)")
+    p.add_argument(
+        "--action-overhead", default=None, help="the executor's own time per F, B or W action, like 0.2ms (default: by device type)"
+    )
     p.add_argument("-o", "--output", default="plan.json", help="plan file to write (default: plan.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--timeline", default=None, metavar="FILE", help="draw the schedule as a Gantt chart (.png or .svg)")
@@ -89,7 +92,12 @@ def _timeline_path(text: str | None) -> str | None:
 def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
     from autopipe.costmodel import state_factor
     from autopipe.costs import Profile
-    from autopipe.solve.search import PlanRequest, default_link, plan_pipeline
+    from autopipe.solve.search import (
+        PlanRequest,
+        default_action_overhead,
+        default_link,
+        plan_pipeline,
+    )
 
     batch = positive_int(args.batch_size, "--batch-size")
     stages = positive_int(args.stages, "--stages") if args.stages is not None else None
@@ -98,6 +106,7 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
     memory = parse_bytes(args.memory, "--memory") if args.memory is not None else None
     bandwidth = parse_rate(args.bandwidth, "--bandwidth") if args.bandwidth is not None else None
     latency = parse_duration(args.latency, "--latency") if args.latency is not None else None
+    overhead = parse_duration(args.action_overhead, "--action-overhead") if args.action_overhead is not None else None
     if args.no_recompute and args.recompute_all:
         raise UsageError("--no-recompute and --recompute-all contradict each other; give one")
     output = str(output_path(args.output, "--output"))
@@ -125,10 +134,13 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
     link_bw, link_lat = default_link(profile.device) if spec is None else (spec.nvlink_bandwidth, spec.link_latency_s)
     memory = memory or (spec.memory_bytes if spec is not None else _device_memory(profile.device))
     recompute = "never" if args.no_recompute else "always" if args.recompute_all else "auto"
+    overhead = default_action_overhead(profile.device) if overhead is None else overhead
     factor = state_factor(profile) if profile.method == "analytic" else PlanRequest.state_factor
     note = ""
     if args.gpus is not None:
-        plan, note = _plan_parallel(args, profile, spec, batch, memory, stages, micro, virtual, recompute, bandwidth, latency)
+        plan, note = _plan_parallel(
+            args, profile, spec, batch, memory, stages, micro, virtual, recompute, bandwidth, latency, overhead
+        )
     else:
         if args.zero1:
             raise UsageError("--zero1 shards optimizer state across data-parallel replicas; give --gpus G as well")
@@ -142,6 +154,7 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
             recompute=recompute,
             link_bandwidth=bandwidth or link_bw,
             link_latency_s=link_lat if latency is None else latency,
+            action_overhead_s=overhead,
             state_factor=factor,
         )
         plan = plan_pipeline(profile, request)
@@ -155,7 +168,7 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
 def _plan_parallel(
     args: argparse.Namespace, profile: Profile, spec: DeviceSpec | None, batch: int, memory: float,
     stages: int | None, micro: int | None, virtual: int | None, recompute: str,
-    bandwidth: float | None, latency: float | None,
+    bandwidth: float | None, latency: float | None, overhead: float,
 ) -> tuple[Plan, str]:  # fmt: skip
     """``--gpus G``: the best S x D split; returns the plan and lines on the choice."""
     from autopipe.costmodel import BYTES_PER_PARAM
@@ -183,6 +196,7 @@ def _plan_parallel(
         ParallelRequest(
             cluster, batch, memory, bytes_per_param=per_param, shard_optimizer=args.zero1, stages=stages,
             micro_batches=micro, schedule=args.schedule, virtual=virtual, recompute=recompute,
+            action_overhead_s=overhead,
         ),
     )  # fmt: skip
     lines = [f"data x pipeline parallel on {gpus} devices: {result.plan.parallel_note}"]

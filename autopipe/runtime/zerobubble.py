@@ -159,6 +159,9 @@ def backward_input(
     ``roots``/``grads`` as for ``torch.autograd.backward`` (a None gradient for a scalar
     loss). The graph is kept for W (``retain_graph``); it is freed when the roots are.
     """
+    if not any(x.requires_grad for x in inputs):  # a first stage: nothing for B, W is all
+        everything = _Group(list(params), [], [k for k, r in enumerate(roots) if r.requires_grad])
+        return [None] * len(inputs), WeightGrad([everything] if everything.roots else [], roots, grads)
     root_nodes = [_node(r) for r in roots]
     parents = _parents([n for n in root_nodes if n is not None])
     input_nodes = [n for n in (_node(x) for x in inputs) if n is not None and n in parents]

@@ -80,6 +80,7 @@ class ParallelRequest:
     virtual: int | None = None
     recompute: str = "auto"
     alternatives: int = 5
+    action_overhead_s: float = 0.0  # the executor's cost per action (PlanRequest's)
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,7 @@ def _pipeline_request(profile: Profile, request: ParallelRequest, lay: Layout) -
         link_latency_s=request.cluster.link_latency_s,
         state_factor=_state_factor(profile, request, lay.data_parallel),
         alternatives=request.alternatives,
+        action_overhead_s=request.action_overhead_s,
     )
 
 
