@@ -20,7 +20,7 @@ import torch
 
 from autopipe.load import check_model_runs, load_model
 from autopipe.profile import profile_model
-from autopipe.solve.search import PlanRequest, default_link, plan_pipeline
+from autopipe.solve.search import PlanRequest, default_action_overhead, default_link, plan_pipeline
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 
@@ -38,7 +38,10 @@ def main() -> None:
         prof = profile_model(loaded, micro_batch_sizes=[2, 4, 8], warmup=2, repeat=7)
         bw, lat = default_link(prof.device)
         for stages in (2, 4):
-            req = PlanRequest(stages=stages, batch_size=32, memory_bytes=2 * 2**30, link_bandwidth=bw, link_latency_s=lat)
+            req = PlanRequest(
+                stages=stages, batch_size=32, memory_bytes=2 * 2**30, link_bandwidth=bw, link_latency_s=lat,
+                action_overhead_s=default_action_overhead(prof.device),
+            )  # fmt: skip
             plan = plan_pipeline(prof, req)
             ratio = {b.name: b.iteration_time_s / plan.iteration_time_s for b in plan.baselines}
             fits = {b.name: "" if b.fits else "*" for b in plan.baselines}

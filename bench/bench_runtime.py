@@ -2,7 +2,8 @@
 """autopipe's executor against torch.distributed.pipelining, and against its own prediction.
 
 models/gpt.py is profiled here with one thread (as each rank runs), then planned for 2 CPU
-ranks with the schedule and micro-batch count pinned (1F1B and GPipe, m = 4). Two gloo
+ranks with the schedule and micro-batch count pinned (1F1B and GPipe, m = 4) and the
+planner's default link and cost per action for CPU ranks (as ``autopipe plan`` would). Two gloo
 processes (one thread each) then train each plan for ``--steps`` SGD steps with autopipe's
 executor and again with ``torch.distributed.pipelining`` on the same split and schedule
 (``autopipe.export.to_torch_pipelining``); the first step of each is warm-up. Printed:
@@ -37,7 +38,12 @@ BATCH, MICRO_BATCHES, LR = 16, 4, 1e-3
 def plan_all(kwargs: list[str], folder: Path) -> list[Path]:
     from autopipe.load import load_model, parse_kwargs
     from autopipe.profile import profile_model
-    from autopipe.solve.search import PlanRequest, default_link, plan_pipeline
+    from autopipe.solve.search import (
+        PlanRequest,
+        default_action_overhead,
+        default_link,
+        plan_pipeline,
+    )
 
     torch.manual_seed(0)
     loaded = load_model(str(ROOT / "models" / "gpt.py"), parse_kwargs(kwargs))
@@ -48,6 +54,7 @@ def plan_all(kwargs: list[str], folder: Path) -> list[Path]:
         req = PlanRequest(
             stages=2, batch_size=BATCH, memory_bytes=2.0**34, micro_batches=MICRO_BATCHES,
             schedule=schedule, recompute="never", link_bandwidth=bw, link_latency_s=lat,
+            action_overhead_s=default_action_overhead(prof.device),
         )  # fmt: skip
         plan = plan_pipeline(prof, req)
         path = folder / f"plan-{schedule}.json"
