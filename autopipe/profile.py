@@ -398,7 +398,8 @@ def _device_name(dev: torch.device) -> str:
     if dev.type == "cuda":
         return f"cuda: {torch.cuda.get_device_name(dev)}"
     cpu = platform.processor() or platform.machine()
-    return f"cpu: {cpu}, {torch.get_num_threads()} threads"
+    n = torch.get_num_threads()
+    return f"cpu: {cpu}, {n} thread{'s' if n != 1 else ''}"
 
 
 def _make_profile(
