@@ -41,7 +41,7 @@ from autopipe.counting import BlockCount, OpCount, count_block, count_loss
 from autopipe.devices import DeviceSpec
 from autopipe.errors import ModelLoadError, ProfileError
 from autopipe.outputs import graph_outputs, output_builder
-from autopipe.profile import block_cost, crossing_tensors, storage_key
+from autopipe.profile import block_cost, crossing_tensors, drop_export_one, storage_key
 from autopipe.segment import extract
 from autopipe.trace import TracedModel, trace_model
 
@@ -109,7 +109,7 @@ class ModelCounts:
 def count_model(
     loaded: Any,
     *,
-    micro_batch_sizes: Sequence[int] = (1, 2),
+    micro_batch_sizes: Sequence[int] = (2, 4),
     dtype: str = "fp32",
     tracer: str = "auto",
     leaf_modules: Sequence[str] = (),
@@ -124,12 +124,14 @@ def count_model(
     model.train()
     traces: list[TracedModel] = []
     counts: list[tuple[BlockCount, ...]] = []
-    for u in sizes:
+    for u in list(sizes):
         inputs = _meta_inputs(loaded.make_inputs(u), prec.dtype)
         traced = trace_model(
             model, inputs, micro_batch_size=u, tracer=traces[0].tracer if traces else tracer,
             leaf_modules=leaf_modules, max_blocks=max_blocks, source=loaded.spec.path,
         )  # fmt: skip
+        if drop_export_one(traced, sizes):
+            continue
         if traces and [b.nodes for b in traced.blocks] != [b.nodes for b in traces[0].blocks]:
             raise ProfileError(
                 f"the model's graph changes with the micro-batch size ({sizes[0]} vs {u}); count one size only"
@@ -344,7 +346,7 @@ def analytic_profile(
     loaded: Any,
     spec: DeviceSpec,
     *,
-    micro_batch_sizes: Sequence[int] = (1, 2),
+    micro_batch_sizes: Sequence[int] = (2, 4),
     dtype: str = "fp32",
     tracer: str = "auto",
     leaf_modules: Sequence[str] = (),

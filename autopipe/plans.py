@@ -161,7 +161,7 @@ class Plan:
         """A few lines of plain text: the decision and the prediction."""
         lines = [
             f"{self.model}: {self.devices} devices x {self.virtual} stage(s), {self.schedule}, "
-            f"{self.micro_batches} micro-batches of {self.micro_batch_size}",
+            f"{self.micro_batches} micro-batch{'es' if self.micro_batches != 1 else ''} of {self.micro_batch_size}",
             f"iteration {self.iteration_time_s * 1e3:.3f} ms, bubble {self.bubble_fraction:.1%}, "
             f"{self.throughput:.1f} samples/s",
         ]

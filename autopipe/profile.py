@@ -104,7 +104,7 @@ def _profile(
     model.train()
     traces: list[TracedModel] = []
     measured: list[list[BlockMeasurement]] = []
-    for k, u in enumerate(sizes):
+    for k, u in enumerate(list(sizes)):
         inputs = _to_device(loaded.make_inputs(u), dev)
         traced = trace_model(
             model,
@@ -115,6 +115,8 @@ def _profile(
             max_blocks=max_blocks,
             source=loaded.spec.path,
         )
+        if drop_export_one(traced, sizes):
+            continue
         if traces and [b.nodes for b in traced.blocks] != [b.nodes for b in traces[0].blocks]:
             raise ProfileError(
                 f"the model's graph changes with the micro-batch size ({sizes[0]} vs {u}); "
@@ -122,7 +124,7 @@ def _profile(
             )
         traces.append(traced)
 
-        def report(done: int, total: int, k: int = k, u: int = u) -> None:
+        def report(done: int, total: int, k: int = len(traces) - 1, u: int = u) -> None:
             if progress is not None:
                 progress(f"micro-batch {u}", k * total + done, total * len(sizes))
 
@@ -131,6 +133,16 @@ def _profile(
             measure_blocks(traced, inputs, warmup=warmup, repeat=repeat, progress=report, loss=loss)
         )
     return _make_profile(loaded, traces, measured, sizes, dev, leaf_modules, max_blocks)
+
+
+def drop_export_one(traced: TracedModel, sizes: list[int]) -> bool:
+    """Whether to skip micro-batch size 1 (and drop it from ``sizes``): ``torch.export``
+    specialises a dimension of size 1, so an export trace at 1 has another graph than at the
+    sizes above it. A profile holds one graph; the planner keeps u = 1 apart (search.py)."""
+    if traced.tracer == "export" and traced.micro_batch_size == 1 and len(sizes) > 1:
+        sizes.remove(1)
+        return True
+    return False
 
 
 def _training_loss(

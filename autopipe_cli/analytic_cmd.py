@@ -55,7 +55,7 @@ def analytic_profile_for_plan(args: argparse.Namespace, spec: DeviceSpec) -> Pro
 
     if args.model is None:
         raise UsageError("--device NAME plans MODEL analytically; give MODEL (a --profile is already priced)")
-    sizes = int_list(args.micro_batch_sizes, "--micro-batch-sizes") if args.micro_batch_sizes else (1, 2)
+    sizes = int_list(args.micro_batch_sizes, "--micro-batch-sizes") if args.micro_batch_sizes else (2, 4)
     blocks = positive_int(args.blocks, "--blocks") if args.blocks is not None else None
     dtype = args.dtype or ("fp32" if spec.name == "cpu" else "bf16")
     loaded = load_model(args.model, parse_kwargs(args.kwargs), device="meta")

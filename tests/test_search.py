@@ -202,3 +202,21 @@ def test_action_overhead_is_paid_by_every_action() -> None:
         assert plan_timeline(paid).iteration_s == pytest.approx(paid.iteration_time_s)
     with pytest.raises(PlanError, match="--action-overhead must be zero or more"):
         plan_pipeline(prof, _request(action_overhead_s=-1e-3))
+
+
+def test_an_export_profile_keeps_micro_batches_of_one_apart() -> None:
+    """torch.export traces a micro-batch of 1 with another graph: a profile measured at 2 and
+    4 plans micro-batches of 2 or more only, one measured at 1 alone plans only 1."""
+    larger = dataclasses.replace(random_profile(6, seed=1), tracer="export", micro_batch_sizes=(2, 4))
+    for m in (None, 4):
+        plan = plan_pipeline(larger, _request(batch_size=8, micro_batches=m))
+        assert plan.micro_batch_size >= 2
+        assert all(a.micro_batches <= 4 for a in plan.alternatives)
+    with pytest.raises(PlanError, match="use at most 4 micro-batches"):
+        plan_pipeline(larger, _request(batch_size=8, micro_batches=8))
+    with pytest.raises(PlanError, match="use --batch-size 2 or more"):
+        plan_pipeline(larger, _request(batch_size=1))
+    ones = dataclasses.replace(larger, micro_batch_sizes=(1,))
+    assert plan_pipeline(ones, _request(batch_size=8)).micro_batch_size == 1
+    with pytest.raises(PlanError, match="profile with --micro-batch-sizes 2,4"):
+        plan_pipeline(ones, _request(batch_size=8, micro_batches=4))

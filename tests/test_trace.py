@@ -191,3 +191,19 @@ def test_tracing_leaves_batchnorm_statistics_alone() -> None:
         trace_model(model, torch.randn(2, 3, 8, 8), micro_batch_size=2, tracer=tracer)
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_an_export_profile_leaves_a_micro_batch_of_one_out(tmp_path: Path) -> None:
+    """torch.export specialises size-1 dimensions, so the profile keeps the sizes that share a
+    graph (2 and 4 here) and the executor's trace at the plan's size matches it."""
+    from autopipe.load import load_model
+    from autopipe.profile import profile_model
+    from autopipe.runtime import RunOptions, run_threads
+    from autopipe.solve.search import PlanRequest, plan_pipeline
+
+    loaded = load_model("tests/fixtures/hf_gpt2.py", {})
+    prof = profile_model(loaded, micro_batch_sizes=[1, 2, 4], warmup=0, repeat=1)
+    assert prof.tracer == "export" and prof.micro_batch_sizes == (2, 4)
+    plan = plan_pipeline(prof, PlanRequest(stages=2, batch_size=8, memory_bytes=2.0**30))
+    assert plan.micro_batch_size >= 2
+    assert len(run_threads(plan, RunOptions(steps=1))) == 2  # re-traced at its size: same graph

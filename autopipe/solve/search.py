@@ -267,9 +267,22 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _traceable(profile: Profile, u: int) -> bool:
+    """Whether the executor's trace at micro-batch size ``u`` has the profile's graph.
+
+    ``torch.export`` specialises dimensions of size 1, so it traces a micro-batch of 1 with
+    another graph than larger ones: an export profile plans u = 1 only if it was measured at
+    1 (alone, profile.py), and u > 1 only if it was not.
+    """
+    if profile.tracer != "export":
+        return True
+    return (u == 1) == (min(profile.micro_batch_sizes, default=2) == 1)
+
+
 def _decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
     S, n = req.stages, profile.num_blocks
     ms = [req.micro_batches] if req.micro_batches else _divisors(req.batch_size)
+    ms = [m for m in ms if _traceable(profile, req.batch_size // m)]
     schedules = [req.schedule] if req.schedule else list(SEARCH_SCHEDULES)
     out = []
     for m in ms:
@@ -381,6 +394,23 @@ def _validate(profile: Profile, req: PlanRequest) -> None:
         if B % m:
             some = ", ".join(str(x) for x in _divisors(B))
             raise PlanError(f"batch size {B} is not divisible into {m} micro-batches; use one of {some}")
+    if req.micro_batches is not None and not _traceable(profile, B // req.micro_batches):
+        if B // req.micro_batches == 1:
+            raise PlanError(
+                "torch.export traced this model, and it traces a micro-batch of 1 with another graph; "
+                f"use at most {B // 2} micro-batches (micro-batches of 2 or more)"
+                if B > 1
+                else "torch.export traced this model, and it traces a micro-batch of 1 with another graph; use --batch-size 2 or more"
+            )
+        raise PlanError(
+            "this profile measured micro-batches of 1 only, and torch.export traces larger ones with another graph; "
+            f"profile with --micro-batch-sizes 2,4 to plan micro-batches of {B // req.micro_batches}"
+        )
+    if req.micro_batches is None and not any(_traceable(profile, B // m) for m in _divisors(B)):
+        raise PlanError(
+            "torch.export traced this model, and it traces a micro-batch of 1 with another graph than this "
+            "profile's; use --batch-size 2 or more"
+        )
     if req.schedule is not None and req.schedule not in SCHEDULES:
         raise PlanError(f"unknown schedule {req.schedule!r}; use one of {', '.join(SEARCH_SCHEDULES)}")
     if req.virtual is not None:
