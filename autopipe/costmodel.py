@@ -40,8 +40,9 @@ from autopipe.costs import Affine, Profile
 from autopipe.counting import BlockCount, OpCount, count_block, count_loss
 from autopipe.devices import DeviceSpec
 from autopipe.errors import ModelLoadError, ProfileError
+from autopipe.measuring import flat_inputs_of, storage_key
 from autopipe.outputs import graph_outputs, output_builder
-from autopipe.profile import block_cost, crossing_tensors, drop_export_one, storage_key
+from autopipe.profile import block_cost, crossing_tensors, drop_export_one
 from autopipe.segment import extract
 from autopipe.trace import TracedModel, trace_model
 
@@ -182,11 +183,9 @@ def _count_blocks(
     last block, as the measured profiler does; a loss that cannot run on meta tensors (one
     that reads values, say) is left out and costs nothing.
     """
-    from autopipe.profile import _flat_inputs
-
     gm = traced.gm
     exclude = {storage_key(p) for p in gm.parameters()}
-    env: dict[str, Any] = dict(zip(traced.input_names, _flat_inputs(traced, inputs), strict=True))
+    env: dict[str, Any] = dict(zip(traced.input_names, flat_inputs_of(traced, inputs), strict=True))
     seen: dict[tuple[Any, ...], tuple[BlockCount, tuple[Any, ...]]] = {}
     by_name = {n.name: n for n in gm.graph.nodes}
     out = []

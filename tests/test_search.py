@@ -13,8 +13,9 @@ from autopipe.plans import Plan
 from autopipe.schedules import make_schedule
 from autopipe.simulate import StageCost, compile_schedule, simulate, simulate_summary
 from autopipe.solve.pricing import BlockTimes, candidate, compiled
+from autopipe.solve.request import decisions
 from autopipe.solve.results import plan_timeline
-from autopipe.solve.search import PlanRequest, _decisions, _problem, _solve, plan_pipeline
+from autopipe.solve.search import PlanRequest, _problem, _solve, plan_pipeline
 
 MIB = 2.0**20
 
@@ -63,7 +64,7 @@ def test_chosen_plan_is_no_worse_than_any_enumerated_alternative(seed: int) -> N
         return
     # Every decision the search can take, with its solver partition, simulated independently
     # with the full event simulator.
-    for d in _decisions(prof, req):
+    for d in decisions(prof, req):
         problem = _problem(prof, req, d)
         try:
             part = _solve(problem)

@@ -30,12 +30,10 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from autopipe.costs import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Plan
-from autopipe.schedules import SCHEDULES
 from autopipe.simulate import Summary
 from autopipe.solve.baselines import BASELINES, baseline_assignment
 from autopipe.solve.chain import solve_chain
@@ -44,35 +42,23 @@ from autopipe.solve.ilp import solve_ilp
 from autopipe.solve.min_memory import min_memory_limit
 from autopipe.solve.pricing import BlockTimes, Candidate, Decision, candidate, fits, price
 from autopipe.solve.problem import Partition, PartitionProblem, Tensor, evaluate
+from autopipe.solve.request import (
+    SEARCH_SCHEDULES,
+    PlanRequest,
+    decisions,
+    default_action_overhead,
+    default_link,
+    infeasible_error,
+    validate,
+)
 from autopipe.solve.results import make_plan
-from autopipe.units import format_bytes
 
 __all__ = ["SEARCH_SCHEDULES", "PlanRequest", "default_action_overhead", "default_link", "plan_pipeline"]
 
-SEARCH_SCHEDULES = ("1f1b", "zb-h1", "gpipe", "interleaved-1f1b")  # ties go to the first
-_VIRTUAL_CHOICES = (2, 4)
 _EXACT_DP_LIMIT = 4_000_000  # n^2 * S above which the bisection solver replaces the DP
 _ILP_MAX_BLOCKS = 48  # DAGs up to this many blocks also get the ILP's free placement
 _ILP_DECISIONS = 2
 _ILP_TIME_LIMIT_S = 10.0
-
-
-@dataclass(frozen=True)
-class PlanRequest:
-    """What the user asks for; ``None`` leaves a decision to the search."""
-
-    stages: int  # S: pipeline devices
-    batch_size: int  # samples per iteration (per pipeline)
-    memory_bytes: float  # per device
-    micro_batches: int | None = None
-    schedule: str | None = None
-    virtual: int | None = None  # stages per device, interleaved 1F1B only
-    recompute: str = "auto"  # "auto" | "never" | "always"
-    link_bandwidth: float = 10e9  # bytes/s between neighbouring devices
-    link_latency_s: float = 20e-6
-    action_overhead_s: float = 0.0  # the executor's fixed cost per F, B or W (default_action_overhead)
-    state_factor: float = 4.0  # bytes kept per parameter byte: weights, grads, Adam m and v
-    alternatives: int = 5
 
 
 def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
@@ -83,10 +69,10 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
     lower bound on their own iteration time (:func:`_candidate_bound`); the search stops when
     no bound left is below the best simulated plan that fits. Nothing skipped can be faster.
     """
-    _validate(profile, request)
+    validate(profile, request)
     work = _work_table(profile, request.stages)
-    decisions = sorted(
-        _decisions(profile, request),
+    todo = sorted(
+        decisions(profile, request),
         key=lambda d: (_decision_bound(work, request, d), _order_key(d)),
     )
     simulated: list[tuple[Candidate, Summary]] = []
@@ -97,7 +83,7 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
     counter = itertools.count()
     expand: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
     while True:
-        open_bound = _decision_bound(work, request, decisions[next_decision]) if next_decision < len(decisions) else math.inf
+        open_bound = _decision_bound(work, request, todo[next_decision]) if next_decision < len(todo) else math.inf
         if queue and queue[0][0] <= open_bound:
             bound, _, c = heapq.heappop(queue)
             if bound >= best * (1 + 1e-12):
@@ -115,9 +101,9 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
                         b = candidate(c.decision, name, problem, part, times)
                         heapq.heappush(queue, (_candidate_bound(profile, request, b), next(counter), b))
             continue
-        if open_bound >= best * (1 + 1e-12) or next_decision >= len(decisions):
+        if open_bound >= best * (1 + 1e-12) or next_decision >= len(todo):
             break
-        decision = decisions[next_decision]
+        decision = todo[next_decision]
         next_decision += 1
         problem = _problem(profile, request, decision)
         try:
@@ -136,10 +122,10 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
         smallest_fit = math.inf
         for (_, v), (_, problem) in infeasible.items():
             smallest_fit = min(smallest_fit, min_memory_limit(problem) * v)
-        raise _infeasible(profile, request, smallest_fit)
+        raise infeasible_error(profile, request, smallest_fit)
     fitting = [(c, t) for c, t in simulated if fits(t, request.memory_bytes)]
     if not fitting:
-        raise _infeasible(profile, request, min(max(t.peak_memory_bytes) for _, t in simulated))
+        raise infeasible_error(profile, request, min(max(t.peak_memory_bytes) for _, t in simulated))
     fitting.sort(key=lambda ct: (ct[1].iteration_s, _order(ct[0])))
     fitting = _refine_with_ilp(profile, request, fitting)
     best_candidate, timeline = fitting[0]
@@ -263,40 +249,6 @@ def _refine_with_ilp(
 # --------------------------------------------------------------------------- decisions
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _traceable(profile: Profile, u: int) -> bool:
-    """Whether the executor's trace at micro-batch size ``u`` has the profile's graph.
-
-    ``torch.export`` specialises dimensions of size 1, so it traces a micro-batch of 1 with
-    another graph than larger ones: an export profile plans u = 1 only if it was measured at
-    1 (alone, profile.py), and u > 1 only if it was not.
-    """
-    if profile.tracer != "export":
-        return True
-    return (u == 1) == (min(profile.micro_batch_sizes, default=2) == 1)
-
-
-def _decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
-    S, n = req.stages, profile.num_blocks
-    ms = [req.micro_batches] if req.micro_batches else _divisors(req.batch_size)
-    ms = [m for m in ms if _traceable(profile, req.batch_size // m)]
-    schedules = [req.schedule] if req.schedule else list(SEARCH_SCHEDULES)
-    out = []
-    for m in ms:
-        for name in schedules:
-            if name != "interleaved-1f1b":
-                out.append(Decision(name, 1, m))
-                continue
-            vs = [req.virtual] if req.virtual else list(_VIRTUAL_CHOICES)
-            for v in vs:
-                if S > 1 and m % S == 0 and S * v <= n:
-                    out.append(Decision(name, v, m))
-    return out
-
-
 def _inflight(decision: Decision, S: int) -> list[float]:
     m, v = decision.micro_batches, decision.virtual
     if decision.schedule == "gpipe":
@@ -341,104 +293,5 @@ def _order(c: Candidate) -> tuple[int, int, int, int]:
     return (SEARCH_SCHEDULES.index(d.schedule), d.virtual, d.micro_batches, sources.index(c.source))
 
 
-
-
 def _params(profile: Profile) -> tuple[float, ...]:
     return tuple(float(b.params) for b in profile.blocks)
-
-
-def default_action_overhead(device: str) -> float:
-    """Seconds the executor spends on an action besides its computation (Python, posting its
-    sends, starting an autograd call), by the profile's device.
-
-    CPU ranks: 0.3 ms, as ``bench/bench_overhead.py`` measured on the development machine
-    (0.37-0.43 ms per F and per B, 0.10-0.22 ms per W, medians 0.22-0.34 ms over three runs).
-    GPUs: 0 until measured there (host work mostly overlaps the kernels); pass
-    ``--action-overhead``.
-    """
-    return 3e-4 if device.startswith("cpu") else 0.0
-
-
-def default_link(device: str) -> tuple[float, float]:
-    """(bandwidth bytes/s, latency s) between neighbouring devices, by the profile's device.
-
-    GPUs: 50 GB/s and 10 us (between PCIe 5.0 x16 and NVLink: a conservative default);
-    CPU processes talking over gloo on one host: 4 GB/s and 120 us, as ``bench/bench_link.py``
-    measured on the development machine (3.2-4.1 GB/s, 110-190 us; run it for yours and pass
-    ``--bandwidth`` / ``--latency``).
-    """
-    if device.startswith("cuda"):
-        return 50e9, 10e-6
-    return 4e9, 120e-6
-
-
-# --------------------------------------------------------------------------- checks
-
-
-def _validate(profile: Profile, req: PlanRequest) -> None:
-    n, S, B = profile.num_blocks, req.stages, req.batch_size
-    if S < 1:
-        raise PlanError(f"--stages must be at least 1 (got {S})")
-    if S > n:
-        raise PlanError(
-            f"cannot cut {n} blocks into {S} stages; use --stages {n} or fewer, or finer blocks when profiling (--blocks)"
-        )
-    if B < 1:
-        raise PlanError(f"--batch-size must be at least 1 (got {B})")
-    if not req.memory_bytes > 0:
-        raise PlanError(f"--memory must be positive (got {req.memory_bytes})")
-    if req.micro_batches is not None:
-        m = req.micro_batches
-        if m < 1:
-            raise PlanError(f"--micro-batches must be at least 1 (got {m})")
-        if B % m:
-            some = ", ".join(str(x) for x in _divisors(B))
-            raise PlanError(f"batch size {B} is not divisible into {m} micro-batches; use one of {some}")
-    if req.micro_batches is not None and not _traceable(profile, B // req.micro_batches):
-        if B // req.micro_batches == 1:
-            raise PlanError(
-                "torch.export traced this model, and it traces a micro-batch of 1 with another graph; "
-                f"use at most {B // 2} micro-batches (micro-batches of 2 or more)"
-                if B > 1
-                else "torch.export traced this model, and it traces a micro-batch of 1 with another graph; use --batch-size 2 or more"
-            )
-        raise PlanError(
-            "this profile measured micro-batches of 1 only, and torch.export traces larger ones with another graph; "
-            f"profile with --micro-batch-sizes 2,4 to plan micro-batches of {B // req.micro_batches}"
-        )
-    if req.micro_batches is None and not any(_traceable(profile, B // m) for m in _divisors(B)):
-        raise PlanError(
-            "torch.export traced this model, and it traces a micro-batch of 1 with another graph than this "
-            "profile's; use --batch-size 2 or more"
-        )
-    if req.schedule is not None and req.schedule not in SCHEDULES:
-        raise PlanError(f"unknown schedule {req.schedule!r}; use one of {', '.join(SEARCH_SCHEDULES)}")
-    if req.virtual is not None:
-        if req.virtual < 1:
-            raise PlanError(f"--virtual must be at least 1 (got {req.virtual})")
-        if req.schedule not in (None, "interleaved-1f1b"):
-            raise PlanError(f"--virtual applies to the interleaved-1f1b schedule only (got --schedule {req.schedule})")
-        if S * req.virtual > n:
-            raise PlanError(f"{S} devices x {req.virtual} virtual stages needs {S * req.virtual} blocks, the model has {n}")
-    if req.schedule == "interleaved-1f1b" and req.micro_batches is not None and req.micro_batches % S:
-        raise PlanError(f"interleaved-1f1b needs the micro-batch count to be a multiple of {S} stages (got {req.micro_batches})")
-    if req.recompute not in ("auto", "never", "always"):
-        raise PlanError(f"recompute must be auto, never or always (got {req.recompute!r})")
-    if not req.link_bandwidth > 0 or req.link_latency_s < 0:
-        raise PlanError("link bandwidth must be positive and latency non-negative")
-    if not req.action_overhead_s >= 0:
-        raise PlanError(f"--action-overhead must be zero or more (got {req.action_overhead_s})")
-    if not _decisions(profile, req):
-        raise PlanError(
-            f"no schedule fits the request: interleaved-1f1b needs micro-batches divisible by {S} and {S} x v <= {n} blocks"
-        )
-
-
-def _infeasible(profile: Profile, req: PlanRequest, need: float) -> InfeasibleError:
-    fixes = "more stages or smaller micro-batches" if req.recompute != "never" else "more stages, recomputation, or smaller micro-batches"
-    need_text = f"; the smallest limit that fits is {format_bytes(need, round_up=True)} per device" if math.isfinite(need) else ""
-    return InfeasibleError(
-        f"no plan of {profile.num_blocks} blocks on {req.stages} devices fits {format_bytes(req.memory_bytes)} per device"
-        f"{need_text} (or use {fixes})",
-        min_memory_bytes=need if math.isfinite(need) else None,
-    )
