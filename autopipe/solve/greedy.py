@@ -107,24 +107,29 @@ class _Probes:
         psa = prefix(tuple(a + b for a, b in zip(p.static_bytes, p.activation_bytes, strict=True)))
         inb = InBytes(p) if self.rc_ok else None
         idx = np.arange(n + 1)
-        self.mem_plain: list[Ints] = []
-        self.mem_rc: list[Ints] = []
-        for s in range(self.S):
-            k, cap = p.inflight[s], float(caps[s])
+        # Stages with the same in-flight count and limit reach alike (every stage of GPipe and
+        # ZB-H1, the chunks of one interleaved rank): compute each kind once.
+        kinds = list(dict.fromkeys((float(p.inflight[s]), float(caps[s])) for s in range(self.S)))
+        kind_of = {kc: j for j, kc in enumerate(kinds)}
+        of_stage = [kind_of[(float(p.inflight[s]), float(caps[s]))] for s in range(self.S)]
+        plain_by_kind: list[Ints] = []
+        for k, cap in kinds:
             pw = ps + k * pa
 
             def plain_mem(i: Ints, e: Ints, pw: Floats = pw) -> Floats:
                 return pw[e] - pw[i]
 
-            self.mem_plain.append(
+            plain_by_kind.append(
                 _furthest(plain_mem, np.searchsorted(pw, pw + cap, side="right") - 1, cap))
+        self.mem_plain: list[Ints] = [plain_by_kind[j] for j in of_stage]
+        self.mem_rc: list[Ints]
         if inb is None:
             self.mem_rc = [idx] * self.S
-        else:  # binary search on the end, vectorised over all (stage, start) pairs
-            shape = (self.S, n + 1)
+        else:  # binary search on the end, vectorised over all (kind, start) pairs
+            shape = (len(kinds), n + 1)
             start = np.broadcast_to(idx, shape).ravel()
-            k_v = np.broadcast_to(np.asarray(p.inflight, dtype=np.float64)[:, None], shape).ravel()
-            cap_v = np.broadcast_to(caps[:, None], shape).ravel()
+            k_v = np.broadcast_to(np.asarray([k for k, _ in kinds], dtype=np.float64)[:, None], shape).ravel()
+            cap_v = np.broadcast_to(np.asarray([c for _, c in kinds], dtype=np.float64)[:, None], shape).ravel()
             lo = start.copy()
             # static + activations alone must fit: an upper bound (+1 absorbs rounding)
             hi = np.clip(np.searchsorted(psa, psa[start] + cap_v, side="right"), lo, n)
@@ -136,9 +141,12 @@ class _Probes:
                 lo[active] = np.where(ok, mid, a_lo)
                 hi[active] = np.where(ok, a_hi, mid - 1)
                 active = active[lo[active] < hi[active]]
-            self.mem_rc = list(lo.reshape(shape))
-        self.mem_plain_l = [a.tolist() for a in self.mem_plain]
-        self.mem_rc_l = [a.tolist() for a in self.mem_rc]
+            rc_by_kind = list(lo.reshape(shape))
+            self.mem_rc = [rc_by_kind[j] for j in of_stage]
+        plain_l = {id(a): a.tolist() for a in self.mem_plain}
+        rc_l = {id(a): a.tolist() for a in self.mem_rc}
+        self.mem_plain_l = [plain_l[id(a)] for a in self.mem_plain]
+        self.mem_rc_l = [rc_l[id(a)] for a in self.mem_rc]
         self.pt_l, self.pr_l, self.comm_l = self.pt.tolist(), self.pr.tolist(), self.comm.tolist()
         self.ptr_l = (self.pt + self.pr).tolist()
 
