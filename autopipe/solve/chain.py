@@ -50,8 +50,13 @@ def stage_tables(p: PartitionProblem) -> list[tuple[Floats, Bools]]:
     empty = np.tri(n + 1, dtype=bool)  # i >= j
     caps = stage_caps(p)
     out: list[tuple[Floats, Bools]] = []
+    made: dict[tuple[float, float], tuple[Floats, Bools]] = {}  # stages alike share one table
     for s in range(p.stages):
         k = p.inflight[s]
+        key = (float(k), float(caps[s]))
+        if key in made:
+            out.append(made[key])
+            continue
         fits_plain = (static + k * act <= caps[s]) & ~empty
         if inb is None:
             fits_rc = np.zeros_like(fits_plain)
@@ -66,6 +71,7 @@ def stage_tables(p: PartitionProblem) -> list[tuple[Floats, Bools]]:
         else:
             rc = fits_rc & ~fits_plain
             cost = np.where(fits_plain, time, np.where(rc, time + extra, np.inf))
+        made[key] = (cost, rc)
         out.append((cost, rc))
     return out
 
