@@ -18,24 +18,24 @@ function, their message and their ``file:line``.
 
 from __future__ import annotations
 
-import ast
 import difflib
 import importlib.util
 import inspect
 import itertools
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType, ModuleType
+from types import ModuleType
 from typing import Any
 
 import torch
 
 from autopipe._usercode import display_path, exception_summary, first_line
 from autopipe.errors import ModelLoadError
+from autopipe.spec import DEFAULT_FACTORY, ModelSpec, parse_kwargs
 
 __all__ = [
     "DEFAULT_FACTORY",
@@ -49,81 +49,7 @@ __all__ = [
     "parse_kwargs",
 ]
 
-DEFAULT_FACTORY = "build_model"
 _module_ids = itertools.count()
-
-
-# ----------------------------------------------------------------------------- spec parsing
-
-
-def parse_kwargs(items: Sequence[str]) -> dict[str, object]:
-    """``["n_layer=48", "act=gelu"]`` -> ``{"n_layer": 48, "act": "gelu"}``.
-
-    Values are Python literals (``ast.literal_eval``: numbers, bools, None, strings, tuples,
-    lists); anything else is kept as the raw string.
-    """
-    out: dict[str, object] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep:
-            raise ModelLoadError(f"factory argument {item!r} has no '='; write it as -k key=value (e.g. -k n_layer=4)")
-        if not key.isidentifier():
-            raise ModelLoadError(f"factory argument name {key!r} (in {item!r}) is not a Python identifier; write -k key=value")
-        if key in out:
-            raise ModelLoadError(f"factory argument {key} is given twice (-k {key}=...); give it once")
-        try:
-            out[key] = ast.literal_eval(raw.strip())
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            out[key] = raw
-    return out
-
-
-def _format_value(value: object) -> str:
-    """A kwarg value as the user would type it after ``-k key=`` (inverse of parse_kwargs)."""
-    if isinstance(value, str):
-        try:
-            ast.literal_eval(value.strip())
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            return value  # reads back as this same string
-        return repr(value)
-    return repr(value)
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Which model to build: a model file, its factory function and the factory's kwargs."""
-
-    path: Path  # as the user wrote it (relative paths stay relative, for messages)
-    factory: str = DEFAULT_FACTORY
-    kwargs: Mapping[str, object] = field(default_factory=dict)  # read-only view, user's order
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "path", Path(self.path))
-        object.__setattr__(self, "kwargs", MappingProxyType(dict(self.kwargs)))
-
-    @staticmethod
-    def parse(text: str, kwargs: Mapping[str, object] | None = None) -> ModelSpec:
-        """``"models/gpt.py:build_gpt"`` -> ModelSpec; the factory defaults to build_model."""
-        path, factory = text, DEFAULT_FACTORY
-        head, sep, tail = text.rpartition(":")
-        if sep and not tail.endswith(".py") and ("/" not in tail and "\\" not in tail):
-            path, factory = head, tail.strip()
-            if not factory.isidentifier():
-                raise ModelLoadError(
-                    f"factory name {factory!r} in {text!r} is not a Python identifier; write MODEL.py or MODEL.py:function_name"
-                )
-        if not path:
-            raise ModelLoadError(f"no model file in {text!r}; write path/to/model.py[:factory]")
-        return ModelSpec(Path(path), factory, dict(kwargs or {}))
-
-    def kwarg_items(self) -> tuple[str, ...]:
-        """The kwargs as ``key=value`` strings that :func:`parse_kwargs` reads back."""
-        return tuple(f"{k}={_format_value(v)}" for k, v in self.kwargs.items())
-
-    def __str__(self) -> str:
-        args = "".join(f" -k {item}" for item in self.kwarg_items())
-        return f"{self.path}:{self.factory}{args}"
 
 
 # ----------------------------------------------------------------------------- loaded model

@@ -56,7 +56,7 @@ def cmd_merge(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     import torch
 
-    from autopipe.emit import merge_state_dict
+    from autopipe.merge import merge_state_dict
 
     target = output_path(args.output, "--output")
     state = merge_state_dict(args.folder)

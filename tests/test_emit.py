@@ -21,8 +21,9 @@ import pytest
 import torch
 from _plans import even_plan
 
-from autopipe.emit import emit, merge_state_dict, read_manifest
+from autopipe.emit import emit
 from autopipe.errors import EmitError, PlanError
+from autopipe.merge import merge_state_dict, read_manifest
 from autopipe.rebuild import rebuild_model
 from autopipe_cli.main import main
 
