@@ -61,7 +61,7 @@ def _number_with_unit(text: str, units: dict[str, float], what: str, example: st
     if unit not in units:
         raise PlanError(f"{what}: unknown unit {unit!r} in {text!r}; write it like {example}")
     if not (value > 0 or (zero_ok and value == 0)):
-        raise PlanError(f"{what} must be positive (got {text!r})")
+        raise PlanError(f"{what} must be {'zero or more' if zero_ok else 'positive'} (got {text!r})")
     return value * units[unit]
 
 

@@ -32,7 +32,7 @@ def test_parse_rate_and_duration() -> None:
         (lambda: parse_bytes("-4GB", "--memory"), "--memory must be positive (got '-4GB')"),
         (lambda: parse_bytes(0, "memory"), "memory must be positive (got 0)"),
         (lambda: parse_rate("fast"), "bandwidth must be a number with a unit, like 25GB/s"),
-        (lambda: parse_duration("-1ms", "--latency"), "--latency must be positive"),
+        (lambda: parse_duration("-1ms", "--latency"), "--latency must be zero or more"),
     ],
 )
 def test_bad_text_is_one_clear_line(call: object, message: str) -> None:
