@@ -41,7 +41,7 @@ from autopipe.counting import BlockCount, OpCount, count_block, count_loss
 from autopipe.devices import DeviceSpec
 from autopipe.errors import ModelLoadError, ProfileError
 from autopipe.measuring import flat_inputs_of, storage_key
-from autopipe.outputs import graph_outputs, output_builder
+from autopipe.outputs import graph_outputs, training_loss
 from autopipe.profile import block_cost, crossing_tensors, drop_export_one
 from autopipe.segment import extract
 from autopipe.trace import TracedModel, trace_model
@@ -138,7 +138,8 @@ def count_model(
                 f"the model's graph changes with the micro-batch size ({sizes[0]} vs {u}); count one size only"
             )
         traces.append(traced)
-        counts.append(_count_blocks(traced, inputs, _meta_loss(loaded, traced, model, inputs, u, prec.dtype)))
+        targets = _meta_inputs(loaded.make_targets(u), prec.dtype) if loaded.make_targets is not None else None
+        counts.append(_count_blocks(traced, inputs, training_loss(loaded, traced, model, inputs, targets)))
     return ModelCounts(tuple(traces), tuple(counts), loaded, prec, tuple(leaf_modules), max_blocks)
 
 
@@ -157,20 +158,6 @@ def _meta_inputs(inputs: Any, dtype: torch.dtype) -> Any:
         return t.to(dtype) if t.is_floating_point() else t
 
     return torch.utils._pytree.tree_map(move, inputs)
-
-
-def _meta_loss(
-    loaded: Any, traced: TracedModel, model: nn.Module, inputs: Any, u: int, dtype: torch.dtype
-) -> Callable[[list[Any]], torch.Tensor]:
-    """The model file's ``loss_fn`` on the graph's flat outputs and ``u`` targets, on meta."""
-    build = output_builder(traced.gm, traced.tracer, model, inputs)
-    targets = _meta_inputs(loaded.make_targets(u), dtype) if loaded.make_targets is not None else None
-    loss_fn: Callable[[object, object], torch.Tensor] = loaded.loss_fn
-
-    def loss(flat: list[Any]) -> torch.Tensor:
-        return loss_fn(build(flat), targets)
-
-    return loss
 
 
 def _count_blocks(

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["graph_outputs", "output_builder"]
+__all__ = ["graph_outputs", "output_builder", "training_loss"]
 
 
 def graph_outputs(gm: torch.fx.GraphModule) -> tuple[tuple[str | None, ...], bool]:
@@ -59,3 +59,18 @@ def output_builder(
     except Exception:
         pass
     return (lambda flat: flat[0]) if len(names) == 1 else tuple
+
+
+def training_loss(
+    loaded: Any, traced: Any, model: torch.nn.Module, inputs: object, targets: object
+) -> Callable[[list[Any]], torch.Tensor]:
+    """The model file's ``loss_fn`` (``loaded``, a ``load.LoadedModel``) on the flat outputs of
+    ``traced`` (a ``trace.TracedModel``), against ``targets``: the loss the executor computes
+    on the last stage, for the profilers to price on the last block."""
+    build = output_builder(traced.gm, traced.tracer, model, inputs)
+    loss_fn: Callable[[object, object], torch.Tensor] = loaded.loss_fn
+
+    def loss(flat: list[Any]) -> torch.Tensor:
+        return loss_fn(build(flat), targets)
+
+    return loss

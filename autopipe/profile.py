@@ -38,7 +38,7 @@ from autopipe.measuring import (
     storage_key,
     time_call,
 )
-from autopipe.outputs import output_builder
+from autopipe.outputs import training_loss
 from autopipe.trace import Block, TracedModel, trace_model
 
 __all__ = ["BlockMeasurement", "crossing_tensors", "measure_blocks", "profile_model", "saved_bytes", "storage_key", "time_call"]
@@ -122,7 +122,8 @@ def _profile(
             if progress is not None:
                 progress(f"micro-batch {u}", k * total + done, total * len(sizes))
 
-        loss = _training_loss(loaded, traced, model, inputs, u, dev)
+        targets = _to_device(loaded.make_targets(u), dev) if loaded.make_targets is not None else None
+        loss = training_loss(loaded, traced, model, inputs, targets)
         measured.append(
             measure_blocks(traced, inputs, warmup=warmup, repeat=repeat, progress=report, loss=loss)
         )
@@ -137,20 +138,6 @@ def drop_export_one(traced: TracedModel, sizes: list[int]) -> bool:
         sizes.remove(1)
         return True
     return False
-
-
-def _training_loss(
-    loaded: Any, traced: TracedModel, model: nn.Module, inputs: Any, u: int, dev: torch.device
-) -> Callable[[list[Any]], torch.Tensor]:
-    """The model file's ``loss_fn`` on the graph's flat outputs and ``u`` samples of targets."""
-    build = output_builder(traced.gm, traced.tracer, model, inputs)
-    targets = _to_device(loaded.make_targets(u), dev) if loaded.make_targets is not None else None
-    loss_fn: Callable[[object, object], torch.Tensor] = loaded.loss_fn
-
-    def loss(flat: list[Any]) -> torch.Tensor:
-        return loss_fn(build(flat), targets)
-
-    return loss
 
 
 def _device(device: str) -> torch.device:
