@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from autopipe.solve.problem import EPS, PartitionProblem
 
-__all__ = ["InBytes", "in_bytes_matrix", "position_comm", "prefix", "range_sums", "stage_caps"]
+__all__ = ["InBytes", "in_bytes_matrix", "position_comm", "prefix", "range_sums", "stage_caps", "stage_kinds"]
 
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
@@ -119,3 +119,15 @@ def position_comm(p: PartitionProblem) -> tuple[Floats, Floats]:
 def stage_caps(p: PartitionProblem) -> Floats:
     """Per stage, the largest memory that still fits (the limit with the relative EPS)."""
     return np.asarray(p.memory_limit, dtype=np.float64) * (1.0 + EPS)
+
+
+def stage_kinds(p: PartitionProblem) -> tuple[list[tuple[float, float]], list[int]]:
+    """Stages that fit alike: the distinct (in-flight count, memory cap) pairs, and each
+    stage's index among them. Every stage of GPipe and ZB-H1 is one kind; the chunks of an
+    interleaved rank are one kind; so per-stage tables need computing once per kind."""
+    caps = stage_caps(p)
+    keys = [(float(p.inflight[s]), float(caps[s])) for s in range(p.stages)]
+    kinds = list(dict.fromkeys(keys))
+    index = {k: j for j, k in enumerate(kinds)}
+    return kinds, [index[k] for k in keys]
+

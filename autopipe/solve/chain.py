@@ -28,7 +28,7 @@ from autopipe.solve._intervals import (
     in_bytes_matrix,
     position_comm,
     range_sums,
-    stage_caps,
+    stage_kinds,
 )
 from autopipe.solve.min_memory import infeasible_error
 from autopipe.solve.problem import EPS, Partition, PartitionProblem, contiguous_assignment, evaluate
@@ -48,20 +48,14 @@ def stage_tables(p: PartitionProblem) -> list[tuple[Floats, Bools]]:
     act = range_sums(p.activation_bytes)
     inb = in_bytes_matrix(p) if p.recompute != "never" else None
     empty = np.tri(n + 1, dtype=bool)  # i >= j
-    caps = stage_caps(p)
-    out: list[tuple[Floats, Bools]] = []
-    made: dict[tuple[float, float], tuple[Floats, Bools]] = {}  # stages alike share one table
-    for s in range(p.stages):
-        k = p.inflight[s]
-        key = (float(k), float(caps[s]))
-        if key in made:
-            out.append(made[key])
-            continue
-        fits_plain = (static + k * act <= caps[s]) & ~empty
+    kinds, of_stage = stage_kinds(p)
+    tables: list[tuple[Floats, Bools]] = []  # one per kind of stage (stages alike share it)
+    for k, cap in kinds:
+        fits_plain = (static + k * act <= cap) & ~empty
         if inb is None:
             fits_rc = np.zeros_like(fits_plain)
         else:
-            fits_rc = (static + k * inb + act <= caps[s]) & ~empty
+            fits_rc = (static + k * inb + act <= cap) & ~empty
         if p.recompute == "never":
             rc = fits_rc  # all False
             cost = np.where(fits_plain, time, np.inf)
@@ -71,9 +65,8 @@ def stage_tables(p: PartitionProblem) -> list[tuple[Floats, Bools]]:
         else:
             rc = fits_rc & ~fits_plain
             cost = np.where(fits_plain, time, np.where(rc, time + extra, np.inf))
-        made[key] = (cost, rc)
-        out.append((cost, rc))
-    return out
+        tables.append((cost, rc))
+    return [tables[j] for j in of_stage]
 
 
 def solve_chain(problem: PartitionProblem, *, explain: bool = True) -> Partition:

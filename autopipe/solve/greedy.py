@@ -54,7 +54,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from autopipe.errors import InfeasibleError
-from autopipe.solve._intervals import Floats, InBytes, position_comm, prefix, stage_caps
+from autopipe.solve._intervals import Floats, InBytes, position_comm, prefix, stage_kinds
 from autopipe.solve.min_memory import infeasible_error
 from autopipe.solve.problem import Partition, PartitionProblem, contiguous_assignment, evaluate
 
@@ -102,16 +102,11 @@ class _Probes:
         self.comm = position_comm(p)[1]
         self.plain_ok = p.recompute != "always"
         self.rc_ok = p.recompute != "never"
-        caps = stage_caps(p)
         ps, pa = prefix(p.static_bytes), prefix(p.activation_bytes)
         psa = prefix(tuple(a + b for a, b in zip(p.static_bytes, p.activation_bytes, strict=True)))
         inb = InBytes(p) if self.rc_ok else None
         idx = np.arange(n + 1)
-        # Stages with the same in-flight count and limit reach alike (every stage of GPipe and
-        # ZB-H1, the chunks of one interleaved rank): compute each kind once.
-        kinds = list(dict.fromkeys((float(p.inflight[s]), float(caps[s])) for s in range(self.S)))
-        kind_of = {kc: j for j, kc in enumerate(kinds)}
-        of_stage = [kind_of[(float(p.inflight[s]), float(caps[s]))] for s in range(self.S)]
+        kinds, of_stage = stage_kinds(p)  # stages alike reach alike: each kind computed once
         plain_by_kind: list[Ints] = []
         for k, cap in kinds:
             pw = ps + k * pa
@@ -121,10 +116,9 @@ class _Probes:
 
             plain_by_kind.append(
                 _furthest(plain_mem, np.searchsorted(pw, pw + cap, side="right") - 1, cap))
-        self.mem_plain: list[Ints] = [plain_by_kind[j] for j in of_stage]
-        self.mem_rc: list[Ints]
+        rc_by_kind: list[Ints]
         if inb is None:
-            self.mem_rc = [idx] * self.S
+            rc_by_kind = [idx] * len(kinds)
         else:  # binary search on the end, vectorised over all (kind, start) pairs
             shape = (len(kinds), n + 1)
             start = np.broadcast_to(idx, shape).ravel()
@@ -142,11 +136,11 @@ class _Probes:
                 hi[active] = np.where(ok, a_hi, mid - 1)
                 active = active[lo[active] < hi[active]]
             rc_by_kind = list(lo.reshape(shape))
-            self.mem_rc = [rc_by_kind[j] for j in of_stage]
-        plain_l = {id(a): a.tolist() for a in self.mem_plain}
-        rc_l = {id(a): a.tolist() for a in self.mem_rc}
-        self.mem_plain_l = [plain_l[id(a)] for a in self.mem_plain]
-        self.mem_rc_l = [rc_l[id(a)] for a in self.mem_rc]
+        plain_l, rc_l = [a.tolist() for a in plain_by_kind], [a.tolist() for a in rc_by_kind]
+        self.mem_plain = [plain_by_kind[j] for j in of_stage]
+        self.mem_rc = [rc_by_kind[j] for j in of_stage]
+        self.mem_plain_l = [plain_l[j] for j in of_stage]
+        self.mem_rc_l = [rc_l[j] for j in of_stage]
         self.pt_l, self.pr_l, self.comm_l = self.pt.tolist(), self.pr.tolist(), self.comm.tolist()
         self.ptr_l = (self.pt + self.pr).tolist()
 
