@@ -4,7 +4,7 @@
 model and returns its Plan; ``autopipe.api`` has the rest of the programmatic interface.
 """
 
-from autopipe.costs import Affine, BlockCost, Profile, TensorCost
+from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import (
     AutopipeError,
     EmitError,

@@ -19,13 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe.costs import Profile
+from autopipe.costs.measured import profile_model
+from autopipe.costs.profile import Profile
 from autopipe.errors import PlanError
-from autopipe.load import LoadedModel, ModelSpec, default_loss
+from autopipe.graph.trace import trace_model
+from autopipe.model.load import LoadedModel, ModelSpec, default_loss
 from autopipe.plans import Plan
-from autopipe.profile import profile_model
 from autopipe.solve.search import PlanRequest, default_action_overhead, default_link, plan_pipeline
-from autopipe.trace import trace_model
 from autopipe.units import parse_bytes
 
 __all__ = ["fingerprint_of", "plan", "profile"]

@@ -31,9 +31,9 @@ if hasattr(os, "sched_setaffinity"):
 
 import torch  # noqa: E402
 
-from autopipe.costmodel import BYTES_PER_PARAM, analytic_profile  # noqa: E402
-from autopipe.devices import device_spec  # noqa: E402
-from autopipe.load import load_model  # noqa: E402
+from autopipe.costs.analytic import BYTES_PER_PARAM, analytic_profile  # noqa: E402
+from autopipe.costs.devices import device_spec  # noqa: E402
+from autopipe.model.load import load_model  # noqa: E402
 from autopipe.solve.parallel import Cluster, ParallelRequest, plan_parallel  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

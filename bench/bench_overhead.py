@@ -27,8 +27,8 @@ BATCH, MICRO_BATCHES, STEPS = 64, 16, 12
 
 
 def main() -> None:
-    from autopipe.load import load_model, parse_kwargs
-    from autopipe.profile import profile_model
+    from autopipe.costs.measured import profile_model
+    from autopipe.model.load import load_model, parse_kwargs
     from autopipe.runtime import RunOptions
     from autopipe.runtime.launch import launch
     from autopipe.runtime.report import compare

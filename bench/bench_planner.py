@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from autopipe.costs import Affine, BlockCost, Profile, TensorCost
+from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.solve.pricing import compiled
 from autopipe.solve.search import PlanRequest, plan_pipeline
 

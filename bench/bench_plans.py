@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from autopipe.load import check_model_runs, load_model
-from autopipe.profile import profile_model
+from autopipe.costs.measured import profile_model
+from autopipe.model.load import check_model_runs, load_model
 from autopipe.solve.search import PlanRequest, default_action_overhead, default_link, plan_pipeline
 
 MODELS = Path(__file__).resolve().parent.parent / "models"

@@ -6,7 +6,7 @@ ranks with the schedule and micro-batch count pinned (1F1B and GPipe, m = 4) and
 planner's default link and cost per action for CPU ranks (as ``autopipe plan`` would). Two gloo
 processes (one thread each) then train each plan for ``--steps`` SGD steps with autopipe's
 executor and again with ``torch.distributed.pipelining`` on the same split and schedule
-(``autopipe.export.to_torch_pipelining``); the first step of each is warm-up. Printed:
+(``autopipe.stages.export.to_torch_pipelining``); the first step of each is warm-up. Printed:
 median iteration time of both (barrier -> optimizer step done, slowest rank), their ratio
 (goal <= 1.0), and autopipe's measured schedule makespan against the plan's predicted
 iteration time (goal within 15%). The default GPT's actions last a few ms, so load from other
@@ -36,8 +36,8 @@ BATCH, MICRO_BATCHES, LR = 16, 4, 1e-3
 
 
 def plan_all(kwargs: list[str], folder: Path) -> list[Path]:
-    from autopipe.load import load_model, parse_kwargs
-    from autopipe.profile import profile_model
+    from autopipe.costs.measured import profile_model
+    from autopipe.model.load import load_model, parse_kwargs
     from autopipe.solve.search import (
         PlanRequest,
         default_action_overhead,
@@ -67,11 +67,11 @@ def worker(plans: list[str], steps: int, out: str) -> None:
     """One rank: every plan with autopipe's executor, then with torch.distributed.pipelining."""
     import torch.distributed as dist
 
-    from autopipe.export import sync_shared_grads, to_torch_pipelining
     from autopipe.plans import Plan
-    from autopipe.rebuild import rebuild_model
     from autopipe.runtime import RunOptions, train_rank
     from autopipe.runtime.comm import Comm, DistComm
+    from autopipe.stages.export import sync_shared_grads, to_torch_pipelining
+    from autopipe.stages.rebuild import rebuild_model
 
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])

@@ -30,7 +30,7 @@ MODELS = {
 
 
 def step(title: str, args: list[str], log: Path) -> bool:
-    cmd = [sys.executable, "-m", "autopipe_cli.main", *args]
+    cmd = [sys.executable, "-m", "autopipe.cli.main", *args]
     t0 = time.perf_counter()
     try:
         result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)

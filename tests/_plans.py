@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from autopipe.load import load_model, parse_kwargs
+from autopipe.graph.trace import trace_model
+from autopipe.model.load import load_model, parse_kwargs
 from autopipe.plans import Plan, StagePlan
-from autopipe.trace import trace_model
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from _plans import even_plan
 
-from autopipe.export import sync_shared_grads, to_torch_pipelining
-from autopipe.rebuild import rebuild_model
+from autopipe.stages.export import sync_shared_grads, to_torch_pipelining
+from autopipe.stages.rebuild import rebuild_model
 
 CONFIGS = {  # name: (model file, schedule, virtual stages per rank, micro-batches, micro-batch size)
     "gpt-1f1b": ("gpt.py", "1f1b", 1, 2, 2),

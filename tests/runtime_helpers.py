@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import torch
 
-from autopipe.load import call_model, load_model
+from autopipe.model.load import call_model, load_model
 
 
 def reference_training(

@@ -9,22 +9,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import autopipe.cli.main as cli
 import pytest
 import torch
-from rich.console import Console
-
-import autopipe_cli.main as cli
-from autopipe.costs import Affine, BlockCost, Profile, TensorCost
-from autopipe.load import LoadedModel
-from autopipe_cli.args import default_micro_batch_sizes, int_list, split_names
-from autopipe_cli.main import main
-from autopipe_cli.render import (
+from autopipe.cli.args import default_micro_batch_sizes, int_list, split_names
+from autopipe.cli.main import main
+from autopipe.cli.render import (
     block_out_bytes,
     profile_summary,
     profile_table,
     progress_reporter,
     wrote_line,
 )
+from rich.console import Console
+
+from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
+from autopipe.model.load import LoadedModel
 
 torch.set_num_threads(1)
 
@@ -139,7 +139,7 @@ def test_other_exceptions_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_subprocess_missing_file() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "autopipe_cli.main", "profile", "tests/fixtures/missing.py"],
+        [sys.executable, "-m", "autopipe.cli.main", "profile", "tests/fixtures/missing.py"],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 2

@@ -8,23 +8,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from autopipe.cli.main import main
 from torch.utils.flop_counter import FlopCounterMode
 
-from autopipe.calibrate import calibrate, save_calibration, stored_calibration
-from autopipe.costmodel import (
+from autopipe.costs.analytic import (
     analytic_profile,
     count_model,
     op_time,
     profile_from_counts,
     state_factor,
 )
-from autopipe.costs import Affine, Profile
-from autopipe.counting import OpCount, count_block
-from autopipe.devices import DeviceError, DeviceSpec, device_spec, known_devices, match_device
-from autopipe.load import load_model
-from autopipe.profile import profile_model, storage_key
-from autopipe.segment import extract
-from autopipe_cli.main import main
+from autopipe.costs.calibrate import calibrate, save_calibration, stored_calibration
+from autopipe.costs.counting import OpCount, count_block
+from autopipe.costs.devices import DeviceError, DeviceSpec, device_spec, known_devices, match_device
+from autopipe.costs.measured import profile_model, storage_key
+from autopipe.costs.profile import Affine, Profile
+from autopipe.graph.segment import extract
+from autopipe.model.load import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT, LLAMA = str(ROOT / "models" / "gpt.py"), str(ROOT / "models" / "llama.py")
@@ -92,7 +92,7 @@ def test_counting_agrees_with_flop_counter_mode() -> None:
     count, _ = count_block(seg.module, args, {storage_key(p) for p in traced.gm.parameters()})
     leaf = args[0].requires_grad_(True)
     with FlopCounterMode(display=False) as fc:
-        from autopipe.counting import fused_attention
+        from autopipe.costs.counting import fused_attention
 
         with fused_attention():
             out = seg.module(leaf)[0]

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 from _plans import even_plan
+from autopipe.cli.main import main
 
-from autopipe.emit import emit
 from autopipe.errors import EmitError, PlanError
-from autopipe.merge import merge_state_dict, read_manifest
-from autopipe.rebuild import rebuild_model
-from autopipe_cli.main import main
+from autopipe.stages.emit import emit
+from autopipe.stages.merge import merge_state_dict, read_manifest
+from autopipe.stages.rebuild import rebuild_model
 
 torch.set_num_threads(1)
 
@@ -48,7 +48,7 @@ sys.path[:] = [p for p in sys.path if not os.path.isdir(os.path.join(p or ".", "
 
 class _Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("autopipe", "autopipe_cli"):
+        if name.split(".")[0] in ("autopipe", "autopipe.cli"):
             raise ImportError("autopipe must not be needed")
         return None
 
@@ -211,7 +211,7 @@ def test_no_weights_never_materialises(tmp_path: Path) -> None:
 
 
 def test_write_failure_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import autopipe.emit as emit_module
+    import autopipe.stages.emit as emit_module
 
     def broken(*args: object) -> None:
         raise OSError("disk full")

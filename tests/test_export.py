@@ -1,4 +1,4 @@
-"""autopipe.export: plans as torch.distributed.pipelining stages and schedules.
+"""autopipe.stages.export: plans as torch.distributed.pipelining stages and schedules.
 
 The 2-rank test runs tests/_pp_worker.py as two gloo processes (127.0.0.1, a free port, one
 thread each, killed after a timeout) and compares the parameters after 3 SGD steps with the
@@ -20,9 +20,9 @@ from _plans import even_plan
 from _pp_worker import CONFIGS, LR, STEPS, plan_for
 
 from autopipe.errors import PlanError
-from autopipe.export import relay_stages, to_torch_pipelining
-from autopipe.rebuild import rebuild_model, trace_for_plan
-from autopipe.split import split_model
+from autopipe.stages.export import relay_stages, to_torch_pipelining
+from autopipe.stages.rebuild import rebuild_model, trace_for_plan
+from autopipe.stages.split import split_model
 
 torch.set_num_threads(1)
 HERE = Path(__file__).resolve().parent

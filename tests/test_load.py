@@ -1,4 +1,4 @@
-"""Tests for autopipe.load: the model-file loader and its one-line error messages."""
+"""Tests for autopipe.model.load: the model-file loader and its one-line error messages."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from autopipe.errors import ModelLoadError
-from autopipe.load import (
+from autopipe.model.load import (
     LoadedModel,
     ModelSpec,
     call_model,

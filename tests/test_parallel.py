@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from autopipe.costs import Affine, BlockCost, Profile, TensorCost
+from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Plan
 from autopipe.solve.parallel import (

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from autopipe.cli.main import main
 
-from autopipe.costs import Profile
+from autopipe.costs.profile import Profile
 from autopipe.plans import Plan
-from autopipe_cli.main import main
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 FAST = ["--warmup", "1", "--repeat", "2", "--micro-batch-sizes", "2,4"]

@@ -10,11 +10,17 @@ import pytest
 import torch
 from torch import nn
 
-from autopipe.costs import Affine, Profile
+from autopipe.costs.measured import (
+    measure_blocks,
+    profile_model,
+    saved_bytes,
+    storage_key,
+    time_call,
+)
+from autopipe.costs.profile import Affine, Profile
 from autopipe.errors import ProfileError
-from autopipe.load import LoadedModel, ModelSpec, default_loss
-from autopipe.profile import measure_blocks, profile_model, saved_bytes, storage_key, time_call
-from autopipe.trace import trace_model
+from autopipe.graph.trace import trace_model
+from autopipe.model.load import LoadedModel, ModelSpec, default_loss
 
 
 class Layer(nn.Module):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from autopipe.cli.main import main
 
 from autopipe.errors import CommunicationError, RuntimeFailure
 from autopipe.plans import Plan
@@ -29,13 +30,12 @@ from autopipe.runtime import Rebuilt, RunOptions, assemble_state_dict, rebuild, 
 from autopipe.runtime.comm import ThreadHub
 from autopipe.runtime.engine import ActionRecord
 from autopipe.runtime.launch import free_port, launch
-from autopipe.runtime.measure import ActionTimer
 from autopipe.runtime.microbatch import split_batch, split_flat
+from autopipe.runtime.records import RunResult
 from autopipe.runtime.report import chrome_trace, compare, format_report
-from autopipe.runtime.results import RunResult
 from autopipe.runtime.routing import BACKWARD, FORWARD, make_routing
-from autopipe.split import split_model
-from autopipe_cli.main import main
+from autopipe.runtime.timers import ActionTimer
+from autopipe.stages.split import split_model
 from tests._plans import even_plan
 from tests.runtime_helpers import max_diff, reference_training
 
@@ -164,9 +164,9 @@ def test_adam_matches_unsplit_training(tmp_path: Path) -> None:
 def test_planned_state_bytes_are_what_each_rank_holds() -> None:
     """Weights, gradients and SGD's momentum per stage as planned (state_factor 3), the tied
     embedding's copy on the LM head's stage included, are exactly what the ranks hold."""
-    from autopipe.costmodel import analytic_profile
-    from autopipe.devices import device_spec
-    from autopipe.load import load_model
+    from autopipe.costs.analytic import analytic_profile
+    from autopipe.costs.devices import device_spec
+    from autopipe.model.load import load_model
     from autopipe.solve.search import PlanRequest, plan_pipeline
 
     file, kwargs = GPT

@@ -7,14 +7,14 @@ import random
 
 import pytest
 
-from autopipe.costs import Affine, BlockCost, Profile, TensorCost
+from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Plan
 from autopipe.schedules import make_schedule
-from autopipe.simulate import StageCost, compile_schedule, simulate, simulate_summary
+from autopipe.schedules.simulate import StageCost, compile_schedule, simulate, simulate_summary
+from autopipe.solve.assemble import plan_timeline
 from autopipe.solve.pricing import BlockTimes, candidate, compiled
 from autopipe.solve.request import decisions
-from autopipe.solve.results import plan_timeline
 from autopipe.solve.search import PlanRequest, _problem, _solve, plan_pipeline
 
 MIB = 2.0**20

@@ -9,7 +9,7 @@ import pytest
 
 from autopipe.errors import ScheduleError
 from autopipe.schedules import Action, make_schedule, parse_schedule
-from autopipe.simulate import ActionTiming, StageCost, Timeline, bubble_formula, simulate
+from autopipe.schedules.simulate import ActionTiming, StageCost, Timeline, bubble_formula, simulate
 
 TOL = 1e-9
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from autopipe.errors import TraceError
-from autopipe.trace import trace_model
+from autopipe.graph.trace import trace_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -196,8 +196,8 @@ def test_tracing_leaves_batchnorm_statistics_alone() -> None:
 def test_an_export_profile_leaves_a_micro_batch_of_one_out(tmp_path: Path) -> None:
     """torch.export specialises size-1 dimensions, so the profile keeps the sizes that share a
     graph (2 and 4 here) and the executor's trace at the plan's size matches it."""
-    from autopipe.load import load_model
-    from autopipe.profile import profile_model
+    from autopipe.costs.measured import profile_model
+    from autopipe.model.load import load_model
     from autopipe.runtime import RunOptions, run_threads
     from autopipe.solve.search import PlanRequest, plan_pipeline
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from autopipe.runtime.zerobubble import backward_input
+from autopipe.graph.split_backward import backward_input
 
 torch.set_num_threads(1)
 

@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import torch
 
-        from autopipe.load import parse_kwargs
+        from autopipe.model.load import parse_kwargs
         from autopipe.plans import Plan
 
         kwargs = tuple((k, float(v)) for k, v in parse_kwargs(args.optimizer_arg).items())  # type: ignore[arg-type]
@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = _run(plan, rank, options)
     except BaseException as e:  # report every failure as one line, then leave at once
         _fail(rank, e, model_file, out)
-    from autopipe.runtime.results import rank_to_dict
+    from autopipe.runtime.records import rank_to_dict
 
     if out is not None:
         atomic_write_text(out / f"rank-{rank}.json", json.dumps(rank_to_dict(result)))
@@ -120,8 +120,8 @@ def _report(plan: object, rank: int, result: object, trace: str | None) -> None:
     import torch.distributed as dist
 
     from autopipe.plans import Plan
+    from autopipe.runtime.records import RunResult, rank_from_dict, rank_to_dict
     from autopipe.runtime.report import format_report, write_chrome_trace
-    from autopipe.runtime.results import RunResult, rank_from_dict, rank_to_dict
     from autopipe.runtime.worker import RankResult
 
     assert isinstance(plan, Plan) and isinstance(result, RankResult)
@@ -135,8 +135,8 @@ def _report(plan: object, rank: int, result: object, trace: str | None) -> None:
 
 
 def _fail(rank: int, e: BaseException, model_file: Path, out: Path | None) -> None:
-    from autopipe._usercode import exception_summary
     from autopipe.errors import AutopipeError, CommunicationError
+    from autopipe.model.usercode import exception_summary
 
     if isinstance(e, AutopipeError):
         message = f"{type(e).__name__}: {e}" if not isinstance(e, CommunicationError) else str(e)

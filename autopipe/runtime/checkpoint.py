@@ -18,7 +18,7 @@ import torch
 
 from autopipe._io import atomic_write_text
 from autopipe.errors import RuntimeFailure
-from autopipe.split import StageModule
+from autopipe.stages.split import StageModule
 
 __all__ = ["aliases", "assemble_state_dict", "load_rank", "read_meta", "save_rank", "write_meta"]
 

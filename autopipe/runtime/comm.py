@@ -29,8 +29,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from autopipe._usercode import first_line
 from autopipe.errors import CommunicationError
+from autopipe.model.usercode import first_line
 
 __all__ = ["Comm", "DistComm", "ThreadComm", "ThreadHub", "Work"]
 

@@ -11,7 +11,7 @@ For each action of the rank's list (``autopipe.schedules``), in order::
              W; with W (zero-bubble, Qi et al. 2023) only the input gradients, keeping the
              gradients that flow into the weight-gradient part of the graph for ...
     W(j, i)  ... the parameter gradients, restarted from those kept gradients: W runs only
-             the weight-gradient kernels (``autopipe.runtime.zerobubble``).
+             the weight-gradient kernels (``autopipe.graph.split_backward``).
 
 Gradients accumulate in ``.grad`` over the m micro-batches (each loss scaled by 1/m: the mean
 over equal micro-batches is the batch mean), then parameters used by stages on several ranks
@@ -39,14 +39,14 @@ import torch
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from autopipe.errors import RuntimeFailure
+from autopipe.graph.split_backward import WeightGrad, backward_input
 from autopipe.runtime.comm import Comm, Work
-from autopipe.runtime.measure import ActionTimer, SavedBytes
 from autopipe.runtime.order import SEND, MessageKey
 from autopipe.runtime.routing import BACKWARD, FORWARD, Routing
 from autopipe.runtime.shapes import TensorSpec
-from autopipe.runtime.zerobubble import WeightGrad, backward_input
+from autopipe.runtime.timers import ActionTimer, SavedBytes
 from autopipe.schedules import Action
-from autopipe.split import OUTPUT, StageModule
+from autopipe.stages.split import OUTPUT, StageModule
 
 __all__ = ["ActionRecord", "IterationResult", "PipelineEngine"]
 

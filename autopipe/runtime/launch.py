@@ -30,7 +30,7 @@ from pathlib import Path
 from autopipe.errors import RuntimeFailure
 from autopipe.plans import Plan
 from autopipe.runtime.options import RunOptions
-from autopipe.runtime.results import RunResult, rank_from_dict
+from autopipe.runtime.records import RunResult, rank_from_dict
 
 __all__ = ["free_port", "launch", "worker_arguments"]
 

@@ -24,7 +24,7 @@ from autopipe.errors import PlanError
 from autopipe.runtime.routing import BACKWARD, FORWARD, Routing
 from autopipe.runtime.shapes import TensorSpec
 from autopipe.schedules import Action
-from autopipe.split import OUTPUT
+from autopipe.stages.split import OUTPUT
 
 __all__ = ["RECV", "SEND", "MessageKey", "incoming", "message_order", "outgoing"]
 

@@ -5,7 +5,7 @@ schedules), from when the action's messages had arrived to its end (waiting is n
 for the pipeline: iteration time (the schedule's makespan, from the barrier that starts each
 iteration to the last action's end on the slowest rank), bubble fraction
 (``1 - busy / (S * makespan)`` with busy the actions' work, as the simulator defines it) and
-per-rank peak memory (see :mod:`autopipe.runtime.measure` for what is counted on a CPU). The first step is a warm-up and
+per-rank peak memory (see :mod:`autopipe.runtime.timers` for what is counted on a CPU). The first step is a warm-up and
 is left out when there are more. ``chrome_trace`` writes what happened as a Chrome / Perfetto
 trace: one row per rank, one event per action and one per wait for its messages.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 from autopipe._io import atomic_write_text
 from autopipe.plans import Plan
-from autopipe.runtime.results import RunResult
+from autopipe.runtime.records import RunResult
 from autopipe.schedules import Action
 
 __all__ = ["Row", "chrome_trace", "compare", "format_report", "write_chrome_trace"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopipe.split import OUTPUT, Split
+from autopipe.stages.split import OUTPUT, Split
 
 __all__ = ["Routing", "make_routing"]
 

@@ -23,22 +23,22 @@ from typing import Any
 import torch
 
 from autopipe.errors import RuntimeFailure
-from autopipe.load import LoadedModel
-from autopipe.outputs import output_builder
+from autopipe.graph.outputs import output_builder
+from autopipe.graph.trace import TracedModel
+from autopipe.model.load import LoadedModel
 from autopipe.plans import Plan
-from autopipe.rebuild import rebuild_model, trace_for_plan
 from autopipe.runtime import checkpoint
 from autopipe.runtime.comm import Comm
 from autopipe.runtime.engine import IterationResult, PipelineEngine
-from autopipe.runtime.measure import state_bytes
 from autopipe.runtime.microbatch import flat_inputs, split_batch, split_flat
 from autopipe.runtime.options import RunOptions
 from autopipe.runtime.order import message_order
 from autopipe.runtime.routing import make_routing
 from autopipe.runtime.shapes import value_specs
+from autopipe.runtime.timers import state_bytes
 from autopipe.schedules import Action, make_schedule
-from autopipe.split import Split, split_model
-from autopipe.trace import TracedModel
+from autopipe.stages.rebuild import rebuild_model, trace_for_plan
+from autopipe.stages.split import Split, split_model
 
 __all__ = ["Batch", "RankResult", "Rebuilt", "make_batch", "rebuild", "shared_groups", "train_rank"]
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from autopipe.costs import Profile
-from autopipe.devices import DeviceSpec
+from autopipe.costs.devices import DeviceSpec
+from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Plan
 from autopipe.solve.search import PlanRequest, plan_pipeline

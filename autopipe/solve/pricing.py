@@ -6,7 +6,7 @@ recomputed stage pays one more forward in its backward and keeps only its inputs
 micro-batch in flight, plus one micro-batch's activations while it recomputes; split in B and
 W, the first stage's backward is all W, as the executor runs it; every action also pays the
 executor's fixed cost per action, ``PlanRequest.action_overhead_s``), and
-:func:`price` runs the compiled schedule (:func:`autopipe.simulate.simulate_summary`).
+:func:`price` runs the compiled schedule (:func:`autopipe.schedules.simulate.simulate_summary`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from autopipe.costs import Profile
+from autopipe.costs.profile import Profile
 from autopipe.schedules import SCHEDULES
-from autopipe.simulate import (
+from autopipe.schedules.simulate import (
     CompiledSchedule,
     StageCost,
     Summary,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autopipe.costs import Profile
+from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.schedules import SCHEDULES
 from autopipe.solve.pricing import Decision

@@ -31,10 +31,11 @@ import itertools
 import math
 from collections.abc import Callable
 
-from autopipe.costs import Profile
+from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Plan
-from autopipe.simulate import Summary
+from autopipe.schedules.simulate import Summary
+from autopipe.solve.assemble import make_plan
 from autopipe.solve.baselines import BASELINES, baseline_assignment
 from autopipe.solve.chain import solve_chain
 from autopipe.solve.greedy import solve_fast
@@ -51,7 +52,6 @@ from autopipe.solve.request import (
     infeasible_error,
     validate,
 )
-from autopipe.solve.results import make_plan
 
 __all__ = ["SEARCH_SCHEDULES", "PlanRequest", "default_action_overhead", "default_link", "plan_pipeline"]
 

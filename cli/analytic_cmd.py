@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from autopipe_cli.args import UsageError, int_list, output_path, positive_int, split_names
+from .args import UsageError, int_list, output_path, positive_int, split_names
 
 if TYPE_CHECKING:
-    from autopipe.costs import Profile
-    from autopipe.devices import DeviceSpec
+    from autopipe.costs.devices import DeviceSpec
+    from autopipe.costs.profile import Profile
 
 __all__ = ["add_analytic_arguments", "add_calibrate_parser", "analytic_profile_for_plan", "device_for", "wants_analytic"]
 
@@ -28,7 +28,7 @@ def add_analytic_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", default=None, metavar="G", help="devices in all: also choose pipeline depth S x data-parallel width G/S")
     p.add_argument("--analytic", action="store_true", help="count FLOPs and bytes on the meta device instead of measuring (implied by a catalogue --device)")
     p.add_argument("--dtype", default=None, choices=("fp32", "tf32", "bf16", "fp16"), help="training precision, analytic mode (default: bf16 on a catalogue GPU, else fp32)")
-    p.add_argument("--device-file", action="append", default=[], metavar="FILE", help="your own device catalogue entries (JSON like autopipe/devices.json; repeatable)")
+    p.add_argument("--device-file", action="append", default=[], metavar="FILE", help="your own device catalogue entries (JSON like autopipe/costs/devices.json; repeatable)")
     p.add_argument("--calibration", default=None, metavar="FILE", help="efficiencies fitted by 'autopipe calibrate' (default: the stored one for the device, if any)")
     p.add_argument("--zero1", action="store_true", help="with --gpus: shard optimizer state and master weights across data-parallel replicas (ZeRO-1)")
 
@@ -41,8 +41,8 @@ def wants_analytic(args: argparse.Namespace) -> bool:
 
 
 def device_for(args: argparse.Namespace) -> DeviceSpec:
-    from autopipe.calibrate import stored_calibration
-    from autopipe.devices import device_spec
+    from autopipe.costs.calibrate import stored_calibration
+    from autopipe.costs.devices import device_spec
 
     spec = device_spec((args.device or "cpu").partition(":")[0], args.device_file)
     return stored_calibration(spec, args.calibration)
@@ -50,8 +50,8 @@ def device_for(args: argparse.Namespace) -> DeviceSpec:
 
 def analytic_profile_for_plan(args: argparse.Namespace, spec: DeviceSpec) -> Profile:
     """MODEL built on meta and priced on ``spec`` (``-k``, ``--tracer``, ``--leaf``, ``--blocks``)."""
-    from autopipe.costmodel import analytic_profile
-    from autopipe.load import load_model, parse_kwargs
+    from autopipe.costs.analytic import analytic_profile
+    from autopipe.model.load import load_model, parse_kwargs
 
     if args.model is None:
         raise UsageError("--device NAME plans MODEL analytically; give MODEL (a --profile is already priced)")
@@ -78,8 +78,8 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:  # type:
 
 
 def cmd_calibrate(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from autopipe.calibrate import calibrate, save_calibration
-    from autopipe.costs import Profile
+    from autopipe.costs.calibrate import calibrate, save_calibration
+    from autopipe.costs.profile import Profile
 
     target = output_path(args.output, "--output") if args.output else None
     cal = calibrate(Profile.load(args.profile), device_files=args.device_file)

@@ -44,11 +44,11 @@ from torch import nn
 
 from autopipe import __version__
 from autopipe.errors import EmitError
+from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
-from autopipe.rebuild import SEED, rebuild_model, trace_for_plan
-from autopipe.split import OUTPUT, Split, StageModule, split_model
-from autopipe.stage_source import stage_source
-from autopipe.trace import TracedModel
+from autopipe.stages.rebuild import SEED, rebuild_model, trace_for_plan
+from autopipe.stages.source import stage_source
+from autopipe.stages.split import OUTPUT, Split, StageModule, split_model
 
 __all__ = ["MANIFEST", "check_destination", "emit", "emit_stages"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from autopipe.errors import AutopipeError
 from autopipe.plans import Plan
-from autopipe.simulate import Timeline
+from autopipe.schedules.simulate import Timeline
 
 __all__ = ["draw_timeline", "text_timeline"]
 

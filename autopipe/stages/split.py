@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import torch.fx
 
 from autopipe.errors import PlanError
-from autopipe.outputs import graph_outputs
+from autopipe.graph.outputs import graph_outputs
+from autopipe.graph.segment import extract
+from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
-from autopipe.segment import extract
-from autopipe.trace import TracedModel
 
 __all__ = ["OUTPUT", "Split", "StageModule", "split_model"]
 

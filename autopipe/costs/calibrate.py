@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 
 from autopipe._io import atomic_write_text
-from autopipe.costmodel import ModelCounts, count_model
-from autopipe.costs import Profile
-from autopipe.counting import OpCount
-from autopipe.devices import DeviceSpec, device_spec, match_device, read_device_file
+from autopipe.costs.analytic import ModelCounts, count_model
+from autopipe.costs.counting import OpCount
+from autopipe.costs.devices import DeviceSpec, device_spec, match_device, read_device_file
+from autopipe.costs.profile import Profile
 from autopipe.errors import ProfileError
 
 __all__ = ["Calibration", "calibrate", "calibration_dir", "fit_efficiency", "save_calibration", "stored_calibration"]
@@ -56,7 +56,7 @@ def calibration_dir() -> Path:
 
 def calibrate(profile: Profile, *, device_files: Sequence[str | Path] = (), counts: ModelCounts | None = None) -> Calibration:
     """Fit the efficiencies of the device ``profile`` was measured on (see the module docstring)."""
-    from autopipe.load import load_model, parse_kwargs
+    from autopipe.model.load import load_model, parse_kwargs
 
     if profile.method != "measured":
         raise ProfileError(f"calibrate needs a measured profile (this one is {profile.method}); make one with 'autopipe profile MODEL'")

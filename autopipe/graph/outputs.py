@@ -41,7 +41,7 @@ def output_builder(
     try:  # export flattens the output: recover its structure from a forward that computes nothing
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        from autopipe.load import call_model
+        from autopipe.model.load import call_model
 
         if any(p.is_meta for p in model.parameters()):  # on meta already (analytic planning)
             with torch.no_grad():

@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from autopipe._usercode import display_path, exception_summary, first_line
 from autopipe.errors import ModelLoadError
-from autopipe.spec import DEFAULT_FACTORY, ModelSpec, parse_kwargs
+from autopipe.model.spec import DEFAULT_FACTORY, ModelSpec, parse_kwargs
+from autopipe.model.usercode import display_path, exception_summary, first_line
 
 __all__ = [
     "DEFAULT_FACTORY",

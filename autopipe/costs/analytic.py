@@ -3,7 +3,7 @@
 The model is built on the meta device (no weights allocated), traced by the measured
 profiler's own tracer (``trace.trace_model``: same blocks, same fingerprint for the same
 model and dtype), and every block's segment is run on meta inputs, forward and backward,
-under :mod:`autopipe.counting`, at each micro-batch size. Identical blocks (a transformer's
+under :mod:`autopipe.costs.counting`, at each micro-batch size. Identical blocks (a transformer's
 layers) are counted once. Per op, time is a roofline (Williams et al. 2009)::
 
     t_op = max(flops / (peak[dtype] * compute_efficiency),
@@ -11,7 +11,7 @@ layers) are counted once. Per op, time is a roofline (Williams et al. 2009)::
 
 and a block's forward / backward / input-gradient time is the sum over its ops. Bytes saved
 for backward are counted by the measured profiler's ``saved_tensors_hooks`` path, so the two
-profiles agree on them exactly; the result is a :class:`~autopipe.costs.Profile` with
+profiles agree on them exactly; the result is a :class:`~autopipe.costs.profile.Profile` with
 ``method="analytic"``, interchangeable with a measured one as planner input.
 
 Precision. ``fp32``: fp32 weights, activations and matmuls. ``tf32``: the same with TF32
@@ -36,15 +36,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe.costs import Affine, Profile
-from autopipe.counting import BlockCount, OpCount, count_block, count_loss
-from autopipe.devices import DeviceSpec
+from autopipe.costs.counting import BlockCount, OpCount, count_block, count_loss
+from autopipe.costs.devices import DeviceSpec
+from autopipe.costs.measured import block_cost, crossing_tensors, drop_export_one
+from autopipe.costs.profile import Affine, Profile
+from autopipe.costs.timing import flat_inputs_of, storage_key
 from autopipe.errors import ModelLoadError, ProfileError
-from autopipe.measuring import flat_inputs_of, storage_key
-from autopipe.outputs import graph_outputs, training_loss
-from autopipe.profile import block_cost, crossing_tensors, drop_export_one
-from autopipe.segment import extract
-from autopipe.trace import TracedModel, trace_model
+from autopipe.graph.outputs import graph_outputs, training_loss
+from autopipe.graph.segment import extract
+from autopipe.graph.trace import TracedModel, trace_model
 
 __all__ = [
     "BYTES_PER_PARAM",

@@ -3,7 +3,7 @@
 ``models/gpt.py:build_gpt -k n_layer=4`` on the command line becomes
 ``ModelSpec(Path("models/gpt.py"), "build_gpt", {"n_layer": 4})``; :func:`parse_kwargs`
 reads the ``-k key=value`` words and :meth:`ModelSpec.kwarg_items` writes them back, so a
-plan or a profile can name its model exactly. :mod:`autopipe.load` builds it.
+plan or a profile can name its model exactly. :mod:`autopipe.model.load` builds it.
 """
 
 from __future__ import annotations

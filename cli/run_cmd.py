@@ -8,7 +8,8 @@ import json
 from rich.console import Console
 
 from autopipe.units import parse_duration
-from autopipe_cli.args import (
+
+from .args import (
     UsageError,
     non_negative_int,
     output_path,

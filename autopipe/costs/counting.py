@@ -39,7 +39,7 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
-from autopipe.measuring import saved_bytes
+from autopipe.costs.timing import saved_bytes
 
 __all__ = ["BlockCount", "OpCount", "count_block", "count_loss", "fused_attention"]
 

@@ -1,4 +1,4 @@
-"""``autopipe emit`` and ``autopipe merge``: parse, call :mod:`autopipe.emit`, print."""
+"""``autopipe emit`` and ``autopipe merge``: parse, call :mod:`autopipe.stages.emit`, print."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autopipe_cli.args import UsageError, output_path
+from .args import UsageError, output_path
 
 __all__ = ["add_emit_parsers"]
 
@@ -32,8 +32,8 @@ def add_emit_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
 
 
 def cmd_emit(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from autopipe.emit import check_destination, emit
     from autopipe.plans import Plan
+    from autopipe.stages.emit import check_destination, emit
 
     if args.no_weights and args.weights is not None:
         raise UsageError("--no-weights and --weights contradict each other; give one")
@@ -56,7 +56,7 @@ def cmd_merge(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     import torch
 
-    from autopipe.merge import merge_state_dict
+    from autopipe.stages.merge import merge_state_dict
 
     target = output_path(args.output, "--output")
     state = merge_state_dict(args.folder)

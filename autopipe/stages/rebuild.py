@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from autopipe.errors import ModelLoadError, PlanError
-from autopipe.load import LoadedModel, load_model, parse_kwargs
+from autopipe.graph.trace import TracedModel, trace_model
+from autopipe.model.load import LoadedModel, load_model, parse_kwargs
 from autopipe.plans import Plan
-from autopipe.trace import TracedModel, trace_model
 
 __all__ = ["SEED", "rebuild_model", "trace_for_plan"]
 

@@ -2,7 +2,7 @@
 
 ``autopipe merge stages/ -o model.pt``: :func:`merge_state_dict` gathers every stage's
 weights under the model's own names, in its order, tied weights under each of their names,
-bit for bit what the model held when :mod:`autopipe.emit` wrote them.
+bit for bit what the model held when :mod:`autopipe.stages.emit` wrote them.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from autopipe.emit import FORMAT, FORMAT_VERSION, MANIFEST
 from autopipe.errors import EmitError
+from autopipe.stages.emit import FORMAT, FORMAT_VERSION, MANIFEST
 
 __all__ = ["merge_state_dict", "read_manifest"]
 

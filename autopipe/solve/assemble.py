@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from autopipe.costs import Profile
+from autopipe.costs.profile import Profile
 from autopipe.plans import Alternative, Baseline, Plan, StagePlan
 from autopipe.schedules import make_schedule
-from autopipe.simulate import StageCost, Summary, Timeline, simulate
+from autopipe.schedules.simulate import StageCost, Summary, Timeline, simulate
 from autopipe.solve.baselines import BASELINES, baseline_assignment
 from autopipe.solve.pricing import BlockTimes, Candidate, candidate, fits, price
 from autopipe.solve.problem import evaluate, stage_stats

@@ -27,7 +27,8 @@ from rich.console import Console
 
 from autopipe import __version__
 from autopipe.errors import AutopipeError, RuntimeFailure
-from autopipe_cli.args import (
+
+from .args import (
     UsageError,
     default_micro_batch_sizes,
     int_list,
@@ -37,11 +38,11 @@ from autopipe_cli.args import (
     resolve_device,
     split_names,
 )
-from autopipe_cli.render import ProgressCallback, print_profile, profile_summary, progress_reporter
+from .render import ProgressCallback, print_profile, profile_summary, progress_reporter
 
 if TYPE_CHECKING:
-    from autopipe.costs import Profile
-    from autopipe.load import LoadedModel
+    from autopipe.costs.profile import Profile
+    from autopipe.model.load import LoadedModel
 
 __all__ = ["build_parser", "main"]
 
@@ -77,16 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profiling_arguments(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
     p.set_defaults(func=cmd_profile)
-    from autopipe_cli.plan_cmd import add_plan_parsers
+    from .plan_cmd import add_plan_parsers
 
     add_plan_parsers(commands, _add_model_arguments, _add_profiling_arguments)
-    from autopipe_cli.emit_cmd import add_emit_parsers
+    from .emit_cmd import add_emit_parsers
 
     add_emit_parsers(commands)
-    from autopipe_cli.run_cmd import add_run_parser
+    from .run_cmd import add_run_parser
 
     add_run_parser(commands)
-    from autopipe_cli.analytic_cmd import add_calibrate_parser
+    from .analytic_cmd import add_calibrate_parser
 
     add_calibrate_parser(commands)
     return parser
@@ -143,7 +144,7 @@ def _check_profile_args(args: argparse.Namespace) -> None:
 
 def _run_profile(args: argparse.Namespace, loaded: LoadedModel, progress: ProgressCallback | None = None) -> Profile:
     """The one call into the profiler (kept apart so tests can replace it)."""
-    from autopipe.profile import profile_model  # type: ignore[import-not-found,unused-ignore]
+    from autopipe.costs.measured import profile_model  # type: ignore[import-not-found,unused-ignore]
 
     profile: Profile = profile_model(
         loaded,
@@ -162,7 +163,7 @@ def _run_profile(args: argparse.Namespace, loaded: LoadedModel, progress: Progre
 
 def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
     _check_profile_args(args)
-    from autopipe.load import check_model_runs, load_model, parse_kwargs
+    from autopipe.model.load import check_model_runs, load_model, parse_kwargs
 
     loaded = load_model(args.model, parse_kwargs(args.kwargs), device=args.device)
     check_model_runs(loaded, max(args.micro_batch_sizes))
@@ -181,7 +182,7 @@ def profile_for_plan(args: argparse.Namespace, err: Console) -> Profile:
     saved_output = args.output
     _check_profile_args(args)
     args.output = saved_output
-    from autopipe.load import check_model_runs, load_model, parse_kwargs
+    from autopipe.model.load import check_model_runs, load_model, parse_kwargs
 
     loaded = load_model(args.model, parse_kwargs(args.kwargs), device=args.device)
     check_model_runs(loaded, max(args.micro_batch_sizes))

@@ -40,10 +40,10 @@ import torch.fx
 from torch import nn
 
 from autopipe.errors import PlanError
+from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
-from autopipe.rebuild import trace_for_plan
-from autopipe.split import Split, StageModule, split_model
-from autopipe.trace import TracedModel
+from autopipe.stages.rebuild import trace_for_plan
+from autopipe.stages.split import Split, StageModule, split_model
 
 __all__ = ["SCHEDULE_CLASSES", "RelayStage", "relay_stages", "sync_shared_grads", "to_torch_pipelining"]
 

@@ -10,18 +10,19 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from autopipe.units import parse_bytes, parse_duration, parse_rate
-from autopipe_cli.analytic_cmd import (
+
+from .analytic_cmd import (
     add_analytic_arguments,
     analytic_profile_for_plan,
     device_for,
     wants_analytic,
 )
-from autopipe_cli.args import UsageError, default_micro_batch_sizes, output_path, positive_int
-from autopipe_cli.render_plan import plan_json, print_plan
+from .args import UsageError, default_micro_batch_sizes, output_path, positive_int
+from .render_plan import plan_json, print_plan
 
 if TYPE_CHECKING:
-    from autopipe.costs import Profile
-    from autopipe.devices import DeviceSpec
+    from autopipe.costs.devices import DeviceSpec
+    from autopipe.costs.profile import Profile
     from autopipe.plans import Plan
 
 __all__ = ["add_plan_parsers"]
@@ -90,8 +91,8 @@ def _timeline_path(text: str | None) -> str | None:
 
 
 def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from autopipe.costmodel import state_factor
-    from autopipe.costs import Profile
+    from autopipe.costs.analytic import state_factor
+    from autopipe.costs.profile import Profile
     from autopipe.solve.search import (
         PlanRequest,
         default_action_overhead,
@@ -116,7 +117,7 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.dtype is not None and not wants_analytic(args):
         raise UsageError(f"--dtype {args.dtype} applies to analytic plans; add --device NAME (e.g. h100) or --analytic")
 
-    from autopipe_cli.main import profile_for_plan
+    from .main import profile_for_plan
 
     spec = None
     if args.profile is not None:
@@ -171,8 +172,8 @@ def _plan_parallel(
     bandwidth: float | None, latency: float | None, overhead: float,
 ) -> tuple[Plan, str]:  # fmt: skip
     """``--gpus G``: the best S x D split; returns the plan and lines on the choice."""
-    from autopipe.costmodel import BYTES_PER_PARAM
-    from autopipe.devices import device_spec, match_device
+    from autopipe.costs.analytic import BYTES_PER_PARAM
+    from autopipe.costs.devices import device_spec, match_device
     from autopipe.solve.parallel import Cluster, ParallelRequest, plan_parallel
     from autopipe.solve.search import PlanRequest, default_link
 
@@ -220,7 +221,7 @@ def _element_size(profile: Profile) -> float:
 def _check_fingerprint(args: argparse.Namespace, profile: Profile) -> None:
     from autopipe.api import fingerprint_of
     from autopipe.errors import ProfileError
-    from autopipe.load import load_model, parse_kwargs
+    from autopipe.model.load import load_model, parse_kwargs
 
     loaded = load_model(args.model, parse_kwargs(args.kwargs))
     have = fingerprint_of(loaded, profile)
@@ -242,9 +243,9 @@ def cmd_show(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def _show(plan: Plan, out: Console, as_json: bool, timeline: str | None, wrote: str | None, text_timeline: bool = False) -> None:
-    from autopipe.draw import draw_timeline
-    from autopipe.draw import text_timeline as text_rows
-    from autopipe.solve.results import plan_timeline
+    from autopipe.schedules.draw import draw_timeline
+    from autopipe.schedules.draw import text_timeline as text_rows
+    from autopipe.solve.assemble import plan_timeline
 
     simulated = plan_timeline(plan) if (timeline or text_timeline) else None
     if timeline and simulated is not None:

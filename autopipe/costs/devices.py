@@ -1,6 +1,6 @@
 """Accelerator specs: what the analytic cost model prices a block's FLOPs and bytes with.
 
-The catalogue is a data file, ``autopipe/devices.json`` (A100 40/80 GB, H100 SXM, H200;
+The catalogue is a data file, ``autopipe/costs/devices.json`` (A100 40/80 GB, H100 SXM, H200;
 figures from NVIDIA's datasheets, dense, no sparsity), which users extend with entries of the
 same shape in their own file: ``--device-file my.json`` or ``AUTOPIPE_DEVICES=my.json``
 (several files joined by ``os.pathsep``); a user entry with a catalogue name replaces it.

@@ -29,17 +29,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe.costs import Affine, BlockCost, Profile, TensorCost
-from autopipe.errors import ProfileError
-from autopipe.measuring import (
+from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
+from autopipe.costs.timing import (
     BlockMeasurement,
     measure_blocks,
     saved_bytes,
     storage_key,
     time_call,
 )
-from autopipe.outputs import training_loss
-from autopipe.trace import Block, TracedModel, trace_model
+from autopipe.errors import ProfileError
+from autopipe.graph.outputs import training_loss
+from autopipe.graph.trace import Block, TracedModel, trace_model
 
 __all__ = ["BlockMeasurement", "crossing_tensors", "measure_blocks", "profile_model", "saved_bytes", "storage_key", "time_call"]
 

@@ -35,8 +35,8 @@ import torch
 import torch.fx
 from torch import nn
 
-from autopipe.blocks import Block, ValueInfo, group_blocks
 from autopipe.errors import TraceError
+from autopipe.graph.blocks import Block, ValueInfo, group_blocks
 
 __all__ = ["Block", "TracedModel", "ValueInfo", "trace_model"]
 

@@ -1,6 +1,6 @@
 """Run each block of a traced model alone and measure it: time, and bytes saved for backward.
 
-The measuring half of the profiler (:mod:`autopipe.profile` traces, fits and assembles the
+The measuring half of the profiler (:mod:`autopipe.costs.measured` traces, fits and assembles the
 Profile). Times: CUDA events with synchronisation on a GPU, ``time.perf_counter`` on the CPU;
 saved bytes: ``torch.autograd.graph.saved_tensors_hooks``, every storage once, parameters
 excluded. :func:`measure_blocks` says how the rounds go.
@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe.outputs import graph_outputs
-from autopipe.segment import Segment, extract
-from autopipe.trace import TracedModel
+from autopipe.graph.outputs import graph_outputs
+from autopipe.graph.segment import Segment, extract
+from autopipe.graph.trace import TracedModel
 
 __all__ = ["BlockMeasurement", "flat_inputs_of", "measure_blocks", "saved_bytes", "storage_key", "time_call"]
 
@@ -46,7 +46,7 @@ def measure_blocks(
 ) -> list[BlockMeasurement]:
     """Run every block of ``traced`` alone and measure it.
 
-    ``loss``: the training loss from the graph's flat outputs (:mod:`autopipe.outputs`). The
+    ``loss``: the training loss from the graph's flat outputs (:mod:`autopipe.graph.outputs`). The
     executor computes it on the last stage, after the last block, so its forward, backward
     and saved bytes are measured too and counted in the last block's figures.
 
@@ -170,7 +170,7 @@ class _BlockRun:
         (the weight gradients B left), by the executor's own split (runtime.zerobubble)."""
         if not self.diff:
             return 0.0, 0.0
-        from autopipe.runtime.zerobubble import backward_input
+        from autopipe.graph.split_backward import backward_input
 
         params = [p for p in self.module.parameters() if p.requires_grad]
         held: list[Any] = []

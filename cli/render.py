@@ -1,7 +1,7 @@
 """How the CLI shows a Profile: a per-block table, a JSON summary, a progress bar.
 
 All numbers are read at the largest profiled micro-batch size ``u`` from the affine fits in
-:mod:`autopipe.costs` (``y(u) = intercept + slope * u``). A block's "out" bytes are the bytes
+:mod:`autopipe.costs.profile` (``y(u) = intercept + slope * u``). A block's "out" bytes are the bytes
 of every tensor it produces that another block (or the loss) reads.
 """
 
@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from autopipe.costs import Profile
+from autopipe.costs.profile import Profile
 from autopipe.units import format_count
 
 __all__ = [

@@ -1,0 +1,8 @@
+"""A plan's stages as modules: rebuild the model, split it, and take the stages out.
+
+- :mod:`.rebuild`: the plan's model rebuilt and re-traced into the plan's blocks;
+- :mod:`.split`: one fx GraphModule per stage;
+- :mod:`.source`: a stage as standalone Python source;
+- :mod:`.emit` / :mod:`.merge`: stage folders out, the model's ``state_dict`` back;
+- :mod:`.export`: stages and a schedule for ``torch.distributed.pipelining``.
+"""

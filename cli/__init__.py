@@ -1,0 +1,1 @@
+"""The ``autopipe`` command line: parsing, printing and exit codes only (installed as ``autopipe.cli``)."""
