@@ -1,7 +1,7 @@
 """autopipe: automatic pipeline-parallelism planning for PyTorch models.
 
 ``autopipe.plan(model, example_inputs, stages=4, memory="16GiB", batch_size=32)`` profiles a
-model and returns its Plan; ``autopipe.api`` has the rest of the programmatic interface.
+model and returns its Plan, ``autopipe.profile(...)`` the Profile alone; ``autopipe.api`` has the rest of the programmatic interface.
 """
 
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
@@ -23,12 +23,12 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    # ``autopipe.plan`` is imported on first use, so ``import autopipe`` (and the CLI's
-    # --help) does not wait for torch.
-    if name == "plan":
-        from autopipe.api import plan
+    # ``autopipe.plan`` and ``autopipe.profile`` are imported on first use, so ``import
+    # autopipe`` (and the CLI's --help) does not wait for torch.
+    if name in ("plan", "profile"):
+        from autopipe import api
 
-        return plan
+        return getattr(api, name)
     raise AttributeError(f"module 'autopipe' has no attribute {name!r}")
 
 
@@ -50,4 +50,5 @@ __all__ = [
     "TraceError",
     "__version__",
     "plan",
+    "profile",
 ]
