@@ -1,4 +1,4 @@
-# Run: PYTHONPATH=. /work/main/.venv/bin/python bench/bench_solver.py   (from the repository root)
+# Run: python bench/bench_solver.py   (from the repository root, autopipe installed or PYTHONPATH=.)
 """Times the partition solvers on seeded random chains (with skip tensors and memory limits).
 
 solve_fast on 1000 blocks x 64 stages, solve_chain on 100 and 200 blocks x 8 and 16 stages;

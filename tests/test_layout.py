@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import ast
 import re
-import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LIBRARY = ROOT / "autopipe"
@@ -115,6 +116,7 @@ def test_no_submodule_shadows_a_top_level_api_function() -> None:
 
 
 def test_pyproject_lists_every_package_and_the_cli_mapping() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = {"autopipe"} | {f"autopipe.{p.parent.name}" for p in LIBRARY.glob("*/__init__.py")}
     assert set(config["packages"]) == folders | {"autopipe.cli"}

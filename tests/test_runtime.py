@@ -30,11 +30,11 @@ from autopipe.runtime import Rebuilt, RunOptions, assemble_state_dict, rebuild, 
 from autopipe.runtime.comm import ThreadHub
 from autopipe.runtime.engine import ActionRecord
 from autopipe.runtime.launch import free_port, launch
+from autopipe.runtime.meters import ActionTimer
 from autopipe.runtime.microbatch import split_batch, split_flat
 from autopipe.runtime.records import RunResult
 from autopipe.runtime.report import chrome_trace, compare, format_report
 from autopipe.runtime.routing import BACKWARD, FORWARD, make_routing
-from autopipe.runtime.timers import ActionTimer
 from autopipe.stages.split import split_model
 from tests._plans import even_plan
 from tests.runtime_helpers import max_diff, reference_training

@@ -1,7 +1,7 @@
 """Fit the roofline's efficiencies to a measured profile: ``autopipe calibrate PROFILE``.
 
 The analytic model prices every op as ``max(flops / (peak * ce), bytes / (bw * me)) + o``
-(``costmodel.op_time``). Given a Profile measured on the present device, the model it came
+(``costs.analytic.op_time``). Given a Profile measured on the present device, the model it came
 from is counted again on the meta device (same tracer, same blocks: the fingerprints must
 match), and the compute efficiency ``ce``, memory efficiency ``me`` and per-op overhead ``o``
 are chosen to minimise the squared log error of every block's forward and backward time at

@@ -1,6 +1,6 @@
 """Count what one block of a model does, op by op, without running it: FLOPs and bytes.
 
-The analytic cost model runs each block's segment (``segment.py``) on the meta device —
+The analytic cost model runs each block's segment (``graph/segment.py``) on the meta device —
 shapes only, nothing allocated — forward and backward, under a ``TorchDispatchMode`` that
 records every aten op it dispatches:
 

@@ -1,7 +1,7 @@
 """Measure what each block of a model costs: time, saved activations, parameters, edges.
 
-For each micro-batch size the model is traced (``trace.py``), every block is cut out as its
-own module (``segment.py``) and run on the values the blocks before it produced:
+For each micro-batch size the model is traced (``graph/trace.py``), every block is cut out as its
+own module (``graph/segment.py``) and run on the values the blocks before it produced:
 
 - forward and backward time: warm-up runs, then the median of ``repeat`` timed runs — CUDA
   events with synchronisation on a GPU, ``time.perf_counter`` on the CPU. Forwards are timed

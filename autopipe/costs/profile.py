@@ -1,6 +1,6 @@
 """The Profile: what every block of a model costs, the value the planner reasons with.
 
-A Profile is plain data (no torch): the measured profiler (``profile.py``) and the analytic
+A Profile is plain data (no torch): the measured profiler (``measured.py``) and the analytic
 cost model both produce one, ``autopipe profile`` writes one as JSON, and the solver reads
 numbers from it. Costs depend on the micro-batch size ``u``; each is stored as an affine fit
 ``y(u) = intercept + slope * u`` over the micro-batch sizes that were profiled, so the planner

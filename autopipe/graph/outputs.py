@@ -56,7 +56,10 @@ def output_builder(
         leaves, spec = torch.utils._pytree.tree_flatten(out)
         if len(leaves) == len(names):
             return lambda flat: torch.utils._pytree.tree_unflatten(flat, spec)
-    except Exception:
+    except Exception:  # the structure is a convenience; flat outputs still work
+        # Running the model once more on fake tensors only recovers the output's structure
+        # (a dict, a ModelOutput); when it cannot, loss_fn gets the flat outputs (one tensor
+        # or a tuple), and a mismatch shows as loss_fn's own error, named by the caller.
         pass
     return (lambda flat: flat[0]) if len(names) == 1 else tuple
 

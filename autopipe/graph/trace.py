@@ -191,8 +191,9 @@ def _propagate_shapes(gm: torch.fx.GraphModule, inputs: Any) -> None:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
         FakeTensorProp(gm, mode).propagate(*fake_args)
-    except Exception:
-        # Data-dependent leaf modules cannot run on fake tensors: run them for real.
+    except Exception:  # fake tensors fail with many types; the real run decides
+        # Data-dependent leaf modules (and ops without a fake kernel) cannot run on fake
+        # tensors: run the graph for real, whose errors do propagate.
         _RecordValues(gm).run(*args)
 
 

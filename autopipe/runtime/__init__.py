@@ -1,8 +1,10 @@
 """The built-in pipeline executor: run a Plan on torch.distributed, measured against it.
 
-    from autopipe.runtime import RunOptions, run_plan
-    result = run_plan("plan.json", RunOptions(steps=10))      # S local processes, gloo
-    print(format_report(result))
+    from autopipe.runtime import RunOptions
+    from autopipe.runtime.launch import launch
+    from autopipe.runtime.report import format_report
+    result = launch("plan.json", RunOptions(steps=10))        # S local processes, gloo
+    print(format_report(Plan.load("plan.json"), result))
 
 Modules: ``engine`` (one rank's actions: F, B, W, sends and receives), ``routing`` (who sends
 what to whom), ``shapes`` (the shape pass), ``microbatch``, ``comm`` (torch.distributed or

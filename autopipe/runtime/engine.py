@@ -41,10 +41,10 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 from autopipe.errors import RuntimeFailure
 from autopipe.graph.split_backward import WeightGrad, backward_input
 from autopipe.runtime.comm import Comm, Work
+from autopipe.runtime.meters import ActionTimer, SavedBytes
 from autopipe.runtime.order import SEND, MessageKey
 from autopipe.runtime.routing import BACKWARD, FORWARD, Routing
 from autopipe.runtime.shapes import TensorSpec
-from autopipe.runtime.timers import ActionTimer, SavedBytes
 from autopipe.schedules import Action
 from autopipe.stages.split import OUTPUT, StageModule
 

@@ -48,10 +48,6 @@ class RunResult:
         """Per step: the slowest rank's end of its last action (the schedule's makespan)."""
         return tuple(max(r.iterations[k].makespan_s for r in self.ranks) for k in range(self.steps))
 
-    def step_times(self) -> tuple[float, ...]:
-        """Per step: the slowest rank's whole step (actions, gradient sync, optimizer)."""
-        return tuple(max(r.iterations[k].step_s for r in self.ranks) for k in range(self.steps))
-
     def to_dict(self) -> dict[str, Any]:
         return {"ranks": [rank_to_dict(r) for r in self.ranks]}
 

@@ -5,8 +5,8 @@ schedules), from when the action's messages had arrived to its end (waiting is n
 for the pipeline: iteration time (the schedule's makespan, from the barrier that starts each
 iteration to the last action's end on the slowest rank), bubble fraction
 (``1 - busy / (S * makespan)`` with busy the actions' work, as the simulator defines it) and
-per-rank peak memory (see :mod:`autopipe.runtime.timers` for what is counted on a CPU). The first step is a warm-up and
-is left out when there are more. ``chrome_trace`` writes what happened as a Chrome / Perfetto
+per-rank peak memory (see :mod:`autopipe.runtime.meters` for what is counted on a CPU). The
+first step is a warm-up and is left out when there are more. ``chrome_trace`` writes what happened as a Chrome / Perfetto
 trace: one row per rank, one event per action and one per wait for its messages.
 """
 

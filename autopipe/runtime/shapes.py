@@ -55,7 +55,10 @@ def value_specs(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any]) -> dict[st
             rec = _Record(gm)
             rec.run(*fake)
         return rec.specs
-    except Exception:
+    except Exception:  # any failure on fake tensors falls back to a real run
+        # Fake tensors fail in many ways (data-dependent ops, ops without a fake kernel, user
+        # code that inspects values); each raises its own type. A real run below gives the
+        # same specs, so no failure here is an error: the real run's own errors propagate.
         pass
     saved = {k: v.detach().clone() for k, v in gm.named_buffers()}
     try:

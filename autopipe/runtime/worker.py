@@ -30,12 +30,12 @@ from autopipe.plans import Plan
 from autopipe.runtime import checkpoint
 from autopipe.runtime.comm import Comm
 from autopipe.runtime.engine import IterationResult, PipelineEngine
+from autopipe.runtime.meters import state_bytes
 from autopipe.runtime.microbatch import flat_inputs, split_batch, split_flat
 from autopipe.runtime.options import RunOptions
 from autopipe.runtime.order import message_order
 from autopipe.runtime.routing import make_routing
 from autopipe.runtime.shapes import value_specs
-from autopipe.runtime.timers import state_bytes
 from autopipe.schedules import Action, make_schedule
 from autopipe.stages.rebuild import rebuild_model, trace_for_plan
 from autopipe.stages.split import Split, split_model

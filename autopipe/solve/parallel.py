@@ -20,7 +20,7 @@ are laid out one of two ways, whichever gives the shorter step:
                                  (hops over NVLink); the all-reduce crosses nodes
 
 (one node: every link is NVLink). Memory per device: ``bytes_per_param`` per parameter (16
-for Adam in mixed precision or fp32, see ``costmodel``), or with ``shard_optimizer`` (ZeRO
+for Adam in mixed precision or fp32, see ``costs.analytic``), or with ``shard_optimizer`` (ZeRO
 stage 1, Rajbhandari et al. 2020) the weights and gradients whole and the rest split D ways.
 The result is the best layout and the runner-up with another (S, D); pure: no torch, no I/O.
 """

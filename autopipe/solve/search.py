@@ -14,13 +14,13 @@ micro-batches of activations the schedule holds on each stage:
 
 Each candidate — the solver's cuts and three simple splits (even by layers, balanced by
 parameters, greedy by time) for the same decision — is *simulated* with the schedule's real
-action lists (``simulate.py``, communication included), and the plan with the shortest
+action lists (``schedules/simulate.py``, communication included), and the plan with the shortest
 simulated iteration whose simulated peak memory fits every device wins. The search is a
 best-first branch and bound: decisions and candidates are opened in the order of exact lower
 bounds on their iteration time, and it stops when no bound is below the best plan found, so
 nothing it skips could have won. On small models with skip connections the ILP may then place
 blocks freely (not only in contiguous ranges). The simple splits are also reported as
-baselines, priced the same way (``results.py``).
+baselines, priced the same way (``assemble.py``).
 """
 
 from __future__ import annotations
