@@ -15,18 +15,18 @@ import statistics
 import time
 from collections.abc import Callable
 
-from autopipe.solve import PartitionProblem, Tensor, solve_chain, solve_fast
+from autopipe.solve import Edge, PartitionProblem, solve_chain, solve_fast
 
 
 def random_chain(n: int, stages: int, seed: int, recompute: str = "auto") -> PartitionProblem:
     """A chain of n blocks with a few skip tensors, 1F1B in-flight counts and a memory limit
     that forces some recomputation."""
     rng = random.Random(seed)
-    tensors = [Tensor(-1, (0,), 4e6)]
-    tensors += [Tensor(i, (i + 1,), rng.uniform(2e6, 8e6)) for i in range(n - 1)]
+    tensors = [Edge(-1, (0,), 4e6)]
+    tensors += [Edge(i, (i + 1,), rng.uniform(2e6, 8e6)) for i in range(n - 1)]
     for _ in range(n // 10):
         a = rng.randrange(n - 1)
-        tensors.append(Tensor(a, (min(n - 1, a + rng.randint(2, 20)),), rng.uniform(1e6, 4e6)))
+        tensors.append(Edge(a, (min(n - 1, a + rng.randint(2, 20)),), rng.uniform(1e6, 4e6)))
     static = tuple(rng.uniform(1e8, 3e8) for _ in range(n))
     act = tuple(rng.uniform(5e7, 2e8) for _ in range(n))
     inflight = tuple(float(stages - s) for s in range(stages))

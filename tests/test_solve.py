@@ -11,9 +11,9 @@ import pytest
 
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.solve import (
+    Edge,
     Partition,
     PartitionProblem,
-    Tensor,
     evaluate,
     format_bytes,
     min_memory_limit,
@@ -29,7 +29,7 @@ MODES = ("never", "always", "auto")
 
 
 # -- instance generators ---------------------------------------------------------------------
-def _costs(rng: random.Random, n: int, stages: int, tensors: list[Tensor]) -> PartitionProblem:
+def _costs(rng: random.Random, n: int, stages: int, tensors: list[Edge]) -> PartitionProblem:
     """Random costs around ``tensors``; memory limits around the smallest that fits (so some
     instances are infeasible), sometimes different per stage, sometimes unlimited."""
     S = stages
@@ -60,15 +60,15 @@ def _costs(rng: random.Random, n: int, stages: int, tensors: list[Tensor]) -> Pa
 def chain_problem(rng: random.Random, n: int, stages: int) -> PartitionProblem:
     """A chain (every block feeds the next) with random skip tensors, carried over cuts:
     monotone assignments are exactly the contiguous ones."""
-    tensors = [Tensor(-1, (0,), rng.uniform(1, 20))]
-    tensors += [Tensor(i, (i + 1,), rng.uniform(1, 20)) for i in range(n - 1)]
+    tensors = [Edge(-1, (0,), rng.uniform(1, 20))]
+    tensors += [Edge(i, (i + 1,), rng.uniform(1, 20)) for i in range(n - 1)]
     for _ in range(rng.randint(0, 3) if n > 2 else 0):
         a = rng.randrange(n - 2)
         later = list(range(a + 2, n))
         dsts = tuple(sorted(rng.sample(later, rng.randint(1, min(2, len(later))))))
-        tensors.append(Tensor(a, dsts, rng.uniform(1, 20)))
+        tensors.append(Edge(a, dsts, rng.uniform(1, 20)))
     if n > 1 and rng.random() < 0.3:
-        tensors.append(Tensor(-1, (rng.randrange(1, n),), rng.uniform(1, 20)))  # a 2nd input
+        tensors.append(Edge(-1, (rng.randrange(1, n),), rng.uniform(1, 20)))  # a 2nd input
     return _costs(rng, n, stages, tensors)
 
 
@@ -80,8 +80,8 @@ def dag_problem(rng: random.Random, n: int, stages: int) -> PartitionProblem:
     for b in range(n - 1):
         if rng.random() < 0.3:
             consumers[b].add(rng.randrange(b + 1, n))
-    tensors = [Tensor(-1, (0,), rng.uniform(1, 20))]
-    tensors += [Tensor(i, tuple(sorted(c)), rng.uniform(1, 20)) for i, c in consumers.items() if c]
+    tensors = [Edge(-1, (0,), rng.uniform(1, 20))]
+    tensors += [Edge(i, tuple(sorted(c)), rng.uniform(1, 20)) for i, c in consumers.items() if c]
     return _costs(rng, n, stages, tensors)
 
 
@@ -180,7 +180,7 @@ def test_brute_force_enumerates_non_contiguous_assignments() -> None:
     # 0 -> 1, 0 -> 2: blocks 1 and 2 are independent branches
     problem = PartitionProblem(
         (1.0,) * 3, (0.0,) * 3, (0.0,) * 3, (0.0,) * 3,
-        (Tensor(0, (1, 2), 1.0),), 2, (1.0, 1.0), (math.inf,) * 2)
+        (Edge(0, (1, 2), 1.0),), 2, (1.0, 1.0), (math.inf,) * 2)
     assert sorted(monotone_assignments(problem)) == [
         (0, 0, 1), (0, 1, 0), (0, 1, 1)]
 
@@ -204,7 +204,7 @@ def test_fast_solver_recovers_when_the_greedy_probe_gets_stuck() -> None:
     act = (1.0, 1.0, 10.0, 1.0, 1.0)
     problem = PartitionProblem(
         (1.0,) * 5, (1.0,) * 5, (0.0,) * 5, act,
-        tuple(Tensor(i, (i + 1,), 1.0) for i in range(4)), 3, (1.0, 1.0, 1.0),
+        tuple(Edge(i, (i + 1,), 1.0) for i in range(4)), 3, (1.0, 1.0, 1.0),
         (5.0, 5.0, 20.0), recompute="never")
     fast, chain = solve_fast(problem), solve_chain(problem)
     assert fast.stage_of_block == chain.stage_of_block == (0, 1, 2, 2, 2)
@@ -217,7 +217,7 @@ def test_fast_solver_certifies_the_greedy_bottleneck() -> None:
     # succeeding only at a larger Z; the exact probe proves 4.5 feasible.
     problem = PartitionProblem(
         (2.5, 1.5, 2.5, 1.0, 2.0, 2.5), (0.0,) * 6, (0.0,) * 6, (0.0,) * 6,
-        tuple(Tensor(i, (i + 1,), b) for i, b in enumerate((1.0, 1.0, 9.0, 4.0, 9.0))),
+        tuple(Edge(i, (i + 1,), b) for i, b in enumerate((1.0, 1.0, 9.0, 4.0, 9.0))),
         4, (1.0,) * 4, (math.inf,) * 4, link_bandwidth=1.0, recompute="never")
     fast, chain = solve_fast(problem), solve_chain(problem)
     assert fast.stage_of_block == chain.stage_of_block == (0, 1, 2, 2, 3, 3)
@@ -278,10 +278,10 @@ def hand_problem(**changes: object) -> PartitionProblem:
         static_bytes=(10.0, 20.0, 30.0, 40.0),
         activation_bytes=(5.0, 6.0, 7.0, 8.0),
         tensors=(
-            Tensor(-1, (0,), 10.0),
-            Tensor(0, (1, 3), 100.0),  # skip tensor: stage 0 -> stages 1 and 2
-            Tensor(1, (2,), 20.0),
-            Tensor(2, (3,), 30.0),
+            Edge(-1, (0,), 10.0),
+            Edge(0, (1, 3), 100.0),  # skip tensor: stage 0 -> stages 1 and 2
+            Edge(1, (2,), 20.0),
+            Edge(2, (3,), 30.0),
         ),
         stages=3,
         inflight=(3.0, 2.0, 1.0),
@@ -316,7 +316,7 @@ def test_evaluate_by_hand_with_a_skip_tensor_carried_over_two_cuts() -> None:
 def test_evaluate_zero_byte_and_unlimited_links() -> None:
     problem = hand_problem(link_bandwidth=math.inf)
     assert evaluate(problem, (0, 1, 1, 2)).comm_s == (0.5, 0.5)
-    zero = hand_problem(tensors=(Tensor(0, (1,), 0.0), Tensor(1, (2, 3), 0.0)))
+    zero = hand_problem(tensors=(Edge(0, (1,), 0.0), Edge(1, (2, 3), 0.0)))
     assert evaluate(zero, (0, 1, 1, 2)).comm_s == (0.0, 0.0)
 
 
@@ -334,9 +334,9 @@ def test_evaluate_zero_byte_and_unlimited_links() -> None:
     (dict(link_bandwidth=0.0), "link_bandwidth must be > 0"),
     (dict(link_latency_s=-1.0), "link_latency_s[0] is -1.0"),
     (dict(recompute="sometimes"), "recompute must be 'never', 'always' or 'auto'"),
-    (dict(tensors=(Tensor(9, (10,), 1.0),)), "tensor 0 has src 9"),
-    (dict(tensors=(Tensor(2, (1,), 1.0),)), "tensor 0 (src 2) has consumer 1"),
-    (dict(tensors=(Tensor(0, (1,), -2.0),)), "tensor 0 bytes[0] is -2.0"),
+    (dict(tensors=(Edge(9, (10,), 1.0),)), "tensor 0 has src 9"),
+    (dict(tensors=(Edge(2, (1,), 1.0),)), "tensor 0 (src 2) has consumer 1"),
+    (dict(tensors=(Edge(0, (1,), -2.0),)), "tensor 0 bytes[0] is -2.0"),
 ])
 def test_validation_messages(changes: dict[str, object], message: str) -> None:
     with pytest.raises(PlanError) as info:

@@ -12,14 +12,14 @@ from autopipe.solve.chain import solve_chain
 from autopipe.solve.greedy import solve_fast
 from autopipe.solve.ilp import solve_ilp
 from autopipe.solve.min_memory import min_memory_limit
-from autopipe.solve.problem import EPS, Partition, PartitionProblem, Tensor, evaluate
+from autopipe.solve.problem import EPS, Edge, Partition, PartitionProblem, evaluate
 from autopipe.units import format_bytes
 
 __all__ = [
     "EPS",
+    "Edge",
     "Partition",
     "PartitionProblem",
-    "Tensor",
     "evaluate",
     "format_bytes",
     "min_memory_limit",

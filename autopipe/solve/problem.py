@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from autopipe.errors import PlanError
 
-__all__ = ["EPS", "Partition", "PartitionProblem", "Tensor", "evaluate", "memory_fits"]
+__all__ = ["EPS", "Edge", "Partition", "PartitionProblem", "evaluate", "memory_fits"]
 
 EPS = 1e-9
 """Relative tolerance for memory limits and for comparing objective values."""
@@ -54,8 +54,8 @@ def memory_fits(memory: float, limit: float) -> bool:
 
 
 @dataclass(frozen=True)
-class Tensor:
-    """A tensor flowing between blocks."""
+class Edge:
+    """A tensor flowing between blocks (an edge of the block graph; not a torch.Tensor)."""
 
     src: int  # producing block, -1 = a model input (fed locally to any stage, never crosses a link)
     dsts: tuple[int, ...]  # consuming blocks, each > src
@@ -70,7 +70,7 @@ class PartitionProblem:
     recompute_s: tuple[float, ...]  # per block extra time if its stage recomputes (forward time)
     static_bytes: tuple[float, ...]  # per block params + grads + optimizer state
     activation_bytes: tuple[float, ...]  # per block bytes saved for backward, one micro-batch
-    tensors: tuple[Tensor, ...]
+    tensors: tuple[Edge, ...]
     stages: int
     inflight: tuple[float, ...]  # per stage k_s: micro-batches whose activations it holds at peak
     memory_limit: tuple[float, ...]  # per stage, bytes (math.inf allowed)

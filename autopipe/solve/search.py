@@ -42,7 +42,7 @@ from autopipe.solve.greedy import solve_fast
 from autopipe.solve.ilp import solve_ilp
 from autopipe.solve.min_memory import min_memory_limit
 from autopipe.solve.pricing import BlockTimes, Candidate, Decision, candidate, fits, price
-from autopipe.solve.problem import Partition, PartitionProblem, Tensor, evaluate
+from autopipe.solve.problem import Edge, Partition, PartitionProblem, evaluate
 from autopipe.solve.request import (
     SEARCH_SCHEDULES,
     PlanRequest,
@@ -270,7 +270,7 @@ def _problem(profile: Profile, req: PlanRequest, decision: Decision) -> Partitio
         recompute_s=tuple(b.forward_s(u) for b in blocks),
         static_bytes=tuple((b.param_bytes + b.shared_param_bytes) * req.state_factor for b in blocks),
         activation_bytes=tuple(b.saved_bytes(u) for b in blocks),
-        tensors=tuple(Tensor(t.src, t.dsts, t.bytes(u)) for t in profile.tensors if t.dsts),
+        tensors=tuple(Edge(t.src, t.dsts, t.bytes(u)) for t in profile.tensors if t.dsts),
         stages=chunks,
         inflight=tuple(_inflight(decision, req.stages)),
         memory_limit=(req.memory_bytes / decision.virtual,) * chunks,
