@@ -22,14 +22,23 @@ from autopipe.plans import Plan
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> object:
-    # ``autopipe.plan`` and ``autopipe.profile`` are imported on first use, so ``import
-    # autopipe`` (and the CLI's --help) does not wait for torch.
-    if name in ("plan", "profile"):
-        from autopipe import api
+_LAZY = {
+    "plan": "autopipe.api",
+    "profile": "autopipe.api",
+    "rebuild_model": "autopipe.stages.rebuild",
+    "sync_shared_grads": "autopipe.stages.export",
+    "to_torch_pipelining": "autopipe.stages.export",
+}
+"""Names imported on first use, so ``import autopipe`` (and the CLI's --help) waits for no torch."""
 
-        return getattr(api, name)
-    raise AttributeError(f"module 'autopipe' has no attribute {name!r}")
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'autopipe' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
 
 
 __all__ = [
@@ -51,4 +60,7 @@ __all__ = [
     "__version__",
     "plan",
     "profile",
+    "rebuild_model",
+    "sync_shared_grads",
+    "to_torch_pipelining",
 ]
