@@ -22,6 +22,7 @@ from torch import nn
 from autopipe.costs.measured import profile_model
 from autopipe.costs.profile import Profile
 from autopipe.errors import PlanError
+from autopipe.graph.recipe import TraceRecipe
 from autopipe.graph.trace import trace_model
 from autopipe.model.load import LoadedModel, ModelSpec, default_loss
 from autopipe.plans import Plan
@@ -80,9 +81,7 @@ def profile(
     return profile_model(
         loaded,
         micro_batch_sizes=micro_batch_sizes,
-        tracer=tracer,
-        leaf_modules=leaf_modules,
-        max_blocks=max_blocks,
+        recipe=TraceRecipe(tracer=tracer, leaf_modules=tuple(leaf_modules), max_blocks=max_blocks),
         warmup=warmup,
         repeat=repeat,
         device=device,
@@ -133,13 +132,5 @@ def plan(
 def fingerprint_of(loaded: LoadedModel, prof: Profile) -> str:
     """The fingerprint ``loaded`` gets when traced the way ``prof`` was (to match the two)."""
     u = min(prof.micro_batch_sizes) if prof.micro_batch_sizes else 1
-    traced = trace_model(
-        loaded.model,
-        loaded.make_inputs(u),
-        micro_batch_size=u,
-        tracer=prof.tracer,
-        leaf_modules=prof.leaf_modules,
-        max_blocks=prof.max_blocks,
-        source=loaded.spec.path,
-    )
+    traced = trace_model(loaded.model, loaded.make_inputs(u), micro_batch_size=u, recipe=prof.recipe, source=loaded.spec.path)
     return traced.fingerprint()

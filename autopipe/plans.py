@@ -5,11 +5,14 @@ A Plan is what ``autopipe plan`` writes (plan.json) and what ``autopipe show``, 
 and every prediction behind it (per-stage time and memory, bubble, iteration time), the best
 alternatives the search rejected, and the baselines (even split by layer count, split by
 parameter count, greedy time-balanced split) under the same simulator. Same Profile and
-request give byte-identical JSON.
+request give byte-identical JSON. How to rebuild and re-trace its model is the Profile's
+:class:`~autopipe.graph.recipe.TraceRecipe`, written as the ``"recipe"`` object (version 2);
+version 1 plans, with those fields at the top level, are read too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,10 +20,12 @@ from typing import Any
 
 from autopipe._io import atomic_write_text
 from autopipe.errors import PlanFileError
+from autopipe.graph.recipe import TraceRecipe
 
 __all__ = ["PLAN_VERSION", "Alternative", "Baseline", "Plan", "StagePlan"]
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+_READS = (1, PLAN_VERSION)  # version 1: the recipe's fields at the top level
 
 
 @dataclass(frozen=True)
@@ -75,13 +80,7 @@ class Plan:
     """A pipeline plan and everything predicted about it."""
 
     model: str  # for people: "models/gpt.py:build_model -k n_layer=4"
-    model_file: str  # to rebuild the model: file, factory, kwargs ("key=value")
-    factory: str
-    model_kwargs: tuple[str, ...]
-    tracer: str  # to re-trace it into the same blocks
-    leaf_modules: tuple[str, ...]
-    max_blocks: int | None
-    fingerprint: str
+    recipe: TraceRecipe  # to rebuild the model and re-trace it into the same blocks
     profile_device: str
     devices: int  # S: pipeline ranks
     virtual: int  # v: stages per device (interleaved); 1 otherwise
@@ -148,9 +147,10 @@ class Plan:
             raise PlanFileError(f"{source} is not valid JSON ({e}); write it again with 'autopipe plan'") from None
         if not isinstance(raw, dict) or "version" not in raw:
             raise PlanFileError(f"{source} is not an autopipe plan (no 'version' field); make one with 'autopipe plan'")
-        if raw["version"] != PLAN_VERSION:
+        if raw["version"] not in _READS:
             raise PlanFileError(
-                f"{source} has plan version {raw['version']}, this autopipe reads version {PLAN_VERSION}; plan again"
+                f"{source} has plan version {raw['version']}, this autopipe reads versions "
+                f"{' and '.join(map(str, _READS))}; plan again"
             )
         try:
             return _plan_from_dict(raw)
@@ -189,14 +189,19 @@ def _plan_from_dict(raw: dict[str, Any]) -> Plan:
         Baseline(**{**b, "stage_blocks": _tuple(b["stage_blocks"]), "peak_memory_bytes": _tuple(b["peak_memory_bytes"])})
         for b in raw["baselines"]
     )
-    tuples = ("model_kwargs", "leaf_modules")
-    fields = {k: v for k, v in raw.items() if k not in ("stages", "alternatives", "baselines", "peak_memory_bytes", *tuples)}
+    if raw["version"] >= 2:
+        recipe, recipe_keys = TraceRecipe.from_dict(raw["recipe"]), {"recipe"}
+    else:  # version 1: the recipe's fields at the top level, all of them written
+        recipe_keys = {f.name for f in dataclasses.fields(TraceRecipe)}
+        recipe = TraceRecipe.from_dict({k: raw[k] for k in recipe_keys})
+    skip = {"stages", "alternatives", "baselines", "peak_memory_bytes", "version", *recipe_keys}
+    fields = {k: v for k, v in raw.items() if k not in skip}
     return Plan(
         **fields,
-        model_kwargs=_tuple(raw["model_kwargs"]),
-        leaf_modules=_tuple(raw["leaf_modules"]),
+        recipe=recipe,
         stages=stages,
         alternatives=alternatives,
         baselines=baselines,
         peak_memory_bytes=_tuple(raw["peak_memory_bytes"]),
+        version=PLAN_VERSION,  # read into this version's shape
     )

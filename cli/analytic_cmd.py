@@ -51,6 +51,7 @@ def device_for(args: argparse.Namespace) -> DeviceSpec:
 def analytic_profile_for_plan(args: argparse.Namespace, spec: DeviceSpec) -> Profile:
     """MODEL built on meta and priced on ``spec`` (``-k``, ``--tracer``, ``--leaf``, ``--blocks``)."""
     from autopipe.costs.analytic import analytic_profile
+    from autopipe.graph.recipe import TraceRecipe
     from autopipe.model.load import load_model, parse_kwargs
 
     if args.model is None:
@@ -59,10 +60,8 @@ def analytic_profile_for_plan(args: argparse.Namespace, spec: DeviceSpec) -> Pro
     blocks = positive_int(args.blocks, "--blocks") if args.blocks is not None else None
     dtype = args.dtype or ("fp32" if spec.name == "cpu" else "bf16")
     loaded = load_model(args.model, parse_kwargs(args.kwargs), device="meta")
-    return analytic_profile(
-        loaded, spec, micro_batch_sizes=sizes, dtype=dtype, tracer=args.tracer,
-        leaf_modules=split_names(args.leaf), max_blocks=blocks,
-    )  # fmt: skip
+    recipe = TraceRecipe(tracer=args.tracer, leaf_modules=split_names(args.leaf), max_blocks=blocks)
+    return analytic_profile(loaded, spec, micro_batch_sizes=sizes, dtype=dtype, recipe=recipe)
 
 
 def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -145,13 +145,12 @@ def _check_profile_args(args: argparse.Namespace) -> None:
 def _run_profile(args: argparse.Namespace, loaded: LoadedModel, progress: ProgressCallback | None = None) -> Profile:
     """The one call into the profiler (kept apart so tests can replace it)."""
     from autopipe.costs.measured import profile_model  # type: ignore[import-not-found,unused-ignore]
+    from autopipe.graph.recipe import TraceRecipe
 
     profile: Profile = profile_model(
         loaded,
         micro_batch_sizes=args.micro_batch_sizes,
-        tracer=args.tracer,
-        leaf_modules=args.leaf,
-        max_blocks=args.blocks,
+        recipe=TraceRecipe(tracer=args.tracer, leaf_modules=args.leaf, max_blocks=args.blocks),
         warmup=args.warmup,
         repeat=args.repeat,
         device=args.device,

@@ -225,7 +225,7 @@ def _check_fingerprint(args: argparse.Namespace, profile: Profile) -> None:
 
     loaded = load_model(args.model, parse_kwargs(args.kwargs))
     have = fingerprint_of(loaded, profile)
-    want = profile.fingerprint
+    want = profile.recipe.fingerprint
     if have != want:
         raise ProfileError(
             f"{args.profile} was made from another model (fingerprint {want}, {args.model} has {have}); "

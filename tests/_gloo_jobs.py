@@ -40,7 +40,7 @@ def main() -> None:
     losses: dict[str, list[float]] = {}
     for job in jobs:
         plan = Plan.load(job["plan"])
-        key = (plan.model_file, plan.model_kwargs, plan.micro_batch_size)
+        key = (plan.recipe.model_file, plan.recipe.model_kwargs, plan.micro_batch_size)
         if key not in models:
             models[key] = rebuild(plan)
         options = RunOptions(

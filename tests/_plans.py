@@ -6,11 +6,13 @@ cut, so they build the Plan straight from a trace (predictions are nominal: 1 ms
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 
+from autopipe.graph.recipe import TraceRecipe
 from autopipe.graph.trace import trace_model
 from autopipe.model.load import load_model, parse_kwargs
 from autopipe.plans import Plan, StagePlan
@@ -48,9 +50,10 @@ def even_plan(
         given = parse_kwargs(list(words))
     torch.manual_seed(0)
     loaded = load_model(str(path), given, device=device)
+    recipe = TraceRecipe(model_file=str(path), model_kwargs=words, tracer=tracer, leaf_modules=tuple(leaf_modules))
     traced = trace_model(
         loaded.model, loaded.make_inputs(micro_batch_size), micro_batch_size=micro_batch_size,
-        tracer=tracer, leaf_modules=tuple(leaf_modules), source=loaded.spec.path,
+        recipe=recipe, source=loaded.spec.path,
     )  # fmt: skip
     n, parts = traced.num_blocks, stages * virtual
     if n < parts:
@@ -69,8 +72,7 @@ def even_plan(
             )
         )  # fmt: skip
     return Plan(
-        model=f"{path}:build_model", model_file=str(path), factory="build_model", model_kwargs=words,
-        tracer=traced.tracer, leaf_modules=tuple(leaf_modules), max_blocks=None, fingerprint=traced.fingerprint(),
+        model=f"{path}:build_model", recipe=dataclasses.replace(recipe, tracer=traced.tracer, fingerprint=traced.fingerprint()),
         profile_device="cpu", devices=stages, virtual=virtual, schedule=schedule, micro_batches=micro_batches,
         micro_batch_size=micro_batch_size, batch_size=micro_batches * micro_batch_size, memory_limit_bytes=2.0**30,
         link_bandwidth=1e9, link_latency_s=0.0, recompute_policy="never", stages=tuple(stage_plans),

@@ -24,6 +24,7 @@ from autopipe.cli.render import (
 from rich.console import Console
 
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
+from autopipe.graph.recipe import TraceRecipe
 from autopipe.model.load import LoadedModel
 
 torch.set_num_threads(1)
@@ -45,7 +46,7 @@ def hand_profile() -> Profile:
 
     return Profile(
         model=f"{GOOD}:build_model",
-        fingerprint="abc",
+        recipe=TraceRecipe(tracer="fx", fingerprint="abc"),
         device="cpu (1 threads)",
         torch_version=torch.__version__,
         dtype="float32",

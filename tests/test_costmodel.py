@@ -112,7 +112,7 @@ def test_analytic_and_measured_profiles_agree_after_calibration(tmp_path: Path) 
     save_calibration(cal)
     assert stored_calibration(device_spec("cpu")) == cal.spec  # the analytic profile will use it
     analytic = analytic_profile(load_model(GPT, {}, device="meta"), stored_calibration(device_spec("cpu")), micro_batch_sizes=sizes)
-    assert analytic.method == "analytic" and analytic.fingerprint == measured.fingerprint
+    assert analytic.method == "analytic" and analytic.recipe.fingerprint == measured.recipe.fingerprint
     assert [b.nodes for b in analytic.blocks] == [b.nodes for b in measured.blocks]
     assert [t.name for t in analytic.tensors] == [t.name for t in measured.tensors]
     for a, m in zip(analytic.blocks, measured.blocks, strict=True):

@@ -165,7 +165,7 @@ def test_refuses_non_empty_folder(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 def test_failed_emit_leaves_nothing(tmp_path: Path) -> None:
     plan = even_plan("mlp.py")
-    wrong = dataclasses.replace(plan, fingerprint="0" * 16)
+    wrong = dataclasses.replace(plan, recipe=dataclasses.replace(plan.recipe, fingerprint="0" * 16))
     with pytest.raises(PlanError, match="made for another model"):
         emit(wrong, tmp_path / "stages")
     assert list(tmp_path.iterdir()) == []

@@ -10,6 +10,7 @@ import pytest
 
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import InfeasibleError, PlanError
+from autopipe.graph.recipe import TraceRecipe
 from autopipe.plans import Plan
 from autopipe.solve.parallel import (
     Cluster,
@@ -36,7 +37,7 @@ def chain_profile(n: int = 8, params: int = 10**8, f: float = 1e-3, act: float =
     )
     tensors = tuple(TensorCost(f"n{i}", i, (i + 1,), Affine(0.0, 1e6)) for i in range(n - 1))
     return Profile(
-        model="chain", fingerprint="x", device="synthetic", torch_version="", dtype="float32",
+        model="chain", recipe=TraceRecipe(tracer="fx", fingerprint="x"), device="synthetic", torch_version="", dtype="float32",
         micro_batch_sizes=(1, 2), method="analytic", blocks=blocks, tensors=tensors,
     )  # fmt: skip
 

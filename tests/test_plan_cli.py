@@ -72,7 +72,7 @@ def test_plan_profiles_a_model_itself(tmp_path: Path, capsys: pytest.CaptureFixt
     assert code == 0
     plan = Plan.load(plan_path)
     assert plan.devices == 2 and plan.batch_size == 8
-    assert plan.model_kwargs == ("depth=4",)
+    assert plan.recipe.model_kwargs == ("depth=4",)
 
 
 @pytest.mark.parametrize(
@@ -136,5 +136,5 @@ def test_api_plan_matches_the_profile_it_was_given(profiles: dict[str, Path]) ->
 
     prof = Profile.load(profiles["gpt"])
     plan = autopipe.plan(torch.nn.Linear(2, 2), torch.zeros(4, 2), stages=2, memory="1GiB", batch_size=8, profile_data=prof)
-    assert plan.devices == 2 and plan.fingerprint == prof.fingerprint
+    assert plan.devices == 2 and plan.recipe.fingerprint == prof.recipe.fingerprint
     assert "iteration" in plan.summary()

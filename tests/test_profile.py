@@ -19,6 +19,7 @@ from autopipe.costs.measured import (
 )
 from autopipe.costs.profile import Affine, Profile
 from autopipe.errors import ProfileError
+from autopipe.graph.recipe import TraceRecipe
 from autopipe.graph.trace import trace_model
 from autopipe.model.load import LoadedModel, ModelSpec, default_loss
 
@@ -68,7 +69,7 @@ def test_sum_of_block_forward_times_matches_the_whole_model() -> None:
     torch.manual_seed(0)
     model = Net(d=256)
     x = torch.randint(0, 512, (8, 64))
-    traced = trace_model(model, x, micro_batch_size=8, tracer="fx")
+    traced = trace_model(model, x, micro_batch_size=8, recipe=TraceRecipe(tracer="fx"))
     # The machine is shared and noisy: interleave the two measurements, keep each one's best.
     blocks, whole = [], []
     for _ in range(6):
@@ -80,7 +81,7 @@ def test_sum_of_block_forward_times_matches_the_whole_model() -> None:
 def test_sum_of_block_saved_bytes_matches_the_whole_model() -> None:
     model = Net()
     x = torch.randint(0, 512, (4, 64))
-    traced = trace_model(model, x, micro_batch_size=4, tracer="fx")
+    traced = trace_model(model, x, micro_batch_size=4, recipe=TraceRecipe(tracer="fx"))
     per_block = sum(m.saved_bytes for m in measure_blocks(traced, x, warmup=0, repeat=1))
     params = {storage_key(p) for p in model.parameters()}
     whole = saved_bytes(lambda: model(x), exclude=params)
@@ -200,7 +201,7 @@ def test_the_training_loss_is_measured_in_the_last_block() -> None:
     torch.manual_seed(0)
     model = Net(d=32, n=2, vocab=64)
     x = torch.randint(0, 64, (2, 16))
-    traced = trace_model(model, x, micro_batch_size=2, tracer="fx")
+    traced = trace_model(model, x, micro_batch_size=2, recipe=TraceRecipe(tracer="fx"))
 
     def loss(flat: list[Any]) -> torch.Tensor:
         time.sleep(0.02)

@@ -85,7 +85,7 @@ _REBUILT: dict[tuple[str, int], Rebuilt] = {}
 
 def _rebuilt_for(plan: Plan) -> Rebuilt:
     """Trace each model once for all its plans (the plans differ only in their cuts)."""
-    key = (plan.model_file, plan.micro_batch_size)
+    key = (plan.recipe.model_file, plan.micro_batch_size)
     if key not in _REBUILT:
         _REBUILT[key] = rebuild(plan)
     return _REBUILT[key]
@@ -469,4 +469,4 @@ def test_a_relative_model_file_is_found_beside_the_plan(tmp_path: Path, monkeypa
     monkeypatch.chdir(elsewhere)
     with pytest.raises(ModelLoadError, match="model file not found"):
         rebuild(plan)
-    assert rebuild(plan, base=str(tmp_path)).traced.fingerprint() == plan.fingerprint
+    assert rebuild(plan, base=str(tmp_path)).traced.fingerprint() == plan.recipe.fingerprint

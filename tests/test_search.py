@@ -9,6 +9,7 @@ import pytest
 
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import InfeasibleError, PlanError
+from autopipe.graph.recipe import TraceRecipe
 from autopipe.plans import Plan
 from autopipe.schedules import make_schedule
 from autopipe.schedules.simulate import StageCost, compile_schedule, simulate, simulate_summary
@@ -43,7 +44,7 @@ def random_profile(n: int, seed: int, skips: int = 0) -> Profile:
     for k in range(skips):
         a = rng.randrange(n - 2)
         tensors.append(TensorCost(f"skip{k}", a, (rng.randrange(a + 2, n),), Affine(0, MIB)))
-    return Profile("random", "fp", "cpu", "-", "float32", (1, 2), "measured", tuple(blocks), tuple(tensors))
+    return Profile("random", TraceRecipe(tracer="fx", fingerprint="fp"), "cpu", "-", "float32", (1, 2), "measured", tuple(blocks), tuple(tensors))
 
 
 def _request(**kw: object) -> PlanRequest:
@@ -208,7 +209,8 @@ def test_action_overhead_is_paid_by_every_action() -> None:
 def test_an_export_profile_keeps_micro_batches_of_one_apart() -> None:
     """torch.export traces a micro-batch of 1 with another graph: a profile measured at 2 and
     4 plans micro-batches of 2 or more only, one measured at 1 alone plans only 1."""
-    larger = dataclasses.replace(random_profile(6, seed=1), tracer="export", micro_batch_sizes=(2, 4))
+    profile = random_profile(6, seed=1)
+    larger = dataclasses.replace(profile, recipe=dataclasses.replace(profile.recipe, tracer="export"), micro_batch_sizes=(2, 4))
     for m in (None, 4):
         plan = plan_pipeline(larger, _request(batch_size=8, micro_batches=m))
         assert plan.micro_batch_size >= 2

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from autopipe.errors import TraceError
+from autopipe.graph.recipe import TraceRecipe
 from autopipe.graph.trace import trace_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -57,7 +58,7 @@ def test_blocks_follow_modules(tracer: str) -> None:
     torch.manual_seed(0)
     model = TinyLM()
     x = torch.randint(0, 50, (4, 7))
-    t = trace_model(model, x, micro_batch_size=4, tracer=tracer)
+    t = trace_model(model, x, micro_batch_size=4, recipe=TraceRecipe(tracer=tracer))
     assert t.tracer == tracer
     assert [b.name for b in t.blocks] == ["embed", "layers.0", "layers.1", "layers.2", "head"]
     assert [b.module_type for b in t.blocks] == ["Embedding", "Layer", "Layer", "Layer", "Linear"]
@@ -73,7 +74,7 @@ def test_blocks_follow_modules(tracer: str) -> None:
 @pytest.mark.parametrize("tracer", ["fx", "export"])
 def test_shapes_on_every_edge(tracer: str) -> None:
     model = TinyLM(d=16)
-    t = trace_model(model, torch.randint(0, 50, (4, 7)), micro_batch_size=4, tracer=tracer)
+    t = trace_model(model, torch.randint(0, 50, (4, 7)), micro_batch_size=4, recipe=TraceRecipe(tracer=tracer))
     assert t.graph.number_of_edges() >= 4
     for _, _, data in t.graph.edges(data=True):
         assert data["tensors"]
@@ -87,14 +88,14 @@ def test_shapes_on_every_edge(tracer: str) -> None:
 
 
 def test_max_blocks_merges_neighbours() -> None:
-    t = trace_model(TinyLM(n=6), torch.randint(0, 50, (2, 5)), micro_batch_size=2, tracer="fx", max_blocks=3)
+    t = trace_model(TinyLM(n=6), torch.randint(0, 50, (2, 5)), micro_batch_size=2, recipe=TraceRecipe(tracer="fx", max_blocks=3))
     assert t.num_blocks == 3
     assert sum(len(b.nodes) for b in t.blocks) == len(t.block_of)
 
 
 def test_tiny_parameter_free_modules_fold_into_their_neighbour() -> None:
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
-    t = trace_model(model, torch.randn(3, 4), micro_batch_size=3, tracer="fx")
+    t = trace_model(model, torch.randn(3, 4), micro_batch_size=3, recipe=TraceRecipe(tracer="fx"))
     assert [b.name for b in t.blocks] == ["0", "2", "4"]
 
 
@@ -110,7 +111,7 @@ def _load_fixture(name: str) -> tuple[nn.Module, torch.Tensor, Path]:
 def test_data_dependent_control_flow_names_the_line_and_the_leaf_fix() -> None:
     model, x, path = _load_fixture("control_flow.py")
     with pytest.raises(TraceError) as err:
-        trace_model(model, x, micro_batch_size=4, tracer="auto", source=path)
+        trace_model(model, x, micro_batch_size=4, recipe=TraceRecipe(tracer="auto"), source=path)
     msg = str(err.value)
     assert "\n" not in msg
     assert "could not trace the model" in msg
@@ -120,7 +121,7 @@ def test_data_dependent_control_flow_names_the_line_and_the_leaf_fix() -> None:
 
 def test_leaf_module_makes_control_flow_traceable() -> None:
     model, x, path = _load_fixture("control_flow.py")
-    t = trace_model(model, x, micro_batch_size=4, tracer="auto", leaf_modules=["Gate"], source=path)
+    t = trace_model(model, x, micro_batch_size=4, recipe=TraceRecipe(tracer="auto", leaf_modules=["Gate"]), source=path)
     assert t.tracer == "fx"
     assert "gate" in [b.name for b in t.blocks]
     assert _same_outputs(t.gm(x), model(x))
@@ -128,19 +129,19 @@ def test_leaf_module_makes_control_flow_traceable() -> None:
 
 def test_unknown_leaf_class_is_a_clear_error() -> None:
     with pytest.raises(TraceError, match=r"--leaf Nope: the model has no module of that class"):
-        trace_model(TinyLM(), torch.randint(0, 50, (2, 3)), micro_batch_size=2, leaf_modules=["Nope"])
+        trace_model(TinyLM(), torch.randint(0, 50, (2, 3)), micro_batch_size=2, recipe=TraceRecipe(leaf_modules=["Nope"]))
 
 
 def test_unknown_tracer() -> None:
     with pytest.raises(TraceError, match="unknown tracer 'jit'"):
-        trace_model(TinyLM(), torch.randint(0, 50, (2, 3)), micro_batch_size=2, tracer="jit")
+        trace_model(TinyLM(), torch.randint(0, 50, (2, 3)), micro_batch_size=2, recipe=TraceRecipe(tracer="jit"))
 
 
 def test_fingerprint_ignores_batch_size_but_not_structure() -> None:
     m = TinyLM()
-    a = trace_model(m, torch.randint(0, 50, (2, 3)), micro_batch_size=2, tracer="fx")
-    b = trace_model(m, torch.randint(0, 50, (5, 3)), micro_batch_size=5, tracer="fx")
-    c = trace_model(TinyLM(n=4), torch.randint(0, 50, (2, 3)), micro_batch_size=2, tracer="fx")
+    a = trace_model(m, torch.randint(0, 50, (2, 3)), micro_batch_size=2, recipe=TraceRecipe(tracer="fx"))
+    b = trace_model(m, torch.randint(0, 50, (5, 3)), micro_batch_size=5, recipe=TraceRecipe(tracer="fx"))
+    c = trace_model(TinyLM(n=4), torch.randint(0, 50, (2, 3)), micro_batch_size=2, recipe=TraceRecipe(tracer="fx"))
     assert a.fingerprint() == b.fingerprint() != c.fingerprint()
 
 
@@ -176,7 +177,7 @@ def test_hugging_face_models_trace_by_falling_back_to_export(name: str) -> None:
     x = torch.randint(0, 100, (2, 8))
     with pytest.raises(Exception):  # noqa: B017 - symbolic_trace cannot follow these models
         torch.fx.symbolic_trace(model)
-    t = trace_model(model, x, micro_batch_size=2, tracer="auto")
+    t = trace_model(model, x, micro_batch_size=2, recipe=TraceRecipe(tracer="auto"))
     assert t.tracer == "export" and t.fallback_reason
     layers = [b.name for b in t.blocks if b.name.startswith(layer_prefix)]
     assert layers == [f"{layer_prefix}0", f"{layer_prefix}1"]
@@ -188,7 +189,7 @@ def test_tracing_leaves_batchnorm_statistics_alone() -> None:
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
     before = {k: v.clone() for k, v in model.state_dict().items()}
     for tracer in ("fx", "export"):
-        trace_model(model, torch.randn(2, 3, 8, 8), micro_batch_size=2, tracer=tracer)
+        trace_model(model, torch.randn(2, 3, 8, 8), micro_batch_size=2, recipe=TraceRecipe(tracer=tracer))
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
 
@@ -203,7 +204,7 @@ def test_an_export_profile_leaves_a_micro_batch_of_one_out(tmp_path: Path) -> No
 
     loaded = load_model("tests/fixtures/hf_gpt2.py", {})
     prof = profile_model(loaded, micro_batch_sizes=[1, 2, 4], warmup=0, repeat=1)
-    assert prof.tracer == "export" and prof.micro_batch_sizes == (2, 4)
+    assert prof.recipe.tracer == "export" and prof.micro_batch_sizes == (2, 4)
     plan = plan_pipeline(prof, PlanRequest(stages=2, batch_size=8, memory_bytes=2.0**30))
     assert plan.micro_batch_size >= 2
     assert len(run_threads(plan, RunOptions(steps=1))) == 2  # re-traced at its size: same graph

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -43,6 +43,7 @@ from autopipe.costs.profile import Affine, Profile
 from autopipe.costs.timing import flat_inputs_of, storage_key
 from autopipe.errors import ModelLoadError, ProfileError
 from autopipe.graph.outputs import graph_outputs, training_loss
+from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.segment import extract
 from autopipe.graph.trace import TracedModel, trace_model
 
@@ -99,8 +100,7 @@ class ModelCounts:
     counts: tuple[tuple[BlockCount, ...], ...]  # [size][block]
     loaded: Any  # the load.LoadedModel it came from (built on meta)
     precision: Precision
-    leaf_modules: tuple[str, ...] = ()
-    max_blocks: int | None = None
+    recipe: TraceRecipe = DEFAULT_RECIPE  # how it was asked to be traced
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -112,11 +112,10 @@ def count_model(
     *,
     micro_batch_sizes: Sequence[int] = (2, 4),
     dtype: str = "fp32",
-    tracer: str = "auto",
-    leaf_modules: Sequence[str] = (),
-    max_blocks: int | None = None,
+    recipe: TraceRecipe = DEFAULT_RECIPE,
 ) -> ModelCounts:
-    """Trace ``loaded`` (a ``load.LoadedModel``, ideally built on meta) and count every block."""
+    """Trace ``loaded`` (a ``load.LoadedModel``, ideally built on meta) as ``recipe`` says
+    (tracer, leaf modules, block limit) and count every block."""
     prec = precision(dtype)
     sizes = sorted(set(micro_batch_sizes))
     if not sizes or sizes[0] < 1:
@@ -128,8 +127,8 @@ def count_model(
     for u in list(sizes):
         inputs = _meta_inputs(loaded.make_inputs(u), prec.dtype)
         traced = trace_model(
-            model, inputs, micro_batch_size=u, tracer=traces[0].tracer if traces else tracer,
-            leaf_modules=leaf_modules, max_blocks=max_blocks, source=loaded.spec.path,
+            model, inputs, micro_batch_size=u, recipe=replace(recipe, tracer=traces[0].tracer) if traces else recipe,
+            source=loaded.spec.path,
         )  # fmt: skip
         if drop_export_one(traced, sizes):
             continue
@@ -140,7 +139,7 @@ def count_model(
         traces.append(traced)
         targets = _meta_inputs(loaded.make_targets(u), prec.dtype) if loaded.make_targets is not None else None
         counts.append(_count_blocks(traced, inputs, training_loss(loaded, traced, model, inputs, targets)))
-    return ModelCounts(tuple(traces), tuple(counts), loaded, prec, tuple(leaf_modules), max_blocks)
+    return ModelCounts(tuple(traces), tuple(counts), loaded, prec, recipe)
 
 
 def _on_meta(model: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -310,7 +309,7 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec) -> Profile:
     loaded = counts.loaded
     return Profile(
         model=str(loaded.spec),
-        fingerprint=ref.fingerprint(),
+        recipe=counts.recipe.traced(loaded.spec, ref.tracer, ref.fingerprint()),
         device=f"{spec.name}: {spec.description} (analytic, {counts.precision.name})",
         torch_version=torch.__version__,
         dtype=str(counts.precision.dtype).removeprefix("torch."),
@@ -319,12 +318,6 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec) -> Profile:
         blocks=tuple(blocks),
         tensors=crossing_tensors(counts.traces),
         shared_params=ref.shared_params,
-        model_file=str(loaded.spec.path),
-        factory=loaded.spec.factory,
-        model_kwargs=loaded.spec.kwarg_items(),
-        tracer=ref.tracer,
-        leaf_modules=counts.leaf_modules,
-        max_blocks=counts.max_blocks,
     )
 
 
@@ -334,13 +327,9 @@ def analytic_profile(
     *,
     micro_batch_sizes: Sequence[int] = (2, 4),
     dtype: str = "fp32",
-    tracer: str = "auto",
-    leaf_modules: Sequence[str] = (),
-    max_blocks: int | None = None,
+    recipe: TraceRecipe = DEFAULT_RECIPE,
 ) -> Profile:
-    """Count ``loaded`` on meta and price it on ``spec`` (see the module docstring)."""
-    counts = count_model(
-        loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, tracer=tracer,
-        leaf_modules=leaf_modules, max_blocks=max_blocks,
-    )  # fmt: skip
+    """Count ``loaded`` on meta, traced as ``recipe`` says, and price it on ``spec`` (see the
+    module docstring)."""
+    counts = count_model(loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe)
     return profile_from_counts(counts, spec)

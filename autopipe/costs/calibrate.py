@@ -56,7 +56,7 @@ def calibration_dir() -> Path:
 
 def calibrate(profile: Profile, *, device_files: Sequence[str | Path] = (), counts: ModelCounts | None = None) -> Calibration:
     """Fit the efficiencies of the device ``profile`` was measured on (see the module docstring)."""
-    from autopipe.model.load import load_model, parse_kwargs
+    from autopipe.model.load import load_model
 
     if profile.method != "measured":
         raise ProfileError(f"calibrate needs a measured profile (this one is {profile.method}); make one with 'autopipe profile MODEL'")
@@ -66,15 +66,16 @@ def calibrate(profile: Profile, *, device_files: Sequence[str | Path] = (), coun
             f"profile device {profile.device!r} matches no catalogue entry; add one whose 'match' names it (--device-file)"
         )
     base = device_spec(name, device_files)
+    recipe = profile.recipe
     if counts is None:
-        if not profile.model_file:
+        if not recipe.model_file:
             raise ProfileError("the profile does not name its model file; profile the model again with 'autopipe profile MODEL'")
-        loaded = load_model(f"{profile.model_file}:{profile.factory}", parse_kwargs(profile.model_kwargs), device="meta")
+        model = recipe.model_spec()
+        loaded = load_model(f"{model.path}:{model.factory}", model.kwargs, device="meta")
         counts = count_model(
-            loaded, micro_batch_sizes=profile.micro_batch_sizes, dtype=_DTYPES.get(profile.dtype, "fp32"),
-            tracer=profile.tracer, leaf_modules=profile.leaf_modules, max_blocks=profile.max_blocks,
+            loaded, micro_batch_sizes=profile.micro_batch_sizes, dtype=_DTYPES.get(profile.dtype, "fp32"), recipe=recipe,
         )  # fmt: skip
-    if counts.traces[0].fingerprint() != profile.fingerprint:
+    if counts.traces[0].fingerprint() != recipe.fingerprint:
         raise ProfileError("the profile was made from another model than its model file builds now; profile it again")
     ops: list[Sequence[OpCount]] = []
     measured: list[float] = []

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ from autopipe.costs.timing import (
 )
 from autopipe.errors import ProfileError
 from autopipe.graph.outputs import training_loss
+from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.trace import Block, TracedModel, trace_model
 
 __all__ = ["BlockMeasurement", "crossing_tensors", "measure_blocks", "profile_model", "saved_bytes", "storage_key", "time_call"]
@@ -51,9 +53,7 @@ def profile_model(
     loaded: Any,
     *,
     micro_batch_sizes: Sequence[int],
-    tracer: str = "auto",
-    leaf_modules: Sequence[str] = (),
-    max_blocks: int | None = None,
+    recipe: TraceRecipe = DEFAULT_RECIPE,
     warmup: int = 2,
     repeat: int = 5,
     device: str = "cpu",
@@ -62,6 +62,8 @@ def profile_model(
 ) -> Profile:
     """Trace and measure ``loaded`` (a ``load.LoadedModel``) at each micro-batch size.
 
+    ``recipe`` says how to trace (tracer, leaf modules, block limit); the profile's recipe adds
+    ``loaded``'s model file, factory and kwargs, the tracer that worked and the fingerprint.
     On the CPU the blocks run on ``threads`` threads (default 1: each pipeline rank of
     ``autopipe run`` runs on one thread, so that is what its stages will cost); ``None``
     keeps torch's current setting.
@@ -72,7 +74,7 @@ def profile_model(
     if threads is not None and not device.startswith("cuda"):
         torch.set_num_threads(threads)
     try:
-        return _profile(loaded, micro_batch_sizes, tracer, leaf_modules, max_blocks, warmup, repeat, device, progress)
+        return _profile(loaded, micro_batch_sizes, recipe, warmup, repeat, device, progress)
     finally:
         torch.set_num_threads(before)
 
@@ -80,9 +82,7 @@ def profile_model(
 def _profile(
     loaded: Any,
     micro_batch_sizes: Sequence[int],
-    tracer: str,
-    leaf_modules: Sequence[str],
-    max_blocks: int | None,
+    recipe: TraceRecipe,
     warmup: int,
     repeat: int,
     device: str,
@@ -104,9 +104,7 @@ def _profile(
             model,
             inputs,
             micro_batch_size=u,
-            tracer=traces[0].tracer if traces else tracer,
-            leaf_modules=leaf_modules,
-            max_blocks=max_blocks,
+            recipe=replace(recipe, tracer=traces[0].tracer) if traces else recipe,
             source=loaded.spec.path,
         )
         if drop_export_one(traced, sizes):
@@ -127,7 +125,7 @@ def _profile(
         measured.append(
             measure_blocks(traced, inputs, warmup=warmup, repeat=repeat, progress=report, loss=loss)
         )
-    return _make_profile(loaded, traces, measured, sizes, dev, leaf_modules, max_blocks)
+    return _make_profile(loaded, traces, measured, sizes, dev, recipe)
 
 
 def drop_export_one(traced: TracedModel, sizes: list[int]) -> bool:
@@ -170,8 +168,7 @@ def _make_profile(
     measured: list[list[BlockMeasurement]],
     sizes: list[int],
     dev: torch.device,
-    leaf_modules: Sequence[str],
-    max_blocks: int | None,
+    recipe: TraceRecipe,
 ) -> Profile:
     ref = traces[0]
     gm = ref.gm
@@ -197,7 +194,7 @@ def _make_profile(
     dtypes = {p.dtype for p in gm.parameters()}
     return Profile(
         model=str(loaded.spec),
-        fingerprint=ref.fingerprint(),
+        recipe=recipe.traced(loaded.spec, ref.tracer, ref.fingerprint()),
         device=_device_name(dev),
         torch_version=torch.__version__,
         dtype=str(dtypes.pop()).removeprefix("torch.") if len(dtypes) == 1 else "mixed",
@@ -206,12 +203,6 @@ def _make_profile(
         blocks=tuple(blocks),
         tensors=tensors,
         shared_params=ref.shared_params,
-        model_file=str(loaded.spec.path),
-        factory=loaded.spec.factory,
-        model_kwargs=loaded.spec.kwarg_items(),
-        tracer=ref.tracer,
-        leaf_modules=tuple(leaf_modules),
-        max_blocks=max_blocks,
     )
 
 

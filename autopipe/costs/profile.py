@@ -9,6 +9,10 @@ can price any micro-batch count.
 Blocks are listed in a topological order of the model's graph. Tensors say which block
 produces them (``src``, -1 for the model's inputs) and which blocks read them (``dsts``); a
 tensor read by a block more than one position later is a skip connection.
+
+How to build the model again and trace it into the same blocks is one value, the profile's
+:class:`~autopipe.graph.recipe.TraceRecipe`, written as the ``"recipe"`` object (version 2);
+version 1 files, with those fields at the top level, are read too.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from typing import Any
 
 from autopipe._io import atomic_write_text
 from autopipe.errors import ProfileError
+from autopipe.graph.recipe import TraceRecipe
 
 __all__ = ["PROFILE_VERSION", "Affine", "BlockCost", "Profile", "TensorCost"]
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
+_READS = (1, PROFILE_VERSION)  # version 1: the recipe's fields at the top level
 
 
 @dataclass(frozen=True)
@@ -102,8 +108,8 @@ class TensorCost:
 class Profile:
     """Per-block costs of one model on one device; the planner's input."""
 
-    model: str  # the model file spec it was made from
-    fingerprint: str  # hash of graph structure and parameter shapes (see trace.fingerprint)
+    model: str  # the model file spec it was made from, for people
+    recipe: TraceRecipe  # how to rebuild and re-trace it exactly (the executor and emit need the same blocks)
     device: str  # e.g. "cpu (2 threads)" or "cuda: NVIDIA H200"
     torch_version: str
     dtype: str
@@ -112,13 +118,6 @@ class Profile:
     blocks: tuple[BlockCost, ...]
     tensors: tuple[TensorCost, ...]
     shared_params: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (name, blocks using it)
-    # How to rebuild and re-trace the model exactly (the executor and emit need the same blocks):
-    model_file: str = ""  # path of the model file
-    factory: str = "build_model"
-    model_kwargs: tuple[str, ...] = ()  # "key=value" strings, as given with -k
-    tracer: str = "fx"  # the tracer that worked ("fx" or "export")
-    leaf_modules: tuple[str, ...] = ()
-    max_blocks: int | None = None
     version: int = PROFILE_VERSION
 
     @property
@@ -154,10 +153,10 @@ def _affine(raw: Any) -> Affine:
 def _profile_from_dict(raw: Any) -> Profile:
     if not isinstance(raw, dict) or "version" not in raw:
         raise ProfileError("not an autopipe profile (no 'version' field); make one with 'autopipe profile'")
-    if raw["version"] != PROFILE_VERSION:
+    if raw["version"] not in _READS:
         raise ProfileError(
-            f"profile version {raw['version']} is not supported (this autopipe reads version "
-            f"{PROFILE_VERSION}); profile the model again"
+            f"profile version {raw['version']} is not supported (this autopipe reads versions "
+            f"{' and '.join(map(str, _READS))}); profile the model again"
         )
     try:
         blocks = tuple(
@@ -190,7 +189,7 @@ def _profile_from_dict(raw: Any) -> Profile:
         )
         return Profile(
             model=raw["model"],
-            fingerprint=raw["fingerprint"],
+            recipe=TraceRecipe.from_dict(raw["recipe"] if raw["version"] >= 2 else raw),
             device=raw["device"],
             torch_version=raw["torch_version"],
             dtype=raw["dtype"],
@@ -199,13 +198,7 @@ def _profile_from_dict(raw: Any) -> Profile:
             blocks=blocks,
             tensors=tensors,
             shared_params=tuple((str(n), tuple(int(i) for i in bs)) for n, bs in raw.get("shared_params", ())),
-            model_file=str(raw.get("model_file", "")),
-            factory=str(raw.get("factory", "build_model")),
-            model_kwargs=tuple(str(k) for k in raw.get("model_kwargs", ())),
-            tracer=str(raw.get("tracer", "fx")),
-            leaf_modules=tuple(str(k) for k in raw.get("leaf_modules", ())),
-            max_blocks=None if raw.get("max_blocks") is None else int(raw["max_blocks"]),
-            version=int(raw["version"]),
+            version=PROFILE_VERSION,  # read into this version's shape
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ProfileError(f"profile is corrupt ({type(e).__name__}: {e}); profile the model again") from None

@@ -8,7 +8,10 @@ Two tracers sit behind one interface, both giving a flat ``torch.fx.GraphModule`
   torch.distributed.pipelining builds on; nodes carry ``nn_module_stack`` so blocks still
   follow the user's modules.
 
-``auto`` tries ``fx`` then ``export`` and records which one worked. A trace is specialised to
+``auto`` tries ``fx`` then ``export`` and records which one worked. Which tracer, which
+modules to keep whole and how many blocks at most come in one
+:class:`~autopipe.graph.recipe.TraceRecipe` (its model file and fingerprint are its callers'
+business: they build the model and check what the trace hashes to). A trace is specialised to
 one micro-batch size: every tensor's shape and dtype is known (export's fake values, or fake
 tensor propagation for fx), and plain Python values that cross block boundaries (sizes) are
 folded into constants, so only tensors flow between blocks.
@@ -37,6 +40,7 @@ from torch import nn
 
 from autopipe.errors import TraceError
 from autopipe.graph.blocks import Block, ValueInfo, group_blocks
+from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 
 __all__ = ["Block", "TracedModel", "ValueInfo", "trace_model"]
 
@@ -78,15 +82,15 @@ def trace_model(
     inputs: Any,
     *,
     micro_batch_size: int,
-    tracer: str = "auto",
-    leaf_modules: Sequence[str] = (),
-    max_blocks: int | None = None,
+    recipe: TraceRecipe = DEFAULT_RECIPE,
     source: Path | None = None,
 ) -> TracedModel:
     """Trace ``model`` on ``inputs`` (one micro-batch of ``micro_batch_size``) into blocks.
 
-    ``source`` is the user's model file: errors point at its lines first.
+    ``recipe`` says how: its ``tracer``, ``leaf_modules`` and ``max_blocks``. ``source`` is the
+    user's model file: errors point at its lines first.
     """
+    tracer, leaf_modules, max_blocks = recipe.tracer, recipe.leaf_modules, recipe.max_blocks
     if tracer not in TRACERS:
         raise TraceError(f"unknown tracer {tracer!r}; use one of: {', '.join(TRACERS)}")
     if micro_batch_size < 1:

@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         torch.set_num_threads(options.threads)
         plan = Plan.load(args.plan)
-        model_file = Path(plan.model_file)
+        model_file = Path(plan.recipe.model_file)
         result = _run(plan, rank, options)
     except BaseException as e:  # report every failure as one line, then leave at once
         _fail(rank, e, model_file, out)

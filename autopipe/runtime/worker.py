@@ -192,7 +192,7 @@ def train_rank(
     )
     done = 0
     if options.resume:
-        done = checkpoint.load_rank(options.resume, rank, mine, optimizer, plan.fingerprint)
+        done = checkpoint.load_rank(options.resume, rank, mine, optimizer, plan.recipe.fingerprint)
     iterations = []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -217,7 +217,7 @@ def train_rank(
         comm.barrier()
         if rank == 0:
             checkpoint.write_meta(
-                options.save_checkpoint, plan.fingerprint, done + options.steps, len(split.stages)
+                options.save_checkpoint, plan.recipe.fingerprint, done + options.steps, len(split.stages)
             )
     return RankResult(
         rank,

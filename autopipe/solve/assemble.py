@@ -69,13 +69,7 @@ def make_plan(
         )
     return Plan(
         model=profile.model,
-        model_file=profile.model_file,
-        factory=profile.factory,
-        model_kwargs=profile.model_kwargs,
-        tracer=profile.tracer,
-        leaf_modules=profile.leaf_modules,
-        max_blocks=profile.max_blocks,
-        fingerprint=profile.fingerprint,
+        recipe=profile.recipe,
         profile_device=profile.device,
         devices=req.stages,
         virtual=d.virtual,

@@ -61,7 +61,7 @@ def _traceable(profile: Profile, u: int) -> bool:
     another graph than larger ones: an export profile plans u = 1 only if it was measured at
     1 (alone, costs/measured.py), and u > 1 only if it was not.
     """
-    if profile.tracer != "export":
+    if profile.recipe.tracer != "export":
         return True
     return (u == 1) == (min(profile.micro_batch_sizes, default=2) == 1)
 

@@ -1,8 +1,8 @@
 """Rebuild a plan's model and re-trace it into the plan's blocks.
 
-A Plan records how its model was made (model file, factory, kwargs) and traced (tracer, leaf
-modules, block limit), plus the trace's fingerprint. ``emit`` and ``export`` rebuild the model
-from that record, trace it again at the plan's micro-batch size and check the fingerprint, so
+A Plan's recipe (:class:`~autopipe.graph.recipe.TraceRecipe`) records how its model was made
+(model file, factory, kwargs) and traced (tracer, leaf modules, block limit), plus the trace's
+fingerprint. ``emit`` and ``export`` rebuild the model from that recipe, trace it again at the plan's micro-batch size and check the fingerprint, so
 the plan's node names are the trace's node names before anything is cut.
 
 Weights: a rebuilt model is seeded with ``torch.manual_seed(0)`` before its factory runs (the
@@ -20,7 +20,7 @@ from torch import nn
 
 from autopipe.errors import ModelLoadError, PlanError
 from autopipe.graph.trace import TracedModel, trace_model
-from autopipe.model.load import LoadedModel, load_model, parse_kwargs
+from autopipe.model.load import LoadedModel, load_model
 from autopipe.plans import Plan
 
 __all__ = ["SEED", "rebuild_model", "trace_for_plan"]
@@ -36,16 +36,17 @@ def rebuild_model(
     base: str | Path | None = None,
     seed: int = SEED,
 ) -> LoadedModel:
-    """Build the plan's model again from its model file.
+    """Build the plan's model again from its recipe's model file, factory and kwargs.
 
     ``base`` is a folder to look for a relative ``model_file`` in when it is not found relative
     to the working directory (the folder of the plan file, typically).
     """
-    path = Path(plan.model_file)
+    model = plan.recipe.model_spec()
+    path = model.path
     if not path.exists() and base is not None and (Path(base) / path).exists():
         path = Path(base) / path
-    spec = f"{path}:{plan.factory}"
-    kwargs = parse_kwargs(plan.model_kwargs)
+    spec = f"{path}:{model.factory}"
+    kwargs = dict(model.kwargs)
     if meta:
         if weights is not None:
             raise PlanError("weights from a file and a meta (structure-only) model contradict each other; drop one")
@@ -92,18 +93,11 @@ def trace_for_plan(plan: Plan, model: nn.Module, inputs: Any, source: Path | Non
 
     (Tracing leaves the model's buffers, BatchNorm statistics included, as they were.)
     """
-    traced = trace_model(
-        model,
-        inputs,
-        micro_batch_size=plan.micro_batch_size,
-        tracer=plan.tracer,
-        leaf_modules=plan.leaf_modules,
-        max_blocks=plan.max_blocks,
-        source=source,
-    )
-    if plan.fingerprint and traced.fingerprint() != plan.fingerprint:
+    recipe = plan.recipe
+    traced = trace_model(model, inputs, micro_batch_size=plan.micro_batch_size, recipe=recipe, source=source)
+    if recipe.fingerprint and traced.fingerprint() != recipe.fingerprint:
         raise PlanError(
-            f"the plan was made for another model (fingerprint {plan.fingerprint}, this model traces to "
-            f"{traced.fingerprint()}); plan this model again with 'autopipe plan {plan.model_file}'"
+            f"the plan was made for another model (fingerprint {recipe.fingerprint}, this model traces to "
+            f"{traced.fingerprint()}); plan this model again with 'autopipe plan {recipe.model_file}'"
         )
     return traced
