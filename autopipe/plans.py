@@ -123,12 +123,6 @@ class Plan:
         """Blocks per stage, the form torchgpipe-style ``nn.Sequential`` pipelines take."""
         return tuple(len(s.blocks) for s in self.stages)
 
-    def baseline(self, name: str) -> Baseline:
-        for b in self.baselines:
-            if b.name == name:
-                return b
-        raise KeyError(name)
-
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, self.to_json())
 

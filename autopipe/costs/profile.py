@@ -44,10 +44,6 @@ class Affine:
         return self.intercept + self.slope * u
 
     @staticmethod
-    def constant(value: float) -> Affine:
-        return Affine(float(value), 0.0)
-
-    @staticmethod
     def fit(xs: Sequence[float], ys: Sequence[float]) -> Affine:
         """Least-squares line through ``(xs, ys)``; never negative at ``u >= 0``.
 
