@@ -35,7 +35,7 @@ class ScheduleSpec:
     torch_multi: bool = False  # that class takes a list of stages per rank (PipelineScheduleMulti)
     splits_backward: bool = False  # B (input-grad) and W (weight-grad) run apart (Zero Bubble)
     virtual_choices: tuple[int, ...] = (1,)  # chunks per device the search tries; (1,): one only
-    micro_batches_multiple_of_devices: bool = False  # for more than one chunk per device
+    micro_batches_multiple_of_devices: bool = False  # m % S == 0 (the planner asks it of any v)
     placement: Placement = round_robin  # (chunk, devices, virtual) -> device
 
     @property
