@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from autopipe.schedules import schedule_names
 from autopipe.units import parse_bytes, parse_duration, parse_rate
 
 from .analytic_cmd import (
@@ -43,7 +44,7 @@ def add_plan_parsers(commands: argparse._SubParsersAction, add_model: object, ad
     p.add_argument("--memory", default=None, help="memory per device, like 16GiB or 80GB (default: the device's memory)")
     p.add_argument("--batch-size", default=str(DEFAULT_BATCH), help=f"samples per iteration (default: {DEFAULT_BATCH})")
     p.add_argument("--micro-batches", default=None, help="pin the micro-batch count")
-    p.add_argument("--schedule", default=None, choices=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"), help="pin the schedule")
+    p.add_argument("--schedule", default=None, choices=schedule_names(), help="pin the schedule")
     p.add_argument("--virtual", default=None, help="pin the virtual stages per device (interleaved-1f1b)")
     p.add_argument("--no-recompute", action="store_true", help="never recompute activations")
     p.add_argument("--recompute-all", action="store_true", help="recompute activations on every stage")

@@ -18,7 +18,7 @@ from autopipe.schedules import (
     make_schedule,
     one_f_one_b,
     parse_schedule,
-    rank_of,
+    round_robin,
     to_table,
     validate,
     zb_h1,
@@ -66,8 +66,8 @@ def test_bad_kind() -> None:
         Action(0, "X", 0)
 
 
-def test_rank_of() -> None:
-    assert [rank_of(j, 4) for j in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+def test_round_robin() -> None:
+    assert [round_robin(j, 4) for j in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
 
 
 # --- tables, grids ----------------------------------------------------------------------------
@@ -230,7 +230,7 @@ def test_interleaved_needs_divisible_microbatches() -> None:
     with pytest.raises(ScheduleError) as info:
         make_schedule("interleaved-1f1b", 4, 6, 2)
     assert str(info.value) == (
-        "interleaved-1f1b needs micro-batches divisible by stages (microbatches: 6, stages: 4);"
+        "interleaved-1f1b needs micro-batches divisible by devices (micro_batches: 6, devices: 4);"
         " use 4 or 8 micro-batches"
     )
 
@@ -267,7 +267,7 @@ INVALID: list[tuple[str, dict[int, list[str]], int, int, str, tuple[int, int] | 
         {0: ["0F0", "1F0", "0B0"], 1: ["1B0"]},
         2,
         1,
-        "rank 0 step 1: 1F0 belongs on rank 1 (stage 1 % 2 stages)",
+        "rank 0 step 1: 1F0 belongs on rank 1 (the schedule's place for stage 1 on 2 devices)",
         (0, 1),
     ),
     (
@@ -317,7 +317,7 @@ INVALID: list[tuple[str, dict[int, list[str]], int, int, str, tuple[int, int] | 
         {0: ["0F0", "2F0", "0B0"], 1: ["1F0", "1B0"]},
         2,
         1,
-        "rank 0 step 1: 2F0 names stage 2, but there are 2 virtual stages (stages: 2, virtual: 1)",
+        "rank 0 step 1: 2F0 names stage 2, but there are 2 virtual stages (devices: 2, virtual: 1)",
         (0, 1),
     ),
     (
@@ -325,7 +325,7 @@ INVALID: list[tuple[str, dict[int, list[str]], int, int, str, tuple[int, int] | 
         {0: ["0F0", "0F5", "0B0"]},
         1,
         1,
-        "rank 0 step 1: 0F5 names micro-batch 5, outside 0..0 (microbatches: 1)",
+        "rank 0 step 1: 0F5 names micro-batch 5, outside 0..0 (micro_batches: 1)",
         (0, 1),
     ),
     (
@@ -333,7 +333,7 @@ INVALID: list[tuple[str, dict[int, list[str]], int, int, str, tuple[int, int] | 
         {0: ["0F0", "0B0"], 3: []},
         1,
         1,
-        "rank 3 is outside 0..0 (stages: 1)",
+        "rank 3 is outside 0..0 (devices: 1)",
         None,
     ),
 ]

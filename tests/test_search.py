@@ -72,7 +72,7 @@ def test_chosen_plan_is_no_worse_than_any_enumerated_alternative(seed: int) -> N
         except InfeasibleError:
             continue
         c = candidate(d, "solver", problem, part, BlockTimes.of(prof, req.batch_size // d.micro_batches))
-        t = simulate(make_schedule(d.schedule, req.stages, d.micro_batches, d.virtual), c.costs, part.comm_s, stages=req.stages)
+        t = simulate(make_schedule(d.schedule, req.stages, d.micro_batches, d.virtual), c.costs, part.comm_s, devices=req.stages)
         if all(m <= req.memory_bytes * (1 + 1e-9) for m in t.peak_memory_bytes):
             assert plan.iteration_time_s <= t.iteration_s * (1 + 1e-9), d
     for b in plan.baselines:
@@ -95,7 +95,7 @@ def test_fast_simulation_equals_the_event_simulator(name: str) -> None:
     ]
     comm = [rng.random() * 0.1 for _ in range(S * v - 1)]
     schedule = make_schedule(name, S, m, v)
-    full = simulate(schedule, costs, comm, stages=S)
+    full = simulate(schedule, costs, comm, devices=S)
     fast = simulate_summary(compile_schedule(schedule, S, v), costs, comm)
     assert fast.iteration_s == pytest.approx(full.iteration_s, rel=1e-12)
     assert fast.bubble_fraction == pytest.approx(full.bubble_fraction, rel=1e-9)

@@ -8,8 +8,8 @@ from dataclasses import asdict
 import pytest
 
 from autopipe.errors import ScheduleError
-from autopipe.schedules import Action, make_schedule, parse_schedule
-from autopipe.schedules.simulate import ActionTiming, StageCost, Timeline, bubble_formula, simulate
+from autopipe.schedules import Action, make_schedule, parse_schedule, schedule_spec
+from autopipe.schedules.simulate import ActionTiming, StageCost, Timeline, simulate
 
 TOL = 1e-9
 
@@ -20,7 +20,7 @@ def equal_costs(n: int, f: float, b: float, w: float = 0.0) -> list[StageCost]:
 
 
 def run(name: str, s: int, m: int, v: int, f: float, b: float, w: float = 0.0) -> Timeline:
-    return simulate(make_schedule(name, s, m, v), equal_costs(s * v, f, b, w), stages=s)
+    return simulate(make_schedule(name, s, m, v), equal_costs(s * v, f, b, w), devices=s)
 
 
 # --- textbook bubbles --------------------------------------------------------------------------
@@ -36,7 +36,7 @@ def test_gpipe_1f1b_textbook(name: str, s: int, m: int, f: float, b: float) -> N
     t = run(name, s, m, 1, f, b)
     assert t.iteration_s == pytest.approx((m + s - 1) * (f + b), abs=TOL)
     assert t.bubble_fraction == pytest.approx((s - 1) / (m + s - 1), abs=TOL)
-    assert t.bubble_fraction == pytest.approx(bubble_formula(name, s, m), abs=TOL)
+    assert t.bubble_fraction == pytest.approx(schedule_spec(name).bubble(s, m, 1), abs=TOL)
     assert t.rank_busy_s == pytest.approx([m * (f + b)] * s, abs=TOL)
 
 
@@ -47,7 +47,7 @@ def test_interleaved_textbook(s: int, k: int, v: int, f: float, b: float) -> Non
     m = k * s
     t = run("interleaved-1f1b", s, m, v, f / v, b / v)
     assert t.bubble_fraction == pytest.approx((s - 1) / (v * m + s - 1), abs=TOL)
-    assert t.bubble_fraction == pytest.approx(bubble_formula("interleaved-1f1b", s, m, v), abs=TOL)
+    assert t.bubble_fraction == pytest.approx(schedule_spec("interleaved-1f1b").bubble(s, m, v), abs=TOL)
     assert t.iteration_s == pytest.approx(m * (f + b) + (s - 1) * (f + b) / v, abs=TOL)
 
 
@@ -68,7 +68,7 @@ def test_zb_h1_bubble_is_a_third_of_1f1b(s: int, m: int) -> None:
     assert zb.iteration_s == pytest.approx(3 * m * t + (s - 1) * t, abs=TOL)
     assert ob.iteration_s == pytest.approx(3 * (m + s - 1) * t, abs=TOL)
     assert zb.iteration_s - 3 * m * t == pytest.approx((ob.iteration_s - 3 * m * t) / 3, abs=TOL)
-    assert zb.bubble_fraction == pytest.approx(bubble_formula("zb-h1", s, m), abs=TOL)
+    assert zb.bubble_fraction == pytest.approx(schedule_spec("zb-h1").bubble(s, m, 1), abs=TOL)
     assert all(z <= o for z, o in zip(zb.peak_inflight, ob.peak_inflight, strict=True))
 
 
@@ -195,19 +195,19 @@ def test_simulate_deadlock() -> None:
         (3, (), None, "costs must have one entry per virtual stage"),
         (0, (), None, r"a multiple of the 2 ranks \(got 0\)"),
         (2, (1.0, 2.0), None, "comm_s must have one entry per stage boundary, 1 for 2"),
-        (2, (), 1, r"rank 1 is outside 0..0 \(stages: 1\)"),
+        (2, (), 1, r"rank 1 is outside 0..0 \(devices: 1\)"),
     ],
 )
 def test_simulate_bad_sizes(
     costs: int, comm: tuple[float, ...], stages: int | None, match: str
 ) -> None:
     with pytest.raises(ScheduleError, match=match):
-        simulate(make_schedule("1f1b", 2, 2), equal_costs(costs, 1.0, 1.0), comm, stages=stages)
+        simulate(make_schedule("1f1b", 2, 2), equal_costs(costs, 1.0, 1.0), comm, devices=stages)
 
 
 def test_bubble_formula_unknown() -> None:
-    with pytest.raises(ScheduleError, match="no bubble formula for schedule 'x'"):
-        bubble_formula("x", 2, 2)
+    with pytest.raises(ScheduleError, match="unknown schedule 'x'"):
+        schedule_spec("x").bubble(2, 2, 1)
 
 
 def test_simulate_stage_on_wrong_rank() -> None:

@@ -8,6 +8,7 @@ a value goes from its producer to every reader, not through the stages in betwee
 Every (producer, value, reader) triple is an *edge* with a fixed number; a message is an edge,
 a micro-batch, a direction (activation forward or gradient back) and the iteration's parity,
 which gives each message of an iteration its own tag — computed identically on every rank.
+A stage runs on the rank the plan gives it (``StagePlan.rank``, the schedule's placement).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ class Routing:
     extras: dict[int, tuple[str, ...]]  # stage -> received model outputs its module does not read
     readers: dict[int, tuple[tuple[str, tuple[int, ...]], ...]]  # stage -> (value, reader stages)
     edges: dict[tuple[int, str, int], int]  # (producer, value, reader) -> edge number
+    placement: tuple[int, ...]  # stage -> the rank that runs it
 
     def rank_of(self, stage: int) -> int:
-        return stage % self.ranks
+        return self.placement[stage]
 
     def tag(
         self, producer: int, value: str, reader: int, microbatch: int, direction: int, step: int
@@ -61,4 +63,5 @@ def make_routing(split: Split, ranks: int, micro_batches: int) -> Routing:
         extra = [(n, s) for n, s in sent_to.get(st.index, []) if n not in st.inputs]
         receives[st.index] = tuple(from_stages + extra)
         extras[st.index] = tuple(n for n, _ in extra)
-    return Routing(ranks, micro_batches, receives, extras, readers, edges)
+    placement = tuple(st.rank for st in sorted(split.stages, key=lambda st: st.index))
+    return Routing(ranks, micro_batches, receives, extras, readers, edges, placement)

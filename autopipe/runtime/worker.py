@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from autopipe.errors import RuntimeFailure
+from autopipe.errors import PlanError, RuntimeFailure
 from autopipe.graph.outputs import output_builder
 from autopipe.graph.trace import TracedModel
 from autopipe.model.load import LoadedModel
@@ -36,11 +36,11 @@ from autopipe.runtime.options import RunOptions
 from autopipe.runtime.order import message_order
 from autopipe.runtime.routing import make_routing
 from autopipe.runtime.shapes import value_specs
-from autopipe.schedules import Action, make_schedule
+from autopipe.schedules import Action, Schedule, schedule_spec
 from autopipe.stages.rebuild import rebuild_model, trace_for_plan
 from autopipe.stages.split import Split, split_model
 
-__all__ = ["Batch", "RankResult", "Rebuilt", "make_batch", "rebuild", "shared_groups", "train_rank"]
+__all__ = ["Batch", "RankResult", "Rebuilt", "make_batch", "plan_schedule", "rebuild", "shared_groups", "train_rank"]
 
 Batch = tuple[list[Any], Any]  # one step's flat graph inputs and targets (None without targets)
 
@@ -90,11 +90,12 @@ def make_batch(rebuilt: Rebuilt, plan: Plan, seed: int, step: int) -> Batch:
     return inputs, (make_targets(B) if make_targets is not None else None)
 
 
-def shared_groups(split: Split, ranks: int) -> list[tuple[str, tuple[int, ...]]]:
+def shared_groups(split: Split) -> list[tuple[str, tuple[int, ...]]]:
     """Shared parameters held by more than one rank, with those ranks (sorted)."""
+    rank_of = {st.index: st.rank for st in split.stages}
     out = []
     for name, stages in split.shared_params:
-        holders = tuple(sorted({s % ranks for s in stages}))
+        holders = tuple(sorted({rank_of[s] for s in stages}))
         if len(holders) > 1:
             out.append((name, holders))
     return out
@@ -103,7 +104,7 @@ def shared_groups(split: Split, ranks: int) -> list[tuple[str, tuple[int, ...]]]
 def action_seconds(plan: Plan) -> Callable[[Action], float]:
     """The plan's predicted duration of an action (recomputation included); 1, 2, 1 for F, B,
     W when the plan has no predictions (made by hand, say)."""
-    split = plan.schedule == "zb-h1"
+    split = schedule_spec(plan.schedule).splits_backward
     stages = {st.index: st for st in plan.stages}
     predicted = any(st.forward_s > 0 for st in plan.stages)
 
@@ -118,6 +119,20 @@ def action_seconds(plan: Plan) -> Callable[[Action], float]:
         return st.backward_input_s if split else st.backward_s
 
     return seconds
+
+
+def plan_schedule(plan: Plan) -> Schedule:
+    """The plan's action lists; PlanError if the plan puts a stage on another device than its
+    schedule does (a plan edited by hand)."""
+    spec = schedule_spec(plan.schedule)
+    placed = spec.devices_of(plan.devices, plan.virtual)
+    for st in plan.stages:
+        if st.index < len(placed) and st.rank != placed[st.index]:
+            raise PlanError(
+                f"stage {st.index} of the plan is on device {st.rank}, but the {spec.name} schedule "
+                f"runs it on device {placed[st.index]}; plan again or set its rank to {placed[st.index]}"
+            )
+    return spec.make(plan.devices, plan.micro_batches, plan.virtual)
 
 
 def make_optimizer(params: list[torch.nn.Parameter], options: RunOptions) -> torch.optim.Optimizer:
@@ -145,8 +160,9 @@ def train_rank(
     """
     S = plan.devices
     rb = rebuilt if rebuilt is not None else rebuild(plan, options.seed, options.model_base)
+    schedule = plan_schedule(plan)
     split = split_model(rb.traced, plan)
-    groups = shared_groups(split, S)
+    groups = shared_groups(split)
     comm = comm_factory([g for _, g in groups])
     device = (
         torch.device(f"cuda:{torch.cuda.current_device()}")
@@ -168,7 +184,6 @@ def train_rank(
     optimizer = make_optimizer(params, options)
     by_name = dict(rb.traced.gm.named_parameters())
     shared = [(by_name[name], holders) for name, holders in groups if rank in holders]
-    schedule = make_schedule(plan.schedule, S, plan.micro_batches, plan.virtual)
     routing = make_routing(split, S, plan.micro_batches)
     order = message_order(schedule, routing, specs, action_seconds(plan))
     engine = PipelineEngine(

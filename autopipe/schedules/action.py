@@ -5,8 +5,10 @@ The representation follows ``torch.distributed.pipelining``: an action prints as
 list of actions it runs. ``None`` in a list is an idle slot; it only exists in hand-written
 tables (to line columns up in tests and grids) and executors skip it.
 
-``stage`` is the *virtual* stage index ``j`` in ``[0, S * v)`` for ``S`` ranks with ``v``
-virtual stages (model chunks) each; stage ``j`` lives on rank ``j % S``. Kinds:
+``stage`` is the *virtual* stage (chunk) index ``j`` in ``[0, S * v)`` for ``S`` devices
+(ranks) with ``v`` chunks each; which device runs chunk ``j`` is the schedule's placement
+(:class:`~autopipe.schedules.spec.ScheduleSpec`; :func:`round_robin`, ``j % S``, unless the
+schedule says otherwise). Kinds (:class:`Kind`, printed as their letter):
 
 - ``F`` forward.
 - ``B`` backward. The *full* backward (input-grad and weight-grad) when the schedule has no
@@ -17,22 +19,38 @@ virtual stages (model chunks) each; stage ``j`` lives on rank ``j % S``. Kinds:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 
 from autopipe.errors import ScheduleError
 
 __all__ = [
     "KINDS",
     "Action",
+    "Kind",
+    "Placement",
     "Schedule",
     "format_schedule",
     "has_split_backward",
     "parse_schedule",
-    "rank_of",
+    "round_robin",
     "to_table",
 ]
 
-KINDS = ("F", "B", "W")
+
+class Kind(str, Enum):
+    """What an action computes; a ``str`` (``Kind.FORWARD == "F"``) that prints as its letter."""
+
+    FORWARD = "F"
+    BACKWARD = "B"  # full backward, or its input-grad part when the schedule has W
+    WEIGHT = "W"  # weight-grad part of a split backward
+
+    def __str__(self) -> str:
+        return self.value
+
+
+KINDS = tuple(k.value for k in Kind)  # ("F", "B", "W")
 IDLE = "-"  # how an idle slot prints in grids and tables
 _ACTION_RE = re.compile(r"^(\d+)([A-Za-z]+)(\d+)$")
 
@@ -41,16 +59,19 @@ _ACTION_RE = re.compile(r"^(\d+)([A-Za-z]+)(\d+)$")
 class Action:
     """One step of one rank: run ``kind`` of virtual ``stage`` on ``microbatch``."""
 
-    stage: int  # virtual stage index j in [0, S * v); lives on rank j % S
-    kind: str  # "F" forward, "B" backward (input-grad only if the schedule has W), "W" weight-grad
-    microbatch: int  # in [0, m)
+    stage: int  # virtual stage (chunk) index j in [0, S * v); the placement gives its device
+    kind: Kind  # F forward, B backward (input-grad only if the schedule has W), W weight-grad
+    microbatch: int  # micro-batch index in [0, m)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ScheduleError(
-                f"action kind {self.kind!r} is unknown (stage {self.stage}, micro-batch "
-                f"{self.microbatch}); use one of F, B, W"
-            )
+        if not isinstance(self.kind, Kind):
+            if self.kind not in KINDS:
+                raise ScheduleError(
+                    f"action kind {self.kind!r} is unknown (stage {self.stage}, micro-batch "
+                    f"{self.microbatch}); use one of F, B, W"
+                )
+            # A letter given as a plain str ("F", from a table) becomes its Kind.
+            object.__setattr__(self, "kind", Kind(self.kind))
         if self.stage < 0 or self.microbatch < 0:
             raise ScheduleError(
                 f"action {self.stage}{self.kind}{self.microbatch} has a negative index; "
@@ -62,7 +83,8 @@ class Action:
 
     @staticmethod
     def parse(text: str) -> Action | None:
-        """``"1F0"`` -> ``Action(1, "F", 0)``; ``""``, blanks or ``"-"`` -> ``None`` (idle)."""
+        """``"1F0"`` -> ``Action(1, Kind.FORWARD, 0)``; ``""``, blanks or ``"-"`` -> ``None``
+        (idle)."""
         token = text.strip()
         if token in ("", IDLE):
             return None
@@ -72,16 +94,21 @@ class Action:
                 f"cannot parse schedule action {text!r}; write <stage><F|B|W><micro-batch> "
                 "like '1F0', or '-' for an idle slot"
             )
-        return Action(int(match.group(1)), match.group(2), int(match.group(3)))
+        return Action(int(match.group(1)), Kind(match.group(2)), int(match.group(3)))
 
 
 Schedule = dict[int, list[Action | None]]
 """rank -> the actions it runs, in order (``None`` = idle slot, skipped by executors)."""
 
 
-def rank_of(stage: int, stages: int) -> int:
-    """The rank that holds virtual ``stage`` when there are ``stages`` ranks."""
-    return stage % stages
+Placement = Callable[[int, int, int], int]
+"""``placement(chunk, devices, virtual) -> device``: where a schedule runs chunk ``j``."""
+
+
+def round_robin(chunk: int, devices: int, virtual: int = 1) -> int:
+    """Chunk ``j`` on device ``j % S``: each device's chunks ``d, d + S, d + 2S, ...`` (the
+    placement of GPipe, 1F1B, ZB-H1 and interleaved 1F1B)."""
+    return chunk % devices
 
 
 def parse_schedule(table: dict[int, list[str]]) -> Schedule:
@@ -99,7 +126,9 @@ def to_table(schedule: Schedule) -> dict[int, list[str]]:
 
 def has_split_backward(schedule: Schedule) -> bool:
     """Whether the schedule splits backward into B (input-grad) and W (weight-grad)."""
-    return any(a is not None and a.kind == "W" for actions in schedule.values() for a in actions)
+    return any(
+        a is not None and a.kind is Kind.WEIGHT for actions in schedule.values() for a in actions
+    )
 
 
 def format_schedule(schedule: Schedule, mark: tuple[int, int] | None = None) -> str:

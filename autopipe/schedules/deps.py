@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopipe.schedules.action import Action, Schedule
+from autopipe.schedules.action import Action, Kind, Schedule
 
 __all__ = ["Execution", "Stuck", "dependencies", "execute_in_order"]
 
@@ -23,12 +23,12 @@ __all__ = ["Execution", "Stuck", "dependencies", "execute_in_order"]
 def dependencies(action: Action, num_stages: int) -> tuple[Action, ...]:
     """The actions that must finish before ``action`` may start (``num_stages = S * v``)."""
     j, mb = action.stage, action.microbatch
-    if action.kind == "F":
-        return (Action(j - 1, "F", mb),) if j > 0 else ()
-    if action.kind == "B":
-        own = Action(j, "F", mb)
-        return (own, Action(j + 1, "B", mb)) if j + 1 < num_stages else (own,)
-    return (Action(j, "B", mb),)
+    if action.kind is Kind.FORWARD:
+        return (Action(j - 1, Kind.FORWARD, mb),) if j > 0 else ()
+    if action.kind is Kind.BACKWARD:
+        own = Action(j, Kind.FORWARD, mb)
+        return (own, Action(j + 1, Kind.BACKWARD, mb)) if j + 1 < num_stages else (own,)
+    return (Action(j, Kind.BACKWARD, mb),)
 
 
 @dataclass(frozen=True)

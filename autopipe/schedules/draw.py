@@ -12,6 +12,7 @@ from pathlib import Path
 
 from autopipe.errors import AutopipeError
 from autopipe.plans import Plan
+from autopipe.schedules.registry import schedule_spec
 from autopipe.schedules.simulate import Timeline
 
 __all__ = ["draw_timeline", "text_timeline"]
@@ -36,6 +37,7 @@ def draw_timeline(plan: Plan, timeline: Timeline, path: str | Path) -> None:
     cmap = plt.get_cmap("tab20")
     fig, ax = plt.subplots(figsize=(min(24, 6 + 0.12 * len(timeline.actions) / max(S, 1)), 0.9 * S + 1.6))
     comm = _comm_by_stage(plan)
+    spec = schedule_spec(plan.schedule)
     for at in timeline.actions:
         a = at.action
         y = S - 1 - at.rank
@@ -50,7 +52,7 @@ def draw_timeline(plan: Plan, timeline: Timeline, path: str | Path) -> None:
         delay = comm.get((a.stage, a.kind), 0.0)
         if delay > 0:  # this action's output travels to the neighbour stage for ``delay`` seconds
             target = (a.stage + 1) if a.kind == "F" else (a.stage - 1)
-            ty = S - 1 - (target % S)
+            ty = S - 1 - spec.device_of(target, S, plan.virtual)
             ax.barh(ty - 0.32, delay * scale, left=at.end_s * scale, height=0.12, color="grey", alpha=0.6)
     ax.set_yticks(range(S), [f"device {S - 1 - y}" for y in range(S)])
     ax.set_xlabel(f"time ({unit})")

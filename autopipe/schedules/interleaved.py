@@ -1,8 +1,9 @@
 """Interleaved 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
 GPU Clusters Using Megatron-LM", section 2.2.2).
 
-Each of the ``S`` ranks holds ``v`` model chunks: virtual stage ``j = c*S + s`` (chunk ``c``
-of rank ``s``), so a micro-batch visits every rank ``v`` times. Units of work on a rank are
+Each of the ``S`` devices (ranks) holds ``v`` model chunks: virtual stage ``j = c*S + s``
+(chunk ``c`` of rank ``s``, so stage ``j`` runs on rank ``j % S``), and a micro-batch visits
+every rank ``v`` times. Units of work on a rank are
 taken in groups of ``S`` micro-batches: forward of chunk 0 for micro-batches ``0..S-1``, then
 chunk 1 for the same micro-batches, ... chunk ``v-1``, then the next ``S`` micro-batches;
 backwards go through the chunks in reverse (``v-1`` first). Rank ``s`` runs
@@ -18,53 +19,84 @@ ScheduleError. ``virtual == 1`` gives plain 1F1B. ``S=2, v=2, m=4``, every actio
     rank 1 | .   1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3 .
 
 Bubble: 2 of 18 units per rank = (S-1) / (v*m + S-1) = 1/9.
+
+The planner budgets ``(w_r + 1) / v`` micro-batches of activations per chunk of rank ``r``
+(``w_r`` its warm-up forwards, capped at ``v*m``) against a limit of ``M / v`` per chunk.
+torch.distributed.pipelining's ``ScheduleInterleaved1F1B``.
 """
 
 from __future__ import annotations
 
 from autopipe.errors import ScheduleError
 from autopipe.schedules import one_f_one_b
-from autopipe.schedules.action import Action, Schedule
+from autopipe.schedules.action import Action, Kind, Schedule
+from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
-__all__ = ["create_schedule", "rank_actions"]
+__all__ = ["SPEC", "bubble", "create_schedule", "inflight", "rank_actions"]
 
 
-def _unit(k: int, rank: int, stages: int, virtual: int, forward: bool) -> Action:
+def _unit(k: int, rank: int, devices: int, virtual: int, forward: bool) -> Action:
     """The ``k``-th forward (or backward) unit of ``rank``."""
-    group, within = divmod(k, stages * virtual)
-    chunk = within // stages
+    group, within = divmod(k, devices * virtual)
+    chunk = within // devices
     if not forward:
         chunk = virtual - 1 - chunk
-    mb = group * stages + within % stages
-    return Action(chunk * stages + rank, "F" if forward else "B", mb)
+    mb = group * devices + within % devices
+    return Action(chunk * devices + rank, Kind.FORWARD if forward else Kind.BACKWARD, mb)
 
 
-def rank_actions(rank: int, stages: int, microbatches: int, virtual: int) -> list[Action]:
+def rank_actions(rank: int, devices: int, micro_batches: int, virtual: int) -> list[Action]:
     """The interleaved list of ``rank`` (warm-up, steady 1F1B, cool-down)."""
-    total = microbatches * virtual
-    if microbatches == stages:
+    total = micro_batches * virtual
+    if micro_batches == devices:
         warmup = total
     else:
-        warmup = min(total, (stages - rank - 1) * 2 + (virtual - 1) * stages)
-    actions = [_unit(k, rank, stages, virtual, True) for k in range(warmup)]
+        warmup = min(total, (devices - rank - 1) * 2 + (virtual - 1) * devices)
+    actions = [_unit(k, rank, devices, virtual, True) for k in range(warmup)]
     for i in range(total - warmup):
-        actions.append(_unit(warmup + i, rank, stages, virtual, True))
-        actions.append(_unit(i, rank, stages, virtual, False))
-    actions += [_unit(k, rank, stages, virtual, False) for k in range(total - warmup, total)]
+        actions.append(_unit(warmup + i, rank, devices, virtual, True))
+        actions.append(_unit(i, rank, devices, virtual, False))
+    actions += [_unit(k, rank, devices, virtual, False) for k in range(total - warmup, total)]
     return actions
 
 
-def create_schedule(stages: int, microbatches: int, virtual: int = 1) -> Schedule:
+def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
     """The interleaved 1F1B schedule; ``virtual == 1`` returns the 1F1B schedule."""
-    check_sizes(stages, microbatches, virtual)
+    check_sizes(devices, micro_batches, virtual)
     if virtual == 1:
-        return one_f_one_b.create_schedule(stages, microbatches)
-    if microbatches % stages:
-        lower = microbatches // stages * stages
-        fix = f"use {lower} or {lower + stages}" if lower else f"use {stages}"
+        return one_f_one_b.create_schedule(devices, micro_batches)
+    if micro_batches % devices:
+        lower = micro_batches // devices * devices
+        fix = f"use {lower} or {lower + devices}" if lower else f"use {devices}"
         raise ScheduleError(
-            f"interleaved-1f1b needs micro-batches divisible by stages (microbatches: "
-            f"{microbatches}, stages: {stages}); {fix} micro-batches"
+            f"interleaved-1f1b needs micro-batches divisible by devices (micro_batches: "
+            f"{micro_batches}, devices: {devices}); {fix} micro-batches"
         )
-    return {s: [*rank_actions(s, stages, microbatches, virtual)] for s in range(stages)}
+    return {s: [*rank_actions(s, devices, micro_batches, virtual)] for s in range(devices)}
+
+
+def inflight(devices: int, micro_batches: int, virtual: int = 1) -> tuple[float, ...]:
+    """Chunk ``j`` of rank ``r = j % S``: ``(w_r + 1) / v``, ``w_r`` the warm-up forwards
+    ``min(2 (S-r-1) + (v-1) S, v m)`` (the rank's peak shared evenly by its chunks)."""
+    S, m, v = devices, micro_batches, virtual
+    warm = [min(2 * (S - r - 1) + (v - 1) * S, v * m) for r in range(S)]
+    return tuple((warm[j % S] + 1) / v for j in range(S * v))
+
+
+def bubble(devices: int, micro_batches: int, virtual: int = 1) -> float:
+    """``(S-1) / (v*m + S-1)``: chunks of ``1/v`` a stage's time shrink it by ``v``."""
+    return (devices - 1) / (virtual * micro_batches + devices - 1)
+
+
+SPEC = ScheduleSpec(
+    name="interleaved-1f1b",
+    create_schedule=create_schedule,
+    inflight=inflight,
+    bubble=bubble,
+    torch_class="ScheduleInterleaved1F1B",
+    preference=3,
+    torch_multi=True,
+    virtual_choices=(2, 4),
+    micro_batches_multiple_of_devices=True,
+)

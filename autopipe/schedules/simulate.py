@@ -8,18 +8,20 @@ dependencies (:mod:`autopipe.schedules.deps`) have arrived::
 
 A forward output of virtual stage ``j`` reaches ``j+1`` ``comm_s[j]`` seconds after F ends;
 a B's input-gradient reaches ``j-1`` ``comm_s[j-1]`` seconds after B ends. A hop between
-stages on the same rank (``S == 1``) costs nothing. Links have no contention: any number of
-transfers proceed at once, each taking its own ``comm_s`` (communication is not overlapped
-with compute on the sender or receiver's account either; it only delays the consumer).
+stages on the same rank (``S == 1``) costs nothing; which rank runs stage ``j`` is the
+schedule's placement (``placement=``, its spec's; default ``j % S``). Links have no
+contention: any number of transfers proceed at once, each taking its own ``comm_s``
+(communication is not overlapped with compute on the sender or receiver's account either; it
+only delays the consumer).
 
 Memory is counted per rank, in the order the rank runs its list (no two actions of one rank
 overlap): the static bytes of its stages, plus ``activation_bytes`` from the end of each F
 until the end of its B (non-split) or, for a split backward, until B frees all but
 ``weight_grad_bytes``, which W frees; plus ``transient_bytes`` while a B runs.
 
-With equal stage times the simulated bubble equals the textbook values of
-:func:`bubble_formula`: ``(S-1)/(m+S-1)`` for GPipe and 1F1B (Huang et al. 2019; Narayanan et
-al. 2021), ``(S-1)/(v*m+S-1)`` for interleaved 1F1B, and ``(S-1)/(3m+S-1)`` for ZB-H1 when
+With equal stage times the simulated bubble equals each schedule's textbook value
+(``ScheduleSpec.bubble``): ``(S-1)/(m+S-1)`` for GPipe and 1F1B (Huang et al. 2019; Narayanan
+et al. 2021), ``(S-1)/(v*m+S-1)`` for interleaved 1F1B, and ``(S-1)/(3m+S-1)`` for ZB-H1 when
 F, B and W take equal time (Qi et al. 2023: bubble ``(S-1)(F+B-W)``).
 """
 
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autopipe.errors import ScheduleError
-from autopipe.schedules.action import Action, Schedule
+from autopipe.schedules.action import Action, Kind, Placement, Schedule, round_robin
 from autopipe.schedules.deps import dependencies, execute_in_order
 from autopipe.schedules.validate import validate
 
@@ -39,7 +41,6 @@ __all__ = [
     "StageCost",
     "Summary",
     "Timeline",
-    "bubble_formula",
     "compile_schedule",
     "simulate",
     "simulate_summary",
@@ -78,25 +79,14 @@ class Timeline:
     peak_inflight: tuple[int, ...]  # per virtual stage: most micro-batches with F done, B not
 
 
-def bubble_formula(schedule_name: str, stages: int, microbatches: int, virtual: int = 1) -> float:
-    """The textbook bubble fraction for equal stage times (ZB-H1: and F = B = W)."""
-    s, m, v = stages, microbatches, virtual
-    if schedule_name in ("gpipe", "1f1b"):
-        return (s - 1) / (m + s - 1)
-    if schedule_name == "interleaved-1f1b":
-        return (s - 1) / (v * m + s - 1)
-    if schedule_name == "zb-h1":
-        return (s - 1) / (3 * m + s - 1)
-    raise ScheduleError(
-        f"no bubble formula for schedule {schedule_name!r}; "
-        "use one of gpipe, 1f1b, interleaved-1f1b, zb-h1"
-    )
-
-
 def _check_inputs(
-    schedule: Schedule, costs: Sequence[StageCost], comm_s: Sequence[float], stages: int | None
+    schedule: Schedule,
+    costs: Sequence[StageCost],
+    comm_s: Sequence[float],
+    devices: int | None,
+    placement: Placement,
 ) -> tuple[int, tuple[float, ...]]:
-    ranks = stages if stages is not None else max(schedule, default=-1) + 1
+    ranks = devices if devices is not None else max(schedule, default=-1) + 1
     if ranks < 1:
         raise ScheduleError("cannot simulate an empty schedule; give at least one rank")
     n = len(costs)
@@ -115,7 +105,7 @@ def _check_inputs(
     if not mbs:
         raise ScheduleError("cannot simulate a schedule without actions; give each rank its list")
     # Complete, well placed, ordered and deadlock-free, or a ScheduleError with the grid.
-    validate(schedule, ranks, max(mbs) + 1, n // ranks)
+    validate(schedule, ranks, max(mbs) + 1, n // ranks, placement)
     return ranks, comm
 
 
@@ -124,33 +114,39 @@ def simulate(
     costs: Sequence[StageCost],
     comm_s: Sequence[float] = (),
     *,
-    stages: int | None = None,
+    devices: int | None = None,
+    placement: Placement = round_robin,
 ) -> Timeline:
     """Simulate ``schedule`` with ``costs[j]`` per virtual stage and ``comm_s[j]`` per boundary.
 
-    ``stages`` is the number of ranks (default: the highest rank in ``schedule`` plus one);
-    ``len(costs) // stages`` is the number of virtual stages per rank and the highest
-    micro-batch index plus one the number of micro-batches. The schedule is validated first
+    ``devices`` is the number of ranks (default: the highest rank in ``schedule`` plus one);
+    ``len(costs) // devices`` is the number of virtual stages per rank, the highest
+    micro-batch index plus one the number of micro-batches, and ``placement`` the schedule's
+    (``ScheduleSpec.placement``: stage ``j`` on rank ``j % S`` by default). It is validated first
     (:func:`autopipe.schedules.validate`): an incomplete, misplaced or deadlocking schedule,
     or costs and comm_s of the wrong length, raise ScheduleError.
     """
-    ranks, comm = _check_inputs(schedule, costs, comm_s, stages)
+    ranks, comm = _check_inputs(schedule, costs, comm_s, devices, placement)
     n = len(costs)
+    home = [placement(j, ranks, n // ranks) for j in range(n)]
     execution = execute_in_order(schedule, n)
     split = {
-        (a.stage, a.microbatch) for acts in schedule.values() for a in acts if a and a.kind == "W"
+        (a.stage, a.microbatch)
+        for acts in schedule.values()
+        for a in acts
+        if a and a.kind is Kind.WEIGHT
     }
 
     def duration(a: Action) -> float:
         c = costs[a.stage]
-        if a.kind == "F":
+        if a.kind is Kind.FORWARD:
             return c.forward_s
-        if a.kind == "W":
+        if a.kind is Kind.WEIGHT:
             return c.backward_weight_s
         return c.backward_input_s if (a.stage, a.microbatch) in split else c.backward_s
 
     def hop(src: int, dst: int) -> float:
-        if src % ranks == dst % ranks:
+        if home[src] == home[dst]:
             return 0.0
         return comm[min(src, dst)]
 
@@ -171,7 +167,7 @@ def simulate(
     for t in ordered:
         busy[t.rank] += t.end_s - t.start_s
     bubble = 1.0 - sum(busy) / (ranks * iteration) if iteration > 0 else 0.0
-    peak_memory, peak_inflight = _memory(schedule, costs, split, ranks)
+    peak_memory, peak_inflight = _memory(schedule, costs, split, ranks, home)
     return Timeline(
         actions=ordered,
         iteration_s=iteration,
@@ -183,24 +179,29 @@ def simulate(
 
 
 def _memory(
-    schedule: Schedule, costs: Sequence[StageCost], split: set[tuple[int, int]], ranks: int
+    schedule: Schedule,
+    costs: Sequence[StageCost],
+    split: set[tuple[int, int]],
+    ranks: int,
+    home: list[int],
 ) -> tuple[tuple[float, ...], tuple[int, ...]]:
-    """Peak bytes per rank and peak in-flight micro-batches per virtual stage."""
+    """Peak bytes per rank and peak in-flight micro-batches per virtual stage (``home[j]``:
+    the rank of stage ``j``)."""
     inflight = [0] * len(costs)
     peak_inflight = [0] * len(costs)
     peak_memory = []
     for rank in range(ranks):
-        held = sum(c.static_bytes for j, c in enumerate(costs) if j % ranks == rank)
+        held = sum(c.static_bytes for j, c in enumerate(costs) if home[j] == rank)
         peak = held
         for a in schedule.get(rank, []):
             if a is None:
                 continue
             c = costs[a.stage]
-            if a.kind == "F":
+            if a.kind is Kind.FORWARD:
                 held += c.activation_bytes
                 inflight[a.stage] += 1
                 peak_inflight[a.stage] = max(peak_inflight[a.stage], inflight[a.stage])
-            elif a.kind == "B":
+            elif a.kind is Kind.BACKWARD:
                 peak = max(peak, held + c.transient_bytes)
                 kept = c.weight_grad_bytes if (a.stage, a.microbatch) in split else 0.0
                 held -= c.activation_bytes - kept
@@ -227,8 +228,9 @@ _F, _B, _W = 0, 1, 2
 class CompiledSchedule:
     """A validated schedule as flat lists, in an order that respects every dependency."""
 
-    ranks: int
+    ranks: int  # S devices
     num_stages: int  # S * v
+    home: tuple[int, ...]  # per virtual stage: the rank that runs it (the schedule's placement)
     rank: tuple[int, ...]  # per action, in dependency order
     stage: tuple[int, ...]
     kind: tuple[int, ...]  # 0 F, 1 B (input-grad if split), 2 W
@@ -237,31 +239,35 @@ class CompiledSchedule:
     rank_lists: tuple[tuple[int, ...], ...]  # per rank, positions in the rank's own order
 
 
-def compile_schedule(schedule: Schedule, stages: int, virtual: int = 1) -> CompiledSchedule:
+def compile_schedule(
+    schedule: Schedule, devices: int, virtual: int = 1, placement: Placement = round_robin
+) -> CompiledSchedule:
     """Lay ``schedule`` out for :func:`simulate_summary`.
 
     Checks what the fast path relies on — every (stage, micro-batch) has one F and one B (and
-    a W for all or none), each action sits on its stage's rank, and the lists run without
+    a W for all or none), each action sits on its stage's rank (``placement``, the
+    schedule's; default ``j % S``), and the lists run without
     deadlock — with integer keys, so it stays fast for tens of thousands of actions; the
     full :func:`~autopipe.schedules.validate` (with its grid) is for schedules from people.
     """
-    n = stages * virtual
+    n = devices * virtual
+    home = tuple(placement(j, devices, virtual) for j in range(n))
     acts = [(r, a) for r in sorted(schedule) for a in schedule[r] if a is not None]
     if not acts:
         raise ScheduleError("cannot simulate a schedule without actions; give each rank its list")
     m = max(a.microbatch for _, a in acts) + 1
-    kinds = {"F": _F, "B": _B, "W": _W}
+    kinds = {Kind.FORWARD: _F, Kind.BACKWARD: _B, Kind.WEIGHT: _W}
 
     def key(stage: int, kind: int, mb: int) -> int:
         return (stage * 3 + kind) * m + mb
 
     keys = [key(a.stage, kinds[a.kind], a.microbatch) for _, a in acts]
-    has_w = any(a.kind == "W" for _, a in acts)
+    has_w = any(a.kind is Kind.WEIGHT for _, a in acts)
     expected = n * m * (3 if has_w else 2)
-    if len(set(keys)) != len(keys) or len(keys) != expected or any(a.stage % stages != r for r, a in acts):
-        validate(schedule, stages, m, virtual)  # raises with the grid and the bad step
+    if len(set(keys)) != len(keys) or len(keys) != expected or any(home[a.stage] != r for r, a in acts):
+        validate(schedule, devices, m, virtual, placement)  # raises with the grid and the bad step
         raise ScheduleError(f"schedule is incomplete: {len(keys)} actions, expected {expected}")
-    lists = [[key(a.stage, kinds[a.kind], a.microbatch) for a in schedule.get(r, []) if a is not None] for r in range(stages)]
+    lists = [[key(a.stage, kinds[a.kind], a.microbatch) for a in schedule.get(r, []) if a is not None] for r in range(devices)]
     # What each action waits for, as keys (see autopipe.schedules.deps).
     needs: list[list[tuple[int, ...]]] = []
     for lst in lists:
@@ -283,13 +289,13 @@ def compile_schedule(schedule: Schedule, stages: int, virtual: int = 1) -> Compi
     kind_of: list[int] = []
     split_of: list[bool] = []
     deps: list[tuple[int, ...]] = []
-    pointer = [0] * stages
+    pointer = [0] * devices
     progress = True
     per_stage = 3 * m
     # A plain loop (no generators): this runs once per action, tens of thousands of times.
     while progress:
         progress = False
-        for r in range(stages):
+        for r in range(devices):
             lst, need_r, i, end = lists[r], needs[r], pointer[r], len(lists[r])
             while i < end:
                 need = need_r[i]
@@ -318,11 +324,11 @@ def compile_schedule(schedule: Schedule, stages: int, virtual: int = 1) -> Compi
                 progress = True
             pointer[r] = i
     if len(rank_of) != len(keys):
-        validate(schedule, stages, m, virtual)  # names the stuck steps
+        validate(schedule, devices, m, virtual, placement)  # names the stuck steps
         raise ScheduleError("schedule deadlocks")
     rank_lists = tuple(tuple(position[k] for k in lst) for lst in lists)
     return CompiledSchedule(
-        stages, n, tuple(rank_of), tuple(stage_of), tuple(kind_of), tuple(split_of), tuple(deps), rank_lists
+        devices, n, home, tuple(rank_of), tuple(stage_of), tuple(kind_of), tuple(split_of), tuple(deps), rank_lists
     )
 
 
@@ -347,13 +353,13 @@ def simulate_summary(c: CompiledSchedule, costs: Sequence[StageCost], comm_s: Se
     end = [0.0] * len(c.rank)
     free = [0.0] * ranks
     busy = [0.0] * ranks
-    stage_of, kind_of, split_of, deps, rank_of = c.stage, c.kind, c.split, c.deps, c.rank
+    stage_of, kind_of, split_of, deps, rank_of, home = c.stage, c.kind, c.split, c.deps, c.rank, c.home
     for i in range(len(rank_of)):
         r, j, k = rank_of[i], stage_of[i], kind_of[i]
         start = free[r]
         for d in deps[i]:
             sd = stage_of[d]
-            t = end[d] if sd % ranks == j % ranks else end[d] + comm[sd if sd < j else j]
+            t = end[d] if home[sd] == home[j] else end[d] + comm[sd if sd < j else j]
             if t > start:
                 start = t
         dur = fwd[j] if k == _F else wgt[j] if k == _W else bin_[j] if split_of[i] else bwd[j]
@@ -363,7 +369,7 @@ def simulate_summary(c: CompiledSchedule, costs: Sequence[StageCost], comm_s: Se
     iteration = max(end) if end else 0.0
     peaks = []
     for r in range(ranks):
-        held = sum(costs[j].static_bytes for j in range(n) if j % ranks == r)
+        held = sum(costs[j].static_bytes for j in range(n) if home[j] == r)
         peak = held
         for i in c.rank_lists[r]:
             x = costs[stage_of[i]]

@@ -4,9 +4,10 @@
 summary of the first problem (``rank 1 step 3: 1B0 runs before 1F0``) followed by the whole
 grid with the offending step marked ``>1B0<``. The checks, in order:
 
-1. sizes: ``stages, microbatches, virtual >= 1``; every rank key in ``[0, S)``;
-2. each action names a stage in ``[0, S*v)`` and a micro-batch in ``[0, m)``, and sits on
-   rank ``stage % S``; no action appears twice;
+1. sizes: ``devices, micro_batches, virtual >= 1``; every rank key in ``[0, S)``;
+2. each action names a stage (chunk) in ``[0, S*v)`` and a micro-batch in ``[0, m)``, and
+   sits on the rank the schedule's placement gives its stage (default ``stage % S``); no
+   action appears twice;
 3. every (stage, micro-batch) has one F and one B; W for all of them or for none;
 4. on its rank, F runs before B before W of the same (stage, micro-batch);
 5. no deadlock: running every rank's list in order under the data dependencies of
@@ -16,15 +17,23 @@ grid with the offending step marked ``>1B0<``. The checks, in order:
 from __future__ import annotations
 
 from autopipe.errors import ScheduleError
-from autopipe.schedules.action import Action, Schedule, format_schedule
+from autopipe.schedules.action import (
+    Action,
+    Kind,
+    Placement,
+    Schedule,
+    format_schedule,
+    round_robin,
+)
 from autopipe.schedules.deps import execute_in_order
 
 __all__ = ["check_sizes", "validate"]
 
 
-def check_sizes(stages: int, microbatches: int, virtual: int = 1) -> None:
+def check_sizes(devices: int, micro_batches: int, virtual: int = 1) -> None:
     """Raise ScheduleError unless all three sizes are positive integers."""
-    for name, value in (("stages", stages), ("microbatches", microbatches), ("virtual", virtual)):
+    sizes = (("devices", devices), ("micro_batches", micro_batches), ("virtual", virtual))
+    for name, value in sizes:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ScheduleError(f"{name} must be a positive integer (got {value!r})")
 
@@ -33,13 +42,20 @@ def _fail(schedule: Schedule, summary: str, mark: tuple[int, int] | None = None)
     return ScheduleError(f"{summary}\n{format_schedule(schedule, mark)}")
 
 
-def validate(schedule: Schedule, stages: int, microbatches: int, virtual: int = 1) -> None:
-    """Raise ScheduleError (summary line + marked grid) unless ``schedule`` is runnable."""
-    check_sizes(stages, microbatches, virtual)
-    num_stages = stages * virtual
+def validate(
+    schedule: Schedule,
+    devices: int,
+    micro_batches: int,
+    virtual: int = 1,
+    placement: Placement = round_robin,
+) -> None:
+    """Raise ScheduleError (summary line + marked grid) unless ``schedule`` is runnable on
+    ``devices`` ranks with ``virtual`` chunks each, chunk ``j`` on ``placement(j, S, v)``."""
+    check_sizes(devices, micro_batches, virtual)
+    num_stages = devices * virtual
     for rank in schedule:
-        if not 0 <= rank < stages:
-            raise _fail(schedule, f"rank {rank} is outside 0..{stages - 1} (stages: {stages})")
+        if not 0 <= rank < devices:
+            raise _fail(schedule, f"rank {rank} is outside 0..{devices - 1} (devices: {devices})")
 
     where: dict[Action, tuple[int, int]] = {}
     for rank in sorted(schedule):
@@ -51,21 +67,22 @@ def validate(schedule: Schedule, stages: int, microbatches: int, virtual: int = 
                 raise _fail(
                     schedule,
                     f"{here} names stage {action.stage}, but there are {num_stages} virtual "
-                    f"stages (stages: {stages}, virtual: {virtual})",
+                    f"stages (devices: {devices}, virtual: {virtual})",
                     (rank, step),
                 )
-            if action.microbatch >= microbatches:
+            if action.microbatch >= micro_batches:
                 raise _fail(
                     schedule,
                     f"{here} names micro-batch {action.microbatch}, outside "
-                    f"0..{microbatches - 1} (microbatches: {microbatches})",
+                    f"0..{micro_batches - 1} (micro_batches: {micro_batches})",
                     (rank, step),
                 )
-            if action.stage % stages != rank:
+            home = placement(action.stage, devices, virtual)
+            if home != rank:
                 raise _fail(
                     schedule,
-                    f"{here} belongs on rank {action.stage % stages} "
-                    f"(stage {action.stage} % {stages} stages)",
+                    f"{here} belongs on rank {home} (the schedule's place for stage "
+                    f"{action.stage} on {devices} devices)",
                     (rank, step),
                 )
             if action in where:
@@ -77,21 +94,21 @@ def validate(schedule: Schedule, stages: int, microbatches: int, virtual: int = 
                 )
             where[action] = (rank, step)
 
-    split = any(a.kind == "W" for a in where)
-    kinds = ("F", "B", "W") if split else ("F", "B")
+    split = any(a.kind is Kind.WEIGHT for a in where)
+    kinds = tuple(Kind) if split else (Kind.FORWARD, Kind.BACKWARD)
     for stage in range(num_stages):
-        for mb in range(microbatches):
+        for mb in range(micro_batches):
             for kind in kinds:
                 if Action(stage, kind, mb) not in where:
                     why = (
                         "a schedule with W actions needs one W per (stage, micro-batch)"
-                        if kind == "W"
+                        if kind is Kind.WEIGHT
                         else "every (stage, micro-batch) needs one F and one B"
                     )
                     raise _fail(schedule, f"{stage}{kind}{mb} is missing: {why}")
 
     for action, (rank, step) in sorted(where.items(), key=lambda item: item[1]):
-        before = {"B": "F", "W": "B"}.get(action.kind)
+        before = {Kind.BACKWARD: Kind.FORWARD, Kind.WEIGHT: Kind.BACKWARD}.get(action.kind)
         if before is None:
             continue
         other = Action(action.stage, before, action.microbatch)

@@ -20,46 +20,75 @@ Fewer micro-batches leave too few Ws to fill the tail.
     rank 1 | .   1F0 1F1 .   1B0 1F2 1B1 1W0 1F3 1B2 1W1 1B3 1W2 1W3
     rank 2 | .   .   2F0 2B0 2F1 2B1 2F2 2B2 2W0 2F3 2B3 2W1 2W2 2W3
 
-Only ``virtual == 1``.
+Only ``virtual == 1``. The planner budgets ``min(m, S)`` micro-batches of activations on
+every stage (W keeps inputs alive past B; conservative). torch.distributed.pipelining runs it
+as ``ScheduleInterleavedZeroBubble`` (torch's ZB schedule; with one stage per rank it is
+ZB-H1-like).
 """
 
 from __future__ import annotations
 
 from autopipe.errors import ScheduleError
-from autopipe.schedules.action import Action, Schedule
+from autopipe.schedules.action import Action, Kind, Schedule
+from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
-__all__ = ["create_schedule", "rank_actions"]
+__all__ = ["SPEC", "bubble", "create_schedule", "inflight", "rank_actions"]
+
+F, B, W = Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT
 
 
-def rank_actions(stage: int, stages: int, microbatches: int) -> list[Action]:
-    """The ZB-H1 list of rank ``stage``: 1F1B with each W delayed by ``stage`` pairs."""
-    warmup = min(microbatches, stages - stage - 1)
-    actions = [Action(stage, "F", mb) for mb in range(warmup)]
-    weights = 0  # Ws emitted so far; W i runs once B i and `stage` more pairs have run
+def rank_actions(rank: int, devices: int, micro_batches: int) -> list[Action]:
+    """The ZB-H1 list of ``rank`` (stage ``rank``): 1F1B with each W delayed by ``rank`` pairs."""
+    warmup = min(micro_batches, devices - rank - 1)
+    actions = [Action(rank, F, mb) for mb in range(warmup)]
+    weights = 0  # Ws emitted so far; W i runs once B i and `rank` more pairs have run
 
     def weight() -> None:
         nonlocal weights
-        actions.append(Action(stage, "W", weights))
+        actions.append(Action(rank, W, weights))
         weights += 1
 
-    for i in range(microbatches - warmup):
-        actions += [Action(stage, "F", warmup + i), Action(stage, "B", i)]
-        if i >= stage:
+    for i in range(micro_batches - warmup):
+        actions += [Action(rank, F, warmup + i), Action(rank, B, i)]
+        if i >= rank:
             weight()
-    for mb in range(microbatches - warmup, microbatches):
-        actions.append(Action(stage, "B", mb))
+    for mb in range(micro_batches - warmup, micro_batches):
+        actions.append(Action(rank, B, mb))
         weight()
-    while weights < microbatches:
+    while weights < micro_batches:
         weight()
     return actions
 
 
-def create_schedule(stages: int, microbatches: int, virtual: int = 1) -> Schedule:
-    """The ZB-H1 schedule: ``{rank: rank_actions(rank, stages, microbatches)}``."""
-    check_sizes(stages, microbatches, virtual)
+def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
+    """The ZB-H1 schedule: ``{rank: rank_actions(rank, devices, micro_batches)}``."""
+    check_sizes(devices, micro_batches, virtual)
     if virtual != 1:
         raise ScheduleError(
             f"zb-h1 runs one stage per rank (got virtual: {virtual}); use virtual=1"
         )
-    return {s: [*rank_actions(s, stages, microbatches)] for s in range(stages)}
+    return {s: [*rank_actions(s, devices, micro_batches)] for s in range(devices)}
+
+
+def inflight(devices: int, micro_batches: int, virtual: int = 1) -> tuple[float, ...]:
+    """``min(m, S)`` on every stage: at most ``S-s`` full activations plus ``s`` weight-grad
+    remainders on rank ``s``, counted as whole micro-batches (conservative)."""
+    return (float(min(micro_batches, devices)),) * devices
+
+
+def bubble(devices: int, micro_batches: int, virtual: int = 1) -> float:
+    """``(S-1) / (3m+S-1)`` when F, B and W take equal time (``(S-1)(F+B-W)`` per rank)."""
+    return (devices - 1) / (3 * micro_batches + devices - 1)
+
+
+SPEC = ScheduleSpec(
+    name="zb-h1",
+    create_schedule=create_schedule,
+    inflight=inflight,
+    bubble=bubble,
+    torch_class="ScheduleInterleavedZeroBubble",
+    preference=1,
+    torch_multi=True,
+    splits_backward=True,
+)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from autopipe.costs.profile import Profile
 from autopipe.plans import Alternative, Baseline, Plan, StagePlan
-from autopipe.schedules import make_schedule
+from autopipe.schedules import schedule_spec
 from autopipe.schedules.simulate import StageCost, Summary, Timeline, simulate
 from autopipe.solve.baselines import BASELINES, baseline_assignment
 from autopipe.solve.pricing import BlockTimes, Candidate, candidate, fits, price
@@ -33,6 +33,7 @@ def make_plan(
     u = req.batch_size // d.micro_batches
     part = best.partition
     stats = stage_stats(best.problem, part.stage_of_block)
+    placed = schedule_spec(d.schedule).devices_of(req.stages, d.virtual)
     stages = []
     for s in range(best.problem.stages):
         members = tuple(i for i, x in enumerate(part.stage_of_block) if x == s)
@@ -40,7 +41,7 @@ def make_plan(
         stages.append(
             StagePlan(
                 index=s,
-                rank=s % req.stages,
+                rank=placed[s],
                 blocks=tuple(profile.blocks[i].name for i in members),
                 block_indices=members,
                 nodes=tuple(n for i in members for n in profile.blocks[i].nodes),
@@ -127,5 +128,6 @@ def plan_timeline(plan: Plan) -> Timeline:
         plan.link_latency_s + s.send_bytes / plan.link_bandwidth if s.send_bytes > 0 else 0.0
         for s in plan.stages[:-1]
     ]
-    schedule = make_schedule(plan.schedule, plan.devices, plan.micro_batches, plan.virtual)
-    return simulate(schedule, costs, comm, stages=plan.devices)
+    spec = schedule_spec(plan.schedule)
+    schedule = spec.make(plan.devices, plan.micro_batches, plan.virtual)
+    return simulate(schedule, costs, comm, devices=plan.devices, placement=spec.placement)

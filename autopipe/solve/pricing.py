@@ -15,7 +15,7 @@ import functools
 from dataclasses import dataclass
 
 from autopipe.costs.profile import Profile
-from autopipe.schedules import SCHEDULES
+from autopipe.schedules import schedule_spec
 from autopipe.schedules.simulate import (
     CompiledSchedule,
     StageCost,
@@ -108,15 +108,17 @@ def costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list[
 
 
 @functools.lru_cache(maxsize=128)
-def compiled(name: str, stages: int, micro_batches: int, virtual: int) -> CompiledSchedule:
+def compiled(name: str, devices: int, micro_batches: int, virtual: int) -> CompiledSchedule:
     # The generators are tested against the full validator; compiling re-checks the essentials.
-    return compile_schedule(SCHEDULES[name](stages, micro_batches, virtual), stages, virtual)
+    spec = schedule_spec(name)
+    schedule = spec.create_schedule(devices, micro_batches, virtual)
+    return compile_schedule(schedule, devices, virtual, spec.placement)
 
 
-def price(c: Candidate, stages: int) -> Summary:
-    """Simulate candidate ``c`` on ``stages`` devices (iteration, bubble, peak memory)."""
+def price(c: Candidate, devices: int) -> Summary:
+    """Simulate candidate ``c`` on ``devices`` devices (iteration, bubble, peak memory)."""
     d = c.decision
-    schedule = compiled(d.schedule, stages, d.micro_batches, d.virtual)
+    schedule = compiled(d.schedule, devices, d.micro_batches, d.virtual)
     return simulate_summary(schedule, c.costs, c.partition.comm_s)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
-from autopipe.schedules import SCHEDULES
+from autopipe.schedules import schedule_names, schedule_spec, search_order
 from autopipe.solve.pricing import Decision
 from autopipe.units import format_bytes
 
@@ -28,8 +28,7 @@ __all__ = [
     "validate",
 ]
 
-SEARCH_SCHEDULES = ("1f1b", "zb-h1", "gpipe", "interleaved-1f1b")  # ties go to the first
-_VIRTUAL_CHOICES = (2, 4)
+SEARCH_SCHEDULES = tuple(s.name for s in search_order())  # ties go to the first (ScheduleSpec.preference)
 
 
 @dataclass(frozen=True)
@@ -74,12 +73,13 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
     out = []
     for m in ms:
         for name in schedules:
-            if name != "interleaved-1f1b":
+            spec = schedule_spec(name)
+            if not spec.takes_virtual:
                 out.append(Decision(name, 1, m))
                 continue
-            vs = [req.virtual] if req.virtual else list(_VIRTUAL_CHOICES)
+            vs = [req.virtual] if req.virtual else list(spec.virtual_choices)
             for v in vs:
-                if S > 1 and m % S == 0 and S * v <= n:
+                if spec.searchable(S, m, v) and S * v <= n:
                     out.append(Decision(name, v, m))
     return out
 
@@ -148,17 +148,19 @@ def validate(profile: Profile, req: PlanRequest) -> None:
             "torch.export traced this model, and it traces a micro-batch of 1 with another graph than this "
             "profile's; use --batch-size 2 or more"
         )
-    if req.schedule is not None and req.schedule not in SCHEDULES:
+    if req.schedule is not None and req.schedule not in schedule_names():
         raise PlanError(f"unknown schedule {req.schedule!r}; use one of {', '.join(SEARCH_SCHEDULES)}")
+    spec = schedule_spec(req.schedule) if req.schedule is not None else None
     if req.virtual is not None:
         if req.virtual < 1:
             raise PlanError(f"--virtual must be at least 1 (got {req.virtual})")
-        if req.schedule not in (None, "interleaved-1f1b"):
-            raise PlanError(f"--virtual applies to the interleaved-1f1b schedule only (got --schedule {req.schedule})")
+        if spec is not None and not spec.takes_virtual:
+            chunked = " and ".join(s.name for s in search_order() if s.takes_virtual)
+            raise PlanError(f"--virtual applies to the {chunked} schedule only (got --schedule {req.schedule})")
         if S * req.virtual > n:
             raise PlanError(f"{S} devices x {req.virtual} virtual stages needs {S * req.virtual} blocks, the model has {n}")
-    if req.schedule == "interleaved-1f1b" and req.micro_batches is not None and req.micro_batches % S:
-        raise PlanError(f"interleaved-1f1b needs the micro-batch count to be a multiple of {S} stages (got {req.micro_batches})")
+    if spec is not None and spec.micro_batches_multiple_of_devices and req.micro_batches is not None and req.micro_batches % S:
+        raise PlanError(f"{spec.name} needs the micro-batch count to be a multiple of {S} stages (got {req.micro_batches})")
     if req.recompute not in ("auto", "never", "always"):
         raise PlanError(f"recompute must be auto, never or always (got {req.recompute!r})")
     if not req.link_bandwidth > 0 or req.link_latency_s < 0:
@@ -166,8 +168,9 @@ def validate(profile: Profile, req: PlanRequest) -> None:
     if not req.action_overhead_s >= 0:
         raise PlanError(f"--action-overhead must be zero or more (got {req.action_overhead_s})")
     if not decisions(profile, req):
+        chunked = spec.name if spec is not None else " and ".join(s.name for s in search_order() if s.takes_virtual)
         raise PlanError(
-            f"no schedule fits the request: interleaved-1f1b needs micro-batches divisible by {S} and {S} x v <= {n} blocks"
+            f"no schedule fits the request: {chunked} needs micro-batches divisible by {S} and {S} x v <= {n} blocks"
         )
 
 

@@ -4,12 +4,13 @@ For every micro-batch count ``m`` that divides the batch (micro-batch size ``u =
 from the Profile's affine fits), every schedule (GPipe, 1F1B, ZB-H1, interleaved 1F1B with v
 virtual stages) and the per-stage recomputation choice, the partition solver finds the cuts
 that minimise the pipeline's bottleneck under each device's memory limit, given how many
-micro-batches of activations the schedule holds on each stage:
+micro-batches of activations the schedule holds on each stage (``ScheduleSpec.inflight``, in
+each schedule's module; limit M / v per chunk):
 
     GPipe              k_s = m
     1F1B               k_s = min(m, S - s)            (PipeDream-Flush)
     ZB-H1              k_s = min(m, S)                (W keeps inputs alive past B; conservative)
-    interleaved 1F1B   k_j = (w_r + 1) / v per chunk, limit M / v per chunk,
+    interleaved 1F1B   k_j = (w_r + 1) / v per chunk,
                        w_r = min(2 (S - r - 1) + (v - 1) S, v m) warm-up forwards on rank r
 
 Each candidate — the solver's cuts and three simple splits (even by layers, balanced by
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Plan
+from autopipe.schedules import schedule_spec
 from autopipe.schedules.simulate import Summary
 from autopipe.solve.assemble import make_plan
 from autopipe.solve.baselines import BASELINES, baseline_assignment
@@ -147,16 +149,17 @@ def _candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
     d = c.decision
     costs = c.costs
     m, S = d.micro_batches, req.stages
-    split = d.schedule == "zb-h1"
+    spec = schedule_spec(d.schedule)
+    split = spec.splits_backward
     f = [x.forward_s for x in costs]
     b = [x.backward_input_s if split else x.backward_s for x in costs]
     w = [x.backward_weight_s if split else 0.0 for x in costs]
     comm = c.partition.comm_s
     busy = [0.0] * S
     work = [0.0] * S
-    for j in range(len(costs)):
-        busy[j % S] += m * (f[j] + b[j] + w[j])
-        work[j % S] += m * (f[j] + b[j])
+    for j, r in enumerate(spec.devices_of(S, d.virtual)):
+        busy[r] += m * (f[j] + b[j] + w[j])
+        work[r] += m * (f[j] + b[j])
     bound = max(max(busy), sum(f) + sum(b) + 2 * sum(comm))
     before = 0.0
     for r in range(S):
@@ -180,7 +183,7 @@ def _decision_bound(work: Work, req: PlanRequest, d: Decision) -> float:
     (blocks cannot be cut finer, and communication and recomputation only add).
     """
     u = req.batch_size // d.micro_batches
-    total, chain, share = work(u, d.schedule == "zb-h1")
+    total, chain, share = work(u, schedule_spec(d.schedule).splits_backward)
     bound = max(chain, d.micro_batches * total / req.stages)
     if d.virtual == 1 and share > 0:
         m, S = d.micro_batches, req.stages
@@ -249,18 +252,6 @@ def _refine_with_ilp(
 # --------------------------------------------------------------------------- decisions
 
 
-def _inflight(decision: Decision, S: int) -> list[float]:
-    m, v = decision.micro_batches, decision.virtual
-    if decision.schedule == "gpipe":
-        return [float(m)] * S
-    if decision.schedule == "1f1b":
-        return [float(min(m, S - s)) for s in range(S)]
-    if decision.schedule == "zb-h1":
-        return [float(min(m, S))] * S
-    warm = [min(2 * (S - r - 1) + (v - 1) * S, v * m) for r in range(S)]
-    return [(warm[j % S] + 1) / v for j in range(S * v)]
-
-
 def _problem(profile: Profile, req: PlanRequest, decision: Decision) -> PartitionProblem:
     u = req.batch_size // decision.micro_batches
     chunks = req.stages * decision.virtual
@@ -272,7 +263,7 @@ def _problem(profile: Profile, req: PlanRequest, decision: Decision) -> Partitio
         activation_bytes=tuple(b.saved_bytes(u) for b in blocks),
         tensors=tuple(Edge(t.src, t.dsts, t.bytes(u)) for t in profile.tensors if t.dsts),
         stages=chunks,
-        inflight=tuple(_inflight(decision, req.stages)),
+        inflight=schedule_spec(decision.schedule).inflight(req.stages, decision.micro_batches, decision.virtual),
         memory_limit=(req.memory_bytes / decision.virtual,) * chunks,
         link_latency_s=req.link_latency_s,
         link_bandwidth=req.link_bandwidth,

@@ -12,8 +12,9 @@ values it received that skip past it (a U-Net's long skip connections, a model i
 late). The last stage returns the model's output (one tensor, or the tuple the model returns)
 for ``loss_fn(output, target)``.
 
-Schedules: ``gpipe`` -> ScheduleGPipe, ``1f1b`` -> Schedule1F1B, ``interleaved-1f1b`` ->
-ScheduleInterleaved1F1B (``virtual`` stages per rank, stage j on rank ``j % S``), ``zb-h1`` ->
+Schedules: each schedule's spec names its torch class (``ScheduleSpec.torch_class``):
+``gpipe`` -> ScheduleGPipe, ``1f1b`` -> Schedule1F1B, ``interleaved-1f1b`` ->
+ScheduleInterleaved1F1B (``virtual`` stages per rank, placed as the plan says), ``zb-h1`` ->
 ScheduleInterleavedZeroBubble (torch's ZB schedule; with one stage per rank it is ZB-H1-like).
 torch scales gradients by ``1 / n_microbatches``, so a mean loss gives the full batch's
 gradient.
@@ -42,18 +43,13 @@ from torch import nn
 from autopipe.errors import PlanError
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
+from autopipe.schedules import SPECS, schedule_spec
 from autopipe.stages.rebuild import trace_for_plan
 from autopipe.stages.split import Split, StageModule, split_model
 
 __all__ = ["SCHEDULE_CLASSES", "RelayStage", "relay_stages", "sync_shared_grads", "to_torch_pipelining"]
 
-SCHEDULE_CLASSES = {
-    "gpipe": "ScheduleGPipe",
-    "1f1b": "Schedule1F1B",
-    "interleaved-1f1b": "ScheduleInterleaved1F1B",
-    "zb-h1": "ScheduleInterleavedZeroBubble",
-}
-_MULTI_STAGE = ("interleaved-1f1b", "zb-h1")
+SCHEDULE_CLASSES = {spec.name: spec.torch_class for spec in SPECS}  # name -> torch class
 
 
 class RelayStage(nn.Module):
@@ -169,10 +165,11 @@ def to_torch_pipelining(
                 output_args=_examples(traced, relay.model_output or relay.carry_out, dev, True), group=group,
             )
         )
-    cls = getattr(pipelining, SCHEDULE_CLASSES[plan.schedule])
+    spec = schedule_spec(plan.schedule)
+    cls = getattr(pipelining, spec.torch_class)
     options: dict[str, Any] = {"n_microbatches": plan.micro_batches, "loss_fn": loss_fn, "scale_grads": scale_grads}
     try:
-        schedule = cls(stages if plan.schedule in _MULTI_STAGE else stages[0], **options)
+        schedule = cls(stages if spec.torch_multi else stages[0], **options)
     except (ValueError, RuntimeError) as e:
         raise PlanError(f"torch's {cls.__name__} rejects this plan ({e}); plan with another schedule or micro-batch count") from None
     return stages, schedule
