@@ -4,7 +4,6 @@ the simple splits priced under the same schedule; and the Plan's timeline simula
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from autopipe.costs.profile import Profile
 from autopipe.plans import Alternative, Baseline, Plan, StagePlan
@@ -13,9 +12,7 @@ from autopipe.schedules.simulate import StageCost, Summary, Timeline, simulate
 from autopipe.solve.baselines import BASELINES, baseline_assignment
 from autopipe.solve.pricing import BlockTimes, Candidate, candidate, fits, price
 from autopipe.solve.problem import evaluate, stage_stats
-
-if TYPE_CHECKING:
-    from autopipe.solve.search import PlanRequest
+from autopipe.solve.request import PlanRequest
 
 __all__ = ["make_plan", "plan_timeline"]
 
