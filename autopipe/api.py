@@ -116,9 +116,9 @@ def plan(
         prof = profile(model, example_inputs, micro_batch_sizes=sizes, **profile_options)
     bw, lat = default_link(prof.device)
     request = PlanRequest(
-        stages=stages,
+        devices=stages,
         batch_size=batch_size,
-        memory_bytes=parse_bytes(memory, "memory"),
+        memory_limit=parse_bytes(memory, "memory"),
         micro_batches=micro_batches,
         schedule=schedule,
         virtual=virtual,

@@ -39,7 +39,7 @@ def main() -> None:
         bw, lat = default_link(prof.device)
         for stages in (2, 4):
             req = PlanRequest(
-                stages=stages, batch_size=32, memory_bytes=2 * 2**30, link_bandwidth=bw, link_latency_s=lat,
+                devices=stages, batch_size=32, memory_limit=2 * 2**30, link_bandwidth=bw, link_latency_s=lat,
                 action_overhead_s=default_action_overhead(prof.device),
             )  # fmt: skip
             plan = plan_pipeline(prof, req)

@@ -52,7 +52,7 @@ def plan_all(kwargs: list[str], folder: Path) -> list[Path]:
     paths = []
     for schedule in SCHEDULES:
         req = PlanRequest(
-            stages=2, batch_size=BATCH, memory_bytes=2.0**34, micro_batches=MICRO_BATCHES,
+            devices=2, batch_size=BATCH, memory_limit=2.0**34, micro_batches=MICRO_BATCHES,
             schedule=schedule, recompute="never", link_bandwidth=bw, link_latency_s=lat,
             action_overhead_s=default_action_overhead(prof.device),
         )  # fmt: skip

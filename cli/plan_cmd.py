@@ -146,9 +146,9 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
         if args.zero1:
             raise UsageError("--zero1 shards optimizer state across data-parallel replicas; give --gpus G as well")
         request = PlanRequest(
-            stages=stages or _default_stages(),
+            devices=stages or _default_stages(),
             batch_size=batch,
-            memory_bytes=memory,
+            memory_limit=memory,
             micro_batches=micro,
             schedule=args.schedule,
             virtual=virtual,

@@ -37,7 +37,7 @@ def make_plan(
         stages.append(
             StagePlan(
                 index=s,
-                rank=s % req.stages,
+                rank=s % req.devices,
                 blocks=tuple(profile.blocks[i].name for i in members),
                 block_indices=members,
                 nodes=tuple(n for i in members for n in profile.blocks[i].nodes),
@@ -74,13 +74,13 @@ def make_plan(
         max_blocks=profile.max_blocks,
         fingerprint=profile.fingerprint,
         profile_device=profile.device,
-        devices=req.stages,
+        devices=req.devices,
         virtual=d.virtual,
         schedule=d.schedule,
         micro_batches=d.micro_batches,
         micro_batch_size=u,
         batch_size=req.batch_size,
-        memory_limit_bytes=req.memory_bytes,
+        memory_limit_bytes=req.memory_limit,
         link_bandwidth=req.link_bandwidth,
         link_latency_s=req.link_latency_s,
         action_overhead_s=req.action_overhead_s,
@@ -105,9 +105,9 @@ def _baselines(profile: Profile, req: PlanRequest, best: Candidate) -> list[Base
         rc = (p.recompute == "always",) * p.stages
         part = evaluate(p, assignment, rc)
         c = candidate(d, name, p, part, times)
-        t = price(c, req.stages)
+        t = price(c, req.devices)
         sizes = tuple(assignment.count(s) for s in range(p.stages))
-        out.append(Baseline(name, sizes, t.iteration_s, t.bubble_fraction, t.peak_memory_bytes, fits(t, req.memory_bytes)))
+        out.append(Baseline(name, sizes, t.iteration_s, t.bubble_fraction, t.peak_memory_bytes, fits(t, req.memory_limit)))
     return out
 
 

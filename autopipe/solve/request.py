@@ -1,9 +1,16 @@
 """What the planner is asked: :class:`PlanRequest`, its checks, and the decisions it allows.
 
-A request pins what the user decided (stages, batch, memory, and optionally micro-batches,
-schedule, virtual stages, recomputation) and says what the hardware costs (link, the
-executor's cost per action); :func:`decisions` lists the (schedule, v, m) the search may
-take, and :func:`validate` turns a request that cannot be planned into one clear line.
+A request pins what the user decided (devices, batch, memory limit, and optionally
+micro-batches, schedule, virtual stages, recomputation) and says what the hardware costs
+(link, the executor's cost per action); :func:`decisions` lists the (schedule, v, m) the
+search may take, and :func:`validate` turns a request that cannot be planned into one clear
+line. :mod:`autopipe.solve.defaults` fills in what the user left out, for the API and the CLI.
+
+Words: a *device* is one pipeline rank (``autopipe plan --stages``, ``autopipe.plan(stages=)``
+count devices); a *stage* is one chunk of the model, so a device holds ``v`` stages when the
+schedule is interleaved and S·v stages are cut in all. The memory limit is per device
+(``memory_limit``); each of a device's ``v`` stages gets ``memory_limit / v``
+(``PartitionProblem.stage_memory_limit``).
 """
 
 from __future__ import annotations
@@ -36,9 +43,9 @@ _VIRTUAL_CHOICES = (2, 4)
 class PlanRequest:
     """What the user asks for; ``None`` leaves a decision to the search."""
 
-    stages: int  # S: pipeline devices
+    devices: int  # S: pipeline ranks (``--stages``, ``stages=``)
     batch_size: int  # samples per iteration (per pipeline)
-    memory_bytes: float  # per device
+    memory_limit: float  # bytes per device (``--memory``, ``memory=``)
     micro_batches: int | None = None
     schedule: str | None = None
     virtual: int | None = None  # stages per device, interleaved 1F1B only
@@ -67,7 +74,7 @@ def _traceable(profile: Profile, u: int) -> bool:
 
 
 def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
-    S, n = req.stages, profile.num_blocks
+    S, n = req.devices, profile.num_blocks
     ms = [req.micro_batches] if req.micro_batches else divisors(req.batch_size)
     ms = [m for m in ms if _traceable(profile, req.batch_size // m)]
     schedules = [req.schedule] if req.schedule else list(SEARCH_SCHEDULES)
@@ -113,7 +120,7 @@ def default_link(device: str) -> tuple[float, float]:
 
 
 def validate(profile: Profile, req: PlanRequest) -> None:
-    n, S, B = profile.num_blocks, req.stages, req.batch_size
+    n, S, B = profile.num_blocks, req.devices, req.batch_size
     if S < 1:
         raise PlanError(f"--stages must be at least 1 (got {S})")
     if S > n:
@@ -122,8 +129,8 @@ def validate(profile: Profile, req: PlanRequest) -> None:
         )
     if B < 1:
         raise PlanError(f"--batch-size must be at least 1 (got {B})")
-    if not req.memory_bytes > 0:
-        raise PlanError(f"--memory must be positive (got {req.memory_bytes})")
+    if not req.memory_limit > 0:
+        raise PlanError(f"--memory must be positive (got {req.memory_limit})")
     if req.micro_batches is not None:
         m = req.micro_batches
         if m < 1:
@@ -175,7 +182,7 @@ def infeasible_error(profile: Profile, req: PlanRequest, need: float) -> Infeasi
     fixes = "more stages or smaller micro-batches" if req.recompute != "never" else "more stages, recomputation, or smaller micro-batches"
     need_text = f"; the smallest limit that fits is {format_bytes(need, round_up=True)} per device" if math.isfinite(need) else ""
     return InfeasibleError(
-        f"no plan of {profile.num_blocks} blocks on {req.stages} devices fits {format_bytes(req.memory_bytes)} per device"
+        f"no plan of {profile.num_blocks} blocks on {req.devices} devices fits {format_bytes(req.memory_limit)} per device"
         f"{need_text} (or use {fixes})",
         min_memory_bytes=need if math.isfinite(need) else None,
     )
