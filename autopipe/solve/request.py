@@ -28,8 +28,6 @@ __all__ = [
     "SEARCH_SCHEDULES",
     "PlanRequest",
     "decisions",
-    "default_action_overhead",
-    "default_link",
     "divisors",
     "infeasible_error",
     "validate",
@@ -89,31 +87,6 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
                 if S > 1 and m % S == 0 and S * v <= n:
                     out.append(Decision(name, v, m))
     return out
-
-
-def default_action_overhead(device: str) -> float:
-    """Seconds the executor spends on an action besides its computation (Python, posting its
-    sends, starting an autograd call), by the profile's device.
-
-    CPU ranks: 0.3 ms, as ``bench/bench_overhead.py`` measured on the development machine
-    (0.37-0.43 ms per F and per B, 0.10-0.22 ms per W, medians 0.22-0.34 ms over three runs).
-    GPUs: 0 until measured there (host work mostly overlaps the kernels); pass
-    ``--action-overhead``.
-    """
-    return 3e-4 if device.startswith("cpu") else 0.0
-
-
-def default_link(device: str) -> tuple[float, float]:
-    """(bandwidth bytes/s, latency s) between neighbouring devices, by the profile's device.
-
-    GPUs: 50 GB/s and 10 us (between PCIe 5.0 x16 and NVLink: a conservative default);
-    CPU processes talking over gloo on one host: 4 GB/s and 120 us, as ``bench/bench_link.py``
-    measured on the development machine (3.2-4.1 GB/s, 110-190 us; run it for yours and pass
-    ``--bandwidth`` / ``--latency``).
-    """
-    if device.startswith("cuda"):
-        return 50e9, 10e-6
-    return 4e9, 120e-6
 
 
 # --------------------------------------------------------------------------- checks

@@ -47,13 +47,11 @@ from autopipe.solve.request import (
     SEARCH_SCHEDULES,
     PlanRequest,
     decisions,
-    default_action_overhead,
-    default_link,
     infeasible_error,
     validate,
 )
 
-__all__ = ["SEARCH_SCHEDULES", "PlanRequest", "default_action_overhead", "default_link", "plan_pipeline"]
+__all__ = ["SEARCH_SCHEDULES", "PlanRequest", "plan_pipeline"]
 
 _EXACT_DP_LIMIT = 4_000_000  # n^2 * S above which the bisection solver replaces the DP
 _ILP_MAX_BLOCKS = 48  # DAGs up to this many blocks also get the ILP's free placement
