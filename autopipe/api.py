@@ -26,7 +26,8 @@ from autopipe.graph.recipe import TraceRecipe
 from autopipe.graph.trace import trace_model
 from autopipe.model.load import LoadedModel, ModelSpec, default_loss
 from autopipe.plans import Plan
-from autopipe.solve.search import PlanRequest, default_action_overhead, default_link, plan_pipeline
+from autopipe.solve.defaults import plan_micro_batch_sizes, plan_request
+from autopipe.solve.search import plan_pipeline
 from autopipe.units import parse_bytes
 
 __all__ = ["fingerprint_of", "plan", "profile"]
@@ -92,8 +93,8 @@ def plan(
     model: nn.Module,
     example_inputs: Inputs,
     *,
-    stages: int,
-    memory: float | str,
+    stages: int | None = None,
+    memory: float | str | None = None,
     batch_size: int,
     micro_batches: int | None = None,
     schedule: str | None = None,
@@ -105,26 +106,30 @@ def plan(
     profile_data: Profile | None = None,
     **profile_options: Any,
 ) -> Plan:
-    """Profile ``model`` (unless ``profile_data`` is given) and plan its pipeline."""
+    """Profile ``model`` (unless ``profile_data`` is given) and plan its pipeline.
+
+    ``stages`` counts pipeline devices and ``memory`` is the limit per device; left out,
+    both take ``autopipe plan``'s defaults (:mod:`autopipe.solve.defaults`), as do the link,
+    the cost per action and the micro-batch sizes profiled.
+    """
     prof = profile_data
     if prof is None:
         sizes = profile_options.pop("micro_batch_sizes", None)
         if sizes is None:
-            cap = min(batch_size, _batch_of(example_inputs) or batch_size, 8)
-            sizes = sorted({s for s in (cap // 4, cap // 2, cap) if s >= 1})
+            sizes = plan_micro_batch_sizes(batch_size, _batch_of(example_inputs))
         prof = profile(model, example_inputs, micro_batch_sizes=sizes, **profile_options)
-    bw, lat = default_link(prof.device)
-    request = PlanRequest(
-        stages=stages,
+    request = plan_request(
+        prof,
+        devices=stages,
         batch_size=batch_size,
-        memory_bytes=parse_bytes(memory, "memory"),
+        memory_limit=None if memory is None else parse_bytes(memory, "memory"),
         micro_batches=micro_batches,
         schedule=schedule,
         virtual=virtual,
         recompute=recompute,
-        link_bandwidth=link_bandwidth or bw,
-        link_latency_s=lat if link_latency_s is None else link_latency_s,
-        action_overhead_s=default_action_overhead(prof.device) if action_overhead_s is None else action_overhead_s,
+        link_bandwidth=link_bandwidth,
+        link_latency_s=link_latency_s,
+        action_overhead_s=action_overhead_s,
     )
     return plan_pipeline(prof, request)
 

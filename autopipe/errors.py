@@ -16,6 +16,7 @@ __all__ = [
     "PlanError",
     "PlanFileError",
     "ProfileError",
+    "RunOptionError",
     "RuntimeFailure",
     "ScheduleError",
     "TraceError",
@@ -60,6 +61,10 @@ class PlanFileError(AutopipeError):
 
 class EmitError(AutopipeError):
     """Stage folders cannot be written (or read back): a folder in the way, code torch alone cannot run."""
+
+
+class RunOptionError(AutopipeError):
+    """A run flag (``autopipe run``, ``python -m autopipe.runtime``) is malformed or out of range."""
 
 
 class RuntimeFailure(AutopipeError):

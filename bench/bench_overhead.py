@@ -6,7 +6,7 @@ sequence 4) is profiled here with one thread, planned for 2 CPU ranks with 16 mi
 and no overhead in the prediction, for 1F1B and ZB-H1, and trained by ``autopipe run`` (two
 gloo processes, one thread each). Per action kind, the measured work (from when its messages
 are in to its end, the first step left out) minus the profile's prediction is the overhead:
-Python, the autograd call, posting sends. ``autopipe.solve.search.default_action_overhead``
+Python, the autograd call, posting sends. ``autopipe.solve.defaults.default_action_overhead``
 quotes this script's figure for CPU ranks; ``--action-overhead`` sets yours.
 """
 
@@ -32,7 +32,8 @@ def main() -> None:
     from autopipe.runtime import RunOptions
     from autopipe.runtime.launch import launch
     from autopipe.runtime.report import compare
-    from autopipe.solve.search import PlanRequest, default_link, plan_pipeline
+    from autopipe.solve.defaults import default_link
+    from autopipe.solve.search import PlanRequest, plan_pipeline
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -45,7 +46,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for schedule in ("1f1b", "zb-h1"):
             request = PlanRequest(
-                stages=2, batch_size=BATCH, memory_bytes=2.0**30, micro_batches=MICRO_BATCHES,
+                devices=2, batch_size=BATCH, memory_limit=2.0**30, micro_batches=MICRO_BATCHES,
                 schedule=schedule, recompute="never", link_bandwidth=bw, link_latency_s=lat,
             )  # fmt: skip
             plan = plan_pipeline(prof, request)

@@ -48,7 +48,7 @@ def synthetic_profile(n: int, seed: int = 0) -> Profile:
 
 def bench(n: int, stages: int, batch: int, memory: float, repeat: int) -> None:
     prof = synthetic_profile(n)
-    req = PlanRequest(stages=stages, batch_size=batch, memory_bytes=memory, link_bandwidth=50e9, link_latency_s=1e-5)
+    req = PlanRequest(devices=stages, batch_size=batch, memory_limit=memory, link_bandwidth=50e9, link_latency_s=1e-5)
     times, plan = [], None
     for _ in range(repeat):
         compiled.cache_clear()  # every run starts cold, as one `autopipe plan` does

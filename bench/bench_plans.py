@@ -20,7 +20,8 @@ import torch
 
 from autopipe.costs.measured import profile_model
 from autopipe.model.load import check_model_runs, load_model
-from autopipe.solve.search import PlanRequest, default_action_overhead, default_link, plan_pipeline
+from autopipe.solve.defaults import default_action_overhead, default_link
+from autopipe.solve.search import PlanRequest, plan_pipeline
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 
@@ -39,7 +40,7 @@ def main() -> None:
         bw, lat = default_link(prof.device)
         for stages in (2, 4):
             req = PlanRequest(
-                stages=stages, batch_size=32, memory_bytes=2 * 2**30, link_bandwidth=bw, link_latency_s=lat,
+                devices=stages, batch_size=32, memory_limit=2 * 2**30, link_bandwidth=bw, link_latency_s=lat,
                 action_overhead_s=default_action_overhead(prof.device),
             )  # fmt: skip
             plan = plan_pipeline(prof, req)

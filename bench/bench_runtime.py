@@ -38,12 +38,8 @@ BATCH, MICRO_BATCHES, LR = 16, 4, 1e-3
 def plan_all(kwargs: list[str], folder: Path) -> list[Path]:
     from autopipe.costs.measured import profile_model
     from autopipe.model.load import load_model, parse_kwargs
-    from autopipe.solve.search import (
-        PlanRequest,
-        default_action_overhead,
-        default_link,
-        plan_pipeline,
-    )
+    from autopipe.solve.defaults import default_action_overhead, default_link
+    from autopipe.solve.search import PlanRequest, plan_pipeline
 
     torch.manual_seed(0)
     loaded = load_model(str(ROOT / "models" / "gpt.py"), parse_kwargs(kwargs))
@@ -52,7 +48,7 @@ def plan_all(kwargs: list[str], folder: Path) -> list[Path]:
     paths = []
     for schedule in SCHEDULES:
         req = PlanRequest(
-            stages=2, batch_size=BATCH, memory_bytes=2.0**34, micro_batches=MICRO_BATCHES,
+            devices=2, batch_size=BATCH, memory_limit=2.0**34, micro_batches=MICRO_BATCHES,
             schedule=schedule, recompute="never", link_bandwidth=bw, link_latency_s=lat,
             action_overhead_s=default_action_overhead(prof.device),
         )  # fmt: skip

@@ -9,17 +9,27 @@ cost model (no weights allocated); ``--gpus G`` searches pipeline depth x data-p
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from .args import UsageError, int_list, output_path, positive_int, split_names
+from .args import int_list, output_path, positive_int, split_names
 
 if TYPE_CHECKING:
     from autopipe.costs.devices import DeviceSpec
     from autopipe.costs.profile import Profile
 
-__all__ = ["add_analytic_arguments", "add_calibrate_parser", "analytic_profile_for_plan", "device_for", "wants_analytic"]
+__all__ = [
+    "AnalyticOptions",
+    "add_analytic_arguments",
+    "add_calibrate_parser",
+    "analytic_options",
+    "analytic_profile_for_plan",
+    "device_for",
+    "wants_analytic",
+]
 
 MEASURING_DEVICES = ("cpu", "cuda")
 
@@ -33,35 +43,55 @@ def add_analytic_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zero1", action="store_true", help="with --gpus: shard optimizer state and master weights across data-parallel replicas (ZeRO-1)")
 
 
-def wants_analytic(args: argparse.Namespace) -> bool:
+def wants_analytic(device: str | None, analytic: bool) -> bool:
     """True for --analytic or a --device that is not one to measure on (cpu, cuda, cuda:N)."""
-    device = (args.device or "").strip().lower()
-    return bool(args.analytic) or (bool(device) and device.partition(":")[0] not in MEASURING_DEVICES)
+    name = (device or "").strip().lower()
+    return analytic or (bool(name) and name.partition(":")[0] not in MEASURING_DEVICES)
 
 
-
-def device_for(args: argparse.Namespace) -> DeviceSpec:
+def device_for(device: str | None, device_files: Sequence[str], calibration: str | None) -> DeviceSpec:
+    """The catalogue device ``--device`` names (this CPU for --analytic), with its calibration."""
     from autopipe.costs.calibrate import stored_calibration
     from autopipe.costs.devices import device_spec
 
-    spec = device_spec((args.device or "cpu").partition(":")[0], args.device_file)
-    return stored_calibration(spec, args.calibration)
+    spec = device_spec((device or "cpu").partition(":")[0], device_files)
+    return stored_calibration(spec, calibration)
 
 
-def analytic_profile_for_plan(args: argparse.Namespace, spec: DeviceSpec) -> Profile:
-    """MODEL built on meta and priced on ``spec`` (``-k``, ``--tracer``, ``--leaf``, ``--blocks``)."""
+@dataclass(frozen=True)
+class AnalyticOptions:
+    """What an analytic plan counts: ``--micro-batch-sizes``, ``--dtype``, ``--tracer``, ``--leaf``, ``--blocks``."""
+
+    micro_batch_sizes: tuple[int, ...] | None  # None: ANALYTIC_MICRO_BATCH_SIZES
+    dtype: str | None  # None: the device's default (defaults.default_dtype)
+    tracer: str
+    leaf_modules: tuple[str, ...]
+    max_blocks: int | None
+
+
+def analytic_options(args: argparse.Namespace) -> AnalyticOptions:
+    return AnalyticOptions(
+        micro_batch_sizes=int_list(args.micro_batch_sizes, "--micro-batch-sizes") if args.micro_batch_sizes else None,
+        dtype=args.dtype,
+        tracer=args.tracer,
+        leaf_modules=split_names(args.leaf),
+        max_blocks=positive_int(args.blocks, "--blocks") if args.blocks is not None else None,
+    )
+
+
+def analytic_profile_for_plan(model: str, kwargs: list[str], spec: DeviceSpec, options: AnalyticOptions) -> Profile:
+    """MODEL (``-k`` ``kwargs``) built on meta and priced on ``spec``."""
     from autopipe.costs.analytic import analytic_profile
     from autopipe.graph.recipe import TraceRecipe
     from autopipe.model.load import load_model, parse_kwargs
+    from autopipe.solve.defaults import ANALYTIC_MICRO_BATCH_SIZES, default_dtype
 
-    if args.model is None:
-        raise UsageError("--device NAME plans MODEL analytically; give MODEL (a --profile is already priced)")
-    sizes = int_list(args.micro_batch_sizes, "--micro-batch-sizes") if args.micro_batch_sizes else (2, 4)
-    blocks = positive_int(args.blocks, "--blocks") if args.blocks is not None else None
-    dtype = args.dtype or ("fp32" if spec.name == "cpu" else "bf16")
-    loaded = load_model(args.model, parse_kwargs(args.kwargs), device="meta")
-    recipe = TraceRecipe(tracer=args.tracer, leaf_modules=split_names(args.leaf), max_blocks=blocks)
-    return analytic_profile(loaded, spec, micro_batch_sizes=sizes, dtype=dtype, recipe=recipe)
+    loaded = load_model(model, parse_kwargs(kwargs), device="meta")
+    recipe = TraceRecipe(tracer=options.tracer, leaf_modules=options.leaf_modules, max_blocks=options.max_blocks)
+    return analytic_profile(
+        loaded, spec, micro_batch_sizes=options.micro_batch_sizes or ANALYTIC_MICRO_BATCH_SIZES,
+        dtype=options.dtype or default_dtype(spec), recipe=recipe,
+    )  # fmt: skip
 
 
 def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

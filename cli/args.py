@@ -14,7 +14,6 @@ from autopipe.errors import AutopipeError
 
 __all__ = [
     "UsageError",
-    "default_micro_batch_sizes",
     "int_list",
     "non_negative_int",
     "output_path",
@@ -56,14 +55,6 @@ def int_list(text: str, flag: str) -> tuple[int, ...]:
     if not all(p.isdigit() for p in parts) or any(int(p) < 1 for p in parts):
         raise UsageError(f"{flag} must be positive integers separated by commas, like 1,2,4 (got {text!r})")
     return tuple(sorted({int(p) for p in parts}))
-
-
-def default_micro_batch_sizes(batch_size: int) -> tuple[int, ...]:
-    """Two or three sizes up to ``batch_size`` for the affine cost fit: B/4, B/2, B.
-
-    ``8 -> (2, 4, 8)``, ``6 -> (1, 3, 6)``, ``2 -> (1, 2)``, ``1 -> (1,)``.
-    """
-    return tuple(sorted({s for s in (batch_size // 4, batch_size // 2, batch_size) if s >= 1}))
 
 
 def split_names(values: Iterable[str] | None) -> tuple[str, ...]:

@@ -1,38 +1,47 @@
-"""``autopipe plan`` and ``autopipe show``: parse, call the planner, print."""
+"""``autopipe plan`` and ``autopipe show``: parse, call the planner, print.
+
+The flags are parsed into typed values here; what they leave out (devices, memory limit,
+link, cost per action, bytes per parameter) is decided by :mod:`autopipe.solve.defaults`,
+the same code ``autopipe.plan`` calls.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 from rich.console import Console
 
 from autopipe.schedules import schedule_names
-from autopipe.units import parse_bytes, parse_duration, parse_rate
+from autopipe.units import format_bytes, parse_bytes, parse_duration, parse_rate
 
 from .analytic_cmd import (
     add_analytic_arguments,
+    analytic_options,
     analytic_profile_for_plan,
     device_for,
     wants_analytic,
 )
-from .args import UsageError, default_micro_batch_sizes, output_path, positive_int
+from .args import UsageError, output_path, positive_int
+from .common import add_profiling_arguments, profiling_options
+from .profile_cmd import measure
 from .render_plan import plan_json, print_plan
 
 if TYPE_CHECKING:
-    from autopipe.costs.devices import DeviceSpec
     from autopipe.costs.profile import Profile
     from autopipe.plans import Plan
+    from autopipe.solve.parallel import ParallelPlan, Rejected
 
-__all__ = ["add_plan_parsers"]
+__all__ = ["PlanFlags", "add_plan_parsers", "plan_flags"]
 
 DEFAULT_BATCH = 32
-DEFAULT_STAGES_WITHOUT_GPUS = 4
+_T = TypeVar("_T")
 
 
-def add_plan_parsers(commands: argparse._SubParsersAction, add_model: object, add_profiling: object) -> None:  # type: ignore[type-arg]
+def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = commands.add_parser(
         "plan", help="choose stage cuts, micro-batches, schedule and recomputation; write plan.json",
         description="Plan pipeline parallelism for MODEL (profiling it first) or for a saved --profile.",
@@ -56,7 +65,7 @@ def add_plan_parsers(commands: argparse._SubParsersAction, add_model: object, ad
     p.add_argument("-o", "--output", default="plan.json", help="plan file to write (default: plan.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--timeline", default=None, metavar="FILE", help="draw the schedule as a Gantt chart (.png or .svg)")
-    add_profiling(p)  # type: ignore[operator]
+    add_profiling_arguments(p)
     add_analytic_arguments(p)
     p.set_defaults(func=cmd_plan)
 
@@ -67,19 +76,54 @@ def add_plan_parsers(commands: argparse._SubParsersAction, add_model: object, ad
     s.set_defaults(func=cmd_show)
 
 
-def _device_memory(device: str) -> float:
-    if device.startswith("cuda"):
-        import torch
+@dataclass(frozen=True)
+class PlanFlags:
+    """``autopipe plan``'s own flags, checked; ``None`` leaves the choice to the library's
+    defaults (:mod:`autopipe.solve.defaults`) or to the search."""
 
-        return float(torch.cuda.get_device_properties(0).total_memory)
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    batch_size: int
+    stages: int | None  # pipeline devices
+    micro_batches: int | None
+    virtual: int | None
+    memory_limit: float | None  # bytes per device
+    bandwidth: float | None
+    latency_s: float | None
+    action_overhead_s: float | None
+    recompute: str  # "auto" | "never" | "always"
+    gpus: int | None
+    output: str
+    timeline: str | None
 
 
-def _default_stages() -> int:
-    import torch
+def _optional(text: str | None, parse: Callable[[str, str], _T], flag: str) -> _T | None:
+    return parse(text, flag) if text is not None else None
 
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return n if n >= 2 else DEFAULT_STAGES_WITHOUT_GPUS
+
+def plan_flags(args: argparse.Namespace) -> PlanFlags:
+    """Parse and check the flags of ``autopipe plan`` (fast: before any profiling)."""
+    batch = positive_int(args.batch_size, "--batch-size")
+    stages = _optional(args.stages, positive_int, "--stages")
+    micro = _optional(args.micro_batches, positive_int, "--micro-batches")
+    virtual = _optional(args.virtual, positive_int, "--virtual")
+    memory = _optional(args.memory, parse_bytes, "--memory")
+    bandwidth = _optional(args.bandwidth, parse_rate, "--bandwidth")
+    latency = _optional(args.latency, parse_duration, "--latency")
+    overhead = _optional(args.action_overhead, parse_duration, "--action-overhead")
+    if args.no_recompute and args.recompute_all:
+        raise UsageError("--no-recompute and --recompute-all contradict each other; give one")
+    output = str(output_path(args.output, "--output"))
+    timeline = _timeline_path(args.timeline)
+    if args.profile is None and args.model is None:
+        raise UsageError("give a MODEL to profile or --profile profile.json")
+    if args.dtype is not None and not wants_analytic(args.device, args.analytic):
+        raise UsageError(f"--dtype {args.dtype} applies to analytic plans; add --device NAME (e.g. h100) or --analytic")
+    gpus = _optional(args.gpus, positive_int, "--gpus")
+    if args.zero1 and gpus is None:
+        raise UsageError("--zero1 shards optimizer state across data-parallel replicas; give --gpus G as well")
+    recompute = "never" if args.no_recompute else "always" if args.recompute_all else "auto"
+    return PlanFlags(
+        batch, stages, micro, virtual, memory, bandwidth, latency, overhead, recompute, gpus, output, timeline
+    )  # fmt: skip
 
 
 def _timeline_path(text: str | None) -> str | None:
@@ -92,145 +136,84 @@ def _timeline_path(text: str | None) -> str | None:
 
 
 def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from autopipe.costs.analytic import state_factor
-    from autopipe.costs.profile import Profile
-    from autopipe.solve.search import (
-        PlanRequest,
-        default_action_overhead,
-        default_link,
-        plan_pipeline,
-    )
+    from autopipe.solve.defaults import parallel_request, plan_micro_batch_sizes, plan_request
 
-    batch = positive_int(args.batch_size, "--batch-size")
-    stages = positive_int(args.stages, "--stages") if args.stages is not None else None
-    micro = positive_int(args.micro_batches, "--micro-batches") if args.micro_batches is not None else None
-    virtual = positive_int(args.virtual, "--virtual") if args.virtual is not None else None
-    memory = parse_bytes(args.memory, "--memory") if args.memory is not None else None
-    bandwidth = parse_rate(args.bandwidth, "--bandwidth") if args.bandwidth is not None else None
-    latency = parse_duration(args.latency, "--latency") if args.latency is not None else None
-    overhead = parse_duration(args.action_overhead, "--action-overhead") if args.action_overhead is not None else None
-    if args.no_recompute and args.recompute_all:
-        raise UsageError("--no-recompute and --recompute-all contradict each other; give one")
-    output = str(output_path(args.output, "--output"))
-    timeline = _timeline_path(args.timeline)
-    if args.profile is None and args.model is None:
-        raise UsageError("give a MODEL to profile or --profile profile.json")
-    if args.dtype is not None and not wants_analytic(args):
-        raise UsageError(f"--dtype {args.dtype} applies to analytic plans; add --device NAME (e.g. h100) or --analytic")
-
-    from .main import profile_for_plan
-
+    flags = plan_flags(args)
+    analytic = wants_analytic(args.device, args.analytic)
     spec = None
     if args.profile is not None:
+        from autopipe.costs.profile import Profile
+
         profile = Profile.load(args.profile)
         if args.model is not None:
-            _check_fingerprint(args, profile)
-        if wants_analytic(args):
-            spec = device_for(args)  # links and memory of the named device
-    elif wants_analytic(args):
-        spec = device_for(args)
-        profile = analytic_profile_for_plan(args, spec)
+            _check_fingerprint(args.model, args.kwargs, args.profile, profile)
+        if analytic:
+            spec = device_for(args.device, args.device_file, args.calibration)  # links and memory of the named device
+    elif analytic:
+        spec = device_for(args.device, args.device_file, args.calibration)
+        if args.model is None:
+            raise UsageError("--device NAME plans MODEL analytically; give MODEL (a --profile is already priced)")
+        profile = analytic_profile_for_plan(args.model, args.kwargs, spec, analytic_options(args))
     else:
-        args.micro_batch_sizes = args.micro_batch_sizes or ",".join(map(str, default_micro_batch_sizes(min(batch, 8))))
-        profile = profile_for_plan(args, err)
-    link_bw, link_lat = default_link(profile.device) if spec is None else (spec.nvlink_bandwidth, spec.link_latency_s)
-    memory = memory or (spec.memory_bytes if spec is not None else _device_memory(profile.device))
-    recompute = "never" if args.no_recompute else "always" if args.recompute_all else "auto"
-    overhead = default_action_overhead(profile.device) if overhead is None else overhead
-    factor = state_factor(profile) if profile.method == "analytic" else PlanRequest.state_factor
+        options = profiling_options(args, flags.batch_size, plan_micro_batch_sizes(flags.batch_size))
+        profile = measure(args.model, args.kwargs, options, err)
     note = ""
-    if args.gpus is not None:
-        plan, note = _plan_parallel(
-            args, profile, spec, batch, memory, stages, micro, virtual, recompute, bandwidth, latency, overhead
-        )
+    if flags.gpus is not None:
+        from autopipe.solve.parallel import plan_parallel
+
+        parallel = parallel_request(
+            profile, gpus=flags.gpus, stages=flags.stages, batch_size=flags.batch_size,
+            memory_limit=flags.memory_limit, micro_batches=flags.micro_batches, schedule=args.schedule,
+            virtual=flags.virtual, recompute=flags.recompute, link_bandwidth=flags.bandwidth,
+            link_latency_s=flags.latency_s, action_overhead_s=flags.action_overhead_s, device=spec,
+            device_files=args.device_file, shard_optimizer=args.zero1,
+        )  # fmt: skip
+        result = plan_parallel(profile, parallel)
+        plan, note = result.plan, _parallel_note(flags.gpus, result)
     else:
-        if args.zero1:
-            raise UsageError("--zero1 shards optimizer state across data-parallel replicas; give --gpus G as well")
-        request = PlanRequest(
-            stages=stages or _default_stages(),
-            batch_size=batch,
-            memory_bytes=memory,
-            micro_batches=micro,
-            schedule=args.schedule,
-            virtual=virtual,
-            recompute=recompute,
-            link_bandwidth=bandwidth or link_bw,
-            link_latency_s=link_lat if latency is None else latency,
-            action_overhead_s=overhead,
-            state_factor=factor,
-        )
+        from autopipe.solve.search import plan_pipeline
+
+        request = plan_request(
+            profile, devices=flags.stages, batch_size=flags.batch_size, memory_limit=flags.memory_limit,
+            micro_batches=flags.micro_batches, schedule=args.schedule, virtual=flags.virtual,
+            recompute=flags.recompute, link_bandwidth=flags.bandwidth, link_latency_s=flags.latency_s,
+            action_overhead_s=flags.action_overhead_s, device=spec,
+        )  # fmt: skip
         plan = plan_pipeline(profile, request)
-    plan.save(output)
-    _show(plan, out, args.json, timeline, wrote=f"wrote {output}")
+    plan.save(flags.output)
+    _show(plan, out, args.json, flags.timeline, wrote=f"wrote {flags.output}")
     if note and not args.json:
         out.print(note)
     return 0
 
 
-def _plan_parallel(
-    args: argparse.Namespace, profile: Profile, spec: DeviceSpec | None, batch: int, memory: float,
-    stages: int | None, micro: int | None, virtual: int | None, recompute: str,
-    bandwidth: float | None, latency: float | None, overhead: float,
-) -> tuple[Plan, str]:  # fmt: skip
-    """``--gpus G``: the best S x D split; returns the plan and lines on the choice."""
-    from autopipe.costs.analytic import BYTES_PER_PARAM
-    from autopipe.costs.devices import device_spec, match_device
-    from autopipe.solve.parallel import Cluster, ParallelRequest, plan_parallel
-    from autopipe.solve.search import PlanRequest, default_link
-
-    gpus = positive_int(args.gpus, "--gpus")
-    if spec is None:
-        name = match_device(profile.device, args.device_file)
-        spec = device_spec(name, args.device_file) if name is not None else None
-    if spec is not None:
-        cluster = Cluster.of(spec, gpus)
-    else:
-        bw, lat = default_link(profile.device)
-        cluster = Cluster(gpus, gpus, bw, bw, lat)
-    if bandwidth is not None or latency is not None:
-        cluster = Cluster(
-            gpus, cluster.devices_per_node, bandwidth or cluster.nvlink_bandwidth, bandwidth or cluster.network_bandwidth,
-            cluster.link_latency_s if latency is None else latency,
-        )  # fmt: skip
-    per_param = BYTES_PER_PARAM if profile.method == "analytic" else PlanRequest.state_factor * _element_size(profile)
-    result = plan_parallel(
-        profile,
-        ParallelRequest(
-            cluster, batch, memory, bytes_per_param=per_param, shard_optimizer=args.zero1, stages=stages,
-            micro_batches=micro, schedule=args.schedule, virtual=virtual, recompute=recompute,
-            action_overhead_s=overhead,
-        ),
-    )  # fmt: skip
+def _parallel_note(gpus: int, result: ParallelPlan) -> str:
+    """Lines on the S x D choice of ``--gpus``: the choice, and the splits that did not fit."""
     lines = [f"data x pipeline parallel on {gpus} devices: {result.plan.parallel_note}"]
     if result.rejected:
-        lines.append("no plan for: " + "; ".join(f"S={r.stages} x D={r.data_parallel} ({_short(r.reason)})" for r in result.rejected))
-    return result.plan, "\n".join(lines)
+        lines.append("no plan for: " + "; ".join(f"S={r.stages} x D={r.data_parallel} ({_short(r)})" for r in result.rejected))
+    return "\n".join(lines)
 
 
-def _short(reason: str) -> str:
-    marker = "the smallest limit that fits is "
-    if marker in reason:
-        return "needs " + reason.split(marker, 1)[1].split(" per device", 1)[0]
-    return reason.split(" per device", 1)[0]
+def _short(rejected: Rejected) -> str:
+    """Why an (S, D) split has no plan, short: the smallest limit that fits, when known."""
+    if rejected.min_memory_bytes is not None:
+        return "needs " + format_bytes(rejected.min_memory_bytes, round_up=True)
+    return rejected.reason.split(" per device", 1)[0]
 
 
-def _element_size(profile: Profile) -> float:
-    params = sum(b.params for b in profile.blocks)
-    return sum(b.param_bytes for b in profile.blocks) / params if params else 4.0
-
-
-def _check_fingerprint(args: argparse.Namespace, profile: Profile) -> None:
+def _check_fingerprint(model: str, kwargs: list[str], profile_path: str, profile: Profile) -> None:
     from autopipe.api import fingerprint_of
     from autopipe.errors import ProfileError
     from autopipe.model.load import load_model, parse_kwargs
 
-    loaded = load_model(args.model, parse_kwargs(args.kwargs))
+    loaded = load_model(model, parse_kwargs(kwargs))
     have = fingerprint_of(loaded, profile)
     want = profile.recipe.fingerprint
     if have != want:
         raise ProfileError(
-            f"{args.profile} was made from another model (fingerprint {want}, {args.model} has {have}); "
-            f"profile this model again with 'autopipe profile {args.model}'"
+            f"{profile_path} was made from another model (fingerprint {want}, {model} has {have}); "
+            f"profile this model again with 'autopipe profile {model}'"
         )
 
 

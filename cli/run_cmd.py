@@ -1,4 +1,8 @@
-"""``autopipe run``: execute a plan on local processes and print measured against predicted."""
+"""``autopipe run``: execute a plan on local processes and print measured against predicted.
+
+The run flags and their defaults are defined once, in :mod:`autopipe.runtime.options`
+(``python -m autopipe.runtime`` takes the same); ``--json`` is this command's own.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +11,9 @@ import json
 
 from rich.console import Console
 
-from autopipe.units import parse_duration
+from autopipe.runtime.options import add_run_arguments
 
-from .args import (
-    UsageError,
-    non_negative_int,
-    output_path,
-    positive_int,
-)
+from .args import output_path
 
 __all__ = ["add_run_parser"]
 
@@ -26,65 +25,22 @@ def add_run_parser(commands: argparse._SubParsersAction) -> None:  # type: ignor
         "optimizer steps and print each stage's measured time, the bubble, iteration time and memory beside "
         "the plan's prediction. Across machines use: torchrun ... -m autopipe.runtime PLAN.",
     )  # fmt: skip
-    p.add_argument("plan", metavar="PLAN", help="plan JSON written by autopipe plan")
-    p.add_argument("--steps", default="10", metavar="N", help="optimizer steps (default: 10)")
-    p.add_argument(
-        "--timeout",
-        default="60",
-        metavar="SECONDS",
-        help="timeout of every send/receive/collective (default: 60)",
-    )
-    p.add_argument(
-        "--seed", default="0", metavar="N", help="seed for weights and batches (default: 0)"
-    )
-    p.add_argument("--optimizer", default="Adam", help="torch.optim class (default: Adam)")
-    p.add_argument("--lr", default="1e-3", help="learning rate (default: 1e-3)")
-    p.add_argument(
-        "--device",
-        choices=("cpu", "cuda"),
-        default=None,
-        help="cpu (gloo) or cuda (NCCL) (default: cuda if available)",
-    )
-    p.add_argument(
-        "--trace",
-        default=None,
-        metavar="FILE",
-        help="write a Chrome trace (chrome://tracing, Perfetto)",
-    )
-    p.add_argument(
-        "--save-checkpoint",
-        default=None,
-        metavar="DIR",
-        help="save weights and optimizer state after the run",
-    )
-    p.add_argument("--resume", default=None, metavar="DIR", help="continue from a checkpoint")
+    add_run_arguments(p)
     p.add_argument("--json", action="store_true", help="print the measurements as JSON")
     p.set_defaults(func=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    steps = positive_int(args.steps, "--steps")
-    timeout = parse_duration(args.timeout, "--timeout")
-    seed = non_negative_int(args.seed, "--seed")
-    try:
-        lr = float(args.lr)
-    except ValueError:
-        raise UsageError(f"--lr must be a number (got {args.lr!r})") from None
+    from autopipe.runtime.options import run_options
+
+    options = run_options(args)
     if args.trace:
         output_path(args.trace, "--trace")
-    import torch
-
     from autopipe.plans import Plan
-    from autopipe.runtime import RunOptions
     from autopipe.runtime.launch import launch
     from autopipe.runtime.report import compare, format_report, write_chrome_trace
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     plan = Plan.load(args.plan)
-    options = RunOptions(
-        steps=steps, seed=seed, optimizer=args.optimizer, lr=lr, timeout_s=timeout, device=device,
-        save_checkpoint=args.save_checkpoint, resume=args.resume,
-    )  # fmt: skip
     result = launch(args.plan, options)
     if args.trace:
         write_chrome_trace(result, args.trace)

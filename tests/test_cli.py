@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import autopipe.cli.main as cli
+import autopipe.cli.profile_cmd as profile_cmd
 import pytest
 import torch
-from autopipe.cli.args import default_micro_batch_sizes, int_list, split_names
+from autopipe.cli.args import int_list, split_names
+from autopipe.cli.common import ProfilingOptions
 from autopipe.cli.main import main
 from autopipe.cli.render import (
     block_out_bytes,
@@ -26,6 +26,7 @@ from rich.console import Console
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.model.load import LoadedModel
+from autopipe.solve.defaults import default_micro_batch_sizes
 
 torch.set_num_threads(1)
 
@@ -121,19 +122,19 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_keyboard_interrupt_exits_130(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    def interrupted(args: argparse.Namespace, loaded: LoadedModel, progress: object = None) -> Profile:
+    def interrupted(options: ProfilingOptions, loaded: LoadedModel, progress: object = None) -> Profile:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_run_profile", interrupted)
+    monkeypatch.setattr(profile_cmd, "_run_profile", interrupted)
     code, _, err = run(capsys, "profile", GOOD, "--device", "cpu")
     assert code == 130 and "interrupted" in err
 
 
 def test_other_exceptions_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(args: argparse.Namespace, loaded: LoadedModel, progress: object = None) -> Profile:
+    def broken(options: ProfilingOptions, loaded: LoadedModel, progress: object = None) -> Profile:
         raise RuntimeError("a bug in autopipe")
 
-    monkeypatch.setattr(cli, "_run_profile", broken)
+    monkeypatch.setattr(profile_cmd, "_run_profile", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["profile", GOOD, "--device", "cpu"])
 
@@ -154,21 +155,21 @@ def test_subprocess_missing_file() -> None:
 
 
 @pytest.fixture
-def fake_profiler(monkeypatch: pytest.MonkeyPatch) -> list[argparse.Namespace]:
-    """Replace the profiler call; record the arguments it received."""
-    calls: list[argparse.Namespace] = []
+def fake_profiler(monkeypatch: pytest.MonkeyPatch) -> list[ProfilingOptions]:
+    """Replace the profiler call; record the options it received."""
+    calls: list[ProfilingOptions] = []
 
-    def fake(args: argparse.Namespace, loaded: LoadedModel, progress: object = None) -> Profile:
+    def fake(options: ProfilingOptions, loaded: LoadedModel, progress: object = None) -> Profile:
         assert isinstance(loaded, LoadedModel)
-        calls.append(args)
+        calls.append(options)
         return hand_profile()
 
-    monkeypatch.setattr(cli, "_run_profile", fake)
+    monkeypatch.setattr(profile_cmd, "_run_profile", fake)
     return calls
 
 
 def test_profile_table_and_file(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_profiler: list[argparse.Namespace]
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_profiler: list[ProfilingOptions]
 ) -> None:
     out_file = tmp_path / "p.json"
     code, out, err = run(
@@ -176,15 +177,15 @@ def test_profile_table_and_file(
         "--leaf", "MLP,Linear", "--leaf", "ReLU", "--blocks", "3", "--device", "cpu",
     )  # fmt: skip
     assert code == 0 and err == ""
-    args = fake_profiler[0]
-    assert args.micro_batch_sizes == (1, 2, 4) and args.leaf == ("MLP", "Linear", "ReLU")
-    assert (args.blocks, args.warmup, args.repeat, args.device, args.tracer) == (3, 2, 5, "cpu", "auto")
+    options = fake_profiler[0]
+    assert options.micro_batch_sizes == (1, 2, 4) and options.leaf_modules == ("MLP", "Linear", "ReLU")
+    assert (options.max_blocks, options.warmup, options.repeat, options.device, options.tracer) == (3, 2, 5, "cpu", "auto")
     assert Profile.load(out_file) == hand_profile()
     assert "layers.0" in out and "head" in out and "1.50M" in out
     assert out.strip().splitlines()[-1] == f"wrote {out_file} (2 blocks, measured on cpu (1 threads))"
 
 
-def test_profile_json(capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_profiler: list[argparse.Namespace]) -> None:
+def test_profile_json(capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_profiler: list[ProfilingOptions]) -> None:
     out_file = tmp_path / "p.json"
     code, out, _ = run(capsys, "profile", GOOD, "-o", str(out_file), "--json", "--micro-batch-sizes", "4,1", "--device", "cpu")
     assert code == 0

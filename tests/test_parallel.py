@@ -82,7 +82,7 @@ def _brute_force(profile: Profile, req: ParallelRequest) -> dict[tuple[int, int,
             try:
                 plan = plan_pipeline(
                     profile,
-                    PlanRequest(stages=S, batch_size=req.global_batch // D, memory_bytes=req.memory_bytes,
+                    PlanRequest(devices=S, batch_size=req.global_batch // D, memory_limit=req.memory_limit,
                                 link_bandwidth=lay.p2p_bandwidth, link_latency_s=0.0),
                 )  # fmt: skip
             except PlanError:
@@ -96,7 +96,7 @@ def _brute_force(profile: Profile, req: ParallelRequest) -> dict[tuple[int, int,
 def test_choice_is_the_fastest_layout_that_fits_and_the_runner_up_another_depth(memory: float, network: float) -> None:
     profile = chain_profile()
     cluster = dataclasses.replace(CLUSTER, network_bandwidth=network, nvlink_bandwidth=max(network, 100 * GB))
-    req = ParallelRequest(cluster, global_batch=64, memory_bytes=memory)
+    req = ParallelRequest(cluster, global_batch=64, memory_limit=memory)
     result = plan_parallel(profile, req)
     brute = _brute_force(profile, req)
     best = min(brute.values())
@@ -128,7 +128,7 @@ def test_a_slow_network_pushes_toward_deeper_pipelines() -> None:
 def test_sharding_the_optimizer_lets_wider_data_parallelism_fit() -> None:
     profile = chain_profile(act=1e6)
     # 8 blocks x 1e8 params x 16 B = 12.8 GB; on 4 stages 3.2 GB per stage plus activations.
-    plain = ParallelRequest(CLUSTER, global_batch=64, memory_bytes=3.0 * GB)
+    plain = ParallelRequest(CLUSTER, global_batch=64, memory_limit=3.0 * GB)
     sharded = dataclasses.replace(plain, shard_optimizer=True)
     unfit_plain = {r.stages for r in plan_parallel(profile, plain).rejected}
     unfit_sharded = {r.stages for r in plan_parallel(profile, sharded).rejected}
@@ -137,22 +137,22 @@ def test_sharding_the_optimizer_lets_wider_data_parallelism_fit() -> None:
 
 def test_nothing_fits_names_the_deepest_pipeline_need() -> None:
     with pytest.raises(InfeasibleError, match=r"no split of 8 devices .* fits"):
-        plan_parallel(chain_profile(), ParallelRequest(CLUSTER, global_batch=64, memory_bytes=0.1 * GB))
+        plan_parallel(chain_profile(), ParallelRequest(CLUSTER, global_batch=64, memory_limit=0.1 * GB))
 
 
 def test_pinned_depth_and_bad_requests() -> None:
-    r = plan_parallel(chain_profile(), ParallelRequest(CLUSTER, global_batch=64, memory_bytes=64 * GB, stages=4))
+    r = plan_parallel(chain_profile(), ParallelRequest(CLUSTER, global_batch=64, memory_limit=64 * GB, stages=4))
     assert (r.best.layout.stages, r.best.layout.data_parallel) == (4, 2)
     with pytest.raises(PlanError, match="does not divide 8 devices"):
-        plan_parallel(chain_profile(), ParallelRequest(CLUSTER, global_batch=64, memory_bytes=64 * GB, stages=3))
+        plan_parallel(chain_profile(), ParallelRequest(CLUSTER, global_batch=64, memory_limit=64 * GB, stages=3))
     # A batch that does not split evenly over the replicas rules those layouts out.
-    r = plan_parallel(chain_profile(), ParallelRequest(CLUSTER, global_batch=6, memory_bytes=64 * GB))
+    r = plan_parallel(chain_profile(), ParallelRequest(CLUSTER, global_batch=6, memory_limit=64 * GB))
     assert 6 % r.best.layout.data_parallel == 0
     assert any("does not split" in x.reason for x in r.rejected)
 
 
 def test_plans_keep_loading_without_the_data_parallel_fields() -> None:
-    plan = plan_parallel(chain_profile(), ParallelRequest(CLUSTER, global_batch=64, memory_bytes=64 * GB)).plan
+    plan = plan_parallel(chain_profile(), ParallelRequest(CLUSTER, global_batch=64, memory_limit=64 * GB)).plan
     again = Plan.from_json(plan.to_json())
     assert again == plan and again.step_time_s == pytest.approx(plan.iteration_time_s + plan.allreduce_s)
     raw = json.loads(plan.to_json())

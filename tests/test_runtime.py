@@ -173,7 +173,7 @@ def test_planned_state_bytes_are_what_each_rank_holds() -> None:
     profile = analytic_profile(load_model(file, kwargs, device="meta"), device_spec("h100"), micro_batch_sizes=(2,))
     assert profile.blocks[-1].shared_param_bytes > 0  # lm_head uses wte.weight
     request = PlanRequest(
-        stages=2, batch_size=8, memory_bytes=2.0**30, micro_batches=4, schedule="1f1b", state_factor=3.0
+        devices=2, batch_size=8, memory_limit=2.0**30, micro_batches=4, schedule="1f1b", state_factor=3.0
     )
     plan = plan_pipeline(profile, request)
     options = RunOptions(steps=1, optimizer="SGD", lr=1e-3, optimizer_kwargs=(("momentum", 0.9),))

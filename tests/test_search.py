@@ -48,7 +48,7 @@ def random_profile(n: int, seed: int, skips: int = 0) -> Profile:
 
 
 def _request(**kw: object) -> PlanRequest:
-    base = dict(stages=4, batch_size=16, memory_bytes=4 * 2**30, link_bandwidth=5e9, link_latency_s=5e-5)
+    base = dict(devices=4, batch_size=16, memory_limit=4 * 2**30, link_bandwidth=5e9, link_latency_s=5e-5)
     base.update(kw)
     return PlanRequest(**base)  # type: ignore[arg-type]
 
@@ -58,7 +58,7 @@ def test_chosen_plan_is_no_worse_than_any_enumerated_alternative(seed: int) -> N
     rng = random.Random(seed)
     n = rng.randint(4, 12)
     prof = random_profile(n, seed, skips=rng.randint(0, 2))
-    req = _request(stages=rng.randint(2, min(4, n)), batch_size=rng.choice([4, 8, 12]), memory_bytes=rng.uniform(0.3, 3) * 2**30)
+    req = _request(devices=rng.randint(2, min(4, n)), batch_size=rng.choice([4, 8, 12]), memory_limit=rng.uniform(0.3, 3) * 2**30)
     try:
         plan = plan_pipeline(prof, req)
     except InfeasibleError:
@@ -72,8 +72,8 @@ def test_chosen_plan_is_no_worse_than_any_enumerated_alternative(seed: int) -> N
         except InfeasibleError:
             continue
         c = candidate(d, "solver", problem, part, BlockTimes.of(prof, req.batch_size // d.micro_batches))
-        t = simulate(make_schedule(d.schedule, req.stages, d.micro_batches, d.virtual), c.costs, part.comm_s, devices=req.stages)
-        if all(m <= req.memory_bytes * (1 + 1e-9) for m in t.peak_memory_bytes):
+        t = simulate(make_schedule(d.schedule, req.devices, d.micro_batches, d.virtual), c.costs, part.comm_s, devices=req.devices)
+        if all(m <= req.memory_limit * (1 + 1e-9) for m in t.peak_memory_bytes):
             assert plan.iteration_time_s <= t.iteration_s * (1 + 1e-9), d
     for b in plan.baselines:
         if b.fits:
@@ -82,7 +82,7 @@ def test_chosen_plan_is_no_worse_than_any_enumerated_alternative(seed: int) -> N
         assert plan.iteration_time_s <= a.iteration_time_s
     # The plan's predictions are what the simulator says of it, and fit the memory limit.
     assert plan_timeline(plan).iteration_s == pytest.approx(plan.iteration_time_s, rel=1e-12)
-    assert max(plan.peak_memory_bytes) <= req.memory_bytes * (1 + 1e-9)
+    assert max(plan.peak_memory_bytes) <= req.memory_limit * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b"])
@@ -131,7 +131,7 @@ def test_recomputation_is_chosen_only_where_memory_needs_it() -> None:
     found = False
     for factor in (0.95, 0.9, 0.85, 0.8, 0.75, 0.7):
         try:
-            tight = plan_pipeline(prof, _request(schedule="1f1b", micro_batches=8, memory_bytes=need * factor))
+            tight = plan_pipeline(prof, _request(schedule="1f1b", micro_batches=8, memory_limit=need * factor))
         except InfeasibleError:
             break
         assert max(tight.peak_memory_bytes) <= need * factor
@@ -142,7 +142,7 @@ def test_recomputation_is_chosen_only_where_memory_needs_it() -> None:
 
 def test_too_little_memory_names_the_smallest_limit_that_fits() -> None:
     prof = random_profile(8, 4)
-    req = _request(memory_bytes=1 * MIB, schedule="1f1b", micro_batches=16)
+    req = _request(memory_limit=1 * MIB, schedule="1f1b", micro_batches=16)
     with pytest.raises(InfeasibleError) as err:
         plan_pipeline(prof, req)
     msg = str(err.value)
@@ -151,17 +151,17 @@ def test_too_little_memory_names_the_smallest_limit_that_fits() -> None:
     assert "the smallest limit that fits is" in msg
     need = err.value.min_memory_bytes
     assert need is not None and need > MIB
-    plan = plan_pipeline(prof, dataclasses.replace(req, memory_bytes=need * 1.01))
+    plan = plan_pipeline(prof, dataclasses.replace(req, memory_limit=need * 1.01))
     assert max(plan.peak_memory_bytes) <= need * 1.01
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (dict(stages=20), "cannot cut 8 blocks into 20 stages; use --stages 8 or fewer"),
-        (dict(stages=0), "--stages must be at least 1 (got 0)"),
+        (dict(devices=20), "cannot cut 8 blocks into 20 stages; use --stages 8 or fewer"),
+        (dict(devices=0), "--stages must be at least 1 (got 0)"),
         (dict(batch_size=10, micro_batches=4), "batch size 10 is not divisible into 4 micro-batches; use one of 1, 2, 5, 10"),
-        (dict(memory_bytes=-1.0), "--memory must be positive"),
+        (dict(memory_limit=-1.0), "--memory must be positive"),
         (dict(schedule="dualpipe"), "unknown schedule 'dualpipe'"),
         (dict(virtual=2, schedule="1f1b"), "--virtual applies to the interleaved-1f1b schedule only"),
         (dict(schedule="interleaved-1f1b", micro_batches=6, batch_size=12), "needs the micro-batch count to be a multiple of 4"),

@@ -41,7 +41,7 @@ def _costs(rng: random.Random, n: int, stages: int, tensors: list[Edge]) -> Part
         tensors=tuple(tensors),
         stages=S,
         inflight=tuple(float(min(rng.randint(1, 8), S - s)) for s in range(S)),
-        memory_limit=(math.inf,) * S,
+        stage_memory_limit=(math.inf,) * S,
         link_latency_s=rng.choice([0.0, 0.0, 0.3]),
         link_bandwidth=rng.choice([math.inf, 10.0, 40.0]),
         recompute=rng.choice(MODES),
@@ -54,7 +54,7 @@ def _costs(rng: random.Random, n: int, stages: int, tensors: list[Edge]) -> Part
         limits = (need * rng.uniform(0.9, 1.4),) * S
     else:
         limits = tuple(need * rng.uniform(0.9, 1.8) for _ in range(S))
-    return dataclasses.replace(base, memory_limit=limits)
+    return dataclasses.replace(base, stage_memory_limit=limits)
 
 
 def chain_problem(rng: random.Random, n: int, stages: int) -> PartitionProblem:
@@ -232,8 +232,8 @@ def test_min_memory_limit_is_tight_and_named_by_every_solver(seed: int) -> None:
         n = rng.randint(2, 10)
         problem = chain_problem(rng, n, rng.randint(1, min(4, n)))
         need = min_memory_limit(problem)
-        at = dataclasses.replace(problem, memory_limit=(need,) * problem.stages)
-        below = dataclasses.replace(problem, memory_limit=(need * (1 - 1e-6),) * problem.stages)
+        at = dataclasses.replace(problem, stage_memory_limit=(need,) * problem.stages)
+        below = dataclasses.replace(problem, stage_memory_limit=(need * (1 - 1e-6),) * problem.stages)
         solvers = [solve_chain, solve_fast, solve_brute]
         if case < 3:
             solvers.append(solve_ilp)
@@ -285,7 +285,7 @@ def hand_problem(**changes: object) -> PartitionProblem:
         ),
         stages=3,
         inflight=(3.0, 2.0, 1.0),
-        memory_limit=(25.0, 263.0, 48.0),
+        stage_memory_limit=(25.0, 263.0, 48.0),
         link_latency_s=0.5,
         link_bandwidth=100.0,
         recompute="auto",
@@ -308,7 +308,7 @@ def test_evaluate_by_hand_with_a_skip_tensor_carried_over_two_cuts() -> None:
     assert part.fits and part.boundaries == (0, 1, 3) and part.recomputed_stages == 1
     # left to the auto rule, stage 1 need not recompute: 50 + 2*13 = 76 fits 263
     assert evaluate(hand_problem(), (0, 1, 1, 2)).recompute == (False, False, False)
-    tight = hand_problem(memory_limit=(25.0, 75.0, 48.0))  # 76 does not fit, 263 neither
+    tight = hand_problem(stage_memory_limit=(25.0, 75.0, 48.0))  # 76 does not fit, 263 neither
     assert not evaluate(tight, (0, 1, 1, 2)).fits
     assert not evaluate(hand_problem(), (0, 1, 1, 2), (False, False, True)).fits  # 40+130+8
 
@@ -326,11 +326,11 @@ def test_evaluate_zero_byte_and_unlimited_links() -> None:
     (dict(stages=0), "stages must be an integer from 1 to the number of blocks (4), got 0"),
     (dict(stages=5), "stages must be an integer from 1 to the number of blocks (4), got 5"),
     (dict(inflight=(1.0, 1.0)), "inflight has 2 entries but there are 3 stages"),
-    (dict(memory_limit=(1.0,) * 4), "memory_limit has 4 entries but there are 3 stages"),
+    (dict(stage_memory_limit=(1.0,) * 4), "stage_memory_limit has 4 entries but there are 3 stages"),
     (dict(static_bytes=(1.0, -1.0, 1.0, 1.0)), "static_bytes[1] is -1.0"),
     (dict(time_s=(math.nan, 1.0, 1.0, 1.0)), "time_s[0] is nan"),
     (dict(activation_bytes=(1.0, 1.0, math.inf, 1.0)), "activation_bytes[2] is inf"),
-    (dict(memory_limit=(-1.0, 1.0, 1.0)), "memory_limit[0] is -1.0"),
+    (dict(stage_memory_limit=(-1.0, 1.0, 1.0)), "stage_memory_limit[0] is -1.0"),
     (dict(link_bandwidth=0.0), "link_bandwidth must be > 0"),
     (dict(link_latency_s=-1.0), "link_latency_s[0] is -1.0"),
     (dict(recompute="sometimes"), "recompute must be 'never', 'always' or 'auto'"),

@@ -205,6 +205,6 @@ def test_an_export_profile_leaves_a_micro_batch_of_one_out(tmp_path: Path) -> No
     loaded = load_model("tests/fixtures/hf_gpt2.py", {})
     prof = profile_model(loaded, micro_batch_sizes=[1, 2, 4], warmup=0, repeat=1)
     assert prof.recipe.tracer == "export" and prof.micro_batch_sizes == (2, 4)
-    plan = plan_pipeline(prof, PlanRequest(stages=2, batch_size=8, memory_bytes=2.0**30))
+    plan = plan_pipeline(prof, PlanRequest(devices=2, batch_size=8, memory_limit=2.0**30))
     assert plan.micro_batch_size >= 2
     assert len(run_threads(plan, RunOptions(steps=1))) == 2  # re-traced at its size: same graph

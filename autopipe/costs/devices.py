@@ -198,7 +198,7 @@ def measure_cpu() -> DeviceSpec:
         peak_flops=(("bf16", bf16), ("fp16", bf16), ("fp32", fp32), ("tf32", fp32)),  # sorted, as read from files
         memory_bytes=memory,
         memory_bandwidth=2.0 * src.numel() / copy_s,  # read + write
-        nvlink_bandwidth=4e9,  # processes on one host (gloo), as search.default_link
+        nvlink_bandwidth=4e9,  # processes on one host (gloo), as solve.defaults.default_link
         network_bandwidth=1.25e9,  # 10 Gb/s Ethernet
         devices_per_node=max(1, os.cpu_count() or 1),
         link_latency_s=120e-6,

@@ -13,11 +13,39 @@ fault handling), ``local`` (threads), ``checkpoint``, ``report`` (measured vs pr
 Chrome trace). ``python -m autopipe.runtime plan.json`` is the torchrun entry point.
 """
 
-from autopipe.runtime.checkpoint import assemble_state_dict
-from autopipe.runtime.engine import ActionRecord, IterationResult, PipelineEngine
-from autopipe.runtime.local import run_threads
-from autopipe.runtime.options import RunOptions
-from autopipe.runtime.worker import RankResult, Rebuilt, rebuild, train_rank
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autopipe.runtime.checkpoint import assemble_state_dict
+    from autopipe.runtime.engine import ActionRecord, IterationResult, PipelineEngine
+    from autopipe.runtime.local import run_threads
+    from autopipe.runtime.options import RunOptions
+    from autopipe.runtime.worker import RankResult, Rebuilt, rebuild, train_rank
+
+# Imported on first use, so that the run flags (runtime.options, which `autopipe --help`
+# builds) do not wait for torch.
+_LAZY = {
+    "assemble_state_dict": "checkpoint",
+    "ActionRecord": "engine",
+    "IterationResult": "engine",
+    "PipelineEngine": "engine",
+    "run_threads": "local",
+    "RunOptions": "options",
+    "RankResult": "worker",
+    "Rebuilt": "worker",
+    "rebuild": "worker",
+    "train_rank": "worker",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"autopipe.runtime.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'autopipe.runtime' has no attribute {name!r}")
+
 
 __all__ = [
     "ActionRecord",

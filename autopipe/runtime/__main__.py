@@ -1,5 +1,7 @@
 """One rank of a pipeline run: ``python -m autopipe.runtime plan.json --steps N``.
 
+The flags and their defaults are ``autopipe run``'s (:mod:`autopipe.runtime.options`).
+
 The torchrun entry point (reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``)::
 
@@ -23,50 +25,32 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autopipe._io import atomic_write_text
-from autopipe.runtime.options import RunOptions
+from autopipe.runtime.options import RunOptions, add_run_arguments, run_options
 
 if TYPE_CHECKING:
     from autopipe.runtime.worker import RankResult
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m autopipe.runtime", description="Run one rank of an autopipe plan."
-    )
-    p.add_argument("plan")
-    p.add_argument("--steps", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=60.0)
-    p.add_argument("--optimizer", default="Adam")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--optimizer-arg", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--save-checkpoint", default=None)
-    p.add_argument("--resume", default=None)
-    p.add_argument("--trace", default=None, help="Chrome trace to write (rank 0)")
+def build_parser() -> argparse.ArgumentParser:
+    """The run flags (:func:`~autopipe.runtime.options.add_run_arguments`, as ``autopipe run``'s)
+    and the launcher's hidden ``--result-dir``."""
+    p = argparse.ArgumentParser(prog="python -m autopipe.runtime", description="Run one rank of an autopipe plan.")
+    add_run_arguments(p)
     p.add_argument("--result-dir", default=None, help=argparse.SUPPRESS)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     out = Path(args.result_dir) if args.result_dir else None
     model_file = Path(args.plan)
     try:
         import torch
 
-        from autopipe.model.load import parse_kwargs
         from autopipe.plans import Plan
 
-        kwargs = tuple((k, float(v)) for k, v in parse_kwargs(args.optimizer_arg).items())  # type: ignore[arg-type]
-        options = RunOptions(
-            steps=args.steps, seed=args.seed, optimizer=args.optimizer, lr=args.lr, optimizer_kwargs=kwargs,
-            timeout_s=args.timeout, device=args.device, threads=args.threads,
-            save_checkpoint=args.save_checkpoint, resume=args.resume,
-            model_base=str(Path(args.plan).resolve().parent),
-        )  # fmt: skip
+        options = run_options(args)
         torch.set_num_threads(options.threads)
         plan = Plan.load(args.plan)
         model_file = Path(plan.recipe.model_file)

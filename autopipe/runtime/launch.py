@@ -29,7 +29,7 @@ from pathlib import Path
 
 from autopipe.errors import RuntimeFailure
 from autopipe.plans import Plan
-from autopipe.runtime.options import RunOptions
+from autopipe.runtime.options import RunOptions, worker_arguments
 from autopipe.runtime.records import RunResult, rank_from_dict
 
 __all__ = ["free_port", "launch", "worker_arguments"]
@@ -43,20 +43,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def worker_arguments(plan_path: str, options: RunOptions) -> list[str]:
-    """Command-line flags of ``python -m autopipe.runtime`` for ``options``."""
-    args = [plan_path, "--steps", str(options.steps), "--seed", str(options.seed), "--timeout", str(options.timeout_s),
-            "--optimizer", options.optimizer, "--lr", repr(options.lr), "--device", options.device,
-            "--threads", str(options.threads)]  # fmt: skip
-    for k, v in options.optimizer_kwargs:
-        args += ["--optimizer-arg", f"{k}={v!r}"]
-    if options.save_checkpoint:
-        args += ["--save-checkpoint", options.save_checkpoint]
-    if options.resume:
-        args += ["--resume", options.resume]
-    return args
 
 
 def launch(plan: Plan | str | Path, options: RunOptions) -> RunResult:

@@ -118,7 +118,7 @@ def position_comm(p: PartitionProblem) -> tuple[Floats, Floats]:
 
 def stage_caps(p: PartitionProblem) -> Floats:
     """Per stage, the largest memory that still fits (the limit with the relative EPS)."""
-    return np.asarray(p.memory_limit, dtype=np.float64) * (1.0 + EPS)
+    return np.asarray(p.stage_memory_limit, dtype=np.float64) * (1.0 + EPS)
 
 
 def stage_kinds(p: PartitionProblem) -> tuple[list[tuple[float, float]], list[int]]:

@@ -4,7 +4,6 @@ the simple splits priced under the same schedule; and the Plan's timeline simula
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from autopipe.costs.profile import Profile
 from autopipe.plans import Alternative, Baseline, Plan, StagePlan
@@ -13,9 +12,7 @@ from autopipe.schedules.simulate import StageCost, Summary, Timeline, simulate
 from autopipe.solve.baselines import BASELINES, baseline_assignment
 from autopipe.solve.pricing import BlockTimes, Candidate, candidate, fits, price
 from autopipe.solve.problem import evaluate, stage_stats
-
-if TYPE_CHECKING:
-    from autopipe.solve.search import PlanRequest
+from autopipe.solve.request import PlanRequest
 
 __all__ = ["make_plan", "plan_timeline"]
 
@@ -33,7 +30,7 @@ def make_plan(
     u = req.batch_size // d.micro_batches
     part = best.partition
     stats = stage_stats(best.problem, part.stage_of_block)
-    placed = schedule_spec(d.schedule).devices_of(req.stages, d.virtual)
+    placed = schedule_spec(d.schedule).devices_of(req.devices, d.virtual)
     stages = []
     for s in range(best.problem.stages):
         members = tuple(i for i, x in enumerate(part.stage_of_block) if x == s)
@@ -72,13 +69,13 @@ def make_plan(
         model=profile.model,
         recipe=profile.recipe,
         profile_device=profile.device,
-        devices=req.stages,
+        devices=req.devices,
         virtual=d.virtual,
         schedule=d.schedule,
         micro_batches=d.micro_batches,
         micro_batch_size=u,
         batch_size=req.batch_size,
-        memory_limit_bytes=req.memory_bytes,
+        memory_limit_bytes=req.memory_limit,
         link_bandwidth=req.link_bandwidth,
         link_latency_s=req.link_latency_s,
         action_overhead_s=req.action_overhead_s,
@@ -103,9 +100,9 @@ def _baselines(profile: Profile, req: PlanRequest, best: Candidate) -> list[Base
         rc = (p.recompute == "always",) * p.stages
         part = evaluate(p, assignment, rc)
         c = candidate(d, name, p, part, times)
-        t = price(c, req.stages)
+        t = price(c, req.devices)
         sizes = tuple(assignment.count(s) for s in range(p.stages))
-        out.append(Baseline(name, sizes, t.iteration_s, t.bubble_fraction, t.peak_memory_bytes, fits(t, req.memory_bytes)))
+        out.append(Baseline(name, sizes, t.iteration_s, t.bubble_fraction, t.peak_memory_bytes, fits(t, req.memory_limit)))
     return out
 
 

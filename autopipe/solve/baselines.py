@@ -46,7 +46,7 @@ def _min_max_split(weights: tuple[float, ...], S: int) -> tuple[int, ...]:
         tensors=(),
         stages=S,
         inflight=(0.0,) * S,
-        memory_limit=(math.inf,) * S,
+        stage_memory_limit=(math.inf,) * S,
         recompute="never",
     )
     return solve_fast(p).boundaries

@@ -65,7 +65,7 @@ def solve_brute(problem: PartitionProblem) -> Partition:
         need = min(need, max(min(st.memory(p, s, r) for r in {rc[s] for rc in choices})
                              for s in range(p.stages)))
         for rc in choices:
-            if not all(memory_fits(st.memory(p, s, rc[s]), p.memory_limit[s])
+            if not all(memory_fits(st.memory(p, s, rc[s]), p.stage_memory_limit[s])
                        for s in range(p.stages)):
                 continue
             times = [st.time[s] + (st.extra[s] if rc[s] else 0.0) for s in range(p.stages)]

@@ -132,7 +132,7 @@ class _Model:
             sum(p.activation_bytes) + sum(t.bytes for t in p.tensors)))
         inputs = [t for t in p.tensors if t.dsts and t.bytes > 0]
         for s in range(S):
-            limit = p.memory_limit[s]
+            limit = p.stage_memory_limit[s]
             if self.L is None and math.isinf(limit):
                 continue
             scale = self.mem_unit if self.L is not None else max(limit, 1.0)

@@ -21,7 +21,7 @@ __all__ = ["infeasible_error", "min_memory_limit"]
 
 def min_memory_limit(problem: PartitionProblem) -> float:
     """Smallest single limit L (the same on every stage) under which some contiguous
-    partition into ``problem.stages`` stages fits; ``problem.memory_limit`` is ignored."""
+    partition into ``problem.stages`` stages fits; ``problem.stage_memory_limit`` is ignored."""
     p = problem
     n = p.blocks
     static = range_sums(p.static_bytes)
@@ -49,11 +49,11 @@ def infeasible_error(problem: PartitionProblem, min_bytes: float | None = None) 
     partitions unless ``min_bytes`` is given)."""
     p = problem
     need = min_memory_limit(p) if min_bytes is None else min_bytes
-    limits = set(p.memory_limit)
+    limits = set(p.stage_memory_limit)
     if len(limits) == 1:
-        have = f"{format_bytes(p.memory_limit[0])} per device"
+        have = f"{format_bytes(p.stage_memory_limit[0])} per device"
     else:
-        have = "the per-stage limits (" + ", ".join(format_bytes(x) for x in p.memory_limit) + ")"
+        have = "the per-stage limits (" + ", ".join(format_bytes(x) for x in p.stage_memory_limit) + ")"
     fixes = "more stages, recomputation, or smaller micro-batches"
     if p.recompute != "never":
         fixes = "more stages or smaller micro-batches"

@@ -71,7 +71,7 @@ class ParallelRequest:
 
     cluster: Cluster
     global_batch: int  # samples per iteration over all replicas
-    memory_bytes: float  # per device
+    memory_limit: float  # bytes per device
     bytes_per_param: float = 16.0  # weights + grads + optimizer state, per parameter
     shard_optimizer: bool = False  # ZeRO-1: optimizer state (and master weights) split D ways
     stages: int | None = None  # pin S
@@ -118,6 +118,7 @@ class Rejected:
     stages: int
     data_parallel: int
     reason: str  # one line
+    min_memory_bytes: float | None = None  # the smallest limit that fits this (S, D), when known
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ def plan_parallel(profile: Profile, request: ParallelRequest) -> ParallelPlan:
             rejected.append(Rejected(S, D, f"global batch {B} does not split into {D} equal replicas"))
             continue
         static = _static_bound(profile, request, S, D)
-        if static > request.memory_bytes:
+        if static > request.memory_limit:
             rejected.append(Rejected(S, D, f"needs at least {format_bytes(static, round_up=True)} per device for weights, gradients and optimizer state"))
             continue
         plans: dict[float, Plan] = {}
@@ -184,7 +185,8 @@ def plan_parallel(profile: Profile, request: ParallelRequest) -> ParallelPlan:
                 if lay.p2p_bandwidth not in plans:
                     plans[lay.p2p_bandwidth] = plan_pipeline(profile, _pipeline_request(profile, request, lay))
             except (InfeasibleError, PlanError) as e:
-                rejected.append(Rejected(S, D, str(e)))
+                need = e.min_memory_bytes if isinstance(e, InfeasibleError) else None
+                rejected.append(Rejected(S, D, str(e), need))
                 break
             options.append(ParallelOption(lay, _with_allreduce(profile, plans[lay.p2p_bandwidth], lay, request)))
     if not options:
@@ -216,9 +218,9 @@ def _static_bound(profile: Profile, request: ParallelRequest, S: int, D: int) ->
 
 def _pipeline_request(profile: Profile, request: ParallelRequest, lay: Layout) -> PlanRequest:
     return PlanRequest(
-        stages=lay.stages,
+        devices=lay.stages,
         batch_size=request.global_batch // lay.data_parallel,
-        memory_bytes=request.memory_bytes,
+        memory_limit=request.memory_limit,
         micro_batches=request.micro_batches,
         schedule=request.schedule,
         virtual=request.virtual,
@@ -254,6 +256,6 @@ def _no_layout(request: ParallelRequest, rejected: list[Rejected]) -> PlanError:
     deepest = max(rejected, key=lambda r: r.stages, default=None)
     hint = f"; the deepest pipeline (S={deepest.stages}): {deepest.reason}" if deepest else ""
     return InfeasibleError(
-        f"no split of {request.cluster.devices} devices into stages x replicas fits {format_bytes(request.memory_bytes)} per device"
+        f"no split of {request.cluster.devices} devices into stages x replicas fits {format_bytes(request.memory_limit)} per device"
         f"{hint}"
     )

@@ -122,6 +122,6 @@ def price(c: Candidate, devices: int) -> Summary:
     return simulate_summary(schedule, c.costs, c.partition.comm_s)
 
 
-def fits(t: Summary, memory_bytes: float) -> bool:
-    """Every device's simulated peak within ``memory_bytes``."""
-    return all(m <= memory_bytes * (1 + 1e-9) for m in t.peak_memory_bytes)
+def fits(t: Summary, memory_limit: float) -> bool:
+    """Every device's simulated peak within ``memory_limit`` (bytes per device)."""
+    return all(m <= memory_limit * (1 + 1e-9) for m in t.peak_memory_bytes)

@@ -18,7 +18,7 @@ micro-batch). Definitions, exactly as every solver and test uses them:
 - stage memory without recompute: sum static + inflight[s] * sum activation; with recompute:
   sum static + inflight[s] * in_bytes(s) + sum activation (one micro-batch re-materialised in
   its backward).
-- feasible: memory_s <= memory_limit[s] for all s (relative epsilon :data:`EPS` = 1e-9:
+- feasible: memory_s <= stage_memory_limit[s] for all s (relative epsilon :data:`EPS` = 1e-9:
   ``memory <= limit * (1 + EPS)``).
 - objective, lexicographic: first Z = max(max_s T_s, max_c comm_s(c)) (the pipeline's
   bottleneck), then total = sum_s T_s + sum_c comm_s(c), then fewer recomputed stages. Floats
@@ -73,7 +73,9 @@ class PartitionProblem:
     tensors: tuple[Edge, ...]
     stages: int
     inflight: tuple[float, ...]  # per stage k_s: micro-batches whose activations it holds at peak
-    memory_limit: tuple[float, ...]  # per stage, bytes (math.inf allowed)
+    # Per stage, bytes (math.inf allowed). A stage is one chunk of the model: with v virtual
+    # stages per device, the planner cuts S·v stages and gives each a device's limit / v.
+    stage_memory_limit: tuple[float, ...]
     link_latency_s: float = 0.0
     link_bandwidth: float = math.inf  # bytes/s
     recompute: str = "auto"  # "never" | "always" | "auto" (choose per stage)
@@ -108,7 +110,7 @@ def _validate(p: PartitionProblem) -> None:
     if not isinstance(p.stages, int) or not 1 <= p.stages <= n:
         raise PlanError(f"stages must be an integer from 1 to the number of blocks ({n}), "
                         f"got {p.stages!r}")
-    for name in ("inflight", "memory_limit"):
+    for name in ("inflight", "stage_memory_limit"):
         got = len(getattr(p, name))
         if got != p.stages:
             raise PlanError(f"{name} has {got} entries but there are {p.stages} stages; "
@@ -118,7 +120,7 @@ def _validate(p: PartitionProblem) -> None:
     _check_numbers("static_bytes", p.static_bytes)
     _check_numbers("activation_bytes", p.activation_bytes)
     _check_numbers("inflight", p.inflight)
-    _check_numbers("memory_limit", p.memory_limit, allow_inf=True)
+    _check_numbers("stage_memory_limit", p.stage_memory_limit, allow_inf=True)
     _check_numbers("link_latency_s", (p.link_latency_s,))
     if math.isnan(p.link_bandwidth) or not p.link_bandwidth > 0:
         raise PlanError(f"link_bandwidth must be > 0 bytes/s (inf allowed), got {p.link_bandwidth!r}")
@@ -230,8 +232,8 @@ def auto_recompute(p: PartitionProblem, st: StageStats) -> tuple[bool, ...]:
     if p.recompute == "always":
         return (True,) * p.stages
     return tuple(
-        not memory_fits(st.memory(p, s, False), p.memory_limit[s])
-        and memory_fits(st.memory(p, s, True), p.memory_limit[s])
+        not memory_fits(st.memory(p, s, False), p.stage_memory_limit[s])
+        and memory_fits(st.memory(p, s, True), p.stage_memory_limit[s])
         for s in range(p.stages)
     )
 
@@ -268,7 +270,7 @@ def evaluate(
         stage_memory_bytes=memory,
         cut_bytes=st.cut_bytes,
         comm_s=st.comm,
-        fits=all(memory_fits(m, lim) for m, lim in zip(memory, p.memory_limit, strict=True)),
+        fits=all(memory_fits(m, lim) for m, lim in zip(memory, p.stage_memory_limit, strict=True)),
     )
 
 

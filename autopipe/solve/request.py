@@ -1,9 +1,16 @@
 """What the planner is asked: :class:`PlanRequest`, its checks, and the decisions it allows.
 
-A request pins what the user decided (stages, batch, memory, and optionally micro-batches,
-schedule, virtual stages, recomputation) and says what the hardware costs (link, the
-executor's cost per action); :func:`decisions` lists the (schedule, v, m) the search may
-take, and :func:`validate` turns a request that cannot be planned into one clear line.
+A request pins what the user decided (devices, batch, memory limit, and optionally
+micro-batches, schedule, virtual stages, recomputation) and says what the hardware costs
+(link, the executor's cost per action); :func:`decisions` lists the (schedule, v, m) the
+search may take, and :func:`validate` turns a request that cannot be planned into one clear
+line. :mod:`autopipe.solve.defaults` fills in what the user left out, for the API and the CLI.
+
+Words: a *device* is one pipeline rank (``autopipe plan --stages``, ``autopipe.plan(stages=)``
+count devices); a *stage* is one chunk of the model, so a device holds ``v`` stages when the
+schedule is interleaved and S·v stages are cut in all. The memory limit is per device
+(``memory_limit``); each of a device's ``v`` stages gets ``memory_limit / v``
+(``PartitionProblem.stage_memory_limit``).
 """
 
 from __future__ import annotations
@@ -21,8 +28,6 @@ __all__ = [
     "SEARCH_SCHEDULES",
     "PlanRequest",
     "decisions",
-    "default_action_overhead",
-    "default_link",
     "divisors",
     "infeasible_error",
     "validate",
@@ -35,9 +40,9 @@ SEARCH_SCHEDULES = tuple(s.name for s in search_order())  # ties go to the first
 class PlanRequest:
     """What the user asks for; ``None`` leaves a decision to the search."""
 
-    stages: int  # S: pipeline devices
+    devices: int  # S: pipeline ranks (``--stages``, ``stages=``)
     batch_size: int  # samples per iteration (per pipeline)
-    memory_bytes: float  # per device
+    memory_limit: float  # bytes per device (``--memory``, ``memory=``)
     micro_batches: int | None = None
     schedule: str | None = None
     virtual: int | None = None  # stages per device, interleaved 1F1B only
@@ -66,7 +71,7 @@ def _traceable(profile: Profile, u: int) -> bool:
 
 
 def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
-    S, n = req.stages, profile.num_blocks
+    S, n = req.devices, profile.num_blocks
     ms = [req.micro_batches] if req.micro_batches else divisors(req.batch_size)
     ms = [m for m in ms if _traceable(profile, req.batch_size // m)]
     schedules = [req.schedule] if req.schedule else list(SEARCH_SCHEDULES)
@@ -84,36 +89,11 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
     return out
 
 
-def default_action_overhead(device: str) -> float:
-    """Seconds the executor spends on an action besides its computation (Python, posting its
-    sends, starting an autograd call), by the profile's device.
-
-    CPU ranks: 0.3 ms, as ``bench/bench_overhead.py`` measured on the development machine
-    (0.37-0.43 ms per F and per B, 0.10-0.22 ms per W, medians 0.22-0.34 ms over three runs).
-    GPUs: 0 until measured there (host work mostly overlaps the kernels); pass
-    ``--action-overhead``.
-    """
-    return 3e-4 if device.startswith("cpu") else 0.0
-
-
-def default_link(device: str) -> tuple[float, float]:
-    """(bandwidth bytes/s, latency s) between neighbouring devices, by the profile's device.
-
-    GPUs: 50 GB/s and 10 us (between PCIe 5.0 x16 and NVLink: a conservative default);
-    CPU processes talking over gloo on one host: 4 GB/s and 120 us, as ``bench/bench_link.py``
-    measured on the development machine (3.2-4.1 GB/s, 110-190 us; run it for yours and pass
-    ``--bandwidth`` / ``--latency``).
-    """
-    if device.startswith("cuda"):
-        return 50e9, 10e-6
-    return 4e9, 120e-6
-
-
 # --------------------------------------------------------------------------- checks
 
 
 def validate(profile: Profile, req: PlanRequest) -> None:
-    n, S, B = profile.num_blocks, req.stages, req.batch_size
+    n, S, B = profile.num_blocks, req.devices, req.batch_size
     if S < 1:
         raise PlanError(f"--stages must be at least 1 (got {S})")
     if S > n:
@@ -122,8 +102,8 @@ def validate(profile: Profile, req: PlanRequest) -> None:
         )
     if B < 1:
         raise PlanError(f"--batch-size must be at least 1 (got {B})")
-    if not req.memory_bytes > 0:
-        raise PlanError(f"--memory must be positive (got {req.memory_bytes})")
+    if not req.memory_limit > 0:
+        raise PlanError(f"--memory must be positive (got {req.memory_limit})")
     if req.micro_batches is not None:
         m = req.micro_batches
         if m < 1:
@@ -178,7 +158,7 @@ def infeasible_error(profile: Profile, req: PlanRequest, need: float) -> Infeasi
     fixes = "more stages or smaller micro-batches" if req.recompute != "never" else "more stages, recomputation, or smaller micro-batches"
     need_text = f"; the smallest limit that fits is {format_bytes(need, round_up=True)} per device" if math.isfinite(need) else ""
     return InfeasibleError(
-        f"no plan of {profile.num_blocks} blocks on {req.stages} devices fits {format_bytes(req.memory_bytes)} per device"
+        f"no plan of {profile.num_blocks} blocks on {req.devices} devices fits {format_bytes(req.memory_limit)} per device"
         f"{need_text} (or use {fixes})",
         min_memory_bytes=need if math.isfinite(need) else None,
     )

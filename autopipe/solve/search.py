@@ -49,13 +49,11 @@ from autopipe.solve.request import (
     SEARCH_SCHEDULES,
     PlanRequest,
     decisions,
-    default_action_overhead,
-    default_link,
     infeasible_error,
     validate,
 )
 
-__all__ = ["SEARCH_SCHEDULES", "PlanRequest", "default_action_overhead", "default_link", "plan_pipeline"]
+__all__ = ["SEARCH_SCHEDULES", "PlanRequest", "plan_pipeline"]
 
 _EXACT_DP_LIMIT = 4_000_000  # n^2 * S above which the bisection solver replaces the DP
 _ILP_MAX_BLOCKS = 48  # DAGs up to this many blocks also get the ILP's free placement
@@ -72,7 +70,7 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
     no bound left is below the best simulated plan that fits. Nothing skipped can be faster.
     """
     validate(profile, request)
-    work = _work_table(profile, request.stages)
+    work = _work_table(profile, request.devices)
     todo = sorted(
         decisions(profile, request),
         key=lambda d: (_decision_bound(work, request, d), _order_key(d)),
@@ -90,9 +88,9 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
             bound, _, c = heapq.heappop(queue)
             if bound >= best * (1 + 1e-12):
                 break
-            t = price(c, request.stages)
+            t = price(c, request.devices)
             simulated.append((c, t))
-            if fits(t, request.memory_bytes):
+            if fits(t, request.memory_limit):
                 best = min(best, t.iteration_s)
             if c.source == "solver":
                 # The simple splits of this decision are candidates too (and so never win).
@@ -125,7 +123,7 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
         for (_, v), (_, problem) in infeasible.items():
             smallest_fit = min(smallest_fit, min_memory_limit(problem) * v)
         raise infeasible_error(profile, request, smallest_fit)
-    fitting = [(c, t) for c, t in simulated if fits(t, request.memory_bytes)]
+    fitting = [(c, t) for c, t in simulated if fits(t, request.memory_limit)]
     if not fitting:
         raise infeasible_error(profile, request, min(max(t.peak_memory_bytes) for _, t in simulated))
     fitting.sort(key=lambda ct: (ct[1].iteration_s, _order(ct[0])))
@@ -148,7 +146,7 @@ def _candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
     """
     d = c.decision
     costs = c.costs
-    m, S = d.micro_batches, req.stages
+    m, S = d.micro_batches, req.devices
     spec = schedule_spec(d.schedule)
     split = spec.splits_backward
     f = [x.forward_s for x in costs]
@@ -184,9 +182,9 @@ def _decision_bound(work: Work, req: PlanRequest, d: Decision) -> float:
     """
     u = req.batch_size // d.micro_batches
     total, chain, share = work(u, schedule_spec(d.schedule).splits_backward)
-    bound = max(chain, d.micro_batches * total / req.stages)
+    bound = max(chain, d.micro_batches * total / req.devices)
     if d.virtual == 1 and share > 0:
-        m, S = d.micro_batches, req.stages
+        m, S = d.micro_batches, req.devices
         bound = max(bound, share * total / (1 - (1 - share / m) ** S))
     return bound
 
@@ -194,7 +192,7 @@ def _decision_bound(work: Work, req: PlanRequest, d: Decision) -> float:
 Work = Callable[[int, bool], tuple[float, float, float]]
 
 
-def _work_table(profile: Profile, req_stages: int) -> Work:
+def _work_table(profile: Profile, devices: int) -> Work:
     """``work(u, split)``: (T: every block's F + B, the chain micro-batch 0 must cross, the
     share ``a`` of :func:`_decision_bound`) at micro-batch size ``u``, computed once each."""
 
@@ -208,7 +206,7 @@ def _work_table(profile: Profile, req_stages: int) -> Work:
             return total, total, 1.0
         # B of the first stage is empty (its inputs need no gradient); the last S - 1 blocks
         # are never on it.
-        tail = blocks[len(blocks) - req_stages + 1 :] if req_stages > 1 else ()
+        tail = blocks[len(blocks) - devices + 1 :] if devices > 1 else ()
         chain = sum(f) + sum(b.backward_input_s(u) for b in tail)
         share = min((fi / ti for fi, ti in zip(f, t, strict=True) if ti > 0), default=0.0)
         return total, chain, share
@@ -243,8 +241,8 @@ def _refine_with_ilp(
         if part.stage_of_block != c.partition.stage_of_block:
             times = BlockTimes.of(profile, req.batch_size // c.decision.micro_batches, req.action_overhead_s)
             cand = candidate(c.decision, "ilp", c.problem, part, times)
-            t = price(cand, req.stages)
-            if fits(t, req.memory_bytes):
+            t = price(cand, req.devices)
+            if fits(t, req.memory_limit):
                 extra.append((cand, t))
     return sorted(fitting + extra, key=lambda ct: (ct[1].iteration_s, _order(ct[0])))
 
@@ -254,7 +252,7 @@ def _refine_with_ilp(
 
 def _problem(profile: Profile, req: PlanRequest, decision: Decision) -> PartitionProblem:
     u = req.batch_size // decision.micro_batches
-    chunks = req.stages * decision.virtual
+    chunks = req.devices * decision.virtual
     blocks = profile.blocks
     return PartitionProblem(
         time_s=tuple(b.forward_s(u) + b.backward_s(u) for b in blocks),
@@ -263,8 +261,8 @@ def _problem(profile: Profile, req: PlanRequest, decision: Decision) -> Partitio
         activation_bytes=tuple(b.saved_bytes(u) for b in blocks),
         tensors=tuple(Edge(t.src, t.dsts, t.bytes(u)) for t in profile.tensors if t.dsts),
         stages=chunks,
-        inflight=schedule_spec(decision.schedule).inflight(req.stages, decision.micro_batches, decision.virtual),
-        memory_limit=(req.memory_bytes / decision.virtual,) * chunks,
+        inflight=schedule_spec(decision.schedule).inflight(req.devices, decision.micro_batches, decision.virtual),
+        stage_memory_limit=(req.memory_limit / decision.virtual,) * chunks,  # a device's v stages share it
         link_latency_s=req.link_latency_s,
         link_bandwidth=req.link_bandwidth,
         recompute=req.recompute,
