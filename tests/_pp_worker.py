@@ -14,10 +14,10 @@ import sys
 
 import torch
 import torch.distributed as dist
-from _plans import even_plan
 
 from autopipe.stages.export import sync_shared_grads, to_torch_pipelining
 from autopipe.stages.rebuild import rebuild_model
+from tests.helpers import even_plan
 
 CONFIGS = {  # name: (model file, schedule, virtual stages per rank, micro-batches, micro-batch size)
     "gpt-1f1b": ("gpt.py", "1f1b", 1, 2, 2),

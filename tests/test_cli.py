@@ -139,6 +139,7 @@ def test_other_exceptions_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
         main(["profile", GOOD, "--device", "cpu"])
 
 
+@pytest.mark.slow
 def test_subprocess_missing_file() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "autopipe.cli.main", "profile", "tests/fixtures/missing.py"],

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from _plans import even_plan
 from autopipe.cli.main import main
 
 from autopipe.errors import EmitError, PlanError
 from autopipe.stages.emit import emit
 from autopipe.stages.merge import merge_state_dict, read_manifest
 from autopipe.stages.rebuild import rebuild_model
+from tests.helpers import even_plan
 
 torch.set_num_threads(1)
 
@@ -92,6 +92,7 @@ def emitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, o
     return out
 
 
+@pytest.mark.slow
 def test_emitted_stages_run_without_autopipe(emitted: dict[str, tuple[Path, object]], tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     for name, (folder, plan) in emitted.items():
@@ -117,6 +118,7 @@ def test_emitted_stages_run_without_autopipe(emitted: dict[str, tuple[Path, obje
         assert diff <= 1e-6, (name, diff)
 
 
+@pytest.mark.slow
 def test_merge_is_bit_for_bit(emitted: dict[str, tuple[Path, object]]) -> None:
     for name, (folder, plan) in emitted.items():
         original = rebuild_model(plan).model.state_dict()  # type: ignore[arg-type]

@@ -23,6 +23,7 @@ def test_ruff() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_mypy_strict() -> None:
     result = subprocess.run(_tool("mypy"), cwd=ROOT, capture_output=True, text=True, timeout=280)

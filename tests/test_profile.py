@@ -22,6 +22,7 @@ from autopipe.errors import ProfileError
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.graph.trace import trace_model
 from autopipe.model.load import LoadedModel, ModelSpec, default_loss
+from tests.helpers import in_turns
 
 
 class Layer(nn.Module):
@@ -67,15 +68,23 @@ def _one_thread() -> None:
 
 def test_sum_of_block_forward_times_matches_the_whole_model() -> None:
     torch.manual_seed(0)
-    model = Net(d=256)
-    x = torch.randint(0, 512, (8, 64))
-    traced = trace_model(model, x, micro_batch_size=8, recipe=TraceRecipe(tracer="fx"))
-    # The machine is shared and noisy: interleave the two measurements, keep each one's best.
-    blocks, whole = [], []
-    for _ in range(6):
-        blocks.append(sum(m.forward_s for m in measure_blocks(traced, x, warmup=2, repeat=7)))
-        whole.append(time_call(lambda: model(x), warmup=2, repeat=7))
-    assert min(blocks) == pytest.approx(min(whole), rel=0.15)
+    model = Net(d=128)
+    x = torch.randint(0, 512, (4, 64))
+    traced = trace_model(model, x, micro_batch_size=4, recipe=TraceRecipe(tracer="fx"))
+    # The reference, the whole model's forward, is timed in the same test in turns with the
+    # blocks; each block's and the whole model's fastest round is its time on a quiet machine
+    # (tests/helpers.py: in_turns).
+    blocks, whole = in_turns(
+        8,
+        lambda: [m.forward_s for m in measure_blocks(traced, x, warmup=1, repeat=2)],
+        lambda: time_call(lambda: model(x), warmup=1, repeat=2),
+    )
+    per_block = [min(times) for times in zip(*blocks, strict=True)]
+    # 15%: quiet, the two agree within 5% (a block run alone pays its own call and keeps its
+    # output until the next block reads it); with a busy loop on one of two cores beside the
+    # test they stayed within 7% in our runs. One of the four layers left out, or timed
+    # twice, moves the sum by about a fifth.
+    assert sum(per_block) == pytest.approx(min(whole), rel=0.15)
 
 
 def test_sum_of_block_saved_bytes_matches_the_whole_model() -> None:

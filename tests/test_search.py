@@ -103,6 +103,7 @@ def test_fast_simulation_equals_the_event_simulator(name: str) -> None:
     assert compiled(name, S, m, v).rank == compile_schedule(schedule, S, v).rank
 
 
+@pytest.mark.slow
 def test_plans_are_byte_identical_for_the_same_inputs() -> None:
     prof = random_profile(10, 3, skips=1)
     a = plan_pipeline(prof, _request())

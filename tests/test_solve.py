@@ -136,6 +136,7 @@ def test_chain_dp_matches_brute_force_and_fast_matches_its_bottleneck(seed: int)
             assert fast.total_s >= chain.total_s * (1 - REL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_ilp_matches_chain_dp_on_chains(seed: int) -> None:
     rng = random.Random(100 + seed)
@@ -146,6 +147,7 @@ def test_ilp_matches_chain_dp_on_chains(seed: int) -> None:
                     solve_or_none(solve_chain, problem), 1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_ilp_matches_brute_force_on_dags(seed: int) -> None:
     rng = random.Random(200 + seed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -147,11 +148,8 @@ def test_fingerprint_ignores_batch_size_but_not_structure() -> None:
 
 # --------------------------------------------------------------- Hugging Face models (no download)
 
-transformers = pytest.importorskip("transformers")
 
-
-def _hf_models() -> dict[str, tuple[nn.Module, str]]:
-    t = transformers
+def _hf_models(t: ModuleType) -> dict[str, tuple[nn.Module, str]]:
     small = dict(vocab_size=100)
     return {
         "gpt2": (
@@ -169,10 +167,11 @@ def _hf_models() -> dict[str, tuple[nn.Module, str]]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
-def test_hugging_face_models_trace_by_falling_back_to_export(name: str) -> None:
+def test_hugging_face_models_trace_by_falling_back_to_export(name: str, transformers: ModuleType) -> None:
     torch.manual_seed(0)
-    model, layer_prefix = _hf_models()[name]
+    model, layer_prefix = _hf_models(transformers)[name]
     model.eval()
     x = torch.randint(0, 100, (2, 8))
     with pytest.raises(Exception):  # noqa: B017 - symbolic_trace cannot follow these models
@@ -194,6 +193,8 @@ def test_tracing_leaves_batchnorm_statistics_alone() -> None:
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("transformers")
 def test_an_export_profile_leaves_a_micro_batch_of_one_out(tmp_path: Path) -> None:
     """torch.export specialises size-1 dimensions, so the profile keeps the sizes that share a
     graph (2 and 4 here) and the executor's trace at the plan's size matches it."""

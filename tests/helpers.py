@@ -1,24 +1,37 @@
-"""Plans for tests, made without profiling: the traced blocks cut evenly into stages.
+"""Plain functions the tests share (fixtures live in tests/conftest.py).
 
-Profiling takes seconds per model; tests of the executor, emit and export only need a valid
-cut, so they build the Plan straight from a trace (predictions are nominal: 1 ms forwards).
+Import them as ``from tests.helpers import even_plan``: the repository root is on the path
+(``pythonpath`` in pyproject.toml), so this works from every folder under tests/.
+
+- :func:`even_plan`: a Plan without profiling. Profiling takes seconds per model; tests of the
+  executor, emit and export only need a valid cut, so they build the Plan straight from a
+  trace (predictions are nominal: 1 ms forwards).
+- :func:`reference_training`, :func:`max_diff`: single-process training of the unsplit model,
+  the reference the pipeline's losses and weights are compared with.
+- :func:`in_turns`: two measurements taken in turns, for timing tests that must hold on a
+  loaded machine.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.graph.trace import trace_model
-from autopipe.model.load import load_model, parse_kwargs
+from autopipe.model.load import call_model, load_model, parse_kwargs
 from autopipe.plans import Plan, StagePlan
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
+FIXTURES = ROOT / "tests" / "fixtures"
+
+A = TypeVar("A")
+B = TypeVar("B")
 
 
 def even_plan(
@@ -79,3 +92,50 @@ def even_plan(
         iteration_time_s=1e-2, bubble_fraction=0.2, throughput=1.0, peak_memory_bytes=(1e6,) * stages,
         alternatives=(), baselines=(),
     )  # fmt: skip
+
+
+def reference_training(
+    model_file: str, kwargs: Mapping[str, object], *, steps: int, batch_size: int, lr: float,
+    optimizer: str = "SGD", seed: int = 0,
+) -> tuple[list[float], dict[str, torch.Tensor]]:  # fmt: skip
+    """Losses and final state_dict of plain single-process training of the unsplit model."""
+    torch.manual_seed(seed)
+    lm = load_model(model_file, dict(kwargs))
+    model = lm.model
+    model.train()
+    opt = getattr(torch.optim, optimizer)(list(model.parameters()), lr=lr)
+    losses = []
+    for k in range(steps):
+        torch.manual_seed(seed + k + 1)
+        x = lm.make_inputs(batch_size)
+        y = lm.make_targets(batch_size) if lm.make_targets is not None else None
+        loss = lm.loss_fn(call_model(model, x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss))
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def max_diff(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    """Largest absolute difference over the keys of ``b`` (all must be in ``a``)."""
+    missing = sorted(set(b) - set(a))
+    if missing:
+        raise AssertionError(f"missing from the pipeline's state: {missing[:5]}")
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in b if b[k].numel())
+
+
+def in_turns(rounds: int, a: Callable[[], A], b: Callable[[], B]) -> tuple[list[A], list[B]]:
+    """``rounds`` results of ``a()`` and of ``b()``, measured in turns: a, b, a, b, ...
+
+    For a timing test on a shared machine: other work only ever adds time, and comes in bursts
+    that last longer than one turn, so a burst slows a and b alike rather than all of one of
+    them, and the fastest of several rounds of each is close to its time on a quiet machine.
+    Compare the minima (or the medians), never a single round.
+    """
+    results_a: list[A] = []
+    results_b: list[B] = []
+    for _ in range(rounds):
+        results_a.append(a())
+        results_b.append(b())
+    return results_a, results_b
