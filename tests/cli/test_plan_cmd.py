@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 from pathlib import Path
 
 import pytest
 import torch
-from autopipe.cli.main import build_parser
+from autopipe.cli.main import build_parser, main
 from autopipe.cli.plan_cmd import _short, cmd_plan
 from rich.console import Console
 
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.graph.recipe import TraceRecipe
+from autopipe.plans import Plan
 from autopipe.solve.parallel import Rejected
 
 GIB = 2.0**30
@@ -61,3 +63,130 @@ def test_cmd_plan_leaves_its_namespace_alone(tmp_path: Path) -> None:
 def test_a_refused_split_says_the_memory_it_needs(rejected: Rejected, short: str) -> None:
     assert _short(rejected) == short
 
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+FAST = ["--warmup", "1", "--repeat", "2", "--micro-batch-sizes", "2,4"]
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    torch.set_num_threads(1)
+    out = {}
+    folder = tmp_path_factory.mktemp("profiles")
+    for name in ("gpt", "llama", "resnet", "unet", "mlp"):
+        path = folder / f"{name}.json"
+        assert main(["profile", str(MODELS / f"{name}.py"), "--batch-size", "4", "-o", str(path), "--json", *FAST]) == 0
+        out[name] = path
+    return out
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama", "resnet", "unet", "mlp"])
+@pytest.mark.parametrize("stages", [2, 4])
+def test_plan_beats_or_ties_every_simple_split(profiles: dict[str, Path], name: str, stages: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan_path = tmp_path / "plan.json"
+    code = main(["plan", "--profile", str(profiles[name]), "--stages", str(stages), "--memory", "2GiB", "--batch-size", "16", "-o", str(plan_path), "--json"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert {"schedule", "micro_batches", "iteration_time_s", "bubble_fraction", "stages", "baselines"} <= set(summary)
+    assert len(summary["stages"]) >= stages
+    for s in summary["stages"]:
+        assert s["blocks"] and s["time_s"] > 0 and s["memory_bytes"] > 0
+    names = {b["name"] for b in summary["baselines"]}
+    assert names == {"even-layers", "by-params", "greedy-time"}
+    for b in summary["baselines"]:
+        assert summary["iteration_time_s"] <= b["iteration_time_s"] * (1 + 1e-9), b
+    plan = Plan.load(plan_path)
+    assert plan.iteration_time_s == summary["iteration_time_s"]
+
+
+def test_plan_json_is_byte_identical_across_runs(profiles: dict[str, Path], tmp_path: Path) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for path in (a, b):
+        assert main(["plan", "--profile", str(profiles["resnet"]), "--stages", "4", "--memory", "1GiB", "-o", str(path), "--json"]) == 0
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_plan_table_show_and_timeline(profiles: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan_path, png, svg = tmp_path / "plan.json", tmp_path / "t.png", tmp_path / "t.svg"
+    assert main(["plan", "--profile", str(profiles["gpt"]), "--stages", "2", "--memory", "1GiB", "-o", str(plan_path), "--timeline", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "predicted iteration" in out and "even-layers" in out and "by-params" in out and f"wrote {plan_path}" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["show", str(plan_path), "--timeline", str(svg)]) == 0
+    shown = capsys.readouterr().out
+    assert "device 0 │" in shown and "device 1 │" in shown
+    assert svg.read_text().lstrip().startswith(("<?xml", "<svg"))
+
+
+def test_plan_profiles_a_model_itself(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan_path = tmp_path / "plan.json"
+    code = main(["plan", str(MODELS / "mlp.py"), "-k", "depth=4", "--stages", "2", "--memory", "1GiB", "--batch-size", "8", "-o", str(plan_path), *FAST])
+    assert code == 0
+    plan = Plan.load(plan_path)
+    assert plan.devices == 2 and plan.batch_size == 8
+    assert plan.recipe.model_kwargs == ("depth=4",)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--stages", "40"], "cannot cut 8 blocks into 40 stages"),
+        (["--batch-size", "30", "--micro-batches", "4"], "batch size 30 is not divisible into 4 micro-batches"),
+        (["--memory", "1KiB"], "the smallest limit that fits is"),
+        (["--memory", "lots"], "--memory must be a number with a unit"),
+        (["--stages", "0"], "--stages must be a positive integer (got 0)"),
+        (["--memory=-4GB"], "--memory must be positive"),
+        (["--no-recompute", "--recompute-all"], "contradict each other"),
+        (["--timeline", "t.gif"], "use a .png or .svg file name"),
+        (["--action-overhead", "fast"], "--action-overhead must be a number with a unit, like 20us or 1ms"),
+        (["--action-overhead=-1ms"], "--action-overhead must be zero or more (got '-1ms')"),
+    ],
+)
+def test_bad_plan_input_is_one_line_and_exit_2(profiles: dict[str, Path], args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "--profile", str(profiles["gpt"]), "-o", str(tmp_path / "p.json"), *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_profile_from_another_model_is_refused(profiles: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", str(MODELS / "gpt.py"), "-k", "n_layer=2", "--profile", str(profiles["gpt"]), "-o", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "was made from another model (fingerprint" in err
+    assert "autopipe profile" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{oops", "is not valid JSON"),
+        ('{"hello": 1}', "is not an autopipe plan"),
+        ('{"version": 7}', "has plan version 7"),
+        ('{"version": 1, "stages": []}', "is corrupt"),
+    ],
+)
+def test_corrupt_plan_files(tmp_path: Path, content: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(content)
+    assert main(["show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_missing_plan_and_profile_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["show", str(tmp_path / "nope.json")]) == 2
+    assert "plan file not found" in capsys.readouterr().err
+    assert main(["plan", "--profile", str(tmp_path / "nope.json"), "-o", str(tmp_path / "p.json")]) == 2
+    assert "profile file not found" in capsys.readouterr().err
+
+
+def test_api_plan_matches_the_profile_it_was_given(profiles: dict[str, Path]) -> None:
+    import autopipe
+
+    prof = Profile.load(profiles["gpt"])
+    plan = autopipe.plan(torch.nn.Linear(2, 2), torch.zeros(4, 2), stages=2, memory="1GiB", batch_size=8, profile_data=prof)
+    assert plan.devices == 2 and plan.recipe.fingerprint == prof.recipe.fingerprint
+    assert "iteration" in plan.summary()

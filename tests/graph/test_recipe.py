@@ -25,7 +25,7 @@ from autopipe.model.spec import ModelSpec
 from autopipe.plans import PLAN_VERSION, Plan
 from autopipe.stages.rebuild import rebuild_model, trace_for_plan
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 PROFILE_V1 = FIXTURES / "good_mlp_profile_v1.json"
 PLAN_V1 = FIXTURES / "good_mlp_plan_v1.json"
 RECIPE_V1 = TraceRecipe(

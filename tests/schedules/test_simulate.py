@@ -1,4 +1,4 @@
-"""The event simulator against textbook bubbles, hand-derived timings and hand-counted memory."""
+"""The event simulator: textbook bubbles, communication, memory, the Timeline value."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ def run(name: str, s: int, m: int, v: int, f: float, b: float, w: float = 0.0) -
     return simulate(make_schedule(name, s, m, v), equal_costs(s * v, f, b, w), devices=s)
 
 
-# --- textbook bubbles --------------------------------------------------------------------------
 
 SMALL = [(s, m) for s in range(1, 6) for m in range(1, 9)]
 TIMES = [(1.0, 2.0), (1.0, 1.0), (0.3, 0.7)]
@@ -85,7 +84,6 @@ def test_zb_h1_too_few_microbatches_is_worse() -> None:
     assert run("zb-h1", 2, 1, 1, 1.0, 1.0, 1.0).iteration_s == pytest.approx(5.0, abs=TOL)
 
 
-# --- communication -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("m", [1, 2, 5])
@@ -121,7 +119,6 @@ def test_same_rank_hops_are_free() -> None:
     assert simulate(schedule, costs).bubble_fraction == pytest.approx(0.0, abs=TOL)
 
 
-# --- memory ------------------------------------------------------------------------------------
 
 
 def test_peak_memory_1f1b_hand_counted() -> None:
@@ -159,7 +156,6 @@ def test_static_bytes_of_all_chunks_on_a_rank() -> None:
     assert t.peak_memory_bytes == (10 + 30, 20 + 40)
 
 
-# --- the Timeline value ------------------------------------------------------------------------
 
 
 def test_timeline_order_and_json() -> None:

@@ -1,4 +1,5 @@
-"""Tests for the split backward (B: input gradients, W: weight gradients) of zero-bubble stages."""
+"""The split backward (zero-bubble B and W) equals the full backward, and W computes no input
+gradient."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""autopipe emit / merge: stage folders that run with torch alone and merge back bit for bit.
-
-The transparency check runs in a fresh ``python -I`` subprocess, in another folder, with every
-``sys.path`` entry that holds an ``autopipe`` package removed and autopipe imports blocked: it
-imports each emitted stage, chains the stages by the manifest's routing on the example inputs
-and compares with the original model's output. Models run in eval mode on both sides (BatchNorm
-uses its running statistics, dropout is off), so the comparison is deterministic.
-"""
+"""Emitted stage folders run without autopipe, merge back bit for bit, and fail cleanly."""
 
 from __future__ import annotations
 

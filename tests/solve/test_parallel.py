@@ -1,4 +1,5 @@
-"""Data x pipeline parallel search (autopipe.solve.parallel): pure, on synthetic profiles."""
+"""Data x pipeline parallel layouts: all-reduce prices, the choice against brute force, old plans
+load."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""The measured profiler against whole-model measurements, and the Profile file format."""
+"""Timing and saved bytes of blocks run alone, against the whole model."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,16 +11,12 @@ from torch import nn
 
 from autopipe.costs.measured import (
     measure_blocks,
-    profile_model,
     saved_bytes,
     storage_key,
     time_call,
 )
-from autopipe.costs.profile import Affine, Profile
-from autopipe.errors import ProfileError
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.graph.trace import trace_model
-from autopipe.model.load import LoadedModel, ModelSpec, default_loss
 from tests.helpers import in_turns
 
 
@@ -48,17 +43,6 @@ class Net(nn.Module):
         for layer in self.layers:
             h = layer(h)
         return self.head(h)
-
-
-def _loaded(model: nn.Module, seq: int = 64, vocab: int = 512) -> LoadedModel:
-    return LoadedModel(
-        spec=ModelSpec(Path("net.py")),
-        model=model,
-        make_inputs=lambda u: torch.randint(0, vocab, (u, seq), generator=torch.Generator().manual_seed(u)),
-        make_targets=None,
-        loss_fn=default_loss,
-        has_targets=False,
-    )
 
 
 @pytest.fixture(autouse=True)
@@ -105,90 +89,6 @@ def test_saved_bytes_counts_shared_storage_once_and_skips_parameters() -> None:
     params = {storage_key(p) for p in lin.parameters()}
     # x is saved by both matmuls (once), the weight is a parameter (skipped).
     assert saved_bytes(lambda: lin(x) + lin(x), exclude=params) == 8 * 16 * 4
-
-
-def test_profile_fits_costs_over_micro_batch_sizes_and_round_trips(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    loaded = _loaded(Net(d=64, n=2))
-    seen: list[tuple[int, int]] = []
-    prof = profile_model(loaded, micro_batch_sizes=[1, 2, 4], warmup=1, repeat=3, progress=lambda _d, i, n: seen.append((i, n)))
-    assert [b.name for b in prof.blocks] == ["embed", "layers.0", "layers.1", "head"]
-    assert prof.micro_batch_sizes == (1, 2, 4) and prof.method == "measured"
-    assert seen[-1] == (12, 12)
-    layer = prof.blocks[1]
-    assert layer.params == sum(p.numel() for p in loaded.model.layers[0].parameters())
-    assert layer.param_bytes == 4 * layer.params
-    # Activation bytes are exactly linear in the micro-batch size here.
-    assert layer.saved_bytes(4) == pytest.approx(4 * layer.saved_bytes(1), rel=1e-6)
-    assert all(b.forward_s(4) > 0 for b in prof.blocks[1:])
-    # The tensors between blocks: the input ids (from the model input), then a chain.
-    assert [(t.src, t.dsts) for t in prof.tensors] == [(-1, (0,)), (0, (1,)), (1, (2,)), (2, (3,))]
-    assert prof.tensors[1].bytes(2) == 2 * 64 * 64 * 4
-    path = tmp_path / "profile.json"
-    prof.save(path)
-    assert Profile.load(path) == prof
-    assert Profile.load(path).to_json() == prof.to_json()
-
-
-def test_profile_errors() -> None:
-    loaded = _loaded(Net(d=16, n=1))
-    with pytest.raises(ProfileError, match=r"micro-batch sizes must be positive integers \(got \[0, 2\]\)"):
-        profile_model(loaded, micro_batch_sizes=[0, 2])
-    if not torch.cuda.is_available():
-        with pytest.raises(ProfileError, match="no CUDA device is visible; use --device cpu"):
-            profile_model(loaded, micro_batch_sizes=[1], device="cuda")
-
-
-def test_profile_file_errors(tmp_path: Path) -> None:
-    with pytest.raises(ProfileError, match="profile file not found"):
-        Profile.load(tmp_path / "nope.json")
-    bad = tmp_path / "bad.json"
-    bad.write_text("{not json")
-    with pytest.raises(ProfileError, match="profile is not valid JSON"):
-        Profile.load(bad)
-    bad.write_text('{"version": 99}')
-    with pytest.raises(ProfileError, match="profile version 99 is not supported"):
-        Profile.load(bad)
-    bad.write_text('{"version": 1, "blocks": []}')
-    with pytest.raises(ProfileError, match="profile is corrupt"):
-        Profile.load(bad)
-
-
-@pytest.mark.parametrize(
-    ("xs", "ys", "expected"),
-    [
-        ([1, 2, 4], [3.0, 5.0, 9.0], Affine(1.0, 2.0)),
-        ([1, 2], [2.0, 1.0], Affine(1.5, 0.0)),  # noise that slopes down: flat
-        ([2, 4], [1.0, 5.0], Affine(0.0, 1.1)),  # negative intercept: refit through 0
-        ([4], [8.0], Affine(0.0, 2.0)),  # one size: proportional
-    ],
-)
-def test_affine_fit(xs: list[float], ys: list[float], expected: Affine) -> None:
-    got = Affine.fit(xs, ys)
-    assert got.intercept == pytest.approx(expected.intercept)
-    assert got.slope == pytest.approx(expected.slope)
-
-
-def test_profiling_uses_the_asked_threads_and_restores_them() -> None:
-    loaded = _loaded(Net(d=16, n=1))
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    seen: list[int] = []
-    original = loaded.make_inputs
-
-    def spy(u: int) -> torch.Tensor:
-        seen.append(torch.get_num_threads())
-        return original(u)
-
-    loaded = LoadedModel(loaded.spec, loaded.model, spy, None, default_loss, False)
-    try:
-        profile_model(loaded, micro_batch_sizes=[1], warmup=0, repeat=1, threads=1)
-        assert seen == [1]
-        assert torch.get_num_threads() == 2
-        with pytest.raises(ProfileError, match="threads must be at least 1"):
-            profile_model(loaded, micro_batch_sizes=[1], threads=0)
-    finally:
-        torch.set_num_threads(before)
 
 
 class _SlowGrad(torch.autograd.Function):

@@ -1,6 +1,6 @@
 """One rank of the torch.distributed.pipelining export test (tests/test_export.py).
 
-    python tests/_pp_worker.py RANK WORLD PORT OUT.pt
+    python tests/stages/export_worker.py RANK WORLD PORT OUT.pt
 
 Trains every CONFIGS entry 3 steps through ``to_torch_pipelining`` on gloo and saves, per
 config, the parameters this rank's stages hold (by the model's names).

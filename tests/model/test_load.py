@@ -1,4 +1,4 @@
-"""Tests for autopipe.model.load: the model-file loader and its one-line error messages."""
+"""Loading a user's model file: factories, example data, and one clear line for every mistake."""
 
 from __future__ import annotations
 
@@ -12,18 +12,16 @@ import torch
 from autopipe.errors import ModelLoadError
 from autopipe.model.load import (
     LoadedModel,
-    ModelSpec,
     call_model,
     check_model_runs,
     default_loss,
     describe_inputs,
     load_model,
-    parse_kwargs,
 )
 
 torch.set_num_threads(1)
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def line_of(path: Path, marker: str) -> int:
@@ -56,63 +54,6 @@ import torch
 def example_inputs(batch_size):
     return torch.randn(batch_size, 4)
 """
-
-
-# ----------------------------------------------------------------------------- parse_kwargs
-
-
-@pytest.mark.parametrize(
-    ("items", "expected"),
-    [
-        ([], {}),
-        (["n_layer=48"], {"n_layer": 48}),
-        (["lr=1e-3", "tie=True", "act=gelu", "name='gpt'"], {"lr": 1e-3, "tie": True, "act": "gelu", "name": "gpt"}),
-        (["dims=(4, 8)", "x=None", "s="], {"dims": (4, 8), "x": None, "s": ""}),
-        (["path=a=b"], {"path": "a=b"}),
-        ([" n = 3 "], {"n": 3}),
-    ],
-)
-def test_parse_kwargs(items: list[str], expected: dict[str, object]) -> None:
-    assert parse_kwargs(items) == expected
-
-
-@pytest.mark.parametrize(
-    ("items", "parts"),
-    [
-        (["n_layer"], ["'n_layer'", "-k key=value"]),
-        (["1x=3"], ["'1x'", "identifier"]),
-        (["n=1", "n=2"], ["n", "twice"]),
-    ],
-)
-def test_parse_kwargs_errors(items: list[str], parts: list[str]) -> None:
-    with pytest.raises(ModelLoadError) as info:
-        parse_kwargs(items)
-    assert "\n" not in str(info.value)
-    for part in parts:
-        assert part in str(info.value)
-
-
-# ----------------------------------------------------------------------------- ModelSpec
-
-
-def test_model_spec_parse_and_str() -> None:
-    spec = ModelSpec.parse("models/gpt.py", {"n_layer": 4, "act": "gelu", "tag": "4"})
-    assert spec.path == Path("models/gpt.py") and spec.factory == "build_model"
-    assert str(spec) == "models/gpt.py:build_model -k n_layer=4 -k act=gelu -k tag='4'"
-    assert parse_kwargs(["n_layer=4", "act=gelu", "tag='4'"]) == dict(spec.kwargs)
-    assert ModelSpec.parse("models/gpt.py:build_small").factory == "build_small"
-    assert ModelSpec.parse("models/gpt.py:build_small") == ModelSpec(Path("models/gpt.py"), "build_small")
-    with pytest.raises(TypeError):
-        spec.kwargs["n_layer"] = 5  # type: ignore[index]
-
-
-@pytest.mark.parametrize("text", ["models/gpt.py:", "models/gpt.py:1abc", ":build"])
-def test_model_spec_parse_errors(text: str) -> None:
-    with pytest.raises(ModelLoadError):
-        ModelSpec.parse(text)
-
-
-# ----------------------------------------------------------------------------- loading
 
 
 def test_good_model_loads_and_runs() -> None:
@@ -169,7 +110,6 @@ def test_sys_path_restored_after_failure() -> None:
     assert sys.path == before
 
 
-# ----------------------------------------------------------------------------- error messages
 
 
 def test_missing_file() -> None:
@@ -304,7 +244,6 @@ def test_bad_batch_size() -> None:
         loaded.make_inputs(0)
 
 
-# ----------------------------------------------------------------------------- helpers
 
 
 def test_call_model_and_describe() -> None:

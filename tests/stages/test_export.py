@@ -1,10 +1,5 @@
-"""autopipe.stages.export: plans as torch.distributed.pipelining stages and schedules.
-
-The 2-rank test runs tests/_pp_worker.py as two gloo processes (127.0.0.1, a free port, one
-thread each, killed after a timeout) and compares the parameters after 3 SGD steps with the
-unsplit model trained in one process on the same micro-batches (gradient accumulation: the
-same thing for models without BatchNorm, and what a pipeline computes for those with it).
-"""
+"""autopipe.stages.export: plans as torch.distributed.pipelining stages and schedules (2 gloo
+ranks: export_worker.py)."""
 
 from __future__ import annotations
 
@@ -21,8 +16,8 @@ from autopipe.errors import PlanError
 from autopipe.stages.export import relay_stages, to_torch_pipelining
 from autopipe.stages.rebuild import rebuild_model, trace_for_plan
 from autopipe.stages.split import split_model
-from tests._pp_worker import CONFIGS, LR, STEPS, plan_for
 from tests.helpers import even_plan
+from tests.stages.export_worker import CONFIGS, LR, STEPS, plan_for
 
 torch.set_num_threads(1)
 HERE = Path(__file__).resolve().parent
@@ -52,10 +47,10 @@ def _reference(name: str, world: int) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 def test_two_rank_training_matches_one_process(tmp_path: Path) -> None:
     world, port = 2, str(_free_port())
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(HERE.parents[1]), "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(HERE / "_pp_worker.py"), str(r), str(world), port, str(tmp_path / f"rank{r}.pt")],
+            [sys.executable, str(HERE / "export_worker.py"), str(r), str(world), port, str(tmp_path / f"rank{r}.pt")],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         for r in range(world)

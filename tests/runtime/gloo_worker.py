@@ -1,6 +1,6 @@
 """One gloo rank that trains a list of plans in sequence (tests/test_runtime.py's process tests).
 
-    python -m tests._gloo_jobs JOBS.json OUT_DIR      # RANK, WORLD_SIZE, MASTER_* from the env
+    python -m tests.runtime.gloo_worker JOBS.json OUT_DIR      # RANK, WORLD_SIZE, MASTER_* from the env
 
 Starting a process costs seconds (importing torch, transformers, tracing), so one launch of
 ``WORLD_SIZE`` processes runs every job of JOBS.json (``[{"name": ..., "plan": path}]``) in

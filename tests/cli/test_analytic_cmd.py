@@ -1,0 +1,47 @@
+"""``autopipe plan --device``, ``calibrate``: analytic plans from the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from autopipe.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT, LLAMA = str(ROOT / "models" / "gpt.py"), str(ROOT / "models" / "llama.py")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.set_num_threads(1)
+    monkeypatch.setenv("AUTOPIPE_CALIBRATION_DIR", str(tmp_path / "calibration"))
+    monkeypatch.delenv("AUTOPIPE_DEVICES", raising=False)
+
+
+def test_cli_plans_a_model_analytically_with_data_parallel(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.json"
+    code = main(["plan", GPT, "--device", "h100", "--gpus", "16", "--batch-size", "64", "-o", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "data x pipeline parallel on 16 devices: chose S=" in text and "runner-up" in text
+    from autopipe.plans import Plan
+
+    plan = Plan.load(out)
+    assert plan.devices * plan.data_parallel == 16 and "analytic" in plan.profile_device
+    assert all(m <= plan.memory_limit_bytes for m in plan.peak_memory_bytes)
+
+
+@pytest.mark.slow
+def test_cli_errors_and_calibrate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", GPT, "--device", "tpu9"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown device 'tpu9'; known devices: cpu, a100-40gb, a100-80gb, h100, h200" in err[0]
+    assert main(["plan", GPT, "--dtype", "bf16", "--device", "cpu"]) == 2
+    assert "--dtype bf16 applies to analytic plans" in capsys.readouterr().err
+    prof = tmp_path / "p.json"
+    assert main(["profile", GPT, "--device", "cpu", "--micro-batch-sizes", "2,4", "--batch-size", "4", "--repeat", "2", "-o", str(prof)]) == 0
+    capsys.readouterr()
+    assert main(["calibrate", str(prof), "-o", str(tmp_path / "cal.json")]) == 0
+    assert "compute efficiency" in capsys.readouterr().out
+    assert main(["plan", GPT, "--analytic", "--calibration", str(tmp_path / "cal.json"), "--stages", "2", "-o", str(tmp_path / "x.json")]) == 0

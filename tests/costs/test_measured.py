@@ -1,0 +1,127 @@
+"""The measured profiler: fitting costs over micro-batch sizes, threads, export traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from autopipe.costs.measured import profile_model
+from autopipe.costs.profile import Profile
+from autopipe.errors import ProfileError
+from autopipe.model.load import LoadedModel, ModelSpec, default_loss
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("transformers")
+def test_an_export_profile_leaves_a_micro_batch_of_one_out(tmp_path: Path) -> None:
+    """torch.export specialises size-1 dimensions, so the profile keeps the sizes that share a
+    graph (2 and 4 here) and the executor's trace at the plan's size matches it."""
+    from autopipe.costs.measured import profile_model
+    from autopipe.model.load import load_model
+    from autopipe.runtime import RunOptions, run_threads
+    from autopipe.solve.search import PlanRequest, plan_pipeline
+
+    loaded = load_model("tests/fixtures/hf_gpt2.py", {})
+    prof = profile_model(loaded, micro_batch_sizes=[1, 2, 4], warmup=0, repeat=1)
+    assert prof.recipe.tracer == "export" and prof.micro_batch_sizes == (2, 4)
+    plan = plan_pipeline(prof, PlanRequest(devices=2, batch_size=8, memory_limit=2.0**30))
+    assert plan.micro_batch_size >= 2
+    assert len(run_threads(plan, RunOptions(steps=1))) == 2  # re-traced at its size: same graph
+
+
+class Layer(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))  # (B, T, C)
+
+
+class Net(nn.Module):
+    def __init__(self, d: int = 128, n: int = 4, vocab: int = 512) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList([Layer(d) for _ in range(n)])
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.embed(idx)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+
+def _loaded(model: nn.Module, seq: int = 64, vocab: int = 512) -> LoadedModel:
+    return LoadedModel(
+        spec=ModelSpec(Path("net.py")),
+        model=model,
+        make_inputs=lambda u: torch.randint(0, vocab, (u, seq), generator=torch.Generator().manual_seed(u)),
+        make_targets=None,
+        loss_fn=default_loss,
+        has_targets=False,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def test_profile_fits_costs_over_micro_batch_sizes_and_round_trips(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    loaded = _loaded(Net(d=64, n=2))
+    seen: list[tuple[int, int]] = []
+    prof = profile_model(loaded, micro_batch_sizes=[1, 2, 4], warmup=1, repeat=3, progress=lambda _d, i, n: seen.append((i, n)))
+    assert [b.name for b in prof.blocks] == ["embed", "layers.0", "layers.1", "head"]
+    assert prof.micro_batch_sizes == (1, 2, 4) and prof.method == "measured"
+    assert seen[-1] == (12, 12)
+    layer = prof.blocks[1]
+    assert layer.params == sum(p.numel() for p in loaded.model.layers[0].parameters())
+    assert layer.param_bytes == 4 * layer.params
+    # Activation bytes are exactly linear in the micro-batch size here.
+    assert layer.saved_bytes(4) == pytest.approx(4 * layer.saved_bytes(1), rel=1e-6)
+    assert all(b.forward_s(4) > 0 for b in prof.blocks[1:])
+    # The tensors between blocks: the input ids (from the model input), then a chain.
+    assert [(t.src, t.dsts) for t in prof.tensors] == [(-1, (0,)), (0, (1,)), (1, (2,)), (2, (3,))]
+    assert prof.tensors[1].bytes(2) == 2 * 64 * 64 * 4
+    path = tmp_path / "profile.json"
+    prof.save(path)
+    assert Profile.load(path) == prof
+    assert Profile.load(path).to_json() == prof.to_json()
+
+
+def test_profile_errors() -> None:
+    loaded = _loaded(Net(d=16, n=1))
+    with pytest.raises(ProfileError, match=r"micro-batch sizes must be positive integers \(got \[0, 2\]\)"):
+        profile_model(loaded, micro_batch_sizes=[0, 2])
+    if not torch.cuda.is_available():
+        with pytest.raises(ProfileError, match="no CUDA device is visible; use --device cpu"):
+            profile_model(loaded, micro_batch_sizes=[1], device="cuda")
+
+
+def test_profiling_uses_the_asked_threads_and_restores_them() -> None:
+    loaded = _loaded(Net(d=16, n=1))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen: list[int] = []
+    original = loaded.make_inputs
+
+    def spy(u: int) -> torch.Tensor:
+        seen.append(torch.get_num_threads())
+        return original(u)
+
+    loaded = LoadedModel(loaded.spec, loaded.model, spy, None, default_loss, False)
+    try:
+        profile_model(loaded, micro_batch_sizes=[1], warmup=0, repeat=1, threads=1)
+        assert seen == [1]
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ProfileError, match="threads must be at least 1"):
+            profile_model(loaded, micro_batch_sizes=[1], threads=0)
+    finally:
+        torch.set_num_threads(before)

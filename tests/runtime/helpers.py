@@ -1,0 +1,71 @@
+"""The models, cached plans and single-process references the runtime tests share
+(``from tests.runtime.helpers import cached_plan``; the general helpers are in tests/helpers.py)."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+
+from autopipe.plans import Plan
+from autopipe.runtime import Rebuilt, RunOptions, assemble_state_dict, rebuild, run_threads
+from autopipe.runtime.records import RunResult
+from tests.helpers import even_plan, reference_training
+
+GPT = ("models/gpt.py", {"n_layer": 2, "n_embd": 32, "vocab_size": 64, "block_size": 16})
+SKIP = ("tests/fixtures/skip_mlp.py", {})
+HF = ("tests/fixtures/hf_gpt2.py", {})
+GPT4 = ("models/gpt.py", {**GPT[1], "n_layer": 4})  # 8 blocks: interleaved on 4 ranks
+HF4 = ("tests/fixtures/hf_gpt2.py", {"n_layer": 4})
+MODELS = {"gpt": GPT, "skip": SKIP, "hf": HF, "gpt4": GPT4, "hf4": HF4}
+
+
+FAULTY = "tests/fixtures/faulty.py"
+STEPS, LR, TOL = 3, 0.1, 1e-5
+
+
+@functools.cache
+def unsplit_reference(model: str, steps: int = STEPS) -> tuple[list[float], dict[str, torch.Tensor]]:
+    file, kwargs = MODELS[model]
+    return reference_training(file, kwargs, steps=steps, batch_size=8, lr=LR)
+
+
+@functools.cache
+def cached_plan(
+    model: str, stages: int, schedule: str, virtual: int = 1, recompute: tuple[int, ...] = ()
+) -> Plan:
+    file, kwargs = MODELS[model]
+    return even_plan(
+        file, kwargs, stages=stages, schedule=schedule, virtual=virtual, micro_batches=4,
+        recompute=recompute,
+    )
+
+
+def run_and_assemble(
+    plan: Plan, tmp: Path, steps: int = STEPS, **kw: object
+) -> tuple[RunResult, dict[str, torch.Tensor]]:
+    folder = tmp / "ckpt"
+    opts = RunOptions(
+        steps=steps, optimizer="SGD", lr=LR, timeout_s=30, save_checkpoint=str(folder), **kw
+    )  # type: ignore[arg-type]
+    result = RunResult(tuple(run_threads(plan, opts, rebuilt_for(plan))))
+    return result, assemble_state_dict(folder)
+
+
+_REBUILT: dict[tuple[str, int], Rebuilt] = {}
+
+
+def rebuilt_for(plan: Plan) -> Rebuilt:
+    """Trace each model once for all its plans (the plans differ only in their cuts)."""
+    key = (plan.recipe.model_file, plan.micro_batch_size)
+    if key not in _REBUILT:
+        _REBUILT[key] = rebuild(plan)
+    return _REBUILT[key]
+
+
+def skip_without_transformers(model: str) -> None:
+    """Skip a Hugging Face case where transformers is not installed."""
+    if model.startswith("hf"):
+        pytest.importorskip("transformers")
