@@ -23,7 +23,7 @@ from autopipe.schedules.simulate import (
     compile_schedule,
     simulate_summary,
 )
-from autopipe.solve.problem import Partition, PartitionProblem, stage_stats
+from autopipe.solve.problem import Partition, PartitionProblem, memory_fits, stage_stats
 
 __all__ = ["BlockTimes", "Candidate", "Decision", "candidate", "compiled", "costs_of", "fits", "price"]
 
@@ -124,4 +124,4 @@ def price(c: Candidate, devices: int) -> Summary:
 
 def fits(t: Summary, memory_limit: float) -> bool:
     """Every device's simulated peak within ``memory_limit`` (bytes per device)."""
-    return all(m <= memory_limit * (1 + 1e-9) for m in t.peak_memory_bytes)
+    return all(memory_fits(m, memory_limit) for m in t.peak_memory_bytes)

@@ -61,6 +61,11 @@ _ILP_DECISIONS = 2
 _ILP_TIME_LIMIT_S = 10.0
 
 
+PRUNE_TOLERANCE = 1e-12
+"""A bound must beat the best so far by more than this (relative) to be searched: bounds and
+simulated times are sums of the same floats in other orders, so exact ties differ by rounding."""
+
+
 def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
     """The best plan for ``profile`` under ``request`` (see the module docstring).
 
@@ -86,7 +91,7 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
         open_bound = _decision_bound(work, request, todo[next_decision]) if next_decision < len(todo) else math.inf
         if queue and queue[0][0] <= open_bound:
             bound, _, c = heapq.heappop(queue)
-            if bound >= best * (1 + 1e-12):
+            if bound >= best * (1 + PRUNE_TOLERANCE):
                 break
             t = price(c, request.devices)
             simulated.append((c, t))
@@ -101,7 +106,7 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
                         b = candidate(c.decision, name, problem, part, times)
                         heapq.heappush(queue, (_candidate_bound(profile, request, b), next(counter), b))
             continue
-        if open_bound >= best * (1 + 1e-12) or next_decision >= len(todo):
+        if open_bound >= best * (1 + PRUNE_TOLERANCE) or next_decision >= len(todo):
             break
         decision = todo[next_decision]
         next_decision += 1
