@@ -81,7 +81,7 @@ def plan_request(
         schedule=schedule,
         virtual=virtual,
         recompute=recompute,
-        link_bandwidth=link_bandwidth or bandwidth,
+        link_bandwidth=bandwidth if link_bandwidth is None else link_bandwidth,
         link_latency_s=latency if link_latency_s is None else link_latency_s,
         action_overhead_s=default_action_overhead(profile.device) if action_overhead_s is None else action_overhead_s,
         state_factor=state_factor_of(profile),
@@ -128,8 +128,9 @@ def parallel_request(
         cluster = Cluster(gpus, gpus, bw, bw, lat)
     if link_bandwidth is not None or link_latency_s is not None:
         cluster = Cluster(
-            gpus, cluster.devices_per_node, link_bandwidth or cluster.nvlink_bandwidth,
-            link_bandwidth or cluster.network_bandwidth,
+            gpus, cluster.devices_per_node,
+            cluster.nvlink_bandwidth if link_bandwidth is None else link_bandwidth,
+            cluster.network_bandwidth if link_bandwidth is None else link_bandwidth,
             cluster.link_latency_s if link_latency_s is None else link_latency_s,
         )  # fmt: skip
     per_param = BYTES_PER_PARAM if profile.method == "analytic" else PlanRequest.state_factor * element_size(profile)
