@@ -2,8 +2,8 @@
 
 A plan file says which blocks (and fx nodes) each stage holds; the model, rebuilt and traced
 again (:func:`~autopipe.stages.rebuild.trace_for_plan`), says which there are. They must agree
-exactly: the same trace (fingerprint), and the stages, in order, cover every block once, each
-block whole, in the model's order. :func:`check_plan` says where they first differ, in one
+exactly: the same trace (fingerprint), every block on one stage, whole, and no block reading
+a value of a later stage. :func:`check_plan` says where they first differ, in one
 line, and how to get a plan that fits (``autopipe plan`` for this model) -- so ``run``,
 ``emit`` and ``export`` fail in the launcher within seconds, not inside ranks with a KeyError.
 
@@ -34,7 +34,7 @@ def replan_hint(plan: Plan) -> str:
 
 def check_plan(plan: Plan, traced: TracedModel) -> None:
     """PlanError (one line: which stage, what, how to fix) unless ``plan``'s stages are exactly
-    ``traced``'s blocks: same fingerprint, every block on one stage, whole, in model order."""
+    ``traced``'s blocks: same fingerprint, every block on one stage, whole, data flowing forward."""
     again = replan_hint(plan)
     want = plan.recipe.fingerprint
     if want and traced.fingerprint() != want:
@@ -43,23 +43,30 @@ def check_plan(plan: Plan, traced: TracedModel) -> None:
             f"{traced.fingerprint()}); {again}"
         )
     n = traced.num_blocks
-    expected = 0  # the next block in model order
+    stage_of: dict[int, int] = {}  # block -> the stage that holds it
     for st in plan.stages:
+        previous = -1
         for name, b in zip(st.blocks, st.block_indices, strict=True):
             if b >= n:
                 raise PlanError(f"stage {st.index} holds block {b}, but the model has {n} blocks (0 .. {n - 1}); {again}")
-            if b != expected:
-                what = "again" if b < expected else f"before block {expected} ({traced.blocks[expected].name!r})"
-                raise PlanError(f"stage {st.index} holds block {b} ({traced.blocks[b].name!r}) {what}: stages must take the model's blocks once each, in order; {again}")  # fmt: skip
+            if b in stage_of:
+                raise PlanError(f"stage {st.index} holds block {b} ({traced.blocks[b].name!r}), which stage {stage_of[b]} holds too; {again}")  # fmt: skip
+            if b < previous:
+                raise PlanError(f"stage {st.index} lists block {b} after block {previous}: a stage's blocks go in the model's order; {again}")  # fmt: skip
             if traced.blocks[b].name != name:
                 raise PlanError(f"stage {st.index} calls block {b} {name!r}, but in the model it is {traced.blocks[b].name!r}; {again}")  # fmt: skip
-            expected += 1
+            stage_of[b], previous = st.index, b
         _check_nodes(plan, traced, st.index, again)
-    if expected != n:
-        raise PlanError(
-            f"blocks {expected} .. {n - 1} ({traced.blocks[expected].name!r} ..) of the model are on no stage "
-            f"(the plan's {len(plan.stages)} stages end at block {expected - 1}); {again}"
-        )
+    missing = [b for b in range(n) if b not in stage_of]
+    if missing:
+        names = ", ".join(repr(traced.blocks[b].name) for b in missing[:3])
+        raise PlanError(f"{len(missing)} block(s) of the model are on no stage ({names}{' ...' if len(missing) > 3 else ''}); {again}")  # fmt: skip
+    for src, dst in sorted(traced.graph.edges):
+        if stage_of[src] > stage_of[dst]:
+            raise PlanError(
+                f"stage {stage_of[dst]} holds block {dst} ({traced.blocks[dst].name!r}), which reads block {src} "
+                f"({traced.blocks[src].name!r}) of the later stage {stage_of[src]}: data must flow forward; {again}"
+            )
 
 
 def _check_nodes(plan: Plan, traced: TracedModel, index: int, again: str) -> None:

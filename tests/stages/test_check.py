@@ -61,6 +61,16 @@ def _swap(stages: list[StagePlan]) -> None:
     stages[1] = dataclasses.replace(a, index=1, rank=1)
 
 
+def _twice(stages: list[StagePlan]) -> None:
+    a, b = stages
+    stages[1] = dataclasses.replace(b, blocks=(a.blocks[-1], *b.blocks), block_indices=(a.block_indices[-1], *b.block_indices))
+
+
+def _reverse(stages: list[StagePlan]) -> None:
+    b = stages[1]
+    stages[1] = dataclasses.replace(b, blocks=b.blocks[::-1], block_indices=b.block_indices[::-1])
+
+
 def _beyond(stages: list[StagePlan]) -> None:
     stages[1] = dataclasses.replace(stages[1], block_indices=(*stages[1].block_indices[:-1], 99))
 
@@ -73,8 +83,10 @@ CASES = [
     ("a stage cut in the middle of a block", _move_node, "stage 0 has node 'layers_2_0' of block 2 ('layers.2.0'), which is on another stage"),
     ("a node missing", _drop_last_node, "stage 1 lacks node 'head' of its block 3 ('head'): a block cut in the middle"),
     ("an unknown node", _rename_node, "stage 1 has node 'nope', which the model does not have"),
-    ("blocks on no stage", _drop_last_block, "blocks 3 .. 3 ('head' ..) of the model are on no stage"),
-    ("stages out of order", _swap, "stage 0 holds block 2 ('layers.2.0') before block 0 ('layers.0.0')"),
+    ("blocks on no stage", _drop_last_block, "1 block(s) of the model are on no stage ('head')"),
+    ("stages out of order", _swap, "stage 0 holds block 2 ('layers.2.0'), which reads block 1 ('layers.1.0') of the later stage 1"),
+    ("a block twice", _twice, "stage 1 holds block 1 ('layers.1.0'), which stage 0 holds too"),
+    ("blocks out of order", _reverse, "stage 1 lists block 2 after block 3: a stage's blocks go in the model's order"),
     ("a block the model lacks", _beyond, "stage 1 holds block 99, but the model has 4 blocks (0 .. 3)"),
     ("a block renamed", _rename_block, "stage 0 calls block 0 'other', but in the model it is 'layers.0.0'"),
 ]
