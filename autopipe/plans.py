@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,9 @@ from typing import Any
 from autopipe._io import atomic_write_text
 from autopipe.errors import PlanFileError
 from autopipe.graph.recipe import TraceRecipe
+from autopipe.schedules.registry import schedule_names, schedule_spec
 
-__all__ = ["PLAN_VERSION", "Alternative", "Baseline", "Plan", "StagePlan"]
+__all__ = ["MAX_MICRO_BATCHES", "MAX_SCHEDULE_UNITS", "PLAN_VERSION", "Alternative", "Baseline", "Plan", "StagePlan", "check_plan_values"]
 
 PLAN_VERSION = 2
 _READS = (1, PLAN_VERSION)  # version 1: the recipe's fields at the top level
@@ -128,28 +130,39 @@ class Plan:
 
     @staticmethod
     def load(path: str | Path) -> Plan:
+        """Read and check a plan file; PlanFileError (one line) for anything that is not a plan."""
         p = Path(path)
+        if p.is_dir():
+            raise PlanFileError(f"{p} is a folder, not a plan file; give the plan JSON written by 'autopipe plan'")
         if not p.is_file():
             raise PlanFileError(f"plan file not found: {p}; make one with 'autopipe plan MODEL -o {p}'")
-        return Plan.from_json(p.read_text(), source=str(p))
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise PlanFileError(f"{p} is not a plan (not UTF-8 text); give the plan JSON written by 'autopipe plan'") from None
+        except OSError as e:
+            raise PlanFileError(f"cannot read {p} ({e.strerror or type(e).__name__}); check its permissions") from None
+        return Plan.from_json(text, source=str(p))
 
     @staticmethod
     def from_json(text: str, source: str = "plan") -> Plan:
+        """Parse and check a plan (schema, types, ranges, the stages against the schedule);
+        PlanFileError, one line naming the field, for anything wrong."""
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as e:
             raise PlanFileError(f"{source} is not valid JSON ({e}); write it again with 'autopipe plan'") from None
+        except (ValueError, RecursionError) as e:  # an int of over 4300 digits, nesting too deep
+            raise PlanFileError(f"{source} is not a plan ({str(e)[:80] or type(e).__name__}); write it again with 'autopipe plan'") from None
         if not isinstance(raw, dict) or "version" not in raw:
             raise PlanFileError(f"{source} is not an autopipe plan (no 'version' field); make one with 'autopipe plan'")
-        if raw["version"] not in _READS:
+        version = raw["version"]
+        if not isinstance(version, int) or isinstance(version, bool) or version not in _READS:
             raise PlanFileError(
-                f"{source} has plan version {raw['version']}, this autopipe reads versions "
-                f"{' and '.join(map(str, _READS))}; plan again"
+                f"{source} has plan version {_shown(version)}, this autopipe reads versions "
+                f"{' and '.join(map(str, _READS))} (a number); plan again"
             )
-        try:
-            return _plan_from_dict(raw)
-        except (KeyError, TypeError, ValueError) as e:
-            raise PlanFileError(f"{source} is corrupt ({type(e).__name__}: {e}); plan again with 'autopipe plan'") from None
+        return _plan_from_dict(raw, source)
 
     def summary(self) -> str:
         """A few lines of plain text: the decision and the prediction."""
@@ -169,33 +182,171 @@ class Plan:
         return "\n".join(lines)
 
 
-def _tuple(x: Any) -> tuple[Any, ...]:
-    return tuple(x)
+# ----------------------------------------------------------------------------- reading and checking
+# A plan file may have been edited by hand or by a tool: every field is checked for its type and
+# range here, and the stages against the schedule, so that a bad file is one line naming the
+# field -- never a KeyError or a hang later. (The stages against the model: stages/check.py.)
+
+MAX_MICRO_BATCHES = 2**16  # more would make every schedule and simulation loop for minutes
+MAX_SCHEDULE_UNITS = 2**14  # stages x micro-batches: what the simulator (show) gets through in seconds
+MAX_BATCH_SIZE = 2**31  # samples per step
+MAX_DEVICES = 2**12  # pipeline ranks (and data-parallel replicas)
+MAX_VIRTUAL = 64  # chunks per device
+_MAX_INT = 2**53  # any other count (parameters, indices)
+_UNBOUNDED = {"throughput", "memory_limit_bytes", "link_bandwidth"}  # may be infinite
+_TRACERS = ("auto", "fx", "export")
+_AGAIN = "plan again with 'autopipe plan' (or fix the file)"
 
 
-def _plan_from_dict(raw: dict[str, Any]) -> Plan:
-    stages = tuple(
-        StagePlan(**{**s, "blocks": _tuple(s["blocks"]), "block_indices": _tuple(s["block_indices"]), "nodes": _tuple(s["nodes"])})
-        for s in raw["stages"]
-    )
-    alternatives = tuple(Alternative(**a) for a in raw["alternatives"])
-    baselines = tuple(
-        Baseline(**{**b, "stage_blocks": _tuple(b["stage_blocks"]), "peak_memory_bytes": _tuple(b["peak_memory_bytes"])})
-        for b in raw["baselines"]
-    )
-    if raw["version"] >= 2:
-        recipe, recipe_keys = TraceRecipe.from_dict(raw["recipe"]), {"recipe"}
-    else:  # version 1: the recipe's fields at the top level, all of them written
-        recipe_keys = {f.name for f in dataclasses.fields(TraceRecipe)}
-        recipe = TraceRecipe.from_dict({k: raw[k] for k in recipe_keys})
-    skip = {"stages", "alternatives", "baselines", "peak_memory_bytes", "version", *recipe_keys}
-    fields = {k: v for k, v in raw.items() if k not in skip}
-    return Plan(
-        **fields,
-        recipe=recipe,
-        stages=stages,
-        alternatives=alternatives,
-        baselines=baselines,
-        peak_memory_bytes=_tuple(raw["peak_memory_bytes"]),
-        version=PLAN_VERSION,  # read into this version's shape
-    )
+def _shown(v: Any) -> str:
+    """A value as an error message shows it: short, on one line."""
+    if isinstance(v, dict):
+        return "an object"
+    if isinstance(v, list):
+        return "a list"
+    text = repr(v)  # escapes quotes, newlines and lone surrogates
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _bad(source: str, where: str, v: Any, expected: str) -> PlanFileError:
+    return PlanFileError(f"{source}: {where} is {_shown(v)}, expected {expected}; {_AGAIN}")
+
+
+def _value(v: Any, kind: str, where: str, source: str) -> Any:
+    """``v`` checked against a field annotation (``int``, ``float``, ``str``, ``bool``,
+    ``int | None``, ``tuple[X, ...]``) and converted (lists to tuples, ints to floats)."""
+    name = where.rsplit(".", 1)[-1]
+    if kind.startswith("tuple[") and kind.endswith(", ...]"):
+        if not isinstance(v, list):
+            raise _bad(source, where, v, "a list")
+        return tuple(_value(x, kind[6:-6], f"{where}[{i}]", source) for i, x in enumerate(v))
+    if kind == "int | None" and v is None:
+        return None
+    if kind in ("int", "int | None"):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise _bad(source, where, v, "a whole number")
+        if not 0 <= v <= _MAX_INT:
+            raise _bad(source, where, v, "a whole number from 0 to 2**53")
+        return v
+    if kind == "float":
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        x = float(v) if ok and abs(v) < 1e308 else math.nan
+        if not (x >= 0 and (math.isfinite(x) or name.split("[")[0] in _UNBOUNDED)):
+            raise _bad(source, where, v, "a finite number >= 0")
+        return x
+    if kind == "bool":
+        if not isinstance(v, bool):
+            raise _bad(source, where, v, "true or false")
+        return v
+    if kind == "str":
+        if not isinstance(v, str):
+            raise _bad(source, where, v, "a string")
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _bad(source, where, v, "text (it holds a lone surrogate)") from None
+        return v
+    raise AssertionError(f"no reader for a field of type {kind}")  # a new field type: add it above
+
+
+def _fields(cls: type, raw: Any, where: str, source: str, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The fields of dataclass ``cls`` read from the JSON object ``raw``, each checked;
+    fields with defaults may be missing, ``skip`` are read by the caller."""
+    if not isinstance(raw, dict):
+        raise _bad(source, where.rstrip("."), raw, "an object")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
+    unknown = sorted(set(raw) - set(fields) - skip)
+    if unknown:
+        raise PlanFileError(f"{source}: {where}{_shown(unknown[0])} is not a field of a plan; remove it or {_AGAIN}")
+    out: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name in raw:
+            out[name] = _value(raw[name], str(f.type), f"{where}{name}", source)
+        elif f.default is dataclasses.MISSING:
+            raise PlanFileError(f"{source}: {where}{name} is missing; {_AGAIN}")
+    return out
+
+
+def _recipe(raw: dict[str, Any], version: int, source: str) -> tuple[TraceRecipe, set[str]]:
+    """The plan's recipe (version 2: the ``"recipe"`` object; 1: the same keys at the top)."""
+    names = {f.name for f in dataclasses.fields(TraceRecipe)}
+    if version >= 2:
+        if "recipe" not in raw:
+            raise PlanFileError(f"{source}: recipe is missing; {_AGAIN}")
+        obj, where, keys = raw["recipe"], "recipe.", {"recipe"}
+    else:
+        obj, where, keys = {k: raw[k] for k in names if k in raw}, "", names
+    fields = _fields(TraceRecipe, obj, where, source)
+    if "fingerprint" not in fields:
+        raise PlanFileError(f"{source}: {where}fingerprint is missing; {_AGAIN}")
+    if fields.get("tracer", "fx") not in _TRACERS:
+        raise _bad(source, f"{where}tracer", fields["tracer"], f"one of {', '.join(_TRACERS)}")
+    if fields.get("max_blocks") == 0:
+        raise _bad(source, f"{where}max_blocks", 0, "a whole number >= 1 or null")
+    return TraceRecipe.from_dict(fields), keys
+
+
+def _plan_from_dict(raw: dict[str, Any], source: str = "plan") -> Plan:
+    version = raw["version"]
+    recipe, recipe_keys = _recipe(raw, version, source)
+    lists = {"stages", "alternatives", "baselines"}
+    top = _fields(Plan, {k: v for k, v in raw.items() if k not in recipe_keys}, "", source, frozenset({"recipe", "version", *lists}))
+    parts: dict[str, Any] = {}
+    for key, cls in (("stages", StagePlan), ("alternatives", Alternative), ("baselines", Baseline)):
+        if key not in raw:
+            raise PlanFileError(f"{source}: {key} is missing; {_AGAIN}")
+        if not isinstance(raw[key], list):
+            raise _bad(source, key, raw[key], "a list")
+        parts[key] = tuple(cls(**_fields(cls, x, f"{key}[{i}].", source)) for i, x in enumerate(raw[key]))
+    plan = Plan(**top, **parts, recipe=recipe, version=PLAN_VERSION)  # read into this version's shape
+    check_plan_values(plan, source)
+    return plan
+
+
+def check_plan_values(plan: Plan, source: str = "plan") -> None:
+    """Check what the fields say together: sizes in range, the batch, the schedule and where it
+    puts each stage. PlanFileError naming the field and how to fix it. (No model needed.)"""
+
+    def bad(message: str) -> PlanFileError:
+        return PlanFileError(f"{source}: {message}; {_AGAIN}")
+
+    S, v, m = plan.devices, plan.virtual, plan.micro_batches
+    names = schedule_names()
+    if plan.schedule not in names:
+        raise bad(f"schedule {_shown(plan.schedule)} is unknown (known: {', '.join(names)})")
+    spec = schedule_spec(plan.schedule)
+    for name, value, most in (("devices", S, MAX_DEVICES), ("data_parallel", plan.data_parallel, MAX_DEVICES),
+                              ("micro_batches", m, MAX_MICRO_BATCHES), ("micro_batch_size", plan.micro_batch_size, MAX_BATCH_SIZE),
+                              ("batch_size", plan.batch_size, MAX_BATCH_SIZE), ("virtual", v, MAX_VIRTUAL)):  # fmt: skip
+        if not 1 <= value <= most:
+            raise bad(f"{name} is {value}, expected 1 to {most}")
+    if S * v * m > MAX_SCHEDULE_UNITS:
+        raise bad(f"{S * v} stages x {m} micro-batches is {S * v * m} units, more than autopipe schedules ({MAX_SCHEDULE_UNITS}); "
+                  "use fewer micro-batches")  # fmt: skip
+    if not spec.takes_virtual and v != 1:
+        raise bad(f"virtual is {v}, but the {spec.name} schedule runs one stage per device (virtual 1)")
+    if plan.batch_size != m * plan.micro_batch_size:
+        raise bad(f"batch_size {plan.batch_size} is not micro_batches {m} x micro_batch_size {plan.micro_batch_size}")
+    if v > 1 and spec.micro_batches_multiple_of_devices and m % S:
+        raise bad(f"micro_batches {m} is not a multiple of devices {S}, which {spec.name} with virtual {v} needs")
+    if len(plan.stages) != S * v:
+        raise bad(f"the plan has {len(plan.stages)} stage(s) but devices {S} x virtual {v} = {S * v}")
+    if len(plan.peak_memory_bytes) != S:
+        raise bad(f"peak_memory_bytes has {len(plan.peak_memory_bytes)} value(s), expected one per device ({S})")
+    placed = spec.devices_of(S, v)
+    seen: set[int] = set()
+    for i, st in enumerate(plan.stages):
+        if st.index != i:
+            raise bad(f"stages[{i}] has index {st.index}, expected {i} (stages are numbered 0 .. {S * v - 1} in order)")
+        if st.rank != placed[i]:
+            raise bad(f"stage {i} is on device {st.rank}, but the {spec.name} schedule runs it on device {placed[i]}")
+        if not st.blocks or not st.nodes or len(st.block_indices) != len(st.blocks):
+            raise bad(f"stage {i} has {len(st.blocks)} block(s), {len(st.block_indices)} block index(es) and {len(st.nodes)} node(s); "
+                      "every stage needs at least one block, with one index per block")  # fmt: skip
+        again = seen.intersection(st.block_indices)
+        if again:
+            raise bad(f"stage {i} holds block {min(again)} again (every block is on one stage)")
+        seen.update(st.block_indices)
+    for i, b in enumerate(plan.baselines):
+        if not b.peak_memory_bytes:
+            raise bad(f"baselines[{i}].peak_memory_bytes is empty, expected one value per device")

@@ -56,10 +56,19 @@ def cmd_merge(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     import torch
 
+    from autopipe.errors import AutopipeError, EmitError
     from autopipe.stages.merge import merge_state_dict
 
     target = output_path(args.output, "--output")
-    state = merge_state_dict(args.folder)
+    try:
+        state = merge_state_dict(args.folder)
+    except AutopipeError:
+        raise
+    except (KeyError, TypeError, AttributeError, IndexError) as e:  # a manifest edited into another shape
+        raise EmitError(
+            f"{Path(args.folder) / 'manifest.json'} is not a manifest 'autopipe emit' wrote "
+            f"({type(e).__name__}: {str(e)[:80]!r}); emit the stages again"
+        ) from None
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         torch.save(state, tmp)

@@ -7,7 +7,7 @@ Each command lives in its own module (``profile_cmd``, ``plan_cmd``, ``emit_cmd`
 - 1 a pipeline run failed (``autopipe run``: a rank raised, died or timed out):
   :class:`autopipe.errors.RuntimeFailure`, printed as one ``autopipe: error:`` line naming the rank;
 - 2 bad input: any :class:`autopipe.errors.AutopipeError` prints ``autopipe: error: <message>``
-  (one line) to stderr; argparse usage errors exit 2 as well;
+  (one line) to stderr; argparse usage errors exit 2 as well, also as one line;
 - 130 interrupted (Ctrl-C);
 - anything else is a bug in autopipe and propagates with its traceback.
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from rich.console import Console
 
@@ -40,8 +41,15 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (the command's subparsers are made of this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"autopipe: error: {message}; see '{self.prog} --help'\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="autopipe",
         description="Plan pipeline parallelism for a PyTorch model: profile it, pick stage cuts, "
         "micro-batches, schedule and recomputation.",

@@ -1,7 +1,9 @@
 """``autopipe run``: execute a plan on local processes and print measured against predicted.
 
 The run flags and their defaults are defined once, in :mod:`autopipe.runtime.options`
-(``python -m autopipe.runtime`` takes the same); ``--json`` is this command's own.
+(``python -m autopipe.runtime`` takes the same); ``--json`` is this command's own. The flags,
+the plan and the plan against its rebuilt model are all checked here, in the launcher, before
+any rank starts: a bad plan is one line and exit 2 within seconds.
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from autopipe.plans import Plan
     from autopipe.runtime.launch import launch
     from autopipe.runtime.report import compare, format_report, write_chrome_trace
+    from autopipe.runtime.worker import rebuild
 
-    plan = Plan.load(args.plan)
+    plan = Plan.load(args.plan)  # the plan's fields, checked
+    rebuild(plan, options.seed, options.model_base)  # the plan against its model, before any rank starts
     result = launch(args.plan, options)
     if args.trace:
         write_chrome_trace(result, args.trace)

@@ -139,11 +139,21 @@ class Profile:
         p = Path(path)
         if not p.is_file():
             raise ProfileError(f"profile file not found: {p}; make one with 'autopipe profile MODEL -o {p}'")
-        return Profile.from_json(p.read_text())
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ProfileError(f"cannot read {p} as a profile ({type(e).__name__}); give the JSON written by 'autopipe profile'") from None
+        return Profile.from_json(text)
 
 
 def _affine(raw: Any) -> Affine:
     return Affine(float(raw["intercept"]), float(raw["slope"]))
+
+
+def _name(v: Any) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"a name is {type(v).__name__} {v!r}, not a string")
+    return v
 
 
 def _profile_from_dict(raw: Any) -> Profile:
@@ -157,8 +167,8 @@ def _profile_from_dict(raw: Any) -> Profile:
     try:
         blocks = tuple(
             BlockCost(
-                name=b["name"],
-                nodes=tuple(b["nodes"]),
+                name=_name(b["name"]),
+                nodes=tuple(_name(n) for n in b["nodes"]),
                 params=int(b["params"]),
                 param_bytes=int(b["param_bytes"]),
                 forward_s=_affine(b["forward_s"]),
@@ -174,7 +184,7 @@ def _profile_from_dict(raw: Any) -> Profile:
         )
         tensors = tuple(
             TensorCost(
-                name=t["name"],
+                name=_name(t["name"]),
                 src=int(t["src"]),
                 dsts=tuple(int(d) for d in t["dsts"]),
                 bytes=_affine(t["bytes"]),

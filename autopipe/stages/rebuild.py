@@ -2,8 +2,8 @@
 
 A Plan's recipe (:class:`~autopipe.graph.recipe.TraceRecipe`) records how its model was made
 (model file, factory, kwargs) and traced (tracer, leaf modules, block limit), plus the trace's
-fingerprint. ``emit`` and ``export`` rebuild the model from that recipe, trace it again at the plan's micro-batch size and check the fingerprint, so
-the plan's node names are the trace's node names before anything is cut.
+fingerprint. ``emit`` and ``export`` rebuild the model from that recipe, trace it again at the plan's micro-batch size and check the plan against the trace
+(:mod:`autopipe.stages.check`), so the plan's stages are the trace's blocks before anything is cut.
 
 Weights: a rebuilt model is seeded with ``torch.manual_seed(0)`` before its factory runs (the
 same weights every time), unless they come from a ``state_dict`` file; ``meta=True`` builds it
@@ -22,6 +22,7 @@ from autopipe.errors import ModelLoadError, PlanError
 from autopipe.graph.trace import TracedModel, trace_model
 from autopipe.model.load import LoadedModel, load_model
 from autopipe.plans import Plan
+from autopipe.stages.check import check_plan
 
 __all__ = ["SEED", "rebuild_model", "trace_for_plan"]
 
@@ -89,15 +90,12 @@ def _load_weights(model: nn.Module, path: Path) -> None:
 
 
 def trace_for_plan(plan: Plan, model: nn.Module, inputs: Any, source: Path | None = None) -> TracedModel:
-    """Trace ``model`` on one micro-batch ``inputs`` as the plan was traced; check the fingerprint.
+    """Trace ``model`` on one micro-batch ``inputs`` as the plan was traced; check the plan
+    against the trace (:func:`~autopipe.stages.check.check_plan`: the fingerprint, every block
+    on one stage, whole, in order), PlanError naming the stage otherwise.
 
     (Tracing leaves the model's buffers, BatchNorm statistics included, as they were.)
     """
-    recipe = plan.recipe
-    traced = trace_model(model, inputs, micro_batch_size=plan.micro_batch_size, recipe=recipe, source=source)
-    if recipe.fingerprint and traced.fingerprint() != recipe.fingerprint:
-        raise PlanError(
-            f"the plan was made for another model (fingerprint {recipe.fingerprint}, this model traces to "
-            f"{traced.fingerprint()}); plan this model again with 'autopipe plan {recipe.model_file}'"
-        )
+    traced = trace_model(model, inputs, micro_batch_size=plan.micro_batch_size, recipe=plan.recipe, source=source)
+    check_plan(plan, traced)
     return traced

@@ -102,6 +102,8 @@ def test_argparse_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> Non
     assert run(capsys, "profile", GOOD, "--tracer", "jit")[0] == 2
     assert run(capsys, "frobnicate")[0] == 2
     assert run(capsys)[0] == 2  # no command
+    code, _, err = run(capsys, "show")  # one line, with where to look, not the usage block
+    assert code == 2 and err == "autopipe: error: the following arguments are required: PLAN; see 'autopipe show --help'\n"
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

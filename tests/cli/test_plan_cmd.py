@@ -165,7 +165,7 @@ def test_profile_from_another_model_is_refused(profiles: dict[str, Path], tmp_pa
         ("{oops", "is not valid JSON"),
         ('{"hello": 1}', "is not an autopipe plan"),
         ('{"version": 7}', "has plan version 7"),
-        ('{"version": 1, "stages": []}', "is corrupt"),
+        ('{"version": 1, "stages": []}', "fingerprint is missing"),
     ],
 )
 def test_corrupt_plan_files(tmp_path: Path, content: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:

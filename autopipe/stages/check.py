@@ -1,0 +1,95 @@
+"""Check a plan against the model it was made for, before anything is cut or started.
+
+A plan file says which blocks (and fx nodes) each stage holds; the model, rebuilt and traced
+again (:func:`~autopipe.stages.rebuild.trace_for_plan`), says which there are. They must agree
+exactly: the same trace (fingerprint), every block on one stage, whole, and no block reading
+a value of a later stage. :func:`check_plan` says where they first differ, in one
+line, and how to get a plan that fits (``autopipe plan`` for this model) -- so ``run``,
+``emit`` and ``export`` fail in the launcher within seconds, not inside ranks with a KeyError.
+
+The plan's fields on their own (types, ranges, the batch, where the schedule puts each stage)
+are checked when it is read (:func:`autopipe.plans.check_plan_values`).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from autopipe.errors import PlanError
+from autopipe.graph.trace import TracedModel
+from autopipe.plans import Plan
+
+__all__ = ["check_plan", "replan_hint"]
+
+
+def replan_hint(plan: Plan) -> str:
+    """``plan again with 'autopipe plan MODEL -k ...'`` for the plan's model, on one line."""
+    recipe = plan.recipe
+    words = [recipe.model_file or "MODEL", *(w for k in recipe.model_kwargs for w in ("-k", k))]
+    command = " ".join(shlex.quote(w) for w in ["autopipe", "plan", *words])
+    if not command.isprintable():  # a newline or control character in a path: show it escaped
+        command = repr(command)[1:-1]
+    return f"plan again with '{command}'"
+
+
+def check_plan(plan: Plan, traced: TracedModel) -> None:
+    """PlanError (one line: which stage, what, how to fix) unless ``plan``'s stages are exactly
+    ``traced``'s blocks: same fingerprint, every block on one stage, whole, data flowing forward."""
+    again = replan_hint(plan)
+    want = plan.recipe.fingerprint
+    if want and traced.fingerprint() != want:
+        raise PlanError(
+            f"the plan was made for another model (fingerprint {want}, this model traces to "
+            f"{traced.fingerprint()}); {again}"
+        )
+    n = traced.num_blocks
+    stage_of: dict[int, int] = {}  # block -> the stage that holds it
+    for st in plan.stages:
+        previous = -1
+        for name, b in zip(st.blocks, st.block_indices, strict=True):
+            if b >= n:
+                raise PlanError(f"stage {st.index} holds block {b}, but the model has {n} blocks (0 .. {n - 1}); {again}")
+            if b in stage_of:
+                raise PlanError(f"stage {st.index} holds block {b} ({traced.blocks[b].name!r}), which stage {stage_of[b]} holds too; {again}")  # fmt: skip
+            if b < previous:
+                raise PlanError(f"stage {st.index} lists block {b} after block {previous}: a stage's blocks go in the model's order; {again}")  # fmt: skip
+            if traced.blocks[b].name != name:
+                raise PlanError(f"stage {st.index} calls block {b} {name!r}, but in the model it is {traced.blocks[b].name!r}; {again}")  # fmt: skip
+            stage_of[b], previous = st.index, b
+        _check_nodes(plan, traced, st.index, again)
+    missing = [b for b in range(n) if b not in stage_of]
+    if missing:
+        names = ", ".join(repr(traced.blocks[b].name) for b in missing[:3])
+        raise PlanError(f"{len(missing)} block(s) of the model are on no stage ({names}{' ...' if len(missing) > 3 else ''}); {again}")  # fmt: skip
+    for src, dst in sorted(traced.graph.edges):
+        if stage_of[src] > stage_of[dst]:
+            raise PlanError(
+                f"stage {stage_of[dst]} holds block {dst} ({traced.blocks[dst].name!r}), which reads block {src} "
+                f"({traced.blocks[src].name!r}) of the later stage {stage_of[src]}: data must flow forward; {again}"
+            )
+
+
+def _check_nodes(plan: Plan, traced: TracedModel, index: int, again: str) -> None:
+    """Stage ``index``'s nodes are exactly those of its blocks, in graph order."""
+    st = plan.stages[index]
+    want = [x for b in st.block_indices for x in traced.blocks[b].nodes]
+    if list(st.nodes) == want:
+        return
+    mine = set(st.block_indices)
+    for node in st.nodes:
+        if node not in traced.block_of:
+            raise PlanError(f"stage {index} has node {node!r}, which the model does not have; {again}")
+        b = traced.block_of[node]
+        if b not in mine:
+            raise PlanError(
+                f"stage {index} has node {node!r} of block {b} ({traced.blocks[b].name!r}), which is on another "
+                f"stage: a stage cut in the middle of a block; {again}"
+            )
+    missing = [x for x in want if x not in set(st.nodes)]
+    if missing:
+        b = traced.block_of[missing[0]]
+        raise PlanError(
+            f"stage {index} lacks node {missing[0]!r} of its block {b} ({traced.blocks[b].name!r}): "
+            f"a block cut in the middle; {again}"
+        )
+    raise PlanError(f"stage {index} lists its nodes twice or out of the model's order; {again}")

@@ -1,0 +1,131 @@
+"""Reading a plan file checks every field: one line naming the field, never a KeyError later."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from autopipe.cli.main import main
+
+from autopipe.errors import PlanFileError
+from autopipe.plans import MAX_MICRO_BATCHES, Plan
+from tests.helpers import FIXTURES
+
+PLAN_V1 = FIXTURES / "good_mlp_plan_v1.json"
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def _v2() -> dict[str, Any]:
+    raw: dict[str, Any] = json.loads(Plan.load(PLAN_V1).to_json())
+    return raw
+
+
+def _set(key: str, value: Any, stage: int | None = None) -> Mutation:
+    def mutate(d: dict[str, Any]) -> None:
+        (d if stage is None else d["stages"][stage])[key] = value
+
+    return mutate
+
+
+def _delete(key: str) -> Mutation:
+    return lambda d: d.pop(key)
+
+
+def _extra_stage(d: dict[str, Any]) -> None:
+    st = copy.deepcopy(d["stages"][1])
+    d["stages"].append({**st, "index": 2, "rank": 2})
+    d["devices"] = 3
+    d["peak_memory_bytes"].append(1.0)
+
+
+BAD: list[tuple[str, Mutation, str]] = [
+    ("version string", _set("version", "1"), "has plan version '1', this autopipe reads versions 1 and 2 (a number)"),
+    ("version bool", _set("version", True), "has plan version True"),
+    ("devices string", _set("devices", "2"), "devices is '2', expected a whole number"),
+    ("devices bool", _set("devices", True), "devices is True, expected a whole number"),
+    ("devices 3 for 2 stages", _set("devices", 3), "the plan has 2 stage(s) but devices 3 x virtual 1 = 3"),
+    ("devices 1 for 2 stages", _set("devices", 1), "the plan has 2 stage(s) but devices 1 x virtual 1 = 1"),
+    ("recompute yes", _set("recompute", "yes", 0), "stages[0].recompute is 'yes', expected true or false"),
+    ("negative time", _set("forward_s", -0.5, 1), "stages[1].forward_s is -0.5, expected a finite number >= 0"),
+    ("nan bytes", _set("memory_bytes", math.nan, 0), "stages[0].memory_bytes is nan, expected a finite number"),
+    ("inf time", _set("iteration_time_s", math.inf), "iteration_time_s is inf, expected a finite number"),
+    ("time string", _set("backward_s", "1ms", 0), "stages[0].backward_s is '1ms', expected a finite number"),
+    ("huge int as float", _set("forward_s", 10**400, 0), "stages[0].forward_s is 1000000000000"),
+    ("batch 0", _set("batch_size", 0), "batch_size is 0, expected 1 to"),
+    ("batch negative", _set("batch_size", -8), "batch_size is -8, expected a whole number from 0"),
+    ("micro-batches 0", _set("micro_batches", 0), "micro_batches is 0, expected 1 to 65536"),
+    ("micro-batches not dividing", _set("micro_batches", 3), "batch_size 8 is not micro_batches 3 x micro_batch_size 8"),
+    ("micro-batches huge", _set("micro_batches", 10**6), f"micro_batches is 1000000, expected 1 to {MAX_MICRO_BATCHES}"),
+    ("schedule unknown", _set("schedule", "nope"), "schedule 'nope' is unknown (known: gpipe, 1f1b, interleaved-1f1b, zb-h1)"),
+    ("virtual 0", _set("virtual", 0), "virtual is 0, expected 1 to 64"),
+    ("virtual for 1f1b", _set("virtual", 2), "virtual is 2, but the 1f1b schedule runs one stage per device"),
+    ("rank beyond devices", _set("rank", 5, 1), "stage 1 is on device 5, but the 1f1b schedule runs it on device 1"),
+    ("rank negative", _set("rank", -1, 1), "stages[1].rank is -1, expected a whole number from 0"),
+    ("stage index", _set("index", 7, 1), "stages[1] has index 7, expected 1"),
+    ("no stages", _set("stages", []), "the plan has 0 stage(s) but devices 2"),
+    ("stages an object", _set("stages", {}), "stages is an object, expected a list"),
+    ("an extra stage", _extra_stage, "stage 2 holds block 2 again"),
+    ("a stage without blocks", _set("blocks", [], 1), "stage 1 has 0 block(s), 1 block index(es)"),
+    ("missing key", _delete("schedule"), "schedule is missing"),
+    ("missing recipe", _delete("recipe"), "recipe is missing"),
+    ("unknown key", _set("colour", "red"), "'colour' is not a field of a plan"),
+    ("tracer", lambda d: d["recipe"].update(tracer="magic"), "recipe.tracer is 'magic', expected one of auto, fx, export"),
+    ("kwargs not strings", lambda d: d["recipe"].update(model_kwargs=[3]), "recipe.model_kwargs[0] is 3, expected a string"),
+    ("lone surrogate", _set("model", "x\udcff"), "model is 'x\\udcff', expected text"),
+    ("peak per device", _set("peak_memory_bytes", []), "peak_memory_bytes has 0 value(s), expected one per device (2)"),
+    ("a baseline without peaks", lambda d: d["baselines"][0].update(peak_memory_bytes=[]), "baselines[0].peak_memory_bytes is empty"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "message"), [pytest.param(m, msg, id=name) for name, m, msg in BAD])
+def test_a_bad_plan_is_one_line_naming_the_field(mutate: Mutation, message: str) -> None:
+    raw = _v2()
+    mutate(raw)
+    with pytest.raises(PlanFileError) as e:
+        Plan.from_json(json.dumps(raw), source="p.json")
+    text = str(e.value)
+    assert message in text and "\n" not in text
+    assert text.startswith("p.json")
+
+
+def test_good_plans_of_both_versions_load_and_round_trip() -> None:
+    plan = Plan.load(PLAN_V1)
+    assert Plan.from_json(plan.to_json()) == plan
+    raw = _v2()
+    del raw["data_parallel"], raw["parallel_note"]  # fields with defaults may be missing
+    raw["stages"][0]["forward_s"] = 1  # an int where a float is expected
+    again = Plan.from_json(json.dumps(raw))
+    assert again.data_parallel == 1 and again.stages[0].forward_s == 1.0
+
+
+def test_huge_numbers_and_deep_nesting_are_one_line() -> None:
+    with pytest.raises(PlanFileError, match="is not a plan"):
+        Plan.from_json('{"version": 2, "devices": ' + "9" * 5000 + "}")
+    with pytest.raises(PlanFileError, match="is not a plan"):
+        Plan.from_json("[" * 100_000 + "]" * 100_000)
+
+
+def test_plan_files_that_are_not_text_or_not_files(tmp_path: Path) -> None:
+    binary = tmp_path / "b.json"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(PlanFileError, match="not UTF-8 text"):
+        Plan.load(binary)
+    with pytest.raises(PlanFileError, match="is a folder, not a plan file"):
+        Plan.load(tmp_path)
+
+
+def test_show_emit_and_run_refuse_a_bad_plan_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = _v2()
+    raw["stages"][0]["recompute"] = "yes"
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(raw))
+    for argv in (["show", str(path)], ["emit", str(path), "-o", str(tmp_path / "out")], ["run", str(path), "--timeout", "5"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "stages[0].recompute is 'yes'" in err, argv
+    assert not (tmp_path / "out").exists()
