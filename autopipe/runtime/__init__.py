@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from autopipe.runtime.engine import ActionRecord, IterationResult, PipelineEngine
     from autopipe.runtime.local import run_threads
     from autopipe.runtime.options import RunOptions
-    from autopipe.runtime.pipeline import Pipeline, pipeline
+    from autopipe.runtime.pipeline import Pipeline
     from autopipe.runtime.worker import RankResult, Rebuilt, rebuild, train_rank
 
 # Imported on first use, so that the run flags (runtime.options, which `autopipe --help`
@@ -37,7 +37,6 @@ _LAZY = {
     "run_threads": "local",
     "RunOptions": "options",
     "Pipeline": "pipeline",
-    "pipeline": "pipeline",
     "RankResult": "worker",
     "Rebuilt": "worker",
     "rebuild": "worker",
@@ -60,7 +59,6 @@ __all__ = [
     "Rebuilt",
     "RunOptions",
     "assemble_state_dict",
-    "pipeline",
     "rebuild",
     "run_threads",
     "train_rank",
