@@ -136,11 +136,11 @@ class _Shower:
 
     def event(self, kind: str, text: str) -> None:
         if kind == "note":
-            self.err.print(f"autopipe: {text}", markup=False, highlight=False)
+            self.err.print(f"autopipe: {text}", markup=False, highlight=False, soft_wrap=True)
             return
         step, loss = text.split()
         self.done += 1
         if self.bar is not None:
             self.bar.update(self.task, completed=self.done, description=f"step {int(step) + 1} loss {float(loss):.4f}")
         else:
-            self.err.print(f"step {int(step) + 1} ({self.done}/{self.steps}) loss {float(loss):.6g}", markup=False, highlight=False)
+            self.err.print(f"step {int(step) + 1} ({self.done}/{self.steps}) loss {float(loss):.6g}", markup=False, highlight=False, soft_wrap=True)
