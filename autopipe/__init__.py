@@ -2,6 +2,7 @@
 
 ``autopipe.plan(model, example_inputs, stages=4, memory="16GiB", batch_size=32)`` profiles a
 model and returns its Plan, ``autopipe.profile(...)`` the Profile alone; ``autopipe.api`` has the rest of the programmatic interface.
+``autopipe.pipeline(plan, model)`` is one rank's part of a plan for your own training loop (torchrun).
 """
 
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
@@ -23,6 +24,8 @@ __version__ = "0.1.0"
 
 
 _LAZY = {
+    "Pipeline": "autopipe.runtime.pipeline",
+    "pipeline": "autopipe.runtime.pipeline",
     "plan": "autopipe.api",
     "profile": "autopipe.api",
     "rebuild_model": "autopipe.stages.rebuild",
@@ -48,6 +51,7 @@ __all__ = [
     "EmitError",
     "InfeasibleError",
     "ModelLoadError",
+    "Pipeline",
     "Plan",
     "PlanError",
     "PlanFileError",
@@ -58,6 +62,7 @@ __all__ = [
     "TensorCost",
     "TraceError",
     "__version__",
+    "pipeline",
     "plan",
     "profile",
     "rebuild_model",

@@ -6,10 +6,12 @@ A model file is plain Python::
     def example_inputs(batch_size: int, **kwargs)            # required: Tensor | tuple | dict
     def example_targets(batch_size: int, **kwargs)           # optional
     def loss_fn(output, targets) -> torch.Tensor             # optional (default: output mean)
+    def train_data(batch_size: int, **kwargs)                # optional: an iterable of (inputs, targets)
 
 named as ``path/to/model.py[:factory]`` with factory keyword arguments ``-k key=value``.
-``example_inputs`` and ``example_targets`` receive the factory kwargs they declare, so a file
-can size its batch from ``vocab_size`` or ``seq_len``.
+``example_inputs``, ``example_targets`` and ``train_data`` receive the factory kwargs they
+declare, so a file can size its batch from ``vocab_size`` or ``seq_len``. ``train_data``
+yields the batches ``autopipe run`` trains on (targets None when ``loss_fn`` ignores them).
 
 Everything that can go wrong -- the file, its import, its functions, the model rejecting its
 own inputs -- raises :class:`~autopipe.errors.ModelLoadError` with one line naming the user's
@@ -24,7 +26,7 @@ import inspect
 import itertools
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +67,7 @@ class LoadedModel:
     make_targets: Callable[[int], object] | None  # batch_size -> targets; None when undefined
     loss_fn: Callable[[object, object], torch.Tensor]  # the file's loss_fn, or default_loss
     has_targets: bool
+    make_train_data: Callable[[int], Iterable[Any]] | None = None  # batch_size -> the file's train_data
 
 
 def call_model(model: Callable[..., Any], inputs: object) -> Any:
@@ -304,6 +307,7 @@ def load_model(
     inputs_fn = _required(module, "example_inputs", path, "define example_inputs(batch_size) returning a Tensor, tuple or dict")
     targets_fn = _optional(module, "example_targets", path, "define example_targets(batch_size) or remove the name")
     loss = _optional(module, "loss_fn", path, "define loss_fn(output, targets) -> Tensor or remove the name")
+    data_fn = _optional(module, "train_data", path, "define train_data(batch_size) yielding (inputs, targets) or remove the name")
 
     _check_factory_kwargs(factory, mspec.factory, mspec.kwargs)
     dev = torch.device(device) if device is not None else None
@@ -323,7 +327,21 @@ def load_model(
         make_targets=_batch_maker(targets_fn, "example_targets", path, mspec.kwargs, dev) if targets_fn else None,
         loss_fn=_user_loss(loss, path) if loss is not None else default_loss,
         has_targets=targets_fn is not None,
+        make_train_data=_data_maker(data_fn, path, mspec.kwargs) if data_fn is not None else None,
     )
+
+
+def _data_maker(fn: Callable[..., Any], path: Path, kwargs: Mapping[str, object]) -> Callable[[int], Iterable[Any]]:
+    """``train_data(batch_size, **the kwargs it declares)``, errors as one line naming the file."""
+    bound = _bound(fn, kwargs)
+
+    def make(batch_size: int) -> Iterable[Any]:
+        data = _call_user(fn, f"train_data({batch_size})", path, batch_size, **bound)
+        if not isinstance(data, Iterable):
+            raise ModelLoadError(f"train_data({batch_size}) in {path} returned a {type(data).__name__}; return an iterable of (inputs, targets) batches")
+        return data
+
+    return make
 
 
 def check_model_runs(loaded: LoadedModel, batch_size: int) -> None:

@@ -8,7 +8,8 @@
 
 Modules: ``engine`` (one rank's actions: F, B, W, sends and receives), ``routing`` (who sends
 what to whom), ``shapes`` (the shape pass), ``microbatch``, ``comm`` (torch.distributed or
-threads), ``worker`` (one rank: rebuild, split, train), ``launch`` (processes on this machine,
+threads), ``pipeline`` (one rank's stages for a training loop: ``autopipe.pipeline``),
+``data`` (train_data or example_inputs), ``worker`` (one rank of a run: rebuild, pipeline, train), ``launch`` (processes on this machine,
 fault handling), ``local`` (threads), ``checkpoint``, ``report`` (measured vs predicted,
 Chrome trace). ``python -m autopipe.runtime plan.json`` is the torchrun entry point.
 """
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from autopipe.runtime.engine import ActionRecord, IterationResult, PipelineEngine
     from autopipe.runtime.local import run_threads
     from autopipe.runtime.options import RunOptions
+    from autopipe.runtime.pipeline import Pipeline
     from autopipe.runtime.worker import RankResult, Rebuilt, rebuild, train_rank
 
 # Imported on first use, so that the run flags (runtime.options, which `autopipe --help`
@@ -34,6 +36,7 @@ _LAZY = {
     "PipelineEngine": "engine",
     "run_threads": "local",
     "RunOptions": "options",
+    "Pipeline": "pipeline",
     "RankResult": "worker",
     "Rebuilt": "worker",
     "rebuild": "worker",
@@ -50,6 +53,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "ActionRecord",
     "IterationResult",
+    "Pipeline",
     "PipelineEngine",
     "RankResult",
     "Rebuilt",

@@ -16,7 +16,8 @@ For each action of the rank's list (``autopipe.schedules``), in order::
 Gradients accumulate in ``.grad`` over the m micro-batches (each loss scaled by 1/m: the mean
 over equal micro-batches is the batch mean), then parameters used by stages on several ranks
 (tied embeddings) get their gradients summed over those ranks — each holds a copy updated
-identically, the same as one shared parameter — and the optimizer steps once.
+identically, the same as one shared parameter. The optimizer is the caller's: it steps
+after :meth:`PipelineEngine.forward_backward` (``autopipe.pipeline`` leaves that to the user).
 
 Sends and receives between two ranks are posted in one order both agree on
 (``autopipe.runtime.order``: NCCL matches them by position, not tag); receives as early as
@@ -79,7 +80,7 @@ class IterationResult:
     records: tuple[ActionRecord, ...]
     start_time: float  # absolute time.perf_counter() of the iteration start
     makespan_s: float  # end of the rank's last action
-    step_s: float  # the whole iteration: actions, gradient sync, optimizer step
+    step_s: float  # the whole iteration: actions, gradient sync (and the optimizer step in a run)
     peak_activation_bytes: int  # saved-for-backward bytes held at once (CPU count)
 
 
@@ -116,7 +117,7 @@ def _recompute_contexts(
 
 
 class PipelineEngine:
-    """Runs one rank's stages; :meth:`train_step` is one optimizer step."""
+    """Runs one rank's stages; :meth:`forward_backward` is one batch's forward and backward."""
 
     def __init__(
         self,
@@ -130,7 +131,6 @@ class PipelineEngine:
         output_names: Sequence[str | None],
         make_output: Callable[[list[Any]], object],
         loss_fn: Callable[[object, object], torch.Tensor],
-        optimizer: torch.optim.Optimizer,
         order: Mapping[int, Sequence[tuple[int, MessageKey]]],
         shared: Sequence[tuple[torch.nn.Parameter, tuple[int, ...]]] = (),
         recompute: Sequence[int] = (),
@@ -143,7 +143,7 @@ class PipelineEngine:
         self.order = dict(order)  # peer -> (SEND or RECV, message), in the agreed order
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
-        self.make_output, self.loss_fn, self.optimizer = make_output, loss_fn, optimizer
+        self.make_output, self.loss_fn = make_output, loss_fn
         self.shared = tuple(shared)
         self.recompute = set(recompute)
         self.last = last_stage
@@ -160,10 +160,11 @@ class PipelineEngine:
 
     # ------------------------------------------------------------------ one iteration
 
-    def train_step(
+    def forward_backward(
         self, inputs: Sequence[Sequence[Any]], targets: Sequence[object], step: int
     ) -> IterationResult:
-        """Run the rank's actions on micro-batches ``inputs`` (flat, graph order), step once."""
+        """Run the rank's actions on micro-batches ``inputs`` (flat, graph order): gradients
+        accumulate in ``.grad`` (tied ones summed across ranks); nothing is stepped or zeroed."""
         self.step = step
         self.mb_inputs = [dict(zip(self.input_names, mb, strict=True)) for mb in inputs]
         self.mb_targets = list(targets)
@@ -196,8 +197,6 @@ class PipelineEngine:
         records = tuple(ActionRecord(str(a), s, r, e) for a, s, r, e in self.timer.results())
         makespan = max((r.end_s for r in records), default=0.0)
         self._sync_shared()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         loss = float(self.loss_total) if self.loss_total is not None else None

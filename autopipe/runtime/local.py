@@ -17,11 +17,13 @@ import threading
 
 import torch
 
+from autopipe.errors import RunOptionError
 from autopipe.plans import Plan
 from autopipe.runtime import checkpoint
 from autopipe.runtime.comm import Comm, ThreadHub
+from autopipe.runtime.data import Batch, BatchSource
 from autopipe.runtime.options import RunOptions
-from autopipe.runtime.worker import Batch, RankResult, Rebuilt, make_batch, rebuild, train_rank
+from autopipe.runtime.worker import RankResult, Rebuilt, rebuild, train_rank
 
 __all__ = ["run_threads"]
 
@@ -43,28 +45,31 @@ def run_threads(
 
 
 def _run_threads(plan: Plan, options: RunOptions, rebuilt: Rebuilt | None) -> list[RankResult]:
+    if options.engine != "autopipe":
+        raise RunOptionError(f"--engine {options.engine} runs on torch.distributed processes, not threads; use autopipe run (launch)")
     base = rebuilt if rebuilt is not None else rebuild(plan, options.seed)
     hub = ThreadHub(plan.devices, options.timeout_s)
     results: dict[int, RankResult] = {}
     errors: list[tuple[int, BaseException]] = []
     copies = [base.copy() for _ in range(plan.devices)]
     done = int(checkpoint.read_meta(options.resume)["step"]) if options.resume else 0
-    drawn = {
-        k: make_batch(base, plan, options.seed, k) for k in range(done, done + options.steps)
-    }
+    source = BatchSource(base.loaded, plan.batch_size, options.seed)
+    drawn = {k: source.batch(k) for k in range(done, done + options.steps)}
 
     def batches(k: int) -> Batch:
         inputs, targets = torch.utils._pytree.tree_map(
             lambda t: t.clone() if isinstance(t, torch.Tensor) else t, drawn[k]
         )
-        return list(inputs), targets
+        return inputs, targets
 
     def work(rank: int) -> None:
         def comm(groups: list[tuple[int, ...]]) -> Comm:
             return hub.comm(rank)
 
         try:
-            results[rank] = train_rank(plan, rank, comm, options, copies[rank], batches)
+            results[rank] = train_rank(
+                plan, rank, comm, options, copies[rank], batches, process_memory=False
+            )
         except BaseException as e:
             errors.append((rank, e))
             hub.fail(f"rank {rank}: {type(e).__name__}: {e}")

@@ -4,15 +4,23 @@ Times: ``time.perf_counter`` on the CPU; on a GPU, CUDA events recorded around e
 the current stream and read once at the end of the iteration (no synchronisation between
 actions, so measuring does not serialise the pipeline).
 
-Memory: on a GPU, ``torch.cuda.max_memory_allocated`` (everything the rank allocated). On the
-CPU there is no allocator to ask, so the engine counts what the planner's memory model counts:
-bytes saved for backward by each forward (``torch.autograd.graph.saved_tensors_hooks``, every
-storage once, parameters excluded; for a recomputed stage, the bytes of its inputs), held from
-the end of F until its backward frees them; plus parameters, gradients and optimizer state.
+Memory (:class:`PeakMemory`): on a GPU, ``torch.cuda.max_memory_allocated`` (everything the
+rank allocated). On a Linux CPU the process's peak resident memory during the steps: the peak
+(``VmHWM``) is reset to the current resident size (``/proc/self/clear_refs``) before the first
+step and read after the last; the rank's parameters, allocated before, are added to the growth
+(so: parameters + everything the steps allocated at their peak -- gradients, optimizer state,
+activations, communication buffers -- including the allocator's slack and torch's own
+workspaces). Elsewhere the lifetime peak (``getrusage``), which may predate the steps; the
+``memory_kind`` says which. The engine also counts what the planner's memory model counts
+(:class:`SavedBytes`: bytes saved for backward by each forward, every storage once, parameters
+excluded; for a recomputed stage the bytes of its inputs), kept as the run's
+``peak_activation_bytes`` beside the measurement.
 """
 
 from __future__ import annotations
 
+import resource
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +28,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ActionTimer", "SavedBytes", "state_bytes"]
+__all__ = ["ActionTimer", "PeakMemory", "SavedBytes", "state_bytes"]
 
 
 class ActionTimer:
@@ -115,3 +123,49 @@ def state_bytes(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimiz
             v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor)
         )
     return int(total)
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class PeakMemory:
+    """The rank's peak memory over the steps between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.rss_before = 0
+        self.reset = False
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset VmHWM to the current resident size
+            self.reset = _status_kib("VmHWM") is not None
+        except OSError:
+            self.reset = False
+        self.rss_before = (_status_kib("VmRSS") or 0) * 1024
+
+    def stop(self, param_bytes: int) -> tuple[int, str]:
+        """``(bytes, what they are)`` -- ``memory_kind`` in the report."""
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device)), "cuda: torch.cuda.max_memory_allocated"
+        if self.reset:
+            peak = (_status_kib("VmHWM") or 0) * 1024
+            how = "cpu: peak resident memory during the steps (VmHWM, reset before the first step)"
+        else:
+            scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+            how = "cpu: the process's lifetime peak resident memory (getrusage; could not reset the peak)"
+        grown = max(0, peak - self.rss_before)
+        return grown + param_bytes, f"{how} minus resident memory before it, plus the rank's parameter bytes"

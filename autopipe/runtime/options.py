@@ -36,6 +36,8 @@ class RunOptions:
     save_checkpoint: str | None = None  # folder written after the last step
     resume: str | None = None  # folder to continue from
     model_base: str | None = None  # where to look for a relative model_file besides the cwd (the plan's folder)
+    engine: str = "autopipe"  # "autopipe" (the built-in executor) or "torch" (torch.distributed.pipelining)
+    progress_file: str | None = None  # rank 0 appends its notes and per-step losses here (autopipe run)
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,6 +64,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace (chrome://tracing, Perfetto)")
     p.add_argument("--save-checkpoint", default=None, metavar="DIR", help="save weights and optimizer state after the run")
     p.add_argument("--resume", default=None, metavar="DIR", help="continue from a checkpoint")
+    p.add_argument(
+        "--engine", choices=("autopipe", "torch"), default=base.engine,
+        help="autopipe (the built-in executor) or torch (torch.distributed.pipelining) (default: autopipe)",
+    )  # fmt: skip
+    p.add_argument("--progress-file", default=None, help=argparse.SUPPRESS)
 
 
 def run_options(args: argparse.Namespace) -> RunOptions:
@@ -83,6 +90,8 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         save_checkpoint=args.save_checkpoint,
         resume=args.resume,
         model_base=str(Path(args.plan).resolve().parent),
+        engine=args.engine,
+        progress_file=args.progress_file,
     )
 
 
@@ -98,6 +107,9 @@ def worker_arguments(plan_path: str, options: RunOptions) -> list[str]:
         args += ["--save-checkpoint", options.save_checkpoint]
     if options.resume:
         args += ["--resume", options.resume]
+    args += ["--engine", options.engine]
+    if options.progress_file:
+        args += ["--progress-file", options.progress_file]
     return args
 
 

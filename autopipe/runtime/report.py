@@ -5,8 +5,10 @@ schedules), from when the action's messages had arrived to its end (waiting is n
 for the pipeline: iteration time (the schedule's makespan, from the barrier that starts each
 iteration to the last action's end on the slowest rank), bubble fraction
 (``1 - busy / (S * makespan)`` with busy the actions' work, as the simulator defines it) and
-per-rank peak memory (see :mod:`autopipe.runtime.meters` for what is counted on a CPU). The
-first step is a warm-up and is left out when there are more. ``chrome_trace`` writes what happened as a Chrome / Perfetto
+per-rank peak memory (measured: see :mod:`autopipe.runtime.meters`; ``memory_kind`` says how).
+The first step is a warm-up and is left out when there are more. The torch engine records no
+actions: its stage rows are blank and its iteration is the whole step. :func:`summary` is
+``autopipe run --json``'s object; :func:`write_loss_plot` draws the losses (matplotlib). ``chrome_trace`` writes what happened as a Chrome / Perfetto
 trace: one row per rank, one event per action and one per wait for its messages.
 """
 
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +28,7 @@ from autopipe.plans import Plan
 from autopipe.runtime.records import RunResult
 from autopipe.schedules import Action
 
-__all__ = ["Row", "chrome_trace", "compare", "format_report", "write_chrome_trace"]
+__all__ = ["Row", "chrome_trace", "compare", "format_report", "summary", "write_chrome_trace", "write_loss_plot"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ def _durations(result: RunResult, steps: range) -> dict[tuple[int, str], list[fl
 def measured_bubble(result: RunResult, step: int) -> float:
     span = max(r.iterations[step].makespan_s for r in result.ranks)
     busy = sum(rec.compute_s for r in result.ranks for rec in r.iterations[step].records)
+    if not any(r.iterations[step].records for r in result.ranks):
+        return math.nan  # no actions recorded (the torch engine)
     return 1.0 - busy / (len(result.ranks) * span) if span > 0 else 0.0
 
 
@@ -69,12 +75,15 @@ def compare(plan: Plan, result: RunResult) -> list[Row]:
     times = _durations(result, steps)
     split = any(kind == "W" for _, kind in times)
     rows = []
+    def mean(key: tuple[int, str]) -> float:
+        return statistics.fmean(times[key]) if key in times else math.nan
+
     for s in plan.stages:
         rows.append(
             Row(
                 f"stage {s.index} F",
                 s.forward_s,
-                statistics.fmean(times.get((s.index, "F"), [0.0])),
+                mean((s.index, "F")),
                 "s",
             )
         )
@@ -83,7 +92,7 @@ def compare(plan: Plan, result: RunResult) -> list[Row]:
             Row(
                 f"stage {s.index} B",
                 b_pred,
-                statistics.fmean(times.get((s.index, "B"), [0.0])),
+                mean((s.index, "B")),
                 "s",
             )
         )
@@ -92,7 +101,7 @@ def compare(plan: Plan, result: RunResult) -> list[Row]:
                 Row(
                     f"stage {s.index} W",
                     s.backward_weight_s,
-                    statistics.fmean(times.get((s.index, "W"), [0.0])),
+                    mean((s.index, "W")),
                     "s",
                 )
             )
@@ -115,6 +124,8 @@ def compare(plan: Plan, result: RunResult) -> list[Row]:
 
 
 def _fmt(value: float, unit: str) -> str:
+    if math.isnan(value):
+        return "-"
     if unit == "s":
         return f"{value * 1e3:.3f} ms"
     if unit == "fraction":
@@ -141,6 +152,56 @@ def format_report(plan: Plan, result: RunResult) -> str:
     if result.losses:
         lines.append("loss per step: " + ", ".join(f"{x:.6g}" for x in result.losses))
     return "\n".join(lines)
+
+
+def summary(plan: Plan, result: RunResult) -> dict[str, Any]:
+    """The run as one JSON-ready object (``autopipe run --json``)."""
+    steps = _measured_steps(result)
+    spans = result.makespans()
+    first = result.ranks[0]
+    rows = [{"what": r.what, "predicted": r.predicted, "measured": _number(r.measured), "unit": r.unit,
+             "error_pct": _number(r.error_pct)} for r in compare(plan, result)]  # fmt: skip
+    return {
+        "engine": first.engine,
+        "data": first.data,
+        "steps": result.steps,
+        "losses": list(result.losses),
+        "iteration_time_s": statistics.median(spans[k] for k in steps) if result.steps else None,
+        "predicted_iteration_time_s": plan.iteration_time_s,
+        "peak_memory_bytes": [r.peak_memory_bytes for r in result.ranks],
+        "predicted_peak_memory_bytes": list(plan.peak_memory_bytes),
+        "memory_kind": first.memory_kind,
+        "rows": rows,
+    }
+
+
+def _number(x: float) -> float | None:
+    return None if math.isnan(x) else x  # JSON has no NaN
+
+
+def write_loss_plot(losses: list[float], path: str | Path, title: str) -> None:
+    """The loss per step as a PNG (written to a temporary name, then renamed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(1, len(losses) + 1), losses)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (batch mean)")
+    ax.set_title(title)
+    fig.tight_layout()
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, target)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def chrome_trace(result: RunResult) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from autopipe.errors import RunOptionError
 from autopipe.runtime.__main__ import build_parser as rank_parser
 from autopipe.runtime.options import DEFAULT_STEPS, RunOptions, run_options, worker_arguments
 
-ONLY_RUN = {"--json"}  # autopipe run prints a report; a rank has nothing to print as JSON
+ONLY_RUN = {"--json", "--plot"}  # autopipe run prints a report and draws the losses; a rank does neither
 ONLY_RANK = {"--result-dir"}  # hidden: where a launched rank writes its result
 
 

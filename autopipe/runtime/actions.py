@@ -1,0 +1,57 @@
+"""What a plan says each rank does: its action lists, their predicted durations, its tied weights."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from autopipe.errors import PlanError
+from autopipe.plans import Plan
+from autopipe.schedules import Action, Schedule, schedule_spec
+from autopipe.stages.split import Split
+
+__all__ = ["action_seconds", "plan_schedule", "shared_groups"]
+
+
+def shared_groups(split: Split) -> list[tuple[str, tuple[int, ...]]]:
+    """Shared parameters held by more than one rank, with those ranks (sorted)."""
+    rank_of = {st.index: st.rank for st in split.stages}
+    out = []
+    for name, stages in split.shared_params:
+        holders = tuple(sorted({rank_of[s] for s in stages}))
+        if len(holders) > 1:
+            out.append((name, holders))
+    return out
+
+
+def action_seconds(plan: Plan) -> Callable[[Action], float]:
+    """The plan's predicted duration of an action (recomputation included); 1, 2, 1 for F, B,
+    W when the plan has no predictions (made by hand, say)."""
+    split = schedule_spec(plan.schedule).splits_backward
+    stages = {st.index: st for st in plan.stages}
+    predicted = any(st.forward_s > 0 for st in plan.stages)
+
+    def seconds(a: Action) -> float:
+        st = stages[a.stage]
+        if not predicted:
+            return 2.0 if a.kind == "B" else 1.0
+        if a.kind == "F":
+            return st.forward_s
+        if a.kind == "W":
+            return st.backward_weight_s
+        return st.backward_input_s if split else st.backward_s
+
+    return seconds
+
+
+def plan_schedule(plan: Plan) -> Schedule:
+    """The plan's action lists; PlanError if the plan puts a stage on another device than its
+    schedule does (a plan edited by hand)."""
+    spec = schedule_spec(plan.schedule)
+    placed = spec.devices_of(plan.devices, plan.virtual)
+    for st in plan.stages:
+        if st.index < len(placed) and st.rank != placed[st.index]:
+            raise PlanError(
+                f"stage {st.index} of the plan is on device {st.rank}, but the {spec.name} schedule "
+                f"runs it on device {placed[st.index]}; plan again or set its rank to {placed[st.index]}"
+            )
+    return spec.make(plan.devices, plan.micro_batches, plan.virtual)
