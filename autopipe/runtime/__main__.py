@@ -38,6 +38,8 @@ from autopipe._io import atomic_write_text
 from autopipe.runtime.options import LAUNCHER_ENV, RunOptions, add_run_arguments, run_options
 
 if TYPE_CHECKING:
+    import torch
+
     from autopipe.runtime.comm import DistComm
     from autopipe.runtime.worker import RankResult
 
@@ -112,26 +114,30 @@ def _run(plan: object, rank: int, options: RunOptions) -> RankResult:
         return holder[0]
 
     result = train_rank(plan, rank, comm, replace(options))
-    _end_barrier(holder[0] if holder else DistComm(options.timeout_s), rank, world)
+    device = torch.device("cuda", torch.cuda.current_device()) if options.device == "cuda" else None
+    _end_barrier(holder[0] if holder else DistComm(options.timeout_s), rank, world, device)
     return result
 
 
-def _end_barrier(comm: DistComm, rank: int, world: int) -> None:
+def _end_barrier(comm: DistComm, rank: int, world: int, device: torch.device | None = None) -> None:
     """Wait, at most the timeout, until every rank has finished its steps: each tells rank 0,
-    rank 0 answers each. A CommunicationError names the rank that did not come."""
+    rank 0 answers each (one-element tensors on ``device``, as NCCL needs). A
+    CommunicationError names the rank that did not come."""
     import torch
 
     from autopipe.errors import CommunicationError
 
-    token = torch.zeros(1)
+    def token() -> torch.Tensor:
+        return torch.zeros(1, device=device)
+
     try:
         if rank == 0:
-            for work in [comm.irecv(torch.zeros(1), r, _END_TAG) for r in range(1, world)]:
+            for work in [comm.irecv(token(), r, _END_TAG) for r in range(1, world)]:
                 work.wait()
-            sends = [comm.isend(token, r, _END_TAG) for r in range(1, world)]
+            sends = [comm.isend(token(), r, _END_TAG) for r in range(1, world)]
         else:
-            sends = [comm.isend(token, 0, _END_TAG)]
-            comm.irecv(torch.zeros(1), 0, _END_TAG).wait()
+            sends = [comm.isend(token(), 0, _END_TAG)]
+            comm.irecv(token(), 0, _END_TAG).wait()
         for work in sends:
             work.wait()
     except CommunicationError as e:
