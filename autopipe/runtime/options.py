@@ -124,7 +124,7 @@ def check_options(o: RunOptions) -> None:
     if not 0 < o.timeout_s <= MAX_TIMEOUT_S:  # False for NaN too
         raise RunOptionError(
             f"--timeout must be more than 0 and at most {MAX_TIMEOUT_S:g} seconds (a week), "
-            f"like 60 or 500ms (got {o.timeout_s:g}s)"
+            f"like 60 or 500ms (got {o.timeout_s:g} seconds)"
         )
     if not 1 <= o.threads <= MAX_THREADS:
         raise RunOptionError(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from autopipe.cli.main import main
 
 from autopipe.errors import RuntimeFailure
 from autopipe.runtime import RunOptions, assemble_state_dict, run_threads
@@ -129,3 +130,21 @@ def test_a_damaged_meta_json_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "meta.json").write_bytes(b"\xff\xfe")
     with pytest.raises(RuntimeFailure, match=r"meta.json is not a valid checkpoint file \((JSON|Unicode)DecodeError: "):
         read_meta(tmp_path)
+
+
+@pytest.mark.slow
+def test_autopipe_run_resume_from_a_crafted_checkpoint_is_one_line(
+    _checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shutil.copytree(_checkpoint, tmp_path / "ck")
+    marker = tmp_path / "marker"
+    torch.save({"optimizer": _Payload(marker)}, tmp_path / "ck" / "rank-1.pt")
+    cached_plan("skip", 2, "1f1b").save(tmp_path / "plan.json")
+    argv = ["run", str(tmp_path / "plan.json"), "--steps", "1", "--device", "cpu", "--timeout", "30"]
+    assert main([*argv, "--resume", str(tmp_path / "ck")]) == 1
+    assert capsys.readouterr().err == (
+        f"autopipe: error: rank 1 failed: RuntimeFailure: {tmp_path / 'ck' / 'rank-1.pt'} is not a valid checkpoint "
+        "file (it holds Python objects, not only tensors and numbers; not loaded, as that could run code); "
+        "save the checkpoint again with --save-checkpoint\n"
+    )
+    assert not marker.exists()

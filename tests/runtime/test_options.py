@@ -113,11 +113,11 @@ def _flag_cases(tmp: Path) -> list[tuple[list[str], str]]:
     (tmp / "bad-meta" / "meta.json").write_text("{not json")
     huge = str(2**64)
     return [
-        (["--timeout", "0"], "--timeout must be more than 0 and at most 604800 seconds (a week), like 60 or 500ms (got 0s)"),
-        (["--timeout", "1e400"], "--timeout must be more than 0 and at most 604800 seconds (a week), like 60 or 500ms (got infs)"),
-        (["--timeout", "inf"], "(got infs)"),
-        (["--timeout", "nan"], "(got nans)"),
-        (["--timeout", "-1"], "(got -1s)"),
+        (["--timeout", "0"], "--timeout must be more than 0 and at most 604800 seconds (a week), like 60 or 500ms (got 0 seconds)"),
+        (["--timeout", "1e400"], "--timeout must be more than 0 and at most 604800 seconds (a week), like 60 or 500ms (got inf seconds)"),
+        (["--timeout", "inf"], "(got inf seconds)"),
+        (["--timeout", "nan"], "(got nan seconds)"),
+        (["--timeout", "-1"], "(got -1 seconds)"),
         (["--timeout=-5ms"], "--timeout must be a positive number of seconds, or one with a unit"),
         (["--lr", "nan"], "--lr must be a finite number >= 0, like 1e-3 (got nan)"),
         (["--lr", "inf"], "--lr must be a finite number >= 0, like 1e-3 (got inf)"),
