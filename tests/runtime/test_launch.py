@@ -348,3 +348,36 @@ def test_a_launched_rank_exits_when_its_launcher_is_gone(tmp_path: Path) -> None
         for p in (rank, orphan):
             p.kill()
             p.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_launched_rank_dies_with_its_parent_even_while_its_stdin_stays_open(tmp_path: Path) -> None:
+    """PR_SET_PDEATHSIG alone: the rank's stdin is a pipe this test keeps open, its parent (a
+    stand-in launcher) dies by SIGKILL; the rank must die too."""
+    plan = _slow_plan(tmp_path)
+    read_end, write_end = os.pipe()
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    cmd = [sys.executable, "-m", "autopipe.runtime", str(plan), "--device", "cpu", "--timeout", "60"]
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import os, subprocess, sys, time; env = {**os.environ, sys.argv[1]: str(os.getpid())}; "
+         "subprocess.Popen(sys.argv[2:], env=env, stdin=0, stderr=subprocess.DEVNULL); time.sleep(120)",
+         LAUNCHER_ENV, *cmd],
+        env=env, stdin=read_end,
+    )  # fmt: skip
+    os.close(read_end)
+    rank: list[int] = []
+    try:
+        rank = _ranks_up(parent.pid, 1)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while _alive(rank[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(rank[0])
+    finally:
+        os.close(write_end)
+        parent.kill()
+        for r in rank:
+            if _alive(r):
+                os.kill(r, signal.SIGKILL)
