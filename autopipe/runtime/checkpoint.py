@@ -53,7 +53,8 @@ def save_rank(
     step: int,
     other_names: dict[str, tuple[str, ...]] | None = None,
 ) -> None:
-    """Write the stages' weights (under every name the model gives them) and the optimizer."""
+    """Write the stages' weights (under every name the model gives them) and the optimizer.
+    ``step`` goes to ``meta.json`` (:func:`write_meta`), the one place a resume reads it from."""
     d = Path(folder)
     d.mkdir(parents=True, exist_ok=True)
     for st in stages:
