@@ -10,14 +10,24 @@ The torchrun entry point (reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MAST
 Rank 0 prints the measured-vs-predicted report. ``autopipe run`` starts the same entry point
 on this machine with ``--result-dir``, where each rank writes its result or its error.
 A failing rank prints ``autopipe: error: rank R failed: ...`` and exits 1.
+
+After its last step every rank passes an end-of-run barrier with the run's timeout (each rank
+tells rank 0 it is done, rank 0 answers all), so a rank that finished cannot leave while a peer
+is stuck in the last step: it fails naming the peer it waited for. A rank started by ``autopipe
+run`` (``AUTOPIPE_LAUNCHER_PID`` set) dies with its launcher: SIGKILL when the parent dies
+(Linux ``PR_SET_PDEATHSIG``), and everywhere an exit when its standard input, a pipe only the
+launcher holds, closes.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
@@ -25,10 +35,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autopipe._io import atomic_write_text
-from autopipe.runtime.options import RunOptions, add_run_arguments, run_options
+from autopipe.runtime.options import LAUNCHER_ENV, RunOptions, add_run_arguments, run_options
 
 if TYPE_CHECKING:
+    import torch
+
+    from autopipe.runtime.comm import DistComm
     from autopipe.runtime.worker import RankResult
+
+_END_TAG = 2**30  # the end-of-run messages' tag (every message of the steps is read by then)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if os.environ.get(LAUNCHER_ENV):
+        _follow_launcher(os.environ[LAUNCHER_ENV])
     args = build_parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     out = Path(args.result_dir) if args.result_dir else None
@@ -96,7 +113,56 @@ def _run(plan: object, rank: int, options: RunOptions) -> RankResult:
         holder.append(DistComm(options.timeout_s, groups))
         return holder[0]
 
-    return train_rank(plan, rank, comm, replace(options))
+    result = train_rank(plan, rank, comm, replace(options))
+    device = torch.device("cuda", torch.cuda.current_device()) if options.device == "cuda" else None
+    _end_barrier(holder[0] if holder else DistComm(options.timeout_s), rank, world, device)
+    return result
+
+
+def _end_barrier(comm: DistComm, rank: int, world: int, device: torch.device | None = None) -> None:
+    """Wait, at most the timeout, until every rank has finished its steps: each tells rank 0,
+    rank 0 answers each (one-element tensors on ``device``, as NCCL needs). A
+    CommunicationError names the rank that did not come."""
+    import torch
+
+    from autopipe.errors import CommunicationError
+
+    def token() -> torch.Tensor:
+        return torch.zeros(1, device=device)
+
+    try:
+        if rank == 0:
+            for work in [comm.irecv(token(), r, _END_TAG) for r in range(1, world)]:
+                work.wait()
+            sends = [comm.isend(token(), r, _END_TAG) for r in range(1, world)]
+        else:
+            sends = [comm.isend(token(), 0, _END_TAG)]
+            comm.irecv(token(), 0, _END_TAG).wait()
+        for work in sends:
+            work.wait()
+    except CommunicationError as e:
+        raise CommunicationError(f"rank {rank} finished, but waiting for the others: {e}") from e
+
+
+def _follow_launcher(launcher: str) -> None:
+    """Die with the ``autopipe run`` process that started this rank (pid ``launcher``)."""
+    if sys.platform.startswith("linux"):
+        try:  # SIGKILL when the parent dies
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if str(os.getppid()) != launcher:  # it died before the request: nobody would signal us
+        os._exit(1)
+
+    def exit_when_closed() -> None:
+        try:
+            while os.read(0, 4096):  # the launcher never writes: EOF means it is gone
+                pass
+        except OSError:
+            pass
+        os._exit(1)
+
+    threading.Thread(target=exit_when_closed, name="autopipe-launcher-watch", daemon=True).start()
 
 
 def _report(plan: object, rank: int, result: object, trace: str | None) -> None:

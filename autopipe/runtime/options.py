@@ -6,21 +6,41 @@ by :func:`add_run_arguments` and read back by :func:`run_options`; the launcher 
 with :func:`worker_arguments`, every option explicit. The flags' defaults are ``autopipe
 run``'s (10 steps, CUDA when available); :class:`RunOptions`' own defaults serve Python
 callers (one step on the CPU).
+
+Every value is checked before any rank starts (:func:`check_options`, called by
+:func:`run_options`; :func:`check_launch` adds the checks that need the plan), each failure a
+:class:`~autopipe.errors.RunOptionError`: one line saying what is wrong and how to fix it.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import inspect
+import math
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from autopipe.errors import AutopipeError, RunOptionError
 from autopipe.units import parse_duration
 
-__all__ = ["DEFAULT_STEPS", "RunOptions", "add_run_arguments", "run_options", "worker_arguments"]
+if TYPE_CHECKING:
+    from autopipe.plans import Plan
+
+__all__ = [
+    "DEFAULT_STEPS", "LAUNCHER_ENV", "RunOptions", "add_run_arguments", "check_launch", "check_options",
+    "run_options", "worker_arguments",
+]  # fmt: skip
 
 DEFAULT_STEPS = 10  # the run flags' --steps
+LAUNCHER_ENV = "AUTOPIPE_LAUNCHER_PID"  # set by autopipe run for its ranks: the launcher's pid
+MAX_STEPS = 10**7
+MAX_SEED = 2**64 - 1  # torch.manual_seed's largest; step k's batches use seed + k + 1
+MAX_TIMEOUT_S = 7 * 86400.0
+MAX_THREADS = 1024
 
 
 @dataclass(frozen=True)
@@ -78,7 +98,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         import torch  # here, so that parsing the flags does not wait for torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return RunOptions(
+    options = RunOptions(
         steps=_int(args.steps, "--steps", minimum=1),
         seed=_int(args.seed, "--seed", minimum=0),
         optimizer=args.optimizer,
@@ -93,6 +113,149 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         engine=args.engine,
         progress_file=args.progress_file,
     )
+    check_options(options)
+    return options
+
+
+def check_options(o: RunOptions) -> None:
+    """RunOptionError unless every option can work: numbers in range, an optimizer that takes
+    its arguments, a checkpoint to resume, a folder to save into, the device."""
+    if not 1 <= o.steps <= MAX_STEPS:
+        raise RunOptionError(
+            f"--steps must be from 1 to {MAX_STEPS} (got {o.steps}); run longer as several runs "
+            "with --save-checkpoint and --resume"
+        )
+    if not 0 <= o.seed <= MAX_SEED - o.steps:
+        raise RunOptionError(
+            f"--seed must be from 0 to {MAX_SEED - o.steps} with --steps {o.steps} (got {o.seed}; "
+            f"step k seeds torch with seed + k + 1, at most {MAX_SEED})"
+        )
+    if not 0 < o.timeout_s <= MAX_TIMEOUT_S:  # False for NaN too
+        raise RunOptionError(
+            f"--timeout must be more than 0 and at most {MAX_TIMEOUT_S:g} seconds (a week), "
+            f"like 60 or 500ms (got {o.timeout_s:g} seconds)"
+        )
+    if not 1 <= o.threads <= MAX_THREADS:
+        raise RunOptionError(
+            f"--threads must be from 1 to {MAX_THREADS} (got {o.threads}); this machine has {os.cpu_count()} CPUs"
+        )
+    if not (math.isfinite(o.lr) and o.lr >= 0):
+        raise RunOptionError(f"--lr must be a finite number >= 0, like 1e-3 (got {o.lr:g})")
+    _check_optimizer(o)
+    if o.device not in ("cpu", "cuda"):
+        raise RunOptionError(f"--device must be cpu or cuda (got {_shown(o.device)})")
+    if o.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RunOptionError(
+                f"--device cuda: CUDA is not available on this machine (torch {torch.__version__}); use --device cpu"
+            )
+    if o.resume is not None:
+        _resume_meta(o)
+    if o.save_checkpoint is not None:
+        _check_save_folder(o.save_checkpoint)
+
+
+def check_launch(o: RunOptions, plan: Plan) -> None:
+    """:func:`check_options` and what needs the plan: a GPU per rank, a checkpoint of this plan."""
+    check_options(o)
+    if o.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < plan.devices:
+            raise RunOptionError(
+                f"--device cuda: the plan needs {plan.devices} GPUs, this machine has {torch.cuda.device_count()}; "
+                "plan for fewer devices or use --device cpu"
+            )
+    if o.resume is not None:
+        meta = _resume_meta(o)
+        if meta["fingerprint"] != plan.recipe.fingerprint or meta["stages"] != len(plan.stages):
+            raise RunOptionError(
+                f"--resume {_shown(o.resume)}: the checkpoint was saved with another plan (model fingerprint "
+                f"{meta['fingerprint']}, {meta['stages']} stages; this plan: {plan.recipe.fingerprint}, "
+                f"{len(plan.stages)} stages); resume with the plan it was saved with"
+            )
+
+
+def _resume_meta(o: RunOptions) -> dict[str, object]:
+    from autopipe.errors import RuntimeFailure
+    from autopipe.runtime.checkpoint import read_meta
+
+    assert o.resume is not None
+    if not Path(o.resume).is_dir():
+        raise RunOptionError(
+            f"--resume {_shown(o.resume)}: no such folder; give a folder written by --save-checkpoint"
+        )
+    try:
+        meta = read_meta(o.resume)
+    except RuntimeFailure as e:
+        raise RunOptionError(f"--resume: {e}") from None
+    if not 0 <= o.seed <= MAX_SEED - o.steps - meta["step"]:
+        raise RunOptionError(
+            f"--seed {o.seed} with --steps {o.steps} after the checkpoint's {meta['step']} steps "
+            f"seeds torch beyond {MAX_SEED}; use a smaller --seed"
+        )
+    return meta
+
+
+def _check_save_folder(folder: str) -> None:
+    """The folder is one, or can be made, and this process can write into it."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise RunOptionError(f"--save-checkpoint {_shown(folder)} is a file; give a folder (made if missing)")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RunOptionError(
+            f"--save-checkpoint {_shown(folder)}: {_shown(str(existing))} is a file, so no folder can be made under it; "
+            "give another folder"
+        )
+    try:  # writing is the only true test of writable (permissions, read-only mounts, root)
+        os.rmdir(tempfile.mkdtemp(prefix=".autopipe-probe-", dir=existing))
+    except OSError as e:
+        raise RunOptionError(
+            f"--save-checkpoint {_shown(folder)}: cannot write in {_shown(str(existing))} ({e.strerror}); "
+            "give a folder you can write to"
+        ) from None
+
+
+def _check_optimizer(o: RunOptions) -> None:
+    import torch
+
+    cls = getattr(torch.optim, o.optimizer, None) if o.optimizer.isidentifier() else None
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)) or cls is torch.optim.Optimizer:
+        raise RunOptionError(
+            f"--optimizer {_shown(o.optimizer)} is not a torch.optim optimizer; name one such as SGD, Adam or AdamW"
+        )
+    params = inspect.signature(cls).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for key, value in o.optimizer_kwargs:
+        if key in ("params", "lr"):
+            fix = "give the learning rate with --lr" if key == "lr" else "autopipe passes the parameters"
+            raise RunOptionError(f"--optimizer-arg {key}: {fix}")
+        if key not in params and not takes_any:
+            known = ", ".join(k for k in params if k not in ("params", "lr"))
+            raise RunOptionError(f"--optimizer-arg {key}: {o.optimizer} takes no argument {key!r}; it takes {known}")
+        if not math.isfinite(value):
+            raise RunOptionError(f"--optimizer-arg {key}={value}: the value must be a finite number")
+    try:  # the optimizer's own checks (momentum >= 0, nesterov needs momentum...), on one tensor
+        extra: dict[str, Any] = dict(o.optimizer_kwargs)
+        cls([torch.zeros(1, requires_grad=True)], lr=o.lr, **extra)  # type: ignore[call-arg]
+    except Exception as e:
+        from autopipe.model.usercode import first_line
+
+        given = " ".join(f"{k}={v:g}" for k, v in o.optimizer_kwargs)
+        raise RunOptionError(
+            f"--optimizer {o.optimizer} refuses --lr {o.lr:g}{' ' + given if given else ''}: {first_line(e)}; "
+            "fix the values"
+        ) from None
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted, shortened to stay one readable line."""
+    return repr(text if len(text) <= 200 else text[:197] + "...")
 
 
 def worker_arguments(plan_path: str, options: RunOptions) -> list[str]:
@@ -116,26 +279,33 @@ def worker_arguments(plan_path: str, options: RunOptions) -> list[str]:
 def _int(text: str, flag: str, minimum: int) -> int:
     what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
     try:
-        value = int(str(text).strip())
+        value = int(str(text).strip()) if len(str(text)) <= 100 else int("too long")
     except ValueError:
-        raise RunOptionError(f"{flag} must be {what} (got {text!r})") from None
+        raise RunOptionError(f"{flag} must be {what} (got {_shown(text)})") from None
     if value < minimum:
         raise RunOptionError(f"{flag} must be {what} (got {value})")
     return value
 
 
 def _duration(text: str, flag: str) -> float:
+    """Seconds, or a number with a unit (``500ms``); the range is :func:`check_options`' to check."""
+    try:
+        return float(text)  # NaN, infinities and 1e400 too: check_options says what is wrong
+    except ValueError:
+        pass
     try:
         return parse_duration(text, flag)
-    except AutopipeError as e:  # units.py says PlanError; here it is a run flag
-        raise RunOptionError(str(e)) from None
+    except AutopipeError:  # units.py says PlanError, and "zero or more"; here it is a run flag
+        raise RunOptionError(
+            f"{flag} must be a positive number of seconds, or one with a unit, like 60 or 500ms (got {_shown(text)})"
+        ) from None
 
 
 def _number(text: str, flag: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise RunOptionError(f"{flag} must be a number (got {text!r})") from None
+        raise RunOptionError(f"{flag} must be a number (got {_shown(text)})") from None
 
 
 def _optimizer_kwargs(items: list[str]) -> tuple[tuple[str, float], ...]:
