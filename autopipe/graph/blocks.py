@@ -199,8 +199,8 @@ def _is_tiny(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> bool:
     for n in nodes:
         if n.op == "call_module" and any(True for _ in gm.get_submodule(str(n.target)).parameters()):
             return False
-        if any(isinstance(a, torch.fx.Node) and a.op == "get_attr" for a in n.all_input_nodes):
-            return False
+        if any(a.op == "get_attr" and isinstance(_fetch_attr(gm, str(a.target)), torch.Tensor) for a in n.all_input_nodes):
+            return False  # holds weights (reading ``self.training`` is no weight)
     return True
 
 

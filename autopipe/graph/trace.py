@@ -41,6 +41,7 @@ from torch import nn
 from autopipe.errors import TraceError
 from autopipe.graph.blocks import Block, ValueInfo, group_blocks
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
+from autopipe.graph.training import follow_training
 
 __all__ = ["Block", "TracedModel", "ValueInfo", "trace_model"]
 
@@ -142,6 +143,7 @@ def _trace(
             errors.append(("export", e))
     if gm is None:
         raise _trace_failure(errors, source)
+    follow_training(gm, model.training)
     g = group_blocks(gm, model, leaf_modules, max_blocks)
     return TracedModel(
         gm=gm,
@@ -226,6 +228,7 @@ def _trace_export(model: nn.Module, inputs: Any) -> torch.fx.GraphModule:
     gm = ep.module(check_guards=False)
     # The unlifted module wraps the graph in pytree flattening; keep the flat graph only.
     flat = torch.fx.GraphModule(gm, gm.graph)
+    flat.meta["out_spec"] = getattr(gm, "_out_spec", None)  # the model's output structure
     flat.graph._codegen = torch.fx.graph.CodeGen()
     for node in list(flat.graph.nodes):
         if node.op == "call_module" and str(node.target).startswith("_guards"):
