@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 
 
 _LAZY = {
+    "pipeline_inputs": "autopipe.stages.export",
     "plan": "autopipe.api",
     "profile": "autopipe.api",
     "rebuild_model": "autopipe.stages.rebuild",
@@ -58,6 +59,7 @@ __all__ = [
     "TensorCost",
     "TraceError",
     "__version__",
+    "pipeline_inputs",
     "plan",
     "profile",
     "rebuild_model",

@@ -187,3 +187,44 @@ def test_pipeline_inputs_flatten_the_batch_as_the_first_stage_takes_it() -> None
     with pytest.raises(PlanError, match="the batch has 1 values where the model was traced with 2 tensor inputs"):
         pipeline_inputs(first, a)
     assert export.__all__.count("pipeline_inputs") == 1
+
+
+def _readme_block(heading: str) -> str:
+    text = (HERE.parents[1] / "README.md").read_text()
+    start = text.index("```python", text.index(heading)) + len("```python")
+    return text[start : text.index("```", start)]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("transformers")
+def test_readme_export_script_runs_as_written_on_a_hugging_face_model(tmp_path: Path) -> None:
+    """The README's train_pp.py, verbatim, on 2 gloo ranks (torchrun's environment) with T5:
+    dict inputs, a ModelOutput, tied embeddings; its first loss is the unsplit model's."""
+    plan = even_plan(str(FIXTURES / "hf_zoo.py"), {"arch": "t5"}, stages=2, micro_batches=2, micro_batch_size=2)
+    plan.save(tmp_path / "plan.json")
+    (tmp_path / "train_pp.py").write_text(_readme_block("**Export it**"))
+    port = str(_free_port())
+    procs = []
+    for r in range(2):
+        env = {**os.environ, "PYTHONPATH": str(HERE.parents[1]), "OMP_NUM_THREADS": "1", "RANK": str(r),
+               "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, "train_pp.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=120))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), "\n".join(err[-3000:] for _, err in outs)
+    lines = [line.split() for line in outs[1][0].strip().splitlines()]
+    assert [int(s) for s, _ in lines] == [0, 1, 2] and outs[0][0].strip() == ""
+    losses = [float(v) for _, v in lines]
+    loaded = rebuild_model(plan)
+    x, y = loaded.make_inputs(plan.batch_size), loaded.make_targets(plan.batch_size)  # type: ignore[misc]
+    with torch.no_grad():
+        halves = [loaded.loss_fn(call_model(loaded.model, {k: v.chunk(2)[i] for k, v in x.items()}), y.chunk(2)[i]) for i in range(2)]  # type: ignore[union-attr]
+    assert abs(losses[0] - float(sum(halves)) / 2) <= 1e-5 * losses[0]
+    assert losses[2] < losses[0]
