@@ -81,7 +81,7 @@ def _value_infos(gm: torch.fx.GraphModule) -> dict[str, ValueInfo]:
     for n in gm.graph.nodes:
         v = n.meta.get("val", n.meta.get("example_value"))
         if isinstance(v, torch.Tensor):
-            out[n.name] = ValueInfo(tuple(int(s) for s in v.shape), str(v.dtype).removeprefix("torch."), _nbytes(v), True)
+            out[n.name] = ValueInfo(tuple(hint_int(s) for s in v.shape), str(v.dtype).removeprefix("torch."), _nbytes(v), True)
         else:
             leaves = [t for t in torch.utils._pytree.tree_leaves(v) if isinstance(t, torch.Tensor)]
             out[n.name] = ValueInfo((), "", sum(_nbytes(t) for t in leaves), False)
@@ -89,7 +89,13 @@ def _value_infos(gm: torch.fx.GraphModule) -> dict[str, ValueInfo]:
 
 
 def _nbytes(t: torch.Tensor) -> int:
-    return int(t.numel()) * t.element_size()
+    return hint_int(t.numel()) * t.element_size()
+
+
+def hint_int(size: int | torch.SymInt) -> int:
+    """The size the trace ran at; ``int()`` on a symbolic size would pin it for good (a guard)."""
+    hint = getattr(size.node, "hint", None) if isinstance(size, torch.SymInt) else None
+    return int(hint) if hint is not None else int(size)
 
 
 # --------------------------------------------------------------------------- blocks

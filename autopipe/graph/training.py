@@ -15,19 +15,23 @@ and the graph module, every stage split from it and every emitted stage honour
 mode, so a trace computes what the model computed. (``get_attr`` nodes are not compute nodes:
 blocks, and so plans and fingerprints, are unchanged.)
 
-Not covered: a dropout probability chosen in Python from ``self.training`` before the op
-(``sdpa(dropout_p=p if self.training else 0.0)``) is a plain number in the graph; and
-BatchNorm's ``num_batches_tracked += 1`` still counts in eval mode (it changes no output
-unless ``momentum=None``).
+Attention written ``sdpa(q, k, v, dropout_p=p if self.training else 0.0)`` (Hugging Face's
+SDPA attention) leaves a plain ``p`` in the graph. :func:`follow_training_attention` makes it
+``training * p`` -- a new op, so it is applied to the stage modules a plan is split into (a
+plan's own trace, its blocks and fingerprint stay as they were). Not covered: BatchNorm's
+``num_batches_tracked += 1`` still counts in eval mode (it changes no output unless
+``momentum=None``).
 """
 
 from __future__ import annotations
+
+import operator
 
 import torch
 import torch.fx
 from torch import nn
 
-__all__ = ["TRAINING_ATTR", "follow_training"]
+__all__ = ["TRAINING_ATTR", "follow_training", "follow_training_attention"]
 
 TRAINING_ATTR = "training"
 
@@ -85,3 +89,37 @@ def _flag_node(gm: torch.fx.GraphModule) -> torch.fx.Node:
     with gm.graph.inserting_before(first):
         # create_node, not get_attr: a bool is no parameter, buffer or module, and that is fine.
         return gm.graph.create_node("get_attr", TRAINING_ATTR, name=TRAINING_ATTR)
+
+
+_SDPA = (_aten.scaled_dot_product_attention.default,)
+
+
+def follow_training_attention(gm: torch.fx.GraphModule) -> int:
+    """Make every SDPA's literal ``dropout_p > 0`` read ``self.training * dropout_p`` (see above);
+    the number of ops rewritten (``gm`` is recompiled when there are any)."""
+    flag = next((n for n in gm.graph.nodes if n.op == "get_attr" and n.target == TRAINING_ATTR), None)
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _SDPA:
+            continue
+        in_args = len(node.args) > 4
+        p = node.args[4] if in_args else node.kwargs.get("dropout_p", 0.0)
+        if not isinstance(p, float) or p <= 0.0:
+            continue
+        if flag is None:
+            flag = _flag_node(gm)
+        elif count == 0:  # made where a dropout first needed it: move it before every use
+            first = next(n for n in gm.graph.nodes if n.op != "placeholder")
+            if first is not flag:
+                first.prepend(flag)
+        with gm.graph.inserting_before(node):
+            scaled = gm.graph.call_function(operator.mul, (flag, p))
+        if in_args:
+            node.args = (*node.args[:4], scaled, *node.args[5:])
+        else:
+            node.kwargs = {**node.kwargs, "dropout_p": scaled}
+        count += 1
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+    return count
