@@ -24,7 +24,9 @@ outputs (with every stage that reads each one, ``"output"`` for the model output
 tensors with the original model's names (a tied weight is listed in each stage that uses it,
 ``shared: true``, under every name the model gives it). ``transfers`` lists every value sent
 from one stage to another, skip connections (not to the next stage) marked. Plus the
-schedule, micro-batch count and size, and the model's state_dict keys in order.
+schedule, micro-batch count and size, and the model's state_dict keys in order. For an
+export-traced model, ``symbolic_dims`` (model input -> dims the stages take at any size) and
+``shapes_note`` (why the shapes stayed static, if they did): see ``retrace.py``.
 
 The folder is built next to its destination and renamed into place, so a failure never leaves
 half an emit; a non-empty destination is replaced only with ``force``.

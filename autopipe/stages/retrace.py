@@ -96,12 +96,21 @@ def _at_batch(traced: TracedModel, size: int) -> dict[str, ValueInfo]:
     for n in traced.gm.graph.nodes:
         v = n.meta.get("val")
         if n.name in out and isinstance(v, torch.Tensor):
-            shape = tuple(int(d.node.expr.xreplace(batch).xreplace(d.node.shape_env.var_to_val)) if isinstance(d, torch.SymInt) else int(d) for d in v.shape)
+            shape = tuple(_size_at(d, batch) for d in v.shape)
             numel = 1
             for d in shape:
                 numel *= d
             out[n.name] = dataclasses.replace(out[n.name], shape=shape, bytes=numel * v.element_size())
     return out
+
+
+def _size_at(d: int | torch.SymInt, batch: dict[Any, int]) -> int:
+    if not isinstance(d, torch.SymInt):
+        return int(d)
+    import sympy
+
+    expr = sympy.sympify(sympy.sympify(d.node.expr).xreplace(batch))
+    return int(expr.xreplace(d.node.shape_env.var_to_val)) if d.node.shape_env is not None else int(expr)
 
 
 def _symbolic_dims(traced: TracedModel) -> dict[str, list[int]]:

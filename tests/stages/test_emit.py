@@ -249,21 +249,22 @@ torch.save(results, sys.argv[3])
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("transformers")
-@pytest.mark.parametrize(("arch", "dropout"), [("llama", 0.0), ("t5", 0.1)])
+@pytest.mark.parametrize(("arch", "dropout", "micro_batch_size"), [("llama", 0.0, 1), ("t5", 0.1, 2)])
 def test_emitted_hugging_face_stages_take_any_micro_batch_size_and_honour_eval(
-    arch: str, dropout: float, tmp_path: Path
+    arch: str, dropout: float, micro_batch_size: int, tmp_path: Path
 ) -> None:
-    """Export-traced stages, chained at 3 samples (the plan's micro-batch is 2), without
+    """Export-traced stages, chained at 3 samples (the plan's micro-batch is 1 or 2), without
     autopipe: the unsplit model's output in eval mode (T5 with dropout 0.1: hidden and SDPA
     attention dropout off), dropout on in train mode; outputs named as the model names them."""
     from tests.fixtures import hf_zoo
 
-    plan = even_plan(str(FIXTURES / "hf_zoo.py"), {"arch": arch, "dropout": dropout}, stages=2)
+    plan = even_plan(str(FIXTURES / "hf_zoo.py"), {"arch": arch, "dropout": dropout}, stages=2, micro_batch_size=micro_batch_size)
     manifest = emit(plan, tmp_path / "stages")
     assert manifest["tracer"] == "export" and manifest["shapes_note"] == ""
     assert all(dims[:1] == [0] for dims in manifest["symbolic_dims"].values())  # the batch dim is free
     want = {"llama": ["logits"], "t5": ["logits", "encoder_last_hidden_state"]}[arch]
     assert [o["name"] for o in manifest["outputs"]] == want
+    assert manifest["inputs"][0]["shape"][0] == micro_batch_size  # shapes at the plan's size
     sent = [t["value"] for t in manifest["transfers"]]
     assert sent and not any(re.fullmatch(r"[a-z_]+_\d+", v) and v.split("_")[0] in ("add", "to", "mul", "view") for v in sent), sent
     batch = hf_zoo.example_inputs(3, arch)
