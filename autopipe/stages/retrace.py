@@ -107,10 +107,12 @@ def _at_batch(traced: TracedModel, size: int) -> dict[str, ValueInfo]:
 def _size_at(d: int | torch.SymInt, batch: dict[Any, int]) -> int:
     if not isinstance(d, torch.SymInt):
         return int(d)
-    import sympy
+    import sympy  # type: ignore[import-untyped]  # torch's own dependency
 
     expr = sympy.sympify(sympy.sympify(d.node.expr).xreplace(batch))
-    return int(expr.xreplace(d.node.shape_env.var_to_val)) if d.node.shape_env is not None else int(expr)
+    env = d.node.shape_env
+    hints = getattr(env, "backed_var_to_val", None) or getattr(env, "var_to_val", {})
+    return int(sympy.sympify(expr.xreplace(hints)))
 
 
 def _symbolic_dims(traced: TracedModel) -> dict[str, list[int]]:
