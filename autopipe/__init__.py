@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Pipeline": "autopipe.runtime.pipeline",
     "pipeline": "autopipe.runtime.pipeline",
+    "pipeline_inputs": "autopipe.stages.export",
     "plan": "autopipe.api",
     "profile": "autopipe.api",
     "rebuild_model": "autopipe.stages.rebuild",
@@ -63,6 +64,7 @@ __all__ = [
     "TraceError",
     "__version__",
     "pipeline",
+    "pipeline_inputs",
     "plan",
     "profile",
     "rebuild_model",
