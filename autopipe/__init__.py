@@ -1,7 +1,9 @@
 """autopipe: automatic pipeline-parallelism planning for PyTorch models.
 
-``autopipe.plan(model, example_inputs, stages=4, memory="16GiB", batch_size=32)`` profiles a
-model and returns its Plan, ``autopipe.profile(...)`` the Profile alone; ``autopipe.api`` has the rest of the programmatic interface.
+``autopipe.plan(model, example_inputs, stages=4, memory="16GiB", batch_size=32)`` (or
+``autopipe.plan("models/gpt.py", kwargs={...}, ...)``) profiles a model and returns its Plan,
+``autopipe.profile(...)`` the Profile alone, ``autopipe.emit(plan, model, folder, ...)`` writes
+its stages; ``autopipe.api`` has the rest of the programmatic interface.
 """
 
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
@@ -23,6 +25,7 @@ __version__ = "0.1.0"
 
 
 _LAZY = {
+    "emit": "autopipe.api",
     "plan": "autopipe.api",
     "profile": "autopipe.api",
     "rebuild_model": "autopipe.stages.rebuild",
@@ -58,6 +61,7 @@ __all__ = [
     "TensorCost",
     "TraceError",
     "__version__",
+    "emit",
     "plan",
     "profile",
     "rebuild_model",

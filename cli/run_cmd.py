@@ -39,8 +39,10 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from autopipe.plans import Plan
     from autopipe.runtime.launch import launch
     from autopipe.runtime.report import compare, format_report, write_chrome_trace
+    from autopipe.stages.rebuild import check_rebuildable
 
     plan = Plan.load(args.plan)
+    check_rebuildable(plan)  # a plan of an in-memory module: say so here, not from every rank
     result = launch(args.plan, options)
     if args.trace:
         write_chrome_trace(result, args.trace)

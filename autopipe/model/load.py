@@ -39,6 +39,7 @@ from autopipe.model.usercode import display_path, exception_summary, first_line
 
 __all__ = [
     "DEFAULT_FACTORY",
+    "FactoryArgumentError",
     "LoadedModel",
     "ModelSpec",
     "call_model",
@@ -227,6 +228,19 @@ def _accepted(fn: Callable[..., Any]) -> tuple[list[str] | None, list[str]]:
     return names, required
 
 
+class FactoryArgumentError(ModelLoadError):
+    """The factory cannot take the kwargs given: ``unknown`` ones it does not take, or
+    ``missing`` ones it requires (the message advises ``-k``, as ``autopipe plan`` takes them;
+    :mod:`autopipe.stages.rebuild` words it for a plan, whose kwargs are recorded)."""
+
+    def __init__(self, message: str, *, factory: str, is_class: bool, missing: tuple[str, ...], unknown: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.factory = factory
+        self.is_class = is_class  # the factory is a class (an nn.Module subclass, say), not a function
+        self.missing = missing
+        self.unknown = unknown
+
+
 def _check_factory_kwargs(fn: Callable[..., Any], name: str, kwargs: Mapping[str, object]) -> None:
     """Reject kwargs the factory's signature cannot take, before calling it (clearer than the
     TypeError the call would raise)."""
@@ -234,14 +248,17 @@ def _check_factory_kwargs(fn: Callable[..., Any], name: str, kwargs: Mapping[str
     if accepted is None:
         return
     unknown = [k for k in kwargs if k not in accepted]
+    missing = [k for k in required if k not in kwargs]
     if unknown:
         takes = ", ".join(accepted) if accepted else "no arguments"
         close = difflib.get_close_matches(unknown[0], accepted, n=1)
         hint = f"; did you mean -k {close[0]}=...?" if close else ""
-        raise ModelLoadError(f"{name}() does not take {', '.join(unknown)} (it takes: {takes}){hint}")
-    missing = [k for k in required if k not in kwargs]
-    if missing:
-        raise ModelLoadError(f"{name}() needs {', '.join(missing)}; pass " + " ".join(f"-k {k}=VALUE" for k in missing))
+        message = f"{name}() does not take {', '.join(unknown)} (it takes: {takes}){hint}"
+    elif missing:
+        message = f"{name}() needs {', '.join(missing)}; pass " + " ".join(f"-k {k}=VALUE" for k in missing)
+    else:
+        return
+    raise FactoryArgumentError(message, factory=name, is_class=inspect.isclass(fn), missing=tuple(missing), unknown=tuple(unknown))
 
 
 def _bound(fn: Callable[..., Any], kwargs: Mapping[str, object]) -> dict[str, object]:
