@@ -276,6 +276,8 @@ def emit(
             f"emitting the {type(model).__name__} module needs example_inputs (one batch, or a function batch_size -> inputs) "
             f"to trace it at the plan's micro-batch size {plan.micro_batch_size}"
         )
+    if weights and any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        raise PlanError(f"the {type(model).__name__} module is on the meta device, so it has no weights to write; pass weights=False")
     _check_samples("example_inputs", example_inputs, plan.micro_batch_size, "the plan's micro-batch size")
     inputs = _maker(example_inputs)(plan.micro_batch_size)
     return emit_stages(plan, model, inputs, folder, force=force, weights=weights, weights_format=weights_format, source=_source_of(model))

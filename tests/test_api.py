@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,17 @@ def test_in_memory_plan_profiles_the_loss_on_the_targets_and_names_no_file() -> 
     assert plan.recipe.model_file == "" and plan.recipe.factory == "Sequential" and plan.model == "Sequential (in memory)"
 
 
+def test_the_loss_is_priced_on_the_last_block() -> None:
+    def slow_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.03)
+        return _loss(output, targets)
+
+    prof = autopipe.profile(_module(), torch.randn(4, 6), loss_fn=slow_loss, example_targets=torch.arange(4) % 3,
+                            micro_batch_sizes=(2, 4), **QUICK)  # fmt: skip
+    forwards = [b.forward_s(2) for b in prof.blocks]
+    assert forwards[-1] >= 0.03 and max(forwards[:-1]) < 0.03, forwards
+
+
 def test_in_memory_targets_as_one_batch_are_sliced() -> None:
     shapes: list[int] = []
 
@@ -217,6 +229,10 @@ def test_emit_from_python_refuses_what_it_cannot_do(memory_plan: tuple[Path, nn.
         autopipe.emit(plan, model, tmp_path / "a")
     with pytest.raises(PlanError, match="in-memory Sequential module"):
         autopipe.emit(plan, None, tmp_path / "b")
+    with torch.device("meta"):
+        meta = _module()
+    with pytest.raises(PlanError, match="on the meta device, so it has no weights to write; pass weights=False"):
+        autopipe.emit(plan, meta, tmp_path / "d", example_inputs=x)
     with pytest.raises(PlanError, match=r"another model .* autopipe\.plan\(model"):
         autopipe.emit(plan, _module().append(nn.ReLU()), tmp_path / "c", example_inputs=x)
     assert not any(tmp_path.iterdir())  # nothing half-written

@@ -33,13 +33,12 @@ from typing import Any
 
 import torch
 
-from autopipe.errors import ModelLoadError
+from autopipe.errors import FactoryArgumentError, ModelLoadError
 from autopipe.model.spec import DEFAULT_FACTORY, ModelSpec, parse_kwargs
 from autopipe.model.usercode import display_path, exception_summary, first_line
 
 __all__ = [
     "DEFAULT_FACTORY",
-    "FactoryArgumentError",
     "LoadedModel",
     "ModelSpec",
     "call_model",
@@ -226,19 +225,6 @@ def _accepted(fn: Callable[..., Any]) -> tuple[list[str] | None, list[str]]:
     names = [p.name for p in params if p.kind in kinds]
     required = [p.name for p in params if p.kind in kinds and p.default is p.empty]
     return names, required
-
-
-class FactoryArgumentError(ModelLoadError):
-    """The factory cannot take the kwargs given: ``unknown`` ones it does not take, or
-    ``missing`` ones it requires (the message advises ``-k``, as ``autopipe plan`` takes them;
-    :mod:`autopipe.stages.rebuild` words it for a plan, whose kwargs are recorded)."""
-
-    def __init__(self, message: str, *, factory: str, is_class: bool, missing: tuple[str, ...], unknown: tuple[str, ...]) -> None:
-        super().__init__(message)
-        self.factory = factory
-        self.is_class = is_class  # the factory is a class (an nn.Module subclass, say), not a function
-        self.missing = missing
-        self.unknown = unknown
 
 
 def _check_factory_kwargs(fn: Callable[..., Any], name: str, kwargs: Mapping[str, object]) -> None:

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe.errors import ModelLoadError, PlanError, PlanFileError
+from autopipe.errors import FactoryArgumentError, ModelLoadError, PlanError, PlanFileError
 from autopipe.graph.trace import TracedModel, trace_model
-from autopipe.model.load import FactoryArgumentError, LoadedModel, load_model
+from autopipe.model.load import LoadedModel, load_model
 from autopipe.plans import Plan
 
 __all__ = ["IN_MEMORY", "SEED", "check_rebuildable", "rebuild_model", "trace_for_plan"]
@@ -70,10 +70,13 @@ def check_rebuildable(plan: Plan) -> None:
         raise PlanError(_in_memory_message(recipe.factory))
     if not recipe.factory.isidentifier():
         raise PlanFileError(f"the plan's factory {recipe.factory!r} is not a Python function name; the plan file is damaged, plan again")
+    seen: set[str] = set()
     for item in recipe.model_kwargs:
         key, sep, _ = item.partition("=")
-        if not sep or not key.strip().isidentifier():
-            raise PlanFileError(f"the plan's model kwarg {item!r} is not key=value; the plan file is damaged, plan again")
+        if not sep or not key.strip().isidentifier() or key.strip() in seen:
+            what = "is given twice" if sep and key.strip() in seen else "is not key=value"
+            raise PlanFileError(f"the plan's model kwarg {item!r} {what}; the plan file is damaged, plan again")
+        seen.add(key.strip())
 
 
 def _in_memory_message(name: str) -> str:
@@ -127,7 +130,7 @@ def _load_weights(model: nn.Module, path: Path) -> None:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         first = str(e).strip().splitlines()[-1].strip()
-        raise ModelLoadError(f"{path} does not fit the plan's model ({first[:200]}); check the model kwargs") from None
+        raise ModelLoadError(f"{path} does not fit the plan's model ({first[:200]}); give the state_dict of the model the plan was made for") from None
 
 
 def trace_for_plan(plan: Plan, model: nn.Module, inputs: Any, source: Path | None = None) -> TracedModel:

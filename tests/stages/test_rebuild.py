@@ -82,6 +82,7 @@ def test_a_kwarg_the_factory_now_needs(tmp_path: Path, capsys: pytest.CaptureFix
     [
         ({"model_kwargs": ("width",)}, "the plan's model kwarg 'width' is not key=value"),
         ({"model_kwargs": ("1x=2",)}, "the plan's model kwarg '1x=2' is not key=value"),
+        ({"model_kwargs": ("width=2", "width=3")}, "the plan's model kwarg 'width=3' is given twice"),
         ({"factory": "build model"}, "the plan's factory 'build model' is not a Python function name"),
     ],
 )
