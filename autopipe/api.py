@@ -34,7 +34,7 @@ from torch import nn
 
 from autopipe.costs.measured import profile_model
 from autopipe.costs.profile import Profile
-from autopipe.errors import AutopipeError, ModelLoadError, PlanError
+from autopipe.errors import AutopipeError, EmitError, ModelLoadError, PlanError
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.graph.trace import trace_model
 from autopipe.model.load import LoadedModel, ModelSpec, check_model_runs, default_loss, load_model
@@ -265,6 +265,9 @@ def emit(
     plan's micro-batch size. ``model=None`` rebuilds the plan's model from its model file,
     as ``autopipe emit`` does (seeded weights).
     """
+    dest = Path(folder)
+    if not force and dest.is_dir() and any(dest.iterdir()):  # as check_destination, in this API's words
+        raise EmitError(f"{dest} is not empty; emit into a new folder or pass force=True to replace it")
     if model is None:
         if example_inputs is not None:
             raise PlanError("example_inputs come from the plan's model file when model is None; drop them, or pass the nn.Module")

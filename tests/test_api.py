@@ -15,7 +15,7 @@ from autopipe.cli.main import main
 from torch import nn
 
 import autopipe
-from autopipe.errors import ModelLoadError, PlanError
+from autopipe.errors import EmitError, ModelLoadError, PlanError
 from autopipe.plans import Plan
 from autopipe.stages.merge import merge_state_dict
 from autopipe.stages.rebuild import rebuild_model
@@ -236,6 +236,12 @@ def test_emit_from_python_refuses_what_it_cannot_do(memory_plan: tuple[Path, nn.
     with pytest.raises(PlanError, match=r"another model .* autopipe\.plan\(model"):
         autopipe.emit(plan, _module().append(nn.ReLU()), tmp_path / "c", example_inputs=x)
     assert not any(tmp_path.iterdir())  # nothing half-written
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    with pytest.raises(EmitError, match="full is not empty; emit into a new folder or pass force=True"):
+        autopipe.emit(plan, model, tmp_path / "full", example_inputs=x)
+    autopipe.emit(plan, model, tmp_path / "full", example_inputs=x, force=True)
+    assert (tmp_path / "full" / "manifest.json").is_file() and not (tmp_path / "full" / "keep.txt").exists()
 
 
 def test_emit_from_python_rebuilds_a_model_file_plan(file_plan: Path, tmp_path: Path) -> None:
