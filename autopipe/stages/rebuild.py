@@ -82,7 +82,7 @@ def check_rebuildable(plan: Plan) -> None:
 def _in_memory_message(name: str) -> str:
     module = f"an in-memory {name} module" if name.isidentifier() else "an in-memory module"
     return (
-        f"the plan was made by autopipe.plan() from {module}, so it names no model file to rebuild it from; "
+        f"the plan was made by autopipe.plan() from {module}, which the command line cannot rebuild; "
         "in Python, run it with autopipe.pipeline(plan, model) or emit it with autopipe.emit(plan, model, folder, "
         "example_inputs=...), or plan a model file: autopipe plan MODEL.py -k key=value (autopipe.plan('MODEL.py', kwargs=...))"
     )
