@@ -233,7 +233,7 @@ def test_emit_from_python_refuses_what_it_cannot_do(memory_plan: tuple[Path, nn.
         meta = _module()
     with pytest.raises(PlanError, match="on the meta device, so it has no weights to write; pass weights=False"):
         autopipe.emit(plan, meta, tmp_path / "d", example_inputs=x)
-    with pytest.raises(PlanError, match=r"another model .* autopipe\.plan\(model"):
+    with pytest.raises(PlanError, match="the plan was made for another model"):
         autopipe.emit(plan, _module().append(nn.ReLU()), tmp_path / "c", example_inputs=x)
     assert not any(tmp_path.iterdir())  # nothing half-written
     (tmp_path / "full").mkdir()

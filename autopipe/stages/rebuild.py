@@ -141,11 +141,8 @@ def trace_for_plan(plan: Plan, model: nn.Module, inputs: Any, source: Path | Non
     recipe = plan.recipe
     traced = trace_model(model, inputs, micro_batch_size=plan.micro_batch_size, recipe=recipe, source=source)
     if recipe.fingerprint and traced.fingerprint() != recipe.fingerprint:
-        again = (
-            "autopipe.plan(model, example_inputs, ...)" if recipe.model_file in IN_MEMORY else f"'autopipe plan {recipe.model_spec()}'"
-        )
         raise PlanError(
             f"the plan was made for another model (fingerprint {recipe.fingerprint}, this model traces to "
-            f"{traced.fingerprint()}); plan this model again with {again}"
+            f"{traced.fingerprint()}); plan this model again with 'autopipe plan {recipe.model_file}'"
         )
     return traced

@@ -12,7 +12,7 @@ from autopipe.cli.main import main
 
 from autopipe.errors import PlanError, PlanFileError
 from autopipe.plans import Plan
-from autopipe.stages.rebuild import check_rebuildable, rebuild_model, trace_for_plan
+from autopipe.stages.rebuild import check_rebuildable, rebuild_model
 from tests.helpers import FIXTURES, even_plan
 
 MLP = str(FIXTURES / "good_mlp.py")
@@ -90,11 +90,3 @@ def test_a_damaged_recipe(plan: Plan, recipe: dict[str, object], message: str, t
     with pytest.raises(PlanFileError, match=message):
         rebuild_model(_with(plan, **recipe))
     assert message in _one_line_error(_with(plan, **recipe), tmp_path, capsys)
-
-
-def test_another_model_is_told_how_it_was_planned(plan: Plan) -> None:
-    other = torch.nn.Sequential(torch.nn.Linear(16, 4))
-    with pytest.raises(PlanError, match=f"'autopipe plan {MLP}:build_model -k width=8'"):
-        trace_for_plan(plan, other, torch.zeros(2, 16))
-    with pytest.raises(PlanError, match=r"autopipe\.plan\(model, example_inputs, \.\.\.\)"):
-        trace_for_plan(_with(plan, model_file=""), other, torch.zeros(2, 16))
