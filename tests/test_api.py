@@ -261,3 +261,45 @@ def test_cli_says_how_to_use_an_in_memory_plan(
     assert "autopipe.pipeline(plan, model)" in err and "autopipe.emit(plan, model, folder" in err
     assert "pass -k" not in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_in_memory_plan_trains_in_your_own_loop_as_the_unsplit_module() -> None:
+    import copy
+    import threading
+
+    pipeline = pytest.importorskip("autopipe.runtime.pipeline").pipeline  # the per-rank training API
+    from autopipe.runtime.comm import ThreadHub
+
+    model, x = _module(), torch.randn(8, 6)
+    plan = autopipe.plan(model, x, loss_fn=_loss, example_targets=torch.arange(8) % 3, stages=2, batch_size=8,
+                         memory="1GiB", micro_batches=4, schedule="1f1b", micro_batch_sizes=(2,), **QUICK)  # fmt: skip
+    hub = ThreadHub(2, 30.0)
+    pipes = [pipeline(plan, copy.deepcopy(model), rank=r, comm=lambda _, r=r: hub.comm(r), device="cpu",
+                      example_inputs=x[:2], loss_fn=_loss) for r in range(2)]  # fmt: skip
+    torch.manual_seed(1)
+    batches = [(torch.randn(8, 6), torch.randint(0, 3, (8,))) for _ in range(3)]
+    losses: dict[int, list[float]] = {}
+
+    def work(rank: int) -> None:
+        opt = torch.optim.SGD(pipes[rank].parameters(), lr=0.1)
+        losses[rank] = []
+        for bx, by in batches:  # the first rank feeds the inputs, the last the targets
+            losses[rank].append(pipes[rank].step(bx if rank == 0 else None, by if rank == 1 else None))
+            opt.step()
+            opt.zero_grad()
+
+    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    reference = copy.deepcopy(model)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    expected = []
+    for bx, by in batches:
+        loss = _loss(reference(bx), by)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        expected.append(loss.item())
+    assert max(abs(a - b) for a, b in zip(losses[1], expected, strict=True)) <= 1e-5
