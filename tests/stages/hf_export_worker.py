@@ -2,10 +2,12 @@
 
     python tests/stages/hf_export_worker.py RANK WORLD PORT OUT.pt PLAN.json [PLAN.json ...]
 
-Trains each plan's model (tests/fixtures/hf_zoo.py, rebuilt seeded) ``STEPS`` steps through
-``to_torch_pipelining`` on gloo, feeding the model's own inputs (a tensor or a dict) through
-``pipeline_inputs``, and saves per plan the per-step losses (the mean over micro-batches, on
-the last rank) and the parameters this rank's stages hold (by the model's names).
+Trains each plan's model (tests/fixtures/hf_zoo.py, rebuilt seeded) ``STEPS`` steps on gloo
+three ways: through ``to_torch_pipelining`` directly (``"export"``: the model's own inputs, a
+tensor or a dict, fed through ``pipeline_inputs``), and through ``autopipe.pipeline`` -- what
+``autopipe run`` is a thin layer over -- with each engine (``"autopipe"``, ``"torch"``). Saves
+per plan and way the per-step losses (the mean over micro-batches, on the last rank) and the
+parameters this rank's stages hold (by the model's names).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import torch
 import torch.distributed as dist
 
 from autopipe.plans import Plan
+from autopipe.runtime.pipeline import pipeline
 from autopipe.stages.export import pipeline_inputs, sync_shared_grads, to_torch_pipelining
 from autopipe.stages.rebuild import rebuild_model
 
 STEPS = 3
 LR = 0.1
+WAYS = ("export", "autopipe", "torch")
 
 
 def main() -> None:
@@ -30,19 +34,26 @@ def main() -> None:
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
-    results = {}
+    results: dict[tuple[str, str], dict[str, object]] = {}
     for path in plans:
-        plan = Plan.load(path)
-        loaded = rebuild_model(plan)
-        model = loaded.model
-        x, y = loaded.make_inputs(plan.batch_size), loaded.make_targets(plan.batch_size)  # type: ignore[misc]
-        stages, schedule = to_torch_pipelining(
-            plan, model, rank, example_inputs=loaded.make_inputs(plan.micro_batch_size), loss_fn=loaded.loss_fn
-        )
+        for way in WAYS:
+            results[(path, way)] = _train(Plan.load(path), rank, way)
+    torch.save(results, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _train(plan: Plan, rank: int, way: str) -> dict[str, object]:
+    loaded = rebuild_model(plan)
+    model = loaded.model
+    x, y = loaded.make_inputs(plan.batch_size), loaded.make_targets(plan.batch_size)  # type: ignore[misc]
+    example = loaded.make_inputs(plan.micro_batch_size)
+    step_losses: list[float] = []
+    if way == "export":
+        stages, schedule = to_torch_pipelining(plan, model, rank, example_inputs=example, loss_fn=loaded.loss_fn)
         params = list({id(p): p for s in stages for p in s.submod.parameters()}.values())
         optimizer = torch.optim.SGD(params, lr=LR)
         last = stages[-1].is_last
-        step_losses = []
         for _ in range(STEPS):
             optimizer.zero_grad()
             losses: list[torch.Tensor] = []
@@ -51,14 +62,19 @@ def main() -> None:
             optimizer.step()
             if last:
                 step_losses.append(float(torch.stack(losses).detach().mean()))
-        held = {id(p) for p in params}
-        results[path] = {
-            "losses": step_losses,
-            "params": {n: p.detach().clone() for n, p in model.named_parameters() if id(p) in held},
-        }
-    torch.save(results, out)
-    dist.barrier()
-    dist.destroy_process_group()
+    else:
+        pipe = pipeline(plan, model, example_inputs=example, loss_fn=loaded.loss_fn, engine=way)
+        params = list(pipe.parameters())
+        optimizer = torch.optim.SGD(params, lr=LR)
+        for _ in range(STEPS):
+            step_losses.append(pipe.step(x, y))  # the batch's mean loss, on every rank
+            optimizer.step()
+            optimizer.zero_grad()
+    held = {id(p) for p in params}
+    return {
+        "losses": step_losses,
+        "params": {n: p.detach().clone() for n, p in model.named_parameters() if id(p) in held},
+    }
 
 
 if __name__ == "__main__":
