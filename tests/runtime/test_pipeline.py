@@ -123,8 +123,13 @@ def _readme_block() -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_the_readme_training_script_runs_as_written_under_torchrun(tmp_path: Path) -> None:
-    shutil.copy(ROOT / "models" / "gpt.py", tmp_path / "gpt.py")
-    plan = even_plan(str(tmp_path / "gpt.py"), {}, stages=2, micro_batches=4, micro_batch_size=2)
+    """The README's script, as written, on its Hugging Face GPT-2 (models/hf_gpt2.py)."""
+    pytest.importorskip("transformers")
+    (tmp_path / "models").mkdir()
+    for name in ("hf_gpt2.py", "chargpt.py", "gpt.py"):  # hf_gpt2 imports chargpt, which imports gpt
+        shutil.copy(ROOT / "models" / name, tmp_path / "models" / name)
+    model_file = str(tmp_path / "models" / "hf_gpt2.py")
+    plan = even_plan(model_file, {}, stages=2, micro_batches=4, micro_batch_size=2)
     plan.save(tmp_path / "plan.json")
     (tmp_path / "train.py").write_text(_readme_block())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "train.py"]
@@ -132,6 +137,6 @@ def test_the_readme_training_script_runs_as_written_under_torchrun(tmp_path: Pat
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stderr[-2000:]
     losses = [float(x) for x in re.findall(r"step \d+ loss ([\d.]+)", done.stdout)]
-    assert len(losses) == 5 and losses[-1] < losses[0] - 0.5, done.stdout  # from ~ln(512) = 6.2, falling
+    assert len(losses) == 5 and losses[-1] < losses[0] - 0.5, done.stdout  # from ~ln(128) = 4.85, falling
     state = {**torch.load(tmp_path / "checkpoint-rank0.pt"), **torch.load(tmp_path / "checkpoint-rank1.pt")}
-    assert set(state) == set(load_model(str(tmp_path / "gpt.py")).model.state_dict())
+    assert set(state) == set(load_model(model_file).model.state_dict())
