@@ -47,7 +47,7 @@ from autopipe.errors import EmitError
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
 from autopipe.stages.rebuild import SEED, rebuild_model, trace_for_plan
-from autopipe.stages.source import stage_source
+from autopipe.stages.source import docstring_literal, stage_source
 from autopipe.stages.split import OUTPUT, Split, StageModule, split_model
 
 __all__ = ["MANIFEST", "check_destination", "emit", "emit_stages"]
@@ -198,7 +198,7 @@ def _write(
         "state_dict": state_keys,
         "unused": {"file": f"unused.{fmt}" if weights else None, "names": unused} if unused else None,
     }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return manifest
 
 
@@ -225,10 +225,11 @@ def _write_stage(
     src = stage_source(st.module, cls, _docstring(plan, st, cls, package, blocks, inputs, outputs, weights_file), weights_file)
     folder = out / package
     folder.mkdir()
-    (folder / "stage.py").write_text(src.text)
+    (folder / "stage.py").write_text(src.text, encoding="utf-8")
     (folder / "__init__.py").write_text(
-        f'"""Stage {st.index} of {plan.model}, emitted by autopipe (source: stage.py)."""\n\n'
-        f"from .stage import {cls}, build, load\n\n__all__ = [{cls!r}, 'build', 'load']\n"
+        docstring_literal(f"Stage {st.index} of {plan.model}, emitted by autopipe (source: stage.py).") + "\n\n"
+        f"from .stage import {cls}, build, load\n\n__all__ = [{cls!r}, 'build', 'load']\n",
+        encoding="utf-8",
     )
     if weights:
         _save({k: _compact(t) for k, t in src.tensors.items()}, folder / weights_file, fmt)  # type: ignore[operator]
