@@ -54,7 +54,7 @@ __all__ = ["MANIFEST", "check_destination", "emit", "emit_stages"]
 
 MANIFEST = "manifest.json"
 FORMAT = "autopipe-stages"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: unused state lists each tensor's shape and dtype, as stages do
 WEIGHT_FORMATS = ("pt", "safetensors")
 
 
@@ -196,7 +196,7 @@ def _write(
             {"original": names_of.get(_param_id(split, name), [name]), "stages": list(ss)} for name, ss in split.shared_params
         ],
         "state_dict": state_keys,
-        "unused": {"file": f"unused.{fmt}" if weights else None, "names": unused} if unused else None,
+        "unused": _unused(unused, model, fmt if weights else None) if unused else None,
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return manifest
@@ -296,6 +296,12 @@ def _docstring(
             f"    ({results},) = module({args})",
         ]
     )
+
+
+def _unused(names: list[str], model: nn.Module, fmt: str | None) -> dict[str, Any]:
+    state = model.state_dict(keep_vars=True)
+    tensors = [{"name": k, "shape": list(state[k].shape), "dtype": _dtype(state[k].dtype)} for k in names]
+    return {"file": f"unused.{fmt}" if fmt else None, "names": names, "tensors": tensors}
 
 
 def _value(traced: TracedModel, name: str) -> dict[str, Any]:
