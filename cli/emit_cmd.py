@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .args import UsageError, output_path
+from .args import UsageError, output_folder, output_path
 
 __all__ = ["add_emit_parsers"]
 
@@ -37,6 +37,7 @@ def cmd_emit(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     if args.no_weights and args.weights is not None:
         raise UsageError("--no-weights and --weights contradict each other; give one")
+    output_folder(args.output, "--output")
     plan = Plan.load(args.plan)
     check_destination(args.output, args.force)  # before the slow part
     manifest = emit(
@@ -52,20 +53,13 @@ def cmd_emit(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_merge(args: argparse.Namespace, out: Console, err: Console) -> int:
-    import os
-
     import torch
 
+    from autopipe._io import atomic_write
     from autopipe.stages.merge import merge_state_dict
 
     target = output_path(args.output, "--output")
     state = merge_state_dict(args.folder)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        torch.save(state, tmp)
-        tmp.replace(target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write(target, lambda tmp: torch.save(state, tmp))
     print(f"wrote {target}: {len(state)} tensors (the model's state_dict)", file=out.file)
     return 0

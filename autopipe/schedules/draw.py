@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autopipe._io import atomic_write
 from autopipe.errors import AutopipeError
 from autopipe.plans import Plan
 from autopipe.schedules.registry import schedule_spec
@@ -72,8 +73,10 @@ def draw_timeline(plan: Plan, timeline: Timeline, path: str | Path) -> None:
         loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize=8, frameon=False,
     )  # fmt: skip
     fig.tight_layout()
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
+    try:
+        atomic_write(p, lambda tmp: fig.savefig(tmp, dpi=120))
+    finally:
+        plt.close(fig)
 
 
 def _comm_by_stage(plan: Plan) -> dict[tuple[int, str], float]:

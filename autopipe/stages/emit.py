@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from autopipe import __version__
+from autopipe._io import check_output_folder
 from autopipe.errors import EmitError
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
@@ -115,10 +116,12 @@ def emit_stages(
 
 
 def check_destination(folder: str | Path, force: bool) -> Path:
-    """The destination as a Path; EmitError if it is a file, or a non-empty folder without ``force``."""
+    """The destination as a Path; EmitError if it is a file, or a non-empty folder without
+    ``force``; OutputError if it cannot be made there (see :func:`autopipe._io.check_output_folder`)."""
     dest = Path(folder)
     if dest.exists() and not dest.is_dir():
         raise EmitError(f"{dest} is a file, not a folder; name a new folder for the stages")
+    check_output_folder(dest, "stages folder")
     if dest.is_dir() and any(dest.iterdir()) and not force:
         count = sum(1 for _ in dest.iterdir())
         raise EmitError(f"{dest} is not empty ({count} entries); emit into a new folder or pass --force to replace it")
