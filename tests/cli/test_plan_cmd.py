@@ -6,7 +6,10 @@ from __future__ import annotations
 import copy
 import io
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -190,3 +193,88 @@ def test_api_plan_matches_the_profile_it_was_given(profiles: dict[str, Path]) ->
     plan = autopipe.plan(torch.nn.Linear(2, 2), torch.zeros(4, 2), stages=2, memory="1GiB", batch_size=8, profile_data=prof)
     assert plan.devices == 2 and plan.recipe.fingerprint == prof.recipe.fingerprint
     assert "iteration" in plan.summary()
+
+
+# ----------------------------------------------------------------------------- sizes, bad plan files
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str, float]:
+    start = time.perf_counter()
+    code = main(list(argv))
+    elapsed = time.perf_counter() - start
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err, elapsed
+
+
+def test_huge_batches_answer_in_seconds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profile = tmp_path / "profile.json"
+    chain().save(profile)
+    base = ["plan", "--profile", str(profile), "--stages", "2", "-o", str(tmp_path / "p.json")]
+    code, _, err, elapsed = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(10**15))
+    assert code == 2 and elapsed < 10
+    assert err.startswith("autopipe: error: no plan of 4 blocks on 2 devices fits 1.0 GiB per device; the smallest limit") and err.count("\n") == 1
+    code, _, err, elapsed = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(10**12), "--micro-batches", str(10**12))
+    assert code == 2 and elapsed < 10
+    assert err == f"autopipe: error: --micro-batches {10**12} is more than autopipe plans (at most 65536 = 2**16); use fewer\n"
+
+
+def test_show_of_a_plan_too_long_to_draw(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profile, plan_path = tmp_path / "profile.json", tmp_path / "plan.json"
+    chain().save(profile)
+    assert main(["plan", "--profile", str(profile), "--stages", "2", "--memory", "1GiB", "--batch-size", "8", "-o", str(plan_path)]) == 0
+    raw = json.loads(plan_path.read_text())
+    raw.update(micro_batches=10**6, batch_size=10**6, micro_batch_size=1)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(raw))
+    capsys.readouterr()
+    code, out, err, elapsed = _run(capsys, "show", str(big), "--timeline", str(tmp_path / "t.png"))
+    assert code == 0 and elapsed < 10, err
+    assert "timeline not drawn: 1000000 micro-batches, more than the 1024 autopipe draws" in out and "device 0 │" not in out
+    assert not (tmp_path / "t.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda r: r["stages"][1].update(forward_s=-1e6), "{path}: stage 1 has forward_s -1000000.0; times must be zero or more, plan again"),
+        (lambda r: r["stages"][0].update(backward_s=float("nan")), "{path}: stage 0 has backward_s nan; times must be zero or more, plan again"),
+        (lambda r: r.update(link_latency_s=-1), "{path} has link_latency_s -1; times must be zero or more, plan again"),
+        (lambda r: r.update(version="1"), "{path} has plan version '1', this autopipe reads versions 1 and 2; plan again"),
+    ],
+)
+def test_show_refuses_a_bad_plan_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Callable[[dict[str, Any]], None], message: str
+) -> None:
+    profile, plan_path = tmp_path / "profile.json", tmp_path / "plan.json"
+    chain().save(profile)
+    assert main(["plan", "--profile", str(profile), "--stages", "2", "--memory", "1GiB", "--batch-size", "8", "-o", str(plan_path)]) == 0
+    raw = json.loads(plan_path.read_text())
+    edit(raw)
+    plan_path.write_text(json.dumps(raw))
+    capsys.readouterr()
+    code, _, err, _ = _run(capsys, "show", str(plan_path))
+    assert (code, err) == (2, "autopipe: error: " + message.format(path=plan_path) + "\n")
+
+
+def test_show_of_a_directory_or_a_binary_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err, _ = _run(capsys, "show", str(tmp_path))
+    assert (code, err) == (2, f"autopipe: error: {tmp_path} is a directory, not a plan file; give the plan JSON written by 'autopipe plan'\n")
+    binary = tmp_path / "plan.bin"
+    binary.write_bytes(bytes(range(256)))
+    code, _, err, _ = _run(capsys, "show", str(binary))
+    assert (code, err) == (2, f"autopipe: error: {binary} is not a plan file (binary, not UTF-8 JSON); give the plan JSON written by 'autopipe plan'\n")
+
+
+def test_a_hand_edited_profile_is_checked_against_the_model(profiles: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = json.loads(profiles["mlp"].read_text())
+    extra = {**raw["blocks"][-1], "name": "extra", "nodes": ["extra_node"]}
+    raw["blocks"].append(extra)
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(raw))
+    n = len(raw["blocks"])
+    code, _, err, _ = _run(capsys, "plan", str(MODELS / "mlp.py"), "--profile", str(edited), "--stages", "2", "-o", str(tmp_path / "p.json"))
+    assert (code, err) == (
+        2,
+        f"autopipe: error: {edited} has {n} blocks, the model traces into {n - 1}: block {n - 1} 'extra' is not in the model; "
+        "profile the model again\n",
+    )
