@@ -19,8 +19,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 
@@ -40,8 +42,19 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that takes a word starting with ``-`` and a digit (``--memory -5GB``,
+    ``--lr -1``) as the value it follows, not as an unknown option, so that the value's own
+    check refuses it in one line. (Plain argparse does so only for bare numbers like ``-5``.)
+    Sub-commands are made of the same class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="autopipe",
         description="Plan pipeline parallelism for a PyTorch model: profile it, pick stage cuts, "
         "micro-batches, schedule and recomputation.",

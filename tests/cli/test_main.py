@@ -97,6 +97,15 @@ def test_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: li
         assert part in line, line
 
 
+@pytest.mark.parametrize("memory", [["--memory", "-5GB"], ["--memory=-5GB"], ["--memory", "-.5GB"]])
+def test_negative_looking_values_are_values(capsys: pytest.CaptureFixture[str], memory: list[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, "plan", "--profile", str(tmp_path / "none.json"), *memory, "-o", str(tmp_path / "p.json"))
+    assert code == 2
+    assert one_error_line(err) == f"autopipe: error: --memory must be positive (got {memory[-1].removeprefix('--memory=')!r})"
+    code, _, err = run(capsys, "plan", "--profile", str(tmp_path / "none.json"), "--memory", "1e400GB", "-o", str(tmp_path / "p.json"))
+    assert one_error_line(err) == "autopipe: error: --memory must be a finite number (got '1e400GB'); write it like 16GiB or 80GB"
+
+
 def test_argparse_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(capsys, "profile")[0] == 2  # MODEL missing
     assert run(capsys, "profile", GOOD, "--tracer", "jit")[0] == 2
