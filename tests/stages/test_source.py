@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,20 @@ def test_plan_strings_never_run_when_stages_import(tmp_path: Path) -> None:
     assert not report["marker"] and not marker.exists()
     assert report["shape"][0] == plan.micro_batch_size
     assert payload in report["init_doc"] and payload in report["stage_doc"]  # the text itself, unchanged
+
+
+@pytest.mark.slow
+def test_emit_of_a_plan_under_a_non_utf8_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from autopipe.cli.main import main
+
+    from tests.helpers import MODELS
+
+    odd = tmp_path / os.fsdecode(b"models\xff\xfe")
+    odd.mkdir()
+    shutil.copy(MODELS / "mlp.py", odd / "mlp.py")
+    even_plan(str(odd / "mlp.py")).save(odd / "plan.json")
+    assert main(["emit", str(odd / "plan.json"), "-o", str(tmp_path / "stages")]) == 0, capsys.readouterr().err
+    init = (tmp_path / "stages" / "stage0" / "__init__.py").read_text(encoding="utf-8")
+    assert "models\\udcff\\udcfe" in init  # escaped in the source, the text itself when imported
+    manifest = json.loads((tmp_path / "stages" / "manifest.json").read_text())
+    assert os.fsencode(manifest["model_file"]) == os.fsencode(odd / "mlp.py")
