@@ -102,6 +102,8 @@ def validate(profile: Profile, req: PlanRequest) -> None:
     n, S, B = profile.num_blocks, req.devices, req.batch_size
     if S < 1:
         raise PlanError(f"--stages must be at least 1 (got {S})")
+    if n == 0:
+        raise PlanError("the profile has no blocks, so there is nothing to cut; profile the model again")
     if S > n:
         raise PlanError(
             f"cannot cut {n} blocks into {S} stages; use --stages {n} or fewer, or finer blocks when profiling (--blocks)"

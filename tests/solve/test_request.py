@@ -23,3 +23,14 @@ def test_divisors_of_huge_numbers_take_no_time(n: int) -> None:
     assert time.perf_counter() - start < 1.0
     assert ds == [d for d in range(1, MAX_MICRO_BATCHES + 1) if n % d == 0]
     assert all(d <= MAX_MICRO_BATCHES for d in ds)
+
+
+def test_a_profile_without_blocks_says_so() -> None:
+    from autopipe.costs.profile import Profile
+    from autopipe.errors import PlanError
+    from autopipe.graph.recipe import TraceRecipe
+    from autopipe.solve.request import PlanRequest, validate
+
+    empty = Profile("m", TraceRecipe(fingerprint="fp"), "cpu", "-", "float32", (1,), "measured", (), ())
+    with pytest.raises(PlanError, match=r"^the profile has no blocks, so there is nothing to cut; profile the model again$"):
+        validate(empty, PlanRequest(devices=2, batch_size=8, memory_limit=2**30))
