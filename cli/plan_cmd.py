@@ -238,7 +238,7 @@ def _show(
     from autopipe.schedules.draw import text_timeline as text_rows
     from autopipe.solve.assemble import plan_timeline
 
-    wanted, skipped = bool(timeline or text_timeline), None
+    wanted, skipped = bool(timeline or (text_timeline and not as_json)), None
     if wanted:
         check_times(plan, source)
     if wanted and plan.micro_batches > MAX_DRAWN_MICRO_BATCHES:

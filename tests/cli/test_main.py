@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -192,3 +193,17 @@ def test_profile_json(capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_p
     assert [b["name"] for b in summary["blocks"]] == ["layers.0", "head"]
     assert summary["blocks"][0]["forward_s"] == pytest.approx(4 * 0.5e-3)
     assert summary["blocks"][1]["saved_bytes"] == 4 * 2**20
+
+
+@pytest.mark.slow
+def test_a_closed_output_pipe_ends_quietly(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    hand_profile().save(path)
+    read, write = os.pipe()
+    os.close(read)  # nobody reads: the first print meets a closed pipe
+    proc = subprocess.run(
+        [sys.executable, "-m", "autopipe.cli.main", "plan", "--profile", str(path), "--stages", "2", "-o", str(tmp_path / "p.json")],
+        cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    os.close(write)
+    assert (proc.returncode, proc.stderr) == (141, "")

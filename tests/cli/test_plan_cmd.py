@@ -231,6 +231,10 @@ def test_show_of_a_plan_too_long_to_draw(tmp_path: Path, capsys: pytest.CaptureF
     assert code == 0 and elapsed < 10, err
     assert "timeline not drawn: 1000000 micro-batches, more than the 1024 autopipe draws" in out and "device 0 │" not in out
     assert not (tmp_path / "t.png").exists()
+    code, out, err, elapsed = _run(capsys, "show", str(big), "--json")
+    assert (code, err) == (0, "") and json.loads(out)["micro_batches"] == 10**6 and elapsed < 10
+    code, out, err, _ = _run(capsys, "show", str(big), "--json", "--timeline", str(tmp_path / "t.png"))
+    assert (code, err) == (0, "autopipe: timeline not drawn: 1000000 micro-batches, more than the 1024 autopipe draws\n")
 
 
 @pytest.mark.parametrize(
