@@ -210,9 +210,10 @@ def test_huge_batches_answer_in_seconds(tmp_path: Path, capsys: pytest.CaptureFi
     profile = tmp_path / "profile.json"
     chain().save(profile)
     base = ["plan", "--profile", str(profile), "--stages", "2", "-o", str(tmp_path / "p.json")]
-    code, _, err, elapsed = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(10**15))
-    assert code == 2 and elapsed < 10
-    assert err.startswith("autopipe: error: no plan of 4 blocks on 2 devices fits 1.0 GiB per device; the smallest limit") and err.count("\n") == 1
+    for batch in (10**15, 2**53, 10**29):  # the last two: beyond float precision
+        code, _, err, elapsed = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(batch))
+        assert code == 2 and elapsed < 10
+        assert err.startswith("autopipe: error: no plan of 4 blocks on 2 devices fits 1.0 GiB per device; the smallest limit") and err.count("\n") == 1
     code, _, err, elapsed = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(10**12), "--micro-batches", str(10**12))
     assert code == 2 and elapsed < 10
     assert err == f"autopipe: error: --micro-batches {10**12} is more than autopipe plans (at most 65536 = 2**16); use fewer\n"
