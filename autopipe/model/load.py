@@ -12,8 +12,9 @@ named as ``path/to/model.py[:factory]`` with factory keyword arguments ``-k key=
 can size its batch from ``vocab_size`` or ``seq_len``.
 
 Everything that can go wrong -- the file, its import, its functions, the model rejecting its
-own inputs -- raises :class:`~autopipe.errors.ModelLoadError` with one line naming the user's
-function, their message and their ``file:line``.
+own inputs, an ``example_inputs`` whose tensors are not ``batch_size`` long in their first
+dimension, user code calling ``sys.exit`` -- raises :class:`~autopipe.errors.ModelLoadError`
+with one line naming the user's function, their message and their ``file:line``.
 """
 
 from __future__ import annotations
