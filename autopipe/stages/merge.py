@@ -136,7 +136,7 @@ def _load(path: Path) -> dict[str, torch.Tensor]:
         ) from None
     except Exception as e:  # what torch or safetensors raise on a truncated or garbage file
         raise EmitError(
-            f"weights file {path} is truncated or not a tensor file ({type(e).__name__}: {first_line(e)}); emit the stages again"
+            f"weights file {path} is truncated or not a tensor file ({first_line(e).split('. ')[0]}); emit the stages again"
         ) from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         raise EmitError(f"weights file {path} does not hold a dict of named tensors; emit the stages again")
