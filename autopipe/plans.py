@@ -129,15 +129,9 @@ class Plan:
     @staticmethod
     def load(path: str | Path) -> Plan:
         p = Path(path)
-        if p.is_dir():
-            raise PlanFileError(f"{p} is a directory, not a plan file; give the plan JSON written by 'autopipe plan'")
         if not p.is_file():
             raise PlanFileError(f"plan file not found: {p}; make one with 'autopipe plan MODEL -o {p}'")
-        try:
-            text = p.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            raise PlanFileError(f"{p} is not a plan file (binary, not UTF-8 JSON); give the plan JSON written by 'autopipe plan'") from None
-        return Plan.from_json(text, source=str(p))
+        return Plan.from_json(p.read_text(), source=str(p))
 
     @staticmethod
     def from_json(text: str, source: str = "plan") -> Plan:
@@ -147,9 +141,9 @@ class Plan:
             raise PlanFileError(f"{source} is not valid JSON ({e}); write it again with 'autopipe plan'") from None
         if not isinstance(raw, dict) or "version" not in raw:
             raise PlanFileError(f"{source} is not an autopipe plan (no 'version' field); make one with 'autopipe plan'")
-        if isinstance(raw["version"], bool) or raw["version"] not in _READS:
+        if raw["version"] not in _READS:
             raise PlanFileError(
-                f"{source} has plan version {raw['version']!r}, this autopipe reads versions "
+                f"{source} has plan version {raw['version']}, this autopipe reads versions "
                 f"{' and '.join(map(str, _READS))}; plan again"
             )
         try:

@@ -55,8 +55,7 @@ def test_plan_strings_never_run_when_stages_import(tmp_path: Path) -> None:
     marker = tmp_path / "ran.txt"
     payload = "mlp " + " | ".join(p.replace("MARKER", repr(str(marker))) for p in PAYLOADS)
     plan = even_plan("mlp.py")
-    stages = tuple(dataclasses.replace(s, blocks=(*s.blocks[:-1], s.blocks[-1] + payload)) for s in plan.stages)
-    hostile = dataclasses.replace(plan, model=payload, stages=stages)
+    hostile = dataclasses.replace(plan, model=payload)  # free text; block names must match the model's
     manifest = emit(hostile, tmp_path / "stages")
     assert manifest["model"] == payload
     x = torch.randn(*manifest["inputs"][0]["shape"])
@@ -75,17 +74,13 @@ def test_plan_strings_never_run_when_stages_import(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_emit_of_a_plan_under_a_non_utf8_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from autopipe.cli.main import main
-
+def test_emit_of_a_model_under_a_non_utf8_path(tmp_path: Path) -> None:
     from tests.helpers import MODELS
 
     odd = tmp_path / os.fsdecode(b"models\xff\xfe")
     odd.mkdir()
     shutil.copy(MODELS / "mlp.py", odd / "mlp.py")
-    even_plan(str(odd / "mlp.py")).save(odd / "plan.json")
-    assert main(["emit", str(odd / "plan.json"), "-o", str(tmp_path / "stages")]) == 0, capsys.readouterr().err
+    manifest = emit(even_plan(str(odd / "mlp.py")), tmp_path / "stages")  # the plan's model names the path
     init = (tmp_path / "stages" / "stage0" / "__init__.py").read_text(encoding="utf-8")
     assert "models\\udcff\\udcfe" in init  # escaped in the source, the text itself when imported
-    manifest = json.loads((tmp_path / "stages" / "manifest.json").read_text())
     assert os.fsencode(manifest["model_file"]) == os.fsencode(odd / "mlp.py")
