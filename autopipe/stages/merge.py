@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path, PurePath
@@ -166,33 +167,38 @@ def _check_manifest(m: dict[str, Any], path: Path) -> None:
         return obj[key]
 
     need(m, "weights", lambda v: v is None or isinstance(v, str), "a format name or null", "")
-    need(m, "state_dict", _strs, "a list of names", "")
+    need(m, "state_dict", _names, "a list of names", "")
     for i, st in enumerate(need(m, "stages", _dicts, "a list of stage objects", "")):
         at = f"stages[{i}]."
-        need(st, "weights", lambda v: v is None or isinstance(v, str), "a file name or null", at)
+        need(st, "weights", lambda v: v is None or _name(v), "a file name or null", at)
         for j, t in enumerate(need(st, "tensors", _dicts, "a list of tensor objects", at)):
             _check_tensor(t, f"{at}tensors[{j}].", need)
             need(t, "persistent", lambda v: isinstance(v, bool), "true or false", f"{at}tensors[{j}].")
-            need(t, "original", _strs, "a list of names", f"{at}tensors[{j}].")
-            need(t, "tied_to", lambda v: v is None or isinstance(v, str), "a name or null", f"{at}tensors[{j}].")
+            need(t, "original", _names, "a list of names", f"{at}tensors[{j}].")
+            need(t, "tied_to", lambda v: v is None or _name(v), "a name or null", f"{at}tensors[{j}].")
     unused = m.get("unused")
     if unused is not None:
         need(m, "unused", lambda v: isinstance(v, dict), "an object or null", "")
-        need(unused, "file", lambda v: v is None or isinstance(v, str), "a file name or null", "unused.")
-        need(unused, "names", _strs, "a list of names", "unused.")
+        need(unused, "file", lambda v: v is None or _name(v), "a file name or null", "unused.")
+        need(unused, "names", _names, "a list of names", "unused.")
         if m["version"] >= 2:
             for j, t in enumerate(need(unused, "tensors", _dicts, "a list of tensor objects", "unused.")):
                 _check_tensor(t, f"unused.tensors[{j}].", need)
 
 
 def _check_tensor(t: Any, at: str, need: Callable[[Any, str, Callable[[Any], bool], str, str], Any]) -> None:
-    need(t, "name", lambda v: isinstance(v, str), "a name", at)
+    need(t, "name", _name, "a name", at)
     need(t, "shape", lambda v: isinstance(v, list) and all(type(d) is int and d >= 0 for d in v), "a list of sizes", at)
-    need(t, "dtype", lambda v: isinstance(v, str), "a dtype name", at)
+    need(t, "dtype", lambda v: isinstance(v, str) and re.fullmatch(r"[a-z][a-z0-9_]*", v) is not None, "a dtype name like float32", at)
 
 
-def _strs(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+def _name(v: Any) -> bool:
+    """A name fit for a one-line message: a string with no newline or other control character."""
+    return isinstance(v, str) and v.isprintable()
+
+
+def _names(v: Any) -> bool:
+    return isinstance(v, list) and all(_name(x) for x in v)
 
 
 def _dicts(v: Any) -> bool:
