@@ -1,7 +1,9 @@
 """autopipe: automatic pipeline-parallelism planning for PyTorch models.
 
-``autopipe.plan(model, example_inputs, stages=4, memory="16GiB", batch_size=32)`` profiles a
-model and returns its Plan, ``autopipe.profile(...)`` the Profile alone; ``autopipe.api`` has the rest of the programmatic interface.
+``autopipe.plan(model, example_inputs, stages=4, memory="16GiB", batch_size=32)`` (or
+``autopipe.plan("models/gpt.py", kwargs={...}, ...)``) profiles a model and returns its Plan,
+``autopipe.profile(...)`` the Profile alone, ``autopipe.emit(plan, model, folder, ...)`` writes
+its stages; ``autopipe.api`` has the rest of the programmatic interface.
 ``autopipe.pipeline(plan, model)`` is one rank's part of a plan for your own training loop (torchrun).
 """
 
@@ -25,7 +27,9 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Pipeline": "autopipe.runtime.pipeline",
+    "emit": "autopipe.api",
     "pipeline": "autopipe.runtime.pipeline",
+    "pipeline_inputs": "autopipe.stages.export",
     "plan": "autopipe.api",
     "profile": "autopipe.api",
     "rebuild_model": "autopipe.stages.rebuild",
@@ -62,7 +66,9 @@ __all__ = [
     "TensorCost",
     "TraceError",
     "__version__",
+    "emit",
     "pipeline",
+    "pipeline_inputs",
     "plan",
     "profile",
     "rebuild_model",

@@ -11,6 +11,7 @@ __all__ = [
     "AutopipeError",
     "CommunicationError",
     "EmitError",
+    "FactoryArgumentError",
     "InfeasibleError",
     "ModelLoadError",
     "OutputError",
@@ -30,6 +31,19 @@ class AutopipeError(ValueError):
 
 class ModelLoadError(AutopipeError):
     """A model file could not be loaded or its model could not run on its example inputs."""
+
+
+class FactoryArgumentError(ModelLoadError):
+    """A model file's factory cannot take the kwargs given: ``unknown`` ones it does not take,
+    or ``missing`` ones it requires. The message advises ``-k`` (as ``autopipe plan`` takes
+    them); :mod:`autopipe.stages.rebuild` rewords it for a plan, whose kwargs are recorded."""
+
+    def __init__(self, message: str, *, factory: str, is_class: bool, missing: tuple[str, ...], unknown: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.factory = factory
+        self.is_class = is_class  # the factory is a class (an nn.Module subclass, say), not a function
+        self.missing = missing
+        self.unknown = unknown
 
 
 class TraceError(AutopipeError):

@@ -14,7 +14,6 @@ import argparse
 import json
 import tempfile
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -77,24 +76,17 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def _run_with_progress(plan_path: str, options: Any, err: Console) -> Any:
-    """``launch`` in a thread; its rank 0's notes and steps shown on stderr as they come."""
+    """``launch`` (in this, the main thread: it installs the SIGINT/SIGTERM handlers that end the
+    ranks); its rank 0's notes and steps shown on stderr by a thread as they come."""
     from autopipe.runtime.launch import launch
 
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["result"] = launch(plan_path, options)
-        except BaseException as e:  # raised again below, in the caller's thread
-            box["error"] = e
-
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
+    done = threading.Event()
     show = _Shower(err, options.steps)
-    seen = 0
-    with show:
+
+    def follow() -> None:
+        seen = 0
         while True:
-            alive = thread.is_alive()
+            finished = done.is_set()
             with open(options.progress_file) as f:
                 lines = f.readlines()
             for line in lines[seen:]:
@@ -102,13 +94,18 @@ def _run_with_progress(plan_path: str, options: Any, err: Console) -> Any:
                     kind, text = json.loads(line)
                     show.event(kind, text)
                     seen += 1
-            if not alive:
-                break
-            time.sleep(0.1)
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
+            if finished:
+                return
+            done.wait(0.1)
+
+    thread = threading.Thread(target=follow, daemon=True)
+    with show:
+        thread.start()
+        try:
+            return launch(plan_path, options)
+        finally:
+            done.set()
+            thread.join(timeout=5)
 
 
 class _Shower:

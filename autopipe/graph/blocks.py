@@ -81,7 +81,7 @@ def _value_infos(gm: torch.fx.GraphModule) -> dict[str, ValueInfo]:
     for n in gm.graph.nodes:
         v = n.meta.get("val", n.meta.get("example_value"))
         if isinstance(v, torch.Tensor):
-            out[n.name] = ValueInfo(tuple(int(s) for s in v.shape), str(v.dtype).removeprefix("torch."), _nbytes(v), True)
+            out[n.name] = ValueInfo(tuple(hint_int(s) for s in v.shape), str(v.dtype).removeprefix("torch."), _nbytes(v), True)
         else:
             leaves = [t for t in torch.utils._pytree.tree_leaves(v) if isinstance(t, torch.Tensor)]
             out[n.name] = ValueInfo((), "", sum(_nbytes(t) for t in leaves), False)
@@ -89,7 +89,13 @@ def _value_infos(gm: torch.fx.GraphModule) -> dict[str, ValueInfo]:
 
 
 def _nbytes(t: torch.Tensor) -> int:
-    return int(t.numel()) * t.element_size()
+    return hint_int(t.numel()) * t.element_size()
+
+
+def hint_int(size: int | torch.SymInt) -> int:
+    """The size the trace ran at; ``int()`` on a symbolic size would pin it for good (a guard)."""
+    hint = getattr(size.node, "hint", None) if isinstance(size, torch.SymInt) else None
+    return int(hint) if hint is not None else int(size)
 
 
 # --------------------------------------------------------------------------- blocks
@@ -199,8 +205,8 @@ def _is_tiny(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> bool:
     for n in nodes:
         if n.op == "call_module" and any(True for _ in gm.get_submodule(str(n.target)).parameters()):
             return False
-        if any(isinstance(a, torch.fx.Node) and a.op == "get_attr" for a in n.all_input_nodes):
-            return False
+        if any(a.op == "get_attr" and isinstance(_fetch_attr(gm, str(a.target)), torch.Tensor) for a in n.all_input_nodes):
+            return False  # holds weights (reading ``self.training`` is no weight)
     return True
 
 

@@ -2,7 +2,8 @@
 
 A traced graph ends in one output node. fx keeps the model's own structure (one tensor, or a
 tuple); ``torch.export`` flattens it (a Hugging Face ``ModelOutput`` becomes a tuple of
-leaves), so its structure is recovered from one forward on fake tensors. The executor computes
+leaves), so its structure is the output spec the export recorded (``gm.meta["out_spec"]``), or
+else is recovered from one forward on fake tensors. The executor computes
 the loss from these values on the last stage; the profilers price that loss on the last block.
 """
 
@@ -38,6 +39,9 @@ def output_builder(
         if is_tuple:
             return tuple
         return lambda flat: flat[0]
+    recorded = gm.meta.get("out_spec")  # recorded by the export trace
+    if isinstance(recorded, torch.utils._pytree.TreeSpec) and recorded.num_leaves == len(names):
+        return lambda flat: torch.utils._pytree.tree_unflatten(list(flat), recorded)
     try:  # export flattens the output: recover its structure from a forward that computes nothing
         from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -41,6 +41,7 @@ from torch import nn
 from autopipe.errors import TraceError
 from autopipe.graph.blocks import Block, ValueInfo, group_blocks
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
+from autopipe.graph.training import follow_training
 
 __all__ = ["Block", "TracedModel", "ValueInfo", "trace_model"]
 
@@ -84,11 +85,15 @@ def trace_model(
     micro_batch_size: int,
     recipe: TraceRecipe = DEFAULT_RECIPE,
     source: Path | None = None,
+    dynamic: bool = False,
 ) -> TracedModel:
     """Trace ``model`` on ``inputs`` (one micro-batch of ``micro_batch_size``) into blocks.
 
     ``recipe`` says how: its ``tracer``, ``leaf_modules`` and ``max_blocks``. ``source`` is the
-    user's model file: errors point at its lines first.
+    user's model file: errors point at its lines first. ``dynamic`` (export only): the inputs'
+    first two dims are symbolic where the model allows (``torch.export.Dim.AUTO``), so the
+    graph computes sizes from its inputs instead of holding them as constants -- for emitted
+    stages that take any micro-batch size; planning traces stay static.
     """
     tracer, leaf_modules, max_blocks = recipe.tracer, recipe.leaf_modules, recipe.max_blocks
     if tracer not in TRACERS:
@@ -99,7 +104,7 @@ def trace_model(
         raise TraceError(f"--blocks must be at least 1 (got {max_blocks})")
     _check_leaf_names(model, leaf_modules)
     with _buffers_kept(model):
-        return _trace(model, inputs, micro_batch_size, tracer, leaf_modules, max_blocks, source)
+        return _trace(model, inputs, micro_batch_size, tracer, leaf_modules, max_blocks, source, dynamic)
 
 
 @contextlib.contextmanager
@@ -123,11 +128,12 @@ def _trace(
     leaf_modules: Sequence[str],
     max_blocks: int | None,
     source: Path | None,
+    dynamic: bool = False,
 ) -> TracedModel:
     gm: torch.fx.GraphModule | None = None
     used, reason = tracer, ""
     errors: list[tuple[str, BaseException]] = []
-    if tracer in ("auto", "fx"):
+    if tracer in ("auto", "fx") and not dynamic:
         try:
             gm = _trace_fx(model, inputs, leaf_modules)
             used = "fx"
@@ -136,12 +142,13 @@ def _trace(
             reason = _describe_failure(e, source)
     if gm is None and tracer in ("auto", "export"):
         try:
-            gm = _trace_export(model, inputs)
+            gm = _trace_export(model, inputs, dynamic)
             used = "export"
         except Exception as e:
             errors.append(("export", e))
     if gm is None:
         raise _trace_failure(errors, source)
+    follow_training(gm, model.training)
     g = group_blocks(gm, model, leaf_modules, max_blocks)
     return TracedModel(
         gm=gm,
@@ -218,14 +225,23 @@ def _flat_args(gm: torch.fx.GraphModule, inputs: Any) -> list[Any]:
     return [inputs]
 
 
-def _trace_export(model: nn.Module, inputs: Any) -> torch.fx.GraphModule:
+def _trace_export(model: nn.Module, inputs: Any, dynamic: bool = False) -> torch.fx.GraphModule:
     args = () if isinstance(inputs, dict) else tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     kwargs = inputs if isinstance(inputs, dict) else None
+    shapes = None
+    if dynamic:
+        auto = torch.export.Dim.AUTO
+
+        def dims(t: Any) -> Any:
+            return {d: auto for d in range(min(2, t.dim()))} if isinstance(t, torch.Tensor) else None
+
+        shapes = tuple(torch.utils._pytree.tree_map(dims, v) for v in (*args, *(kwargs or {}).values()))
     with _quiet_torch():
-        ep = torch.export.export(model, args, kwargs=kwargs, strict=False)
+        ep = torch.export.export(model, args, kwargs=kwargs, strict=False, dynamic_shapes=shapes)
     gm = ep.module(check_guards=False)
     # The unlifted module wraps the graph in pytree flattening; keep the flat graph only.
     flat = torch.fx.GraphModule(gm, gm.graph)
+    flat.meta["out_spec"] = getattr(gm, "_out_spec", None)  # the model's output structure
     flat.graph._codegen = torch.fx.graph.CodeGen()
     for node in list(flat.graph.nodes):
         if node.op == "call_module" and str(node.target).startswith("_guards"):

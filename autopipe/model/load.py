@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from autopipe.errors import ModelLoadError
+from autopipe.errors import FactoryArgumentError, ModelLoadError
 from autopipe.model.spec import DEFAULT_FACTORY, ModelSpec, parse_kwargs
 from autopipe.model.usercode import display_path, exception_summary, exit_summary, first_line
 
@@ -246,14 +246,17 @@ def _check_factory_kwargs(fn: Callable[..., Any], name: str, kwargs: Mapping[str
     if accepted is None:
         return
     unknown = [k for k in kwargs if k not in accepted]
+    missing = [k for k in required if k not in kwargs]
     if unknown:
         takes = ", ".join(accepted) if accepted else "no arguments"
         close = difflib.get_close_matches(unknown[0], accepted, n=1)
         hint = f"; did you mean -k {close[0]}=...?" if close else ""
-        raise ModelLoadError(f"{name}() does not take {', '.join(unknown)} (it takes: {takes}){hint}")
-    missing = [k for k in required if k not in kwargs]
-    if missing:
-        raise ModelLoadError(f"{name}() needs {', '.join(missing)}; pass " + " ".join(f"-k {k}=VALUE" for k in missing))
+        message = f"{name}() does not take {', '.join(unknown)} (it takes: {takes}){hint}"
+    elif missing:
+        message = f"{name}() needs {', '.join(missing)}; pass " + " ".join(f"-k {k}=VALUE" for k in missing)
+    else:
+        return
+    raise FactoryArgumentError(message, factory=name, is_class=inspect.isclass(fn), missing=tuple(missing), unknown=tuple(unknown))
 
 
 def _bound(fn: Callable[..., Any], kwargs: Mapping[str, object]) -> dict[str, object]:

@@ -55,6 +55,13 @@ def _format_value(value: object) -> str:
     return repr(value)
 
 
+def _same(a: object, b: object) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # an object whose == does not give a bool (a tensor, say)
+        return False
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Which model to build: a model file, its factory function and the factory's kwargs."""
@@ -85,6 +92,12 @@ class ModelSpec:
     def kwarg_items(self) -> tuple[str, ...]:
         """The kwargs as ``key=value`` strings that :func:`parse_kwargs` reads back."""
         return tuple(f"{k}={_format_value(v)}" for k, v in self.kwargs.items())
+
+    def unwritable_kwargs(self) -> tuple[str, ...]:
+        """The kwargs whose values do not survive :meth:`kwarg_items` and :func:`parse_kwargs`
+        (objects rather than Python literals), so a plan could not record them."""
+        back = parse_kwargs(self.kwarg_items())
+        return tuple(k for k, v in self.kwargs.items() if not _same(back[k], v))
 
     def __str__(self) -> str:
         args = "".join(f" -k {item}" for item in self.kwarg_items())

@@ -24,7 +24,9 @@ outputs (with every stage that reads each one, ``"output"`` for the model output
 tensors with the original model's names (a tied weight is listed in each stage that uses it,
 ``shared: true``, under every name the model gives it). ``transfers`` lists every value sent
 from one stage to another, skip connections (not to the next stage) marked. Plus the
-schedule, micro-batch count and size, and the model's state_dict keys in order.
+schedule, micro-batch count and size, and the model's state_dict keys in order. For an
+export-traced model, ``symbolic_dims`` (model input -> dims the stages take at any size) and
+``shapes_note`` (why the shapes stayed static, if they did): see ``retrace.py``.
 
 The folder is built next to its destination and renamed into place, so a failure never leaves
 half an emit; a non-empty destination is replaced only with ``force``.
@@ -48,6 +50,7 @@ from autopipe.errors import EmitError
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
 from autopipe.stages.rebuild import SEED, rebuild_model, trace_for_plan
+from autopipe.stages.retrace import retrace_for_emit
 from autopipe.stages.source import docstring_literal, stage_source
 from autopipe.stages.split import OUTPUT, Split, StageModule, split_model
 
@@ -102,17 +105,31 @@ def emit_stages(
     if weights and any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
         raise EmitError("the model is on the meta device, so it has no weights to write; emit with --no-weights")
     dest = check_destination(folder, force)
-    traced = trace_for_plan(plan, model, example_inputs, source)
-    split = split_model(traced, plan)
+    traced, split, shapes = _general_split(plan, model, example_inputs, trace_for_plan(plan, model, example_inputs, source))
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     try:
         manifest = _write(plan, model, traced, split, tmp, weights, weights_format, seed)
+        manifest.update(shapes)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         _publish(tmp, dest, force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+def _general_split(plan: Plan, model: nn.Module, inputs: Any, traced: TracedModel) -> tuple[TracedModel, Split, dict[str, Any]]:
+    """The plan's stages from a trace with symbolic sizes and meaningful names where the model
+    allows (``retrace.py``), else from ``traced``; and what the manifest says about shapes."""
+    general = retrace_for_emit(plan, model, inputs, traced)
+    note = general.note
+    if general.traced is not traced:
+        try:
+            return general.traced, split_model(general.traced, general.plan), {"symbolic_dims": general.symbolic, "shapes_note": ""}
+        except Exception as e:  # a size no stage input carries: the static trace still works
+            note = f"static shapes: {str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__}"
+    return traced, split_model(traced, plan), {"symbolic_dims": {}, "shapes_note": note}
 
 
 def check_destination(folder: str | Path, force: bool) -> Path:

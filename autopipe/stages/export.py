@@ -1,16 +1,25 @@
 """Hand a plan to ``torch.distributed.pipelining``: the stages this rank owns and the schedule.
 
-    stages, schedule = to_torch_pipelining(plan, model, rank, example_inputs=x[:u], loss_fn=loss)
-    schedule.step(x, target=y)              # x on rank 0, target on the last rank, nothing elsewhere
+    stages, schedule = to_torch_pipelining(plan, model, rank, example_inputs=x_u, loss_fn=loss)
+    schedule.step(*pipeline_inputs(stages, x), target=y if stages[-1].is_last else None)
     sync_shared_grads(stages)               # tied weights (every rank calls it)
     optimizer.step()
+
+``x`` is one batch of the model's inputs as the model takes them (a tensor, a tuple of
+positional inputs, a dict of keyword inputs); ``x_u`` one micro-batch of them.
+:func:`pipeline_inputs` flattens ``x`` in the order the first stage takes it (the traced
+graph's inputs) and gives ``()`` on the other ranks; torch splits every input and the target
+along dim 0 into ``plan.micro_batches`` micro-batches.
 
 torch's pipelining sends one tuple of tensors from stage j to stage j + 1 and nothing else, so
 each stage module is wrapped in a :class:`RelayStage`: it takes the tuple stage j-1 sent,
 runs the stage, and sends on everything a later stage still needs -- its own outputs and the
 values it received that skip past it (a U-Net's long skip connections, a model input read
-late). The last stage returns the model's output (one tensor, or the tuple the model returns)
-for ``loss_fn(output, target)``.
+late); every value it sends is made contiguous (torch's P2P needs it). The last stage returns
+the model's outputs flat (torch's stages hold tensors only), and ``loss_fn(output, target)``
+gets them as the model returns them -- a tensor, a tuple, a dict, a Hugging Face
+``ModelOutput`` (rebuilt by :func:`~autopipe.graph.outputs.output_builder`); ``schedule.step``
+returns the flat outputs on the last rank.
 
 Schedules: each schedule's spec names its torch class (``ScheduleSpec.torch_class``):
 ``gpipe`` -> ScheduleGPipe, ``1f1b`` -> Schedule1F1B, ``interleaved-1f1b`` ->
@@ -32,7 +41,7 @@ are the Sequential's children, that is the layer count per stage they take.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -41,13 +50,14 @@ import torch.fx
 from torch import nn
 
 from autopipe.errors import PlanError
+from autopipe.graph.outputs import output_builder
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
 from autopipe.schedules import SPECS, schedule_spec
 from autopipe.stages.rebuild import trace_for_plan
 from autopipe.stages.split import Split, StageModule, split_model
 
-__all__ = ["SCHEDULE_CLASSES", "RelayStage", "relay_stages", "sync_shared_grads", "to_torch_pipelining"]
+__all__ = ["SCHEDULE_CLASSES", "RelayStage", "pipeline_inputs", "relay_stages", "sync_shared_grads", "to_torch_pipelining"]
 
 SCHEDULE_CLASSES = {spec.name: spec.torch_class for spec in SPECS}  # name -> torch class
 
@@ -82,15 +92,20 @@ class RelayStage(nn.Module):
         env.update(zip(self.outputs, made, strict=True))
         env.update(relayed)
         if self.model_output is not None:
-            out = tuple(env[n] for n in self.model_output)
+            out = tuple(env[n] for n in self.model_output)  # flat: torch's stages take tensors only
             return out if self.output_is_tuple else out[0]
-        return tuple(env[n] for n in self.carry_out)
+        return tuple(_sendable(env[n]) for n in self.carry_out)
 
 
 def _relay(t: torch.Tensor) -> torch.Tensor:
     # A value passed through untouched still gets an autograd node of this stage, so its
     # gradient flows back through the pipeline like any other output's.
     return t.view_as(t) if t.requires_grad else t
+
+
+def _sendable(t: torch.Tensor) -> torch.Tensor:
+    # torch's P2P sends need contiguous tensors (a transposed or expanded value is not).
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def relay_stages(split: Split, order: dict[str, int]) -> list[RelayStage]:
@@ -167,12 +182,24 @@ def to_torch_pipelining(
         )
     spec = schedule_spec(plan.schedule)
     cls = getattr(pipelining, spec.torch_class)
-    options: dict[str, Any] = {"n_microbatches": plan.micro_batches, "loss_fn": loss_fn, "scale_grads": scale_grads}
+    loss = None if loss_fn is None else _structured_loss(loss_fn, output_builder(traced.gm, traced.tracer, model, example_inputs))
+    options: dict[str, Any] = {"n_microbatches": plan.micro_batches, "loss_fn": loss, "scale_grads": scale_grads}
     try:
         schedule = cls(stages if spec.torch_multi else stages[0], **options)
     except (ValueError, RuntimeError) as e:
         raise PlanError(f"torch's {cls.__name__} rejects this plan ({e}); plan with another schedule or micro-batch count") from None
     return stages, schedule
+
+
+def _structured_loss(
+    loss_fn: Callable[[Any, Any], torch.Tensor], build: Callable[[list[Any]], Any]
+) -> Callable[[Any, Any], torch.Tensor]:
+    """``loss_fn`` on the model's output as the model returns it, from the last stage's flat one."""
+
+    def loss(output: Any, target: Any) -> torch.Tensor:
+        return loss_fn(build(list(output) if isinstance(output, tuple) else [output]), target)
+
+    return loss
 
 
 def _examples(
@@ -186,6 +213,35 @@ def _examples(
         t = torch.empty(info.shape, dtype=dtype, device=device)
         out.append(t.requires_grad_(requires_grad) if t.is_floating_point() else t)
     return tuple(out)
+
+
+def pipeline_inputs(stages: Sequence[Any], batch: Any) -> tuple[torch.Tensor, ...]:
+    """``batch`` (the model's inputs: one tensor, a tuple, or a dict of keyword inputs) as the
+    first stage takes it -- flat, in the traced graph's input order -- for ``schedule.step``;
+    ``()`` on a rank without the first stage (which takes nothing).
+
+        schedule.step(*pipeline_inputs(stages, batch), target=y if stages[-1].is_last else None)
+    """
+    first = next((s for s in stages if s.is_first), None)
+    if first is None:
+        return ()
+    names: tuple[str, ...] = first.submod.carry_in
+    if isinstance(batch, Mapping):
+        missing = [n for n in names if n not in batch]
+        if missing:
+            raise PlanError(
+                f"the batch has no input {missing[0]!r} (keys: {', '.join(map(str, batch)) or 'none'}); "
+                f"give every input the model was traced with: {', '.join(names)}"
+            )
+        flat = [batch[n] for n in names]
+    else:
+        flat = torch.utils._pytree.tree_leaves(list(batch) if isinstance(batch, (tuple, list)) else [batch])
+    if len(flat) != len(names) or not all(isinstance(t, torch.Tensor) for t in flat):
+        raise PlanError(
+            f"the batch has {len(flat)} values where the model was traced with {len(names)} tensor inputs "
+            f"({', '.join(names)}); pass the inputs as example_inputs gave them"
+        )
+    return tuple(flat)
 
 
 def sync_shared_grads(stages: Sequence[Any], group: dist.ProcessGroup | None = None) -> None:

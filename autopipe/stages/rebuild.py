@@ -18,15 +18,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe.errors import ModelLoadError, PlanError
+from autopipe.errors import FactoryArgumentError, ModelLoadError, PlanError, PlanFileError
 from autopipe.graph.trace import TracedModel, trace_model
 from autopipe.model.load import LoadedModel, load_model
 from autopipe.plans import Plan
 from autopipe.stages.check import check_plan
 
-__all__ = ["SEED", "rebuild_model", "trace_for_plan"]
+__all__ = ["IN_MEMORY", "SEED", "check_rebuildable", "rebuild_model", "trace_for_plan"]
 
 SEED = 0
+IN_MEMORY = ("", "<model>")  # a recipe's model_file when the model was planned from Python (autopipe.plan(model, ...))
 
 
 def rebuild_model(
@@ -42,21 +43,65 @@ def rebuild_model(
     ``base`` is a folder to look for a relative ``model_file`` in when it is not found relative
     to the working directory (the folder of the plan file, typically).
     """
+    check_rebuildable(plan)
     model = plan.recipe.model_spec()
     path = model.path
     if not path.exists() and base is not None and (Path(base) / path).exists():
         path = Path(base) / path
     spec = f"{path}:{model.factory}"
     kwargs = dict(model.kwargs)
-    if meta:
-        if weights is not None:
-            raise PlanError("weights from a file and a meta (structure-only) model contradict each other; drop one")
-        return load_model(spec, kwargs, device="meta")
-    torch.manual_seed(seed)
-    loaded = load_model(spec, kwargs)
+    if meta and weights is not None:
+        raise PlanError("weights from a file and a meta (structure-only) model contradict each other; drop one")
+    if not meta:
+        torch.manual_seed(seed)
+    try:
+        loaded = load_model(spec, kwargs, device="meta" if meta else None)
+    except FactoryArgumentError as e:
+        raise _cannot_rebuild(plan, e) from None
     if weights is not None:
         _load_weights(loaded.model, Path(weights))
     return loaded
+
+
+def check_rebuildable(plan: Plan) -> None:
+    """Raise PlanError, before anything is imported, when the plan names no model file to
+    rebuild its model from (it was planned from an in-memory module) or names it unreadably."""
+    recipe = plan.recipe
+    if recipe.model_file in IN_MEMORY:
+        raise PlanError(_in_memory_message(recipe.factory))
+    if not recipe.factory.isidentifier():
+        raise PlanFileError(f"the plan's factory {recipe.factory!r} is not a Python function name; the plan file is damaged, plan again")
+    seen: set[str] = set()
+    for item in recipe.model_kwargs:
+        key, sep, _ = item.partition("=")
+        if not sep or not key.strip().isidentifier() or key.strip() in seen:
+            what = "is given twice" if sep and key.strip() in seen else "is not key=value"
+            raise PlanFileError(f"the plan's model kwarg {item!r} {what}; the plan file is damaged, plan again")
+        seen.add(key.strip())
+
+
+def _in_memory_message(name: str) -> str:
+    module = f"an in-memory {name} module" if name.isidentifier() else "an in-memory module"
+    return (
+        f"the plan was made by autopipe.plan() from {module}, which the command line cannot rebuild; "
+        "in Python, run it with autopipe.pipeline(plan, model) or emit it with autopipe.emit(plan, model, folder, "
+        "example_inputs=...), or plan a model file: autopipe plan MODEL.py -k key=value (autopipe.plan('MODEL.py', kwargs=...))"
+    )
+
+
+def _cannot_rebuild(plan: Plan, e: FactoryArgumentError) -> PlanError:
+    """What to do when the plan's recorded kwargs do not fit its factory: a class planned in
+    memory (older plans named its class and no kwargs), or a model file changed since."""
+    model = plan.recipe.model_spec()
+    if e.is_class and not model.kwargs:
+        return PlanError(_in_memory_message(e.factory))
+    if e.unknown:
+        problem = f"{e.factory}() in {model.path} does not take {', '.join(e.unknown)}, which the plan records"
+        again = f"autopipe plan {model.path}:{model.factory}"
+    else:
+        problem = f"{e.factory}() in {model.path} needs {', '.join(e.missing)}, which the plan does not record"
+        again = f"autopipe plan {model} " + " ".join(f"-k {k}=VALUE" for k in e.missing)
+    return PlanError(f"{problem} (the model file changed since it was planned?); plan it again: {again}")
 
 
 def _load_weights(model: nn.Module, path: Path) -> None:
@@ -86,7 +131,7 @@ def _load_weights(model: nn.Module, path: Path) -> None:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         first = str(e).strip().splitlines()[-1].strip()
-        raise ModelLoadError(f"{path} does not fit the plan's model ({first[:200]}); check the model kwargs") from None
+        raise ModelLoadError(f"{path} does not fit the plan's model ({first[:200]}); give the state_dict of the model the plan was made for") from None
 
 
 def trace_for_plan(plan: Plan, model: nn.Module, inputs: Any, source: Path | None = None) -> TracedModel:

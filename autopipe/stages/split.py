@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import torch
 import torch.fx
 
 from autopipe.errors import PlanError
 from autopipe.graph.outputs import graph_outputs
-from autopipe.graph.segment import extract
+from autopipe.graph.segment import Segment, extract
 from autopipe.graph.trace import TracedModel
+from autopipe.graph.training import follow_training_attention
 from autopipe.plans import Plan
 
 __all__ = ["OUTPUT", "Split", "StageModule", "split_model"]
@@ -67,9 +70,13 @@ def split_model(traced: TracedModel, plan: Plan) -> Split:
     output_names, output_is_tuple = graph_outputs(gm)
     last = len(plan.stages) - 1
 
+    sizes = {n.name for n in gm.graph.nodes if _is_size(n)}
     stages = []
     for s in plan.stages:
-        seg = extract(gm, s.nodes, keep=[o for o in output_names if o is not None and stage_of.get(o) == s.index])
+        nodes = [n for n in s.nodes if n not in sizes]
+        seg = extract(gm, nodes, keep=[o for o in output_names if o is not None and stage_of.get(o) == s.index])
+        seg = _local_sizes(seg, by_name, s.index)
+        follow_training_attention(seg.module)
         sources = tuple(stage_of.get(name, -1) if by_name[name].op != "placeholder" else -1 for name in seg.inputs)
         sends = tuple(_readers(by_name[name], stage_of, s.index, last) for name in seg.outputs)
         stages.append(
@@ -92,6 +99,67 @@ def split_model(traced: TracedModel, plan: Plan) -> Split:
             users.setdefault(canonical[p], []).append(st.index)
     shared = tuple(sorted((p, tuple(u)) for p, u in users.items() if len(u) > 1))
     return Split(tuple(stages), traced.input_names, output_names, output_is_tuple, shared)
+
+
+def _is_size(node: torch.fx.Node) -> bool:
+    """A symbolic size (a trace with symbolic shapes): computed in each stage, never sent."""
+    return node.op == "call_function" and isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _local_sizes(seg: Segment, by_name: dict[str, torch.fx.Node], index: int) -> Segment:
+    """``seg`` with every symbolic size it reads computed from its own tensor inputs
+    (``aten.sym_size.int(hidden, 0)`` for the batch), so only tensors cross stages."""
+    g = seg.module.graph
+    wanted = [name for name in seg.inputs if _is_size(by_name[name])]
+    if not wanted:
+        return seg
+    placeholders = {n.name: n for n in g.nodes if n.op == "placeholder"}
+    tensors = [(placeholders[n], by_name[n].meta["val"]) for n in seg.inputs if isinstance(by_name[n].meta.get("val"), torch.Tensor)]
+    first = next(n for n in g.nodes if n.op != "placeholder")
+    for ph in placeholders.values():  # extract makes them as it meets them: all to the front
+        first.prepend(ph)
+    made: dict[str, Any] = {}
+
+    def derive(o: torch.fx.Node) -> Any:
+        if o.name in made:
+            return made[o.name]
+        v = o.meta.get("val")
+        if not isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise PlanError(f"stage {index} cannot compute the size {o.name} from its inputs (it needs {o.name}, no size)")
+        expr = v.node.expr
+        found = next(
+            ((ph, d) for ph, t in tensors for d, s in enumerate(t.shape) if isinstance(s, torch.SymInt) and s.node.expr == expr), None
+        )
+        with g.inserting_before(first):
+            if expr.is_number:
+                result: Any = _constant(v)
+            elif found is not None:
+                result = g.call_function(torch.ops.aten.sym_size.int, found)
+            elif o.op == "call_function":
+                args = torch.fx.node.map_arg(o.args, derive)
+                kwargs = torch.fx.node.map_arg(o.kwargs, derive)
+                result = g.call_function(o.target, args, kwargs)  # type: ignore[arg-type]
+            else:
+                raise PlanError(f"stage {index} cannot compute the size {o.name} from its inputs; emit from a static trace")
+        made[o.name] = result
+        return result
+
+    for name in wanted:
+        ph = placeholders[name]
+        value = derive(by_name[name])
+        for user in list(ph.users):
+            user.args = torch.fx.node.map_arg(user.args, lambda a, ph=ph, value=value: value if a is ph else a)  # type: ignore[misc]
+            user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a, ph=ph, value=value: value if a is ph else a)  # type: ignore[misc]
+        g.erase_node(ph)
+    g.lint()
+    seg.module.recompile()
+    return Segment(seg.module, tuple(n for n in seg.inputs if n not in wanted), seg.outputs)
+
+
+def _constant(v: torch.SymInt | torch.SymFloat | torch.SymBool) -> Any:
+    if isinstance(v, torch.SymBool):
+        return bool(v)
+    return int(v) if isinstance(v, torch.SymInt) else float(v)
 
 
 def _readers(node: torch.fx.Node, stage_of: dict[str, int], me: int, last: int) -> tuple[int, ...]:

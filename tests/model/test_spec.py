@@ -64,3 +64,10 @@ def test_model_spec_parse_and_str() -> None:
 def test_model_spec_parse_errors(text: str) -> None:
     with pytest.raises(ModelLoadError):
         ModelSpec.parse(text)
+
+
+def test_unwritable_kwargs_are_the_values_that_do_not_read_back() -> None:
+    literals = {"a": 1, "b": 2.5, "c": "x y", "d": (1, [2, "3"]), "e": None, "f": True, "g": {"k": -1}, "h": "1"}
+    assert ModelSpec(Path("m.py"), kwargs=literals).unwritable_kwargs() == ()
+    objects = {"ok": 1, "obj": object(), "nan": float("nan"), "path": Path("p")}
+    assert ModelSpec(Path("m.py"), kwargs=objects).unwritable_kwargs() == ("obj", "nan", "path")

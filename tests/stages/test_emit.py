@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from autopipe.errors import EmitError, PlanError
 from autopipe.stages.emit import emit
 from autopipe.stages.merge import merge_state_dict, read_manifest
 from autopipe.stages.rebuild import rebuild_model
-from tests.helpers import even_plan
+from tests.helpers import FIXTURES, even_plan
 
 torch.set_num_threads(1)
 
@@ -222,3 +223,65 @@ def test_user_leaf_module_is_refused(tmp_path: Path) -> None:
     with pytest.raises(EmitError, match=r"module blocks\.0\.mlp \(MLP, a module of the model's own code\).*--leaf MLP"):
         emit(plan, tmp_path / "stages")
     assert list(tmp_path.iterdir()) == []
+
+
+HF_CHAIN = r"""
+import importlib.util, json, os, sys
+import torch
+torch.set_num_threads(1)
+root, batch = sys.argv[1], torch.load(sys.argv[2])
+manifest = json.load(open(os.path.join(root, "manifest.json")))
+results = {}
+for mode in ("eval", "train"):
+    env = {i["name"]: batch[i["name"]] for i in manifest["inputs"]}
+    for st in manifest["stages"]:
+        spec = importlib.util.spec_from_file_location(f"{mode}_{st['package']}", os.path.join(root, st["module"]))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        module = getattr(mod.load(), mode)()
+        with torch.no_grad():
+            outs = module(*[env[i["name"]] for i in st["inputs"]])
+        env.update(zip([o["name"] for o in st["outputs"]], outs))
+    results[mode] = {o["name"]: env[o["name"]] for o in manifest["outputs"]}
+torch.save(results, sys.argv[3])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("transformers")
+@pytest.mark.parametrize(("arch", "dropout", "micro_batch_size"), [("llama", 0.0, 1), ("t5", 0.1, 2)])
+def test_emitted_hugging_face_stages_take_any_micro_batch_size_and_honour_eval(
+    arch: str, dropout: float, micro_batch_size: int, tmp_path: Path
+) -> None:
+    """Export-traced stages, chained at 3 samples (the plan's micro-batch is 1 or 2), without
+    autopipe: the unsplit model's output in eval mode (T5 with dropout 0.1: hidden and SDPA
+    attention dropout off), dropout on in train mode; outputs named as the model names them."""
+    from tests.fixtures import hf_zoo
+
+    plan = even_plan(str(FIXTURES / "hf_zoo.py"), {"arch": arch, "dropout": dropout}, stages=2, micro_batch_size=micro_batch_size)
+    manifest = emit(plan, tmp_path / "stages")
+    assert manifest["tracer"] == "export" and manifest["shapes_note"] == ""
+    assert all(dims[:1] == [0] for dims in manifest["symbolic_dims"].values())  # the batch dim is free
+    want = {"llama": ["logits"], "t5": ["logits", "encoder_last_hidden_state"]}[arch]
+    assert [o["name"] for o in manifest["outputs"]] == want
+    assert manifest["inputs"][0]["shape"][0] == micro_batch_size  # shapes at the plan's size
+    sent = [t["value"] for t in manifest["transfers"]]
+    assert sent and not any(re.fullmatch(r"[a-z_]+_\d+", v) and v.split("_")[0] in ("add", "to", "mul", "view") for v in sent), sent
+    batch = hf_zoo.example_inputs(3, arch)
+    torch.save(batch, tmp_path / "batch.pt")
+    (tmp_path / "chain.py").write_text(HF_CHAIN)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    proc = subprocess.run(
+        [sys.executable, "-I", "chain.py", str(tmp_path / "stages"), "batch.pt", "out.pt"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = torch.load(tmp_path / "out.pt")
+    model = rebuild_model(plan).model.eval()  # type: ignore[arg-type]
+    with torch.no_grad():
+        expected = model(**batch)
+    for name in want:
+        assert got["eval"][name].shape[0] == 3
+        assert float((got["eval"][name] - expected[name]).abs().max()) <= 1e-5, name
+    if dropout > 0:
+        assert float((got["train"]["logits"] - expected["logits"]).abs().max()) > 1e-3  # dropout is on

@@ -13,10 +13,14 @@ import pytest
 import torch
 
 from autopipe.errors import PlanError
-from autopipe.stages.export import relay_stages, to_torch_pipelining
+from autopipe.model.load import call_model
+from autopipe.plans import Plan
+from autopipe.stages import export
+from autopipe.stages.export import pipeline_inputs, relay_stages, to_torch_pipelining
 from autopipe.stages.rebuild import rebuild_model, trace_for_plan
 from autopipe.stages.split import split_model
-from tests.helpers import even_plan
+from tests.helpers import FIXTURES, even_plan
+from tests.stages import hf_export_worker
 from tests.stages.export_worker import CONFIGS, LR, STEPS, plan_for
 
 torch.set_num_threads(1)
@@ -44,13 +48,13 @@ def _reference(name: str, world: int) -> dict[str, torch.Tensor]:
     return {n: p.detach() for n, p in model.named_parameters()}
 
 
-@pytest.mark.slow
-def test_two_rank_training_matches_one_process(tmp_path: Path) -> None:
-    world, port = 2, str(_free_port())
+def _run_ranks(worker: str, world: int, out: Path, *extra: str, timeout: float = 150) -> list[dict[str, object]]:
+    """Start ``world`` gloo ranks of ``worker`` (killed after ``timeout`` s); what each saved."""
+    port = str(_free_port())
     env = {**os.environ, "PYTHONPATH": str(HERE.parents[1]), "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(HERE / "export_worker.py"), str(r), str(world), port, str(tmp_path / f"rank{r}.pt")],
+            [sys.executable, str(HERE / worker), str(r), str(world), port, str(out / f"rank{r}.pt"), *extra],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         for r in range(world)
@@ -58,14 +62,20 @@ def test_two_rank_training_matches_one_process(tmp_path: Path) -> None:
     logs = []
     try:
         for p in procs:
-            logs.append(p.communicate(timeout=150)[0])
+            logs.append(p.communicate(timeout=timeout)[0])
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
     assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
-    got = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
+    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(world)]
+
+
+@pytest.mark.slow
+def test_two_rank_training_matches_one_process(tmp_path: Path) -> None:
+    world = 2
+    got = _run_ranks("export_worker.py", world, tmp_path)
     for name in CONFIGS:
         want = _reference(name, world)
         seen = set()
@@ -112,3 +122,109 @@ def test_balance_is_blocks_per_stage() -> None:
     plan = even_plan("mlp.py", stages=3)
     assert plan.balance == tuple(len(s.blocks) for s in plan.stages)
     assert sum(plan.balance) == len({b for s in plan.stages for b in s.blocks})
+
+
+HF_ARCHS = ("gpt2", "llama", "t5", "mixtral", "vit")  # decoder, GQA decoder, encoder-decoder, MoE, vision
+
+
+def _hf_reference(plan: Plan) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Per-step losses and final weights of the unsplit model, trained on the same micro-batches."""
+    loaded = rebuild_model(plan)
+    model = loaded.model
+    x, y = loaded.make_inputs(plan.batch_size), loaded.make_targets(plan.batch_size)  # type: ignore[misc]
+    m = plan.micro_batches
+    xs = [{k: v.chunk(m)[i] for k, v in x.items()} for i in range(m)] if isinstance(x, dict) else list(x.chunk(m))
+    optimizer = torch.optim.SGD(model.parameters(), lr=hf_export_worker.LR)
+    losses = []
+    for _ in range(hf_export_worker.STEPS):
+        optimizer.zero_grad()
+        total = 0.0
+        for xi, yi in zip(xs, y.chunk(m), strict=True):
+            loss = loaded.loss_fn(call_model(model, xi), yi)
+            (loss / m).backward()
+            total += float(loss.detach()) / m
+        optimizer.step()
+        losses.append(total)
+    return losses, {n: p.detach() for n, p in model.named_parameters()}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("transformers")
+def test_hugging_face_models_train_through_torch_pipelining_as_one_process(tmp_path: Path) -> None:
+    """GPT-2 (tied LM head), Llama, T5 (dict inputs, ModelOutput, non-contiguous sends),
+    Mixtral (MoE) and ViT from configs: 2 gloo ranks, 3 SGD steps, the same losses and weights."""
+    paths = []
+    for arch in HF_ARCHS:
+        plan = even_plan(str(FIXTURES / "hf_zoo.py"), {"arch": arch}, stages=2, micro_batches=2, micro_batch_size=2)
+        plan.save(tmp_path / f"{arch}.json")
+        paths.append(str(tmp_path / f"{arch}.json"))
+    got = _run_ranks("hf_export_worker.py", 2, tmp_path, *paths, timeout=240)
+    for path in paths:
+        plan = Plan.load(path)
+        want_losses, want = _hf_reference(plan)
+        losses = got[1][path]["losses"]  # type: ignore[index]
+        assert len(losses) == hf_export_worker.STEPS and losses[0] > losses[-1], (path, losses)
+        for a, b in zip(losses, want_losses, strict=True):
+            assert abs(a - b) <= 1e-5 * abs(b), (path, losses, want_losses)
+        held = {**got[0][path]["params"], **got[1][path]["params"]}  # type: ignore[index]
+        assert set(held) <= set(want) and {n for n, _ in rebuild_model(plan).model.named_parameters()} <= set(held), path
+        for name, value in held.items():
+            assert float((value - want[name]).abs().max()) <= 1e-5, (path, name)
+
+
+def test_pipeline_inputs_flatten_the_batch_as_the_first_stage_takes_it() -> None:
+    class Stage:  # the two attributes pipeline_inputs reads of a PipelineStage
+        def __init__(self, first: bool, names: tuple[str, ...]) -> None:
+            self.is_first, self.submod = first, type("Relay", (), {"carry_in": names})()
+
+    a, b = torch.zeros(2, 3), torch.ones(2, 3)
+    first = [Stage(True, ("input_ids", "attention_mask"))]
+    assert pipeline_inputs(first, {"attention_mask": b, "input_ids": a}) == (a, b)  # graph order, not dict order
+    assert pipeline_inputs(first, (a, b)) == (a, b)
+    assert pipeline_inputs([Stage(False, ("h",))], {"input_ids": a}) == ()  # other ranks take nothing
+    with pytest.raises(PlanError, match=r"the batch has no input 'attention_mask' .*give every input the model was traced with: input_ids, attention_mask"):
+        pipeline_inputs(first, {"input_ids": a})
+    with pytest.raises(PlanError, match="the batch has 1 values where the model was traced with 2 tensor inputs"):
+        pipeline_inputs(first, a)
+    assert export.__all__.count("pipeline_inputs") == 1
+
+
+def _readme_block(heading: str) -> str:
+    text = (HERE.parents[1] / "README.md").read_text()
+    start = text.index("```python", text.index(heading)) + len("```python")
+    return text[start : text.index("```", start)]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("transformers")
+def test_readme_export_script_runs_as_written_on_a_hugging_face_model(tmp_path: Path) -> None:
+    """The README's train_pp.py, verbatim, on 2 gloo ranks (torchrun's environment) with T5:
+    dict inputs, a ModelOutput, tied embeddings; its first loss is the unsplit model's."""
+    plan = even_plan(str(FIXTURES / "hf_zoo.py"), {"arch": "t5"}, stages=2, micro_batches=2, micro_batch_size=2)
+    plan.save(tmp_path / "plan.json")
+    (tmp_path / "train_pp.py").write_text(_readme_block("**Export it**"))
+    port = str(_free_port())
+    procs = []
+    for r in range(2):
+        env = {**os.environ, "PYTHONPATH": str(HERE.parents[1]), "OMP_NUM_THREADS": "1", "RANK": str(r),
+               "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, "train_pp.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=120))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), "\n".join(err[-3000:] for _, err in outs)
+    lines = [line.split() for line in outs[1][0].strip().splitlines()]
+    assert [int(s) for s, _ in lines] == [0, 1, 2] and outs[0][0].strip() == ""
+    losses = [float(v) for _, v in lines]
+    loaded = rebuild_model(plan)
+    x, y = loaded.make_inputs(plan.batch_size), loaded.make_targets(plan.batch_size)  # type: ignore[misc]
+    with torch.no_grad():
+        halves = [loaded.loss_fn(call_model(loaded.model, {k: v.chunk(2)[i] for k, v in x.items()}), y.chunk(2)[i]) for i in range(2)]  # type: ignore[union-attr]
+    assert abs(losses[0] - float(sum(halves)) / 2) <= 1e-5 * losses[0]
+    assert losses[2] < losses[0]
