@@ -14,6 +14,7 @@ __all__ = [
     "FactoryArgumentError",
     "InfeasibleError",
     "ModelLoadError",
+    "OutputError",
     "PlanError",
     "PlanFileError",
     "ProfileError",
@@ -55,6 +56,10 @@ class ProfileError(AutopipeError):
 
 class ScheduleError(AutopipeError):
     """A pipeline schedule is invalid (the message shows the whole grid, bad step marked)."""
+
+
+class OutputError(AutopipeError):
+    """An output file or folder cannot be written where it was asked for (checked before the work)."""
 
 
 class PlanError(AutopipeError):

@@ -60,6 +60,8 @@ def _number_with_unit(text: str, units: dict[str, float], what: str, example: st
         raise PlanError(f"{what} must be a number with a unit, like {example} (got {text!r})") from None
     if unit not in units:
         raise PlanError(f"{what}: unknown unit {unit!r} in {text!r}; write it like {example}")
+    if not math.isfinite(value * units[unit]):
+        raise PlanError(f"{what} must be a finite number (got {text!r}); write it like {example}")
     if not (value > 0 or (zero_ok and value == 0)):
         raise PlanError(f"{what} must be {'zero or more' if zero_ok else 'positive'} (got {text!r})")
     return value * units[unit]
@@ -68,6 +70,8 @@ def _number_with_unit(text: str, units: dict[str, float], what: str, example: st
 def parse_bytes(text: str | float, what: str = "memory") -> float:
     """``"16GiB"`` -> 17179869184.0; a number is taken as bytes."""
     if isinstance(text, (int, float)):
+        if not math.isfinite(text):
+            raise PlanError(f"{what} must be a finite number of bytes (got {text!r})")
         if not text > 0:
             raise PlanError(f"{what} must be positive (got {text!r})")
         return float(text)

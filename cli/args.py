@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from autopipe._io import check_output_file, check_output_folder
 from autopipe.errors import AutopipeError
 
 __all__ = [
     "UsageError",
     "int_list",
     "non_negative_int",
+    "output_folder",
     "output_path",
     "positive_int",
     "resolve_device",
@@ -81,11 +83,10 @@ def resolve_device(name: str | None) -> str:
 
 
 def output_path(text: str, flag: str) -> Path:
-    """An output file whose folder exists (checked before the slow work, not after)."""
-    path = Path(text)
-    if path.is_dir():
-        raise UsageError(f"{flag} {text} is a directory; name a file, e.g. {path / 'profile.json'}")
-    if not path.parent.is_dir():
-        raise UsageError(f"{flag} {text}: folder {path.parent} does not exist; create it or write elsewhere")
-    return path
+    """An output file that can be written (checked before the slow work, not after)."""
+    return check_output_file(text, flag)
 
+
+def output_folder(text: str, flag: str) -> Path:
+    """An output folder that can be made (checked before the slow work, not after)."""
+    return check_output_folder(text, flag)

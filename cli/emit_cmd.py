@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .args import UsageError, output_path
+from .args import UsageError, output_folder, output_path
 
 __all__ = ["add_emit_parsers"]
 
@@ -37,6 +37,7 @@ def cmd_emit(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     if args.no_weights and args.weights is not None:
         raise UsageError("--no-weights and --weights contradict each other; give one")
+    output_folder(args.output, "--output")
     plan = Plan.load(args.plan)
     check_destination(args.output, args.force)  # before the slow part
     manifest = emit(
@@ -52,29 +53,13 @@ def cmd_emit(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_merge(args: argparse.Namespace, out: Console, err: Console) -> int:
-    import os
-
     import torch
 
-    from autopipe.errors import AutopipeError, EmitError
+    from autopipe._io import atomic_write
     from autopipe.stages.merge import merge_state_dict
 
     target = output_path(args.output, "--output")
-    try:
-        state = merge_state_dict(args.folder)
-    except AutopipeError:
-        raise
-    except (KeyError, TypeError, AttributeError, IndexError) as e:  # a manifest edited into another shape
-        raise EmitError(
-            f"{Path(args.folder) / 'manifest.json'} is not a manifest 'autopipe emit' wrote "
-            f"({type(e).__name__}: {str(e)[:80]!r}); emit the stages again"
-        ) from None
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        torch.save(state, tmp)
-        tmp.replace(target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    state = merge_state_dict(args.folder)
+    atomic_write(target, lambda tmp: torch.save(state, tmp))
     print(f"wrote {target}: {len(state)} tensors (the model's state_dict)", file=out.file)
     return 0

@@ -8,7 +8,7 @@ Each command lives in its own module (``profile_cmd``, ``plan_cmd``, ``emit_cmd`
   :class:`autopipe.errors.RuntimeFailure`, printed as one ``autopipe: error:`` line naming the rank;
 - 2 bad input: any :class:`autopipe.errors.AutopipeError` prints ``autopipe: error: <message>``
   (one line) to stderr; argparse usage errors exit 2 as well, also as one line;
-- 130 interrupted (Ctrl-C);
+- 130 interrupted (Ctrl-C); 141 the output pipe closed (``| head``);
 - anything else is a bug in autopipe and propagates with its traceback.
 
 Usage::
@@ -19,9 +19,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from rich.console import Console
 
@@ -39,13 +41,29 @@ __all__ = ["build_parser", "main"]
 EXIT_FAILED_RUN = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a tool ended by a closed pipe
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with a usage error as one line (the command's subparsers are made of this class too)."""
+    """argparse that takes a word starting with ``-`` and a digit (``--memory -5GB``,
+    ``--lr -1``) as the value it follows, not as an unknown option, so that the value's own
+    check refuses it in one line. (Plain argparse does so only for bare numbers like ``-5``.)
+    A usage error is one line too. Sub-commands are made of the same class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"autopipe: error: {message}; see '{self.prog} --help'\n")
+
+
+class _Console(Console):
+    """rich's Console, leaving a closed output pipe to :func:`main` (rich would exit 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,8 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version, usage errors (argparse exits 2)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     # Tables stay readable when piped (rich assumes 80 columns without a terminal).
-    out = Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 120)
-    err = Console(file=sys.stderr, highlight=False)
+    out = _Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 120)
+    err = _Console(file=sys.stderr, highlight=False)
     try:
         code: int = args.func(args, out, err)
         return code
@@ -89,6 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autopipe: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader went away (``autopipe show plan.json | head``): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so exiting flushes nowhere
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -203,18 +204,21 @@ def _short(rejected: Rejected) -> str:
 
 
 def _check_fingerprint(model: str, kwargs: list[str], profile_path: str, profile: Profile) -> None:
-    from autopipe.api import fingerprint_of
     from autopipe.errors import ProfileError
+    from autopipe.graph.trace import trace_model
     from autopipe.model.load import load_model, parse_kwargs
 
     loaded = load_model(model, parse_kwargs(kwargs))
-    have = fingerprint_of(loaded, profile)
+    u = min(profile.micro_batch_sizes)  # traced the way the profile was (api.fingerprint_of)
+    traced = trace_model(loaded.model, loaded.make_inputs(u), micro_batch_size=u, recipe=profile.recipe, source=loaded.spec.path)
+    have = traced.fingerprint()
     want = profile.recipe.fingerprint
     if have != want:
         raise ProfileError(
             f"{profile_path} was made from another model (fingerprint {want}, {model} has {have}); "
             f"profile this model again with 'autopipe profile {model}'"
         )
+    profile.check_blocks([(b.name, b.nodes) for b in traced.blocks], profile_path)  # a hand-edited profile
 
 
 def cmd_show(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -222,21 +226,32 @@ def cmd_show(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     timeline = _timeline_path(args.timeline)
     plan = Plan.load(args.plan)
-    _show(plan, out, args.json, timeline, wrote=None, text_timeline=True)
+    _show(plan, out, args.json, timeline, wrote=None, text_timeline=True, source=args.plan)
     return 0
 
 
-def _show(plan: Plan, out: Console, as_json: bool, timeline: str | None, wrote: str | None, text_timeline: bool = False) -> None:
-    from autopipe.schedules.draw import draw_timeline
+def _show(
+    plan: Plan, out: Console, as_json: bool, timeline: str | None, wrote: str | None, text_timeline: bool = False,
+    source: str = "the plan",
+) -> None:  # fmt: skip
+    from autopipe.schedules.draw import MAX_DRAWN_MICRO_BATCHES, check_times, draw_timeline
     from autopipe.schedules.draw import text_timeline as text_rows
     from autopipe.solve.assemble import plan_timeline
 
-    simulated = plan_timeline(plan) if (timeline or text_timeline) else None
+    wanted, skipped = bool(timeline or (text_timeline and not as_json)), None
+    if wanted:
+        check_times(plan, source)
+    if wanted and plan.micro_batches > MAX_DRAWN_MICRO_BATCHES:
+        skipped = f"timeline not drawn: {plan.micro_batches} micro-batches, more than the {MAX_DRAWN_MICRO_BATCHES} autopipe draws"
+        timeline, wanted = None, False
+    simulated = plan_timeline(plan) if wanted else None
     if timeline and simulated is not None:
         draw_timeline(plan, simulated, timeline)
     if as_json:
         print(json.dumps(plan_json(plan), indent=1), file=out.file)
+        if skipped:
+            print(f"autopipe: {skipped}", file=sys.stderr)
         return
     rows = text_rows(plan, simulated) if text_timeline and simulated is not None else None
-    extra = f"; drew {timeline}" if timeline else ""
-    print_plan(plan, out, rows, (wrote + extra) if wrote else (extra.lstrip("; ") or None))
+    notes = [n for n in (wrote, f"drew {timeline}" if timeline else None, skipped) if n]
+    print_plan(plan, out, rows, "; ".join(notes) or None)

@@ -33,6 +33,12 @@ def test_parse_rate_and_duration() -> None:
         (lambda: parse_bytes(0, "memory"), "memory must be positive (got 0)"),
         (lambda: parse_rate("fast"), "bandwidth must be a number with a unit, like 25GB/s"),
         (lambda: parse_duration("-1ms", "--latency"), "--latency must be zero or more"),
+        (lambda: parse_bytes("1e400GB", "--memory"), "--memory must be a finite number (got '1e400GB'); write it like 16GiB or 80GB"),
+        (lambda: parse_bytes("1e308TB", "--memory"), "--memory must be a finite number (got '1e308TB')"),
+        (lambda: parse_bytes(float("inf"), "memory"), "memory must be a finite number of bytes (got inf)"),
+        (lambda: parse_bytes(float("nan"), "memory"), "memory must be a finite number of bytes (got nan)"),
+        (lambda: parse_rate("1e999GB/s", "--bandwidth"), "--bandwidth must be a finite number (got '1e999GB')"),
+        (lambda: parse_duration("1e999s", "--latency"), "--latency must be a finite number (got '1e999s')"),
     ],
 )
 def test_bad_text_is_one_clear_line(call: object, message: str) -> None:

@@ -18,6 +18,7 @@ version 1 files, with those fields at the top level, are read too.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -124,12 +125,14 @@ class Profile:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
     @staticmethod
-    def from_json(text: str) -> Profile:
+    def from_json(text: str, source: str = "profile") -> Profile:
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ProfileError(f"profile is not valid JSON ({e}); write it again with 'autopipe profile'") from None
-        return _profile_from_dict(raw)
+            raise ProfileError(f"{source} is not valid JSON ({e}); write it again with 'autopipe profile'") from None
+        profile = _profile_from_dict(raw, source)
+        _check(profile, source)
+        return profile
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, self.to_json())
@@ -137,13 +140,36 @@ class Profile:
     @staticmethod
     def load(path: str | Path) -> Profile:
         p = Path(path)
+        if p.is_dir():
+            raise ProfileError(f"{p} is a directory, not a profile; give the profile JSON written by 'autopipe profile'")
         if not p.is_file():
             raise ProfileError(f"profile file not found: {p}; make one with 'autopipe profile MODEL -o {p}'")
         try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
+            text = p.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProfileError(f"{p} is not a profile (binary, not UTF-8 JSON); give the profile JSON written by 'autopipe profile'") from None
+        except OSError as e:
             raise ProfileError(f"cannot read {p} as a profile ({type(e).__name__}); give the JSON written by 'autopipe profile'") from None
-        return Profile.from_json(text)
+        return Profile.from_json(text, source=str(p))
+
+    def check_blocks(self, blocks: Sequence[tuple[str, Sequence[str]]], source: str = "profile") -> None:
+        """ProfileError unless ``blocks`` (name and fx nodes of each block the model traces
+        into) are this profile's blocks: a hand-edited profile plans a model that is not there."""
+        for i, b in enumerate(self.blocks):
+            if i >= len(blocks):
+                raise ProfileError(
+                    f"{source} has {self.num_blocks} blocks, the model traces into {len(blocks)}: block {i} {b.name!r} "
+                    "is not in the model; profile the model again"
+                )
+            name, nodes = blocks[i]
+            if (b.name, b.nodes) != (name, tuple(nodes)):
+                unknown = [n for n in b.nodes if n not in nodes]
+                what = f"node {unknown[0]!r}, which" if unknown else f"{b.name!r}, which"
+                raise ProfileError(
+                    f"{source}: block {i} holds {what} the model's block {i} ({name!r}) does not; profile the model again"
+                )
+        if len(blocks) > self.num_blocks:
+            raise ProfileError(f"{source} has {self.num_blocks} blocks, the model traces into {len(blocks)}; profile the model again")
 
 
 def _affine(raw: Any) -> Affine:
@@ -156,13 +182,13 @@ def _name(v: Any) -> str:
     return v
 
 
-def _profile_from_dict(raw: Any) -> Profile:
+def _profile_from_dict(raw: Any, source: str = "profile") -> Profile:
     if not isinstance(raw, dict) or "version" not in raw:
-        raise ProfileError("not an autopipe profile (no 'version' field); make one with 'autopipe profile'")
-    if raw["version"] not in _READS:
+        raise ProfileError(f"{source} is not an autopipe profile (no 'version' field); make one with 'autopipe profile'")
+    if isinstance(raw["version"], bool) or raw["version"] not in _READS:
         raise ProfileError(
-            f"profile version {raw['version']} is not supported (this autopipe reads versions "
-            f"{' and '.join(map(str, _READS))}); profile the model again"
+            f"{source} has profile version {raw['version']!r}, this autopipe reads versions "
+            f"{' and '.join(map(str, _READS))}; profile the model again"
         )
     try:
         blocks = tuple(
@@ -207,5 +233,37 @@ def _profile_from_dict(raw: Any) -> Profile:
             version=PROFILE_VERSION,  # read into this version's shape
         )
     except (KeyError, TypeError, ValueError) as e:
-        raise ProfileError(f"profile is corrupt ({type(e).__name__}: {e}); profile the model again") from None
+        raise ProfileError(f"{source} is corrupt ({type(e).__name__}: {e}); profile the model again") from None
+
+
+def _check(p: Profile, source: str) -> None:
+    """One line for a profile that reads but cannot be planned: no blocks, a node in two
+    blocks, a tensor between blocks that are not there, costs that are negative or not finite."""
+    n = p.num_blocks
+    if n == 0:
+        raise ProfileError(f"{source} has no blocks; profile the model again")
+    seen: dict[str, int] = {}
+    for i, b in enumerate(p.blocks):
+        if not b.nodes:
+            raise ProfileError(f"{source}: block {i} ({b.name!r}) has no nodes; profile the model again")
+        for node in b.nodes:
+            if node in seen:
+                raise ProfileError(f"{source}: node {node!r} is in blocks {seen[node]} and {i}; profile the model again")
+            seen[node] = i
+        for field in ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "saved_bytes"):
+            cost: Affine = getattr(b, field)
+            if not all(math.isfinite(v) and v >= 0 for v in (cost.intercept, cost.slope)):
+                raise ProfileError(f"{source}: block {i} ({b.name!r}) has {field} {cost}; costs must be finite and >= 0, profile again")
+        if b.params < 0 or b.param_bytes < 0 or b.shared_param_bytes < 0:
+            raise ProfileError(f"{source}: block {i} ({b.name!r}) has a negative parameter count; profile the model again")
+    for t in p.tensors:
+        if not -1 <= t.src < n or any(not t.src < d < n for d in t.dsts):
+            raise ProfileError(
+                f"{source}: tensor {t.name!r} goes from block {t.src} to {list(t.dsts)}, but the blocks are 0 to {n - 1}; "
+                "profile the model again"
+            )
+        if not all(math.isfinite(v) and v >= 0 for v in (t.bytes.intercept, t.bytes.slope)):
+            raise ProfileError(f"{source}: tensor {t.name!r} has bytes {t.bytes}; sizes must be finite and >= 0, profile again")
+    if not p.micro_batch_sizes or any(u < 1 for u in p.micro_batch_sizes):
+        raise ProfileError(f"{source} has micro_batch_sizes {list(p.micro_batch_sizes)}; they must be positive, profile again")
 

@@ -14,8 +14,9 @@ declare, so a file can size its batch from ``vocab_size`` or ``seq_len``. ``trai
 yields the batches ``autopipe run`` trains on (targets None when ``loss_fn`` ignores them).
 
 Everything that can go wrong -- the file, its import, its functions, the model rejecting its
-own inputs -- raises :class:`~autopipe.errors.ModelLoadError` with one line naming the user's
-function, their message and their ``file:line``.
+own inputs, an ``example_inputs`` whose tensors are not ``batch_size`` long in their first
+dimension, user code calling ``sys.exit`` -- raises :class:`~autopipe.errors.ModelLoadError`
+with one line naming the user's function, their message and their ``file:line``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import torch
 
 from autopipe.errors import FactoryArgumentError, ModelLoadError
 from autopipe.model.spec import DEFAULT_FACTORY, ModelSpec, parse_kwargs
-from autopipe.model.usercode import display_path, exception_summary, first_line
+from autopipe.model.usercode import display_path, exception_summary, exit_summary, first_line
 
 __all__ = [
     "DEFAULT_FACTORY",
@@ -160,11 +161,16 @@ def _import_file(path: Path) -> ModuleType:
         source = resolved.read_bytes()
     except OSError as e:
         raise ModelLoadError(f"cannot read model file {shown}: {e.strerror or e}") from e
+    not_python = f"{shown} is not Python source (a binary file?); a model file is a .py file defining {DEFAULT_FACTORY}() and example_inputs()"
+    if b"\x00" in source:
+        raise ModelLoadError(not_python)
     try:
         code = compile(source, str(resolved), "exec", dont_inherit=True)
     except SyntaxError as e:
+        if not e.lineno:  # not a line's fault: undecodable bytes, say
+            raise ModelLoadError(f"{not_python} ({e.msg})") from e
         raise ModelLoadError(f"syntax error in {shown}:{e.lineno}: {e.msg}") from e
-    except ValueError as e:  # e.g. null bytes in the source
+    except ValueError as e:
         raise ModelLoadError(f"cannot compile {shown}: {first_line(e)}") from e
 
     stem = re.sub(r"\W", "_", path.stem)
@@ -193,6 +199,9 @@ def _import_file(path: Path) -> ModuleType:
     except Exception as e:
         sys.modules.pop(name, None)
         raise ModelLoadError(f"importing {shown} raised {exception_summary(e, path)}") from e
+    except SystemExit as e:
+        sys.modules.pop(name, None)
+        raise ModelLoadError(f"{shown} {exit_summary(e, path)} while being imported; a model file must not exit") from e
     finally:
         if sys.path and sys.path[0] == folder:
             del sys.path[0]
@@ -262,11 +271,14 @@ def _call_user(fn: Callable[..., Any], name: str, path: Path, *args: object, **k
         raise
     except Exception as e:
         raise ModelLoadError(f"{name} raised {exception_summary(e, path)}") from e
+    except SystemExit as e:
+        raise ModelLoadError(f"{name} in {path} {exit_summary(e, path)}; return or raise instead of exiting") from e
 
 
 def _batch_maker(
-    fn: Callable[..., Any], name: str, path: Path, kwargs: Mapping[str, object], device: torch.device | None
-) -> Callable[[int], object]:
+    fn: Callable[..., Any], name: str, path: Path, kwargs: Mapping[str, object], device: torch.device | None,
+    check_batch: bool = False,
+) -> Callable[[int], object]:  # fmt: skip
     bound = _bound(fn, kwargs)
 
     def make(batch_size: int) -> object:
@@ -279,6 +291,13 @@ def _batch_maker(
             raise ModelLoadError(
                 f"{name}({batch_size}) in {path} returned None; return a Tensor, a tuple of positional inputs or a dict of keyword inputs"
             )
+        if check_batch:
+            wrong = [t for t in _tensor_leaves(out) if t.dim() >= 1 and t.shape[0] != batch_size]
+            if wrong:
+                raise ModelLoadError(
+                    f"{name}({batch_size}) in {path} returned a tensor of shape {tuple(wrong[0].shape)}, whose first "
+                    f"dimension is not the batch size {batch_size}; make {name} use its batch_size argument"
+                )
         return _to_device(out, device) if device is not None else out
 
     return make
@@ -326,7 +345,7 @@ def load_model(
     return LoadedModel(
         spec=mspec,
         model=model,
-        make_inputs=_batch_maker(inputs_fn, "example_inputs", path, mspec.kwargs, dev),
+        make_inputs=_batch_maker(inputs_fn, "example_inputs", path, mspec.kwargs, dev, check_batch=True),
         make_targets=_batch_maker(targets_fn, "example_targets", path, mspec.kwargs, dev) if targets_fn else None,
         loss_fn=_user_loss(loss, path) if loss is not None else default_loss,
         has_targets=targets_fn is not None,
@@ -363,6 +382,8 @@ def check_model_runs(loaded: LoadedModel, batch_size: int) -> None:
             raise ModelLoadError(
                 f"the model rejected its example inputs (input shapes: {describe_inputs(inputs)}): {exception_summary(e, path)}"
             ) from e
+        except SystemExit as e:
+            raise ModelLoadError(f"the model's forward {exit_summary(e, path)}; return or raise instead of exiting") from e
         value = loaded.loss_fn(output, targets)
     if value.numel() != 1:
         where = "loss_fn" if loaded.loss_fn is not default_loss else "the default loss"

@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["display_path", "exception_summary", "first_line", "user_location"]
+__all__ = ["display_path", "exception_summary", "exit_summary", "first_line", "user_location"]
 
 _MAX_MESSAGE = 300  # characters of the user's message kept in a one-line error
 
@@ -71,4 +71,12 @@ def exception_summary(exc: BaseException, path: Path) -> str:
     message = first_line(exc)
     text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     where = user_location(exc.__traceback__, path)
+    return f"{text} ({where})" if where else text
+
+
+def exit_summary(exc: SystemExit, path: Path) -> str:
+    """``"called sys.exit(5) (models/x.py:12)"``: user code that tried to end the process, which
+    autopipe refuses (an exit from a model file would end autopipe silently with its code)."""
+    where = user_location(exc.__traceback__, path)
+    text = f"called sys.exit({exc.code!r})" if exc.code is not None else "called sys.exit()"
     return f"{text} ({where})" if where else text

@@ -8,14 +8,37 @@ that device. The title carries the predicted iteration time and bubble.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from autopipe.errors import AutopipeError
+from autopipe._io import atomic_write
+from autopipe.errors import AutopipeError, PlanFileError
 from autopipe.plans import Plan
 from autopipe.schedules.registry import schedule_spec
 from autopipe.schedules.simulate import Timeline
 
-__all__ = ["draw_timeline", "text_timeline"]
+__all__ = ["MAX_DRAWN_MICRO_BATCHES", "check_times", "draw_timeline", "text_timeline"]
+
+# Timelines of more micro-batches are not drawn: simulating and drawing every action grows with
+# them (a million would take hours), and past a few hundred the picture shows nothing more.
+MAX_DRAWN_MICRO_BATCHES = 1024
+_TIMES = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
+
+
+def check_times(plan: Plan, source: str = "the plan") -> None:
+    """PlanFileError unless every time the timeline is simulated from is a finite number >= 0
+    (and the link bandwidth positive): a hand-edited plan cannot be drawn otherwise."""
+    for st in plan.stages:
+        for name in _TIMES:
+            value = getattr(st, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise PlanFileError(f"{source}: stage {st.index} has {name} {value!r}; times must be zero or more, plan again")
+    for name in ("link_latency_s", "action_overhead_s"):
+        value = getattr(plan, name)
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise PlanFileError(f"{source} has {name} {value!r}; times must be zero or more, plan again")
+    if not (isinstance(plan.link_bandwidth, (int, float)) and plan.link_bandwidth > 0):
+        raise PlanFileError(f"{source} has link_bandwidth {plan.link_bandwidth!r}; it must be positive, plan again")
 
 
 def draw_timeline(plan: Plan, timeline: Timeline, path: str | Path) -> None:
@@ -72,8 +95,10 @@ def draw_timeline(plan: Plan, timeline: Timeline, path: str | Path) -> None:
         loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize=8, frameon=False,
     )  # fmt: skip
     fig.tight_layout()
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
+    try:
+        atomic_write(p, lambda tmp: fig.savefig(tmp, dpi=120))
+    finally:
+        plt.close(fig)
 
 
 def _comm_by_stage(plan: Plan) -> dict[tuple[int, str], float]:

@@ -34,6 +34,7 @@ from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Plan
+from autopipe.solve.request import divisors
 from autopipe.solve.search import PlanRequest, plan_pipeline
 from autopipe.units import format_bytes
 
@@ -164,7 +165,7 @@ def plan_parallel(profile: Profile, request: ParallelRequest) -> ParallelPlan:
         raise PlanError(f"need at least one device and one sample (got {G} devices, batch {B})")
     if request.stages is not None and (request.stages < 1 or G % request.stages):
         raise PlanError(f"--stages {request.stages} does not divide {G} devices; use a divisor of {G}")
-    depths = [request.stages] if request.stages else [s for s in range(1, G + 1) if G % s == 0]
+    depths = [request.stages] if request.stages else divisors(G)  # at most 2**16 stages: no endless loop on a huge G
     options: list[ParallelOption] = []
     rejected: list[Rejected] = []
     for S in depths:

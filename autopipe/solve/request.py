@@ -25,6 +25,7 @@ from autopipe.solve.pricing import Decision
 from autopipe.units import format_bytes
 
 __all__ = [
+    "MAX_MICRO_BATCHES",
     "SEARCH_SCHEDULES",
     "PlanRequest",
     "decisions",
@@ -34,6 +35,9 @@ __all__ = [
 ]
 
 SEARCH_SCHEDULES = tuple(s.name for s in search_order())  # ties go to the first (ScheduleSpec.preference)
+# The most micro-batches autopipe plans or runs: a schedule is priced by simulating every one
+# of them, so this keeps any request within seconds (2**16 of them take about 5 s).
+MAX_MICRO_BATCHES = 2**16
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,10 @@ class PlanRequest:
     alternatives: int = 5
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def divisors(n: int, at_most: int = MAX_MICRO_BATCHES) -> list[int]:
+    """The divisors of ``n`` up to ``at_most``, ascending: at most ``at_most`` steps, whatever
+    ``n`` is (a batch of 10**15 has divisors up to 10**15; only micro-batch counts are asked for)."""
+    return [d for d in range(1, min(n, at_most) + 1) if n % d == 0]
 
 
 def _traceable(profile: Profile, u: int) -> bool:
@@ -96,6 +102,8 @@ def validate(profile: Profile, req: PlanRequest) -> None:
     n, S, B = profile.num_blocks, req.devices, req.batch_size
     if S < 1:
         raise PlanError(f"--stages must be at least 1 (got {S})")
+    if n == 0:
+        raise PlanError("the profile has no blocks, so there is nothing to cut; profile the model again")
     if S > n:
         raise PlanError(
             f"cannot cut {n} blocks into {S} stages; use --stages {n} or fewer, or finer blocks when profiling (--blocks)"
@@ -108,9 +116,10 @@ def validate(profile: Profile, req: PlanRequest) -> None:
         m = req.micro_batches
         if m < 1:
             raise PlanError(f"--micro-batches must be at least 1 (got {m})")
+        if m > MAX_MICRO_BATCHES:
+            raise PlanError(f"--micro-batches {m} is more than autopipe plans (at most {MAX_MICRO_BATCHES} = 2**16); use fewer")
         if B % m:
-            some = ", ".join(str(x) for x in divisors(B))
-            raise PlanError(f"batch size {B} is not divisible into {m} micro-batches; use one of {some}")
+            raise PlanError(f"batch size {B} is not divisible into {m} micro-batches; use one of {_some_divisors(B)}")
     if req.micro_batches is not None and not _traceable(profile, B // req.micro_batches):
         if B // req.micro_batches == 1:
             raise PlanError(
@@ -152,6 +161,14 @@ def validate(profile: Profile, req: PlanRequest) -> None:
         raise PlanError(
             f"no schedule fits the request: {chunked} needs micro-batches divisible by {S} and {S} x v <= {n} blocks"
         )
+
+
+def _some_divisors(n: int, shown: int = 12) -> str:
+    """``"1, 2, 4, 8"``; ``"1, 2, 3, ..., 32768, 65536"`` when there are more than ``shown``."""
+    ds = divisors(n)
+    if len(ds) <= shown:
+        return ", ".join(map(str, ds))
+    return ", ".join(map(str, ds[: shown // 2])) + ", ..., " + ", ".join(map(str, ds[-(shown // 2) :]))
 
 
 def infeasible_error(profile: Profile, req: PlanRequest, need: float) -> InfeasibleError:

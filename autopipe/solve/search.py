@@ -190,7 +190,8 @@ def _decision_bound(work: Work, req: PlanRequest, d: Decision) -> float:
     bound = max(chain, d.micro_batches * total / req.devices)
     if d.virtual == 1 and share > 0:
         m, S = d.micro_batches, req.devices
-        bound = max(bound, share * total / (1 - (1 - share / m) ** S))
+        x = share / m  # 1 - (1 - x)^S below, exact also where x is below float precision (huge batches)
+        bound = max(bound, share * total / (1.0 if x >= 1 else -math.expm1(S * math.log1p(-x))))
     return bound
 
 

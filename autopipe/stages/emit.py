@@ -45,19 +45,20 @@ import torch
 from torch import nn
 
 from autopipe import __version__
+from autopipe._io import check_output_folder
 from autopipe.errors import EmitError
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
 from autopipe.stages.rebuild import SEED, rebuild_model, trace_for_plan
 from autopipe.stages.retrace import retrace_for_emit
-from autopipe.stages.source import stage_source
+from autopipe.stages.source import docstring_literal, stage_source
 from autopipe.stages.split import OUTPUT, Split, StageModule, split_model
 
 __all__ = ["MANIFEST", "check_destination", "emit", "emit_stages"]
 
 MANIFEST = "manifest.json"
 FORMAT = "autopipe-stages"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: unused state lists each tensor's shape and dtype, as stages do
 WEIGHT_FORMATS = ("pt", "safetensors")
 
 
@@ -132,10 +133,12 @@ def _general_split(plan: Plan, model: nn.Module, inputs: Any, traced: TracedMode
 
 
 def check_destination(folder: str | Path, force: bool) -> Path:
-    """The destination as a Path; EmitError if it is a file, or a non-empty folder without ``force``."""
+    """The destination as a Path; EmitError if it is a file, or a non-empty folder without
+    ``force``; OutputError if it cannot be made there (see :func:`autopipe._io.check_output_folder`)."""
     dest = Path(folder)
     if dest.exists() and not dest.is_dir():
         raise EmitError(f"{dest} is a file, not a folder; name a new folder for the stages")
+    check_output_folder(dest, "stages folder")
     if dest.is_dir() and any(dest.iterdir()) and not force:
         count = sum(1 for _ in dest.iterdir())
         raise EmitError(f"{dest} is not empty ({count} entries); emit into a new folder or pass --force to replace it")
@@ -213,9 +216,9 @@ def _write(
             {"original": names_of.get(_param_id(split, name), [name]), "stages": list(ss)} for name, ss in split.shared_params
         ],
         "state_dict": state_keys,
-        "unused": {"file": f"unused.{fmt}" if weights else None, "names": unused} if unused else None,
+        "unused": _unused(unused, model, fmt if weights else None) if unused else None,
     }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return manifest
 
 
@@ -242,10 +245,11 @@ def _write_stage(
     src = stage_source(st.module, cls, _docstring(plan, st, cls, package, blocks, inputs, outputs, weights_file), weights_file)
     folder = out / package
     folder.mkdir()
-    (folder / "stage.py").write_text(src.text)
+    (folder / "stage.py").write_text(src.text, encoding="utf-8")
     (folder / "__init__.py").write_text(
-        f'"""Stage {st.index} of {plan.model}, emitted by autopipe (source: stage.py)."""\n\n'
-        f"from .stage import {cls}, build, load\n\n__all__ = [{cls!r}, 'build', 'load']\n"
+        docstring_literal(f"Stage {st.index} of {plan.model}, emitted by autopipe (source: stage.py).") + "\n\n"
+        f"from .stage import {cls}, build, load\n\n__all__ = [{cls!r}, 'build', 'load']\n",
+        encoding="utf-8",
     )
     if weights:
         _save({k: _compact(t) for k, t in src.tensors.items()}, folder / weights_file, fmt)  # type: ignore[operator]
@@ -312,6 +316,12 @@ def _docstring(
             f"    ({results},) = module({args})",
         ]
     )
+
+
+def _unused(names: list[str], model: nn.Module, fmt: str | None) -> dict[str, Any]:
+    state = model.state_dict(keep_vars=True)
+    tensors = [{"name": k, "shape": list(state[k].shape), "dtype": _dtype(state[k].dtype)} for k in names]
+    return {"file": f"unused.{fmt}" if fmt else None, "names": names, "tensors": tensors}
 
 
 def _value(traced: TracedModel, name: str) -> dict[str, Any]:

@@ -11,6 +11,10 @@ every module it cannot print; the file written here instead
 - holds the fx-generated ``forward`` verbatim, with an import for every global it uses
   (torch and the standard library only; user code in the graph is refused);
 - finds its weights next to itself (``load()``), so the folder can be moved anywhere.
+
+Every string from a plan or a model that enters the file (the docstring's model name, block
+and value names; tensor and module names) is escaped (:func:`docstring_literal`) or written
+with ``repr``: a plan is data, and importing a stage never runs text from it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from torch import nn
 
 from autopipe.errors import EmitError
 
-__all__ = ["StageSource", "stage_source"]
+__all__ = ["StageSource", "docstring_literal", "stage_source"]
 
 _KNOWN_GLOBALS = {
     "torch": "import torch",
@@ -61,7 +65,7 @@ def stage_source(module: torch.fx.GraphModule, class_name: str, docstring: str, 
     forward = module.code.strip("\n")
     imports = _imports(module, forward)
     parts = [
-        f'"""{docstring.strip()}\n"""',
+        docstring_literal(docstring.strip() + "\n"),
         "",
         "import os",
         "",
@@ -84,6 +88,24 @@ def stage_source(module: torch.fx.GraphModule, class_name: str, docstring: str, 
         "",
     ]
     return StageSource("\n".join(parts), tensors, ties)
+
+
+def docstring_literal(text: str) -> str:
+    """``text`` as a triple-quoted string literal that evaluates back to ``text`` exactly.
+
+    Newlines stay as they are, for a readable docstring; backslashes and quotes are escaped (so
+    no quote ends the literal early), and every other character that is not printable (``\\r``,
+    NUL, lone surrogates from undecodable bytes, line separators) is written as its escape.
+    """
+    out = []
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ch == "\n" or ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(repr(ch)[1:-1])
+    return '"""' + "".join(out) + '"""'
 
 
 def _walk(

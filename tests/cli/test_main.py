@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -97,6 +98,15 @@ def test_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: li
         assert part in line, line
 
 
+@pytest.mark.parametrize("memory", [["--memory", "-5GB"], ["--memory=-5GB"], ["--memory", "-.5GB"]])
+def test_negative_looking_values_are_values(capsys: pytest.CaptureFixture[str], memory: list[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, "plan", "--profile", str(tmp_path / "none.json"), *memory, "-o", str(tmp_path / "p.json"))
+    assert code == 2
+    assert one_error_line(err) == f"autopipe: error: --memory must be positive (got {memory[-1].removeprefix('--memory=')!r})"
+    code, _, err = run(capsys, "plan", "--profile", str(tmp_path / "none.json"), "--memory", "1e400GB", "-o", str(tmp_path / "p.json"))
+    assert one_error_line(err) == "autopipe: error: --memory must be a finite number (got '1e400GB'); write it like 16GiB or 80GB"
+
+
 def test_argparse_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(capsys, "profile")[0] == 2  # MODEL missing
     assert run(capsys, "profile", GOOD, "--tracer", "jit")[0] == 2
@@ -185,3 +195,17 @@ def test_profile_json(capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_p
     assert [b["name"] for b in summary["blocks"]] == ["layers.0", "head"]
     assert summary["blocks"][0]["forward_s"] == pytest.approx(4 * 0.5e-3)
     assert summary["blocks"][1]["saved_bytes"] == 4 * 2**20
+
+
+@pytest.mark.slow
+def test_a_closed_output_pipe_ends_quietly(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    hand_profile().save(path)
+    read, write = os.pipe()
+    os.close(read)  # nobody reads: the first print meets a closed pipe
+    proc = subprocess.run(
+        [sys.executable, "-m", "autopipe.cli.main", "plan", "--profile", str(path), "--stages", "2", "-o", str(tmp_path / "p.json")],
+        cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    os.close(write)
+    assert (proc.returncode, proc.stderr) == (141, "")

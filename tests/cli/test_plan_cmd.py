@@ -4,8 +4,11 @@ reasons an S x D split was refused are read from values, not from error text."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -190,3 +193,88 @@ def test_api_plan_matches_the_profile_it_was_given(profiles: dict[str, Path]) ->
     plan = autopipe.plan(torch.nn.Linear(2, 2), torch.zeros(4, 2), stages=2, memory="1GiB", batch_size=8, profile_data=prof)
     assert plan.devices == 2 and plan.recipe.fingerprint == prof.recipe.fingerprint
     assert "iteration" in plan.summary()
+
+
+# ----------------------------------------------------------------------------- sizes, bad plan files
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str, float]:
+    start = time.perf_counter()
+    code = main(list(argv))
+    elapsed = time.perf_counter() - start
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err, elapsed
+
+
+def test_huge_batches_answer_in_seconds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profile = tmp_path / "profile.json"
+    chain().save(profile)
+    base = ["plan", "--profile", str(profile), "--stages", "2", "-o", str(tmp_path / "p.json")]
+    for batch in (10**15, 2**53, 10**29):  # the last two: beyond float precision
+        code, _, err, elapsed = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(batch))
+        assert code == 2 and elapsed < 10
+        assert err.startswith("autopipe: error: no plan of 4 blocks on 2 devices fits 1.0 GiB per device; the smallest limit") and err.count("\n") == 1
+    code, _, err, elapsed = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(10**12), "--micro-batches", str(10**12))
+    assert code == 2 and elapsed < 10
+    assert err == f"autopipe: error: --micro-batches {10**12} is more than autopipe plans (at most 65536 = 2**16); use fewer\n"
+
+
+def test_show_of_a_plan_too_long_to_draw(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profile, plan_path = tmp_path / "profile.json", tmp_path / "plan.json"
+    chain().save(profile)
+    assert main(["plan", "--profile", str(profile), "--stages", "2", "--memory", "1GiB", "--batch-size", "8", "-o", str(plan_path)]) == 0
+    raw = json.loads(plan_path.read_text())
+    raw.update(schedule="1f1b", virtual=1, micro_batches=2048, batch_size=2048, micro_batch_size=1)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(raw))
+    capsys.readouterr()
+    code, out, err, elapsed = _run(capsys, "show", str(big), "--timeline", str(tmp_path / "t.png"))
+    assert code == 0 and elapsed < 10, err
+    assert "timeline not drawn: 2048 micro-batches, more than the 1024 autopipe draws" in out and "device 0 │" not in out
+    assert not (tmp_path / "t.png").exists()
+    code, out, err, elapsed = _run(capsys, "show", str(big), "--json")
+    assert (code, err) == (0, "") and json.loads(out)["micro_batches"] == 2048 and elapsed < 10
+    code, out, err, _ = _run(capsys, "show", str(big), "--json", "--timeline", str(tmp_path / "t.png"))
+    assert (code, err) == (0, "autopipe: timeline not drawn: 2048 micro-batches, more than the 1024 autopipe draws\n")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda p: _stage(p, 1, forward_s=-1e6), "plan.json: stage 1 has forward_s -1000000.0; times must be zero or more, plan again"),
+        (lambda p: _stage(p, 0, backward_s=float("nan")), "plan.json: stage 0 has backward_s nan; times must be zero or more, plan again"),
+        (lambda p: dataclasses.replace(p, link_latency_s=-1.0), "plan.json has link_latency_s -1.0; times must be zero or more, plan again"),
+        (lambda p: dataclasses.replace(p, link_bandwidth=0.0), "plan.json has link_bandwidth 0.0; it must be positive, plan again"),
+    ],
+)
+def test_a_timeline_is_not_drawn_from_negative_times(edit: Callable[[Plan], Plan], message: str) -> None:
+    from autopipe.errors import PlanFileError
+    from autopipe.schedules.draw import check_times
+    from autopipe.solve.search import PlanRequest, plan_pipeline
+
+    plan = plan_pipeline(chain(), PlanRequest(devices=2, batch_size=8, memory_limit=GIB))
+    check_times(plan, "plan.json")
+    with pytest.raises(PlanFileError) as info:
+        check_times(edit(plan), "plan.json")
+    assert str(info.value) == message
+
+
+def _stage(plan: Plan, index: int, **change: float) -> Plan:
+    stages = list(plan.stages)
+    stages[index] = dataclasses.replace(stages[index], **change)
+    return dataclasses.replace(plan, stages=tuple(stages))
+
+
+def test_a_hand_edited_profile_is_checked_against_the_model(profiles: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = json.loads(profiles["mlp"].read_text())
+    extra = {**raw["blocks"][-1], "name": "extra", "nodes": ["extra_node"]}
+    raw["blocks"].append(extra)
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(raw))
+    n = len(raw["blocks"])
+    code, _, err, _ = _run(capsys, "plan", str(MODELS / "mlp.py"), "--profile", str(edited), "--stages", "2", "-o", str(tmp_path / "p.json"))
+    assert (code, err) == (
+        2,
+        f"autopipe: error: {edited} has {n} blocks, the model traces into {n - 1}: block {n - 1} 'extra' is not in the model; "
+        "profile the model again\n",
+    )

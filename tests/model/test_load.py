@@ -279,3 +279,67 @@ def test_error_in_sibling_module_names_its_line(tmp_path: Path) -> None:
         sys.modules.pop("layers_sibling_abc", None)
     assert msg.startswith("the model rejected its example inputs (input shapes: (2, 4) float32): RuntimeError: shape mismatch (")
     assert msg.endswith("layers_sibling_abc.py:4)")
+
+
+GOOD = """
+import sys
+import torch
+
+def build_model():
+    return torch.nn.Linear(4, 2)
+
+def example_inputs(batch_size):
+    return torch.randn(batch_size, 4)
+"""
+
+
+def test_binary_model_file(tmp_path: Path) -> None:
+    binary = tmp_path / "binary.py"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\xff\xfe")
+    assert load_error(str(binary)) == (
+        f"{binary} is not Python source (a binary file?); a model file is a .py file defining build_model() and example_inputs()"
+    )
+    latin = tmp_path / "latin.py"
+    latin.write_bytes(b"x = '\xff\xfe'\n")
+    assert load_error(str(latin)) == (
+        f"syntax error in {latin}:1: (unicode error) 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda s: "import sys\nsys.exit(5)\n" + s, "{path} called sys.exit(5) ({path}:2) while being imported; a model file must not exit"),
+        (
+            lambda s: s.replace("return torch.nn.Linear(4, 2)", "sys.exit(5)"),
+            "build_model in {path} called sys.exit(5) ({path}:6); return or raise instead of exiting",
+        ),
+        (
+            lambda s: s.replace("return torch.randn(batch_size, 4)", "sys.exit()"),
+            "example_inputs(2) in {path} called sys.exit() ({path}:9); return or raise instead of exiting",
+        ),
+        (
+            lambda s: s.replace("torch.randn(batch_size, 4)", "torch.randn(8, 4)"),
+            "example_inputs(2) in {path} returned a tensor of shape (8, 4), whose first dimension is not the batch size 2; "
+            "make example_inputs use its batch_size argument",
+        ),
+        (
+            lambda s: s.replace("torch.randn(batch_size, 4)", "(torch.randn(batch_size, 4), {'mask': torch.ones(3, 4)})"),
+            "example_inputs(2) in {path} returned a tensor of shape (3, 4), whose first dimension is not the batch size 2; "
+            "make example_inputs use its batch_size argument",
+        ),
+    ],
+)
+def test_user_code_that_exits_or_ignores_the_batch_size(tmp_path: Path, edit: object, message: str) -> None:
+    path = tmp_path / "model.py"
+    path.write_text(edit(GOOD))  # type: ignore[operator]
+    assert load_error(str(path)) == message.format(path=path)
+
+
+def test_sys_exit_from_a_model_file_is_exit_2_in_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from autopipe.cli.main import main
+
+    path = tmp_path / "model.py"
+    path.write_text("import sys\nsys.exit(5)\n" + GOOD)
+    assert main(["profile", str(path), "-o", str(tmp_path / "p.json")]) == 2
+    assert capsys.readouterr().err == f"autopipe: error: {path} called sys.exit(5) ({path}:2) while being imported; a model file must not exit\n"
