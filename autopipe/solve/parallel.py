@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
-from autopipe.plans import Plan
+from autopipe.plans import MAX_REPLICAS, Plan
 from autopipe.solve.request import divisors
 from autopipe.solve.search import PlanRequest, plan_pipeline
 from autopipe.units import format_bytes
@@ -175,6 +175,9 @@ def plan_parallel(profile: Profile, request: ParallelRequest) -> ParallelPlan:
             continue
         if B % D:
             rejected.append(Rejected(S, D, f"global batch {B} does not split into {D} equal replicas"))
+            continue
+        if D > MAX_REPLICAS:
+            rejected.append(Rejected(S, D, f"{D} replicas, more than autopipe plans (at most {MAX_REPLICAS} = 2**20)"))
             continue
         static = _static_bound(profile, request, S, D)
         if static > request.memory_limit:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
+from autopipe.plans import MAX_BATCH_SIZE, MAX_DEVICES, MAX_MICRO_BATCHES
 from autopipe.schedules import schedule_names, schedule_spec, search_order
 from autopipe.solve.pricing import Decision
 from autopipe.units import format_bytes
@@ -35,9 +36,8 @@ __all__ = [
 ]
 
 SEARCH_SCHEDULES = tuple(s.name for s in search_order())  # ties go to the first (ScheduleSpec.preference)
-# The most micro-batches autopipe plans or runs: a schedule is priced by simulating every one
-# of them, so this keeps any request within seconds (2**16 of them take about 5 s).
-MAX_MICRO_BATCHES = 2**16
+# MAX_MICRO_BATCHES (plans.py) is the most micro-batches autopipe plans or runs: a schedule is
+# priced by simulating every one of them, so it keeps any request within seconds (2**16 take about 5 s).
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,10 @@ def validate(profile: Profile, req: PlanRequest) -> None:
         )
     if B < 1:
         raise PlanError(f"--batch-size must be at least 1 (got {B})")
+    if B > MAX_BATCH_SIZE:
+        raise PlanError(f"--batch-size {B} is more than autopipe plans (at most {MAX_BATCH_SIZE} = 2**31 samples per pipeline); use a smaller batch")
+    if S > MAX_DEVICES:
+        raise PlanError(f"--stages {S} is more than autopipe plans (at most {MAX_DEVICES} = 2**12); use fewer")
     if not req.memory_limit > 0:
         raise PlanError(f"--memory must be positive (got {req.memory_limit})")
     if req.micro_batches is not None:

@@ -210,13 +210,16 @@ def test_huge_batches_answer_in_seconds(tmp_path: Path, capsys: pytest.CaptureFi
     profile = tmp_path / "profile.json"
     chain().save(profile)
     base = ["plan", "--profile", str(profile), "--stages", "2", "-o", str(tmp_path / "p.json")]
-    for batch in (10**15, 2**53, 10**29):  # the last two: beyond float precision
+    for batch in (2**31, 10**15, 2**53, 10**29):  # the last two: beyond float precision
         code, _, err, elapsed = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(batch))
         assert code == 2 and elapsed < 10
-        assert err.startswith("autopipe: error: no plan of 4 blocks on 2 devices fits 1.0 GiB per device; the smallest limit") and err.count("\n") == 1
-    code, _, err, elapsed = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(10**12), "--micro-batches", str(10**12))
+        if batch == 2**31:  # the largest batch autopipe plans: searched, and a plan that does not fit
+            assert err.startswith("autopipe: error: no plan of 4 blocks on 2 devices fits 1.0 GiB per device; the smallest limit") and err.count("\n") == 1
+        else:  # beyond it: refused before any search (a plan that large would not load back)
+            assert err == f"autopipe: error: --batch-size {batch} is more than autopipe plans (at most 2147483648 = 2**31 samples per pipeline); use a smaller batch\n"
+    code, _, err, elapsed = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(2**31), "--micro-batches", str(2**31))
     assert code == 2 and elapsed < 10
-    assert err == f"autopipe: error: --micro-batches {10**12} is more than autopipe plans (at most 65536 = 2**16); use fewer\n"
+    assert err == f"autopipe: error: --micro-batches {2**31} is more than autopipe plans (at most 65536 = 2**16); use fewer\n"
 
 
 def test_show_of_a_plan_too_long_to_draw(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
