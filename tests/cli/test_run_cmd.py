@@ -134,3 +134,27 @@ def test_plot_without_matplotlib_is_one_line(tmp_path: Path, capsys: pytest.Capt
     assert capsys.readouterr().err.strip() == (
         "autopipe: error: --plot needs matplotlib, which is not installed; pip install 'autopipe[plot]' or drop --plot"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("arch", ["t5", "mixtral"])  # encoder-decoder (dict inputs), mixture of experts
+def test_both_engines_run_a_hugging_face_model_as_one_process(
+    arch: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``autopipe run --engine autopipe|torch`` on a Hugging Face model from its config (the
+    five-architecture matrix runs the same API in one process pair: tests/stages/test_export.py)."""
+    pytest.importorskip("transformers")
+    from tests.helpers import FIXTURES, even_plan
+    from tests.stages.test_export import _hf_reference
+
+    plan = even_plan(str(FIXTURES / "hf_zoo.py"), {"arch": arch}, stages=2, micro_batches=2, micro_batch_size=2)
+    plan.save(tmp_path / "plan.json")
+    want, _ = _hf_reference(plan)  # 3 SGD steps at lr 0.1 on the model file's fixed batch
+    for engine in ("autopipe", "torch"):
+        code = main(["run", str(tmp_path / "plan.json"), "--optimizer", "SGD", "--lr", "0.1", "--steps", "3",
+                     "--timeout", "60", "--device", "cpu", "--engine", engine, "--json"])  # fmt: skip
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        losses = json.loads(captured.out)["losses"]
+        assert max(abs(a - b) / abs(b) for a, b in zip(losses, want, strict=True)) <= TOL, (engine, losses, want)
