@@ -19,13 +19,17 @@ from autopipe.errors import PlanError
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
 
+IN_MEMORY = ("", "<model>")  # a recipe's model_file when the model was planned from Python (autopipe.plan(model, ...))
+
 __all__ = ["check_plan", "replan_hint"]
 
 
 def replan_hint(plan: Plan) -> str:
     """``plan again with 'autopipe plan MODEL -k ...'`` for the plan's model, on one line."""
     recipe = plan.recipe
-    words = [recipe.model_file or "MODEL", *(w for k in recipe.model_kwargs for w in ("-k", k))]
+    if recipe.model_file in IN_MEMORY:  # planned in Python: no command can plan it again
+        return "plan again in Python with autopipe.plan(model, example_inputs, ...)"
+    words = [recipe.model_file, *(w for k in recipe.model_kwargs for w in ("-k", k))]
     command = " ".join(shlex.quote(w) for w in ["autopipe", "plan", *words])
     if not command.isprintable():  # a newline or control character in a path: show it escaped
         command = repr(command)[1:-1]

@@ -22,12 +22,11 @@ from autopipe.errors import FactoryArgumentError, ModelLoadError, PlanError, Pla
 from autopipe.graph.trace import TracedModel, trace_model
 from autopipe.model.load import LoadedModel, load_model
 from autopipe.plans import Plan
-from autopipe.stages.check import check_plan
+from autopipe.stages.check import IN_MEMORY, check_plan
 
 __all__ = ["IN_MEMORY", "SEED", "check_rebuildable", "rebuild_model", "trace_for_plan"]
 
 SEED = 0
-IN_MEMORY = ("", "<model>")  # a recipe's model_file when the model was planned from Python (autopipe.plan(model, ...))
 
 
 def rebuild_model(

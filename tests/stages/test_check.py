@@ -117,6 +117,13 @@ def test_the_hint_stays_on_one_line() -> None:
     assert "\n" not in hint and "a b\\nc.py" in hint and hint.startswith("plan again with ")
 
 
+def test_a_plan_made_in_python_is_planned_again_in_python() -> None:
+    plan, _ = _base()
+    for file in ("", "<model>"):  # the model_file of autopipe.plan(model, ...)
+        in_memory = dataclasses.replace(plan, recipe=dataclasses.replace(plan.recipe, model_file=file))
+        assert replan_hint(in_memory) == "plan again in Python with autopipe.plan(model, example_inputs, ...)"
+
+
 def test_run_and_emit_refuse_a_plan_cut_mid_block_before_any_rank_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan, _ = _base()
     path = tmp_path / "p.json"
