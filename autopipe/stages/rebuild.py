@@ -18,11 +18,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe.errors import FactoryArgumentError, ModelLoadError, PlanError, PlanFileError
+from autopipe.errors import (
+    FactoryArgumentError,
+    ModelLoadError,
+    PlanError,
+    PlanFileError,
+    TraceError,
+)
 from autopipe.graph.trace import TracedModel, trace_model
 from autopipe.model.load import LoadedModel, load_model
 from autopipe.plans import Plan
-from autopipe.stages.check import IN_MEMORY, check_plan
+from autopipe.stages.check import IN_MEMORY, check_plan, replan_hint
 
 __all__ = ["IN_MEMORY", "SEED", "check_rebuildable", "rebuild_model", "trace_for_plan"]
 
@@ -140,6 +146,9 @@ def trace_for_plan(plan: Plan, model: nn.Module, inputs: Any, source: Path | Non
 
     (Tracing leaves the model's buffers, BatchNorm statistics included, as they were.)
     """
-    traced = trace_model(model, inputs, micro_batch_size=plan.micro_batch_size, recipe=plan.recipe, source=source)
+    try:
+        traced = trace_model(model, inputs, micro_batch_size=plan.micro_batch_size, recipe=plan.recipe, source=source)
+    except TraceError as e:  # it traced when planned: the model changed since (its advice is for autopipe plan)
+        raise TraceError(f"the model no longer traces as it did when planned: {e}; when it is fixed, {replan_hint(plan)}") from None
     check_plan(plan, traced)
     return traced

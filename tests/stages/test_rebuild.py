@@ -90,3 +90,16 @@ def test_a_damaged_recipe(plan: Plan, recipe: dict[str, object], message: str, t
     with pytest.raises(PlanFileError, match=message):
         rebuild_model(_with(plan, **recipe))
     assert message in _one_line_error(_with(plan, **recipe), tmp_path, capsys)
+
+
+def test_a_model_that_no_longer_traces_is_told_to_plan_again(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """run/emit have no --leaf: tracing advice is for autopipe plan, and the message says so."""
+    model = tmp_path / "net.py"
+    model.write_text((FIXTURES / "control_flow.py").read_text().replace("if x.sum() > 0:", "if True:"))
+    plan = even_plan(str(model), stages=2)
+    plan.save(tmp_path / "plan.json")
+    model.write_text((FIXTURES / "control_flow.py").read_text())  # changed since: no tracer follows it now
+    assert main(["emit", str(tmp_path / "plan.json"), "-o", str(tmp_path / "stages")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("autopipe: error: the model no longer traces as it did when planned: ") and err.count("\n") == 1
+    assert err.rstrip().endswith(f"when it is fixed, plan again with 'autopipe plan {model}'")
