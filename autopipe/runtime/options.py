@@ -120,6 +120,8 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 def check_options(o: RunOptions) -> None:
     """RunOptionError unless every option can work: numbers in range, an optimizer that takes
     its arguments, a checkpoint to resume, a folder to save into, the device."""
+    if o.engine != "autopipe" and (o.save_checkpoint or o.resume):
+        raise RunOptionError("--save-checkpoint and --resume work with --engine autopipe only; drop them or the --engine flag")
     if not 1 <= o.steps <= MAX_STEPS:
         raise RunOptionError(
             f"--steps must be from 1 to {MAX_STEPS} (got {o.steps}); run longer as several runs "

@@ -143,6 +143,8 @@ def _flag_cases(tmp: Path) -> list[tuple[list[str], str]]:
         (["--save-checkpoint", str(tmp / "a-file")], f"--save-checkpoint {str(tmp / 'a-file')!r} is a file; give a folder (made if missing)"),
         (["--save-checkpoint", str(tmp / "a-file" / "ck")], f"--save-checkpoint {str(tmp / 'a-file' / 'ck')!r}: {str(tmp / 'a-file')!r} is a file, so no folder can be made under it"),
         (["--save-checkpoint", "/proc/autopipe-ck"], "--save-checkpoint '/proc/autopipe-ck': cannot write in '/proc' ("),
+        (["--engine", "torch", "--save-checkpoint", str(tmp / "ck2")], "--save-checkpoint and --resume work with --engine autopipe only"),
+        (["--engine", "torch", "--resume", str(tmp / "ck")], "--save-checkpoint and --resume work with --engine autopipe only"),
     ]
 
 
