@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -234,24 +233,20 @@ def _show(
     plan: Plan, out: Console, as_json: bool, timeline: str | None, wrote: str | None, text_timeline: bool = False,
     source: str = "the plan",
 ) -> None:  # fmt: skip
-    from autopipe.schedules.draw import MAX_DRAWN_MICRO_BATCHES, check_times, draw_timeline
+    from autopipe.schedules.draw import check_times, draw_timeline, plan_frame
     from autopipe.schedules.draw import text_timeline as text_rows
-    from autopipe.solve.assemble import plan_timeline
+    from autopipe.solve.assemble import plan_costs, plan_timeline
 
-    wanted, skipped = bool(timeline or (text_timeline and not as_json)), None
+    wanted = bool(timeline or (text_timeline and not as_json))
     if wanted:
         check_times(plan, source)
-    if wanted and plan.micro_batches > MAX_DRAWN_MICRO_BATCHES:
-        skipped = f"timeline not drawn: {plan.micro_batches} micro-batches, more than the {MAX_DRAWN_MICRO_BATCHES} autopipe draws"
-        timeline, wanted = None, False
     simulated = plan_timeline(plan) if wanted else None
+    shown = plan_frame(plan, simulated) if simulated is not None else None  # what is drawn: bounded
     if timeline and simulated is not None:
-        draw_timeline(plan, simulated, timeline)
+        draw_timeline(plan, simulated, timeline, plan_costs(plan), shown)
     if as_json:
         print(json.dumps(plan_json(plan), indent=1), file=out.file)
-        if skipped:
-            print(f"autopipe: {skipped}", file=sys.stderr)
         return
-    rows = text_rows(plan, simulated) if text_timeline and simulated is not None else None
-    notes = [n for n in (wrote, f"drew {timeline}" if timeline else None, skipped) if n]
+    rows = text_rows(plan, simulated, letters=not out.is_terminal, shown=shown) if text_timeline and simulated is not None else None
+    notes = [n for n in (wrote, f"drew {timeline}" if timeline else None) if n]
     print_plan(plan, out, rows, "; ".join(notes) or None)

@@ -63,7 +63,6 @@ def print_plan(plan: Plan, console: Console, timeline_rows: list[str] | None = N
         console.print(f"runners-up: {alt}")
     console.print(baseline_table(plan))
     if timeline_rows:
-        console.print("timeline (digit = micro-batch; [green]F[/] [blue]B[/] [magenta]W[/], · idle):")
         for row in timeline_rows:
             console.print(row, highlight=False)
     if wrote:

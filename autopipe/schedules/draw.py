@@ -1,27 +1,40 @@
 """Pictures of a simulated schedule: a Gantt chart (PNG/SVG) and a compact text version.
 
-One row per device; forward (F), backward (B, the input-gradient part when backward is split)
-and weight-gradient (W) coloured per micro-batch (F light, B dark, W hatched); gaps are the
-bubble; a thin band under each row shows activations and gradients in flight on the link into
-that device. The title carries the predicted iteration time and bubble.
+The chart has two panels. Above, one row per device: forward (F), backward (B, the
+input-gradient part when backward is split), weight-gradient (W) and the recomputed forward
+that opens a B on a stage with recomputation (R), each kind in its own colour (:data:`COLOURS`,
+the legend's), the micro-batch number written where it fits; an interleaved plan's odd chunks are
+lighter and outlined; every action at least :data:`MIN_PX` pixels wide; the light grey
+behind is idle time, the thin grey band under a row activations or gradients in flight on the
+link into that device. Below, each device's memory over the iteration as a fraction of its
+limit (dashed line), so the stages that had to recompute show why. Long schedules are drawn as
+warm-up, steady state and cool-down with the elided middle marked (:mod:`.picture`): the
+picture and the time to draw it stay bounded (at most :data:`MAX_PX` pixels on a side).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from pathlib import Path
+from typing import Any
 
 from autopipe._io import atomic_write
 from autopipe.errors import AutopipeError, PlanFileError
 from autopipe.plans import Plan
+from autopipe.schedules.picture import RECOMPUTE, Box, Frame, frame, memory_steps, sample
 from autopipe.schedules.registry import schedule_spec
-from autopipe.schedules.simulate import Timeline
+from autopipe.schedules.simulate import StageCost, Timeline
 
-__all__ = ["MAX_DRAWN_MICRO_BATCHES", "check_times", "draw_timeline", "text_timeline"]
+__all__ = ["COLOURS", "IDLE_COLOUR", "MAX_PX", "check_times", "draw_timeline", "plan_frame", "text_timeline"]
 
-# Timelines of more micro-batches are not drawn: simulating and drawing every action grows with
-# them (a million would take hours), and past a few hundred the picture shows nothing more.
-MAX_DRAWN_MICRO_BATCHES = 1024
+COLOURS = {"F": "#59a14f", "B": "#4e79a7", "W": "#b07aa1", RECOMPUTE: "#f28e2b"}  # by kind
+NAMES = {"F": "F forward", "B": "B backward", "W": "W weight grad", RECOMPUTE: "R recompute (in B)"}
+IDLE_COLOUR, LINK_COLOUR, LIMIT_COLOUR = "#e8e8e8", "#8c8c8c", "#d62728"
+MAX_PX = 3000  # longest side of a drawn picture
+MIN_PX = 3.0  # narrowest drawn action
+_DPI = 100
+_MAX_LABELS = 1500
 _TIMES = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
 
 
@@ -41,86 +54,217 @@ def check_times(plan: Plan, source: str = "the plan") -> None:
         raise PlanFileError(f"{source} has link_bandwidth {plan.link_bandwidth!r}; it must be positive, plan again")
 
 
-def draw_timeline(plan: Plan, timeline: Timeline, path: str | Path) -> None:
-    """Write the Gantt chart of ``timeline`` to ``path`` (.png or .svg)."""
+def plan_frame(plan: Plan, timeline: Timeline) -> Frame:
+    """The windows and boxes of ``plan``'s timeline (chunks numbered per device, the recomputed
+    forward of a stage with recomputation as its own kind)."""
+    home = schedule_spec(plan.schedule).placement
+    chunk, seen = [], [0] * plan.devices
+    for j in range(len(plan.stages)):
+        d = home(j, plan.devices, plan.virtual)
+        chunk.append(seen[d])
+        seen[d] += 1
+    recompute = [s.forward_s if s.recompute else 0.0 for s in plan.stages]
+    return frame(timeline, plan.devices, chunk, recompute)
+
+
+def _size(devices: int, per_device: int) -> tuple[int, int, int, int]:
+    """Picture width and height, timeline and memory row heights, in pixels."""
+    row = int(min(36, max(14, 1400 / devices)))
+    mem = int(min(24, max(10, 0.6 * row)))
+    width = int(min(MAX_PX - 200, max(1000, 9 * per_device)))
+    return width, devices * (row + mem) + 330, row, mem
+
+
+def draw_timeline(
+    plan: Plan, timeline: Timeline, path: str | Path, costs: list[StageCost] | None = None, shown: Frame | None = None
+) -> None:
+    """Write the Gantt chart of ``timeline`` to ``path`` (.png or .svg); ``costs`` (the stage costs
+    it was simulated with) add the memory panel; ``shown`` is :func:`plan_frame`'s, if made already."""
     p = Path(path)
     if p.suffix.lower() not in (".png", ".svg"):
         raise AutopipeError(f"--timeline {p}: use a .png or .svg file name")
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
+        from matplotlib.figure import Figure  # no pyplot: no global state, faster to import
     except ImportError:
         raise AutopipeError("drawing a timeline needs matplotlib; pip install matplotlib") from None
-
-    S, m = plan.devices, plan.micro_batches
+    f = shown if shown is not None else plan_frame(plan, timeline)
+    S = plan.devices
+    per_device = max(sum(1 for b in f.boxes if b.rank == d) for d in range(S))
+    width, height, row, mem = _size(S, per_device)
+    fig = Figure(figsize=(width / _DPI, height / _DPI), dpi=_DPI)
+    top, bottom, left, right, between = 60, 130, 130, 30, 70
+    panel = height - top - bottom - between
+    ax = fig.add_axes((left / width, (bottom + between + panel * mem / (row + mem)) / height, 1 - (left + right) / width, panel * row / (row + mem) / height))
     scale, unit = (1e3, "ms") if timeline.iteration_s < 10 else (1.0, "s")
-    cmap = plt.get_cmap("tab20")
-    fig, ax = plt.subplots(figsize=(min(24, 6 + 0.12 * len(timeline.actions) / max(S, 1)), 0.9 * S + 1.6))
-    comm = _comm_by_stage(plan)
-    spec = schedule_spec(plan.schedule)
-    for at in timeline.actions:
-        a = at.action
-        y = S - 1 - at.rank
-        colour = cmap((2 * a.microbatch) % 20 + (0 if a.kind == "F" else 1))
-        ax.barh(
-            y + 0.1, (at.end_s - at.start_s) * scale, left=at.start_s * scale, height=0.7,
-            color=colour, edgecolor="black", linewidth=0.3, hatch="//" if a.kind == "W" else None,
-        )  # fmt: skip
-        width = (at.end_s - at.start_s) * scale
-        if width > 0.025 * timeline.iteration_s * scale:
-            ax.text(at.start_s * scale + width / 2, y + 0.45, f"{a.kind}{a.microbatch}", ha="center", va="center", fontsize=6)
-        delay = comm.get((a.stage, a.kind), 0.0)
-        if delay > 0:  # this action's output travels to the neighbour stage for ``delay`` seconds
-            target = (a.stage + 1) if a.kind == "F" else (a.stage - 1)
-            ty = S - 1 - spec.device_of(target, S, plan.virtual)
-            ax.barh(ty - 0.32, delay * scale, left=at.end_s * scale, height=0.12, color="grey", alpha=0.6)
-    ax.set_yticks(range(S), [f"device {S - 1 - y}" for y in range(S)])
-    ax.set_xlabel(f"time ({unit})")
-    ax.set_xlim(0, timeline.iteration_s * scale * 1.01)
+    px = (width - left - right) / max(f.width, 1e-300)  # pixels per second of drawn axis
+    _boxes(ax, plan, f, px, row)
+    _axes(ax, f, S, scale, unit, [f"device {d}" for d in range(S)])
+    elided = f" (warm-up, steady state and cool-down; {sum(f.elided):,} actions elided)" if f.elided else ""
     ax.set_title(
-        f"{plan.schedule}, {S} devices x {plan.virtual}, m={m}: predicted iteration "
-        f"{timeline.iteration_s * scale:.3g} {unit}, bubble {timeline.bubble_fraction:.1%}",
+        f"{plan.schedule}, {S} devices x {plan.virtual}, m={plan.micro_batches}: predicted iteration "
+        f"{timeline.iteration_s * scale:.4g} {unit}, bubble {timeline.bubble_fraction:.1%}{elided}",
         fontsize=10,
     )
-    ax.legend(
-        handles=[
-            Patch(facecolor=cmap(0), edgecolor="black", label="F (forward)"),
-            Patch(facecolor=cmap(1), edgecolor="black", label="B (backward)"),
-            Patch(facecolor=cmap(1), edgecolor="black", hatch="//", label="W (weight grad)"),
-            Patch(facecolor="grey", alpha=0.6, label="in flight on the link"),
-        ],
-        loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize=8, frameon=False,
-    )  # fmt: skip
-    fig.tight_layout()
-    try:
-        atomic_write(p, lambda tmp: fig.savefig(tmp, dpi=120))
-    finally:
-        plt.close(fig)
+    if costs is not None:
+        ax2 = fig.add_axes((left / width, bottom / height, 1 - (left + right) / width, panel * mem / (row + mem) / height))
+        _memory(ax2, plan, timeline, f, costs)
+    _legend(fig, plan, f)
+    atomic_write(p, lambda tmp: fig.savefig(tmp, dpi=_DPI, format=p.suffix.lower()[1:]))
 
 
-def _comm_by_stage(plan: Plan) -> dict[tuple[int, str], float]:
-    out: dict[tuple[int, str], float] = {}
-    for s in plan.stages:
-        if s.send_bytes > 0 and s.index + 1 < len(plan.stages):
-            t = plan.link_latency_s + s.send_bytes / plan.link_bandwidth
-            out[(s.index, "F")] = t
-            out[(s.index + 1, "B")] = t
-    return out
+def _lighter(colour: str) -> tuple[float, float, float]:
+    from matplotlib.colors import to_rgb
+
+    r, g, b = to_rgb(colour)
+    return (r + (1 - r) * 0.5, g + (1 - g) * 0.5, b + (1 - b) * 0.5)
 
 
-def text_timeline(plan: Plan, timeline: Timeline, width: int = 100) -> list[str]:
-    """Rows of rich markup: one character per time slice, the micro-batch's digit coloured by
-    kind (F green, B blue, W magenta), ``·`` idle."""
-    total = timeline.iteration_s or 1.0
-    rows = [["·"] * width for _ in range(plan.devices)]
-    style = {"F": "green", "B": "blue", "W": "magenta"}
-    for at in timeline.actions:
-        a = at.action
-        lo = int(at.start_s / total * width)
-        hi = max(lo + 1, round(at.end_s / total * width))
-        for c in range(lo, min(hi, width)):
-            rows[at.rank][c] = f"[{style[a.kind]}]{a.microbatch % 10}[/]"
-    return [f"device {r} │" + "".join(row) + "│" for r, row in enumerate(rows)]
+def _rect(x0: float, x1: float, y0: float, y1: float) -> list[tuple[float, float]]:
+    return [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
+
+
+def _boxes(ax: Any, plan: Plan, f: Frame, px: float, row: int) -> None:
+    from matplotlib.collections import PolyCollection
+
+    S = plan.devices
+    ax.add_collection(PolyCollection([_rect(0, f.width, S - 1 - d - 0.42, S - 1 - d + 0.3) for d in range(S)], facecolors=IDLE_COLOUR, edgecolors="none", antialiased=False))  # fmt: skip
+    least = MIN_PX / px
+    groups: dict[str, tuple[list[list[tuple[float, float]]], list[Any]]] = {"plain": ([], []), "odd": ([], []), "narrow": ([], [])}
+    link: list[list[tuple[float, float]]] = []
+    spec = schedule_spec(plan.schedule)
+    labels = 0
+    fontsize = min(8.0, 0.4 * row)
+    for b in f.boxes:
+        y = S - 1 - b.rank
+        x1 = max(b.x1, b.x0 + least)
+        group = groups["narrow" if x1 > b.x1 else "odd" if b.chunk % 2 else "plain"]  # narrow ones on top
+        group[0].append(_rect(b.x0, x1, y - 0.42, y + 0.3))
+        group[1].append(_lighter(COLOURS[b.kind]) if b.chunk % 2 else COLOURS[b.kind])
+        if b.kind != RECOMPUTE and labels < _MAX_LABELS and (x1 - b.x0) * px >= 6.5 * len(str(b.microbatch)) + 4 and row >= 14:
+            ax.text((b.x0 + x1) / 2, y - 0.06, str(b.microbatch), ha="center", va="center", fontsize=fontsize, color="white" if b.chunk % 2 == 0 else "black")
+            labels += 1
+        delay, to = _link(plan, b.stage, b.kind)
+        end = f.x_of(b.end_s) if delay > 0 else None
+        if end is not None and b.x1 == end:  # the box that ends the action
+            ty = S - 1 - spec.device_of(to, S, plan.virtual)
+            link.append(_rect(end, end + max(delay, least / 2), ty - 0.58, ty - 0.46))
+    ax.add_collection(PolyCollection(link, facecolors=LINK_COLOUR, edgecolors="none", antialiased=False))
+    for name, (rects, colours) in groups.items():
+        edges = {"plain": ("white", 0.6), "odd": ("black", 0.8), "narrow": ("none", 0.0)}[name]
+        ax.add_collection(PolyCollection(rects, facecolors=colours, edgecolors=edges[0], linewidths=edges[1], antialiased=False))
+
+
+def _axes(ax: Any, f: Frame, rows: int, scale: float, unit: str, names: list[str]) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlim(0, f.width)
+    ax.set_ylim(-0.6, rows - 0.4)
+    ax.set_yticks(range(rows), list(reversed(names)), fontsize=min(9, max(6, 0.45 * 1400 / rows)))
+    ticks: list[float] = []
+    labels: list[str] = []
+    for w in f.windows:
+        bins = max(2, round(8 * (w.end_s - w.start_s) / max(f.width, 1e-300)))
+        for t in MaxNLocator(nbins=bins).tick_values(w.start_s * scale, w.end_s * scale):
+            if w.start_s * scale <= t <= w.end_s * scale:
+                ticks.append(w.x0 + t / scale - w.start_s)
+                labels.append(f"{t:g}")
+    ax.set_xticks(ticks, labels, fontsize=8)
+    ax.set_xlabel(f"time ({unit})")
+    for i, w in enumerate(f.windows[:-1]):
+        lo = w.x0 + w.end_s - w.start_s
+        ax.axvspan(lo, lo + f.gap, facecolor="white", edgecolor="black", hatch="\\\\", linewidth=0.5, zorder=3)
+        if f.elided:
+            ax.text(lo + f.gap / 2, (rows - 1) / 2, f"{f.elided[i]:,} actions elided", rotation=90, ha="center", va="center", fontsize=9, zorder=4, bbox={"facecolor": "white", "edgecolor": "none"})  # fmt: skip
+
+
+def _memory(ax: Any, plan: Plan, timeline: Timeline, f: Frame, costs: list[StageCost]) -> None:
+    S = plan.devices
+    home = schedule_spec(plan.schedule).devices_of(S, plan.virtual)
+    steps = memory_steps(timeline, costs, home)
+    limit = plan.memory_limit_bytes if plan.memory_limit_bytes > 0 and math.isfinite(plan.memory_limit_bytes) else max(timeline.peak_memory_bytes) or 1.0
+    recomputes = {s.rank for s in plan.stages if s.recompute}
+    names = []
+    for d in range(S):
+        y0 = S - 1 - d - 0.4
+        points = sample(f, steps[d])
+        xs = [x for x, _ in points]
+        ys = [y0 + 0.8 * min(v / limit, 1.05) for _, v in points]
+        colour = COLOURS[RECOMPUTE] if d in recomputes else COLOURS["B"]
+        ax.fill_between(xs, y0, ys, step="post", facecolor=colour, alpha=0.55, edgecolor="none")
+        ax.plot([0, f.width], [y0 + 0.8, y0 + 0.8], color=LIMIT_COLOUR, linewidth=0.7, linestyle="--")
+        names.append(f"device {d}: {timeline.peak_memory_bytes[d] / limit:.0%}")
+    scale, unit = (1e3, "ms") if timeline.iteration_s < 10 else (1.0, "s")
+    _axes(ax, f, S, scale, unit, names)
+    ax.set_title("memory held over the iteration (peak / limit per device; orange: recomputes)", fontsize=9)
+
+
+def _legend(fig: Any, plan: Plan, f: Frame) -> None:
+    from matplotlib.patches import Patch
+
+    kinds = {b.kind for b in f.boxes}
+    handles = [Patch(facecolor=COLOURS[k], label=NAMES[k]) for k in ("F", "B", "W", RECOMPUTE) if k in kinds]
+    if plan.virtual > 1:
+        handles.append(Patch(facecolor=_lighter(COLOURS["F"]), edgecolor="black", label="odd chunks: lighter, outlined"))
+    handles += [Patch(facecolor=IDLE_COLOUR, label="idle"), Patch(facecolor=LINK_COLOUR, label="in flight on the link")]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=9, frameon=False)
+
+
+def _link(plan: Plan, stage: int, kind: str) -> tuple[float, int]:
+    """How long the output of ``kind`` of ``stage`` travels, and to which stage (0: not sent)."""
+    to = stage + 1 if kind == "F" else stage - 1
+    if kind not in ("F", "B") or not 0 <= to < len(plan.stages):
+        return 0.0, to
+    sent = plan.stages[min(stage, to)].send_bytes
+    if sent <= 0 or schedule_spec(plan.schedule).device_of(to, plan.devices, plan.virtual) == schedule_spec(plan.schedule).device_of(stage, plan.devices, plan.virtual):
+        return 0.0, to
+    return plan.link_latency_s + sent / plan.link_bandwidth, to
+
+
+def text_timeline(plan: Plan, timeline: Timeline, width: int = 100, letters: bool = False, shown: Frame | None = None) -> list[str]:
+    """A heading and one row of rich markup per device, one character per slice of time: the
+    micro-batch's last digit coloured by kind (F green, B blue, W magenta), or with ``letters``
+    (for a file or a pipe, where colours are lost) the kind's letter; ``·`` idle, ``┊`` elided."""
+    f = shown if shown is not None else plan_frame(plan, timeline)
+    columns = width - (len(f.windows) - 1)
+    style = {"F": "green", "B": "blue", "W": "magenta", RECOMPUTE: "blue"}
+    per_rank: list[list[Box]] = [[] for _ in range(plan.devices)]
+    for b in f.boxes:
+        per_rank[b.rank].append(b)
+    rows = []
+    for boxes in per_rank:
+        starts = [b.x0 for b in boxes]
+        cells: list[str] = []
+        for i, w in enumerate(f.windows):
+            span = w.end_s - w.start_s
+            n = max(1, round(columns * span / max(f.width - f.gap * (len(f.windows) - 1), 1e-300)))
+            for c in range(n):
+                hit = _busiest(boxes, starts, w.x0 + c * span / n, w.x0 + (c + 1) * span / n)
+                if hit is None:
+                    cells.append("·")
+                else:
+                    kind = "B" if hit.kind == RECOMPUTE else hit.kind
+                    cells.append(f"[{style[kind]}]{kind if letters else hit.microbatch % 10}[/]")
+            if i + 1 < len(f.windows):
+                cells.append("┊")
+        rows.append(cells)
+    key = "letter = kind: [green]F[/] forward, [blue]B[/] backward, [magenta]W[/] weight grad" if letters else "digit = micro-batch; [green]F[/] [blue]B[/] [magenta]W[/]"
+    head = [f"timeline ({key}, · idle):"]
+    if f.elided:
+        head.append(f"┊ {sum(f.elided):,} actions elided: warm-up, one steady-state window and cool-down shown")
+    return head + [f"device {r} │" + "".join(row) + "│" for r, row in enumerate(rows)]
+
+
+def _busiest(boxes: list[Box], starts: list[float], lo: float, hi: float) -> Box | None:
+    """Of one device's boxes (by start), the one that covers most of ``[lo, hi)``; ``None`` if
+    none reaches into it (a zero-length action counts where it stands)."""
+    best, most = None, -1.0
+    k = bisect.bisect_left(starts, hi)
+    while k > 0:
+        k -= 1
+        b = boxes[k]
+        if b.x1 < lo:
+            break
+        overlap = min(b.x1, hi) - max(b.x0, lo)
+        if overlap > most and (b.x1 > lo or b.x0 == b.x1 == lo):
+            best, most = b, overlap
+    return best

@@ -8,13 +8,14 @@ import math
 from autopipe.costs.profile import Profile
 from autopipe.plans import Alternative, Baseline, Plan, StagePlan
 from autopipe.schedules import schedule_spec
-from autopipe.schedules.simulate import StageCost, Summary, Timeline, simulate
+from autopipe.schedules.replay import replay
+from autopipe.schedules.simulate import StageCost, Summary, Timeline
 from autopipe.solve.baselines import BASELINES, baseline_assignment
 from autopipe.solve.pricing import BlockTimes, Candidate, candidate, fits, price
 from autopipe.solve.problem import evaluate, stage_stats
 from autopipe.solve.request import PlanRequest
 
-__all__ = ["make_plan", "plan_timeline"]
+__all__ = ["make_plan", "plan_costs", "plan_timeline"]
 
 
 def make_plan(
@@ -106,9 +107,9 @@ def _baselines(profile: Profile, req: PlanRequest, best: Candidate) -> list[Base
     return out
 
 
-def plan_timeline(plan: Plan) -> Timeline:
-    """Simulate ``plan`` again from its own numbers (what ``autopipe show`` draws)."""
-    costs = [
+def plan_costs(plan: Plan) -> list[StageCost]:
+    """What each of ``plan``'s stages costs the simulator (its own numbers)."""
+    return [
         StageCost(
             forward_s=s.forward_s,
             backward_s=s.backward_s,
@@ -121,10 +122,15 @@ def plan_timeline(plan: Plan) -> Timeline:
         )
         for s in plan.stages
     ]
+
+
+def plan_timeline(plan: Plan) -> Timeline:
+    """Simulate ``plan`` again from its own numbers (what ``autopipe show`` draws)."""
+    costs = plan_costs(plan)
     comm = [
         plan.link_latency_s + s.send_bytes / plan.link_bandwidth if s.send_bytes > 0 else 0.0
         for s in plan.stages[:-1]
     ]
     spec = schedule_spec(plan.schedule)
-    schedule = spec.make(plan.devices, plan.micro_batches, plan.virtual)
-    return simulate(schedule, costs, comm, devices=plan.devices, placement=spec.placement)
+    schedule = spec.create_schedule(plan.devices, plan.micro_batches, plan.virtual)
+    return replay(schedule, costs, comm, devices=plan.devices, virtual=plan.virtual, placement=spec.placement)  # simulate's, fast
