@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from autopipe.schedules.picture import RECOMPUTE, Box, Frame, frame, memory_step
 from autopipe.schedules.registry import schedule_spec
 from autopipe.schedules.simulate import StageCost, Timeline
 
-__all__ = ["COLOURS", "IDLE_COLOUR", "MAX_PX", "check_times", "draw_timeline", "plan_frame", "text_timeline"]
+__all__ = ["COLOURS", "IDLE_COLOUR", "MAX_PX", "Canvas", "check_times", "draw_timeline", "plan_frame", "text_timeline"]
 
 COLOURS = {"F": "#59a14f", "B": "#4e79a7", "W": "#b07aa1", RECOMPUTE: "#f28e2b"}  # by kind
 NAMES = {"F": "F forward", "B": "B backward", "W": "W weight grad", RECOMPUTE: "R recompute (in B)"}
@@ -67,18 +68,53 @@ def plan_frame(plan: Plan, timeline: Timeline) -> Frame:
     return frame(timeline, plan.devices, chunk, recompute)
 
 
-def _size(devices: int, per_device: int) -> tuple[int, int, int, int]:
-    """Picture width and height, timeline and memory row heights, in pixels."""
-    row = int(min(36, max(14, 1400 / devices)))
-    mem = int(min(24, max(10, 0.6 * row)))
-    width = int(min(MAX_PX - 200, max(1000, 9 * per_device)))
-    return width, devices * (row + mem) + 330, row, mem
+@dataclass(frozen=True)
+class Canvas:
+    """Where the parts of a drawn timeline lie, in pixels (what :func:`draw_timeline` returns)."""
+
+    width: int
+    height: int
+    row: int  # height of a device's row in the timeline panel
+    mem: int  # ... and in the memory panel
+    devices: int
+    axis: float  # length of the drawn axis (Frame.width)
+    left: int = 130
+    right: int = 30
+    top: int = 60
+    bottom: int = 130
+    between: int = 70
+
+    @staticmethod
+    def fit(devices: int, per_device: int, axis: float) -> Canvas:
+        """Rows as tall as fit in :data:`MAX_PX` (every one visible at 64 devices), about 9 px
+        per drawn action across."""
+        row = int(min(36, max(14, 1400 / devices)))
+        mem = int(min(24, max(10, 0.6 * row)))
+        width = int(min(MAX_PX - 200, max(1000, 9 * per_device)))
+        return Canvas(width, devices * (row + mem) + 330, row, mem, devices, axis)
+
+    def panels(self) -> tuple[tuple[float, float, float, float], tuple[float, float, float, float]]:
+        """The timeline's and the memory panel's axes, as figure fractions (left, bottom, w, h)."""
+        panel = self.height - self.top - self.bottom - self.between
+        upper, lower = panel * self.row / (self.row + self.mem), panel * self.mem / (self.row + self.mem)
+        w = 1 - (self.left + self.right) / self.width
+        return (self.left / self.width, (self.bottom + self.between + lower) / self.height, w, upper / self.height), (
+            self.left / self.width, self.bottom / self.height, w, lower / self.height,
+        )  # fmt: skip
+
+    def pixel(self, x: float, y: float, memory: bool = False) -> tuple[int, int]:
+        """The pixel (column, row from the top) of point ``(x, y)`` of a panel (``y``: device
+        ``d``'s row is centred on ``devices - 1 - d``)."""
+        left, bottom, w, h = self.panels()[1 if memory else 0]
+        fx = left + w * x / max(self.axis, 1e-300)
+        fy = bottom + h * (y + 0.6) / (self.devices + 0.2)  # the y limits: -0.6 .. devices - 0.4
+        return int(fx * self.width), int((1 - fy) * self.height)
 
 
 def draw_timeline(
     plan: Plan, timeline: Timeline, path: str | Path, costs: list[StageCost] | None = None, shown: Frame | None = None
-) -> None:
-    """Write the Gantt chart of ``timeline`` to ``path`` (.png or .svg); ``costs`` (the stage costs
+) -> Canvas:
+    """Write the Gantt chart of ``timeline`` to ``path`` (.png or .svg) and say where its parts are; ``costs`` (the stage costs
     it was simulated with) add the memory panel; ``shown`` is :func:`plan_frame`'s, if made already."""
     p = Path(path)
     if p.suffix.lower() not in (".png", ".svg"):
@@ -90,13 +126,13 @@ def draw_timeline(
     f = shown if shown is not None else plan_frame(plan, timeline)
     S = plan.devices
     per_device = max(sum(1 for b in f.boxes if b.rank == d) for d in range(S))
-    width, height, row, mem = _size(S, per_device)
-    fig = Figure(figsize=(width / _DPI, height / _DPI), dpi=_DPI)
-    top, bottom, left, right, between = 60, 130, 130, 30, 70
-    panel = height - top - bottom - between
-    ax = fig.add_axes((left / width, (bottom + between + panel * mem / (row + mem)) / height, 1 - (left + right) / width, panel * row / (row + mem) / height))
+    canvas = Canvas.fit(S, per_device, f.width)
+    width, row = canvas.width, canvas.row
+    fig = Figure(figsize=(width / _DPI, canvas.height / _DPI), dpi=_DPI)
+    upper, lower = canvas.panels()
+    ax = fig.add_axes(upper)
     scale, unit = (1e3, "ms") if timeline.iteration_s < 10 else (1.0, "s")
-    px = (width - left - right) / max(f.width, 1e-300)  # pixels per second of drawn axis
+    px = width * upper[2] / max(f.width, 1e-300)  # pixels per second of drawn axis
     _boxes(ax, plan, f, px, row)
     _axes(ax, f, S, scale, unit, [f"device {d}" for d in range(S)])
     elided = f" (warm-up, steady state and cool-down; {sum(f.elided):,} actions elided)" if f.elided else ""
@@ -106,10 +142,11 @@ def draw_timeline(
         fontsize=10,
     )
     if costs is not None:
-        ax2 = fig.add_axes((left / width, bottom / height, 1 - (left + right) / width, panel * mem / (row + mem) / height))
+        ax2 = fig.add_axes(lower)
         _memory(ax2, plan, timeline, f, costs)
     _legend(fig, plan, f)
     atomic_write(p, lambda tmp: fig.savefig(tmp, dpi=_DPI, format=p.suffix.lower()[1:]))
+    return canvas
 
 
 def _lighter(colour: str) -> tuple[float, float, float]:
@@ -123,13 +160,29 @@ def _rect(x0: float, x1: float, y0: float, y1: float) -> list[tuple[float, float
     return [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
 
 
-def _boxes(ax: Any, plan: Plan, f: Frame, px: float, row: int) -> None:
-    from matplotlib.collections import PolyCollection
+def _shapes(ax: Any, polygons: list[list[tuple[float, float]]], face: Any, edge: Any = "none", width: float = 0.0, **kw: Any) -> None:
+    """All ``polygons`` as one compound path: one artist however many (fast to draw)."""
+    from matplotlib.patches import PathPatch
+    from matplotlib.path import Path as MplPath
 
+    if not polygons:
+        return
+    verts: list[tuple[float, float]] = []
+    codes: list[int] = []
+    move, line, close = int(MplPath.MOVETO), int(MplPath.LINETO), int(MplPath.CLOSEPOLY)
+    for poly in polygons:
+        verts += [*poly, poly[0]]
+        codes += [move] + [line] * (len(poly) - 1) + [close]
+    patch = PathPatch(MplPath(verts, codes), facecolor=face, edgecolor=edge, linewidth=width, antialiased=False, **kw)
+    ax.add_artist(patch)  # not add_patch: the limits are set, and walking 100,000 corners for them is slow
+
+
+def _boxes(ax: Any, plan: Plan, f: Frame, px: float, row: int) -> None:
     S = plan.devices
-    ax.add_collection(PolyCollection([_rect(0, f.width, S - 1 - d - 0.42, S - 1 - d + 0.3) for d in range(S)], facecolors=IDLE_COLOUR, edgecolors="none", antialiased=False))  # fmt: skip
+    _shapes(ax, [_rect(0, f.width, S - 1 - d - 0.42, S - 1 - d + 0.3) for d in range(S)], IDLE_COLOUR)
     least = MIN_PX / px
-    groups: dict[str, tuple[list[list[tuple[float, float]]], list[Any]]] = {"plain": ([], []), "odd": ([], []), "narrow": ([], [])}
+    # (widened to show?, odd chunk?, kind) -> rectangles; the widened ones drawn last, on top
+    groups: dict[tuple[bool, bool, str], list[list[tuple[float, float]]]] = {}
     link: list[list[tuple[float, float]]] = []
     spec = schedule_spec(plan.schedule)
     labels = 0
@@ -137,9 +190,7 @@ def _boxes(ax: Any, plan: Plan, f: Frame, px: float, row: int) -> None:
     for b in f.boxes:
         y = S - 1 - b.rank
         x1 = max(b.x1, b.x0 + least)
-        group = groups["narrow" if x1 > b.x1 else "odd" if b.chunk % 2 else "plain"]  # narrow ones on top
-        group[0].append(_rect(b.x0, x1, y - 0.42, y + 0.3))
-        group[1].append(_lighter(COLOURS[b.kind]) if b.chunk % 2 else COLOURS[b.kind])
+        groups.setdefault((x1 > b.x1, b.chunk % 2 == 1, b.kind), []).append(_rect(b.x0, x1, y - 0.42, y + 0.3))
         if b.kind != RECOMPUTE and labels < _MAX_LABELS and (x1 - b.x0) * px >= 6.5 * len(str(b.microbatch)) + 4 and row >= 14:
             ax.text((b.x0 + x1) / 2, y - 0.06, str(b.microbatch), ha="center", va="center", fontsize=fontsize, color="white" if b.chunk % 2 == 0 else "black")
             labels += 1
@@ -148,10 +199,10 @@ def _boxes(ax: Any, plan: Plan, f: Frame, px: float, row: int) -> None:
         if end is not None and b.x1 == end:  # the box that ends the action
             ty = S - 1 - spec.device_of(to, S, plan.virtual)
             link.append(_rect(end, end + max(delay, least / 2), ty - 0.58, ty - 0.46))
-    ax.add_collection(PolyCollection(link, facecolors=LINK_COLOUR, edgecolors="none", antialiased=False))
-    for name, (rects, colours) in groups.items():
-        edges = {"plain": ("white", 0.6), "odd": ("black", 0.8), "narrow": ("none", 0.0)}[name]
-        ax.add_collection(PolyCollection(rects, facecolors=colours, edgecolors=edges[0], linewidths=edges[1], antialiased=False))
+    _shapes(ax, link, LINK_COLOUR)
+    for (narrow, odd, kind), rects in sorted(groups.items()):
+        edge, width = ("none", 0.0) if narrow else ("black", 0.8) if odd else ("white", 0.6)
+        _shapes(ax, rects, _lighter(COLOURS[kind]) if odd else COLOURS[kind], edge, width)
 
 
 def _axes(ax: Any, f: Frame, rows: int, scale: float, unit: str, names: list[str]) -> None:
@@ -183,16 +234,20 @@ def _memory(ax: Any, plan: Plan, timeline: Timeline, f: Frame, costs: list[Stage
     steps = memory_steps(timeline, costs, home)
     limit = plan.memory_limit_bytes if plan.memory_limit_bytes > 0 and math.isfinite(plan.memory_limit_bytes) else max(timeline.peak_memory_bytes) or 1.0
     recomputes = {s.rank for s in plan.stages if s.recompute}
-    names = []
+    names: list[str] = []
+    areas: dict[bool, list[list[tuple[float, float]]]] = {True: [], False: []}
     for d in range(S):
         y0 = S - 1 - d - 0.4
-        points = sample(f, steps[d])
-        xs = [x for x, _ in points]
-        ys = [y0 + 0.8 * min(v / limit, 1.05) for _, v in points]
-        colour = COLOURS[RECOMPUTE] if d in recomputes else COLOURS["B"]
-        ax.fill_between(xs, y0, ys, step="post", facecolor=colour, alpha=0.55, edgecolor="none")
-        ax.plot([0, f.width], [y0 + 0.8, y0 + 0.8], color=LIMIT_COLOUR, linewidth=0.7, linestyle="--")
+        outline = [(0.0, y0)]
+        for x, v in sample(f, steps[d]):  # a step line: held from x on
+            y = y0 + 0.8 * min(v / limit, 1.05)
+            outline += [(x, outline[-1][1]), (x, y)]
+        outline.append((outline[-1][0], y0))
+        areas[d in recomputes].append(outline)
         names.append(f"device {d}: {timeline.peak_memory_bytes[d] / limit:.0%}")
+    for recomputing, shapes in areas.items():
+        _shapes(ax, shapes, COLOURS[RECOMPUTE] if recomputing else COLOURS["B"], alpha=0.6)
+    ax.hlines([S - 1 - d + 0.4 for d in range(S)], 0, f.width, colors=LIMIT_COLOUR, linewidth=0.7, linestyles="--")
     scale, unit = (1e3, "ms") if timeline.iteration_s < 10 else (1.0, "s")
     _axes(ax, f, S, scale, unit, names)
     ax.set_title("memory held over the iteration (peak / limit per device; orange: recomputes)", fontsize=9)
