@@ -25,7 +25,11 @@ def add_emit_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument("--format", default="pt", choices=("pt", "safetensors"), help="weights file format (default: pt)")
     p.set_defaults(func=cmd_emit)
 
-    m = commands.add_parser("merge", help="rebuild the original model's state_dict from emitted stage folders")
+    m = commands.add_parser(
+        "merge", help="rebuild the original model's state_dict from emitted stage folders",
+        description="Read the stage folders and manifest.json that autopipe emit wrote to DIR and save the "
+        "original model's state_dict (its keys, in order, bit for bit) to FILE with torch.save.",
+    )  # fmt: skip
     m.add_argument("folder", metavar="DIR", help="folder written by autopipe emit")
     m.add_argument("-o", "--output", required=True, metavar="FILE", help="state_dict file to write (torch.save)")
     m.set_defaults(func=cmd_merge)
