@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from .args import UsageError, output_folder, output_path
+from .progress import progress_bar
 
 __all__ = ["add_emit_parsers"]
 
@@ -44,10 +45,11 @@ def cmd_emit(args: argparse.Namespace, out: Console, err: Console) -> int:
     output_folder(args.output, "--output")
     plan = Plan.load(args.plan)
     check_destination(args.output, args.force)  # before the slow part
-    manifest = emit(
-        plan, args.output, force=args.force, weights=not args.no_weights, state_dict=args.weights,
-        weights_format=args.format, base=Path(args.plan).parent,
-    )  # fmt: skip
+    with progress_bar(err) as progress:
+        manifest = emit(
+            plan, args.output, force=args.force, weights=not args.no_weights, state_dict=args.weights,
+            weights_format=args.format, base=Path(args.plan).parent, progress=progress,
+        )  # fmt: skip
     n = len(manifest["stages"])
     skips = sum(1 for t in manifest["transfers"] if t["skip"])
     what = "no weights" if manifest["weights"] is None else f"weights as .{manifest['weights']}"
