@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from .args import int_list, output_path, positive_int, split_names
+from .progress import ProgressCallback
 
 if TYPE_CHECKING:
     from autopipe.costs.devices import DeviceSpec
@@ -79,8 +80,12 @@ def analytic_options(args: argparse.Namespace) -> AnalyticOptions:
     )
 
 
-def analytic_profile_for_plan(model: str, kwargs: list[str], spec: DeviceSpec, options: AnalyticOptions) -> Profile:
-    """MODEL (``-k`` ``kwargs``) built on meta and priced on ``spec``."""
+def analytic_profile_for_plan(
+    model: str, kwargs: list[str], spec: DeviceSpec, options: AnalyticOptions, progress: ProgressCallback | None = None
+) -> Profile:
+    """MODEL (``-k`` ``kwargs``) built on meta and priced on ``spec``, telling ``progress``."""
+    if progress is not None:
+        progress(f"loading {model} on the meta device", 0, 0)
     from autopipe.costs.analytic import analytic_profile
     from autopipe.graph.recipe import TraceRecipe
     from autopipe.model.load import load_model, parse_kwargs
@@ -90,7 +95,7 @@ def analytic_profile_for_plan(model: str, kwargs: list[str], spec: DeviceSpec, o
     recipe = TraceRecipe(tracer=options.tracer, leaf_modules=options.leaf_modules, max_blocks=options.max_blocks)
     return analytic_profile(
         loaded, spec, micro_batch_sizes=options.micro_batch_sizes or ANALYTIC_MICRO_BATCH_SIZES,
-        dtype=options.dtype or default_dtype(spec), recipe=recipe,
+        dtype=options.dtype or default_dtype(spec), recipe=recipe, progress=progress,
     )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .args import UsageError, int_list, non_negative_int, positive_int, resolve_device, split_names
 
-__all__ = ["ProfilingOptions", "add_model_arguments", "add_profiling_arguments", "profiling_options"]
+__all__ = ["MEASURE_DEVICE_HELP", "ProfilingOptions", "add_model_arguments", "add_profiling_arguments", "profiling_options"]
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,7 +22,11 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def add_profiling_arguments(p: argparse.ArgumentParser) -> None:
+MEASURE_DEVICE_HELP = "cpu, cuda or cuda:N to measure on (default: cuda if available)"
+
+
+def add_profiling_arguments(p: argparse.ArgumentParser, device_help: str = MEASURE_DEVICE_HELP) -> None:
+    """The profiling flags; ``device_help`` describes ``--device`` for this command."""
     p.add_argument(
         "--micro-batch-sizes", default=None, metavar="U,U,...",
         help="micro-batch sizes to measure, e.g. 1,2,4 (default: batch/4, batch/2, batch)",
@@ -35,11 +39,7 @@ def add_profiling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocks", default=None, metavar="N", help="target number of blocks (default: about one per layer)")
     p.add_argument("--warmup", default="2", metavar="N", help="untimed runs before measuring (default: 2)")
     p.add_argument("--repeat", default="5", metavar="N", help="timed runs per measurement (default: 5)")
-    p.add_argument(
-        "--device", default=None,
-        help="cpu, cuda or cuda:N to measure on (default: cuda if available); for plan, a catalogue device "
-        "(h100, h200, a100-80gb, a100-40gb, or your --device-file's) to plan analytically on the meta device",
-    )  # fmt: skip
+    p.add_argument("--device", default=None, help=device_help)
     p.add_argument(
         "--threads", default="1", metavar="N",
         help="CPU threads while measuring (default: 1, as each rank of 'autopipe run' uses)",

@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from .args import UsageError, output_folder, output_path
+from .progress import progress_bar
 
 __all__ = ["add_emit_parsers"]
 
@@ -25,7 +26,11 @@ def add_emit_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument("--format", default="pt", choices=("pt", "safetensors"), help="weights file format (default: pt)")
     p.set_defaults(func=cmd_emit)
 
-    m = commands.add_parser("merge", help="rebuild the original model's state_dict from emitted stage folders")
+    m = commands.add_parser(
+        "merge", help="rebuild the original model's state_dict from emitted stage folders",
+        description="Read the stage folders and manifest.json that autopipe emit wrote to DIR and save the "
+        "original model's state_dict (its keys, in order, bit for bit) to FILE with torch.save.",
+    )  # fmt: skip
     m.add_argument("folder", metavar="DIR", help="folder written by autopipe emit")
     m.add_argument("-o", "--output", required=True, metavar="FILE", help="state_dict file to write (torch.save)")
     m.set_defaults(func=cmd_merge)
@@ -40,10 +45,11 @@ def cmd_emit(args: argparse.Namespace, out: Console, err: Console) -> int:
     output_folder(args.output, "--output")
     plan = Plan.load(args.plan)
     check_destination(args.output, args.force)  # before the slow part
-    manifest = emit(
-        plan, args.output, force=args.force, weights=not args.no_weights, state_dict=args.weights,
-        weights_format=args.format, base=Path(args.plan).parent,
-    )  # fmt: skip
+    with progress_bar(err) as progress:
+        manifest = emit(
+            plan, args.output, force=args.force, weights=not args.no_weights, state_dict=args.weights,
+            weights_format=args.format, base=Path(args.plan).parent, progress=progress,
+        )  # fmt: skip
     n = len(manifest["stages"])
     skips = sum(1 for t in manifest["transfers"] if t["skip"])
     what = "no weights" if manifest["weights"] is None else f"weights as .{manifest['weights']}"

@@ -34,6 +34,7 @@ from .analytic_cmd import add_calibrate_parser
 from .emit_cmd import add_emit_parsers
 from .plan_cmd import add_plan_parsers
 from .profile_cmd import add_profile_parser
+from .progress import library_notes
 from .run_cmd import add_run_parser
 
 __all__ = ["build_parser", "main"]
@@ -96,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = _Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 120)
     err = _Console(file=sys.stderr, highlight=False)
     try:
-        code: int = args.func(args, out, err)
+        with library_notes():
+            code: int = args.func(args, out, err)
         return code
     except RuntimeFailure as e:
         print(f"autopipe: error: {e}", file=sys.stderr)

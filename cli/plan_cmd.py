@@ -26,8 +26,9 @@ from .analytic_cmd import (
     wants_analytic,
 )
 from .args import UsageError, output_path, positive_int
-from .common import add_profiling_arguments, profiling_options
+from .common import MEASURE_DEVICE_HELP, add_profiling_arguments, profiling_options
 from .profile_cmd import measure
+from .progress import ProgressCallback, progress_bar
 from .render_plan import plan_json, print_plan
 
 if TYPE_CHECKING:
@@ -65,11 +66,18 @@ def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument("-o", "--output", default="plan.json", help="plan file to write (default: plan.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--timeline", default=None, metavar="FILE", help="draw the schedule as a Gantt chart (.png or .svg)")
-    add_profiling_arguments(p)
+    add_profiling_arguments(
+        p, MEASURE_DEVICE_HELP + "; or a catalogue device (h100, h200, a100-80gb, a100-40gb, or your "
+        "--device-file's) to plan analytically on the meta device",
+    )  # fmt: skip
     add_analytic_arguments(p)
     p.set_defaults(func=cmd_plan)
 
-    s = commands.add_parser("show", help="print a saved plan again, with a text timeline")
+    s = commands.add_parser(
+        "show", help="print a saved plan again, with a text timeline",
+        description="Print PLAN's stages, schedule and baselines again, with a text timeline of one "
+        "iteration (or one JSON object with --json); --timeline also draws it to a .png or .svg.",
+    )  # fmt: skip
     s.add_argument("plan", metavar="PLAN", help="plan JSON written by autopipe plan")
     s.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     s.add_argument("--timeline", default=None, metavar="FILE", help="draw the schedule as a Gantt chart (.png or .svg)")
@@ -136,9 +144,22 @@ def _timeline_path(text: str | None) -> str | None:
 
 
 def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
+    flags = plan_flags(args)
+    with progress_bar(err, quiet=args.json) as progress:
+        plan, note = _make_plan(args, flags, progress)
+    plan.save(flags.output)
+    _show(plan, out, args.json, flags.timeline, wrote=f"wrote {flags.output}")
+    if note and not args.json:
+        out.print(note)
+    return 0
+
+
+def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCallback | None) -> tuple[Plan, str]:
+    """The plan ``args`` ask for (profiling or counting MODEL first), with the --gpus note."""
+    if progress is not None:
+        progress("starting", 0, 0)
     from autopipe.solve.defaults import parallel_request, plan_micro_batch_sizes, plan_request
 
-    flags = plan_flags(args)
     analytic = wants_analytic(args.device, args.analytic)
     spec = None
     if args.profile is not None:
@@ -153,10 +174,10 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
         spec = device_for(args.device, args.device_file, args.calibration)
         if args.model is None:
             raise UsageError("--device NAME plans MODEL analytically; give MODEL (a --profile is already priced)")
-        profile = analytic_profile_for_plan(args.model, args.kwargs, spec, analytic_options(args))
+        profile = analytic_profile_for_plan(args.model, args.kwargs, spec, analytic_options(args), progress)
     else:
         options = profiling_options(args, flags.batch_size, plan_micro_batch_sizes(flags.batch_size))
-        profile = measure(args.model, args.kwargs, options, err)
+        profile = measure(args.model, args.kwargs, options, progress)
     note = ""
     if flags.gpus is not None:
         from autopipe.solve.parallel import plan_parallel
@@ -168,7 +189,7 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
             link_latency_s=flags.latency_s, action_overhead_s=flags.action_overhead_s, device=spec,
             device_files=args.device_file, shard_optimizer=args.zero1,
         )  # fmt: skip
-        result = plan_parallel(profile, parallel)
+        result = plan_parallel(profile, parallel, progress)
         plan, note = result.plan, _parallel_note(flags.gpus, result)
     else:
         from autopipe.solve.search import plan_pipeline
@@ -179,12 +200,8 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
             recompute=flags.recompute, link_bandwidth=flags.bandwidth, link_latency_s=flags.latency_s,
             action_overhead_s=flags.action_overhead_s, device=spec,
         )  # fmt: skip
-        plan = plan_pipeline(profile, request)
-    plan.save(flags.output)
-    _show(plan, out, args.json, flags.timeline, wrote=f"wrote {flags.output}")
-    if note and not args.json:
-        out.print(note)
-    return 0
+        plan = plan_pipeline(profile, request, progress)
+    return plan, note
 
 
 def _parallel_note(gpus: int, result: ParallelPlan) -> str:

@@ -15,7 +15,8 @@ from .common import (
     add_profiling_arguments,
     profiling_options,
 )
-from .render import ProgressCallback, print_profile, profile_summary, progress_reporter
+from .progress import ProgressCallback, progress_bar
+from .render import print_profile, profile_summary
 
 if TYPE_CHECKING:
     from autopipe.costs.profile import Profile
@@ -43,7 +44,8 @@ def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
     batch = positive_int(str(args.batch_size), "--batch-size")
     options = profiling_options(args, batch, default_micro_batch_sizes(batch))
     output = str(output_path(args.output, "--output"))
-    profile = measure(args.model, args.kwargs, options, err)
+    with progress_bar(err, quiet=args.json) as progress:
+        profile = measure(args.model, args.kwargs, options, progress)
     profile.save(output)
     if args.json:
         print(json.dumps(profile_summary(profile, output), indent=1), file=out.file)
@@ -52,14 +54,17 @@ def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 0
 
 
-def measure(model: str, kwargs: list[str], options: ProfilingOptions, err: Console) -> Profile:
-    """Load MODEL (``-k`` ``kwargs``), check it runs, and measure it with a progress bar on ``err``."""
+def measure(model: str, kwargs: list[str], options: ProfilingOptions, progress: ProgressCallback | None = None) -> Profile:
+    """Load MODEL (``-k`` ``kwargs``), check it runs, and measure it, telling ``progress``."""
+    if progress is not None:
+        progress(f"loading {model}", 0, 0)
     from autopipe.model.load import check_model_runs, load_model, parse_kwargs
 
     loaded = load_model(model, parse_kwargs(kwargs), device=options.device)
+    if progress is not None:
+        progress(f"checking that {model} runs", 0, 0)
     check_model_runs(loaded, max(options.micro_batch_sizes))
-    with progress_reporter(err) as progress:
-        return _run_profile(options, loaded, progress)
+    return _run_profile(options, loaded, progress)
 
 
 def _run_profile(options: ProfilingOptions, loaded: LoadedModel, progress: ProgressCallback | None = None) -> Profile:

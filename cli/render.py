@@ -1,4 +1,4 @@
-"""How the CLI shows a Profile: a per-block table, a JSON summary, a progress bar.
+"""How the CLI shows a Profile: a per-block table, a JSON summary (the bar: ``progress.py``).
 
 All numbers are read at the largest profiled micro-batch size ``u`` from the affine fits in
 :mod:`autopipe.costs.profile` (``y(u) = intercept + slope * u``). A block's "out" bytes are the bytes
@@ -7,16 +7,16 @@ of every tensor it produces that another block (or the loss) reads.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from autopipe.costs.profile import Profile
 from autopipe.units import format_count
+
+from .progress import ProgressCallback
+from .progress import progress_bar as progress_reporter
 
 __all__ = [
     "ProgressCallback",
@@ -27,8 +27,6 @@ __all__ = [
     "progress_reporter",
     "wrote_line",
 ]
-
-ProgressCallback = Callable[[str, int, int], None]  # (what, done, total)
 
 _MIB = 2.0**20
 
@@ -100,20 +98,3 @@ def profile_summary(profile: Profile, output: str | None = None) -> dict[str, An
             for i, b in enumerate(profile.blocks)
         ],
     }
-
-
-@contextmanager
-def progress_reporter(console: Console) -> Iterator[ProgressCallback | None]:
-    """A progress-bar callback on ``console`` while the block runs; ``None`` when ``console`` is
-    not a terminal, so redirected output stays clean."""
-    if not console.is_terminal:
-        yield None
-        return
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task("starting", total=None)
-
-        def report(what: str, done: int, total: int) -> None:
-            bar.update(task, description=what, completed=done, total=total)
-
-        yield report

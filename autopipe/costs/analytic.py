@@ -38,7 +38,7 @@ from torch import nn
 
 from autopipe.costs.counting import BlockCount, OpCount, count_block, count_loss
 from autopipe.costs.devices import DeviceSpec
-from autopipe.costs.measured import block_cost, crossing_tensors, drop_export_one
+from autopipe.costs.measured import Progress, block_cost, crossing_tensors, drop_export_one
 from autopipe.costs.profile import Affine, Profile
 from autopipe.costs.timing import flat_inputs_of, storage_key
 from autopipe.errors import ModelLoadError, ProfileError
@@ -113,9 +113,11 @@ def count_model(
     micro_batch_sizes: Sequence[int] = (2, 4),
     dtype: str = "fp32",
     recipe: TraceRecipe = DEFAULT_RECIPE,
+    progress: Progress | None = None,
 ) -> ModelCounts:
     """Trace ``loaded`` (a ``load.LoadedModel``, ideally built on meta) as ``recipe`` says
-    (tracer, leaf modules, block limit) and count every block."""
+    (tracer, leaf modules, block limit) and count every block; ``progress(what, done, total)``
+    is told each trace and each block counted."""
     prec = precision(dtype)
     sizes = sorted(set(micro_batch_sizes))
     if not sizes or sizes[0] < 1:
@@ -124,7 +126,9 @@ def count_model(
     model.train()
     traces: list[TracedModel] = []
     counts: list[tuple[BlockCount, ...]] = []
+    report = progress or _silent
     for u in list(sizes):
+        report(f"tracing at micro-batch size {u}", 0, 0)
         inputs = _meta_inputs(loaded.make_inputs(u), prec.dtype)
         traced = trace_model(
             model, inputs, micro_batch_size=u, recipe=replace(recipe, tracer=traces[0].tracer) if traces else recipe,
@@ -138,7 +142,8 @@ def count_model(
             )
         traces.append(traced)
         targets = _meta_inputs(loaded.make_targets(u), prec.dtype) if loaded.make_targets is not None else None
-        counts.append(_count_blocks(traced, inputs, training_loss(loaded, traced, model, inputs, targets)))
+        loss = training_loss(loaded, traced, model, inputs, targets)
+        counts.append(_count_blocks(traced, inputs, loss, _step(report, f"counting at micro-batch size {u}")))
     return ModelCounts(tuple(traces), tuple(counts), loaded, prec, recipe)
 
 
@@ -159,8 +164,17 @@ def _meta_inputs(inputs: Any, dtype: torch.dtype) -> Any:
     return torch.utils._pytree.tree_map(move, inputs)
 
 
+def _silent(what: str, done: int, total: int) -> None:
+    pass
+
+
+def _step(report: Progress, what: str) -> Callable[[int, int], None]:
+    return lambda done, total: report(what, done, total)
+
+
 def _count_blocks(
-    traced: TracedModel, inputs: Any, loss: Callable[[list[Any]], torch.Tensor] | None = None
+    traced: TracedModel, inputs: Any, loss: Callable[[list[Any]], torch.Tensor] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[BlockCount, ...]:
     """Count each block on the values the blocks before it produced; a block that computes
     what an earlier one did (same ops, same shapes) reuses its count and its outputs' layout.
@@ -175,7 +189,9 @@ def _count_blocks(
     seen: dict[tuple[Any, ...], tuple[BlockCount, tuple[Any, ...]]] = {}
     by_name = {n.name: n for n in gm.graph.nodes}
     out = []
-    for block in traced.blocks:
+    for i, block in enumerate(traced.blocks):
+        if progress is not None:
+            progress(i, len(traced.blocks))
         nodes = [by_name[name] for name in block.nodes]
         key, _inputs, output_names = _signature(gm, nodes, env)
         if key in seen:
@@ -187,6 +203,8 @@ def _count_blocks(
             seen[key] = (count, outs)
         env.update(zip(output_names, outs, strict=True))
         out.append(count)
+    if progress is not None:
+        progress(len(out), len(out))
     if loss is not None and out:
         names, _ = graph_outputs(gm)
         try:
@@ -328,8 +346,9 @@ def analytic_profile(
     micro_batch_sizes: Sequence[int] = (2, 4),
     dtype: str = "fp32",
     recipe: TraceRecipe = DEFAULT_RECIPE,
+    progress: Progress | None = None,
 ) -> Profile:
     """Count ``loaded`` on meta, traced as ``recipe`` says, and price it on ``spec`` (see the
-    module docstring)."""
-    counts = count_model(loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe)
+    module docstring); ``progress(what, done, total)`` as :func:`count_model`."""
+    counts = count_model(loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe, progress=progress)
     return profile_from_counts(counts, spec)

@@ -43,9 +43,9 @@ from autopipe.graph.outputs import training_loss
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.trace import Block, TracedModel, trace_model
 
-__all__ = ["BlockMeasurement", "crossing_tensors", "measure_blocks", "profile_model", "saved_bytes", "storage_key", "time_call"]
+__all__ = ["BlockMeasurement", "Progress", "crossing_tensors", "measure_blocks", "profile_model", "saved_bytes", "storage_key", "time_call"]
 
-Progress = Callable[[str, int, int], None]
+Progress = Callable[[str, int, int], None]  # progress(what, done, total); total 0: not known
 _ZERO = Affine(0.0, 0.0)
 
 
@@ -98,7 +98,9 @@ def _profile(
     model.train()
     traces: list[TracedModel] = []
     measured: list[list[BlockMeasurement]] = []
-    for k, u in enumerate(list(sizes)):
+    for u in list(sizes):
+        if progress is not None:
+            progress(f"tracing at micro-batch size {u}", 0, 0)
         inputs = _to_device(loaded.make_inputs(u), dev)
         traced = trace_model(
             model,

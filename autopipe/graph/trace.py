@@ -43,7 +43,7 @@ from autopipe.graph.blocks import Block, ValueInfo, group_blocks
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.training import follow_training
 
-__all__ = ["Block", "TracedModel", "ValueInfo", "trace_model"]
+__all__ = ["Block", "TracedModel", "ValueInfo", "quiet_torch", "trace_model"]
 
 TRACERS = ("auto", "fx", "export")
 
@@ -201,7 +201,8 @@ def _propagate_shapes(gm: torch.fx.GraphModule, inputs: Any) -> None:
     try:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-        FakeTensorProp(gm, mode).propagate(*fake_args)
+        with quiet_torch("shapes were taken from a real run, and times are measured"):
+            FakeTensorProp(gm, mode).propagate(*fake_args)
     except Exception:  # fake tensors fail with many types; the real run decides
         # Data-dependent leaf modules (and ops without a fake kernel) cannot run on fake
         # tensors: run the graph for real, whose errors do propagate.
@@ -236,7 +237,10 @@ def _trace_export(model: nn.Module, inputs: Any, dynamic: bool = False) -> torch
             return {d: auto for d in range(min(2, t.dim()))} if isinstance(t, torch.Tensor) else None
 
         shapes = tuple(torch.utils._pytree.tree_map(dims, v) for v in (*args, *(kwargs or {}).values()))
-    with _quiet_torch():
+    # torch.export prints the partial graph to stderr when it fails; the error says enough.
+    quiet = quiet_torch("the model's own fallback for it was traced and priced")
+    with quiet, warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
         ep = torch.export.export(model, args, kwargs=kwargs, strict=False, dynamic_shapes=shapes)
     gm = ep.module(check_guards=False)
     # The unlifted module wraps the graph in pytree flattening; keep the flat graph only.
@@ -251,22 +255,47 @@ def _trace_export(model: nn.Module, inputs: Any, dynamic: bool = False) -> torch
     return flat
 
 
+META_FAILED = "failed while attempting to run meta for %s"  # torch's fake-tensor log line
+log = logging.getLogger("autopipe")
+
+
+class _Swallow(logging.Filter):
+    """Drops every record of the logger it filters; keeps the ops whose meta kernel failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed: dict[str, str] = {}  # op -> torch's reason, first line
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == META_FAILED and isinstance(record.args, tuple) and record.args:
+            error = record.exc_info[1] if record.exc_info else None
+            reason = str(error).strip().splitlines()[0][:160] if error is not None and str(error).strip() else "no reason given"
+            self.failed.setdefault(str(record.args[0]), reason)
+        return False
+
+
 @contextlib.contextmanager
-def _quiet_torch() -> Iterator[None]:
-    """Silence torch's own log lines and warnings while exporting (errors still raise)."""
+def quiet_torch(fallback: str) -> Iterator[None]:
+    """Silence torch's own log lines (fake-tensor tracebacks, dynamo, symbolic shapes, export)
+    while tracing or counting; levels and filters are restored after. An op whose meta kernel
+    failed is told once, as one ``autopipe`` warning: the op, torch's reason and ``fallback``
+    (how it was priced instead). Errors still raise."""
     names = [n for n in logging.root.manager.loggerDict if n == "torch" or n.startswith("torch.")]
     loggers = [logging.getLogger(n) for n in names]
     levels = [lg.level for lg in loggers]
+    swallow = _Swallow()
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
+        lg.addFilter(swallow)
+    logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.ERROR)  # to see what failed
     try:
-        # torch.export prints the partial graph to stderr when it fails; the error says enough.
-        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
+        yield
     finally:
         for lg, level in zip(loggers, levels, strict=True):
+            lg.removeFilter(swallow)
             lg.setLevel(level)
+        for op, reason in swallow.failed.items():
+            log.warning("torch's meta kernel for %s failed (%s); %s", op, reason, fallback)
 
 
 def _check_leaf_names(model: nn.Module, leaf_modules: Sequence[str]) -> None:

@@ -2,11 +2,11 @@
 
 A model file is plain Python::
 
-    def build_model(**kwargs) -> torch.nn.Module             # required (the factory)
-    def example_inputs(batch_size: int, **kwargs)            # required: Tensor | tuple | dict
-    def example_targets(batch_size: int, **kwargs)           # optional
-    def loss_fn(output, targets) -> torch.Tensor             # optional (default: output mean)
-    def train_data(batch_size: int, **kwargs)                # optional: an iterable of (inputs, targets)
+    def build_model(**kwargs) -> torch.nn.Module: ...        # required (the factory)
+    def example_inputs(batch_size: int, **kwargs): ...       # required: Tensor | tuple | dict
+    def example_targets(batch_size: int, **kwargs): ...      # optional
+    def loss_fn(output, targets) -> torch.Tensor: ...        # optional (default: output mean)
+    def train_data(batch_size: int, **kwargs): ...           # optional: an iterable of (inputs, targets)
 
 named as ``path/to/model.py[:factory]`` with factory keyword arguments ``-k key=value``.
 ``example_inputs``, ``example_targets`` and ``train_data`` receive the factory kwargs they

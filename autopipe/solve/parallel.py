@@ -35,7 +35,7 @@ from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import MAX_REPLICAS, Plan
 from autopipe.solve.request import divisors
-from autopipe.solve.search import PlanRequest, plan_pipeline
+from autopipe.solve.search import PlanRequest, Progress, plan_pipeline
 from autopipe.units import format_bytes
 
 __all__ = [
@@ -158,8 +158,9 @@ def layouts(stages: int, data_parallel: int, cluster: Cluster) -> list[Layout]:
     return list(unique.values())
 
 
-def plan_parallel(profile: Profile, request: ParallelRequest) -> ParallelPlan:
-    """The (S, D) layout and pipeline plan with the shortest step that fits memory."""
+def plan_parallel(profile: Profile, request: ParallelRequest, progress: Progress | None = None) -> ParallelPlan:
+    """The (S, D) layout and pipeline plan with the shortest step that fits memory;
+    ``progress(what, done, total)`` is told each search (``plan_pipeline``'s), per layout."""
     G, B = request.cluster.devices, request.global_batch
     if G < 1 or B < 1:
         raise PlanError(f"need at least one device and one sample (got {G} devices, batch {B})")
@@ -187,7 +188,8 @@ def plan_parallel(profile: Profile, request: ParallelRequest) -> ParallelPlan:
         for lay in layouts(S, D, request.cluster):
             try:
                 if lay.p2p_bandwidth not in plans:
-                    plans[lay.p2p_bandwidth] = plan_pipeline(profile, _pipeline_request(profile, request, lay))
+                    told = None if progress is None else _labelled(progress, f"S={S} x D={D}: ")
+                    plans[lay.p2p_bandwidth] = plan_pipeline(profile, _pipeline_request(profile, request, lay), told)
             except (InfeasibleError, PlanError) as e:
                 need = e.min_memory_bytes if isinstance(e, InfeasibleError) else None
                 rejected.append(Rejected(S, D, str(e), need))
@@ -201,6 +203,10 @@ def plan_parallel(profile: Profile, request: ParallelRequest) -> ParallelPlan:
     note = f"chose {best.describe()}; runner-up: {runner_up.describe() if runner_up else 'none fits'}"
     best = replace(best, plan=replace(best.plan, parallel_note=note))
     return ParallelPlan(best, runner_up, tuple(rejected))
+
+
+def _labelled(progress: Progress, label: str) -> Progress:
+    return lambda what, done, total: progress(label + what, done, total)
 
 
 def _state_factor(profile: Profile, request: ParallelRequest, D: int) -> float:

@@ -53,7 +53,7 @@ from autopipe.solve.request import (
     validate,
 )
 
-__all__ = ["SEARCH_SCHEDULES", "PlanRequest", "plan_pipeline"]
+__all__ = ["SEARCH_SCHEDULES", "PlanRequest", "Progress", "plan_pipeline"]
 
 _EXACT_DP_LIMIT = 4_000_000  # n^2 * S above which the bisection solver replaces the DP
 _ILP_MAX_BLOCKS = 48  # DAGs up to this many blocks also get the ILP's free placement
@@ -66,8 +66,12 @@ PRUNE_TOLERANCE = 1e-12
 simulated times are sums of the same floats in other orders, so exact ties differ by rounding."""
 
 
-def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
-    """The best plan for ``profile`` under ``request`` (see the module docstring).
+Progress = Callable[[str, int, int], None]  # progress(what, done, total), as costs.measured's
+
+
+def plan_pipeline(profile: Profile, request: PlanRequest, progress: Progress | None = None) -> Plan:
+    """The best plan for ``profile`` under ``request`` (see the module docstring);
+    ``progress("searching", done, total)`` is told each decision priced of all there are.
 
     Best-first branch and bound: decisions are opened in the order of a lower bound on any
     plan they can give (:func:`_decision_bound`), candidates simulated in the order of a
@@ -87,6 +91,8 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
     next_decision = 0
     counter = itertools.count()
     expand: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
+    report = progress or (lambda what, done, total: None)
+    report("searching", 0, len(todo))
     while True:
         open_bound = _decision_bound(work, request, todo[next_decision]) if next_decision < len(todo) else math.inf
         if queue and queue[0][0] <= open_bound:
@@ -110,6 +116,7 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
             break
         decision = todo[next_decision]
         next_decision += 1
+        report("searching", next_decision, len(todo))
         problem = _problem(profile, request, decision)
         try:
             solved = _solve(problem)
@@ -132,7 +139,8 @@ def plan_pipeline(profile: Profile, request: PlanRequest) -> Plan:
     if not fitting:
         raise infeasible_error(profile, request, min(max(t.peak_memory_bytes) for _, t in simulated))
     fitting.sort(key=lambda ct: (ct[1].iteration_s, _order(ct[0])))
-    fitting = _refine_with_ilp(profile, request, fitting)
+    report("searching", len(todo), len(todo))  # the rest could not win
+    fitting = _refine_with_ilp(profile, request, fitting, report)
     best_candidate, timeline = fitting[0]
     return make_plan(profile, request, best_candidate, timeline, fitting)
 
@@ -225,7 +233,7 @@ def _is_dag(profile: Profile) -> bool:
 
 
 def _refine_with_ilp(
-    profile: Profile, req: PlanRequest, fitting: list[tuple[Candidate, Summary]]
+    profile: Profile, req: PlanRequest, fitting: list[tuple[Candidate, Summary]], report: Progress
 ) -> list[tuple[Candidate, Summary]]:
     """On a small DAG (skip connections), let the ILP place blocks freely — any assignment
     monotone along the edges, not only contiguous ranges of one topological order — for the
@@ -239,6 +247,7 @@ def _refine_with_ilp(
             break
         if c.decision in tried:
             continue
+        report("placing blocks freely (ILP)", len(tried), _ILP_DECISIONS)
         tried.add(c.decision)
         try:
             part = solve_ilp(c.problem, time_limit_s=_ILP_TIME_LIMIT_S)

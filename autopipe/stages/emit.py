@@ -38,6 +38,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,11 @@ MANIFEST = "manifest.json"
 FORMAT = "autopipe-stages"
 FORMAT_VERSION = 2  # 2: unused state lists each tensor's shape and dtype, as stages do
 WEIGHT_FORMATS = ("pt", "safetensors")
+Progress = Callable[[str, int, int], None]  # progress(what, done, total), as costs.measured's
+
+
+def _silent(what: str, done: int, total: int) -> None:
+    pass
 
 
 def emit(
@@ -71,19 +77,21 @@ def emit(
     state_dict: str | Path | None = None,
     weights_format: str = "pt",
     base: str | Path | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Rebuild the plan's model (seeded, or with ``state_dict``'s weights), split it, write it.
 
     ``weights=False`` builds the model on the meta device: nothing is materialised and no
-    weights are written. Returns the manifest.
+    weights are written. ``progress(what, done, total)`` is told each step. Returns the manifest.
     """
     check_destination(folder, force)
+    (progress or _silent)("rebuilding the model", 0, 0)
     loaded = rebuild_model(plan, weights=state_dict, meta=not weights, base=base)
     inputs = loaded.make_inputs(plan.micro_batch_size)
     seed = None if state_dict is not None or not weights else SEED
     return emit_stages(
         plan, loaded.model, inputs, folder, force=force, weights=weights, weights_format=weights_format,
-        source=loaded.spec.path, seed=seed,
+        source=loaded.spec.path, seed=seed, progress=progress,
     )  # fmt: skip
 
 
@@ -98,18 +106,21 @@ def emit_stages(
     weights_format: str = "pt",
     source: Path | None = None,
     seed: int | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Split ``model`` (traced on one micro-batch ``example_inputs``) by ``plan`` into ``folder``."""
+    tell = progress or _silent
     if weights_format not in WEIGHT_FORMATS:
         raise EmitError(f"unknown weights format {weights_format!r}; use one of: {', '.join(WEIGHT_FORMATS)}")
     if weights and any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
         raise EmitError("the model is on the meta device, so it has no weights to write; emit with --no-weights")
     dest = check_destination(folder, force)
+    tell("tracing and splitting the model", 0, 0)
     traced, split, shapes = _general_split(plan, model, example_inputs, trace_for_plan(plan, model, example_inputs, source))
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     try:
-        manifest = _write(plan, model, traced, split, tmp, weights, weights_format, seed)
+        manifest = _write(plan, model, traced, split, tmp, weights, weights_format, seed, tell)
         manifest.update(shapes)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         _publish(tmp, dest, force)
@@ -166,7 +177,8 @@ def _publish(tmp: Path, dest: Path, force: bool) -> None:
 
 
 def _write(
-    plan: Plan, model: nn.Module, traced: TracedModel, split: Split, out: Path, weights: bool, fmt: str, seed: int | None
+    plan: Plan, model: nn.Module, traced: TracedModel, split: Split, out: Path, weights: bool, fmt: str, seed: int | None,
+    tell: Progress,
 ) -> dict[str, Any]:
     names_of: dict[int, list[str]] = {}
     for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
@@ -181,6 +193,7 @@ def _write(
     stages: list[dict[str, Any]] = []
     covered: set[str] = set()
     for st in split.stages:
+        tell("writing stages", st.index, len(split.stages))
         entry = _write_stage(plan, st, split, traced, out, weights, fmt, names_of, persistent, users)
         covered.update(o for t in entry["tensors"] for o in t["original"])
         stages.append(entry)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,7 @@ import autopipe.cli.profile_cmd as profile_cmd
 import pytest
 import torch
 from autopipe.cli.common import ProfilingOptions
-from autopipe.cli.main import main
+from autopipe.cli.main import build_parser, main
 
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.graph.recipe import TraceRecipe
@@ -209,3 +211,29 @@ def test_a_closed_output_pipe_ends_quietly(tmp_path: Path) -> None:
     )  # fmt: skip
     os.close(write)
     assert (proc.returncode, proc.stderr) == (141, "")
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_every_command_and_flag_has_a_true_help_line(capsys: pytest.CaptureFixture[str]) -> None:
+    flag = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+    commands = _commands()
+    assert set(commands) == {"profile", "plan", "show", "emit", "merge", "run", "calibrate"}
+    for name, parser in commands.items():
+        assert parser.description and len(parser.description) > 20, f"{name} has no description"
+        own = {o for a in parser._actions for o in a.option_strings}
+        texts = [parser.description] + [a.help for a in parser._actions if a.help != argparse.SUPPRESS]
+        for action in parser._actions:
+            assert action.help, f"{name} {action.option_strings or action.dest} has no help"
+        for text in texts:
+            assert text is not None
+            foreign = [f for f in flag.findall(text) if f not in own]
+            assert not foreign, f"{name}: {text!r} mentions {foreign}, which {name} does not take"
+        assert main([name, "--help"]) == 0
+        assert parser.description.split()[0] in capsys.readouterr().out  # shown under usage
+    device = next(a for a in commands["profile"]._actions if "--device" in a.option_strings)
+    assert device.help is not None and "catalogue" not in device.help and "plan" not in device.help

@@ -1,4 +1,4 @@
-"""Rendering numbers and progress for the terminal."""
+"""Rendering numbers for the terminal (the progress bar: test_progress.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from autopipe.cli.render import (
     block_out_bytes,
     profile_summary,
     profile_table,
-    progress_reporter,
     wrote_line,
 )
 from rich.console import Console
@@ -64,13 +63,3 @@ def test_render_numbers() -> None:
     assert wrote_line(profile, "p.json") == "wrote p.json (2 blocks, measured on cpu (1 threads))"
     assert profile_summary(profile)["num_blocks"] == 2
 
-
-def test_progress_only_on_a_terminal() -> None:
-    with progress_reporter(Console(file=io.StringIO())) as report:
-        assert report is None  # redirected stderr stays clean
-    tty = io.StringIO()
-    with progress_reporter(Console(file=tty, force_terminal=True, width=80)) as report:
-        assert report is not None
-        report("block 1/2", 1, 2)
-        report("block 2/2", 2, 2)
-    assert "block" in tty.getvalue()

@@ -60,7 +60,7 @@ class Asked(Exception):
         self.request = request
 
 
-def _stop(profile: Profile, request: PlanRequest) -> object:
+def _stop(profile: Profile, request: PlanRequest, progress: object = None) -> object:
     raise Asked(request)
 
 

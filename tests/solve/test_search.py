@@ -206,3 +206,16 @@ def test_an_export_profile_keeps_micro_batches_of_one_apart() -> None:
     assert plan_pipeline(ones, _request(batch_size=8)).micro_batch_size == 1
     with pytest.raises(PlanError, match="profile with --micro-batch-sizes 2,4"):
         plan_pipeline(ones, _request(batch_size=8, micro_batches=4))
+
+
+def test_progress_counts_decisions_priced_of_all_and_changes_nothing() -> None:
+    prof, req = random_profile(12, 3), _request()
+    calls: list[tuple[str, int, int]] = []
+    plan = plan_pipeline(prof, req, progress=lambda what, done, total: calls.append((what, done, total)))
+    assert plan == plan_pipeline(prof, req)  # the callback only watches
+    searching = [(d, t) for w, d, t in calls if w == "searching"]
+    total = len(decisions(prof, req))
+    assert searching[0] == (0, total) and searching[-1] == (total, total)
+    assert all(t == total for _, t in searching)
+    assert [d for d, _ in searching] == sorted(d for d, _ in searching)  # never backwards
+    assert len(searching) < total + 2  # branch and bound skipped some: told as done at the end

@@ -285,3 +285,15 @@ def test_emitted_hugging_face_stages_take_any_micro_batch_size_and_honour_eval(
         assert float((got["eval"][name] - expected[name]).abs().max()) <= 1e-5, name
     if dropout > 0:
         assert float((got["train"]["logits"] - expected["logits"]).abs().max()) > 1e-3  # dropout is on
+
+
+def test_progress_tells_each_step_and_every_stage(tmp_path: Path) -> None:
+    calls: list[tuple[str, int, int]] = []
+    emit(even_plan("mlp.py", stages=3), tmp_path / "out", progress=lambda what, done, total: calls.append((what, done, total)))
+    assert calls == [
+        ("rebuilding the model", 0, 0),
+        ("tracing and splitting the model", 0, 0),
+        ("writing stages", 0, 3),
+        ("writing stages", 1, 3),
+        ("writing stages", 2, 3),
+    ]
