@@ -36,6 +36,7 @@ __all__ = [
     "parse_schedule",
     "round_robin",
     "to_table",
+    "v_shape",
 ]
 
 
@@ -109,6 +110,18 @@ def round_robin(chunk: int, devices: int, virtual: int = 1) -> int:
     """Chunk ``j`` on device ``j % S``: each device's chunks ``d, d + S, d + 2S, ...`` (the
     placement of GPipe, 1F1B, ZB-H1 and interleaved 1F1B)."""
     return chunk % devices
+
+
+def v_shape(chunk: int, devices: int, virtual: int = 2) -> int:
+    """Chunks in a V (a zigzag for ``virtual > 2``): chunk ``j < S`` on device ``j``, chunk
+    ``2S-1-j`` back on device ``j``, so device ``d`` holds ``d`` and ``2S-1-d`` (the placement
+    of ZB-V and the other V-shape schedules; Qi et al. 2024)::
+
+        chunk   0 1 2 3 | 4 5 6 7      (S=4, v=2)
+        device  0 1 2 3 | 3 2 1 0
+    """
+    lap, position = divmod(chunk, devices)
+    return position if lap % 2 == 0 else devices - 1 - position
 
 
 def parse_schedule(table: dict[int, list[str]]) -> Schedule:
