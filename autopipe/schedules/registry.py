@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from autopipe.errors import ScheduleError
-from autopipe.schedules import gpipe, interleaved, one_f_one_b, zb_h1
+from autopipe.schedules import gpipe, interleaved, one_f_one_b, zb_h1, zb_v
 from autopipe.schedules.action import Schedule
 from autopipe.schedules.spec import ScheduleSpec
 
@@ -22,6 +22,7 @@ SPECS: tuple[ScheduleSpec, ...] = (
     one_f_one_b.SPEC,
     interleaved.SPEC,
     zb_h1.SPEC,
+    zb_v.SPEC,
 )
 """Every schedule, in the order the CLI and error messages list them."""
 
@@ -47,7 +48,8 @@ def schedule_spec(name: str) -> ScheduleSpec:
 
 
 def search_order() -> tuple[ScheduleSpec, ...]:
-    """Every schedule, the one the search prefers among equally fast plans first."""
+    """Every schedule, the one the search prefers among equally fast plans first (those with
+    ``searched=False`` too: the search skips them unless the request pins one)."""
     return tuple(sorted(SPECS, key=lambda spec: spec.preference))
 
 

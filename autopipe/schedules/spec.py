@@ -37,6 +37,7 @@ class ScheduleSpec:
     virtual_choices: tuple[int, ...] = (1,)  # chunks per device the search tries; (1,): one only
     micro_batches_multiple_of_devices: bool = False  # m % S == 0 (the planner asks it of any v)
     placement: Placement = round_robin  # (chunk, devices, virtual) -> device
+    searched: bool = True  # the automatic search tries it; False: only when pinned (--schedule)
 
     @property
     def takes_virtual(self) -> bool:

@@ -39,9 +39,9 @@ in steady state no device idles, and what is left is the ``S-1``-unit ramp, bubb
 ``(S-1)/(6m+S-1)`` (:func:`bubble`), about half of ZB-H1's ``(S-1)/(3m+S-1)`` at the same stage
 times (a stage is two chunks).
 
-Not registered yet: the search, its memory pricing and the executor assume round-robin
-placement, so ``registry.SPECS`` does not list :data:`SPEC`; adding it there (and teaching
-those steps the V) is the next step of issue 12.
+Registered, but not searched yet (``searched=False``): ``--schedule zb-v`` (or a plan file
+naming it) cuts ``2S`` chunks for the V and prices them with the simulator; the automatic
+search leaves it out until its memory and cut pricing are checked against the others (issue 12).
 """
 
 from __future__ import annotations
@@ -142,4 +142,5 @@ SPEC = ScheduleSpec(
     splits_backward=True,
     virtual_choices=(2,),
     placement=v_shape,
+    searched=False,
 )

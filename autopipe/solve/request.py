@@ -35,7 +35,7 @@ __all__ = [
     "validate",
 ]
 
-SEARCH_SCHEDULES = tuple(s.name for s in search_order())  # ties go to the first (ScheduleSpec.preference)
+SEARCH_SCHEDULES = tuple(s.name for s in search_order() if s.searched)  # ties go to the first (ScheduleSpec.preference)
 # MAX_MICRO_BATCHES (plans.py) is the most micro-batches autopipe plans or runs: a schedule is
 # priced by simulating every one of them, so it keeps any request within seconds (2**16 take about 5 s).
 
@@ -142,14 +142,17 @@ def validate(profile: Profile, req: PlanRequest) -> None:
             "profile's; use --batch-size 2 or more"
         )
     if req.schedule is not None and req.schedule not in schedule_names():
-        raise PlanError(f"unknown schedule {req.schedule!r}; use one of {', '.join(SEARCH_SCHEDULES)}")
+        raise PlanError(f"unknown schedule {req.schedule!r}; use one of {', '.join(schedule_names())}")
     spec = schedule_spec(req.schedule) if req.schedule is not None else None
     if req.virtual is not None:
         if req.virtual < 1:
             raise PlanError(f"--virtual must be at least 1 (got {req.virtual})")
         if spec is not None and not spec.takes_virtual:
             chunked = " and ".join(s.name for s in search_order() if s.takes_virtual)
-            raise PlanError(f"--virtual applies to the {chunked} schedule only (got --schedule {req.schedule})")
+            raise PlanError(f"--virtual applies to the {chunked} schedules only (got --schedule {req.schedule})")
+        if spec is not None and len(spec.virtual_choices) == 1 and req.virtual not in spec.virtual_choices:
+            v = spec.virtual_choices[0]
+            raise PlanError(f"{spec.name} runs {v} stages per device (got --virtual {req.virtual}); use --virtual {v} or leave it out")
         if S * req.virtual > n:
             raise PlanError(f"{S} devices x {req.virtual} virtual stages needs {S * req.virtual} blocks, the model has {n}")
     if spec is not None and spec.micro_batches_multiple_of_devices and req.micro_batches is not None and req.micro_batches % S:

@@ -146,7 +146,7 @@ def plan_pipeline(profile: Profile, request: PlanRequest, progress: Progress | N
 
 
 def _order_key(d: Decision) -> tuple[int, int, int]:
-    return (SEARCH_SCHEDULES.index(d.schedule), d.virtual, d.micro_batches)
+    return (schedule_spec(d.schedule).preference, d.virtual, d.micro_batches)
 
 
 def _candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
@@ -294,7 +294,7 @@ def _solve(problem: PartitionProblem) -> Partition:
 def _order(c: Candidate) -> tuple[int, int, int, int]:
     d = c.decision
     sources = ("solver", "ilp", *BASELINES)
-    return (SEARCH_SCHEDULES.index(d.schedule), d.virtual, d.micro_batches, sources.index(c.source))
+    return (schedule_spec(d.schedule).preference, d.virtual, d.micro_batches, sources.index(c.source))
 
 
 def _params(profile: Profile) -> tuple[float, ...]:

@@ -42,10 +42,20 @@ def sizes(spec: ScheduleSpec, max_devices: int = 6, max_micro_batches: int = 12)
     """(S, m, v) the spec runs: v = 1, plus its virtual choices where m suits them."""
     for S in range(1, max_devices + 1):
         for m in range(1, max_micro_batches + 1):
-            for v in dict.fromkeys((1, *spec.virtual_choices)):
+            for v in dict.fromkeys((*_one(spec), *spec.virtual_choices)):
                 if v > 1 and spec.micro_batches_multiple_of_devices and m % S:
                     continue
                 yield S, m, v
+
+
+def _one(spec: ScheduleSpec) -> tuple[int, ...]:
+    """``(1,)`` if the schedule also runs one chunk per device (interleaved 1F1B does; zb-v,
+    two chunks in a V, refuses it)."""
+    try:
+        spec.create_schedule(2, 2, 1)
+    except ScheduleError:
+        return ()
+    return (1,)
 
 
 def held(spec: ScheduleSpec, S: int, m: int, v: int) -> tuple[float, ...]:
@@ -63,7 +73,8 @@ def test_names_and_preferences_are_unique() -> None:
     assert schedule_names() == tuple(IDS) == tuple(SCHEDULES)
     assert len(set(IDS)) == len(IDS)
     assert len({spec.preference for spec in SPECS}) == len(SPECS)
-    assert [spec.name for spec in search_order()] == ["1f1b", "zb-h1", "gpipe", "interleaved-1f1b"]
+    assert [spec.name for spec in search_order()] == ["1f1b", "zb-h1", "gpipe", "interleaved-1f1b", "zb-v"]
+    assert [spec.name for spec in search_order() if not spec.searched] == ["zb-v"]  # pinned only, for now
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
@@ -77,7 +88,7 @@ def test_each_spec_lives_beside_its_create_schedule(spec: ScheduleSpec) -> None:
 def test_unknown_name_is_one_line() -> None:
     with pytest.raises(ScheduleError) as info:
         schedule_spec("pipedream")
-    assert str(info.value) == "unknown schedule 'pipedream'; use one of gpipe, 1f1b, interleaved-1f1b, zb-h1"
+    assert str(info.value) == "unknown schedule 'pipedream'; use one of gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v"
 
 
 def test_cli_schedule_choices_come_from_the_registry() -> None:

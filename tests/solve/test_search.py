@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from pathlib import Path
 
 import pytest
 
@@ -146,7 +147,8 @@ def test_too_little_memory_names_the_smallest_limit_that_fits() -> None:
         (dict(batch_size=10, micro_batches=4), "batch size 10 is not divisible into 4 micro-batches; use one of 1, 2, 5, 10"),
         (dict(memory_limit=-1.0), "--memory must be positive"),
         (dict(schedule="dualpipe"), "unknown schedule 'dualpipe'"),
-        (dict(virtual=2, schedule="1f1b"), "--virtual applies to the interleaved-1f1b schedule only"),
+        (dict(virtual=2, schedule="1f1b"), "--virtual applies to the interleaved-1f1b and zb-v schedules only"),
+        (dict(virtual=3, schedule="zb-v"), "zb-v runs 2 stages per device (got --virtual 3); use --virtual 2 or leave it out"),
         (dict(schedule="interleaved-1f1b", micro_batches=6, batch_size=12), "needs the micro-batch count to be a multiple of 4"),
     ],
 )
@@ -219,3 +221,23 @@ def test_progress_counts_decisions_priced_of_all_and_changes_nothing() -> None:
     assert all(t == total for _, t in searching)
     assert [d for d, _ in searching] == sorted(d for d, _ in searching)  # never backwards
     assert len(searching) < total + 2  # branch and bound skipped some: told as done at the end
+
+
+def test_zb_v_is_planned_when_pinned_and_never_searched(tmp_path: Path) -> None:
+    """--schedule zb-v cuts 2S chunks placed in a V and prices them with the simulator; the
+    automatic search leaves zb-v out (ScheduleSpec.searched), so unpinned plans stay as they were."""
+    prof = random_profile(12, seed=3)
+    for S in (2, 3, 4):
+        plan = plan_pipeline(prof, _request(devices=S, schedule="zb-v", micro_batches=8))
+        assert (plan.schedule, plan.virtual, len(plan.stages)) == ("zb-v", 2, 2 * S)
+        assert [st.rank for st in plan.stages] == [*range(S), *reversed(range(S))]
+        assert [b for st in plan.stages for b in st.block_indices] == list(range(12))
+        timeline = plan_timeline(plan)
+        assert timeline.iteration_s == pytest.approx(plan.iteration_time_s, rel=1e-12)
+        assert tuple(timeline.peak_memory_bytes) == pytest.approx(plan.peak_memory_bytes, rel=1e-12)
+        assert all(st.backward_input_s > 0 for st in plan.stages[1:]) and plan.stages[0].backward_input_s == 0.0
+        plan.save(tmp_path / f"zbv{S}.json")
+        assert Plan.load(tmp_path / f"zbv{S}.json") == plan
+    free = plan_pipeline(prof, _request(devices=4))
+    assert free.schedule != "zb-v" and all(a.schedule != "zb-v" for a in free.alternatives)
+    assert all(d.schedule != "zb-v" for d in decisions(prof, _request(devices=4)))
