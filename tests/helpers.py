@@ -25,6 +25,7 @@ from autopipe.graph.recipe import TraceRecipe
 from autopipe.graph.trace import trace_model
 from autopipe.model.load import call_model, load_model, parse_kwargs
 from autopipe.plans import Plan, StagePlan
+from autopipe.schedules import schedule_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
@@ -77,7 +78,7 @@ def even_plan(
         mine = traced.blocks[bounds[j] : bounds[j + 1]]
         stage_plans.append(
             StagePlan(
-                index=j, rank=j % stages, blocks=tuple(b.name for b in mine),
+                index=j, rank=schedule_spec(schedule).device_of(j, stages, virtual), blocks=tuple(b.name for b in mine),
                 block_indices=tuple(b.index for b in mine), nodes=tuple(x for b in mine for x in b.nodes),
                 params=0, forward_s=1e-3, backward_s=2e-3, backward_input_s=1e-3, backward_weight_s=1e-3,
                 recompute=j in recompute, memory_bytes=0.0, static_bytes=0.0, activation_bytes=0.0,
