@@ -25,6 +25,7 @@ CONFIGS = {  # name: (model file, schedule, virtual stages per rank, micro-batch
     "unet-interleaved": ("unet.py", "interleaved-1f1b", 2, 2, 2),
     "mlp-gpipe": ("mlp.py", "gpipe", 1, 4, 2),
     "mlp-zb": ("mlp.py", "zb-h1", 1, 2, 2),
+    "mlp-zbv": ("mlp.py", "zb-v", 2, 4, 2),
 }
 STEPS = 3
 LR = 0.1

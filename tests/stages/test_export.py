@@ -118,6 +118,19 @@ def test_bad_rank_and_fingerprint() -> None:
         to_torch_pipelining(plan, other.model, 0, example_inputs=other.make_inputs(2))
 
 
+def test_zb_v_refuses_a_parameter_two_stages_of_one_rank_share() -> None:
+    # The V puts a GPT's embedding (chunk 0) and its tied LM head (chunk 3) on rank 0; torch's
+    # ScheduleZBVZeroBubble trains that tie wrongly (mlp-zbv, without ties, is exact: export_worker).
+    plan = even_plan("gpt.py", stages=2, virtual=2, schedule="zb-v", micro_batches=4)
+    loaded = rebuild_model(plan)
+    with pytest.raises(PlanError) as info:
+        to_torch_pipelining(plan, loaded.model, 0, example_inputs=loaded.make_inputs(2))
+    assert str(info.value) == (
+        "parameter 'wte.weight' is shared by two stages on one rank, whose gradient torch's ScheduleZBVZeroBubble "
+        "gets wrong; run this plan with autopipe's own executor, or plan another schedule"
+    )
+
+
 def test_balance_is_blocks_per_stage() -> None:
     plan = even_plan("mlp.py", stages=3)
     assert plan.balance == tuple(len(s.blocks) for s in plan.stages)
