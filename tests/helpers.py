@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
+from torch import nn
 
+from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.graph.trace import trace_model
 from autopipe.model.load import call_model, load_model, parse_kwargs
@@ -140,3 +142,61 @@ def in_turns(rounds: int, a: Callable[[], A], b: Callable[[], B]) -> tuple[list[
         results_a.append(a())
         results_b.append(b())
     return results_a, results_b
+
+
+GOOD_MLP = "tests/fixtures/good_mlp.py"
+
+
+def hand_profile() -> Profile:
+    """Two blocks measured at u = 1, 4; costs chosen so the numbers are easy to check."""
+
+    def block(name: str, params: int, fwd_ms: float) -> BlockCost:
+        per_u = Affine(0.0, fwd_ms * 1e-3)  # fwd_ms per sample
+        return BlockCost(
+            name=name, nodes=(name,), params=params, param_bytes=4 * params, forward_s=per_u,
+            backward_s=Affine(0.0, 2 * fwd_ms * 1e-3), backward_input_s=per_u, backward_weight_s=per_u,
+            saved_bytes=Affine(0.0, 2.0**20),  # 1 MiB per sample
+        )  # fmt: skip
+
+    return Profile(
+        model=f"{GOOD_MLP}:build_model",
+        recipe=TraceRecipe(tracer="fx", fingerprint="abc"),
+        device="cpu (1 threads)",
+        torch_version=torch.__version__,
+        dtype="float32",
+        micro_batch_sizes=(1, 4),
+        method="measured",
+        blocks=(block("layers.0", 272, 0.5), block("head", 1_500_000, 0.25)),
+        tensors=(
+            TensorCost("x", -1, (0,), Affine(0.0, 64.0)),
+            TensorCost("layers_0", 0, (1,), Affine(0.0, 2.0**19)),  # 0.5 MiB per sample
+            TensorCost("head", 1, (), Affine(0.0, 16.0)),
+        ),
+    )
+
+
+class Layer(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))  # (B, T, C)
+
+
+class Net(nn.Module):
+    """A small transformer-like net: embedding, n residual MLP layers, head (B, T) -> (B, T, vocab)."""
+
+    def __init__(self, d: int = 128, n: int = 4, vocab: int = 512) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList([Layer(d) for _ in range(n)])
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.embed(idx)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)

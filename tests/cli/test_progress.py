@@ -80,7 +80,10 @@ def test_analytic_planning_shows_progress_at_once_on_a_terminal(tmp_path: Path, 
     argv = [LLAMA, "-k", "n_layer=8", "--device", "h100", "--gpus", "8", "-o", str(tmp_path / "p.json")]
     console, stream = _terminal()
     start = _plan(argv, console)
-    assert stream.times and stream.times[0] - start < 2.0  # shown within 2 s (at once: before torch work)
+    end = time.monotonic()
+    # shown at once, before the torch work (relative, so a busy machine slows both alike; the
+    # seconds themselves are measured, not asserted: ~0.3 s of a ~6 s plan here)
+    assert stream.times and stream.times[0] - start < 0.25 * (end - start)
     # Every step tells the bar (it draws 8 times a second, so quick steps may not be seen).
     calls: list[tuple[str, int, int]] = []
 

@@ -13,40 +13,13 @@ from autopipe.cli.render import (
 )
 from rich.console import Console
 
-from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
-from autopipe.graph.recipe import TraceRecipe
+from tests.helpers import hand_profile
 
 torch.set_num_threads(1)
 
 GOOD = "tests/fixtures/good_mlp.py"
 
 
-def hand_profile() -> Profile:
-    """Two blocks measured at u = 1, 4; costs chosen so the numbers are easy to check."""
-
-    def block(name: str, params: int, fwd_ms: float) -> BlockCost:
-        per_u = Affine(0.0, fwd_ms * 1e-3)  # fwd_ms per sample
-        return BlockCost(
-            name=name, nodes=(name,), params=params, param_bytes=4 * params, forward_s=per_u,
-            backward_s=Affine(0.0, 2 * fwd_ms * 1e-3), backward_input_s=per_u, backward_weight_s=per_u,
-            saved_bytes=Affine(0.0, 2.0**20),  # 1 MiB per sample
-        )  # fmt: skip
-
-    return Profile(
-        model=f"{GOOD}:build_model",
-        recipe=TraceRecipe(tracer="fx", fingerprint="abc"),
-        device="cpu (1 threads)",
-        torch_version=torch.__version__,
-        dtype="float32",
-        micro_batch_sizes=(1, 4),
-        method="measured",
-        blocks=(block("layers.0", 272, 0.5), block("head", 1_500_000, 0.25)),
-        tensors=(
-            TensorCost("x", -1, (0,), Affine(0.0, 64.0)),
-            TensorCost("layers_0", 0, (1,), Affine(0.0, 2.0**19)),  # 0.5 MiB per sample
-            TensorCost("head", 1, (), Affine(0.0, 16.0)),
-        ),
-    )
 
 
 def test_render_numbers() -> None:

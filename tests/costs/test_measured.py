@@ -12,6 +12,7 @@ from autopipe.costs.measured import profile_model
 from autopipe.costs.profile import Profile
 from autopipe.errors import ProfileError
 from autopipe.model.load import LoadedModel, ModelSpec, default_loss
+from tests.helpers import Net
 
 
 @pytest.mark.slow
@@ -32,29 +33,6 @@ def test_an_export_profile_leaves_a_micro_batch_of_one_out(tmp_path: Path) -> No
     assert len(run_threads(plan, RunOptions(steps=1))) == 2  # re-traced at its size: same graph
 
 
-class Layer(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.up = nn.Linear(d, 4 * d)
-        self.down = nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))  # (B, T, C)
-
-
-class Net(nn.Module):
-    def __init__(self, d: int = 128, n: int = 4, vocab: int = 512) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, d)
-        self.layers = nn.ModuleList([Layer(d) for _ in range(n)])
-        self.head = nn.Linear(d, vocab, bias=False)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        h = self.embed(idx)
-        for layer in self.layers:
-            h = layer(h)
-        return self.head(h)
 
 
 def _loaded(model: nn.Module, seq: int = 64, vocab: int = 512) -> LoadedModel:

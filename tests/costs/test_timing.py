@@ -17,32 +17,7 @@ from autopipe.costs.measured import (
 )
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.graph.trace import trace_model
-from tests.helpers import in_turns
-
-
-class Layer(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.up = nn.Linear(d, 4 * d)
-        self.down = nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))  # (B, T, C)
-
-
-class Net(nn.Module):
-    def __init__(self, d: int = 128, n: int = 4, vocab: int = 512) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, d)
-        self.layers = nn.ModuleList([Layer(d) for _ in range(n)])
-        self.head = nn.Linear(d, vocab, bias=False)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        h = self.embed(idx)
-        for layer in self.layers:
-            h = layer(h)
-        return self.head(h)
+from tests.helpers import Net, in_turns
 
 
 @pytest.fixture(autouse=True)
