@@ -59,7 +59,11 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from autopipe.runtime.worker import rebuild
 
     plan = Plan.load(args.plan)  # the plan's fields, checked
-    rebuild(plan, options.seed, options.model_base)  # the plan against its model, before any rank starts
+    rebuilt = rebuild(plan, options.seed, options.model_base)  # the plan against its model, before any rank starts
+    if rebuilt.loaded.make_train_data is not None:  # and the data: its first batch, as every rank will draw it
+        from autopipe.runtime.data import BatchSource
+
+        BatchSource(rebuilt.loaded, plan.batch_size, options.seed).batch(0)
     with tempfile.TemporaryDirectory(prefix="autopipe-progress-") as tmp:
         progress = Path(tmp) / "progress.jsonl"
         progress.touch()

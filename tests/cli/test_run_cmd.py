@@ -158,3 +158,29 @@ def test_both_engines_run_a_hugging_face_model_as_one_process(
         assert code == 0, captured.err
         losses = json.loads(captured.out)["losses"]
         assert max(abs(a - b) / abs(b) for a, b in zip(losses, want, strict=True)) <= TOL, (engine, losses, want)
+
+
+def test_bad_train_data_is_one_line_before_any_rank_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autopipe.runtime import launch as launch_module
+    from tests.helpers import even_plan
+
+    model = tmp_path / "td.py"
+    model.write_text(
+        "import torch\nfrom torch import nn\n"
+        "def build_model(): return nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))\n"
+        "def example_inputs(b): return torch.randn(b, 4)\n"
+        "def train_data(b): return [1, 2, 3]\n"
+    )
+    even_plan(str(model), stages=2).save(tmp_path / "plan.json")
+
+    def no_launch(*args: object) -> None:
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(launch_module, "launch", no_launch)
+    assert main(["run", str(tmp_path / "plan.json"), "--device", "cpu"]) == 2
+    assert capsys.readouterr().err == (
+        f"autopipe: error: batch 0 of train_data() in {model} is a int; "
+        "yield (inputs, targets) pairs (targets None when loss_fn takes only the output)\n"
+    )
