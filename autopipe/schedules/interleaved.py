@@ -20,8 +20,9 @@ ScheduleError. ``virtual == 1`` gives plain 1F1B. ``S=2, v=2, m=4``, every actio
 
 Bubble: 2 of 18 units per rank = (S-1) / (v*m + S-1) = 1/9.
 
-The planner budgets ``(w_r + 1) / v`` micro-batches of activations per chunk of rank ``r``
-(``w_r`` its warm-up forwards, capped at ``v*m``) against a limit of ``M / v`` per chunk.
+The planner budgets ``min(w_r + 1, v*m) / v`` micro-batches of activations per chunk of rank
+``r`` (``w_r`` its warm-up forwards; ``v*m`` on every rank when ``m == S``, which runs every
+forward first) against a limit of ``M / v`` per chunk.
 torch.distributed.pipelining's ``ScheduleInterleaved1F1B``.
 """
 
@@ -77,11 +78,15 @@ def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Sched
 
 
 def inflight(devices: int, micro_batches: int, virtual: int = 1) -> tuple[float, ...]:
-    """Chunk ``j`` of rank ``r = j % S``: ``(w_r + 1) / v``, ``w_r`` the warm-up forwards
-    ``min(2 (S-r-1) + (v-1) S, v m)`` (the rank's peak shared evenly by its chunks)."""
+    """Chunk ``j`` of rank ``r = j % S``: ``min(w_r + 1, v m) / v`` (the rank's peak shared
+    evenly by its chunks), ``w_r`` its warm-up forwards (:func:`rank_actions`): all ``v m``
+    when ``m == S``, else ``2 (S-r-1) + (v-1) S``. A rank holds its warm-up forwards and the
+    steady state's first forward before its first backward frees one; with ``m == S`` it runs
+    every forward first, ``v m`` in all, on every rank (exactly what the simulator counts,
+    every ``S <= 8``, ``v <= 4``, ``m <= 32``; tests/schedules/test_registry.py)."""
     S, m, v = devices, micro_batches, virtual
-    warm = [min(2 * (S - r - 1) + (v - 1) * S, v * m) for r in range(S)]
-    return tuple((warm[j % S] + 1) / v for j in range(S * v))
+    warm = [v * m if m == S else 2 * (S - r - 1) + (v - 1) * S for r in range(S)]
+    return tuple(min(warm[j % S] + 1, v * m) / v for j in range(S * v))
 
 
 def bubble(devices: int, micro_batches: int, virtual: int = 1) -> float:
