@@ -8,22 +8,33 @@ from rich.console import Console
 from rich.table import Table
 
 from autopipe.plans import Plan
+from autopipe.schedules.picture import placement_shape, placement_words
 from autopipe.units import format_bytes, format_count
 
 __all__ = ["plan_json", "print_plan"]
 
+
 def _ms(s: float) -> str:
     return f"{s * 1e3:.3f}"
+
+
+def _devices(plan: Plan) -> list[str]:
+    """The device column: each stage's device, with ``↓``/``↑`` for the leg of a V (down the
+    devices, back up) where the stages lie in a V or a zigzag."""
+    ranks = [s.rank for s in plan.stages]
+    if placement_shape(ranks, plan.devices) not in ("V", "zigzag"):
+        return [str(r) for r in ranks]
+    return [f"{r} {'↑' if (j // plan.devices) % 2 else '↓'}" for j, r in enumerate(ranks)]
 
 
 def stage_table(plan: Plan) -> Table:
     t = Table(title=f"{plan.model}: plan", title_justify="left")
     for col in ("stage", "device", "layers", "blocks", "params", "F ms", "B ms", "memory / limit", "recompute"):
         t.add_column(col, justify="right" if col not in ("layers", "recompute") else "left")
-    for s in plan.stages:
+    for s, device in zip(plan.stages, _devices(plan), strict=True):
         span = s.blocks[0] if len(s.blocks) == 1 else f"{s.blocks[0]} .. {s.blocks[-1]}"
         t.add_row(
-            str(s.index), str(s.rank), span, str(len(s.blocks)), format_count(s.params), _ms(s.forward_s), _ms(s.backward_s),
+            str(s.index), device, span, str(len(s.blocks)), format_count(s.params), _ms(s.forward_s), _ms(s.backward_s),
             f"{format_bytes(s.memory_bytes)} / {format_bytes(plan.memory_limit_bytes / plan.virtual)}", "yes" if s.recompute else "",
         )  # fmt: skip
     return t
@@ -48,6 +59,9 @@ def baseline_table(plan: Plan) -> Table:
 
 def print_plan(plan: Plan, console: Console, timeline_rows: list[str] | None = None, wrote: str | None = None) -> None:
     console.print(stage_table(plan))
+    placed = placement_words([s.rank for s in plan.stages], plan.devices)
+    if placed:
+        console.print(placed, highlight=False)
     console.print(
         f"schedule [bold]{plan.schedule}[/]"
         + (f" (v={plan.virtual})" if plan.virtual > 1 else "")

@@ -18,10 +18,13 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autopipe.schedules.action import Kind
+from autopipe.schedules.action import Kind, round_robin, v_shape
 from autopipe.schedules.simulate import ActionTiming, StageCost, Timeline
 
-__all__ = ["FULL_DETAIL", "WINDOW_ACTIONS", "Box", "Frame", "Window", "frame", "memory_steps", "sample"]
+__all__ = [
+    "FULL_DETAIL", "WINDOW_ACTIONS", "Box", "Frame", "Window", "device_chunks", "frame", "memory_steps", "placement_shape",
+    "placement_words", "sample",
+]  # fmt: skip
 
 FULL_DETAIL = 360  # actions per device drawn whole; past it, three windows
 WINDOW_ACTIONS = 120  # actions per device in the warm-up and in the cool-down window
@@ -175,3 +178,55 @@ def sample(f: Frame, steps: Sequence[tuple[float, float]]) -> list[tuple[float, 
             j += 1
         out.append((w.x0 + w.end_s - w.start_s, out[-1][1]))
     return out
+
+
+def device_chunks(ranks: Sequence[int], devices: int) -> tuple[tuple[int, ...], ...]:
+    """Per device, the chunks (virtual stages) it runs, in chunk order; ``ranks[j]`` is the
+    device of chunk ``j`` (a plan's ``stages[j].rank``)."""
+    chunks: list[list[int]] = [[] for _ in range(devices)]
+    for j, d in enumerate(ranks):
+        chunks[d].append(j)
+    return tuple(tuple(c) for c in chunks)
+
+
+def placement_shape(ranks: Sequence[int], devices: int) -> str:
+    """How the chunks lie on the devices, read from where they are: ``"one chunk per device"``,
+    ``"V"`` (chunk ``j`` and ``2S-1-j`` on device ``j``), ``"zigzag"`` (a V of more than two
+    chunks per device), ``"round-robin"`` (chunk ``j`` on device ``j % S``) or ``"other"``."""
+    n, S = len(ranks), devices
+    if n == S:
+        return "one chunk per device"
+    v = max(1, n // max(S, 1))
+    if S > 1 and all(d == v_shape(j, S, v) for j, d in enumerate(ranks)):
+        return "V" if v == 2 else "zigzag"
+    if all(d == round_robin(j, S, v) for j, d in enumerate(ranks)):
+        return "round-robin"
+    return "other"
+
+
+def _and(items: Sequence[int]) -> str:
+    words = [str(i) for i in items]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def placement_words(ranks: Sequence[int], devices: int, most: int = 6) -> str | None:
+    """One line saying which chunks each device runs, for a plan of more than one chunk per
+    device (``None`` otherwise); past ``most`` devices the middle ones are elided::
+
+        V placement: device 0 runs chunks 0 and 7, device 1 runs 1 and 6, device 2 runs 2 and 5,
+        device 3 runs 3 and 4 (down the V on chunks 0-3, back up on 4-7)
+    """
+    shape = placement_shape(ranks, devices)
+    if shape == "one chunk per device":
+        return None
+    chunks = device_chunks(ranks, devices)
+    shown = list(range(devices)) if devices <= most else [*range(most - 1), -1, devices - 1]
+    parts = ["…" if d < 0 else f"device {d} runs {'chunks ' if d == 0 else ''}{_and(chunks[d])}" for d in shown]
+    n, S = len(ranks), devices
+    why = {
+        "V": f" (down the V on chunks 0-{S - 1}, back up on {S}-{n - 1}: the first and the last chunk on device 0)",
+        "zigzag": f" (down and up in turn, {S} chunks a leg)",
+        "round-robin": f" (chunk j on device j mod {S})",
+        "other": "",
+    }[shape]
+    return f"{shape} placement: " + ", ".join(parts) + why

@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from autopipe.schedules import make_schedule
-from autopipe.schedules.picture import FULL_DETAIL, RECOMPUTE, frame, memory_steps, sample
+from autopipe.schedules.action import round_robin, v_shape
+from autopipe.schedules.picture import (
+    FULL_DETAIL,
+    RECOMPUTE,
+    device_chunks,
+    frame,
+    memory_steps,
+    placement_shape,
+    placement_words,
+    sample,
+)
 from autopipe.schedules.simulate import StageCost, simulate
 
 
@@ -52,3 +62,22 @@ def test_memory_steps_peak_where_the_simulator_says(name: str, s: int, m: int, v
     f = frame(t, s, [j // s for j in range(s * v)])
     line = sample(f, steps[0])
     assert line[0] == (0.0, 100.0 * v) and line[-1][0] == pytest.approx(f.width)
+
+
+def test_the_placement_is_read_from_where_the_chunks_are() -> None:
+    v = [v_shape(j, 4) for j in range(8)]
+    assert v == [0, 1, 2, 3, 3, 2, 1, 0] and placement_shape(v, 4) == "V"
+    assert device_chunks(v, 4) == ((0, 7), (1, 6), (2, 5), (3, 4))
+    assert placement_shape([v_shape(j, 2, 4) for j in range(8)], 2) == "zigzag"
+    rr = [round_robin(j, 3) for j in range(9)]
+    assert placement_shape(rr, 3) == "round-robin" and device_chunks(rr, 3) == ((0, 3, 6), (1, 4, 7), (2, 5, 8))
+    assert placement_shape([0, 1, 2], 3) == "one chunk per device" and placement_words([0, 1, 2], 3) is None
+    assert placement_shape([0, 0, 1, 1], 2) == "other"
+    assert placement_words([0, 0, 1, 1], 2) == "other placement: device 0 runs chunks 0 and 1, device 1 runs 2 and 3"
+    assert placement_words(rr, 3) == (
+        "round-robin placement: device 0 runs chunks 0, 3 and 6, device 1 runs 1, 4 and 7, device 2 runs 2, 5 and 8 "
+        "(chunk j on device j mod 3)"
+    )
+    many = placement_words([v_shape(j, 64) for j in range(128)], 64)
+    assert many is not None and many.count(" runs ") == 6
+    assert "device 4 runs 4 and 123, …, device 63 runs 63 and 64 (down the V on chunks 0-63, back up on 64-127" in many

@@ -1,0 +1,85 @@
+"""The plan table says which device runs each chunk: a pinned ZB-V plan (a V) and an
+interleaved one (round robin), read back from the printed table, the placement line and --json."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from autopipe.cli.main import main
+from autopipe.cli.render_plan import print_plan
+from rich.console import Console
+
+from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
+from autopipe.graph.recipe import TraceRecipe
+from autopipe.plans import Plan
+
+
+def chain(n: int) -> Profile:
+    """``n`` equal blocks of 1 ms forward, 2 ms backward, 1 MiB saved per sample."""
+    blocks = tuple(
+        BlockCost(
+            name=f"layers.{i}", nodes=(f"n{i}",), params=1000, param_bytes=4000, forward_s=Affine(1e-5, 1e-3),
+            backward_s=Affine(2e-5, 2e-3), backward_input_s=Affine(1e-5, 1e-3), backward_weight_s=Affine(1e-5, 1e-3),
+            saved_bytes=Affine(0.0, 2.0**20),
+        )
+        for i in range(n)
+    )  # fmt: skip
+    tensors = tuple(TensorCost(f"n{i}", i, (i + 1,), Affine(0.0, 2.0**20)) for i in range(n - 1))
+    return Profile(
+        model="chain", recipe=TraceRecipe(tracer="fx", fingerprint="fp"), device="cpu (1 threads)", torch_version=torch.__version__,
+        dtype="float32", micro_batch_sizes=(1, 2), method="measured", blocks=blocks, tensors=tensors,
+    )  # fmt: skip
+
+
+def planned(tmp_path: Path, capsys: pytest.CaptureFixture[str], stages: int, *pin: str) -> tuple[Plan, dict[str, object]]:
+    profile, path = tmp_path / "profile.json", tmp_path / "plan.json"
+    chain(8).save(profile)
+    args = ["plan", "--profile", str(profile), "--stages", str(stages), "--memory", "1GiB", "--batch-size", "8", *pin]
+    assert main([*args, "-o", str(path), "--json"]) == 0
+    return Plan.load(path), json.loads(capsys.readouterr().out)
+
+
+def printed(plan: Plan) -> list[str]:
+    console = Console(width=250, file=io.StringIO(), record=True)
+    print_plan(plan, console)
+    return console.export_text().splitlines()
+
+
+def device_column(lines: list[str]) -> list[str]:
+    """The stage table's device cells, in stage order (the first table printed)."""
+    table = lines[: next(i for i, line in enumerate(lines) if line.startswith("└"))]
+    return [line.split("│")[2].strip() for line in table if line.startswith("│")]
+
+
+def test_a_zb_v_plan_shows_its_v(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan, as_json = planned(tmp_path, capsys, 4, "--schedule", "zb-v")
+    lines = printed(plan)
+    # chunk j and 7-j on device j: down the V (↓) on chunks 0-3, back up (↑) on 4-7
+    assert device_column(lines) == ["0 ↓", "1 ↓", "2 ↓", "3 ↓", "3 ↑", "2 ↑", "1 ↑", "0 ↑"]
+    placed = next(line for line in lines if "placement" in line)
+    assert placed == (
+        "V placement: device 0 runs chunks 0 and 7, device 1 runs 1 and 6, device 2 runs 2 and 5, device 3 runs 3 and 4 "
+        "(down the V on chunks 0-3, back up on 4-7: the first and the last chunk on device 0)"
+    )
+    stages = as_json["stages"]
+    assert isinstance(stages, list) and [s["device"] for s in stages] == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert [s["index"] for s in stages] == list(range(8)) and as_json["virtual"] == 2
+
+
+def test_an_interleaved_plan_shows_its_round_robin(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan, as_json = planned(tmp_path, capsys, 2, "--schedule", "interleaved-1f1b", "--virtual", "2")
+    lines = printed(plan)
+    assert device_column(lines) == ["0", "1", "0", "1"]
+    assert "round-robin placement: device 0 runs chunks 0 and 2, device 1 runs 1 and 3 (chunk j on device j mod 2)" in lines
+    stages = as_json["stages"]
+    assert isinstance(stages, list) and [s["device"] for s in stages] == [0, 1, 0, 1]
+
+
+def test_one_chunk_per_device_needs_no_placement_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan, _ = planned(tmp_path, capsys, 2, "--schedule", "1f1b")
+    lines = printed(plan)
+    assert device_column(lines) == ["0", "1"] and not any("placement" in line for line in lines)
