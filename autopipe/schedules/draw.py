@@ -3,8 +3,10 @@
 The chart has two panels. Above, one row per device: forward (F), backward (B, the
 input-gradient part when backward is split), weight-gradient (W) and the recomputed forward
 that opens a B on a stage with recomputation (R), each kind in its own colour (:data:`COLOURS`,
-the legend's), the micro-batch number written where it fits; an interleaved plan's odd chunks are
-lighter and outlined; every action at least :data:`MIN_PX` pixels wide; the light grey
+the legend's), the micro-batch number written where it fits; in a plan of several chunks per
+device each row is labelled with its chunks and the chunks of every second lap round the devices
+(a V's up leg, chunks ``S..2S-1``; an interleaved plan's second lap) are lighter and outlined,
+as the legend says (the text version writes their letters in lower case); every action at least :data:`MIN_PX` pixels wide; the light grey
 behind is idle time, the thin grey band under a row activations or gradients in flight on the
 link into that device. Below, each device's memory over the iteration as a fraction of its
 limit (dashed line), so the stages that had to recompute show why. Long schedules are drawn as
@@ -23,11 +25,20 @@ from typing import Any
 from autopipe._io import atomic_write
 from autopipe.errors import AutopipeError, PlanFileError
 from autopipe.plans import Plan
-from autopipe.schedules.picture import RECOMPUTE, Box, Frame, frame, memory_steps, sample
+from autopipe.schedules.picture import (
+    RECOMPUTE,
+    Box,
+    Frame,
+    device_chunks,
+    frame,
+    memory_steps,
+    placement_shape,
+    sample,
+)
 from autopipe.schedules.registry import schedule_spec
 from autopipe.schedules.simulate import StageCost, Timeline
 
-__all__ = ["COLOURS", "IDLE_COLOUR", "MAX_PX", "Canvas", "check_times", "draw_timeline", "plan_frame", "text_timeline"]
+__all__ = ["COLOURS", "IDLE_COLOUR", "MAX_PX", "Canvas", "check_times", "draw_timeline", "plan_frame", "second_laps", "text_timeline"]
 
 COLOURS = {"F": "#59a14f", "B": "#4e79a7", "W": "#b07aa1", RECOMPUTE: "#f28e2b"}  # by kind
 NAMES = {"F": "F forward", "B": "B backward", "W": "W weight grad", RECOMPUTE: "R recompute (in B)"}
@@ -58,10 +69,8 @@ def check_times(plan: Plan, source: str = "the plan") -> None:
 def plan_frame(plan: Plan, timeline: Timeline) -> Frame:
     """The windows and boxes of ``plan``'s timeline (chunks numbered per device, the recomputed
     forward of a stage with recomputation as its own kind)."""
-    home = schedule_spec(plan.schedule).placement
     chunk, seen = [], [0] * plan.devices
-    for j in range(len(plan.stages)):
-        d = home(j, plan.devices, plan.virtual)
+    for d in _home(plan):
         chunk.append(seen[d])
         seen[d] += 1
     recompute = [s.forward_s if s.recompute else 0.0 for s in plan.stages]
@@ -134,10 +143,10 @@ def draw_timeline(
     scale, unit = (1e3, "ms") if timeline.iteration_s < 10 else (1.0, "s")
     px = width * upper[2] / max(f.width, 1e-300)  # pixels per second of drawn axis
     _boxes(ax, plan, f, px, row)
-    _axes(ax, f, S, scale, unit, [f"device {d}" for d in range(S)])
+    _axes(ax, f, S, scale, unit, _row_names(plan, row))
     elided = f" (warm-up, steady state and cool-down; {sum(f.elided):,} actions elided)" if f.elided else ""
     ax.set_title(
-        f"{plan.schedule}, {S} devices x {plan.virtual}, m={plan.micro_batches}: predicted iteration "
+        f"{plan.schedule}, {S} devices x {plan.virtual}{_shape_words(plan)}, m={plan.micro_batches}: predicted iteration "
         f"{timeline.iteration_s * scale:.4g} {unit}, bubble {timeline.bubble_fraction:.1%}{elided}",
         fontsize=10,
     )
@@ -258,10 +267,45 @@ def _legend(fig: Any, plan: Plan, f: Frame) -> None:
 
     kinds = {b.kind for b in f.boxes}
     handles = [Patch(facecolor=COLOURS[k], label=NAMES[k]) for k in ("F", "B", "W", RECOMPUTE) if k in kinds]
-    if plan.virtual > 1:
-        handles.append(Patch(facecolor=_lighter(COLOURS["F"]), edgecolor="black", label="odd chunks: lighter, outlined"))
+    lap = second_laps(plan)
+    if lap:
+        handles.append(Patch(facecolor=_lighter(COLOURS["F"]), edgecolor="black", label=f"{lap}: lighter, outlined"))
     handles += [Patch(facecolor=IDLE_COLOUR, label="idle"), Patch(facecolor=LINK_COLOUR, label="in flight on the link")]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=9, frameon=False)
+
+
+def _home(plan: Plan) -> tuple[int, ...]:
+    return schedule_spec(plan.schedule).devices_of(plan.devices, plan.virtual)
+
+
+def _shape_words(plan: Plan) -> str:
+    """`` chunks in a V`` (or a zigzag, round-robin) after "4 devices x 2" in the title."""
+    shape = placement_shape(_home(plan), plan.devices)
+    return {"V": " chunks in a V", "zigzag": " chunks in a zigzag", "round-robin": " chunks round-robin"}.get(shape, "")
+
+
+def second_laps(plan: Plan) -> str | None:
+    """Which chunks are drawn lighter (and written in lower case): each device's second, fourth
+    ... chunk, the chunks of every second lap round the devices -- ``"chunks 4-7 (up the V)"`` for
+    ZB-V on 4 devices, ``"chunks 2-3 and 6-7 (every second lap)"`` interleaved over 2 devices x 4;
+    ``None`` for one chunk per device."""
+    S, v = plan.devices, plan.virtual
+    if v < 2:
+        return None
+    laps = [f"{k * S}-{(k + 1) * S - 1}" if S > 1 else str(k) for k in range(1, v, 2)]
+    which = "chunk" + ("s" if S > 1 or len(laps) > 1 else "") + " " + " and ".join(laps)
+    up = placement_shape(_home(plan), S) in ("V", "zigzag")
+    return f"{which} ({'up the V' if up else 'every second lap'})"
+
+
+def _row_names(plan: Plan, row: int) -> list[str]:
+    """``device 0`` per row, and under it the device's chunks where there are several and the
+    rows are tall enough for two lines."""
+    S = plan.devices
+    if plan.virtual < 2 or row < 28:
+        return [f"device {d}" for d in range(S)]
+    chunks = device_chunks(_home(plan), S)
+    return [f"device {d}\nchunks {', '.join(map(str, chunks[d]))}" for d in range(S)]
 
 
 def _link(plan: Plan, stage: int, kind: str) -> tuple[float, int]:
@@ -298,11 +342,16 @@ def text_timeline(plan: Plan, timeline: Timeline, width: int = 100, letters: boo
                     cells.append("·")
                 else:
                     kind = "B" if hit.kind == RECOMPUTE else hit.kind
-                    cells.append(f"[{style[kind]}]{kind if letters else hit.microbatch % 10}[/]")
+                    odd = hit.chunk % 2 == 1
+                    text = (kind.lower() if odd else kind) if letters else str(hit.microbatch % 10)
+                    cells.append(f"[{style[kind]}{' underline' if odd and not letters else ''}]{text}[/]")
             if i + 1 < len(f.windows):
                 cells.append("┊")
         rows.append(cells)
     key = "letter = kind: [green]F[/] forward, [blue]B[/] backward, [magenta]W[/] weight grad" if letters else "digit = micro-batch; [green]F[/] [blue]B[/] [magenta]W[/]"
+    lap = second_laps(plan)
+    if lap:
+        key += f"; {'lower case f b w' if letters else '[underline]underlined[/]'}: {lap}"
     head = [f"timeline ({key}, · idle):"]
     if f.elided:
         head.append(f"┊ {sum(f.elided):,} actions elided: warm-up, one steady-state window and cool-down shown")

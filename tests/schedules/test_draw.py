@@ -4,6 +4,7 @@ actions, chunks told apart, zero-length actions visible, the memory panel, the t
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from autopipe.schedules.draw import (
     text_timeline,
 )
 from autopipe.schedules.picture import RECOMPUTE, Box
+from autopipe.schedules.registry import schedule_spec
 from autopipe.solve.assemble import plan_costs, plan_timeline
 
 MS = 1e-3
@@ -30,12 +32,12 @@ MS = 1e-3
 def synthetic_plan(
     devices: int, micro_batches: int, schedule: str = "1f1b", virtual: int = 1, recompute: tuple[int, ...] = (), first_b: float = 2 * MS
 ) -> Plan:
-    """A plan without a model or a search: stage j forwards in (1 + j/10) ms, backwards in 2 ms
+    """A plan without a model or a search (stages where ``schedule`` places them): stage j forwards in (1 + j/10) ms, backwards in 2 ms
     (``first_b`` on stage 0: its input-gradient B), recomputes where told, holds 1 GiB static."""
     n = devices * virtual
     stages = tuple(
         StagePlan(
-            index=j, rank=j % devices, blocks=(f"layers.{j}",), block_indices=(j,), nodes=(f"n{j}",), params=1000,
+            index=j, rank=schedule_spec(schedule).device_of(j, devices, virtual), blocks=(f"layers.{j}",), block_indices=(j,), nodes=(f"n{j}",), params=1000,
             forward_s=(1 + j / 10) * MS, backward_s=first_b + MS if j == 0 else 3 * MS, backward_input_s=first_b if j == 0 else 2 * MS,
             backward_weight_s=MS, recompute=j in recompute, memory_bytes=0.0, static_bytes=2.0**30, activation_bytes=2.0**28,
             held_bytes=2.0**24 if j in recompute else 2.0**28, send_bytes=2.0**20 if j + 1 < n else 0.0,
@@ -90,6 +92,53 @@ def test_the_chunks_of_an_interleaved_plan_are_told_apart(tmp_path: Path) -> Non
             if chunk:  # lighter, and outlined
                 want = tuple(c + (1 - c) * 0.5 for c in want)  # type: ignore[assignment]
             assert same(colour_at(canvas, image, box), want), box
+
+
+def lighter(colour: str) -> tuple[float, float, float]:
+    r, g, b = to_rgb(colour)
+    return (r + (1 - r) * 0.5, g + (1 - g) * 0.5, b + (1 - b) * 0.5)
+
+
+def test_a_zb_v_plan_is_drawn_as_a_v(tmp_path: Path) -> None:
+    """Each device's row holds its down chunk d (full colour) and its up chunk 2S-1-d (lighter),
+    read back from the pixels of every action wide enough to hold one."""
+    plan = synthetic_plan(4, 8, "zb-v", virtual=2)
+    canvas, image, boxes = draw(plan, tmp_path / "t.png")
+    assert max(image.shape[:2]) <= 3000 and {(b.rank, b.stage) for b in boxes} == {(d, j) for d in range(4) for j in (d, 7 - d)}
+    seen = {(b.stage, b.kind) for b in boxes}
+    assert len(seen) == 8 * 3  # F, B and W of all eight chunks
+    checked: set[tuple[int, str]] = set()
+    for box in boxes:
+        if (box.x1 - box.x0) / canvas.axis * canvas.width > 12:
+            up = box.stage >= 4
+            assert box.chunk == int(up)
+            want = lighter(COLOURS[box.kind]) if up else to_rgb(COLOURS[box.kind])
+            assert same(colour_at(canvas, image, box), want), box
+            checked.add((box.stage, box.kind))
+    assert checked == seen
+    first_up = min((b for b in boxes if b.stage == 7), key=lambda b: b.x0)  # 7F0, on device 0 (the top row)
+    col, row = canvas.pixel(first_up.x0 + 0.3 * (first_up.x1 - first_up.x0), 3 + 0.2)
+    assert first_up.rank == 0 and same(tuple(float(v) for v in image[row, col][:3]), lighter(COLOURS["F"]))  # type: ignore[arg-type]
+
+
+def test_the_text_timeline_of_a_v_writes_the_up_leg_in_lower_case() -> None:
+    plan = synthetic_plan(4, 8, "zb-v", virtual=2)
+    timeline = plan_timeline(plan)
+    width = 300
+    rows = text_timeline(plan, timeline, width=width, letters=True)
+    assert "lower case f b w: chunks 4-7 (up the V)" in rows[0]
+    grid = {int(r.split(" │")[0].split()[1]): re.sub(r"\[/?[a-z ]*\]", "", r.split("│")[1]) for r in rows[1:]}
+    assert all(len(cells) == width for cells in grid.values())
+    f = plan_frame(plan, timeline)
+    read = 0
+    for box in f.boxes:  # every action two columns wide or more, read back at its middle
+        lo, hi = box.x0 / f.width * width, box.x1 / f.width * width
+        if hi - lo >= 2:
+            letter = grid[box.rank][int((lo + hi) / 2)]
+            assert letter == (box.kind.lower() if box.stage >= 4 else box.kind), box
+            read += 1
+    assert read >= 100
+    assert "[green underline]" in "".join(text_timeline(plan, timeline)) and "[underline]underlined[/]: chunks 4-7 (up the V)" in text_timeline(plan, timeline)[0]
 
 
 def test_a_zero_length_action_is_still_seen(tmp_path: Path) -> None:
