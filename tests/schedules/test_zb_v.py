@@ -83,10 +83,40 @@ def test_peak_memory_is_1f1bs(devices: int) -> None:
             assert zbv == (2.0 * devices,) * devices
 
 
-# S=4, m=8, every action one unit: what each device runs in time slots 0..15 ("-" idle),
-# from the construction in zb_v's docstring; it draws the picture of ZB-V in Qi et al.
-# (ICLR 2024, ZB-V figure): device 0 runs the 2S-1 = 7 down forwards, then the last
-# chunk's F B W; device 3 alternates the two chunks of the turn (3, 4), which need no hop.
+def reference_order(devices: int, micro_batches: int) -> dict[int, list[str | None]]:
+    """torch.distributed.pipelining's ZB-V lists (``ScheduleZBVZeroBubble.pipeline_order``, made
+    without stages or processes), B for its ``I`` (input-grad): ``rank`` leading ``None`` slots,
+    then the list, padding micro-batches left as ``None`` -- slot ``i`` of rank ``d`` is where
+    the Zero Bubble authors' own generator (sail-sg/zero-bubble-pipeline-parallelism,
+    ``handcrafted_zb_v``, which prints the paper's S=4, m=8 picture) puts the action."""
+    from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
+
+    made = object.__new__(ScheduleZBVZeroBubble)  # only the three sizes its list reads
+    made.pp_group_size, made.num_stages, made._n_microbatches = devices, 2 * devices, micro_batches
+    letter = {"F": "F", "I": "B", "W": "W"}
+    return {
+        d: [None if a is None else f"{a.stage_index}{letter[a.computation_type.value]}{a.microbatch_index}" for a in made._calculate_single_rank_operations(d)]
+        for d in range(devices)
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("devices", range(1, 9))
+def test_the_lists_are_torchs_and_the_authors(devices: int) -> None:
+    for m in range(1, 33):
+        mine = {d: [str(a) for a in acts] for d, acts in zb_v.create_schedule(devices, m).items()}
+        assert mine == {d: [a for a in acts if a is not None] for d, acts in reference_order(devices, m).items()}, m
+
+
+# S=4, m=8, every action one unit: what each device runs in time slots 0..15 ("-" idle).
+# Compared with the Zero Bubble paper's ZB-V figure (Qi et al., ICLR 2024; the figure of the
+# authors' README, "each device is assigned to exactly 2 chunks ... a V shape") as the authors'
+# generator prints it (handcrafted_zb_v, get_zb_v_schedule(4, 8)) and torch builds it: the same
+# action in every slot (test below, the whole iteration): device 0 runs the 2S-1 = 7 down
+# forwards, then the last chunk's F B W; device 3 alternates the two chunks of the turn (3, 4),
+# which need no hop; in steady state every device alternates F B W of its two chunks with no
+# idle slot, and the last device finishes at 6m + S - 1 = 51 (the ramp bound). The figure's
+# colours (white text for a device's first chunk, black for its second) are the lighter, outlined
+# second chunk of `autopipe show --timeline` (tests/schedules/test_draw.py).
 FIGURE_S4 = {
     0: "0F0 0F1 0F2 0F3 0F4 0F5 0F6 7F0 7B0 7W0 7F1 7B1 7W1 7F2 7B2 7W2",
     1: "-   1F0 1F1 1F2 1F3 1F4 6F0 1F5 6F1 6B0 6W0 6F2 6B1 6W1 6F3 6B2",
@@ -95,16 +125,39 @@ FIGURE_S4 = {
 }
 
 
-def test_s4_grid_matches_the_papers_figure() -> None:
-    timeline = run(4, 8)
-    slots = {d: [IDLE] * 16 for d in range(4)}
+def slots(devices: int, micro_batches: int) -> dict[int, list[str]]:
+    """The simulated unit-time grid: what each device runs in each time slot (``-`` idle)."""
+    timeline = run(devices, micro_batches)
+    grid = {d: [IDLE] * int(timeline.iteration_s) for d in range(devices)}
     for t in timeline.actions:
-        if t.start_s < 16:
-            slots[t.rank][int(t.start_s)] = str(t.action)
-    grid = {d: " ".join(cells) for d, cells in slots.items()}
-    print("\n".join(f"device {d} | {row}" for d, row in grid.items()))
-    print(format_schedule(zb_v.create_schedule(4, 8)))
-    assert grid == {d: " ".join(row.split()) for d, row in FIGURE_S4.items()}
+        grid[t.rank][int(t.start_s)] = str(t.action)
+    return grid
+
+
+def test_s4_grid_matches_the_papers_figure() -> None:
+    grid = slots(4, 8)
+    print("\n".join(f"device {d} | {' '.join(f'{c:3}' for c in row)}" for d, row in grid.items()))
+    print(format_schedule(zb_v.create_schedule(4, 8)))  # the lists, untimed
+    assert {d: " ".join(row[:16]) for d, row in grid.items()} == {d: " ".join(row.split()) for d, row in FIGURE_S4.items()}
+    reference = {d: [IDLE if a is None else a for a in acts] for d, acts in reference_order(4, 8).items()}
+    assert {d: row[: len(reference[d])] for d, row in grid.items()} == reference  # every slot, the whole iteration
+    assert all(len(reference[d]) == 6 * 8 + d and IDLE not in reference[d][d:] for d in range(4))  # no bubble once started
+    assert len(grid[3]) == 6 * 8 + 4 - 1 == zb_v.makespan_units(4, 8)
+
+
+@pytest.mark.parametrize("devices", range(1, 9))
+def test_every_grid_is_the_references_or_ahead_of_it(devices: int) -> None:
+    """Slot for slot the reference's grid once m >= 2S-1; with fewer micro-batches the reference
+    keeps the padding micro-batches' slots empty, and the simulator runs each action as soon as
+    its inputs are there: never later than the reference, the iteration shorter."""
+    for m in range(1, 33):
+        start = {(d, cell): i for d, row in slots(devices, m).items() for i, cell in enumerate(row) if cell != IDLE}
+        reference = {(d, a): i for d, acts in reference_order(devices, m).items() for i, a in enumerate(acts) if a is not None}
+        assert start.keys() == reference.keys()
+        if m >= 2 * devices - 1:
+            assert start == reference, m
+        else:
+            assert all(start[k] <= reference[k] for k in start), m
 
 
 def test_splits_every_backward() -> None:
