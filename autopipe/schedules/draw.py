@@ -6,9 +6,9 @@ that opens a B on a stage with recomputation (R), each kind in its own colour (:
 the legend's), the micro-batch number written where it fits; in a plan of several chunks per
 device each row is labelled with its chunks and the chunks of every second lap round the devices
 (a V's up leg, chunks ``S..2S-1``; an interleaved plan's second lap) are lighter and outlined,
-as the legend says (the text version writes their letters in lower case); every action at least :data:`MIN_PX` pixels wide; the light grey
-behind is idle time, the thin grey band under a row activations or gradients in flight on the
-link into that device. Below, each device's memory over the iteration as a fraction of its
+as the legend says (the text version writes their letters in lower case); every action at
+least :data:`MIN_PX` pixels wide; the light grey behind is idle time, the thin grey band
+under a row activations or gradients in flight on the link into that device. Below, each device's memory over the iteration as a fraction of its
 limit (dashed line), so the stages that had to recompute show why. Long schedules are drawn as
 warm-up, steady state and cool-down with the elided middle marked (:mod:`.picture`): the
 picture and the time to draw it stay bounded (at most :data:`MAX_PX` pixels on a side).
