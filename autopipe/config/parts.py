@@ -108,7 +108,7 @@ def model_parts(plan: Plan) -> Parts:
             "transformer layers, so this plan cannot be handed to them"
         )
     container = max(found, key=lambda prefix: (len(found[prefix]), -len(prefix)))
-    indices = sorted(found[container])
+    indices = list(range(max(found[container]) + 1))  # a module list counts from 0; merged blocks hide some
     notes: list[str] = []
     seen: dict[int, int] = {}  # layer index -> the stage it starts on
     counts = [0] * len(plan.stages)  # per stage: layers that start there
