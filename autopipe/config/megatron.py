@@ -5,8 +5,8 @@ Megatron cannot do as the plan says; ``grep -v '^#' | xargs`` gives the argument
 sets: the degrees (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``; the
 data-parallel size is what is left of the world size), the batch (``--micro-batch-size``,
 ``--global-batch-size`` = batch per pipeline x replicas), ``--num-layers``,
-``--sequence-parallel``, the recompute arguments and the split, in the first of Megatron-Core's
-three forms that says it exactly (megatron/training/arguments.py ``validate_args`` and
+``--sequence-parallel``, ``--use-distributed-optimizer`` (ZeRO-1), the recompute arguments and
+the split, in the first of Megatron-Core's three forms that says it exactly (megatron/training/arguments.py ``validate_args`` and
 megatron/core/transformer/transformer_config.py allow exactly one):
 
 - even: every (virtual) stage has the same number of layers: just the sizes, plus
@@ -110,10 +110,10 @@ def _schedule_notes(plan: Plan, parts: Parts) -> list[str]:
 
 
 def megatron_args(plan: Plan, *, tensor_parallel: int | None = None, sequence_parallel: bool | None = None,
-                  selective_recompute: bool | None = None) -> str:  # fmt: skip
+                  selective_recompute: bool | None = None, zero1: bool | None = None) -> str:  # fmt: skip
     """The plan as Megatron-LM arguments, one per line, with ``#`` notes; ConfigError (one
     line) for a plan without transformer layers."""
-    deg = degrees(plan, tensor_parallel, sequence_parallel, selective_recompute)
+    deg = degrees(plan, tensor_parallel, sequence_parallel, selective_recompute, zero1)
     parts = model_parts(plan)
     lines = [
         f"# Megatron-LM arguments for {plan.model} (autopipe plan: {plan.schedule}, "
@@ -129,6 +129,8 @@ def megatron_args(plan: Plan, *, tensor_parallel: int | None = None, sequence_pa
         "--num-layers", str(parts.num_layers),
     ]  # fmt: skip
     notes = list(parts.notes) + _schedule_notes(plan, parts)
+    if deg.zero1:
+        args.append("--use-distributed-optimizer")  # ZeRO-1: optimizer state split over the data-parallel ranks
     if deg.sequence_parallel and deg.tensor > 1:
         args.append("--sequence-parallel")
     elif deg.sequence_parallel:

@@ -10,8 +10,9 @@ after the last (the head and loss part). Blocks that are neither, or a layer who
 on two stages, are reported as notes: the frameworks cannot place them as the plan does.
 
 :func:`degrees` reads the parallel degrees from the plan: pipeline ``S`` and virtual ``v``,
-data parallel ``D``, and, where the plan has them, tensor parallel ``t`` and sequence
-parallelism (``getattr``: plans written before those fields read as t = 1).
+data parallel ``D``, and, where the plan has them, tensor parallel ``t``, sequence
+parallelism, selective recomputation and ZeRO-1 (``getattr``: plans written before those
+fields read as t = 1 and off).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Degrees:
     virtual: int  # v: chunks (virtual stages) per pipeline rank
     sequence_parallel: bool  # Megatron-style sequence parallelism inside the tensor-parallel group
     selective_recompute: bool  # recompute attention only (Korthikanti et al.), not whole stages
+    zero1: bool = False  # optimizer state sharded over the data-parallel replicas (ZeRO-1)
 
     @property
     def world_size(self) -> int:
@@ -43,17 +45,18 @@ class Degrees:
 
 
 def degrees(plan: Plan, tensor_parallel: int | None = None, sequence_parallel: bool | None = None,
-            selective_recompute: bool | None = None) -> Degrees:  # fmt: skip
+            selective_recompute: bool | None = None, zero1: bool | None = None) -> Degrees:  # fmt: skip
     """The plan's degrees; ``tensor_parallel`` etc. override what the plan says (or, for a plan
     without those fields, the defaults t = 1, no sequence parallelism, whole-stage recompute)."""
     t = getattr(plan, "tensor_parallel", 1) if tensor_parallel is None else tensor_parallel
     sp = getattr(plan, "sequence_parallel", False) if sequence_parallel is None else sequence_parallel
     granularity = getattr(plan, "recompute_granularity", "full")
     selective = granularity == "selective" if selective_recompute is None else selective_recompute
+    sharded = getattr(plan, "shard_optimizer", False) if zero1 is None else zero1
     if not isinstance(t, int) or isinstance(t, bool) or t < 1:
         raise ConfigError(f"tensor parallel degree is {t!r}, expected a whole number >= 1; plan again")
     return Degrees(tensor=t, pipeline=plan.devices, data=plan.data_parallel, virtual=plan.virtual,
-                   sequence_parallel=bool(sp), selective_recompute=bool(selective))  # fmt: skip
+                   sequence_parallel=bool(sp), selective_recompute=bool(selective), zero1=bool(sharded))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -45,10 +45,13 @@ def _fqn_note(parts: Parts, plan: Plan) -> list[str]:
 def _data_parallel(deg: Degrees) -> tuple[int, int, list[str]]:
     """(replicate degree, shard degree, notes): autopipe prices D replicas with a gradient
     all-reduce (DDP); torchtitan 0.2 runs DDP only when it is the only parallelism."""
-    if deg.pipeline == 1 and deg.tensor == 1:
+    if deg.pipeline == 1 and deg.tensor == 1 and not deg.zero1:
         return deg.data, 1, []
     if deg.data == 1:
         return 1, 1, []
+    if deg.zero1:
+        return 1, deg.data, [f"the plan's ZeRO-1 over {deg.data} replicas is FSDP here (data_parallel_shard_degree): "
+                             "parameters and gradients are sharded too, with more communication than planned"]  # fmt: skip
     return 1, deg.data, [f"torchtitan runs DDP only without other parallelism, so the plan's {deg.data} replicas "
                          "are FSDP shards (data_parallel_shard_degree): less memory, more communication than planned"]  # fmt: skip
 
@@ -74,9 +77,9 @@ def _toml_list(parts: list[list[str]]) -> str:
 
 
 def torchtitan_toml(plan: Plan, *, tensor_parallel: int | None = None, sequence_parallel: bool | None = None,
-                    selective_recompute: bool | None = None) -> str:  # fmt: skip
+                    selective_recompute: bool | None = None, zero1: bool | None = None) -> str:  # fmt: skip
     """The plan as a torchtitan TOML job config, with ``#`` notes."""
-    deg = degrees(plan, tensor_parallel, sequence_parallel, selective_recompute)
+    deg = degrees(plan, tensor_parallel, sequence_parallel, selective_recompute, zero1)
     parts = model_parts(plan)
     schedule = torchtitan_schedule(plan.schedule)
     replicate, shard, notes = _data_parallel(deg)

@@ -38,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-granularity", default=None)
     p.add_argument("--recompute-method", default=None)
     p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--use-distributed-optimizer", action="store_true")
     return p
 
 
@@ -174,8 +175,9 @@ def test_an_uneven_plan_becomes_first_and_last_stage_layers(gpt_plans: dict[str,
 def test_an_interleaved_3d_plan_with_tensor_parallelism(gpt_plans: dict[str, Path]) -> None:
     plan = Plan.load(gpt_plans["interleaved"])
     assert plan.virtual == 2 and plan.data_parallel > 1
-    text = megatron_args(plan, tensor_parallel=2, sequence_parallel=True)
+    text = megatron_args(plan, tensor_parallel=2, sequence_parallel=True, zero1=True)
     flags = _flags(text)
+    assert "--use-distributed-optimizer" in flags
     world = 2 * plan.devices * plan.data_parallel
     assert megatron_rules(text, world) == _layers(plan)
     assert flags["--tensor-model-parallel-size"] == "2" and "--sequence-parallel" in flags
@@ -227,3 +229,16 @@ def test_a_plan_whose_stages_recompute_partly_and_a_gpipe_plan_get_notes(gpt_pla
     assert "# the plan recomputes stage(s) 0 only; Megatron recomputes every stage, so stage(s) 1, 2, 3" in text
     assert "# Megatron has no gpipe schedule: it runs 1F1B with these stages instead" in text
     assert megatron_rules(text, plan.devices) == _layers(plan)
+
+
+@pytest.mark.slow  # the gpt_plans fixture plans two models (once per session)
+def test_a_v_shaped_plan_runs_round_robin_in_megatron_and_says_so(gpt_plans: dict[str, Path]) -> None:
+    from autopipe.schedules.registry import schedule_spec
+
+    plan = Plan.load(gpt_plans["interleaved"])
+    spec = schedule_spec("zb-v")
+    v_plan = dataclasses.replace(plan, schedule="zb-v", stages=tuple(
+        dataclasses.replace(s, rank=spec.device_of(s.index, plan.devices, plan.virtual)) for s in plan.stages))  # fmt: skip
+    text = megatron_args(v_plan)
+    assert f"# Megatron has no zb-v schedule: it runs interleaved 1F1B with these stages instead (no separate weight-gradient pass; chunk j on rank j % {plan.devices}, not in the plan's V)" in text
+    assert megatron_rules(text, plan.devices * plan.data_parallel) == _layers(plan)

@@ -72,3 +72,13 @@ def test_real_gpt_plans_uneven_and_interleaved_3d(gpt_plans: dict[str, Path]) ->
     assert par["pipeline_parallel_schedule"] == "Interleaved1F1B" and par["data_parallel_shard_degree"] == plan.data_parallel
     assert "# torchtitan runs DDP only without other parallelism" in text
     assert par["module_fqns_per_model_part"][0][:2] == ["wte", "wpe"] and par["module_fqns_per_model_part"][-1][-1] == "lm_head"
+    assert "# torchtitan places" not in text  # round robin, as the plan
+    zero1 = torchtitan_toml(plan, zero1=True)
+    assert tomllib.loads(zero1)["parallelism"]["data_parallel_shard_degree"] == plan.data_parallel
+    assert f"# the plan's ZeRO-1 over {plan.data_parallel} replicas is FSDP here" in zero1
+    spec = schedule_spec("zb-v")
+    v_plan = dataclasses.replace(plan, schedule="zb-v", stages=tuple(
+        dataclasses.replace(s, rank=spec.device_of(s.index, plan.devices, plan.virtual)) for s in plan.stages))  # fmt: skip
+    v_text = torchtitan_toml(v_plan)
+    assert tomllib.loads(v_text)["parallelism"]["pipeline_parallel_schedule"] == "ZBVZeroBubble"
+    assert "# torchtitan places" not in v_text  # a V, as the plan
