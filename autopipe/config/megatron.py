@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import shlex
 
-from autopipe.config.parts import Degrees, Parts, degrees, model_parts
+from autopipe.config.parts import Degrees, Parts, degrees, model_parts, stage_list
 from autopipe.plans import Plan
 from autopipe.schedules.registry import schedule_spec
 
@@ -42,14 +42,26 @@ MEGATRON_SCHEDULES = ("Schedule1F1B", "ScheduleInterleaved1F1B")
 
 def layout_string(parts: Parts) -> str:
     """Megatron's ``--pipeline-model-parallel-layout`` for the plan's stages, e.g.
-    ``Et|tt|tt|tL``: the embedding on the first stage, the loss on the last."""
+    ``Et|tt|tt|tL``: the embedding on the first stage, the loss on the last; three or more equal
+    stages in a row as ``(tt|)*34``, more than four layers as ``t*5`` (Megatron unrolls both)."""
     last = len(parts.chunks) - 1
-    out = []
+    stages = []
     for chunk in parts.chunks:
         n = chunk.layers
         layers = "t" * n if n <= 4 else f"t*{n}"
-        out.append(("E" if chunk.index == 0 else "") + layers + ("L" if chunk.index == last else ""))
-    return "|".join(out)
+        stages.append(("E" if chunk.index == 0 else "") + layers + ("L" if chunk.index == last else ""))
+    out, i = "", 0
+    while i < len(stages):
+        run = 1
+        while i + run < last and stages[i + run] == stages[i]:  # a run never takes the last stage
+            run += 1
+        if run >= 3:
+            out += f"({stages[i]}|)*{run}"  # unrolls to run stages, each followed by '|'
+            i += run
+        else:
+            out += stages[i] + ("|" if i < last else "")
+            i += 1
+    return out
 
 
 def megatron_split(parts: Parts, p: int, v: int) -> list[str]:
@@ -86,8 +98,8 @@ def _recompute(plan: Plan, deg: Degrees, parts: Parts) -> tuple[list[str], list[
     notes = [f"recompute: each stage is recomputed as one piece (uniform groups of up to {most} layers), as the plan prices it"]
     if len(chosen) < len(plan.stages):
         rest = [s.index for s in plan.stages if not s.recompute]
-        notes.append(f"the plan recomputes stage(s) {', '.join(map(str, chosen))} only; Megatron recomputes every stage, "
-                     f"so stage(s) {', '.join(map(str, rest))} spend an extra forward the plan did not price")  # fmt: skip
+        notes.append(f"the plan recomputes stage(s) {stage_list(chosen)} only; Megatron recomputes every stage, "
+                     f"so stage(s) {stage_list(rest)} spend an extra forward the plan did not price")  # fmt: skip
     if deg.selective_recompute:
         notes.append("the plan also asks for selective (attention) recomputation; full recomputation covers it")
     return args, notes

@@ -24,7 +24,7 @@ from autopipe.plans import Plan
 from autopipe.schedules.action import round_robin
 from autopipe.schedules.registry import schedule_spec
 
-__all__ = ["Chunk", "Degrees", "Parts", "degrees", "model_parts"]
+__all__ = ["Chunk", "Degrees", "Parts", "degrees", "model_parts", "stage_list"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,17 @@ class Parts:
     chunks: tuple[Chunk, ...]  # in stage (model) order
     notes: tuple[str, ...]  # what a layer-based framework cannot place as the plan does
     round_robin: bool  # chunk j runs on rank j % S (Megatron's and torchtitan's "loop" order)
+
+
+def stage_list(indices: list[int]) -> str:
+    """``[0, 1, 2, 3, 7]`` -> ``"0-3, 7"``."""
+    spans: list[list[int]] = []
+    for i in indices:
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ", ".join(f"{a}" if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}" for a, b in spans)
 
 
 def _layer_of(name: str) -> tuple[str, int] | None:
@@ -146,11 +157,11 @@ def model_parts(plan: Plan) -> Parts:
     post_stages = sorted({c.index for c in chunks if c.post})
     if pre_stages and pre_stages != [0]:
         notes.append(f"the embedding part ({', '.join(b for c in chunks for b in c.pre)}) spans stages "
-                     f"{', '.join(map(str, pre_stages))}; the frameworks put it all on the first stage")  # fmt: skip
+                     f"{stage_list(pre_stages)}; the frameworks put it all on the first stage")  # fmt: skip
     final = len(chunks) - 1
     if post_stages and post_stages != [final]:
         notes.append(f"the head part ({', '.join(b for c in chunks for b in c.post)}) spans stages "
-                     f"{', '.join(map(str, post_stages))}; the frameworks put it all on the last stage")  # fmt: skip
+                     f"{stage_list(post_stages)}; the frameworks put it all on the last stage")  # fmt: skip
     spec = schedule_spec(plan.schedule)
     rr = all(spec.device_of(j, plan.devices, plan.virtual) == round_robin(j, plan.devices, plan.virtual)
              for j in range(len(plan.stages)))  # fmt: skip

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 
-from autopipe.config.parts import Degrees, Parts, degrees, model_parts
+from autopipe.config.parts import Degrees, Parts, degrees, model_parts, stage_list
 from autopipe.plans import Plan
 from autopipe.schedules.registry import schedule_spec
 
@@ -66,8 +66,8 @@ def _recompute(plan: Plan, deg: Degrees) -> tuple[str, list[str]]:
     notes = ["full: torchtitan checkpoints each transformer layer (the plan prices each stage as one piece)"]
     if len(chosen) < len(plan.stages):
         rest = [s.index for s in plan.stages if not s.recompute]
-        notes.append(f"the plan recomputes stage(s) {', '.join(map(str, chosen))} only; torchtitan's mode is one "
-                     f"for all stages, so stage(s) {', '.join(map(str, rest))} recompute too")  # fmt: skip
+        notes.append(f"the plan recomputes stage(s) {stage_list(chosen)} only; torchtitan's mode is one "
+                     f"for all stages, so stage(s) {stage_list(rest)} recompute too")  # fmt: skip
     return "full", notes
 
 

@@ -226,7 +226,7 @@ def test_a_plan_whose_stages_recompute_partly_and_a_gpipe_plan_get_notes(gpt_pla
     plan = Plan.load(gpt_plans["uneven"])
     partly = dataclasses.replace(plan, schedule="gpipe", stages=tuple(dataclasses.replace(s, recompute=s.index == 0) for s in plan.stages))
     text = megatron_args(partly)
-    assert "# the plan recomputes stage(s) 0 only; Megatron recomputes every stage, so stage(s) 1, 2, 3" in text
+    assert "# the plan recomputes stage(s) 0 only; Megatron recomputes every stage, so stage(s) 1-3" in text
     assert "# Megatron has no gpipe schedule: it runs 1F1B with these stages instead" in text
     assert megatron_rules(text, plan.devices) == _layers(plan)
 
@@ -242,3 +242,14 @@ def test_a_v_shaped_plan_runs_round_robin_in_megatron_and_says_so(gpt_plans: dic
     text = megatron_args(v_plan)
     assert f"# Megatron has no zb-v schedule: it runs interleaved 1F1B with these stages instead (no separate weight-gradient pass; chunk j on rank j % {plan.devices}, not in the plan's V)" in text
     assert megatron_rules(text, plan.devices * plan.data_parallel) == _layers(plan)
+
+
+def test_long_layouts_are_compressed_and_unroll_to_the_same_stages() -> None:
+    from autopipe.config.megatron import layout_string
+
+    counts = [1] + [2] * 34 + [1] * 27 + [0, 0]
+    text = layout_string(_parts(counts))
+    assert text == "Et|(tt|)*34(t|)*27|L"
+    assert [s.count("t") for s in parse_layout(text)] == counts
+    assert layout_string(_parts([6, 0, 0, 0, 7])) == "Et*6|(|)*3t*7L"
+    assert [s.count("t") for s in parse_layout("Et*6|(|)*3t*7L")] == [6, 0, 0, 0, 7]
