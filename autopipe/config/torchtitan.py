@@ -20,9 +20,11 @@ from autopipe.config.parts import Degrees, Parts, degrees, model_parts, stage_li
 from autopipe.plans import Plan
 from autopipe.schedules.registry import schedule_spec
 
-__all__ = ["TORCHTITAN_VERSION", "torchtitan_schedule", "torchtitan_toml"]
+__all__ = ["TORCHTITAN_VERSION", "TORCH_SCHEDULES", "torchtitan_schedule", "torchtitan_toml"]
 
 TORCHTITAN_VERSION = "0.2.x"
+TORCH_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+"""The names ``torch.distributed.pipelining.schedules.get_schedule_class`` takes (torch 2.13)."""
 _V_STYLE = ("ZBVZeroBubble", "DualPipeV")  # the schedules torchtitan places in a V (the rest: round robin)
 
 
@@ -84,6 +86,10 @@ def torchtitan_toml(plan: Plan, *, tensor_parallel: int | None = None, sequence_
     schedule = torchtitan_schedule(plan.schedule)
     replicate, shard, notes = _data_parallel(deg)
     notes = list(parts.notes) + notes + _fqn_note(parts, plan)
+    if schedule not in TORCH_SCHEDULES:
+        fallback = "ZBVZeroBubble" if not parts.round_robin else "Interleaved1F1B" if plan.virtual > 1 else "1F1B"
+        notes.append(f"torch has no {plan.schedule} schedule ({schedule}); torchtitan runs {fallback} with these stages instead")
+        schedule = fallback
     if (schedule in _V_STYLE) != (not parts.round_robin):
         where = "in a V" if schedule in _V_STYLE else "round robin"
         notes.append(f"torchtitan places the {schedule} stages {where}, not as the plan's {plan.schedule} does")

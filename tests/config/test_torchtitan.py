@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from autopipe.config.torchtitan import torchtitan_schedule, torchtitan_toml
+from autopipe.config.torchtitan import TORCH_SCHEDULES, torchtitan_schedule, torchtitan_toml
 from autopipe.plans import Plan
 from autopipe.schedules.registry import schedule_names, schedule_spec
 
@@ -34,11 +34,19 @@ def _check_numbers(plan: Plan, config: dict[str, Any], t: int) -> None:
     assert config["activation_checkpoint"]["mode"] == ("full" if recomputed else "none")
 
 
-def test_every_schedule_has_a_name_torch_and_torchtitan_know() -> None:
+def test_every_schedule_has_a_name_torch_and_torchtitan_know(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.distributed.pipelining.schedules import get_schedule_class
 
+    assert all(get_schedule_class(name).__name__ == f"Schedule{name}" for name in TORCH_SCHEDULES)
     for name in schedule_names():
-        assert get_schedule_class(torchtitan_schedule(name)).__name__ == schedule_spec(name).torch_class
+        if torchtitan_schedule(name) in TORCH_SCHEDULES:
+            assert get_schedule_class(torchtitan_schedule(name)).__name__ == schedule_spec(name).torch_class
+    import autopipe.config.torchtitan as titan
+
+    monkeypatch.setattr(titan, "torchtitan_schedule", lambda name: "NoSuchSchedule")  # a schedule torch lacks
+    text = torchtitan_toml(Plan.load(MLP_PLAN))
+    assert tomllib.loads(text)["parallelism"]["pipeline_parallel_schedule"] == "1F1B"
+    assert "# torch has no 1f1b schedule (NoSuchSchedule); torchtitan runs 1F1B with these stages instead" in text
 
 
 def test_a_plan_file_as_toml_parses_back_with_the_plans_numbers() -> None:
