@@ -22,12 +22,14 @@ megatron/core/transformer/transformer_config.py allow exactly one):
 Megatron runs 1F1B, or interleaved 1F1B when a rank holds several chunks, placing chunk ``j`` on
 rank ``j % p``; a plan with another schedule gets a note saying what Megatron runs instead.
 Recomputation: Megatron's ``full`` granularity with ``uniform`` groups of as many layers as a
-stage holds recomputes each stage as one piece, as the plan prices it; it applies to every
+stage holds recomputes each stage as one piece, as the plan prices it (uneven stages: groups of
+the largest size that divides every stage, as Megatron's groups must); it applies to every
 stage, so a plan that recomputes only some gets a note.
 """
 
 from __future__ import annotations
 
+import math
 import shlex
 
 from autopipe.config.parts import Degrees, Parts, degrees, model_parts, stage_list
@@ -93,9 +95,14 @@ def _recompute(plan: Plan, deg: Degrees, parts: Parts) -> tuple[list[str], list[
         if deg.selective_recompute:
             return ["--recompute-granularity", "selective"], []
         return [], []
-    most = max(c.layers for c in parts.chunks)
-    args = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", str(most)]
-    notes = [f"recompute: each stage is recomputed as one piece (uniform groups of up to {most} layers), as the plan prices it"]
+    sizes = sorted({c.layers for c in parts.chunks if c.layers})
+    group = math.gcd(*sizes)  # Megatron's uniform groups must divide every stage's layers
+    args = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", str(group)]
+    if len(sizes) == 1:
+        notes = [f"recompute: each stage's {group} layer(s) are recomputed as one piece, as the plan prices it"]
+    else:
+        notes = [f"recompute: the plan recomputes each stage as one piece; Megatron's uniform groups must divide every "
+                 f"stage's layers ({', '.join(map(str, sizes))}), so it keeps one input per {group} layer(s)"]  # fmt: skip
     if len(chosen) < len(plan.stages):
         rest = [s.index for s in plan.stages if not s.recompute]
         notes.append(f"the plan recomputes stage(s) {stage_list(chosen)} only; Megatron recomputes every stage, "

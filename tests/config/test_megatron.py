@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 import shlex
 from pathlib import Path
@@ -55,9 +56,8 @@ def parse_layout(text: str) -> list[list[str]]:
     return stages
 
 
-def megatron_rules(lines: str, world_size: int) -> list[int]:
-    """Megatron's checks on the printed arguments; the transformer layers of each virtual stage
-    in stage order (vpp rank major: stage j on pipeline rank j % p), as Megatron builds them."""
+def _split_rules(lines: str, world_size: int) -> tuple[argparse.Namespace, list[int]]:
+    """The arguments, and the layers of every virtual stage (checked as :func:`megatron_rules`)."""
     argv = [word for line in lines.splitlines() if not line.startswith("#") for word in shlex.split(line)]
     a = _parser().parse_args(argv)
     t, p, L = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.num_layers
@@ -88,19 +88,19 @@ def megatron_rules(lines: str, world_size: int) -> list[int]:
         check(flat[:1] == ["E"] and flat[-1:] == ["L"], "layout must start with E and end with L")
         check(flat.count("E") == 1 and flat.count("L") == 1, "E and L exactly once")
         check(flat.count("t") == L, "decoder layers in the layout must match num_layers")
-        return [s.count("t") for s in stages]
+        return a, [s.count("t") for s in stages]
     if a.num_layers_per_virtual_pipeline_stage is not None:
         check(first is None and last is None, "use --num-virtual-stages-per-pipeline-rank with uneven stages")
         check(L % p == 0, "num layers divisible by pipeline size")
         check((L // p) % a.num_layers_per_virtual_pipeline_stage == 0, "layers per stage divisible by layers per virtual stage")
         vpp = (L // p) // a.num_layers_per_virtual_pipeline_stage
-        return [a.num_layers_per_virtual_pipeline_stage] * (p * vpp)
+        return a, [a.num_layers_per_virtual_pipeline_stage] * (p * vpp)
     vpp = a.num_virtual_stages_per_pipeline_rank or 1
     if vpp > 1:
         check(p > 1, "interleaved schedule needs pipeline size > 1")
     if first is None and last is None:
         check(L % p == 0, "number of layers should be divisible by the pipeline-model-parallel size")
-        return [L // p // vpp] * (p * vpp)
+        return a, [L // p // vpp] * (p * vpp)
     totals: list[int | None] = [None] * p
     remaining, middle = L, p
     for rank, n in ((0, first), (p - 1, last)):
@@ -115,7 +115,17 @@ def megatron_rules(lines: str, world_size: int) -> list[int]:
         check(remaining % middle == 0, "middle layers divisible by the middle stages")
         check((remaining // middle) % vpp == 0, "middle layers per rank divisible by the virtual pipeline degree")
     per_rank = [n if n is not None else remaining // middle for n in totals]
-    return [per_rank[j % p] // vpp for j in range(p * vpp)]
+    return a, [per_rank[j % p] // vpp for j in range(p * vpp)]
+
+
+def megatron_rules(lines: str, world_size: int) -> list[int]:
+    """Megatron's checks on the printed arguments; the transformer layers of each virtual stage
+    in stage order (vpp rank major: stage j on pipeline rank j % p), as Megatron builds them."""
+    a, counts = _split_rules(lines, world_size)
+    if a.recompute_method == "uniform":  # TransformerBlock checkpoints layers [i, i + n) of a stage: n divides them
+        if any(c % a.recompute_num_layers for c in counts):
+            raise MegatronRejects("uniform recompute groups must divide every stage's layers")
+    return counts
 
 
 def _flags(text: str) -> dict[str, str]:
@@ -144,6 +154,7 @@ def test_the_rules_refuse_what_megatron_refuses() -> None:
         "--num-layers-per-virtual-pipeline-stage 3": "layers per stage divisible",
         "--recompute-granularity full": "recompute method",
         "--sequence-parallel": "tensor parallel > 1",
+        "--recompute-granularity full\n--recompute-method uniform\n--recompute-num-layers 3": "must divide every stage",
     }
     for extra, why in bad.items():
         with pytest.raises(MegatronRejects, match=why):
@@ -165,8 +176,9 @@ def test_an_uneven_plan_becomes_first_and_last_stage_layers(gpt_plans: dict[str,
     if len(set(_layers(plan))) > 1:  # the planner's cuts are uneven at the ends: 1/2/2/1
         assert "--decoder-first-pipeline-num-layers" in flags or "--pipeline-model-parallel-layout" in flags
     assert all(s.recompute for s in plan.stages)  # --recompute-all: one piece per stage
-    most = max(_layers(plan))
-    assert (flags["--recompute-granularity"], flags["--recompute-method"], flags["--recompute-num-layers"]) == ("full", "uniform", str(most))
+    group = math.gcd(*_layers(plan))  # Megatron's uniform groups divide every stage's layers
+    assert (flags["--recompute-granularity"], flags["--recompute-method"], flags["--recompute-num-layers"]) == ("full", "uniform", str(group))
+    assert all(n % int(flags["--recompute-num-layers"]) == 0 for n in megatron_rules(text, plan.devices))
     if plan.schedule not in ("1f1b", "interleaved-1f1b"):
         assert f"# Megatron has no {plan.schedule} schedule: it runs 1F1B" in text
 
