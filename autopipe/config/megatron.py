@@ -69,6 +69,8 @@ def layout_string(parts: Parts) -> str:
 def megatron_split(parts: Parts, p: int, v: int) -> list[str]:
     """The split arguments (flag, value, flag, value, ...) in the first form that is exact."""
     counts = [c.layers for c in parts.chunks]  # chunk j = vpp rank j // p on pipeline rank j % p
+    if p == 1:
+        return []  # no pipeline: every layer on the one rank, in one piece
     if len(set(counts)) == 1:
         return [] if v == 1 else ["--num-layers-per-virtual-pipeline-stage", str(counts[0])]
     per_rank = [[counts[i * p + k] for i in range(v)] for k in range(p)]
@@ -116,6 +118,8 @@ def _schedule_notes(plan: Plan, parts: Parts) -> list[str]:
     spec = schedule_spec(plan.schedule)
     runs = "interleaved 1F1B" if plan.virtual > 1 else "1F1B"
     notes = []
+    if plan.devices == 1:
+        return [f"one pipeline rank: Megatron runs its {len(plan.stages)} stage(s) as one model chunk"] if plan.virtual > 1 else []
     if spec.torch_class not in MEGATRON_SCHEDULES:
         why = []
         if spec.splits_backward:

@@ -213,6 +213,7 @@ def _parts(counts: list[int]) -> Parts:
     ("counts", "p", "form"),
     [
         ([3, 3, 3, 3], 4, None),  # even: sizes only
+        ([2, 3], 1, None),  # no pipeline: one chunk per rank
         ([2, 2, 2, 2, 2, 2, 2, 2], 4, "--num-layers-per-virtual-pipeline-stage"),  # even, interleaved
         ([1, 2, 2, 1], 4, "--decoder-first-pipeline-num-layers"),  # uneven ends
         ([1, 3, 3, 1, 3, 3], 3, "--decoder-first-pipeline-num-layers"),  # uneven ends, interleaved
@@ -228,7 +229,7 @@ def test_every_split_form_passes_megatron_rules_with_the_same_layers(counts: lis
     args = ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", str(p), "--micro-batch-size", "1",
             "--global-batch-size", str(p), "--num-layers", str(sum(counts)), *split]  # fmt: skip
     text = "\n".join(shlex.join(args[i : i + 2]) for i in range(0, len(args), 2))
-    assert megatron_rules(text, p) == counts
+    assert megatron_rules(text, p) == (counts if p > 1 else [sum(counts)])  # one rank: one chunk
     if form == "--decoder-first-pipeline-num-layers" and v > 1:
         assert split[-2:] == ["--num-virtual-stages-per-pipeline-rank", str(v)]
 
