@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "AutopipeError",
     "CommunicationError",
+    "ConfigError",
     "EmitError",
     "FactoryArgumentError",
     "InfeasibleError",
@@ -76,6 +77,10 @@ class InfeasibleError(PlanError):
 
 class PlanFileError(AutopipeError):
     """A plan file is missing, corrupt, or of an unknown version."""
+
+
+class ConfigError(AutopipeError):
+    """A plan cannot be said in a training framework's words (``autopipe config``)."""
 
 
 class EmitError(AutopipeError):

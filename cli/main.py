@@ -31,6 +31,7 @@ from autopipe import __version__
 from autopipe.errors import AutopipeError, RuntimeFailure
 
 from .analytic_cmd import add_calibrate_parser
+from .config_cmd import add_config_parser
 from .emit_cmd import add_emit_parsers
 from .plan_cmd import add_plan_parsers
 from .profile_cmd import add_profile_parser
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_emit_parsers(commands)
     add_run_parser(commands)
     add_calibrate_parser(commands)
+    add_config_parser(commands)
     return parser
 
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -24,3 +25,23 @@ def transformers() -> ModuleType:
     """The ``transformers`` package; the test that asks for it is skipped where it is missing."""
     return pytest.importorskip("transformers")
 
+
+
+@pytest.fixture(scope="session")
+def gpt_plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Real analytic plans of models/gpt.py on H100s (made once): ``"uneven"``, 6 layers on 4
+    stages, every stage recomputed; ``"interleaved"``, 12 layers on 4 devices x 2 chunks with
+    4 data-parallel replicas (16 GPUs)."""
+    from autopipe.cli.main import main
+
+    gpt = str(Path(__file__).resolve().parent.parent / "models" / "gpt.py")
+    folder = tmp_path_factory.mktemp("gpt_plans")
+    requests = {
+        "uneven": ["-k", "n_layer=6", "--stages", "4", "--batch-size", "16", "--recompute-all"],
+        "interleaved": ["-k", "n_layer=12", "--gpus", "16", "--stages", "4", "--schedule", "interleaved-1f1b",
+                        "--virtual", "2", "--batch-size", "32"],
+    }  # fmt: skip
+    for name, args in requests.items():
+        code = main(["plan", gpt, "--device", "h100", *args, "-o", str(folder / f"{name}.json")])
+        assert code == 0, name
+    return {name: folder / f"{name}.json" for name in requests}

@@ -196,7 +196,7 @@ def _commands() -> dict[str, argparse.ArgumentParser]:
 def test_every_command_and_flag_has_a_true_help_line(capsys: pytest.CaptureFixture[str]) -> None:
     flag = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
     commands = _commands()
-    assert set(commands) == {"profile", "plan", "show", "emit", "merge", "run", "calibrate"}
+    assert set(commands) == {"profile", "plan", "show", "emit", "merge", "run", "calibrate", "config"}
     for name, parser in commands.items():
         assert parser.description and len(parser.description) > 20, f"{name} has no description"
         own = {o for a in parser._actions for o in a.option_strings}

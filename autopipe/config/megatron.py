@@ -1,0 +1,177 @@
+"""A plan as Megatron-LM command-line arguments (``autopipe config PLAN --for megatron``).
+
+The output is one argument per line, ``--flag value``, with ``#`` comment lines for what
+Megatron cannot do as the plan says; ``grep -v '^#' | xargs`` gives the argument list. What it
+sets: the degrees (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``; the
+data-parallel size is what is left of the world size), the batch (``--micro-batch-size``,
+``--global-batch-size`` = batch per pipeline x replicas), ``--num-layers``,
+``--sequence-parallel``, ``--use-distributed-optimizer`` (ZeRO-1), the recompute arguments and
+the split, in the first of Megatron-Core's three forms that says it exactly (megatron/training/arguments.py ``validate_args`` and
+megatron/core/transformer/transformer_config.py allow exactly one):
+
+- even: every (virtual) stage has the same number of layers: just the sizes, plus
+  ``--num-layers-per-virtual-pipeline-stage`` when interleaved;
+- uneven first/last: the middle ranks are even, the first and/or last rank differ
+  (``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, plus
+  ``--num-virtual-stages-per-pipeline-rank``; each rank's layers split evenly over its chunks);
+- anything else: ``--pipeline-model-parallel-layout``, Megatron's layout string
+  (megatron/core/transformer/pipeline_parallel_layer_layout.py): stages in virtual-stage order
+  separated by ``|``, ``E`` the embedding, ``t`` a transformer layer (``t*3`` = ``ttt``),
+  ``L`` the loss (with the final norm and head); it excludes the other two forms.
+
+Megatron runs 1F1B, or interleaved 1F1B when a rank holds several chunks, placing chunk ``j`` on
+rank ``j % p``; a plan with another schedule gets a note saying what Megatron runs instead.
+Recomputation: Megatron's ``full`` granularity with ``uniform`` groups of as many layers as a
+stage holds recomputes each stage as one piece, as the plan prices it (uneven stages: groups of
+the largest size that divides every stage, as Megatron's groups must); it applies to every
+stage, so a plan that recomputes only some gets a note.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+
+from autopipe.config.parts import Degrees, Parts, degrees, model_parts, stage_list
+from autopipe.plans import Plan
+from autopipe.schedules.registry import schedule_spec
+
+__all__ = ["MEGATRON_SCHEDULES", "layout_string", "megatron_args", "megatron_split"]
+
+MEGATRON_SCHEDULES = ("Schedule1F1B", "ScheduleInterleaved1F1B")
+"""The torch classes of the schedules Megatron itself runs (non-interleaved and interleaved 1F1B)."""
+
+
+def layout_string(parts: Parts) -> str:
+    """Megatron's ``--pipeline-model-parallel-layout`` for the plan's stages, e.g.
+    ``Et|tt|tt|tL``: the embedding on the first stage, the loss on the last; three or more equal
+    stages in a row as ``(tt|)*34``, more than four layers as ``t*5`` (Megatron unrolls both)."""
+    last = len(parts.chunks) - 1
+    stages = []
+    for chunk in parts.chunks:
+        n = chunk.layers
+        layers = "t" * n if n <= 4 else f"t*{n}"
+        stages.append(("E" if chunk.index == 0 else "") + layers + ("L" if chunk.index == last else ""))
+    out, i = "", 0
+    while i < len(stages):
+        run = 1
+        while i + run < last and stages[i + run] == stages[i]:  # a run never takes the last stage
+            run += 1
+        if run >= 3:
+            out += f"({stages[i]}|)*{run}"  # unrolls to run stages, each followed by '|'
+            i += run
+        else:
+            out += stages[i] + ("|" if i < last else "")
+            i += 1
+    return out
+
+
+def megatron_split(parts: Parts, p: int, v: int) -> list[str]:
+    """The split arguments (flag, value, flag, value, ...) in the first form that is exact."""
+    counts = [c.layers for c in parts.chunks]  # chunk j = vpp rank j // p on pipeline rank j % p
+    if p == 1:
+        return []  # no pipeline: every layer on the one rank, in one piece
+    if len(set(counts)) == 1:
+        return [] if v == 1 else ["--num-layers-per-virtual-pipeline-stage", str(counts[0])]
+    per_rank = [[counts[i * p + k] for i in range(v)] for k in range(p)]
+    even_ranks = all(len(set(r)) == 1 for r in per_rank)
+    totals = [sum(r) for r in per_rank]
+    middle = set(totals[1:-1])
+    if even_ranks and len(middle) <= 1 and totals[0] > 0 and totals[-1] > 0 and all(totals):
+        mid = middle.pop() if middle else None
+        args: list[str] = []
+        if mid is None or totals[0] != mid:
+            args += ["--decoder-first-pipeline-num-layers", str(totals[0])]
+        if mid is None or totals[-1] != mid:
+            args += ["--decoder-last-pipeline-num-layers", str(totals[-1])]
+        if v > 1:
+            args += ["--num-virtual-stages-per-pipeline-rank", str(v)]
+        return args
+    return ["--pipeline-model-parallel-layout", layout_string(parts)]
+
+
+def _recompute(plan: Plan, deg: Degrees, parts: Parts) -> tuple[list[str], list[str]]:
+    """The recompute arguments and notes."""
+    chosen = [s.index for s in plan.stages if s.recompute]
+    if not chosen:
+        if deg.selective_recompute:
+            return ["--recompute-granularity", "selective"], []
+        return [], []
+    sizes = sorted({c.layers for c in parts.chunks if c.layers})
+    group = math.gcd(*sizes)  # Megatron's uniform groups must divide every stage's layers
+    args = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", str(group)]
+    if len(sizes) == 1:
+        notes = [f"recompute: each stage's {group} layer(s) are recomputed as one piece, as the plan prices it"]
+    else:
+        notes = [f"recompute: the plan recomputes each stage as one piece; Megatron's uniform groups must divide every "
+                 f"stage's layers ({', '.join(map(str, sizes))}), so it keeps one input per {group} layer(s)"]  # fmt: skip
+    if len(chosen) < len(plan.stages):
+        rest = [s.index for s in plan.stages if not s.recompute]
+        notes.append(f"the plan recomputes stage(s) {stage_list(chosen)} only; Megatron recomputes every stage, "
+                     f"so stage(s) {stage_list(rest)} spend an extra forward the plan did not price")  # fmt: skip
+    if deg.selective_recompute:
+        notes.append("the plan also asks for selective (attention) recomputation; full recomputation covers it")
+    return args, notes
+
+
+def _schedule_notes(plan: Plan, parts: Parts) -> list[str]:
+    spec = schedule_spec(plan.schedule)
+    runs = "interleaved 1F1B" if plan.virtual > 1 else "1F1B"
+    notes = []
+    if plan.devices == 1:
+        return [f"one pipeline rank: Megatron runs its {len(plan.stages)} stage(s) as one model chunk"] if plan.virtual > 1 else []
+    if spec.torch_class not in MEGATRON_SCHEDULES:
+        why = []
+        if spec.splits_backward:
+            why.append("no separate weight-gradient pass")
+        if not parts.round_robin:
+            why.append(f"chunk j on rank j % {plan.devices}, not in the plan's V")
+        extra = f" ({'; '.join(why)})" if why else ""
+        notes.append(f"Megatron has no {plan.schedule} schedule: it runs {runs} with these stages instead{extra}; "
+                     "expect the 1F1B bubble, not the plan's prediction")  # fmt: skip
+    return notes
+
+
+def megatron_args(plan: Plan, *, tensor_parallel: int | None = None, sequence_parallel: bool | None = None,
+                  selective_recompute: bool | None = None, zero1: bool | None = None) -> str:  # fmt: skip
+    """The plan as Megatron-LM arguments, one per line, with ``#`` notes; ConfigError (one
+    line) for a plan without transformer layers."""
+    deg = degrees(plan, tensor_parallel, sequence_parallel, selective_recompute, zero1)
+    parts = model_parts(plan)
+    lines = [
+        f"# Megatron-LM arguments for {plan.model} (autopipe plan: {plan.schedule}, "
+        f"{plan.micro_batches} micro-batch(es) of {plan.micro_batch_size})",
+        f"# world size t x p x d = {deg.tensor} x {deg.pipeline} x {deg.data} = {deg.world_size} GPUs; "
+        "add the model's own arguments (--hidden-size, --num-attention-heads, --seq-length, ...)",
+    ]
+    args = [
+        "--tensor-model-parallel-size", str(deg.tensor),
+        "--pipeline-model-parallel-size", str(deg.pipeline),
+        "--micro-batch-size", str(plan.micro_batch_size),
+        "--global-batch-size", str(plan.batch_size * deg.data),
+        "--num-layers", str(parts.num_layers),
+    ]  # fmt: skip
+    notes = list(parts.notes) + _schedule_notes(plan, parts)
+    if deg.zero1:
+        args.append("--use-distributed-optimizer")  # ZeRO-1: optimizer state split over the data-parallel ranks
+    if deg.sequence_parallel and deg.tensor > 1:
+        args.append("--sequence-parallel")
+    elif deg.sequence_parallel:
+        notes.append("sequence parallelism needs tensor parallelism (t > 1); Megatron turns it off at t = 1")
+    split = megatron_split(parts, deg.pipeline, deg.virtual)
+    if split[:1] == ["--pipeline-model-parallel-layout"]:
+        notes.append("the stages are uneven beyond the first and last, so the split is a layout string "
+                     "(it excludes --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank)")  # fmt: skip
+    recompute, recompute_notes = _recompute(plan, deg, parts)
+    notes += recompute_notes
+    lines += [f"# {n}" for n in notes]
+    flat = args + split + recompute
+    i = 0
+    while i < len(flat):
+        if i + 1 < len(flat) and not flat[i + 1].startswith("--"):
+            lines.append(f"{flat[i]} {shlex.quote(flat[i + 1])}")
+            i += 2
+        else:
+            lines.append(flat[i])
+            i += 1
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,169 @@
+"""What a plan says in the units training frameworks split by: layers, and the degrees.
+
+Megatron-LM and torchtitan cut a decoder between transformer layers, with the embedding on the
+first stage and the final norm, head and loss on the last. A plan names its stages by the user's
+blocks (``wte``, ``blocks.0`` .. ``blocks.5``, ``ln_f``, ``lm_head``). :func:`model_parts`
+finds the layer list among the block names (the ``NAME.<index>`` prefix with the most indices:
+``blocks``, ``layers``, ``model.layers``, ``transformer.h``) and says, per (virtual) stage, how
+many layers start there and which blocks come before the first layer (the embedding part) or
+after the last (the head and loss part). Blocks that are neither, or a layer whose blocks fall
+on two stages, are reported as notes: the frameworks cannot place them as the plan does.
+
+:func:`degrees` reads the parallel degrees from the plan: pipeline ``S`` and virtual ``v``,
+data parallel ``D``, and, where the plan has them, tensor parallel ``t``, sequence
+parallelism, selective recomputation and ZeRO-1 (``getattr``: plans written before those
+fields read as t = 1 and off).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopipe.errors import ConfigError
+from autopipe.plans import Plan
+from autopipe.schedules.action import round_robin
+from autopipe.schedules.registry import schedule_spec
+
+__all__ = ["Chunk", "Degrees", "Parts", "degrees", "model_parts", "stage_list"]
+
+
+@dataclass(frozen=True)
+class Degrees:
+    """The parallel layout of a plan, in the words both frameworks use."""
+
+    tensor: int  # t: tensor-parallel ranks per pipeline stage
+    pipeline: int  # p = S: pipeline ranks
+    data: int  # d = D: data-parallel replicas
+    virtual: int  # v: chunks (virtual stages) per pipeline rank
+    sequence_parallel: bool  # Megatron-style sequence parallelism inside the tensor-parallel group
+    selective_recompute: bool  # recompute attention only (Korthikanti et al.), not whole stages
+    zero1: bool = False  # optimizer state sharded over the data-parallel replicas (ZeRO-1)
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor * self.pipeline * self.data
+
+
+def degrees(plan: Plan, tensor_parallel: int | None = None, sequence_parallel: bool | None = None,
+            selective_recompute: bool | None = None, zero1: bool | None = None) -> Degrees:  # fmt: skip
+    """The plan's degrees; ``tensor_parallel`` etc. override what the plan says (or, for a plan
+    without those fields, the defaults t = 1, no sequence parallelism, whole-stage recompute)."""
+    t = getattr(plan, "tensor_parallel", 1) if tensor_parallel is None else tensor_parallel
+    sp = getattr(plan, "sequence_parallel", False) if sequence_parallel is None else sequence_parallel
+    granularity = getattr(plan, "recompute_granularity", "full")
+    selective = granularity == "selective" if selective_recompute is None else selective_recompute
+    sharded = getattr(plan, "shard_optimizer", False) if zero1 is None else zero1
+    if not isinstance(t, int) or isinstance(t, bool) or t < 1:
+        raise ConfigError(f"tensor parallel degree is {t!r}, expected a whole number >= 1; plan again")
+    return Degrees(tensor=t, pipeline=plan.devices, data=plan.data_parallel, virtual=plan.virtual,
+                   sequence_parallel=bool(sp), selective_recompute=bool(selective), zero1=bool(sharded))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One (virtual) stage of the plan, in layers."""
+
+    index: int  # the plan's stage index (model order)
+    rank: int  # the pipeline rank the plan runs it on
+    layers: int  # transformer layers that start on this stage
+    pre: tuple[str, ...]  # blocks before the first layer (embedding part)
+    post: tuple[str, ...]  # blocks after the last layer (final norm, head, loss)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The plan's stages in layers, and what does not fit that picture."""
+
+    container: str  # the layer list's module name, e.g. "blocks"
+    num_layers: int
+    chunks: tuple[Chunk, ...]  # in stage (model) order
+    notes: tuple[str, ...]  # what a layer-based framework cannot place as the plan does
+    round_robin: bool  # chunk j runs on rank j % S (Megatron's and torchtitan's "loop" order)
+
+
+def stage_list(indices: list[int]) -> str:
+    """``[0, 1, 2, 3, 7]`` -> ``"0-3, 7"``."""
+    spans: list[list[int]] = []
+    for i in indices:
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ", ".join(f"{a}" if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}" for a, b in spans)
+
+
+def _layer_of(name: str) -> tuple[str, int] | None:
+    """``"model.layers.3.mlp"`` -> ``("model.layers", 3)``: the prefix before the first number."""
+    parts = name.split(".")
+    for k, part in enumerate(parts):
+        if part.isdigit() and k > 0:
+            return ".".join(parts[:k]), int(part)
+    return None
+
+
+def _ends(name: str) -> list[str]:
+    """A block's module names: ``"wte..blocks.1"`` (blocks merged into one) -> its two ends."""
+    return name.split("..")
+
+
+def model_parts(plan: Plan) -> Parts:
+    """The plan's stages as layers; ConfigError (one line) if it has no layer list."""
+    found: dict[str, set[int]] = {}
+    for stage in plan.stages:
+        for name in stage.blocks:
+            for end in _ends(name):
+                if hit := _layer_of(end):
+                    found.setdefault(hit[0], set()).add(hit[1])
+    if not found:
+        head = plan.stages[0].blocks[0]
+        raise ConfigError(
+            f"the plan of {plan.model} has no layer list (no block named like layers.0 or blocks.0; "
+            f"its first block is {head!r}); Megatron-LM and torchtitan split decoders between "
+            "transformer layers, so this plan cannot be handed to them"
+        )
+    container = max(found, key=lambda prefix: (len(found[prefix]), -len(prefix)))
+    indices = list(range(max(found[container]) + 1))  # a module list counts from 0; merged blocks hide some
+    notes: list[str] = []
+    seen: dict[int, int] = {}  # layer index -> the stage it starts on
+    counts = [0] * len(plan.stages)  # per stage: layers that start there
+    sides: list[tuple[list[str], list[str], list[str]]] = [([], [], []) for _ in plan.stages]  # before, after, between
+    for i, stage in enumerate(plan.stages):
+        for name in stage.blocks:
+            ends = [_layer_of(e) for e in _ends(name)]
+            idx = [h[1] for h in ends if h and h[0] == container]
+            if not idx:  # not a layer: before the first, after the last, or between
+                sides[i][0 if not seen else 1 if len(seen) == len(indices) else 2].append(name)
+                continue
+            if not (ends[0] and ends[0][0] == container):
+                sides[i][0 if not seen else 2].append(name)  # a merged block that starts before a layer
+            lo = idx[0] if ends[0] and ends[0][0] == container else min((j for j in indices if j not in seen), default=idx[0])
+            hi = idx[-1] if ends[-1] and ends[-1][0] == container else indices[-1]
+            for j in (j for j in indices if lo <= j <= hi):
+                if j not in seen:
+                    seen[j] = i
+                    counts[i] += 1
+                elif seen[j] != i:
+                    notes.append(f"layer {container}.{j} is split between stages {seen[j]} and {i} "
+                                 f"(block {name}); the frameworks keep a layer whole, on stage {seen[j]}")  # fmt: skip
+            if not (ends[-1] and ends[-1][0] == container):
+                sides[i][1].append(name)  # a merged block that ends after the last layer
+    for i, (_, _, between) in enumerate(sides):
+        if between:
+            notes.append(f"blocks {', '.join(between)} (stage {i}) sit between transformer layers; "
+                         "the frameworks have no place for them between layers")  # fmt: skip
+    chunks = tuple(Chunk(index=i, rank=s.rank, layers=counts[i], pre=tuple(sides[i][0]), post=tuple(sides[i][1]))
+                   for i, s in enumerate(plan.stages))  # fmt: skip
+    pre_stages = sorted({c.index for c in chunks if c.pre})
+    post_stages = sorted({c.index for c in chunks if c.post})
+    if pre_stages and pre_stages != [0]:
+        notes.append(f"the embedding part ({', '.join(b for c in chunks for b in c.pre)}) spans stages "
+                     f"{stage_list(pre_stages)}; the frameworks put it all on the first stage")  # fmt: skip
+    final = len(chunks) - 1
+    if post_stages and post_stages != [final]:
+        notes.append(f"the head part ({', '.join(b for c in chunks for b in c.post)}) spans stages "
+                     f"{stage_list(post_stages)}; the frameworks put it all on the last stage")  # fmt: skip
+    spec = schedule_spec(plan.schedule)
+    rr = all(spec.device_of(j, plan.devices, plan.virtual) == round_robin(j, plan.devices, plan.virtual)
+             for j in range(len(plan.stages)))  # fmt: skip
+    return Parts(container=container, num_layers=len(seen), chunks=chunks, notes=tuple(notes), round_robin=rr)
+

@@ -1,0 +1,56 @@
+"""``autopipe config PLAN --for megatron|torchtitan``: printing, -o, bad input."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+from autopipe.cli.main import main
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+MLP_PLAN = str(Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "good_mlp_plan_v1.json")
+
+
+def test_prints_megatron_arguments_and_a_torchtitan_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", MLP_PLAN, "--for", "megatron"]) == 0
+    text = capsys.readouterr().out
+    argv = [w for line in text.splitlines() if not line.startswith("#") for w in shlex.split(line)]
+    assert argv[:4] == ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "2"]
+    assert main(["config", MLP_PLAN, "--for", "TorchTitan"]) == 0
+    assert tomllib.loads(capsys.readouterr().out)["parallelism"]["pipeline_parallel_degree"] == 2
+
+
+def test_output_file_is_what_it_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", MLP_PLAN, "--for", "torchtitan"]) == 0
+    printed = capsys.readouterr().out
+    target = tmp_path / "job.toml"
+    target.write_text("old")
+    assert main(["config", MLP_PLAN, "--for", "torchtitan", "-o", str(target)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {target}: torchtitan job config")
+    assert target.read_text() == printed and sorted(os.listdir(tmp_path)) == ["job.toml"]  # no temporary left
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["config", "{tmp}/none.json", "--for", "megatron"], "plan file not found: {tmp}/none.json"),
+        (["config", "{tmp}/bad.json", "--for", "megatron"], "{tmp}/bad.json is not valid JSON"),
+        (["config", MLP_PLAN, "--for", "deepspeed"], "--for 'deepspeed' is not a framework autopipe writes for; use --for megatron or --for torchtitan"),
+        (["config", MLP_PLAN], "the following arguments are required: --for"),
+        (["config", MLP_PLAN, "--for", "megatron", "-o", "{tmp}/no/such/x.txt"], "folder {tmp}/no/such does not exist"),
+        (["config", "{tmp}/flat.json", "--for", "torchtitan"], "has no layer list (no block named like layers.0 or blocks.0; its first block is 'fc0')"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bad.json").write_text("{not json")
+    flat = Path(MLP_PLAN).read_text()
+    for i in range(3):
+        flat = flat.replace(f'"layers.{i}.0', f'"fc{i}')
+    (tmp_path / "flat.json").write_text(flat)  # a plan with no layer list
+    assert main([a.format(tmp=tmp_path) for a in args]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("autopipe: error: ") and message.format(tmp=tmp_path) in err[0], err
+    assert captured.out == ""

@@ -1,0 +1,268 @@
+"""autopipe/config/megatron.py: plans as Megatron-LM arguments, checked by Megatron's own rules.
+
+:func:`megatron_rules` re-states, for the flags autopipe prints, the checks Megatron-LM runs on
+them (megatron/training/arguments.py ``validate_args``; the uneven-split, layout and recompute
+checks of megatron/core/transformer/transformer_config.py ``TransformerConfig.__post_init__``;
+the layout grammar of megatron/core/transformer/pipeline_parallel_layer_layout.py) and returns
+the layers of every (virtual) stage as Megatron builds them, to compare with the plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from autopipe.config.megatron import megatron_args, megatron_split
+from autopipe.config.parts import Chunk, Parts, model_parts
+from autopipe.errors import ConfigError
+from autopipe.plans import Plan
+
+
+class MegatronRejects(AssertionError):
+    """Megatron-LM would refuse these arguments."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(allow_abbrev=False)
+    for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--micro-batch-size",
+                 "--global-batch-size", "--num-layers", "--num-layers-per-virtual-pipeline-stage",
+                 "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers",
+                 "--decoder-last-pipeline-num-layers", "--recompute-num-layers"):  # fmt: skip
+        p.add_argument(flag, type=int, default=None)
+    p.add_argument("--pipeline-model-parallel-layout", default=None)
+    p.add_argument("--recompute-granularity", default=None)
+    p.add_argument("--recompute-method", default=None)
+    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--use-distributed-optimizer", action="store_true")
+    return p
+
+
+def parse_layout(text: str) -> list[list[str]]:
+    """Megatron's ``parse_str_to_list``: commas dropped, ``(..)*n`` and ``x*n`` unrolled, ``|``
+    between stages, one letter per layer."""
+    text = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), text)
+    stages = [list(stage) for stage in text.split("|")]
+    bad = {ch for stage in stages for ch in stage} - set("ELtm")
+    if bad:
+        raise MegatronRejects(f"invalid layer characters {bad}")
+    return stages
+
+
+def _split_rules(lines: str, world_size: int) -> tuple[argparse.Namespace, list[int]]:
+    """The arguments, and the layers of every virtual stage (checked as :func:`megatron_rules`)."""
+    argv = [word for line in lines.splitlines() if not line.startswith("#") for word in shlex.split(line)]
+    a = _parser().parse_args(argv)
+    t, p, L = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.num_layers
+
+    def check(ok: bool, why: str) -> None:
+        if not ok:
+            raise MegatronRejects(why)
+
+    check(world_size % (t * p) == 0, "world size not divisible by t x p")
+    d = world_size // (t * p)
+    check(a.micro_batch_size > 0 and a.global_batch_size % (a.micro_batch_size * d) == 0,
+          "global batch size not divisible by micro batch size x data parallel size")  # fmt: skip
+    vpp_flags = [a.num_layers_per_virtual_pipeline_stage, a.num_virtual_stages_per_pipeline_rank, a.pipeline_model_parallel_layout]
+    check(sum(x is not None for x in vpp_flags) <= 1, "no more than one of the virtual pipeline flags and the layout")
+    first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
+    if a.sequence_parallel:
+        check(t > 1, "sequence parallel needs tensor parallel > 1")
+    g, method = a.recompute_granularity, a.recompute_method
+    if g is not None:
+        check(g in ("full", "selective"), "recompute granularity must be full or selective")
+        check(method in ("block", "uniform") if method is not None else g == "selective", "recompute method")
+        check(a.recompute_num_layers is not None if g == "full" else a.recompute_num_layers is None, "recompute num layers")
+    if a.pipeline_model_parallel_layout is not None:
+        check(first is None and last is None, "the layout cannot be set with other pipeline layout arguments")
+        stages = parse_layout(a.pipeline_model_parallel_layout)
+        check(len(stages) % p == 0, "layout length not divisible by pipeline size")
+        flat = [x for s in stages for x in s]
+        check(flat[:1] == ["E"] and flat[-1:] == ["L"], "layout must start with E and end with L")
+        check(flat.count("E") == 1 and flat.count("L") == 1, "E and L exactly once")
+        check(flat.count("t") == L, "decoder layers in the layout must match num_layers")
+        return a, [s.count("t") for s in stages]
+    if a.num_layers_per_virtual_pipeline_stage is not None:
+        check(first is None and last is None, "use --num-virtual-stages-per-pipeline-rank with uneven stages")
+        check(L % p == 0, "num layers divisible by pipeline size")
+        check((L // p) % a.num_layers_per_virtual_pipeline_stage == 0, "layers per stage divisible by layers per virtual stage")
+        vpp = (L // p) // a.num_layers_per_virtual_pipeline_stage
+        return a, [a.num_layers_per_virtual_pipeline_stage] * (p * vpp)
+    vpp = a.num_virtual_stages_per_pipeline_rank or 1
+    if vpp > 1:
+        check(p > 1, "interleaved schedule needs pipeline size > 1")
+    if first is None and last is None:
+        check(L % p == 0, "number of layers should be divisible by the pipeline-model-parallel size")
+        return a, [L // p // vpp] * (p * vpp)
+    totals: list[int | None] = [None] * p
+    remaining, middle = L, p
+    for rank, n in ((0, first), (p - 1, last)):
+        if n is not None:
+            check(n > 0, "first/last stage layers must be > 0")
+            check(n % vpp == 0, "first/last stage layers divisible by the virtual pipeline degree")
+            totals[rank] = n
+            remaining -= n
+            middle -= 1
+    check(bool(remaining) == bool(middle), "middle layers remaining but no middle stages (or the reverse)")
+    if middle:
+        check(remaining % middle == 0, "middle layers divisible by the middle stages")
+        check((remaining // middle) % vpp == 0, "middle layers per rank divisible by the virtual pipeline degree")
+    per_rank = [n if n is not None else remaining // middle for n in totals]
+    return a, [per_rank[j % p] // vpp for j in range(p * vpp)]
+
+
+def megatron_rules(lines: str, world_size: int) -> list[int]:
+    """Megatron's checks on the printed arguments; the transformer layers of each virtual stage
+    in stage order (vpp rank major: stage j on pipeline rank j % p), as Megatron builds them."""
+    a, counts = _split_rules(lines, world_size)
+    if a.recompute_method == "uniform":  # TransformerBlock checkpoints layers [i, i + n) of a stage: n divides them
+        if any(c % a.recompute_num_layers for c in counts):
+            raise MegatronRejects("uniform recompute groups must divide every stage's layers")
+    return counts
+
+
+def _flags(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            words = shlex.split(line)
+            out[words[0]] = words[1] if len(words) > 1 else ""
+    return out
+
+
+def _layers(plan: Plan) -> list[int]:
+    return [c.layers for c in model_parts(plan).chunks]
+
+
+def test_the_rules_refuse_what_megatron_refuses() -> None:
+    ok = "--tensor-model-parallel-size 1\n--pipeline-model-parallel-size 4\n--micro-batch-size 2\n--global-batch-size 16\n--num-layers 8\n"
+    assert megatron_rules(ok, 8) == [2, 2, 2, 2]
+    bad = {
+        "--pipeline-model-parallel-layout 'Ett|tt|tt|ttL'\n--num-virtual-stages-per-pipeline-rank 1": "no more than one",
+        "--pipeline-model-parallel-layout 'Ett|tt|tt|tL'": "must match num_layers",
+        "--pipeline-model-parallel-layout 'tt|Ett|tt|ttL'": "start with E",
+        "--pipeline-model-parallel-layout 'Ett|tt|tt|ttL'\n--decoder-first-pipeline-num-layers 2": "cannot be set",
+        "--decoder-first-pipeline-num-layers 3\n--num-virtual-stages-per-pipeline-rank 2": "divisible by the virtual",
+        "--decoder-first-pipeline-num-layers 1": "middle layers divisible",
+        "--num-layers-per-virtual-pipeline-stage 3": "layers per stage divisible",
+        "--recompute-granularity full": "recompute method",
+        "--sequence-parallel": "tensor parallel > 1",
+        "--recompute-granularity full\n--recompute-method uniform\n--recompute-num-layers 3": "must divide every stage",
+    }
+    for extra, why in bad.items():
+        with pytest.raises(MegatronRejects, match=why):
+            megatron_rules(ok + extra + "\n", 8)
+    with pytest.raises(MegatronRejects, match="global batch size"):
+        megatron_rules(ok, 24)  # d = 6: 16 is not a multiple of 2 x 6
+
+
+@pytest.mark.slow  # the gpt_plans fixture plans two models (once per session)
+def test_an_uneven_plan_becomes_first_and_last_stage_layers(gpt_plans: dict[str, Path]) -> None:
+    plan = Plan.load(gpt_plans["uneven"])
+    text = megatron_args(plan)
+    flags = _flags(text)
+    assert megatron_rules(text, plan.devices * plan.data_parallel) == _layers(plan)
+    assert flags["--pipeline-model-parallel-size"] == str(plan.devices) and flags["--tensor-model-parallel-size"] == "1"
+    assert flags["--micro-batch-size"] == str(plan.micro_batch_size)
+    assert flags["--global-batch-size"] == str(plan.batch_size * plan.data_parallel)
+    assert flags["--num-layers"] == "6" and sum(_layers(plan)) == 6
+    if len(set(_layers(plan))) > 1:  # the planner's cuts are uneven at the ends: 1/2/2/1
+        assert "--decoder-first-pipeline-num-layers" in flags or "--pipeline-model-parallel-layout" in flags
+    assert all(s.recompute for s in plan.stages)  # --recompute-all: one piece per stage
+    group = math.gcd(*_layers(plan))  # Megatron's uniform groups divide every stage's layers
+    assert (flags["--recompute-granularity"], flags["--recompute-method"], flags["--recompute-num-layers"]) == ("full", "uniform", str(group))
+    assert all(n % int(flags["--recompute-num-layers"]) == 0 for n in megatron_rules(text, plan.devices))
+    if plan.schedule not in ("1f1b", "interleaved-1f1b"):
+        assert f"# Megatron has no {plan.schedule} schedule: it runs 1F1B" in text
+
+
+@pytest.mark.slow  # the gpt_plans fixture plans two models (once per session)
+def test_an_interleaved_3d_plan_with_tensor_parallelism(gpt_plans: dict[str, Path]) -> None:
+    plan = Plan.load(gpt_plans["interleaved"])
+    assert plan.virtual == 2 and plan.data_parallel > 1
+    text = megatron_args(plan, tensor_parallel=2, sequence_parallel=True, zero1=True)
+    flags = _flags(text)
+    assert "--use-distributed-optimizer" in flags
+    world = 2 * plan.devices * plan.data_parallel
+    assert megatron_rules(text, world) == _layers(plan)
+    assert flags["--tensor-model-parallel-size"] == "2" and "--sequence-parallel" in flags
+    assert f"= {world} GPUs" in text
+    assert flags["--global-batch-size"] == str(plan.batch_size * plan.data_parallel)
+    assert "--recompute-granularity" not in flags  # nothing recomputed
+    # the same plan without t: Megatron turns sequence parallelism off, and says so
+    text1 = megatron_args(plan, tensor_parallel=1, sequence_parallel=True)
+    assert "--sequence-parallel" not in _flags(text1) and "# sequence parallelism needs tensor parallelism" in text1
+    with pytest.raises(ConfigError, match="tensor parallel degree is 0"):
+        megatron_args(plan, tensor_parallel=0)
+
+
+def _parts(counts: list[int]) -> Parts:
+    chunks = tuple(Chunk(index=i, rank=0, layers=n, pre=("wte",) if i == 0 else (), post=("head",) if i == len(counts) - 1 else ())
+                   for i, n in enumerate(counts))  # fmt: skip
+    return Parts(container="layers", num_layers=sum(counts), chunks=chunks, notes=(), round_robin=True)
+
+
+@pytest.mark.parametrize(
+    ("counts", "p", "form"),
+    [
+        ([3, 3, 3, 3], 4, None),  # even: sizes only
+        ([2, 3], 1, None),  # no pipeline: one chunk per rank
+        ([2, 2, 2, 2, 2, 2, 2, 2], 4, "--num-layers-per-virtual-pipeline-stage"),  # even, interleaved
+        ([1, 2, 2, 1], 4, "--decoder-first-pipeline-num-layers"),  # uneven ends
+        ([1, 3, 3, 1, 3, 3], 3, "--decoder-first-pipeline-num-layers"),  # uneven ends, interleaved
+        ([2, 3], 2, "--decoder-first-pipeline-num-layers"),  # two stages, unequal: both given
+        ([0, 2, 3, 2, 2, 1], 6, "--pipeline-model-parallel-layout"),  # anything else
+        ([1, 2, 2, 2, 2, 2, 2, 3], 4, "--pipeline-model-parallel-layout"),
+    ],
+)
+def test_every_split_form_passes_megatron_rules_with_the_same_layers(counts: list[int], p: int, form: str | None) -> None:
+    v = len(counts) // p
+    split = megatron_split(_parts(counts), p, v)
+    assert (split[0] if split else None) == form
+    args = ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", str(p), "--micro-batch-size", "1",
+            "--global-batch-size", str(p), "--num-layers", str(sum(counts)), *split]  # fmt: skip
+    text = "\n".join(shlex.join(args[i : i + 2]) for i in range(0, len(args), 2))
+    assert megatron_rules(text, p) == (counts if p > 1 else [sum(counts)])  # one rank: one chunk
+    if form == "--decoder-first-pipeline-num-layers" and v > 1:
+        assert split[-2:] == ["--num-virtual-stages-per-pipeline-rank", str(v)]
+
+
+@pytest.mark.slow  # the gpt_plans fixture plans two models (once per session)
+def test_a_plan_whose_stages_recompute_partly_and_a_gpipe_plan_get_notes(gpt_plans: dict[str, Path]) -> None:
+    plan = Plan.load(gpt_plans["uneven"])
+    partly = dataclasses.replace(plan, schedule="gpipe", stages=tuple(dataclasses.replace(s, recompute=s.index == 0) for s in plan.stages))
+    text = megatron_args(partly)
+    assert "# the plan recomputes stage(s) 0 only; Megatron recomputes every stage, so stage(s) 1-3" in text
+    assert "# Megatron has no gpipe schedule: it runs 1F1B with these stages instead" in text
+    assert megatron_rules(text, plan.devices) == _layers(plan)
+
+
+@pytest.mark.slow  # the gpt_plans fixture plans two models (once per session)
+def test_a_v_shaped_plan_runs_round_robin_in_megatron_and_says_so(gpt_plans: dict[str, Path]) -> None:
+    from autopipe.schedules.registry import schedule_spec
+
+    plan = Plan.load(gpt_plans["interleaved"])
+    spec = schedule_spec("zb-v")
+    v_plan = dataclasses.replace(plan, schedule="zb-v", stages=tuple(
+        dataclasses.replace(s, rank=spec.device_of(s.index, plan.devices, plan.virtual)) for s in plan.stages))  # fmt: skip
+    text = megatron_args(v_plan)
+    assert f"# Megatron has no zb-v schedule: it runs interleaved 1F1B with these stages instead (no separate weight-gradient pass; chunk j on rank j % {plan.devices}, not in the plan's V)" in text
+    assert megatron_rules(text, plan.devices * plan.data_parallel) == _layers(plan)
+
+
+def test_long_layouts_are_compressed_and_unroll_to_the_same_stages() -> None:
+    from autopipe.config.megatron import layout_string
+
+    counts = [1] + [2] * 34 + [1] * 27 + [0, 0]
+    text = layout_string(_parts(counts))
+    assert text == "Et|(tt|)*34(t|)*27|L"
+    assert [s.count("t") for s in parse_layout(text)] == counts
+    assert layout_string(_parts([6, 0, 0, 0, 7])) == "Et*6|(|)*3t*7L"
+    assert [s.count("t") for s in parse_layout("Et*6|(|)*3t*7L")] == [6, 0, 0, 0, 7]
