@@ -81,11 +81,12 @@ __all__ = [
 ]
 
 F, B, W = Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT
+PER_DEVICE = 2  # DualPipeV runs at least 2 micro-batches per device: one per chunk
 
 
 def least_micro_batches(devices: int) -> int:
     """The fewest micro-batches DualPipeV runs on ``devices``: ``2S`` (one per chunk)."""
-    return 2 * devices
+    return PER_DEVICE * devices
 
 
 def _lists(rank: int, devices: int, micro_batches: int) -> tuple[list[Action], list[int]]:
@@ -219,5 +220,5 @@ SPEC = ScheduleSpec(
     virtual_choices=(2,),
     placement=v_shape,
     searched=False,
-    min_micro_batches_per_device=2,
+    min_micro_batches_per_device=PER_DEVICE,
 )

@@ -159,7 +159,7 @@ def test_too_few_micro_batches_is_one_line() -> None:
         "dualpipe-v needs at least 2 x devices = 8 micro-batches on 4 devices (got 7); "
         "use micro_batches >= 8"
     )
-    assert dualpipe_v.least_micro_batches(4) == 8
+    assert dualpipe_v.least_micro_batches(4) == dualpipe_v.SPEC.least_micro_batches(4) == 8
 
 
 def test_rejects_other_virtual() -> None:
