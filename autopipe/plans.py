@@ -326,6 +326,8 @@ def check_plan_values(plan: Plan, source: str = "plan") -> None:
         raise bad(f"virtual is {v}, but the {spec.name} schedule runs one stage per device (virtual 1)")
     if plan.batch_size != m * plan.micro_batch_size:
         raise bad(f"batch_size {plan.batch_size} is not micro_batches {m} x micro_batch_size {plan.micro_batch_size}")
+    if m < spec.least_micro_batches(S):
+        raise bad(f"micro_batches is {m}, but {spec.name} on {S} devices runs at least {spec.least_micro_batches(S)}")
     if v > 1 and spec.micro_batches_multiple_of_devices and m % S:
         raise bad(f"micro_batches {m} is not a multiple of devices {S}, which {spec.name} with virtual {v} needs")
     if len(plan.stages) != S * v:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from autopipe.errors import ScheduleError
-from autopipe.schedules import gpipe, interleaved, one_f_one_b, zb_h1, zb_v
+from autopipe.schedules import dualpipe_v, gpipe, interleaved, one_f_one_b, zb_h1, zb_v
 from autopipe.schedules.action import Schedule
 from autopipe.schedules.spec import ScheduleSpec
 
@@ -23,6 +23,7 @@ SPECS: tuple[ScheduleSpec, ...] = (
     interleaved.SPEC,
     zb_h1.SPEC,
     zb_v.SPEC,
+    dualpipe_v.SPEC,
 )
 """Every schedule, in the order the CLI and error messages list them."""
 

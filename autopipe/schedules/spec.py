@@ -36,6 +36,7 @@ class ScheduleSpec:
     splits_backward: bool = False  # B (input-grad) and W (weight-grad) run apart (Zero Bubble)
     virtual_choices: tuple[int, ...] = (1,)  # chunks per device the search tries; (1,): one only
     micro_batches_multiple_of_devices: bool = False  # m % S == 0 (the planner asks it of any v)
+    min_micro_batches_per_device: int = 0  # m >= this x S, fewer refused (DualPipeV: 2); 0: any m
     placement: Placement = round_robin  # (chunk, devices, virtual) -> device
     searched: bool = True  # the automatic search tries it; False: only when pinned (--schedule)
 
@@ -58,10 +59,17 @@ class ScheduleSpec:
         """The device of every chunk ``0 .. devices * virtual - 1``."""
         return tuple(self.placement(j, devices, virtual) for j in range(devices * virtual))
 
+    def least_micro_batches(self, devices: int) -> int:
+        """The fewest micro-batches the schedule runs on ``devices`` (1 for most)."""
+        return max(1, self.min_micro_batches_per_device * devices)
+
     def searchable(self, devices: int, micro_batches: int, virtual: int) -> bool:
-        """Whether the search tries this schedule at these sizes: a schedule of several chunks
-        per device needs more than one device to gain anything (and, if it says so, a
-        micro-batch count that is a multiple of the devices)."""
+        """Whether the search tries this schedule at these sizes: enough micro-batches for it
+        (:meth:`least_micro_batches`); a schedule of several chunks per device needs more than
+        one device to gain anything (and, if it says so, a micro-batch count that is a multiple
+        of the devices)."""
+        if micro_batches < self.least_micro_batches(devices):
+            return False
         if not self.takes_virtual:
             return True
         if self.micro_batches_multiple_of_devices and micro_batches % devices:

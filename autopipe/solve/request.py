@@ -148,7 +148,7 @@ def validate(profile: Profile, req: PlanRequest) -> None:
         if req.virtual < 1:
             raise PlanError(f"--virtual must be at least 1 (got {req.virtual})")
         if spec is not None and not spec.takes_virtual:
-            chunked = " and ".join(s.name for s in search_order() if s.takes_virtual)
+            chunked = ", ".join(s.name for s in search_order() if s.takes_virtual)
             raise PlanError(f"--virtual applies to the {chunked} schedules only (got --schedule {req.schedule})")
         if spec is not None and len(spec.virtual_choices) == 1 and req.virtual not in spec.virtual_choices:
             v = spec.virtual_choices[0]
@@ -157,6 +157,9 @@ def validate(profile: Profile, req: PlanRequest) -> None:
             raise PlanError(f"{S} devices x {req.virtual} virtual stages needs {S * req.virtual} blocks, the model has {n}")
     if spec is not None and spec.micro_batches_multiple_of_devices and req.micro_batches is not None and req.micro_batches % S:
         raise PlanError(f"{spec.name} needs the micro-batch count to be a multiple of {S} stages (got {req.micro_batches})")
+    least = spec.least_micro_batches(S) if spec is not None else 1
+    if req.micro_batches is not None and req.micro_batches < least:
+        raise PlanError(f"{req.schedule} needs at least {least} micro-batches on {S} devices (got --micro-batches {req.micro_batches}); use --micro-batches {least} or more")
     if req.recompute not in ("auto", "never", "always"):
         raise PlanError(f"recompute must be auto, never or always (got {req.recompute!r})")
     if not req.link_bandwidth > 0 or req.link_latency_s < 0:
@@ -164,6 +167,8 @@ def validate(profile: Profile, req: PlanRequest) -> None:
     if not req.action_overhead_s >= 0:
         raise PlanError(f"--action-overhead must be zero or more (got {req.action_overhead_s})")
     if not decisions(profile, req):
+        if least > 1 and B < least:
+            raise PlanError(f"{req.schedule} needs at least {least} micro-batches on {S} devices, more than --batch-size {B}; use --batch-size {least} or more")
         chunked = spec.name if spec is not None else " and ".join(s.name for s in search_order() if s.takes_virtual)
         raise PlanError(
             f"no schedule fits the request: {chunked} needs micro-batches divisible by {S} and {S} x v <= {n} blocks"

@@ -12,6 +12,7 @@ import torch
 from autopipe.plans import Plan
 from autopipe.runtime import Rebuilt, RunOptions, assemble_state_dict, rebuild, run_threads
 from autopipe.runtime.records import RunResult
+from autopipe.schedules import schedule_spec
 from tests.helpers import even_plan, reference_training
 
 GPT = ("models/gpt.py", {"n_layer": 2, "n_embd": 32, "vocab_size": 64, "block_size": 16})
@@ -37,9 +38,10 @@ def cached_plan(
     model: str, stages: int, schedule: str, virtual: int = 1, recompute: tuple[int, ...] = ()
 ) -> Plan:
     file, kwargs = MODELS[model]
+    m = max(4, schedule_spec(schedule).least_micro_batches(stages))  # dualpipe-v: 2 per rank
     return even_plan(
-        file, kwargs, stages=stages, schedule=schedule, virtual=virtual, micro_batches=4,
-        recompute=recompute,
+        file, kwargs, stages=stages, schedule=schedule, virtual=virtual, micro_batches=m,
+        micro_batch_size=8 // m, recompute=recompute,  # the batch of 8 unsplit_reference trains
     )
 
 

@@ -37,6 +37,8 @@ CASES = [
     ("skip", 4, "zb-h1", 1, (0, 3)),
     ("skip", 2, "zb-v", 2, ()),
     ("skip", 4, "zb-v", 2, (0, 5)),
+    ("skip", 2, "dualpipe-v", 2, ()),
+    ("skip", 4, "dualpipe-v", 2, (1, 6)),  # m = 8: DualPipeV runs at least 2 per rank
     ("gpt", 2, "gpipe", 1, ()),
     ("gpt", 2, "1f1b", 1, ()),
     ("gpt", 2, "interleaved-1f1b", 2, ()),
@@ -44,6 +46,7 @@ CASES = [
     ("gpt", 2, "1f1b", 1, (0, 1)),
     ("gpt", 2, "zb-h1", 1, (1,)),
     ("gpt", 2, "zb-v", 2, (1, 2)),
+    ("gpt", 2, "dualpipe-v", 2, (0, 3)),
     ("gpt", 4, "1f1b", 1, ()),
     ("hf", 2, "gpipe", 1, ()),
     ("hf", 2, "1f1b", 1, (1,)),

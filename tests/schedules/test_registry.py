@@ -41,7 +41,7 @@ IDS = [spec.name for spec in SPECS]
 def sizes(spec: ScheduleSpec, max_devices: int = 6, max_micro_batches: int = 12) -> Iterator[tuple[int, int, int]]:
     """(S, m, v) the spec runs: v = 1, plus its virtual choices where m suits them."""
     for S in range(1, max_devices + 1):
-        for m in range(1, max_micro_batches + 1):
+        for m in range(spec.least_micro_batches(S), max_micro_batches + 1):
             for v in dict.fromkeys((*_one(spec), *spec.virtual_choices)):
                 if v > 1 and spec.micro_batches_multiple_of_devices and m % S:
                     continue
@@ -73,8 +73,8 @@ def test_names_and_preferences_are_unique() -> None:
     assert schedule_names() == tuple(IDS) == tuple(SCHEDULES)
     assert len(set(IDS)) == len(IDS)
     assert len({spec.preference for spec in SPECS}) == len(SPECS)
-    assert [spec.name for spec in search_order()] == ["1f1b", "zb-h1", "gpipe", "interleaved-1f1b", "zb-v"]
-    assert [spec.name for spec in search_order() if not spec.searched] == ["zb-v"]  # pinned only, for now
+    assert [spec.name for spec in search_order()] == ["1f1b", "zb-h1", "gpipe", "interleaved-1f1b", "zb-v", "dualpipe-v"]
+    assert [spec.name for spec in search_order() if not spec.searched] == ["zb-v", "dualpipe-v"]  # pinned only, for now
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
@@ -88,7 +88,7 @@ def test_each_spec_lives_beside_its_create_schedule(spec: ScheduleSpec) -> None:
 def test_unknown_name_is_one_line() -> None:
     with pytest.raises(ScheduleError) as info:
         schedule_spec("pipedream")
-    assert str(info.value) == "unknown schedule 'pipedream'; use one of gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v"
+    assert str(info.value) == "unknown schedule 'pipedream'; use one of gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v, dualpipe-v"
 
 
 def test_cli_schedule_choices_come_from_the_registry() -> None:

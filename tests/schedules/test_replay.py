@@ -30,6 +30,7 @@ def test_replay_is_simulate_number_for_number(name: str, s: int, m: int, seed: i
     v = 2 if spec.takes_virtual and (s > 1 or spec.virtual_choices == (2,)) else 1  # zb-v: always 2
     if spec.micro_batches_multiple_of_devices and m % s:
         m = s * 2
+    m = max(m, spec.least_micro_batches(s))
     schedule = make_schedule(name, s, m, v)
     costs = random_costs(s * v, seed)
     comm = [random.Random(seed).uniform(0, 0.5) for _ in range(s * v - 1)]

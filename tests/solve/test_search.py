@@ -147,9 +147,13 @@ def test_too_little_memory_names_the_smallest_limit_that_fits() -> None:
         (dict(batch_size=10, micro_batches=4), "batch size 10 is not divisible into 4 micro-batches; use one of 1, 2, 5, 10"),
         (dict(memory_limit=-1.0), "--memory must be positive"),
         (dict(schedule="dualpipe"), "unknown schedule 'dualpipe'"),
-        (dict(virtual=2, schedule="1f1b"), "--virtual applies to the interleaved-1f1b and zb-v schedules only"),
+        (dict(virtual=2, schedule="1f1b"), "--virtual applies to the interleaved-1f1b, zb-v, dualpipe-v schedules only"),
         (dict(virtual=3, schedule="zb-v"), "zb-v runs 2 stages per device (got --virtual 3); use --virtual 2 or leave it out"),
         (dict(schedule="interleaved-1f1b", micro_batches=6, batch_size=12), "needs the micro-batch count to be a multiple of 4"),
+        (dict(schedule="dualpipe-v", micro_batches=4),
+         "dualpipe-v needs at least 8 micro-batches on 4 devices (got --micro-batches 4); use --micro-batches 8 or more"),
+        (dict(schedule="dualpipe-v", batch_size=6),
+         "dualpipe-v needs at least 8 micro-batches on 4 devices, more than --batch-size 6; use --batch-size 8 or more"),
     ],
 )
 def test_bad_requests_get_one_clear_line(change: dict[str, object], message: str) -> None:
@@ -241,3 +245,18 @@ def test_zb_v_is_planned_when_pinned_and_never_searched(tmp_path: Path) -> None:
     free = plan_pipeline(prof, _request(devices=4))
     assert free.schedule != "zb-v" and all(a.schedule != "zb-v" for a in free.alternatives)
     assert all(d.schedule != "zb-v" for d in decisions(prof, _request(devices=4)))
+
+
+def test_dualpipe_v_is_planned_when_pinned_with_enough_micro_batches() -> None:
+    """--schedule dualpipe-v cuts 2S chunks in a V and tries only m >= 2S (fewer is refused in
+    one line above); the simulator prices the plan, which the automatic search leaves out."""
+    prof = random_profile(12, seed=4)
+    for S in (2, 3):
+        plan = plan_pipeline(prof, _request(devices=S, schedule="dualpipe-v", batch_size=24))
+        assert (plan.schedule, plan.virtual, len(plan.stages)) == ("dualpipe-v", 2, 2 * S)
+        assert plan.micro_batches >= 2 * S
+        assert [st.rank for st in plan.stages] == [*range(S), *reversed(range(S))]
+        timeline = plan_timeline(plan)
+        assert timeline.iteration_s == pytest.approx(plan.iteration_time_s, rel=1e-12)
+        assert all(d.micro_batches >= 2 * S for d in decisions(prof, _request(devices=S, schedule="dualpipe-v", batch_size=24)))
+    assert all(d.schedule != "dualpipe-v" for d in decisions(prof, _request(devices=4)))

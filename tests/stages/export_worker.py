@@ -26,6 +26,7 @@ CONFIGS = {  # name: (model file, schedule, virtual stages per rank, micro-batch
     "mlp-gpipe": ("mlp.py", "gpipe", 1, 4, 2),
     "mlp-zb": ("mlp.py", "zb-h1", 1, 2, 2),
     "mlp-zbv": ("mlp.py", "zb-v", 2, 4, 2),
+    "mlp-dualpipev": ("mlp.py", "dualpipe-v", 2, 4, 2),
 }
 STEPS = 3
 LR = 0.1

@@ -1,0 +1,224 @@
+"""DualPipeV, DeepSeek's DualPipe cut in half (DeepSeek-AI, "DeepSeek-V3 Technical Report",
+2024, section 3.2.1; deepseek-ai/DualPipe ``dualpipev.py``; torch's ``ScheduleDualPipeV``).
+
+The model is cut into ``2S`` chunks placed in a V (:func:`~autopipe.schedules.action.v_shape`):
+device ``d`` runs chunk ``a = d`` on the way down and ``b = 2S-1-d`` on the way back. Its
+steady state runs the forward of one chunk *together with* the backward of the other, on
+different micro-batches (an overlapped pair, ``F&B``). Device ``d`` runs:
+
+1. ``2(S-d-1)`` forwards of ``a``;
+2. ``d+1`` times ``F(a) F(b)``;
+3. ``S-d-1`` times ``B(b) W(b) F(b)`` (zero bubble: the weight-grad right after);
+4. ``m-2S+d+1`` times the pairs ``F(a)&B(b)``, ``F(b)&B(a)`` (the first ``F(a)``, ``B(b)`` of
+   the last device are not overlapped, to shorten the bubble, as DeepSeek and torch do);
+5. ``S-d-1`` times ``B(b)``, ``F(b)&B(a)``;
+6. ``d+1`` times ``B(b) B(a)``, from its middle on with the weight-grad deferred;
+7. ``S-d-1`` times a deferred ``W``, then ``B(a)`` (weight-grad deferred);
+8. the ``d+1`` deferred ``W``.
+
+This is the list ``ScheduleDualPipeV`` builds, written out again here. One representation
+choice: DualPipeV mixes full backwards with split ones (only the cool-down defers W), while an
+autopipe schedule splits all its backwards or none; a full backward is written ``B`` with its
+``W`` right after it, which is the same computation.
+
+An overlapped pair is ``F(x, i)`` immediately followed in the list by ``B(y, k)`` (and its
+``W``) of the other chunk: :func:`overlapped` names them; they stay ordinary actions, so the
+validator, simulator, replay, executor and pictures read them as they are.
+
+Pricing rule: a pair costs ``F + B`` (+ ``W``) of compute on its device, run one after the
+other, and its sends and receives overlap compute (receives posted early, sends not waited
+for): exactly how the simulator prices any two adjacent actions, so it needs no new rule.
+What DualPipe hides on GPUs is the expert-parallel all-to-all of one chunk behind the compute
+of the other; autopipe models no communication inside a chunk and its CPU executor computes
+serially, so the pair gains nothing over ``F`` then ``B`` here. Checked against the executor:
+``bench/bench_dualpipe_overlap.py`` times pairs against lone ``F`` and ``B`` of the same chunks.
+
+Needs ``m >= 2S`` (DeepSeek's ``num_chunks >= num_ranks * 2``, torch's ``n_microbatches >=
+num_stages``); fewer is refused with one line.
+
+``S=2, m=4``, the lists in order (not timed; ``[...]`` marks an overlapped pair, with the W
+of its full backward)::
+
+    rank 0 | 0F0 0F1 0F2 3F0 3B0 3W0 3F1 [0F3 3B1 3W1] [3F2 0B0 0W0] 3B2 3W2 [3F3 0B1 0W1]
+             3B3 3W3 0B2 0W2 0B3 0W3
+    rank 1 | 1F0 2F0 1F1 2F1 1F2 2B0 2W0 [2F2 1B0 1W0] [1F3 2B1 2W1] [2F3 1B1 1W1]
+             2B2 2W2 1B2 1W2 2B3 1B3 2W3 1W3      (1F2 2B0: the turn, not overlapped)
+
+Memory: chunk ``j`` holds at most ``2S-j`` micro-batches (:func:`inflight`, as 1F1B over
+``2S`` stages; ``m >= 2S`` always fills it), and unlike ZB-V device ``d`` reaches both its
+chunks' peaks at once: ``(2S-d) + (d+1) = 2S+1`` chunk activations on every device, one more
+than ZB-V's ``2S`` — DeepSeek's "PP+1" for ``PP = 2S`` stages (checked against the simulator).
+
+Bubble: with every F, B (input-grad) and W of a chunk taking one unit (a full backward two, a
+pair three), every device does ``6m`` units and the last device cannot start before ``S-1``
+forwards have crossed the down leg, so no schedule on the V beats ``6m + S - 1``; DualPipeV
+reaches it for every ``m >= 2S`` (:func:`makespan_units`, the simulator's value for every
+``S <= 8``, ``2S <= m <= 32``), bubble ``(S-1)/(6m+S-1)`` (:func:`bubble`), ZB-V's.
+DeepSeek's table (``(PP/2-1)(F&B+B-3W)``, ``F&B`` the time of a pair) gains where ``F&B <
+F+B``, which needs communication inside a chunk to hide (expert-parallel all-to-all); with
+``F&B = F+B`` (this pricing) DualPipeV ties ZB-V in time and holds one more chunk of
+activations per device.
+
+Registered, not searched (``searched=False``): ``--schedule dualpipe-v`` pins it.
+"""
+
+from __future__ import annotations
+
+from autopipe.errors import ScheduleError
+from autopipe.schedules.action import Action, Kind, Schedule, v_shape
+from autopipe.schedules.spec import ScheduleSpec
+from autopipe.schedules.validate import check_sizes
+
+__all__ = [
+    "SPEC",
+    "bubble",
+    "create_schedule",
+    "inflight",
+    "least_micro_batches",
+    "makespan_units",
+    "overlapped",
+    "rank_actions",
+]
+
+F, B, W = Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT
+PER_DEVICE = 2  # DualPipeV runs at least 2 micro-batches per device: one per chunk
+
+
+def least_micro_batches(devices: int) -> int:
+    """The fewest micro-batches DualPipeV runs on ``devices``: ``2S`` (one per chunk)."""
+    return PER_DEVICE * devices
+
+
+def _lists(rank: int, devices: int, micro_batches: int) -> tuple[list[Action], list[int]]:
+    """Device ``rank``'s list, and the positions of the F of each overlapped pair."""
+    S, m = devices, micro_batches
+    down, up = rank, 2 * S - 1 - rank
+    actions: list[Action] = []
+    pairs: list[int] = []
+    count = {(down, F): 0, (down, B): 0, (up, F): 0, (up, B): 0}
+    deferred: list[Action] = []  # Ws of backwards split in the cool-down, oldest first
+
+    def forward(chunk: int) -> None:
+        actions.append(Action(chunk, F, count[chunk, F]))
+        count[chunk, F] += 1
+
+    def backward(chunk: int, split: bool = False) -> None:
+        mb = count[chunk, B]
+        count[chunk, B] += 1
+        actions.append(Action(chunk, B, mb))
+        if split:
+            deferred.append(Action(chunk, W, mb))
+        else:
+            actions.append(Action(chunk, W, mb))  # a full backward: its W right after
+
+    def pair(f: int, b: int) -> None:
+        pairs.append(len(actions))
+        forward(f)
+        backward(b)
+
+    def pending_weight() -> None:
+        if deferred:
+            actions.append(deferred.pop(0))
+
+    for _ in range(2 * (S - rank - 1)):
+        forward(down)
+    for _ in range(rank + 1):
+        forward(down)
+        forward(up)
+    for _ in range(S - rank - 1):
+        backward(up)
+        forward(up)
+    for i in range(m - 2 * S + rank + 1):
+        if i == 0 and rank == S - 1:  # the turn: not overlapped, a shorter bubble
+            forward(down)
+            backward(up)
+        else:
+            pair(down, up)
+        pair(up, down)
+    for _ in range(S - rank - 1):
+        backward(up)
+        pair(up, down)
+    split = False
+    for i in range(rank + 1):
+        if i == (rank + 1) // 2 and rank % 2 == 1:
+            split = True
+        backward(up, split)
+        if i == (rank + 1) // 2 and rank % 2 == 0:
+            split = True
+        backward(down, split)
+    for _ in range(S - rank - 1):
+        pending_weight()
+        backward(down, split)
+    while deferred:
+        pending_weight()
+    return actions, pairs
+
+
+def rank_actions(rank: int, devices: int, micro_batches: int) -> list[Action]:
+    """The DualPipeV list of device ``rank`` (chunks ``rank`` and ``2S-1-rank``)."""
+    return _lists(rank, devices, micro_batches)[0]
+
+
+def overlapped(rank: int, devices: int, micro_batches: int) -> tuple[tuple[Action, Action], ...]:
+    """The overlapped pairs ``(F(x, i), B(y, k))`` of device ``rank``, in list order; each F is
+    immediately followed by its B in :func:`rank_actions`."""
+    actions, pairs = _lists(rank, devices, micro_batches)
+    return tuple((actions[p], actions[p + 1]) for p in pairs)
+
+
+def _check(devices: int, micro_batches: int, virtual: int) -> None:
+    check_sizes(devices, micro_batches, virtual)
+    if virtual != 2:
+        raise ScheduleError(
+            f"dualpipe-v runs two chunks per device in a V (got virtual: {virtual}); use virtual=2"
+        )
+    least = least_micro_batches(devices)
+    if micro_batches < least:
+        raise ScheduleError(
+            f"dualpipe-v needs at least 2 x devices = {least} micro-batches on {devices} "
+            f"devices (got {micro_batches}); use micro_batches >= {least}"
+        )
+
+
+def create_schedule(devices: int, micro_batches: int, virtual: int = 2) -> Schedule:
+    """The DualPipeV schedule: ``{rank: rank_actions(rank, devices, micro_batches)}``; chunk
+    ``j`` on device :func:`~autopipe.schedules.action.v_shape` ``(j, S)``."""
+    _check(devices, micro_batches, virtual)
+    return {d: [*rank_actions(d, devices, micro_batches)] for d in range(devices)}
+
+
+def inflight(devices: int, micro_batches: int, virtual: int = 2) -> tuple[float, ...]:
+    """Per chunk ``j``, the most micro-batches whose activations it holds (F done, B not):
+    ``2S-j`` (the warm-up of steps 1-2 runs ``2S-1-d`` forwards of down chunk ``d`` before its
+    first B, one more before that B; up chunk ``2S-1-d`` holds ``d+1``). Both chunks of a
+    device peak together: ``2S+1`` chunk activations per device (module docstring)."""
+    _check(devices, micro_batches, virtual)
+    return tuple(float(2 * devices - j) for j in range(2 * devices))
+
+
+def makespan_units(devices: int, micro_batches: int) -> int:
+    """Iteration time in units when every F, B (input-grad) and W of a chunk takes one unit:
+    ``6m + S - 1``, a device's work plus the down-leg ramp, for every ``m >= 2S``."""
+    _check(devices, micro_batches, 2)
+    return 6 * micro_batches + devices - 1
+
+
+def bubble(devices: int, micro_batches: int, virtual: int = 2) -> float:
+    """``1 - 6m / makespan_units``, when F, B and W take equal time."""
+    return 1.0 - 6 * micro_batches / makespan_units(devices, micro_batches)
+
+
+SPEC = ScheduleSpec(
+    name="dualpipe-v",
+    create_schedule=create_schedule,
+    inflight=inflight,
+    bubble=bubble,
+    torch_class="ScheduleDualPipeV",
+    preference=7,
+    torch_multi=True,
+    splits_backward=True,
+    virtual_choices=(2,),
+    placement=v_shape,
+    searched=False,
+    min_micro_batches_per_device=PER_DEVICE,
+)
