@@ -16,9 +16,16 @@ of one host, so comparable across ranks) the script prints, per schedule:
     action, which the plan prices as ``action_overhead_s``);
   * messages between ranks per iteration and their measured latency (a consumer that waited:
     arrival minus the producer's end), against the plan's link (latency + bytes / bandwidth);
-  * the simulator replayed with what was measured: measured compute and the plan's links,
-    then measured compute and measured latency. When that replay lands on the measured
-    makespan, the difference between prediction and measurement is accounted for, term by term.
+  * the simulator replayed with what was measured: measured compute and the plan's links
+    (``left``: the error compute does not explain), then measured compute and measured latency,
+    and the one latency per message that makes the replay land on the measurement;
+  * how many receives were postable only after their message was sent (the executor posts a
+    pair's operations in one agreed order, ``runtime/order.py``, and gloo moves a message only
+    once its receive is posted), and how long messages took with and without that, and with
+    the sender computing or not while they travelled.
+
+What it found on the development machine is in the README (Benchmarks: "Why interleaved 1F1B
+runs slower than predicted").
 """
 
 from __future__ import annotations
@@ -112,9 +119,14 @@ def analyse(prof: Profile, plan: Plan, result: RunResult) -> dict[str, float]:
     crossings = 0
     gate = receive_after(plan)
     late, late_wait, waits = 0, 0.0, 0.0
+    after_late: list[float] = []  # waited-for messages: arrival - max(sent, receive postable)
+    after_early: list[float] = []
+    sender_busy: list[float] = []  # waited-for messages: arrival - sent, the sender computing most of it
+    sender_idle: list[float] = []
     for k in steps:
         ends: dict[Action, float] = {}
         records = []
+        busy: dict[int, list[tuple[float, float]]] = {}  # rank -> (ready, end) of its actions: computing
         for r in result.ranks:
             it = r.iterations[k]
             for rec in it.records:
@@ -122,18 +134,25 @@ def analyse(prof: Profile, plan: Plan, result: RunResult) -> dict[str, float]:
                 assert a is not None
                 ends[a] = it.start_time + rec.end_s
                 records.append((a, it.start_time + rec.start_s, it.start_time + rec.ready_s))
+                busy.setdefault(r.rank, []).append((it.start_time + rec.ready_s, it.start_time + rec.end_s))
                 compute.setdefault((a.stage, a.kind.value), []).append(rec.compute_s)
         for a, start, ready in records:
             remote = [d for d in dependencies(a, n) if home[d.stage] != home[a.stage]]
             crossings += len(remote) if k == 1 else 0
-            if remote and ready - start > 20e-6:  # it waited for its message: ready - sent = latency
-                latency.append(ready - max(ends[d] for d in remote))
-            if remote:
-                waits += ready - start
-                g = gate[a]
-                if g is not None and ends[g] > max(ends[d] for d in remote):  # receive posted after the send
-                    late += 1
-                    late_wait += ready - start
+            if not remote:
+                continue
+            sent, g = max(ends[d] for d in remote), gate[a]
+            posted = ends[g] if g is not None else 0.0  # the receive can be posted from here on
+            waits += ready - start
+            if posted > sent:
+                late += 1
+                late_wait += ready - start
+            if ready - start > 20e-6:  # it waited for its message: from both sides ready to its arrival
+                latency.append(ready - sent)
+                src = home[max(remote, key=lambda d: ends[d]).stage]
+                computing = sum(max(0.0, min(e, ready) - max(b, sent)) for b, e in busy[src])
+                (sender_busy if computing > (ready - sent) / 2 else sender_idle).append(ready - sent)
+                (after_late if posted > sent else after_early).append(ready - max(sent, posted))
     med = {key: statistics.median(v) for key, v in compute.items()}
     u = plan.micro_batch_size
     block_f = [sum(prof.blocks[i].forward_s(u) for i in s.block_indices) for s in plan.stages]
@@ -162,9 +181,18 @@ def analyse(prof: Profile, plan: Plan, result: RunResult) -> dict[str, float]:
         "replay_all": replay(measured, [lat] * (n - 1)),
         "actions": 2.0 * n * plan.micro_batches,
         "messages": float(crossings),
+        "hops": (replay(measured, [1e-3] * (n - 1)) - replay(measured, [0.0] * (n - 1))) / 1e-3,
         "late": late / len(steps),
         "late_wait": late_wait / len(steps),
         "waits": waits / len(steps),
+        "after_late": statistics.median(after_late) if after_late else float("nan"),
+        "after_early": statistics.median(after_early) if after_early else float("nan"),
+        "n_late": float(len(after_late)),
+        "n_early": float(len(after_early)),
+        "busy": statistics.median(sender_busy) if sender_busy else float("nan"),
+        "idle": statistics.median(sender_idle) if sender_idle else float("nan"),
+        "n_busy": float(len(sender_busy)),
+        "n_idle": float(len(sender_idle)),
         "latency": lat,
         "link": statistics.fmean(predicted_comm(plan)),
         "overhead": statistics.median(residual),
@@ -194,21 +222,33 @@ def main() -> None:
         result = launch(plan, RunOptions(steps=args.steps, optimizer="SGD", timeout_s=120.0))
         rows.append((f"{schedule}/v{plan.virtual}", analyse(prof, plan, result)))
     ms = 1e3
-    print(f"{'schedule':20} {'predicted':>9} {'measured':>9} {'error':>7} {'replay:compute':>14} {'left':>7} {'replay:all':>10} "
-          f"{'actions':>7} {'messages':>8} {'latency':>8} {'fitted':>7} {'link':>7} {'overhead':>8} {'priced':>7}")  # fmt: skip
+    print(f"{'schedule':20} {'predicted':>9} {'measured':>9} {'error':>7} {'replay:compute':>14} {'left':>7} "
+          f"{'replay:all':>10} {'actions':>7} {'messages':>8} {'hops':>5} {'latency':>8} {'fitted':>7} {'link':>7} "
+          f"{'overhead':>8} {'priced':>7}")  # fmt: skip
     for name, r in rows:
         print(
-            f"{name:20} {r['predicted'] * ms:>9.2f} {r['measured'] * ms:>9.2f} {(r['measured'] / r['predicted'] - 1):>+7.1%} "
-            f"{r['replay_compute'] * ms:>14.2f} {r['measured'] / r['replay_compute'] - 1:>+7.1%} {r['replay_all'] * ms:>10.2f} {r['actions']:>7.0f} {r['messages']:>8.0f} "
-            f"{r['latency'] * ms:>8.3f} {r['fitted_latency'] * ms:>7.3f} {r['link'] * ms:>7.3f} {r['overhead'] * ms:>8.3f} {r['priced_overhead'] * ms:>7.3f}"
+            f"{name:20} {r['predicted'] * ms:>9.2f} {r['measured'] * ms:>9.2f} {r['measured'] / r['predicted'] - 1:>+7.1%} "
+            f"{r['replay_compute'] * ms:>14.2f} {r['measured'] / r['replay_compute'] - 1:>+7.1%} "
+            f"{r['replay_all'] * ms:>10.2f} {r['actions']:>7.0f} {r['messages']:>8.0f} {r['hops']:>5.1f} "
+            f"{r['latency'] * ms:>8.3f} {r['fitted_latency'] * ms:>7.3f} {r['link'] * ms:>7.3f} "
+            f"{r['overhead'] * ms:>8.3f} {r['priced_overhead'] * ms:>7.3f}"
         )
-    print("(ms; error = measured / predicted - 1; replay = the simulator with measured compute per stage and kind, then "
-          "also measured latency per message; fitted = the latency per message at which the replay with measured compute equals the measurement; overhead = median measured action minus the profile's block time; priced = "
+    print("(ms. error = measured / predicted - 1. replay = the simulator with the compute measured per stage and kind, "
+          "and the plan's link (:compute) or the median latency of the messages waited for (:all); left = measured / "
+          "replay:compute - 1, the error compute does not explain. hops = messages on the critical path (the replay's "
+          "slope in the latency per message); fitted = the latency per message at which replay:compute equals the "
+          "measurement; link = the plan's. overhead = median measured action minus the profile's block time; priced = "
           "the plan's action_overhead_s)")  # fmt: skip
     for name, r in rows:
         print(f"{name}: {r['late']:.1f} of {r['messages']:.0f} messages per iteration had their receive posted only after "
               f"the peer had sent them; waiting for messages {r['waits'] * ms:.2f} ms per iteration (all ranks), "
-              f"{r['late_wait'] * ms:.2f} ms of it on those")  # fmt: skip
+              f"{r['late_wait'] * ms:.2f} ms of it on those; of the messages waited for, those took "
+              f"{r['after_late'] * ms:.2f} ms (median of {r['n_late']:.0f}) from being sent and their receive postable "
+              f"to arriving, the others {r['after_early'] * ms:.2f} ms (median of {r['n_early']:.0f})")  # fmt: skip
+    for name, r in rows:
+        print(f"{name}: messages waited for took {r['busy'] * ms:.2f} ms from sent to arrived when the sender was "
+              f"computing most of that time (median of {r['n_busy']:.0f}), {r['idle'] * ms:.2f} ms when it was not "
+              f"(median of {r['n_idle']:.0f})")  # fmt: skip
     for name, r in rows:
         print(f"{name}: compute per iteration, all ranks: measured {r['compute_measured'] * ms:.2f} ms, "
               f"predicted {r['compute_predicted'] * ms:.2f} ms")  # fmt: skip

@@ -36,7 +36,7 @@ def test_small_run_reports_measured_against_predicted_per_schedule() -> None:
         assert abs(float(error.rstrip("%")) - (measured / predicted - 1) * 100) < 0.1
         assert int(rows[name][7]) == 2 * chunks * M  # every F and B of every chunk
         assert int(rows[name][8]) == 2 * (chunks - 1) * M  # every boundary crosses the ranks
-        assert float(rows[name][13]) == 0.3  # the priced cost per action on CPU ranks
+        assert float(rows[name][14]) == 0.3  # the priced cost per action on CPU ranks
         late = re.search(rf"^{re.escape(name)}: ([0-9.]+) of (\d+) messages", out.stdout, re.M)
         assert late is not None and 0 <= float(late[1]) <= int(late[2]) == 2 * (chunks - 1) * M
     assert out.stdout.startswith("machine: ")
