@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -29,14 +28,12 @@ def _bench() -> ModuleType:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_quick_run_prints_a_table_that_parses() -> None:
+def test_quick_run_prints_a_table_that_parses(capsys: pytest.CaptureFixture[str]) -> None:
     from autopipe.schedules import SPECS
 
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=110
-    )
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    assert _bench().main(["--quick"]) == 0
+    out = capsys.readouterr()
+    lines = out.out.splitlines()
     assert lines[0].startswith("machine: ")
     head = lines.index(next(line for line in lines if line.startswith("case ")))
     rows = []
@@ -59,7 +56,7 @@ def test_quick_run_prints_a_table_that_parses() -> None:
             assert 0 <= bubble < 100 and 0 < peak <= gb + 1e-3 and m >= 1 and v >= 1
             assert (best == "*") == (it == fastest)
         winner = min(group, key=lambda r: r[2])[1]
-        assert f"winner mlp {limit}: {winner} " in out.stdout
+        assert f"winner mlp {limit}: {winner} " in out.out
     assert any(line.startswith("V-shapes win in ") for line in lines)
     assert any(line.startswith("V-shapes lose in ") for line in lines)
 
