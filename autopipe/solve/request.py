@@ -148,7 +148,8 @@ def validate(profile: Profile, req: PlanRequest) -> None:
         if req.virtual < 1:
             raise PlanError(f"--virtual must be at least 1 (got {req.virtual})")
         if spec is not None and not spec.takes_virtual:
-            chunked = " and ".join(s.name for s in search_order() if s.takes_virtual)
+            *others, last = [s.name for s in search_order() if s.takes_virtual]
+            chunked = f"{', '.join(others)} and {last}" if others else last
             raise PlanError(f"--virtual applies to the {chunked} schedules only (got --schedule {req.schedule})")
         if spec is not None and len(spec.virtual_choices) == 1 and req.virtual not in spec.virtual_choices:
             v = spec.virtual_choices[0]
