@@ -19,9 +19,10 @@ chunk activations once ``m`` is large — the paper's ``(p+2)//2`` micro-batches
 half of 1F1B's ``S`` as ``S`` grows (tests/schedules/test_v_block.py).
 
 Bubble (F = B = W = one unit, a device's work ``6m``): the iteration takes
-``6m + max(0, floor(7S/2) - 4, 4S - 4 - m)`` units (:func:`makespan_units`, derived from the
-block and checked against the simulator for every ``S <= 8``, ``m <= 32``; the last term is
-the longer warm-up of fewer than ``S/2`` micro-batches): a bubble of about ``7S / (12m)``,
+``6m + max(0, floor(7S/2) - 4, 4S - 4 - m)`` units (:func:`makespan_units`, read off the
+simulated block for ``S <= 12`` and checked against the simulator for every ``S <= 8``,
+``m <= 32``; the last term is the longer warm-up of fewer than ``S/2`` micro-batches): a
+bubble of about ``7S / (12m)``,
 between V-Min's ``2S/(3m)`` and the ``S/(2m)`` the paper quotes for its V-Half (whose
 block differs in detail; ours is the plain repeated block, its memory exactly the paper's).
 Every ``m >= 1`` is handled.

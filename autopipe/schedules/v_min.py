@@ -20,11 +20,14 @@ third of 1F1B's ``S`` as ``S`` grows (tests/schedules/test_v_block.py checks it 
 simulator).
 
 Bubble (F = B = W = one unit, a device's work ``6m``): the iteration takes
-``6m + 4S - 5`` units, two more when ``S`` is a multiple of 3 above 3 and ``m >= 2`` (every
-device's up-chunk B then lands on its down-chunk F's slot and waits one), and ``6m`` for
-``S = 1`` (:func:`makespan_units`, derived from the block and checked against the simulator
-for every ``S <= 8``, ``m <= 32``): a bubble of about ``2S / (3m)``, the paper's V-Min rate,
-below 1F1B's ``(S-1)/m`` at a third of its memory. Every ``m >= 1`` is handled.
+``6m + 4S - 5`` units, and ``6m`` for ``S = 1``; two more when ``S`` is a multiple of 3
+above 3 and ``m >= 2``: then ``2S`` is a multiple of the 6-slot period, so device 0's two
+backwards (chunks ``2S-1`` and 0) each land on one of its forwards' slots and step one slot
+later (at ``S = 3`` it costs nothing). :func:`makespan_units` was read off the simulated
+block (for ``S <= 12``) and is checked against the simulator for every ``S <= 8``,
+``m <= 32``: a bubble of about ``2S / (3m)``, the paper's V-Min rate,
+below 1F1B's ``(S-1)/m`` at about a third of its memory for large ``S``. Every ``m >= 1``
+is handled.
 
 Registered, not searched yet (``searched=False``); torch.distributed.pipelining has no class
 for it: run it with autopipe's executor.
