@@ -186,12 +186,11 @@ def test_cuda_without_cuda_is_one_line(capsys: pytest.CaptureFixture[str]) -> No
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.slow  # plans (traces) a model: ~5-15 s on a loaded machine
 def test_engine_torch_refuses_a_schedule_torch_has_no_class_for(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.helpers import even_plan
+    from tests.runtime.helpers import cached_plan  # the plan test_engine.py trains with v-min
 
     plan = tmp_path / "plan.json"
-    even_plan("mlp.py", stages=2, virtual=2, schedule="v-min", micro_batches=4).save(str(plan))
+    cached_plan("skip", 2, "v-min", 2, (0, 3)).save(str(plan))
     assert main(["run", str(plan), "--device", "cpu", "--engine", "torch", "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
