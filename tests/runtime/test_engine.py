@@ -41,6 +41,8 @@ CASES = [
     ("skip", 4, "v-half", 2, (1, 6)),
     ("skip", 2, "v-min", 2, (0, 3)),
     ("skip", 4, "v-min", 2, ()),
+    ("skip", 2, "zb-h2", 1, (1,)),
+    ("skip", 4, "zb-h2", 1, ()),
     ("gpt", 2, "gpipe", 1, ()),
     ("gpt", 2, "1f1b", 1, ()),
     ("gpt", 2, "interleaved-1f1b", 2, ()),
@@ -56,7 +58,7 @@ CASES = [
     ("hf", 2, "interleaved-1f1b", 2, ()),
     ("hf", 2, "zb-h1", 1, ()),
 ]
-SLOW = {("skip", 4, "v-half"), ("skip", 4, "v-min"), ("gpt", 2, "v-half"), ("gpt", 2, "v-min")}  # lean: ~2 s each
+SLOW = {("skip", 4, "v-half"), ("skip", 4, "v-min"), ("gpt", 2, "v-half"), ("gpt", 2, "v-min"), ("skip", 4, "zb-h2")}
 HF_SLOW = [
     pytest.param(*case, marks=pytest.mark.slow) if case[0].startswith("hf") or case[:3] in SLOW else case
     for case in CASES

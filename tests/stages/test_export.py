@@ -131,9 +131,10 @@ def test_zb_v_refuses_a_parameter_two_stages_of_one_rank_share() -> None:
     )
 
 
-@pytest.mark.parametrize("schedule", ["v-half", "v-min"])
+@pytest.mark.parametrize("schedule", ["v-half", "v-min", "zb-h2"])
 def test_schedules_torch_has_no_class_for_are_refused_in_one_line(schedule: str) -> None:
-    plan = even_plan("mlp.py", stages=2, virtual=2, schedule=schedule, micro_batches=4)
+    virtual = 1 if schedule == "zb-h2" else 2
+    plan = even_plan("mlp.py", stages=2, virtual=virtual, schedule=schedule, micro_batches=4)
     loaded = rebuild_model(plan)
     with pytest.raises(PlanError) as info:
         to_torch_pipelining(plan, loaded.model, 0, example_inputs=loaded.make_inputs(2))
