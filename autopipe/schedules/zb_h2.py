@@ -10,8 +10,9 @@ one rule, run slot by slot with every action one unit: at each step rank ``s`` r
 2. else its next F if it can (rank ``s-1``'s F done) and it holds fewer than ``2S-1``;
 3. else its oldest pending W;
 
-so the warm-up fills with forwards, the steady state runs ``B W F``, and the cool-down fills
-the gaps between the last Bs with the pending Ws. ``S=3, m=6``::
+so the warm-up fills with forwards, the steady state alternates B and F and runs a W only
+when the rank holds ``2S-1`` or would wait, and the Ws still pending fill the cool-down.
+``S=3, m=6``, every action one unit::
 
     rank 0 | 0F0 0F1 0F2 0F3 0F4 0B0 0W0 0B1 0F5 0B2 0W1 0B3 0W2 0B4 0W3 0W4 0B5 0W5 -   -
     rank 1 | -   1F0 1F1 1F2 1B0 1F3 1B1 1F4 1B2 1W0 1B3 1F5 1B4 1W1 1W2 1B5 1W3 1W4 1W5 -
