@@ -95,7 +95,7 @@ SPEC = ScheduleSpec(
     inflight=inflight,
     bubble=bubble,
     torch_class="",  # torch.distributed.pipelining has none
-    preference=8,
+    preference=9,
     splits_backward=True,
     searched=False,
 )
