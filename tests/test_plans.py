@@ -61,7 +61,7 @@ BAD: list[tuple[str, Mutation, str]] = [
     ("micro-batches 0", _set("micro_batches", 0), "micro_batches is 0, expected 1 to 65536"),
     ("micro-batches not dividing", _set("micro_batches", 3), "batch_size 8 is not micro_batches 3 x micro_batch_size 8"),
     ("micro-batches huge", _set("micro_batches", 10**6), f"micro_batches is 1000000, expected 1 to {MAX_MICRO_BATCHES}"),
-    ("schedule unknown", _set("schedule", "nope"), "schedule 'nope' is unknown (known: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v, dualpipe-v)"),
+    ("schedule unknown", _set("schedule", "nope"), "schedule 'nope' is unknown (known: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, dualpipe-v)"),
     ("virtual 0", _set("virtual", 0), "virtual is 0, expected 1 to 64"),
     ("dualpipe-v m < 2S", _set("schedule", "dualpipe-v"), "micro_batches is 1, but dualpipe-v on 2 devices runs at least 4"),
     ("virtual for 1f1b", _set("virtual", 2), "virtual is 2, but the 1f1b schedule runs one stage per device"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from autopipe.errors import ScheduleError
-from autopipe.schedules import dualpipe_v, gpipe, interleaved, one_f_one_b, zb_h1, zb_v
+from autopipe.schedules import dualpipe_v, gpipe, interleaved, one_f_one_b, v_half, v_min, zb_h1, zb_h2, zb_v
 from autopipe.schedules.action import Schedule
 from autopipe.schedules.spec import ScheduleSpec
 
@@ -22,7 +22,10 @@ SPECS: tuple[ScheduleSpec, ...] = (
     one_f_one_b.SPEC,
     interleaved.SPEC,
     zb_h1.SPEC,
+    zb_h2.SPEC,
     zb_v.SPEC,
+    v_half.SPEC,
+    v_min.SPEC,
     dualpipe_v.SPEC,
 )
 """Every schedule, in the order the CLI and error messages list them."""

@@ -25,6 +25,8 @@ Schedules: each schedule's spec names its torch class (``ScheduleSpec.torch_clas
 ``gpipe`` -> ScheduleGPipe, ``1f1b`` -> Schedule1F1B, ``interleaved-1f1b`` ->
 ScheduleInterleaved1F1B (``virtual`` stages per rank, placed as the plan says), ``zb-h1`` ->
 ScheduleInterleavedZeroBubble (torch's ZB schedule; with one stage per rank it is ZB-H1-like).
+Schedules whose spec names no class (``v-half``, ``v-min``) are refused in one line: autopipe's
+own executor runs them.
 torch scales gradients by ``1 / n_microbatches``, so a mean loss gives the full batch's
 gradient.
 
@@ -53,13 +55,13 @@ from autopipe.errors import PlanError
 from autopipe.graph.outputs import output_builder
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
-from autopipe.schedules import SPECS, schedule_spec
+from autopipe.schedules import SPECS, schedule_names, schedule_spec
 from autopipe.stages.rebuild import trace_for_plan
 from autopipe.stages.split import Split, StageModule, split_model
 
 __all__ = ["SCHEDULE_CLASSES", "RelayStage", "pipeline_inputs", "relay_stages", "sync_shared_grads", "to_torch_pipelining"]
 
-SCHEDULE_CLASSES = {spec.name: spec.torch_class for spec in SPECS}  # name -> torch class
+SCHEDULE_CLASSES = {spec.name: spec.torch_class for spec in SPECS if spec.torch_class}  # name -> torch class
 
 
 class RelayStage(nn.Module):
@@ -161,6 +163,8 @@ def to_torch_pipelining(
 
     if not 0 <= rank < plan.devices:
         raise PlanError(f"rank {rank} is outside the plan's {plan.devices} pipeline ranks; use 0 to {plan.devices - 1}")
+    if plan.schedule in schedule_names() and plan.schedule not in SCHEDULE_CLASSES:  # v-half, v-min
+        raise PlanError(f"{plan.schedule} has no torch.distributed.pipelining schedule; run it with autopipe's executor (--engine autopipe)")
     if plan.schedule not in SCHEDULE_CLASSES:
         raise PlanError(f"schedule {plan.schedule!r} has no torch.distributed.pipelining counterpart; plan with one of: {', '.join(SCHEDULE_CLASSES)}")
     traced = trace_for_plan(plan, model, example_inputs)

@@ -285,3 +285,20 @@ def test_a_hand_edited_profile_is_checked_against_the_model(profiles: dict[str, 
         f"autopipe: error: {edited} has {n} blocks, the model traces into {n - 1}: block {n - 1} 'extra' is not in the model; "
         "profile the model again\n",
     )
+
+
+@pytest.mark.parametrize("schedule", ["v-half", "v-min"])
+def test_a_v_shape_schedule_is_planned_when_pinned(schedule: str, profiles: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--schedule v-half / v-min: 2S chunks cut for the V (chunks j and 2S-1-j on device j),
+    priced by simulating the schedule's own lists, written, and shown again."""
+    plan_path = tmp_path / "plan.json"
+    args = ["plan", "--profile", str(profiles["gpt"]), "--stages", "2", "--memory", "1GiB", "--batch-size", "16", "--micro-batches", "8", "--schedule", schedule, "-o", str(plan_path), "--json"]  # fmt: skip
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    plan = Plan.load(plan_path)
+    assert (summary["schedule"], plan.schedule, plan.virtual, plan.micro_batches) == (schedule, schedule, 2, 8)
+    assert [s.rank for s in plan.stages] == [0, 1, 1, 0]
+    assert 0 < plan.bubble_fraction < 1 and plan.iteration_time_s == summary["iteration_time_s"]
+    assert main(["show", str(plan_path)]) == 0
+    shown = capsys.readouterr().out
+    assert schedule in shown and "device 0 │" in shown and "device 1 │" in shown

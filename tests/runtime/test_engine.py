@@ -39,6 +39,12 @@ CASES = [
     ("skip", 4, "zb-v", 2, (0, 5)),
     ("skip", 2, "dualpipe-v", 2, ()),
     ("skip", 4, "dualpipe-v", 2, (1, 6)),  # m = 8: DualPipeV runs at least 2 per rank
+    ("skip", 2, "v-half", 2, ()),
+    ("skip", 4, "v-half", 2, (1, 6)),
+    ("skip", 2, "v-min", 2, (0, 3)),
+    ("skip", 4, "v-min", 2, ()),
+    ("skip", 2, "zb-h2", 1, (1,)),
+    ("skip", 4, "zb-h2", 1, ()),
     ("gpt", 2, "gpipe", 1, ()),
     ("gpt", 2, "1f1b", 1, ()),
     ("gpt", 2, "interleaved-1f1b", 2, ()),
@@ -47,13 +53,19 @@ CASES = [
     ("gpt", 2, "zb-h1", 1, (1,)),
     ("gpt", 2, "zb-v", 2, (1, 2)),
     ("gpt", 2, "dualpipe-v", 2, (0, 3)),
+    ("gpt", 2, "v-half", 2, ()),
+    ("gpt", 2, "v-min", 2, (1, 2)),
     ("gpt", 4, "1f1b", 1, ()),
     ("hf", 2, "gpipe", 1, ()),
     ("hf", 2, "1f1b", 1, (1,)),
     ("hf", 2, "interleaved-1f1b", 2, ()),
     ("hf", 2, "zb-h1", 1, ()),
 ]
-HF_SLOW = [pytest.param(*case, marks=pytest.mark.slow) if case[0].startswith("hf") else case for case in CASES]
+SLOW = {("skip", 4, "v-half"), ("skip", 4, "v-min"), ("gpt", 2, "v-half"), ("gpt", 2, "v-min"), ("skip", 4, "zb-h2")}
+HF_SLOW = [
+    pytest.param(*case, marks=pytest.mark.slow) if case[0].startswith("hf") or case[:3] in SLOW else case
+    for case in CASES
+]
 
 
 @pytest.mark.parametrize(("model", "ranks", "schedule", "virtual", "recompute"), HF_SLOW)

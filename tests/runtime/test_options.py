@@ -184,3 +184,14 @@ def test_cuda_without_cuda_is_one_line(capsys: pytest.CaptureFixture[str]) -> No
         run_options(rank_parser().parse_args(["plan.json", "--device", "cuda"]))
     assert main(["run", "plan.json", "--device", "cuda"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_engine_torch_refuses_a_schedule_torch_has_no_class_for(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.runtime.helpers import cached_plan  # the plan test_engine.py trains with v-min
+
+    plan = tmp_path / "plan.json"
+    cached_plan("skip", 2, "v-min", 2, (0, 3)).save(str(plan))
+    assert main(["run", str(plan), "--device", "cpu", "--engine", "torch", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "v-min has no torch.distributed.pipelining schedule; run it with autopipe's executor (--engine autopipe)" in err

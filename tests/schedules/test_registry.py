@@ -73,8 +73,8 @@ def test_names_and_preferences_are_unique() -> None:
     assert schedule_names() == tuple(IDS) == tuple(SCHEDULES)
     assert len(set(IDS)) == len(IDS)
     assert len({spec.preference for spec in SPECS}) == len(SPECS)
-    assert [spec.name for spec in search_order()] == ["1f1b", "zb-h1", "gpipe", "interleaved-1f1b", "zb-v", "dualpipe-v"]
-    assert [spec.name for spec in search_order() if not spec.searched] == ["zb-v", "dualpipe-v"]  # pinned only, for now
+    assert [spec.name for spec in search_order()] == ["1f1b", "zb-h1", "gpipe", "interleaved-1f1b", "zb-v", "v-half", "dualpipe-v", "v-min", "zb-h2"]
+    assert [spec.name for spec in search_order() if not spec.searched] == ["zb-v", "v-half", "dualpipe-v", "v-min", "zb-h2"]  # pinned only, for now
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
@@ -88,7 +88,7 @@ def test_each_spec_lives_beside_its_create_schedule(spec: ScheduleSpec) -> None:
 def test_unknown_name_is_one_line() -> None:
     with pytest.raises(ScheduleError) as info:
         schedule_spec("pipedream")
-    assert str(info.value) == "unknown schedule 'pipedream'; use one of gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v, dualpipe-v"
+    assert str(info.value) == "unknown schedule 'pipedream'; use one of gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, dualpipe-v"
 
 
 def test_cli_schedule_choices_come_from_the_registry() -> None:

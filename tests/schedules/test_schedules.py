@@ -132,7 +132,7 @@ def test_generated_schedules_validate(name: str, stages: int, mbs: int, virtual:
     validate(schedule, stages, mbs, virtual)
     assert sorted(schedule) == list(range(stages))
     assert all(a is not None for actions in schedule.values() for a in actions)
-    kinds = 3 if name == "zb-h1" else 2
+    kinds = 3 if schedule_spec(name).splits_backward else 2
     assert sum(len(actions) for actions in schedule.values()) == kinds * stages * virtual * mbs
 
 
@@ -142,7 +142,7 @@ def test_unknown_schedule_lists_names() -> None:
     with pytest.raises(ScheduleError) as info:
         make_schedule("pipedream", 2, 2)
     assert str(info.value) == (
-        "unknown schedule 'pipedream'; use one of gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v, dualpipe-v"
+        "unknown schedule 'pipedream'; use one of gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, dualpipe-v"
     )
 
 

@@ -147,7 +147,7 @@ def test_too_little_memory_names_the_smallest_limit_that_fits() -> None:
         (dict(batch_size=10, micro_batches=4), "batch size 10 is not divisible into 4 micro-batches; use one of 1, 2, 5, 10"),
         (dict(memory_limit=-1.0), "--memory must be positive"),
         (dict(schedule="dualpipe"), "unknown schedule 'dualpipe'"),
-        (dict(virtual=2, schedule="1f1b"), "--virtual applies to the interleaved-1f1b, zb-v, dualpipe-v schedules only"),
+        (dict(virtual=2, schedule="1f1b"), "--virtual applies to the interleaved-1f1b, zb-v, v-half, dualpipe-v, v-min schedules only"),
         (dict(virtual=3, schedule="zb-v"), "zb-v runs 2 stages per device (got --virtual 3); use --virtual 2 or leave it out"),
         (dict(schedule="interleaved-1f1b", micro_batches=6, batch_size=12), "needs the micro-batch count to be a multiple of 4"),
         (dict(schedule="dualpipe-v", micro_batches=4),

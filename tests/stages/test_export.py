@@ -134,6 +134,19 @@ def test_v_schedules_refuse_a_parameter_two_stages_of_one_rank_share(schedule: s
     )
 
 
+@pytest.mark.parametrize("schedule", ["v-half", "v-min", "zb-h2"])
+def test_schedules_torch_has_no_class_for_are_refused_in_one_line(schedule: str) -> None:
+    virtual = 1 if schedule == "zb-h2" else 2
+    plan = even_plan("mlp.py", stages=2, virtual=virtual, schedule=schedule, micro_batches=4)
+    loaded = rebuild_model(plan)
+    with pytest.raises(PlanError) as info:
+        to_torch_pipelining(plan, loaded.model, 0, example_inputs=loaded.make_inputs(2))
+    assert str(info.value) == (
+        f"{schedule} has no torch.distributed.pipelining schedule; run it with autopipe's executor (--engine autopipe)"
+    )
+    assert schedule not in export.SCHEDULE_CLASSES
+
+
 def test_balance_is_blocks_per_stage() -> None:
     plan = even_plan("mlp.py", stages=3)
     assert plan.balance == tuple(len(s.blocks) for s in plan.stages)

@@ -1,0 +1,101 @@
+"""ZB-H2, the Zero Bubble schedule at twice 1F1B's memory (Qi et al. 2023, "Zero Bubble
+Pipeline Parallelism", section 3: ZB-H2).
+
+One stage per rank (``virtual == 1``), the backward split into B and W. Each rank may hold
+``2S-1`` micro-batches (F done, W not): more forwards in the warm-up than 1F1B's ``S-s``, and
+the Ws left for the gaps, so the pipeline never waits once it is full. The lists are those of
+one rule, run slot by slot with every action one unit: at each step rank ``s`` runs
+
+1. its next B if it can (its F done, and rank ``s+1``'s B of that micro-batch);
+2. else its next F if it can (rank ``s-1``'s F done) and it holds fewer than ``2S-1``;
+3. else its oldest pending W;
+
+so the warm-up fills with forwards, the steady state alternates B and F and runs a W only
+when the rank holds ``2S-1`` or would wait, and the Ws still pending fill the cool-down.
+``S=3, m=6``, every action one unit::
+
+    rank 0 | 0F0 0F1 0F2 0F3 0F4 0B0 0W0 0B1 0F5 0B2 0W1 0B3 0W2 0B4 0W3 0W4 0B5 0W5 -   -
+    rank 1 | -   1F0 1F1 1F2 1B0 1F3 1B1 1F4 1B2 1W0 1B3 1F5 1B4 1W1 1W2 1B5 1W3 1W4 1W5 -
+    rank 2 | -   -   2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3 2F4 2B4 2W0 2F5 2B5 2W1 2W2 2W3 2W4 2W5
+
+Bubble (F = B = W = one unit, a rank's work ``3m``): the iteration takes
+``3m + S - 1`` units once ``m >= S`` — only the ramp before the last rank's first forward,
+the paper's zero bubble ``(S-1)(F+B-2W)``; from ``m >= 2S-1`` on no rank idles between its
+first and last action — and ``S - m`` more with fewer micro-batches
+(:func:`makespan_units`, checked against the simulator for every ``S <= 8``, ``m <= 32``).
+The paper's gain over ZB-H1 (``(S-1)(F+B-W)``) shows when the times differ: with
+``B = 2F = 2W`` (``S = 8``, ``m = 32``) ZB-H2 takes the least possible, the work plus the
+forward ramp (135 units), ZB-H1 142; with ``F = B = W`` both reach it.
+Memory: every rank peaks at ``min(m, 2S-1)`` micro-batches from F to W (:func:`inflight`,
+exact in the simulator), the paper's ``2p-1``; 1F1B's rank 0 holds ``S``.
+
+Registered, not searched yet (``searched=False``); torch.distributed.pipelining has no class
+for it: run it with autopipe's executor.
+"""
+
+from __future__ import annotations
+
+from autopipe.errors import ScheduleError
+from autopipe.schedules.action import Action, Kind, Schedule
+from autopipe.schedules.spec import ScheduleSpec
+from autopipe.schedules.validate import check_sizes
+
+__all__ = ["SPEC", "bubble", "create_schedule", "inflight", "makespan_units"]
+
+F, B, W = Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT
+
+
+def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
+    """The lists the rule of the module docstring runs, slot by slot."""
+    check_sizes(devices, micro_batches, virtual)
+    if virtual != 1:
+        raise ScheduleError(f"zb-h2 runs one stage per device (got virtual: {virtual}); use virtual=1")
+    S, m, most = devices, micro_batches, 2 * devices - 1
+    done: set[tuple[int, Kind, int]] = set()  # (rank, kind, micro-batch) of earlier slots
+    started: list[tuple[int, Kind, int]] = []  # in this slot: done from the next one on
+    count = [{F: 0, B: 0, W: 0} for _ in range(S)]
+    lists: Schedule = {s: [] for s in range(S)}
+    while any(c[W] < m for c in count):
+        done.update(started)
+        started.clear()
+        for s, c in enumerate(count):
+            if c[B] < c[F] and (s, F, c[B]) in done and (s == S - 1 or (s + 1, B, c[B]) in done):
+                kind = B
+            elif c[F] < m and c[F] - c[W] < most and (s == 0 or (s - 1, F, c[F]) in done):
+                kind = F
+            elif c[W] < c[B]:
+                kind = W
+            else:
+                continue
+            started.append((s, kind, c[kind]))
+            lists[s].append(Action(s, kind, c[kind]))
+            c[kind] += 1
+    return lists
+
+
+def inflight(devices: int, micro_batches: int, virtual: int = 1) -> tuple[float, ...]:
+    """``min(m, 2S-1)`` micro-batches per stage, F to W."""
+    return (float(min(micro_batches, 2 * devices - 1)),) * devices
+
+
+def makespan_units(devices: int, micro_batches: int) -> int:
+    """``3m + S - 1``, plus ``S - m`` when ``m < S``, with F, B and W of one unit each."""
+    S, m = devices, micro_batches
+    return 3 * m + S - 1 + max(0, S - m)
+
+
+def bubble(devices: int, micro_batches: int, virtual: int = 1) -> float:
+    """``1 - 3m / makespan_units``: ``(S-1) / (3m+S-1)`` once ``m >= S``."""
+    return 1.0 - 3 * micro_batches / makespan_units(devices, micro_batches)
+
+
+SPEC = ScheduleSpec(
+    name="zb-h2",
+    create_schedule=create_schedule,
+    inflight=inflight,
+    bubble=bubble,
+    torch_class="",  # torch.distributed.pipelining has none
+    preference=9,
+    splits_backward=True,
+    searched=False,
+)
