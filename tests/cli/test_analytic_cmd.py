@@ -24,11 +24,11 @@ def test_cli_plans_a_model_analytically_with_data_parallel(tmp_path: Path, capsy
     code = main(["plan", GPT, "--device", "h100", "--gpus", "16", "--batch-size", "64", "-o", str(out)])
     text = capsys.readouterr().out
     assert code == 0, text
-    assert "data x pipeline parallel on 16 devices: chose S=" in text and "runner-up" in text
+    assert "tensor x pipeline x data parallel on 16 devices: chose t=" in text and "runner-up" in text
     from autopipe.plans import Plan
 
     plan = Plan.load(out)
-    assert plan.devices * plan.data_parallel == 16 and "analytic" in plan.profile_device
+    assert plan.tensor_parallel * plan.devices * plan.data_parallel == 16 and "analytic" in plan.profile_device
     assert all(m <= plan.memory_limit_bytes for m in plan.peak_memory_bytes)
 
 

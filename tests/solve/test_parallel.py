@@ -64,7 +64,7 @@ def test_ring_allreduce_time(nbytes: float, group: int, bandwidth: float, latenc
     [
         (2, 2, [("one node", 100, 100)]),  # 4 devices fit one node: NVLink everywhere
         (2, 4, [("data-parallel within nodes", 10, 100), ("pipelines within nodes", 100, 10)]),
-        (8, 1, [("pipelines within nodes", 10, 10)]),  # 8 stages span 2 nodes, nothing to reduce
+        (8, 1, [("pipeline across nodes", 10, 10)]),  # 8 stages span 2 nodes, nothing to reduce
         (1, 8, [("data-parallel within nodes", 10, 10)]),  # 8 replicas span 2 nodes
     ],
 )
