@@ -107,6 +107,7 @@ class PlanFlags:
     timeline: str | None
     tensor_parallel: int | None = None  # pin t (with gpus)
     data_parallel: int | None = None  # pin D (with gpus)
+    cluster: tuple[tuple[str, float], ...] = ()  # --cluster FILE: Cluster field -> value
 
 
 def _optional(text: str | None, parse: Callable[[str, str], _T], flag: str) -> _T | None:
@@ -143,8 +144,11 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
             raise UsageError(f"{flag} applies to the devices of --gpus G; give --gpus as well")
     if gpus is not None:
         _check_split(gpus, stages, tensor, data)
+    from autopipe.costs.devices import read_cluster_file
+
+    cluster = tuple(read_cluster_file(args.cluster).items()) if args.cluster is not None else ()
     return PlanFlags(
-        batch, stages, micro, virtual, memory, bandwidth, latency, overhead, recompute, gpus, output, timeline, tensor, data
+        batch, stages, micro, virtual, memory, bandwidth, latency, overhead, recompute, gpus, output, timeline, tensor, data, cluster
     )  # fmt: skip
 
 
@@ -219,11 +223,7 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
             link_latency_s=flags.latency_s, action_overhead_s=flags.action_overhead_s, device=spec,
             device_files=args.device_file, shard_optimizer=args.zero1,
         )  # fmt: skip
-        cluster = parallel.cluster
-        if args.cluster is not None:
-            from autopipe.costs.devices import read_cluster_file
-
-            cluster = replace(cluster, **read_cluster_file(args.cluster))  # type: ignore[arg-type]
+        cluster = replace(parallel.cluster, **dict(flags.cluster))  # type: ignore[arg-type]
         parallel = replace(parallel, cluster=cluster, tensor_parallel=flags.tensor_parallel, data_parallel=flags.data_parallel)
         tensor = tensor_options(counts, spec, cluster, not args.no_sequence_parallel) if counts is not None and spec is not None else None
         result = plan_parallel(profile, parallel, progress, tensor)

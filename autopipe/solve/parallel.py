@@ -44,7 +44,7 @@ from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.profile import Profile
 from autopipe.costs.tensor import TransformerShape, tensor_degrees, tensor_reason
 from autopipe.errors import InfeasibleError, PlanError
-from autopipe.plans import MAX_REPLICAS, Plan
+from autopipe.plans import MAX_MICRO_BATCHES, MAX_REPLICAS, Plan
 from autopipe.solve.request import divisors
 from autopipe.solve.search import PlanRequest, Progress, plan_pipeline
 from autopipe.units import format_bytes
@@ -263,15 +263,22 @@ def _cannot(profile: Profile, request: ParallelRequest, t: int, S: int, D: int) 
 
 
 def _bound(profile: Profile, request: ParallelRequest, t: int, S: int, D: int) -> float:
-    """A lower bound on the step of any plan of (t, S, D): the busiest device does at least
-    the average share of the replica's work, each block run at one micro-batch of the whole
-    share U (affine costs with intercepts >= 0: m (a + b U/m) >= a + b U), plus the average
-    stage's gradient all-reduce on the fastest link the layouts offer."""
-    U = request.global_batch / D
-    work = sum(b.forward_s(U) + b.backward_s(U) for b in profile.blocks) / S
+    """A lower bound on the step of any plan of (t, S, D), whatever its schedule and cuts: for
+    the best micro-batch count m (size u = U / m of the replica's share U), the larger of the
+    busiest device's work, at least the average m (F + B)(u) / S, and micro-batch 0's chain
+    forward through every block and back (input gradients); plus the average stage's gradient
+    all-reduce on the fastest link the layouts offer. Recomputation and hops only add."""
+    U = request.global_batch // D
+    counts = [request.micro_batches] if request.micro_batches else [m for m in divisors(U) if m <= MAX_MICRO_BATCHES]
+    best = math.inf
+    for m in counts:
+        u = U / m
+        work = m * sum(b.forward_s(u) + b.backward_s(u) for b in profile.blocks) / S
+        chain = sum(b.forward_s(u) for b in profile.blocks) + sum(b.backward_input_s(u) for b in profile.blocks[1:])
+        best = min(best, max(work, chain))
     grads = sum(b.param_bytes for b in profile.blocks) / S
     fastest = max(lay.allreduce_bandwidth for lay in layouts(S, D, request.cluster, t))
-    return work + ring_allreduce_s(grads, D, fastest)
+    return best + ring_allreduce_s(grads, D, fastest)
 
 
 def _key(option: ParallelOption) -> tuple[int, int]:
@@ -284,10 +291,8 @@ def _order(option: ParallelOption) -> tuple[float, int, int, str]:
 
 
 def _beaten(bound: float, options: list[ParallelOption]) -> bool:
-    """True when an option of another (t, S) than the best's is at least as fast as ``bound``
-    (so the best and the runner-up are both found), tolerating rounding."""
-    if not options:
-        return False
+    """True when a plan of another (t, S) than the best's is at least as fast as ``bound``, so
+    the best and the runner-up are both found (tolerating rounding)."""
     ranked = sorted(options, key=_order)
     second = next((o for o in ranked if _key(o) != _key(ranked[0])), None)
     return second is not None and bound * (1 - 1e-9) >= second.step_time_s
