@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from autopipe.costs.counting import OpCount
-from autopipe.errors import PlanError
 
 __all__ = [
     "REPLICATED_SHARE",
@@ -57,7 +56,6 @@ __all__ = [
     "TensorSplit",
     "TransformerShape",
     "block_kinds",
-    "check_degree",
     "comm_s",
     "shape_of",
     "split_ops",
@@ -267,10 +265,3 @@ def shape_of(traced: Any, model: Any) -> TransformerShape | None:
     first = names.index(probe.layers[0])
     crossing = [t.shape for t in crossing_tensors([traced]) if first in t.dsts and t.shape[-1:] == (probe.hidden,)]
     return transformer_shape(model, names, crossing[0]) if crossing else None
-
-
-def check_degree(shape: TransformerShape | None, t: int, devices_per_node: int, devices: int) -> None:
-    """PlanError (one line) when ``--tensor-parallel t`` cannot be used."""
-    why = tensor_reason(shape, t, devices_per_node, devices)
-    if why:
-        raise PlanError(f"--tensor-parallel {t}: {why}; pick a degree that divides them")

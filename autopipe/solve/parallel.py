@@ -240,7 +240,8 @@ def _degrees(request: ParallelRequest, tensor: TensorOptions | None) -> tuple[li
         t = request.tensor_parallel
         why = tensor_reason(shape, t, cluster.devices_per_node, cluster.devices)
         if t < 1 or why:
-            raise PlanError(f"--tensor-parallel {t}: {why or 'use a whole number >= 1'}; pick a degree that divides them")
+            fix = "plan it analytically (--device NAME) or drop --tensor-parallel" if shape is None else "pick a degree that divides them"
+            raise PlanError(f"--tensor-parallel {t}: {why or 'use a whole number >= 1'}; {fix}")
         return [t], []
     return tensor_degrees(shape, cluster.devices_per_node, cluster.devices)
 
