@@ -113,6 +113,7 @@ class Plan:
     sequence_parallel: bool = False  # Korthikanti et al. 2022 (only with t > 1)
     model_flops: float = 0.0  # per iteration, all devices: 3 x forward (0: not counted)
     hardware_flops: float = 0.0  # model_flops plus the forward of recomputed stages
+    shard_optimizer: bool = False  # ZeRO-1: optimizer state and master weights split over the D replicas
     version: int = PLAN_VERSION
 
     @property

@@ -375,6 +375,7 @@ def _with_allreduce(profile: Profile, plan: Plan, lay: Layout, request: Parallel
         link_bandwidth=lay.p2p_bandwidth,
         tensor_parallel=lay.tensor_parallel,
         sequence_parallel=sp and lay.tensor_parallel > 1,
+        shard_optimizer=request.shard_optimizer and lay.data_parallel > 1,
     )
 
 

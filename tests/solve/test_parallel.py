@@ -136,6 +136,8 @@ def test_sharding_the_optimizer_lets_wider_data_parallelism_fit() -> None:
     unfit_plain = {r.stages for r in plan_parallel(profile, plain).rejected}
     unfit_sharded = {r.stages for r in plan_parallel(profile, sharded).rejected}
     assert 4 in unfit_plain and unfit_sharded < unfit_plain  # S=4 x D=2 fits only sharded
+    plan = plan_parallel(profile, sharded).plan
+    assert plan.shard_optimizer == (plan.data_parallel > 1) and Plan.from_json(plan.to_json()) == plan
 
 
 def test_nothing_fits_names_the_deepest_pipeline_need() -> None:
