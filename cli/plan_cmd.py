@@ -245,7 +245,10 @@ def _parallel_note(gpus: int, result: ParallelPlan) -> str:
     """Lines on the S x D choice of ``--gpus``: the choice, and the splits that did not fit."""
     lines = [f"tensor x pipeline x data parallel on {gpus} devices: {result.plan.parallel_note}"]
     if result.rejected:
-        lines.append("no plan for: " + "; ".join(_split_name(r) + f" ({_short(r)})" for r in result.rejected))
+        deepest = sorted(result.rejected, key=lambda r: -r.tensor_parallel * max(r.stages, 1))  # the closest to fitting first
+        shown = [_split_name(r) + f" ({_short(r)})" for r in deepest]
+        more = f"; and {len(shown) - 6} more splits" if len(shown) > 8 else ""
+        lines.append("no plan for: " + "; ".join(shown[:6] if more else shown) + more)
     if result.pruned:
         lines.append(f"{result.pruned} more splits skipped: a bound on their step is no faster than the runner-up")
     return "\n".join(lines)
