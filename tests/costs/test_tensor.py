@@ -22,6 +22,7 @@ from autopipe.costs.tensor import (
     split_saved,
     tensor_degrees,
     tensor_reason,
+    transformer_shape,
 )
 from autopipe.model.load import load_model
 from tests.helpers import ROOT
@@ -93,3 +94,24 @@ def test_a_two_layer_gpt_priced_per_device(counts: ModelCounts) -> None:
             assert by["blocks.0"].saved_bytes(u) == pytest.approx(c[i].saved_bytes / t)
             assert by["blocks.0"].forward_flops(u) == pytest.approx(one["blocks.0"].forward_flops(u) / t)
     assert profile_from_counts(counts, spec, None) == whole  # t = 1 is the profile of today
+
+
+def test_the_structure_comes_from_the_config_and_the_longest_module_list() -> None:
+    from torch import nn
+
+    class Config:  # Hugging Face names, grouped-query attention
+        hidden_size, num_attention_heads, num_key_value_heads, vocab_size = 8, 4, 2, 16
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = Config()
+            self.embed = nn.Embedding(16, 8)
+            self.layers = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+            self.norms = nn.ModuleList([nn.LayerNorm(8)])
+            self.head = nn.Linear(8, 16)
+
+    names = ["embed", "layers.0", "layers.1", "head"]
+    assert transformer_shape(Net(), names, (1, 5, 8)) == TransformerShape(8, 4, 2, 5, 16, ("layers.0", "layers.1"), ("embed",), ("head",))
+    assert transformer_shape(Net(), names, (1, 5, 9)) is None  # the layer input is not (1, s, h)
+    assert transformer_shape(nn.Sequential(nn.Linear(8, 8)), ["0"], (1, 5, 8)) is None  # no config: t = 1 only
