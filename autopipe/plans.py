@@ -24,7 +24,7 @@ from autopipe.errors import PlanFileError
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.schedules.registry import schedule_names, schedule_spec
 
-__all__ = ["MAX_BATCH_SIZE", "MAX_DEVICES", "MAX_MICRO_BATCHES", "MAX_REPLICAS", "PLAN_VERSION", "Alternative", "Baseline", "Plan", "StagePlan", "check_plan_values"]
+__all__ = ["MAX_BATCH_SIZE", "MAX_DEVICES", "MAX_MICRO_BATCHES", "MAX_REPLICAS", "MAX_TENSOR_PARALLEL", "PLAN_VERSION", "Alternative", "Baseline", "Plan", "StagePlan", "check_plan_values"]
 
 PLAN_VERSION = 2
 _READS = (1, PLAN_VERSION)  # version 1: the recipe's fields at the top level
@@ -107,6 +107,13 @@ class Plan:
     allreduce_s: float = 0.0  # gradient all-reduce per iteration, after the pipeline flush
     parallel_note: str = ""  # the (S, D) decision, its links and the runner-up, for people
     action_overhead_s: float = 0.0  # the executor's cost per action, in every stage time above
+    # Tensor parallel (solve.parallel, costs.tensor): every stage runs on t devices of one node,
+    # Megatron-style; the stage times, memory and params above are one device's share.
+    tensor_parallel: int = 1  # t; the devices in all are t * devices * data_parallel
+    sequence_parallel: bool = False  # Korthikanti et al. 2022 (only with t > 1)
+    model_flops: float = 0.0  # per iteration, all devices: 3 x forward (0: not counted)
+    hardware_flops: float = 0.0  # model_flops plus the forward of recomputed stages
+    shard_optimizer: bool = False  # ZeRO-1: optimizer state and master weights split over the D replicas
     version: int = PLAN_VERSION
 
     @property
@@ -194,6 +201,7 @@ MAX_BATCH_SIZE = 2**31  # samples per step (per pipeline)
 MAX_DEVICES = 2**12  # pipeline ranks
 MAX_REPLICAS = 2**20  # data-parallel replicas
 MAX_VIRTUAL = 64  # chunks per device
+MAX_TENSOR_PARALLEL = 2**10  # devices in one tensor-parallel group (one node)
 _MAX_INT = 2**53  # any other count (parameters, indices)
 _UNBOUNDED = {"throughput", "memory_limit_bytes", "link_bandwidth"}  # may be infinite
 _TRACERS = ("auto", "fx", "export")
@@ -318,10 +326,15 @@ def check_plan_values(plan: Plan, source: str = "plan") -> None:
         raise bad(f"schedule {_shown(plan.schedule)} is unknown (known: {', '.join(names)})")
     spec = schedule_spec(plan.schedule)
     for name, value, most in (("devices", S, MAX_DEVICES), ("data_parallel", plan.data_parallel, MAX_REPLICAS),
+                              ("tensor_parallel", plan.tensor_parallel, MAX_TENSOR_PARALLEL),
                               ("micro_batches", m, MAX_MICRO_BATCHES), ("micro_batch_size", plan.micro_batch_size, MAX_BATCH_SIZE),
                               ("batch_size", plan.batch_size, MAX_BATCH_SIZE), ("virtual", v, MAX_VIRTUAL)):  # fmt: skip
         if not 1 <= value <= most:
             raise bad(f"{name} is {value}, expected 1 to {most}")
+    if plan.sequence_parallel and plan.tensor_parallel == 1:
+        raise bad("sequence_parallel is true with tensor_parallel 1 (sequence parallelism splits a tensor-parallel group's work)")
+    if plan.hardware_flops < plan.model_flops:
+        raise bad(f"hardware_flops {plan.hardware_flops:g} is below model_flops {plan.model_flops:g} (it adds recomputation)")
     if not spec.takes_virtual and v != 1:
         raise bad(f"virtual is {v}, but the {spec.name} schedule runs one stage per device (virtual 1)")
     if plan.batch_size != m * plan.micro_batch_size:

@@ -1,17 +1,22 @@
-# Run: python bench/bench_analytic.py   (from the repository root, autopipe installed or PYTHONPATH=.)
-"""Planning a model far larger than the machine: GPT-3 175B on 64 H100-80GB, batch 1536.
+# Run: python bench/bench_analytic.py [--1t]   (from the repository root, autopipe installed or PYTHONPATH=.)
+"""Planning models far larger than the machine: GPT-3 175B on 64 H100-80GB (batch 1536), and
+with ``--1t`` the Megatron-LM paper's 1T row (Narayanan et al. 2021, Table 1: 128 layers,
+width 25,600, 160 heads, 2,048 tokens, vocabulary 51,200; batch 3,072 on 3,072 A100-80GB).
 
 The model is built on the meta device (no weights allocated), traced, counted block by block
-(FLOPs, bytes, saved bytes) and priced on the catalogue's H100 in bf16 mixed precision; then
-every pipeline depth S x data-parallel width D = 64 / S is planned (cuts, micro-batches,
-schedule, recomputation) and the gradient all-reduce priced. Memory per device by the stated
-formula: 16 bytes per parameter held (2 bf16 weight + 2 bf16 grad + 4 fp32 master + 4 + 4 Adam;
-the last stage holds a copy of the embedding its LM head is tied to),
-or with ZeRO-1 (``--zero1``) 4 + 12 / D, plus the activations the schedule holds (bf16).
+(FLOPs, bytes, saved bytes) and priced in bf16 mixed precision; then the full 3D search:
+every tensor-parallel degree t (dividing the 8 GPUs of a node and the heads), pipeline depth S
+and data-parallel width D = G / (t S), each with cuts, micro-batches, schedule and
+recomputation, the gradient all-reduce priced, the tensor-parallel collectives over NVLink
+(``costs/tensor.py``, with sequence parallelism). For 175B it also runs today's S x D search
+(t = 1) in plain Adam and with ZeRO-1. Memory per device by the stated formula: 16 bytes per
+parameter held (2 bf16 weight + 2 bf16 grad + 4 fp32 master + 4 + 4 Adam; the last stage
+holds a copy of the embedding its LM head is tied to), or with ZeRO-1 4 + 12 / D, plus the
+activations the schedule holds (bf16).
 
-One CPU core (pinned when the OS allows). Prints each phase's wall time, the decision, the
-runner-up, the per-stage memory check, the peak resident memory of this process and the
-machine. The same plan from the command line:
+One CPU core (pinned when the OS allows). Prints each phase's wall and CPU time (CPU time is
+what a quiet machine's wall time would be; the two differ on a shared one), the decision, the
+runner-up, the per-stage memory check and the peak resident memory. From the command line:
 
     autopipe plan models/gpt.py -k preset=gpt3-175b --device h100 --gpus 64 --memory 80GB --batch-size 1536
 """
@@ -25,71 +30,81 @@ import sys
 import time
 from pathlib import Path
 
-T0 = time.perf_counter()
+T0, C0 = time.perf_counter(), time.process_time()
 if hasattr(os, "sched_setaffinity"):
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 import torch  # noqa: E402
+from autopipe.cli.analytic_cmd import tensor_options  # noqa: E402
 
-from autopipe.costs.analytic import BYTES_PER_PARAM, analytic_profile  # noqa: E402
+from autopipe.costs.analytic import BYTES_PER_PARAM, count_model, profile_from_counts  # noqa: E402
 from autopipe.costs.devices import device_spec  # noqa: E402
 from autopipe.model.load import load_model  # noqa: E402
 from autopipe.solve.parallel import Cluster, ParallelRequest, plan_parallel  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-GPUS, BATCH, MEMORY = 64, 1536, 80e9
+GPT3 = {"preset": "gpt3-175b"}
+ONE_T = {"preset": "gpt3-175b", "n_layer": 128, "n_embd": 25600, "n_head": 160, "vocab_size": 51200}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def lap(self) -> tuple[float, float]:
+        w, c = time.perf_counter(), time.process_time()
+        out = (w - self.wall, c - self.cpu)
+        self.wall, self.cpu = w, c
+        return out
+
+
+def run(name: str, kwargs: dict[str, object], device: str, gpus: int, batch: int, memory: float, today: bool) -> None:
+    spec = device_spec(device)
+    clock = Clock()
+    loaded = load_model(str(ROOT / "models" / "gpt.py"), kwargs, device="meta")
+    assert all(p.is_meta for p in loaded.model.parameters())
+    params = sum(p.numel() for p in loaded.model.parameters())
+    counts = count_model(loaded, micro_batch_sizes=(1, 2), dtype="bf16")
+    profile = profile_from_counts(counts, spec)
+    t_count = clock.lap()
+    print(f"\n{name}: {params / 1e9:.1f} B parameters, {profile.num_blocks} blocks; {gpus} x {spec.description}, bf16, batch {batch}")
+    print(f"  build on meta + trace + count + price: {t_count[0]:.2f} s wall, {t_count[1]:.2f} s CPU")
+    cluster = Cluster.of(spec, gpus)
+    cases = [("3D search (t x S x D)", False, True)] + ([("t = 1 only (S x D), plain Adam", False, False), ("t = 1 only, ZeRO-1", True, False)] if today else [])
+    for label, zero1, with_tensor in cases:
+        request = ParallelRequest(cluster, batch, memory, bytes_per_param=BYTES_PER_PARAM, shard_optimizer=zero1)
+        clock.lap()
+        tensor = tensor_options(counts, spec, cluster, sequence_parallel=True) if with_tensor else None
+        result = plan_parallel(profile, request, tensor=tensor)
+        t_plan = clock.lap()
+        plan = result.plan
+        D, t = plan.data_parallel, plan.tensor_parallel
+        per_param = BYTES_PER_PARAM if not zero1 else 4 + (BYTES_PER_PARAM - 4) / D
+        ok = all(s.memory_bytes <= memory for s in plan.stages)
+        gpu = plan.model_flops / plan.step_time_s / gpus / 1e12, plan.hardware_flops / plan.step_time_s / gpus / 1e12
+        recomputed = sum(s.recompute for s in plan.stages)
+        print(f"  {label} ({per_param:.2f} bytes/parameter): planned in {t_plan[0]:.2f} s wall, {t_plan[1]:.2f} s CPU")
+        print(f"    {plan.parallel_note}")
+        print(
+            f"    t={t} p={plan.devices} d={D} vpp={plan.virtual} micro-batch {plan.micro_batch_size}; {recomputed}/{len(plan.stages)} "
+            f"stages recompute; step {plan.step_time_s:.1f} s, bubble {plan.bubble_fraction:.1%}; {gpu[0]:.0f} model TFLOP/s per GPU "
+            f"({gpu[1]:.0f} hardware); peak memory {max(plan.peak_memory_bytes) / 1e9:.1f} GB of {memory / 1e9:.0f} GB, "
+            f"within the limit: {'yes' if ok else 'NO'}; {result.pruned} splits pruned by the bound"
+        )
+        if with_tensor:
+            print(f"  end to end (build, count, 3D plan): {t_count[0] + t_plan[0]:.2f} s wall, {t_count[1] + t_plan[1]:.2f} s CPU")
 
 
 def main() -> int:
     torch.set_num_threads(1)
-    t_import = time.perf_counter() - T0
-    spec = device_spec("h100")
-    t = time.perf_counter()
-    loaded = load_model(str(ROOT / "models" / "gpt.py"), {"preset": "gpt3-175b"}, device="meta")
-    t_load = time.perf_counter() - t
-    assert all(p.is_meta for p in loaded.model.parameters())
-    params = sum(p.numel() for p in loaded.model.parameters())
-    t = time.perf_counter()
-    profile = analytic_profile(loaded, spec, micro_batch_sizes=(1, 2), dtype="bf16")
-    t_profile = time.perf_counter() - t
-    print(f"GPT-3 175B: {params / 1e9:.2f} B parameters, {profile.num_blocks} blocks; {spec.description}, bf16")
-    flops = sum(b.forward_flops(1) + b.backward_flops(1) for b in profile.blocks)
-    print(f"counted training FLOPs per sample (no recompute): {flops / 1e12:.1f} TFLOP")
-    total = t_load + t_profile
-    for zero1 in (False, True):
-        request = ParallelRequest(Cluster.of(spec, GPUS), BATCH, MEMORY, bytes_per_param=BYTES_PER_PARAM, shard_optimizer=zero1)
-        t = time.perf_counter()
-        result = plan_parallel(profile, request)
-        t_plan = time.perf_counter() - t
-        plan = result.plan
-        D = plan.data_parallel
-        per_param = BYTES_PER_PARAM if not zero1 else 4 + (BYTES_PER_PARAM - 4) / D
-        elt = sum(b.param_bytes for b in profile.blocks) / sum(b.params for b in profile.blocks)
-        ok = all(  # parameters a stage holds: its own and its copy of a tied one (the LM head's)
-            abs(s.static_bytes - per_param * held) <= 1e-6 * s.static_bytes + 1 and s.memory_bytes <= MEMORY
-            for s in plan.stages
-            for held in [s.params + sum(profile.blocks[i].shared_param_bytes for i in s.block_indices) / elt]
-        )
-        recomputed = sum(s.recompute for s in plan.stages)
-        print(f"\n{'ZeRO-1' if zero1 else 'plain Adam'} ({per_param:.2f} bytes/parameter): planned in {t_plan:.2f} s")
-        print(f"  {plan.parallel_note}")
-        print(
-            f"  {recomputed}/{len(plan.stages)} stages recompute; step {plan.step_time_s:.1f} s, bubble {plan.bubble_fraction:.1%}, "
-            f"{plan.throughput:.2f} samples/s; peak memory {max(plan.peak_memory_bytes) / 1e9:.1f} GB of {MEMORY / 1e9:.0f} GB"
-        )
-        print(f"  every stage within its limit by the formula: {'yes' if ok else 'NO'}")
-        print(f"  rejected: {'; '.join(f'S={r.stages} x D={r.data_parallel}' for r in result.rejected) or 'none'}")
-        if not zero1:
-            total += t_plan
+    print(f"imports: {time.perf_counter() - T0:.2f} s wall, {time.process_time() - C0:.2f} s CPU")
+    if "--1t" in sys.argv:
+        run("Megatron-LM 1T (Narayanan et al. 2021, Table 1)", ONE_T, "a100-80gb", 3072, 3072, 80e9, today=False)
+    else:
+        run("GPT-3 175B", GPT3, "h100", 64, 1536, 80e9, today=True)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(
-        f"\nwall: imports {t_import:.2f} s, build on meta {t_load:.2f} s, trace + count + price {t_profile:.2f} s; "
-        f"load-to-plan (plain Adam) {total:.2f} s; peak resident memory {rss:.2f} GiB"
-    )
-    print(
-        f"machine: {platform.machine()} {platform.processor() or ''}, 1 of {os.cpu_count()} cores, "
-        f"Python {sys.version.split()[0]}, torch {torch.__version__}"
-    )
+    print(f"\npeak resident memory {rss:.2f} GiB; total {time.perf_counter() - T0:.2f} s wall, {time.process_time() - C0:.2f} s CPU")
+    print(f"machine: {platform.machine()} {platform.processor() or ''}, 1 of {os.cpu_count()} cores, Python {sys.version.split()[0]}, torch {torch.__version__}")
     return 0
 
 

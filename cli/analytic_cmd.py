@@ -2,7 +2,9 @@
 
 ``autopipe plan MODEL --device NAME`` with a catalogue device (``h100``, ``a100-80gb``, ...;
 ``--analytic`` for this CPU) builds MODEL on the meta device and prices it with the analytic
-cost model (no weights allocated); ``--gpus G`` searches pipeline depth x data-parallel width.
+cost model (no weights allocated); ``--gpus G`` searches tensor-parallel degree x pipeline depth x
+data-parallel width (``--tensor-parallel``, ``--stages``, ``--data-parallel`` pin them; ``--cluster``
+describes the nodes and links).
 ``autopipe calibrate PROFILE`` fits the analytic model's efficiencies to a measured profile.
 """
 
@@ -19,16 +21,20 @@ from .args import int_list, output_path, positive_int, split_names
 from .progress import ProgressCallback
 
 if TYPE_CHECKING:
+    from autopipe.costs.analytic import ModelCounts
     from autopipe.costs.devices import DeviceSpec
     from autopipe.costs.profile import Profile
+    from autopipe.solve.parallel import Cluster, TensorOptions
 
 __all__ = [
     "AnalyticOptions",
     "add_analytic_arguments",
     "add_calibrate_parser",
+    "analytic_counts_for_plan",
     "analytic_options",
     "analytic_profile_for_plan",
     "device_for",
+    "tensor_options",
     "wants_analytic",
 ]
 
@@ -42,6 +48,10 @@ def add_analytic_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-file", action="append", default=[], metavar="FILE", help="your own device catalogue entries (JSON like autopipe/costs/devices.json; repeatable)")
     p.add_argument("--calibration", default=None, metavar="FILE", help="efficiencies fitted by 'autopipe calibrate' (default: the stored one for the device, if any)")
     p.add_argument("--zero1", action="store_true", help="with --gpus: shard optimizer state and master weights across data-parallel replicas (ZeRO-1)")
+    p.add_argument("--tensor-parallel", default=None, metavar="T", help="with --gpus: pin the tensor-parallel degree (Megatron-style, within a node; default: searched)")
+    p.add_argument("--data-parallel", default=None, metavar="D", help="with --gpus: pin the data-parallel width (default: searched)")
+    p.add_argument("--no-sequence-parallel", action="store_true", help="with --gpus: tensor parallelism without Megatron's sequence parallelism")
+    p.add_argument("--cluster", default=None, metavar="FILE", help="with --gpus: JSON with devices_per_node, nvlink_bandwidth, network_bandwidth, nvlink_latency_s, network_latency_s (default: the device's)")
 
 
 def wants_analytic(device: str | None, analytic: bool) -> bool:
@@ -97,6 +107,41 @@ def analytic_profile_for_plan(
         loaded, spec, micro_batch_sizes=options.micro_batch_sizes or ANALYTIC_MICRO_BATCH_SIZES,
         dtype=options.dtype or default_dtype(spec), recipe=recipe, progress=progress,
     )  # fmt: skip
+
+
+def analytic_counts_for_plan(
+    model: str, kwargs: list[str], spec: DeviceSpec, options: AnalyticOptions, progress: ProgressCallback | None = None
+) -> ModelCounts:
+    """MODEL (``-k`` ``kwargs``) built on meta and counted (not yet priced), telling ``progress``."""
+    if progress is not None:
+        progress(f"loading {model} on the meta device", 0, 0)
+    from autopipe.costs.analytic import count_model
+    from autopipe.graph.recipe import TraceRecipe
+    from autopipe.model.load import load_model, parse_kwargs
+    from autopipe.solve.defaults import ANALYTIC_MICRO_BATCH_SIZES, default_dtype
+
+    loaded = load_model(model, parse_kwargs(kwargs), device="meta")
+    recipe = TraceRecipe(tracer=options.tracer, leaf_modules=options.leaf_modules, max_blocks=options.max_blocks)
+    return count_model(
+        loaded, micro_batch_sizes=options.micro_batch_sizes or ANALYTIC_MICRO_BATCH_SIZES,
+        dtype=options.dtype or default_dtype(spec), recipe=recipe, progress=progress,
+    )  # fmt: skip
+
+
+def tensor_options(counts: ModelCounts, spec: DeviceSpec, cluster: Cluster, sequence_parallel: bool) -> TensorOptions:
+    """Tensor parallelism for ``counts``: its transformer structure, priced per degree t on
+    ``spec`` with the collectives over ``cluster``'s NVLink."""
+    from autopipe.costs.analytic import profile_from_counts
+    from autopipe.costs.tensor import TensorSplit, shape_of
+    from autopipe.solve.parallel import TensorOptions
+
+    shape = shape_of(counts.traces[0], counts.loaded.model)
+
+    def price(t: int) -> Profile:
+        split = None if shape is None or t == 1 else TensorSplit(shape, t, sequence_parallel, cluster.nvlink_bandwidth, cluster.link_latency_s)
+        return profile_from_counts(counts, spec, split)
+
+    return TensorOptions(shape, price, sequence_parallel)
 
 
 def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

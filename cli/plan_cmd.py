@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
 
 from rich.console import Console
@@ -20,9 +21,11 @@ from autopipe.units import format_bytes, parse_bytes, parse_duration, parse_rate
 
 from .analytic_cmd import (
     add_analytic_arguments,
+    analytic_counts_for_plan,
     analytic_options,
     analytic_profile_for_plan,
     device_for,
+    tensor_options,
     wants_analytic,
 )
 from .args import UsageError, output_path, positive_int
@@ -32,6 +35,7 @@ from .progress import ProgressCallback, progress_bar
 from .render_plan import plan_json, print_plan
 
 if TYPE_CHECKING:
+    from autopipe.costs.analytic import ModelCounts
     from autopipe.costs.profile import Profile
     from autopipe.plans import Plan
     from autopipe.solve.parallel import ParallelPlan, Rejected
@@ -101,6 +105,9 @@ class PlanFlags:
     gpus: int | None
     output: str
     timeline: str | None
+    tensor_parallel: int | None = None  # pin t (with gpus)
+    data_parallel: int | None = None  # pin D (with gpus)
+    cluster: tuple[tuple[str, float], ...] = ()  # --cluster FILE: Cluster field -> value
 
 
 def _optional(text: str | None, parse: Callable[[str, str], _T], flag: str) -> _T | None:
@@ -129,9 +136,29 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
     if args.zero1 and gpus is None:
         raise UsageError("--zero1 shards optimizer state across data-parallel replicas; give --gpus G as well")
     recompute = "never" if args.no_recompute else "always" if args.recompute_all else "auto"
+    tensor = _optional(args.tensor_parallel, positive_int, "--tensor-parallel")
+    data = _optional(args.data_parallel, positive_int, "--data-parallel")
+    for flag, given in (("--tensor-parallel", tensor), ("--data-parallel", data), ("--cluster", args.cluster),
+                        ("--no-sequence-parallel", args.no_sequence_parallel or None)):  # fmt: skip
+        if given is not None and gpus is None:
+            raise UsageError(f"{flag} applies to the devices of --gpus G; give --gpus as well")
+    if gpus is not None:
+        _check_split(gpus, stages, tensor, data)
+    from autopipe.costs.devices import read_cluster_file
+
+    cluster = tuple(read_cluster_file(args.cluster).items()) if args.cluster is not None else ()
     return PlanFlags(
-        batch, stages, micro, virtual, memory, bandwidth, latency, overhead, recompute, gpus, output, timeline
+        batch, stages, micro, virtual, memory, bandwidth, latency, overhead, recompute, gpus, output, timeline, tensor, data, cluster
     )  # fmt: skip
+
+
+def _check_split(gpus: int, stages: int | None, tensor: int | None, data: int | None) -> None:
+    """The pinned t, S and D must multiply into (a divisor of) --gpus."""
+    pinned = [(f, v) for f, v in (("--tensor-parallel", tensor), ("--stages", stages), ("--data-parallel", data)) if v is not None]
+    product = math.prod(v for _, v in pinned)
+    if gpus % product or (len(pinned) == 3 and product != gpus):
+        said = " x ".join(f"{f} {v}" for f, v in pinned)
+        raise UsageError(f"{said} = {product} does not {'equal' if len(pinned) == 3 else 'divide'} --gpus {gpus}; pin degrees whose product divides it")
 
 
 def _timeline_path(text: str | None) -> str | None:
@@ -162,6 +189,7 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
 
     analytic = wants_analytic(args.device, args.analytic)
     spec = None
+    counts: ModelCounts | None = None
     if args.profile is not None:
         from autopipe.costs.profile import Profile
 
@@ -174,7 +202,13 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
         spec = device_for(args.device, args.device_file, args.calibration)
         if args.model is None:
             raise UsageError("--device NAME plans MODEL analytically; give MODEL (a --profile is already priced)")
-        profile = analytic_profile_for_plan(args.model, args.kwargs, spec, analytic_options(args), progress)
+        if flags.gpus is not None:  # counted once, priced per tensor-parallel degree
+            counts = analytic_counts_for_plan(args.model, args.kwargs, spec, analytic_options(args), progress)
+            from autopipe.costs.analytic import profile_from_counts
+
+            profile = profile_from_counts(counts, spec)
+        else:
+            profile = analytic_profile_for_plan(args.model, args.kwargs, spec, analytic_options(args), progress)
     else:
         options = profiling_options(args, flags.batch_size, plan_micro_batch_sizes(flags.batch_size))
         profile = measure(args.model, args.kwargs, options, progress)
@@ -189,7 +223,10 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
             link_latency_s=flags.latency_s, action_overhead_s=flags.action_overhead_s, device=spec,
             device_files=args.device_file, shard_optimizer=args.zero1,
         )  # fmt: skip
-        result = plan_parallel(profile, parallel, progress)
+        cluster = replace(parallel.cluster, **dict(flags.cluster))  # type: ignore[arg-type]
+        parallel = replace(parallel, cluster=cluster, tensor_parallel=flags.tensor_parallel, data_parallel=flags.data_parallel)
+        tensor = tensor_options(counts, spec, cluster, not args.no_sequence_parallel) if counts is not None and spec is not None else None
+        result = plan_parallel(profile, parallel, progress, tensor)
         plan, note = result.plan, _parallel_note(flags.gpus, result)
     else:
         from autopipe.solve.search import plan_pipeline
@@ -206,10 +243,19 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
 
 def _parallel_note(gpus: int, result: ParallelPlan) -> str:
     """Lines on the S x D choice of ``--gpus``: the choice, and the splits that did not fit."""
-    lines = [f"data x pipeline parallel on {gpus} devices: {result.plan.parallel_note}"]
+    lines = [f"tensor x pipeline x data parallel on {gpus} devices: {result.plan.parallel_note}"]
     if result.rejected:
-        lines.append("no plan for: " + "; ".join(f"S={r.stages} x D={r.data_parallel} ({_short(r)})" for r in result.rejected))
+        deepest = sorted(result.rejected, key=lambda r: -r.tensor_parallel * max(r.stages, 1))  # the closest to fitting first
+        shown = [_split_name(r) + f" ({_short(r)})" for r in deepest]
+        more = f"; and {len(shown) - 6} more splits" if len(shown) > 8 else ""
+        lines.append("no plan for: " + "; ".join(shown[:6] if more else shown) + more)
+    if result.pruned:
+        lines.append(f"{result.pruned} more splits skipped: a bound on their step is no faster than the runner-up")
     return "\n".join(lines)
+
+
+def _split_name(r: Rejected) -> str:
+    return f"t={r.tensor_parallel}" if not r.stages else f"t={r.tensor_parallel} x S={r.stages} x D={r.data_parallel}"
 
 
 def _short(rejected: Rejected) -> str:

@@ -69,6 +69,8 @@ def print_plan(plan: Plan, console: Console, timeline_rows: list[str] | None = N
         f"predicted iteration [bold]{_ms(plan.iteration_time_s)} ms[/], bubble {plan.bubble_fraction:.1%}, "
         f"{plan.throughput:.1f} samples/s"
     )
+    if plan.data_parallel > 1 or plan.tensor_parallel > 1:
+        console.print(layout_line(plan))
     if plan.alternatives:
         alt = ", ".join(
             f"{a.schedule}{f'/v{a.virtual}' if a.virtual > 1 else ''} m={a.micro_batches}: {_ms(a.iteration_time_s)} ms"
@@ -81,6 +83,28 @@ def print_plan(plan: Plan, console: Console, timeline_rows: list[str] | None = N
             console.print(row, highlight=False)
     if wrote:
         console.print(wrote)
+
+
+def layout_line(plan: Plan) -> str:
+    """The parallel layout in Megatron-LM's words: t, p, d, vpp, micro-batch size, recompute."""
+    recomputed = sum(s.recompute for s in plan.stages)
+    recompute = "none" if not recomputed else f"full on {recomputed}/{len(plan.stages)} stages"
+    tflops = tflops_per_gpu(plan)
+    return (
+        f"layout: t={plan.tensor_parallel} (tensor{', sequence parallel' if plan.sequence_parallel else ''}), "
+        f"p={plan.devices} (pipeline), d={plan.data_parallel} (data), vpp={plan.virtual}, micro-batch size "
+        f"{plan.micro_batch_size}, recompute {recompute}"
+        + (f"; {tflops[0]:.0f} model TFLOP/s per GPU ({tflops[1]:.0f} with recomputation)" if plan.model_flops else "")
+    )
+
+
+def tflops_per_gpu(plan: Plan) -> tuple[float, float]:
+    """(model, hardware) TFLOP/s per device: FLOPs of one iteration / step time / devices."""
+    gpus = plan.tensor_parallel * plan.devices * plan.data_parallel
+    step = plan.step_time_s
+    if step <= 0:
+        return 0.0, 0.0
+    return plan.model_flops / step / gpus / 1e12, plan.hardware_flops / step / gpus / 1e12
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
@@ -96,6 +120,11 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "bubble_fraction": plan.bubble_fraction,
         "throughput": plan.throughput,
         "data_parallel": plan.data_parallel,
+        "tensor_parallel": plan.tensor_parallel,
+        "pipeline_parallel": plan.devices,
+        "sequence_parallel": plan.sequence_parallel,
+        "model_tflops_per_gpu": tflops_per_gpu(plan)[0],
+        "hardware_tflops_per_gpu": tflops_per_gpu(plan)[1],
         "allreduce_s": plan.allreduce_s,
         "step_time_s": plan.step_time_s,
         "memory_limit_bytes": plan.memory_limit_bytes,

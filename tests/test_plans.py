@@ -80,6 +80,9 @@ BAD: list[tuple[str, Mutation, str]] = [
     ("lone surrogate", _set("model", "x\udcff"), "model is 'x\\udcff', expected text"),
     ("peak per device", _set("peak_memory_bytes", []), "peak_memory_bytes has 0 value(s), expected one per device (2)"),
     ("a baseline without peaks", lambda d: d["baselines"][0].update(peak_memory_bytes=[]), "baselines[0].peak_memory_bytes is empty"),
+    ("tensor parallel 0", _set("tensor_parallel", 0), "tensor_parallel is 0, expected 1 to 1024"),
+    ("sequence parallel alone", _set("sequence_parallel", True), "sequence_parallel is true with tensor_parallel 1"),
+    ("hardware below model flops", _set("model_flops", 5.0), "hardware_flops 0 is below model_flops 5"),
 ]
 
 
@@ -102,6 +105,7 @@ def test_good_plans_of_both_versions_load_and_round_trip() -> None:
     raw["stages"][0]["forward_s"] = 1  # an int where a float is expected
     again = Plan.from_json(json.dumps(raw))
     assert again.data_parallel == 1 and again.stages[0].forward_s == 1.0
+    assert (again.tensor_parallel, again.sequence_parallel, again.model_flops) == (1, False, 0.0)  # before tensor parallelism
 
 
 def test_huge_numbers_and_deep_nesting_are_one_line() -> None:

@@ -39,7 +39,15 @@ from torch import nn
 from autopipe.costs.counting import BlockCount, OpCount, count_block, count_loss
 from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.measured import Progress, block_cost, crossing_tensors, drop_export_one
-from autopipe.costs.profile import Affine, Profile
+from autopipe.costs.profile import Affine, BlockCost, Profile
+from autopipe.costs.tensor import (
+    TensorSplit,
+    block_kinds,
+    comm_s,
+    split_ops,
+    split_params,
+    split_saved,
+)
 from autopipe.costs.timing import flat_inputs_of, storage_key
 from autopipe.errors import ModelLoadError, ProfileError
 from autopipe.graph.outputs import graph_outputs, training_loss
@@ -298,37 +306,64 @@ def block_time(ops: Sequence[OpCount], spec: DeviceSpec, compute: str) -> float:
     return sum(op_time(op, spec, peak) for op in ops)
 
 
-def profile_from_counts(counts: ModelCounts, spec: DeviceSpec) -> Profile:
-    """Price ``counts`` on ``spec``: the analytic Profile."""
+def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSplit | None = None) -> Profile:
+    """Price ``counts`` on ``spec``: the analytic Profile; with ``split``, one device's share
+    of each block at its tensor-parallel degree (``costs.tensor``: ops, collectives, saved
+    bytes and parameters per device; FLOPs per device too)."""
     ref = counts.traces[0]
     gm = ref.gm
     xs = [float(u) for u in counts.sizes]
     compute = counts.precision.compute
+    elt = float(torch.empty((), dtype=counts.precision.dtype).element_size())
+    kinds = block_kinds([b.name for b in ref.blocks], split.shape) if split else ("whole",) * len(ref.blocks)
+    t, sp = (split.degree, split.sequence_parallel) if split else (1, False)
 
-    def fit(i: int, what: Any) -> Affine:
-        return Affine.fit(xs, [float(what(c[i])) for c in counts.counts])
+    def fit(i: int, what: Callable[[BlockCount, float], float]) -> Affine:
+        return Affine.fit(xs, [float(what(c[i], u)) for c, u in zip(counts.counts, xs, strict=True)])
 
-    blocks = [
-        block_cost(
+    def ops(i: int, seq: Sequence[OpCount]) -> Sequence[OpCount]:
+        return split_ops(seq, kinds[i], t, sp)
+
+    def comm(i: int, u: float, backward: bool) -> float:
+        return comm_s(kinds[i], u, split, elt)[int(backward)] if split else 0.0
+
+    memo: dict[tuple[int, str, float], tuple[float, float, float]] = {}
+
+    def times(i: int, c: BlockCount, u: float) -> tuple[float, float, float]:
+        key = (id(c), kinds[i], u)  # identical blocks share one BlockCount (_count_blocks)
+        if key not in memo:
+            f = block_time(ops(i, c.forward), spec, compute) + comm(i, u, False)
+            b = block_time(ops(i, c.backward), spec, compute) + comm(i, u, True)
+            bi = block_time(ops(i, c.backward_input), spec, compute) + comm(i, u, True)
+            memo[key] = (f, b, min(bi, b))
+        return memo[key]
+
+    def one(i: int, b: Any) -> BlockCost:
+        cost = block_cost(
             b,
             gm,
-            forward=fit(i, lambda c: block_time(c.forward, spec, compute)),
-            backward=fit(i, lambda c: block_time(c.backward, spec, compute)),
-            backward_input=fit(
-                i, lambda c: min(block_time(c.backward_input, spec, compute), block_time(c.backward, spec, compute))
-            ),
-            saved_bytes=fit(i, lambda c: c.saved_bytes),
-            forward_flops=fit(i, lambda c: c.forward_flops),
-            backward_flops=fit(i, lambda c: c.backward_flops),
+            forward=fit(i, lambda c, u: times(i, c, u)[0]),
+            backward=fit(i, lambda c, u: times(i, c, u)[1]),
+            backward_input=fit(i, lambda c, u: times(i, c, u)[2]),
+            saved_bytes=fit(i, lambda c, u: split_saved(c.saved_bytes, kinds[i], t, sp)),
+            forward_flops=fit(i, lambda c, u: sum(op.flops for op in ops(i, c.forward))),
+            backward_flops=fit(i, lambda c, u: sum(op.flops for op in ops(i, c.backward))),
             shared=ref.shared_params,
         )
-        for i, b in enumerate(ref.blocks)
-    ]
+        if split is None or kinds[i] == "whole":
+            return cost
+        params = split_params(cost.params, kinds[i], t, split.shape)
+        per = cost.param_bytes / cost.params if cost.params else elt
+        shared = split_params(round(cost.shared_param_bytes / elt), kinds[i], t, split.shape) * elt
+        return replace(cost, params=params, param_bytes=round(params * per), shared_param_bytes=round(shared))
+
+    blocks = [one(i, b) for i, b in enumerate(ref.blocks)]
     loaded = counts.loaded
+    where = f", t={t}{' with sequence parallelism' if sp else ''}" if t > 1 else ""
     return Profile(
         model=str(loaded.spec),
         recipe=counts.recipe.traced(loaded.spec, ref.tracer, ref.fingerprint()),
-        device=f"{spec.name}: {spec.description} (analytic, {counts.precision.name})",
+        device=f"{spec.name}: {spec.description} (analytic, {counts.precision.name}{where})",
         torch_version=torch.__version__,
         dtype=str(counts.precision.dtype).removeprefix("torch."),
         micro_batch_sizes=counts.sizes,

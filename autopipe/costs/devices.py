@@ -39,12 +39,20 @@ __all__ = [
     "load_catalogue",
     "match_device",
     "measure_cpu",
+    "read_cluster_file",
     "read_device_file",
 ]
 
 CATALOGUE_FILE = Path(__file__).with_name("devices.json")
 DTYPES = ("fp32", "tf32", "bf16", "fp16")  # compute dtypes a spec gives peaks for
 ENV_VAR = "AUTOPIPE_DEVICES"
+CLUSTER_KEYS = {  # --cluster FILE's keys -> (solve.parallel.Cluster field, what it is)
+    "devices_per_node": ("devices_per_node", "devices joined by NVLink in one node"),
+    "nvlink_bandwidth": ("nvlink_bandwidth", "bytes/s per device within a node, one direction"),
+    "network_bandwidth": ("network_bandwidth", "bytes/s per device across nodes, one direction"),
+    "nvlink_latency_s": ("link_latency_s", "seconds per message within a node"),
+    "network_latency_s": ("network_latency_s", "seconds per message across nodes"),
+}
 
 
 class DeviceError(AutopipeError):
@@ -216,3 +224,42 @@ def _best_time(fn: Any, repeat: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return max(best, 1e-9)
+
+
+def read_cluster_file(path: str | Path) -> dict[str, float]:
+    """A cluster description (``--cluster FILE``): a JSON object with any of
+    ``devices_per_node``, ``nvlink_bandwidth``, ``network_bandwidth`` (bytes/s, or text like
+    ``"450GB/s"``), ``nvlink_latency_s``, ``network_latency_s``; what it leaves out stays the
+    catalogue device's. Returns ``solve.parallel.Cluster`` field -> value."""
+    from autopipe.errors import PlanError
+    from autopipe.units import parse_rate
+
+    p = Path(path)
+    if not p.is_file():
+        raise DeviceError(f"cluster file not found: {p}; write a JSON object with {', '.join(CLUSTER_KEYS)}")
+    try:
+        raw = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DeviceError(f"cluster file {p} is not valid JSON ({e}); fix it") from None
+    if not isinstance(raw, dict):
+        raise DeviceError(f"cluster file {p} must hold one JSON object with {', '.join(CLUSTER_KEYS)}")
+    out: dict[str, float] = {}
+    for key, value in raw.items():
+        if key.startswith("_"):
+            continue
+        if key not in CLUSTER_KEYS:
+            raise DeviceError(f"cluster file {p}: {key!r} is not a cluster field; use {', '.join(CLUSTER_KEYS)}")
+        field, what = CLUSTER_KEYS[key]
+        try:
+            number = parse_rate(value, key) if isinstance(value, str) and key.endswith("bandwidth") else value
+        except PlanError as e:
+            raise DeviceError(f"cluster file {p}: {e}") from None
+        ok = isinstance(number, (int, float)) and not isinstance(number, bool) and 0 < number < 1e300
+        if key == "devices_per_node":
+            ok = ok and isinstance(number, int)
+        elif key.endswith("latency_s"):
+            ok = isinstance(number, (int, float)) and not isinstance(number, bool) and 0 <= number < 1e300
+        if not ok:
+            raise DeviceError(f"cluster file {p}: {key} is {value!r}, expected a positive number ({what})")
+        out[field] = number
+    return out

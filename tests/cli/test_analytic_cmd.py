@@ -24,11 +24,11 @@ def test_cli_plans_a_model_analytically_with_data_parallel(tmp_path: Path, capsy
     code = main(["plan", GPT, "--device", "h100", "--gpus", "16", "--batch-size", "64", "-o", str(out)])
     text = capsys.readouterr().out
     assert code == 0, text
-    assert "data x pipeline parallel on 16 devices: chose S=" in text and "runner-up" in text
+    assert "tensor x pipeline x data parallel on 16 devices: chose t=" in text and "runner-up" in text
     from autopipe.plans import Plan
 
     plan = Plan.load(out)
-    assert plan.devices * plan.data_parallel == 16 and "analytic" in plan.profile_device
+    assert plan.tensor_parallel * plan.devices * plan.data_parallel == 16 and "analytic" in plan.profile_device
     assert all(m <= plan.memory_limit_bytes for m in plan.peak_memory_bytes)
 
 
@@ -45,3 +45,34 @@ def test_cli_errors_and_calibrate(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["calibrate", str(prof), "-o", str(tmp_path / "cal.json")]) == 0
     assert "compute efficiency" in capsys.readouterr().out
     assert main(["plan", GPT, "--analytic", "--calibration", str(tmp_path / "cal.json"), "--stages", "2", "-o", str(tmp_path / "x.json")]) == 0
+
+
+@pytest.mark.slow
+def test_cli_3d_pins_cluster_json_and_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    out, cluster = tmp_path / "plan.json", tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({"devices_per_node": 4, "nvlink_bandwidth": "200GB/s", "network_latency_s": 2e-5}))
+    gpt = [GPT, "-k", "n_layer=2", "--device", "h100", "--gpus", "16", "--batch-size", "32"]
+    assert main(["plan", *gpt, "--tensor-parallel", "2", "--data-parallel", "2", "--cluster", str(cluster), "--json", "-o", str(out)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["tensor_parallel"], got["pipeline_parallel"], got["data_parallel"]) == (2, 4, 2) and got["sequence_parallel"]
+    assert 0 < got["model_tflops_per_gpu"] <= got["hardware_tflops_per_gpu"] < 989.5
+    assert main(["show", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model_tflops_per_gpu"] == got["model_tflops_per_gpu"]
+    assert main(["show", str(out)]) == 0
+    assert "layout: t=2 (tensor, sequence parallel), p=4 (pipeline), d=2 (data), vpp=1" in capsys.readouterr().out
+    assert main(["plan", *gpt, "--tensor-parallel", "8", "-o", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--tensor-parallel 8: 8 does not divide the 4 attention heads" in err[0], err
+    cluster.write_text(json.dumps({"devices_per_node": 2}))
+    assert main(["plan", *gpt, "--tensor-parallel", "4", "--cluster", str(cluster), "-o", str(tmp_path / "x.json")]) == 2
+    assert "a tensor-parallel group stays within a node; 4 does not divide 2 devices per node" in capsys.readouterr().err
+    for flags, message in [
+        (["--tensor-parallel", "2"], "--tensor-parallel applies to the devices of --gpus G"),
+        (["--gpus", "16", "--tensor-parallel", "4", "--stages", "8"], "--tensor-parallel 4 x --stages 8 = 32 does not divide --gpus 16"),
+        (["--gpus", "8", "--cluster", str(tmp_path / "none.json")], "cluster file not found"),
+    ]:
+        assert main(["plan", GPT, "--device", "h100", *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err

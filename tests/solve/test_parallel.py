@@ -1,5 +1,5 @@
-"""Data x pipeline parallel layouts: all-reduce prices, the choice against brute force, old plans
-load."""
+"""Tensor x pipeline x data parallel layouts: all-reduce prices, the choice against brute force,
+the 3D search against every pinned degree, old plans load."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import math
 import pytest
 
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
+from autopipe.costs.tensor import TransformerShape
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.plans import Plan
@@ -17,6 +18,7 @@ from autopipe.solve.parallel import (
     Cluster,
     Layout,
     ParallelRequest,
+    TensorOptions,
     layouts,
     plan_parallel,
     ring_allreduce_s,
@@ -64,7 +66,7 @@ def test_ring_allreduce_time(nbytes: float, group: int, bandwidth: float, latenc
     [
         (2, 2, [("one node", 100, 100)]),  # 4 devices fit one node: NVLink everywhere
         (2, 4, [("data-parallel within nodes", 10, 100), ("pipelines within nodes", 100, 10)]),
-        (8, 1, [("pipelines within nodes", 10, 10)]),  # 8 stages span 2 nodes, nothing to reduce
+        (8, 1, [("pipeline across nodes", 10, 10)]),  # 8 stages span 2 nodes, nothing to reduce
         (1, 8, [("data-parallel within nodes", 10, 10)]),  # 8 replicas span 2 nodes
     ],
 )
@@ -134,6 +136,8 @@ def test_sharding_the_optimizer_lets_wider_data_parallelism_fit() -> None:
     unfit_plain = {r.stages for r in plan_parallel(profile, plain).rejected}
     unfit_sharded = {r.stages for r in plan_parallel(profile, sharded).rejected}
     assert 4 in unfit_plain and unfit_sharded < unfit_plain  # S=4 x D=2 fits only sharded
+    plan = plan_parallel(profile, sharded).plan
+    assert plan.shard_optimizer == (plan.data_parallel > 1) and Plan.from_json(plan.to_json()) == plan
 
 
 def test_nothing_fits_names_the_deepest_pipeline_need() -> None:
@@ -165,3 +169,102 @@ def test_plans_keep_loading_without_the_data_parallel_fields() -> None:
 
 def test_layout_is_a_value() -> None:
     assert Layout(2, 4, "one node", 1.0, 1.0) == Layout(2, 4, "one node", 1.0, 1.0)
+
+
+# --------------------------------------------------------------------------- tensor parallel
+
+
+def _tensor(profile: Profile, heads: int = 4) -> TensorOptions:
+    """A synthetic Megatron split: compute, parameters and activations / t, plus a fixed
+    collective cost per block and micro-batch that grows with t."""
+    shape = TransformerShape(64, heads, heads, 16, 0, tuple(b.name for b in profile.blocks))
+
+    def price(t: int) -> Profile:
+        def one(b: BlockCost) -> BlockCost:
+            comm = 2e-4 * (t - 1) / t
+            return dataclasses.replace(
+                b, params=b.params // t, param_bytes=b.param_bytes // t,
+                forward_s=Affine(comm, b.forward_s.slope / t), backward_s=Affine(comm, b.backward_s.slope / t),
+                backward_input_s=Affine(comm, b.backward_input_s.slope / t), backward_weight_s=Affine(0.0, b.backward_weight_s.slope / t),
+                saved_bytes=Affine(0.0, b.saved_bytes.slope / t),
+            )  # fmt: skip
+
+        return profile if t == 1 else dataclasses.replace(profile, blocks=tuple(one(b) for b in profile.blocks))
+
+    return TensorOptions(shape, price)
+
+
+NODES = Cluster(devices=16, devices_per_node=8, nvlink_bandwidth=100 * GB, network_bandwidth=10 * GB, link_latency_s=0.0)
+
+
+@pytest.mark.parametrize("memory", [64 * GB, 6 * GB])
+def test_the_free_3d_search_is_the_best_of_every_pinned_degree(memory: float) -> None:
+    profile, req = chain_profile(), ParallelRequest(NODES, global_batch=64, memory_limit=memory)
+    tensor = _tensor(profile)
+    free = plan_parallel(profile, req, tensor=tensor)
+    pinned = {}
+    for t in (1, 2, 4):
+        try:
+            pinned[t] = plan_parallel(profile, dataclasses.replace(req, tensor_parallel=t), tensor=tensor).best.step_time_s
+        except InfeasibleError:
+            continue
+    assert free.best.step_time_s == pytest.approx(min(pinned.values()), rel=1e-12)
+    assert all(free.best.step_time_s <= s * (1 + 1e-12) for s in pinned.values())
+    lay, plan = free.best.layout, free.plan
+    assert lay.tensor_parallel * lay.stages * lay.data_parallel == 16 and NODES.devices_per_node % lay.tensor_parallel == 0
+    assert (plan.tensor_parallel, plan.devices, plan.data_parallel) == (lay.tensor_parallel, lay.stages, lay.data_parallel)
+    assert plan.sequence_parallel == (lay.tensor_parallel > 1)
+    assert any(r.tensor_parallel == 8 and "does not divide the 4 attention heads" in r.reason for r in free.rejected)
+    assert Plan.from_json(plan.to_json()) == plan  # the new fields round-trip
+
+
+def test_pruning_keeps_the_best_and_the_runner_up_exact() -> None:
+    profile = chain_profile(n=16)
+    req = ParallelRequest(NODES, global_batch=64, memory_limit=64 * GB)
+    result = plan_parallel(profile, req, tensor=_tensor(profile))
+    every = []
+    for t in (1, 2, 4):
+        for S in (1, 2, 4, 8, 16):
+            if 16 % (t * S) == 0:
+                pin = dataclasses.replace(req, tensor_parallel=t, stages=S)
+                every.append((plan_parallel(profile, pin, tensor=_tensor(profile)).best.step_time_s, t, S))
+    every.sort()
+    assert result.best.step_time_s == pytest.approx(every[0][0], rel=1e-12)
+    other = min(s for s, t, S in every if (t, S) != (result.best.layout.tensor_parallel, result.best.layout.stages))
+    assert result.runner_up is not None and result.runner_up.step_time_s == pytest.approx(other, rel=1e-12)
+
+
+def test_tensor_parallel_stays_in_a_node_and_divides_the_heads() -> None:
+    profile = chain_profile()
+    small = dataclasses.replace(NODES, devices_per_node=2)
+    result = plan_parallel(profile, ParallelRequest(small, global_batch=64, memory_limit=64 * GB), tensor=_tensor(profile))
+    assert result.best.layout.tensor_parallel <= 2
+    with pytest.raises(PlanError, match="--tensor-parallel 4: a tensor-parallel group stays within a node; 4 does not divide 2 devices per node"):
+        plan_parallel(profile, ParallelRequest(small, 64, 64 * GB, tensor_parallel=4), tensor=_tensor(profile))
+    with pytest.raises(PlanError, match="--tensor-parallel 4: 4 does not divide the 6 attention heads"):
+        plan_parallel(profile, ParallelRequest(NODES, 64, 64 * GB, tensor_parallel=4), tensor=_tensor(profile, heads=6))
+    with pytest.raises(PlanError, match="--tensor-parallel 2: the model has no transformer layers"):
+        plan_parallel(profile, ParallelRequest(NODES, 64, 64 * GB, tensor_parallel=2))
+
+
+def test_t1_is_todays_search() -> None:
+    profile, req = chain_profile(), ParallelRequest(CLUSTER, global_batch=64, memory_limit=64 * GB)
+    today = plan_parallel(profile, req)
+    odd = plan_parallel(profile, req, tensor=_tensor(profile, heads=7))  # 7 heads: only t = 1
+    assert (odd.best, odd.runner_up) == (today.best, today.runner_up)
+    assert {(r.tensor_parallel, r.reason) for r in odd.rejected if r.tensor_parallel > 1} == {
+        (2, "2 does not divide the 7 attention heads"), (4, "4 does not divide the 7 attention heads")
+    }
+    assert plan_parallel(profile, dataclasses.replace(req, tensor_parallel=1), tensor=_tensor(profile)) == today
+    assert today.plan.tensor_parallel == 1 and not today.plan.sequence_parallel
+
+
+def test_a_group_sends_its_shards_in_parallel_and_pins_hold() -> None:
+    (lay,) = layouts(4, 1, NODES, tensor_parallel=4)  # 2 slots per node: 4 stages span 2 nodes
+    assert lay.placement == "pipeline across nodes" and lay.p2p_bandwidth == 4 * 10 * GB
+    (inner,) = layouts(2, 1, NODES, tensor_parallel=4)
+    assert inner.placement == "one node" and inner.p2p_bandwidth == 4 * 100 * GB
+    profile = chain_profile()
+    req = ParallelRequest(NODES, 64, 64 * GB, tensor_parallel=2, stages=2, data_parallel=4)
+    lay = plan_parallel(profile, req, tensor=_tensor(profile)).best.layout
+    assert (lay.tensor_parallel, lay.stages, lay.data_parallel) == (2, 2, 4)
