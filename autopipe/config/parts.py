@@ -10,9 +10,9 @@ after the last (the head and loss part). Blocks that are neither, or a layer who
 on two stages, are reported as notes: the frameworks cannot place them as the plan does.
 
 :func:`degrees` reads the parallel degrees from the plan: pipeline ``S`` and virtual ``v``,
-data parallel ``D``, and, where the plan has them, tensor parallel ``t``, sequence
-parallelism, selective recomputation and ZeRO-1 (``getattr``: plans written before those
-fields read as t = 1 and off).
+data parallel ``D``, tensor parallel ``t``, sequence parallelism and ZeRO-1 (plans written
+before those fields load as t = 1 and off). Plans recompute whole stages; selective
+recomputation is asked for by the ``selective_recompute`` argument.
 """
 
 from __future__ import annotations
@@ -48,11 +48,10 @@ def degrees(plan: Plan, tensor_parallel: int | None = None, sequence_parallel: b
             selective_recompute: bool | None = None, zero1: bool | None = None) -> Degrees:  # fmt: skip
     """The plan's degrees; ``tensor_parallel`` etc. override what the plan says (or, for a plan
     without those fields, the defaults t = 1, no sequence parallelism, whole-stage recompute)."""
-    t = getattr(plan, "tensor_parallel", 1) if tensor_parallel is None else tensor_parallel
-    sp = getattr(plan, "sequence_parallel", False) if sequence_parallel is None else sequence_parallel
-    granularity = getattr(plan, "recompute_granularity", "full")
-    selective = granularity == "selective" if selective_recompute is None else selective_recompute
-    sharded = getattr(plan, "shard_optimizer", False) if zero1 is None else zero1
+    t = plan.tensor_parallel if tensor_parallel is None else tensor_parallel
+    sp = plan.sequence_parallel if sequence_parallel is None else sequence_parallel
+    selective = bool(selective_recompute)
+    sharded = plan.shard_optimizer if zero1 is None else zero1
     if not isinstance(t, int) or isinstance(t, bool) or t < 1:
         raise ConfigError(f"tensor parallel degree is {t!r}, expected a whole number >= 1; plan again")
     return Degrees(tensor=t, pipeline=plan.devices, data=plan.data_parallel, virtual=plan.virtual,

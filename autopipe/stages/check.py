@@ -40,6 +40,13 @@ def check_plan(plan: Plan, traced: TracedModel) -> None:
     """PlanError (one line: which stage, what, how to fix) unless ``plan``'s stages are exactly
     ``traced``'s blocks: same fingerprint, every block on one stage, whole, data flowing forward."""
     again = replan_hint(plan)
+    if plan.tensor_parallel > 1:
+        raise PlanError(
+            f"the plan splits each layer over {plan.tensor_parallel} tensor-parallel devices, which "
+            "autopipe's executor and emitted stages do not do (they hold whole layers); train it with "
+            "Megatron-LM or torchtitan ('autopipe config PLAN --for megatron'), or plan it again "
+            "with --tensor-parallel 1"
+        )
     want = plan.recipe.fingerprint
     if want and traced.fingerprint() != want:
         raise PlanError(

@@ -136,3 +136,14 @@ def test_run_and_emit_refuse_a_plan_cut_mid_block_before_any_rank_starts(tmp_pat
         assert time.monotonic() - start < 10
     assert not (tmp_path / "out").exists()
     assert json.loads(path.read_text())["stages"][0]["nodes"][-1] == "layers_2_0"
+
+
+def test_a_tensor_parallel_plan_is_handed_to_megatron_not_run() -> None:
+    plan, traced = _base()
+    with pytest.raises(PlanError) as info:
+        check_plan(dataclasses.replace(plan, tensor_parallel=2), traced)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("the plan splits each layer over 2 tensor-parallel devices")
+    assert "autopipe config PLAN --for megatron" in message
+    assert message.endswith("--tensor-parallel 1")
