@@ -17,6 +17,7 @@ import sys
 import time
 
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
+from autopipe.graph.recipe import TraceRecipe
 from autopipe.solve.pricing import compiled
 from autopipe.solve.search import PlanRequest, plan_pipeline
 
@@ -43,7 +44,7 @@ def synthetic_profile(n: int, seed: int = 0) -> Profile:
         )
         if i < n - 1:
             tensors.append(TensorCost(f"n{i}", i, (i + 1,), Affine(0, 4 * 2**20)))
-    return Profile("synthetic", "0", "cuda: synthetic", "-", "bfloat16", (1, 2), "measured", tuple(blocks), tuple(tensors))
+    return Profile("synthetic", TraceRecipe(tracer="fx", fingerprint="0"), "cuda: synthetic", "-", "bfloat16", (1, 2), "measured", tuple(blocks), tuple(tensors))
 
 
 def bench(n: int, stages: int, batch: int, memory: float, repeat: int) -> None:
