@@ -25,7 +25,7 @@ from .analytic_cmd import (
     device_for,
     wants_analytic,
 )
-from .args import UsageError, output_path, positive_int
+from .args import UsageError, balance_list, output_path, positive_int
 from .common import MEASURE_DEVICE_HELP, add_profiling_arguments, profiling_options
 from .profile_cmd import measure
 from .progress import ProgressCallback, progress_bar
@@ -56,6 +56,11 @@ def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument("--micro-batches", default=None, help="pin the micro-batch count")
     p.add_argument("--schedule", default=None, choices=schedule_names(), help="pin the schedule")
     p.add_argument("--virtual", default=None, help="pin the virtual stages per device (interleaved-1f1b)")
+    p.add_argument(
+        "--balance", default=None, metavar="N,N,...",
+        help="price your own split: blocks per chunk in chunk order (S entries; S x v with --schedule for interleaved/V "
+        "schedules); the plan is your split, autopipe's best is shown beside it",
+    )  # fmt: skip
     p.add_argument("--no-recompute", action="store_true", help="never recompute activations")
     p.add_argument("--recompute-all", action="store_true", help="recompute activations on every stage")
     p.add_argument("--bandwidth", default=None, help="link bandwidth, like 25GB/s (default: by device type)")
@@ -101,6 +106,7 @@ class PlanFlags:
     gpus: int | None
     output: str
     timeline: str | None
+    balance: tuple[int, ...] | None = None  # blocks per chunk, in chunk order (--balance)
 
 
 def _optional(text: str | None, parse: Callable[[str, str], _T], flag: str) -> _T | None:
@@ -129,8 +135,11 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
     if args.zero1 and gpus is None:
         raise UsageError("--zero1 shards optimizer state across data-parallel replicas; give --gpus G as well")
     recompute = "never" if args.no_recompute else "always" if args.recompute_all else "auto"
+    balance = _optional(args.balance, balance_list, "--balance")
+    if balance is not None and gpus is not None:
+        raise UsageError("--balance prices one pipeline's split and --gpus searches data x pipeline layouts; give one")
     return PlanFlags(
-        batch, stages, micro, virtual, memory, bandwidth, latency, overhead, recompute, gpus, output, timeline
+        batch, stages, micro, virtual, memory, bandwidth, latency, overhead, recompute, gpus, output, timeline, balance
     )  # fmt: skip
 
 
@@ -192,6 +201,7 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
         result = plan_parallel(profile, parallel, progress)
         plan, note = result.plan, _parallel_note(flags.gpus, result)
     else:
+        from autopipe.solve.balance import plan_balance
         from autopipe.solve.search import plan_pipeline
 
         request = plan_request(
@@ -200,7 +210,7 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
             recompute=flags.recompute, link_bandwidth=flags.bandwidth, link_latency_s=flags.latency_s,
             action_overhead_s=flags.action_overhead_s, device=spec,
         )  # fmt: skip
-        plan = plan_pipeline(profile, request, progress)
+        plan = plan_pipeline(profile, request, progress) if flags.balance is None else plan_balance(profile, request, flags.balance)
     return plan, note
 
 

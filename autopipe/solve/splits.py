@@ -13,6 +13,7 @@ simulates with this same function, so "the best split" means one thing everywher
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 from autopipe.costs.profile import Profile
@@ -84,39 +85,45 @@ def price_split(
     return c, price(c, req.devices)
 
 
-def check_balance(balance: Sequence[int], blocks: int, devices: int, schedule: str | None, virtual: int | None) -> int:
+def check_balance(
+    balance: Sequence[int], blocks: int, devices: int, schedule: str | None, virtual: int | None, flag: str = "--balance"
+) -> int:
     """Check a user's ``balance`` (blocks per chunk) and return its chunks per device v.
 
-    One line (PlanError) for: a wrong length, an entry below 1, a sum other than the model's
-    blocks, S·v entries without a schedule that runs v chunks per device.
+    One line (PlanError, naming ``flag``) for: a wrong length, an entry below 1, a sum other
+    than the model's blocks, S·v entries without a schedule that runs v chunks per device.
     """
+    if isinstance(balance, (str, bytes)) or not isinstance(balance, Sequence):
+        raise PlanError(f"{flag} must be a sequence of blocks per chunk, like {_example(blocks, devices).replace(',', ', ')} (got {balance!r})")
     sizes = list(balance)
+    schedule_flag, virtual_flag = ("--schedule", "--virtual") if flag.startswith("--") else ("schedule=", "virtual=")
     if not sizes:
-        raise PlanError(f"--balance is empty; give blocks per chunk, like {_example(blocks, devices)}")
-    if any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in sizes):
-        bad = next(x for x in sizes if not isinstance(x, int) or isinstance(x, bool) or x < 1)
-        raise PlanError(f"--balance entries must be positive block counts (got {bad!r}); every chunk needs at least one block")
+        raise PlanError(f"{flag} is empty; give blocks per chunk, like {_example(blocks, devices)}")
+    if any(not isinstance(x, numbers.Integral) or isinstance(x, bool) or x < 1 for x in sizes):
+        bad = next(x for x in sizes if not isinstance(x, numbers.Integral) or isinstance(x, bool) or x < 1)
+        raise PlanError(f"{flag} entries must be positive block counts (got {bad!r}); every chunk needs at least one block")
+    sizes = [int(x) for x in sizes]
     if sum(sizes) != blocks:
-        raise PlanError(f"--balance sums to {sum(sizes)} blocks but the model has {blocks}; give blocks per chunk that sum to {blocks}")
+        raise PlanError(f"{flag} sums to {sum(sizes)} blocks but the model has {blocks}; give blocks per chunk that sum to {blocks}")
     if len(sizes) % devices:
         raise PlanError(
-            f"--balance has {len(sizes)} entries for {devices} devices; give {devices} (one chunk per device) "
+            f"{flag} has {len(sizes)} entries for {devices} devices; give {devices} (one chunk per device) "
             f"or {devices} x v for a schedule of v chunks per device"
         )
     v = len(sizes) // devices
     if schedule is None:
         if v != 1:
             raise PlanError(
-                f"--balance has {len(sizes)} entries = {devices} devices x {v} chunks; name the schedule that runs {v} chunks "
-                "per device with --schedule (e.g. interleaved-1f1b, zb-v)"
+                f"{flag} has {len(sizes)} entries = {devices} devices x {v} chunks; name the schedule that runs {v} chunks "
+                f"per device with {schedule_flag} (e.g. interleaved-1f1b, zb-v)"
             )
         return 1
     spec = schedule_spec(schedule)
     if v not in spec.virtual_choices:
         want = " or ".join(str(devices * c) for c in spec.virtual_choices)
-        raise PlanError(f"--balance has {len(sizes)} entries but {schedule} on {devices} devices runs {want} chunks; give {want} entries")
+        raise PlanError(f"{flag} has {len(sizes)} entries but {schedule} on {devices} devices runs {want} chunks; give {want} entries")
     if virtual is not None and virtual != v:
-        raise PlanError(f"--balance has {len(sizes)} entries = {devices} devices x {v} chunks, but --virtual is {virtual}; drop one")
+        raise PlanError(f"{flag} has {len(sizes)} entries = {devices} devices x {v} chunks, but {virtual_flag} is {virtual}; drop one")
     return v
 
 
