@@ -36,6 +36,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from autopipe.schedules import schedule_spec
+from autopipe.schedules.spec import ScheduleSpec
 from autopipe.solve._intervals import InBytes, position_comm, prefix
 from autopipe.solve.pricing import BlockTimes, Decision, compiled
 from autopipe.solve.problem import EPS, PartitionProblem
@@ -44,6 +45,10 @@ __all__ = ["ENUMERATE_LIMIT", "SplitTable", "memory_rows", "split_table"]
 
 ENUMERATE_LIMIT = 50_000
 """Most contiguous splits of one decision priced all at once (numpy arrays of this many rows)."""
+
+ENUMERATE_CHUNK_RUNS = 16_384
+"""Most chunk x micro-batch pairs (S·v·m) of a decision whose memory rows are read (the walk
+is pure Python); larger schedules go to the chain solver."""
 
 BOUND_SLACK = 1e-9
 """Bounds are sums in another order than the simulator's: shaved by this (relative) to stay below."""
@@ -119,7 +124,7 @@ def split_table(problem: PartitionProblem, times: BlockTimes, decision: Decision
     """All contiguous splits of ``decision`` that fit, by bound (None: more than the limit)."""
     p, d = problem, decision
     n, K, m = p.blocks, p.stages, d.micro_batches
-    if split_count(n, K) > ENUMERATE_LIMIT:
+    if split_count(n, K) > ENUMERATE_LIMIT or K * m > ENUMERATE_CHUNK_RUNS:
         return None
     cuts = _all_cuts(n, K)
     N = len(cuts)
@@ -138,20 +143,30 @@ def split_table(problem: PartitionProblem, times: BlockTimes, decision: Decision
     fits_rc = static + k * inb + act <= cap
     rc = np.full_like(fits_plain, p.recompute == "always") if p.recompute != "auto" else ~fits_plain & fits_rc
     zero = np.zeros_like(act)
+    slack = memory_limit * (1.0 + MEMORY_SLACK)
+    placed = spec_of(d).devices_of(devices, d.virtual)
+    floor = np.zeros((N, devices))  # a device holds its static bytes, and a micro-batch of any of its chunks
+    for r in range(devices):
+        idx = [j for j, x in enumerate(placed) if x == r]
+        floor[:, r] = static[:, idx].sum(axis=1) + act[:, idx].max(axis=1)
+    if not (floor.max(axis=1) <= slack).any():  # nothing can fit: no schedule to compile
+        return SplitTable(np.zeros((0, K), dtype=np.int64), np.zeros(0), math.inf)
     rows = memory_rows(d.schedule, devices, m, d.virtual)
     worst = _peaks(rows, static, np.where(rc, inb, act), np.where(rc, act, 0.0), devices).max(axis=1)
-    slack = memory_limit * (1.0 + MEMORY_SLACK)
     if p.recompute == "auto":  # as price_split: nothing recomputed when every device fits without it
         plain = _peaks(rows, static, act, zero, devices).max(axis=1)
         rc &= (plain > slack)[:, None]  # near the limit: as if not, to keep the time bound below
         worst = np.where(plain <= slack, np.minimum(plain, worst), worst)
     need = float(worst.min()) if N else math.inf
     ok = worst <= slack
-    spec = schedule_spec(d.schedule)
-    bounds = _time_bounds(p, times, spec.splits_backward, spec.devices_of(devices, d.virtual), m, starts, ends, rc)
+    bounds = _time_bounds(p, times, spec_of(d).splits_backward, placed, m, starts, ends, rc)
     order = np.flatnonzero(ok)
     order = order[np.argsort(bounds[order], kind="stable")]
     return SplitTable(ends[order] - starts[order], bounds[order] * (1.0 - BOUND_SLACK), need)
+
+
+def spec_of(d: Decision) -> ScheduleSpec:
+    return schedule_spec(d.schedule)
 
 
 def _peaks(rows: tuple[DeviceRows, ...], static: Floats, held: Floats, transient: Floats, devices: int) -> Floats:

@@ -147,13 +147,15 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
         problem = _problem(profile, request, decision)
         times = BlockTimes.of(profile, request.batch_size // decision.micro_batches, request.action_overhead_s)
         enumerated = split_table(problem, times, decision, request.devices, request.memory_limit)
-        if enumerated is not None:  # few enough splits: all of them, in bound order
+        if enumerated is not None and len(enumerated.sizes):  # few enough splits: all that fit, in bound order
             need = min(need, enumerated.need)
-            if len(enumerated.sizes):
-                tables[decision] = (problem, times, enumerated)
-                heapq.heappush(queue, (float(enumerated.bounds[0]), next(counter), (decision, 0)))
+            tables[decision] = (problem, times, enumerated)
+            heapq.heappush(queue, (float(enumerated.bounds[0]), next(counter), (decision, 0)))
             continue
         try:
+            if enumerated is not None:
+                need = min(need, enumerated.need)
+                raise InfeasibleError("no split fits")
             solved = _solve(problem)
         except InfeasibleError:
             # Keep the most micro-batches per schedule: the least memory, for the error.
