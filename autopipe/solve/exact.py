@@ -15,9 +15,10 @@ once with numpy — no simulation — in two exact-or-bounding ways:
 - **time, a lower bound** (``F, B, W`` per chunk as the simulator takes them, recomputation
   and the executor's cost per action included; communication only on links between devices):
   every device works ``m Σ(F + B + W)`` over its chunks; micro-batch 0 crosses every chunk
-  forward and back (``Σ F + Σ B``, then chunk 0's W, plus every link twice); and device r,
-  whose first chunk is ``j_r``, cannot start before micro-batch 0's forward has crossed chunks
-  ``< j_r``, and after its last backward the gradient still crosses them back.
+  forward and back (``Σ F + Σ B``, then chunk 0's W, plus every link twice); and for each
+  chunk j of device r, r's work on its chunks from j on cannot start before a forward has
+  crossed chunks ``< j``, and after the last of its backwards the gradient still crosses them
+  back (on a V, the up chunk waits for the whole way down).
 
 :mod:`autopipe.solve.search` simulates the splits in bound order (with :func:`price_split`,
 the one pricing function) and stops when the next bound is no better than the best plan found,
@@ -214,9 +215,10 @@ def _time_bounds(
     bound = (fc + bc + 2 * link).sum(axis=1) + (wc[:, 0] if split else 0.0)
     for r in range(max(placed) + 1):
         mine = [j for j, x in enumerate(placed) if x == r]
-        first = mine[0]
-        busy = m * (fc[:, mine] + bc[:, mine] + wc[:, mine]).sum(axis=1)
-        work = m * (fc[:, mine] + bc[:, mine]).sum(axis=1)
-        after = back_b[:, first] + (wc[:, 0] if split and first > 0 else 0.0)
-        bound = np.maximum(bound, into_f[:, first] + np.maximum(busy, work + after))
+        for k, first in enumerate(mine):  # the device's work on its chunks from ``first`` on
+            later = mine[k:]
+            busy = m * (fc[:, later] + bc[:, later] + wc[:, later]).sum(axis=1)
+            work = m * (fc[:, later] + bc[:, later]).sum(axis=1)
+            after = back_b[:, first] + (wc[:, 0] if split and first > 0 else 0.0)
+            bound = np.maximum(bound, into_f[:, first] + np.maximum(busy, work + after))
     return np.asarray(bound, dtype=np.float64)

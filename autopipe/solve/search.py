@@ -238,9 +238,9 @@ def _order_key(d: Decision) -> tuple[int, int, int]:
 def _candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
     """A time the simulator cannot beat for this candidate (its cuts are known now).
 
-    Rank r cannot start before micro-batch 0's forward reaches its first chunk j_r; it runs
-    all m F and m B of its chunks before its last B ends; and after that B the gradient
-    still crosses every chunk before j_r. Every rank also works m times its
+    For each chunk j of rank r: r's work on its chunks from j on (all m F and m B) cannot
+    start before micro-batch 0's forward reaches chunk j, and after the last of those B the
+    gradient still crosses every chunk before j (on a V, the up chunk waits for the way down). Every rank also works m times its
     stages' F + B + W, and micro-batch 0 makes the whole round trip.
     """
     d = c.decision
@@ -253,17 +253,16 @@ def _candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
     w = [x.backward_weight_s if split else 0.0 for x in costs]
     placed = spec.devices_of(S, d.virtual)
     comm = [x if placed[j] != placed[j + 1] else 0.0 for j, x in enumerate(c.partition.comm_s)]  # a link only between devices
-    busy = [0.0] * S
-    work = [0.0] * S
+    bound = sum(f) + sum(b) + 2 * sum(comm)
+    before, ahead = 0.0, 0.0  # F + B (and links) of the chunks before chunk j; F (and links) alone
     for j, r in enumerate(placed):
-        busy[r] += m * (f[j] + b[j] + w[j])
-        work[r] += m * (f[j] + b[j])
-    bound = max(max(busy), sum(f) + sum(b) + 2 * sum(comm))
-    before = 0.0  # F + B (and links) of the chunks before chunk j
-    for j, r in enumerate(placed):
-        if j == placed.index(r):  # the device's first chunk (any placement)
-            bound = max(bound, before + work[r])
-        before += f[j] + b[j] + (2 * comm[j] if j < len(comm) else 0.0)
+        later = [i for i in range(j, len(placed)) if placed[i] == r]  # r's chunks from j on
+        busy = m * sum(f[i] + b[i] + w[i] for i in later)
+        work = m * sum(f[i] + b[i] for i in later)
+        bound = max(bound, ahead + busy, before + work)
+        link = comm[j] if j < len(comm) else 0.0
+        before += f[j] + b[j] + 2 * link
+        ahead += f[j] + link
     return bound
 
 
