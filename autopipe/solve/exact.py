@@ -81,10 +81,18 @@ class DeviceRows:
     b_chunk: Ints  # (V,): ... of this chunk (local index), whose recomputed activations it adds
 
 
+KNOWN_KINDS = frozenset((0, 1, 2))
+"""The compiled action kinds (F, B, W) whose memory and time these tables model; a schedule with
+another kind (an overlapped F&B, say) is left to the chain solver and the simulator."""
+
+
 @functools.lru_cache(maxsize=64)
-def memory_rows(name: str, devices: int, micro_batches: int, virtual: int) -> tuple[DeviceRows, ...]:
-    """Per device, its held-count rows under schedule ``name`` (see the module docstring)."""
+def memory_rows(name: str, devices: int, micro_batches: int, virtual: int) -> tuple[DeviceRows, ...] | None:
+    """Per device, its held-count rows under schedule ``name`` (see the module docstring);
+    None when the schedule has an action kind besides F, B and W."""
     c = compiled(name, devices, micro_batches, virtual)
+    if not KNOWN_KINDS.issuperset(c.kind):
+        return None
     out = []
     for r in range(devices):
         chunks = tuple(j for j in range(c.num_stages) if c.home[j] == r)
@@ -153,6 +161,8 @@ def split_table(problem: PartitionProblem, times: BlockTimes, decision: Decision
     if not (floor.max(axis=1) <= slack).any():  # nothing can fit: no schedule to compile
         return SplitTable(np.zeros((0, K), dtype=np.int64), np.zeros(0), math.inf)
     rows = memory_rows(d.schedule, devices, m, d.virtual)
+    if rows is None:
+        return None
     worst = _peaks(rows, static, np.where(rc, inb, act), np.where(rc, act, 0.0), devices).max(axis=1)
     if p.recompute == "auto":  # as price_split: nothing recomputed when every device fits without it
         plain = _peaks(rows, static, act, zero, devices).max(axis=1)
