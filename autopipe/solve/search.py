@@ -25,7 +25,7 @@ best plan that fits. So the plan is the best contiguous split of its decision se
 simulator (ties to the preferred schedule). On larger decisions the chain solver's
 min-bottleneck cuts and three simple splits (even by layers, balanced by parameters, greedy by
 time, also reported as baselines; ``assemble.py``) are the candidates, and the winner's cuts are
-then moved one block at a time while the simulator says it gets faster (``_local_moves``; its
+then improved one block move at a time (a block from one chunk to another) while the simulator says it gets faster (``_local_moves``; its
 gap to :func:`lower_bound` is what ``bench/bench_planner.py`` reports). Placement is the
 schedule's own (``ScheduleSpec.placement``: round-robin, V); nothing here assumes either. On
 small models with skip connections the ILP may then place blocks freely (not only in
@@ -182,8 +182,8 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
     return fitting
 
 
-LOCAL_MOVES = 4
-"""Passes of local moves (every cut one block either way) on a decision too large to enumerate."""
+LOCAL_MOVES = 64
+"""Improving moves at most (one block from a chunk to another) on a decision too large to enumerate."""
 
 LOCAL_MOVE_ACTIONS = 100_000
 """Most actions the local moves simulate in all (each move simulates the whole schedule, in pure
@@ -192,35 +192,36 @@ Python: 1F1B with m = 512 on 64 devices is about 100,000 actions and 0.25 s), so
 
 
 def _local_moves(profile: Profile, req: PlanRequest, fitting: list[tuple[Candidate, Summary]]) -> list[tuple[Candidate, Summary]]:
-    """Improve the best plan's cuts on the simulated objective itself: move each cut one block
-    either way, keep a move that is faster and fits, for up to :data:`LOCAL_MOVES` passes
-    (first improvement; the decision had too many splits to enumerate), within
+    """Improve the best plan's cuts on the simulated objective itself (its decision had too
+    many splits to enumerate): move one block from a chunk to another — neighbours first, then
+    farther, each cut between them shifting by one — and keep the first move that is faster and
+    fits; repeat until none is, for up to :data:`LOCAL_MOVES` passes within
     :data:`LOCAL_MOVE_ACTIONS`."""
     c, t = fitting[0]
     d = c.decision
-    moves = LOCAL_MOVE_ACTIONS // len(compiled(d.schedule, req.devices, d.micro_batches, d.virtual).rank)
-    if c.source == "ilp" or moves < 1:
+    budget = LOCAL_MOVE_ACTIONS // len(compiled(d.schedule, req.devices, d.micro_batches, d.virtual).rank)
+    if c.source == "ilp" or budget < 1:
         return fitting
     K = c.problem.stages
     sizes = [c.partition.stage_of_block.count(j) for j in range(K)]
-    times = BlockTimes.of(profile, req.batch_size // c.decision.micro_batches, req.action_overhead_s)
+    times = BlockTimes.of(profile, req.batch_size // d.micro_batches, req.action_overhead_s)
+    moves = [(a, a + gap) for gap in range(1, K) for a in range(K - gap)]
+    moves += [(b, a) for a, b in moves]  # (from chunk, to chunk)
     found = []
     for _ in range(LOCAL_MOVES):
-        moved = False
-        for cut in range(K - 1):
-            for step in (1, -1):
-                trial = list(sizes)
-                trial[cut] += step
-                trial[cut + 1] -= step
-                if min(trial[cut], trial[cut + 1]) < 1 or moves < 1:
-                    continue
-                moves -= 1
-                c2, t2 = price_split(profile, req, c.decision, trial, problem=c.problem, times=times, source="solver")
-                if fits(t2, req.memory_limit) and t2.iteration_s < t.iteration_s * (1 - PRUNE_TOLERANCE):
-                    sizes, c, t, moved = trial, c2, t2, True
-                    found.append((c2, t2))
-                    break
-        if not moved:
+        for src, dst in moves:
+            if sizes[src] < 2 or budget < 1:
+                continue
+            budget -= 1
+            trial = list(sizes)
+            trial[src] -= 1
+            trial[dst] += 1
+            c2, t2 = price_split(profile, req, d, trial, problem=c.problem, times=times, source="solver")
+            if fits(t2, req.memory_limit) and t2.iteration_s < t.iteration_s * (1 - PRUNE_TOLERANCE):
+                sizes, c, t = trial, c2, t2
+                found.append((c2, t2))
+                break
+        else:
             break
     return sorted(fitting + found, key=lambda ct: (ct[1].iteration_s, _order(ct[0])))
 
