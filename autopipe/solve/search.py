@@ -24,9 +24,10 @@ lower bound on any plan they can give, and the search stops when no bound left i
 best plan that fits. So the plan is the best contiguous split of its decision set under the
 simulator (ties to the preferred schedule). On larger decisions the chain solver's
 min-bottleneck cuts and three simple splits (even by layers, balanced by parameters, greedy by
-time, also reported as baselines; ``assemble.py``) are the candidates, and the winner's cuts are
-then improved one block move at a time (a block from one chunk to another) while the simulator says it gets faster (``_local_moves``; its
-gap to :func:`lower_bound` is what ``bench/bench_planner.py`` reports). Placement is the
+time, also reported as baselines; ``assemble.py``) are the candidates, and the winner's split
+is then improved a block at a time (from one chunk to another) while the simulator says it gets
+faster (``_local_moves``; its gap to :func:`lower_bound` is what ``bench/bench_planner.py``
+reports). Placement is the
 schedule's own (``ScheduleSpec.placement``: round-robin, V); nothing here assumes either. On
 small models with skip connections the ILP may then place blocks freely (not only in
 contiguous ranges).
