@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from autopipe.costs.profile import Profile
-from autopipe.errors import InfeasibleError
+from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Baseline, Plan
 from autopipe.schedules import schedule_spec
 from autopipe.schedules.simulate import Summary
@@ -41,6 +41,8 @@ def plan_balance(profile: Profile, request: PlanRequest, balance: Sequence[int],
             continue
         times = BlockTimes.of(profile, request.batch_size // d.micro_batches, request.action_overhead_s)
         priced.append(price_split(profile, request, d, sizes, problem=problem_of(profile, request, d), times=times, source="balance"))
+    if not priced:
+        raise PlanError(f"no schedule asked runs {v} chunk{'s' if v > 1 else ''} per device for {flag} {','.join(map(str, sizes))}; name one with {'--schedule' if flag.startswith('--') else 'schedule='}")
     fitting = sorted(((c, t) for c, t in priced if fits(t, request.memory_limit)), key=_key)
     if not fitting:
         need = min((max(t.peak_memory_bytes) for _, t in priced), default=math.inf)

@@ -111,6 +111,8 @@ def check_balance(
             f"or {devices} x v for a schedule of v chunks per device"
         )
     v = len(sizes) // devices
+    if virtual is not None and virtual != v:
+        raise PlanError(f"{flag} has {len(sizes)} entries = {devices} devices x {v} chunks, but {virtual_flag} is {virtual}; drop one")
     if schedule is None:
         if v != 1:
             raise PlanError(
@@ -122,8 +124,6 @@ def check_balance(
     if v not in spec.virtual_choices:
         want = " or ".join(str(devices * c) for c in spec.virtual_choices)
         raise PlanError(f"{flag} has {len(sizes)} entries but {schedule} on {devices} devices runs {want} chunks; give {want} entries")
-    if virtual is not None and virtual != v:
-        raise PlanError(f"{flag} has {len(sizes)} entries = {devices} devices x {v} chunks, but {virtual_flag} is {virtual}; drop one")
     return v
 
 

@@ -52,6 +52,7 @@ def test_v_balances_need_the_schedule_and_one_chunk_balances_search_one_chunk_sc
         (dict(balance=[2, 2, 2, 2]), r"^balance has 4 entries = 2 devices x 2 chunks; name the schedule that runs 2 chunks per device with schedule="),
         (dict(balance=[4, 4], schedule="zb-v"), r"^balance has 2 entries but zb-v on 2 devices runs 4 chunks; give 4 entries$"),
         (dict(balance="4,4"), r"^balance must be a sequence of blocks per chunk, like 4, 4"),
+        (dict(balance=[4, 4], virtual=2), r"^balance has 2 entries = 2 devices x 1 chunks, but virtual= is 2; drop one$"),
         (dict(balance=[4, 4], schedule="1f1b", memory=1), r"^the split 4,4 does not fit 1 B per device .* it needs .* per device"),
     ],
 )
