@@ -40,13 +40,14 @@ from autopipe.graph.trace import trace_model
 from autopipe.model.load import LoadedModel, ModelSpec, check_model_runs, default_loss, load_model
 from autopipe.model.usercode import exception_summary
 from autopipe.plans import Plan
+from autopipe.solve.balance import plan_balance
 from autopipe.solve.defaults import plan_micro_batch_sizes, plan_request
 from autopipe.solve.search import plan_pipeline
 from autopipe.stages.emit import emit as emit_rebuilt
 from autopipe.stages.emit import emit_stages
 from autopipe.units import parse_bytes
 
-__all__ = ["emit", "fingerprint_of", "plan", "profile"]
+__all__ = ["emit", "fingerprint_of", "plan", "plan_profile", "profile"]
 
 Batch = Callable[[int], Any] | Any  # a function batch_size -> batch, or one batch to slice
 ModelArg = nn.Module | str | os.PathLike[str]  # an nn.Module, or "path/to/model.py[:factory]"
@@ -245,6 +246,41 @@ def plan(
         action_overhead_s=action_overhead_s,
     )
     return plan_pipeline(prof, request)
+
+
+def plan_profile(
+    profile: Profile | str | os.PathLike[str],
+    *,
+    stages: int,
+    batch_size: int,
+    memory: float | str,
+    schedule: str | None = None,
+    micro_batches: int | None = None,
+    recompute: str = "auto",
+    virtual: int | None = None,
+    balance: Sequence[int] | None = None,
+) -> Plan:
+    """Plan from a saved Profile (or the path of its JSON), as ``autopipe plan --profile``.
+
+    Without ``balance`` it searches; with ``balance`` (blocks per chunk in chunk order: S
+    entries for one-chunk schedules, S·v for interleaved and V schedules, which then need
+    ``schedule``; S entries and no ``schedule`` try the one-chunk schedules only) the plan
+    is that split, priced by the same function the search prices every split with, and
+    autopipe's best for the same request is its first baseline, named ``autopipe``.
+    """
+    if isinstance(profile, (str, os.PathLike)):
+        prof = Profile.load(Path(profile))
+    elif isinstance(profile, Profile):
+        prof = profile
+    else:
+        raise PlanError(f"profile must be a Profile or the path of a profile JSON, not a {type(profile).__name__}")
+    request = plan_request(
+        prof, devices=stages, batch_size=batch_size, memory_limit=parse_bytes(memory, "memory"),
+        micro_batches=micro_batches, schedule=schedule, virtual=virtual, recompute=recompute,
+    )  # fmt: skip
+    if balance is None:
+        return plan_pipeline(prof, request)
+    return plan_balance(prof, request, balance, flag="balance")
 
 
 def emit(

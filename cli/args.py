@@ -15,6 +15,7 @@ from autopipe.errors import AutopipeError
 
 __all__ = [
     "UsageError",
+    "balance_list",
     "int_list",
     "non_negative_int",
     "output_folder",
@@ -57,6 +58,17 @@ def int_list(text: str, flag: str) -> tuple[int, ...]:
     if not all(p.isdigit() for p in parts) or any(int(p) < 1 for p in parts):
         raise UsageError(f"{flag} must be positive integers separated by commas, like 1,2,4 (got {text!r})")
     return tuple(sorted({int(p) for p in parts}))
+
+
+def balance_list(text: str, flag: str) -> tuple[int, ...]:
+    """``"3,1,1,3"`` -> ``(3, 1, 1, 3)``: positive integers in the order given (blocks per chunk)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise UsageError(f"{flag} must be blocks per chunk separated by commas, like 3,1,1,3 (got {text!r})")
+    values = tuple(int(p) for p in parts)
+    if min(values) < 1:
+        raise UsageError(f"{flag} entries must be at least 1 block per chunk (got {text!r})")
+    return values
 
 
 def split_names(values: Iterable[str] | None) -> tuple[str, ...]:

@@ -28,7 +28,7 @@ from .analytic_cmd import (
     tensor_options,
     wants_analytic,
 )
-from .args import UsageError, output_path, positive_int
+from .args import UsageError, balance_list, output_path, positive_int
 from .common import MEASURE_DEVICE_HELP, add_profiling_arguments, profiling_options
 from .profile_cmd import measure
 from .progress import ProgressCallback, progress_bar
@@ -60,6 +60,11 @@ def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument("--micro-batches", default=None, help="pin the micro-batch count")
     p.add_argument("--schedule", default=None, choices=schedule_names(), help="pin the schedule")
     p.add_argument("--virtual", default=None, help="pin the virtual stages per device (interleaved-1f1b)")
+    p.add_argument(
+        "--balance", default=None, metavar="N,N,...",
+        help="price your own split: blocks per chunk in chunk order (S entries; S x v with --schedule for interleaved/V "
+        "schedules); the plan is your split, autopipe's best is shown beside it",
+    )  # fmt: skip
     p.add_argument("--no-recompute", action="store_true", help="never recompute activations")
     p.add_argument("--recompute-all", action="store_true", help="recompute activations on every stage")
     p.add_argument("--bandwidth", default=None, help="link bandwidth, like 25GB/s (default: by device type)")
@@ -108,6 +113,7 @@ class PlanFlags:
     tensor_parallel: int | None = None  # pin t (with gpus)
     data_parallel: int | None = None  # pin D (with gpus)
     cluster: tuple[tuple[str, float], ...] = ()  # --cluster FILE: Cluster field -> value
+    balance: tuple[int, ...] | None = None  # blocks per chunk, in chunk order (--balance)
 
 
 def _optional(text: str | None, parse: Callable[[str, str], _T], flag: str) -> _T | None:
@@ -136,6 +142,9 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
     if args.zero1 and gpus is None:
         raise UsageError("--zero1 shards optimizer state across data-parallel replicas; give --gpus G as well")
     recompute = "never" if args.no_recompute else "always" if args.recompute_all else "auto"
+    balance = _optional(args.balance, balance_list, "--balance")
+    if balance is not None and gpus is not None:
+        raise UsageError("--balance prices one pipeline's split and --gpus searches data x pipeline layouts; give one")
     tensor = _optional(args.tensor_parallel, positive_int, "--tensor-parallel")
     data = _optional(args.data_parallel, positive_int, "--data-parallel")
     for flag, given in (("--tensor-parallel", tensor), ("--data-parallel", data), ("--cluster", args.cluster),
@@ -148,7 +157,7 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
 
     cluster = tuple(read_cluster_file(args.cluster).items()) if args.cluster is not None else ()
     return PlanFlags(
-        batch, stages, micro, virtual, memory, bandwidth, latency, overhead, recompute, gpus, output, timeline, tensor, data, cluster
+        batch, stages, micro, virtual, memory, bandwidth, latency, overhead, recompute, gpus, output, timeline, tensor, data, cluster, balance
     )  # fmt: skip
 
 
@@ -229,6 +238,7 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
         result = plan_parallel(profile, parallel, progress, tensor)
         plan, note = result.plan, _parallel_note(flags.gpus, result)
     else:
+        from autopipe.solve.balance import plan_balance
         from autopipe.solve.search import plan_pipeline
 
         request = plan_request(
@@ -237,7 +247,7 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
             recompute=flags.recompute, link_bandwidth=flags.bandwidth, link_latency_s=flags.latency_s,
             action_overhead_s=flags.action_overhead_s, device=spec,
         )  # fmt: skip
-        plan = plan_pipeline(profile, request, progress)
+        plan = plan_pipeline(profile, request, progress) if flags.balance is None else plan_balance(profile, request, flags.balance)
     return plan, note
 
 

@@ -39,9 +39,10 @@ in steady state no device idles, and what is left is the ``S-1``-unit ramp, bubb
 ``(S-1)/(6m+S-1)`` (:func:`bubble`), about half of ZB-H1's ``(S-1)/(3m+S-1)`` at the same stage
 times (a stage is two chunks).
 
-Registered, but not searched yet (``searched=False``): ``--schedule zb-v`` (or a plan file
-naming it) cuts ``2S`` chunks for the V and prices them with the simulator; the automatic
-search leaves it out until its memory and cut pricing are checked against the others (issue 12).
+Searched like the others: the planner cuts ``2S`` chunks for the V (chunk ``j`` and chunk
+``2S-1-j`` on device ``j``, so the embedding and the LM head share device 0) and every split it
+keeps is priced by the simulator, whose per-device peak — both chunks, in this order of
+actions — decides what fits (``autopipe/solve/exact.py``).
 """
 
 from __future__ import annotations
@@ -142,5 +143,4 @@ SPEC = ScheduleSpec(
     splits_backward=True,
     virtual_choices=(2,),
     placement=v_shape,
-    searched=False,
 )

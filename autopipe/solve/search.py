@@ -2,10 +2,11 @@
 
 For every micro-batch count ``m`` that divides the batch (micro-batch size ``u = B/m``, costs
 from the Profile's affine fits), every schedule (GPipe, 1F1B, ZB-H1, interleaved 1F1B with v
-virtual stages) and the per-stage recomputation choice, the partition solver finds the cuts
+virtual stages, ZB-V with two chunks per device in a V) and the per-stage recomputation choice, the partition solver finds the cuts
 that minimise the pipeline's bottleneck under each device's memory limit, given how many
 micro-batches of activations the schedule holds on each stage (``ScheduleSpec.inflight``, in
-each schedule's module; limit M / v per chunk):
+each schedule's module; limit M / v per chunk, a heuristic for its own cuts — the simulated
+per-device peak decides what fits):
 
     GPipe              k_s = m
     1F1B               k_s = min(m, S - s)            (PipeDream-Flush)
@@ -13,15 +14,23 @@ each schedule's module; limit M / v per chunk):
     interleaved 1F1B   k_j = (w_r + 1) / v per chunk,
                        w_r = min(2 (S - r - 1) + (v - 1) S, v m) warm-up forwards on rank r
 
-Each candidate — the solver's cuts and three simple splits (even by layers, balanced by
-parameters, greedy by time) for the same decision — is *simulated* with the schedule's real
-action lists (``schedules/simulate.py``, communication included), and the plan with the shortest
-simulated iteration whose simulated peak memory fits every device wins. The search is a
-best-first branch and bound: decisions and candidates are opened in the order of exact lower
-bounds on their iteration time, and it stops when no bound is below the best plan found, so
-nothing it skips could have won. On small models with skip connections the ILP may then place
-blocks freely (not only in contiguous ranges). The simple splits are also reported as
-baselines, priced the same way (``assemble.py``).
+Exact under the simulator. For a decision with at most ``exact.ENUMERATE_LIMIT`` contiguous
+splits (C(n-1, S·v-1); every small model), :mod:`autopipe.solve.exact` prices all of them at
+once — each device's peak memory exactly (it depends on the order of actions only), and a
+lower bound on the simulated time — and the search simulates the splits that fit in bound
+order with :func:`~autopipe.solve.splits.price_split`, the function ``--balance`` prices a
+user's split with. Decisions are a best-first branch and bound too: opened in the order of a
+lower bound on any plan they can give, and the search stops when no bound left is below the
+best plan that fits. So the plan is the best contiguous split of its decision set under the
+simulator (ties to the preferred schedule). On larger decisions the chain solver's
+min-bottleneck cuts and three simple splits (even by layers, balanced by parameters, greedy by
+time, also reported as baselines; ``assemble.py``) are the candidates, and the winner's split
+is then improved a block at a time (from one chunk to another) while the simulator says it gets
+faster (``_local_moves``; its gap to :func:`lower_bound` is what ``bench/bench_planner.py``
+reports). Placement is the
+schedule's own (``ScheduleSpec.placement``: round-robin, V); nothing here assumes either. On
+small models with skip connections the ILP may then place blocks freely (not only in
+contiguous ranges).
 """
 
 from __future__ import annotations
@@ -40,11 +49,12 @@ from autopipe.schedules.simulate import Summary
 from autopipe.solve.assemble import make_plan
 from autopipe.solve.baselines import BASELINES, baseline_assignment
 from autopipe.solve.chain import solve_chain
+from autopipe.solve.exact import SplitTable, split_table
 from autopipe.solve.greedy import solve_fast
 from autopipe.solve.ilp import solve_ilp
 from autopipe.solve.min_memory import min_memory_limit
-from autopipe.solve.pricing import BlockTimes, Candidate, Decision, candidate, fits, price
-from autopipe.solve.problem import Edge, Partition, PartitionProblem, evaluate
+from autopipe.solve.pricing import BlockTimes, Candidate, Decision, candidate, compiled, fits, price
+from autopipe.solve.problem import Partition, PartitionProblem, evaluate
 from autopipe.solve.request import (
     SEARCH_SCHEDULES,
     PlanRequest,
@@ -52,8 +62,9 @@ from autopipe.solve.request import (
     infeasible_error,
     validate,
 )
+from autopipe.solve.splits import price_split, problem_of
 
-__all__ = ["SEARCH_SCHEDULES", "PlanRequest", "Progress", "plan_pipeline"]
+__all__ = ["SEARCH_SCHEDULES", "PlanRequest", "Progress", "lower_bound", "plan_pipeline", "plan_search"]
 
 _EXACT_DP_LIMIT = 4_000_000  # n^2 * S above which the bisection solver replaces the DP
 _ILP_MAX_BLOCKS = 48  # DAGs up to this many blocks also get the ILP's free placement
@@ -79,31 +90,48 @@ def plan_pipeline(profile: Profile, request: PlanRequest, progress: Progress | N
     no bound left is below the best simulated plan that fits. Nothing skipped can be faster.
     """
     validate(profile, request)
+    fitting = plan_search(profile, request, progress)
+    best_candidate, timeline = fitting[0]
+    return make_plan(profile, request, best_candidate, timeline, fitting)
+
+
+def plan_search(profile: Profile, request: PlanRequest, progress: Progress | None = None) -> list[tuple[Candidate, Summary]]:
+    """Every simulated candidate that fits, fastest first (the branch and bound of
+    :func:`plan_pipeline`, for a validated request); InfeasibleError when none fits."""
     work = _work_table(profile, request.devices)
     todo = sorted(
         decisions(profile, request),
         key=lambda d: (_decision_bound(work, request, d), _order_key(d)),
     )
     simulated: list[tuple[Candidate, Summary]] = []
-    queue: list[tuple[float, int, Candidate]] = []  # (bound, tie-break, candidate)
+    queue: list[tuple[float, int, Candidate | tuple[Decision, int]]] = []  # (bound, tie-break, candidate or split)
     best = math.inf
+    need = math.inf  # the smallest limit an enumerated decision fits (for the error)
     infeasible: dict[tuple[str, int], tuple[int, PartitionProblem]] = {}
     next_decision = 0
     counter = itertools.count()
     expand: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
+    tables: dict[Decision, tuple[PartitionProblem, BlockTimes, SplitTable]] = {}
     report = progress or (lambda what, done, total: None)
     report("searching", 0, len(todo))
     while True:
         open_bound = _decision_bound(work, request, todo[next_decision]) if next_decision < len(todo) else math.inf
         if queue and queue[0][0] <= open_bound:
-            bound, _, c = heapq.heappop(queue)
+            bound, _, item = heapq.heappop(queue)
             if bound >= best * (1 + PRUNE_TOLERANCE):
                 break
-            t = price(c, request.devices)
+            if isinstance(item, Candidate):
+                c, t = item, price(item, request.devices)
+            else:  # the next split of an enumerated decision, in bound order
+                d, i = item
+                problem, times, table = tables[d]
+                c, t = price_split(profile, request, d, table.sizes[i].tolist(), problem=problem, times=times, source="solver")
+                if i + 1 < len(table.sizes):
+                    heapq.heappush(queue, (float(table.bounds[i + 1]), next(counter), (d, i + 1)))
             simulated.append((c, t))
             if fits(t, request.memory_limit):
                 best = min(best, t.iteration_s)
-            if c.source == "solver":
+            if c.source == "solver" and c.decision in expand:
                 # The simple splits of this decision are candidates too (and so never win).
                 problem, times = expand.pop(c.decision)
                 for name in BASELINES:
@@ -118,7 +146,17 @@ def plan_pipeline(profile: Profile, request: PlanRequest, progress: Progress | N
         next_decision += 1
         report("searching", next_decision, len(todo))
         problem = _problem(profile, request, decision)
+        times = BlockTimes.of(profile, request.batch_size // decision.micro_batches, request.action_overhead_s)
+        enumerated = split_table(problem, times, decision, request.devices, request.memory_limit)
+        if enumerated is not None and len(enumerated.sizes):  # few enough splits: all that fit, in bound order
+            need = min(need, enumerated.need)
+            tables[decision] = (problem, times, enumerated)
+            heapq.heappush(queue, (float(enumerated.bounds[0]), next(counter), (decision, 0)))
+            continue
         try:
+            if enumerated is not None:
+                need = min(need, enumerated.need)
+                raise InfeasibleError("no split fits")
             solved = _solve(problem)
         except InfeasibleError:
             # Keep the most micro-batches per schedule: the least memory, for the error.
@@ -126,23 +164,74 @@ def plan_pipeline(profile: Profile, request: PlanRequest, progress: Progress | N
             if decision.micro_batches > infeasible.get(key, (0, problem))[0]:
                 infeasible[key] = (decision.micro_batches, problem)
             continue
-        times = BlockTimes.of(profile, request.batch_size // decision.micro_batches, request.action_overhead_s)
         c = candidate(decision, "solver", problem, solved, times)
         heapq.heappush(queue, (_candidate_bound(profile, request, c), next(counter), c))
         expand[decision] = (problem, times)
     if not simulated:
-        smallest_fit = math.inf
+        smallest_fit = need
         for (_, v), (_, problem) in infeasible.items():
             smallest_fit = min(smallest_fit, min_memory_limit(problem) * v)
         raise infeasible_error(profile, request, smallest_fit)
     fitting = [(c, t) for c, t in simulated if fits(t, request.memory_limit)]
     if not fitting:
-        raise infeasible_error(profile, request, min(max(t.peak_memory_bytes) for _, t in simulated))
+        raise infeasible_error(profile, request, min(need, min(max(t.peak_memory_bytes) for _, t in simulated)))
     fitting.sort(key=lambda ct: (ct[1].iteration_s, _order(ct[0])))
     report("searching", len(todo), len(todo))  # the rest could not win
     fitting = _refine_with_ilp(profile, request, fitting, report)
-    best_candidate, timeline = fitting[0]
-    return make_plan(profile, request, best_candidate, timeline, fitting)
+    if fitting[0][0].decision not in tables:
+        fitting = _local_moves(profile, request, fitting)
+    return fitting
+
+
+LOCAL_MOVES = 64
+"""Improving moves at most (one block from a chunk to another) on a decision too large to enumerate."""
+
+LOCAL_MOVE_ACTIONS = 100_000
+"""Most actions the local moves simulate in all (each move simulates the whole schedule, in pure
+Python: 1F1B with m = 512 on 64 devices is about 100,000 actions and 0.25 s), so a plan of
+1,000 blocks on 64 devices stays within about two seconds."""
+
+
+def _local_moves(profile: Profile, req: PlanRequest, fitting: list[tuple[Candidate, Summary]]) -> list[tuple[Candidate, Summary]]:
+    """Improve the best plan's cuts on the simulated objective itself (its decision had too
+    many splits to enumerate): move one block from a chunk to another — neighbours first, then
+    farther, each cut between them shifting by one — and keep the first move that is faster and
+    fits; repeat until none is, for up to :data:`LOCAL_MOVES` passes within
+    :data:`LOCAL_MOVE_ACTIONS`."""
+    c, t = fitting[0]
+    d = c.decision
+    budget = LOCAL_MOVE_ACTIONS // len(compiled(d.schedule, req.devices, d.micro_batches, d.virtual).rank)
+    if c.source == "ilp" or budget < 1:
+        return fitting
+    K = c.problem.stages
+    sizes = [c.partition.stage_of_block.count(j) for j in range(K)]
+    times = BlockTimes.of(profile, req.batch_size // d.micro_batches, req.action_overhead_s)
+    moves = [(a, a + gap) for gap in range(1, K) for a in range(K - gap)]
+    moves += [(b, a) for a, b in moves]  # (from chunk, to chunk)
+    found = []
+    for _ in range(LOCAL_MOVES):
+        for src, dst in moves:
+            if sizes[src] < 2 or budget < 1:
+                continue
+            budget -= 1
+            trial = list(sizes)
+            trial[src] -= 1
+            trial[dst] += 1
+            c2, t2 = price_split(profile, req, d, trial, problem=c.problem, times=times, source="solver")
+            if fits(t2, req.memory_limit) and t2.iteration_s < t.iteration_s * (1 - PRUNE_TOLERANCE):
+                sizes, c, t = trial, c2, t2
+                found.append((c2, t2))
+                break
+        else:
+            break
+    return sorted(fitting + found, key=lambda ct: (ct[1].iteration_s, _order(ct[0])))
+
+
+def lower_bound(profile: Profile, request: PlanRequest) -> float:
+    """A time no plan of ``request`` can beat (the least decision bound): the gap of a plan
+    found by local moves, on decisions too large to enumerate, is measured against it."""
+    work = _work_table(profile, request.devices)
+    return min((_decision_bound(work, request, d) for d in decisions(profile, request)), default=math.inf)
 
 
 def _order_key(d: Decision) -> tuple[int, int, int]:
@@ -152,9 +241,9 @@ def _order_key(d: Decision) -> tuple[int, int, int]:
 def _candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
     """A time the simulator cannot beat for this candidate (its cuts are known now).
 
-    Rank r cannot start before micro-batch 0's forward reaches its first stage r; it runs
-    all m F and m B of its stages (r, r + S, ...) before its last B ends; and after that B
-    the gradient still crosses every stage before r. Every rank also works m times its
+    For each chunk j of rank r: r's work on its chunks from j on (all m F and m B) cannot
+    start before micro-batch 0's forward reaches chunk j, and after the last of those B the
+    gradient still crosses every chunk before j (on a V, the up chunk waits for the way down). Every rank also works m times its
     stages' F + B + W, and micro-batch 0 makes the whole round trip.
     """
     d = c.decision
@@ -165,17 +254,18 @@ def _candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
     f = [x.forward_s for x in costs]
     b = [x.backward_input_s if split else x.backward_s for x in costs]
     w = [x.backward_weight_s if split else 0.0 for x in costs]
-    comm = c.partition.comm_s
-    busy = [0.0] * S
-    work = [0.0] * S
-    for j, r in enumerate(spec.devices_of(S, d.virtual)):
-        busy[r] += m * (f[j] + b[j] + w[j])
-        work[r] += m * (f[j] + b[j])
-    bound = max(max(busy), sum(f) + sum(b) + 2 * sum(comm))
-    before = 0.0
-    for r in range(S):
-        bound = max(bound, before + work[r])
-        before += f[r] + b[r] + (2 * comm[r] if r < len(comm) else 0.0)
+    placed = spec.devices_of(S, d.virtual)
+    comm = [x if placed[j] != placed[j + 1] else 0.0 for j, x in enumerate(c.partition.comm_s)]  # a link only between devices
+    bound = sum(f) + sum(b) + 2 * sum(comm)
+    before, ahead = 0.0, 0.0  # F + B (and links) of the chunks before chunk j; F (and links) alone
+    for j, r in enumerate(placed):
+        later = [i for i in range(j, len(placed)) if placed[i] == r]  # r's chunks from j on
+        busy = m * sum(f[i] + b[i] + w[i] for i in later)
+        work = m * sum(f[i] + b[i] for i in later)
+        bound = max(bound, ahead + busy, before + work)
+        link = comm[j] if j < len(comm) else 0.0
+        before += f[j] + b[j] + 2 * link
+        ahead += f[j] + link
     return bound
 
 
@@ -265,23 +355,7 @@ def _refine_with_ilp(
 # --------------------------------------------------------------------------- decisions
 
 
-def _problem(profile: Profile, req: PlanRequest, decision: Decision) -> PartitionProblem:
-    u = req.batch_size // decision.micro_batches
-    chunks = req.devices * decision.virtual
-    blocks = profile.blocks
-    return PartitionProblem(
-        time_s=tuple(b.forward_s(u) + b.backward_s(u) for b in blocks),
-        recompute_s=tuple(b.forward_s(u) for b in blocks),
-        static_bytes=tuple((b.param_bytes + b.shared_param_bytes) * req.state_factor for b in blocks),
-        activation_bytes=tuple(b.saved_bytes(u) for b in blocks),
-        tensors=tuple(Edge(t.src, t.dsts, t.bytes(u)) for t in profile.tensors if t.dsts),
-        stages=chunks,
-        inflight=schedule_spec(decision.schedule).inflight(req.devices, decision.micro_batches, decision.virtual),
-        stage_memory_limit=(req.memory_limit / decision.virtual,) * chunks,  # a device's v stages share it
-        link_latency_s=req.link_latency_s,
-        link_bandwidth=req.link_bandwidth,
-        recompute=req.recompute,
-    )
+_problem = problem_of  # the decision's partition problem (splits.py)
 
 
 def _solve(problem: PartitionProblem) -> Partition:

@@ -302,3 +302,38 @@ def test_a_v_shape_schedule_is_planned_when_pinned(schedule: str, profiles: dict
     assert main(["show", str(plan_path)]) == 0
     shown = capsys.readouterr().out
     assert schedule in shown and "device 0 │" in shown and "device 1 │" in shown
+
+
+def test_balance_prints_the_users_split_beside_autopipes_and_writes_the_users(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, out = tmp_path / "profile.json", tmp_path / "p.json"
+    chain(6).save(path)
+    base = ["plan", "--profile", str(path), "--stages", "2", "--memory", "1GiB", "--batch-size", "8", "--schedule", "1f1b", "--micro-batches", "4"]
+    assert main([*base, "--balance", "5,1", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = {line.split("│")[1].strip(): line for line in text.splitlines() if line.startswith("│ your split") or line.startswith("│ autopipe")}
+    assert "5/1" in rows["your split"] and "3/3" in rows["autopipe"]
+    plan = Plan.load(out)
+    assert [len(s.blocks) for s in plan.stages] == [5, 1] and plan.baselines[0].name == "autopipe"
+    assert main([*base, "--balance", "5,1", "--json", "-o", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [len(s["blocks"]) for s in summary["stages"]] == [5, 1] and summary["baselines"][0]["name"] == "autopipe"
+
+
+@pytest.mark.parametrize(
+    ("balance", "extra", "message"),
+    [
+        ("5,x", [], "--balance must be blocks per chunk separated by commas, like 3,1,1,3 (got '5,x')"),
+        ("6,0", [], "--balance entries must be at least 1 block per chunk (got '6,0')"),
+        ("4,1", [], "--balance sums to 5 blocks but the model has 6; give blocks per chunk that sum to 6"),
+        ("2,1,1,2", [], "--balance has 4 entries = 2 devices x 2 chunks; name the schedule that runs 2 chunks per device with --schedule (e.g. interleaved-1f1b, zb-v)"),
+        ("3,3", ["--schedule", "zb-v"], "--balance has 2 entries but zb-v on 2 devices runs 4 chunks; give 4 entries"),
+        ("3,3", ["--gpus", "4"], "--balance prices one pipeline's split and --gpus searches data x pipeline layouts; give one"),
+    ],
+)
+def test_bad_balance_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], balance: str, extra: list[str], message: str) -> None:
+    path, out = tmp_path / "profile.json", tmp_path / "p.json"
+    chain(6).save(path)
+    code = main(["plan", "--profile", str(path), "--stages", "2", "--memory", "1GiB", "--batch-size", "8", "--balance", balance, *extra, "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == f"autopipe: error: {message}"
+    assert not out.exists()

@@ -180,8 +180,8 @@ def test_sizes_must_be_positive() -> None:
         zb_v.create_schedule(4, 0)
 
 
-def test_registered_but_not_searched() -> None:
-    # --schedule zb-v and plan files naming it work; the automatic search leaves it out (for now).
+def test_registered_and_searched() -> None:
+    # --schedule zb-v and plan files naming it work, and the automatic search tries it.
     assert "zb-v" in schedule_names()
-    assert schedule_spec("zb-v") is zb_v.SPEC and not zb_v.SPEC.searched
-    assert "zb-v" not in SEARCH_SCHEDULES
+    assert schedule_spec("zb-v") is zb_v.SPEC and zb_v.SPEC.searched
+    assert "zb-v" in SEARCH_SCHEDULES

@@ -1,0 +1,132 @@
+"""Pricing one contiguous split: the one function the search and ``--balance`` share.
+
+A *split* is the number of blocks on each chunk, in chunk order (``balance``: S entries for a
+one-chunk schedule, S·v for interleaved and V schedules). :func:`price_split` turns it into
+the assignment of every block, prices it with :func:`~autopipe.solve.problem.evaluate` and
+simulates the schedule's own action lists (:func:`~autopipe.solve.pricing.price`). The
+recomputation is the request's mode; in "auto", none at all when the simulated peak of every
+device fits without it (recomputing is never faster), else the per-chunk dominance rule of
+``evaluate`` (each chunk against the device's limit / v). The
+search (:mod:`autopipe.solve.search`, :mod:`autopipe.solve.exact`) prices every split it
+simulates with this same function, so "the best split" means one thing everywhere.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+
+from autopipe.costs.profile import Profile
+from autopipe.errors import PlanError
+from autopipe.schedules import schedule_spec
+from autopipe.schedules.simulate import Summary
+from autopipe.solve.pricing import BlockTimes, Candidate, Decision, candidate, fits, price
+from autopipe.solve.problem import Edge, PartitionProblem, contiguous_assignment, evaluate
+from autopipe.solve.request import PlanRequest
+
+__all__ = ["check_balance", "price_split", "problem_of", "split_assignment"]
+
+
+def problem_of(profile: Profile, req: PlanRequest, decision: Decision) -> PartitionProblem:
+    """The partition problem of ``decision``: S·v chunks, each with a device's limit / v
+    (what the chain solvers and the "auto" recomputation rule see; the simulator's per-device
+    peak decides what fits)."""
+    u = req.batch_size // decision.micro_batches
+    chunks = req.devices * decision.virtual
+    blocks = profile.blocks
+    return PartitionProblem(
+        time_s=tuple(b.forward_s(u) + b.backward_s(u) for b in blocks),
+        recompute_s=tuple(b.forward_s(u) for b in blocks),
+        static_bytes=tuple((b.param_bytes + b.shared_param_bytes) * req.state_factor for b in blocks),
+        activation_bytes=tuple(b.saved_bytes(u) for b in blocks),
+        tensors=tuple(Edge(t.src, t.dsts, t.bytes(u)) for t in profile.tensors if t.dsts),
+        stages=chunks,
+        inflight=schedule_spec(decision.schedule).inflight(req.devices, decision.micro_batches, decision.virtual),
+        stage_memory_limit=(req.memory_limit / decision.virtual,) * chunks,  # a device's v stages share it
+        link_latency_s=req.link_latency_s,
+        link_bandwidth=req.link_bandwidth,
+        recompute=req.recompute,
+    )
+
+
+def split_assignment(sizes: Sequence[int]) -> tuple[int, ...]:
+    """The chunk of every block when chunk j takes the next ``sizes[j]`` blocks."""
+    starts = [0]
+    for s in sizes[:-1]:
+        starts.append(starts[-1] + s)
+    return contiguous_assignment(starts, sum(sizes))
+
+
+def price_split(
+    profile: Profile,
+    req: PlanRequest,
+    decision: Decision,
+    sizes: Sequence[int],
+    *,
+    problem: PartitionProblem | None = None,
+    times: BlockTimes | None = None,
+    source: str = "split",
+) -> tuple[Candidate, Summary]:
+    """Price the split ``sizes`` (blocks per chunk, chunk order) under ``decision``:
+    evaluate (recomputation by the request's mode) and simulate. ``problem`` and ``times``,
+    when given, are :func:`problem_of` and ``BlockTimes.of`` of the same decision (cached)."""
+    p = problem_of(profile, req, decision) if problem is None else problem
+    t = BlockTimes.of(profile, req.batch_size // decision.micro_batches, req.action_overhead_s) if times is None else times
+    assignment = split_assignment(sizes)
+    if p.recompute == "auto":  # nothing recomputed when every device fits without it
+        plain = candidate(decision, source, p, evaluate(p, assignment, (False,) * p.stages), t)
+        summary = price(plain, req.devices)
+        if fits(summary, req.memory_limit):
+            return plain, summary
+    part = evaluate(p, assignment)
+    if p.recompute == "auto" and not any(part.recompute):
+        return plain, summary
+    c = candidate(decision, source, p, part, t)
+    return c, price(c, req.devices)
+
+
+def check_balance(
+    balance: Sequence[int], blocks: int, devices: int, schedule: str | None, virtual: int | None, flag: str = "--balance"
+) -> int:
+    """Check a user's ``balance`` (blocks per chunk) and return its chunks per device v.
+
+    One line (PlanError, naming ``flag``) for: a wrong length, an entry below 1, a sum other
+    than the model's blocks, S·v entries without a schedule that runs v chunks per device.
+    """
+    if isinstance(balance, (str, bytes)) or not isinstance(balance, Sequence):
+        raise PlanError(f"{flag} must be a sequence of blocks per chunk, like {_example(blocks, devices).replace(',', ', ')} (got {balance!r})")
+    sizes = list(balance)
+    schedule_flag, virtual_flag = ("--schedule", "--virtual") if flag.startswith("--") else ("schedule=", "virtual=")
+    if not sizes:
+        raise PlanError(f"{flag} is empty; give blocks per chunk, like {_example(blocks, devices)}")
+    if any(not isinstance(x, numbers.Integral) or isinstance(x, bool) or x < 1 for x in sizes):
+        bad = next(x for x in sizes if not isinstance(x, numbers.Integral) or isinstance(x, bool) or x < 1)
+        raise PlanError(f"{flag} entries must be positive block counts (got {bad!r}); every chunk needs at least one block")
+    sizes = [int(x) for x in sizes]
+    if sum(sizes) != blocks:
+        raise PlanError(f"{flag} sums to {sum(sizes)} blocks but the model has {blocks}; give blocks per chunk that sum to {blocks}")
+    if len(sizes) % devices:
+        raise PlanError(
+            f"{flag} has {len(sizes)} entries for {devices} devices; give {devices} (one chunk per device) "
+            f"or {devices} x v for a schedule of v chunks per device"
+        )
+    v = len(sizes) // devices
+    if virtual is not None and virtual != v:
+        raise PlanError(f"{flag} has {len(sizes)} entries = {devices} devices x {v} chunks, but {virtual_flag} is {virtual}; drop one")
+    if schedule is None:
+        if v != 1:
+            raise PlanError(
+                f"{flag} has {len(sizes)} entries = {devices} devices x {v} chunks; name the schedule that runs {v} chunks "
+                f"per device with {schedule_flag} (e.g. interleaved-1f1b, zb-v)"
+            )
+        return 1
+    spec = schedule_spec(schedule)
+    if v not in spec.virtual_choices:
+        want = " or ".join(str(devices * c) for c in spec.virtual_choices)
+        raise PlanError(f"{flag} has {len(sizes)} entries but {schedule} on {devices} devices runs {want} chunks; give {want} entries")
+    return v
+
+
+def _example(blocks: int, devices: int) -> str:
+    base, extra = divmod(blocks, devices)
+    return ",".join(str(base + (1 if d < extra else 0)) for d in range(devices))
