@@ -30,15 +30,15 @@ def transformers() -> ModuleType:
 @pytest.fixture(scope="session")
 def gpt_plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Real analytic plans of models/gpt.py on H100s (made once): ``"uneven"``, 6 layers on 4
-    stages, every stage recomputed; ``"interleaved"``, 12 layers on 4 devices x 2 chunks with
-    4 data-parallel replicas (16 GPUs)."""
+    stages, every stage recomputed; ``"interleaved"``, a 3D plan: 12 layers on 4 devices x 2
+    chunks, tensor parallel 2 and 2 data-parallel replicas (16 GPUs)."""
     from autopipe.cli.main import main
 
     gpt = str(Path(__file__).resolve().parent.parent / "models" / "gpt.py")
     folder = tmp_path_factory.mktemp("gpt_plans")
     requests = {
         "uneven": ["-k", "n_layer=6", "--stages", "4", "--batch-size", "16", "--recompute-all"],
-        "interleaved": ["-k", "n_layer=12", "--gpus", "16", "--stages", "4", "--schedule", "interleaved-1f1b",
+        "interleaved": ["-k", "n_layer=12", "--gpus", "16", "--tensor-parallel", "2", "--stages", "4", "--schedule", "interleaved-1f1b",
                         "--virtual", "2", "--batch-size", "32"],
     }  # fmt: skip
     for name, args in requests.items():

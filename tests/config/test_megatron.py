@@ -186,11 +186,11 @@ def test_an_uneven_plan_becomes_first_and_last_stage_layers(gpt_plans: dict[str,
 @pytest.mark.slow  # the gpt_plans fixture plans two models (once per session)
 def test_an_interleaved_3d_plan_with_tensor_parallelism(gpt_plans: dict[str, Path]) -> None:
     plan = Plan.load(gpt_plans["interleaved"])
-    assert plan.virtual == 2 and plan.data_parallel > 1
-    text = megatron_args(plan, tensor_parallel=2, sequence_parallel=True, zero1=True)
+    assert (plan.tensor_parallel, plan.virtual, plan.data_parallel) == (2, 2, 2) and plan.sequence_parallel
+    text = megatron_args(plan, zero1=True)  # t and sequence parallelism from the plan
     flags = _flags(text)
     assert "--use-distributed-optimizer" in flags
-    world = 2 * plan.devices * plan.data_parallel
+    world = plan.tensor_parallel * plan.devices * plan.data_parallel
     assert megatron_rules(text, world) == _layers(plan)
     assert flags["--tensor-model-parallel-size"] == "2" and "--sequence-parallel" in flags
     assert f"= {world} GPUs" in text
