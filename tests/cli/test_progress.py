@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import logging
 import time
 from collections.abc import Iterator
@@ -94,8 +95,9 @@ def test_analytic_planning_shows_progress_at_once_on_a_terminal(tmp_path: Path, 
     monkeypatch.setattr(plan_cmd, "progress_bar", recorder)
     _plan(argv, Console(file=io.StringIO()))
     whats = [w for w, _, _ in calls]
-    steps = ("loading", "tracing at micro-batch size 2", "counting at micro-batch size 2", "S=1 x D=8: searching")
+    steps = ("loading", "tracing at micro-batch size 2", "counting at micro-batch size 2", "t=")  # then each t x S x D searched
     firsts = [next(i for i, w in enumerate(whats) if w.startswith(step)) for step in steps]
+    assert re.fullmatch(r"t=\d+ x S=\d+ x D=\d+: searching", whats[firsts[-1]])
     assert firsts == sorted(firsts)
     assert ("counting at micro-batch size 4", 11, 11) in calls  # block by block: 8 layers, embedding, norm, head
     monkeypatch.undo()
