@@ -52,17 +52,19 @@ def synthetic_profile(n: int, seed: int = 0) -> Profile:
 def bench(n: int, stages: int, batch: int, memory: float, repeat: int) -> None:
     prof = synthetic_profile(n)
     req = PlanRequest(devices=stages, batch_size=batch, memory_limit=memory, link_bandwidth=50e9, link_latency_s=1e-5)
-    times, plan = [], None
+    times, cpu, plan = [], [], None
     for _ in range(repeat):
         compiled.cache_clear()  # every run starts cold, as one `autopipe plan` does
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         plan = plan_pipeline(prof, req)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     assert plan is not None
     gap = plan.iteration_time_s / lower_bound(prof, req) - 1
     print(
         f"{n:5d} blocks -> {stages:3d} stages, batch {batch}: median {statistics.median(times):.3f} s "
-        f"(min {min(times):.3f}, max {max(times):.3f}, {repeat} runs); chose {plan.schedule}"
+        f"(min {min(times):.3f}, max {max(times):.3f}, {repeat} runs; CPU median {statistics.median(cpu):.3f} s: "
+        f"the machine may be shared); chose {plan.schedule}"
         f"{f' v={plan.virtual}' if plan.virtual > 1 else ''}, m={plan.micro_batches}, "
         f"{sum(s.recompute for s in plan.stages)} recomputed stages, bubble {plan.bubble_fraction:.1%}; "
         f"{gap:.1%} above the best lower bound"

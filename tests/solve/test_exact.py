@@ -22,7 +22,7 @@ from autopipe.solve.splits import price_split, problem_of
 
 MIB = 2.0**20
 NO_LIMIT = 1e18  # bytes: memory "off" (plan_profile takes a finite limit)
-CHUNKED = {"interleaved-1f1b": 2, "zb-v": 2}
+CHUNKED = {"interleaved-1f1b": 2, "zb-v": 2, "v-half": 2, "v-min": 2, "dualpipe-v": 2}
 
 
 def chain(n: int, seed: int) -> Profile:
@@ -58,11 +58,12 @@ def best_split(prof: Profile, req: PlanRequest, ds: list[Decision]) -> float:
 
 def case(seed: int, max_blocks: int) -> tuple[Profile, dict[str, object]]:
     rng = random.Random(seed)
-    name = rng.choice(["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v"])
+    name = rng.choice(["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "zb-h2", "v-half", "v-min", "dualpipe-v"])
     S = rng.randint(2, 4)
     v = CHUNKED.get(name, 1)
     n = rng.randint(S * v, max(S * v, max_blocks))
     m = S * rng.choice([1, 2]) if name == "interleaved-1f1b" else rng.choice([1, 2, S, 2 * S])
+    m = max(m, schedule_spec(name).least_micro_batches(S))  # dualpipe-v: m >= 2S
     memory = rng.choice([NO_LIMIT, rng.uniform(0.3, 2.0) * 2**30])
     kw: dict[str, object] = dict(stages=S, batch_size=2 * m, memory=memory, schedule=name, micro_batches=m, recompute=rng.choice(["never", "auto"]))
     return chain(n, seed), kw
@@ -112,7 +113,7 @@ def test_unpinned_search_equals_the_best_over_its_decisions() -> None:
         assert got == want or abs(got - want) <= 1e-9 * want, (seed, kw, got, want)
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v"])
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "zb-h2", "v-half", "v-min", "dualpipe-v"])
 def test_bounds_are_below_and_memory_is_the_simulators(name: str) -> None:
     """Every split's bound is below its simulated time, and the splits kept are exactly those
     whose simulated peak fits (any placement: round-robin, V; recomputation never and auto)."""
@@ -144,7 +145,7 @@ def _splits(n: int, k: int) -> list[list[int]]:
     return [[b - a for a, b in itertools.pairwise((0, *cuts, n))] for cuts in itertools.combinations(range(1, n), k - 1)]
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v"])
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "zb-h2", "v-half", "v-min", "dualpipe-v"])
 def test_the_bound_of_a_priced_candidate_is_below_its_simulated_time(name: str) -> None:
     """The bound the search opens large decisions' candidates by (search._candidate_bound)."""
     from autopipe.solve.search import _candidate_bound
@@ -152,6 +153,8 @@ def test_the_bound_of_a_priced_candidate_is_below_its_simulated_time(name: str) 
     prof = chain(10, 8)
     S, v = 3, CHUNKED.get(name, 1)
     for m in (3, 6) if name == "interleaved-1f1b" else (1, 3, 6):  # interleaved: m a multiple of S
+        if m < schedule_spec(name).least_micro_batches(S):  # dualpipe-v: m >= 2S
+            continue
         req = PlanRequest(devices=S, batch_size=m, memory_limit=math.inf, micro_batches=m, schedule=name, action_overhead_s=1e-4, link_latency_s=1e-3)
         for sizes in _splits(10, S * v)[::7]:
             c, s = price_split(prof, req, Decision(name, v, m), sizes)
