@@ -1,10 +1,11 @@
 """Building a model on the meta device without running its weight initialisers.
 
 A tensor on meta has a shape and a dtype but no values, so filling it in place (``normal_``,
-``uniform_``, ``zero_``, ``fill_``: what ``torch.nn.init`` and ``reset_parameters`` call)
-changes nothing; torch still runs the Python decomposition of each fill for meta, ~4 ms a
-parameter (2 of GPT-3 175B's 2.5 s build on meta). Under :class:`SkipMetaFills` those calls
-return their meta tensor at once; a fill of any other tensor runs as usual.
+``uniform_``, ``zero_``, ``fill_`` and the ``torch.nn.init`` functions ``reset_parameters``
+calls) changes nothing; torch still runs the Python decomposition of each fill for meta (and
+imports ``torch._dynamo`` for the first one: 1.5 s of GPT-3 175B's 2 s build on meta). Under
+:class:`SkipMetaFills` those calls return their meta tensor at once (the Kaiming and Xavier
+ones after their check of the tensor's dimensions); a fill of any other tensor runs as usual.
 """
 
 from __future__ import annotations
@@ -16,13 +17,23 @@ from torch.overrides import TorchFunctionMode
 
 __all__ = ["SkipMetaFills"]
 
-_FILLS = frozenset(
-    {
-        torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.zero_, torch.Tensor.fill_,
-        torch.Tensor.random_, torch.Tensor.bernoulli_, torch.Tensor.exponential_, torch.Tensor.log_normal_,
-    }
+_TENSOR_FILLS = frozenset(
+    getattr(torch._C.TensorBase, name)
+    for name in ("normal_", "uniform_", "zero_", "fill_", "random_", "bernoulli_", "exponential_", "log_normal_")
+)
+"""In-place fills of a tensor: they keep its shape, dtype and strides and only write values."""
+
+_INIT_FILLS = frozenset(
+    {torch.nn.init.normal_, torch.nn.init.uniform_, torch.nn.init.trunc_normal_, torch.nn.init.constant_,
+     torch.nn.init.ones_, torch.nn.init.zeros_}
 )  # fmt: skip
-"""In-place fills: they keep their tensor's shape, dtype and strides and only write values."""
+"""``torch.nn.init`` fills that accept a tensor of any shape."""
+
+_FAN_FILLS = frozenset(
+    {torch.nn.init.kaiming_uniform_, torch.nn.init.kaiming_normal_, torch.nn.init.xavier_uniform_,
+     torch.nn.init.xavier_normal_}
+)  # fmt: skip
+"""``torch.nn.init`` fills that first compute the tensor's fans (and refuse fewer than 2 dimensions)."""
 
 
 class SkipMetaFills(TorchFunctionMode):
@@ -31,6 +42,11 @@ class SkipMetaFills(TorchFunctionMode):
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:  # fmt: skip
-        if func in _FILLS and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
-            return args[0]
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if func in _TENSOR_FILLS or func in _INIT_FILLS or func in _FAN_FILLS:
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                if func in _FAN_FILLS:
+                    torch.nn.init._calculate_fan_in_and_fan_out(tensor)  # its one check: at least 2 dimensions
+                return tensor
+        return func(*args, **kwargs)
