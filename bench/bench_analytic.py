@@ -15,8 +15,9 @@ holds a copy of the embedding its LM head is tied to), or with ZeRO-1 4 + 12 / D
 activations the schedule holds (bf16).
 
 One CPU core (pinned when the OS allows). Prints each phase's wall and CPU time (CPU time is
-what a quiet machine's wall time would be; the two differ on a shared one), the decision, the
-runner-up, the per-stage memory check and the peak resident memory. From the command line:
+what a quiet machine's wall time would be; the two differ on a shared one), each (t, S, D)
+pipeline search's CPU time, the decision, the runner-up, the per-stage memory check and the
+peak resident memory. From the command line:
 
     autopipe plan models/gpt.py -k preset=gpt3-175b --device h100 --gpus 64 --memory 80GB --batch-size 1536
 """
@@ -47,6 +48,25 @@ GPT3 = {"preset": "gpt3-175b"}
 ONE_T = {"preset": "gpt3-175b", "n_layer": 128, "n_embd": 25600, "n_head": 160, "vocab_size": 51200}
 
 
+class PerSplit:
+    """CPU seconds of each (t, S, D) pipeline search, from ``plan_parallel``'s progress calls."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.current, self.since = "", time.process_time()
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        split = what.split(":")[0]
+        now = time.process_time()
+        if self.current:
+            self.seconds[self.current] = self.seconds.get(self.current, 0.0) + now - self.since
+        self.current, self.since = split, now
+
+    def close(self) -> str:
+        self("", 0, 0)
+        return ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items())
+
+
 class Clock:
     def __init__(self) -> None:
         self.wall, self.cpu = time.perf_counter(), time.process_time()
@@ -75,8 +95,10 @@ def run(name: str, kwargs: dict[str, object], device: str, gpus: int, batch: int
         request = ParallelRequest(cluster, batch, memory, bytes_per_param=BYTES_PER_PARAM, shard_optimizer=zero1)
         clock.lap()
         tensor = tensor_options(counts, spec, cluster, sequence_parallel=True) if with_tensor else None
-        result = plan_parallel(profile, request, tensor=tensor)
+        splits = PerSplit()
+        result = plan_parallel(profile, request, tensor=tensor, progress=splits)
         t_plan = clock.lap()
+        searched = splits.close()
         plan = result.plan
         D, t = plan.data_parallel, plan.tensor_parallel
         per_param = BYTES_PER_PARAM if not zero1 else 4 + (BYTES_PER_PARAM - 4) / D
@@ -85,6 +107,7 @@ def run(name: str, kwargs: dict[str, object], device: str, gpus: int, batch: int
         recomputed = sum(s.recompute for s in plan.stages)
         print(f"  {label} ({per_param:.2f} bytes/parameter): planned in {t_plan[0]:.2f} s wall, {t_plan[1]:.2f} s CPU")
         print(f"    {plan.parallel_note}")
+        print(f"    pipeline searches (CPU, in the order opened): {searched}")
         print(
             f"    t={t} p={plan.devices} d={D} vpp={plan.virtual} micro-batch {plan.micro_batch_size}; {recomputed}/{len(plan.stages)} "
             f"stages recompute; step {plan.step_time_s:.1f} s, bubble {plan.bubble_fraction:.1%}; {gpu[0]:.0f} model TFLOP/s per GPU "

@@ -40,6 +40,7 @@ from torch import nn
 
 from autopipe.errors import TraceError
 from autopipe.graph.blocks import Block, ValueInfo, group_blocks
+from autopipe.graph.propagate import MetaShapes
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.training import follow_training
 
@@ -195,8 +196,8 @@ def _propagate_shapes(gm: torch.fx.GraphModule, inputs: Any) -> None:
     args = _flat_args(gm, inputs)
     if any(isinstance(a, torch.Tensor) and a.is_meta for a in args):
         # Meta tensors carry shapes only: running the graph on them is shape propagation,
-        # and three times faster than fake tensors (a 175B GPT in under two seconds).
-        _RecordValues(gm).run(*args)
+        # and three times faster than fake tensors; repeated leaf-module calls run once.
+        MetaShapes(gm).run(*args)
         return
     try:
         mode = FakeTensorMode(allow_non_fake_inputs=True)

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from autopipe.errors import FactoryArgumentError, ModelLoadError
+from autopipe.model.meta import SkipMetaFills
 from autopipe.model.spec import DEFAULT_FACTORY, ModelSpec, parse_kwargs
 from autopipe.model.usercode import display_path, exception_summary, exit_summary, first_line
 
@@ -333,7 +334,7 @@ def load_model(
 
     _check_factory_kwargs(factory, mspec.factory, mspec.kwargs)
     dev = torch.device(device) if device is not None else None
-    with dev if dev is not None else nullcontext():
+    with dev if dev is not None else nullcontext(), SkipMetaFills() if dev is not None and dev.type == "meta" else nullcontext():
         model = _call_user(factory, mspec.factory, path, **mspec.kwargs)
     if not isinstance(model, torch.nn.Module):
         raise ModelLoadError(

@@ -1,0 +1,58 @@
+"""Building on meta without running the weight initialisers: same model, no fills run."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from autopipe.model.load import load_model
+from autopipe.model.meta import SkipMetaFills
+from tests.helpers import MODELS
+
+torch.set_num_threads(1)
+
+
+class _Seen(TorchFunctionMode):
+    """Below SkipMetaFills: records what it lets through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+        self.names.append(getattr(func, "__name__", ""))
+        return func(*args, **(kwargs or {}))
+
+
+def test_fills_of_meta_tensors_are_skipped_and_others_run() -> None:
+    meta = torch.empty(3, 4, device="meta")
+    cpu = torch.zeros(3, 4)
+    with _Seen() as seen, SkipMetaFills():
+        assert torch.nn.init.normal_(meta, std=0.02) is meta
+        assert torch.nn.init.kaiming_uniform_(meta) is meta
+        assert meta.uniform_() is meta
+        skipped = list(seen.names)
+        torch.nn.init.ones_(cpu)  # a real tensor is filled
+        moved = meta.add_(1.0)  # not a fill: runs (on meta, shape only)
+        with pytest.raises(ValueError, match="fewer than 2 dimensions"):  # as without the mode
+            torch.nn.init.kaiming_uniform_(torch.empty(3, device="meta"))
+    assert not {"normal_", "uniform_", "kaiming_uniform_"} & set(skipped), skipped  # only dim/size reads got through
+    assert {"ones_", "fill_"} & set(seen.names) and "add_" in seen.names
+    assert meta.shape == (3, 4) and meta.is_meta and moved.shape == (3, 4)
+    assert float(cpu.sum()) == 12.0
+
+
+def test_meta_build_matches_a_real_build_and_is_quick() -> None:
+    kwargs = {"preset": "tiny", "n_layer": 3}
+    real = load_model(str(MODELS / "gpt.py"), kwargs)
+    meta = load_model(str(MODELS / "gpt.py"), kwargs, device="meta")
+    shapes = {n: (p.shape, p.dtype) for n, p in real.model.named_parameters()}
+    assert {n: (p.shape, p.dtype) for n, p in meta.model.named_parameters()} == shapes
+    assert all(p.is_meta for p in meta.model.parameters())
+    start = time.process_time()
+    load_model(str(MODELS / "gpt.py"), {"preset": "gpt3-175b", "n_layer": 8}, device="meta")
+    assert time.process_time() - start < 0.4  # 0.07 s here; ~1 s with the fills run (8 layers 12,288 wide)
