@@ -265,7 +265,11 @@ def _parallel_note(gpus: int, result: ParallelPlan) -> str:
 
 
 def _split_name(r: Rejected) -> str:
-    return f"t={r.tensor_parallel}" if not r.stages else f"t={r.tensor_parallel} x S={r.stages} x D={r.data_parallel}"
+    if not r.stages:
+        return f"t={r.tensor_parallel}"
+    if not r.data_parallel:  # the stages do not fit the devices left by t: no D to name
+        return f"t={r.tensor_parallel} x S={r.stages}"
+    return f"t={r.tensor_parallel} x S={r.stages} x D={r.data_parallel}"
 
 
 def _short(rejected: Rejected) -> str:

@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 from autopipe.cli.main import main
+from autopipe.cli.plan_cmd import _split_name
+
+from autopipe.solve.parallel import Rejected
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT, LLAMA = str(ROOT / "models" / "gpt.py"), str(ROOT / "models" / "llama.py")
@@ -76,3 +79,9 @@ def test_cli_3d_pins_cluster_json_and_one_line_errors(tmp_path: Path, capsys: py
         assert main(["plan", GPT, "--device", "h100", *flags]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+
+
+def test_a_split_whose_stages_exceed_the_devices_left_by_t_names_no_data_parallel_width() -> None:
+    assert _split_name(Rejected(4, 0, "4 stages do not divide 2 = 16 devices / t=8", tensor_parallel=8)) == "t=8 x S=4"
+    assert _split_name(Rejected(4, 2, "needs more memory", tensor_parallel=2)) == "t=2 x S=4 x D=2"
+    assert _split_name(Rejected(0, 0, "8 does not divide the 4 attention heads", tensor_parallel=8)) == "t=8"
