@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 import logging
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
