@@ -199,8 +199,8 @@ class _Split:
 
 def _split(profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes, fits_rule: bool) -> tuple[float, _Split]:
     """``c``'s cuts as a queue item, bounded as ``price_split`` will price them: nothing recomputed
-    where every device may fit so (exact peaks, no simulation), else evaluate's rule; inf when
-    neither fits (``fits_rule``: c fits evaluate's rule)."""
+    where every device may fit so (``plain_may_fit``), else c's (evaluate's rule, the solvers'
+    too); inf when neither fits (``fits_rule``: c fits evaluate's rule)."""
     d, p = c.decision, c.problem
     sizes = tuple(c.partition.stage_of_block.count(j) for j in range(p.stages))
     plain = p.recompute == "auto" and plain_may_fit(p, d, req.devices, req.memory_limit, sizes)

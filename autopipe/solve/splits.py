@@ -95,10 +95,10 @@ MEMORY_SLACK = 1e-6
 
 def plain_may_fit(problem: PartitionProblem, decision: Decision, devices: int, memory_limit: float, sizes: Sequence[int]) -> bool:
     """Whether the split ``sizes`` may fit with nothing recomputed (a screen before simulating
-    it so; the simulator has the last word): False when some device's static bytes plus its chunks' in-flight micro-batches
-    (``problem.inflight`` summed, less one with v > 1) times its smallest chunk's activations
-    exceed ``memory_limit``. That many micro-batches are held at once on every schedule
-    (tests/solve/test_splits.py checks it against the compiled schedules)."""
+    it so; the simulator has the last word): False when some device's static bytes plus its
+    chunks' in-flight micro-batches (``problem.inflight`` summed, less one with v > 1) times its
+    smallest chunk's activations exceed ``memory_limit``. That many micro-batches are held at
+    once on every schedule (tests/solve/test_splits.py checks it against the simulator)."""
     placed = schedule_spec(decision.schedule).devices_of(devices, decision.virtual)
     static, held, least = [0.0] * devices, [0.0] * devices, [math.inf] * devices
     i = 0
