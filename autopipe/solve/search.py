@@ -24,7 +24,8 @@ lower bound on any plan they can give, and the search stops when no bound left i
 best plan that fits. So the plan is the best contiguous split of its decision set under the
 simulator (ties to the preferred schedule). On larger decisions the chain solver's
 min-bottleneck cuts and three simple splits (even by layers, balanced by parameters, greedy by
-time, also reported as baselines; ``assemble.py``) are the candidates, and the winner's split
+time, also reported as baselines; ``assemble.py``) are the candidates, each priced by
+``price_split`` too (so nothing is recomputed where every device fits without), and the winner's split
 is then improved a block at a time (from one chunk to another) while the simulator says it gets
 faster (``_local_moves``; its gap to :func:`lower_bound` is what ``bench/bench_planner.py``
 reports). Placement is the
@@ -40,6 +41,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
@@ -62,7 +64,7 @@ from autopipe.solve.request import (
     infeasible_error,
     validate,
 )
-from autopipe.solve.splits import price_split, problem_of
+from autopipe.solve.splits import plain_may_fit, price_split, problem_of, split_assignment
 
 __all__ = ["SEARCH_SCHEDULES", "PlanRequest", "Progress", "lower_bound", "plan_pipeline", "plan_search"]
 
@@ -104,13 +106,14 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
         key=lambda d: (_decision_bound(work, request, d), _order_key(d)),
     )
     simulated: list[tuple[Candidate, Summary]] = []
-    queue: list[tuple[float, int, Candidate | tuple[Decision, int]]] = []  # (bound, tie-break, candidate or split)
+    queue: list[tuple[float, int, _Split | tuple[Decision, int]]] = []  # (bound, tie-break, split or enumerated split)
     best = math.inf
     need = math.inf  # the smallest limit an enumerated decision fits (for the error)
     infeasible: dict[tuple[str, int], tuple[int, PartitionProblem]] = {}
     next_decision = 0
     counter = itertools.count()
     expand: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
+    prepared: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
     tables: dict[Decision, tuple[PartitionProblem, BlockTimes, SplitTable]] = {}
     report = progress or (lambda what, done, total: None)
     report("searching", 0, len(todo))
@@ -120,8 +123,9 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
             bound, _, item = heapq.heappop(queue)
             if bound >= best * (1 + PRUNE_TOLERANCE):
                 break
-            if isinstance(item, Candidate):
-                c, t = item, price(item, request.devices)
+            if isinstance(item, _Split):  # the solver's cuts or a simple split, priced as --balance prices it
+                problem, times = prepared[item.decision]
+                c, t = price_split(profile, request, item.decision, item.sizes, problem=problem, times=times, source=item.source)
             else:  # the next split of an enumerated decision, in bound order
                 d, i = item
                 problem, times, table = tables[d]
@@ -136,16 +140,17 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
                 problem, times = expand.pop(c.decision)
                 for name in BASELINES:
                     part = evaluate(problem, baseline_assignment(name, _params(profile), problem.time_s, problem.stages))
-                    if part.fits and part.stage_of_block != c.partition.stage_of_block:
-                        b = candidate(c.decision, name, problem, part, times)
-                        heapq.heappush(queue, (_candidate_bound(profile, request, b), next(counter), b))
+                    if part.stage_of_block != c.partition.stage_of_block:
+                        bound, split = _split(profile, request, candidate(c.decision, name, problem, part, times), times, part.fits)
+                        if bound < math.inf:
+                            heapq.heappush(queue, (bound, next(counter), split))
             continue
         if open_bound >= best * (1 + PRUNE_TOLERANCE) or next_decision >= len(todo):
             break
         decision = todo[next_decision]
         next_decision += 1
         report("searching", next_decision, len(todo))
-        problem = _problem(profile, request, decision)
+        problem = problem_of(profile, request, decision)
         times = BlockTimes.of(profile, request.batch_size // decision.micro_batches, request.action_overhead_s)
         enumerated = split_table(problem, times, decision, request.devices, request.memory_limit)
         if enumerated is not None and len(enumerated.sizes):  # few enough splits: all that fit, in bound order
@@ -164,9 +169,9 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
             if decision.micro_batches > infeasible.get(key, (0, problem))[0]:
                 infeasible[key] = (decision.micro_batches, problem)
             continue
-        c = candidate(decision, "solver", problem, solved, times)
-        heapq.heappush(queue, (_candidate_bound(profile, request, c), next(counter), c))
-        expand[decision] = (problem, times)
+        bound, split = _split(profile, request, candidate(decision, "solver", problem, solved, times), times, True)
+        heapq.heappush(queue, (bound, next(counter), split))  # the solver's cuts fit its own rule: bound < inf
+        expand[decision] = prepared[decision] = (problem, times)
     if not simulated:
         smallest_fit = need
         for (_, v), (_, problem) in infeasible.items():
@@ -181,6 +186,29 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
     if fitting[0][0].decision not in tables:
         fitting = _local_moves(profile, request, fitting)
     return fitting
+
+
+@dataclass(frozen=True)
+class _Split:
+    """The solver's cuts or a simple split, priced by ``price_split`` when the queue reaches it."""
+
+    decision: Decision
+    sizes: tuple[int, ...]
+    source: str
+
+
+def _split(profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes, fits_rule: bool) -> tuple[float, _Split]:
+    """``c``'s cuts as a queue item, bounded as ``price_split`` will price them: nothing recomputed
+    where every device may fit so (``plain_may_fit``), else c's (evaluate's rule, the solvers'
+    too); inf when neither fits (``fits_rule``: c fits evaluate's rule)."""
+    d, p = c.decision, c.problem
+    sizes = tuple(c.partition.stage_of_block.count(j) for j in range(p.stages))
+    plain = p.recompute == "auto" and plain_may_fit(p, d, req.devices, req.memory_limit, sizes)
+    if not plain and not fits_rule:
+        return math.inf, _Split(d, sizes, c.source)
+    if plain:
+        c = candidate(d, c.source, p, evaluate(p, split_assignment(sizes), (False,) * p.stages), times)
+    return _candidate_bound(profile, req, c), _Split(d, sizes, c.source)
 
 
 LOCAL_MOVES = 64
@@ -353,9 +381,6 @@ def _refine_with_ilp(
 
 
 # --------------------------------------------------------------------------- decisions
-
-
-_problem = problem_of  # the decision's partition problem (splits.py)
 
 
 def _solve(problem: PartitionProblem) -> Partition:

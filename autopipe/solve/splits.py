@@ -6,13 +6,16 @@ the assignment of every block, prices it with :func:`~autopipe.solve.problem.eva
 simulates the schedule's own action lists (:func:`~autopipe.solve.pricing.price`). The
 recomputation is the request's mode; in "auto", none at all when the simulated peak of every
 device fits without it (recomputing is never faster), else the per-chunk dominance rule of
-``evaluate`` (each chunk against the device's limit / v). The
+``evaluate`` (each chunk against the device's limit / v). A split is simulated without
+recomputation only when it may fit so (:func:`plain_may_fit`, a least peak per device from the
+schedule's in-flight counts). The
 search (:mod:`autopipe.solve.search`, :mod:`autopipe.solve.exact`) prices every split it
 simulates with this same function, so "the best split" means one thing everywhere.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 
@@ -24,7 +27,7 @@ from autopipe.solve.pricing import BlockTimes, Candidate, Decision, candidate, f
 from autopipe.solve.problem import Edge, PartitionProblem, contiguous_assignment, evaluate
 from autopipe.solve.request import PlanRequest
 
-__all__ = ["check_balance", "price_split", "problem_of", "split_assignment"]
+__all__ = ["check_balance", "plain_may_fit", "price_split", "problem_of", "split_assignment"]
 
 
 def problem_of(profile: Profile, req: PlanRequest, decision: Decision) -> PartitionProblem:
@@ -73,16 +76,41 @@ def price_split(
     p = problem_of(profile, req, decision) if problem is None else problem
     t = BlockTimes.of(profile, req.batch_size // decision.micro_batches, req.action_overhead_s) if times is None else times
     assignment = split_assignment(sizes)
-    if p.recompute == "auto":  # nothing recomputed when every device fits without it
-        plain = candidate(decision, source, p, evaluate(p, assignment, (False,) * p.stages), t)
-        summary = price(plain, req.devices)
-        if fits(summary, req.memory_limit):
-            return plain, summary
+    plain: tuple[Candidate, Summary] | None = None
+    if p.recompute == "auto" and plain_may_fit(p, decision, req.devices, req.memory_limit, sizes):
+        c = candidate(decision, source, p, evaluate(p, assignment, (False,) * p.stages), t)
+        plain = c, price(c, req.devices)  # nothing recomputed when every device fits without it
+        if fits(plain[1], req.memory_limit):
+            return plain
     part = evaluate(p, assignment)
-    if p.recompute == "auto" and not any(part.recompute):
-        return plain, summary
+    if plain is not None and not any(part.recompute):
+        return plain
     c = candidate(decision, source, p, part, t)
     return c, price(c, req.devices)
+
+
+MEMORY_SLACK = 1e-6
+"""A split is screened out only when its least peak exceeds the limit by more than this (relative)."""
+
+
+def plain_may_fit(problem: PartitionProblem, decision: Decision, devices: int, memory_limit: float, sizes: Sequence[int]) -> bool:
+    """Whether the split ``sizes`` may fit with nothing recomputed (a screen before simulating
+    it so; the simulator has the last word): False when some device's static bytes plus its
+    chunks' in-flight micro-batches (``problem.inflight`` summed, less one with v > 1) times its
+    smallest chunk's activations exceed ``memory_limit``. That many micro-batches are held at
+    once on every schedule (tests/solve/test_splits.py checks it against the simulator)."""
+    placed = schedule_spec(decision.schedule).devices_of(devices, decision.virtual)
+    static, held, least = [0.0] * devices, [0.0] * devices, [math.inf] * devices
+    i = 0
+    for j, size in enumerate(sizes):
+        r = placed[j]
+        static[r] += sum(problem.static_bytes[i : i + size])
+        held[r] += problem.inflight[j]
+        least[r] = min(least[r], sum(problem.activation_bytes[i : i + size]))
+        i += size
+    less = 1.0 if decision.virtual > 1 else 0.0
+    peaks = (a + max(h - less, 1.0) * b for a, h, b in zip(static, held, least, strict=True))
+    return max(peaks) <= memory_limit * (1.0 + MEMORY_SLACK)
 
 
 def check_balance(

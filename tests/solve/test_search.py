@@ -17,7 +17,8 @@ from autopipe.schedules.simulate import simulate
 from autopipe.solve.assemble import plan_timeline
 from autopipe.solve.pricing import BlockTimes, candidate, compiled
 from autopipe.solve.request import decisions
-from autopipe.solve.search import PlanRequest, _problem, _solve, plan_pipeline
+from autopipe.solve.search import PlanRequest, _solve, plan_pipeline
+from autopipe.solve.splits import problem_of as _problem
 
 MIB = 2.0**20
 
