@@ -32,7 +32,6 @@ __all__ = [
     "add_calibrate_parser",
     "analytic_counts_for_plan",
     "analytic_options",
-    "analytic_profile_for_plan",
     "device_for",
     "tensor_options",
     "wants_analytic",
@@ -88,25 +87,6 @@ def analytic_options(args: argparse.Namespace) -> AnalyticOptions:
         leaf_modules=split_names(args.leaf),
         max_blocks=positive_int(args.blocks, "--blocks") if args.blocks is not None else None,
     )
-
-
-def analytic_profile_for_plan(
-    model: str, kwargs: list[str], spec: DeviceSpec, options: AnalyticOptions, progress: ProgressCallback | None = None
-) -> Profile:
-    """MODEL (``-k`` ``kwargs``) built on meta and priced on ``spec``, telling ``progress``."""
-    if progress is not None:
-        progress(f"loading {model} on the meta device", 0, 0)
-    from autopipe.costs.analytic import analytic_profile
-    from autopipe.graph.recipe import TraceRecipe
-    from autopipe.model.load import load_model, parse_kwargs
-    from autopipe.solve.defaults import ANALYTIC_MICRO_BATCH_SIZES, default_dtype
-
-    loaded = load_model(model, parse_kwargs(kwargs), device="meta")
-    recipe = TraceRecipe(tracer=options.tracer, leaf_modules=options.leaf_modules, max_blocks=options.max_blocks)
-    return analytic_profile(
-        loaded, spec, micro_batch_sizes=options.micro_batch_sizes or ANALYTIC_MICRO_BATCH_SIZES,
-        dtype=options.dtype or default_dtype(spec), recipe=recipe, progress=progress,
-    )  # fmt: skip
 
 
 def analytic_counts_for_plan(

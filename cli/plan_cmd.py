@@ -23,7 +23,6 @@ from .analytic_cmd import (
     add_analytic_arguments,
     analytic_counts_for_plan,
     analytic_options,
-    analytic_profile_for_plan,
     device_for,
     tensor_options,
     wants_analytic,
@@ -211,13 +210,10 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
         spec = device_for(args.device, args.device_file, args.calibration)
         if args.model is None:
             raise UsageError("--device NAME plans MODEL analytically; give MODEL (a --profile is already priced)")
-        if flags.gpus is not None:  # counted once, priced per tensor-parallel degree
-            counts = analytic_counts_for_plan(args.model, args.kwargs, spec, analytic_options(args), progress)
-            from autopipe.costs.analytic import profile_from_counts
+        from autopipe.costs.analytic import profile_from_counts
 
-            profile = profile_from_counts(counts, spec)
-        else:
-            profile = analytic_profile_for_plan(args.model, args.kwargs, spec, analytic_options(args), progress)
+        counts = analytic_counts_for_plan(args.model, args.kwargs, spec, analytic_options(args), progress)
+        profile = profile_from_counts(counts, spec)  # with --gpus, priced again per tensor-parallel degree
     else:
         options = profiling_options(args, flags.batch_size, plan_micro_batch_sizes(flags.batch_size))
         profile = measure(args.model, args.kwargs, options, progress)
