@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from autopipe.schedules.action import Placement, Schedule, round_robin
+from autopipe.schedules.lists import RankLists, from_schedule
 from autopipe.schedules.validate import validate
 
 __all__ = ["ScheduleSpec"]
@@ -39,6 +40,9 @@ class ScheduleSpec:
     min_micro_batches_per_device: int = 0  # m >= this x S, fewer refused (DualPipeV: 2); 0: any m
     placement: Placement = round_robin  # (chunk, devices, virtual) -> device
     searched: bool = True  # the automatic search tries it; False: only when pinned (--schedule)
+    # The same lists as integer arrays, built without Action objects (the planner's fast path);
+    # None: derived from create_schedule.
+    create_lists: Callable[[int, int, int], RankLists] | None = None
 
     @property
     def takes_virtual(self) -> bool:
@@ -50,6 +54,13 @@ class ScheduleSpec:
         schedule = self.create_schedule(devices, micro_batches, virtual)
         validate(schedule, devices, micro_batches, virtual, self.placement)
         return schedule
+
+    def lists(self, devices: int, micro_batches: int, virtual: int = 1) -> RankLists:
+        """The action lists as integer arrays (unvalidated, like ``create_schedule``'s), from
+        ``create_lists`` when the schedule has one."""
+        if self.create_lists is not None:
+            return self.create_lists(devices, micro_batches, virtual)
+        return from_schedule(self.create_schedule(devices, micro_batches, virtual), devices)
 
     def device_of(self, chunk: int, devices: int, virtual: int = 1) -> int:
         """The device that runs ``chunk``."""
