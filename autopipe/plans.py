@@ -203,6 +203,15 @@ MAX_REPLICAS = 2**20  # data-parallel replicas
 MAX_VIRTUAL = 64  # chunks per device
 MAX_TENSOR_PARALLEL = 2**10  # devices in one tensor-parallel group (one node)
 _MAX_INT = 2**53  # any other count (parameters, indices)
+_COUNT_RANGES = {  # the plan's own counts (top-level fields), and what each may be
+    "devices": (1, MAX_DEVICES),
+    "data_parallel": (1, MAX_REPLICAS),
+    "tensor_parallel": (1, MAX_TENSOR_PARALLEL),
+    "micro_batches": (1, MAX_MICRO_BATCHES),
+    "micro_batch_size": (1, MAX_BATCH_SIZE),
+    "batch_size": (1, MAX_BATCH_SIZE),
+    "virtual": (1, MAX_VIRTUAL),
+}
 _UNBOUNDED = {"throughput", "memory_limit_bytes", "link_bandwidth"}  # may be infinite
 _TRACERS = ("auto", "fx", "export")
 _AGAIN = "plan again with 'autopipe plan' (or fix the file)"
@@ -235,8 +244,10 @@ def _value(v: Any, kind: str, where: str, source: str) -> Any:
     if kind in ("int", "int | None"):
         if not isinstance(v, int) or isinstance(v, bool):
             raise _bad(source, where, v, "a whole number")
-        if not 0 <= v <= _MAX_INT:
-            raise _bad(source, where, v, "a whole number from 0 to 2**53")
+        low, high = _COUNT_RANGES.get(where, (0, _MAX_INT))
+        if not low <= v <= high:
+            # A plan-level count is named with its own range (the one check_plan_values checks).
+            raise _bad(source, where, v, f"{low} to {high}" if where in _COUNT_RANGES else "a whole number from 0 to 2**53")
         return v
     if kind == "float":
         ok = isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -57,7 +57,7 @@ BAD: list[tuple[str, Mutation, str]] = [
     ("time string", _set("backward_s", "1ms", 0), "stages[0].backward_s is '1ms', expected a finite number"),
     ("huge int as float", _set("forward_s", 10**400, 0), "stages[0].forward_s is 1000000000000"),
     ("batch 0", _set("batch_size", 0), "batch_size is 0, expected 1 to"),
-    ("batch negative", _set("batch_size", -8), "batch_size is -8, expected a whole number from 0"),
+    ("batch negative", _set("batch_size", -8), "batch_size is -8, expected 1 to 2147483648"),
     ("micro-batches 0", _set("micro_batches", 0), "micro_batches is 0, expected 1 to 65536"),
     ("micro-batches not dividing", _set("micro_batches", 3), "batch_size 8 is not micro_batches 3 x micro_batch_size 8"),
     ("micro-batches huge", _set("micro_batches", 10**6), f"micro_batches is 1000000, expected 1 to {MAX_MICRO_BATCHES}"),
@@ -81,6 +81,8 @@ BAD: list[tuple[str, Mutation, str]] = [
     ("peak per device", _set("peak_memory_bytes", []), "peak_memory_bytes has 0 value(s), expected one per device (2)"),
     ("a baseline without peaks", lambda d: d["baselines"][0].update(peak_memory_bytes=[]), "baselines[0].peak_memory_bytes is empty"),
     ("tensor parallel 0", _set("tensor_parallel", 0), "tensor_parallel is 0, expected 1 to 1024"),
+    ("tensor parallel negative", _set("tensor_parallel", -3), "tensor_parallel is -3, expected 1 to 1024"),
+    ("devices huge", _set("devices", 2**60), "devices is 1152921504606846976, expected 1 to 4096"),
     ("sequence parallel alone", _set("sequence_parallel", True), "sequence_parallel is true with tensor_parallel 1"),
     ("hardware below model flops", _set("model_flops", 5.0), "hardware_flops 0 is below model_flops 5"),
 ]
