@@ -28,6 +28,7 @@ closed form (the authors' own search, ``v_auto_schedule.py``, pads to ``2S`` as 
 
 from __future__ import annotations
 
+import bisect
 from functools import cache
 
 import numpy as np
@@ -89,9 +90,18 @@ def _with_w(dev: list[list[int]], split: bool) -> list[list[int]]:
     return [*dev[:4], ws[0], ws[1]] if split else [*dev[:4], ws[0]]
 
 
-def _in_order(res: Slots) -> list[tuple[int, int, int, int]]:
-    """Every pass as (slot, device, type, micro-batch), in slot order."""
-    return sorted((s, d, t, k) for d, dev in enumerate(res) for t, lst in enumerate(dev) for k, s in enumerate(lst))
+def _in_order(res: Slots) -> list[list[int]]:
+    """Every pass as [slot, device, type, micro-batch], in slot order (ties: device, type)."""
+    parts = [
+        np.column_stack((lst, np.full(len(lst), d), np.full(len(lst), t), np.arange(len(lst))))
+        for d, dev in enumerate(res)
+        for t, lst in enumerate(dev)
+        if lst
+    ]
+    rows = np.concatenate(parts).astype(np.int64)
+    order = np.lexsort((rows[:, 3], rows[:, 2], rows[:, 1], rows[:, 0]))
+    out: list[list[int]] = rows[order].tolist()
+    return out
 
 
 def _deps(res: Slots, d: int, t: int, k: int) -> list[int]:
@@ -110,11 +120,19 @@ def _deps(res: Slots, d: int, t: int, k: int) -> list[int]:
 
 def _squeeze(res: Slots) -> Slots:
     """Each pass as early as its device's order and its dependencies allow (unit passes)."""
-    free = [0] * len(res)
+    S, free = len(res), [0] * len(res)
     out: Slots = [[[0] * len(lst) for lst in dev] for dev in res]
     for _, d, t, k in _in_order(res):
-        start = max([free[d], *(s + 1 for s in _deps(out, d, t, k))])
-        out[d][t][k] = start
+        mine, start = out[d], free[d]
+        if k:
+            start = max(start, mine[t][k - 1] + 1)
+        if 0 < t < 4:
+            start = max(start, mine[t - 1][k] + 1)
+        if t in (0, 2) and d > 0:
+            start = max(start, out[d - 1][t][k] + 1)
+        elif t in (1, 3) and d + 1 < S:
+            start = max(start, out[d + 1][t][k] + 1)
+        mine[t][k] = start
         free[d] = start + 1
     return out
 
@@ -142,6 +160,7 @@ def _reorder(res: Slots, with_w: bool, m: int) -> Slots:
             code[d][lst] = t
         held.append(np.cumsum((code[d] <= 1) & (code[d] >= 0)) - np.cumsum(code[d] == 4))
     most = max(int(h.max()) for h in held) if with_w else max(_peak_implicit(c) for c in code)
+    backs: list[list[int]] = [[] for _ in res]  # with_w: per device, placed B slots, sorted
     phase = 0
     for s, d, t, k in _in_order(res):
         if t == 3 and d == 0 and phase == 0:
@@ -150,10 +169,12 @@ def _reorder(res: Slots, with_w: bool, m: int) -> Slots:
             if phase == 1 and t == 0 and k == m - 1:
                 phase = 2
             taken[d][s] = 1
+            if t in (2, 3):
+                bisect.insort(backs[d], s)
             continue
         first = max(_deps(res, d, t, k), default=-1) + 1
-        if t == 4:  # a W after the k-th backward of either chunk
-            first = max(first, sorted(res[d][2] + res[d][3])[k] + 1)
+        if t == 4:  # a W after the k-th backward of either chunk (all placed: slots < s)
+            first = max(first, backs[d][k] + 1)
         to = s
         for p in range(first, s):
             if taken[d][p]:
@@ -172,6 +193,8 @@ def _reorder(res: Slots, with_w: bool, m: int) -> Slots:
             held[d][to:s] += 1 if t <= 1 else -1 if t == 4 else 0
         res[d][t][k] = to
         taken[d][to] = 1
+        if t in (2, 3):
+            bisect.insort(backs[d], to)
     if not with_w:
         res = [_with_w(dev, split=False) for dev in res]
     return _squeeze(res)
