@@ -262,19 +262,19 @@ def lists(pattern: Pattern, micro_batches: int) -> RankLists:
 
 
 def inflight(rank_lists: RankLists, devices: int) -> tuple[float, ...]:
-    """Per chunk, the micro-batches whose activations it holds (F run, B not yet) when its
+    """Per chunk, the micro-batches whose activations it holds (F run, W not yet) when its
     device holds the most: the two chunks of a device sum to that most (their own peaks come
     at different times, and their sum would overstate the device's)."""
     held = [0.0] * (2 * devices)
     for rows in rank_lists:
         chunks = np.unique(rows[:, 0])
-        counts = [np.cumsum((rows[:, 0] == c) & (rows[:, 1] == F)) - np.cumsum((rows[:, 0] == c) & (rows[:, 1] == B)) for c in chunks]
+        counts = [np.cumsum((rows[:, 0] == c) & (rows[:, 1] == F)) - np.cumsum((rows[:, 0] == c) & (rows[:, 1] == W)) for c in chunks]
         at = int(np.argmax(np.sum(counts, axis=0)))
         for c, count in zip(chunks, counts, strict=True):
             held[int(c)] = float(count[at])
     return tuple(held)
 
 
-def device_peak(rank_lists: RankLists, end: int = W) -> tuple[int, ...]:
-    """Per device, the most chunk activations held at once: F run, its ``end`` (W, or B) not yet."""
-    return tuple(int((np.cumsum(r[:, 1] == F) - np.cumsum(r[:, 1] == end)).max()) for r in rank_lists)
+def device_peak(rank_lists: RankLists) -> tuple[int, ...]:
+    """Per device, the most chunk activations held at once: F run, its W not yet."""
+    return tuple(int((np.cumsum(r[:, 1] == F) - np.cumsum(r[:, 1] == W)).max()) for r in rank_lists)

@@ -18,7 +18,7 @@ as the simulator times them ("-" idle)::
 
 Memory: a device holds at most ``2 * ((S+2) // 2)`` chunk activations (F to W) — the paper's
 ``(p+2)//2`` micro-batches of a stage, half of 1F1B's ``S`` as ``S`` grows; per chunk
-:func:`inflight` (read off the lists: F to B, at the device's peak).
+:func:`inflight` (read off the lists: F to W, at the device's peak).
 
 Bubble (F = B = W = one unit, a device's work ``6m``): the iteration takes
 ``6m + 6 * ceil(S/2) - 7`` units (``6m + 1`` for ``S = 2``, ``6m`` for ``S = 1``;
@@ -57,7 +57,7 @@ def create_schedule(devices: int, micro_batches: int, virtual: int = 2) -> Sched
 
 
 def inflight(devices: int, micro_batches: int, virtual: int = 2) -> tuple[float, ...]:
-    """Per chunk, the micro-batches it holds (F run, B not) when its device holds the most."""
+    """Per chunk, the micro-batches it holds (F run, W not) when its device holds the most."""
     return v_block.inflight(create_lists(devices, micro_batches, virtual), devices)
 
 

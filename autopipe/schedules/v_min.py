@@ -19,7 +19,7 @@ idle)::
 
 Memory: a device holds at most ``2 * ((S+4) // 3)`` chunk activations (F to W) — the paper's
 ``(p+4)//3`` micro-batches of a stage, a third of 1F1B's ``S`` as ``S`` grows; per chunk
-:func:`inflight` (read off the lists: F to B, at the device's peak).
+:func:`inflight` (read off the lists: F to W, at the device's peak).
 
 Bubble (F = B = W = one unit, a device's work ``6m``): the iteration takes
 ``6m + 4S - 5`` units, two fewer when ``S`` is a multiple of 3 (``6m`` for ``S = 1``;
@@ -59,7 +59,7 @@ def create_schedule(devices: int, micro_batches: int, virtual: int = 2) -> Sched
 
 
 def inflight(devices: int, micro_batches: int, virtual: int = 2) -> tuple[float, ...]:
-    """Per chunk, the micro-batches it holds (F run, B not) when its device holds the most."""
+    """Per chunk, the micro-batches it holds (F run, W not) when its device holds the most."""
     return v_block.inflight(create_lists(devices, micro_batches, virtual), devices)
 
 
