@@ -22,7 +22,8 @@ Memory: a device holds at most ``2 * ((S+2) // 2)`` chunk activations (F to W) â
 
 Bubble (F = B = W = one unit, a device's work ``6m``): the iteration takes
 ``6m + 6 * ceil(S/2) - 7`` units (``6m + 1`` for ``S = 2``, ``6m`` for ``S = 1``;
-:func:`makespan_units`, the simulator's value for every ``S <= 16``, ``2S <= m <= 32``):
+:func:`makespan_units`, the simulator's value for every ``S <= 8``, ``2S <= m <= 32`` in
+the tests, and for ``S`` up to 64 at ``m = 2S, 2S+1, 3S+1`` when it was written):
 a bubble of about ``S / (2m)``, the paper's V-Half rate. Needs ``m >= 2S``.
 
 Registered, not searched yet (``searched=False``); torch.distributed.pipelining has no class

@@ -23,7 +23,8 @@ Memory: a device holds at most ``2 * ((S+4) // 3)`` chunk activations (F to W) â
 
 Bubble (F = B = W = one unit, a device's work ``6m``): the iteration takes
 ``6m + 4S - 5`` units, two fewer when ``S`` is a multiple of 3 (``6m`` for ``S = 1``;
-:func:`makespan_units`, the simulator's value for every ``S <= 16``, ``2S <= m <= 32``): a
+:func:`makespan_units`, the simulator's value for every ``S <= 8``, ``2S <= m <= 32`` in
+the tests, and for ``S`` up to 64 at ``m = 2S, 2S+1, 3S+1`` when it was written): a
 bubble of about ``2S / (3m)``, the paper's V-Min rate, below 1F1B's ``(S-1)/m`` at about a
 third of its memory. Needs ``m >= 2S``.
 
