@@ -8,7 +8,9 @@ device each row is labelled with its chunks and the chunks of every second lap r
 (a V's up leg, chunks ``S..2S-1``; an interleaved plan's second lap) are lighter and outlined,
 as the legend says (the text version writes their letters in lower case); every action at
 least :data:`MIN_PX` pixels wide; the light grey behind is idle time, the thin grey band
-under a row activations or gradients in flight on the link into that device. Below, each device's memory over the iteration as a fraction of its
+under a row activations or gradients in flight on the link into that device, a red bar
+above a row an overlapped forward-and-backward pair (DualPipeV's F&B, the schedule's
+``overlapped``). Below, each device's memory over the iteration as a fraction of its
 limit (dashed line), so the stages that had to recompute show why. Long schedules are drawn as
 warm-up, steady state and cool-down with the elided middle marked (:mod:`.picture`): the
 picture and the time to draw it stay bounded (at most :data:`MAX_PX` pixels on a side).
@@ -17,6 +19,7 @@ picture and the time to draw it stay bounded (at most :data:`MAX_PX` pixels on a
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,17 +35,19 @@ from autopipe.schedules.picture import (
     device_chunks,
     frame,
     memory_steps,
+    pair_spans,
     placement_shape,
     sample,
 )
 from autopipe.schedules.registry import schedule_spec
 from autopipe.schedules.simulate import StageCost, Timeline
 
-__all__ = ["COLOURS", "IDLE_COLOUR", "MAX_PX", "Canvas", "check_times", "draw_timeline", "plan_frame", "second_laps", "text_timeline"]
+__all__ = ["COLOURS", "IDLE_COLOUR", "MAX_PX", "PAIR_COLOUR", "Canvas", "check_times", "draw_timeline", "plan_frame", "second_laps", "text_timeline"]
 
 COLOURS = {"F": "#59a14f", "B": "#4e79a7", "W": "#b07aa1", RECOMPUTE: "#f28e2b"}  # by kind
 NAMES = {"F": "F forward", "B": "B backward", "W": "W weight grad", RECOMPUTE: "R recompute (in B)"}
 IDLE_COLOUR, LINK_COLOUR, LIMIT_COLOUR = "#e8e8e8", "#8c8c8c", "#d62728"
+PAIR_COLOUR = "#e15759"  # the bar over an overlapped F&B pair (DualPipeV)
 MAX_PX = 3000  # longest side of a drawn picture
 MIN_PX = 3.0  # narrowest drawn action
 _DPI = 100
@@ -74,7 +79,12 @@ def plan_frame(plan: Plan, timeline: Timeline) -> Frame:
         chunk.append(seen[d])
         seen[d] += 1
     recompute = [s.forward_s if s.recompute else 0.0 for s in plan.stages]
-    return frame(timeline, plan.devices, chunk, recompute)
+    f = frame(timeline, plan.devices, chunk, recompute)
+    overlapped = schedule_spec(plan.schedule).overlapped
+    if overlapped is None:
+        return f
+    pairs = [overlapped(r, plan.devices, plan.micro_batches) for r in range(plan.devices)]
+    return dataclasses.replace(f, pairs=pair_spans(f, pairs))
 
 
 @dataclass(frozen=True)
@@ -209,6 +219,8 @@ def _boxes(ax: Any, plan: Plan, f: Frame, px: float, row: int) -> None:
             ty = S - 1 - spec.device_of(to, S, plan.virtual)
             link.append(_rect(end, end + max(delay, least / 2), ty - 0.58, ty - 0.46))
     _shapes(ax, link, LINK_COLOUR)
+    # an overlapped F&B pair: a bar above the row, from the F's start to the B's end
+    _shapes(ax, [_rect(x0, x1, S - 1 - r + 0.32, S - 1 - r + 0.41) for r, x0, x1 in f.pairs], PAIR_COLOUR)
     for (narrow, odd, kind), rects in sorted(groups.items()):
         edge, width = ("none", 0.0) if narrow else ("black", 0.8) if odd else ("white", 0.6)
         _shapes(ax, rects, _lighter(COLOURS[kind]) if odd else COLOURS[kind], edge, width)
@@ -270,8 +282,11 @@ def _legend(fig: Any, plan: Plan, f: Frame) -> None:
     lap = second_laps(plan)
     if lap:
         handles.append(Patch(facecolor=_lighter(COLOURS["F"]), edgecolor="black", label=f"{lap}: lighter, outlined"))
+    if f.pairs:
+        handles.append(Patch(facecolor=PAIR_COLOUR, label="bar above: F&B overlapped pair"))
     handles += [Patch(facecolor=IDLE_COLOUR, label="idle"), Patch(facecolor=LINK_COLOUR, label="in flight on the link")]
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=9, frameon=False)
+    ncol = len(handles) if len(handles) <= 6 else (len(handles) + 1) // 2  # two rows if wide
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
 
 
 def _home(plan: Plan) -> tuple[int, ...]:

@@ -221,4 +221,5 @@ SPEC = ScheduleSpec(
     placement=v_shape,
     searched=False,
     min_micro_batches_per_device=PER_DEVICE,
+    overlapped=overlapped,
 )

@@ -18,12 +18,12 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autopipe.schedules.action import Kind, round_robin, v_shape
+from autopipe.schedules.action import Action, Kind, round_robin, v_shape
 from autopipe.schedules.simulate import ActionTiming, StageCost, Timeline
 
 __all__ = [
-    "FULL_DETAIL", "WINDOW_ACTIONS", "Box", "Frame", "Window", "device_chunks", "frame", "memory_steps", "placement_shape",
-    "placement_words", "sample",
+    "FULL_DETAIL", "WINDOW_ACTIONS", "Box", "Frame", "Window", "device_chunks", "frame", "memory_steps", "pair_spans",
+    "placement_shape", "placement_words", "sample",
 ]  # fmt: skip
 
 FULL_DETAIL = 360  # actions per device drawn whole; past it, three windows
@@ -58,6 +58,8 @@ class Frame:
     elided: tuple[int, ...]  # actions (all devices) not drawn, per gap
     boxes: tuple[Box, ...]
     width: float  # length of the drawn axis
+    # overlapped F&B pairs (DualPipeV), drawn with a bar above them: (rank, x0, x1) on the axis
+    pairs: tuple[tuple[int, float, float], ...] = ()
 
     def x_of(self, t: float) -> float | None:
         """Where simulated time ``t`` lies on the drawn axis; ``None`` inside an elided gap."""
@@ -137,6 +139,27 @@ def _boxes_of(at: ActionTiming, w: Window, chunk_of: Sequence[int], recompute_s:
         if e >= s:
             out.append(Box(at.rank, a.stage, w.x0 + s - w.start_s, w.x0 + e - w.start_s, kind, a.microbatch, chunk_of[a.stage], at.start_s, at.end_s))
     return out
+
+
+def pair_spans(f: Frame, pairs: Sequence[Sequence[tuple[Action, Action]]]) -> tuple[tuple[int, float, float], ...]:
+    """Where each overlapped pair ``(F, B)`` of rank ``r`` (``pairs[r]``) lies on the drawn axis:
+    ``(r, x0, x1)`` from the start of its F to the end of its B (a recomputing B's R included),
+    for the pairs drawn whole in one window (none across an elision mark)."""
+    spans: dict[tuple[int, int, str, int], tuple[float, float]] = {}
+    for b in f.boxes:
+        kind = Kind.BACKWARD.value if b.kind == RECOMPUTE else b.kind
+        key = (b.rank, b.stage, kind, b.microbatch)
+        lo, hi = spans.get(key, (b.x0, b.x1))
+        spans[key] = (min(lo, b.x0), max(hi, b.x1))
+    ends = [w.x0 + w.end_s - w.start_s for w in f.windows]
+    out = []
+    for rank, mine in enumerate(pairs):
+        for fwd, bwd in mine:
+            first = spans.get((rank, fwd.stage, fwd.kind.value, fwd.microbatch))
+            last = spans.get((rank, bwd.stage, bwd.kind.value, bwd.microbatch))
+            if first and last and bisect.bisect_left(ends, first[0]) == bisect.bisect_left(ends, last[1]):
+                out.append((rank, first[0], last[1]))
+    return tuple(out)
 
 
 def memory_steps(timeline: Timeline, costs: Sequence[StageCost], home: Sequence[int]) -> tuple[tuple[tuple[float, float], ...], ...]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autopipe.schedules.action import Placement, Schedule, round_robin
+from autopipe.schedules.action import Action, Placement, Schedule, round_robin
 from autopipe.schedules.lists import RankLists, from_schedule
 from autopipe.schedules.validate import validate
 
@@ -43,6 +43,9 @@ class ScheduleSpec:
     # The same lists as integer arrays, built without Action objects (the planner's fast path);
     # None: derived from create_schedule.
     create_lists: Callable[[int, int, int], RankLists] | None = None
+    # (rank, devices, micro_batches) -> that rank's overlapped F&B pairs, each F immediately
+    # followed by its B in the list (DualPipeV; drawn in the pictures); None: no pairs.
+    overlapped: Callable[[int, int, int], tuple[tuple[Action, Action], ...]] | None = None
 
     @property
     def takes_virtual(self) -> bool:

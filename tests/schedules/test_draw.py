@@ -14,9 +14,11 @@ from matplotlib.image import imread
 
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.plans import Plan, StagePlan
+from autopipe.schedules import dualpipe_v
 from autopipe.schedules.draw import (
     COLOURS,
     IDLE_COLOUR,
+    PAIR_COLOUR,
     Canvas,
     draw_timeline,
     plan_frame,
@@ -139,6 +141,28 @@ def test_the_text_timeline_of_a_v_writes_the_up_leg_in_lower_case() -> None:
             read += 1
     assert read >= 100
     assert "[green underline]" in "".join(text_timeline(plan, timeline)) and "[underline]underlined[/]: chunks 4-7 (up the V)" in text_timeline(plan, timeline)[0]
+
+
+def test_the_overlapped_pairs_of_dualpipe_v_have_a_bar_above(tmp_path: Path) -> None:
+    """Every F&B pair dualpipe_v.overlapped names gets a bar above its row, from its F's start
+    to its B's end, read back from the pixels; the actions outside pairs and ZB-V get none."""
+    plan = synthetic_plan(2, 6, "dualpipe-v", virtual=2)
+    canvas, image, boxes = draw(plan, tmp_path / "t.png")
+    f = plan_frame(plan, plan_timeline(plan))
+    at = {(b.rank, b.stage, b.kind, b.microbatch): b for b in boxes}
+    pairs = [(r, p) for r in range(2) for p in dualpipe_v.overlapped(r, 2, 6)]
+    assert len(pairs) == 14 and len(f.pairs) == len(pairs)
+    covered = set()
+    for (r, (fwd, bwd)), (rank, x0, x1) in zip(pairs, f.pairs, strict=True):
+        assert (rank, x0, x1) == (r, at[r, fwd.stage, "F", fwd.microbatch].x0, at[r, bwd.stage, "B", bwd.microbatch].x1)
+        for x in (x0 + 0.1 * (x1 - x0), (x0 + x1) / 2, x1 - 0.1 * (x1 - x0)):
+            col, row = canvas.pixel(x, 1 - r + 0.365)
+            assert same(tuple(float(v) for v in image[row, col][:3]), to_rgb(PAIR_COLOUR)), (r, fwd, bwd)  # type: ignore[arg-type]
+        covered |= {(r, round(x, 9)) for x in (x0, x1)}
+    first = min((b for b in boxes if b.rank == 0), key=lambda b: b.x0)  # 0F0: not in a pair
+    col, row = canvas.pixel((first.x0 + first.x1) / 2, 1 + 0.365)
+    assert not same(tuple(float(v) for v in image[row, col][:3]), to_rgb(PAIR_COLOUR))  # type: ignore[arg-type]
+    assert plan_frame(synthetic_plan(2, 6, "zb-v", virtual=2), plan_timeline(synthetic_plan(2, 6, "zb-v", virtual=2))).pairs == ()
 
 
 def test_a_zero_length_action_is_still_seen(tmp_path: Path) -> None:

@@ -1,17 +1,20 @@
 """V-Half and V-Min (autopipe/schedules/v_half.py, v_min.py, built by v_block.py): V placement,
-validator-clean lists, in-flight memory against the simulator and the paper's table, the
-makespan formulas against the simulator, the S=4 grids.
+validator-clean lists, memory against the simulator and the paper's table, the makespan
+formulas against the simulator, the S=4 grids, the tiled lists against the full build.
 
-What the S=4 grids are compared with: Qi et al. (NeurIPS 2024) draw V-Min and V-Half for
-4 devices as one micro-batch's building block (forwards down the V and back up, backwards
-straight back, each W after its B) repeated every 6 slots. The grids below are checked to be
-exactly that, slot by slot, as the simulator times them: device 0 starts with forwards of chunk
-0, device 3 runs the turn (chunks 3 and 4) with no hop, and from the third block on every
-device repeats its 6 actions every 6 slots with no idle slot. The paper's figure image was not
-at hand offline; its table is: activation memory per device ``(p+4)//3`` (V-Min) and
-``(p+2)//2`` (V-Half) micro-batches of a stage, bubble about ``2p/(3m)`` and ``p/(2m)``.
-test_peak_memory_is_the_papers_table checks the first two exactly, for every S <= 8;
-the bubble formulas are ours (module docstrings), V-Min's matching the paper's rate.
+What the S=4 grids are compared with: the authors' generator of these two schedules,
+``zbv_greedy.py`` in sail-sg/zero-bubble-pipeline-parallelism (``PipelineGraph(p, m, "half" |
+"min", ...)``: ``stable_pattern_v_half`` / ``stable_pattern_v_min``, ``schedule_from_pattern``:
+repeat, reorder with Ws, reorder without, Ws put back, each device's passes in slot order).
+That code was read, not run or copied (offline, and its code stays out of this repository):
+v_block.py follows its steps, and the grids below are its output for ``p=4``, ``m=8`` as
+autopipe's simulator times them with F = B = W = 1 and free links (the authors' own
+``eager_execution_time`` with those costs gives the same start times: same per-device order,
+same dependencies). A second, separate reading of those steps written while building this
+(slot lists in plain Python, no numpy) gave the same lists for every S <= 8 at
+m = 2S, 2S+1, 2S+5, 3S+2. The paper's table: activation memory per device ``(p+2)//2``
+(V-Half) and ``(p+4)//3`` (V-Min) micro-batches of a stage, bubble about ``p/(2m)`` and
+``2p/(3m)`` passes: test_peak_memory_is_the_papers_table and the makespan formulas.
 """
 
 from __future__ import annotations
@@ -19,11 +22,21 @@ from __future__ import annotations
 from functools import cache
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 from autopipe.errors import ScheduleError
-from autopipe.schedules import one_f_one_b, schedule_names, schedule_spec, v_block, v_half, v_min
-from autopipe.schedules.action import IDLE, Kind, v_shape
+from autopipe.schedules import (
+    one_f_one_b,
+    schedule_names,
+    schedule_spec,
+    v_block,
+    v_half,
+    v_min,
+    zb_v,
+)
+from autopipe.schedules.action import IDLE, v_shape
+from autopipe.schedules.lists import from_schedule
 from autopipe.schedules.simulate import StageCost, Timeline, simulate
 from autopipe.solve.request import SEARCH_SCHEDULES
 
@@ -31,6 +44,7 @@ MODULES = {"v-half": v_half, "v-min": v_min}
 NAMES = list(MODULES)
 # one chunk, F = B = W = 1; weight_grad_bytes = activation_bytes: held from F to W
 UNIT = StageCost(1.0, 2.0, 1.0, 1.0, activation_bytes=1.0, weight_grad_bytes=1.0)
+PAPER = {"v-min": lambda S: (S + 4) // 3, "v-half": lambda S: (S + 2) // 2}  # micro-batches of a stage
 
 
 @cache  # several tests read the same timelines; simulate() validates each
@@ -41,8 +55,8 @@ def run(name: str, devices: int, micro_batches: int) -> Timeline:
 
 def check(name: str, S: int, m: int) -> None:
     """Validator-clean (simulate() validates), V-placed, complete; the makespan and bubble
-    formulas are the simulated ones; the in-flight counts bound what the simulator holds, per
-    chunk (F to B) and per device (F to W, their sum at most one above the simulated peak)."""
+    formulas are the simulated ones; memory: the paper's per device, and the per-chunk
+    counts bound what the simulator holds."""
     module: ModuleType = MODULES[name]
     timeline = run(name, S, m)
     schedule = module.create_schedule(S, m)
@@ -52,26 +66,27 @@ def check(name: str, S: int, m: int) -> None:
     assert abs(timeline.iteration_s - module.makespan_units(S, m)) < 1e-9, (S, m)
     assert abs(timeline.bubble_fraction - module.bubble(S, m)) < 1e-9, (S, m)
     assert timeline.iteration_s >= 6 * m + S - 1  # never below the ramp bound (zb_v.py)
-    k = module.inflight(S, m, 2)
-    assert all(got <= most for got, most in zip(timeline.peak_inflight, k, strict=True))
-    budget = [k[d] + k[2 * S - 1 - d] for d in range(S)]
-    for got, most in zip(timeline.peak_memory_bytes, budget, strict=True):
-        assert most - 1 <= got <= most, (S, m)
+    lists = module.create_lists(S, m)
+    assert tuple(timeline.peak_memory_bytes) == v_block.device_peak(lists)
+    if S > 1:
+        assert max(timeline.peak_memory_bytes) == 2 * PAPER[name](S), (S, m)
+    k = module.inflight(S, m, 2)  # the two chunks of a device: its most held, F to W
+    assert [k[d] + k[2 * S - 1 - d] for d in range(S)] == list(timeline.peak_memory_bytes)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_some_sizes(name: str) -> None:
     assert MODULES[name].SPEC.devices_of(4, 2) == (0, 1, 2, 3, 3, 2, 1, 0)
     for S in range(1, 9):
-        for m in sorted({1, 2, S, 2 * S + 1}):  # m < S included
+        for m in (2 * S, 2 * S + 3) if S <= 4 else (2 * S + 1,):
             check(name, S, m)
 
 
-@pytest.mark.slow  # 512 simulations, ~20 s on a loaded 2-core machine
+@pytest.mark.slow  # ~300 simulations, ~15 s on a loaded 2-core machine
 @pytest.mark.parametrize("name", NAMES)
 def test_every_size_up_to_8_devices_and_32_micro_batches(name: str) -> None:
     for S in range(1, 9):
-        for m in range(1, 33):
+        for m in range(2 * S, 33):
             check(name, S, m)
 
 
@@ -80,22 +95,19 @@ def test_bubbles_rank_v_min_over_v_half_over_zb_v() -> None:
     for S in range(2, 9):
         m = 4 * S
         vmin, vhalf = v_min.makespan_units(S, m) - 6 * m, v_half.makespan_units(S, m) - 6 * m
-        assert 6 * (S - 1) > vmin >= vhalf >= S - 1
-    assert (v_min.makespan_units(8, 32) - 192, v_half.makespan_units(8, 32) - 192) == (27, 24)
-
-
-PAPER = {"v-min": lambda S: (S + 4) // 3, "v-half": lambda S: (S + 2) // 2}  # micro-batches of a stage
+        assert 6 * (S - 1) > vmin >= vhalf >= zb_v.makespan_units(S, m) - 6 * m == S - 1
+    assert (v_min.makespan_units(8, 32) - 192, v_half.makespan_units(8, 32) - 192) == (27, 17)
+    # the paper's rates: V-Half about S/(2m) of the work 6m, V-Min about 2S/(3m)
+    assert v_half.makespan_units(64, 512) - 6 * 512 == 3 * 64 - 7
+    assert v_min.makespan_units(64, 512) - 6 * 512 == 4 * 64 - 5
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_peak_memory_is_the_papers_table(name: str) -> None:
     """A chunk is half a stage: 1F1B's peak is S stage activations, 2S chunk activations."""
     stage = StageCost(2.0, 4.0, 2.0, 2.0, activation_bytes=2.0)
-    for S in range(2, 9):
-        m = 32
-        peak = max(run(name, S, m).peak_memory_bytes)  # chunk activations, F to W
-        assert peak == 2 * PAPER[name](S), S
-        ofob = max(simulate(one_f_one_b.create_schedule(S, m), [stage] * S).peak_memory_bytes)
+    for S in (4, 8):
+        ofob = max(simulate(one_f_one_b.create_schedule(S, 32), [stage] * S).peak_memory_bytes)
         assert ofob == 2 * S
     # The ratios of the paper's title, growing S: V-Min about 1/3, V-Half about 1/2 of 1F1B.
     assert [PAPER["v-min"](S) / S for S in (8, 32, 128)] == pytest.approx([1 / 2, 12 / 32, 44 / 128])
@@ -104,63 +116,83 @@ def test_peak_memory_is_the_papers_table(name: str) -> None:
     assert max(run("v-half", 8, 32).peak_memory_bytes) / 16 == 5 / 8  # 10 of 16
 
 
-def test_inflight_is_the_lifespan_rule() -> None:
-    # V-Min, S=2: chunk 0's F in slot 0, its W ends with slot 8: ceil(9/6) = 2 micro-batches;
-    # chunk 3 (the last, on device 0 too): F in slot 3, B in 4, W in 5: ceil(3/6) = 1.
-    slots = v_block.block(2, v_min.GAPS)
-    assert (slots[0, Kind.FORWARD], slots[0, Kind.WEIGHT] + 1) == (0, 9)
-    assert [slots[3, kind] for kind in Kind] == [3, 4, 5]
-    assert v_min.inflight(2, 32) == (2.0, 2.0, 2.0, 1.0)
-    assert v_min.inflight(2, 1) == (1.0, 1.0, 1.0, 1.0)
+def test_building_blocks_are_the_papers() -> None:
+    # Per device: micro-batch 0's slots of F down, F up, B up, B down; no two in one slot mod 6.
+    assert v_half.pattern(4) == ((0, 10, 14, 25), (2, 9, 16, 24), (4, 8, 18, 23), (6, 7, 20, 22))
+    assert v_min.pattern(4) == ((0, 7, 8, 15), (1, 6, 9, 14), (2, 5, 10, 13), (3, 4, 11, 12))
+    for module in MODULES.values():
+        for S in range(1, 17):
+            assert all(len({s % 6 for s in slots}) == 4 for slots in module.pattern(S))
 
 
-def _grid(name: str, S: int, m: int, slots: int) -> dict[int, str]:
-    cells = {d: [IDLE] * slots for d in range(S)}
-    for t in run(name, S, m).actions:
-        if t.start_s < slots:
-            cells[t.rank][int(t.start_s)] = str(t.action)
-    return {d: " ".join(row) for d, row in cells.items()}
-
-
-# S=4, m=8, the first 24 slots ("-" idle), as in the module docstrings.
+# S=4, m=8, every slot ("-" idle), as the simulator times them: the authors' generator's output.
 FIGURES = {
-    "v-min": {
-        0: "0F0 0F1 -   -   -   -   -   7F0 7B0 7W0 0F2 -   -   7F1 7B1 0B0 7W1 0W0 0F3 7F2 7B2 0B1 7W2 0W1",
-        1: "-   1F0 -   -   -   -   6F0 1F1 -   6B0 6W0 -   6F1 1F2 1B0 6B1 6W1 1W0 6F2 1F3 1B1 6B2 6W2 1W1",
-        2: "-   -   2F0 -   -   5F0 -   -   2F1 -   5B0 5F1 5W0 2B0 2F2 2W0 5B1 5F2 5W1 2B1 2F3 2W1 5B2 5F3",
-        3: "-   -   -   3F0 4F0 -   -   -   -   3F1 4F1 4B0 3B0 4W0 3W0 3F2 4F2 4B1 3B1 4W1 3W1 3F3 4F3 4B2",
-    },
     "v-half": {
-        0: "0F0 0F1 -   -   -   -   -   7F0 7B0 0F2 7W0 -   7F1 7B1 0F3 7W1 -   7F2 7B2 0F4 0B0 7W2 0W0 7F3",
-        1: "-   1F0 1F1 -   -   -   6F0 -   -   6B0 1F2 6F1 6W0 -   6B1 1F3 6F2 6W1 1B0 1W0 6B2 1F4 6F3 6W2",
-        2: "-   -   2F0 -   -   5F0 2F1 -   -   5F1 5B0 2F2 5W0 -   5F2 5B1 2F3 2B0 5W1 2W0 5F3 5B2 2F4 2B1",
-        3: "-   -   -   3F0 4F0 -   -   3F1 4F1 -   -   4B0 3F2 4F2 3B0 4W0 3W0 4B1 3F3 4F3 3B1 4W1 3W1 4B2",
+        0: "0F0 0F1 0F2 0F3 0F4 -   -   7F0 7B0 7W0 7F1 7B1 7W1 7F2 -   -   0B0 7B2 7W2 7F3 0W0 0F5 0B1 7B3 7W3 7F4 0W1 0F6 0B2 7B4 7W4 7F5 0W2 0F7 0B3 7B5 7W5 7F6 7B6 7W6 0B4 0W3 0W4 7F7 7B7 0B5 7W7 0B6 0W5 0W6 -   0B7 0W7",
+        1: "-   1F0 1F1 1F2 1F3 -   6F0 -   6F1 6B0 6W0 6F2 6B1 6W1 -   1B0 1W0 1F4 6F3 6B2 6W2 1B1 1W1 1F5 6F4 6B3 6W3 1B2 1W2 1F6 6F5 6B4 6W4 1B3 1F7 1W3 6F6 6B5 6W5 1B4 6B6 6W6 6F7 1W4 1B5 6B7 1B6 6W7 1W5 1W6 1B7 1W7 -",
+        2: "-   -   2F0 2F1 2F2 5F0 -   5F1 -   5F2 5B0 5W0 2F3 5B1 2B0 5W1 2W0 5F3 2F4 -   2B1 5B2 5W2 5F4 2W1 2F5 2B2 5B3 5W3 5F5 2W2 2F6 2B3 5B4 5W4 5F6 2W3 2F7 2B4 5B5 5W5 5F7 5B6 2B5 5W6 2B6 5B7 5W7 2W4 2B7 2W5 2W6 2W7",
+        3: "-   -   -   3F0 4F0 3F1 4F1 3F2 4F2 -   -   4B0 4W0 3B0 3W0 3F3 4F3 4B1 4W1 3B1 3W1 3F4 4F4 4B2 4W2 3B2 3W2 3F5 4F5 4B3 4W3 3B3 3F6 3W3 4F6 4B4 3B4 4W4 3F7 3W4 4F7 4B5 3B5 4B6 3B6 4W5 4W6 4B7 3B7 4W7 3W5 3W6 3W7",
+    },
+    "v-min": {
+        0: "0F0 0F1 0F2 -   -   -   -   7F0 7B0 7W0 7F1 7B1 7W1 -   -   0B0 0W0 0F3 -   7F2 7B2 0B1 7W2 0W1 0F4 7F3 7B3 0B2 7W3 0W2 0F5 7F4 7B4 0B3 7W4 0W3 0F6 7F5 7B5 0B4 7W5 0W4 0F7 7F6 7B6 0B5 7W6 0W5 -   7F7 7B7 0B6 7W7 0W6 -   -   -   0B7 0W7",
+        1: "-   1F0 1F1 -   -   -   6F0 -   6F1 6B0 6W0 1F2 -   -   1B0 6B1 6W1 1W0 6F2 1F3 1B1 6B2 6W2 1W1 6F3 1F4 1B2 6B3 6W3 1W2 6F4 1F5 1B3 6B4 6W4 1W3 6F5 1F6 1B4 6B5 6W5 1W4 6F6 1F7 1B5 6B6 6W6 1W5 6F7 -   1B6 6B7 6W7 1W6 -   -   1B7 1W7 -",
+        2: "-   -   2F0 2F1 -   5F0 -   5F1 -   -   5B0 5W0 2F2 2B0 2W0 -   5B1 5F2 5W1 2B1 2F3 2W1 5B2 5F3 5W2 2B2 2F4 2W2 5B3 5F4 5W3 2B3 2F5 2W3 5B4 5F5 5W4 2B4 2F6 2W4 5B5 5F6 5W5 2B5 2F7 2W5 5B6 5F7 5W6 2B6 2W6 -   5B7 5W7 -   2B7 2W7 -   -",
+        3: "-   -   -   3F0 4F0 3F1 4F1 -   -   -   -   4B0 3B0 4W0 3W0 3F2 4F2 4B1 3B1 4W1 3W1 3F3 4F3 4B2 3B2 4W2 3W2 3F4 4F4 4B3 3B3 4W3 3W3 3F5 4F5 4B4 3B4 4W4 3W4 3F6 4F6 4B5 3B5 4W5 3W5 3F7 4F7 4B6 3B6 4W6 3W6 -   -   4B7 3B7 4W7 3W7 -   -",
     },
 }
 
 
+def _grid(name: str, S: int, m: int) -> dict[int, str]:
+    timeline = run(name, S, m)
+    cells = {d: [IDLE] * int(timeline.iteration_s) for d in range(S)}
+    for t in timeline.actions:
+        cells[t.rank][int(t.start_s)] = str(t.action)
+    return {d: " ".join(row) for d, row in cells.items()}
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_s4_grid_is_the_repeated_block(name: str) -> None:
-    grid = _grid(name, 4, 8, 24)
+def test_s4_grid_is_the_authors(name: str) -> None:
+    grid = _grid(name, 4, 8)
     print(f"\n{name}, S=4, m=8:\n" + "\n".join(f"device {d} | {row}" for d, row in grid.items()))
     assert grid == {d: " ".join(row.split()) for d, row in FIGURES[name].items()}
-    # In steady state (blocks 3..6 of 8) every device is busy and repeats its 6 actions.
+    # In steady state (slots 21..31) every device is busy and repeats
+    # the building block's 6 passes every 6 slots.
     timings = run(name, 4, 8).actions
     for d in range(4):
         mine = sorted((t.start_s, t.action) for t in timings if t.rank == d)
-        steady = [(s, a) for s, a in mine if 18 <= s < 42]
-        assert [s for s, _ in steady] == [float(s) for s in range(18, 42)]
+        steady = [(s, a) for s, a in mine if 21 <= s < 32]
+        assert [s for s, _ in steady] == [float(s) for s in range(21, 32)]
         for (s, a), (s6, a6) in zip(steady, steady[6:], strict=False):
             assert (s6 - s, a6.stage, a6.kind, a6.microbatch) == (6.0, a.stage, a.kind, a.microbatch + 1)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_rejects_other_virtual(name: str) -> None:
+def test_tiled_lists_are_the_full_build(name: str) -> None:
+    """create_lists tiles the steady state into the m = 2S lists; running every step for m
+    gives the same lists (S up to 12 here; up to 64 checked while building it)."""
+    module = MODULES[name]
+    for S, m in ((1, 5), (2, 7), (3, 6), (3, 11), (5, 17), (8, 17), (8, 29), (12, 31)):
+        built = v_block.build(module.pattern(S), m)
+        tiled = module.create_lists(S, m)
+        assert all(np.array_equal(a, b) for a, b in zip(built, tiled, strict=True)), (S, m)
+    spec = schedule_spec(name)
+    assert spec.create_lists is module.create_lists
+    got, want = spec.lists(4, 9, 2), from_schedule(module.create_schedule(4, 9), 4)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rejects_bad_sizes_in_one_line(name: str) -> None:
+    module = MODULES[name]
     with pytest.raises(ScheduleError) as info:
-        MODULES[name].create_schedule(4, 8, 3)
+        module.create_schedule(4, 8, 3)
     assert str(info.value) == f"{name} runs two chunks per device in a V (got virtual: 3); use virtual=2"
+    with pytest.raises(ScheduleError) as info:
+        module.create_lists(4, 7)
+    assert str(info.value) == f"{name} needs at least 2 x devices = 8 micro-batches on 4 devices (got 7); use micro_batches >= 8"
     with pytest.raises(ScheduleError, match=r"^micro_batches must be a positive integer \(got 0\)$"):
-        MODULES[name].create_schedule(4, 0)
+        module.create_schedule(4, 0)
+    assert schedule_spec(name).least_micro_batches(4) == 8
 
 
 @pytest.mark.parametrize("name", NAMES)
