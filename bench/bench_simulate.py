@@ -19,7 +19,7 @@ from collections.abc import Callable
 from autopipe.schedules import schedule_spec, simcore
 from autopipe.schedules.simulate import StageCost, compile_lists, simulate_many, simulate_summary
 
-CASES = [("1f1b", 64, 512, 1), ("zb-h1", 64, 1536, 1), ("interleaved", 16, 1024, 2), ("zb-v", 32, 1024, 2)]
+CASES = [("1f1b", 64, 512, 1), ("zb-h1", 64, 1536, 1), ("interleaved-1f1b", 16, 1024, 2), ("zb-v", 32, 1024, 2)]
 
 
 def cpu(fn: Callable[[], object], repeat: int) -> float:
