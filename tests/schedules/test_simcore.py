@@ -131,7 +131,7 @@ def test_lists_the_validator_cannot_read_are_refused_in_one_line(path: bool) -> 
         compile_lists((rank_array([(0, 0, 0), (0, 1, 0)]), rank_array([(1, 0, 0), (1, 7, 0)])), 2)
     with pytest.raises(ScheduleError, match=r"^schedule is incomplete: 4 actions, expected"):
         compile_lists((rank_array([(0, 0, 0), (0, 1, 10**15)]), rank_array([(1, 0, 0), (1, 1, 0)])), 2)
-    with pytest.raises(ScheduleError, match=r"^the lists have 1 ranks, expected one per device \\(2\\)$"):
+    with pytest.raises(ScheduleError, match=r"^the lists have 1 ranks, expected one per device \(2\)$"):
         compile_lists((rank_array([(0, 0, 0)]),), 2)
     with pytest.raises(ScheduleError, match="without actions"):
         compile_lists((rank_array([]), rank_array([])), 2)
