@@ -11,6 +11,7 @@ show`` draws.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 from autopipe.errors import ScheduleError
 from autopipe.schedules import simcore
 from autopipe.schedules.action import Placement, Schedule, round_robin
+from autopipe.schedules.simcore import Floats
 from autopipe.schedules.simulate import (
     ActionTiming,
     CompiledSchedule,
@@ -28,7 +30,7 @@ from autopipe.schedules.simulate import (
 
 __all__ = ["replay"]
 
-_F, _B, _W = 0, 1, 2  # CompiledSchedule.kind
+_F, _B = 0, 1  # CompiledSchedule.kind
 
 
 def replay(
@@ -55,39 +57,32 @@ def replay(
     c = compile_schedule(schedule, devices, virtual, placement)
     times = np.array([[(x.forward_s, x.backward_s, x.backward_input_s, x.backward_weight_s) for x in costs]], np.float64)
     _, _, start, end = simcore.run(c.rank, c.duration, c.deps, c.hop, times.reshape(1, 4 * n), np.array([comm], np.float64).reshape(1, n - 1), devices)
-    return _timeline(schedule, c, start.tolist(), end.tolist(), costs)
+    return _timeline(schedule, c, start, end, costs)
 
 
-def _timeline(schedule: Schedule, c: CompiledSchedule, start: list[float], end: list[float], costs: Sequence[StageCost]) -> Timeline:
-    """The Timeline, busy time and memory of the run, each summed in simulate's order."""
+def _timeline(schedule: Schedule, c: CompiledSchedule, start: Floats, end: Floats, costs: Sequence[StageCost]) -> Timeline:
+    """The Timeline, busy time and memory of the run, each summed in simulate's order (busy:
+    a running sum per rank, which ``np.cumsum`` does left to right; memory: the core's)."""
     n, devices = len(costs), c.ranks
-    stage, kind, split = c.stage.tolist(), c.kind.tolist(), c.split.tolist()
-    actions: list[ActionTiming] = []
-    busy, peaks = [0.0] * devices, []
-    inflight, peak_inflight = [0] * n, [0] * n
-    for r in range(devices):
-        row = [a for a in schedule.get(r, []) if a is not None]
-        held = sum(x.static_bytes for j, x in enumerate(costs) if c.home[j] == r)
-        peak = held
-        for a, i in zip(row, c.rank_lists[r].tolist(), strict=True):
-            s, e = start[i], end[i]
-            actions.append(ActionTiming(a, r, s, e))
-            busy[r] += e - s
-            j, k = stage[i], kind[i]
-            x = costs[j]
-            if k == _F:
-                held += x.activation_bytes
-                inflight[j] += 1
-                if inflight[j] > peak_inflight[j]:
-                    peak_inflight[j] = inflight[j]
-            elif k == _B:
-                peak = max(peak, held + x.transient_bytes)
-                held -= x.activation_bytes - (x.weight_grad_bytes if split[i] else 0.0)
-                inflight[j] -= 1
-            else:
-                held -= x.weight_grad_bytes
-            peak = max(peak, held)
-        peaks.append(peak)
-    iteration = max(end, default=0.0)
+    pos = np.concatenate(c.rank_lists)  # the ranks' own order -> dependency order
+    begin, finish = start[pos], end[pos]
+    owner = np.repeat(np.arange(devices), np.diff(c.offsets))
+    acts = [a for r in range(devices) for a in schedule.get(r, []) if a is not None]
+    actions = tuple(map(ActionTiming, acts, owner.tolist(), begin.tolist(), finish.tolist()))
+    ran = finish - begin
+    busy = tuple(float(np.cumsum(ran[lo:hi])[-1]) if hi > lo else 0.0 for lo, hi in itertools.pairwise(c.offsets.tolist()))
+    held = np.array([[(x.activation_bytes, x.weight_grad_bytes, x.transient_bytes, x.static_bytes) for x in costs]], np.float64)
+    peaks = simcore.memory(c.rows, c.offsets, np.asarray(c.home, np.int64), bool(c.split.any()), (held[:, :, 0].copy(), held[:, :, 1].copy(), held[:, :, 2].copy(), held[:, :, 3].copy()))[0]
+    # In flight per stage: +1 at each F, -1 at each B, in its rank's order (a stage's actions
+    # are all on its rank), the most at any point.
+    stage, kind = c.rows[:, 0], c.rows[:, 1]
+    by_stage = np.argsort(stage, kind="stable")
+    running = np.cumsum(np.where(kind == _F, 1, np.where(kind == _B, -1, 0))[by_stage])
+    counts = np.bincount(stage, minlength=n)
+    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    before = np.where(first > 0, running[first - 1], 0)
+    inflight = running - np.repeat(before, counts)
+    peak_inflight = tuple(max(0, int(x)) for x in np.maximum.reduceat(inflight, first))
+    iteration = float(end.max())
     bubble = 1.0 - sum(busy) / (devices * iteration) if iteration > 0 else 0.0
-    return Timeline(tuple(actions), iteration, bubble, tuple(busy), tuple(peaks), tuple(peak_inflight))
+    return Timeline(actions, iteration, bubble, busy, tuple(peaks.tolist()), peak_inflight)
