@@ -228,28 +228,27 @@ done:
     return result;
 }
 
-/* memory(rows, offsets, home, has_w, activation, weight_grad, transient, static, ranks, candidates,
- *        peak)
+/* memory(rows, offsets, home, has_w, costs, ranks, candidates, peak)
  *
  * Per candidate and rank, in the rank's own order (rows, offsets as for order): held bytes start
  * at the static bytes of the rank's stages (home) and move with each action, F + activation,
  * B - (activation - weight_grad if the backward is split), W - weight_grad; the peak also sees
- * held + transient while a B runs. Per-stage tables are (K, n) float64; peak is (K, ranks). */
+ * held + transient while a B runs. costs is (K, n, 8) float64, per stage StageCost's fields in
+ * order (forward, backward, backward_input, backward_weight, activation, weight_grad, transient,
+ * static); peak is (K, ranks). */
 static PyObject *
 sc_memory(PyObject *self, PyObject *args)
 {
-    Py_buffer rows, offsets, home, b_act, b_wg, b_tr, b_st, b_peak;
+    Py_buffer rows, offsets, home, b_costs, b_peak;
     Py_ssize_t ranks, cands;
     int has_w;
     PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*y*py*y*y*y*nnw*", &rows, &offsets, &home, &has_w, &b_act,
-                          &b_wg, &b_tr, &b_st, &ranks, &cands, &b_peak))
+    if (!PyArg_ParseTuple(args, "y*y*y*py*nnw*", &rows, &offsets, &home, &has_w, &b_costs, &ranks,
+                          &cands, &b_peak))
         return NULL;
     Py_ssize_t n = home.len / 8;
     if (ranks < 1 || cands < 1 || n < 1 || sized(&offsets, ranks + 1, 8, "offsets") ||
-        sized(&b_act, cands * n, 8, "activation") || sized(&b_wg, cands * n, 8, "weight_grad") ||
-        sized(&b_tr, cands * n, 8, "transient") || sized(&b_st, cands * n, 8, "static") ||
-        sized(&b_peak, cands * ranks, 8, "peak"))
+        sized(&b_costs, cands * n * 8, 8, "costs") || sized(&b_peak, cands * ranks, 8, "peak"))
         goto done;
     const int64_t *off = offsets.buf, *hm = home.buf, *rw = rows.buf;
     if (off[0] != 0 || sized(&rows, 3 * (Py_ssize_t)off[ranks], 8, "rows"))
@@ -265,25 +264,25 @@ sc_memory(PyObject *self, PyObject *args)
             goto done;
         }
     for (Py_ssize_t c = 0; c < cands; c++) {
-        const double *act = (const double *)b_act.buf + c * n, *wg = (const double *)b_wg.buf + c * n;
-        const double *tr = (const double *)b_tr.buf + c * n, *st = (const double *)b_st.buf + c * n;
+        const double *x = (const double *)b_costs.buf + c * n * 8;
         double *peak = (double *)b_peak.buf + c * ranks;
         for (Py_ssize_t r = 0; r < ranks; r++) {
             double held = 0.0;
             for (Py_ssize_t j = 0; j < n; j++)
                 if (hm[j] == r)
-                    held += st[j];
+                    held += x[8 * j + 7];
             double top = held;
             for (int64_t i = off[r]; i < off[r + 1]; i++) {
-                int64_t s = rw[3 * i], k = rw[3 * i + 1];
+                const double *st = x + 8 * rw[3 * i];
+                int64_t k = rw[3 * i + 1];
                 if (k == 0) {
-                    held += act[s];
+                    held += st[4];
                 } else if (k == 1) {
-                    if (held + tr[s] > top)
-                        top = held + tr[s];
-                    held -= act[s] - (has_w ? wg[s] : 0.0);
+                    if (held + st[6] > top)
+                        top = held + st[6];
+                    held -= st[4] - (has_w ? st[5] : 0.0);
                 } else {
-                    held -= wg[s];
+                    held -= st[5];
                 }
                 if (held > top)
                     top = held;
@@ -296,10 +295,7 @@ done:
     PyBuffer_Release(&rows);
     PyBuffer_Release(&offsets);
     PyBuffer_Release(&home);
-    PyBuffer_Release(&b_act);
-    PyBuffer_Release(&b_wg);
-    PyBuffer_Release(&b_tr);
-    PyBuffer_Release(&b_st);
+    PyBuffer_Release(&b_costs);
     PyBuffer_Release(&b_peak);
     if (result == NULL && !PyErr_Occurred())
         PyErr_SetString(PyExc_ValueError, "_simcore.memory: bad sizes");

@@ -10,6 +10,6 @@ def run(
     candidates: int, start: Any, end: Any, busy: Any, iteration: Any, /,
 ) -> None: ...
 def memory(
-    rows: Any, offsets: Any, home: Any, has_w: bool, activation: Any, weight_grad: Any,
-    transient: Any, static: Any, ranks: int, candidates: int, peak: Any, /,
+    rows: Any, offsets: Any, home: Any, has_w: bool, costs: Any, ranks: int, candidates: int,
+    peak: Any, /,
 ) -> None: ...

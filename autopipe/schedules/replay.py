@@ -26,6 +26,7 @@ from autopipe.schedules.simulate import (
     StageCost,
     Timeline,
     compile_schedule,
+    cost_table,
 )
 
 __all__ = ["replay"]
@@ -55,15 +56,15 @@ def replay(
     if len(comm) != n - 1:
         raise ScheduleError(f"comm_s must have one entry per stage boundary, {n - 1} for {n} virtual stages (got {len(comm)})")
     c = compile_schedule(schedule, devices, virtual, placement)
-    times = np.array([[(x.forward_s, x.backward_s, x.backward_input_s, x.backward_weight_s) for x in costs]], np.float64)
-    _, _, start, end = simcore.run(c.rank, c.duration, c.deps, c.hop, times.reshape(1, 4 * n), np.array([comm], np.float64).reshape(1, n - 1), devices)
-    return _timeline(schedule, c, start, end, costs)
+    table = cost_table([costs])
+    _, _, start, end = simcore.run(c.rank, c.duration, c.deps, c.hop, table.reshape(1, 8 * n), np.array([comm], np.float64).reshape(1, n - 1), devices)
+    return _timeline(schedule, c, start, end, table)
 
 
-def _timeline(schedule: Schedule, c: CompiledSchedule, start: Floats, end: Floats, costs: Sequence[StageCost]) -> Timeline:
+def _timeline(schedule: Schedule, c: CompiledSchedule, start: Floats, end: Floats, table: Floats) -> Timeline:
     """The Timeline, busy time and memory of the run, each summed in simulate's order (busy:
     a running sum per rank, which ``np.cumsum`` does left to right; memory: the core's)."""
-    n, devices = len(costs), c.ranks
+    n, devices = table.shape[1], c.ranks
     pos = np.concatenate(c.rank_lists)  # the ranks' own order -> dependency order
     begin, finish = start[pos], end[pos]
     owner = np.repeat(np.arange(devices), np.diff(c.offsets))
@@ -71,8 +72,7 @@ def _timeline(schedule: Schedule, c: CompiledSchedule, start: Floats, end: Float
     actions = tuple(map(ActionTiming, acts, owner.tolist(), begin.tolist(), finish.tolist()))
     ran = finish - begin
     busy = tuple(float(np.cumsum(ran[lo:hi])[-1]) if hi > lo else 0.0 for lo, hi in itertools.pairwise(c.offsets.tolist()))
-    held = np.array([[(x.activation_bytes, x.weight_grad_bytes, x.transient_bytes, x.static_bytes) for x in costs]], np.float64)
-    peaks = simcore.memory(c.rows, c.offsets, np.asarray(c.home, np.int64), bool(c.split.any()), (held[:, :, 0].copy(), held[:, :, 1].copy(), held[:, :, 2].copy(), held[:, :, 3].copy()))[0]
+    peaks = simcore.memory(c.rows, c.offsets, c.home_array, c.splits_backward, table)[0]
     # In flight per stage: +1 at each F, -1 at each B, in its rank's order (a stage's actions
     # are all on its rank), the most at any point.
     stage, kind = c.rows[:, 0], c.rows[:, 1]

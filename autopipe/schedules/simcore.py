@@ -159,7 +159,8 @@ def run(
     rank: Ints, dur: Ints, dep: Ints, hop: Ints, durations: Floats, comm: Floats, ranks: int
 ) -> tuple[Floats, Floats, Floats, Floats]:
     """Simulate K candidates of one ordered schedule (:func:`order`'s ``rank``, ``dep``, ``hop``;
-    ``dur[i]`` indexes a row of ``durations``, ``(K, D)``; ``hop`` indexes a row of ``comm``,
+    ``dur[i]`` indexes a row of ``durations``, ``(K, D)`` (the planner's: :func:`memory`'s
+    ``costs`` seen as ``(K, 8n)``); ``hop`` indexes a row of ``comm``,
     ``(K, C)``). Each action starts when its rank is free and each dependency has ended (plus the
     hop's link time) and runs its duration. Returns ``(iteration (K,), busy (K, ranks), start (N,),
     end (N,))``; start and end are the last candidate's."""
@@ -199,39 +200,34 @@ def run(
     return iteration, busy, start, end
 
 
-def memory(
-    rows: Ints,
-    offsets: Ints,
-    home: Ints,
-    has_w: bool,
-    tables: tuple[Floats, Floats, Floats, Floats],
-) -> Floats:
-    """Peak bytes per rank for K candidates, ``(K, ranks)``: ``tables`` are ``(K, n)`` per-stage
-    activation, weight-grad, transient and static bytes. Walking each rank's rows (as for
+def memory(rows: Ints, offsets: Ints, home: Ints, has_w: bool, costs: Floats) -> Floats:
+    """Peak bytes per rank for K candidates, ``(K, ranks)``; ``costs`` is ``(K, n, 8)``, per
+    stage :class:`~autopipe.schedules.simulate.StageCost`'s fields in order (times, then
+    activation, weight-grad, transient and static bytes). Walking each rank's rows (as for
     :func:`order`) in order from the static bytes of its stages (``home``): F holds the
     activation, B frees it (all but the weight-grad part when the backward is split, which W
     frees); the peak also sees held + transient while a B runs."""
-    act, wg, tr, static = tables
-    k, ranks = len(act), len(offsets) - 1
+    k, ranks = len(costs), len(offsets) - 1
     peak = np.empty((k, ranks), np.float64)
     if _use and _NATIVE is not None:
-        _NATIVE.memory(rows, offsets, home, has_w, act, wg, tr, static, ranks, k, peak)
+        _NATIVE.memory(rows, offsets, home, has_w, costs, ranks, k, peak)
         return peak
     rw, off, hm = rows.tolist(), offsets.tolist(), home.tolist()
     for c in range(k):
-        a, w, t, s = act[c].tolist(), wg[c].tolist(), tr[c].tolist(), static[c].tolist()
+        x = costs[c].tolist()
         for r in range(ranks):
-            held = sum(s[j] for j in range(len(hm)) if hm[j] == r)
+            held = sum(x[j][7] for j in range(len(hm)) if hm[j] == r)
             top = held
             for j, kind, _ in rw[off[r] : off[r + 1]]:
+                a, w, t = x[j][4], x[j][5], x[j][6]
                 if kind == 0:
-                    held += a[j]
+                    held += a
                 elif kind == 1:
-                    if held + t[j] > top:
-                        top = held + t[j]
-                    held -= a[j] - (w[j] if has_w else 0.0)
+                    if held + t > top:
+                        top = held + t
+                    held -= a - (w if has_w else 0.0)
                 else:
-                    held -= w[j]
+                    held -= w
                 if held > top:
                     top = held
             peak[c, r] = top

@@ -38,7 +38,7 @@ from autopipe.schedules import simcore
 from autopipe.schedules.action import Action, Kind, Placement, Schedule, round_robin
 from autopipe.schedules.deps import dependencies, execute_in_order
 from autopipe.schedules.lists import B, F, RankLists, W, from_schedule, rank_array, to_schedule
-from autopipe.schedules.simcore import Ints
+from autopipe.schedules.simcore import Floats, Ints
 from autopipe.schedules.validate import validate
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "Timeline",
     "compile_lists",
     "compile_schedule",
+    "cost_table",
     "simulate",
     "simulate_many",
     "simulate_summary",
@@ -244,9 +245,11 @@ class CompiledSchedule:
     deps: Ints  # (N, 2): positions of the dependencies, -1 none
     rank_lists: tuple[Ints, ...]  # per rank, positions in the rank's own order
     hop: Ints  # (N, 2): the comm_s index each dependency pays, -1 none (same rank)
-    duration: Ints  # stage * 4 + 0 F, 1 B, 2 B input-grad, 3 W: the action's cost in _times
+    duration: Ints  # stage * 8 + 0 F, 1 B, 2 B input-grad, 3 W: where its time is in cost_table()
     rows: Ints  # (N, 3) the ranks' (stage, kind, micro-batch) rows, rank after rank
     offsets: Ints  # (S + 1,): rank r's rows are rows[offsets[r]:offsets[r + 1]]
+    home_array: Ints  # home as an array
+    splits_backward: bool  # has W actions
 
 
 def compile_lists(
@@ -295,9 +298,9 @@ def _compile(
             validate(schedule if schedule is not None else to_schedule(tuple(arrays)), devices, m, virtual, placement)
         raise ScheduleError("schedule deadlocks" if placed >= 0 else f"schedule is incomplete: {len(rows)} actions, expected {expected}")
     split = (kind == B) & has_w
-    duration = (stage * 4 + np.where(kind == F, 0, np.where(kind == W, 3, np.where(split, 2, 1)))).astype(np.int64)
+    duration = (stage * 8 + np.where(kind == F, 0, np.where(kind == W, 3, np.where(split, 2, 1)))).astype(np.int64)
     rank_lists = tuple(np.split(pos, offsets[1:-1]))
-    return CompiledSchedule(devices, n, home, rank, stage, kind, split, deps, rank_lists, hop, duration, rows, offsets)
+    return CompiledSchedule(devices, n, home, rank, stage, kind, split, deps, rank_lists, hop, duration, rows, offsets, np.asarray(home, np.int64), has_w)
 
 
 @dataclass(frozen=True)
@@ -329,16 +332,24 @@ def simulate_many(
             raise ScheduleError(f"comm_s must have one entry per stage boundary, {n - 1} for {n} virtual stages (got {len(cm)})")
     if k == 0:
         return []
-    times = np.array([[(x.forward_s, x.backward_s, x.backward_input_s, x.backward_weight_s) for x in cs] for cs in costs], np.float64)
+    table = cost_table(costs)
     link = np.array([cm or [0.0] * (n - 1) for cm in comms], np.float64).reshape(k, n - 1)
-    iteration, busy, _, _ = simcore.run(c.rank, c.duration, c.deps, c.hop, times.reshape(k, 4 * n), link, c.ranks)
-    held = np.array([[(x.activation_bytes, x.weight_grad_bytes, x.transient_bytes, x.static_bytes) for x in cs] for cs in costs], np.float64)
-    tables = tuple(np.ascontiguousarray(held[:, :, i]) for i in range(4))
-    has_w = bool(c.split.any())
-    peak = simcore.memory(c.rows, c.offsets, np.asarray(c.home, np.int64), has_w, (tables[0], tables[1], tables[2], tables[3]))
+    iteration, busy, _, _ = simcore.run(c.rank, c.duration, c.deps, c.hop, table.reshape(k, 8 * n), link, c.ranks)
+    peak = simcore.memory(c.rows, c.offsets, c.home_array, c.splits_backward, table)
     out = []
     for i in range(k):
         it, b = float(iteration[i]), busy[i].tolist()
         bubble = 1.0 - sum(b) / (c.ranks * it) if it > 0 else 0.0
         out.append(Summary(it, bubble, tuple(b), tuple(peak[i].tolist())))
     return out
+
+
+def cost_table(costs: Sequence[Sequence[StageCost]]) -> Floats:
+    """K candidates' stage costs as one ``(K, n, 8)`` array, StageCost's fields in order."""
+    return np.array(
+        [
+            [(x.forward_s, x.backward_s, x.backward_input_s, x.backward_weight_s, x.activation_bytes, x.weight_grad_bytes, x.transient_bytes, x.static_bytes) for x in cs]
+            for cs in costs
+        ],
+        np.float64,
+    ).reshape(len(costs), -1, 8)

@@ -74,8 +74,8 @@ def both(fn: object) -> tuple[object, object]:
 
 
 def arrays(c: CompiledSchedule) -> list[list[object]]:
-    fields = (c.rank, c.stage, c.kind, c.split, c.deps, c.hop, c.duration, c.rows, c.offsets, *c.rank_lists)
-    return [[c.ranks, c.num_stages, c.home], *(x.tolist() for x in fields)]
+    fields = (c.rank, c.stage, c.kind, c.split, c.deps, c.hop, c.duration, c.rows, c.offsets, c.home_array, *c.rank_lists)
+    return [[c.ranks, c.num_stages, c.home, c.splits_backward], *(x.tolist() for x in fields)]
 
 
 @pytest.mark.parametrize(("name", "s", "m", "v", "seed"), cases(2))
