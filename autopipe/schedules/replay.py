@@ -57,7 +57,7 @@ def replay(
         raise ScheduleError(f"comm_s must have one entry per stage boundary, {n - 1} for {n} virtual stages (got {len(comm)})")
     c = compile_schedule(schedule, devices, virtual, placement)
     table = cost_table([costs])
-    _, _, start, end = simcore.run(c.rank, c.duration, c.deps, c.hop, table.reshape(1, 8 * n), np.array([comm], np.float64).reshape(1, n - 1), devices)
+    _, _, start, end = simcore.run(c.rank, c.duration, c.deps, c.hop, table.reshape(1, 8 * n), np.array([comm], np.float64).reshape(1, n - 1), devices, starts=True)
     return _timeline(schedule, c, start, end, table)
 
 

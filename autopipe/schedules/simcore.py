@@ -156,47 +156,50 @@ def _order(keys: list[int], stage: list[int], kind: list[int], off: list[int], h
 
 
 def run(
-    rank: Ints, dur: Ints, dep: Ints, hop: Ints, durations: Floats, comm: Floats, ranks: int
+    rank: Ints, dur: Ints, dep: Ints, hop: Ints, durations: Floats, comm: Floats, ranks: int, *, starts: bool = False
 ) -> tuple[Floats, Floats, Floats, Floats]:
     """Simulate K candidates of one ordered schedule (:func:`order`'s ``rank``, ``dep``, ``hop``;
     ``dur[i]`` indexes a row of ``durations``, ``(K, D)`` (the planner's: :func:`memory`'s
-    ``costs`` seen as ``(K, 8n)``); ``hop`` indexes a row of ``comm``,
-    ``(K, C)``). Each action starts when its rank is free and each dependency has ended (plus the
-    hop's link time) and runs its duration. Returns ``(iteration (K,), busy (K, ranks), start (N,),
-    end (N,))``; start and end are the last candidate's."""
+    ``costs`` seen as ``(K, 8n)``); ``hop`` indexes a row of ``comm``, ``(K, C)``). Each action
+    starts when its rank is free and each dependency has ended (plus the hop's link time) and
+    runs its duration. Returns ``(iteration (K,), busy (K, ranks), start (N,), end (N,))``; start
+    and end are the last candidate's (start only with ``starts=True`` on the Python path)."""
     k, total = len(durations), len(rank)
     start, end = np.empty(total, np.float64), np.empty(total, np.float64)
     busy, iteration = np.empty((k, ranks), np.float64), np.empty(k, np.float64)
     if _use and _NATIVE is not None:
         _NATIVE.run(rank, dur, dep, hop, durations, comm, ranks, k, start, end, busy, iteration)
         return iteration, busy, start, end
-    rk, du = rank.tolist(), dur.tolist()
-    d0, d1, h0, h1 = dep[:, 0].tolist(), dep[:, 1].tolist(), hop[:, 0].tolist(), hop[:, 1].tolist()
+    columns = (rank.tolist(), dep[:, 0].tolist(), hop[:, 0].tolist(), dep[:, 1].tolist(), hop[:, 1].tolist(), dur.tolist())
     for c in range(k):
         d, link = durations[c].tolist(), comm[c].tolist()
-        st, en, free, b = [0.0] * total, [0.0] * total, [0.0] * ranks, [0.0] * ranks
-        for i in range(total):
-            r = rk[i]
+        st: list[float] = []
+        en: list[float] = []
+        free, b = [0.0] * ranks, [0.0] * ranks
+        keep, put = st.append, en.append
+        # A plain loop over zipped columns (no indexing): this runs once per action.
+        for r, q0, g0, q1, g1, u in zip(*columns, strict=True):
             t0 = free[r]
-            q = d0[i]
-            if q >= 0:
-                h = h0[i]
-                t = en[q] if h < 0 else en[q] + link[h]
+            if q0 >= 0:
+                t = en[q0] if g0 < 0 else en[q0] + link[g0]
                 if t > t0:
                     t0 = t
-            q = d1[i]
-            if q >= 0:
-                h = h1[i]
-                t = en[q] if h < 0 else en[q] + link[h]
+            if q1 >= 0:
+                t = en[q1] if g1 < 0 else en[q1] + link[g1]
                 if t > t0:
                     t0 = t
-            x = d[du[i]]
-            st[i] = t0
-            en[i] = free[r] = t0 + x
+            x = d[u]
+            if starts:
+                keep(t0)
+            e = t0 + x
+            put(e)
+            free[r] = e
             b[r] += x
         iteration[c] = max(en)
         busy[c] = b
-        start[:], end[:] = st, en
+    end[:] = en
+    if starts:
+        start[:] = st
     return iteration, busy, start, end
 
 
@@ -214,20 +217,20 @@ def memory(rows: Ints, offsets: Ints, home: Ints, has_w: bool, costs: Floats) ->
         return peak
     rw, off, hm = rows.tolist(), offsets.tolist(), home.tolist()
     for c in range(k):
-        x = costs[c].tolist()
+        act, wg, tr, static = (costs[c, :, f].tolist() for f in (4, 5, 6, 7))
+        freed = [a - w for a, w in zip(act, wg, strict=True)] if has_w else act
         for r in range(ranks):
-            held = sum(x[j][7] for j in range(len(hm)) if hm[j] == r)
+            held = sum(static[j] for j in range(len(hm)) if hm[j] == r)
             top = held
             for j, kind, _ in rw[off[r] : off[r + 1]]:
-                a, w, t = x[j][4], x[j][5], x[j][6]
                 if kind == 0:
-                    held += a
+                    held += act[j]
                 elif kind == 1:
-                    if held + t > top:
-                        top = held + t
-                    held -= a - (w if has_w else 0.0)
+                    if held + tr[j] > top:
+                        top = held + tr[j]
+                    held -= freed[j]
                 else:
-                    held -= w
+                    held -= wg[j]
                 if held > top:
                     top = held
             peak[c, r] = top
