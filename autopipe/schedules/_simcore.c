@@ -21,26 +21,35 @@ sized(const Py_buffer *b, Py_ssize_t count, Py_ssize_t item, const char *name)
     return 0;
 }
 
-/* order(rows, offsets, home, ranks, n, m, has_w, rank, stage, kind, dep, hop, pos) -> placed
+/* order(rows, offsets, home, ranks, n, m, has_w, rank, stage, kind, dep, hop, pos, dur, split)
+ *   -> placed
  *
  * rows: (N, 3) int64 (stage, kind, micro-batch) of every rank's list, rank after rank;
  * offsets: (ranks + 1) int64, rank r's rows are offsets[r] .. offsets[r+1]-1; home: (n) int64.
  * Writes, per action in a dependency order (each rank's list in order, each action once its
  * dependencies are placed, ranks visited round-robin): rank, stage, kind, dep (2 per action:
  * positions of its dependencies, -1 none), hop (2 per action: the comm_s index that dependency
- * pays, -1 none); and pos[i] = the position of rows[i]. Returns the number of actions placed
+ * pays, -1 none), dur (stage * 8 + 0 F, 1 B, 2 B input-grad, 3 W: the column of its time in
+ * the planner's cost table) and split (one byte: a B with a W); and pos[i] = the position of
+ * rows[i]. Returns the number of actions placed
  * (fewer than N: deadlock), or -1 when a row is out of range, misplaced or repeated.
  * pos_of_key[(stage * 3 + kind) * m + micro-batch]: -1 absent, -2 not placed yet, else the
  * position. */
+/* order's table of positions by key, kept between calls (the GIL is held throughout): fresh
+ * pages for every schedule cost more than the loop itself. */
+static int64_t *scratch = NULL;
+static int64_t scratch_keys = 0;
+
 static PyObject *
 sc_order(PyObject *self, PyObject *args)
 {
-    Py_buffer rows, offsets, home, o_rank, o_stage, o_kind, o_dep, o_hop, o_pos;
+    Py_buffer rows, offsets, home, o_rank, o_stage, o_kind, o_dep, o_hop, o_pos, o_dur, o_split;
     Py_ssize_t ranks, n, m;
     int has_w;
     PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*y*nnnpw*w*w*w*w*w*", &rows, &offsets, &home, &ranks, &n, &m,
-                          &has_w, &o_rank, &o_stage, &o_kind, &o_dep, &o_hop, &o_pos))
+    if (!PyArg_ParseTuple(args, "y*y*y*nnnpw*w*w*w*w*w*w*w*", &rows, &offsets, &home, &ranks, &n,
+                          &m, &has_w, &o_rank, &o_stage, &o_kind, &o_dep, &o_hop, &o_pos, &o_dur,
+                          &o_split))
         return NULL;
     int64_t *pos_of_key = NULL, *ptr = NULL;
     if (ranks < 1 || n < 1 || m < 1 || sized(&offsets, ranks + 1, 8, "offsets") ||
@@ -51,7 +60,8 @@ sc_order(PyObject *self, PyObject *args)
     if (off[0] != 0 || sized(&rows, 3 * total, 8, "rows") || sized(&o_rank, total, 8, "rank") ||
         sized(&o_stage, total, 8, "stage") || sized(&o_kind, total, 8, "kind") ||
         sized(&o_dep, 2 * total, 8, "dep") || sized(&o_hop, 2 * total, 8, "hop") ||
-        sized(&o_pos, total, 8, "pos"))
+        sized(&o_pos, total, 8, "pos") || sized(&o_dur, total, 8, "dur") ||
+        sized(&o_split, total, 1, "split"))
         goto done;
     for (Py_ssize_t r = 0; r < ranks; r++)
         if (off[r + 1] < off[r]) {
@@ -59,9 +69,15 @@ sc_order(PyObject *self, PyObject *args)
             goto done;
         }
     int64_t *rank = o_rank.buf, *stage = o_stage.buf, *kind = o_kind.buf;
-    int64_t *dep = o_dep.buf, *hop = o_hop.buf, *pos = o_pos.buf;
+    int64_t *dep = o_dep.buf, *hop = o_hop.buf, *pos = o_pos.buf, *dur = o_dur.buf;
+    unsigned char *split = o_split.buf;
     const int64_t per_stage = 3 * (int64_t)m, keys = per_stage * (int64_t)n;
-    pos_of_key = malloc(sizeof(int64_t) * (size_t)keys);
+    if (keys > scratch_keys) {
+        free(scratch);
+        scratch = malloc(sizeof(int64_t) * (size_t)keys);
+        scratch_keys = scratch == NULL ? 0 : keys;
+    }
+    pos_of_key = scratch;
     ptr = malloc(sizeof(int64_t) * (size_t)ranks);
     if (pos_of_key == NULL || ptr == NULL) {
         PyErr_NoMemory();
@@ -118,6 +134,8 @@ sc_order(PyObject *self, PyObject *args)
                 hop[2 * placed] = h0;
                 hop[2 * placed + 1] = h1;
                 pos[i] = placed;
+                dur[placed] = s * 8 + (k == 0 ? 0 : k == 2 ? 3 : has_w ? 2 : 1);
+                split[placed] = k == 1 && has_w;
                 placed++;
                 i++;
                 progress = 1;
@@ -127,7 +145,6 @@ sc_order(PyObject *self, PyObject *args)
     }
     result = PyLong_FromLongLong(placed);
 done:
-    free(pos_of_key);
     free(ptr);
     PyBuffer_Release(&rows);
     PyBuffer_Release(&offsets);
@@ -138,6 +155,8 @@ done:
     PyBuffer_Release(&o_dep);
     PyBuffer_Release(&o_hop);
     PyBuffer_Release(&o_pos);
+    PyBuffer_Release(&o_dur);
+    PyBuffer_Release(&o_split);
     if (result == NULL && !PyErr_Occurred())
         PyErr_SetString(PyExc_ValueError, "_simcore.order: bad sizes");
     return result;

@@ -3,7 +3,7 @@ from typing import Any
 
 def order(
     rows: Any, offsets: Any, home: Any, ranks: int, n: int, m: int, has_w: bool,
-    rank: Any, stage: Any, kind: Any, dep: Any, hop: Any, pos: Any, /,
+    rank: Any, stage: Any, kind: Any, dep: Any, hop: Any, pos: Any, dur: Any, split: Any, /,
 ) -> int: ...
 def run(
     rank: Any, dur: Any, dep: Any, hop: Any, durations: Any, comm: Any, ranks: int,

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Floats", "Ints", "memory", "native_available", "native_in_use", "order", "run", "use_native"]
+__all__ = ["Floats", "Ints", "Order", "memory", "native_available", "native_in_use", "order", "run", "use_native"]
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
@@ -63,26 +64,42 @@ def use_native(on: bool) -> bool:
     return before
 
 
-def order(rows: Ints, offsets: Ints, home: Ints, m: int, has_w: bool) -> tuple[int, tuple[Ints, ...]]:
+class Order(NamedTuple):
+    """:func:`order`'s arrays, per action in dependency order (``pos``: per row)."""
+
+    rank: Ints
+    stage: Ints
+    kind: Ints
+    dep: Ints  # (N, 2)
+    hop: Ints  # (N, 2)
+    pos: Ints
+    dur: Ints
+    split: npt.NDArray[np.bool_]
+
+
+def order(rows: Ints, offsets: Ints, home: Ints, m: int, has_w: bool) -> tuple[int, Order]:
     """Dependency order of the ranks' lists.
 
     ``rows`` is every rank's ``(stage, kind, micro-batch)`` rows, rank after rank (``offsets``:
     rank ``r``'s are ``offsets[r]:offsets[r+1]``), ``home[j]`` the rank of stage ``j``, ``m`` the
-    micro-batches, ``has_w`` whether the schedule has W actions. Returns ``(placed, (rank, stage,
-    kind, dep, hop, pos))``: per action in dependency order its rank, stage and kind; ``dep``
-    ``(N, 2)``, the positions of its dependencies (F(j-1) for F(j); F(j), then B(j+1) for B(j);
-    B(j) for W(j); -1 none); ``hop`` ``(N, 2)``, the ``comm_s`` index each dependency pays (-1:
-    same rank or none); and ``pos[i]``, the position of ``rows[i]``. ``placed`` is the number of
-    actions placed (fewer than N: deadlock), or -1 when a row is out of range, on another rank
-    than its stage's, or repeated (the arrays are then undefined)."""
+    micro-batches, ``has_w`` whether the schedule has W actions. Returns ``(placed, Order)``: per
+    action in dependency order its rank, stage and kind; ``dep`` ``(N, 2)``, the positions of its
+    dependencies (F(j-1) for F(j); F(j), then B(j+1) for B(j); B(j) for W(j); -1 none); ``hop``
+    ``(N, 2)``, the ``comm_s`` index each dependency pays (-1: same rank or none); ``dur``,
+    ``stage * 8 +`` 0 F, 1 B, 2 B input-grad, 3 W (where its time is in a row of :func:`run`'s
+    ``durations``); ``split``, a B with a W; and ``pos[i]``, the position of ``rows[i]``.
+    ``placed`` is the number of actions placed (fewer than N: deadlock), or -1 when a row is out
+    of range, on another rank than its stage's, or repeated (the arrays are then undefined)."""
     total, ranks, n = len(rows), len(offsets) - 1, len(home)
-    out = (
+    out = Order(
         np.empty(total, np.int64),
         np.empty(total, np.int64),
         np.empty(total, np.int64),
         np.empty((total, 2), np.int64),
         np.empty((total, 2), np.int64),
         np.empty(total, np.int64),
+        np.empty(total, np.int64),
+        np.empty(total, np.bool_),
     )
     if _use and _NATIVE is not None:
         placed = _NATIVE.order(rows, offsets, home, ranks, n, m, has_w, *out)
@@ -95,10 +112,14 @@ def order(rows: Ints, offsets: Ints, home: Ints, m: int, has_w: bool) -> tuple[i
     keys = (stage * 3 + kind) * m + mb
     if len(np.unique(keys)) != total:
         return -1, out
-    return _order(keys.tolist(), stage.tolist(), kind.tolist(), offsets.tolist(), home.tolist(), m, out), out
+    placed = _order(keys.tolist(), stage.tolist(), kind.tolist(), offsets.tolist(), home.tolist(), m, out)
+    st, kd = out.stage[:placed], out.kind[:placed]
+    out.split[:placed] = (kd == 1) & has_w
+    out.dur[:placed] = st * 8 + np.where(kd == 0, 0, np.where(kd == 2, 3, 2 if has_w else 1))
+    return placed, out
 
 
-def _order(keys: list[int], stage: list[int], kind: list[int], off: list[int], home: list[int], m: int, out: tuple[Ints, ...]) -> int:
+def _order(keys: list[int], stage: list[int], kind: list[int], off: list[int], home: list[int], m: int, out: Order) -> int:
     n, ranks, per_stage = len(home), len(off) - 1, 3 * m
     position = [-1] * (n * per_stage)
     rank: list[int] = []

@@ -37,7 +37,7 @@ from autopipe.errors import ScheduleError
 from autopipe.schedules import simcore
 from autopipe.schedules.action import Action, Kind, Placement, Schedule, round_robin
 from autopipe.schedules.deps import dependencies, execute_in_order
-from autopipe.schedules.lists import B, F, RankLists, W, from_schedule, rank_array, to_schedule
+from autopipe.schedules.lists import F, RankLists, W, from_schedule, rank_array, to_schedule
 from autopipe.schedules.simcore import Floats, Ints
 from autopipe.schedules.validate import validate
 
@@ -286,10 +286,10 @@ def _compile(
     m = int(rows[:, 2].max()) + 1
     has_w = bool((rows[:, 1] == W).any())
     expected = n * m * (3 if has_w else 2)
-    placed, (rank, stage, kind, deps, hop, pos) = (-1, (rows[:0, 0],) * 6)
+    placed, o = -1, None
     if len(rows) == expected:
-        placed, (rank, stage, kind, deps, hop, pos) = simcore.order(rows, offsets, np.asarray(home, np.int64), m, has_w)
-    if placed != len(rows):
+        placed, o = simcore.order(rows, offsets, np.asarray(home, np.int64), m, has_w)
+    if o is None or placed != len(rows):
         bad = np.flatnonzero((rows[:, 1] < F) | (rows[:, 1] > W))
         if len(bad):
             r = int(np.searchsorted(offsets, bad[0], side="right")) - 1
@@ -297,10 +297,10 @@ def _compile(
         if m <= len(rows):  # validate's grid says which step is wrong or stuck
             validate(schedule if schedule is not None else to_schedule(tuple(arrays)), devices, m, virtual, placement)
         raise ScheduleError("schedule deadlocks" if placed >= 0 else f"schedule is incomplete: {len(rows)} actions, expected {expected}")
-    split = (kind == B) & has_w
-    duration = (stage * 8 + np.where(kind == F, 0, np.where(kind == W, 3, np.where(split, 2, 1)))).astype(np.int64)
-    rank_lists = tuple(np.split(pos, offsets[1:-1]))
-    return CompiledSchedule(devices, n, home, rank, stage, kind, split, deps, rank_lists, hop, duration, rows, offsets, np.asarray(home, np.int64), has_w)
+    rank_lists = tuple(np.split(o.pos, offsets[1:-1]))
+    return CompiledSchedule(
+        devices, n, home, o.rank, o.stage, o.kind, o.split, o.dep, rank_lists, o.hop, o.dur, rows, offsets, np.asarray(home, np.int64), has_w
+    )
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ def test_the_extension_checks_buffer_sizes_instead_of_reading_past_them() -> Non
 
     one = np.zeros(1, np.int64)
     with pytest.raises(ValueError, match="offsets has 8 bytes, expected 24"):
-        _simcore.order(np.zeros(3, np.int64), one, one, 2, 1, 1, False, one, one, one, one, one, one)
+        _simcore.order(np.zeros(3, np.int64), one, one, 2, 1, 1, False, one, one, one, one, one, one, one, np.zeros(1, np.bool_))
     with pytest.raises(ValueError, match="dep has 8 bytes, expected 16"):
         _simcore.run(one, one, one, one, np.zeros(4), np.zeros(0), 1, 1, np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1))
     with pytest.raises(ValueError, match="an index is out of range"):
