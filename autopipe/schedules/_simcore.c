@@ -1,7 +1,8 @@
 /* The simulator's two hot loops in C: autopipe/schedules/simcore.py is the pure-Python twin
  * (the reference and the fallback) and documents the arrays. Built at install by setup.py
  * (optional: without a compiler autopipe runs the Python loops). Buffers come through the
- * buffer protocol (numpy arrays, C-contiguous, int64 or float64; split is one byte per action);
+ * buffer protocol (numpy arrays, C-contiguous: the schedule's rows int64, per-action indices
+ * int32, times and bytes float64; split is one byte per action);
  * their sizes are checked here, their dtypes by simcore.py. Floating-point operations are the
  * Python loops', in the same order, so both give the same numbers to the last bit. */
 
@@ -57,10 +58,10 @@ sc_order(PyObject *self, PyObject *args)
         goto done;
     const int64_t *off = offsets.buf, *hm = home.buf, *rw = rows.buf;
     Py_ssize_t total = (Py_ssize_t)off[ranks];
-    if (off[0] != 0 || sized(&rows, 3 * total, 8, "rows") || sized(&o_rank, total, 8, "rank") ||
-        sized(&o_stage, total, 8, "stage") || sized(&o_kind, total, 8, "kind") ||
-        sized(&o_dep, 2 * total, 8, "dep") || sized(&o_hop, 2 * total, 8, "hop") ||
-        sized(&o_pos, total, 8, "pos") || sized(&o_dur, total, 8, "dur") ||
+    if (off[0] != 0 || sized(&rows, 3 * total, 8, "rows") || sized(&o_rank, total, 4, "rank") ||
+        sized(&o_stage, total, 4, "stage") || sized(&o_kind, total, 4, "kind") ||
+        sized(&o_dep, 2 * total, 4, "dep") || sized(&o_hop, 2 * total, 4, "hop") ||
+        sized(&o_pos, total, 4, "pos") || sized(&o_dur, total, 4, "dur") ||
         sized(&o_split, total, 1, "split"))
         goto done;
     for (Py_ssize_t r = 0; r < ranks; r++)
@@ -68,8 +69,12 @@ sc_order(PyObject *self, PyObject *args)
             PyErr_SetString(PyExc_ValueError, "_simcore: offsets must not decrease");
             goto done;
         }
-    int64_t *rank = o_rank.buf, *stage = o_stage.buf, *kind = o_kind.buf;
-    int64_t *dep = o_dep.buf, *hop = o_hop.buf, *pos = o_pos.buf, *dur = o_dur.buf;
+    if (total > INT32_MAX / 2 || (int64_t)n * 8 > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "_simcore.order: over 2**30 actions");
+        goto done;
+    }
+    int32_t *rank = o_rank.buf, *stage = o_stage.buf, *kind = o_kind.buf;
+    int32_t *dep = o_dep.buf, *hop = o_hop.buf, *pos = o_pos.buf, *dur = o_dur.buf;
     unsigned char *split = o_split.buf;
     const int64_t per_stage = 3 * (int64_t)m, keys = per_stage * (int64_t)n;
     if (keys > scratch_keys) {
@@ -126,15 +131,15 @@ sc_order(PyObject *self, PyObject *args)
                     }
                 }
                 pos_of_key[key] = placed;
-                rank[placed] = r;
-                stage[placed] = s;
-                kind[placed] = k;
-                dep[2 * placed] = d0;
-                dep[2 * placed + 1] = d1;
-                hop[2 * placed] = h0;
-                hop[2 * placed + 1] = h1;
-                pos[i] = placed;
-                dur[placed] = s * 8 + (k == 0 ? 0 : k == 2 ? 3 : has_w ? 2 : 1);
+                rank[placed] = (int32_t)r;
+                stage[placed] = (int32_t)s;
+                kind[placed] = (int32_t)k;
+                dep[2 * placed] = (int32_t)d0;
+                dep[2 * placed + 1] = (int32_t)d1;
+                hop[2 * placed] = (int32_t)h0;
+                hop[2 * placed + 1] = (int32_t)h1;
+                pos[i] = (int32_t)placed;
+                dur[placed] = (int32_t)(s * 8 + (k == 0 ? 0 : k == 2 ? 3 : has_w ? 2 : 1));
                 split[placed] = k == 1 && has_w;
                 placed++;
                 i++;
@@ -178,14 +183,14 @@ sc_run(PyObject *self, PyObject *args)
                           &b_comm, &ranks, &cands, &b_start, &b_end, &b_busy, &b_iter))
         return NULL;
     double *free_at = NULL;
-    Py_ssize_t total = b_rank.len / 8;
+    Py_ssize_t total = b_rank.len / 4;
     if (ranks < 1 || cands < 1 || total < 1 || b_durs.len % (8 * cands) || b_comm.len % (8 * cands) ||
-        sized(&b_rank, total, 8, "rank") || sized(&b_dur, total, 8, "dur") ||
-        sized(&b_dep, 2 * total, 8, "dep") || sized(&b_hop, 2 * total, 8, "hop") ||
+        sized(&b_rank, total, 4, "rank") || sized(&b_dur, total, 4, "dur") ||
+        sized(&b_dep, 2 * total, 4, "dep") || sized(&b_hop, 2 * total, 4, "hop") ||
         sized(&b_start, total, 8, "start") || sized(&b_end, total, 8, "end") ||
         sized(&b_busy, cands * ranks, 8, "busy") || sized(&b_iter, cands, 8, "iteration"))
         goto done;
-    const int64_t *rank = b_rank.buf, *dur = b_dur.buf, *dep = b_dep.buf, *hop = b_hop.buf;
+    const int32_t *rank = b_rank.buf, *dur = b_dur.buf, *dep = b_dep.buf, *hop = b_hop.buf;
     const Py_ssize_t nd = b_durs.len / (8 * cands), nc = b_comm.len / (8 * cands);
     for (Py_ssize_t i = 0; i < total; i++)
         if (rank[i] < 0 || rank[i] >= ranks || dur[i] < 0 || dur[i] >= nd || dep[2 * i] >= i ||
@@ -207,13 +212,13 @@ sc_run(PyObject *self, PyObject *args)
             free_at[r] = busy[r] = 0.0;
         double latest = 0.0;
         for (Py_ssize_t i = 0; i < total; i++) {
-            int64_t r = rank[i];
+            int32_t r = rank[i];
             double st = free_at[r];
             for (int q = 0; q < 2; q++) {
-                int64_t d = dep[2 * i + q];
+                int32_t d = dep[2 * i + q];
                 if (d < 0)
                     continue;
-                int64_t h = hop[2 * i + q];
+                int32_t h = hop[2 * i + q];
                 double t = h < 0 ? end[d] : end[d] + comm[h];
                 if (t > st)
                     st = t;

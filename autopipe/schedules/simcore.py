@@ -27,9 +27,10 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Floats", "Ints", "Order", "memory", "native_available", "native_in_use", "order", "run", "use_native"]
+__all__ = ["Floats", "Index", "Ints", "Order", "memory", "native_available", "native_in_use", "order", "run", "use_native"]
 
 Ints = npt.NDArray[np.int64]
+Index = npt.NDArray[np.int32]  # per action (int32: half the memory to fill for 300,000 actions)
 Floats = npt.NDArray[np.float64]
 
 
@@ -67,13 +68,13 @@ def use_native(on: bool) -> bool:
 class Order(NamedTuple):
     """:func:`order`'s arrays, per action in dependency order (``pos``: per row)."""
 
-    rank: Ints
-    stage: Ints
-    kind: Ints
-    dep: Ints  # (N, 2)
-    hop: Ints  # (N, 2)
-    pos: Ints
-    dur: Ints
+    rank: Index
+    stage: Index
+    kind: Index
+    dep: Index  # (N, 2)
+    hop: Index  # (N, 2)
+    pos: Index
+    dur: Index
     split: npt.NDArray[np.bool_]
 
 
@@ -91,14 +92,16 @@ def order(rows: Ints, offsets: Ints, home: Ints, m: int, has_w: bool) -> tuple[i
     ``placed`` is the number of actions placed (fewer than N: deadlock), or -1 when a row is out
     of range, on another rank than its stage's, or repeated (the arrays are then undefined)."""
     total, ranks, n = len(rows), len(offsets) - 1, len(home)
+    if total > 2**30:
+        raise ValueError("simcore.order: over 2**30 actions")
     out = Order(
-        np.empty(total, np.int64),
-        np.empty(total, np.int64),
-        np.empty(total, np.int64),
-        np.empty((total, 2), np.int64),
-        np.empty((total, 2), np.int64),
-        np.empty(total, np.int64),
-        np.empty(total, np.int64),
+        np.empty(total, np.int32),
+        np.empty(total, np.int32),
+        np.empty(total, np.int32),
+        np.empty((total, 2), np.int32),
+        np.empty((total, 2), np.int32),
+        np.empty(total, np.int32),
+        np.empty(total, np.int32),
         np.empty(total, np.bool_),
     )
     if _use and _NATIVE is not None:
@@ -177,7 +180,7 @@ def _order(keys: list[int], stage: list[int], kind: list[int], off: list[int], h
 
 
 def run(
-    rank: Ints, dur: Ints, dep: Ints, hop: Ints, durations: Floats, comm: Floats, ranks: int, *, starts: bool = False
+    rank: Index, dur: Index, dep: Index, hop: Index, durations: Floats, comm: Floats, ranks: int, *, starts: bool = False
 ) -> tuple[Floats, Floats, Floats, Floats]:
     """Simulate K candidates of one ordered schedule (:func:`order`'s ``rank``, ``dep``, ``hop``;
     ``dur[i]`` indexes a row of ``durations``, ``(K, D)`` (the planner's: :func:`memory`'s

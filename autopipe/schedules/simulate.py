@@ -38,7 +38,7 @@ from autopipe.schedules import simcore
 from autopipe.schedules.action import Action, Kind, Placement, Schedule, round_robin
 from autopipe.schedules.deps import dependencies, execute_in_order
 from autopipe.schedules.lists import F, RankLists, W, from_schedule, rank_array, to_schedule
-from autopipe.schedules.simcore import Floats, Ints
+from autopipe.schedules.simcore import Floats, Index, Ints
 from autopipe.schedules.validate import validate
 
 __all__ = [
@@ -238,14 +238,14 @@ class CompiledSchedule:
     ranks: int  # S devices
     num_stages: int  # S * v
     home: tuple[int, ...]  # per virtual stage: the rank that runs it (the schedule's placement)
-    rank: Ints  # per action, in dependency order
-    stage: Ints
-    kind: Ints  # 0 F, 1 B (input-grad if split), 2 W
+    rank: Index  # per action, in dependency order
+    stage: Index
+    kind: Index  # 0 F, 1 B (input-grad if split), 2 W
     split: npt.NDArray[np.bool_]  # B of a (stage, micro-batch) that has a W
-    deps: Ints  # (N, 2): positions of the dependencies, -1 none
-    rank_lists: tuple[Ints, ...]  # per rank, positions in the rank's own order
-    hop: Ints  # (N, 2): the comm_s index each dependency pays, -1 none (same rank)
-    duration: Ints  # stage * 8 + 0 F, 1 B, 2 B input-grad, 3 W: where its time is in cost_table()
+    deps: Index  # (N, 2): positions of the dependencies, -1 none
+    rank_lists: tuple[Index, ...]  # per rank, positions in the rank's own order
+    hop: Index  # (N, 2): the comm_s index each dependency pays, -1 none (same rank)
+    duration: Index  # stage * 8 + 0 F, 1 B, 2 B input-grad, 3 W: where its time is in cost_table()
     rows: Ints  # (N, 3) the ranks' (stage, kind, micro-batch) rows, rank after rank
     offsets: Ints  # (S + 1,): rank r's rows are rows[offsets[r]:offsets[r + 1]]
     home_array: Ints  # home as an array

@@ -146,13 +146,15 @@ def test_lists_the_validator_cannot_read_are_refused_in_one_line(path: bool) -> 
 def test_the_extension_checks_buffer_sizes_instead_of_reading_past_them() -> None:
     from autopipe.schedules import _simcore
 
-    one = np.zeros(1, np.int64)
+    one, i32, none = np.zeros(1, np.int64), np.zeros(1, np.int32), np.full(2, -1, np.int32)
     with pytest.raises(ValueError, match="offsets has 8 bytes, expected 24"):
-        _simcore.order(np.zeros(3, np.int64), one, one, 2, 1, 1, False, one, one, one, one, one, one, one, np.zeros(1, np.bool_))
-    with pytest.raises(ValueError, match="dep has 8 bytes, expected 16"):
-        _simcore.run(one, one, one, one, np.zeros(4), np.zeros(0), 1, 1, np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1))
-    with pytest.raises(ValueError, match="an index is out of range"):
-        _simcore.run(one, one + 9, np.full(2, -1, np.int64), np.full(2, -1, np.int64), np.zeros(4), np.zeros(0), 1, 1, np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1))
+        _simcore.order(np.zeros(3, np.int64), one, one, 2, 1, 1, False, i32, i32, i32, none, none, i32, i32, np.zeros(1, np.bool_))
+    with pytest.raises(ValueError, match="dep has 4 bytes, expected 8"):
+        _simcore.run(i32, i32, i32, none, np.zeros(8), np.zeros(0), 1, 1, np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1))
+    with pytest.raises(ValueError, match="an index is out of range"):  # dur 9 of 8 durations
+        _simcore.run(i32, i32 + 9, none, none, np.zeros(8), np.zeros(0), 1, 1, np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1))
+    with pytest.raises(ValueError, match="costs has 8 bytes, expected 64"):
+        _simcore.memory(np.zeros(3, np.int64), np.array([0, 1]), one, False, np.zeros(1), 1, 1, np.zeros(1))
 
 
 def test_the_environment_switches_the_c_core_off(monkeypatch: pytest.MonkeyPatch) -> None:
