@@ -13,9 +13,9 @@ W), run here on integer and float arrays:
 
 Each has two implementations that give the same numbers to the last bit (the same floating-point
 operations in the same order; tested): the C extension ``autopipe.schedules._simcore``, built by
-``pip install`` when a C compiler is there (about 50x faster), and the Python loops below — the
-reference, and the fallback when the extension is missing or ``AUTOPIPE_NO_SIMCORE=1`` is set
-(:func:`use_native` switches at run time).
+``pip install`` when a C compiler is there (20-130x faster; bench/bench_simulate.py), and the
+Python loops below — the reference, and the fallback when the extension is missing or
+``AUTOPIPE_NO_SIMCORE=1`` is set (:func:`use_native` switches at run time).
 """
 
 from __future__ import annotations
