@@ -30,9 +30,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 from autopipe.errors import ScheduleError
+from autopipe.schedules import simcore
 from autopipe.schedules.action import Action, Kind, Placement, Schedule, round_robin
 from autopipe.schedules.deps import dependencies, execute_in_order
+from autopipe.schedules.lists import F, RankLists, W, from_schedule, rank_array, to_schedule
+from autopipe.schedules.simcore import Floats, Index, Ints
 from autopipe.schedules.validate import validate
 
 __all__ = [
@@ -41,8 +47,11 @@ __all__ = [
     "StageCost",
     "Summary",
     "Timeline",
+    "compile_lists",
     "compile_schedule",
+    "cost_table",
     "simulate",
+    "simulate_many",
     "simulate_summary",
 ]
 
@@ -216,119 +225,81 @@ def _memory(
 # --------------------------------------------------------------------------- fast path
 #
 # The planner prices hundreds of candidates on the same few schedules. A schedule is compiled
-# once — validated, put in dependency order, each action's dependencies as positions in that
-# order — and each candidate is then one pass over flat lists. ``simulate_summary`` gives the
-# same iteration time, busy time and peak memory as :func:`simulate` (tested), without
-# building a Timeline.
-
-_F, _B, _W = 0, 1, 2
+# once — checked, put in dependency order, each action's dependencies as positions in that
+# order — and each candidate is then one pass over flat arrays (autopipe.schedules.simcore: C
+# when built, else Python). ``simulate_summary`` gives the same iteration time, busy time and
+# peak memory as :func:`simulate` (tested), without building a Timeline.
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CompiledSchedule:
-    """A validated schedule as flat lists, in an order that respects every dependency."""
+    """A checked schedule as flat arrays, in an order that respects every dependency."""
 
     ranks: int  # S devices
     num_stages: int  # S * v
     home: tuple[int, ...]  # per virtual stage: the rank that runs it (the schedule's placement)
-    rank: tuple[int, ...]  # per action, in dependency order
-    stage: tuple[int, ...]
-    kind: tuple[int, ...]  # 0 F, 1 B (input-grad if split), 2 W
-    split: tuple[bool, ...]  # B of a (stage, micro-batch) that has a W
-    deps: tuple[tuple[int, ...], ...]  # positions of the dependencies
-    rank_lists: tuple[tuple[int, ...], ...]  # per rank, positions in the rank's own order
+    rank: Index  # per action, in dependency order
+    stage: Index
+    kind: Index  # 0 F, 1 B (input-grad if split), 2 W
+    split: npt.NDArray[np.bool_]  # B of a (stage, micro-batch) that has a W
+    deps: Index  # (N, 2): positions of the dependencies, -1 none
+    rank_lists: tuple[Index, ...]  # per rank, positions in the rank's own order
+    hop: Index  # (N, 2): the comm_s index each dependency pays, -1 none (same rank)
+    duration: Index  # stage * 8 + 0 F, 1 B, 2 B input-grad, 3 W: where its time is in cost_table()
+    rows: Ints  # (N, 3) the ranks' (stage, kind, micro-batch) rows, rank after rank
+    offsets: Ints  # (S + 1,): rank r's rows are rows[offsets[r]:offsets[r + 1]]
+    home_array: Ints  # home as an array
+    splits_backward: bool  # has W actions
+
+
+def compile_lists(
+    lists: RankLists, devices: int, virtual: int = 1, placement: Placement = round_robin
+) -> CompiledSchedule:
+    """Lay the ranks' lists out for :func:`simulate_summary`.
+
+    Checks what the fast path relies on — every (stage, micro-batch) has one F and one B (and a W
+    for all or none), each action sits on its stage's rank (``placement``, the schedule's;
+    default ``j % S``), and the lists run without deadlock — raising ScheduleError with
+    :func:`~autopipe.schedules.validate`'s grid otherwise."""
+    return _compile(lists, devices, virtual, placement, None)
 
 
 def compile_schedule(
     schedule: Schedule, devices: int, virtual: int = 1, placement: Placement = round_robin
 ) -> CompiledSchedule:
-    """Lay ``schedule`` out for :func:`simulate_summary`.
+    """:func:`compile_lists` of ``schedule`` (errors name its steps, idle slots counted)."""
+    return _compile(from_schedule(schedule, devices), devices, virtual, placement, schedule)
 
-    Checks what the fast path relies on — every (stage, micro-batch) has one F and one B (and
-    a W for all or none), each action sits on its stage's rank (``placement``, the
-    schedule's; default ``j % S``), and the lists run without
-    deadlock — with integer keys, so it stays fast for tens of thousands of actions; the
-    full :func:`~autopipe.schedules.validate` (with its grid) is for schedules from people.
-    """
+
+def _compile(
+    lists: RankLists, devices: int, virtual: int, placement: Placement, schedule: Schedule | None
+) -> CompiledSchedule:
     n = devices * virtual
     home = tuple(placement(j, devices, virtual) for j in range(n))
-    acts = [(r, a) for r in sorted(schedule) for a in schedule[r] if a is not None]
-    if not acts:
+    if len(lists) != devices:
+        raise ScheduleError(f"the lists have {len(lists)} ranks, expected one per device ({devices})")
+    arrays = [rank_array(x) for x in lists]
+    rows = np.concatenate(arrays)
+    if not len(rows):
         raise ScheduleError("cannot simulate a schedule without actions; give each rank its list")
-    m = max(a.microbatch for _, a in acts) + 1
-    kinds = {Kind.FORWARD: _F, Kind.BACKWARD: _B, Kind.WEIGHT: _W}
-
-    def key(stage: int, kind: int, mb: int) -> int:
-        return (stage * 3 + kind) * m + mb
-
-    keys = [key(a.stage, kinds[a.kind], a.microbatch) for _, a in acts]
-    has_w = any(a.kind is Kind.WEIGHT for _, a in acts)
+    offsets = np.concatenate(([0], np.cumsum([len(x) for x in arrays]))).astype(np.int64)
+    m = int(rows[:, 2].max()) + 1
+    has_w = bool((rows[:, 1] == W).any())
     expected = n * m * (3 if has_w else 2)
-    if len(set(keys)) != len(keys) or len(keys) != expected or any(home[a.stage] != r for r, a in acts):
-        validate(schedule, devices, m, virtual, placement)  # raises with the grid and the bad step
-        raise ScheduleError(f"schedule is incomplete: {len(keys)} actions, expected {expected}")
-    lists = [[key(a.stage, kinds[a.kind], a.microbatch) for a in schedule.get(r, []) if a is not None] for r in range(devices)]
-    # What each action waits for, as keys (see autopipe.schedules.deps).
-    needs: list[list[tuple[int, ...]]] = []
-    for lst in lists:
-        row: list[tuple[int, ...]] = []
-        for k in lst:
-            stage, rest = divmod(k, 3 * m)
-            kind = rest // m
-            if kind == _F:
-                row.append((k - 3 * m,) if stage > 0 else ())
-            elif kind == _B:
-                own = k - m  # F of the same stage and micro-batch
-                row.append((own, k + 3 * m) if stage + 1 < n else (own,))
-            else:
-                row.append((k - m,))
-        needs.append(row)
-    position = [-1] * (n * 3 * m)
-    rank_of: list[int] = []
-    stage_of: list[int] = []
-    kind_of: list[int] = []
-    split_of: list[bool] = []
-    deps: list[tuple[int, ...]] = []
-    pointer = [0] * devices
-    progress = True
-    per_stage = 3 * m
-    # A plain loop (no generators): this runs once per action, tens of thousands of times.
-    while progress:
-        progress = False
-        for r in range(devices):
-            lst, need_r, i, end = lists[r], needs[r], pointer[r], len(lists[r])
-            while i < end:
-                need = need_r[i]
-                if len(need) == 2:
-                    p0, p1 = position[need[0]], position[need[1]]
-                    if p0 < 0 or p1 < 0:
-                        break
-                    dep: tuple[int, ...] = (p0, p1)
-                elif need:
-                    p0 = position[need[0]]
-                    if p0 < 0:
-                        break
-                    dep = (p0,)
-                else:
-                    dep = ()
-                k = lst[i]
-                position[k] = len(rank_of)
-                rank_of.append(r)
-                stage, rest = divmod(k, per_stage)
-                kind = rest // m
-                stage_of.append(stage)
-                kind_of.append(kind)
-                split_of.append(kind == _B and has_w)
-                deps.append(dep)
-                i += 1
-                progress = True
-            pointer[r] = i
-    if len(rank_of) != len(keys):
-        validate(schedule, devices, m, virtual, placement)  # names the stuck steps
-        raise ScheduleError("schedule deadlocks")
-    rank_lists = tuple(tuple(position[k] for k in lst) for lst in lists)
+    placed, o = -1, None
+    if len(rows) == expected:
+        placed, o = simcore.order(rows, offsets, np.asarray(home, np.int64), m, has_w)
+    if o is None or placed != len(rows):
+        bad = np.flatnonzero((rows[:, 1] < F) | (rows[:, 1] > W))
+        if len(bad):
+            r = int(np.searchsorted(offsets, bad[0], side="right")) - 1
+            raise ScheduleError(f"rank {r} has an action of kind {int(rows[bad[0], 1])}; kinds are 0 F, 1 B, 2 W")
+        if m <= len(rows):  # validate's grid says which step is wrong or stuck
+            validate(schedule if schedule is not None else to_schedule(tuple(arrays)), devices, m, virtual, placement)
+        raise ScheduleError("schedule deadlocks" if placed >= 0 else f"schedule is incomplete: {len(rows)} actions, expected {expected}")
+    rank_lists = tuple(np.split(o.pos, offsets[1:-1]))
     return CompiledSchedule(
-        devices, n, home, tuple(rank_of), tuple(stage_of), tuple(kind_of), tuple(split_of), tuple(deps), rank_lists
+        devices, n, home, o.rank, o.stage, o.kind, o.split, o.dep, rank_lists, o.hop, o.dur, rows, offsets, np.asarray(home, np.int64), has_w
     )
 
 
@@ -342,48 +313,43 @@ class Summary:
 
 def simulate_summary(c: CompiledSchedule, costs: Sequence[StageCost], comm_s: Sequence[float] = ()) -> Summary:
     """:func:`simulate`'s iteration time, bubble, busy time and peak memory, fast."""
-    ranks, n = c.ranks, c.num_stages
-    if len(costs) != n:
-        raise ScheduleError(f"costs must have one entry per virtual stage ({n}), got {len(costs)}")
-    comm = list(comm_s) if comm_s else [0.0] * (n - 1)
-    fwd = [x.forward_s for x in costs]
-    bwd = [x.backward_s for x in costs]
-    bin_ = [x.backward_input_s for x in costs]
-    wgt = [x.backward_weight_s for x in costs]
-    end = [0.0] * len(c.rank)
-    free = [0.0] * ranks
-    busy = [0.0] * ranks
-    stage_of, kind_of, split_of, deps, rank_of, home = c.stage, c.kind, c.split, c.deps, c.rank, c.home
-    for i in range(len(rank_of)):
-        r, j, k = rank_of[i], stage_of[i], kind_of[i]
-        start = free[r]
-        for d in deps[i]:
-            sd = stage_of[d]
-            t = end[d] if home[sd] == home[j] else end[d] + comm[sd if sd < j else j]
-            if t > start:
-                start = t
-        dur = fwd[j] if k == _F else wgt[j] if k == _W else bin_[j] if split_of[i] else bwd[j]
-        end[i] = start + dur
-        free[r] = end[i]
-        busy[r] += dur
-    iteration = max(end) if end else 0.0
-    peaks = []
-    for r in range(ranks):
-        held = sum(costs[j].static_bytes for j in range(n) if home[j] == r)
-        peak = held
-        for i in c.rank_lists[r]:
-            x = costs[stage_of[i]]
-            k = kind_of[i]
-            if k == _F:
-                held += x.activation_bytes
-            elif k == _B:
-                if held + x.transient_bytes > peak:
-                    peak = held + x.transient_bytes
-                held -= x.activation_bytes - (x.weight_grad_bytes if split_of[i] else 0.0)
-            else:
-                held -= x.weight_grad_bytes
-            if held > peak:
-                peak = held
-        peaks.append(peak)
-    bubble = 1.0 - sum(busy) / (ranks * iteration) if iteration > 0 else 0.0
-    return Summary(iteration, bubble, tuple(busy), tuple(peaks))
+    return simulate_many(c, [costs], [comm_s])[0]
+
+
+def simulate_many(
+    c: CompiledSchedule, costs: Sequence[Sequence[StageCost]], comm_s: Sequence[Sequence[float]] = ()
+) -> list[Summary]:
+    """:func:`simulate_summary` of K candidates on one compiled schedule, in one pass each:
+    ``costs[k]`` per virtual stage and ``comm_s[k]`` per boundary (``()``: no link times)."""
+    n, k = c.num_stages, len(costs)
+    comms = [list(x) for x in comm_s] if comm_s else [[] for _ in costs]
+    if len(comms) != k:
+        raise ScheduleError(f"comm_s must have one entry per candidate ({k}), got {len(comms)}")
+    for cs, cm in zip(costs, comms, strict=True):
+        if len(cs) != n:
+            raise ScheduleError(f"costs must have one entry per virtual stage ({n}), got {len(cs)}")
+        if cm and len(cm) != n - 1:
+            raise ScheduleError(f"comm_s must have one entry per stage boundary, {n - 1} for {n} virtual stages (got {len(cm)})")
+    if k == 0:
+        return []
+    table = cost_table(costs)
+    link = np.array([cm or [0.0] * (n - 1) for cm in comms], np.float64).reshape(k, n - 1)
+    iteration, busy, _, _ = simcore.run(c.rank, c.duration, c.deps, c.hop, table.reshape(k, 8 * n), link, c.ranks)
+    peak = simcore.memory(c.rows, c.offsets, c.home_array, c.splits_backward, table)
+    out = []
+    for i in range(k):
+        it, b = float(iteration[i]), busy[i].tolist()
+        bubble = 1.0 - sum(b) / (c.ranks * it) if it > 0 else 0.0
+        out.append(Summary(it, bubble, tuple(b), tuple(peak[i].tolist())))
+    return out
+
+
+def cost_table(costs: Sequence[Sequence[StageCost]]) -> Floats:
+    """K candidates' stage costs as one ``(K, n, 8)`` array, StageCost's fields in order."""
+    return np.array(
+        [
+            [(x.forward_s, x.backward_s, x.backward_input_s, x.backward_weight_s, x.activation_bytes, x.weight_grad_bytes, x.transient_bytes, x.static_bytes) for x in cs]
+            for cs in costs
+        ],
+        np.float64,
+    ).reshape(len(costs), -1, 8)

@@ -91,27 +91,22 @@ def memory_rows(name: str, devices: int, micro_batches: int, virtual: int) -> tu
     """Per device, its held-count rows under schedule ``name`` (see the module docstring);
     None when the schedule has an action kind besides F, B and W."""
     c = compiled(name, devices, micro_batches, virtual)
-    if not KNOWN_KINDS.issuperset(c.kind):
+    if not KNOWN_KINDS.issuperset(np.unique(c.kind).tolist()):
         return None
+    step = np.where(c.kind == 0, 1, np.where(c.split, 0, -1))  # what each action does to its chunk's count
     out = []
     for r in range(devices):
         chunks = tuple(j for j in range(c.num_stages) if c.home[j] == r)
-        local = {j: k for k, j in enumerate(chunks)}
-        count = [0] * len(chunks)
-        held, before = [list(count)], []
-        for i in c.rank_lists[r]:
-            k, kind = local[c.stage[i]], c.kind[i]
-            if kind == 0:
-                count[k] += 1
-            elif kind == 1:
-                before.append([*count, k])
-                if not c.split[i]:
-                    count[k] -= 1
-            else:
-                count[k] -= 1
-            held.append(list(count))
-        rows = np.unique(np.asarray(held, dtype=np.float64), axis=0)
-        b = np.unique(np.asarray(before, dtype=np.int64).reshape(-1, len(chunks) + 1), axis=0)
+        local = np.zeros(c.num_stages, np.int64)
+        local[list(chunks)] = np.arange(len(chunks))
+        i = c.rank_lists[r]
+        k = local[c.stage[i]]
+        delta = np.zeros((len(i), len(chunks)), np.int64)
+        delta[np.arange(len(i)), k] = step[i]
+        counts = np.concatenate([np.zeros((1, len(chunks)), np.int64), np.cumsum(delta, axis=0)])
+        rows = np.unique(counts.astype(np.float64), axis=0)  # held after each action (and before any)
+        is_b = c.kind[i] == 1
+        b = np.unique(np.column_stack([counts[:-1][is_b], k[is_b]]).reshape(-1, len(chunks) + 1), axis=0)
         out.append(DeviceRows(chunks, rows, b[:, :-1].astype(np.float64), b[:, -1]))
     return tuple(out)
 

@@ -20,7 +20,7 @@ from autopipe.schedules.simulate import (
     CompiledSchedule,
     StageCost,
     Summary,
-    compile_schedule,
+    compile_lists,
     simulate_summary,
 )
 from autopipe.solve.problem import Partition, PartitionProblem, memory_fits, stage_stats
@@ -111,8 +111,7 @@ def costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list[
 def compiled(name: str, devices: int, micro_batches: int, virtual: int) -> CompiledSchedule:
     # The generators are tested against the full validator; compiling re-checks the essentials.
     spec = schedule_spec(name)
-    schedule = spec.create_schedule(devices, micro_batches, virtual)
-    return compile_schedule(schedule, devices, virtual, spec.placement)
+    return compile_lists(spec.lists(devices, micro_batches, virtual), devices, virtual, spec.placement)
 
 
 def price(c: Candidate, devices: int) -> Summary:
