@@ -17,7 +17,19 @@ import numpy.typing as npt
 from autopipe.errors import ScheduleError
 from autopipe.schedules.action import Action, Kind, Schedule
 
-__all__ = ["KIND_CODES", "B", "F", "RankLists", "W", "from_schedule", "rank_array", "to_schedule"]
+__all__ = [
+    "KIND_CODES",
+    "B",
+    "F",
+    "RankLists",
+    "W",
+    "from_schedule",
+    "numbered",
+    "rank_array",
+    "repeated",
+    "to_actions",
+    "to_schedule",
+]
 
 F, B, W = 0, 1, 2
 KIND_CODES: dict[Kind, int] = {Kind.FORWARD: F, Kind.BACKWARD: B, Kind.WEIGHT: W}
@@ -46,9 +58,33 @@ def from_schedule(schedule: Schedule, devices: int) -> RankLists:
     )
 
 
+def to_actions(rows: npt.NDArray[np.int64]) -> list[Action]:
+    """One rank's ``(n, 3)`` array as its list of Actions."""
+    return [Action(s, _KINDS[k], mb) for s, k, mb in rows.tolist()]
+
+
 def to_schedule(lists: RankLists) -> Schedule:
     """:data:`RankLists` as a Schedule of Action objects (the inverse of :func:`from_schedule`)."""
     return {
-        r: [Action(int(s), _KINDS[int(k)], int(mb)) for s, k, mb in rows.tolist()]
-        for r, rows in enumerate(lists)
+        r: [Action(s, _KINDS[k], mb) for s, k, mb in rows.tolist()] for r, rows in enumerate(lists)
     }
+
+
+def repeated(*parts: tuple[tuple[int, ...], int]) -> npt.NDArray[np.int64]:
+    """The codes of ``parts`` in order, each ``(pattern, times)`` its pattern ``times`` times
+    (none when ``times <= 0``): how the generators write a rank's list, a segment at a time."""
+    tiles = [np.tile(np.asarray(p, dtype=np.int64), max(0, n)) for p, n in parts]
+    return np.concatenate(tiles) if tiles else np.zeros(0, dtype=np.int64)
+
+
+def numbered(codes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """One rank's ``(n, 3)`` array from its actions in run order given as codes
+    ``3 * stage + kind``, each (stage, kind) taking micro-batches ``0, 1, 2, ...`` in that order
+    (true of every schedule here: a chunk runs its forwards, backwards and weight-grads each in
+    micro-batch order)."""
+    out = np.empty((len(codes), 3), dtype=np.int64)
+    out[:, 0], out[:, 1] = np.divmod(codes, 3)
+    for code in np.flatnonzero(np.bincount(codes)):
+        at = codes == code
+        out[at, 2] = np.arange(np.count_nonzero(at))
+    return out

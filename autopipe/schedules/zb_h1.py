@@ -28,47 +28,55 @@ ZB-H1-like).
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
+
 from autopipe.errors import ScheduleError
-from autopipe.schedules.action import Action, Kind, Schedule
+from autopipe.schedules.action import Action, Schedule
+from autopipe.schedules.lists import B, F, RankLists, W, numbered, repeated, to_actions, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
-__all__ = ["SPEC", "bubble", "create_schedule", "inflight", "rank_actions"]
+__all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight", "rank_actions", "rank_rows"]
 
-F, B, W = Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT
+
+def rank_rows(rank: int, devices: int, micro_batches: int) -> npt.NDArray[np.int64]:
+    """The ZB-H1 list of ``rank`` (stage ``rank``) as ``(stage, kind, micro-batch)`` rows: 1F1B
+    with each W delayed by ``rank`` pairs — ``w`` warm-up Fs, ``rank`` pairs ``F B``, the
+    other steady pairs ``F B W``, ``w`` times ``B W``, then the pending Ws."""
+    m = micro_batches
+    warmup = min(m, devices - rank - 1)
+    steady = m - warmup
+    f, b, w = 3 * rank + F, 3 * rank + B, 3 * rank + W
+    early = min(rank, steady)  # steady pairs before the first W
+    codes = repeated(
+        ((f,), warmup),
+        ((f, b), early),
+        ((f, b, w), steady - early),
+        ((b, w), warmup),
+        ((w,), m - (steady - early) - warmup),
+    )
+    return numbered(codes)
 
 
 def rank_actions(rank: int, devices: int, micro_batches: int) -> list[Action]:
-    """The ZB-H1 list of ``rank`` (stage ``rank``): 1F1B with each W delayed by ``rank`` pairs."""
-    warmup = min(micro_batches, devices - rank - 1)
-    actions = [Action(rank, F, mb) for mb in range(warmup)]
-    weights = 0  # Ws emitted so far; W i runs once B i and `rank` more pairs have run
-
-    def weight() -> None:
-        nonlocal weights
-        actions.append(Action(rank, W, weights))
-        weights += 1
-
-    for i in range(micro_batches - warmup):
-        actions += [Action(rank, F, warmup + i), Action(rank, B, i)]
-        if i >= rank:
-            weight()
-    for mb in range(micro_batches - warmup, micro_batches):
-        actions.append(Action(rank, B, mb))
-        weight()
-    while weights < micro_batches:
-        weight()
-    return actions
+    """:func:`rank_rows` as Actions."""
+    return to_actions(rank_rows(rank, devices, micro_batches))
 
 
-def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
-    """The ZB-H1 schedule: ``{rank: rank_actions(rank, devices, micro_batches)}``."""
+def create_lists(devices: int, micro_batches: int, virtual: int = 1) -> RankLists:
+    """The ZB-H1 schedule as integer arrays: :func:`rank_rows` of every rank."""
     check_sizes(devices, micro_batches, virtual)
     if virtual != 1:
         raise ScheduleError(
             f"zb-h1 runs one stage per rank (got virtual: {virtual}); use virtual=1"
         )
-    return {s: [*rank_actions(s, devices, micro_batches)] for s in range(devices)}
+    return tuple(rank_rows(s, devices, micro_batches) for s in range(devices))
+
+
+def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
+    """:func:`create_lists` as Actions: ``{rank: rank_actions(rank, devices, micro_batches)}``."""
+    return to_schedule(create_lists(devices, micro_batches, virtual))
 
 
 def inflight(devices: int, micro_batches: int, virtual: int = 1) -> tuple[float, ...]:
@@ -85,6 +93,7 @@ def bubble(devices: int, micro_batches: int, virtual: int = 1) -> float:
 SPEC = ScheduleSpec(
     name="zb-h1",
     create_schedule=create_schedule,
+    create_lists=create_lists,
     inflight=inflight,
     bubble=bubble,
     torch_class="ScheduleInterleavedZeroBubble",

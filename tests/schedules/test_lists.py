@@ -8,7 +8,9 @@ import pytest
 from autopipe.errors import ScheduleError
 from autopipe.schedules import SPECS, make_schedule
 from autopipe.schedules.action import Action, Kind
-from autopipe.schedules.lists import from_schedule, rank_array, to_schedule
+from autopipe.schedules.lists import from_schedule, numbered, rank_array, repeated, to_schedule
+
+FAST = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipe-v")
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
@@ -35,3 +37,48 @@ def test_idle_slots_drop_and_empty_ranks_keep_their_shape() -> None:
 def test_a_rank_outside_the_devices_is_named() -> None:
     with pytest.raises(ScheduleError, match=r"schedule has rank 3, but only ranks 0\.\.1 exist"):
         from_schedule({3: [Action(0, Kind.FORWARD, 0)]}, 2)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_create_lists_is_create_schedule_in_integers(spec) -> None:
+    if spec.name in FAST:
+        assert spec.create_lists is not None
+    if spec.create_lists is None:
+        return
+    for v in spec.virtual_choices if spec.takes_virtual else (1,):
+        for S in (1, 3, 5):
+            for m in sorted({S, 2 * S, 2 * S + 1, 3 * S, 17}):
+                if m < spec.least_micro_batches(S) or (v > 1 and spec.micro_batches_multiple_of_devices and m % S):
+                    continue
+                lists = spec.create_lists(S, m, v)
+                assert len(lists) == S and all(r.dtype == np.int64 and r.shape[1] == 3 for r in lists)
+                expected = from_schedule(spec.create_schedule(S, m, v), S)
+                assert all(np.array_equal(a, b) for a, b in zip(lists, expected, strict=True)), (S, m, v)
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_create_lists_refuses_as_create_schedule_does(name) -> None:
+    spec = next(s for s in SPECS if s.name == name)
+    bad_virtual = 3 if spec.takes_virtual else 2
+    if name == "interleaved-1f1b":  # any v; m must be a multiple of S instead
+        cases = [(4, 6, 2), (4, 0, 2)]
+    else:
+        cases = [(4, 8, bad_virtual), (4, 0, 1 if not spec.takes_virtual else 2), (0, 4, 1)]
+    if name == "dualpipe-v":
+        cases.append((4, 7, 2))
+    for S, m, v in cases:
+        with pytest.raises(ScheduleError) as made:
+            spec.create_schedule(S, m, v)
+        with pytest.raises(ScheduleError) as listed:
+            spec.lists(S, m, v)
+        assert str(listed.value) == str(made.value) and "\n" not in str(made.value)
+
+
+def test_repeated_and_numbered() -> None:
+    codes = repeated(((0,), 2), ((0, 1), 2), ((5,), 0), ((1, 2), 1), ((1,), -3))
+    assert codes.tolist() == [0, 0, 0, 1, 0, 1, 1, 2]
+    assert numbered(codes).tolist() == [
+        [0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 0, 3], [0, 1, 1], [0, 1, 2], [0, 2, 0]
+    ]
+    assert numbered(repeated()).shape == (0, 3)
+    assert numbered(np.array([3 * 7 + 2, 3 * 1, 3 * 7 + 2])).tolist() == [[7, 2, 0], [1, 0, 0], [7, 2, 1]]
