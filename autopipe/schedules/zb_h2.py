@@ -12,6 +12,8 @@ one rule, run slot by slot with every action one unit: at each step rank ``s`` r
 
 so the warm-up fills with forwards, the steady state alternates B and F and runs a W only
 when the rank holds ``2S-1`` or would wait, and the Ws still pending fill the cool-down.
+(:func:`create_lists` runs the rule on integer counts, and tiles the steady state once it
+repeats: three slots of one F, one B and one W on every rank; exact, see ``_kinds``.)
 ``S=3, m=6``, every action one unit::
 
     rank 0 | 0F0 0F1 0F2 0F3 0F4 0B0 0W0 0B1 0F5 0B2 0W1 0B3 0W2 0B4 0W3 0W4 0B5 0W5 -   -
