@@ -71,7 +71,7 @@ import numpy.typing as npt
 
 from autopipe.errors import ScheduleError
 from autopipe.schedules.action import Action, Schedule, v_shape
-from autopipe.schedules.lists import B, F, RankLists, W, numbered, repeated, to_actions, to_schedule
+from autopipe.schedules.lists import B, F, RankLists, W, tiled, to_actions, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
@@ -96,20 +96,20 @@ def least_micro_batches(devices: int) -> int:
     return PER_DEVICE * devices
 
 
-def _codes(rank: int, devices: int, micro_batches: int) -> tuple[npt.NDArray[np.int64], list[int]]:
-    """Device ``rank``'s list as codes ``3 * chunk + kind`` (steps 1-8 of the module docstring;
-    a full backward is ``B`` then its ``W``), and the positions of the F of each overlapped
-    pair."""
+def _parts(rank: int, devices: int, micro_batches: int) -> tuple[list[tuple[list[int], int]], list[int]]:
+    """Device ``rank``'s list as :func:`~autopipe.schedules.lists.tiled` parts of codes
+    ``3 * chunk + kind`` (steps 1-8 of the module docstring; a full backward is ``B`` then its
+    ``W``), and the positions of the F of each overlapped pair."""
     S, m, d = devices, micro_batches, rank
     a, b = 3 * d, 3 * (2 * S - 1 - d)  # codes of the down and the up chunk
     rounds = m - 2 * S + d + 1  # step 4: pairs F(a)&B(b), F(b)&B(a)
-    head = repeated(
-        ((a + F,), 2 * (S - d - 1)),
-        ((a + F, b + F), d + 1),
-        ((b + B, b + W, b + F), S - d - 1),
-        ((a + F, b + B, b + W, b + F, a + B, a + W), rounds),
-        ((b + B, b + W, b + F, a + B, a + W), S - d - 1),
-    )
+    parts = [
+        ([a + F], 2 * (S - d - 1)),
+        ([a + F, b + F], d + 1),
+        ([b + B, b + W, b + F], S - d - 1),
+        ([a + F, b + B, b + W, b + F, a + B, a + W], rounds),
+        ([b + B, b + W, b + F, a + B, a + W], S - d - 1),
+    ]
     at = 2 * (S - d - 1) + 2 * (d + 1) + 3 * (S - d - 1)
     pairs = [at + 6 * i + half for i in range(max(0, rounds)) for half in (0, 3)]
     if d == S - 1 and rounds > 0:
@@ -136,13 +136,13 @@ def _codes(rank: int, devices: int, micro_batches: int) -> tuple[npt.NDArray[np.
             tail.append(deferred.popleft())
         backward(a, split)
     tail += deferred  # step 8
-    return np.concatenate([head, np.asarray(tail, dtype=np.int64)]), pairs
+    return [*parts, (tail, 1)], pairs
 
 
 def rank_rows(rank: int, devices: int, micro_batches: int) -> npt.NDArray[np.int64]:
     """The DualPipeV list of device ``rank`` (chunks ``rank`` and ``2S-1-rank``) as
     ``(stage, kind, micro-batch)`` rows."""
-    return numbered(_codes(rank, devices, micro_batches)[0])
+    return tiled(*_parts(rank, devices, micro_batches)[0])
 
 
 def rank_actions(rank: int, devices: int, micro_batches: int) -> list[Action]:
@@ -153,8 +153,8 @@ def rank_actions(rank: int, devices: int, micro_batches: int) -> list[Action]:
 def overlapped(rank: int, devices: int, micro_batches: int) -> tuple[tuple[Action, Action], ...]:
     """The overlapped pairs ``(F(x, i), B(y, k))`` of device ``rank``, in list order; each F is
     immediately followed by its B in :func:`rank_actions`."""
-    codes, pairs = _codes(rank, devices, micro_batches)
-    actions = to_actions(numbered(codes))
+    parts, pairs = _parts(rank, devices, micro_batches)
+    actions = to_actions(tiled(*parts))
     return tuple((actions[p], actions[p + 1]) for p in pairs)
 
 

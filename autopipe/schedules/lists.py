@@ -11,6 +11,9 @@ exactly, both ways.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
+
 import numpy as np
 import numpy.typing as npt
 
@@ -24,9 +27,8 @@ __all__ = [
     "RankLists",
     "W",
     "from_schedule",
-    "numbered",
     "rank_array",
-    "repeated",
+    "tiled",
     "to_actions",
     "to_schedule",
 ]
@@ -70,21 +72,51 @@ def to_schedule(lists: RankLists) -> Schedule:
     }
 
 
-def repeated(*parts: tuple[tuple[int, ...], int]) -> npt.NDArray[np.int64]:
-    """The codes of ``parts`` in order, each ``(pattern, times)`` its pattern ``times`` times
-    (none when ``times <= 0``): how the generators write a rank's list, a segment at a time."""
-    tiles = [np.tile(np.asarray(p, dtype=np.int64), max(0, n)) for p, n in parts]
-    return np.concatenate(tiles) if tiles else np.zeros(0, dtype=np.int64)
-
-
-def numbered(codes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """One rank's ``(n, 3)`` array from its actions in run order given as codes
-    ``3 * stage + kind``, each (stage, kind) taking micro-batches ``0, 1, 2, ...`` in that order
-    (true of every schedule here: a chunk runs its forwards, backwards and weight-grads each in
-    micro-batch order)."""
+def tiled(*parts: tuple[Sequence[int] | npt.NDArray[np.int64], int]) -> npt.NDArray[np.int64]:
+    """One rank's ``(n, 3)`` array from its actions in run order, written a segment at a time:
+    each part ``(pattern, times)`` runs ``pattern`` (codes ``3 * stage + kind``) ``times`` times
+    (none when ``times <= 0``). Each (stage, kind) takes micro-batches ``0, 1, 2, ...`` in run
+    order (true of every schedule here: a chunk runs its forwards, backwards and weight-grads
+    each in micro-batch order), so a segment's micro-batches are its first round's plus, per
+    round, how often the code occurs in the pattern: no work per action outside numpy."""
+    done: dict[int, int] = {}  # actions of each code in the parts before
+    all_codes, all_mbs = [], []
+    for pattern, times in parts:
+        if times <= 0 or not len(pattern):
+            continue
+        codes = np.asarray(pattern, dtype=np.int64)
+        first, per = _first_round(codes, done)
+        all_codes.append(np.tile(codes, times))
+        all_mbs.append((first + np.arange(times, dtype=np.int64)[:, None] * per).reshape(-1))
+        for code, n in Counter(codes.tolist()).items():
+            done[code] = done.get(code, 0) + n * times
+    if not all_codes:
+        return np.zeros((0, 3), dtype=np.int64)
+    codes = np.concatenate(all_codes)
     out = np.empty((len(codes), 3), dtype=np.int64)
-    out[:, 0], out[:, 1] = np.divmod(codes, 3)
-    for code in np.flatnonzero(np.bincount(codes)):
-        at = codes == code
-        out[at, 2] = np.arange(np.count_nonzero(at))
+    out[:, 0] = codes // 3
+    out[:, 1] = codes - 3 * out[:, 0]
+    out[:, 2] = np.concatenate(all_mbs)
     return out
+
+
+def _first_round(
+    codes: npt.NDArray[np.int64], done: dict[int, int]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Per position of ``codes``, its micro-batch in the first round (after ``done``) and how
+    often its code occurs in ``codes`` (the step per round)."""
+    first = np.empty(len(codes), dtype=np.int64)
+    per = np.empty(len(codes), dtype=np.int64)
+    if len(codes) <= 16:  # a pattern: plain ints
+        seen: dict[int, int] = {}
+        for i, code in enumerate(codes.tolist()):
+            first[i] = done.get(code, 0) + seen.get(code, 0)
+            seen[code] = seen.get(code, 0) + 1
+        per[:] = [seen[c] for c in codes.tolist()]
+        return first, per
+    for code in np.unique(codes).tolist():  # a long list run once: a mask per code
+        at = codes == code
+        n = int(np.count_nonzero(at))
+        first[at] = done.get(code, 0) + np.arange(n)
+        per[at] = n
+    return first, per

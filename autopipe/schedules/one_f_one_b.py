@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from autopipe.errors import ScheduleError
 from autopipe.schedules.action import Action, Schedule
-from autopipe.schedules.lists import B, F, RankLists, numbered, repeated, to_actions, to_schedule
+from autopipe.schedules.lists import B, F, RankLists, tiled, to_actions, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
@@ -34,7 +34,7 @@ def rank_rows(rank: int, devices: int, micro_batches: int) -> npt.NDArray[np.int
     warm-up, steady 1F1B, cool-down."""
     warmup = min(micro_batches, devices - rank - 1)
     f, b = 3 * rank + F, 3 * rank + B
-    return numbered(repeated(((f,), warmup), ((f, b), micro_batches - warmup), ((b,), warmup)))
+    return tiled(((f,), warmup), ((f, b), micro_batches - warmup), ((b,), warmup))
 
 
 def rank_actions(rank: int, devices: int, micro_batches: int) -> list[Action]:

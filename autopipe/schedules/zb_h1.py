@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from autopipe.errors import ScheduleError
 from autopipe.schedules.action import Action, Schedule
-from autopipe.schedules.lists import B, F, RankLists, W, numbered, repeated, to_actions, to_schedule
+from autopipe.schedules.lists import B, F, RankLists, W, tiled, to_actions, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
@@ -49,14 +49,13 @@ def rank_rows(rank: int, devices: int, micro_batches: int) -> npt.NDArray[np.int
     steady = m - warmup
     f, b, w = 3 * rank + F, 3 * rank + B, 3 * rank + W
     early = min(rank, steady)  # steady pairs before the first W
-    codes = repeated(
+    return tiled(
         ((f,), warmup),
         ((f, b), early),
         ((f, b, w), steady - early),
         ((b, w), warmup),
         ((w,), m - (steady - early) - warmup),
     )
-    return numbered(codes)
 
 
 def rank_actions(rank: int, devices: int, micro_batches: int) -> list[Action]:

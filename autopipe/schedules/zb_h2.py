@@ -44,14 +44,15 @@ import numpy as np
 
 from autopipe.errors import ScheduleError
 from autopipe.schedules.action import Schedule
-from autopipe.schedules.lists import B, F, RankLists, W, numbered, to_schedule
+from autopipe.schedules.lists import B, F, RankLists, W, tiled, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
 __all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight", "makespan_units"]
 
-def _kinds(devices: int, micro_batches: int) -> list[list[int]]:
-    """Per rank, the kinds (0 F, 1 B, 2 W) the rule of the module docstring runs, slot by slot.
+def _kinds(devices: int, micro_batches: int) -> list[list[tuple[list[int], int]]]:
+    """Per rank, the kinds (0 F, 1 B, 2 W) the rule of the module docstring runs, slot by slot,
+    as ``(kinds, times)`` segments (:func:`~autopipe.schedules.lists.tiled`'s parts).
 
     The counts of F, B and W each rank has run at a slot's start decide the slot (a rank reads
     its own and its neighbours'), and only through differences — except ``F < m``. So once
@@ -60,7 +61,8 @@ def _kinds(devices: int, micro_batches: int) -> list[list[int]]:
     steady state is that window tiled, ``k`` more times, in one step (exact, not a guess)."""
     S, m, most = devices, micro_batches, 2 * devices - 1
     f, b, w = [0] * S, [0] * S, [0] * S  # Fs, Bs and Ws run, per rank
-    kinds: list[list[int]] = [[] for _ in range(S)]
+    kinds: list[list[int]] = [[] for _ in range(S)]  # since the last tiling
+    parts: list[list[tuple[list[int], int]]] = [[] for _ in range(S)]
     window: deque[tuple[list[int], list[int], list[int]]] = deque(maxlen=3)  # slot starts
     last = S - 1
     while min(w) < m:
@@ -81,10 +83,11 @@ def _kinds(devices: int, micro_batches: int) -> list[list[int]]:
             k = m - 1 - max(window[-1][0])  # rounds before a count of F could reach m
             if k > 0:
                 for s in range(S):
-                    kinds[s] += kinds[s][-3:] * k
+                    parts[s] += [(kinds[s], 1), (kinds[s][-3:], k)]
+                    kinds[s] = []
                     f[s], b[s], w[s] = f[s] + k, b[s] + k, w[s] + k
             window.clear()
-    return kinds
+    return [[*mine, (rest, 1)] for mine, rest in zip(parts, kinds, strict=True)]
 
 
 def _one_each(before: tuple[list[int], list[int], list[int]], *now: list[int]) -> bool:
@@ -98,8 +101,8 @@ def create_lists(devices: int, micro_batches: int, virtual: int = 1) -> RankList
     if virtual != 1:
         raise ScheduleError(f"zb-h2 runs one stage per device (got virtual: {virtual}); use virtual=1")
     return tuple(
-        numbered(np.asarray(kinds, dtype=np.int64) + 3 * s)
-        for s, kinds in enumerate(_kinds(devices, micro_batches))
+        tiled(*((np.asarray(kinds, dtype=np.int64) + 3 * s, times) for kinds, times in parts))
+        for s, parts in enumerate(_kinds(devices, micro_batches))
     )
 
 

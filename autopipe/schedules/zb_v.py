@@ -52,7 +52,7 @@ import numpy.typing as npt
 
 from autopipe.errors import ScheduleError
 from autopipe.schedules.action import Action, Schedule, v_shape
-from autopipe.schedules.lists import B, F, RankLists, W, numbered, repeated, to_actions, to_schedule
+from autopipe.schedules.lists import B, F, RankLists, W, tiled, to_actions, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
@@ -76,7 +76,7 @@ def rank_rows(rank: int, devices: int, micro_batches: int) -> npt.NDArray[np.int
     and the padding micro-batches dropped."""
     S, d, n = devices, rank, max(micro_batches, 2 * devices - 1)
     a, b = 3 * d, 3 * (2 * S - 1 - d)  # codes of the down and the up chunk
-    codes = repeated(
+    rows = tiled(
         ((a + F,), 2 * (S - d) - 1),
         ((b + F, a + F), d),
         ((b + F, b + B, b + W), S - d),
@@ -87,7 +87,6 @@ def rank_rows(rank: int, devices: int, micro_batches: int) -> npt.NDArray[np.int
         ((b + W,), d),
         ((a + W,), d),
     )
-    rows = numbered(codes)
     return rows if n == micro_batches else rows[rows[:, 2] < micro_batches]
 
 
