@@ -34,34 +34,37 @@ import numpy.typing as npt
 from autopipe.errors import ScheduleError
 from autopipe.schedules import one_f_one_b
 from autopipe.schedules.action import Action, Schedule
-from autopipe.schedules.lists import B, F, RankLists, to_actions, to_schedule
+from autopipe.schedules.lists import B, F, RankLists, placed, to_actions, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
 __all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight", "rank_actions", "rank_rows"]
 
 
-def rank_rows(rank: int, devices: int, micro_batches: int, virtual: int) -> npt.NDArray[np.int64]:
-    """The interleaved list of ``rank`` (warm-up, steady 1F1B, cool-down) as
-    ``(stage, kind, micro-batch)`` rows. Its ``k``-th forward unit is chunk ``c`` of
-    micro-batch ``g S + i`` for ``(g, c S + i) = divmod(k, S v)``, its ``k``-th backward the
-    same with chunk ``v-1-c``; with ``w`` warm-up forwards the ``k``-th forward runs at
-    position ``k`` (``k < w``) or ``2k - w``, the ``k``-th backward at ``w + 2k + 1`` (steady)
-    or ``v m + k`` (cool-down)."""
+def _lists(ranks: npt.NDArray[np.int64], devices: int, micro_batches: int, virtual: int) -> RankLists:
+    """The interleaved lists of ``ranks`` (a column; warm-up, steady 1F1B, cool-down). A
+    rank's ``k``-th forward unit is chunk ``c`` of micro-batch ``g S + i`` for ``(g, c S + i) =
+    divmod(k, S v)``, its ``k``-th backward the same with chunk ``v-1-c``; with ``w`` warm-up
+    forwards the ``k``-th forward runs at position ``k`` (``k < w``) or ``2k - w``, the
+    ``k``-th backward at ``w + 2k + 1`` (steady) or ``v m + k`` (cool-down)."""
     S, v, total = devices, virtual, micro_batches * virtual
     if micro_batches == devices:
-        warmup = total
+        warmup = np.full_like(ranks, total)
     else:
-        warmup = min(total, (devices - rank - 1) * 2 + (virtual - 1) * devices)
-    k = np.arange(total, dtype=np.int64)
+        warmup = np.minimum(total, (devices - ranks - 1) * 2 + (virtual - 1) * devices)
+    k = np.arange(total, dtype=np.int64)[None, :]
     group, within = np.divmod(k, S * v)
     chunk, mb = within // S, group * S + within % S
     forward = np.where(k < warmup, k, 2 * k - warmup)
     backward = np.where(k < total - warmup, warmup + 2 * k + 1, total + k)
-    rows = np.empty((2 * total, 3), dtype=np.int64)
-    rows[forward, 0], rows[forward, 1], rows[forward, 2] = chunk * S + rank, F, mb
-    rows[backward, 0], rows[backward, 1], rows[backward, 2] = (v - 1 - chunk) * S + rank, B, mb
-    return rows
+    return placed(
+        len(ranks), 2 * total, (F, chunk * S + ranks, forward, mb), (B, (v - 1 - chunk) * S + ranks, backward, mb)
+    )
+
+
+def rank_rows(rank: int, devices: int, micro_batches: int, virtual: int) -> npt.NDArray[np.int64]:
+    """The interleaved list of ``rank`` as ``(stage, kind, micro-batch)`` rows."""
+    return _lists(np.array([[rank]], dtype=np.int64), devices, micro_batches, virtual)[0]
 
 
 def rank_actions(rank: int, devices: int, micro_batches: int, virtual: int) -> list[Action]:
@@ -81,7 +84,7 @@ def create_lists(devices: int, micro_batches: int, virtual: int = 1) -> RankList
             f"interleaved-1f1b needs micro-batches divisible by devices (micro_batches: "
             f"{micro_batches}, devices: {devices}); {fix} micro-batches"
         )
-    return tuple(rank_rows(s, devices, micro_batches, virtual) for s in range(devices))
+    return _lists(np.arange(devices, dtype=np.int64)[:, None], devices, micro_batches, virtual)
 
 
 def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:

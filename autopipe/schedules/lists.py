@@ -11,7 +11,6 @@ exactly, both ways.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,6 +26,7 @@ __all__ = [
     "RankLists",
     "W",
     "from_schedule",
+    "placed",
     "rank_array",
     "tiled",
     "to_actions",
@@ -72,6 +72,23 @@ def to_schedule(lists: RankLists) -> Schedule:
     }
 
 
+_Run = tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+
+
+def placed(ranks: int, length: int, *runs: _Run) -> RankLists:
+    """The lists of ``ranks`` ranks of ``length`` actions each, from where every action runs:
+    each run ``(kind, stage, position, micro-batch)``, the last three arrays broadcast to
+    ``(ranks, n)`` (row ``r`` for rank ``r``), every position of every rank filled once. For
+    schedules whose positions have a closed form: all ranks in a few numpy operations."""
+    rows = np.empty((ranks, length, 3), dtype=np.int64)
+    rank = np.arange(ranks)[:, None]
+    for kind, stage, position, micro_batch in runs:
+        rows[rank, position, 0] = stage
+        rows[rank, position, 1] = kind
+        rows[rank, position, 2] = micro_batch
+    return tuple(rows)
+
+
 def tiled(*parts: tuple[Sequence[int] | npt.NDArray[np.int64], int]) -> npt.NDArray[np.int64]:
     """One rank's ``(n, 3)`` array from its actions in run order, written a segment at a time:
     each part ``(pattern, times)`` runs ``pattern`` (codes ``3 * stage + kind``) ``times`` times
@@ -86,10 +103,12 @@ def tiled(*parts: tuple[Sequence[int] | npt.NDArray[np.int64], int]) -> npt.NDAr
             continue
         codes = np.asarray(pattern, dtype=np.int64)
         first, per = _first_round(codes, done)
-        all_codes.append(np.tile(codes, times))
-        all_mbs.append((first + np.arange(times, dtype=np.int64)[:, None] * per).reshape(-1))
-        for code, n in Counter(codes.tolist()).items():
-            done[code] = done.get(code, 0) + n * times
+        mbs = first + np.arange(times, dtype=np.int64)[:, None] * per  # (times, len(pattern))
+        tiles = np.empty_like(mbs)
+        tiles[:] = codes
+        all_codes.append(tiles.reshape(-1))
+        all_mbs.append(mbs.reshape(-1))
+        done.update(zip(codes.tolist(), (mbs[-1] + 1).tolist(), strict=True))  # last one counts
     if not all_codes:
         return np.zeros((0, 3), dtype=np.int64)
     codes = np.concatenate(all_codes)

@@ -22,19 +22,29 @@ import numpy.typing as npt
 
 from autopipe.errors import ScheduleError
 from autopipe.schedules.action import Action, Schedule
-from autopipe.schedules.lists import B, F, RankLists, tiled, to_actions, to_schedule
+from autopipe.schedules.lists import B, F, RankLists, placed, to_actions, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
 __all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight", "rank_actions", "rank_rows"]
 
 
+def _lists(ranks: npt.NDArray[np.int64], devices: int, micro_batches: int) -> RankLists:
+    """The lists of ``ranks`` (a column): rank ``r``'s ``k``-th forward runs at ``k`` in the
+    warm-up (``k < w``, ``w = min(m, S-r-1)``), else at ``2k - w``; its ``k``-th backward at
+    ``w + 2k + 1`` in the steady state (``k < m - w``), else at ``m + k``."""
+    m = micro_batches
+    w = np.minimum(m, devices - 1 - ranks)
+    k = np.arange(m, dtype=np.int64)[None, :]
+    forward = np.where(k < w, k, 2 * k - w)
+    backward = np.where(k < m - w, w + 2 * k + 1, m + k)
+    return placed(len(ranks), 2 * m, (F, ranks, forward, k), (B, ranks, backward, k))
+
+
 def rank_rows(rank: int, devices: int, micro_batches: int) -> npt.NDArray[np.int64]:
     """The 1F1B list of ``rank`` (stage ``rank``) as ``(stage, kind, micro-batch)`` rows:
     warm-up, steady 1F1B, cool-down."""
-    warmup = min(micro_batches, devices - rank - 1)
-    f, b = 3 * rank + F, 3 * rank + B
-    return tiled(((f,), warmup), ((f, b), micro_batches - warmup), ((b,), warmup))
+    return _lists(np.array([[rank]], dtype=np.int64), devices, micro_batches)[0]
 
 
 def rank_actions(rank: int, devices: int, micro_batches: int) -> list[Action]:
@@ -50,7 +60,7 @@ def create_lists(devices: int, micro_batches: int, virtual: int = 1) -> RankList
             f"1f1b runs one stage per rank (got virtual: {virtual}); use virtual=1, "
             "or the interleaved-1f1b schedule for virtual stages"
         )
-    return tuple(rank_rows(s, devices, micro_batches) for s in range(devices))
+    return _lists(np.arange(devices, dtype=np.int64)[:, None], devices, micro_batches)
 
 
 def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:

@@ -33,29 +33,38 @@ import numpy.typing as npt
 
 from autopipe.errors import ScheduleError
 from autopipe.schedules.action import Action, Schedule
-from autopipe.schedules.lists import B, F, RankLists, W, tiled, to_actions, to_schedule
+from autopipe.schedules.lists import B, F, RankLists, W, placed, to_actions, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
 __all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight", "rank_actions", "rank_rows"]
 
 
+def _lists(ranks: npt.NDArray[np.int64], devices: int, micro_batches: int) -> RankLists:
+    """The lists of ``ranks`` (a column), by where each action runs. Rank ``r``: ``w =
+    min(m, S-r-1)`` warm-up Fs, ``n = m - w`` steady pairs ``F B``, those from the ``r``-th on
+    followed by a W (``n_w = max(0, n - r)`` of them), then ``w`` times ``B W`` from ``c = w +
+    2n + n_w`` on, then the rest of the Ws; pair ``i`` starts at ``w + 2i + max(0, i - r)``."""
+    m, r = micro_batches, ranks
+    w = np.minimum(m, devices - 1 - r)
+    steady = m - w
+    early_ws = np.maximum(0, steady - r)
+    cool = w + 2 * steady + early_ws
+    k = np.arange(m, dtype=np.int64)[None, :]
+    forward = np.where(k < w, k, 2 * k - w + np.maximum(0, k - w - r))
+    backward = np.where(k < steady, w + 2 * k + 1 + np.maximum(0, k - r), cool + 2 * (k - steady))
+    weight = np.where(
+        k < early_ws,
+        w + 3 * k + 2 * r + 2,
+        np.where(k < early_ws + w, cool + 2 * (k - early_ws) + 1, cool + w + k - early_ws),
+    )
+    return placed(len(r), 3 * m, (F, r, forward, k), (B, r, backward, k), (W, r, weight, k))
+
+
 def rank_rows(rank: int, devices: int, micro_batches: int) -> npt.NDArray[np.int64]:
     """The ZB-H1 list of ``rank`` (stage ``rank``) as ``(stage, kind, micro-batch)`` rows: 1F1B
-    with each W delayed by ``rank`` pairs — ``w`` warm-up Fs, ``rank`` pairs ``F B``, the
-    other steady pairs ``F B W``, ``w`` times ``B W``, then the pending Ws."""
-    m = micro_batches
-    warmup = min(m, devices - rank - 1)
-    steady = m - warmup
-    f, b, w = 3 * rank + F, 3 * rank + B, 3 * rank + W
-    early = min(rank, steady)  # steady pairs before the first W
-    return tiled(
-        ((f,), warmup),
-        ((f, b), early),
-        ((f, b, w), steady - early),
-        ((b, w), warmup),
-        ((w,), m - (steady - early) - warmup),
-    )
+    with each W delayed by ``rank`` pairs."""
+    return _lists(np.array([[rank]], dtype=np.int64), devices, micro_batches)[0]
 
 
 def rank_actions(rank: int, devices: int, micro_batches: int) -> list[Action]:
@@ -70,7 +79,7 @@ def create_lists(devices: int, micro_batches: int, virtual: int = 1) -> RankList
         raise ScheduleError(
             f"zb-h1 runs one stage per rank (got virtual: {virtual}); use virtual=1"
         )
-    return tuple(rank_rows(s, devices, micro_batches) for s in range(devices))
+    return _lists(np.arange(devices, dtype=np.int64)[:, None], devices, micro_batches)
 
 
 def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:

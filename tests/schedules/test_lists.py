@@ -8,7 +8,7 @@ import pytest
 from autopipe.errors import ScheduleError
 from autopipe.schedules import SPECS, make_schedule
 from autopipe.schedules.action import Action, Kind
-from autopipe.schedules.lists import from_schedule, rank_array, tiled, to_schedule
+from autopipe.schedules.lists import from_schedule, placed, rank_array, tiled, to_schedule
 
 FAST = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipe-v")
 
@@ -84,3 +84,14 @@ def test_tiled_numbers_each_stage_and_kind_in_run_order() -> None:
     assert rows[8:11].tolist() == [[7, 2, 0], [1, 0, 0], [7, 2, 1]]
     assert rows[-4:].tolist() == [[1, 0, 7], [7, 2, 14], [1, 0, 8], [7, 2, 15]]
     assert len(rows) == 8 + 21 + 4 and tiled().shape == (0, 3) and tiled(((1,), 0)).shape == (0, 3)
+
+
+def test_placed_puts_each_rank_s_actions_where_they_run() -> None:
+    ranks = np.arange(2)[:, None]
+    mb = np.arange(2)[None, :]
+    # rank 0: F0 F1 B0 B1; rank 1: F0 B0 F1 B1 (stage = rank)
+    lists = placed(2, 4, (0, ranks, np.array([[0, 1], [0, 2]]), mb), (1, ranks, np.array([[2, 3], [1, 3]]), mb))
+    assert [rows.tolist() for rows in lists] == [
+        [[0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 1, 1]],
+        [[1, 0, 0], [1, 1, 0], [1, 0, 1], [1, 1, 1]],
+    ]
