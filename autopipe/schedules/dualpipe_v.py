@@ -64,23 +64,30 @@ Registered, not searched (``searched=False``): ``--schedule dualpipe-v`` pins it
 
 from __future__ import annotations
 
+from collections import deque
+
+import numpy as np
+import numpy.typing as npt
+
 from autopipe.errors import ScheduleError
-from autopipe.schedules.action import Action, Kind, Schedule, v_shape
+from autopipe.schedules.action import Action, Schedule, v_shape
+from autopipe.schedules.lists import B, F, RankLists, W, tiled, to_actions, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
 __all__ = [
     "SPEC",
     "bubble",
+    "create_lists",
     "create_schedule",
     "inflight",
     "least_micro_batches",
     "makespan_units",
     "overlapped",
     "rank_actions",
+    "rank_rows",
 ]
 
-F, B, W = Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT
 PER_DEVICE = 2  # DualPipeV runs at least 2 micro-batches per device: one per chunk
 
 
@@ -89,80 +96,65 @@ def least_micro_batches(devices: int) -> int:
     return PER_DEVICE * devices
 
 
-def _lists(rank: int, devices: int, micro_batches: int) -> tuple[list[Action], list[int]]:
-    """Device ``rank``'s list, and the positions of the F of each overlapped pair."""
-    S, m = devices, micro_batches
-    down, up = rank, 2 * S - 1 - rank
-    actions: list[Action] = []
-    pairs: list[int] = []
-    count = {(down, F): 0, (down, B): 0, (up, F): 0, (up, B): 0}
-    deferred: list[Action] = []  # Ws of backwards split in the cool-down, oldest first
+def _parts(rank: int, devices: int, micro_batches: int) -> tuple[list[tuple[list[int], int]], list[int]]:
+    """Device ``rank``'s list as :func:`~autopipe.schedules.lists.tiled` parts of codes
+    ``3 * chunk + kind`` (steps 1-8 of the module docstring; a full backward is ``B`` then its
+    ``W``), and the positions of the F of each overlapped pair."""
+    S, m, d = devices, micro_batches, rank
+    a, b = 3 * d, 3 * (2 * S - 1 - d)  # codes of the down and the up chunk
+    rounds = m - 2 * S + d + 1  # step 4: pairs F(a)&B(b), F(b)&B(a)
+    parts = [
+        ([a + F], 2 * (S - d - 1)),
+        ([a + F, b + F], d + 1),
+        ([b + B, b + W, b + F], S - d - 1),
+        ([a + F, b + B, b + W, b + F, a + B, a + W], rounds),
+        ([b + B, b + W, b + F, a + B, a + W], S - d - 1),
+    ]
+    at = 2 * (S - d - 1) + 2 * (d + 1) + 3 * (S - d - 1)
+    pairs = [at + 6 * i + half for i in range(max(0, rounds)) for half in (0, 3)]
+    if d == S - 1 and rounds > 0:
+        pairs.pop(0)  # the turn: not overlapped, a shorter bubble
+    at += 6 * max(0, rounds)
+    pairs += [at + 5 * i + 2 for i in range(S - d - 1)]
+    tail: list[int] = []
+    deferred: deque[int] = deque()  # Ws of backwards split in the cool-down, oldest first
 
-    def forward(chunk: int) -> None:
-        actions.append(Action(chunk, F, count[chunk, F]))
-        count[chunk, F] += 1
+    def backward(chunk: int, split: bool) -> None:
+        tail.append(chunk + B)
+        (deferred if split else tail).append(chunk + W)
 
-    def backward(chunk: int, split: bool = False) -> None:
-        mb = count[chunk, B]
-        count[chunk, B] += 1
-        actions.append(Action(chunk, B, mb))
-        if split:
-            deferred.append(Action(chunk, W, mb))
-        else:
-            actions.append(Action(chunk, W, mb))  # a full backward: its W right after
-
-    def pair(f: int, b: int) -> None:
-        pairs.append(len(actions))
-        forward(f)
-        backward(b)
-
-    def pending_weight() -> None:
-        if deferred:
-            actions.append(deferred.pop(0))
-
-    for _ in range(2 * (S - rank - 1)):
-        forward(down)
-    for _ in range(rank + 1):
-        forward(down)
-        forward(up)
-    for _ in range(S - rank - 1):
-        backward(up)
-        forward(up)
-    for i in range(m - 2 * S + rank + 1):
-        if i == 0 and rank == S - 1:  # the turn: not overlapped, a shorter bubble
-            forward(down)
-            backward(up)
-        else:
-            pair(down, up)
-        pair(up, down)
-    for _ in range(S - rank - 1):
-        backward(up)
-        pair(up, down)
     split = False
-    for i in range(rank + 1):
-        if i == (rank + 1) // 2 and rank % 2 == 1:
+    for i in range(d + 1):  # step 6
+        if i == (d + 1) // 2 and d % 2 == 1:
             split = True
-        backward(up, split)
-        if i == (rank + 1) // 2 and rank % 2 == 0:
+        backward(b, split)
+        if i == (d + 1) // 2 and d % 2 == 0:
             split = True
-        backward(down, split)
-    for _ in range(S - rank - 1):
-        pending_weight()
-        backward(down, split)
-    while deferred:
-        pending_weight()
-    return actions, pairs
+        backward(a, split)
+    for _ in range(S - d - 1):  # step 7
+        if deferred:
+            tail.append(deferred.popleft())
+        backward(a, split)
+    tail += deferred  # step 8
+    return [*parts, (tail, 1)], pairs
+
+
+def rank_rows(rank: int, devices: int, micro_batches: int) -> npt.NDArray[np.int64]:
+    """The DualPipeV list of device ``rank`` (chunks ``rank`` and ``2S-1-rank``) as
+    ``(stage, kind, micro-batch)`` rows."""
+    return tiled(*_parts(rank, devices, micro_batches)[0])
 
 
 def rank_actions(rank: int, devices: int, micro_batches: int) -> list[Action]:
-    """The DualPipeV list of device ``rank`` (chunks ``rank`` and ``2S-1-rank``)."""
-    return _lists(rank, devices, micro_batches)[0]
+    """:func:`rank_rows` as Actions."""
+    return to_actions(rank_rows(rank, devices, micro_batches))
 
 
 def overlapped(rank: int, devices: int, micro_batches: int) -> tuple[tuple[Action, Action], ...]:
     """The overlapped pairs ``(F(x, i), B(y, k))`` of device ``rank``, in list order; each F is
     immediately followed by its B in :func:`rank_actions`."""
-    actions, pairs = _lists(rank, devices, micro_batches)
+    parts, pairs = _parts(rank, devices, micro_batches)
+    actions = to_actions(tiled(*parts))
     return tuple((actions[p], actions[p + 1]) for p in pairs)
 
 
@@ -180,11 +172,16 @@ def _check(devices: int, micro_batches: int, virtual: int) -> None:
         )
 
 
-def create_schedule(devices: int, micro_batches: int, virtual: int = 2) -> Schedule:
-    """The DualPipeV schedule: ``{rank: rank_actions(rank, devices, micro_batches)}``; chunk
-    ``j`` on device :func:`~autopipe.schedules.action.v_shape` ``(j, S)``."""
+def create_lists(devices: int, micro_batches: int, virtual: int = 2) -> RankLists:
+    """The DualPipeV schedule as integer arrays: :func:`rank_rows` of every device; chunk ``j``
+    on device :func:`~autopipe.schedules.action.v_shape` ``(j, S)``."""
     _check(devices, micro_batches, virtual)
-    return {d: [*rank_actions(d, devices, micro_batches)] for d in range(devices)}
+    return tuple(rank_rows(d, devices, micro_batches) for d in range(devices))
+
+
+def create_schedule(devices: int, micro_batches: int, virtual: int = 2) -> Schedule:
+    """:func:`create_lists` as Actions: ``{rank: rank_actions(rank, devices, micro_batches)}``."""
+    return to_schedule(create_lists(devices, micro_batches, virtual))
 
 
 def inflight(devices: int, micro_batches: int, virtual: int = 2) -> tuple[float, ...]:
@@ -211,6 +208,7 @@ def bubble(devices: int, micro_batches: int, virtual: int = 2) -> float:
 SPEC = ScheduleSpec(
     name="dualpipe-v",
     create_schedule=create_schedule,
+    create_lists=create_lists,
     inflight=inflight,
     bubble=bubble,
     torch_class="ScheduleDualPipeV",

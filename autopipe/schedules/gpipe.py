@@ -14,29 +14,39 @@ Only ``virtual == 1`` (one stage per rank); torch.distributed.pipelining's ``Sch
 
 from __future__ import annotations
 
+import numpy as np
+
 from autopipe.errors import ScheduleError
-from autopipe.schedules.action import Action, Kind, Schedule
+from autopipe.schedules.action import Schedule
+from autopipe.schedules.lists import B, F, RankLists, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
-__all__ = ["SPEC", "bubble", "create_schedule", "inflight"]
+__all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight"]
 
 
-def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
-    """Rank ``s``: ``sF0 .. sF(m-1)`` then ``sB0 .. sB(m-1)``."""
+def create_lists(devices: int, micro_batches: int, virtual: int = 1) -> RankLists:
+    """Rank ``s``: ``sF0 .. sF(m-1)`` then ``sB0 .. sB(m-1)``, as integer arrays."""
     check_sizes(devices, micro_batches, virtual)
     if virtual != 1:
         raise ScheduleError(
             f"gpipe runs one stage per rank (got virtual: {virtual}); use virtual=1, "
             "or the interleaved-1f1b schedule for virtual stages"
         )
-    return {
-        s: [
-            *(Action(s, Kind.FORWARD, mb) for mb in range(micro_batches)),
-            *(Action(s, Kind.BACKWARD, mb) for mb in range(micro_batches)),
-        ]
-        for s in range(devices)
-    }
+    m = micro_batches
+    rows = np.empty((2 * m, 3), dtype=np.int64)
+    rows[:m, 1], rows[m:, 1] = F, B
+    rows[:, 2] = np.tile(np.arange(m), 2)
+    lists = []
+    for s in range(devices):
+        rows[:, 0] = s
+        lists.append(rows.copy())
+    return tuple(lists)
+
+
+def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
+    """:func:`create_lists` as Actions."""
+    return to_schedule(create_lists(devices, micro_batches, virtual))
 
 
 def inflight(devices: int, micro_batches: int, virtual: int = 1) -> tuple[float, ...]:
@@ -52,6 +62,7 @@ def bubble(devices: int, micro_batches: int, virtual: int = 1) -> float:
 SPEC = ScheduleSpec(
     name="gpipe",
     create_schedule=create_schedule,
+    create_lists=create_lists,
     inflight=inflight,
     bubble=bubble,
     torch_class="ScheduleGPipe",

@@ -28,45 +28,55 @@ torch.distributed.pipelining's ``ScheduleInterleaved1F1B``.
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
+
 from autopipe.errors import ScheduleError
 from autopipe.schedules import one_f_one_b
-from autopipe.schedules.action import Action, Kind, Schedule
+from autopipe.schedules.action import Action, Schedule
+from autopipe.schedules.lists import B, F, RankLists, placed, to_actions, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
-__all__ = ["SPEC", "bubble", "create_schedule", "inflight", "rank_actions"]
+__all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight", "rank_actions", "rank_rows"]
 
 
-def _unit(k: int, rank: int, devices: int, virtual: int, forward: bool) -> Action:
-    """The ``k``-th forward (or backward) unit of ``rank``."""
-    group, within = divmod(k, devices * virtual)
-    chunk = within // devices
-    if not forward:
-        chunk = virtual - 1 - chunk
-    mb = group * devices + within % devices
-    return Action(chunk * devices + rank, Kind.FORWARD if forward else Kind.BACKWARD, mb)
+def _lists(ranks: npt.NDArray[np.int64], devices: int, micro_batches: int, virtual: int) -> RankLists:
+    """The interleaved lists of ``ranks`` (a column; warm-up, steady 1F1B, cool-down). A
+    rank's ``k``-th forward unit is chunk ``c`` of micro-batch ``g S + i`` for ``(g, c S + i) =
+    divmod(k, S v)``, its ``k``-th backward the same with chunk ``v-1-c``; with ``w`` warm-up
+    forwards the ``k``-th forward runs at position ``k`` (``k < w``) or ``2k - w``, the
+    ``k``-th backward at ``w + 2k + 1`` (steady) or ``v m + k`` (cool-down)."""
+    S, v, total = devices, virtual, micro_batches * virtual
+    if micro_batches == devices:
+        warmup = np.full_like(ranks, total)
+    else:
+        warmup = np.minimum(total, (devices - ranks - 1) * 2 + (virtual - 1) * devices)
+    k = np.arange(total, dtype=np.int64)[None, :]
+    group, within = np.divmod(k, S * v)
+    chunk, mb = within // S, group * S + within % S
+    forward = np.where(k < warmup, k, 2 * k - warmup)
+    backward = np.where(k < total - warmup, warmup + 2 * k + 1, total + k)
+    return placed(
+        len(ranks), 2 * total, (F, chunk * S + ranks, forward, mb), (B, (v - 1 - chunk) * S + ranks, backward, mb)
+    )
+
+
+def rank_rows(rank: int, devices: int, micro_batches: int, virtual: int) -> npt.NDArray[np.int64]:
+    """The interleaved list of ``rank`` as ``(stage, kind, micro-batch)`` rows."""
+    return _lists(np.array([[rank]], dtype=np.int64), devices, micro_batches, virtual)[0]
 
 
 def rank_actions(rank: int, devices: int, micro_batches: int, virtual: int) -> list[Action]:
-    """The interleaved list of ``rank`` (warm-up, steady 1F1B, cool-down)."""
-    total = micro_batches * virtual
-    if micro_batches == devices:
-        warmup = total
-    else:
-        warmup = min(total, (devices - rank - 1) * 2 + (virtual - 1) * devices)
-    actions = [_unit(k, rank, devices, virtual, True) for k in range(warmup)]
-    for i in range(total - warmup):
-        actions.append(_unit(warmup + i, rank, devices, virtual, True))
-        actions.append(_unit(i, rank, devices, virtual, False))
-    actions += [_unit(k, rank, devices, virtual, False) for k in range(total - warmup, total)]
-    return actions
+    """:func:`rank_rows` as Actions."""
+    return to_actions(rank_rows(rank, devices, micro_batches, virtual))
 
 
-def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
-    """The interleaved 1F1B schedule; ``virtual == 1`` returns the 1F1B schedule."""
+def create_lists(devices: int, micro_batches: int, virtual: int = 1) -> RankLists:
+    """The interleaved 1F1B schedule as integer arrays; ``virtual == 1`` gives 1F1B's."""
     check_sizes(devices, micro_batches, virtual)
     if virtual == 1:
-        return one_f_one_b.create_schedule(devices, micro_batches)
+        return one_f_one_b.create_lists(devices, micro_batches)
     if micro_batches % devices:
         lower = micro_batches // devices * devices
         fix = f"use {lower} or {lower + devices}" if lower else f"use {devices}"
@@ -74,7 +84,12 @@ def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Sched
             f"interleaved-1f1b needs micro-batches divisible by devices (micro_batches: "
             f"{micro_batches}, devices: {devices}); {fix} micro-batches"
         )
-    return {s: [*rank_actions(s, devices, micro_batches, virtual)] for s in range(devices)}
+    return _lists(np.arange(devices, dtype=np.int64)[:, None], devices, micro_batches, virtual)
+
+
+def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
+    """:func:`create_lists` as Actions; ``virtual == 1`` gives the 1F1B schedule."""
+    return to_schedule(create_lists(devices, micro_batches, virtual))
 
 
 def inflight(devices: int, micro_batches: int, virtual: int = 1) -> tuple[float, ...]:
@@ -97,6 +112,7 @@ def bubble(devices: int, micro_batches: int, virtual: int = 1) -> float:
 SPEC = ScheduleSpec(
     name="interleaved-1f1b",
     create_schedule=create_schedule,
+    create_lists=create_lists,
     inflight=inflight,
     bubble=bubble,
     torch_class="ScheduleInterleaved1F1B",

@@ -17,35 +17,55 @@ Only ``virtual == 1``; see ``interleaved.py`` for virtual stages. torch.distribu
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
+
 from autopipe.errors import ScheduleError
-from autopipe.schedules.action import Action, Kind, Schedule
+from autopipe.schedules.action import Action, Schedule
+from autopipe.schedules.lists import B, F, RankLists, placed, to_actions, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
-__all__ = ["SPEC", "bubble", "create_schedule", "inflight", "rank_actions"]
+__all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight", "rank_actions", "rank_rows"]
 
-F, B = Kind.FORWARD, Kind.BACKWARD
+
+def _lists(ranks: npt.NDArray[np.int64], devices: int, micro_batches: int) -> RankLists:
+    """The lists of ``ranks`` (a column): rank ``r``'s ``k``-th forward runs at ``k`` in the
+    warm-up (``k < w``, ``w = min(m, S-r-1)``), else at ``2k - w``; its ``k``-th backward at
+    ``w + 2k + 1`` in the steady state (``k < m - w``), else at ``m + k``."""
+    m = micro_batches
+    w = np.minimum(m, devices - 1 - ranks)
+    k = np.arange(m, dtype=np.int64)[None, :]
+    forward = np.where(k < w, k, 2 * k - w)
+    backward = np.where(k < m - w, w + 2 * k + 1, m + k)
+    return placed(len(ranks), 2 * m, (F, ranks, forward, k), (B, ranks, backward, k))
+
+
+def rank_rows(rank: int, devices: int, micro_batches: int) -> npt.NDArray[np.int64]:
+    """The 1F1B list of ``rank`` (stage ``rank``) as ``(stage, kind, micro-batch)`` rows:
+    warm-up, steady 1F1B, cool-down."""
+    return _lists(np.array([[rank]], dtype=np.int64), devices, micro_batches)[0]
 
 
 def rank_actions(rank: int, devices: int, micro_batches: int) -> list[Action]:
-    """The 1F1B list of ``rank`` (stage ``rank``): warm-up, steady 1F1B, cool-down."""
-    warmup = min(micro_batches, devices - rank - 1)
-    actions = [Action(rank, F, mb) for mb in range(warmup)]
-    for i in range(micro_batches - warmup):
-        actions += [Action(rank, F, warmup + i), Action(rank, B, i)]
-    actions += [Action(rank, B, mb) for mb in range(micro_batches - warmup, micro_batches)]
-    return actions
+    """:func:`rank_rows` as Actions."""
+    return to_actions(rank_rows(rank, devices, micro_batches))
 
 
-def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
-    """The 1F1B schedule: ``{rank: rank_actions(rank, devices, micro_batches)}``."""
+def create_lists(devices: int, micro_batches: int, virtual: int = 1) -> RankLists:
+    """The 1F1B schedule as integer arrays: :func:`rank_rows` of every rank."""
     check_sizes(devices, micro_batches, virtual)
     if virtual != 1:
         raise ScheduleError(
             f"1f1b runs one stage per rank (got virtual: {virtual}); use virtual=1, "
             "or the interleaved-1f1b schedule for virtual stages"
         )
-    return {s: [*rank_actions(s, devices, micro_batches)] for s in range(devices)}
+    return _lists(np.arange(devices, dtype=np.int64)[:, None], devices, micro_batches)
+
+
+def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
+    """:func:`create_lists` as Actions: ``{rank: rank_actions(rank, devices, micro_batches)}``."""
+    return to_schedule(create_lists(devices, micro_batches, virtual))
 
 
 def inflight(devices: int, micro_batches: int, virtual: int = 1) -> tuple[float, ...]:
@@ -61,6 +81,7 @@ def bubble(devices: int, micro_batches: int, virtual: int = 1) -> float:
 SPEC = ScheduleSpec(
     name="1f1b",
     create_schedule=create_schedule,
+    create_lists=create_lists,
     inflight=inflight,
     bubble=bubble,
     torch_class="Schedule1F1B",

@@ -28,47 +28,63 @@ ZB-H1-like).
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
+
 from autopipe.errors import ScheduleError
-from autopipe.schedules.action import Action, Kind, Schedule
+from autopipe.schedules.action import Action, Schedule
+from autopipe.schedules.lists import B, F, RankLists, W, placed, to_actions, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
-__all__ = ["SPEC", "bubble", "create_schedule", "inflight", "rank_actions"]
+__all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight", "rank_actions", "rank_rows"]
 
-F, B, W = Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT
+
+def _lists(ranks: npt.NDArray[np.int64], devices: int, micro_batches: int) -> RankLists:
+    """The lists of ``ranks`` (a column), by where each action runs. Rank ``r``: ``w =
+    min(m, S-r-1)`` warm-up Fs, ``n = m - w`` steady pairs ``F B``, those from the ``r``-th on
+    followed by a W (``n_w = max(0, n - r)`` of them), then ``w`` times ``B W`` from ``c = w +
+    2n + n_w`` on, then the rest of the Ws; pair ``i`` starts at ``w + 2i + max(0, i - r)``."""
+    m, r = micro_batches, ranks
+    w = np.minimum(m, devices - 1 - r)
+    steady = m - w
+    early_ws = np.maximum(0, steady - r)
+    cool = w + 2 * steady + early_ws
+    k = np.arange(m, dtype=np.int64)[None, :]
+    forward = np.where(k < w, k, 2 * k - w + np.maximum(0, k - w - r))
+    backward = np.where(k < steady, w + 2 * k + 1 + np.maximum(0, k - r), cool + 2 * (k - steady))
+    weight = np.where(
+        k < early_ws,
+        w + 3 * k + 2 * r + 2,
+        np.where(k < early_ws + w, cool + 2 * (k - early_ws) + 1, cool + w + k - early_ws),
+    )
+    return placed(len(r), 3 * m, (F, r, forward, k), (B, r, backward, k), (W, r, weight, k))
+
+
+def rank_rows(rank: int, devices: int, micro_batches: int) -> npt.NDArray[np.int64]:
+    """The ZB-H1 list of ``rank`` (stage ``rank``) as ``(stage, kind, micro-batch)`` rows: 1F1B
+    with each W delayed by ``rank`` pairs."""
+    return _lists(np.array([[rank]], dtype=np.int64), devices, micro_batches)[0]
 
 
 def rank_actions(rank: int, devices: int, micro_batches: int) -> list[Action]:
-    """The ZB-H1 list of ``rank`` (stage ``rank``): 1F1B with each W delayed by ``rank`` pairs."""
-    warmup = min(micro_batches, devices - rank - 1)
-    actions = [Action(rank, F, mb) for mb in range(warmup)]
-    weights = 0  # Ws emitted so far; W i runs once B i and `rank` more pairs have run
-
-    def weight() -> None:
-        nonlocal weights
-        actions.append(Action(rank, W, weights))
-        weights += 1
-
-    for i in range(micro_batches - warmup):
-        actions += [Action(rank, F, warmup + i), Action(rank, B, i)]
-        if i >= rank:
-            weight()
-    for mb in range(micro_batches - warmup, micro_batches):
-        actions.append(Action(rank, B, mb))
-        weight()
-    while weights < micro_batches:
-        weight()
-    return actions
+    """:func:`rank_rows` as Actions."""
+    return to_actions(rank_rows(rank, devices, micro_batches))
 
 
-def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
-    """The ZB-H1 schedule: ``{rank: rank_actions(rank, devices, micro_batches)}``."""
+def create_lists(devices: int, micro_batches: int, virtual: int = 1) -> RankLists:
+    """The ZB-H1 schedule as integer arrays: :func:`rank_rows` of every rank."""
     check_sizes(devices, micro_batches, virtual)
     if virtual != 1:
         raise ScheduleError(
             f"zb-h1 runs one stage per rank (got virtual: {virtual}); use virtual=1"
         )
-    return {s: [*rank_actions(s, devices, micro_batches)] for s in range(devices)}
+    return _lists(np.arange(devices, dtype=np.int64)[:, None], devices, micro_batches)
+
+
+def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
+    """:func:`create_lists` as Actions: ``{rank: rank_actions(rank, devices, micro_batches)}``."""
+    return to_schedule(create_lists(devices, micro_batches, virtual))
 
 
 def inflight(devices: int, micro_batches: int, virtual: int = 1) -> tuple[float, ...]:
@@ -85,6 +101,7 @@ def bubble(devices: int, micro_batches: int, virtual: int = 1) -> float:
 SPEC = ScheduleSpec(
     name="zb-h1",
     create_schedule=create_schedule,
+    create_lists=create_lists,
     inflight=inflight,
     bubble=bubble,
     torch_class="ScheduleInterleavedZeroBubble",

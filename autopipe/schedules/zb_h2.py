@@ -12,6 +12,8 @@ one rule, run slot by slot with every action one unit: at each step rank ``s`` r
 
 so the warm-up fills with forwards, the steady state alternates B and F and runs a W only
 when the rank holds ``2S-1`` or would wait, and the Ws still pending fill the cool-down.
+(:func:`create_lists` runs the rule on integer counts, and tiles the steady state once it
+repeats: three slots of one F, one B and one W on every rank; exact, see ``_kinds``.)
 ``S=3, m=6``, every action one unit::
 
     rank 0 | 0F0 0F1 0F2 0F3 0F4 0B0 0W0 0B1 0F5 0B2 0W1 0B3 0W2 0B4 0W3 0W4 0B5 0W5 -   -
@@ -36,42 +38,77 @@ has no class for it: run it with autopipe's executor.
 
 from __future__ import annotations
 
+from collections import deque
+
+import numpy as np
+
 from autopipe.errors import ScheduleError
-from autopipe.schedules.action import Action, Kind, Schedule
+from autopipe.schedules.action import Schedule
+from autopipe.schedules.lists import B, F, RankLists, W, tiled, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
-__all__ = ["SPEC", "bubble", "create_schedule", "inflight", "makespan_units"]
+__all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight", "makespan_units"]
 
-F, B, W = Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT
+def _kinds(devices: int, micro_batches: int) -> list[list[tuple[list[int], int]]]:
+    """Per rank, the kinds (0 F, 1 B, 2 W) the rule of the module docstring runs, slot by slot,
+    as ``(kinds, times)`` segments (:func:`~autopipe.schedules.lists.tiled`'s parts).
+
+    The counts of F, B and W each rank has run at a slot's start decide the slot (a rank reads
+    its own and its neighbours'), and only through differences — except ``F < m``. So once
+    three slots in a row ran one F, one B and one W on every rank, the next three repeat them
+    with every count one higher, and so on for as long as no count of F can reach ``m``: the
+    steady state is that window tiled, ``k`` more times, in one step (exact, not a guess)."""
+    S, m, most = devices, micro_batches, 2 * devices - 1
+    f, b, w = [0] * S, [0] * S, [0] * S  # Fs, Bs and Ws run, per rank
+    kinds: list[list[int]] = [[] for _ in range(S)]  # since the last tiling
+    parts: list[list[tuple[list[int], int]]] = [[] for _ in range(S)]
+    window: deque[tuple[list[int], list[int], list[int]]] = deque(maxlen=3)  # slot starts
+    last = S - 1
+    while min(w) < m:
+        window.append((f[:], b[:], w[:]))
+        pf, pb = window[-1][0], window[-1][1]  # run before this slot: done
+        for s in range(S):
+            fs, bs = pf[s], pb[s]
+            if bs < fs and (s == last or pb[s + 1] > bs):
+                b[s] += 1
+                kinds[s].append(B)
+            elif fs < m and fs - w[s] < most and (s == 0 or pf[s - 1] > fs):
+                f[s] += 1
+                kinds[s].append(F)
+            elif w[s] < bs:
+                w[s] += 1
+                kinds[s].append(W)
+        if len(window) == 3 and sum(f) - sum(window[0][0]) == S and _one_each(window[0], f, b, w):
+            k = m - 1 - max(window[-1][0])  # rounds before a count of F could reach m
+            if k > 0:
+                for s in range(S):
+                    parts[s] += [(kinds[s], 1), (kinds[s][-3:], k)]
+                    kinds[s] = []
+                    f[s], b[s], w[s] = f[s] + k, b[s] + k, w[s] + k
+            window.clear()
+    return [[*mine, (rest, 1)] for mine, rest in zip(parts, kinds, strict=True)]
 
 
-def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
-    """The lists the rule of the module docstring runs, slot by slot."""
+def _one_each(before: tuple[list[int], list[int], list[int]], *now: list[int]) -> bool:
+    """Whether every rank ran exactly one F, one B and one W since ``before``."""
+    return all(x - y == 1 for was, counts in zip(before, now, strict=True) for x, y in zip(counts, was, strict=True))
+
+
+def create_lists(devices: int, micro_batches: int, virtual: int = 1) -> RankLists:
+    """The lists the rule of the module docstring runs, as integer arrays."""
     check_sizes(devices, micro_batches, virtual)
     if virtual != 1:
         raise ScheduleError(f"zb-h2 runs one stage per device (got virtual: {virtual}); use virtual=1")
-    S, m, most = devices, micro_batches, 2 * devices - 1
-    done: set[tuple[int, Kind, int]] = set()  # (rank, kind, micro-batch) of earlier slots
-    started: list[tuple[int, Kind, int]] = []  # in this slot: done from the next one on
-    count = [{F: 0, B: 0, W: 0} for _ in range(S)]
-    lists: Schedule = {s: [] for s in range(S)}
-    while any(c[W] < m for c in count):
-        done.update(started)
-        started.clear()
-        for s, c in enumerate(count):
-            if c[B] < c[F] and (s, F, c[B]) in done and (s == S - 1 or (s + 1, B, c[B]) in done):
-                kind = B
-            elif c[F] < m and c[F] - c[W] < most and (s == 0 or (s - 1, F, c[F]) in done):
-                kind = F
-            elif c[W] < c[B]:
-                kind = W
-            else:
-                continue
-            started.append((s, kind, c[kind]))
-            lists[s].append(Action(s, kind, c[kind]))
-            c[kind] += 1
-    return lists
+    return tuple(
+        tiled(*((np.asarray(kinds, dtype=np.int64) + 3 * s, times) for kinds, times in parts))
+        for s, parts in enumerate(_kinds(devices, micro_batches))
+    )
+
+
+def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
+    """:func:`create_lists` as Actions."""
+    return to_schedule(create_lists(devices, micro_batches, virtual))
 
 
 def inflight(devices: int, micro_batches: int, virtual: int = 1) -> tuple[float, ...]:
@@ -93,6 +130,7 @@ def bubble(devices: int, micro_batches: int, virtual: int = 1) -> float:
 SPEC = ScheduleSpec(
     name="zb-h2",
     create_schedule=create_schedule,
+    create_lists=create_lists,
     inflight=inflight,
     bubble=bubble,
     torch_class="",  # torch.distributed.pipelining has none

@@ -47,65 +47,68 @@ actions — decides what fits (``autopipe/solve/exact.py``).
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
+
 from autopipe.errors import ScheduleError
-from autopipe.schedules.action import Action, Kind, Schedule, v_shape
+from autopipe.schedules.action import Action, Schedule, v_shape
+from autopipe.schedules.lists import B, F, RankLists, W, tiled, to_actions, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
-__all__ = ["SPEC", "bubble", "create_schedule", "inflight", "makespan_units", "rank_actions"]
+__all__ = [
+    "SPEC",
+    "bubble",
+    "create_lists",
+    "create_schedule",
+    "inflight",
+    "makespan_units",
+    "rank_actions",
+    "rank_rows",
+]
 
-F, B, W = Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT
+
+def rank_rows(rank: int, devices: int, micro_batches: int) -> npt.NDArray[np.int64]:
+    """The ZB-V list of device ``rank`` (chunks ``rank`` and ``2S-1-rank``) as
+    ``(stage, kind, micro-batch)`` rows: steps 1-5 of the module docstring laid out for
+    ``n = max(m, 2S-1)`` micro-batches — the steady state of step 4 is ``n-2S+d+1`` rounds
+    ``F(a) B(a) W(a) F(b) B(b) W(b)`` then ``S-d-1`` without ``F(a)`` (its forwards done) —
+    and the padding micro-batches dropped."""
+    S, d, n = devices, rank, max(micro_batches, 2 * devices - 1)
+    a, b = 3 * d, 3 * (2 * S - 1 - d)  # codes of the down and the up chunk
+    rows = tiled(
+        ((a + F,), 2 * (S - d) - 1),
+        ((b + F, a + F), d),
+        ((b + F, b + B, b + W), S - d),
+        ((a + F, a + B, a + W, b + F, b + B, b + W), n - 2 * S + d + 1),
+        ((a + B, a + W, b + F, b + B, b + W), S - d - 1),
+        ((a + B, b + B), d),
+        ((a + B, a + W), S - d),
+        ((b + W,), d),
+        ((a + W,), d),
+    )
+    return rows if n == micro_batches else rows[rows[:, 2] < micro_batches]
 
 
 def rank_actions(rank: int, devices: int, micro_batches: int) -> list[Action]:
-    """The ZB-V list of device ``rank`` (chunks ``rank`` and ``2S-1-rank``)."""
-    S, n = devices, max(micro_batches, 2 * devices - 1)  # laid out for n, padding dropped
-    down, up = rank, 2 * S - 1 - rank
-    actions: list[Action] = []
-    count = {(down, F): 0, (down, B): 0, (down, W): 0, (up, F): 0, (up, B): 0, (up, W): 0}
-
-    def run(chunk: int, kind: Kind) -> None:
-        actions.append(Action(chunk, kind, count[chunk, kind]))
-        count[chunk, kind] += 1
-
-    for _ in range(2 * (S - rank) - 1):
-        run(down, F)
-    for _ in range(rank):
-        run(up, F)
-        run(down, F)
-    for _ in range(S - rank):
-        run(up, F)
-        run(up, B)
-        run(up, W)
-    while count[up, F] < count[down, F] or count[down, F] < n:
-        if count[down, F] < n:
-            run(down, F)
-        for chunk in (down, up):
-            if chunk == up:
-                run(up, F)
-            run(chunk, B)
-            run(chunk, W)
-    for _ in range(rank):
-        run(down, B)
-        run(up, B)
-    for _ in range(S - rank):
-        run(down, B)
-        run(down, W)
-    for chunk in (up, down):
-        while count[chunk, W] < count[chunk, B]:
-            run(chunk, W)
-    return [a for a in actions if a.microbatch < micro_batches]
+    """:func:`rank_rows` as Actions."""
+    return to_actions(rank_rows(rank, devices, micro_batches))
 
 
-def create_schedule(devices: int, micro_batches: int, virtual: int = 2) -> Schedule:
-    """The ZB-V schedule: ``{rank: rank_actions(rank, devices, micro_batches)}``; chunk ``j``
-    on device :func:`~autopipe.schedules.action.v_shape` ``(j, S)``."""
+def create_lists(devices: int, micro_batches: int, virtual: int = 2) -> RankLists:
+    """The ZB-V schedule as integer arrays: :func:`rank_rows` of every device; chunk ``j`` on
+    device :func:`~autopipe.schedules.action.v_shape` ``(j, S)``."""
     check_sizes(devices, micro_batches, virtual)
     if virtual != 2:
         raise ScheduleError(
             f"zb-v runs two chunks per device in a V (got virtual: {virtual}); use virtual=2"
         )
-    return {d: [*rank_actions(d, devices, micro_batches)] for d in range(devices)}
+    return tuple(rank_rows(d, devices, micro_batches) for d in range(devices))
+
+
+def create_schedule(devices: int, micro_batches: int, virtual: int = 2) -> Schedule:
+    """:func:`create_lists` as Actions: ``{rank: rank_actions(rank, devices, micro_batches)}``."""
+    return to_schedule(create_lists(devices, micro_batches, virtual))
 
 
 def inflight(devices: int, micro_batches: int, virtual: int = 2) -> tuple[float, ...]:
@@ -135,6 +138,7 @@ def bubble(devices: int, micro_batches: int, virtual: int = 2) -> float:
 SPEC = ScheduleSpec(
     name="zb-v",
     create_schedule=create_schedule,
+    create_lists=create_lists,
     inflight=inflight,
     bubble=bubble,
     torch_class="ScheduleZBVZeroBubble",

@@ -86,3 +86,35 @@ def test_one_stage_per_device_and_registered() -> None:
     assert str(info.value) == "zb-h2 runs one stage per device (got virtual: 2); use virtual=1"
     spec = schedule_spec("zb-h2")
     assert spec is zb_h2.SPEC and spec.searched and spec.torch_class == "" and spec.splits_backward
+
+
+def rule_slot_by_slot(S: int, m: int) -> dict[int, list[str]]:
+    """The rule of the module docstring as written, one slot at a time with no tiling: the
+    reference the generator's tiled steady state must equal."""
+    done: set[tuple[int, str, int]] = set()
+    count = [{"F": 0, "B": 0, "W": 0} for _ in range(S)]
+    lists: dict[int, list[str]] = {s: [] for s in range(S)}
+    while any(c["W"] < m for c in count):
+        started = []
+        for s, c in enumerate(count):
+            if c["B"] < c["F"] and (s, "F", c["B"]) in done and (s == S - 1 or (s + 1, "B", c["B"]) in done):
+                kind = "B"
+            elif c["F"] < m and c["F"] - c["W"] < 2 * S - 1 and (s == 0 or (s - 1, "F", c["F"]) in done):
+                kind = "F"
+            elif c["W"] < c["B"]:
+                kind = "W"
+            else:
+                continue
+            started.append((s, kind, c[kind]))
+            lists[s].append(f"{s}{kind}{c[kind]}")
+            c[kind] += 1
+        done.update(started)
+    return lists
+
+
+def test_the_tiled_steady_state_is_the_rule() -> None:
+    # create_lists runs the rule until three slots repeat with every count one higher, then
+    # tiles them; sizes where it tiles once, many times, or never (m < S, m = 2S-1, ...).
+    for S, m in ((1, 7), (2, 3), (3, 40), (4, 7), (5, 9), (6, 61), (8, 15), (8, 16), (11, 80)):
+        mine = {d: [str(a) for a in acts] for d, acts in zb_h2.create_schedule(S, m).items()}
+        assert mine == rule_slot_by_slot(S, m), (S, m)
