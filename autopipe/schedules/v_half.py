@@ -27,7 +27,7 @@ between V-Min's ``2S/(3m)`` and the ``S/(2m)`` the paper quotes for its V-Half (
 block differs in detail; ours is the plain repeated block, its memory exactly the paper's).
 Every ``m >= 1`` is handled.
 
-Registered, not searched yet (``searched=False``); torch.distributed.pipelining has no class
+Registered and searched; torch.distributed.pipelining has no class
 for it: run it with autopipe's executor.
 """
 
@@ -82,5 +82,5 @@ SPEC = ScheduleSpec(
     splits_backward=True,
     virtual_choices=(2,),
     placement=v_shape,
-    searched=False,
+    searched=True,
 )

@@ -29,7 +29,7 @@ block (for ``S <= 12``) and is checked against the simulator for every ``S <= 8`
 below 1F1B's ``(S-1)/m`` at about a third of its memory for large ``S``. Every ``m >= 1``
 is handled.
 
-Registered, not searched yet (``searched=False``); torch.distributed.pipelining has no class
+Registered and searched; torch.distributed.pipelining has no class
 for it: run it with autopipe's executor.
 """
 
@@ -85,5 +85,5 @@ SPEC = ScheduleSpec(
     splits_backward=True,
     virtual_choices=(2,),
     placement=v_shape,
-    searched=False,
+    searched=True,
 )

@@ -36,12 +36,11 @@ contiguous ranges).
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
@@ -50,9 +49,10 @@ from autopipe.schedules import schedule_spec
 from autopipe.schedules.simulate import Summary
 from autopipe.solve.assemble import make_plan
 from autopipe.solve.baselines import BASELINES, baseline_assignment
+from autopipe.solve.bounds import candidate_bound, decision_bound, lower_bound, work_table
 from autopipe.solve.chain import solve_chain
 from autopipe.solve.exact import SplitTable, split_table
-from autopipe.solve.greedy import solve_fast
+from autopipe.solve.greedy import Memo, solve_fast
 from autopipe.solve.ilp import solve_ilp
 from autopipe.solve.min_memory import min_memory_limit
 from autopipe.solve.pricing import BlockTimes, Candidate, Decision, candidate, compiled, fits, price
@@ -87,8 +87,8 @@ def plan_pipeline(profile: Profile, request: PlanRequest, progress: Progress | N
     ``progress("searching", done, total)`` is told each decision priced of all there are.
 
     Best-first branch and bound: decisions are opened in the order of a lower bound on any
-    plan they can give (:func:`_decision_bound`), candidates simulated in the order of a
-    lower bound on their own iteration time (:func:`_candidate_bound`); the search stops when
+    plan they can give (:func:`decision_bound`), candidates simulated in the order of a
+    lower bound on their own iteration time (:func:`candidate_bound`); the search stops when
     no bound left is below the best simulated plan that fits. Nothing skipped can be faster.
     """
     validate(profile, request)
@@ -100,10 +100,10 @@ def plan_pipeline(profile: Profile, request: PlanRequest, progress: Progress | N
 def plan_search(profile: Profile, request: PlanRequest, progress: Progress | None = None) -> list[tuple[Candidate, Summary]]:
     """Every simulated candidate that fits, fastest first (the branch and bound of
     :func:`plan_pipeline`, for a validated request); InfeasibleError when none fits."""
-    work = _work_table(profile, request.devices)
+    work = work_table(profile, request.devices)
     todo = sorted(
         decisions(profile, request),
-        key=lambda d: (_decision_bound(work, request, d), _order_key(d)),
+        key=lambda d: (decision_bound(work, request, d), _order_key(d)),
     )
     simulated: list[tuple[Candidate, Summary]] = []
     queue: list[tuple[float, int, _Split | tuple[Decision, int]]] = []  # (bound, tie-break, split or enumerated split)
@@ -115,10 +115,30 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
     expand: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
     prepared: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
     tables: dict[Decision, tuple[PartitionProblem, BlockTimes, SplitTable]] = {}
+    shared: Shared = {}  # unlimited cuts per (micro-batch size, chunks)
+    memos: dict[int, Memo] = {}  # the bisection solver's memory reach per micro-batch size
     report = progress or (lambda what, done, total: None)
+
+    def infeasible_at(decision: Decision, problem: PartitionProblem) -> None:
+        # Keep the most micro-batches per schedule: the least memory, for the error.
+        key = (decision.schedule, decision.virtual)
+        if decision.micro_batches > infeasible.get(key, (0, problem))[0]:
+            infeasible[key] = (decision.micro_batches, problem)
+
+    def open_solver(decision: Decision, problem: PartitionProblem, times: BlockTimes, free: Partition | None) -> None:
+        """Queue the solver's cuts of ``decision`` (``free``: the unlimited cuts, when they fit its rule)."""
+        try:
+            u = request.batch_size // decision.micro_batches
+            solved = free if free is not None and free.fits else _solve(problem, memos.setdefault(u, Memo()))
+        except InfeasibleError:
+            infeasible_at(decision, problem)
+            return
+        bound, split = _split(profile, request, candidate(decision, "solver", problem, solved, times), times, True)
+        heapq.heappush(queue, (bound, next(counter), split))  # the solver's cuts fit its own rule: bound < inf
+
     report("searching", 0, len(todo))
     while True:
-        open_bound = _decision_bound(work, request, todo[next_decision]) if next_decision < len(todo) else math.inf
+        open_bound = decision_bound(work, request, todo[next_decision]) if next_decision < len(todo) else math.inf
         if queue and queue[0][0] <= open_bound:
             bound, _, item = heapq.heappop(queue)
             if bound >= best * (1 + PRUNE_TOLERANCE):
@@ -135,6 +155,8 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
             simulated.append((c, t))
             if fits(t, request.memory_limit):
                 best = min(best, t.iteration_s)
+            elif isinstance(item, _Split) and item.fallback:  # the unlimited cuts did not fit: the solver's now
+                open_solver(item.decision, *prepared[item.decision], None)
             if c.source == "solver" and c.decision in expand:
                 # The simple splits of this decision are candidates too (and so never win).
                 problem, times = expand.pop(c.decision)
@@ -158,20 +180,19 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
             tables[decision] = (problem, times, enumerated)
             heapq.heappush(queue, (float(enumerated.bounds[0]), next(counter), (decision, 0)))
             continue
-        try:
-            if enumerated is not None:
-                need = min(need, enumerated.need)
-                raise InfeasibleError("no split fits")
-            solved = _solve(problem)
-        except InfeasibleError:
-            # Keep the most micro-batches per schedule: the least memory, for the error.
-            key = (decision.schedule, decision.virtual)
-            if decision.micro_batches > infeasible.get(key, (0, problem))[0]:
-                infeasible[key] = (decision.micro_batches, problem)
+        if enumerated is not None:
+            need = min(need, enumerated.need)
+            infeasible_at(decision, problem)
             continue
-        bound, split = _split(profile, request, candidate(decision, "solver", problem, solved, times), times, True)
-        heapq.heappush(queue, (bound, next(counter), split))  # the solver's cuts fit its own rule: bound < inf
-        expand[decision] = prepared[decision] = (problem, times)
+        prepared[decision] = expand[decision] = (problem, times)
+        u = request.batch_size // decision.micro_batches
+        free = _free_cuts(problem, shared, u)
+        if free is not None and not free.fits:  # the chunk rule says no, the simulated peak may say yes
+            bound, split = _split(profile, request, candidate(decision, "solver", problem, free, times), times, False)
+            if bound < math.inf:
+                heapq.heappush(queue, (bound, next(counter), replace(split, fallback=True)))
+                continue
+        open_solver(decision, problem, times, free)
     if not simulated:
         smallest_fit = need
         for (_, v), (_, problem) in infeasible.items():
@@ -195,6 +216,7 @@ class _Split:
     decision: Decision
     sizes: tuple[int, ...]
     source: str
+    fallback: bool = False  # the unlimited cuts: when they do not fit, queue the solver's cuts
 
 
 def _split(profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes, fits_rule: bool) -> tuple[float, _Split]:
@@ -208,7 +230,7 @@ def _split(profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes, 
         return math.inf, _Split(d, sizes, c.source)
     if plain:
         c = candidate(d, c.source, p, evaluate(p, split_assignment(sizes), (False,) * p.stages), times)
-    return _candidate_bound(profile, req, c), _Split(d, sizes, c.source)
+    return candidate_bound(profile, req, c), _Split(d, sizes, c.source)
 
 
 LOCAL_MOVES = 64
@@ -255,95 +277,8 @@ def _local_moves(profile: Profile, req: PlanRequest, fitting: list[tuple[Candida
     return sorted(fitting + found, key=lambda ct: (ct[1].iteration_s, _order(ct[0])))
 
 
-def lower_bound(profile: Profile, request: PlanRequest) -> float:
-    """A time no plan of ``request`` can beat (the least decision bound): the gap of a plan
-    found by local moves, on decisions too large to enumerate, is measured against it."""
-    work = _work_table(profile, request.devices)
-    return min((_decision_bound(work, request, d) for d in decisions(profile, request)), default=math.inf)
-
-
 def _order_key(d: Decision) -> tuple[int, int, int]:
     return (schedule_spec(d.schedule).preference, d.virtual, d.micro_batches)
-
-
-def _candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
-    """A time the simulator cannot beat for this candidate (its cuts are known now).
-
-    For each chunk j of rank r: r's work on its chunks from j on (all m F and m B) cannot
-    start before micro-batch 0's forward reaches chunk j, and after the last of those B the
-    gradient still crosses every chunk before j (on a V, the up chunk waits for the way down). Every rank also works m times its
-    stages' F + B + W, and micro-batch 0 makes the whole round trip.
-    """
-    d = c.decision
-    costs = c.costs
-    m, S = d.micro_batches, req.devices
-    spec = schedule_spec(d.schedule)
-    split = spec.splits_backward
-    f = [x.forward_s for x in costs]
-    b = [x.backward_input_s if split else x.backward_s for x in costs]
-    w = [x.backward_weight_s if split else 0.0 for x in costs]
-    placed = spec.devices_of(S, d.virtual)
-    comm = [x if placed[j] != placed[j + 1] else 0.0 for j, x in enumerate(c.partition.comm_s)]  # a link only between devices
-    bound = sum(f) + sum(b) + 2 * sum(comm)
-    before, ahead = 0.0, 0.0  # F + B (and links) of the chunks before chunk j; F (and links) alone
-    for j, r in enumerate(placed):
-        later = [i for i in range(j, len(placed)) if placed[i] == r]  # r's chunks from j on
-        busy = m * sum(f[i] + b[i] + w[i] for i in later)
-        work = m * sum(f[i] + b[i] for i in later)
-        bound = max(bound, ahead + busy, before + work)
-        link = comm[j] if j < len(comm) else 0.0
-        before += f[j] + b[j] + 2 * link
-        ahead += f[j] + link
-    return bound
-
-
-def _decision_bound(work: Work, req: PlanRequest, d: Decision) -> float:
-    """A time no plan of decision ``d`` can beat, whatever its cuts (so the search may skip it).
-
-    Micro-batch 0 runs forward through every stage and back, one action after another, so
-    the iteration takes at least the model's whole F + B for one micro-batch (B: the input-
-    gradient part when W is split off, which the first stage does not have); and the ranks share m times the model's total work T,
-    so the busiest works at least a 1/S share of it. Sharper, for one stage per rank: rank r
-    cannot start before micro-batch 0's forward has crossed stages 0..r-1, then works m t_r,
-    and (GPipe, 1F1B) its last gradient still crosses stages r-1..0 — at least
-    ``a P_r + m t_r`` with ``P_r`` the work of the stages before r and ``a`` the smallest
-    share of a block's work on that path (1 with the backward, f / (f + b) without). The
-    cuts that make these equal for every r give the bound ``a T / (1 - (1 - a / m)^S)``
-    (blocks cannot be cut finer, and communication and recomputation only add).
-    """
-    u = req.batch_size // d.micro_batches
-    total, chain, share = work(u, schedule_spec(d.schedule).splits_backward)
-    bound = max(chain, d.micro_batches * total / req.devices)
-    if d.virtual == 1 and share > 0:
-        m, S = d.micro_batches, req.devices
-        x = share / m  # 1 - (1 - x)^S below, exact also where x is below float precision (huge batches)
-        bound = max(bound, share * total / (1.0 if x >= 1 else -math.expm1(S * math.log1p(-x))))
-    return bound
-
-
-Work = Callable[[int, bool], tuple[float, float, float]]
-
-
-def _work_table(profile: Profile, devices: int) -> Work:
-    """``work(u, split)``: (T: every block's F + B, the chain micro-batch 0 must cross, the
-    share ``a`` of :func:`_decision_bound`) at micro-batch size ``u``, computed once each."""
-
-    @functools.cache
-    def work(u: int, split: bool) -> tuple[float, float, float]:
-        blocks = profile.blocks
-        f = [b.forward_s(u) for b in blocks]
-        t = [fi + b.backward_s(u) for fi, b in zip(f, blocks, strict=True)]
-        total = sum(t)
-        if not split:
-            return total, total, 1.0
-        # B of the first stage is empty (its inputs need no gradient); the last S - 1 blocks
-        # are never on it.
-        tail = blocks[len(blocks) - devices + 1 :] if devices > 1 else ()
-        chain = sum(f) + sum(b.backward_input_s(u) for b in tail)
-        share = min((fi / ti for fi, ti in zip(f, t, strict=True) if ti > 0), default=0.0)
-        return total, chain, share
-
-    return work
 
 
 def _is_dag(profile: Profile) -> bool:
@@ -383,11 +318,36 @@ def _refine_with_ilp(
 # --------------------------------------------------------------------------- decisions
 
 
-def _solve(problem: PartitionProblem) -> Partition:
+Shared = dict[tuple[int, int], tuple[int, ...]]
+
+
+def _free_cuts(problem: PartitionProblem, shared: Shared, u: int) -> Partition | None:
+    """The min-bottleneck cuts of ``problem``'s blocks with no memory limit, nothing recomputed
+    (solved once per micro-batch size ``u`` and chunk count: decisions that share both share
+    them), priced under ``problem``; None where the request recomputes every chunk. Where they
+    fit, they are the solver's answer too (a memory limit or recomputation only raises the
+    bottleneck)."""
+    K = problem.stages
+    if problem.recompute == "always":
+        return None
+    if (u, K) not in shared:
+        free = replace(problem, inflight=(1.0,) * K, stage_memory_limit=(math.inf,) * K, recompute="never")
+        shared[u, K] = _solve(free).stage_of_block
+    return evaluate(problem, shared[u, K], (False,) * K)
+
+
+SOLVER_TOLERANCE = 1e-6
+"""The bisection solver's cuts are a candidate the simulator prices, not the plan: their
+bottleneck within this (relative) of the least, in half the probes."""
+
+
+def _solve(problem: PartitionProblem, memo: Memo | None = None) -> Partition:
+    """The solver's cuts: the DP's on small problems, else the bisection's (``memo``: its
+    memory reach kept across the decisions at one micro-batch size)."""
     n = problem.blocks
     if n * n * problem.stages <= _EXACT_DP_LIMIT:
         return solve_chain(problem, explain=False)
-    return solve_fast(problem, explain=False)
+    return solve_fast(problem, explain=False, tolerance=SOLVER_TOLERANCE, memo=memo)
 
 
 def _order(c: Candidate) -> tuple[int, int, int, int]:

@@ -147,8 +147,8 @@ def _splits(n: int, k: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "zb-h2", "v-half", "v-min", "dualpipe-v"])
 def test_the_bound_of_a_priced_candidate_is_below_its_simulated_time(name: str) -> None:
-    """The bound the search opens large decisions' candidates by (search._candidate_bound)."""
-    from autopipe.solve.search import _candidate_bound
+    """The bound the search opens large decisions' candidates by (bounds.candidate_bound)."""
+    from autopipe.solve.bounds import candidate_bound
 
     prof = chain(10, 8)
     S, v = 3, CHUNKED.get(name, 1)
@@ -158,7 +158,7 @@ def test_the_bound_of_a_priced_candidate_is_below_its_simulated_time(name: str) 
         req = PlanRequest(devices=S, batch_size=m, memory_limit=math.inf, micro_batches=m, schedule=name, action_overhead_s=1e-4, link_latency_s=1e-3)
         for sizes in _splits(10, S * v)[::7]:
             c, s = price_split(prof, req, Decision(name, v, m), sizes)
-            assert _candidate_bound(prof, req, c) <= s.iteration_s * (1 + 1e-12), sizes
+            assert candidate_bound(prof, req, c) <= s.iteration_s * (1 + 1e-12), sizes
 
 
 def test_local_moves_only_improve_a_decision_too_large_to_enumerate(monkeypatch: pytest.MonkeyPatch) -> None:

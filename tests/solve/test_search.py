@@ -249,7 +249,7 @@ def test_zb_v_is_planned_when_pinned_and_searched(tmp_path: Path) -> None:
 
 def test_dualpipe_v_is_planned_when_pinned_with_enough_micro_batches() -> None:
     """--schedule dualpipe-v cuts 2S chunks in a V and tries only m >= 2S (fewer is refused in
-    one line above); the simulator prices the plan, which the automatic search leaves out."""
+    one line above); the simulator prices the plan. The automatic search tries it too, at m >= 2S only."""
     prof = random_profile(12, seed=4)
     for S in (2, 3):
         plan = plan_pipeline(prof, _request(devices=S, schedule="dualpipe-v", batch_size=24))
@@ -259,4 +259,5 @@ def test_dualpipe_v_is_planned_when_pinned_with_enough_micro_batches() -> None:
         timeline = plan_timeline(plan)
         assert timeline.iteration_s == pytest.approx(plan.iteration_time_s, rel=1e-12)
         assert all(d.micro_batches >= 2 * S for d in decisions(prof, _request(devices=S, schedule="dualpipe-v", batch_size=24)))
-    assert all(d.schedule != "dualpipe-v" for d in decisions(prof, _request(devices=4)))
+    searched = [d for d in decisions(prof, _request(devices=3, batch_size=24)) if d.schedule == "dualpipe-v"]
+    assert searched and all(d.micro_batches >= 6 for d in searched)
