@@ -224,7 +224,7 @@ def _split(profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes, 
     where every device may fit so (``plain_may_fit``), else c's (evaluate's rule, the solvers'
     too); inf when neither fits (``fits_rule``: c fits evaluate's rule)."""
     d, p = c.decision, c.problem
-    sizes = tuple(c.partition.stage_of_block.count(j) for j in range(p.stages))
+    sizes = _sizes(c.partition, p.stages)
     plain = p.recompute == "auto" and plain_may_fit(p, d, req.devices, req.memory_limit, sizes)
     if not plain and not fits_rule:
         return math.inf, _Split(d, sizes, c.source)
@@ -254,7 +254,7 @@ def _local_moves(profile: Profile, req: PlanRequest, fitting: list[tuple[Candida
     if c.source == "ilp" or budget < 1:
         return fitting
     K = c.problem.stages
-    sizes = [c.partition.stage_of_block.count(j) for j in range(K)]
+    sizes = list(_sizes(c.partition, K))
     times = BlockTimes.of(profile, req.batch_size // d.micro_batches, req.action_overhead_s)
     moves = [(a, a + gap) for gap in range(1, K) for a in range(K - gap)]
     moves += [(b, a) for a, b in moves]  # (from chunk, to chunk)
@@ -354,6 +354,14 @@ def _order(c: Candidate) -> tuple[int, int, int, int]:
     d = c.decision
     sources = ("solver", "ilp", *BASELINES)
     return (schedule_spec(d.schedule).preference, d.virtual, d.micro_batches, sources.index(c.source))
+
+
+def _sizes(part: Partition, chunks: int) -> tuple[int, ...]:
+    """Blocks per chunk of a partition."""
+    count = [0] * chunks
+    for j in part.stage_of_block:
+        count[j] += 1
+    return tuple(count)
 
 
 def _params(profile: Profile) -> tuple[float, ...]:
