@@ -21,7 +21,13 @@ from autopipe.schedules import schedule_spec
 from autopipe.solve.pricing import Candidate, Decision
 from autopipe.solve.request import PlanRequest, decisions
 
-__all__ = ["Work", "candidate_bound", "decision_bound", "lower_bound", "work_table"]
+PRUNE_TOLERANCE = 1e-12
+"""A bound must beat the best so far by more than this (relative) to be searched: bounds and
+simulated times are sums of the same floats in other orders, so exact ties differ by rounding."""
+
+
+
+__all__ = ["PRUNE_TOLERANCE", "Work", "candidate_bound", "decision_bound", "lower_bound", "work_table"]
 
 def lower_bound(profile: Profile, request: PlanRequest) -> float:
     """A time no plan of ``request`` can beat (the least decision bound): the gap of a plan

@@ -22,13 +22,15 @@ order with :func:`~autopipe.solve.splits.price_split`, the function ``--balance`
 user's split with. Decisions are a best-first branch and bound too: opened in the order of a
 lower bound on any plan they can give, and the search stops when no bound left is below the
 best plan that fits. So the plan is the best contiguous split of its decision set under the
-simulator (ties to the preferred schedule). On larger decisions the chain solver's
-min-bottleneck cuts and three simple splits (even by layers, balanced by parameters, greedy by
-time, also reported as baselines; ``assemble.py``) are the candidates, each priced by
-``price_split`` too (so nothing is recomputed where every device fits without), and the winner's split
-is then improved a block at a time (from one chunk to another) while the simulator says it gets
-faster (``_local_moves``; its gap to :func:`lower_bound` is what ``bench/bench_planner.py``
-reports). Placement is the
+simulator (ties to the preferred schedule). On larger decisions the candidates are the chain
+solver's min-bottleneck cuts, the min-bottleneck cuts with no memory limit (solved once per
+micro-batch size and chunk count, shared by every schedule; where the simulated peak fits
+without recomputation they are the least bottleneck of all) and three simple splits (even by
+layers, balanced by parameters, greedy by time, also reported as baselines; ``assemble.py``),
+each priced by ``price_split`` too (so nothing is recomputed where every device fits without);
+then the best cuts of the few fastest schedules are improved a block at a time (from one chunk
+to another) while the simulator says they get faster (:mod:`autopipe.solve.moves`; the plan's
+gap to :func:`lower_bound` is what ``bench/bench_planner.py`` reports). Placement is the
 schedule's own (``ScheduleSpec.placement``: round-robin, V); nothing here assumes either. On
 small models with skip connections the ILP may then place blocks freely (not only in
 contiguous ranges).
@@ -40,7 +42,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
@@ -49,13 +51,20 @@ from autopipe.schedules import schedule_spec
 from autopipe.schedules.simulate import Summary
 from autopipe.solve.assemble import make_plan
 from autopipe.solve.baselines import BASELINES, baseline_assignment
-from autopipe.solve.bounds import candidate_bound, decision_bound, lower_bound, work_table
+from autopipe.solve.bounds import (
+    PRUNE_TOLERANCE,
+    candidate_bound,
+    decision_bound,
+    lower_bound,
+    work_table,
+)
 from autopipe.solve.chain import solve_chain
 from autopipe.solve.exact import SplitTable, split_table
 from autopipe.solve.greedy import Memo, solve_fast
 from autopipe.solve.ilp import solve_ilp
 from autopipe.solve.min_memory import min_memory_limit
-from autopipe.solve.pricing import BlockTimes, Candidate, Decision, candidate, compiled, fits, price
+from autopipe.solve.moves import Split, improve, order, sizes_of
+from autopipe.solve.pricing import BlockTimes, Candidate, Decision, candidate, fits, price
 from autopipe.solve.problem import Partition, PartitionProblem, evaluate
 from autopipe.solve.request import (
     SEARCH_SCHEDULES,
@@ -72,11 +81,6 @@ _EXACT_DP_LIMIT = 4_000_000  # n^2 * S above which the bisection solver replaces
 _ILP_MAX_BLOCKS = 48  # DAGs up to this many blocks also get the ILP's free placement
 _ILP_DECISIONS = 2
 _ILP_TIME_LIMIT_S = 10.0
-
-
-PRUNE_TOLERANCE = 1e-12
-"""A bound must beat the best so far by more than this (relative) to be searched: bounds and
-simulated times are sums of the same floats in other orders, so exact ties differ by rounding."""
 
 
 Progress = Callable[[str, int, int], None]  # progress(what, done, total), as costs.measured's
@@ -106,7 +110,7 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
         key=lambda d: (decision_bound(work, request, d), _order_key(d)),
     )
     simulated: list[tuple[Candidate, Summary]] = []
-    queue: list[tuple[float, int, _Split | tuple[Decision, int]]] = []  # (bound, tie-break, split or enumerated split)
+    queue: list[tuple[float, int, Split | tuple[Decision, int]]] = []  # (bound, tie-break, split or enumerated split)
     best = math.inf
     need = math.inf  # the smallest limit an enumerated decision fits (for the error)
     infeasible: dict[tuple[str, int], tuple[int, PartitionProblem]] = {}
@@ -143,7 +147,7 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
             bound, _, item = heapq.heappop(queue)
             if bound >= best * (1 + PRUNE_TOLERANCE):
                 break
-            if isinstance(item, _Split):  # the solver's cuts or a simple split, priced as --balance prices it
+            if isinstance(item, Split):  # the solver's cuts or a simple split, priced as --balance prices it
                 problem, times = prepared[item.decision]
                 c, t = price_split(profile, request, item.decision, item.sizes, problem=problem, times=times, source=item.source)
             else:  # the next split of an enumerated decision, in bound order
@@ -155,8 +159,6 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
             simulated.append((c, t))
             if fits(t, request.memory_limit):
                 best = min(best, t.iteration_s)
-            elif isinstance(item, _Split) and item.fallback:  # the unlimited cuts did not fit: the solver's now
-                open_solver(item.decision, *prepared[item.decision], None)
             if c.source == "solver" and c.decision in expand:
                 # The simple splits of this decision are candidates too (and so never win).
                 problem, times = expand.pop(c.decision)
@@ -190,8 +192,7 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
         if free is not None and not free.fits:  # the chunk rule says no, the simulated peak may say yes
             bound, split = _split(profile, request, candidate(decision, "solver", problem, free, times), times, False)
             if bound < math.inf:
-                heapq.heappush(queue, (bound, next(counter), replace(split, fallback=True)))
-                continue
+                heapq.heappush(queue, (bound, next(counter), split))
         open_solver(decision, problem, times, free)
     if not simulated:
         smallest_fit = need
@@ -201,80 +202,25 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
     fitting = [(c, t) for c, t in simulated if fits(t, request.memory_limit)]
     if not fitting:
         raise infeasible_error(profile, request, min(need, min(max(t.peak_memory_bytes) for _, t in simulated)))
-    fitting.sort(key=lambda ct: (ct[1].iteration_s, _order(ct[0])))
+    fitting.sort(key=lambda ct: (ct[1].iteration_s, order(ct[0])))
     report("searching", len(todo), len(todo))  # the rest could not win
     fitting = _refine_with_ilp(profile, request, fitting, report)
-    if fitting[0][0].decision not in tables:
-        fitting = _local_moves(profile, request, fitting)
-    return fitting
+    pending = [(bound, item) for bound, _, item in sorted(queue) if isinstance(item, Split) and item.source == "solver"]
+    return improve(profile, request, fitting, set(tables), pending, prepared)
 
 
-@dataclass(frozen=True)
-class _Split:
-    """The solver's cuts or a simple split, priced by ``price_split`` when the queue reaches it."""
-
-    decision: Decision
-    sizes: tuple[int, ...]
-    source: str
-    fallback: bool = False  # the unlimited cuts: when they do not fit, queue the solver's cuts
-
-
-def _split(profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes, fits_rule: bool) -> tuple[float, _Split]:
+def _split(profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes, fits_rule: bool) -> tuple[float, Split]:
     """``c``'s cuts as a queue item, bounded as ``price_split`` will price them: nothing recomputed
     where every device may fit so (``plain_may_fit``), else c's (evaluate's rule, the solvers'
     too); inf when neither fits (``fits_rule``: c fits evaluate's rule)."""
     d, p = c.decision, c.problem
-    sizes = _sizes(c.partition, p.stages)
+    sizes = sizes_of(c.partition, p.stages)
     plain = p.recompute == "auto" and plain_may_fit(p, d, req.devices, req.memory_limit, sizes)
     if not plain and not fits_rule:
-        return math.inf, _Split(d, sizes, c.source)
+        return math.inf, Split(d, sizes, c.source)
     if plain:
         c = candidate(d, c.source, p, evaluate(p, split_assignment(sizes), (False,) * p.stages), times)
-    return candidate_bound(profile, req, c), _Split(d, sizes, c.source)
-
-
-LOCAL_MOVES = 64
-"""Improving moves at most (one block from a chunk to another) on a decision too large to enumerate."""
-
-LOCAL_MOVE_ACTIONS = 100_000
-"""Most actions the local moves simulate in all (each move simulates the whole schedule, in pure
-Python: 1F1B with m = 512 on 64 devices is about 100,000 actions and 0.25 s), so a plan of
-1,000 blocks on 64 devices stays within about two seconds."""
-
-
-def _local_moves(profile: Profile, req: PlanRequest, fitting: list[tuple[Candidate, Summary]]) -> list[tuple[Candidate, Summary]]:
-    """Improve the best plan's cuts on the simulated objective itself (its decision had too
-    many splits to enumerate): move one block from a chunk to another — neighbours first, then
-    farther, each cut between them shifting by one — and keep the first move that is faster and
-    fits; repeat until none is, for up to :data:`LOCAL_MOVES` passes within
-    :data:`LOCAL_MOVE_ACTIONS`."""
-    c, t = fitting[0]
-    d = c.decision
-    budget = LOCAL_MOVE_ACTIONS // len(compiled(d.schedule, req.devices, d.micro_batches, d.virtual).rank)
-    if c.source == "ilp" or budget < 1:
-        return fitting
-    K = c.problem.stages
-    sizes = list(_sizes(c.partition, K))
-    times = BlockTimes.of(profile, req.batch_size // d.micro_batches, req.action_overhead_s)
-    moves = [(a, a + gap) for gap in range(1, K) for a in range(K - gap)]
-    moves += [(b, a) for a, b in moves]  # (from chunk, to chunk)
-    found = []
-    for _ in range(LOCAL_MOVES):
-        for src, dst in moves:
-            if sizes[src] < 2 or budget < 1:
-                continue
-            budget -= 1
-            trial = list(sizes)
-            trial[src] -= 1
-            trial[dst] += 1
-            c2, t2 = price_split(profile, req, d, trial, problem=c.problem, times=times, source="solver")
-            if fits(t2, req.memory_limit) and t2.iteration_s < t.iteration_s * (1 - PRUNE_TOLERANCE):
-                sizes, c, t = trial, c2, t2
-                found.append((c2, t2))
-                break
-        else:
-            break
-    return sorted(fitting + found, key=lambda ct: (ct[1].iteration_s, _order(ct[0])))
+    return candidate_bound(profile, req, c), Split(d, sizes, c.source)
 
 
 def _order_key(d: Decision) -> tuple[int, int, int]:
@@ -312,7 +258,7 @@ def _refine_with_ilp(
             t = price(cand, req.devices)
             if fits(t, req.memory_limit):
                 extra.append((cand, t))
-    return sorted(fitting + extra, key=lambda ct: (ct[1].iteration_s, _order(ct[0])))
+    return sorted(fitting + extra, key=lambda ct: (ct[1].iteration_s, order(ct[0])))
 
 
 # --------------------------------------------------------------------------- decisions
@@ -348,20 +294,6 @@ def _solve(problem: PartitionProblem, memo: Memo | None = None) -> Partition:
     if n * n * problem.stages <= _EXACT_DP_LIMIT:
         return solve_chain(problem, explain=False)
     return solve_fast(problem, explain=False, tolerance=SOLVER_TOLERANCE, memo=memo)
-
-
-def _order(c: Candidate) -> tuple[int, int, int, int]:
-    d = c.decision
-    sources = ("solver", "ilp", *BASELINES)
-    return (schedule_spec(d.schedule).preference, d.virtual, d.micro_batches, sources.index(c.source))
-
-
-def _sizes(part: Partition, chunks: int) -> tuple[int, ...]:
-    """Blocks per chunk of a partition."""
-    count = [0] * chunks
-    for j in part.stage_of_block:
-        count[j] += 1
-    return tuple(count)
 
 
 def _params(profile: Profile) -> tuple[float, ...]:

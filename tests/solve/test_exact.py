@@ -165,16 +165,16 @@ def test_local_moves_only_improve_a_decision_too_large_to_enumerate(monkeypatch:
     """Above the enumeration limit the chain solver's cuts are moved while the simulator says
     it gets faster: never slower than without the moves, and often the best split."""
     import autopipe.solve.exact as exact
-    import autopipe.solve.search as search
+    import autopipe.solve.moves as moves
 
     monkeypatch.setattr(exact, "ENUMERATE_LIMIT", 0)
     improved = 0
     for seed in range(2000, 2020):
         prof, kw = case(seed, 12)
         with_moves = autopipe.plan_profile(prof, **kw)  # type: ignore[arg-type]
-        monkeypatch.setattr(search, "LOCAL_MOVES", 0)
+        monkeypatch.setattr(moves, "LOCAL_MOVES", 0)
         without = autopipe.plan_profile(prof, **kw)  # type: ignore[arg-type]
-        monkeypatch.setattr(search, "LOCAL_MOVES", 64)
+        monkeypatch.setattr(moves, "LOCAL_MOVES", 64)
         assert with_moves.iteration_time_s <= without.iteration_time_s and max(with_moves.peak_memory_bytes) <= float(kw["memory"]) * (1 + 1e-9)  # type: ignore[arg-type]
         improved += with_moves.iteration_time_s < without.iteration_time_s
     assert improved >= 3
