@@ -39,8 +39,10 @@ def improve(
     """Local moves from the best cuts of each of the fastest :data:`LOCAL_DECISIONS` schedules
     (within :data:`LOCAL_SLACK` of the best) whose decision was too large to enumerate — a
     schedule whose solver cuts the branch and bound left unsimulated (``pending``, by bound)
-    is priced first when its bound is within the slack — so the search's plan is not behind
-    what pinning one of those schedules finds by the same moves."""
+    is priced first when its bound is within the slack — so the search's plan is less often
+    behind what pinning one of those schedules finds by the same moves. Each start may
+    simulate :data:`LOCAL_MOVE_ACTIONS` actions; a start after the first is taken only where
+    that is one pass over its neighbouring chunks (so a large schedule adds no simulation)."""
     limit = fitting[0][1].iteration_s * (1 + LOCAL_SLACK)
     options: list[tuple[float, int, tuple[Candidate, Summary] | Split]] = []  # (time or bound, tie-break, start)
     seen: set[str] = set()
@@ -52,24 +54,28 @@ def improve(
     options.sort(key=lambda x: x[:2])
     starts: list[tuple[Candidate, Summary]] = []
     priced: list[tuple[Candidate, Summary]] = []
-    tries = 2 * LOCAL_DECISIONS  # unsimulated cuts priced at most
     for k, _, start in options:
-        if len(starts) == LOCAL_DECISIONS or k > limit or tries == 0:
+        if len(starts) == LOCAL_DECISIONS or k > limit:
             break
+        d = start.decision if isinstance(start, Split) else start[0].decision
+        if any(c.decision.schedule == d.schedule for c, _ in starts) or d in enumerated:
+            continue
+        if starts and LOCAL_MOVE_ACTIONS // _actions(req, d) < req.devices * d.virtual - 1:
+            continue  # too few moves for one pass over its neighbouring chunks
         if isinstance(start, Split):
-            d = start.decision
-            if any(c.decision.schedule == d.schedule for c, _ in starts) or 2 * req.devices * d.virtual * d.micro_batches > LOCAL_MOVE_ACTIONS:
-                continue  # a schedule started already, or too many actions (an F and a B per chunk and micro-batch) to move
-            tries -= 1
-            problem, times = prepared[start.decision]
-            start = price_split(profile, req, start.decision, start.sizes, problem=problem, times=times, source="solver")
+            problem, times = prepared[d]
+            start = price_split(profile, req, d, start.sizes, problem=problem, times=times, source="solver")
             if not fits(start[1], req.memory_limit):
                 continue
             priced.append(start)
-        if all(c.decision.schedule != start[0].decision.schedule for c, _ in starts):
-            starts.append(start)
-    found = [x for c, t in starts if c.decision not in enumerated for x in local_moves(profile, req, c, t)]
+        starts.append(start)
+    found = [x for c, t in starts for x in local_moves(profile, req, c, t)]
     return sorted(fitting + priced + found, key=lambda ct: (ct[1].iteration_s, order(ct[0])))
+
+
+def _actions(req: PlanRequest, d: Decision) -> int:
+    """About how many actions one simulation of ``d`` takes (F, B and W per chunk and micro-batch)."""
+    return req.devices * d.virtual * d.micro_batches * (3 if schedule_spec(d.schedule).splits_backward else 2)
 
 
 @dataclass(frozen=True)
