@@ -1,16 +1,19 @@
 # Run: python bench/bench_planner.py   (from the repository root, autopipe installed or PYTHONPATH=.)
 """Planner speed: the full search (micro-batches x schedule x virtual stages x cuts x
-recompute, zb-v included; best-first branch and bound over simulated candidates) on synthetic
+recompute, all nine schedules; best-first branch and bound over simulated candidates) on synthetic
 profiles of transformer-like models — 1,000 blocks into 64 stages, and 100 blocks into 8
 stages — and the plan's gap to the best lower bound (these decisions have too many splits to
 enumerate: the cuts are the chain solver's, then local moves).
 
 One CPU core (the search is single-threaded Python + numpy). Prints the median of several
-runs, the decision, and the machine.
+runs (wall and CPU time: on a shared machine CPU time is the steadier), the decision, and the
+machine. ``--without v-half,v-min,dualpipe-v`` leaves schedules out of the search (to measure
+what searching them costs).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import random
@@ -18,6 +21,7 @@ import statistics
 import sys
 import time
 
+import autopipe.solve.request as request
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.solve.pricing import compiled
@@ -72,7 +76,13 @@ def bench(n: int, stages: int, batch: int, memory: float, repeat: int) -> None:
 
 
 def main() -> None:
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, Python {sys.version.split()[0]}")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--without", default="", help="schedules to leave out of the search, comma-separated")
+    args = parser.parse_args()
+    left_out = {x for x in args.without.split(",") if x}
+    request.SEARCH_SCHEDULES = tuple(s for s in request.SEARCH_SCHEDULES if s not in left_out)  # what decisions() reads
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, Python {sys.version.split()[0]}; "
+          f"searching {', '.join(request.SEARCH_SCHEDULES)}")
     bench(100, 8, batch=64, memory=8 * 2**30, repeat=7)
     bench(1000, 64, batch=512, memory=16 * 2**30, repeat=3)
 

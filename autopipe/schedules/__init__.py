@@ -3,8 +3,8 @@
 ``make_schedule("1f1b", devices=4, micro_batches=8)`` returns ``{rank: [Action, ...]}``,
 already validated; ``schedule_spec("1f1b")`` is everything else about a schedule (where its
 chunks run, its in-flight count, bubble, torch class). Names: ``gpipe``, ``1f1b``,
-``interleaved-1f1b``, ``zb-h1``, ``zb-h2``, ``zb-v``, ``v-half``, ``v-min``, ``dualpipe-v`` (``registry.py``;
-the last five only when pinned; ``v_block.py`` builds the V-Half and V-Min lists).
+``interleaved-1f1b``, ``zb-h1``, ``zb-h2``, ``zb-v``, ``v-half``, ``v-min``, ``dualpipe-v`` (``registry.py``,
+all searched; ``v_block.py`` builds the V-Half and V-Min lists).
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ F+B``, which needs communication inside a chunk to hide (expert-parallel all-to-
 ``F&B = F+B`` (this pricing) DualPipeV ties ZB-V in time and holds one more chunk of
 activations per device.
 
-Registered, not searched (``searched=False``): ``--schedule dualpipe-v`` pins it.
+Registered and searched (at m >= 2S only); ``--schedule dualpipe-v`` pins it.
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ SPEC = ScheduleSpec(
     splits_backward=True,
     virtual_choices=(2,),
     placement=v_shape,
-    searched=False,
+    searched=True,
     min_micro_batches_per_device=PER_DEVICE,
     overlapped=overlapped,
 )

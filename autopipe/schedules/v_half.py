@@ -26,7 +26,7 @@ Bubble (F = B = W = one unit, a device's work ``6m``): the iteration takes
 the tests, and for ``S`` up to 64 at ``m = 2S, 2S+1, 3S+1`` when it was written):
 a bubble of about ``S / (2m)``, the paper's V-Half rate. Needs ``m >= 2S``.
 
-Registered, not searched yet (``searched=False``); torch.distributed.pipelining has no class
+Registered and searched; torch.distributed.pipelining has no class
 for it: run it with autopipe's executor.
 """
 
@@ -84,6 +84,6 @@ SPEC = ScheduleSpec(
     virtual_choices=(2,),
     min_micro_batches_per_device=v_block.PER_DEVICE,
     placement=v_shape,
-    searched=False,
+    searched=True,
     create_lists=create_lists,
 )

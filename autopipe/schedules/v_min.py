@@ -28,7 +28,7 @@ the tests, and for ``S`` up to 64 at ``m = 2S, 2S+1, 3S+1`` when it was written)
 bubble of about ``2S / (3m)``, the paper's V-Min rate, below 1F1B's ``(S-1)/m`` at about a
 third of its memory. Needs ``m >= 2S``.
 
-Registered, not searched yet (``searched=False``); torch.distributed.pipelining has no class
+Registered and searched; torch.distributed.pipelining has no class
 for it: run it with autopipe's executor.
 """
 
@@ -86,6 +86,6 @@ SPEC = ScheduleSpec(
     virtual_choices=(2,),
     min_micro_batches_per_device=v_block.PER_DEVICE,
     placement=v_shape,
-    searched=False,
+    searched=True,
     create_lists=create_lists,
 )

@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
@@ -61,6 +61,16 @@ from autopipe.solve.problem import Partition, PartitionProblem, contiguous_assig
 __all__ = ["solve_fast"]
 
 Ints = NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Memo:
+    """Per-kind memory reach (and in_bytes) of one set of blocks, kept across problems on the
+    same blocks (the search's decisions at one micro-batch size): ``solve_fast(memo=)``."""
+
+    plain: dict[tuple[float, float], Ints] = field(default_factory=dict)  # (in-flight, cap) -> furthest end
+    rc: dict[tuple[float, float], Ints] = field(default_factory=dict)
+    in_bytes: list[InBytes] = field(default_factory=list)  # at most one
 Cost = Callable[[Ints, Ints], Floats]
 
 
@@ -93,7 +103,7 @@ class _Found:
 class _Probes:
     """Precomputed prefix sums and per-stage memory reach of one problem."""
 
-    def __init__(self, p: PartitionProblem) -> None:
+    def __init__(self, p: PartitionProblem, memo: Memo | None = None) -> None:
         self.p = p
         n = self.n = p.blocks
         self.S = p.stages
@@ -102,28 +112,29 @@ class _Probes:
         self.comm = position_comm(p)[1]
         self.plain_ok = p.recompute != "always"
         self.rc_ok = p.recompute != "never"
+        memo = Memo() if memo is None else memo
         ps, pa = prefix(p.static_bytes), prefix(p.activation_bytes)
         psa = prefix(tuple(a + b for a, b in zip(p.static_bytes, p.activation_bytes, strict=True)))
-        inb = InBytes(p) if self.rc_ok else None
         idx = np.arange(n + 1)
         kinds, of_stage = stage_kinds(p)  # stages alike reach alike: each kind computed once
-        plain_by_kind: list[Ints] = []
         for k, cap in kinds:
+            if (k, cap) in memo.plain:
+                continue
             pw = ps + k * pa
 
             def plain_mem(i: Ints, e: Ints, pw: Floats = pw) -> Floats:
                 return pw[e] - pw[i]
 
-            plain_by_kind.append(
-                _furthest(plain_mem, np.searchsorted(pw, pw + cap, side="right") - 1, cap))
-        rc_by_kind: list[Ints]
-        if inb is None:
-            rc_by_kind = [idx] * len(kinds)
-        else:  # binary search on the end, vectorised over all (kind, start) pairs
-            shape = (len(kinds), n + 1)
+            memo.plain[k, cap] = _furthest(plain_mem, np.searchsorted(pw, pw + cap, side="right") - 1, cap)
+        new = [(k, cap) for k, cap in kinds if (k, cap) not in memo.rc]
+        if self.rc_ok and new:  # binary search on the end, vectorised over all (kind, start) pairs
+            if not memo.in_bytes:
+                memo.in_bytes.append(InBytes(p))
+            inb = memo.in_bytes[0]
+            shape = (len(new), n + 1)
             start = np.broadcast_to(idx, shape).ravel()
-            k_v = np.broadcast_to(np.asarray([k for k, _ in kinds], dtype=np.float64)[:, None], shape).ravel()
-            cap_v = np.broadcast_to(np.asarray([c for _, c in kinds], dtype=np.float64)[:, None], shape).ravel()
+            k_v = np.broadcast_to(np.asarray([k for k, _ in new], dtype=np.float64)[:, None], shape).ravel()
+            cap_v = np.broadcast_to(np.asarray([c for _, c in new], dtype=np.float64)[:, None], shape).ravel()
             lo = start.copy()
             # static + activations alone must fit: an upper bound (+1 absorbs rounding)
             hi = np.clip(np.searchsorted(psa, psa[start] + cap_v, side="right"), lo, n)
@@ -135,7 +146,10 @@ class _Probes:
                 lo[active] = np.where(ok, mid, a_lo)
                 hi[active] = np.where(ok, a_hi, mid - 1)
                 active = active[lo[active] < hi[active]]
-            rc_by_kind = list(lo.reshape(shape))
+            for (k, cap), row in zip(new, lo.reshape(shape), strict=True):
+                memo.rc[k, cap] = row
+        plain_by_kind = [memo.plain[kind] for kind in kinds]
+        rc_by_kind = [memo.rc[kind] if self.rc_ok else idx for kind in kinds]
         plain_l, rc_l = [a.tolist() for a in plain_by_kind], [a.tolist() for a in rc_by_kind]
         self.mem_plain = [plain_by_kind[j] for j in of_stage]
         self.mem_rc = [rc_by_kind[j] for j in of_stage]
@@ -245,10 +259,11 @@ class _Probes:
         return self._found(bounds)
 
 
-def _bisect(probe: Callable[[float], _Found | None], lo: float, best: _Found) -> _Found:
-    """Smallest attained Z in (lo, best.worst] for which ``probe`` succeeds."""
+def _bisect(probe: Callable[[float], _Found | None], lo: float, best: _Found, tolerance: float = 0.0) -> _Found:
+    """Smallest attained Z in (lo, best.worst] for which ``probe`` succeeds (within
+    ``tolerance``, relative, when it is positive)."""
     hi = best.worst
-    while True:
+    while hi - lo > tolerance * hi:
         mid = lo + (hi - lo) / 2 if hi - lo > 1e-12 * hi else math.nextafter(hi, -math.inf)
         if not lo < mid < hi:
             return best
@@ -257,22 +272,29 @@ def _bisect(probe: Callable[[float], _Found | None], lo: float, best: _Found) ->
             lo = mid
         else:
             best, hi = found, found.worst
+    return best
 
 
-def solve_fast(problem: PartitionProblem, *, explain: bool = True) -> Partition:
+def solve_fast(problem: PartitionProblem, *, explain: bool = True, tolerance: float = 0.0, memo: Memo | None = None) -> Partition:
     """A contiguous partition with the least bottleneck Z (exact); its total is not minimised.
 
+    ``tolerance`` > 0: a bottleneck within that (relative) of the least, found with fewer
+    probes (about log2(1 / tolerance) instead of 40) and not certified by the exact probe
+    where the greedy one succeeds (the search's candidates, which the simulator prices anyway).
+    ``memo``: a dict kept across problems with the same blocks, tensors and costs (only the
+    stage count, in-flight counts and limits differing), so each (in-flight, limit) kind's
+    memory reach is computed once.
     Raises :class:`~autopipe.errors.InfeasibleError` when no contiguous partition fits
     memory (with the smallest limit that would, unless ``explain=False``).
     """
     p = problem
-    probes = _Probes(p)
+    probes = _Probes(p, memo)
     lower = 0.5 * max(max(p.time_s), float(probes.pt[-1]) / p.stages)  # below Z*, safely
     start = probes.greedy(math.inf)
     if start is not None:
-        best = _bisect(probes.greedy, lower, start)
+        best = _bisect(probes.greedy, lower, start, tolerance)
         below = math.nextafter(best.worst, -math.inf)
-        if below >= 0:
+        if below >= 0 and tolerance <= 0:
             witness = probes.exact(below)  # certify: nothing strictly better exists
             if witness is not None:
                 best = _bisect(probes.exact, lower, witness)
@@ -280,5 +302,5 @@ def solve_fast(problem: PartitionProblem, *, explain: bool = True) -> Partition:
         witness = probes.exact(math.inf)
         if witness is None:
             raise infeasible_error(p) if explain else InfeasibleError("no partition fits")
-        best = _bisect(probes.exact, lower, witness)
+        best = _bisect(probes.exact, lower, witness, tolerance)
     return evaluate(p, contiguous_assignment(best.starts, p.blocks), best.recompute)

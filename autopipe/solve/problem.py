@@ -187,8 +187,24 @@ def comm_time(p: PartitionProblem, cut_bytes: float) -> float:
     return p.link_latency_s + cut_bytes / p.link_bandwidth if cut_bytes > 0 else 0.0
 
 
+_RECENT: list[tuple[PartitionProblem, tuple[int, ...], StageStats]] = []
+"""The last few stage_stats answers (the search sums one split up to four times: its bound,
+its recomputation rule, its costs); by the problem's identity and the assignment's value."""
+
+
 def stage_stats(p: PartitionProblem, stage_of_block: Sequence[int]) -> StageStats:
     """Check an assignment (length, range, monotone, no empty stage) and sum it per stage."""
+    key = tuple(stage_of_block)
+    for q, a, hit in _RECENT:
+        if q is p and a == key:
+            return hit
+    st = _stage_stats(p, key)
+    _RECENT.insert(0, (p, key, st))
+    del _RECENT[8:]
+    return st
+
+
+def _stage_stats(p: PartitionProblem, stage_of_block: tuple[int, ...]) -> StageStats:
     n, S = p.blocks, p.stages
     if len(stage_of_block) != n:
         raise PlanError(f"the assignment has {len(stage_of_block)} entries but there are "

@@ -170,12 +170,12 @@ def test_rejects_other_virtual() -> None:
     )
 
 
-def test_registered_but_not_searched() -> None:
+def test_registered_and_searched() -> None:
     assert "dualpipe-v" in schedule_names()
     spec = schedule_spec("dualpipe-v")
-    assert spec is dualpipe_v.SPEC and not spec.searched and spec.splits_backward
+    assert spec is dualpipe_v.SPEC and spec.searched and spec.splits_backward
     assert spec.torch_class == "ScheduleDualPipeV" and spec.devices_of(2, 2) == (0, 1, 1, 0)
-    assert "dualpipe-v" not in SEARCH_SCHEDULES
+    assert "dualpipe-v" in SEARCH_SCHEDULES
     assert len({s.preference for s in map(schedule_spec, schedule_names())}) == len(
         schedule_names()
     )

@@ -147,8 +147,8 @@ def _splits(n: int, k: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "zb-h2", "v-half", "v-min", "dualpipe-v"])
 def test_the_bound_of_a_priced_candidate_is_below_its_simulated_time(name: str) -> None:
-    """The bound the search opens large decisions' candidates by (search._candidate_bound)."""
-    from autopipe.solve.search import _candidate_bound
+    """The bound the search opens large decisions' candidates by (bounds.candidate_bound)."""
+    from autopipe.solve.bounds import candidate_bound
 
     prof = chain(10, 8)
     S, v = 3, CHUNKED.get(name, 1)
@@ -158,23 +158,23 @@ def test_the_bound_of_a_priced_candidate_is_below_its_simulated_time(name: str) 
         req = PlanRequest(devices=S, batch_size=m, memory_limit=math.inf, micro_batches=m, schedule=name, action_overhead_s=1e-4, link_latency_s=1e-3)
         for sizes in _splits(10, S * v)[::7]:
             c, s = price_split(prof, req, Decision(name, v, m), sizes)
-            assert _candidate_bound(prof, req, c) <= s.iteration_s * (1 + 1e-12), sizes
+            assert candidate_bound(prof, req, c) <= s.iteration_s * (1 + 1e-12), sizes
 
 
 def test_local_moves_only_improve_a_decision_too_large_to_enumerate(monkeypatch: pytest.MonkeyPatch) -> None:
     """Above the enumeration limit the chain solver's cuts are moved while the simulator says
     it gets faster: never slower than without the moves, and often the best split."""
     import autopipe.solve.exact as exact
-    import autopipe.solve.search as search
+    import autopipe.solve.moves as moves
 
     monkeypatch.setattr(exact, "ENUMERATE_LIMIT", 0)
     improved = 0
     for seed in range(2000, 2020):
         prof, kw = case(seed, 12)
         with_moves = autopipe.plan_profile(prof, **kw)  # type: ignore[arg-type]
-        monkeypatch.setattr(search, "LOCAL_MOVES", 0)
+        monkeypatch.setattr(moves, "LOCAL_MOVES", 0)
         without = autopipe.plan_profile(prof, **kw)  # type: ignore[arg-type]
-        monkeypatch.setattr(search, "LOCAL_MOVES", 64)
+        monkeypatch.setattr(moves, "LOCAL_MOVES", 64)
         assert with_moves.iteration_time_s <= without.iteration_time_s and max(with_moves.peak_memory_bytes) <= float(kw["memory"]) * (1 + 1e-9)  # type: ignore[arg-type]
         improved += with_moves.iteration_time_s < without.iteration_time_s
     assert improved >= 3

@@ -1,0 +1,117 @@
+"""Lower bounds on the simulated iteration time: what the search's branch and bound prunes by.
+
+- :func:`decision_bound`: a time no plan of a decision (schedule, v, m) can beat, whatever its
+  cuts — the decisions are opened in its order and skipped once it reaches the best plan.
+- :func:`candidate_bound`: a time the simulator cannot beat for one candidate (its cuts known).
+- :func:`lower_bound`: the least decision bound of a request (``bench/bench_planner.py``
+  reports a plan's gap to it).
+
+Every bound is tested below the simulator on seeded random cases (tests/solve/test_bounds.py,
+tests/solve/test_exact.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+from autopipe.costs.profile import Profile
+from autopipe.schedules import schedule_spec
+from autopipe.solve.pricing import Candidate, Decision
+from autopipe.solve.request import PlanRequest, decisions
+
+PRUNE_TOLERANCE = 1e-12
+"""A bound must beat the best so far by more than this (relative) to be searched: bounds and
+simulated times are sums of the same floats in other orders, so exact ties differ by rounding."""
+
+
+
+__all__ = ["PRUNE_TOLERANCE", "Work", "candidate_bound", "decision_bound", "lower_bound", "work_table"]
+
+def lower_bound(profile: Profile, request: PlanRequest) -> float:
+    """A time no plan of ``request`` can beat (the least decision bound): the gap of a plan
+    found by local moves, on decisions too large to enumerate, is measured against it."""
+    work = work_table(profile, request.devices)
+    return min((decision_bound(work, request, d) for d in decisions(profile, request)), default=math.inf)
+
+
+
+def candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
+    """A time the simulator cannot beat for this candidate (its cuts are known now).
+
+    For each chunk j of rank r: r's work on its chunks from j on (all m F and m B) cannot
+    start before micro-batch 0's forward reaches chunk j, and after the last of those B the
+    gradient still crosses every chunk before j (on a V, the up chunk waits for the way down). Every rank also works m times its
+    stages' F + B + W, and micro-batch 0 makes the whole round trip.
+    """
+    d = c.decision
+    costs = c.costs
+    m, S = d.micro_batches, req.devices
+    spec = schedule_spec(d.schedule)
+    split = spec.splits_backward
+    f = [x.forward_s for x in costs]
+    b = [x.backward_input_s if split else x.backward_s for x in costs]
+    w = [x.backward_weight_s if split else 0.0 for x in costs]
+    placed = spec.devices_of(S, d.virtual)
+    comm = [x if placed[j] != placed[j + 1] else 0.0 for j, x in enumerate(c.partition.comm_s)]  # a link only between devices
+    bound = sum(f) + sum(b) + 2 * sum(comm)
+    before, ahead = 0.0, 0.0  # F + B (and links) of the chunks before chunk j; F (and links) alone
+    for j, r in enumerate(placed):
+        later = [i for i in range(j, len(placed)) if placed[i] == r]  # r's chunks from j on
+        busy = m * sum(f[i] + b[i] + w[i] for i in later)
+        work = m * sum(f[i] + b[i] for i in later)
+        bound = max(bound, ahead + busy, before + work)
+        link = comm[j] if j < len(comm) else 0.0
+        before += f[j] + b[j] + 2 * link
+        ahead += f[j] + link
+    return bound
+
+
+def decision_bound(work: Work, req: PlanRequest, d: Decision) -> float:
+    """A time no plan of decision ``d`` can beat, whatever its cuts (so the search may skip it).
+
+    Micro-batch 0 runs forward through every stage and back, one action after another, so
+    the iteration takes at least the model's whole F + B for one micro-batch (B: the input-
+    gradient part when W is split off, which the first stage does not have); and the ranks share m times the model's total work T,
+    so the busiest works at least a 1/S share of it. Sharper, for one stage per rank: rank r
+    cannot start before micro-batch 0's forward has crossed stages 0..r-1, then works m t_r,
+    and (GPipe, 1F1B) its last gradient still crosses stages r-1..0 — at least
+    ``a P_r + m t_r`` with ``P_r`` the work of the stages before r and ``a`` the smallest
+    share of a block's work on that path (1 with the backward, f / (f + b) without). The
+    cuts that make these equal for every r give the bound ``a T / (1 - (1 - a / m)^S)``
+    (blocks cannot be cut finer, and communication and recomputation only add).
+    """
+    u = req.batch_size // d.micro_batches
+    total, chain, share = work(u, schedule_spec(d.schedule).splits_backward)
+    bound = max(chain, d.micro_batches * total / req.devices)
+    if d.virtual == 1 and share > 0:
+        m, S = d.micro_batches, req.devices
+        x = share / m  # 1 - (1 - x)^S below, exact also where x is below float precision (huge batches)
+        bound = max(bound, share * total / (1.0 if x >= 1 else -math.expm1(S * math.log1p(-x))))
+    return bound
+
+
+Work = Callable[[int, bool], tuple[float, float, float]]
+
+
+def work_table(profile: Profile, devices: int) -> Work:
+    """``work(u, split)``: (T: every block's F + B, the chain micro-batch 0 must cross, the
+    share ``a`` of :func:`decision_bound`) at micro-batch size ``u``, computed once each."""
+
+    @functools.cache
+    def work(u: int, split: bool) -> tuple[float, float, float]:
+        blocks = profile.blocks
+        f = [b.forward_s(u) for b in blocks]
+        t = [fi + b.backward_s(u) for fi, b in zip(f, blocks, strict=True)]
+        total = sum(t)
+        if not split:
+            return total, total, 1.0
+        # B of the first stage is empty (its inputs need no gradient); the last S - 1 blocks
+        # are never on it.
+        tail = blocks[len(blocks) - devices + 1 :] if devices > 1 else ()
+        chain = sum(f) + sum(b.backward_input_s(u) for b in tail)
+        share = min((fi / ti for fi, ti in zip(f, t, strict=True) if ti > 0), default=0.0)
+        return total, chain, share
+
+    return work

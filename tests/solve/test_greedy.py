@@ -1,0 +1,67 @@
+"""The bisection solver's two shortcuts for the search: a tolerance on the bottleneck, and the
+memory reach kept across problems on the same blocks (``solve_fast(tolerance=, memo=)``),
+checked against the exact solver on seeded random chains."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+from autopipe.errors import InfeasibleError
+from autopipe.solve import Edge, Partition, PartitionProblem, evaluate, solve_fast
+from autopipe.solve.greedy import Memo
+
+
+def blocks(rng: random.Random, n: int) -> PartitionProblem:
+    """n random blocks in a chain with a skip tensor, as one stage (stages, in-flight counts and
+    limits are set per case)."""
+    tensors = [Edge(-1, (0,), 5.0), *(Edge(i, (i + 1,), rng.uniform(1, 20)) for i in range(n - 1)), Edge(0, (n - 1,), 3.0)]
+    return PartitionProblem(
+        time_s=tuple(rng.uniform(1, 4) for _ in range(n)),
+        recompute_s=tuple(rng.uniform(0.2, 1.5) for _ in range(n)),
+        static_bytes=tuple(rng.uniform(0, 50) for _ in range(n)),
+        activation_bytes=tuple(rng.uniform(0, 60) for _ in range(n)),
+        tensors=tuple(tensors),
+        stages=1,
+        inflight=(1.0,),
+        stage_memory_limit=(math.inf,),
+        link_latency_s=0.1,
+        link_bandwidth=40.0,
+        recompute="auto",
+    )
+
+
+def on(base: PartitionProblem, rng: random.Random) -> PartitionProblem:
+    """The same blocks cut into another number of stages, with other in-flight counts and limits."""
+    S = rng.randint(2, 8)
+    inflight = tuple(float(rng.choice([1, 2, 3, S - s if s < S else 1])) for s in range(S))
+    cap = sum(base.static_bytes) / S * rng.uniform(1.5, 4) + max(base.activation_bytes) * rng.uniform(1, 6)
+    return dataclasses.replace(base, stages=S, inflight=inflight, stage_memory_limit=(cap,) * S)
+
+
+def solved(problem: PartitionProblem, **kw: object) -> Partition | None:
+    try:
+        return solve_fast(problem, explain=False, **kw)  # type: ignore[arg-type]
+    except InfeasibleError:
+        return None
+
+
+def test_a_memo_changes_nothing_and_a_tolerance_stays_within_it() -> None:
+    rng = random.Random(7)
+    checked = 0
+    for _ in range(12):
+        base = blocks(rng, rng.randint(30, 60))
+        memo = Memo()  # kept across every problem on these blocks, as the search keeps it per micro-batch size
+        for _ in range(6):
+            p = on(base, rng)
+            exact = solved(p)
+            assert solved(p, memo=memo) == exact
+            loose = solved(p, memo=memo, tolerance=1e-6)
+            assert (loose is None) == (exact is None)
+            if exact is not None and loose is not None:
+                assert loose.fits and loose == evaluate(p, loose.stage_of_block, loose.recompute)
+                assert exact.bottleneck_s <= loose.bottleneck_s <= exact.bottleneck_s * (1 + 1e-6)
+                checked += 1
+        assert memo.plain and memo.in_bytes
+    assert checked > 30
