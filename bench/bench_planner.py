@@ -14,18 +14,22 @@ what searching them costs).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import autopipe.solve.request as request
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.graph.recipe import TraceRecipe
-from autopipe.solve.pricing import compiled
 from autopipe.solve.search import PlanRequest, lower_bound, plan_pipeline
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def synthetic_profile(n: int, seed: int = 0) -> Profile:
@@ -53,38 +57,55 @@ def synthetic_profile(n: int, seed: int = 0) -> Profile:
     return Profile("synthetic", TraceRecipe(tracer="fx", fingerprint="0"), "cuda: synthetic", "-", "bfloat16", (1, 2), "measured", tuple(blocks), tuple(tensors))
 
 
-def bench(n: int, stages: int, batch: int, memory: float, repeat: int) -> None:
+def one_run(n: int, stages: int, batch: int, memory: float) -> dict[str, object]:
+    """One cold plan, timed: the profile is built first and not timed."""
     prof = synthetic_profile(n)
     req = PlanRequest(devices=stages, batch_size=batch, memory_limit=memory, link_bandwidth=50e9, link_latency_s=1e-5)
-    times, cpu, plan = [], [], None
+    t0, c0 = time.perf_counter(), time.process_time()
+    plan = plan_pipeline(prof, req)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {
+        "wall": wall, "cpu": cpu, "schedule": plan.schedule, "virtual": plan.virtual, "m": plan.micro_batches,
+        "recomputed": sum(s.recompute for s in plan.stages), "bubble": plan.bubble_fraction,
+        "gap": plan.iteration_time_s / lower_bound(prof, req) - 1, "iteration": plan.iteration_time_s,
+    }  # fmt: skip
+
+
+def bench(n: int, stages: int, batch: int, memory: float, repeat: int, without: str) -> None:
+    """``repeat`` runs, each in a fresh interpreter: every cache (compiled schedules, the V
+    schedules' built lists, the solver's memo) starts cold, as one ``autopipe plan`` does."""
+    runs = []
     for _ in range(repeat):
-        compiled.cache_clear()  # every run starts cold, as one `autopipe plan` does
-        t0, c0 = time.perf_counter(), time.process_time()
-        plan = plan_pipeline(prof, req)
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    assert plan is not None
-    gap = plan.iteration_time_s / lower_bound(prof, req) - 1
+        cmd = [sys.executable, __file__, "--one", f"{n},{stages},{batch},{memory}", "--without", without]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    times, cpu, r = [float(x["wall"]) for x in runs], [float(x["cpu"]) for x in runs], runs[-1]
+    virtual = f" v={r['virtual']}" if int(r["virtual"]) > 1 else ""  # type: ignore[call-overload]
     print(
         f"{n:5d} blocks -> {stages:3d} stages, batch {batch}: median {statistics.median(times):.3f} s "
-        f"(min {min(times):.3f}, max {max(times):.3f}, {repeat} runs; CPU median {statistics.median(cpu):.3f} s: "
-        f"the machine may be shared); chose {plan.schedule}"
-        f"{f' v={plan.virtual}' if plan.virtual > 1 else ''}, m={plan.micro_batches}, "
-        f"{sum(s.recompute for s in plan.stages)} recomputed stages, bubble {plan.bubble_fraction:.1%}; "
-        f"{gap:.1%} above the best lower bound"
+        f"(min {min(times):.3f}, max {max(times):.3f}, {repeat} cold runs; CPU median {statistics.median(cpu):.3f} s: "
+        f"the machine may be shared); chose {r['schedule']}"
+        f"{virtual}, m={r['m']}, "
+        f"{r['recomputed']} recomputed stages, iteration {float(r['iteration']):.2f} s, bubble {float(r['bubble']):.1%}; "
+        f"{float(r['gap']):.1%} above the best lower bound"
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--without", default="", help="schedules to leave out of the search, comma-separated")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # n,stages,batch,memory: one timed run, JSON out
     args = parser.parse_args()
     left_out = {x for x in args.without.split(",") if x}
     request.SEARCH_SCHEDULES = tuple(s for s in request.SEARCH_SCHEDULES if s not in left_out)  # what decisions() reads
+    if args.one is not None:
+        n, stages, batch, memory = args.one.split(",")
+        print(json.dumps(one_run(int(n), int(stages), int(batch), float(memory))))
+        return
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, Python {sys.version.split()[0]}; "
           f"searching {', '.join(request.SEARCH_SCHEDULES)}")
-    bench(100, 8, batch=64, memory=8 * 2**30, repeat=7)
-    bench(1000, 64, batch=512, memory=16 * 2**30, repeat=3)
+    bench(100, 8, batch=64, memory=8 * 2**30, repeat=7, without=args.without)
+    bench(1000, 64, batch=512, memory=16 * 2**30, repeat=3, without=args.without)
 
 
 if __name__ == "__main__":
