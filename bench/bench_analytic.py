@@ -84,7 +84,7 @@ def run(name: str, kwargs: dict[str, object], device: str, gpus: int, batch: int
     loaded = load_model(str(ROOT / "models" / "gpt.py"), kwargs, device="meta")
     assert all(p.is_meta for p in loaded.model.parameters())
     params = sum(p.numel() for p in loaded.model.parameters())
-    counts = count_model(loaded, micro_batch_sizes=(1, 2), dtype="bf16")
+    counts = count_model(loaded, micro_batch_sizes=(1, 2), dtype="bf16", shallow=True)
     profile = profile_from_counts(counts, spec)
     t_count = clock.lap()
     print(f"\n{name}: {params / 1e9:.1f} B parameters, {profile.num_blocks} blocks; {gpus} x {spec.description}, bf16, batch {batch}")

@@ -47,6 +47,7 @@ from autopipe.graph.training import follow_training
 __all__ = ["Block", "TracedModel", "ValueInfo", "quiet_torch", "trace_model"]
 
 TRACERS = ("auto", "fx", "export")
+CREATED = "autopipe_created"  # gm.meta key: the nodes the fx tracer made, in order (see _trace_fx)
 
 
 @dataclass(frozen=True)
@@ -171,9 +172,16 @@ def _trace(
 def _trace_fx(model: nn.Module, inputs: Any, leaf_modules: Sequence[str]) -> torch.fx.GraphModule:
     leaves = set(leaf_modules)
 
+    created: list[tuple[str, str, str]] = []  # (candidate name, module path, name given), in order
+
     class _Tracer(torch.fx.Tracer):
         def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
             return type(m).__name__ in leaves or super().is_leaf_module(m, qualname)
+
+        def create_node(self, kind: str, target: Any, args: Any, kwargs: Any, name: str | None = None, type_expr: Any = None) -> torch.fx.Node:
+            node = super().create_node(kind, target, args, kwargs, name, type_expr)
+            created.append((name if name is not None else self.graph._target_to_str(target), self.scope.module_path, node.name))
+            return node
 
     concrete: dict[str, Any] | None = None
     if isinstance(inputs, dict):
@@ -184,6 +192,7 @@ def _trace_fx(model: nn.Module, inputs: Any, leaf_modules: Sequence[str]) -> tor
         concrete = {k: None for k in params if k not in inputs and params[k].default is not inspect.Parameter.empty}
     graph = _Tracer().trace(model, concrete_args=concrete)
     gm = torch.fx.GraphModule(model, graph)
+    gm.meta[CREATED] = tuple(created)  # graph.shallow names a deeper graph from it
     _propagate_shapes(gm, inputs)
     return gm
 
