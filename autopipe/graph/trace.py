@@ -23,26 +23,29 @@ user's modules (``blocks.py``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import logging
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import torch
 import torch.fx
 from torch import nn
 
 from autopipe.errors import TraceError
-from autopipe.graph.blocks import Block, ValueInfo, group_blocks
+from autopipe.graph.blocks import Block, BlockEdge, ValueInfo, group_blocks
 from autopipe.graph.propagate import MetaShapes
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.training import follow_training
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["Block", "TracedModel", "ValueInfo", "quiet_torch", "trace_model"]
 
@@ -62,8 +65,20 @@ class TracedModel:
     values: dict[str, ValueInfo]  # fx node name -> its value's shape/dtype/bytes
     input_names: tuple[str, ...]  # placeholder names, in order
     shared_params: tuple[tuple[str, tuple[int, ...]], ...]  # (param, blocks using it)
-    graph: nx.DiGraph = field(repr=False)  # block graph; edge attrs: bytes, tensors
+    edges: tuple[BlockEdge, ...]  # the block graph's edges (see ``graph``)
     fallback_reason: str = ""  # why ``auto`` fell back to export, if it did
+
+    @functools.cached_property
+    def graph(self) -> nx.DiGraph:
+        """The block graph (networkx, imported when asked for); edge attrs: bytes, tensors."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        for b in self.blocks:
+            g.add_node(b.index, name=b.name)
+        for e in self.edges:
+            g.add_edge(e.src, e.dst, bytes=e.bytes, tensors=list(e.tensors))
+        return g
 
     @property
     def num_blocks(self) -> int:
@@ -161,7 +176,7 @@ def _trace(
         values=g.values,
         input_names=tuple(n.name for n in gm.graph.nodes if n.op == "placeholder"),
         shared_params=g.shared_params,
-        graph=g.graph,
+        edges=g.edges,
         fallback_reason=reason if used == "export" and tracer == "auto" else "",
     )
 
