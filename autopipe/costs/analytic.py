@@ -151,6 +151,8 @@ def count_model(
             model, inputs, micro_batch_size=u, recipe=replace(recipe, tracer=traces[0].tracer) if traces else recipe,
             source=loaded.spec.path,
         )  # fmt: skip
+        if layers is not None and traced.tracer != "fx":  # only fx names a deeper graph: count it all
+            return count_model(loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe, progress=progress)
         if drop_export_one(traced, sizes):
             continue
         if traces and [b.nodes for b in traced.blocks] != [b.nodes for b in traces[0].blocks]:

@@ -77,11 +77,16 @@ def test_llama_counted_shallow_equals_the_full_count() -> None:
     assert repeated and shallow == full
 
 
-@pytest.mark.parametrize("case", ["mlp", "skips"])
+EXPORT = SKIPS.replace(
+    "return torch.relu(self.fc(x))", "return torch.relu(self.fc(x)) / max(1, x.size(0))"  # fx cannot trace max(1, proxy)
+).replace("h = layer(h) + first", "h = layer(h)")  # a chain of alike layers, traced by torch.export
+
+
+@pytest.mark.parametrize("case", ["mlp", "skips", "export"])
 def test_layers_that_differ_or_do_not_chain_are_counted_in_full(case: str, tmp_path: Path) -> None:
     path = MLP
-    if case == "skips":  # alike layers, but the first one's output goes to all: no repeat
-        path = str(tmp_path / "skips.py")
-        Path(path).write_text(SKIPS)
+    if case != "mlp":  # alike layers, but the first one's output goes to all, or no fx trace: no repeat
+        path = str(tmp_path / f"{case}.py")
+        Path(path).write_text(SKIPS if case == "skips" else EXPORT)
     full, shallow, repeated = _both(path, {}, (2,))
     assert not repeated and shallow == full
