@@ -56,7 +56,7 @@ from autopipe.graph.outputs import graph_outputs, training_loss
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.segment import extract
 from autopipe.graph.shallow import repeated_layers, shallow_copy
-from autopipe.graph.trace import TracedModel, trace_model
+from autopipe.graph.trace import TracedModel, fx_node_names, trace_model
 
 __all__ = [
     "BYTES_PER_PARAM",
@@ -140,7 +140,7 @@ def count_model(
     model = _on_meta(loaded.model, prec.dtype)
     model.train()
     layers = repeated_layers(model) if shallow and recipe.tracer != "export" and recipe.max_blocks is None else None
-    model = shallow_copy(model, layers) if layers is not None else model
+    shallow_model = shallow_copy(model, layers) if layers is not None else model
     traces: list[TracedModel] = []
     counts: list[tuple[BlockCount, ...]] = []
     report = progress or _silent
@@ -148,7 +148,7 @@ def count_model(
         report(f"tracing at micro-batch size {u}", 0, 0)
         inputs = _meta_inputs(loaded.make_inputs(u), prec.dtype)
         traced = trace_model(
-            model, inputs, micro_batch_size=u, recipe=replace(recipe, tracer=traces[0].tracer) if traces else recipe,
+            shallow_model, inputs, micro_batch_size=u, recipe=replace(recipe, tracer=traces[0].tracer) if traces else recipe,
             source=loaded.spec.path,
         )  # fmt: skip
         if layers is not None and traced.tracer != "fx":  # only fx names a deeper graph: count it all
@@ -161,9 +161,9 @@ def count_model(
             )
         traces.append(traced)
         targets = _meta_inputs(loaded.make_targets(u), prec.dtype) if loaded.make_targets is not None else None
-        loss = training_loss(loaded, traced, model, inputs, targets)
+        loss = training_loss(loaded, traced, shallow_model, inputs, targets)
         counts.append(_count_blocks(traced, inputs, loss, _step(report, f"counting at micro-batch size {u}")))
-    repeat = repeat_of(traces[0], counts, layers) if layers is not None else None
+    repeat = repeat_of(traces[0], counts, layers, fx_node_names(model, _meta_inputs(loaded.make_inputs(sizes[0]), prec.dtype), recipe.leaf_modules)) if layers is not None else None
     if layers is not None and repeat is None:  # the copy does not prove the whole: count it all
         return count_model(loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe, progress=progress)
     return ModelCounts(tuple(traces), tuple(counts), loaded, prec, recipe, repeat)

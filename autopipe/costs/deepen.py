@@ -61,10 +61,11 @@ class Repeat:
 
 
 def repeat_of(
-    traced: TracedModel, counts: Sequence[Sequence[BlockCount]], layers: Layers
+    traced: TracedModel, counts: Sequence[Sequence[BlockCount]], layers: Layers, full: Sequence[str] | None
 ) -> Repeat | None:
     """The :class:`Repeat` that deepens the count of a shallow trace, or None when its
-    structure does not prove the deep count (see the module docstring)."""
+    structure does not prove the deep count (see the module docstring); ``full``: the names
+    fx gives the deep model's nodes (``graph.trace.fx_node_names``)."""
     names = [b.name for b in traced.blocks]
     wanted = [f"{layers.prefix}.{s}" for s in range(SHALLOW)]
     if traced.tracer != "fx" or CREATED not in traced.gm.meta or wanted[0] not in names:
@@ -76,7 +77,7 @@ def repeat_of(
         return None
     if any(c[first + 1] is not c[first + 2] for c in counts):
         return None
-    deep = deep_names(traced.gm.meta[CREATED], [n.name for n in traced.gm.graph.nodes], layers)
+    deep = deep_names(traced.gm.meta[CREATED], [n.name for n in traced.gm.graph.nodes], layers, full)
     if deep is None or not all(n in deep for b in traced.blocks for n in b.nodes):
         return None
     rep = Repeat(layers, first, deep, "")

@@ -47,7 +47,7 @@ from autopipe.graph.training import follow_training
 if TYPE_CHECKING:
     import networkx as nx
 
-__all__ = ["Block", "TracedModel", "ValueInfo", "quiet_torch", "trace_model"]
+__all__ = ["Block", "TracedModel", "ValueInfo", "fx_node_names", "quiet_torch", "trace_model"]
 
 TRACERS = ("auto", "fx", "export")
 CREATED = "autopipe_created"  # gm.meta key: the nodes the fx tracer made, in order (see _trace_fx)
@@ -185,9 +185,26 @@ def _trace(
 
 
 def _trace_fx(model: nn.Module, inputs: Any, leaf_modules: Sequence[str]) -> torch.fx.GraphModule:
-    leaves = set(leaf_modules)
+    graph, created = _fx_graph(model, inputs, leaf_modules)
+    gm = torch.fx.GraphModule(model, graph)
+    gm.meta[CREATED] = created  # graph.shallow names a deeper graph from it
+    _propagate_shapes(gm, inputs)
+    return gm
 
-    created: list[tuple[str, str, str]] = []  # (candidate name, module path, name given), in order
+
+def fx_node_names(model: nn.Module, inputs: Any, leaf_modules: Sequence[str] = ()) -> tuple[str, ...] | None:
+    """The names of every node the fx tracer makes for ``model``, in order (before any is
+    folded or dropped), without running it; None when fx cannot trace it."""
+    try:
+        return tuple(name for _, _, name in _fx_graph(model, inputs, leaf_modules)[1])
+    except Exception:
+        return None
+
+
+def _fx_graph(model: nn.Module, inputs: Any, leaf_modules: Sequence[str]) -> tuple[torch.fx.Graph, tuple[tuple[str, str, str], ...]]:
+    """fx's graph of ``model`` and the nodes it made: (candidate name, module path, name given)."""
+    leaves = set(leaf_modules)
+    created: list[tuple[str, str, str]] = []
 
     class _Tracer(torch.fx.Tracer):
         def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
@@ -205,11 +222,7 @@ def _trace_fx(model: nn.Module, inputs: Any, leaf_modules: Sequence[str]) -> tor
 
         params = inspect.signature(model.forward).parameters
         concrete = {k: None for k in params if k not in inputs and params[k].default is not inspect.Parameter.empty}
-    graph = _Tracer().trace(model, concrete_args=concrete)
-    gm = torch.fx.GraphModule(model, graph)
-    gm.meta[CREATED] = tuple(created)  # graph.shallow names a deeper graph from it
-    _propagate_shapes(gm, inputs)
-    return gm
+    return _Tracer().trace(model, concrete_args=concrete), tuple(created)
 
 
 def _propagate_shapes(gm: torch.fx.GraphModule, inputs: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autopipe.graph.shallow import Layers, deep_names, repeated_layers, shallow_copy
-from autopipe.graph.trace import CREATED, trace_model
+from autopipe.graph.trace import CREATED, fx_node_names, trace_model
 from autopipe.model.load import load_model
 
 GPT = str(Path(__file__).resolve().parents[2] / "models" / "gpt.py")
@@ -37,9 +37,12 @@ def test_deep_names_are_the_names_a_full_trace_gives() -> None:
     loaded = _gpt(7)
     short = shallow_copy(loaded.model, Layers("blocks", 7))
     traced = trace_model(short, loaded.make_inputs(2), micro_batch_size=2)
-    names = deep_names(traced.gm.meta[CREATED], [n.name for n in traced.gm.graph.nodes], Layers("blocks", 7))
+    created, survivors = traced.gm.meta[CREATED], [n.name for n in traced.gm.graph.nodes]
+    names = deep_names(created, survivors, Layers("blocks", 7), fx_node_names(loaded.model, loaded.make_inputs(2)))
     full = trace_model(loaded.model, loaded.make_inputs(2), micro_batch_size=2)
     assert names is not None
     assert sorted(n for deep in names.values() for n in deep) == sorted(n.name for n in full.gm.graph.nodes)
     middle = traced.blocks[3].nodes  # blocks.1 stands for blocks.1 .. blocks.5
     assert [[names[n][k] for n in middle] for k in range(5)] == [list(full.blocks[3 + k].nodes) for k in range(5)]
+    six = _gpt(6)  # a deep model that is not these layers repeated seven times: refused
+    assert deep_names(created, survivors, Layers("blocks", 7), fx_node_names(six.model, six.make_inputs(2))) is None
