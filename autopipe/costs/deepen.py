@@ -12,7 +12,9 @@ repeated between every two. It stands for the full count only when its structure
   thing on the same shapes, by induction;
 - tensors flow as in a chain: from before the layers to the first layer (or to every layer:
   a rotary table), from each layer to the next only, from the last layer to after the layers;
-  no layer shares a parameter with another block.
+  no layer shares a parameter with another block;
+- fx's symbolic trace of the whole model (no shapes run) makes the nodes, in order and by
+  name, that the copy's layers repeated predict (``graph.shallow.deep_names``).
 
 Then the profile equals the one counted in full, block for block and tensor for tensor, and
 so does the fingerprint of the trace it names (the test counts small models both ways).
