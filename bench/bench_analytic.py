@@ -4,7 +4,8 @@ with ``--1t`` the Megatron-LM paper's 1T row (Narayanan et al. 2021, Table 1: 12
 width 25,600, 160 heads, 2,048 tokens, vocabulary 51,200; batch 3,072 on 3,072 A100-80GB).
 
 The model is built on the meta device (no weights allocated), traced, counted block by block
-(FLOPs, bytes, saved bytes) and priced in bf16 mixed precision; then the full 3D search:
+(FLOPs, bytes, saved bytes; its identical layers as a copy with three, ``costs.deepen``) and
+priced in bf16 mixed precision; then the full 3D search:
 every tensor-parallel degree t (dividing the 8 GPUs of a node and the heads), pipeline depth S
 and data-parallel width D = G / (t S), each with cuts, micro-batches, schedule and
 recomputation, the gradient all-reduce priced, the tensor-parallel collectives over NVLink
@@ -84,7 +85,7 @@ def run(name: str, kwargs: dict[str, object], device: str, gpus: int, batch: int
     loaded = load_model(str(ROOT / "models" / "gpt.py"), kwargs, device="meta")
     assert all(p.is_meta for p in loaded.model.parameters())
     params = sum(p.numel() for p in loaded.model.parameters())
-    counts = count_model(loaded, micro_batch_sizes=(1, 2), dtype="bf16")
+    counts = count_model(loaded, micro_batch_sizes=(1, 2), dtype="bf16", shallow=True)
     profile = profile_from_counts(counts, spec)
     t_count = clock.lap()
     print(f"\n{name}: {params / 1e9:.1f} B parameters, {profile.num_blocks} blocks; {gpus} x {spec.description}, bf16, batch {batch}")
@@ -112,7 +113,7 @@ def run(name: str, kwargs: dict[str, object], device: str, gpus: int, batch: int
             f"    t={t} p={plan.devices} d={D} vpp={plan.virtual} micro-batch {plan.micro_batch_size}; {recomputed}/{len(plan.stages)} "
             f"stages recompute; step {plan.step_time_s:.1f} s, bubble {plan.bubble_fraction:.1%}; {gpu[0]:.0f} model TFLOP/s per GPU "
             f"({gpu[1]:.0f} hardware); peak memory {max(plan.peak_memory_bytes) / 1e9:.1f} GB of {memory / 1e9:.0f} GB, "
-            f"within the limit: {'yes' if ok else 'NO'}; {result.pruned} splits pruned by the bound"
+            f"within the limit: {'yes' if ok else 'NO'}; {result.pruned} splits pruned (their bound, or their search against the runner-up)"
         )
         if with_tensor:
             print(f"  end to end (build, count, 3D plan): {t_count[0] + t_plan[0]:.2f} s wall, {t_count[1] + t_plan[1]:.2f} s CPU")

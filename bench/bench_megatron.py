@@ -64,7 +64,7 @@ def plan_row(name: str, spec: DeviceSpec, free: bool) -> dict[str, float]:
     heads, hidden, layers, t, p, gpus, batch, _published = ROWS[name]
     kwargs = {"preset": "gpt3-175b", "n_layer": layers, "n_embd": hidden, "n_head": heads, "vocab_size": 51200, "block_size": 2048}
     loaded = load_model(str(ROOT / "models" / "gpt.py"), kwargs, device="meta")
-    counts = count_model(loaded, micro_batch_sizes=(1, 2), dtype="bf16")
+    counts = count_model(loaded, micro_batch_sizes=(1, 2), dtype="bf16", shallow=True)
     profile = profile_from_counts(counts, spec)
     cluster = Cluster.of(spec, gpus)
     request = ParallelRequest(cluster, batch, spec.memory_bytes)

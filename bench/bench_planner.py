@@ -80,7 +80,7 @@ def bench(n: int, stages: int, batch: int, memory: float, repeat: int, without: 
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     times, cpu, r = [float(x["wall"]) for x in runs], [float(x["cpu"]) for x in runs], runs[-1]
-    virtual = f" v={r['virtual']}" if int(r["virtual"]) > 1 else ""  # type: ignore[call-overload]
+    virtual = f" v={r['virtual']}" if int(str(r["virtual"])) > 1 else ""
     print(
         f"{n:5d} blocks -> {stages:3d} stages, batch {batch}: median {statistics.median(times):.3f} s "
         f"(min {min(times):.3f}, max {max(times):.3f}, {repeat} cold runs; CPU median {statistics.median(cpu):.3f} s: "

@@ -13,9 +13,9 @@ Cases:
     ``autopipe plan`` uses (solve/defaults.py);
   * synthetic GPT-style transformers of 32, 64 and 128 layers (widths 4096, 5120, 5120;
     sequence 2048; 6.7 B, 20 B and 40 B parameters) on 4, 8 and 16 catalogue H100s in bf16,
-    batch 128. Their profiles are analytic (costs/analytic.py): a 2-layer model of the same
-    width is built on meta and counted, and its layer is repeated (every layer of these
-    models is the same, so this equals counting the deep model, without tracing it).
+    batch 128. Their profiles are analytic (costs/analytic.py): built on meta and counted as a
+    shallow copy of three layers whose count is repeated (``costs.deepen``: every layer of
+    these models is the same, so this equals counting the deep model, without tracing it).
 
 Memory limits: *loose* is 2 GiB per device for the bundled models and the H100's 80 GB for
 the synthetic ones; *tight* is 1.1 x the smallest limit at which 1F1B plans at all (the
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from autopipe.costs.profile import BlockCost, Profile, TensorCost
+from autopipe.costs.profile import Profile
 from autopipe.errors import AutopipeError, InfeasibleError
 from autopipe.schedules import SPECS
 from autopipe.schedules.action import v_shape
@@ -81,66 +81,35 @@ def is_v_shape(spec: ScheduleSpec) -> bool:
 # --------------------------------------------------------------------------- profiles
 
 
-def deepen(profile: Profile, layers: int, prefix: str = "blocks.") -> Profile:
-    """``profile`` of a transformer with its identical layers (blocks named ``prefix<i>``)
-    repeated to ``layers``: the blocks before the layers, the first layer's cost ``layers``
-    times, then the blocks after; tensors between two layers repeated between every two."""
-    idx = [i for i, b in enumerate(profile.blocks) if b.name.startswith(prefix)]
-    first, count = idx[0], len(idx)
-    assert idx == list(range(first, first + count)) and count >= 2, "the layers must be consecutive blocks"
-    grow = layers - count
-
-    def where(i: int) -> int:  # a block of the template -> its index in the deep model
-        return i if i < first + count - 1 else i + grow
-
-    layer = profile.blocks[first]
-    blocks: list[BlockCost] = list(profile.blocks[:first])
-    blocks += [replace(layer, name=f"{prefix}{k}", nodes=tuple(f"{n}.{k}" for n in layer.nodes)) for k in range(layers)]
-    blocks += profile.blocks[first + count :]
-    tensors: list[TensorCost] = []
-    for t in profile.tensors:
-        if first <= t.src < first + count - 1 and t.dsts == (t.src + 1,):  # layer -> next layer
-            if t.src == first:
-                tensors += [replace(t, name=f"{t.name}.{k}", src=first + k, dsts=(first + k + 1,)) for k in range(layers - 1)]
-            continue
-        assert not first < t.src < first + count - 1, f"tensor {t.name} leaves a middle layer"
-        tensors.append(replace(t, src=where(t.src) if t.src >= 0 else t.src, dsts=tuple(map(where, t.dsts))))
-    shared = tuple((name, tuple(map(where, users))) for name, users in profile.shared_params)
-    kwargs = (*(k for k in profile.recipe.model_kwargs if not k.startswith("n_layer=")), f"n_layer={layers}")
-    recipe = replace(profile.recipe, model_kwargs=kwargs)
-    return replace(profile, blocks=tuple(blocks), tensors=tuple(tensors), shared_params=shared, recipe=recipe)
-
-
-# (name, model file, factory kwargs, layers to repeat the model's to or None, devices)
+# (name, model file, factory kwargs, devices)
 BUNDLED = (
-    ("gpt2", "gpt", {"preset": "gpt2", "n_layer": 2}, 12, 4),
-    ("llama-7b", "llama", {"preset": "llama2-7b", "n_layer": 2}, 32, 4),
-    ("mlp", "mlp", {}, None, 4),
-    ("resnet", "resnet", {}, None, 4),
-    ("unet", "unet", {}, None, 4),
+    ("gpt2", "gpt", {"preset": "gpt2"}, 4),
+    ("llama-7b", "llama", {"preset": "llama2-7b"}, 4),
+    ("mlp", "mlp", {}, 4),
+    ("resnet", "resnet", {}, 4),
+    ("unet", "unet", {}, 4),
 )
 SYNTHETIC = (  # GPT-style, sequence 2048: 6.7 B, 20 B and 40 B parameters
-    ("gpt-32L", "gpt", {"preset": "gpt3-1.3b", "n_layer": 2, "n_embd": 4096, "n_head": 32}, 32, 4),
-    ("gpt-64L", "gpt", {"preset": "gpt3-1.3b", "n_layer": 2, "n_embd": 5120, "n_head": 40}, 64, 8),
-    ("gpt-128L", "gpt", {"preset": "gpt3-1.3b", "n_layer": 2, "n_embd": 5120, "n_head": 40}, 128, 16),
+    ("gpt-32L", "gpt", {"preset": "gpt3-1.3b", "n_layer": 32, "n_embd": 4096, "n_head": 32}, 4),
+    ("gpt-64L", "gpt", {"preset": "gpt3-1.3b", "n_layer": 64, "n_embd": 5120, "n_head": 40}, 8),
+    ("gpt-128L", "gpt", {"preset": "gpt3-1.3b", "n_layer": 128, "n_embd": 5120, "n_head": 40}, 16),
 )
-QUICK = (("mlp", "mlp", {}, None, 2),)
+QUICK = (("mlp", "mlp", {}, 2),)
 BATCH, DEVICE = 128, "h100"
 
 
-def analytic_cases(shapes: tuple[tuple[str, str, dict[str, object], int | None, int], ...]) -> Iterator[Case]:
-    """Each model built on meta, counted, priced on the catalogue's H100 in bf16, and its layers
-    repeated to the depth asked (:func:`deepen`); planned with the H100's NVLink and memory."""
+def analytic_cases(shapes: tuple[tuple[str, str, dict[str, object], int], ...]) -> Iterator[Case]:
+    """Each model built on meta, counted (a model of identical layers as a shallow copy of
+    three, exactly: ``costs.deepen``), priced on the catalogue's H100 in bf16; planned with the
+    H100's NVLink and memory."""
     from autopipe.costs.analytic import analytic_profile, state_factor
     from autopipe.costs.devices import device_spec
     from autopipe.model.load import load_model
 
     spec = device_spec(DEVICE)
-    for name, file, kwargs, layers, devices in shapes:
+    for name, file, kwargs, devices in shapes:
         loaded = load_model(str(ROOT / "models" / f"{file}.py"), kwargs, device="meta")
         prof = analytic_profile(loaded, spec, micro_batch_sizes=(1, 2), dtype="bf16")
-        if layers is not None:
-            prof = deepen(prof, layers, "blocks." if file == "gpt" else "layers.")
         req = PlanRequest(
             devices=devices, batch_size=BATCH, memory_limit=spec.memory_bytes, link_bandwidth=spec.nvlink_bandwidth,
             link_latency_s=spec.link_latency_s, state_factor=state_factor(prof),

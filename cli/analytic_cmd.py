@@ -104,7 +104,7 @@ def analytic_counts_for_plan(
     recipe = TraceRecipe(tracer=options.tracer, leaf_modules=options.leaf_modules, max_blocks=options.max_blocks)
     return count_model(
         loaded, micro_batch_sizes=options.micro_batch_sizes or ANALYTIC_MICRO_BATCH_SIZES,
-        dtype=options.dtype or default_dtype(spec), recipe=recipe, progress=progress,
+        dtype=options.dtype or default_dtype(spec), recipe=recipe, progress=progress, shallow=True,
     )  # fmt: skip
 
 

@@ -256,7 +256,8 @@ def _parallel_note(gpus: int, result: ParallelPlan) -> str:
         more = f"; and {len(shown) - 6} more splits" if len(shown) > 8 else ""
         lines.append("no plan for: " + "; ".join(shown[:6] if more else shown) + more)
     if result.pruned:
-        lines.append(f"{result.pruned} more splits skipped: a bound on their step is no faster than the runner-up")
+        many = "splits" if result.pruned > 1 else "split"
+        lines.append(f"{result.pruned} more {many} skipped: no plan of theirs can beat the runner-up (a bound, or their search against it)")
     return "\n".join(lines)
 
 

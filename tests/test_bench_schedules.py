@@ -11,8 +11,6 @@ from types import ModuleType
 
 import pytest
 
-from autopipe.costs.profile import Profile
-
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "bench_schedules.py"
 
@@ -59,29 +57,3 @@ def test_quick_run_prints_a_table_that_parses(capsys: pytest.CaptureFixture[str]
         assert f"winner mlp {limit}: {winner} " in out.out
     assert any(line.startswith("V-shapes win in ") for line in lines)
     assert any(line.startswith("V-shapes lose in ") for line in lines)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_a_repeated_layer_equals_counting_the_deep_model() -> None:
-    from autopipe.costs.analytic import analytic_profile
-    from autopipe.costs.devices import device_spec
-    from autopipe.model.load import load_model
-
-    bench, spec = _bench(), device_spec("h100")
-
-    def count(layers: int) -> Profile:
-        kwargs = {"n_layer": layers, "n_embd": 64, "n_head": 4, "block_size": 32, "vocab_size": 128}
-        loaded = load_model(str(ROOT / "models" / "gpt.py"), kwargs, device="meta")
-        return analytic_profile(loaded, spec, micro_batch_sizes=(1, 2), dtype="bf16")
-
-    deep, made = count(3), bench.deepen(count(2), 3)
-    assert [b.name for b in made.blocks] == [b.name for b in deep.blocks]
-    for a, b in zip(made.blocks, deep.blocks, strict=True):
-        assert (a.params, a.param_bytes, a.shared_param_bytes) == (b.params, b.param_bytes, b.shared_param_bytes)
-        for field in ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "saved_bytes"):
-            x, y = getattr(a, field), getattr(b, field)
-            assert math.isclose(x.intercept, y.intercept, rel_tol=1e-9, abs_tol=1e-15), (a.name, field)
-            assert math.isclose(x.slope, y.slope, rel_tol=1e-9, abs_tol=1e-15), (a.name, field)
-    assert [(t.src, t.dsts, t.bytes) for t in made.tensors] == [(t.src, t.dsts, t.bytes) for t in deep.tensors]
-    assert made.shared_params == deep.shared_params

@@ -29,6 +29,7 @@ profile's parameter bytes (:func:`state_factor`); activations are counted in the
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,6 +38,7 @@ import torch
 from torch import nn
 
 from autopipe.costs.counting import BlockCount, OpCount, count_block, count_loss
+from autopipe.costs.deepen import Repeat, deepen_profile, repeat_of
 from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.measured import Progress, block_cost, crossing_tensors, drop_export_one
 from autopipe.costs.profile import Affine, BlockCost, Profile
@@ -53,7 +55,8 @@ from autopipe.errors import ModelLoadError, ProfileError
 from autopipe.graph.outputs import graph_outputs, training_loss
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.segment import extract
-from autopipe.graph.trace import TracedModel, trace_model
+from autopipe.graph.shallow import repeated_layers, shallow_copy
+from autopipe.graph.trace import TracedModel, fx_node_names, trace_model
 
 __all__ = [
     "BYTES_PER_PARAM",
@@ -109,6 +112,7 @@ class ModelCounts:
     loaded: Any  # the load.LoadedModel it came from (built on meta)
     precision: Precision
     recipe: TraceRecipe = DEFAULT_RECIPE  # how it was asked to be traced
+    repeat: Repeat | None = None  # counted on a shallow copy: how its profile is deepened
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -122,16 +126,21 @@ def count_model(
     dtype: str = "fp32",
     recipe: TraceRecipe = DEFAULT_RECIPE,
     progress: Progress | None = None,
+    shallow: bool = False,
 ) -> ModelCounts:
     """Trace ``loaded`` (a ``load.LoadedModel``, ideally built on meta) as ``recipe`` says
     (tracer, leaf modules, block limit) and count every block; ``progress(what, done, total)``
-    is told each trace and each block counted."""
+    is told each trace and each block counted. ``shallow``: a model of identical layers is
+    traced and counted as a copy with three of them (``costs.deepen``); its traces and counts
+    are the copy's, and :func:`profile_from_counts` prices the whole model, exactly."""
     prec = precision(dtype)
     sizes = sorted(set(micro_batch_sizes))
     if not sizes or sizes[0] < 1:
         raise ProfileError(f"micro-batch sizes must be positive integers (got {list(micro_batch_sizes)})")
     model = _on_meta(loaded.model, prec.dtype)
     model.train()
+    layers = repeated_layers(model) if shallow and recipe.tracer != "export" and recipe.max_blocks is None else None
+    shallow_model = shallow_copy(model, layers) if layers is not None else model
     traces: list[TracedModel] = []
     counts: list[tuple[BlockCount, ...]] = []
     report = progress or _silent
@@ -139,9 +148,11 @@ def count_model(
         report(f"tracing at micro-batch size {u}", 0, 0)
         inputs = _meta_inputs(loaded.make_inputs(u), prec.dtype)
         traced = trace_model(
-            model, inputs, micro_batch_size=u, recipe=replace(recipe, tracer=traces[0].tracer) if traces else recipe,
+            shallow_model, inputs, micro_batch_size=u, recipe=replace(recipe, tracer=traces[0].tracer) if traces else recipe,
             source=loaded.spec.path,
         )  # fmt: skip
+        if layers is not None and traced.tracer != "fx":  # only fx names a deeper graph: count it all
+            return count_model(loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe, progress=progress)
         if drop_export_one(traced, sizes):
             continue
         if traces and [b.nodes for b in traced.blocks] != [b.nodes for b in traces[0].blocks]:
@@ -150,9 +161,12 @@ def count_model(
             )
         traces.append(traced)
         targets = _meta_inputs(loaded.make_targets(u), prec.dtype) if loaded.make_targets is not None else None
-        loss = training_loss(loaded, traced, model, inputs, targets)
+        loss = training_loss(loaded, traced, shallow_model, inputs, targets)
         counts.append(_count_blocks(traced, inputs, loss, _step(report, f"counting at micro-batch size {u}")))
-    return ModelCounts(tuple(traces), tuple(counts), loaded, prec, recipe)
+    repeat = repeat_of(traces[0], counts, layers, fx_node_names(model, _meta_inputs(loaded.make_inputs(sizes[0]), prec.dtype), recipe.leaf_modules)) if layers is not None else None
+    if layers is not None and repeat is None:  # the copy does not prove the whole: count it all
+        return count_model(loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe, progress=progress)
+    return ModelCounts(tuple(traces), tuple(counts), loaded, prec, recipe, repeat)
 
 
 def _on_meta(model: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -260,7 +274,7 @@ def _signature(
             if a in index or a in inside:
                 continue
             if a.op == "get_attr":
-                v = _fetch(gm, str(a.target))
+                v = operator.attrgetter(str(a.target))(gm)
                 items.append(("attr", _describe(v), isinstance(v, nn.Parameter)))
             else:
                 inputs.append(a.name)
@@ -281,13 +295,6 @@ def _describe(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         return (tuple(v.shape), str(v.dtype), v.requires_grad or v.is_floating_point())
     return repr(v)
-
-
-def _fetch(gm: torch.fx.GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 # --------------------------------------------------------------------------- time
@@ -360,7 +367,7 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
     blocks = [one(i, b) for i, b in enumerate(ref.blocks)]
     loaded = counts.loaded
     where = f", t={t}{' with sequence parallelism' if sp else ''}" if t > 1 else ""
-    return Profile(
+    profile = Profile(
         model=str(loaded.spec),
         recipe=counts.recipe.traced(loaded.spec, ref.tracer, ref.fingerprint()),
         device=f"{spec.name}: {spec.description} (analytic, {counts.precision.name}{where})",
@@ -372,6 +379,7 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
         tensors=crossing_tensors(counts.traces),
         shared_params=ref.shared_params,
     )
+    return deepen_profile(profile, counts.repeat) if counts.repeat is not None else profile
 
 
 def analytic_profile(
@@ -385,5 +393,5 @@ def analytic_profile(
 ) -> Profile:
     """Count ``loaded`` on meta, traced as ``recipe`` says, and price it on ``spec`` (see the
     module docstring); ``progress(what, done, total)`` as :func:`count_model`."""
-    counts = count_model(loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe, progress=progress)
+    counts = count_model(loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe, progress=progress, shallow=True)
     return profile_from_counts(counts, spec)

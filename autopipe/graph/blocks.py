@@ -6,8 +6,8 @@ such a container) or that holds no layers at all (an embedding, a head), or to a
 whole with ``--leaf``. Loose ops and tiny parameter-free modules fold into a neighbour; plain
 Python values (sizes) that cross a block boundary are folded into constants, so only tensors
 flow between blocks. For a GPT that gives the embeddings, one block per transformer layer,
-the final norm and the head. The block graph is a networkx DiGraph with the bytes of every
-tensor on every edge: a chain where the model is a chain, a DAG where it has skip connections.
+the final norm and the head. The block graph's edges carry the bytes of every
+tensor between two blocks: a chain where the model is a chain, a DAG where it has skip connections.
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import networkx as nx
 import torch
 import torch.fx
 from torch import nn
 
-__all__ = ["Block", "Grouping", "ValueInfo", "group_blocks"]
+__all__ = ["Block", "BlockEdge", "Grouping", "ValueInfo", "group_blocks"]
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 _COMPUTE_OPS = ("call_module", "call_function", "call_method")
@@ -58,7 +57,7 @@ class Grouping:
     block_of: dict[str, int]  # fx node name -> block index (compute nodes only)
     values: dict[str, ValueInfo]  # fx node name -> its value's shape/dtype/bytes
     shared_params: tuple[tuple[str, tuple[int, ...]], ...]  # (param, blocks using it)
-    graph: nx.DiGraph  # block graph; edge attrs: bytes, tensors
+    edges: tuple[BlockEdge, ...]  # the block graph's edges, in graph order
 
 
 def group_blocks(
@@ -70,7 +69,7 @@ def group_blocks(
     groups = _group(gm, keys, values, max_blocks)
     _fold_constants_across_blocks(gm, groups, values)
     blocks, block_of, shared = _make_blocks(gm, model, groups)
-    return Grouping(blocks, block_of, values, shared, _block_graph(gm, blocks, block_of, values))
+    return Grouping(blocks, block_of, values, shared, _block_edges(gm, block_of, values))
 
 
 # --------------------------------------------------------------------------- values
@@ -320,13 +319,19 @@ def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:
     return obj
 
 
-def _block_graph(
-    gm: torch.fx.GraphModule, blocks: tuple[Block, ...], block_of: dict[str, int], values: dict[str, ValueInfo]
-) -> nx.DiGraph:
-    """Blocks as a DAG; an edge i -> j carries the tensors made in i and read in j, with bytes."""
-    g = nx.DiGraph()
-    for b in blocks:
-        g.add_node(b.index, name=b.name)
+@dataclass(frozen=True)
+class BlockEdge:
+    """Block ``src`` -> block ``dst`` of the block graph: the tensors made in one, read in the other."""
+
+    src: int
+    dst: int
+    bytes: int
+    tensors: tuple[str, ...]
+
+
+def _block_edges(gm: torch.fx.GraphModule, block_of: dict[str, int], values: dict[str, ValueInfo]) -> tuple[BlockEdge, ...]:
+    """Blocks as a DAG: an edge i -> j carries the tensors made in i and read in j, with bytes."""
+    edges: dict[tuple[int, int], tuple[int, list[str]]] = {}
     for n in gm.graph.nodes:
         src = block_of.get(n.name, -1) if n.op != "placeholder" else -1
         if n.op not in _COMPUTE_OPS and n.op != "placeholder":
@@ -335,8 +340,6 @@ def _block_graph(
             if dst == src or src < -1:
                 continue
             if src >= 0:
-                if not g.has_edge(src, dst):
-                    g.add_edge(src, dst, bytes=0, tensors=[])
-                g.edges[src, dst]["bytes"] += values[n.name].bytes
-                g.edges[src, dst]["tensors"].append(n.name)
-    return g
+                nbytes, tensors = edges.get((src, dst), (0, []))
+                edges[src, dst] = (nbytes + values[n.name].bytes, [*tensors, n.name])
+    return tuple(BlockEdge(src, dst, nbytes, tuple(tensors)) for (src, dst), (nbytes, tensors) in edges.items())

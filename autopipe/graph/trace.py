@@ -23,30 +23,34 @@ user's modules (``blocks.py``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import logging
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import torch
 import torch.fx
 from torch import nn
 
 from autopipe.errors import TraceError
-from autopipe.graph.blocks import Block, ValueInfo, group_blocks
+from autopipe.graph.blocks import Block, BlockEdge, ValueInfo, group_blocks
 from autopipe.graph.propagate import MetaShapes
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.training import follow_training
 
-__all__ = ["Block", "TracedModel", "ValueInfo", "quiet_torch", "trace_model"]
+if TYPE_CHECKING:
+    import networkx as nx
+
+__all__ = ["Block", "TracedModel", "ValueInfo", "fx_node_names", "quiet_torch", "trace_model"]
 
 TRACERS = ("auto", "fx", "export")
+CREATED = "autopipe_created"  # gm.meta key: the nodes the fx tracer made, in order (see _trace_fx)
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,20 @@ class TracedModel:
     values: dict[str, ValueInfo]  # fx node name -> its value's shape/dtype/bytes
     input_names: tuple[str, ...]  # placeholder names, in order
     shared_params: tuple[tuple[str, tuple[int, ...]], ...]  # (param, blocks using it)
-    graph: nx.DiGraph = field(repr=False)  # block graph; edge attrs: bytes, tensors
+    edges: tuple[BlockEdge, ...]  # the block graph's edges (see ``graph``)
     fallback_reason: str = ""  # why ``auto`` fell back to export, if it did
+
+    @functools.cached_property
+    def graph(self) -> nx.DiGraph:
+        """The block graph (networkx, imported when asked for); edge attrs: bytes, tensors."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        for b in self.blocks:
+            g.add_node(b.index, name=b.name)
+        for e in self.edges:
+            g.add_edge(e.src, e.dst, bytes=e.bytes, tensors=list(e.tensors))
+        return g
 
     @property
     def num_blocks(self) -> int:
@@ -160,7 +176,7 @@ def _trace(
         values=g.values,
         input_names=tuple(n.name for n in gm.graph.nodes if n.op == "placeholder"),
         shared_params=g.shared_params,
-        graph=g.graph,
+        edges=g.edges,
         fallback_reason=reason if used == "export" and tracer == "auto" else "",
     )
 
@@ -169,11 +185,35 @@ def _trace(
 
 
 def _trace_fx(model: nn.Module, inputs: Any, leaf_modules: Sequence[str]) -> torch.fx.GraphModule:
+    graph, created = _fx_graph(model, inputs, leaf_modules)
+    gm = torch.fx.GraphModule(model, graph)
+    gm.meta[CREATED] = created  # graph.shallow names a deeper graph from it
+    _propagate_shapes(gm, inputs)
+    return gm
+
+
+def fx_node_names(model: nn.Module, inputs: Any, leaf_modules: Sequence[str] = ()) -> tuple[str, ...] | None:
+    """The names of every node the fx tracer makes for ``model``, in order (before any is
+    folded or dropped), without running it; None when fx cannot trace it."""
+    try:
+        return tuple(name for _, _, name in _fx_graph(model, inputs, leaf_modules)[1])
+    except Exception:
+        return None
+
+
+def _fx_graph(model: nn.Module, inputs: Any, leaf_modules: Sequence[str]) -> tuple[torch.fx.Graph, tuple[tuple[str, str, str], ...]]:
+    """fx's graph of ``model`` and the nodes it made: (candidate name, module path, name given)."""
     leaves = set(leaf_modules)
+    created: list[tuple[str, str, str]] = []
 
     class _Tracer(torch.fx.Tracer):
         def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
             return type(m).__name__ in leaves or super().is_leaf_module(m, qualname)
+
+        def create_node(self, kind: str, target: Any, args: Any, kwargs: Any, name: str | None = None, type_expr: Any = None) -> torch.fx.Node:
+            node = super().create_node(kind, target, args, kwargs, name, type_expr)
+            created.append((name if name is not None else self.graph._target_to_str(target), self.scope.module_path, node.name))
+            return node
 
     concrete: dict[str, Any] | None = None
     if isinstance(inputs, dict):
@@ -182,10 +222,7 @@ def _trace_fx(model: nn.Module, inputs: Any, leaf_modules: Sequence[str]) -> tor
 
         params = inspect.signature(model.forward).parameters
         concrete = {k: None for k in params if k not in inputs and params[k].default is not inspect.Parameter.empty}
-    graph = _Tracer().trace(model, concrete_args=concrete)
-    gm = torch.fx.GraphModule(model, graph)
-    _propagate_shapes(gm, inputs)
-    return gm
+    return _Tracer().trace(model, concrete_args=concrete), tuple(created)
 
 
 def _propagate_shapes(gm: torch.fx.GraphModule, inputs: Any) -> None:

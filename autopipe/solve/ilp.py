@@ -28,9 +28,7 @@ import math
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeAlias
-
-import pulp
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from autopipe.errors import PlanError
 from autopipe.solve.min_memory import infeasible_error
@@ -41,6 +39,9 @@ from autopipe.solve.problem import (
     evaluate,
     stage_stats,
 )
+
+if TYPE_CHECKING:
+    import pulp  # imported where a model is built: planning a chain never loads it
 
 __all__ = ["solve_ilp"]
 
@@ -60,6 +61,8 @@ class _Model:
     """The MILP of one problem; ``memory_var`` replaces the limits by one variable limit L."""
 
     def __init__(self, p: PartitionProblem, memory_var: bool = False) -> None:
+        import pulp
+
         n, S = p.blocks, p.stages
         self.p = p
         self.prob = prob = pulp.LpProblem("autopipe_partition", pulp.LpMinimize)
@@ -157,6 +160,8 @@ class _Model:
 
     def solve(self, objective: Expr | pulp.LpVariable, time_limit_s: float) -> bool:
         """Solve; True if a solution was found, False if the model is infeasible."""
+        import pulp
+
         self.prob.setObjective(objective)
         solver = pulp.PULP_CBC_CMD(msg=False, threads=1, timeLimit=time_limit_s)
         self.prob.solve(solver)

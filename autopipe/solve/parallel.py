@@ -14,24 +14,21 @@ group reducing its own 1/t shard over its own link::
     allreduce_s = 2 (D - 1) / D * gradient_bytes / bandwidth + 2 (D - 1) * latency
     step_s      = simulated pipeline iteration + max over ranks of allreduce_s
 
-(after the pipeline flush, no overlap: an upper bound). Between stages each of the t devices
-sends its 1/t of the activation (sequence parallelism, or Megatron's scatter/gather), so a hop
-moves at t links' bandwidth. Ranks are placed tensor-parallel innermost (t consecutive
-devices of a node), then one of two ways over a node's n / t remaining slots, whichever gives
-the shorter step:
+(after the pipeline flush, no overlap: an upper bound). Where the ranks go and what the hops
+and the all-reduce cost: :mod:`autopipe.solve.placement`. Memory per device: ``bytes_per_param``
+per parameter (16 for Adam in mixed precision or fp32, see ``costs.analytic``), or with
+``shard_optimizer`` (ZeRO stage 1, Rajbhandari et al. 2020) the weights and gradients whole
+and the rest split D ways.
 
-    data-parallel within nodes   the D replicas of a stage share a node when D divides n / t
-                                 (all-reduce over NVLink); pipeline hops cross nodes
-    pipelines within nodes       a whole pipeline shares a node when S divides n / t (hops
-                                 over NVLink); the all-reduce crosses nodes
-    pipeline across nodes        the same order when S does not fit a node: hops on the network
-
-(one node: every link is NVLink). Memory per device: ``bytes_per_param`` per parameter (16
-for Adam in mixed precision or fp32, see ``costs.analytic``), or with ``shard_optimizer`` (ZeRO
-stage 1, Rajbhandari et al. 2020) the weights and gradients whole and the rest split D ways.
-The search is exact and pruned: (t, S, D) are opened in the order of a lower bound on their
-step (:func:`_bound`); one whose bound is not below the runner-up so far is skipped. The
-result is the best layout and the runner-up with another (t, S); pure: no torch, no I/O.
+The search is exact and pruned. A (t, S, D) whose lower bound on the step (:func:`_bound`)
+is not below the runner-up so far is skipped; the others are searched with the runner-up as
+the time to beat (``plan_search``'s ``incumbent``, less the least all-reduce the split can
+have), so a pipeline search stops as soon as its own bounds say it cannot place second.
+Splits are opened likeliest first (:func:`_estimate`: the bound, plus a whole recomputation
+where even one stage's weights and 1F1B's in-flight activations cannot fit), so the runner-up
+comes early; the best is searched again in full when it was searched against an incumbent
+(its plan lists its own runners-up). The result is the best layout and the runner-up with
+another (t, S); pure: no torch, no I/O.
 """
 
 from __future__ import annotations
@@ -40,39 +37,19 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.profile import Profile
 from autopipe.costs.tensor import TransformerShape, tensor_degrees, tensor_reason
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import MAX_MICRO_BATCHES, MAX_REPLICAS, Plan
-from autopipe.solve.request import divisors
-from autopipe.solve.search import PlanRequest, Progress, plan_pipeline
+from autopipe.solve.assemble import make_plan
+from autopipe.solve.placement import Cluster, Layout, layouts, ring_allreduce_s
+from autopipe.solve.request import divisors, validate
+from autopipe.solve.search import PlanRequest, Progress, plan_search
 from autopipe.units import format_bytes
 
 __all__ = [
     "Cluster", "Layout", "ParallelOption", "ParallelPlan", "ParallelRequest", "Rejected", "TensorOptions", "layouts", "model_flops", "plan_parallel", "ring_allreduce_s",
 ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """G devices, ``devices_per_node`` to a node joined by NVLink, nodes by the network
-    (bandwidths per device, one direction)."""
-
-    devices: int
-    devices_per_node: int
-    nvlink_bandwidth: float  # bytes/s per device, one direction
-    network_bandwidth: float  # bytes/s per device across nodes
-    link_latency_s: float = 10e-6  # within a node
-    network_latency_s: float | None = None  # across nodes; None: link_latency_s
-
-    @staticmethod
-    def of(spec: DeviceSpec, devices: int) -> Cluster:
-        return Cluster(devices, spec.devices_per_node, spec.nvlink_bandwidth, spec.network_bandwidth, spec.link_latency_s)
-
-    @property
-    def net_latency_s(self) -> float:
-        return self.link_latency_s if self.network_latency_s is None else self.network_latency_s
 
 
 @dataclass(frozen=True)
@@ -103,18 +80,6 @@ class ParallelRequest:
     action_overhead_s: float = 0.0  # the executor's cost per action (PlanRequest's)
     tensor_parallel: int | None = None  # pin t
     data_parallel: int | None = None  # pin D
-
-
-@dataclass(frozen=True)
-class Layout:
-    stages: int  # S
-    data_parallel: int  # D
-    placement: str  # "one node", "data-parallel within nodes", "pipelines within nodes", "pipeline across nodes"
-    p2p_bandwidth: float  # between neighbouring pipeline stages (a whole t-wide group's)
-    allreduce_bandwidth: float  # within one stage's data-parallel group, per device
-    tensor_parallel: int = 1  # t
-    p2p_latency_s: float = 10e-6
-    allreduce_latency_s: float = 10e-6
 
 
 @dataclass(frozen=True)
@@ -159,35 +124,6 @@ class ParallelPlan:
         return self.best.plan
 
 
-def ring_allreduce_s(nbytes: float, group: int, bandwidth: float, latency_s: float = 0.0) -> float:
-    """Ring all-reduce of ``nbytes`` among ``group`` devices: 2(D-1)/D * bytes / bandwidth."""
-    if group <= 1 or nbytes <= 0:
-        return 0.0
-    return 2.0 * (group - 1) / group * nbytes / bandwidth + 2.0 * (group - 1) * latency_s
-
-
-def layouts(stages: int, data_parallel: int, cluster: Cluster, tensor_parallel: int = 1) -> list[Layout]:
-    """The distinct ways to place t x S x D ranks on the cluster's nodes (see the module docstring)."""
-    t = tensor_parallel
-    n, nv, net = cluster.devices_per_node // t, cluster.nvlink_bandwidth, cluster.network_bandwidth
-    lat, nlat = cluster.link_latency_s, cluster.net_latency_s
-    S, D = stages, data_parallel
-    if S * D <= n:
-        return [Layout(S, D, "one node", nv * t, nv, t, lat, lat)]
-    inner = n % S == 0
-    out = [
-        Layout(S, D, "data-parallel within nodes", net * t, nv if n % D == 0 else net, t, nlat, lat if n % D == 0 else nlat),
-        Layout(S, D, "pipelines within nodes" if inner else "pipeline across nodes", (nv if inner else net) * t, net, t,
-               lat if inner else nlat, nlat),
-    ]  # fmt: skip
-    if S == 1 or D == 1:  # no hops, or no all-reduce: one of the two is moot
-        out = [out[0] if S == 1 else out[1]]
-    unique: dict[tuple[float, float], Layout] = {}
-    for lay in out:
-        unique.setdefault((lay.p2p_bandwidth if S > 1 else 0.0, lay.allreduce_bandwidth if D > 1 else 0.0), lay)
-    return list(unique.values())
-
-
 def plan_parallel(
     profile: Profile, request: ParallelRequest, progress: Progress | None = None, tensor: TensorOptions | None = None
 ) -> ParallelPlan:
@@ -213,18 +149,29 @@ def plan_parallel(
             if why is not None:
                 rejected.append(Rejected(S, D, why, tensor_parallel=t))
                 continue
-            candidates.append((_bound(prof, request, t, S, D), t, S, D, prof))
-    candidates.sort(key=lambda c: c[:4])
+            bound = _bound(prof, request, t, S, D)
+            candidates.append((_estimate(prof, request, S, D, bound), bound, t, S, D, prof))
+    candidates.sort(key=lambda c: c[:5])
     options: list[ParallelOption] = []
-    pruned = 0
-    for bound, t, S, D, prof in candidates:
-        if _beaten(bound, options):
+    pruned, against = 0, set()  # against: the (t, S) searched with a time to beat
+    sp = tensor is not None and tensor.sequence_parallel
+    for _, bound, t, S, D, prof in candidates:
+        target = _runner_up_step(options)
+        if bound * (1 - 1e-9) >= target:
             pruned += 1
             continue
-        options.extend(_options(prof, request, t, S, D, progress, rejected, tensor is not None and tensor.sequence_parallel))
+        found = _options(prof, request, t, S, D, progress, rejected, sp, target)
+        pruned += found is None
+        options.extend(found or [])
+        against |= {(t, S)} if target < math.inf else set()
     if not options:
         raise _no_layout(request, rejected)
     options.sort(key=_order)
+    if _key(options[0]) in against:  # searched against a time to beat: again in full, for its runners-up
+        t, S, D = options[0].layout.tensor_parallel, options[0].layout.stages, options[0].layout.data_parallel
+        prof = next(c[5] for c in candidates if c[2:5] == (t, S, D))
+        options = [o for o in options if _key(o) != (t, S)] + (_options(prof, request, t, S, D, None, [], sp) or [])
+        options.sort(key=_order)
     best = options[0]
     runner_up = next((o for o in options if _key(o) != _key(best)), None)
     note = f"chose {best.describe()}; runner-up: {runner_up.describe() if runner_up else 'none fits'}"
@@ -291,32 +238,65 @@ def _order(option: ParallelOption) -> tuple[float, int, int, str]:
     return option.step_time_s, lay.tensor_parallel, lay.stages, lay.placement
 
 
-def _beaten(bound: float, options: list[ParallelOption]) -> bool:
-    """True when a plan of another (t, S) than the best's is at least as fast as ``bound``, so
-    the best and the runner-up are both found (tolerating rounding)."""
+def _runner_up_step(options: list[ParallelOption]) -> float:
+    """The step of the best plan of another (t, S) than the best's so far (inf: none yet): a
+    split that cannot beat it can be neither the best nor the runner-up."""
     ranked = sorted(options, key=_order)
     second = next((o for o in ranked if _key(o) != _key(ranked[0])), None)
-    return second is not None and bound * (1 - 1e-9) >= second.step_time_s
+    return second.step_time_s if second is not None else math.inf
+
+
+def _estimate(profile: Profile, request: ParallelRequest, S: int, D: int, bound: float) -> float:
+    """Where to open (t, S, D) in the search (order only, never to skip): its ``bound``, plus
+    the forward of every micro-batch again (whole recomputation) when the static bound and
+    1F1B's in-flight activations of the smallest micro-batch, min(m, S) of them on a stage,
+    exceed the memory limit."""
+    U = request.global_batch // D
+    m = request.micro_batches or min(U, MAX_MICRO_BATCHES)
+    u = U / m
+    saved = sum(b.saved_bytes(u) for b in profile.blocks) / S * min(m, S)
+    if _static_bound(profile, request, S, D) + saved <= request.memory_limit:
+        return bound
+    return bound + m * sum(b.forward_s(u) for b in profile.blocks) / S
 
 
 def _options(
     profile: Profile, request: ParallelRequest, t: int, S: int, D: int, progress: Progress | None, rejected: list[Rejected],
-    sp: bool,
-) -> list[ParallelOption]:  # fmt: skip
+    sp: bool, target: float = math.inf,
+) -> list[ParallelOption] | None:  # fmt: skip
+    """The plans of (t, S, D), one per distinct layout; None when none is faster than ``target``
+    (a step to beat: the search then stops early, and says no more than that)."""
     out: list[ParallelOption] = []
-    plans: dict[tuple[float, float], Plan] = {}
+    plans: dict[tuple[float, float], Plan | None] = {}
     for lay in layouts(S, D, request.cluster, t):
         link = (lay.p2p_bandwidth, lay.p2p_latency_s)
+        req = _pipeline_request(profile, request, lay)
+        incumbent = target - _least_allreduce(profile, lay)
         try:
             if link not in plans:
                 told = None if progress is None else _labelled(progress, f"t={t} x S={S} x D={D}: ")
-                plans[link] = plan_pipeline(profile, _pipeline_request(profile, request, lay), told)
-        except (InfeasibleError, PlanError) as e:
-            need = e.min_memory_bytes if isinstance(e, InfeasibleError) else None
-            rejected.append(Rejected(S, D, str(e), need, t))
+                validate(profile, req)
+                fitting = plan_search(profile, req, told, incumbent)
+                plans[link] = make_plan(profile, req, fitting[0][0], fitting[0][1], fitting)
+        except InfeasibleError as e:
+            if target < math.inf:  # nothing fits faster than the incumbent: not this layout
+                plans[link] = None
+                continue
+            rejected.append(Rejected(S, D, str(e), e.min_memory_bytes, t))
             break
-        out.append(ParallelOption(lay, _with_allreduce(profile, plans[link], lay, request, sp)))
-    return out
+        except PlanError as e:
+            rejected.append(Rejected(S, D, str(e), None, t))
+            break
+        plan = plans[link]
+        if plan is not None:
+            out.append(ParallelOption(lay, _with_allreduce(profile, plan, lay, request, sp)))
+    return out if out or target == math.inf else None
+
+
+def _least_allreduce(profile: Profile, lay: Layout) -> float:
+    """The all-reduce no cuts of ``lay``'s pipeline avoid: the average stage's gradients."""
+    grads = sum(b.param_bytes for b in profile.blocks) / lay.stages
+    return ring_allreduce_s(grads, lay.data_parallel, lay.allreduce_bandwidth, lay.allreduce_latency_s)
 
 
 def _labelled(progress: Progress, label: str) -> Progress:

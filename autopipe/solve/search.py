@@ -101,9 +101,9 @@ def plan_pipeline(profile: Profile, request: PlanRequest, progress: Progress | N
     return make_plan(profile, request, best_candidate, timeline, fitting)
 
 
-def plan_search(profile: Profile, request: PlanRequest, progress: Progress | None = None) -> list[tuple[Candidate, Summary]]:
-    """Every simulated candidate that fits, fastest first (the branch and bound of
-    :func:`plan_pipeline`, for a validated request); InfeasibleError when none fits."""
+def plan_search(profile: Profile, request: PlanRequest, progress: Progress | None = None, incumbent: float = math.inf) -> list[tuple[Candidate, Summary]]:
+    """Every simulated candidate that fits, fastest first (the branch and bound of :func:`plan_pipeline`, for a
+    validated request); InfeasibleError when none fits (none faster than ``incumbent``: another search's time to beat)."""
     work = work_table(profile, request.devices)
     todo = sorted(
         decisions(profile, request),
@@ -111,7 +111,7 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
     )
     simulated: list[tuple[Candidate, Summary]] = []
     queue: list[tuple[float, int, Split | tuple[Decision, int]]] = []  # (bound, tie-break, split or enumerated split)
-    best = math.inf
+    best = incumbent
     need = math.inf  # the smallest limit an enumerated decision fits (for the error)
     infeasible: dict[tuple[str, int], tuple[int, PartitionProblem]] = {}
     next_decision = 0

@@ -1,0 +1,224 @@
+"""Trace a deep model of identical layers as a shallow copy of it, and name the deep graph.
+
+A transformer's cost is its layer's cost again and again: GPT-3 175B traces 96 copies of one
+layer (2,000+ nodes, shape propagation of each) to count one. When the model's longest
+``nn.ModuleList`` holds :data:`MIN_LAYERS` or more layers that are provably alike
+(:func:`repeated_layers`: same class, same parameter and buffer shapes, dtypes and flags, same
+plain attributes, no hooks, module by module), :func:`shallow_copy` is the same model with
+the list cut to its first :data:`SHALLOW` layers (weights shared, nothing copied): the first
+layer, one middle layer and the last. The shallow trace stands for the deep one when its
+structure says so (:func:`deep_names`: the nodes the fx tracer created are the model's own
+nodes before the layers, then each layer's in turn, then the ones after), and the deep graph's
+node names are what the fx tracer would give them: its namer replayed (torch's own
+``_Namespace``) over the deep sequence of node names it was asked for -- before the layers,
+layer 0, the middle layer's ``L - 2`` times with its module paths renumbered, the last layer,
+after -- a replay checked to give the shallow trace's names back first, and its result
+checked against the names fx gives the deep model's nodes (a symbolic trace at full depth,
+with no shapes run: a tenth of a second for GPT-3 175B), so a forward that does not call
+every layer in turn is caught. Anything else
+(torch.export traces, a block limit, nodes made after tracing) is counted in full by the caller.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import nn
+from torch.fx.graph import _Namespace
+
+__all__ = [
+    "MIN_LAYERS",
+    "SHALLOW",
+    "Layers",
+    "deep_fingerprint",
+    "deep_names",
+    "repeated_layers",
+    "shallow_copy",
+]
+
+SHALLOW = 3  # layers traced: the first, one middle one, the last
+MIN_LAYERS = SHALLOW + 2  # fewer are traced whole: the shallow copy would save little
+_PRIVATE = ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set")
+
+
+@dataclass(frozen=True)
+class Layers:
+    """The model's repeated layers: ``prefix.0`` .. ``prefix.{count-1}``."""
+
+    prefix: str  # module path of the nn.ModuleList, e.g. "blocks", "model.layers"
+    count: int  # layers in the model
+
+    def source(self, j: int) -> int:
+        """The shallow layer that stands for deep layer ``j``."""
+        return 0 if j == 0 else SHALLOW - 1 if j == self.count - 1 else 1
+
+    def copies(self, s: int) -> range:
+        """The deep layers shallow layer ``s`` stands for."""
+        return (
+            range(0, 1)
+            if s == 0
+            else range(self.count - 1, self.count)
+            if s == SHALLOW - 1
+            else range(1, self.count - 1)
+        )
+
+    def layer_of(self, path: str) -> int | None:
+        """The layer index of a module path inside the list (``blocks.3.attn`` -> 3), else None."""
+        head = self.prefix + "."
+        if not path.startswith(head):
+            return None
+        index = path[len(head) :].split(".", 1)[0]
+        return int(index) if index.isdigit() else None
+
+    def renumber(self, text: str, s: int, j: int) -> str:
+        """``text`` (a module path, or its snake-cased fx name) of layer ``s`` moved to layer ``j``."""
+        for old, new in (
+            (f"{self.prefix}.{s}", f"{self.prefix}.{j}"),
+            (_snake(f"{self.prefix}.{s}"), _snake(f"{self.prefix}.{j}")),
+        ):
+            if text == old or text.startswith(old + "."):
+                return new + text[len(old) :]
+        return text
+
+
+def repeated_layers(model: nn.Module) -> Layers | None:
+    """The longest ``nn.ModuleList`` of ``model`` when it has at least :data:`MIN_LAYERS`
+    layers alike in every way a trace can see (see the module docstring), else None."""
+    lists = [
+        (name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and name
+    ]
+    if not lists:
+        return None
+    prefix, longest = max(lists, key=lambda x: len(x[1]))
+    if len(longest) < MIN_LAYERS or list(longest._modules) != [str(i) for i in range(len(longest))]:
+        return None
+    first = _state(longest[0])
+    if first is None or any(_state(layer) != first for layer in list(longest)[1:]):
+        return None
+    return Layers(prefix, len(longest))
+
+
+def _state(layer: nn.Module) -> tuple[object, ...] | None:
+    """What a trace and a count of ``layer`` can depend on, module by module; None when it
+    holds something not comparable by value (a hook, a function, an object)."""
+    out: list[object] = []
+    for name, m in layer.named_modules(remove_duplicate=False):
+        attrs = []
+        for key, value in sorted(vars(m).items()):
+            if key in _PRIVATE:
+                continue
+            if "hook" in key:
+                if value:  # a hook can do anything
+                    return None
+                continue
+            if not isinstance(value, (bool, int, float, str, type(None), tuple)) or not _plain(
+                value
+            ):
+                return None
+            attrs.append((key, value))
+        tensors = [
+            (k, tuple(t.shape), t.dtype, t.requires_grad)
+            for k, t in (*m._parameters.items(), *m._buffers.items())
+            if t is not None
+        ]
+        out.append((name, type(m), tuple(attrs), tuple(tensors)))
+    return tuple(out)
+
+
+def _plain(value: object) -> bool:
+    if isinstance(value, tuple):
+        return all(isinstance(v, (bool, int, float, str, type(None))) for v in value)
+    return True
+
+
+def shallow_copy(model: nn.Module, layers: Layers) -> nn.Module:
+    """``model`` with its layer list cut to the first :data:`SHALLOW` layers; the modules on
+    the way to the list are copied (their child tables only), everything else is shared."""
+    parts = layers.prefix.split(".")
+    root = copy.copy(model)
+    node = root
+    for part in parts[:-1]:
+        child = copy.copy(node.get_submodule(part))
+        node._modules = {**node._modules, part: child}
+        node = child
+    full = node.get_submodule(parts[-1])
+    node._modules = {**node._modules, parts[-1]: nn.ModuleList(list(full.children())[:SHALLOW])}
+    return root
+
+
+def deep_names(
+    created: Sequence[tuple[str, str, str]], survivors: Sequence[str], layers: Layers, full: Sequence[str] | None
+) -> dict[str, tuple[str, ...]] | None:
+    """Shallow node name -> its names in the deep graph (one per copy, :meth:`Layers.copies`;
+    one for a node before or after the layers), from the fx tracer's ``created`` nodes in
+    order ``(candidate name, module path, name given)``; None when the shallow trace does not
+    stand for the deep one (see the module docstring). ``survivors``: the nodes of the graph;
+    ``full``: the names fx gives the deep model's nodes as it makes them
+    (``trace.fx_node_names``, no shapes run), which the prediction must equal, in order."""
+    runs: list[int | None] = [layers.layer_of(path) for _, path, _ in created]
+    order = [r for i, r in enumerate(runs) if r is not None and (i == 0 or runs[i - 1] != r)]
+    inside = [i for i, r in enumerate(runs) if r is not None]
+    if (
+        order != list(range(SHALLOW))
+        or not inside
+        or any(runs[i] is None for i in range(inside[0], inside[-1] + 1))
+    ):
+        return None
+    if not set(survivors) <= {name for _, _, name in created} or not _replays(created):
+        return None
+    before = created[: inside[0]]
+    after = created[inside[-1] + 1 :]
+    by_layer = [[c for c, r in zip(created, runs, strict=True) if r == s] for s in range(SHALLOW)]
+    deep: list[tuple[str, str, int | None]] = [(c, n, None) for c, _, n in before]
+    for j in range(layers.count):
+        s = layers.source(j)
+        deep += [(layers.renumber(c, s, j), n, j) for c, _, n in by_layer[s]]
+    deep += [(c, n, None) for c, _, n in after]
+    space = _Namespace()
+    out: dict[str, list[str]] = {}
+    made = []
+    for candidate, shallow_name, _j in deep:
+        made.append(space.create_name(candidate, None))
+        out.setdefault(shallow_name, []).append(made[-1])
+    if full is None or tuple(made) != tuple(full):  # the deep model is not the copy's layers repeated
+        return None
+    return {name: tuple(names) for name, names in out.items()}
+
+
+def _replays(created: Sequence[tuple[str, str, str]]) -> bool:
+    """Whether torch's namer, replayed over the candidates, gives the tracer's names back."""
+    space = _Namespace()
+    return all(space.create_name(candidate, None) == name for candidate, _, name in created)
+
+
+def deep_fingerprint(
+    tracer: str,
+    params: Sequence[tuple[str, tuple[int, ...], str]],
+    blocks: Sequence[tuple[str, Sequence[str]]],
+    layers: Layers,
+) -> str:
+    """``TracedModel.fingerprint`` of the deep trace: ``params`` are the shallow graph's
+    ``(name, shape, dtype)`` (its layers' repeated over every deep layer), ``blocks`` the deep ones."""
+    deep: list[tuple[str, tuple[int, ...], str]] = []
+    for name, shape, dtype in params:
+        s = layers.layer_of(name)
+        if s is None:
+            deep.append((name, shape, dtype))
+        elif s == 0:
+            deep += [(layers.renumber(name, 0, j), shape, dtype) for j in range(layers.count)]
+    h = hashlib.sha256()
+    h.update(tracer.encode())
+    for name, shape, dtype in sorted(deep):
+        h.update(f"{name}:{shape}:{dtype};".encode())
+    for name, nodes in blocks:
+        h.update(f"{name}:{','.join(nodes)};".encode())
+    return h.hexdigest()[:16]
+
+
+def _snake(text: str) -> str:
+    """fx's ``_snake_case`` of a module path (the candidate name of its call_module node)."""
+    return re.sub(r"(?<=[a-z])([A-Z])", r"_\1", text).lower()
