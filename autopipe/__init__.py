@@ -4,6 +4,8 @@
 ``autopipe.plan("models/gpt.py", kwargs={...}, ...)``) profiles a model and returns its Plan,
 ``autopipe.profile(...)`` the Profile alone, ``autopipe.emit(plan, model, folder, ...)`` writes
 its stages; ``autopipe.api`` has the rest of the programmatic interface.
+``autopipe.plan_cluster("models/gpt.py", device="h100", gpus=64, batch_size=1536)`` plans a
+model file for a cluster (tensor x pipeline x data parallel) without allocating its weights.
 ``autopipe.pipeline(plan, model)`` is one rank's part of a plan for your own training loop (torchrun).
 """
 
@@ -31,6 +33,7 @@ _LAZY = {
     "pipeline": "autopipe.runtime.pipeline",
     "pipeline_inputs": "autopipe.stages.export",
     "plan": "autopipe.api",
+    "plan_cluster": "autopipe.solve.cluster",
     "plan_profile": "autopipe.api",
     "profile": "autopipe.api",
     "rebuild_model": "autopipe.stages.rebuild",
@@ -71,6 +74,7 @@ __all__ = [
     "pipeline",
     "pipeline_inputs",
     "plan",
+    "plan_cluster",
     "plan_profile",
     "profile",
     "rebuild_model",

@@ -31,11 +31,11 @@ if hasattr(os, "sched_setaffinity"):
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 import torch
-from autopipe.cli.analytic_cmd import tensor_options
 
 from autopipe.costs.analytic import count_model, profile_from_counts
 from autopipe.costs.devices import DeviceSpec, device_spec
 from autopipe.model.load import load_model
+from autopipe.solve.cluster import tensor_options
 from autopipe.solve.parallel import Cluster, ParallelRequest, plan_parallel
 
 ROOT = Path(__file__).resolve().parent.parent

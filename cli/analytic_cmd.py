@@ -23,8 +23,6 @@ from .progress import ProgressCallback
 if TYPE_CHECKING:
     from autopipe.costs.analytic import ModelCounts
     from autopipe.costs.devices import DeviceSpec
-    from autopipe.costs.profile import Profile
-    from autopipe.solve.parallel import Cluster, TensorOptions
 
 __all__ = [
     "AnalyticOptions",
@@ -33,7 +31,6 @@ __all__ = [
     "analytic_counts_for_plan",
     "analytic_options",
     "device_for",
-    "tensor_options",
     "wants_analytic",
 ]
 
@@ -95,33 +92,15 @@ def analytic_counts_for_plan(
     """MODEL (``-k`` ``kwargs``) built on meta and counted (not yet priced), telling ``progress``."""
     if progress is not None:
         progress(f"loading {model} on the meta device", 0, 0)
-    from autopipe.costs.analytic import count_model
     from autopipe.graph.recipe import TraceRecipe
-    from autopipe.model.load import load_model, parse_kwargs
-    from autopipe.solve.defaults import ANALYTIC_MICRO_BATCH_SIZES, default_dtype
+    from autopipe.model.load import parse_kwargs
+    from autopipe.solve.cluster import count_for_plan
 
-    loaded = load_model(model, parse_kwargs(kwargs), device="meta")
     recipe = TraceRecipe(tracer=options.tracer, leaf_modules=options.leaf_modules, max_blocks=options.max_blocks)
-    return count_model(
-        loaded, micro_batch_sizes=options.micro_batch_sizes or ANALYTIC_MICRO_BATCH_SIZES,
-        dtype=options.dtype or default_dtype(spec), recipe=recipe, progress=progress, shallow=True,
+    return count_for_plan(
+        model, parse_kwargs(kwargs), spec, micro_batch_sizes=options.micro_batch_sizes, dtype=options.dtype,
+        recipe=recipe, progress=progress,
     )  # fmt: skip
-
-
-def tensor_options(counts: ModelCounts, spec: DeviceSpec, cluster: Cluster, sequence_parallel: bool) -> TensorOptions:
-    """Tensor parallelism for ``counts``: its transformer structure, priced per degree t on
-    ``spec`` with the collectives over ``cluster``'s NVLink."""
-    from autopipe.costs.analytic import profile_from_counts
-    from autopipe.costs.tensor import TensorSplit, shape_of
-    from autopipe.solve.parallel import TensorOptions
-
-    shape = shape_of(counts.traces[0], counts.loaded.model)
-
-    def price(t: int) -> Profile:
-        split = None if shape is None or t == 1 else TensorSplit(shape, t, sequence_parallel, cluster.nvlink_bandwidth, cluster.link_latency_s)
-        return profile_from_counts(counts, spec, split)
-
-    return TensorOptions(shape, price, sequence_parallel)
 
 
 def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -24,7 +24,6 @@ from .analytic_cmd import (
     analytic_counts_for_plan,
     analytic_options,
     device_for,
-    tensor_options,
     wants_analytic,
 )
 from .args import UsageError, balance_list, output_path, positive_int
@@ -219,6 +218,7 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
         profile = measure(args.model, args.kwargs, options, progress)
     note = ""
     if flags.gpus is not None:
+        from autopipe.solve.cluster import tensor_options
         from autopipe.solve.parallel import plan_parallel
 
         parallel = parallel_request(
