@@ -10,6 +10,12 @@
   (gloo ranks, ``autopipe run``, ``python -m ...``) or build Hugging Face models, and any other
   test that takes more than about 1.5 s; ``pytest -m "not slow"`` runs the rest in under two
   minutes on two cores.
+- The full run (README, ``.ci/run``) is ``pytest -n 2 --dist loadgroup``: two pytest-xdist
+  workers. :func:`pytest_collection_modifyitems` puts the slow tests that start training ranks
+  (those of :data:`RANK_MODULES`) in one group, run in order by one worker: at most one
+  multi-process run shares the two cores with the other worker's in-process test, and a
+  module's cached launch (one gloo launch for many cases) or plans are made once. Each worker
+  takes the slow tests first, so the quick ones fill in at the end.
 """
 
 from __future__ import annotations
@@ -18,6 +24,27 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+# Modules whose slow tests start processes that train (gloo ranks, ``autopipe run``, torchrun).
+RANK_MODULES = frozenset({
+    "tests/runtime/test_launch.py", "tests/runtime/test_pipeline.py", "tests/runtime/test_checkpoint.py",
+    "tests/stages/test_export.py", "tests/cli/test_run_cmd.py", "tests/test_bench_prediction.py",
+    "tests/test_api.py",
+})  # fmt: skip
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist appends the group to each test's id
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """For ``--dist loadgroup`` (module docstring): the slow tests of :data:`RANK_MODULES` in
+    the group "ranks" (a test's own ``xdist_group`` mark wins); in an xdist worker, the slow
+    tests first. Without xdist the marks do nothing and the order stays."""
+    for item in items:
+        if item.get_closest_marker("slow") is None or item.get_closest_marker("xdist_group"):
+            continue
+        if item.path.relative_to(config.rootpath).as_posix() in RANK_MODULES:
+            item.add_marker(pytest.mark.xdist_group("ranks"))
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
 
 
 @pytest.fixture
