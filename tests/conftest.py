@@ -10,18 +10,19 @@
   (gloo ranks, ``autopipe run``, ``python -m ...``) or build Hugging Face models, and any other
   test that takes more than about 1.5 s; ``pytest -m "not slow"`` runs the rest in under two
   minutes on two cores.
-- The full run (README, ``.ci/run``) is ``pytest -n 2 --dist loadgroup``: two pytest-xdist
-  workers. :func:`pytest_collection_modifyitems` puts the slow tests that start training ranks
-  (those of :data:`RANK_MODULES`) in one group, run in order by one worker: at most one
-  multi-process run shares the two cores with the other worker's in-process test, and a
-  module's cached launch (one gloo launch for many cases) or plans are made once. Each worker
-  takes the slow tests first, so the quick ones fill in at the end.
+- The full run (README, ``.ci/run``) is ``pytest -n 2``: two pytest-xdist workers.
+  :func:`pytest_xdist_make_scheduler` hands each module of :data:`RANK_MODULES` (whose slow
+  tests start training ranks) to one worker as a whole -- its tests run in order, so one gloo
+  launch serves many cases and a module's cached plans are made once -- and every other test
+  on its own. :func:`pytest_collection_modifyitems` puts the slow tests first in each worker's
+  list, so the quick ones fill in at the end.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -33,18 +34,26 @@ RANK_MODULES = frozenset({
 })  # fmt: skip
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist appends the group to each test's id
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: never called without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``-n N`` (``--dist load``, the default): a module of :data:`RANK_MODULES` is one
+    unit of work, any other test a unit of its own; units with more tests go first."""
+    if config.getvalue("dist") != "load":
+        return None  # another --dist asked for by name
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RankModules(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in RANK_MODULES else nodeid
+
+    return RankModules(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """For ``--dist loadgroup`` (module docstring): the slow tests of :data:`RANK_MODULES` in
-    the group "ranks" (a test's own ``xdist_group`` mark wins); in an xdist worker, the slow
-    tests first. Without xdist the marks do nothing and the order stays."""
-    for item in items:
-        if item.get_closest_marker("slow") is None or item.get_closest_marker("xdist_group"):
-            continue
-        if item.path.relative_to(config.rootpath).as_posix() in RANK_MODULES:
-            item.add_marker(pytest.mark.xdist_group("ranks"))
+    """In a pytest-xdist worker, the slow tests first (a stable sort); elsewhere the order stays."""
     if hasattr(config, "workerinput"):
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture
