@@ -72,8 +72,8 @@ def even_plan(
         words = tuple(kwargs)
         given = parse_kwargs(list(words))
     recipe = TraceRecipe(model_file=str(path), model_kwargs=words, tracer=tracer, leaf_modules=tuple(leaf_modules))
-    key = (str(path.resolve()), path.read_bytes(), recipe, device, micro_batch_size)
-    traced = _TRACES.get(key) if reuse_trace else None
+    key = (str(path.resolve()), path.read_bytes(), recipe, device, micro_batch_size) if reuse_trace else None
+    traced = _TRACES.get(key) if key is not None else None
     if traced is None:
         torch.manual_seed(0)
         loaded = load_model(str(path), given, device=device)
@@ -81,7 +81,7 @@ def even_plan(
             loaded.model, loaded.make_inputs(micro_batch_size), micro_batch_size=micro_batch_size,
             recipe=recipe, source=loaded.spec.path,
         )  # fmt: skip
-        if reuse_trace:
+        if key is not None:
             _TRACES[key] = traced
     n, parts = traced.num_blocks, stages * virtual
     if n < parts:
