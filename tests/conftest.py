@@ -10,14 +10,50 @@
   (gloo ranks, ``autopipe run``, ``python -m ...``) or build Hugging Face models, and any other
   test that takes more than about 1.5 s; ``pytest -m "not slow"`` runs the rest in under two
   minutes on two cores.
+- The full run (README, ``.ci/run``) is ``pytest -n 2``: two pytest-xdist workers.
+  :func:`pytest_xdist_make_scheduler` hands each module of :data:`RANK_MODULES` (whose slow
+  tests start training ranks) to one worker as a whole -- its tests run in order, so one gloo
+  launch serves many cases and a module's cached plans are made once -- and every other test
+  on its own. :func:`pytest_collection_modifyitems` puts the slow tests first in each worker's
+  list, so the quick ones fill in at the end.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
+
+# Modules whose slow tests start processes that train (gloo ranks, ``autopipe run``, torchrun).
+RANK_MODULES = frozenset({
+    "tests/runtime/test_launch.py", "tests/runtime/test_pipeline.py", "tests/runtime/test_checkpoint.py",
+    "tests/stages/test_export.py", "tests/cli/test_run_cmd.py", "tests/test_bench_prediction.py",
+    "tests/test_api.py",
+})  # fmt: skip
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: never called without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``-n N`` (``--dist load``, the default): a module of :data:`RANK_MODULES` is one
+    unit of work, any other test a unit of its own; units with more tests go first."""
+    if config.getvalue("dist") != "load":
+        return None  # another --dist asked for by name
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RankModules(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in RANK_MODULES else nodeid
+
+    return RankModules(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a pytest-xdist worker, the slow tests first (a stable sort); elsewhere the order stays."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture

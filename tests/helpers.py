@@ -24,7 +24,7 @@ from torch import nn
 
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.graph.recipe import TraceRecipe
-from autopipe.graph.trace import trace_model
+from autopipe.graph.trace import TracedModel, trace_model
 from autopipe.model.load import call_model, load_model, parse_kwargs
 from autopipe.plans import Plan, StagePlan
 from autopipe.schedules import schedule_spec
@@ -35,6 +35,9 @@ FIXTURES = ROOT / "tests" / "fixtures"
 
 A = TypeVar("A")
 B = TypeVar("B")
+
+
+_TRACES: dict[tuple[object, ...], TracedModel] = {}  # even_plan(reuse_trace=True)
 
 
 def even_plan(
@@ -50,12 +53,16 @@ def even_plan(
     tracer: str = "auto",
     device: str | None = None,
     leaf_modules: Sequence[str] = (),
+    reuse_trace: bool = False,
 ) -> Plan:
     """A plan that cuts ``model``'s blocks evenly into ``stages * virtual`` stages.
 
     ``model``: a path, or a file name in models/ (``"gpt.py"``) where no such path exists here;
     ``kwargs``: the factory's keyword arguments, as a mapping or as ``"key=value"`` strings;
-    ``recompute``: the indices of the stages to recompute.
+    ``recompute``: the indices of the stages to recompute. ``reuse_trace``: take the trace of
+    an earlier call with the same model file (same bytes), arguments, micro-batch size, tracer
+    and leaf modules instead of building and tracing the model again (seconds for a Hugging
+    Face model); the plan is the same, only the global RNG is left as it was.
     """
     path = Path(model) if Path(model).exists() or "/" in model else MODELS / model
     if isinstance(kwargs, Mapping):
@@ -64,13 +71,18 @@ def even_plan(
     else:
         words = tuple(kwargs)
         given = parse_kwargs(list(words))
-    torch.manual_seed(0)
-    loaded = load_model(str(path), given, device=device)
     recipe = TraceRecipe(model_file=str(path), model_kwargs=words, tracer=tracer, leaf_modules=tuple(leaf_modules))
-    traced = trace_model(
-        loaded.model, loaded.make_inputs(micro_batch_size), micro_batch_size=micro_batch_size,
-        recipe=recipe, source=loaded.spec.path,
-    )  # fmt: skip
+    key = (str(path.resolve()), path.read_bytes(), recipe, device, micro_batch_size) if reuse_trace else None
+    traced = _TRACES.get(key) if key is not None else None
+    if traced is None:
+        torch.manual_seed(0)
+        loaded = load_model(str(path), given, device=device)
+        traced = trace_model(
+            loaded.model, loaded.make_inputs(micro_batch_size), micro_batch_size=micro_batch_size,
+            recipe=recipe, source=loaded.spec.path,
+        )  # fmt: skip
+        if key is not None:
+            _TRACES[key] = traced
     n, parts = traced.num_blocks, stages * virtual
     if n < parts:
         raise ValueError(f"{model} has {n} blocks, fewer than {parts} stages")

@@ -42,6 +42,7 @@ def cached_plan(
     return even_plan(
         file, kwargs, stages=stages, schedule=schedule, virtual=virtual, micro_batches=m,
         micro_batch_size=8 // m, recompute=recompute,  # the batch of 8 unsplit_reference trains
+        reuse_trace=True,  # one trace per model and micro-batch size for all its plans
     )
 
 

@@ -193,6 +193,7 @@ def test_hugging_face_models_train_through_both_engines_as_one_process(tmp_path:
     for path in paths:
         plan = Plan.load(path)
         want_losses, want = _hf_reference(plan)
+        names = {n for n, _ in rebuild_model(plan).model.named_parameters()}
         for way in hf_export_worker.WAYS:
             losses = got[1][(path, way)]["losses"]  # type: ignore[index]
             assert len(losses) == hf_export_worker.STEPS and losses[0] > losses[-1], (path, way, losses)
@@ -201,7 +202,7 @@ def test_hugging_face_models_train_through_both_engines_as_one_process(tmp_path:
             if way != "export":  # pipeline.step returns the batch loss on every rank
                 assert got[0][(path, way)]["losses"] == losses, (path, way)  # type: ignore[index]
             held = {**got[0][(path, way)]["params"], **got[1][(path, way)]["params"]}  # type: ignore[index]
-            assert set(held) <= set(want) and {n for n, _ in rebuild_model(plan).model.named_parameters()} <= set(held), (path, way)
+            assert set(held) <= set(want) and names <= set(held), (path, way)
             for name, value in held.items():
                 assert float((value - want[name]).abs().max()) <= 1e-5, (path, way, name)
 
