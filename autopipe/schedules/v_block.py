@@ -100,8 +100,8 @@ def _with_w(dev: list[list[int]], split: bool) -> list[list[int]]:
     return [*dev[:4], ws[0], ws[1]] if split else [*dev[:4], ws[0]]
 
 
-def _in_order(res: Slots) -> list[list[int]]:
-    """Every pass as [slot, device, type, micro-batch], in slot order (ties: device, type)."""
+def _in_order(res: Slots) -> npt.NDArray[np.int64]:
+    """Every pass as a (slot, device, type, micro-batch) row, in slot order (ties: device, type)."""
     parts = [
         np.column_stack((lst, np.full(len(lst), d), np.full(len(lst), t), np.arange(len(lst))))
         for d, dev in enumerate(res)
@@ -109,9 +109,7 @@ def _in_order(res: Slots) -> list[list[int]]:
         if lst
     ]
     rows = np.concatenate(parts).astype(np.int64)
-    order = np.lexsort((rows[:, 3], rows[:, 2], rows[:, 1], rows[:, 0]))
-    out: list[list[int]] = rows[order].tolist()
-    return out
+    return rows[np.lexsort((rows[:, 3], rows[:, 2], rows[:, 1], rows[:, 0]))]
 
 
 def _squeeze(res: Slots) -> Slots:
@@ -210,15 +208,19 @@ def _reorder(res: Slots, with_w: bool, m: int) -> Slots:
     else:
         state = [_implicit(c) for c in code]
         most = max(max(h[0]) for h in state)
-    order = _in_order(res)
-    turn = next((i for i, (_, d, t, _) in enumerate(order) if t == 3 and d == 0), len(order))
-    last = next((i for i in range(turn, len(order)) if order[i][2] == 0 and order[i][3] == m - 1), len(order) - 1)
-    kept = np.array(order[: last + 1] if not with_w else order[turn : last + 1], dtype=np.int64).reshape(-1, 4)
+    order = _in_order(res)  # kept in place: from device 0's first down-leg B (with_w; else
+    # from the first pass) to the first forward down the V of the last micro-batch after it
+    n = len(order)
+    at = np.flatnonzero((order[:, 2] == 3) & (order[:, 1] == 0))
+    turn = int(at[0]) if len(at) else n
+    at = np.flatnonzero((order[turn:, 2] == 0) & (order[turn:, 3] == m - 1))
+    last = turn + int(at[0]) if len(at) else n - 1
+    kept = order[turn : last + 1] if with_w else order[: last + 1]
     grid = np.zeros((S, max(size)), dtype=np.uint8)
     grid[kept[:, 1], kept[:, 0]] = 1
     taken = [bytearray(grid[d, : size[d]].tobytes()) for d in range(S)]
     backs: list[list[int]] = [[] for _ in res]  # with_w: per device, placed B slots, sorted
-    moved = [*order[:turn], *order[last + 1 :]] if with_w else order[last + 1 :]
+    moved: list[list[int]] = (np.concatenate((order[:turn], order[last + 1 :])) if with_w else order[last + 1 :]).tolist()
     kept_b = kept[(kept[:, 2] == 2) | (kept[:, 2] == 3)]  # in slot order
     for i, (s, d, t, k) in enumerate(moved):
         if with_w and i == turn:  # the kept Bs, after those of the warm-up
@@ -268,8 +270,12 @@ def _rows(res: Slots) -> list[npt.NDArray[np.int64]]:
     """Each device's passes in slot order as (chunk, kind, micro-batch) rows."""
     S, out = len(res), []
     for d, dev in enumerate(res):
-        items = sorted((s, t, k) for t, lst in enumerate(dev) for k, s in enumerate(lst))
-        out.append(np.array([(d if _DOWN[t] else 2 * S - 1 - d, _KIND[t], k) for _, t, k in items], dtype=np.int64).reshape(-1, 3))
+        slots = np.concatenate([np.asarray(lst, dtype=np.int64) for lst in dev])
+        types = np.repeat(np.arange(len(dev)), [len(lst) for lst in dev])
+        ks = np.concatenate([np.arange(len(lst), dtype=np.int64) for lst in dev])
+        order = np.lexsort((ks, types, slots))
+        chunk = np.where(np.array(_DOWN)[types], d, 2 * S - 1 - d)
+        out.append(np.column_stack((chunk, np.array(_KIND)[types], ks))[order].astype(np.int64))
     return out
 
 
