@@ -69,35 +69,33 @@ def check(name: str, devices: int, micro_batches: int, virtual: int) -> None:
         )
 
 
+def _served(arrivals: npt.NDArray[np.int64], chances: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Per slot, how many of a queue's items have been served (oldest first), given the
+    running counts of items arrived and of chances to serve one."""
+    return chances + np.minimum(0, np.minimum.accumulate(arrivals - chances))
+
+
 def _with_w(dev: list[list[int]], split: bool) -> list[list[int]]:
     """The 4 pass lists of one device and its Ws: each in the first free slot after its B
     (up-leg Ws first when ``split``), the rest after the last pass."""
-    if not split:  # a free slot runs a W when Bs wait: the queue's count, as in _implicit
-        code = np.full(max(max(lst) for lst in dev[:4] if lst) + 1, -1, dtype=np.int64)
-        for ty, lst in enumerate(dev[:4]):
-            code[lst] = ty
-        b_count, e_count = np.cumsum(code >= 2), np.cumsum(code == -1)
-        done = e_count + np.minimum(0, np.minimum.accumulate(b_count - e_count))
-        filled: list[int] = np.flatnonzero(np.diff(done, prepend=0) > 0).tolist()
-        return [*dev[:4], filled + list(range(len(code), len(code) + int(b_count[-1] - done[-1])))]
-    kind = {s: t for t, lst in enumerate(dev[:4]) for s in lst}
-    pending, ws = [0, 0], [[], []]  # type: ignore[var-annotated]
-    last = max(kind)
-    for i in range(last + 1):
-        t = kind.get(i)
-        if t is not None:
-            if t >= 2:
-                pending[t - 2 if split else 0] += 1
-            continue
-        w = 0 if pending[0] else 1 if pending[1] else -1
-        if w >= 0:
-            ws[w].append(i)
-            pending[w] -= 1
-    for w in (0, 1):
-        for _ in range(pending[w]):
-            last += 1
-            ws[w].append(last)
-    return [*dev[:4], ws[0], ws[1]] if split else [*dev[:4], ws[0]]
+    code = np.full(max(max(lst) for lst in dev[:4] if lst) + 1, -1, dtype=np.int64)
+    for t, lst in enumerate(dev[:4]):
+        code[lst] = t
+    backs = np.cumsum(code >= 2, dtype=np.int64)
+    done = _served(backs, np.cumsum(code == -1, dtype=np.int64))  # a free slot runs a W when a B waits
+    filled = np.diff(done, prepend=0) > 0
+    end, left = len(code), int(backs[-1] - done[-1])
+    if not split:
+        return [*dev[:4], [*np.flatnonzero(filled).tolist(), *range(end, end + left)]]
+    ups = np.cumsum(code == 2, dtype=np.int64)
+    up_done = _served(ups, np.cumsum(filled, dtype=np.int64))  # up-leg Ws first in the filled slots
+    up = filled & (np.diff(up_done, prepend=0) > 0)
+    up_left = int(ups[-1] - up_done[-1])
+    return [
+        *dev[:4],
+        [*np.flatnonzero(up).tolist(), *range(end, end + up_left)],
+        [*np.flatnonzero(filled & ~up).tolist(), *range(end + up_left, end + left)],
+    ]
 
 
 def _in_order(res: Slots) -> npt.NDArray[np.int64]:
