@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 from functools import cache
+from itertools import accumulate
 
 import numpy as np
 import numpy.typing as npt
@@ -162,14 +163,14 @@ def _move(state: Implicit, t: int, p: int, s: int) -> None:
     are as before and the shortfall, never lower, as before from where it meets the old one."""
     held, rise, x = state
     fe, dx = (2, 1) if t <= 1 else (1, 2)  # forwards less free slots, backwards less free slots
-    cur = -rise[p - 1] if p else 0
-    for i in range(p, s):
-        x[i] += dx
-        cur = min(cur, x[i])
-        held[i] += fe - rise[i] - cur
-        rise[i] = -cur
+    x[p:s] = [v + dx for v in x[p:s]]
+    low = list(accumulate(x[p:s], min, initial=-rise[p - 1] if p else 0))[1:]
+    held[p:s] = [h + fe - r - lo for h, r, lo in zip(held[p:s], rise[p:s], low, strict=True)]
+    rise[p:s] = [-lo for lo in low]
+    cur = low[-1]
     for i in range(s, len(x)):
-        cur = min(cur, x[i])
+        if x[i] < cur:
+            cur = x[i]
         if cur == -rise[i]:
             break
         held[i] -= rise[i] + cur
