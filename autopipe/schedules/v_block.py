@@ -234,23 +234,22 @@ def _reorder(res: Slots, with_w: bool, m: int) -> Slots:
             first = res[d - 1][t][k] + 1
         elif t in (1, 3) and d + 1 < S:
             first = res[d + 1][t][k] + 1
-        if 0 < t < 4:
-            first = max(first, mine[t - 1][k] + 1)
-        if k:
-            first = max(first, mine[t][k - 1] + 1)
-        if t == 4:  # a W after the k-th backward of either chunk (all placed: slots < s)
-            first = max(first, backs[d][k] + 1)
+        if 0 < t < 4 and mine[t - 1][k] >= first:
+            first = mine[t - 1][k] + 1
+        if k and mine[t][k - 1] >= first:
+            first = mine[t][k - 1] + 1
+        if t == 4 and backs[d][k] >= first:  # a W after the k-th backward of either chunk (all placed: slots < s)
+            first = backs[d][k] + 1
         free = taken[d]
         to = s
         if with_w:
-            if t <= 1 and first < s:
-                over = np.flatnonzero(held_w[d][first:s] >= most)
-                if len(over):
-                    first += int(over[-1]) + 1
+            if t <= 1 and first < s and held_w[d][first:s].max() >= most:
+                first += int(np.flatnonzero(held_w[d][first:s] >= most)[-1]) + 1
             p = free.find(0, first, s) if first < s else -1
             if p >= 0:
                 to = p
-                held_w[d][to:s] += 1 if t <= 1 else -1 if t == 4 else 0
+                if t <= 1 or t == 4:
+                    held_w[d][to:s] += 1 if t <= 1 else -1
         else:
             p = free.find(0, first, s) if first < s else -1
             while p >= 0:
