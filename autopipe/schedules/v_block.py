@@ -19,7 +19,10 @@ paper does:
 
 Each device's list is its passes in slot order. The steady state is the block itself, six
 passes every six slots with no idle slot; the warm-up and cool-down do not depend on ``m``.
-:func:`build` runs the steps (plain Python, about 1.5 s per ``m`` at ``S = 64``);
+:func:`build` runs the steps (about 0.1-0.3 s per ``m`` at ``S = 64``, 0.5-1.3 s at
+``S = 128``, one core): the reorder checks a move against the highest memory by updating the
+per-slot counts of what it changes (no recount of the device), the Ws go back as a queue
+served in the free slots, the squeeze runs all passes of one slot at once (numpy);
 :func:`lists` runs them for ``m = 2S`` and ``2S+1`` once per block, which shows where one
 more micro-batch's six passes go, and tiles them in with numpy for any larger ``m`` (tens of
 nanoseconds per action; the same lists as running the steps for ``m``, checked in
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 from functools import cache
+from itertools import accumulate
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +44,7 @@ from autopipe.errors import ScheduleError
 from autopipe.schedules.lists import B, F, RankLists, W
 from autopipe.schedules.validate import check_sizes
 
-__all__ = ["PERIOD", "PER_DEVICE", "Pattern", "build", "check", "device_peak", "inflight", "lists"]
+__all__ = ["PERIOD", "PER_DEVICE", "Pattern", "build", "check", "device_peak", "held", "inflight", "lists"]
 
 PERIOD = 6  # slots of work per micro-batch on a device: F, B, W of two chunks
 PER_DEVICE = 2  # at least 2S micro-batches
@@ -69,31 +73,37 @@ def check(name: str, devices: int, micro_batches: int, virtual: int) -> None:
         )
 
 
+def _served(arrivals: npt.NDArray[np.int64], chances: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Per slot, how many of a queue's items have been served (oldest first), given the
+    running counts of items arrived and of chances to serve one."""
+    return chances + np.minimum(0, np.minimum.accumulate(arrivals - chances))
+
+
 def _with_w(dev: list[list[int]], split: bool) -> list[list[int]]:
     """The 4 pass lists of one device and its Ws: each in the first free slot after its B
     (up-leg Ws first when ``split``), the rest after the last pass."""
-    kind = {s: t for t, lst in enumerate(dev[:4]) for s in lst}
-    pending, ws = [0, 0], [[], []]  # type: ignore[var-annotated]
-    last = max(kind)
-    for i in range(last + 1):
-        t = kind.get(i)
-        if t is not None:
-            if t >= 2:
-                pending[t - 2 if split else 0] += 1
-            continue
-        w = 0 if pending[0] else 1 if pending[1] else -1
-        if w >= 0:
-            ws[w].append(i)
-            pending[w] -= 1
-    for w in (0, 1):
-        for _ in range(pending[w]):
-            last += 1
-            ws[w].append(last)
-    return [*dev[:4], ws[0], ws[1]] if split else [*dev[:4], ws[0]]
+    code = np.full(max(max(lst) for lst in dev[:4] if lst) + 1, -1, dtype=np.int64)
+    for t, lst in enumerate(dev[:4]):
+        code[lst] = t
+    backs = np.cumsum(code >= 2, dtype=np.int64)
+    done = _served(backs, np.cumsum(code == -1, dtype=np.int64))  # a free slot runs a W when a B waits
+    filled = np.diff(done, prepend=0) > 0
+    end, left = len(code), int(backs[-1] - done[-1])
+    if not split:
+        return [*dev[:4], [*np.flatnonzero(filled).tolist(), *range(end, end + left)]]
+    ups = np.cumsum(code == 2, dtype=np.int64)
+    up_done = _served(ups, np.cumsum(filled, dtype=np.int64))  # up-leg Ws first in the filled slots
+    up = filled & (np.diff(up_done, prepend=0) > 0)
+    up_left = int(ups[-1] - up_done[-1])
+    return [
+        *dev[:4],
+        [*np.flatnonzero(up).tolist(), *range(end, end + up_left)],
+        [*np.flatnonzero(filled & ~up).tolist(), *range(end + up_left, end + left)],
+    ]
 
 
-def _in_order(res: Slots) -> list[list[int]]:
-    """Every pass as [slot, device, type, micro-batch], in slot order (ties: device, type)."""
+def _in_order(res: Slots) -> npt.NDArray[np.int64]:
+    """Every pass as a (slot, device, type, micro-batch) row, in slot order (ties: device, type)."""
     parts = [
         np.column_stack((lst, np.full(len(lst), d), np.full(len(lst), t), np.arange(len(lst))))
         for d, dev in enumerate(res)
@@ -101,51 +111,86 @@ def _in_order(res: Slots) -> list[list[int]]:
         if lst
     ]
     rows = np.concatenate(parts).astype(np.int64)
-    order = np.lexsort((rows[:, 3], rows[:, 2], rows[:, 1], rows[:, 0]))
-    out: list[list[int]] = rows[order].tolist()
-    return out
-
-
-def _deps(res: Slots, d: int, t: int, k: int) -> list[int]:
-    """The slots of what pass (d, t, k) waits for (its chain, the previous micro-batch)."""
-    out = []
-    if t in (0, 2) and d > 0:
-        out.append(res[d - 1][t][k])
-    if t in (1, 3) and d + 1 < len(res):
-        out.append(res[d + 1][t][k])
-    if 0 < t < 4:
-        out.append(res[d][t - 1][k])
-    if k:
-        out.append(res[d][t][k - 1])
-    return out
+    return rows[np.lexsort((rows[:, 3], rows[:, 2], rows[:, 1], rows[:, 0]))]
 
 
 def _squeeze(res: Slots) -> Slots:
-    """Each pass as early as its device's order and its dependencies allow (unit passes)."""
-    S, free = len(res), [0] * len(res)
-    out: Slots = [[[0] * len(lst) for lst in dev] for dev in res]
-    for _, d, t, k in _in_order(res):
-        mine, start = out[d], free[d]
-        if k:
-            start = max(start, mine[t][k - 1] + 1)
-        if 0 < t < 4:
-            start = max(start, mine[t - 1][k] + 1)
-        if t in (0, 2) and d > 0:
-            start = max(start, out[d - 1][t][k] + 1)
-        elif t in (1, 3) and d + 1 < S:
-            start = max(start, out[d + 1][t][k] + 1)
-        mine[t][k] = start
-        free[d] = start + 1
-    return out
+    """Each pass as early as its device's order and its dependencies allow (unit passes):
+    every pass one slot after the latest of what it waits for, all passes of one slot at once
+    (what a pass waits for sits in an earlier slot)."""
+    S = len(res)
+    base, at = [], 0  # base[d][t]: flat id of (d, t, 0)
+    for dev in res:
+        base.append([at + sum(len(lst) for lst in dev[:t]) for t in range(len(dev))])
+        at += sum(len(lst) for lst in dev)
+    slot = np.fromiter((s for dev in res for lst in dev for s in lst), dtype=np.int64, count=at)
+    pred = np.full((at + 1, 4), at, dtype=np.int64)  # row `at`: nothing (start -1)
+    for d, dev in enumerate(res):
+        for t, lst in enumerate(dev):
+            ids = np.arange(base[d][t], base[d][t] + len(lst))
+            pred[ids[1:], 0] = ids[:-1]
+            if 0 < t < 4:
+                pred[ids, 1] = np.arange(base[d][t - 1], base[d][t - 1] + len(lst))
+            near = d - 1 if t in (0, 2) else d + 1 if t in (1, 3) else -1
+            if 0 <= near < S:
+                pred[ids, 2] = np.arange(base[near][t], base[near][t] + len(lst))
+        ids = np.arange(base[d][0], base[d][0] + sum(len(lst) for lst in dev))
+        ids = ids[np.argsort(slot[ids], kind="stable")]
+        pred[ids[1:], 3] = ids[:-1]
+    order = np.argsort(slot, kind="stable")
+    cuts = np.flatnonzero(np.diff(slot[order])) + 1
+    start = np.full(at + 1, -1, dtype=np.int64)
+    for ids in np.split(order, cuts):
+        start[ids] = start[pred[ids]].max(axis=1) + 1
+    flat = start.tolist()
+    return [[flat[base[d][t] : base[d][t] + len(lst)] for t, lst in enumerate(dev)] for d, dev in enumerate(res)]
 
 
-def _peak_implicit(code: npt.NDArray[np.int64]) -> int:
-    """Most activations held on a device whose Ws fill its free slots (code -1), oldest first."""
-    forwards = np.cumsum((code == 0) | (code == 1))
-    backs = np.cumsum((code == 2) | (code == 3))
-    empty = np.cumsum(code == -1)
-    done = empty + np.minimum(0, np.minimum.accumulate(backs - empty))
-    return int((forwards - done).max())
+Implicit = tuple[list[int], list[int], list[int]]
+"""Per slot of a device whose Ws fill its free slots (code -1), oldest first: the activations
+held, the free-slot shortfall (how far backwards less free slots has fallen below 0: a free
+slot with no W to run), and backwards less free slots."""
+
+
+def _implicit(code: npt.NDArray[np.int64]) -> Implicit:
+    """:data:`Implicit` of a device's slots (code: pass type, -1 free)."""
+    x = np.cumsum(code >= 2) - np.cumsum(code == -1)
+    low = np.minimum(0, np.minimum.accumulate(x))
+    held = np.cumsum((code == 0) | (code == 1)) - np.cumsum(code == -1) - low
+    return held.tolist(), (-low).tolist(), x.tolist()
+
+
+def _move(state: Implicit, t: int, p: int, s: int) -> None:
+    """Update ``state`` in place for pass type ``t`` moved from slot ``s`` to free slot ``p``:
+    in [p, s) one free slot fewer and one forward (or backward) more; from ``s`` on the counts
+    are as before and the shortfall, never lower, as before from where it meets the old one."""
+    held, rise, x = state
+    fe, dx = (2, 1) if t <= 1 else (1, 2)  # forwards less free slots, backwards less free slots
+    x[p:s] = [v + dx for v in x[p:s]]
+    low = list(accumulate(x[p:s], min, initial=-rise[p - 1] if p else 0))[1:]
+    held[p:s] = [h + fe - r - lo for h, r, lo in zip(held[p:s], rise[p:s], low, strict=True)]
+    rise[p:s] = [-lo for lo in low]
+    cur = low[-1]
+    for i in range(s, len(x)):
+        if x[i] < cur:
+            cur = x[i]
+        if cur == -rise[i]:
+            break
+        held[i] -= rise[i] + cur
+        rise[i] = -cur
+
+
+def _fits(state: Implicit, t: int, p: int, s: int, most: int) -> bool:
+    """Whether moving pass type ``t`` (no Ws) from slot ``s`` to free slot ``p`` keeps the
+    implicit peak at most ``most``: in [p, s) a forward adds one held activation, and one
+    more up to the first slot whose shortfall grows past the one before ``p`` (that slot no
+    longer idles, so one W fewer has run); a backward adds one there (its W runs one slot
+    late); from ``s`` on nothing held grows."""
+    held, rise = state[0], state[1]
+    grows = min(s, bisect.bisect_right(rise, rise[p - 1] if p else 0))
+    if t <= 1:
+        return max(held[p:s]) < most and (grows == p or max(held[p:grows]) + 2 <= most)
+    return grows == p or max(held[p:grows]) < most
 
 
 def _reorder(res: Slots, with_w: bool, m: int) -> Slots:
@@ -153,49 +198,69 @@ def _reorder(res: Slots, with_w: bool, m: int) -> Slots:
     if with_w:
         res = [_with_w(dev, split=False) for dev in res]
     res = [[list(lst) for lst in dev] for dev in res]
+    S = len(res)
     size = [dev[-1][-1] + 1 for dev in res]
-    taken = [bytearray(n) for n in size]
     code = [np.full(n, -1, dtype=np.int64) for n in size]
-    held = []  # with_w: per device, activations held after each slot
     for d, dev in enumerate(res):
         for t, lst in enumerate(dev):
             code[d][lst] = t
-        held.append(np.cumsum((code[d] <= 1) & (code[d] >= 0)) - np.cumsum(code[d] == 4))
-    most = max(int(h.max()) for h in held) if with_w else max(_peak_implicit(c) for c in code)
+    if with_w:
+        held_w = [np.cumsum((c <= 1) & (c >= 0)) - np.cumsum(c == 4) for c in code]
+        most = max(int(h.max()) for h in held_w)
+    else:
+        state = [_implicit(c) for c in code]
+        most = max(max(h[0]) for h in state)
+    order = _in_order(res)  # kept in place: from device 0's first down-leg B (with_w; else
+    # from the first pass) to the first forward down the V of the last micro-batch after it
+    n = len(order)
+    at = np.flatnonzero((order[:, 2] == 3) & (order[:, 1] == 0))
+    turn = int(at[0]) if len(at) else n
+    at = np.flatnonzero((order[turn:, 2] == 0) & (order[turn:, 3] == m - 1))
+    last = turn + int(at[0]) if len(at) else n - 1
+    kept = order[turn : last + 1] if with_w else order[: last + 1]
+    grid = np.zeros((S, max(size)), dtype=np.uint8)
+    grid[kept[:, 1], kept[:, 0]] = 1
+    taken = [bytearray(grid[d, : size[d]].tobytes()) for d in range(S)]
     backs: list[list[int]] = [[] for _ in res]  # with_w: per device, placed B slots, sorted
-    phase = 0
-    for s, d, t, k in _in_order(res):
-        if t == 3 and d == 0 and phase == 0:
-            phase = 1
-        if phase == 1 or (phase == 0 and not with_w):
-            if phase == 1 and t == 0 and k == m - 1:
-                phase = 2
-            taken[d][s] = 1
-            if t in (2, 3):
-                bisect.insort(backs[d], s)
-            continue
-        first = max(_deps(res, d, t, k), default=-1) + 1
-        if t == 4:  # a W after the k-th backward of either chunk (all placed: slots < s)
-            first = max(first, backs[d][k] + 1)
+    moved: list[list[int]] = (np.concatenate((order[:turn], order[last + 1 :])) if with_w else order[last + 1 :]).tolist()
+    kept_b = kept[(kept[:, 2] == 2) | (kept[:, 2] == 3)]  # in slot order
+    for i, (s, d, t, k) in enumerate(moved):
+        if with_w and i == turn:  # the kept Bs, after those of the warm-up
+            for d2, b in zip(kept_b[:, 1].tolist(), kept_b[:, 0].tolist(), strict=True):
+                backs[d2].append(b)
+        mine = res[d]
+        first = 0
+        if t in (0, 2) and d > 0:
+            first = res[d - 1][t][k] + 1
+        elif t in (1, 3) and d + 1 < S:
+            first = res[d + 1][t][k] + 1
+        if 0 < t < 4 and mine[t - 1][k] >= first:
+            first = mine[t - 1][k] + 1
+        if k and mine[t][k - 1] >= first:
+            first = mine[t][k - 1] + 1
+        if t == 4 and backs[d][k] >= first:  # a W after the k-th backward of either chunk (all placed: slots < s)
+            first = backs[d][k] + 1
+        free = taken[d]
         to = s
-        for p in range(first, s):
-            if taken[d][p]:
-                continue
-            if with_w:
-                if t > 1 or int(held[d][p:s].max()) < most:
+        if with_w:
+            if t <= 1 and first < s and held_w[d][first:s].max() >= most:
+                first += int(np.flatnonzero(held_w[d][first:s] >= most)[-1]) + 1
+            p = free.find(0, first, s) if first < s else -1
+            if p >= 0:
+                to = p
+                if t <= 1 or t == 4:
+                    held_w[d][to:s] += 1 if t <= 1 else -1
+        else:
+            p = free.find(0, first, s) if first < s else -1
+            while p >= 0:
+                if _fits(state[d], t, p, s, most):
                     to = p
+                    _move(state[d], t, p, s)
                     break
-            else:
-                code[d][s], code[d][p] = -1, t
-                if _peak_implicit(code[d]) <= most:
-                    to = p
-                    break
-                code[d][p], code[d][s] = -1, t
-        if with_w and to < s:
-            held[d][to:s] += 1 if t <= 1 else -1 if t == 4 else 0
-        res[d][t][k] = to
-        taken[d][to] = 1
-        if t in (2, 3):
+                p = free.find(0, p + 1, s)
+        mine[t][k] = to
+        free[to] = 1
+        if with_w and t in (2, 3):
             bisect.insort(backs[d], to)
     if not with_w:
         res = [_with_w(dev, split=False) for dev in res]
@@ -206,8 +271,12 @@ def _rows(res: Slots) -> list[npt.NDArray[np.int64]]:
     """Each device's passes in slot order as (chunk, kind, micro-batch) rows."""
     S, out = len(res), []
     for d, dev in enumerate(res):
-        items = sorted((s, t, k) for t, lst in enumerate(dev) for k, s in enumerate(lst))
-        out.append(np.array([(d if _DOWN[t] else 2 * S - 1 - d, _KIND[t], k) for _, t, k in items], dtype=np.int64).reshape(-1, 3))
+        slots = np.concatenate([np.asarray(lst, dtype=np.int64) for lst in dev])
+        types = np.repeat(np.arange(len(dev)), [len(lst) for lst in dev])
+        ks = np.concatenate([np.arange(len(lst), dtype=np.int64) for lst in dev])
+        order = np.lexsort((ks, types, slots))
+        chunk = np.where(np.array(_DOWN)[types], d, 2 * S - 1 - d)
+        out.append(np.column_stack((chunk, np.array(_KIND)[types], ks))[order].astype(np.int64))
     return out
 
 
@@ -275,6 +344,21 @@ def inflight(rank_lists: RankLists, devices: int) -> tuple[float, ...]:
         for c, count in zip(chunks, counts, strict=True):
             held[int(c)] = float(count[at])
     return tuple(held)
+
+
+def held(pattern: Pattern, micro_batches: int) -> tuple[float, ...]:
+    """:func:`inflight` of :func:`lists` (``micro_batches >= 2S``), kept: the same for every
+    ``m >= 2S+1`` where the steady state tiles, so read off the ``2S+1`` lists. Each tiled
+    period runs one F and one W of each chunk of its device, so every chunk's count repeats
+    period by period: the counts along a device's list are the ``2S+1`` ones with that
+    period's counts repeated, the most held and the first slot it is reached at included."""
+    least = PER_DEVICE * len(pattern) + 1
+    return _held(pattern, min(micro_batches, least) if _steady(pattern) is not None else micro_batches)
+
+
+@cache
+def _held(pattern: Pattern, micro_batches: int) -> tuple[float, ...]:
+    return inflight(lists(pattern, micro_batches), len(pattern))
 
 
 def device_peak(rank_lists: RankLists) -> tuple[int, ...]:

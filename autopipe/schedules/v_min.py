@@ -61,7 +61,8 @@ def create_schedule(devices: int, micro_batches: int, virtual: int = 2) -> Sched
 
 def inflight(devices: int, micro_batches: int, virtual: int = 2) -> tuple[float, ...]:
     """Per chunk, the micro-batches it holds (F run, W not) when its device holds the most."""
-    return v_block.inflight(create_lists(devices, micro_batches, virtual), devices)
+    v_block.check("v-min", devices, micro_batches, virtual)
+    return v_block.held(pattern(devices), micro_batches)
 
 
 def makespan_units(devices: int, micro_batches: int) -> int:

@@ -182,6 +182,72 @@ def test_tiled_lists_are_the_full_build(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_inflight_is_read_off_the_lists(name: str) -> None:
+    """inflight reads the 2S+1 lists for every larger m (the tiled periods repeat the counts):
+    the same as reading each m's own lists."""
+    module = MODULES[name]
+    for S in (1, 2, 3, 5, 8):
+        for m in (2 * S, 2 * S + 1, 3 * S + 1, 4 * S + 3, 9 * S):
+            assert module.inflight(S, m) == v_block.inflight(module.create_lists(S, m), S), (S, m)
+
+
+def _peak_recounted(code: np.ndarray) -> int:
+    """Most activations held, Ws in the free slots oldest first, counted slot by slot."""
+    held = pending = most = 0
+    for c in code.tolist():
+        if c in (0, 1):
+            held += 1
+        elif c in (2, 3):
+            pending += 1
+        elif pending:
+            pending, held = pending - 1, held - 1
+        most = max(most, held)
+    return most
+
+
+def _ws_recounted(dev: list[list[int]], split: bool) -> list[list[int]]:
+    """Each B's W in the first free slot with a B waiting (up-leg first when split), slot by slot."""
+    kind = {s: t for t, lst in enumerate(dev) for s in lst}
+    pending, ws = [0, 0], [[], []]  # type: ignore[var-annotated]
+    last = max(kind)
+    for i in range(last + 1):
+        t = kind.get(i)
+        if t is not None:
+            pending[t - 2 if split else 0] += t >= 2
+        elif pending[0] or pending[1]:
+            w = 0 if pending[0] else 1
+            ws[w].append(i)
+            pending[w] -= 1
+    ws[0] += range(last + 1, last + 1 + pending[0])
+    ws[1] += range(last + 1 + pending[0], last + 1 + pending[0] + pending[1])
+    return [*dev, *ws] if split else [*dev, ws[0]]
+
+
+def test_reorder_counts_are_recounts() -> None:
+    """The reorder's shortcuts, on random slot codes: whether a move keeps the implicit-W peak
+    (and the counts it updates in place) as a full recount says; the Ws put back as a slot by
+    slot walk puts them."""
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        code = rng.choice([-1, -1, 0, 1, 2, 3], size=int(rng.integers(4, 40)))
+        state = v_block._implicit(code)
+        most = _peak_recounted(code)
+        assert max(state[0]) == most
+        s = int(rng.choice(np.flatnonzero(code >= 0)))
+        for p in np.flatnonzero(code[:s] == -1).tolist():
+            moved = code.copy()
+            moved[p], moved[s] = code[s], -1
+            assert v_block._fits(state, int(code[s]), p, s, most) == (_peak_recounted(moved) <= most)
+            again = (list(state[0]), list(state[1]), list(state[2]))
+            v_block._move(again, int(code[s]), p, s)
+            assert again == v_block._implicit(moved)
+        dev = [np.flatnonzero(code == t).tolist() for t in range(4)]
+        if any(dev):
+            for split in (False, True):
+                assert v_block._with_w(dev, split) == _ws_recounted(dev, split)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_rejects_bad_sizes_in_one_line(name: str) -> None:
     module = MODULES[name]
     with pytest.raises(ScheduleError) as info:
