@@ -107,25 +107,29 @@ class _Blocks:
 
     def __init__(self, p: PartitionProblem) -> None:
         self.comm = position_comm(p)[1]
-        self.prefix = prefix(p.time_s)
-        self.inb_diff = in_bytes_diff(p)
+        self.time = prefix(p.time_s)
+        self.static, self.act = prefix(p.static_bytes), prefix(p.activation_bytes)
+        self.inb_diff = in_bytes_diff(p) if p.recompute != "never" else None
         self.bands: dict[int, _Band] = {}
 
-    def band(self, p: PartitionProblem, bound: float) -> _Band:
-        """A band holding every range whose time is <= ``bound``."""
+    def band(self, p: PartitionProblem, bound: float, share: float, cap: float) -> _Band:
+        """A band holding every range whose time is <= ``bound`` and whose static bytes plus
+        ``share`` times its activations are <= ``cap`` (what every range that fits a stage
+        meets: ``share`` = min(1, least in-flight count), ``cap`` the largest stage's)."""
         n = p.blocks
-        if bound == np.inf:
-            width = n
-        else:
-            pt = self.prefix
-            reach = np.searchsorted(pt, pt + bound, side="right") - 1
-            width = min(n, int((reach - np.arange(n + 1)).max()) + 2)
+        width, start = n, np.arange(n + 1)
+        for pre, most in ((self.time, bound), (self.static + share * self.act, cap)):
+            if most < np.inf:
+                reach = np.searchsorted(pre, pre + most, side="right") - 1
+                width = min(width, int((reach - start).max()) + 2)
+        width = max(width, 1)
         while True:
             band = self.bands.get(width)
             if band is None:
-                band = self.bands[width] = _Band(p, width, self.inb_diff if p.recompute != "never" else None)
-            # the longest row must be over the bound wherever it is a range (sums only grow)
-            if width == n or not (band.time[0][band.valid[0]] <= bound).any():
+                band = self.bands[width] = _Band(p, width, self.inb_diff)
+            # the longest ranges must be out wherever they are ranges (sums only grow)
+            longest = (band.time[0] <= bound) & (band.static[0] + share * band.act[0] <= cap)
+            if width == n or not longest[band.valid[0]].any():
                 return band
             width = min(n, 2 * width)
 
@@ -173,14 +177,16 @@ def solve_chain(problem: PartitionProblem, *, explain: bool = True) -> Partition
     kept = _blocks_of(p)
     comm = kept.comm
     kinds, of_stage = stage_kinds(p)
-    lower = max(max(p.time_s), float(kept.prefix[n]) / S)
+    lower = max(max(p.time_s), float(kept.time[n]) / S)
+    share = min(1.0, *(k for k, _ in kinds))
+    cap = max(c for _, c in kinds)
     limit = 2.0 * lower
     while True:
-        band = kept.band(p, limit)
+        band = kept.band(p, limit, share, cap)
         by_kind = band.tables(p, kinds)
         tables = [by_kind[j] for j in of_stage]
         z = _bottleneck(p, band, comm, tables)
-        if z + EPS * z <= limit or band.width == n:
+        if z + EPS * z <= limit or limit == np.inf or band.width == n:
             break
         # a partition of the band's ranges attains z, so Z* <= z: a band to z holds it
         limit = 2.0 * z if np.isfinite(z) else np.inf
