@@ -111,6 +111,8 @@ class _Blocks:
         self.static, self.act = prefix(p.static_bytes), prefix(p.activation_bytes)
         self.inb_diff = in_bytes_diff(p) if p.recompute != "never" else None
         self.bands: dict[int, _Band] = {}
+        # answers by (stages, in-flight counts, limits, mode); None: nothing fits
+        self.answers: dict[tuple[object, ...], Partition | None] = {}
 
     def band(self, p: PartitionProblem, bound: float, share: float, cap: float) -> _Band:
         """A band holding every range whose time is <= ``bound`` and whose static bytes plus
@@ -173,8 +175,18 @@ def solve_chain(problem: PartitionProblem, *, explain: bool = True) -> Partition
     working out that limit (an O(S n^2) DP) when the caller only needs to know.
     """
     p = problem
-    n, S = p.blocks, p.stages
     kept = _blocks_of(p)
+    key = (p.stages, p.inflight, p.stage_memory_limit, p.recompute)
+    if key not in kept.answers:
+        kept.answers[key] = _solve(p, kept)
+    answer = kept.answers[key]
+    if answer is None:
+        raise infeasible_error(p) if explain else InfeasibleError("no partition fits")
+    return answer
+
+
+def _solve(p: PartitionProblem, kept: _Blocks) -> Partition | None:
+    n, S = p.blocks, p.stages
     comm = kept.comm
     kinds, of_stage = stage_kinds(p)
     lower = max(max(p.time_s), float(kept.time[n]) / S)
@@ -191,7 +203,7 @@ def solve_chain(problem: PartitionProblem, *, explain: bool = True) -> Partition
         # a partition of the band's ranges attains z, so Z* <= z: a band to z holds it
         limit = 2.0 * z if np.isfinite(z) else np.inf
     if not np.isfinite(z):
-        raise infeasible_error(p) if explain else InfeasibleError("no partition fits")
+        return None
 
     # Phase 2: least total among partitions whose every piece is <= Z*, then fewest recomputes.
     bound = z + EPS * z
