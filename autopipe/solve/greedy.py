@@ -247,15 +247,20 @@ class _Probes:
     def greedy(self, z: float) -> _Found | None:
         n, S, comm = self.n, self.S, self.comm_l
         starts, i = [0], 0
+        pt, pr = self.pt_l, self.pr_l
         for s in range(S):
             e, bound = i, True
-            if self.plain_ok:
-                reach = self._plain_reach(i, z)
+            if self.plain_ok:  # min(memory reach, time reach), the time reach found only if below
                 e = self.mem_plain_l[s][i]
-                bound = e < reach  # memory binds (else no recomputed stage reaches further)
-                e = min(e, reach)
-            if self.rc_ok and bound:
-                e = max(e, min(self.mem_rc_l[s][i], self._rc_reach(i, z)))
+                if pt[e] - pt[i] <= z:
+                    bound = e < n and pt[e + 1] - pt[i] <= z  # memory binds
+                else:
+                    e, bound = self._plain_reach(i, z), False
+            if self.rc_ok and bound:  # (else no recomputed stage reaches further)
+                r = self.mem_rc_l[s][i]
+                if not (pt[r] - pt[i]) + (pr[r] - pr[i]) <= z:
+                    r = self._rc_reach(i, z)
+                e = max(e, r)
             if s == S - 1:
                 return self._found(starts) if e >= n else None
             j = min(e, n - (S - 1 - s))
