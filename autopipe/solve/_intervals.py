@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from autopipe.solve.problem import EPS, PartitionProblem
 
-__all__ = ["InBytes", "in_bytes_matrix", "position_comm", "prefix", "range_sums", "stage_caps", "stage_kinds"]
+__all__ = ["InBytes", "in_bytes_diff", "in_bytes_matrix", "position_comm", "prefix", "range_sums", "stage_caps", "stage_kinds"]
 
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
@@ -67,12 +67,19 @@ def _in_bytes_entries(p: PartitionProblem) -> tuple[Ints, Ints, Floats]:
     return rows, cols, np.repeat(np.asarray(seg_b, dtype=np.float64), lengths)
 
 
-def in_bytes_matrix(p: PartitionProblem) -> Floats:
-    """``IN[i, j] = in_bytes`` of the contiguous stage [i, j), shape (n + 1, n + 1)."""
+def in_bytes_diff(p: PartitionProblem) -> Floats:
+    """Shape (n + 1, n + 2): row i summed up to column j is ``in_bytes`` of [i, j) (zero up
+    to column i)."""
     n = p.blocks
     rows, cols, vals = _in_bytes_entries(p)
     diff = np.bincount(rows * (n + 2) + cols, weights=vals, minlength=(n + 1) * (n + 2))
-    return np.asarray(np.cumsum(diff.reshape(n + 1, n + 2), axis=1)[:, : n + 1], dtype=np.float64)
+    return np.asarray(diff.reshape(n + 1, n + 2), dtype=np.float64)
+
+
+def in_bytes_matrix(p: PartitionProblem) -> Floats:
+    """``IN[i, j] = in_bytes`` of the contiguous stage [i, j), shape (n + 1, n + 1)."""
+    n = p.blocks
+    return np.asarray(np.cumsum(in_bytes_diff(p), axis=1)[:, : n + 1], dtype=np.float64)
 
 
 class InBytes:

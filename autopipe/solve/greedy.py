@@ -71,6 +71,34 @@ class Memo:
     plain: dict[tuple[float, float], Ints] = field(default_factory=dict)  # (in-flight, cap) -> furthest end
     rc: dict[tuple[float, float], Ints] = field(default_factory=dict)
     in_bytes: list[InBytes] = field(default_factory=list)  # at most one
+    plain_l: dict[tuple[float, float], list[int]] = field(default_factory=dict)  # the rows above as lists
+    rc_l: dict[tuple[float, float], list[int]] = field(default_factory=dict)
+    sums: list[_Sums] = field(default_factory=list)  # at most one
+
+
+@dataclass(frozen=True)
+class _Sums:
+    """Prefix sums of one set of blocks (and the comm of each cut), as arrays and as lists."""
+
+    pt: Floats
+    pr: Floats
+    comm: Floats
+    ps: Floats
+    pa: Floats
+    psa: Floats
+    pt_l: list[float]
+    pr_l: list[float]
+    comm_l: list[float]
+    ptr_l: list[float]
+    link: tuple[float, float]  # the comm's latency and bandwidth
+
+    @staticmethod
+    def of(p: PartitionProblem) -> _Sums:
+        pt, pr, comm = prefix(p.time_s), prefix(p.recompute_s), position_comm(p)[1]
+        psa = prefix(tuple(a + b for a, b in zip(p.static_bytes, p.activation_bytes, strict=True)))
+        return _Sums(pt, pr, comm, prefix(p.static_bytes), prefix(p.activation_bytes), psa,
+                     pt.tolist(), pr.tolist(), comm.tolist(), (pt + pr).tolist(),
+                     (p.link_latency_s, p.link_bandwidth))
 Cost = Callable[[Ints, Ints], Floats]
 
 
@@ -107,14 +135,14 @@ class _Probes:
         self.p = p
         n = self.n = p.blocks
         self.S = p.stages
-        self.pt = prefix(p.time_s)
-        self.pr = prefix(p.recompute_s)
-        self.comm = position_comm(p)[1]
+        memo = Memo() if memo is None else memo
+        if not memo.sums or memo.sums[0].link != (p.link_latency_s, p.link_bandwidth):
+            memo.sums[:] = [_Sums.of(p)]
+        sums = memo.sums[0]
+        self.pt, self.pr, self.comm = sums.pt, sums.pr, sums.comm
         self.plain_ok = p.recompute != "always"
         self.rc_ok = p.recompute != "never"
-        memo = Memo() if memo is None else memo
-        ps, pa = prefix(p.static_bytes), prefix(p.activation_bytes)
-        psa = prefix(tuple(a + b for a, b in zip(p.static_bytes, p.activation_bytes, strict=True)))
+        ps, pa, psa = sums.ps, sums.pa, sums.psa
         idx = np.arange(n + 1)
         kinds, of_stage = stage_kinds(p)  # stages alike reach alike: each kind computed once
         for k, cap in kinds:
@@ -150,13 +178,18 @@ class _Probes:
                 memo.rc[k, cap] = row
         plain_by_kind = [memo.plain[kind] for kind in kinds]
         rc_by_kind = [memo.rc[kind] if self.rc_ok else idx for kind in kinds]
-        plain_l, rc_l = [a.tolist() for a in plain_by_kind], [a.tolist() for a in rc_by_kind]
+        for kind in kinds:
+            if kind not in memo.plain_l:
+                memo.plain_l[kind] = memo.plain[kind].tolist()
+            if self.rc_ok and kind not in memo.rc_l:
+                memo.rc_l[kind] = memo.rc[kind].tolist()
+        plain_l = [memo.plain_l[kind] for kind in kinds]
+        rc_l = [memo.rc_l[kind] for kind in kinds] if self.rc_ok else [idx.tolist()] * len(kinds)
         self.mem_plain = [plain_by_kind[j] for j in of_stage]
         self.mem_rc = [rc_by_kind[j] for j in of_stage]
         self.mem_plain_l = [plain_l[j] for j in of_stage]
         self.mem_rc_l = [rc_l[j] for j in of_stage]
-        self.pt_l, self.pr_l, self.comm_l = self.pt.tolist(), self.pr.tolist(), self.comm.tolist()
-        self.ptr_l = (self.pt + self.pr).tolist()
+        self.pt_l, self.pr_l, self.comm_l, self.ptr_l = sums.pt_l, sums.pr_l, sums.comm_l, sums.ptr_l
 
     # -- per-probe pieces -------------------------------------------------------------------
     def _time_reach(self, z: float) -> tuple[Ints, Ints]:
@@ -214,12 +247,20 @@ class _Probes:
     def greedy(self, z: float) -> _Found | None:
         n, S, comm = self.n, self.S, self.comm_l
         starts, i = [0], 0
+        pt, pr = self.pt_l, self.pr_l
         for s in range(S):
-            e = i
-            if self.plain_ok:
-                e = min(self.mem_plain_l[s][i], self._plain_reach(i, z))
-            if self.rc_ok:
-                e = max(e, min(self.mem_rc_l[s][i], self._rc_reach(i, z)))
+            e, bound = i, True
+            if self.plain_ok:  # min(memory reach, time reach), the time reach found only if below
+                e = self.mem_plain_l[s][i]
+                if pt[e] - pt[i] <= z:
+                    bound = e < n and pt[e + 1] - pt[i] <= z  # memory binds
+                else:
+                    e, bound = self._plain_reach(i, z), False
+            if self.rc_ok and bound:  # (else no recomputed stage reaches further)
+                r = self.mem_rc_l[s][i]
+                if not (pt[r] - pt[i]) + (pr[r] - pr[i]) <= z:
+                    r = self._rc_reach(i, z)
+                e = max(e, r)
             if s == S - 1:
                 return self._found(starts) if e >= n else None
             j = min(e, n - (S - 1 - s))

@@ -74,8 +74,22 @@ class BlockTimes:
         )
 
 
+_RECENT: list[tuple[PartitionProblem, BlockTimes, tuple[int, ...], tuple[bool, ...], list[StageCost]]] = []
+"""The last few costs_of answers (the search bounds a split, then prices it: the same sums)."""
+
+
 def costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list[StageCost]:
     """What each stage costs per micro-batch, recomputation included (for the simulator)."""
+    for q, times, assignment, rc, hit in _RECENT:
+        if q is problem and times is t and assignment == part.stage_of_block and rc == part.recompute:
+            return list(hit)
+    costs = _costs_of(problem, part, t)
+    _RECENT.insert(0, (problem, t, part.stage_of_block, part.recompute, costs))
+    del _RECENT[8:]
+    return list(costs)
+
+
+def _costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list[StageCost]:
     stats = stage_stats(problem, part.stage_of_block)
     n = problem.stages
     f, b, bi, w = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n

@@ -36,13 +36,13 @@ def problem_of(profile: Profile, req: PlanRequest, decision: Decision) -> Partit
     peak decides what fits)."""
     u = req.batch_size // decision.micro_batches
     chunks = req.devices * decision.virtual
-    blocks = profile.blocks
+    time_s, recompute_s, static_bytes, activation_bytes, tensors = _blocks(profile, u, req.state_factor)
     return PartitionProblem(
-        time_s=tuple(b.forward_s(u) + b.backward_s(u) for b in blocks),
-        recompute_s=tuple(b.forward_s(u) for b in blocks),
-        static_bytes=tuple((b.param_bytes + b.shared_param_bytes) * req.state_factor for b in blocks),
-        activation_bytes=tuple(b.saved_bytes(u) for b in blocks),
-        tensors=tuple(Edge(t.src, t.dsts, t.bytes(u)) for t in profile.tensors if t.dsts),
+        time_s=time_s,
+        recompute_s=recompute_s,
+        static_bytes=static_bytes,
+        activation_bytes=activation_bytes,
+        tensors=tensors,
         stages=chunks,
         inflight=schedule_spec(decision.schedule).inflight(req.devices, decision.micro_batches, decision.virtual),
         stage_memory_limit=(req.memory_limit / decision.virtual,) * chunks,  # a device's v stages share it
@@ -50,6 +50,29 @@ def problem_of(profile: Profile, req: PlanRequest, decision: Decision) -> Partit
         link_bandwidth=req.link_bandwidth,
         recompute=req.recompute,
     )
+
+
+Blocks = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...], tuple[float, ...], tuple[Edge, ...]]
+_RECENT: list[tuple[Profile, int, float, Blocks]] = []
+"""The last few micro-batch sizes' per-block numbers (by the profile's identity): every
+decision at one micro-batch size shares them, and the solvers key what they keep on them."""
+
+
+def _blocks(profile: Profile, u: int, state_factor: float) -> Blocks:
+    for prof, size, factor, hit in _RECENT:
+        if prof is profile and size == u and factor == state_factor:
+            return hit
+    blocks = profile.blocks
+    hit = (
+        tuple(b.forward_s(u) + b.backward_s(u) for b in blocks),
+        tuple(b.forward_s(u) for b in blocks),
+        tuple((b.param_bytes + b.shared_param_bytes) * state_factor for b in blocks),
+        tuple(b.saved_bytes(u) for b in blocks),
+        tuple(Edge(t.src, t.dsts, t.bytes(u)) for t in profile.tensors if t.dsts),
+    )
+    _RECENT.insert(0, (profile, u, state_factor, hit))
+    del _RECENT[16:]
+    return hit
 
 
 def split_assignment(sizes: Sequence[int]) -> tuple[int, ...]:
