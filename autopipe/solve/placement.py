@@ -8,7 +8,8 @@ shorter step):
                                  (all-reduce over NVLink); pipeline hops cross nodes
     pipelines within nodes       a whole pipeline shares a node when S divides n / t (hops
                                  over NVLink); the all-reduce crosses nodes
-    pipeline across nodes        the same order when S does not fit a node: hops on the network
+    ... across nodes             when neither fits a node's n / t slots (a node holds one
+                                 tensor-parallel group, say): hops and all-reduce on the network
 
 (one node: every link is NVLink). Between stages each of the t devices sends its 1/t of the
 activation, so a hop moves at t links' bandwidth; a stage's gradients are ring all-reduced
@@ -49,7 +50,7 @@ class Cluster:
 class Layout:
     stages: int  # S
     data_parallel: int  # D
-    placement: str  # "one node", "data-parallel within nodes", "pipelines within nodes", "pipeline across nodes"
+    placement: str  # "one node", "data-parallel within nodes", "pipelines within nodes", or what crosses nodes
     p2p_bandwidth: float  # between neighbouring pipeline stages (a whole t-wide group's)
     allreduce_bandwidth: float  # within one stage's data-parallel group, per device
     tensor_parallel: int = 1  # t
@@ -72,11 +73,12 @@ def layouts(stages: int, data_parallel: int, cluster: Cluster, tensor_parallel: 
     S, D = stages, data_parallel
     if S * D <= n:
         return [Layout(S, D, "one node", nv * t, nv, t, lat, lat)]
-    inner = n % S == 0
+    inner, replicas_inner = n % S == 0, n % D == 0
+    across = "pipeline and data-parallel across nodes" if S > 1 and D > 1 else "pipeline across nodes" if S > 1 else "data-parallel across nodes"
     out = [
-        Layout(S, D, "data-parallel within nodes", net * t, nv if n % D == 0 else net, t, nlat, lat if n % D == 0 else nlat),
-        Layout(S, D, "pipelines within nodes" if inner else "pipeline across nodes", (nv if inner else net) * t, net, t,
-               lat if inner else nlat, nlat),
+        Layout(S, D, "data-parallel within nodes" if replicas_inner else across, net * t, nv if replicas_inner else net, t, nlat,
+               lat if replicas_inner else nlat),
+        Layout(S, D, "pipelines within nodes" if inner else across, (nv if inner else net) * t, net, t, lat if inner else nlat, nlat),
     ]  # fmt: skip
     if S == 1 or D == 1:  # no hops, or no all-reduce: one of the two is moot
         out = [out[0] if S == 1 else out[1]]

@@ -29,7 +29,8 @@ def test_ring_allreduce_time(nbytes: float, group: int, bandwidth: float, latenc
         (2, 2, [("one node", 100, 100)]),  # 4 devices fit one node: NVLink everywhere
         (2, 4, [("data-parallel within nodes", 10, 100), ("pipelines within nodes", 100, 10)]),
         (8, 1, [("pipeline across nodes", 10, 10)]),  # 8 stages span 2 nodes, nothing to reduce
-        (1, 8, [("data-parallel within nodes", 10, 10)]),  # 8 replicas span 2 nodes
+        (1, 8, [("data-parallel across nodes", 10, 10)]),  # 8 replicas span 2 nodes
+        (8, 3, [("pipeline and data-parallel across nodes", 10, 10)]),  # neither divides a node of 4
     ],
 )
 def test_layouts_price_the_links_each_placement_uses(S: int, D: int, expected: list[tuple[str, float, float]]) -> None:
