@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
@@ -57,10 +58,10 @@ def synthetic_profile(n: int, seed: int = 0) -> Profile:
     return Profile("synthetic", TraceRecipe(tracer="fx", fingerprint="0"), "cuda: synthetic", "-", "bfloat16", (1, 2), "measured", tuple(blocks), tuple(tensors))
 
 
-def one_run(n: int, stages: int, batch: int, memory: float) -> dict[str, object]:
+def one_run(n: int, stages: int, batch: int, memory: float, recompute: str = "auto") -> dict[str, object]:
     """One cold plan, timed: the profile is built first and not timed."""
     prof = synthetic_profile(n)
-    req = PlanRequest(devices=stages, batch_size=batch, memory_limit=memory, link_bandwidth=50e9, link_latency_s=1e-5)
+    req = PlanRequest(devices=stages, batch_size=batch, memory_limit=memory, link_bandwidth=50e9, link_latency_s=1e-5, recompute=recompute)
     t0, c0 = time.perf_counter(), time.process_time()
     plan = plan_pipeline(prof, req)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -91,16 +92,39 @@ def bench(n: int, stages: int, batch: int, memory: float, repeat: int, without: 
     )
 
 
+def gaps(without: str) -> None:
+    """The plan's gap to the best lower bound with and without a memory limit, recomputation
+    off and automatic (one cold run each)."""
+    for n, stages, batch, memory in ((100, 8, 64, 8 * 2**30), (1000, 64, 512, 16 * 2**30)):
+        for limit in (memory, math.inf):
+            for recompute in ("auto", "never"):
+                cmd = [sys.executable, __file__, "--one", f"{n},{stages},{batch},{limit},{recompute}", "--without", without]
+                out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                if out.returncode:
+                    print(f"{n:5d} -> {stages:3d}, memory {limit / 2**30:g} GiB, recompute {recompute}: {out.stderr.strip().splitlines()[-1]}")
+                    continue
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                print(
+                    f"{n:5d} -> {stages:3d}, memory {limit / 2**30:g} GiB, recompute {recompute}: {r['schedule']}, m={r['m']}, "
+                    f"iteration {float(r['iteration']):.3f} s, {float(r['gap']):.1%} above the best lower bound "
+                    f"(planned in {float(r['cpu']):.2f} s CPU)"
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--without", default="", help="schedules to leave out of the search, comma-separated")
-    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # n,stages,batch,memory: one timed run, JSON out
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # n,stages,batch,memory[,recompute]: one timed run, JSON out
+    parser.add_argument("--gaps", action="store_true", help="the gap to the lower bound with and without a memory limit, recompute off and auto")
     args = parser.parse_args()
     left_out = {x for x in args.without.split(",") if x}
     request.SEARCH_SCHEDULES = tuple(s for s in request.SEARCH_SCHEDULES if s not in left_out)  # what decisions() reads
     if args.one is not None:
-        n, stages, batch, memory = args.one.split(",")
-        print(json.dumps(one_run(int(n), int(stages), int(batch), float(memory))))
+        n, stages, batch, memory, *recompute = args.one.split(",")
+        print(json.dumps(one_run(int(n), int(stages), int(batch), float(memory), *recompute)))
+        return
+    if args.gaps:
+        gaps(args.without)
         return
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, Python {sys.version.split()[0]}; "
           f"searching {', '.join(request.SEARCH_SCHEDULES)}")

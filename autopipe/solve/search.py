@@ -212,10 +212,11 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
 def _split(profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes, fits_rule: bool) -> tuple[float, Split]:
     """``c``'s cuts as a queue item, bounded as ``price_split`` will price them: nothing recomputed
     where every device may fit so (``plain_may_fit``), else c's (evaluate's rule, the solvers'
-    too); inf when neither fits (``fits_rule``: c fits evaluate's rule)."""
+    too); inf when neither fits (``fits_rule``: c fits evaluate's rule). With recomputation off
+    nothing-recomputed is the only way, and the simulated peak decides as in "auto"."""
     d, p = c.decision, c.problem
     sizes = sizes_of(c.partition, p.stages)
-    plain = p.recompute == "auto" and plain_may_fit(p, d, req.devices, req.memory_limit, sizes)
+    plain = p.recompute != "always" and plain_may_fit(p, d, req.devices, req.memory_limit, sizes)
     if not plain and not fits_rule:
         return math.inf, Split(d, sizes, c.source)
     if plain:
