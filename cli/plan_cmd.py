@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
@@ -150,22 +149,15 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
         if given is not None and gpus is None:
             raise UsageError(f"{flag} applies to the devices of --gpus G; give --gpus as well")
     if gpus is not None:
-        _check_split(gpus, stages, tensor, data)
+        from autopipe.solve.cluster import check_degrees
+
+        check_degrees(gpus, [("--tensor-parallel", tensor), ("--stages", stages), ("--data-parallel", data)], "--gpus")
     from autopipe.costs.devices import read_cluster_file
 
     cluster = tuple(read_cluster_file(args.cluster).items()) if args.cluster is not None else ()
     return PlanFlags(
         batch, stages, micro, virtual, memory, bandwidth, latency, overhead, recompute, gpus, output, timeline, tensor, data, cluster, balance
     )  # fmt: skip
-
-
-def _check_split(gpus: int, stages: int | None, tensor: int | None, data: int | None) -> None:
-    """The pinned t, S and D must multiply into (a divisor of) --gpus."""
-    pinned = [(f, v) for f, v in (("--tensor-parallel", tensor), ("--stages", stages), ("--data-parallel", data)) if v is not None]
-    product = math.prod(v for _, v in pinned)
-    if gpus % product or (len(pinned) == 3 and product != gpus):
-        said = " x ".join(f"{f} {v}" for f, v in pinned)
-        raise UsageError(f"{said} = {product} does not {'equal' if len(pinned) == 3 else 'divide'} --gpus {gpus}; pin degrees whose product divides it")
 
 
 def _timeline_path(text: str | None) -> str | None:

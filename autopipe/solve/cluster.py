@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from autopipe.graph.recipe import TraceRecipe
     from autopipe.solve.search import Progress
 
-__all__ = ["count_for_plan", "plan_cluster", "tensor_options"]
+__all__ = ["check_degrees", "count_for_plan", "plan_cluster", "tensor_options"]
 
 
 def count_for_plan(
@@ -76,15 +76,20 @@ def tensor_options(counts: ModelCounts, spec: DeviceSpec, cluster: Cluster, sequ
     return TensorOptions(shape, price, sequence_parallel)
 
 
-def _check_degrees(gpus: int, pinned: Sequence[tuple[str, int | None]]) -> None:
-    for name, value in [("gpus", gpus), *pinned]:
+def check_degrees(gpus: int, pinned: Sequence[tuple[str, int | None]], gpus_name: str = "gpus") -> None:
+    """The pinned degrees (``(name, value or None)``: t, S, D) must multiply into a divisor of
+    ``gpus`` (into ``gpus`` itself when all three are pinned); PlanError naming them as given
+    (keywords here, flags on the command line)."""
+    for name, value in [(gpus_name, gpus), *pinned]:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise PlanError(f"{name} must be a whole number >= 1, not {value!r}")
     given = [(name, v) for name, v in pinned if v is not None]
     product = math.prod(v for _, v in given)
     if gpus % product or (len(given) == 3 and product != gpus):
         said = " x ".join(f"{name} {v}" for name, v in given)
-        raise PlanError(f"{said} = {product} does not {'equal' if len(given) == 3 else 'divide'} gpus {gpus}; pin degrees whose product divides it")
+        raise PlanError(
+            f"{said} = {product} does not {'equal' if len(given) == 3 else 'divide'} {gpus_name} {gpus}; pin degrees whose product divides it"
+        )
 
 
 def _cluster_fields(cluster: Mapping[str, float] | str | os.PathLike[str] | None) -> dict[str, float]:
@@ -135,7 +140,7 @@ def plan_cluster(
     from autopipe.solve.defaults import parallel_request
     from autopipe.units import parse_bytes
 
-    _check_degrees(gpus, [("tensor_parallel", tensor_parallel), ("stages", stages), ("data_parallel", data_parallel)])
+    check_degrees(gpus, [("tensor_parallel", tensor_parallel), ("stages", stages), ("data_parallel", data_parallel)])
     fields = _cluster_fields(cluster)
     spec = stored_calibration(device_spec(device, device_files), calibration)
     counts = count_for_plan(model, kwargs, spec, dtype=dtype, progress=progress)
