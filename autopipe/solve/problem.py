@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autopipe.errors import PlanError
+from autopipe.solve.stage_sums import stage_sums
 
 __all__ = ["EPS", "Edge", "Partition", "PartitionProblem", "evaluate", "memory_fits"]
 
@@ -219,11 +220,23 @@ def stage_stats(p: PartitionProblem, stage_of_block: Sequence[int]) -> StageStat
     return st
 
 
+_VECTOR_FROM = 64  # blocks from which _stage_stats sums with numpy (below, the loop is faster)
+
+
 def _stage_stats(p: PartitionProblem, stage_of_block: tuple[int, ...]) -> StageStats:
-    n, S = p.blocks, p.stages
+    n = p.blocks
     if len(stage_of_block) != n:
         raise PlanError(f"the assignment has {len(stage_of_block)} entries but there are "
                         f"{n} blocks; give one stage per block")
+    if n < _VECTOR_FROM:
+        return _stage_stats_py(p, stage_of_block)
+    blocks = (p.time_s, p.recompute_s, p.static_bytes, p.activation_bytes)
+    (time, extra, static, act), in_bytes, cut = stage_sums(blocks, p.tensors, p.stages, stage_of_block)
+    return StageStats(time, extra, static, act, in_bytes, cut, tuple(comm_time(p, b) for b in cut))
+
+
+def _stage_stats_py(p: PartitionProblem, stage_of_block: tuple[int, ...]) -> StageStats:
+    S = p.stages
     time, extra, static, act = [0.0] * S, [0.0] * S, [0.0] * S, [0.0] * S
     for i, s in enumerate(stage_of_block):
         if not 0 <= s < S:
