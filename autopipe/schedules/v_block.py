@@ -41,6 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from autopipe.errors import ScheduleError
+from autopipe.schedules import simcore
 from autopipe.schedules.lists import B, F, RankLists, W
 from autopipe.schedules.validate import check_sizes
 
@@ -267,26 +268,30 @@ def _reorder(res: Slots, with_w: bool, m: int) -> Slots:
     return _squeeze(res)
 
 
-def _rows(res: Slots) -> list[npt.NDArray[np.int64]]:
-    """Each device's passes in slot order as (chunk, kind, micro-batch) rows."""
-    S, out = len(res), []
-    for d, dev in enumerate(res):
-        slots = np.concatenate([np.asarray(lst, dtype=np.int64) for lst in dev])
-        types = np.repeat(np.arange(len(dev)), [len(lst) for lst in dev])
-        ks = np.concatenate([np.arange(len(lst), dtype=np.int64) for lst in dev])
-        order = np.lexsort((ks, types, slots))
-        chunk = np.where(np.array(_DOWN)[types], d, 2 * S - 1 - d)
-        out.append(np.column_stack((chunk, np.array(_KIND)[types], ks))[order].astype(np.int64))
-    return out
+def _rows(slots: npt.NDArray[np.int64]) -> list[npt.NDArray[np.int64]]:
+    """Each device's passes in slot order (ties: type, micro-batch) as (chunk, kind,
+    micro-batch) rows, from the ``(S, 6, m)`` slots of :func:`build`."""
+    S, types, m = slots.shape
+    order = np.argsort(slots.reshape(S, types * m), axis=1, kind="stable")  # columns: (type, k)
+    rows = np.empty((S, types * m, 3), dtype=np.int64)
+    device = np.arange(S, dtype=np.int64)[:, None]
+    rows[:, :, 0] = np.where(np.repeat(np.array(_DOWN), m)[order], device, 2 * S - 1 - device)
+    rows[:, :, 1] = np.repeat(np.array(_KIND, dtype=np.int64), m)[order]
+    rows[:, :, 2] = order % m
+    return list(rows)
 
 
 def build(pattern: Pattern, micro_batches: int) -> list[npt.NDArray[np.int64]]:
     """The lists of ``pattern`` repeated ``micro_batches`` times, squeezed and reordered (the
-    steps of the module docstring, run in full)."""
-    repeated = [[list(range(x, x + PERIOD * micro_batches, PERIOD)) for x in dev] for dev in pattern]
-    first = _reorder(repeated, True, micro_batches)
-    second = _reorder([dev[:4] for dev in first], False, micro_batches)
-    return _rows([_with_w(dev[:4], split=True) for dev in second])
+    steps of the module docstring, run in full: in C when built, :func:`simcore.v_build`;
+    else the Python steps here, the same integer operations)."""
+    slots = simcore.v_build(np.array(pattern, dtype=np.int64).reshape(-1, 4), micro_batches)
+    if slots is None:
+        repeated = [[list(range(x, x + PERIOD * micro_batches, PERIOD)) for x in dev] for dev in pattern]
+        first = _reorder(repeated, True, micro_batches)
+        second = _reorder([dev[:4] for dev in first], False, micro_batches)
+        slots = np.array([_with_w(dev[:4], split=True) for dev in second], dtype=np.int64)
+    return _rows(slots)
 
 
 @cache

@@ -30,6 +30,7 @@ from autopipe.schedules import (
     one_f_one_b,
     schedule_names,
     schedule_spec,
+    simcore,
     v_block,
     v_half,
     v_min,
@@ -179,6 +180,24 @@ def test_tiled_lists_are_the_full_build(name: str) -> None:
     assert spec.create_lists is module.create_lists
     got, want = spec.lists(4, 9, 2), from_schedule(module.create_schedule(4, 9), 4)
     assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.skipif(not simcore.native_available(), reason="the C extension is not built")
+def test_c_build_is_the_python_build() -> None:
+    """simcore.v_build (C) and v_block's Python steps give the same lists, both patterns, every
+    S <= 12 at a few m in [2S, 2S+3], and S = 16, 24 once."""
+    cases = [(S, m) for S in range(1, 13) for m in sorted({2 * S, 2 * S + 1 + S % 3})] + [(16, 33), (24, 48)]
+    for module in MODULES.values():
+        for S, m in cases:
+            before = simcore.use_native(True)
+            try:
+                in_c = v_block.build(module.pattern(S), m)
+                simcore.use_native(False)
+                in_python = v_block.build(module.pattern(S), m)
+            finally:
+                simcore.use_native(before)
+            assert len(in_c) == len(in_python) == S
+            assert all(np.array_equal(a, b) for a, b in zip(in_c, in_python, strict=True)), (module.__name__, S, m)
 
 
 @pytest.mark.parametrize("name", NAMES)
