@@ -341,14 +341,15 @@ def inflight(rank_lists: RankLists, devices: int) -> tuple[float, ...]:
     """Per chunk, the micro-batches whose activations it holds (F run, W not yet) when its
     device holds the most: the two chunks of a device sum to that most (their own peaks come
     at different times, and their sum would overstate the device's)."""
-    held = [0.0] * (2 * devices)
+    held = np.zeros(2 * devices)
     for rows in rank_lists:
-        chunks = np.unique(rows[:, 0])
-        counts = [np.cumsum((rows[:, 0] == c) & (rows[:, 1] == F)) - np.cumsum((rows[:, 0] == c) & (rows[:, 1] == W)) for c in chunks]
-        at = int(np.argmax(np.sum(counts, axis=0)))
-        for c, count in zip(chunks, counts, strict=True):
-            held[int(c)] = float(count[at])
-    return tuple(held)
+        if not len(rows):
+            continue
+        step = (rows[:, 1] == F).astype(np.int64) - (rows[:, 1] == W)  # the device's count moves
+        at = int(np.argmax(np.cumsum(step)))  # first slot of the most
+        mine = np.bincount(rows[:, 0], minlength=2 * devices) > 0
+        held[mine] = np.bincount(rows[: at + 1, 0], weights=step[: at + 1], minlength=2 * devices)[mine]
+    return tuple(held.tolist())
 
 
 def held(pattern: Pattern, micro_batches: int) -> tuple[float, ...]:

@@ -210,6 +210,22 @@ def test_inflight_is_read_off_the_lists(name: str) -> None:
             assert module.inflight(S, m) == v_block.inflight(module.create_lists(S, m), S), (S, m)
 
 
+def test_inflight_is_a_per_chunk_recount() -> None:
+    """inflight (one count per device, chunks read off at its first most) against counting each
+    chunk on its own and reading all of them where their sum first peaks."""
+    for module in MODULES.values():
+        for S, m in ((1, 3), (3, 7), (6, 13)):
+            lists = module.create_lists(S, m)
+            want = [0.0] * (2 * S)
+            for rows in lists:
+                chunks = sorted(set(rows[:, 0].tolist()))
+                counts = [np.cumsum((rows[:, 0] == c) & (rows[:, 1] == 0)) - np.cumsum((rows[:, 0] == c) & (rows[:, 1] == 2)) for c in chunks]
+                at = int(np.argmax(np.sum(counts, axis=0)))
+                for c, count in zip(chunks, counts, strict=True):
+                    want[c] = float(count[at])
+            assert v_block.inflight(lists, S) == tuple(want), (module.__name__, S, m)
+
+
 def _peak_recounted(code: np.ndarray) -> int:
     """Most activations held, Ws in the free slots oldest first, counted slot by slot."""
     held = pending = most = 0
