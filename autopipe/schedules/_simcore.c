@@ -1,5 +1,6 @@
 /* The simulator's two hot loops in C: autopipe/schedules/simcore.py is the pure-Python twin
- * (the reference and the fallback) and documents the arrays. Built at install by setup.py
+ * (the reference and the fallback) and documents the arrays. A last, separate section builds
+ * V-Half / V-Min (v_build; its twin is autopipe/schedules/v_block.py). Built at install by setup.py
  * (optional: without a compiler autopipe runs the Python loops). Buffers come through the
  * buffer protocol (numpy arrays, C-contiguous: the schedule's rows int64, per-action indices
  * int32, times and bytes float64; split is one byte per action);
@@ -408,14 +409,18 @@ vb_squeeze(int64_t *sl, int64_t S, int64_t m)
         first[0] = 0;
         for (int64_t d = 0; d < S; d++)
             last[d] = total;
-        for (int64_t i = 0; i < total; i++) {
-            int64_t id = i, d = id / per, r = id % per, t = r < 4 * m ? r / m : 4;
-            int64_t k = t < 4 ? r % m : r - 4 * m, *q = pred + 4 * id;
-            q[0] = k ? id - 1 : total;
-            q[1] = (t > 0 && t < 4) ? id - m : total;
-            int64_t near = (t == 0 || t == 2) ? d - 1 : (t == 1 || t == 3) ? d + 1 : -1;
-            q[2] = (near >= 0 && near < S) ? near * per + t * m + k : total;
-        }
+        for (int64_t d = 0; d < S; d++)
+            for (int64_t t = 0; t < 5; t++) {
+                int64_t near = (t == 0 || t == 2) ? d - 1 : (t == 1 || t == 3) ? d + 1 : -1;
+                int64_t id = d * per + t * m, other = near * per + t * m;
+                int has_near = near >= 0 && near < S;
+                for (int64_t k = 0; k < (t < 4 ? m : 2 * m); k++, id++) {
+                    int64_t *q = pred + 4 * id;
+                    q[0] = k ? id - 1 : total;
+                    q[1] = (t > 0 && t < 4) ? id - m : total;
+                    q[2] = has_near ? other + k : total;
+                }
+            }
         for (int64_t j = 0; j < total; j++) { /* the one before on its device, by slot */
             int64_t id = order[j], d = id / per;
             pred[4 * id + 3] = last[d];

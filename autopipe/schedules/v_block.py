@@ -19,10 +19,13 @@ paper does:
 
 Each device's list is its passes in slot order. The steady state is the block itself, six
 passes every six slots with no idle slot; the warm-up and cool-down do not depend on ``m``.
-:func:`build` runs the steps (about 0.1-0.3 s per ``m`` at ``S = 64``, 0.5-1.3 s at
-``S = 128``, one core): the reorder checks a move against the highest memory by updating the
-per-slot counts of what it changes (no recount of the device), the Ws go back as a queue
-served in the free slots, the squeeze runs all passes of one slot at once (numpy);
+:func:`build` runs the steps in C when the extension is built (:func:`simcore.v_build`,
+``_simcore.c``: about 5-10 ms per ``m`` at ``S = 64``, 30-50 ms at ``S = 128``, one core;
+``bench/bench_build.py --v``), else in Python here (the twin: the same integer operations in
+the same order, the same lists, tests/schedules/test_v_block.py; 20-40x slower): the reorder
+checks a move against the highest memory by updating the per-slot counts of what it changes
+(no recount of the device), the Ws go back as a queue served in the free slots, the squeeze
+runs all passes of one slot at once;
 :func:`lists` runs them for ``m = 2S`` and ``2S+1`` once per block, which shows where one
 more micro-batch's six passes go, and tiles them in with numpy for any larger ``m`` (tens of
 nanoseconds per action; the same lists as running the steps for ``m``, checked in
