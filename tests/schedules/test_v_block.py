@@ -198,8 +198,12 @@ def test_c_build_is_the_python_build() -> None:
                 simcore.use_native(before)
             assert len(in_c) == len(in_python) == S
             assert all(np.array_equal(a, b) for a, b in zip(in_c, in_python, strict=True)), (module.__name__, S, m)
-    with pytest.raises(ValueError, match=r"^_simcore\.v_build: a pattern slot out of range$"):
-        simcore.v_build(np.array([[-1, 0, 1, 2]]), 2)
+    before = simcore.use_native(True)
+    try:
+        with pytest.raises(ValueError, match=r"^_simcore\.v_build: a pattern slot out of range$"):
+            simcore.v_build(np.array([[-1, 0, 1, 2]]), 2)
+    finally:
+        simcore.use_native(before)
 
 
 @pytest.mark.parametrize("name", NAMES)
