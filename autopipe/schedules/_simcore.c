@@ -11,6 +11,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int
 sized(const Py_buffer *b, Py_ssize_t count, Py_ssize_t item, const char *name)
@@ -336,6 +337,30 @@ done:
  * while reordering, or the up-leg and the down-leg Ws (m each) at the end. A pass's index in
  * this array is its flat id. */
 
+/* v_build's work arrays, kept between calls (the GIL is held throughout), as order's table is:
+ * fresh pages for every build cost more than the build itself (2-3x at 64 devices). Each array
+ * has its own entry; one only grows. */
+enum { VB_FIRST, VB_ORDER, VB_PRED, VB_START, VB_LAST, VB_FRESH, VB_SIZE, VB_BASE, VB_ROWS,
+       VB_CNT, VB_CODE, VB_HELD, VB_RISE, VB_X, VB_TAKEN, VB_BACKS, VB_NB, VB_W, VB_BUFS };
+static void *vb_kept[VB_BUFS];
+static size_t vb_room[VB_BUFS];
+
+/* Entry `which`, at least `bytes` long (zeroed when `zero`); NULL when out of memory. */
+static void *
+vb_buf(int which, size_t bytes, int zero)
+{
+    if (bytes > vb_room[which]) {
+        free(vb_kept[which]);
+        vb_kept[which] = malloc(bytes);
+        vb_room[which] = vb_kept[which] ? bytes : 0;
+        if (!vb_kept[which])
+            return NULL;
+    }
+    if (zero)
+        memset(vb_kept[which], 0, bytes);
+    return vb_kept[which];
+}
+
 /* v_block._with_w: each B's W in the first free slot with a B waiting (up-leg first when
  * split), the rest after the device's last pass. code: room for the device's slots. */
 static int
@@ -390,12 +415,12 @@ static int
 vb_squeeze(int64_t *sl, int64_t S, int64_t m)
 {
     const int64_t per = 6 * m, total = S * per, span = vb_span(sl, total);
-    int64_t *first = calloc((size_t)span + 1, sizeof(int64_t));
-    int64_t *order = malloc((size_t)total * sizeof(int64_t));
-    int64_t *pred = malloc((size_t)total * 4 * sizeof(int64_t));
-    int64_t *start = malloc((size_t)(total + 1) * sizeof(int64_t));
-    int64_t *last = malloc((size_t)S * sizeof(int64_t));
-    int64_t *fresh = malloc((size_t)total * sizeof(int64_t));
+    int64_t *first = vb_buf(VB_FIRST, ((size_t)span + 1) * sizeof(int64_t), 1);
+    int64_t *order = vb_buf(VB_ORDER, (size_t)total * sizeof(int64_t), 0);
+    int64_t *pred = vb_buf(VB_PRED, (size_t)total * 4 * sizeof(int64_t), 0);
+    int64_t *start = vb_buf(VB_START, (size_t)(total + 1) * sizeof(int64_t), 0);
+    int64_t *last = vb_buf(VB_LAST, (size_t)S * sizeof(int64_t), 0);
+    int64_t *fresh = vb_buf(VB_FRESH, (size_t)total * sizeof(int64_t), 0);
     int ok = first && order && pred && start && last && fresh;
     if (ok) {
         for (int64_t i = 0; i < total; i++) /* counting sort by slot, stable in id */
@@ -444,12 +469,6 @@ vb_squeeze(int64_t *sl, int64_t S, int64_t m)
         for (int64_t i = 0; i < total; i++)
             sl[i] = start[i];
     }
-    free(first);
-    free(order);
-    free(pred);
-    free(start);
-    free(last);
-    free(fresh);
     return ok ? 0 : -1;
 }
 
@@ -513,9 +532,10 @@ vb_reorder(int64_t *sl, int64_t S, int64_t m, int with_w, int64_t *scratch, int6
         for (int64_t d = 0; d < S; d++)
             if (vb_with_w(sl + d * per, m, 0, scratch, room) < 0)
                 return -1;
-    int64_t *size = malloc((size_t)S * sizeof(int64_t)), *base = malloc((size_t)(S + 1) * sizeof(int64_t));
+    int64_t *size = vb_buf(VB_SIZE, (size_t)S * sizeof(int64_t), 0);
+    int64_t *base = vb_buf(VB_BASE, (size_t)(S + 1) * sizeof(int64_t), 0);
     const int64_t n = S * lists;
-    int64_t *rows = malloc((size_t)n * 4 * sizeof(int64_t)), *cnt = NULL, *code = NULL, *held = NULL;
+    int64_t *rows = vb_buf(VB_ROWS, (size_t)n * 4 * sizeof(int64_t), 0), *cnt = NULL, *code = NULL, *held = NULL;
     int64_t *rise = NULL, *x = NULL, *backs = NULL, *nb = NULL;
     unsigned char *taken = NULL;
     int ok = 0;
@@ -527,18 +547,18 @@ vb_reorder(int64_t *sl, int64_t S, int64_t m, int with_w, int64_t *scratch, int6
         base[d + 1] = base[d] + size[d];
     }
     const int64_t all = base[S];
-    code = malloc((size_t)all * sizeof(int64_t));
-    held = malloc((size_t)all * sizeof(int64_t));
-    rise = malloc((size_t)all * sizeof(int64_t));
-    x = malloc((size_t)all * sizeof(int64_t));
-    taken = calloc((size_t)all, 1);
-    backs = malloc((size_t)S * 2 * m * sizeof(int64_t));
-    nb = calloc((size_t)S, sizeof(int64_t));
+    code = vb_buf(VB_CODE, (size_t)all * sizeof(int64_t), 0);
+    held = vb_buf(VB_HELD, (size_t)all * sizeof(int64_t), 0);
+    rise = vb_buf(VB_RISE, (size_t)all * sizeof(int64_t), 0);
+    x = vb_buf(VB_X, (size_t)all * sizeof(int64_t), 0);
+    taken = vb_buf(VB_TAKEN, (size_t)all, 1);
+    backs = vb_buf(VB_BACKS, (size_t)S * 2 * m * sizeof(int64_t), 0);
+    nb = vb_buf(VB_NB, (size_t)S * sizeof(int64_t), 1);
     int64_t span = 0;
     for (int64_t d = 0; d < S; d++)
         if (size[d] > span)
             span = size[d];
-    cnt = calloc((size_t)span + 1, sizeof(int64_t));
+    cnt = vb_buf(VB_CNT, ((size_t)span + 1) * sizeof(int64_t), 1);
     if (!code || !held || !rise || !x || !taken || !backs || !nb || !cnt)
         goto out;
     for (int64_t i = 0; i < all; i++)
@@ -687,17 +707,6 @@ vb_reorder(int64_t *sl, int64_t S, int64_t m, int with_w, int64_t *scratch, int6
     }
     ok = 1;
 out:
-    free(size);
-    free(base);
-    free(rows);
-    free(cnt);
-    free(code);
-    free(held);
-    free(rise);
-    free(x);
-    free(taken);
-    free(backs);
-    free(nb);
     if (!ok) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
@@ -748,7 +757,7 @@ sc_v_build(PyObject *self, PyObject *args)
     /* a pass never moves later than where the repeat put it (the reorder and the squeeze only
      * move passes earlier): the scratch covers every slot of an F or a B */
     const int64_t room = top + 6 * (int64_t)m + 1;
-    scratch_w = malloc((size_t)room * sizeof(int64_t));
+    scratch_w = vb_buf(VB_W, (size_t)room * sizeof(int64_t), 0);
     if (!scratch_w) {
         PyErr_NoMemory();
         goto done;
@@ -760,7 +769,6 @@ sc_v_build(PyObject *self, PyObject *args)
             goto done;
     result = Py_NewRef(Py_None);
 done:
-    free(scratch_w);
     PyBuffer_Release(&b_pat);
     PyBuffer_Release(&b_out);
     if (result == NULL && !PyErr_Occurred())
