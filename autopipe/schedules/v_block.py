@@ -20,7 +20,7 @@ paper does:
 Each device's list is its passes in slot order. The steady state is the block itself, six
 passes every six slots with no idle slot; the warm-up and cool-down do not depend on ``m``.
 :func:`build` runs the steps in C when the extension is built (:func:`simcore.v_build`,
-``_simcore.c``: about 5-10 ms per ``m`` at ``S = 64``, 30-50 ms at ``S = 128``, one core;
+``_simcore.c``: about 5-10 ms per ``m`` at ``S = 64``, 25-50 ms at ``S = 128``, one core;
 ``bench/bench_build.py --v``), else in Python here (the twin: the same integer operations in
 the same order, the same lists, tests/schedules/test_v_block.py; 20-40x slower): the reorder
 checks a move against the highest memory by updating the per-slot counts of what it changes
