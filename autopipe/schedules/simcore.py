@@ -9,7 +9,9 @@ W), run here on integer and float arrays:
   each action's dependencies as positions in that order;
 - :func:`run` — every action's start and end, each rank's busy time and the iteration time, for
   K candidates (K rows of durations and link times) in one call;
-- :func:`memory` — each rank's peak bytes, walking its own list.
+- :func:`memory` — each rank's peak bytes, walking its own list;
+- :func:`v_build` — the V-Half / V-Min slots of a building block
+  (:func:`autopipe.schedules.v_block.build`'s steps; its Python twin is v_block.py itself).
 
 Each has two implementations that give the same numbers to the last bit (the same floating-point
 operations in the same order; tested): the C extension ``autopipe.schedules._simcore``, built by
@@ -27,7 +29,19 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Floats", "Index", "Ints", "Order", "memory", "native_available", "native_in_use", "order", "run", "use_native"]
+__all__ = [
+    "Floats",
+    "Index",
+    "Ints",
+    "Order",
+    "memory",
+    "native_available",
+    "native_in_use",
+    "order",
+    "run",
+    "use_native",
+    "v_build",
+]
 
 Ints = npt.NDArray[np.int64]
 Index = npt.NDArray[np.int32]  # per action (int32: half the memory to fill for 300,000 actions)
@@ -259,3 +273,16 @@ def memory(rows: Ints, offsets: Ints, home: Ints, has_w: bool, costs: Floats) ->
                     top = held
             peak[c, r] = top
     return peak
+
+
+def v_build(pattern: Ints, micro_batches: int) -> Ints | None:
+    """:func:`autopipe.schedules.v_block.build`'s slots in C: ``(S, 6, m)``, per device its F
+    down, F up, B up, B down, up-leg W and down-leg W slots, each in micro-batch order, for
+    ``pattern`` (``(S, 4)``: micro-batch 0's slots) repeated ``micro_batches`` times; None when
+    the C loops are off (v_block then runs its Python steps, the same integer operations)."""
+    if not (_use and _NATIVE is not None):
+        return None
+    pat = np.ascontiguousarray(pattern, dtype=np.int64)
+    out = np.empty((len(pat), 6, micro_batches), dtype=np.int64)
+    _NATIVE.v_build(pat, len(pat), micro_batches, out)
+    return out

@@ -19,10 +19,13 @@ paper does:
 
 Each device's list is its passes in slot order. The steady state is the block itself, six
 passes every six slots with no idle slot; the warm-up and cool-down do not depend on ``m``.
-:func:`build` runs the steps (about 0.1-0.3 s per ``m`` at ``S = 64``, 0.5-1.3 s at
-``S = 128``, one core): the reorder checks a move against the highest memory by updating the
-per-slot counts of what it changes (no recount of the device), the Ws go back as a queue
-served in the free slots, the squeeze runs all passes of one slot at once (numpy);
+:func:`build` runs the steps in C when the extension is built (:func:`simcore.v_build`,
+``_simcore.c``: about 5-10 ms per ``m`` at ``S = 64``, 25-50 ms at ``S = 128``, one core;
+``bench/bench_build.py --v``), else in Python here (the twin: the same integer operations in
+the same order, the same lists, tests/schedules/test_v_block.py; 20-40x slower): the reorder
+checks a move against the highest memory by updating the per-slot counts of what it changes
+(no recount of the device), the Ws go back as a queue served in the free slots, the squeeze
+runs all passes of one slot at once;
 :func:`lists` runs them for ``m = 2S`` and ``2S+1`` once per block, which shows where one
 more micro-batch's six passes go, and tiles them in with numpy for any larger ``m`` (tens of
 nanoseconds per action; the same lists as running the steps for ``m``, checked in
@@ -41,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from autopipe.errors import ScheduleError
+from autopipe.schedules import simcore
 from autopipe.schedules.lists import B, F, RankLists, W
 from autopipe.schedules.validate import check_sizes
 
@@ -267,26 +271,30 @@ def _reorder(res: Slots, with_w: bool, m: int) -> Slots:
     return _squeeze(res)
 
 
-def _rows(res: Slots) -> list[npt.NDArray[np.int64]]:
-    """Each device's passes in slot order as (chunk, kind, micro-batch) rows."""
-    S, out = len(res), []
-    for d, dev in enumerate(res):
-        slots = np.concatenate([np.asarray(lst, dtype=np.int64) for lst in dev])
-        types = np.repeat(np.arange(len(dev)), [len(lst) for lst in dev])
-        ks = np.concatenate([np.arange(len(lst), dtype=np.int64) for lst in dev])
-        order = np.lexsort((ks, types, slots))
-        chunk = np.where(np.array(_DOWN)[types], d, 2 * S - 1 - d)
-        out.append(np.column_stack((chunk, np.array(_KIND)[types], ks))[order].astype(np.int64))
-    return out
+def _rows(slots: npt.NDArray[np.int64]) -> list[npt.NDArray[np.int64]]:
+    """Each device's passes in slot order (ties: type, micro-batch) as (chunk, kind,
+    micro-batch) rows, from the ``(S, 6, m)`` slots of :func:`build`."""
+    S, types, m = slots.shape
+    order = np.argsort(slots.reshape(S, types * m), axis=1, kind="stable")  # columns: (type, k)
+    rows = np.empty((S, types * m, 3), dtype=np.int64)
+    device = np.arange(S, dtype=np.int64)[:, None]
+    rows[:, :, 0] = np.where(np.repeat(np.array(_DOWN), m)[order], device, 2 * S - 1 - device)
+    rows[:, :, 1] = np.repeat(np.array(_KIND, dtype=np.int64), m)[order]
+    rows[:, :, 2] = order % m
+    return list(rows)
 
 
 def build(pattern: Pattern, micro_batches: int) -> list[npt.NDArray[np.int64]]:
     """The lists of ``pattern`` repeated ``micro_batches`` times, squeezed and reordered (the
-    steps of the module docstring, run in full)."""
-    repeated = [[list(range(x, x + PERIOD * micro_batches, PERIOD)) for x in dev] for dev in pattern]
-    first = _reorder(repeated, True, micro_batches)
-    second = _reorder([dev[:4] for dev in first], False, micro_batches)
-    return _rows([_with_w(dev[:4], split=True) for dev in second])
+    steps of the module docstring, run in full: in C when built, :func:`simcore.v_build`;
+    else the Python steps here, the same integer operations)."""
+    slots = simcore.v_build(np.array(pattern, dtype=np.int64).reshape(-1, 4), micro_batches)
+    if slots is None:
+        repeated = [[list(range(x, x + PERIOD * micro_batches, PERIOD)) for x in dev] for dev in pattern]
+        first = _reorder(repeated, True, micro_batches)
+        second = _reorder([dev[:4] for dev in first], False, micro_batches)
+        slots = np.array([_with_w(dev[:4], split=True) for dev in second], dtype=np.int64)
+    return _rows(slots)
 
 
 @cache
@@ -336,14 +344,15 @@ def inflight(rank_lists: RankLists, devices: int) -> tuple[float, ...]:
     """Per chunk, the micro-batches whose activations it holds (F run, W not yet) when its
     device holds the most: the two chunks of a device sum to that most (their own peaks come
     at different times, and their sum would overstate the device's)."""
-    held = [0.0] * (2 * devices)
+    held = np.zeros(2 * devices)
     for rows in rank_lists:
-        chunks = np.unique(rows[:, 0])
-        counts = [np.cumsum((rows[:, 0] == c) & (rows[:, 1] == F)) - np.cumsum((rows[:, 0] == c) & (rows[:, 1] == W)) for c in chunks]
-        at = int(np.argmax(np.sum(counts, axis=0)))
-        for c, count in zip(chunks, counts, strict=True):
-            held[int(c)] = float(count[at])
-    return tuple(held)
+        if not len(rows):
+            continue
+        step = (rows[:, 1] == F).astype(np.int64) - (rows[:, 1] == W)  # the device's count moves
+        at = int(np.argmax(np.cumsum(step)))  # first slot of the most
+        mine = np.bincount(rows[:, 0], minlength=2 * devices) > 0
+        held[mine] = np.bincount(rows[: at + 1, 0], weights=step[: at + 1], minlength=2 * devices)[mine]
+    return tuple(held.tolist())
 
 
 def held(pattern: Pattern, micro_batches: int) -> tuple[float, ...]:

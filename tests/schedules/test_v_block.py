@@ -30,6 +30,7 @@ from autopipe.schedules import (
     one_f_one_b,
     schedule_names,
     schedule_spec,
+    simcore,
     v_block,
     v_half,
     v_min,
@@ -181,6 +182,30 @@ def test_tiled_lists_are_the_full_build(name: str) -> None:
     assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 
 
+@pytest.mark.skipif(not simcore.native_available(), reason="the C extension is not built")
+def test_c_build_is_the_python_build() -> None:
+    """simcore.v_build (C) and v_block's Python steps give the same lists, both patterns, every
+    S <= 12 at a few m in [2S, 2S+3], and S = 16, 24 once."""
+    cases = [(S, m) for S in range(1, 13) for m in sorted({2 * S, 2 * S + 1 + S % 3})] + [(16, 33), (24, 48)]
+    for module in MODULES.values():
+        for S, m in cases:
+            before = simcore.use_native(True)
+            try:
+                in_c = v_block.build(module.pattern(S), m)
+                simcore.use_native(False)
+                in_python = v_block.build(module.pattern(S), m)
+            finally:
+                simcore.use_native(before)
+            assert len(in_c) == len(in_python) == S
+            assert all(np.array_equal(a, b) for a, b in zip(in_c, in_python, strict=True)), (module.__name__, S, m)
+    before = simcore.use_native(True)
+    try:
+        with pytest.raises(ValueError, match=r"^_simcore\.v_build: a pattern slot out of range$"):
+            simcore.v_build(np.array([[-1, 0, 1, 2]]), 2)
+    finally:
+        simcore.use_native(before)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_inflight_is_read_off_the_lists(name: str) -> None:
     """inflight reads the 2S+1 lists for every larger m (the tiled periods repeat the counts):
@@ -189,6 +214,22 @@ def test_inflight_is_read_off_the_lists(name: str) -> None:
     for S in (1, 2, 3, 5, 8):
         for m in (2 * S, 2 * S + 1, 3 * S + 1, 4 * S + 3, 9 * S):
             assert module.inflight(S, m) == v_block.inflight(module.create_lists(S, m), S), (S, m)
+
+
+def test_inflight_is_a_per_chunk_recount() -> None:
+    """inflight (one count per device, chunks read off at its first most) against counting each
+    chunk on its own and reading all of them where their sum first peaks."""
+    for module in MODULES.values():
+        for S, m in ((1, 3), (3, 7), (6, 13)):
+            lists = module.create_lists(S, m)
+            want = [0.0] * (2 * S)
+            for rows in lists:
+                chunks = sorted(set(rows[:, 0].tolist()))
+                counts = [np.cumsum((rows[:, 0] == c) & (rows[:, 1] == 0)) - np.cumsum((rows[:, 0] == c) & (rows[:, 1] == 2)) for c in chunks]
+                at = int(np.argmax(np.sum(counts, axis=0)))
+                for c, count in zip(chunks, counts, strict=True):
+                    want[c] = float(count[at])
+            assert v_block.inflight(lists, S) == tuple(want), (module.__name__, S, m)
 
 
 def _peak_recounted(code: np.ndarray) -> int:
