@@ -38,6 +38,10 @@ upper bound moves to M, a value some partition attains; once the bracket is belo
 relative, the next probe is at the float just below the upper bound. So the result's
 bottleneck *is* Z* (in this module's arithmetic: range sums as prefix differences).
 
+**In C.** The greedy probe and its bisection run in ``_probe.c`` where it is built (the
+simulator's switch: ``AUTOPIPE_NO_SIMCORE=1`` runs the Python twin below, the same partition to
+the last bit; the C finds each memory reach by binary search where the twin reads a table).
+
 **Total is approximate.** Phase 2 (least total at Z*) is not solved here: the result is the
 greedy (or exact-probe) partition at Z*, whose total may exceed the optimum. Use
 :func:`~autopipe.solve.chain.solve_chain` when the total matters and n is moderate.
@@ -49,18 +53,32 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import numpy as np
 from numpy.typing import NDArray
 
 from autopipe.errors import InfeasibleError
+from autopipe.schedules import simcore
 from autopipe.solve._intervals import Floats, InBytes, position_comm, prefix, stage_kinds
+from autopipe.solve._intervals import stage_caps as caps
 from autopipe.solve.min_memory import infeasible_error
 from autopipe.solve.problem import Partition, PartitionProblem, contiguous_assignment, evaluate
 
 __all__ = ["solve_fast"]
 
 Ints = NDArray[np.int64]
+
+
+def _load() -> ModuleType | None:
+    try:
+        from autopipe.solve import _probe
+    except ImportError:  # built without a C compiler: the Python probe below
+        return None
+    return _probe
+
+
+_NATIVE = _load()  # used where the simulator's C core is (simcore.native_in_use: AUTOPIPE_NO_SIMCORE=1 is off)
 
 
 @dataclass(frozen=True)
@@ -133,15 +151,25 @@ class _Probes:
 
     def __init__(self, p: PartitionProblem, memo: Memo | None = None) -> None:
         self.p = p
-        n = self.n = p.blocks
+        self.n = p.blocks
         self.S = p.stages
-        memo = Memo() if memo is None else memo
+        self.memo = memo = Memo() if memo is None else memo
         if not memo.sums or memo.sums[0].link != (p.link_latency_s, p.link_bandwidth):
             memo.sums[:] = [_Sums.of(p)]
-        sums = memo.sums[0]
+        self.sums = sums = memo.sums[0]
         self.pt, self.pr, self.comm = sums.pt, sums.pr, sums.comm
+        self.pt_l, self.pr_l, self.comm_l, self.ptr_l = sums.pt_l, sums.pr_l, sums.comm_l, sums.ptr_l
         self.plain_ok = p.recompute != "always"
         self.rc_ok = p.recompute != "never"
+        self.tabled = False  # the memory reach tables: built by the first Python probe (_tables)
+
+    def _tables(self) -> None:
+        """Each stage's memory reach from every start (with and without recomputation), as
+        arrays and lists; per kind in the memo (computed once per blocks and kind)."""
+        if self.tabled:
+            return
+        self.tabled = True
+        p, n, memo, sums = self.p, self.n, self.memo, self.sums
         ps, pa, psa = sums.ps, sums.pa, sums.psa
         idx = np.arange(n + 1)
         kinds, of_stage = stage_kinds(p)  # stages alike reach alike: each kind computed once
@@ -156,9 +184,7 @@ class _Probes:
             memo.plain[k, cap] = _furthest(plain_mem, np.searchsorted(pw, pw + cap, side="right") - 1, cap)
         new = [(k, cap) for k, cap in kinds if (k, cap) not in memo.rc]
         if self.rc_ok and new:  # binary search on the end, vectorised over all (kind, start) pairs
-            if not memo.in_bytes:
-                memo.in_bytes.append(InBytes(p))
-            inb = memo.in_bytes[0]
+            inb = self._in_bytes()
             shape = (len(new), n + 1)
             start = np.broadcast_to(idx, shape).ravel()
             k_v = np.broadcast_to(np.asarray([k for k, _ in new], dtype=np.float64)[:, None], shape).ravel()
@@ -189,7 +215,24 @@ class _Probes:
         self.mem_rc = [rc_by_kind[j] for j in of_stage]
         self.mem_plain_l = [plain_l[j] for j in of_stage]
         self.mem_rc_l = [rc_l[j] for j in of_stage]
-        self.pt_l, self.pr_l, self.comm_l, self.ptr_l = sums.pt_l, sums.pr_l, sums.comm_l, sums.ptr_l
+
+    def _in_bytes(self) -> InBytes:
+        if not self.memo.in_bytes:
+            self.memo.in_bytes.append(InBytes(self.p))
+        return self.memo.in_bytes[0]
+
+    def native(self, lower: float, tolerance: float) -> _Found | None:
+        """``greedy(inf)``, then ``_bisect(greedy, lower, that, tolerance)``, in C (_probe.c:
+        the same partition, to the last bit); None where ``greedy(inf)`` gets stuck."""
+        assert _NATIVE is not None
+        p, s, none = self.p, self.sums, np.zeros(0)
+        inb = self._in_bytes() if self.rc_ok else None
+        keys, cum, row_base = (none.astype(np.int64), none, none) if inb is None else (inb.keys, inb.cum, inb.row_base)
+        starts, rc = np.zeros(self.S, dtype=np.int64), np.zeros(self.S, dtype=np.bool_)
+        worst = _NATIVE.solve(s.pt, s.pr, s.comm, s.ps, s.pa, s.psa, keys, cum, row_base,
+                              np.asarray(p.inflight, dtype=np.float64), caps(p),
+                              self.plain_ok, self.rc_ok, lower, tolerance, starts, rc)
+        return None if worst is None else _Found(tuple(starts.tolist()), tuple(rc.tolist()), worst)
 
     # -- per-probe pieces -------------------------------------------------------------------
     def _time_reach(self, z: float) -> tuple[Ints, Ints]:
@@ -212,6 +255,7 @@ class _Probes:
         return ok
 
     def _found(self, starts: list[int]) -> _Found:
+        self._tables()
         ends = [*starts[1:], self.n]
         worst, rcs = 0.0, []
         pt, pr = self.pt_l, self.pr_l
@@ -245,6 +289,7 @@ class _Probes:
         return e
 
     def greedy(self, z: float) -> _Found | None:
+        self._tables()
         n, S, comm = self.n, self.S, self.comm_l
         starts, i = [0], 0
         pt, pr = self.pt_l, self.pr_l
@@ -273,6 +318,7 @@ class _Probes:
         raise AssertionError("unreachable")
 
     def exact(self, z: float) -> _Found | None:
+        self._tables()
         n, S = self.n, self.S
         tp, tr = self._time_reach(z)
         allowed = self._allowed(z)
@@ -331,9 +377,13 @@ def solve_fast(problem: PartitionProblem, *, explain: bool = True, tolerance: fl
     p = problem
     probes = _Probes(p, memo)
     lower = 0.5 * max(max(p.time_s), float(probes.pt[-1]) / p.stages)  # below Z*, safely
-    start = probes.greedy(math.inf)
-    if start is not None:
-        best = _bisect(probes.greedy, lower, start, tolerance)
+    if _NATIVE is not None and simcore.native_in_use():
+        found = probes.native(lower, tolerance)
+    else:
+        start = probes.greedy(math.inf)
+        found = None if start is None else _bisect(probes.greedy, lower, start, tolerance)
+    if found is not None:
+        best = found
         below = math.nextafter(best.worst, -math.inf)
         if below >= 0 and tolerance <= 0:
             witness = probes.exact(below)  # certify: nothing strictly better exists

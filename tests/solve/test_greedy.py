@@ -1,6 +1,7 @@
 """The bisection solver's two shortcuts for the search: a tolerance on the bottleneck, and the
 memory reach kept across problems on the same blocks (``solve_fast(tolerance=, memo=)``),
-checked against the exact solver on seeded random chains."""
+checked against the exact solver on seeded random chains; and its C probe (_probe.c) against
+the Python twin, bit for bit."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import dataclasses
 import math
 import random
 
+import pytest
+
 from autopipe.errors import InfeasibleError
-from autopipe.solve import Edge, Partition, PartitionProblem, evaluate, solve_fast
+from autopipe.schedules import simcore
+from autopipe.solve import Edge, Partition, PartitionProblem, evaluate, greedy, solve_fast
 from autopipe.solve.greedy import Memo
 
 
@@ -65,3 +69,36 @@ def test_a_memo_changes_nothing_and_a_tolerance_stays_within_it() -> None:
                 checked += 1
         assert memo.plain and memo.in_bytes
     assert checked > 30
+
+
+def random_problem(rng: random.Random) -> PartitionProblem:
+    """Random blocks, stages, in-flight counts, per-stage limits (or none) and recompute mode."""
+    base = blocks(rng, rng.randint(8, 80))
+    S = rng.randint(1, min(12, base.blocks))
+    inflight = tuple(float(rng.randint(1, S + 1)) for _ in range(S))
+    per = sum(base.static_bytes) / S + max(base.activation_bytes)
+    limits = tuple(per * rng.uniform(0.8, 5) for _ in range(S)) if rng.random() < 0.8 else (math.inf,) * S
+    mode = rng.choice(["auto", "always", "never"])
+    return dataclasses.replace(base, stages=S, inflight=inflight, stage_memory_limit=limits, recompute=mode)
+
+
+@pytest.mark.skipif(not greedy._NATIVE, reason="the C probe is not built (no C compiler at install)")
+def test_the_c_probe_gives_the_python_twins_partition_to_the_last_bit() -> None:
+    rng = random.Random(11)
+    stuck = found = 0
+    for _ in range(100):
+        p = random_problem(rng)
+        probes = greedy._Probes(p, Memo())
+        lower = 0.5 * max(max(p.time_s), float(probes.pt[-1]) / p.stages)
+        for tolerance in (0.0, 1e-6, 1e-2):
+            start = probes.greedy(math.inf)
+            twin = None if start is None else greedy._bisect(probes.greedy, lower, start, tolerance)
+            assert probes.native(lower, tolerance) == twin  # starts, recompute flags, largest piece
+            stuck, found = stuck + (twin is None), found + (twin is not None)
+        before = simcore.use_native(False)
+        try:
+            python = solved(p)
+        finally:
+            simcore.use_native(before)
+        assert solved(p) == python
+    assert stuck > 50 and found > 150  # both ways out are checked
