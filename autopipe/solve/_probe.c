@@ -230,7 +230,9 @@ pr_solve(PyObject *self, PyObject *args)
         goto done;
     }
     while (hi - lo > tolerance * hi) { /* _bisect */
-        double mid = hi - lo > 1e-12 * hi ? lo + (hi - lo) / 2 : nextafter(hi, -INFINITY);
+        double mid = hi > 2 * lo && 2 * lo > 0 ? lo * sqrt(hi / lo)
+                     : hi - lo > 1e-12 * hi   ? lo + (hi - lo) / 2
+                                              : nextafter(hi, -INFINITY);
         if (!(lo < mid && mid < hi))
             break;
         double worst;

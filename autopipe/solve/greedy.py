@@ -33,14 +33,15 @@ is exact because the feasible ends from each start form a prefix (above). If gre
 ends at Z_g and the exact probe rejects the next float below Z_g, Z* = Z_g exactly;
 otherwise (rare) bisection repeats with the exact probe.
 
-**Exact Z.** Each successful probe returns a partition whose largest piece M <= Z, and the
-upper bound moves to M, a value some partition attains; once the bracket is below 1e-12
-relative, the next probe is at the float just below the upper bound. So the result's
-bottleneck *is* Z* (in this module's arithmetic: range sums as prefix differences).
+**Exact Z.** The bracket starts at max(longest block, total / S) less a rounding margin
+(:func:`_lower`) and is split at its geometric mean while over 2x, then halved. Each successful
+probe returns a partition whose largest piece M <= Z, and the upper bound moves to M, a value
+some partition attains; once the bracket is below 1e-12 relative, the next probe is at the
+float just below the upper bound. So the result's bottleneck *is* Z* (in this module's
+arithmetic: range sums as prefix differences).
 
-**In C.** The greedy probe and its bisection run in ``_probe.c`` where it is built (the
-simulator's switch: ``AUTOPIPE_NO_SIMCORE=1`` runs the Python twin below, the same partition to
-the last bit; the C finds each memory reach by binary search where the twin reads a table).
+**In C.** ``_probe.c`` runs the greedy probe and its bisection where it is built; the Python
+twin below (``AUTOPIPE_NO_SIMCORE=1``) gives the same partition to the last bit.
 
 **Total is approximate.** Phase 2 (least total at Z*) is not solved here: the result is the
 greedy (or exact-probe) partition at Z*, whose total may exceed the optimum. Use
@@ -150,9 +151,7 @@ class _Probes:
     """Precomputed prefix sums and per-stage memory reach of one problem."""
 
     def __init__(self, p: PartitionProblem, memo: Memo | None = None) -> None:
-        self.p = p
-        self.n = p.blocks
-        self.S = p.stages
+        self.p, self.n, self.S = p, p.blocks, p.stages
         self.memo = memo = Memo() if memo is None else memo
         if not memo.sums or memo.sums[0].link != (p.link_latency_s, p.link_bandwidth):
             memo.sums[:] = [_Sums.of(p)]
@@ -161,6 +160,8 @@ class _Probes:
         self.pt_l, self.pr_l, self.comm_l, self.ptr_l = sums.pt_l, sums.pr_l, sums.comm_l, sums.ptr_l
         self.plain_ok = p.recompute != "always"
         self.rc_ok = p.recompute != "never"
+        if self.rc_ok and not memo.in_bytes:
+            memo.in_bytes.append(InBytes(p))
         self.tabled = False  # the memory reach tables: built by the first Python probe (_tables)
 
     def _tables(self) -> None:
@@ -184,7 +185,7 @@ class _Probes:
             memo.plain[k, cap] = _furthest(plain_mem, np.searchsorted(pw, pw + cap, side="right") - 1, cap)
         new = [(k, cap) for k, cap in kinds if (k, cap) not in memo.rc]
         if self.rc_ok and new:  # binary search on the end, vectorised over all (kind, start) pairs
-            inb = self._in_bytes()
+            inb = memo.in_bytes[0]
             shape = (len(new), n + 1)
             start = np.broadcast_to(idx, shape).ravel()
             k_v = np.broadcast_to(np.asarray([k for k, _ in new], dtype=np.float64)[:, None], shape).ravel()
@@ -216,17 +217,12 @@ class _Probes:
         self.mem_plain_l = [plain_l[j] for j in of_stage]
         self.mem_rc_l = [rc_l[j] for j in of_stage]
 
-    def _in_bytes(self) -> InBytes:
-        if not self.memo.in_bytes:
-            self.memo.in_bytes.append(InBytes(self.p))
-        return self.memo.in_bytes[0]
-
     def native(self, lower: float, tolerance: float) -> _Found | None:
         """``greedy(inf)``, then ``_bisect(greedy, lower, that, tolerance)``, in C (_probe.c:
         the same partition, to the last bit); None where ``greedy(inf)`` gets stuck."""
         assert _NATIVE is not None
         p, s, none = self.p, self.sums, np.zeros(0)
-        inb = self._in_bytes() if self.rc_ok else None
+        inb = self.memo.in_bytes[0] if self.rc_ok else None
         keys, cum, row_base = (none.astype(np.int64), none, none) if inb is None else (inb.keys, inb.cum, inb.row_base)
         starts, rc = np.zeros(self.S, dtype=np.int64), np.zeros(self.S, dtype=np.bool_)
         worst = _NATIVE.solve(s.pt, s.pr, s.comm, s.ps, s.pa, s.psa, keys, cum, row_base,
@@ -350,8 +346,9 @@ def _bisect(probe: Callable[[float], _Found | None], lo: float, best: _Found, to
     """Smallest attained Z in (lo, best.worst] for which ``probe`` succeeds (within
     ``tolerance``, relative, when it is positive)."""
     hi = best.worst
-    while hi - lo > tolerance * hi:
-        mid = lo + (hi - lo) / 2 if hi - lo > 1e-12 * hi else math.nextafter(hi, -math.inf)
+    while hi - lo > tolerance * hi:  # halving the ratio first while it is over 2, then the gap
+        mid = (lo * math.sqrt(hi / lo) if hi > 2 * lo > 0
+               else lo + (hi - lo) / 2 if hi - lo > 1e-12 * hi else math.nextafter(hi, -math.inf))
         if not lo < mid < hi:
             return best
         found = probe(mid)
@@ -360,6 +357,12 @@ def _bisect(probe: Callable[[float], _Found | None], lo: float, best: _Found, to
         else:
             best, hi = found, found.worst
     return best
+
+
+def _lower(p: PartitionProblem, total: float) -> float:
+    """Below Z*: a stage holds the longest block, one at least 1/S of the total; less the
+    rounding of prefix differences (under 2 ulps of the total each, total <= S * bound)."""
+    return max(max(p.time_s), total / p.stages) * (1 - 1e-14 * (p.stages + 1))
 
 
 def solve_fast(problem: PartitionProblem, *, explain: bool = True, tolerance: float = 0.0, memo: Memo | None = None) -> Partition:
@@ -376,7 +379,7 @@ def solve_fast(problem: PartitionProblem, *, explain: bool = True, tolerance: fl
     """
     p = problem
     probes = _Probes(p, memo)
-    lower = 0.5 * max(max(p.time_s), float(probes.pt[-1]) / p.stages)  # below Z*, safely
+    lower = _lower(p, float(probes.pt[-1]))
     if _NATIVE is not None and simcore.native_in_use():
         found = probes.native(lower, tolerance)
     else:

@@ -6,6 +6,7 @@ the Python twin, bit for bit."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 
@@ -14,6 +15,7 @@ import pytest
 from autopipe.errors import InfeasibleError
 from autopipe.schedules import simcore
 from autopipe.solve import Edge, Partition, PartitionProblem, evaluate, greedy, solve_fast
+from autopipe.solve._intervals import prefix
 from autopipe.solve.greedy import Memo
 
 
@@ -89,7 +91,7 @@ def test_the_c_probe_gives_the_python_twins_partition_to_the_last_bit() -> None:
     for _ in range(100):
         p = random_problem(rng)
         probes = greedy._Probes(p, Memo())
-        lower = 0.5 * max(max(p.time_s), float(probes.pt[-1]) / p.stages)
+        lower = greedy._lower(p, float(probes.pt[-1]))
         for tolerance in (0.0, 1e-6, 1e-2):
             start = probes.greedy(math.inf)
             twin = None if start is None else greedy._bisect(probes.greedy, lower, start, tolerance)
@@ -102,3 +104,20 @@ def test_the_c_probe_gives_the_python_twins_partition_to_the_last_bit() -> None:
             simcore.use_native(before)
         assert solved(p) == python
     assert stuck > 50 and found > 150  # both ways out are checked
+
+
+def test_the_lower_bracket_stays_below_the_least_bottleneck() -> None:
+    """Z* by brute force over every cut (no memory, no comm), in the solver's arithmetic (prefix
+    differences): often below max(longest block, total / S) by a rounding, never below ``_lower``."""
+    rng = random.Random(5)
+    rounded = 0
+    for _ in range(1000):
+        S, n = rng.randint(1, 4), rng.randint(4, 7)
+        times = tuple(rng.choice([0.1, 0.2, 0.3, 0.7, 1 / 3, 1.1]) * rng.choice([1, 3, 7]) for _ in range(n))
+        p = dataclasses.replace(blocks(rng, n), time_s=times, stages=S, inflight=(1.0,) * S, stage_memory_limit=(math.inf,) * S)
+        pt = prefix(times).tolist()
+        least = min(max(pt[b] - pt[a] for a, b in zip((0, *cuts), (*cuts, n), strict=True))
+                    for cuts in itertools.combinations(range(1, n), S - 1))
+        assert greedy._lower(p, pt[-1]) < least
+        rounded += least < max(max(times), pt[-1] / S)
+    assert rounded > 20  # the bracket's margin is needed
