@@ -251,8 +251,41 @@ done:
     return result;
 }
 
+/* reach(ps, pa, psa, keys, cum, row_base, k, cap, rc, out) -> None
+ *
+ * One kind's memory reach from every start (greedy.py's tables): out[i] (n + 1 int64) is
+ * plain_memory, or rc_memory when rc, of a stage with in-flight count k and memory cap cap. */
+static PyObject *
+pr_reach(PyObject *self, PyObject *args)
+{
+    Py_buffer b[7];
+    double k, cap;
+    int rc;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*ddpw*", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &k,
+                          &cap, &rc, &b[6]))
+        return NULL;
+    Problem p = {NULL, NULL, NULL, b[0].buf, b[1].buf, b[2].buf, &k, &cap, b[3].buf, b[4].buf,
+                 b[5].buf, b[0].len / 8 - 1, 1, b[3].len / 8, 1, rc};
+    const Py_ssize_t n = p.n;
+    if (n < 1 || sized(&b[1], n + 1, 8, "pa") || sized(&b[2], n + 1, 8, "psa") ||
+        sized(&b[6], n + 1, 8, "out") ||
+        (rc && (sized(&b[4], p.nkeys + 1, 8, "cum") || sized(&b[5], n + 1, 8, "row_base"))))
+        goto done;
+    int64_t *out = b[6].buf;
+    for (Py_ssize_t i = 0; i <= n; i++)
+        out[i] = rc ? rc_memory(&p, 0, i) : plain_memory(&p, 0, i);
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    for (int a = 0; a < 7; a++)
+        PyBuffer_Release(&b[a]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"solve", pr_solve, METH_VARARGS, "Greedy probe + bisection (see greedy.py)."},
+    {"reach", pr_reach, METH_VARARGS, "One kind's memory reach from every start (see greedy.py)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -6,3 +6,7 @@ def solve(
     k: Any, cap: Any, plain_ok: bool, rc_ok: bool, lower: float, tolerance: float, starts: Any,
     rc: Any, /,
 ) -> float | None: ...
+def reach(
+    ps: Any, pa: Any, psa: Any, keys: Any, cum: Any, row_base: Any, k: float, cap: float, rc: bool,
+    out: Any, /,
+) -> None: ...

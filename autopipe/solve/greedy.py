@@ -50,6 +50,7 @@ greedy (or exact-probe) partition at Z*, whose total may exceed the optimum. Use
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect_right
 from collections.abc import Callable
@@ -118,10 +119,9 @@ class _Sums:
         return _Sums(pt, pr, comm, prefix(p.static_bytes), prefix(p.activation_bytes), psa,
                      pt.tolist(), pr.tolist(), comm.tolist(), (pt + pr).tolist(),
                      (p.link_latency_s, p.link_bandwidth))
-Cost = Callable[[Ints, Ints], Floats]
 
 
-def _furthest(cost: Cost, guess: Ints, bound: float | Floats) -> Ints:
+def _furthest(cost: Callable[[Ints, Ints], Floats], guess: Ints, bound: float | Floats) -> Ints:
     """For every start i: the largest e in [i, n] with cost(i, e) <= bound, where cost is
     non-decreasing in e and cost(i, i) == 0; ``guess`` is close (found by searchsorted)."""
     n = len(guess) - 1
@@ -158,8 +158,7 @@ class _Probes:
         self.sums = sums = memo.sums[0]
         self.pt, self.pr, self.comm = sums.pt, sums.pr, sums.comm
         self.pt_l, self.pr_l, self.comm_l, self.ptr_l = sums.pt_l, sums.pr_l, sums.comm_l, sums.ptr_l
-        self.plain_ok = p.recompute != "always"
-        self.rc_ok = p.recompute != "never"
+        self.plain_ok, self.rc_ok = p.recompute != "always", p.recompute != "never"
         if self.rc_ok and not memo.in_bytes:
             memo.in_bytes.append(InBytes(p))
         self.tabled = False  # the memory reach tables: built by the first Python probe (_tables)
@@ -174,15 +173,17 @@ class _Probes:
         ps, pa, psa = sums.ps, sums.pa, sums.psa
         idx = np.arange(n + 1)
         kinds, of_stage = stage_kinds(p)  # stages alike reach alike: each kind computed once
+        if _NATIVE is not None and simcore.native_in_use():  # the numbers of the searches below
+            for (k, cap), rc in itertools.product(kinds, (False, True) if self.rc_ok else (False,)):
+                table = memo.rc if rc else memo.plain
+                if (k, cap) not in table:
+                    table[k, cap] = out = np.empty(n + 1, dtype=np.int64)
+                    _NATIVE.reach(ps, pa, psa, *self._in_bytes(), k, cap, rc, out)
         for k, cap in kinds:
-            if (k, cap) in memo.plain:
-                continue
-            pw = ps + k * pa
-
-            def plain_mem(i: Ints, e: Ints, pw: Floats = pw) -> Floats:
-                return pw[e] - pw[i]
-
-            memo.plain[k, cap] = _furthest(plain_mem, np.searchsorted(pw, pw + cap, side="right") - 1, cap)
+            if (k, cap) not in memo.plain:
+                pw = ps + k * pa
+                guess = np.searchsorted(pw, pw + cap, side="right") - 1
+                memo.plain[k, cap] = _furthest(lambda i, e: pw[e] - pw[i], guess, cap)  # noqa: B023 (called here)
         new = [(k, cap) for k, cap in kinds if (k, cap) not in memo.rc]
         if self.rc_ok and new:  # binary search on the end, vectorised over all (kind, start) pairs
             inb = memo.in_bytes[0]
@@ -217,15 +218,18 @@ class _Probes:
         self.mem_plain_l = [plain_l[j] for j in of_stage]
         self.mem_rc_l = [rc_l[j] for j in of_stage]
 
+    def _in_bytes(self) -> tuple[Ints, Floats, Floats]:
+        """The C probe's in_bytes: InBytes' arrays (empty where nothing is recomputed)."""
+        inb, none = self.memo.in_bytes[0] if self.rc_ok else None, np.zeros(0)
+        return (none.astype(np.int64), none, none) if inb is None else (inb.keys, inb.cum, inb.row_base)
+
     def native(self, lower: float, tolerance: float) -> _Found | None:
         """``greedy(inf)``, then ``_bisect(greedy, lower, that, tolerance)``, in C (_probe.c:
         the same partition, to the last bit); None where ``greedy(inf)`` gets stuck."""
         assert _NATIVE is not None
-        p, s, none = self.p, self.sums, np.zeros(0)
-        inb = self.memo.in_bytes[0] if self.rc_ok else None
-        keys, cum, row_base = (none.astype(np.int64), none, none) if inb is None else (inb.keys, inb.cum, inb.row_base)
+        p, s = self.p, self.sums
         starts, rc = np.zeros(self.S, dtype=np.int64), np.zeros(self.S, dtype=np.bool_)
-        worst = _NATIVE.solve(s.pt, s.pr, s.comm, s.ps, s.pa, s.psa, keys, cum, row_base,
+        worst = _NATIVE.solve(s.pt, s.pr, s.comm, s.ps, s.pa, s.psa, *self._in_bytes(),
                               np.asarray(p.inflight, dtype=np.float64), caps(p),
                               self.plain_ok, self.rc_ok, lower, tolerance, starts, rc)
         return None if worst is None else _Found(tuple(starts.tolist()), tuple(rc.tolist()), worst)
@@ -233,9 +237,7 @@ class _Probes:
     # -- per-probe pieces -------------------------------------------------------------------
     def _time_reach(self, z: float) -> tuple[Ints, Ints]:
         pt, pr = self.pt, self.pr
-        n = self.n
-        none = np.arange(n + 1)
-        plain = rc = none
+        plain = rc = np.arange(self.n + 1)
         if self.plain_ok:
             plain = _furthest(lambda i, e: pt[e] - pt[i],
                               np.searchsorted(pt, pt + z, side="right") - 1, z)
@@ -244,11 +246,6 @@ class _Probes:
             rc = _furthest(lambda i, e: (pt[e] - pt[i]) + (pr[e] - pr[i]),
                            np.searchsorted(ptr, ptr + z, side="right") - 1, z)
         return plain, rc
-
-    def _allowed(self, z: float) -> NDArray[np.bool_]:
-        ok = self.comm <= z
-        ok[self.n] = True
-        return ok
 
     def _found(self, starts: list[int]) -> _Found:
         self._tables()
@@ -317,7 +314,8 @@ class _Probes:
         self._tables()
         n, S = self.n, self.S
         tp, tr = self._time_reach(z)
-        allowed = self._allowed(z)
+        allowed = self.comm <= z
+        allowed[n] = True
         reach = np.zeros(n + 1, dtype=bool)
         reach[0] = True
         history: list[tuple[NDArray[np.bool_], Ints]] = []

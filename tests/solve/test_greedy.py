@@ -10,6 +10,7 @@ import itertools
 import math
 import random
 
+import numpy as np
 import pytest
 
 from autopipe.errors import InfeasibleError
@@ -99,10 +100,15 @@ def test_the_c_probe_gives_the_python_twins_partition_to_the_last_bit() -> None:
             stuck, found = stuck + (twin is None), found + (twin is not None)
         before = simcore.use_native(False)
         try:
-            python = solved(p)
+            python, twin_tables = solved(p), greedy._Probes(p, Memo())
+            twin_tables._tables()  # the memory reach tables, numpy's searches
         finally:
             simcore.use_native(before)
         assert solved(p) == python
+        c_tables = greedy._Probes(p, Memo())
+        c_tables._tables()  # the C's
+        for a, b in ((c_tables.memo.plain, twin_tables.memo.plain), (c_tables.memo.rc, twin_tables.memo.rc)):
+            assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     assert stuck > 50 and found > 150  # both ways out are checked
 
 
