@@ -1,6 +1,17 @@
-# The build lives in pyproject.toml; this file only adds the optional C core of the simulator
-# (autopipe/schedules/_simcore.c). optional=True: without a C compiler the install still succeeds
-# and autopipe runs the same loops in Python (autopipe/schedules/simcore.py), about 50x slower.
+# The build lives in pyproject.toml; this file only adds two optional C cores: the simulator's
+# (autopipe/schedules/_simcore.c) and the bisection solver's greedy probe
+# (autopipe/solve/_probe.c). optional=True: without a C compiler the install still succeeds and
+# autopipe runs the same loops in Python (autopipe/schedules/simcore.py, autopipe/solve/greedy.py).
+import sys
+
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("autopipe.schedules._simcore", ["autopipe/schedules/_simcore.c"], optional=True)])
+# No fused multiply-add: a * b + c rounded once would differ from the Python twin's last bit.
+_EXACT = [] if sys.platform == "win32" else ["-ffp-contract=off"]
+
+setup(
+    ext_modules=[
+        Extension("autopipe.schedules._simcore", ["autopipe/schedules/_simcore.c"], optional=True),
+        Extension("autopipe.solve._probe", ["autopipe/solve/_probe.c"], extra_compile_args=_EXACT, optional=True),
+    ]
+)

@@ -33,10 +33,15 @@ is exact because the feasible ends from each start form a prefix (above). If gre
 ends at Z_g and the exact probe rejects the next float below Z_g, Z* = Z_g exactly;
 otherwise (rare) bisection repeats with the exact probe.
 
-**Exact Z.** Each successful probe returns a partition whose largest piece M <= Z, and the
-upper bound moves to M, a value some partition attains; once the bracket is below 1e-12
-relative, the next probe is at the float just below the upper bound. So the result's
-bottleneck *is* Z* (in this module's arithmetic: range sums as prefix differences).
+**Exact Z.** The bracket starts at max(longest block, total / S) less a rounding margin
+(:func:`_lower`) and is split at its geometric mean while over 2x, then halved. Each successful
+probe returns a partition whose largest piece M <= Z, and the upper bound moves to M, a value
+some partition attains; once the bracket is below 1e-12 relative, the next probe is at the
+float just below the upper bound. So the result's bottleneck *is* Z* (in this module's
+arithmetic: range sums as prefix differences).
+
+**In C.** ``_probe.c`` runs the greedy probe and its bisection where it is built; the Python
+twin below (``AUTOPIPE_NO_SIMCORE=1``) gives the same partition to the last bit.
 
 **Total is approximate.** Phase 2 (least total at Z*) is not solved here: the result is the
 greedy (or exact-probe) partition at Z*, whose total may exceed the optimum. Use
@@ -45,22 +50,37 @@ greedy (or exact-probe) partition at Z*, whose total may exceed the optimum. Use
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import numpy as np
 from numpy.typing import NDArray
 
 from autopipe.errors import InfeasibleError
+from autopipe.schedules import simcore
 from autopipe.solve._intervals import Floats, InBytes, position_comm, prefix, stage_kinds
+from autopipe.solve._intervals import stage_caps as caps
 from autopipe.solve.min_memory import infeasible_error
 from autopipe.solve.problem import Partition, PartitionProblem, contiguous_assignment, evaluate
 
 __all__ = ["solve_fast"]
 
 Ints = NDArray[np.int64]
+
+
+def _load() -> ModuleType | None:
+    try:
+        from autopipe.solve import _probe
+    except ImportError:  # built without a C compiler: the Python probe below
+        return None
+    return _probe
+
+
+_NATIVE = _load()  # used where the simulator's C core is (simcore.native_in_use: AUTOPIPE_NO_SIMCORE=1 is off)
 
 
 @dataclass(frozen=True)
@@ -99,10 +119,9 @@ class _Sums:
         return _Sums(pt, pr, comm, prefix(p.static_bytes), prefix(p.activation_bytes), psa,
                      pt.tolist(), pr.tolist(), comm.tolist(), (pt + pr).tolist(),
                      (p.link_latency_s, p.link_bandwidth))
-Cost = Callable[[Ints, Ints], Floats]
 
 
-def _furthest(cost: Cost, guess: Ints, bound: float | Floats) -> Ints:
+def _furthest(cost: Callable[[Ints, Ints], Floats], guess: Ints, bound: float | Floats) -> Ints:
     """For every start i: the largest e in [i, n] with cost(i, e) <= bound, where cost is
     non-decreasing in e and cost(i, i) == 0; ``guess`` is close (found by searchsorted)."""
     n = len(guess) - 1
@@ -132,32 +151,41 @@ class _Probes:
     """Precomputed prefix sums and per-stage memory reach of one problem."""
 
     def __init__(self, p: PartitionProblem, memo: Memo | None = None) -> None:
-        self.p = p
-        n = self.n = p.blocks
-        self.S = p.stages
-        memo = Memo() if memo is None else memo
+        self.p, self.n, self.S = p, p.blocks, p.stages
+        self.memo = memo = Memo() if memo is None else memo
         if not memo.sums or memo.sums[0].link != (p.link_latency_s, p.link_bandwidth):
             memo.sums[:] = [_Sums.of(p)]
-        sums = memo.sums[0]
+        self.sums = sums = memo.sums[0]
         self.pt, self.pr, self.comm = sums.pt, sums.pr, sums.comm
-        self.plain_ok = p.recompute != "always"
-        self.rc_ok = p.recompute != "never"
+        self.pt_l, self.pr_l, self.comm_l, self.ptr_l = sums.pt_l, sums.pr_l, sums.comm_l, sums.ptr_l
+        self.plain_ok, self.rc_ok = p.recompute != "always", p.recompute != "never"
+        if self.rc_ok and not memo.in_bytes:
+            memo.in_bytes.append(InBytes(p))
+        self.tabled = False  # the memory reach tables: built by the first Python probe (_tables)
+
+    def _tables(self) -> None:
+        """Each stage's memory reach from every start (with and without recomputation), as
+        arrays and lists; per kind in the memo (computed once per blocks and kind)."""
+        if self.tabled:
+            return
+        self.tabled = True
+        p, n, memo, sums = self.p, self.n, self.memo, self.sums
         ps, pa, psa = sums.ps, sums.pa, sums.psa
         idx = np.arange(n + 1)
         kinds, of_stage = stage_kinds(p)  # stages alike reach alike: each kind computed once
+        if _NATIVE is not None and simcore.native_in_use():  # the numbers of the searches below
+            for (k, cap), rc in itertools.product(kinds, (False, True) if self.rc_ok else (False,)):
+                table = memo.rc if rc else memo.plain
+                if (k, cap) not in table:
+                    table[k, cap] = out = np.empty(n + 1, dtype=np.int64)
+                    _NATIVE.reach(ps, pa, psa, *self._in_bytes(), k, cap, rc, out)
         for k, cap in kinds:
-            if (k, cap) in memo.plain:
-                continue
-            pw = ps + k * pa
-
-            def plain_mem(i: Ints, e: Ints, pw: Floats = pw) -> Floats:
-                return pw[e] - pw[i]
-
-            memo.plain[k, cap] = _furthest(plain_mem, np.searchsorted(pw, pw + cap, side="right") - 1, cap)
+            if (k, cap) not in memo.plain:
+                pw = ps + k * pa
+                guess = np.searchsorted(pw, pw + cap, side="right") - 1
+                memo.plain[k, cap] = _furthest(lambda i, e: pw[e] - pw[i], guess, cap)  # noqa: B023 (called here)
         new = [(k, cap) for k, cap in kinds if (k, cap) not in memo.rc]
         if self.rc_ok and new:  # binary search on the end, vectorised over all (kind, start) pairs
-            if not memo.in_bytes:
-                memo.in_bytes.append(InBytes(p))
             inb = memo.in_bytes[0]
             shape = (len(new), n + 1)
             start = np.broadcast_to(idx, shape).ravel()
@@ -189,14 +217,27 @@ class _Probes:
         self.mem_rc = [rc_by_kind[j] for j in of_stage]
         self.mem_plain_l = [plain_l[j] for j in of_stage]
         self.mem_rc_l = [rc_l[j] for j in of_stage]
-        self.pt_l, self.pr_l, self.comm_l, self.ptr_l = sums.pt_l, sums.pr_l, sums.comm_l, sums.ptr_l
+
+    def _in_bytes(self) -> tuple[Ints, Floats, Floats]:
+        """The C probe's in_bytes: InBytes' arrays (empty where nothing is recomputed)."""
+        inb, none = self.memo.in_bytes[0] if self.rc_ok else None, np.zeros(0)
+        return (none.astype(np.int64), none, none) if inb is None else (inb.keys, inb.cum, inb.row_base)
+
+    def native(self, lower: float, tolerance: float) -> _Found | None:
+        """``greedy(inf)``, then ``_bisect(greedy, lower, that, tolerance)``, in C (_probe.c:
+        the same partition, to the last bit); None where ``greedy(inf)`` gets stuck."""
+        assert _NATIVE is not None
+        p, s = self.p, self.sums
+        starts, rc = np.zeros(self.S, dtype=np.int64), np.zeros(self.S, dtype=np.bool_)
+        worst = _NATIVE.solve(s.pt, s.pr, s.comm, s.ps, s.pa, s.psa, *self._in_bytes(),
+                              np.asarray(p.inflight, dtype=np.float64), caps(p),
+                              self.plain_ok, self.rc_ok, lower, tolerance, starts, rc)
+        return None if worst is None else _Found(tuple(starts.tolist()), tuple(rc.tolist()), worst)
 
     # -- per-probe pieces -------------------------------------------------------------------
     def _time_reach(self, z: float) -> tuple[Ints, Ints]:
         pt, pr = self.pt, self.pr
-        n = self.n
-        none = np.arange(n + 1)
-        plain = rc = none
+        plain = rc = np.arange(self.n + 1)
         if self.plain_ok:
             plain = _furthest(lambda i, e: pt[e] - pt[i],
                               np.searchsorted(pt, pt + z, side="right") - 1, z)
@@ -206,12 +247,8 @@ class _Probes:
                            np.searchsorted(ptr, ptr + z, side="right") - 1, z)
         return plain, rc
 
-    def _allowed(self, z: float) -> NDArray[np.bool_]:
-        ok = self.comm <= z
-        ok[self.n] = True
-        return ok
-
     def _found(self, starts: list[int]) -> _Found:
+        self._tables()
         ends = [*starts[1:], self.n]
         worst, rcs = 0.0, []
         pt, pr = self.pt_l, self.pr_l
@@ -245,6 +282,7 @@ class _Probes:
         return e
 
     def greedy(self, z: float) -> _Found | None:
+        self._tables()
         n, S, comm = self.n, self.S, self.comm_l
         starts, i = [0], 0
         pt, pr = self.pt_l, self.pr_l
@@ -273,9 +311,11 @@ class _Probes:
         raise AssertionError("unreachable")
 
     def exact(self, z: float) -> _Found | None:
+        self._tables()
         n, S = self.n, self.S
         tp, tr = self._time_reach(z)
-        allowed = self._allowed(z)
+        allowed = self.comm <= z
+        allowed[n] = True
         reach = np.zeros(n + 1, dtype=bool)
         reach[0] = True
         history: list[tuple[NDArray[np.bool_], Ints]] = []
@@ -304,8 +344,9 @@ def _bisect(probe: Callable[[float], _Found | None], lo: float, best: _Found, to
     """Smallest attained Z in (lo, best.worst] for which ``probe`` succeeds (within
     ``tolerance``, relative, when it is positive)."""
     hi = best.worst
-    while hi - lo > tolerance * hi:
-        mid = lo + (hi - lo) / 2 if hi - lo > 1e-12 * hi else math.nextafter(hi, -math.inf)
+    while hi - lo > tolerance * hi:  # halving the ratio first while it is over 2, then the gap
+        mid = (lo * math.sqrt(hi / lo) if hi > 2 * lo > 0
+               else lo + (hi - lo) / 2 if hi - lo > 1e-12 * hi else math.nextafter(hi, -math.inf))
         if not lo < mid < hi:
             return best
         found = probe(mid)
@@ -314,6 +355,12 @@ def _bisect(probe: Callable[[float], _Found | None], lo: float, best: _Found, to
         else:
             best, hi = found, found.worst
     return best
+
+
+def _lower(p: PartitionProblem, total: float) -> float:
+    """Below Z*: a stage holds the longest block, one at least 1/S of the total; less the
+    rounding of prefix differences (under 2 ulps of the total each, total <= S * bound)."""
+    return max(max(p.time_s), total / p.stages) * (1 - 1e-14 * (p.stages + 1))
 
 
 def solve_fast(problem: PartitionProblem, *, explain: bool = True, tolerance: float = 0.0, memo: Memo | None = None) -> Partition:
@@ -330,10 +377,14 @@ def solve_fast(problem: PartitionProblem, *, explain: bool = True, tolerance: fl
     """
     p = problem
     probes = _Probes(p, memo)
-    lower = 0.5 * max(max(p.time_s), float(probes.pt[-1]) / p.stages)  # below Z*, safely
-    start = probes.greedy(math.inf)
-    if start is not None:
-        best = _bisect(probes.greedy, lower, start, tolerance)
+    lower = _lower(p, float(probes.pt[-1]))
+    if _NATIVE is not None and simcore.native_in_use():
+        found = probes.native(lower, tolerance)
+    else:
+        start = probes.greedy(math.inf)
+        found = None if start is None else _bisect(probes.greedy, lower, start, tolerance)
+    if found is not None:
+        best = found
         below = math.nextafter(best.worst, -math.inf)
         if below >= 0 and tolerance <= 0:
             witness = probes.exact(below)  # certify: nothing strictly better exists
