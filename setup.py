@@ -6,12 +6,13 @@ import sys
 
 from setuptools import Extension, setup
 
-# No fused multiply-add: a * b + c rounded once would differ from the Python twin's last bit.
+# No fused multiply-add (GCC fuses by default on some targets, e.g. aarch64): a * b + c rounded
+# once would differ from the Python twins' last bit.
 _EXACT = [] if sys.platform == "win32" else ["-ffp-contract=off"]
 
 setup(
     ext_modules=[
-        Extension("autopipe.schedules._simcore", ["autopipe/schedules/_simcore.c"], optional=True),
+        Extension("autopipe.schedules._simcore", ["autopipe/schedules/_simcore.c"], extra_compile_args=_EXACT, optional=True),
         Extension("autopipe.solve._probe", ["autopipe/solve/_probe.c"], extra_compile_args=_EXACT, optional=True),
     ]
 )
