@@ -10,7 +10,8 @@ thread each) train both plans with autopipe's executor for ``--steps`` SGD steps
 warm-up). Printed, per chunk: the median compute time of its F and of its B when run inside a
 pair and when run alone (DualPipeV's warm-up, cool-down and the turn), and their ratio; the
 median pair (F + B of compute) against the lone F + lone B of the same chunks; and each plan's
-measured makespan against its predicted iteration time.
+measured makespan against its predicted iteration time. Planning, the two ranks and their
+training are bench/bench_runtime.py's (imported).
 
 What it showed (2 CPU cores shared with other jobs, so every figure moves by tens of percent;
 1 Dec 2026, torch 2.13): the default GPT, 154 pairs: a pair's F+B compute over the lone F +
@@ -24,72 +25,31 @@ priced. Both V plans ran far slower than predicted on the loaded machine (dualpi
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
-import subprocess
-import sys
 import tempfile
-from datetime import timedelta
 from pathlib import Path
 
 import torch
+from bench_runtime import finish_rank, machine_line, plan_all, run_ranks, start_rank, train_plan
 
-ROOT = Path(__file__).resolve().parent.parent
 SCHEDULES = ("dualpipe-v", "zb-v")
-BATCH, MICRO_BATCHES, LR = 16, 8, 1e-3
-
-
-def plan_all(kwargs: list[str], folder: Path) -> list[Path]:
-    from autopipe.costs.measured import profile_model
-    from autopipe.model.load import load_model, parse_kwargs
-    from autopipe.solve.defaults import default_action_overhead, default_link
-    from autopipe.solve.search import PlanRequest, plan_pipeline
-
-    torch.manual_seed(0)
-    loaded = load_model(str(ROOT / "models" / "gpt.py"), parse_kwargs(kwargs))
-    prof = profile_model(loaded, micro_batch_sizes=[BATCH // MICRO_BATCHES], warmup=3, repeat=9)
-    bw, lat = default_link(prof.device)
-    paths = []
-    for schedule in SCHEDULES:
-        req = PlanRequest(
-            devices=2, batch_size=BATCH, memory_limit=2.0**34, micro_batches=MICRO_BATCHES,
-            schedule=schedule, recompute="never", link_bandwidth=bw, link_latency_s=lat,
-            action_overhead_s=default_action_overhead(prof.device),
-        )  # fmt: skip
-        path = folder / f"plan-{schedule}.json"
-        plan_pipeline(prof, req).save(path)
-        paths.append(path)
-    return paths
+MICRO_BATCHES = 8  # bench_runtime's batch of 16 in 8 micro-batches (it runs 4)
 
 
 def worker(plans: list[str], steps: int, out: str) -> None:
     """One rank: every plan with autopipe's executor; each action's compute seconds."""
-    import torch.distributed as dist
-
     from autopipe.plans import Plan
-    from autopipe.runtime import RunOptions, train_rank
-    from autopipe.runtime.comm import Comm, DistComm
 
-    torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=120))
+    rank = start_rank()
     results: dict[str, object] = {}
     for path in plans:
         plan = Plan.load(path)
-
-        def comm(groups: list[tuple[int, ...]]) -> Comm:
-            return DistComm(120.0, groups)
-
-        res = train_rank(plan, rank, comm, RunOptions(steps=steps, optimizer="SGD", lr=LR, timeout_s=120.0))
+        res = train_plan(plan, rank, steps)
         results[plan.schedule] = {
             "makespan": [it.makespan_s for it in res.iterations],
             "records": [[(r.action, r.compute_s) for r in it.records] for it in res.iterations[1:]],
         }
-    Path(out).write_text(json.dumps(results))
-    dist.barrier()
-    os._exit(0)
+    finish_rank(out, results)
 
 
 def report(plan_path: Path, ranks: list[dict[str, object]]) -> None:
@@ -147,23 +107,10 @@ def main() -> None:
         worker(args.worker[1:], args.steps, args.worker[0])
         return
     torch.set_num_threads(1)
-    from autopipe.runtime.launch import free_port
-
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
-          f"torch {torch.__version__}; 2 gloo ranks x 1 thread; gpt {' '.join(args.k) or '(default)'}; "
-          f"batch {BATCH}, m {MICRO_BATCHES}, {args.steps} steps (first is warm-up)")  # fmt: skip
+    print(machine_line(args.k, MICRO_BATCHES, args.steps))
     with tempfile.TemporaryDirectory() as tmp:
-        plans = plan_all(args.k, Path(tmp))
-        port, procs = free_port(), []
-        for rank in range(2):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # fmt: skip
-            out = str(Path(tmp) / f"rank-{rank}.json")
-            cmd = [sys.executable, __file__, "--steps", str(args.steps), "--worker", out, *map(str, plans)]
-            procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT))
-        if any(p.wait() for p in procs):
-            sys.exit("a worker failed")
-        ranks = [json.loads((Path(tmp) / f"rank-{r}.json").read_text()) for r in range(2)]
+        plans = plan_all(args.k, Path(tmp), SCHEDULES, MICRO_BATCHES)
+        ranks = run_ranks(__file__, args.steps, plans, Path(tmp))
         for path in plans:
             report(path, ranks)
 

@@ -12,6 +12,9 @@ median iteration time of both (barrier -> optimizer step done, slowest rank), th
 iteration time (goal within 15%). The default GPT's actions last a few ms, so load from other
 processes on the machine moves its figures by tens of percent; ``-k n_layer=8 n_embd=256``
 (20-60 ms actions) gives steadier ones.
+
+bench/bench_dualpipe_overlap.py plans, launches and trains with this file's functions
+(:func:`plan_all`, :func:`run_ranks`, :func:`start_rank`, :func:`train_plan`, :func:`finish_rank`).
 """
 
 from __future__ import annotations
@@ -27,15 +30,24 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from autopipe.plans import Plan
+    from autopipe.runtime.records import RunResult
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULES = ("1f1b", "gpipe")
 BATCH, MICRO_BATCHES, LR = 16, 4, 1e-3
 
 
-def plan_all(kwargs: list[str], folder: Path) -> list[Path]:
+def plan_all(
+    kwargs: list[str], folder: Path, schedules: tuple[str, ...] = SCHEDULES, micro_batches: int = MICRO_BATCHES
+) -> list[Path]:
+    """models/gpt.py (factory ``kwargs``) profiled with one thread and planned for 2 CPU ranks per
+    schedule, m pinned, with the planner's default link and cost per action; the saved plans."""
     from autopipe.costs.measured import profile_model
     from autopipe.model.load import load_model, parse_kwargs
     from autopipe.solve.defaults import default_action_overhead, default_link
@@ -43,12 +55,12 @@ def plan_all(kwargs: list[str], folder: Path) -> list[Path]:
 
     torch.manual_seed(0)
     loaded = load_model(str(ROOT / "models" / "gpt.py"), parse_kwargs(kwargs))
-    prof = profile_model(loaded, micro_batch_sizes=[BATCH // MICRO_BATCHES], warmup=3, repeat=9)
+    prof = profile_model(loaded, micro_batch_sizes=[BATCH // micro_batches], warmup=3, repeat=9)
     bw, lat = default_link(prof.device)
     paths = []
-    for schedule in SCHEDULES:
+    for schedule in schedules:
         req = PlanRequest(
-            devices=2, batch_size=BATCH, memory_limit=2.0**34, micro_batches=MICRO_BATCHES,
+            devices=2, batch_size=BATCH, memory_limit=2.0**34, micro_batches=micro_batches,
             schedule=schedule, recompute="never", link_bandwidth=bw, link_latency_s=lat,
             action_overhead_s=default_action_overhead(prof.device),
         )  # fmt: skip
@@ -59,28 +71,71 @@ def plan_all(kwargs: list[str], folder: Path) -> list[Path]:
     return paths
 
 
+def start_rank() -> int:
+    """In a worker process: one thread, this rank joins the 2-rank gloo group; its rank."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=120))
+    return rank
+
+
+def train_plan(plan: Plan, rank: int, steps: int) -> RunResult:
+    """``steps`` SGD steps of ``plan`` on this rank with autopipe's executor."""
+    from autopipe.runtime import RunOptions, train_rank
+    from autopipe.runtime.comm import Comm, DistComm
+
+    def comm(groups: list[tuple[int, ...]]) -> Comm:
+        return DistComm(120.0, groups)
+
+    return train_rank(plan, rank, comm, RunOptions(steps=steps, optimizer="SGD", lr=LR, timeout_s=120.0))
+
+
+def finish_rank(out: str, results: object) -> None:
+    """Save this rank's results as JSON, wait for the other rank, and exit at once."""
+    import torch.distributed as dist
+
+    Path(out).write_text(json.dumps(results))
+    dist.barrier()
+    os._exit(0)
+
+
+def run_ranks(script: str, steps: int, plans: list[Path], folder: Path) -> list[dict[str, Any]]:
+    """Start ``script --worker`` as 2 gloo ranks (one thread each) on ``plans``; what each saved."""
+    from autopipe.runtime.launch import free_port
+
+    port, procs = free_port(), []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # fmt: skip
+        out = str(folder / f"rank-{rank}.json")
+        cmd = [sys.executable, script, "--steps", str(steps), "--worker", out, *map(str, plans)]
+        procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT))
+    if any(p.wait() for p in procs):
+        sys.exit("a worker failed")
+    return [json.loads((folder / f"rank-{r}.json").read_text()) for r in range(2)]
+
+
+def machine_line(kwargs: list[str], micro_batches: int, steps: int) -> str:
+    return (f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+            f"torch {torch.__version__}; 2 gloo ranks x 1 thread; gpt {' '.join(kwargs) or '(default)'}; "
+            f"batch {BATCH}, m {micro_batches}, {steps} steps (first is warm-up)")  # fmt: skip
+
+
 def worker(plans: list[str], steps: int, out: str) -> None:
     """One rank: every plan with autopipe's executor, then with torch.distributed.pipelining."""
     import torch.distributed as dist
 
     from autopipe.plans import Plan
-    from autopipe.runtime import RunOptions, train_rank
-    from autopipe.runtime.comm import Comm, DistComm
     from autopipe.stages.export import sync_shared_grads, to_torch_pipelining
     from autopipe.stages.rebuild import rebuild_model
 
-    torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=120))
+    rank = start_rank()
     results: dict[str, dict[str, list[float]]] = {}
     for path in plans:
         plan = Plan.load(path)
-
-        def comm(groups: list[tuple[int, ...]]) -> Comm:
-            return DistComm(120.0, groups)
-
-        opts = RunOptions(steps=steps, optimizer="SGD", lr=LR, timeout_s=120.0)
-        res = train_rank(plan, rank, comm, opts)
+        res = train_plan(plan, rank, steps)
         mine = {
             "autopipe_step": [it.step_s for it in res.iterations],
             "autopipe_makespan": [it.makespan_s for it in res.iterations],
@@ -109,9 +164,7 @@ def worker(plans: list[str], steps: int, out: str) -> None:
             times.append(time.perf_counter() - t0)
         mine["torch_step"] = times
         results[plan.schedule] = mine
-    Path(out).write_text(json.dumps(results))
-    dist.barrier()
-    os._exit(0)
+    finish_rank(out, results)
 
 
 def main() -> None:
@@ -125,23 +178,11 @@ def main() -> None:
         return
     torch.set_num_threads(1)
     from autopipe.plans import Plan
-    from autopipe.runtime.launch import free_port
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
-          f"torch {torch.__version__}; 2 gloo ranks x 1 thread; gpt {' '.join(args.k) or '(default)'}; "
-          f"batch {BATCH}, m {MICRO_BATCHES}, {args.steps} steps (first is warm-up)")  # fmt: skip
+    print(machine_line(args.k, MICRO_BATCHES, args.steps))
     with tempfile.TemporaryDirectory() as tmp:
         plans = plan_all(args.k, Path(tmp))
-        port, procs = free_port(), []
-        for rank in range(2):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # fmt: skip
-            out = str(Path(tmp) / f"rank-{rank}.json")
-            cmd = [sys.executable, __file__, "--steps", str(args.steps), "--worker", out, *map(str, plans)]
-            procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT))
-        if any(p.wait() for p in procs):
-            sys.exit("a worker failed")
-        ranks = [json.loads((Path(tmp) / f"rank-{r}.json").read_text()) for r in range(2)]
+        ranks = run_ranks(__file__, args.steps, plans, Path(tmp))
         print(f"{'schedule':9} {'autopipe ms':>12} {'torch ms':>9} {'ratio':>6} "
               f"{'makespan ms':>12} {'predicted ms':>13} {'error':>7}")  # fmt: skip
         for path in plans:

@@ -12,9 +12,10 @@
   minutes on two cores.
 - The full run (README, ``.ci/run``) is ``pytest -n 2``: two pytest-xdist workers.
   :func:`pytest_xdist_make_scheduler` hands each module of :data:`RANK_MODULES` (whose slow
-  tests start training ranks) to one worker as a whole -- its tests run in order, so one gloo
-  launch serves many cases and a module's cached plans are made once -- and every other test
-  on its own. :func:`pytest_collection_modifyitems` puts the slow tests first in each worker's
+  tests start training ranks) and of :data:`SETUP_MODULES` (whose tests share an expensive
+  module-scoped fixture) to one worker as a whole -- its tests run in order, so one gloo
+  launch serves many cases and a module's cached plans, profiles or emitted stages are made
+  once, not once per worker -- and every other test on its own. :func:`pytest_collection_modifyitems` puts the slow tests first in each worker's
   list, so the quick ones fill in at the end.
 """
 
@@ -32,12 +33,16 @@ RANK_MODULES = frozenset({
     "tests/stages/test_export.py", "tests/cli/test_run_cmd.py", "tests/test_bench_prediction.py",
     "tests/test_api.py",
 })  # fmt: skip
+# Modules whose module-scoped fixture takes seconds (profiling five models, emitting stages):
+# split test by test over two workers, each worker would make it again.
+SETUP_MODULES = frozenset({"tests/cli/test_plan_cmd.py", "tests/stages/test_emit.py", "tests/test_fuzz.py"})
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: never called without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under ``-n N`` (``--dist load``, the default): a module of :data:`RANK_MODULES` is one
-    unit of work, any other test a unit of its own; units with more tests go first."""
+    """Under ``-n N`` (``--dist load``, the default): a module of :data:`RANK_MODULES` or
+    :data:`SETUP_MODULES` is one unit of work, any other test a unit of its own; units with
+    more tests go first."""
     if config.getvalue("dist") != "load":
         return None  # another --dist asked for by name
     from xdist.scheduler import LoadScopeScheduling
@@ -45,7 +50,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class RankModules(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return module if module in RANK_MODULES else nodeid
+            return module if module in RANK_MODULES | SETUP_MODULES else nodeid
 
     return RankModules(config, log)
 

@@ -186,7 +186,7 @@ def test_hugging_face_models_train_through_both_engines_as_one_process(tmp_path:
     unsplit model's per-step losses (1e-5 relative) and weights."""
     paths = []
     for arch in HF_ARCHS:
-        plan = even_plan(str(FIXTURES / "hf_zoo.py"), {"arch": arch}, stages=2, micro_batches=2, micro_batch_size=2)
+        plan = even_plan(str(FIXTURES / "hf_zoo.py"), {"arch": arch}, stages=2, micro_batches=2, micro_batch_size=2, reuse_trace=True)
         plan.save(tmp_path / f"{arch}.json")
         paths.append(str(tmp_path / f"{arch}.json"))
     got = _run_ranks("hf_export_worker.py", 2, tmp_path, *paths, timeout=400)
@@ -235,7 +235,8 @@ def _readme_block(heading: str) -> str:
 def test_readme_export_script_runs_as_written_on_a_hugging_face_model(tmp_path: Path) -> None:
     """The README's train_pp.py, verbatim, on 2 gloo ranks (torchrun's environment) with T5:
     dict inputs, a ModelOutput, tied embeddings; its first loss is the unsplit model's."""
-    plan = even_plan(str(FIXTURES / "hf_zoo.py"), {"arch": "t5"}, stages=2, micro_batches=2, micro_batch_size=2)
+    # T5's trace is the five-architecture test's (reuse_trace; this module runs on one worker)
+    plan = even_plan(str(FIXTURES / "hf_zoo.py"), {"arch": "t5"}, stages=2, micro_batches=2, micro_batch_size=2, reuse_trace=True)
     plan.save(tmp_path / "plan.json")
     (tmp_path / "train_pp.py").write_text(_readme_block("**Export it**"))
     port = str(_free_port())
