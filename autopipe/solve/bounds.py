@@ -3,6 +3,8 @@
 - :func:`decision_bound`: a time no plan of a decision (schedule, v, m) can beat, whatever its
   cuts — the decisions are opened in its order and skipped once it reaches the best plan.
 - :func:`candidate_bound`: a time the simulator cannot beat for one candidate (its cuts known).
+- :func:`reach_bound`: a time no split within a few one-block moves of a candidate's can beat
+  (what the local moves from it may reach).
 - :func:`lower_bound`: the least decision bound of a request (``bench/bench_planner.py``
   reports a plan's gap to it).
 
@@ -14,11 +16,14 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import numpy.typing as npt
 
 from autopipe.costs.profile import Profile
 from autopipe.schedules import schedule_spec
-from autopipe.solve.pricing import Candidate, Decision
+from autopipe.solve.pricing import BlockTimes, Candidate, Decision
 from autopipe.solve.request import PlanRequest, decisions
 
 PRUNE_TOLERANCE = 1e-12
@@ -27,7 +32,7 @@ simulated times are sums of the same floats in other orders, so exact ties diffe
 
 
 
-__all__ = ["PRUNE_TOLERANCE", "Work", "candidate_bound", "decision_bound", "lower_bound", "work_table"]
+__all__ = ["PRUNE_TOLERANCE", "Work", "candidate_bound", "decision_bound", "lower_bound", "reach_bound", "work_table"]
 
 def lower_bound(profile: Profile, request: PlanRequest) -> float:
     """A time no plan of ``request`` can beat (the least decision bound): the gap of a plan
@@ -45,23 +50,70 @@ def candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
     gradient still crosses every chunk before j (on a V, the up chunk waits for the way down). Every rank also works m times its
     stages' F + B + W, and micro-batch 0 makes the whole round trip.
     """
-    d = c.decision
-    costs = c.costs
+    split = schedule_spec(c.decision.schedule).splits_backward
+    f = [x.forward_s for x in c.costs]
+    b = [x.backward_input_s if split else x.backward_s for x in c.costs]
+    w = [x.backward_weight_s if split else 0.0 for x in c.costs]
+    return _chunk_bound(req, c.decision, f, b, w, c.partition.comm_s)
+
+
+def reach_bound(req: PlanRequest, d: Decision, sizes: Sequence[int], times: BlockTimes, shifts: int) -> float:
+    """A time the simulator cannot beat for any split within ``shifts`` one-block moves of
+    ``sizes`` (blocks per chunk; :func:`~autopipe.solve.moves.local_moves` makes such moves),
+    recomputed or not: each move takes at most one block off each chunk, at its ends, so chunk
+    j keeps at least a window of ``sizes[j] - shifts`` of its blocks — its F, B and W are at
+    least the least such window's — and the links may cost nothing. :func:`candidate_bound`
+    on those costs (it only grows with every cost)."""
+    split = schedule_spec(d.schedule).splits_backward
+    size = np.asarray(sizes, dtype=np.int64)
+    start = np.cumsum(size) - size
+    keep = size - shifts  # blocks chunk j surely keeps, in a window
+    offsets = np.arange(min(shifts, int(size.max())) + 1)
+    kept = np.maximum(keep, 0)
+    lo = np.minimum(start[:, None] + offsets[None, :], (start + size - kept)[:, None])  # each window's first block
+    hi = lo + kept[:, None]
+    o = times.action_s
+    f, b, bi, w = ((p[hi] - p[lo]).min(axis=1) for p in _prefix(times))  # the least window of each
+    first = np.arange(len(sizes)) == 0
+    fs = f + o
+    if split:  # the first chunk's backward is all W
+        bs, ws = np.where(first, 0.0, bi) + o, np.where(first, b, w) + o
+    else:
+        bs, ws = b + o, np.zeros(len(sizes))
+    return _chunk_bound(req, d, fs.tolist(), bs.tolist(), ws.tolist(), (0.0,) * (len(sizes) - 1))
+
+
+_PREFIX: list[tuple[BlockTimes, tuple[npt.NDArray[np.float64], ...]]] = []
+
+
+def _prefix(times: BlockTimes) -> tuple[npt.NDArray[np.float64], ...]:
+    """Prefix sums of ``times``' F, B, B input-gradient and W per block (the last few, by identity)."""
+    for t, hit in _PREFIX:
+        if t is times:
+            return hit
+    hit = tuple(np.concatenate(([0.0], np.cumsum(x))) for x in (times.f, times.b, times.bi, times.w))
+    _PREFIX.insert(0, (times, hit))
+    del _PREFIX[8:]
+    return hit
+
+
+def _chunk_bound(req: PlanRequest, d: Decision, f: Sequence[float], b: Sequence[float], w: Sequence[float], comm_s: Sequence[float]) -> float:
+    """:func:`candidate_bound` on per-chunk F, B (input-gradient B where W is split off), W and links."""
     m, S = d.micro_batches, req.devices
-    spec = schedule_spec(d.schedule)
-    split = spec.splits_backward
-    f = [x.forward_s for x in costs]
-    b = [x.backward_input_s if split else x.backward_s for x in costs]
-    w = [x.backward_weight_s if split else 0.0 for x in costs]
-    placed = spec.devices_of(S, d.virtual)
-    comm = [x if placed[j] != placed[j + 1] else 0.0 for j, x in enumerate(c.partition.comm_s)]  # a link only between devices
+    placed = schedule_spec(d.schedule).devices_of(S, d.virtual)
+    comm = [x if placed[j] != placed[j + 1] else 0.0 for j, x in enumerate(comm_s)]  # a link only between devices
+    K = len(placed)
+    busy, work = [0.0] * K, [0.0] * K  # m x (F + B + W), m x (F + B) of rank placed[j]'s chunks from j on
+    own_busy, own_work = [0.0] * S, [0.0] * S
+    for j in range(K - 1, -1, -1):
+        r = placed[j]
+        own_busy[r] += f[j] + b[j] + w[j]
+        own_work[r] += f[j] + b[j]
+        busy[j], work[j] = m * own_busy[r], m * own_work[r]
     bound = sum(f) + sum(b) + 2 * sum(comm)
     before, ahead = 0.0, 0.0  # F + B (and links) of the chunks before chunk j; F (and links) alone
-    for j, r in enumerate(placed):
-        later = [i for i in range(j, len(placed)) if placed[i] == r]  # r's chunks from j on
-        busy = m * sum(f[i] + b[i] + w[i] for i in later)
-        work = m * sum(f[i] + b[i] for i in later)
-        bound = max(bound, ahead + busy, before + work)
+    for j in range(K):
+        bound = max(bound, ahead + busy[j], before + work[j])
         link = comm[j] if j < len(comm) else 0.0
         before += f[j] + b[j] + 2 * link
         ahead += f[j] + link

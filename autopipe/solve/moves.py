@@ -4,28 +4,20 @@ item the search prices a split from (:class:`Split`)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from autopipe.costs.profile import Profile
 from autopipe.schedules import schedule_spec
 from autopipe.schedules.simulate import Summary
 from autopipe.solve.baselines import BASELINES
-from autopipe.solve.bounds import PRUNE_TOLERANCE
-from autopipe.solve.pricing import BlockTimes, Candidate, Decision, compiled, fits
+from autopipe.solve.bounds import PRUNE_TOLERANCE, reach_bound
+from autopipe.solve.pricing import BlockTimes, Candidate, Decision, fits
 from autopipe.solve.problem import Partition, PartitionProblem
 from autopipe.solve.request import PlanRequest
 from autopipe.solve.splits import price_split
 
-__all__ = ["LOCAL_DECISIONS", "LOCAL_MOVES", "LOCAL_MOVE_ACTIONS", "LOCAL_SLACK", "Split", "improve", "local_moves", "order", "sizes_of"]
-
-
-LOCAL_DECISIONS = 4
-"""Schedules whose best cuts (simulated, or by bound when the branch and bound left them
-unsimulated) the local moves start from."""
-
-LOCAL_SLACK = 0.1
-"""... when within this (relative) of the best plan: a schedule's cuts gain up to about this much
-from the moves, so one a little slower than the best may win after them."""
+__all__ = ["LOCAL_MOVES", "LOCAL_MOVE_ACTIONS", "Split", "improve", "local_moves", "order", "sizes_of"]
 
 
 def improve(
@@ -36,46 +28,68 @@ def improve(
     pending: list[tuple[float, Split]],
     prepared: dict[Decision, tuple[PartitionProblem, BlockTimes]],
 ) -> list[tuple[Candidate, Summary]]:
-    """Local moves from the best cuts of each of the fastest :data:`LOCAL_DECISIONS` schedules
-    (within :data:`LOCAL_SLACK` of the best) whose decision was too large to enumerate — a
-    schedule whose solver cuts the branch and bound left unsimulated (``pending``, by bound)
-    is priced first when its bound is within the slack — so the search's plan is less often
-    behind what pinning one of those schedules finds by the same moves. Each start may
-    simulate :data:`LOCAL_MOVE_ACTIONS` actions; a start after the first is taken only where
-    that is one pass over its neighbouring chunks (so a large schedule adds no simulation)."""
-    limit = fitting[0][1].iteration_s * (1 + LOCAL_SLACK)
-    options: list[tuple[float, int, tuple[Candidate, Summary] | Split]] = []  # (time or bound, tie-break, start)
-    seen: set[str] = set()
-    for c, t in fitting:  # each schedule's best simulated cuts
-        if c.decision.schedule not in seen:
-            seen.add(c.decision.schedule)
-            options.append((t.iteration_s, len(options), (c, t)))
-    options += [(bound, len(options) + i, item) for i, (bound, item) in enumerate(pending)]
-    options.sort(key=lambda x: x[:2])
-    starts: list[tuple[Candidate, Summary]] = []
+    """Local moves from each schedule's best cuts wherever they may beat the best plan.
+
+    A schedule's start is its fastest fitting candidate on its decisions too large to
+    enumerate (``fitting`` holds those the branch and bound simulated; ``pending``, by bound,
+    those it left): its pending candidates are priced in bound order while the bound is below
+    its fastest so far — what the search pinned to that schedule simulates too. The moves
+    from it run unless :func:`~autopipe.solve.bounds.reach_bound` says no split they can reach
+    beats the best plan so far; schedules are taken in the order of that bound. So the plan
+    is never slower than any one searched schedule's pinned plan: the pinned search takes the
+    same start and the same moves, or nothing it finds beats this plan (its branch and bound
+    simulates no candidate faster than this one's best, and its moves reach no faster split)."""
+    best = fitting[0][1].iteration_s
+    groups: dict[str, tuple[list[tuple[Candidate, Summary]], list[tuple[float, Split]]]] = {}
+    for c, t in fitting:
+        if c.decision not in enumerated and c.source != "ilp":
+            groups.setdefault(c.decision.schedule, ([], []))[0].append((c, t))
+    for bound, split in pending:
+        if split.decision not in enumerated:
+            groups.setdefault(split.decision.schedule, ([], []))[1].append((bound, split))
+
+    def reach(d: Decision, sizes: tuple[int, ...]) -> float:
+        shifts = min(_budget(req, d), LOCAL_MOVES)  # moves taken at most
+        return reach_bound(req, d, sizes, prepared[d][1], shifts) if shifts > 0 else math.inf
+
+    ranked = sorted(
+        (min([reach(c.decision, sizes_of(c.partition, c.problem.stages)) for c, _ in done] + [reach(s.decision, s.sizes) for _, s in left]), name)
+        for name, (done, left) in groups.items()
+    )
     priced: list[tuple[Candidate, Summary]] = []
-    for k, _, start in options:
-        if len(starts) == LOCAL_DECISIONS or k > limit:
+    found: list[tuple[Candidate, Summary]] = []
+    for bound, name in ranked:
+        if bound >= best * (1 - PRUNE_TOLERANCE):
             break
-        d = start.decision if isinstance(start, Split) else start[0].decision
-        if any(c.decision.schedule == d.schedule for c, _ in starts) or d in enumerated:
+        done, left = groups[name]
+        start = min(done, key=_rank, default=None)
+        for k, split in left:
+            if start is not None and k >= start[1].iteration_s * (1 + PRUNE_TOLERANCE):
+                break
+            problem, times = prepared[split.decision]
+            x = price_split(profile, req, split.decision, split.sizes, problem=problem, times=times, source=split.source)
+            priced.append(x)
+            if fits(x[1], req.memory_limit) and (start is None or _rank(x) < _rank(start)):
+                start = x
+        if start is None or reach(start[0].decision, sizes_of(start[0].partition, start[0].problem.stages)) >= best * (1 - PRUNE_TOLERANCE):
             continue
-        if starts and LOCAL_MOVE_ACTIONS // _actions(req, d) < req.devices * d.virtual - 1:
-            continue  # too few moves for one pass over its neighbouring chunks
-        if isinstance(start, Split):
-            problem, times = prepared[d]
-            start = price_split(profile, req, d, start.sizes, problem=problem, times=times, source="solver")
-            if not fits(start[1], req.memory_limit):
-                continue
-            priced.append(start)
-        starts.append(start)
-    found = [x for c, t in starts for x in local_moves(profile, req, c, t)]
-    return sorted(fitting + priced + found, key=lambda ct: (ct[1].iteration_s, order(ct[0])))
+        moved = local_moves(profile, req, *start)
+        found += moved
+        best = min([best] + [t.iteration_s for _, t in moved])
+    return sorted(fitting + priced + found, key=_rank)
 
 
-def _actions(req: PlanRequest, d: Decision) -> int:
-    """About how many actions one simulation of ``d`` takes (F, B and W per chunk and micro-batch)."""
-    return req.devices * d.virtual * d.micro_batches * (3 if schedule_spec(d.schedule).splits_backward else 2)
+def _rank(ct: tuple[Candidate, Summary]) -> tuple[float, tuple[int, int, int, int]]:
+    return ct[1].iteration_s, order(ct[0])
+
+
+def _budget(req: PlanRequest, d: Decision) -> int:
+    """How many moves :func:`local_moves` may try on ``d``: :data:`LOCAL_MOVE_ACTIONS` over the
+    actions of one simulation (F, B and W per chunk and micro-batch), and none where that is
+    less than one pass over the neighbouring chunks (a large schedule adds no simulation)."""
+    actions = req.devices * d.virtual * d.micro_batches * (3 if schedule_spec(d.schedule).splits_backward else 2)
+    tries = LOCAL_MOVE_ACTIONS // actions
+    return tries if tries >= req.devices * d.virtual - 1 else 0
 
 
 @dataclass(frozen=True)
@@ -103,7 +117,7 @@ def local_moves(profile: Profile, req: PlanRequest, c: Candidate, t: Summary) ->
     move that is faster and fits; repeat until none is, for up to :data:`LOCAL_MOVES` passes
     within :data:`LOCAL_MOVE_ACTIONS`. Returns each improvement, priced."""
     d = c.decision
-    budget = LOCAL_MOVE_ACTIONS // len(compiled(d.schedule, req.devices, d.micro_batches, d.virtual).rank)
+    budget = _budget(req, d)
     if c.source == "ilp" or budget < 1:
         return []
     K = c.problem.stages

@@ -116,11 +116,12 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
     infeasible: dict[tuple[str, int], tuple[int, PartitionProblem]] = {}
     next_decision = 0
     counter = itertools.count()
-    expand: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
     prepared: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
     tables: dict[Decision, tuple[PartitionProblem, BlockTimes, SplitTable]] = {}
     shared: Shared = {}  # unlimited cuts per (micro-batch size, chunks)
     memos: dict[int, Memo] = {}  # the bisection solver's memory reach per micro-batch size
+    simple: dict[tuple[str, int, int], tuple[int, ...]] = {}  # the simple splits per (name, micro-batch size, chunks)
+    params = _params(profile)
     report = progress or (lambda what, done, total: None)
 
     def infeasible_at(decision: Decision, problem: PartitionProblem) -> None:
@@ -130,7 +131,9 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
             infeasible[key] = (decision.micro_batches, problem)
 
     def open_solver(decision: Decision, problem: PartitionProblem, times: BlockTimes, free: Partition | None) -> None:
-        """Queue the solver's cuts of ``decision`` (``free``: the unlimited cuts, when they fit its rule)."""
+        """Queue the solver's cuts of ``decision`` (``free``: the unlimited cuts, when they fit its
+        rule) and its simple splits: each decision's candidates are the same whatever the search
+        has found so far (so the local moves start where the search pinned to its schedule does)."""
         try:
             u = request.batch_size // decision.micro_batches
             solved = free if free is not None and free.fits else _solve(problem, memos.setdefault(u, Memo()))
@@ -139,6 +142,14 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
             return
         bound, split = _split(profile, request, candidate(decision, "solver", problem, solved, times), times, True)
         heapq.heappush(queue, (bound, next(counter), split))  # the solver's cuts fit its own rule: bound < inf
+        for name in BASELINES:
+            if (name, u, problem.stages) not in simple:
+                simple[name, u, problem.stages] = baseline_assignment(name, params, problem.time_s, problem.stages)
+            part = evaluate(problem, simple[name, u, problem.stages])
+            if part.stage_of_block != solved.stage_of_block:
+                bound, split = _split(profile, request, candidate(decision, name, problem, part, times), times, part.fits)
+                if bound < math.inf:
+                    heapq.heappush(queue, (bound, next(counter), split))
 
     report("searching", 0, len(todo))
     while True:
@@ -159,15 +170,6 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
             simulated.append((c, t))
             if fits(t, request.memory_limit):
                 best = min(best, t.iteration_s)
-            if c.source == "solver" and c.decision in expand:
-                # The simple splits of this decision are candidates too (and so never win).
-                problem, times = expand.pop(c.decision)
-                for name in BASELINES:
-                    part = evaluate(problem, baseline_assignment(name, _params(profile), problem.time_s, problem.stages))
-                    if part.stage_of_block != c.partition.stage_of_block:
-                        bound, split = _split(profile, request, candidate(c.decision, name, problem, part, times), times, part.fits)
-                        if bound < math.inf:
-                            heapq.heappush(queue, (bound, next(counter), split))
             continue
         if open_bound >= best * (1 + PRUNE_TOLERANCE) or next_decision >= len(todo):
             break
@@ -186,7 +188,7 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
             need = min(need, enumerated.need)
             infeasible_at(decision, problem)
             continue
-        prepared[decision] = expand[decision] = (problem, times)
+        prepared[decision] = (problem, times)
         u = request.batch_size // decision.micro_batches
         free = _free_cuts(problem, shared, u)
         if free is not None and not free.fits:  # the chunk rule says no, the simulated peak may say yes
@@ -205,7 +207,7 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
     fitting.sort(key=lambda ct: (ct[1].iteration_s, order(ct[0])))
     report("searching", len(todo), len(todo))  # the rest could not win
     fitting = _refine_with_ilp(profile, request, fitting, report)
-    pending = [(bound, item) for bound, _, item in sorted(queue) if isinstance(item, Split) and item.source == "solver"]
+    pending = [(bound, item) for bound, _, item in sorted(queue) if isinstance(item, Split)]
     return improve(profile, request, fitting, set(tables), pending, prepared)
 
 
