@@ -3,6 +3,7 @@
 - :func:`decision_bound`: a time no plan of a decision (schedule, v, m) can beat, whatever its
   cuts — the decisions are opened in its order and skipped once it reaches the best plan.
 - :func:`candidate_bound`: a time the simulator cannot beat for one candidate (its cuts known).
+- :func:`split_bound`: the same for a split known by its sizes alone (before summing it up).
 - :func:`reach_bound`: a time no split within a few one-block moves of a candidate's can beat
   (what the local moves from it may reach).
 - :func:`lower_bound`: the least decision bound of a request (``bench/bench_planner.py``
@@ -24,7 +25,9 @@ import numpy.typing as npt
 from autopipe.costs.profile import Profile
 from autopipe.schedules import schedule_spec
 from autopipe.solve.pricing import BlockTimes, Candidate, Decision
+from autopipe.solve.problem import EPS, PartitionProblem
 from autopipe.solve.request import PlanRequest, decisions
+from autopipe.solve.splits import plain_may_fit
 
 PRUNE_TOLERANCE = 1e-12
 """A bound must beat the best so far by more than this (relative) to be searched: bounds and
@@ -32,7 +35,7 @@ simulated times are sums of the same floats in other orders, so exact ties diffe
 
 
 
-__all__ = ["PRUNE_TOLERANCE", "Work", "candidate_bound", "decision_bound", "lower_bound", "reach_bound", "work_table"]
+__all__ = ["PRUNE_TOLERANCE", "Work", "candidate_bound", "decision_bound", "lower_bound", "reach_bound", "split_bound", "work_table"]
 
 def lower_bound(profile: Profile, request: PlanRequest) -> float:
     """A time no plan of ``request`` can beat (the least decision bound): the gap of a plan
@@ -64,7 +67,6 @@ def reach_bound(req: PlanRequest, d: Decision, sizes: Sequence[int], times: Bloc
     j keeps at least a window of ``sizes[j] - shifts`` of its blocks — its F, B and W are at
     least the least such window's — and the links may cost nothing. :func:`candidate_bound`
     on those costs (it only grows with every cost)."""
-    split = schedule_spec(d.schedule).splits_backward
     size = np.asarray(sizes, dtype=np.int64)
     start = np.cumsum(size) - size
     keep = size - shifts  # blocks chunk j surely keeps, in a window
@@ -72,15 +74,52 @@ def reach_bound(req: PlanRequest, d: Decision, sizes: Sequence[int], times: Bloc
     kept = np.maximum(keep, 0)
     lo = np.minimum(start[:, None] + offsets[None, :], (start + size - kept)[:, None])  # each window's first block
     hi = lo + kept[:, None]
-    o = times.action_s
     f, b, bi, w = ((p[hi] - p[lo]).min(axis=1) for p in _prefix(times))  # the least window of each
-    first = np.arange(len(sizes)) == 0
+    return _bound_of(req, d, f, b, bi, w, np.zeros(len(sizes)), times.action_s, (0.0,) * (len(sizes) - 1))
+
+
+def split_bound(req: PlanRequest, d: Decision, problem: PartitionProblem, times: BlockTimes, sizes: Sequence[int]) -> float:
+    """A time the simulator cannot beat for the split ``sizes`` as ``price_split`` prices it,
+    from prefix sums alone (no stage statistics; the search queues a simple split by it and
+    sums the split up only when the queue reaches it): the links may cost nothing, and a chunk
+    is recomputed only where it must be — with recomputation always, or in "auto" where
+    nothing-recomputed may not fit (:func:`~autopipe.solve.splits.plain_may_fit`) and the
+    chunk's own activations exceed its limit (evaluate's rule; a split that rule does not fit
+    is not queued)."""
+    size = np.asarray(sizes, dtype=np.int64)
+    end = np.cumsum(size)
+    start = end - size
+    f, b, bi, w = (p[end] - p[start] for p in _prefix(times))
+    recompute = np.zeros(len(sizes), dtype=bool)
+    if problem.recompute == "always":
+        recompute[:] = True
+    elif problem.recompute == "auto" and not plain_may_fit(problem, d, req.devices, req.memory_limit, sizes):
+        static, act = (np.concatenate(([0.0], np.cumsum(x))) for x in (problem.static_bytes, problem.activation_bytes))
+        plain = (static[end] - static[start]) + np.asarray(problem.inflight) * (act[end] - act[start])
+        recompute = plain > np.asarray(problem.stage_memory_limit) * (1.0 + 2 * EPS)  # surely over, sums in any order
+    return _bound_of(req, d, f, b, bi, w, np.where(recompute, f, 0.0), times.action_s, (0.0,) * (len(sizes) - 1))
+
+
+def _bound_of(
+    req: PlanRequest,
+    d: Decision,
+    f: npt.NDArray[np.float64],
+    b: npt.NDArray[np.float64],
+    bi: npt.NDArray[np.float64],
+    w: npt.NDArray[np.float64],
+    extra: npt.NDArray[np.float64],
+    o: float,
+    comm_s: Sequence[float],
+) -> float:
+    """:func:`candidate_bound` on per-chunk block sums, as ``pricing.costs_of`` makes a stage's
+    costs of them (``extra``: the recomputed forward; the first chunk's split backward is all W)."""
+    first = np.arange(len(f)) == 0
     fs = f + o
-    if split:  # the first chunk's backward is all W
-        bs, ws = np.where(first, 0.0, bi) + o, np.where(first, b, w) + o
+    if schedule_spec(d.schedule).splits_backward:
+        bs, ws = np.where(first, 0.0, bi + extra) + o, np.where(first, b + extra, w) + o
     else:
-        bs, ws = b + o, np.zeros(len(sizes))
-    return _chunk_bound(req, d, fs.tolist(), bs.tolist(), ws.tolist(), (0.0,) * (len(sizes) - 1))
+        bs, ws = b + extra + o, np.zeros(len(f))
+    return _chunk_bound(req, d, fs.tolist(), bs.tolist(), ws.tolist(), comm_s)
 
 
 _PREFIX: list[tuple[BlockTimes, tuple[npt.NDArray[np.float64], ...]]] = []

@@ -4,6 +4,7 @@ item the search prices a split from (:class:`Split`)."""
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -11,13 +12,13 @@ from autopipe.costs.profile import Profile
 from autopipe.schedules import schedule_spec
 from autopipe.schedules.simulate import Summary
 from autopipe.solve.baselines import BASELINES
-from autopipe.solve.bounds import PRUNE_TOLERANCE, reach_bound
-from autopipe.solve.pricing import BlockTimes, Candidate, Decision, fits
-from autopipe.solve.problem import Partition, PartitionProblem
+from autopipe.solve.bounds import PRUNE_TOLERANCE, candidate_bound, reach_bound
+from autopipe.solve.pricing import BlockTimes, Candidate, Decision, candidate, fits
+from autopipe.solve.problem import Partition, PartitionProblem, evaluate
 from autopipe.solve.request import PlanRequest
-from autopipe.solve.splits import price_split
+from autopipe.solve.splits import plain_may_fit, price_split, split_assignment
 
-__all__ = ["LOCAL_MOVES", "LOCAL_MOVE_ACTIONS", "Split", "improve", "local_moves", "order", "sizes_of"]
+__all__ = ["LOCAL_MOVES", "LOCAL_MOVE_ACTIONS", "Split", "bounded", "improve", "local_moves", "order", "refine", "sizes_of"]
 
 
 def improve(
@@ -63,10 +64,17 @@ def improve(
             break
         done, left = groups[name]
         start = min(done, key=_rank, default=None)
-        for k, split in left:
+        heap = [(k, i, split) for i, (k, split) in enumerate(left)]  # in bound order already
+        while heap:
+            k, i, split = heapq.heappop(heap)
             if start is not None and k >= start[1].iteration_s * (1 + PRUNE_TOLERANCE):
                 break
             problem, times = prepared[split.decision]
+            if split.lazy:
+                k, split = refine(profile, req, split, problem, times)
+                if k < math.inf:
+                    heapq.heappush(heap, (k, i, split))
+                continue
             x = price_split(profile, req, split.decision, split.sizes, problem=problem, times=times, source=split.source)
             priced.append(x)
             if fits(x[1], req.memory_limit) and (start is None or _rank(x) < _rank(start)):
@@ -94,11 +102,35 @@ def _budget(req: PlanRequest, d: Decision) -> int:
 
 @dataclass(frozen=True)
 class Split:
-    """The solver's cuts or a simple split, priced by ``price_split`` when the queue reaches it."""
+    """The solver's cuts or a simple split, priced by ``price_split`` when the queue reaches it
+    (``lazy``: queued by :func:`~autopipe.solve.bounds.split_bound`, bounded by :func:`bounded`
+    when reached, see :func:`refine`)."""
 
     decision: Decision
     sizes: tuple[int, ...]
     source: str
+    lazy: bool = False
+
+
+def bounded(profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes, fits_rule: bool) -> tuple[float, Split]:
+    """``c``'s cuts as a queue item, bounded as ``price_split`` will price them: nothing recomputed
+    where every device may fit so (``plain_may_fit``), else c's (evaluate's rule, the solvers'
+    too); inf when neither fits (``fits_rule``: c fits evaluate's rule). With recomputation off
+    nothing-recomputed is the only way, and the simulated peak decides as in "auto"."""
+    d, p = c.decision, c.problem
+    sizes = sizes_of(c.partition, p.stages)
+    plain = p.recompute != "always" and plain_may_fit(p, d, req.devices, req.memory_limit, sizes)
+    if not plain and not fits_rule:
+        return math.inf, Split(d, sizes, c.source)
+    if plain:
+        c = candidate(d, c.source, p, evaluate(p, split_assignment(sizes), (False,) * p.stages), times)
+    return candidate_bound(profile, req, c), Split(d, sizes, c.source)
+
+
+def refine(profile: Profile, req: PlanRequest, split: Split, problem: PartitionProblem, times: BlockTimes) -> tuple[float, Split]:
+    """A lazy split's queue item, summed up and bounded by :func:`bounded` (inf where it fits no way)."""
+    part = evaluate(problem, split_assignment(split.sizes))
+    return bounded(profile, req, candidate(split.decision, split.source, problem, part, times), times, part.fits)
 
 
 LOCAL_MOVES = 64

@@ -44,6 +44,8 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
+
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Plan
@@ -53,9 +55,9 @@ from autopipe.solve.assemble import make_plan
 from autopipe.solve.baselines import BASELINES, baseline_assignment
 from autopipe.solve.bounds import (
     PRUNE_TOLERANCE,
-    candidate_bound,
     decision_bound,
     lower_bound,
+    split_bound,
     work_table,
 )
 from autopipe.solve.chain import solve_chain
@@ -63,7 +65,7 @@ from autopipe.solve.exact import SplitTable, split_table
 from autopipe.solve.greedy import Memo, solve_fast
 from autopipe.solve.ilp import solve_ilp
 from autopipe.solve.min_memory import min_memory_limit
-from autopipe.solve.moves import Split, improve, order, sizes_of
+from autopipe.solve.moves import Split, bounded, improve, order, refine, sizes_of
 from autopipe.solve.pricing import BlockTimes, Candidate, Decision, candidate, fits, price
 from autopipe.solve.problem import Partition, PartitionProblem, evaluate
 from autopipe.solve.request import (
@@ -73,7 +75,7 @@ from autopipe.solve.request import (
     infeasible_error,
     validate,
 )
-from autopipe.solve.splits import plain_may_fit, price_split, problem_of, split_assignment
+from autopipe.solve.splits import price_split, problem_of
 
 __all__ = ["SEARCH_SCHEDULES", "PlanRequest", "Progress", "lower_bound", "plan_pipeline", "plan_search"]
 
@@ -120,7 +122,7 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
     tables: dict[Decision, tuple[PartitionProblem, BlockTimes, SplitTable]] = {}
     shared: Shared = {}  # unlimited cuts per (micro-batch size, chunks)
     memos: dict[int, Memo] = {}  # the bisection solver's memory reach per micro-batch size
-    simple: dict[tuple[str, int, int], tuple[int, ...]] = {}  # the simple splits per (name, micro-batch size, chunks)
+    simple: dict[tuple[str, int, int], tuple[int, ...]] = {}  # the simple splits' sizes per (name, micro-batch size, chunks)
     params = _params(profile)
     report = progress or (lambda what, done, total: None)
 
@@ -140,16 +142,17 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
         except InfeasibleError:
             infeasible_at(decision, problem)
             return
-        bound, split = _split(profile, request, candidate(decision, "solver", problem, solved, times), times, True)
+        bound, split = bounded(profile, request, candidate(decision, "solver", problem, solved, times), times, True)
         heapq.heappush(queue, (bound, next(counter), split))  # the solver's cuts fit its own rule: bound < inf
-        for name in BASELINES:
+        mine = sizes_of(solved, problem.stages)
+        for name in BASELINES:  # summed up when the queue reaches them (split_bound: prefix sums only)
             if (name, u, problem.stages) not in simple:
-                simple[name, u, problem.stages] = baseline_assignment(name, params, problem.time_s, problem.stages)
-            part = evaluate(problem, simple[name, u, problem.stages])
-            if part.stage_of_block != solved.stage_of_block:
-                bound, split = _split(profile, request, candidate(decision, name, problem, part, times), times, part.fits)
-                if bound < math.inf:
-                    heapq.heappush(queue, (bound, next(counter), split))
+                assignment = baseline_assignment(name, params, problem.time_s, problem.stages)
+                simple[name, u, problem.stages] = tuple(int(x) for x in np.bincount(assignment, minlength=problem.stages))
+            sizes = simple[name, u, problem.stages]
+            if sizes != mine:
+                bound = split_bound(request, decision, problem, times, sizes)
+                heapq.heappush(queue, (bound, next(counter), Split(decision, sizes, name, lazy=True)))
 
     report("searching", 0, len(todo))
     while True:
@@ -158,6 +161,12 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
             bound, _, item = heapq.heappop(queue)
             if bound >= best * (1 + PRUNE_TOLERANCE):
                 break
+            if isinstance(item, Split) and item.lazy:  # a simple split: its bound from its sums, queued again
+                problem, times = prepared[item.decision]
+                bound, split = refine(profile, request, item, problem, times)
+                if bound < math.inf:
+                    heapq.heappush(queue, (bound, next(counter), split))
+                continue
             if isinstance(item, Split):  # the solver's cuts or a simple split, priced as --balance prices it
                 problem, times = prepared[item.decision]
                 c, t = price_split(profile, request, item.decision, item.sizes, problem=problem, times=times, source=item.source)
@@ -192,7 +201,7 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
         u = request.batch_size // decision.micro_batches
         free = _free_cuts(problem, shared, u)
         if free is not None and not free.fits:  # the chunk rule says no, the simulated peak may say yes
-            bound, split = _split(profile, request, candidate(decision, "solver", problem, free, times), times, False)
+            bound, split = bounded(profile, request, candidate(decision, "solver", problem, free, times), times, False)
             if bound < math.inf:
                 heapq.heappush(queue, (bound, next(counter), split))
         open_solver(decision, problem, times, free)
@@ -209,21 +218,6 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
     fitting = _refine_with_ilp(profile, request, fitting, report)
     pending = [(bound, item) for bound, _, item in sorted(queue) if isinstance(item, Split)]
     return improve(profile, request, fitting, set(tables), pending, prepared)
-
-
-def _split(profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes, fits_rule: bool) -> tuple[float, Split]:
-    """``c``'s cuts as a queue item, bounded as ``price_split`` will price them: nothing recomputed
-    where every device may fit so (``plain_may_fit``), else c's (evaluate's rule, the solvers'
-    too); inf when neither fits (``fits_rule``: c fits evaluate's rule). With recomputation off
-    nothing-recomputed is the only way, and the simulated peak decides as in "auto"."""
-    d, p = c.decision, c.problem
-    sizes = sizes_of(c.partition, p.stages)
-    plain = p.recompute != "always" and plain_may_fit(p, d, req.devices, req.memory_limit, sizes)
-    if not plain and not fits_rule:
-        return math.inf, Split(d, sizes, c.source)
-    if plain:
-        c = candidate(d, c.source, p, evaluate(p, split_assignment(sizes), (False,) * p.stages), times)
-    return candidate_bound(profile, req, c), Split(d, sizes, c.source)
 
 
 def _order_key(d: Decision) -> tuple[int, int, int]:
