@@ -28,9 +28,11 @@ micro-batch size and chunk count, shared by every schedule; where the simulated 
 without recomputation they are the least bottleneck of all) and three simple splits (even by
 layers, balanced by parameters, greedy by time, also reported as baselines; ``assemble.py``),
 each priced by ``price_split`` too (so nothing is recomputed where every device fits without);
-then the best cuts of the few fastest schedules are improved a block at a time (from one chunk
-to another) while the simulator says they get faster (:mod:`autopipe.solve.moves`; the plan's
-gap to :func:`lower_bound` is what ``bench/bench_planner.py`` reports). Placement is the
+then each schedule's best cuts are improved a block at a time (from one chunk to another) while
+the simulator says they get faster, wherever a bound says that may beat the plan
+(:mod:`autopipe.solve.moves`; the plan's gap to :func:`lower_bound` is what
+``bench/bench_planner.py`` reports). Each decision's candidates are the same whatever the
+search has found, so the plan is never slower than any one searched schedule's plan pinned. Placement is the
 schedule's own (``ScheduleSpec.placement``: round-robin, V); nothing here assumes either. On
 small models with skip connections the ILP may then place blocks freely (not only in
 contiguous ranges).
