@@ -27,7 +27,7 @@ from autopipe.schedules import schedule_spec
 from autopipe.solve.pricing import BlockTimes, Candidate, Decision
 from autopipe.solve.problem import EPS, PartitionProblem
 from autopipe.solve.request import PlanRequest, decisions
-from autopipe.solve.splits import plain_may_fit
+from autopipe.solve.splits import MEMORY_SLACK
 
 PRUNE_TOLERANCE = 1e-12
 """A bound must beat the best so far by more than this (relative) to be searched: bounds and
@@ -83,7 +83,7 @@ def split_bound(req: PlanRequest, d: Decision, problem: PartitionProblem, times:
     from prefix sums alone (no stage statistics; the search queues a simple split by it and
     sums the split up only when the queue reaches it): the links may cost nothing, and a chunk
     is recomputed only where it must be — with recomputation always, or in "auto" where
-    nothing-recomputed may not fit (:func:`~autopipe.solve.splits.plain_may_fit`) and the
+    nothing-recomputed cannot fit (:func:`~autopipe.solve.splits.plain_may_fit`'s test) and the
     chunk's own activations exceed its limit (evaluate's rule; a split that rule does not fit
     is not queued)."""
     size = np.asarray(sizes, dtype=np.int64)
@@ -93,10 +93,18 @@ def split_bound(req: PlanRequest, d: Decision, problem: PartitionProblem, times:
     recompute = np.zeros(len(sizes), dtype=bool)
     if problem.recompute == "always":
         recompute[:] = True
-    elif problem.recompute == "auto" and not plain_may_fit(problem, d, req.devices, req.memory_limit, sizes):
-        static, act = (np.concatenate(([0.0], np.cumsum(x))) for x in (problem.static_bytes, problem.activation_bytes))
-        plain = (static[end] - static[start]) + np.asarray(problem.inflight) * (act[end] - act[start])
-        recompute = plain > np.asarray(problem.stage_memory_limit) * (1.0 + 2 * EPS)  # surely over, sums in any order
+    elif problem.recompute == "auto":
+        static, act = (p[end] - p[start] for p in _memory_prefix(problem))
+        inflight = np.asarray(problem.inflight)
+        # plain_may_fit's least peak per device, vectorised; "surely over" with a margin for the sums' order
+        placed = _placement(d.schedule, req.devices, d.virtual)[0]
+        least = np.full(req.devices, np.inf)
+        np.minimum.at(least, placed, act)
+        held = np.bincount(placed, weights=inflight, minlength=req.devices) - (1.0 if d.virtual > 1 else 0.0)
+        peaks = np.bincount(placed, weights=static, minlength=req.devices) + np.maximum(held, 1.0) * least
+        if peaks.max() > req.memory_limit * (1.0 + MEMORY_SLACK) * (1.0 + 2 * EPS):  # nothing-recomputed cannot fit
+            plain = static + inflight * act
+            recompute = plain > np.asarray(problem.stage_memory_limit) * (1.0 + 2 * EPS)  # surely over, sums in any order
     return _bound_of(req, d, f, b, bi, w, np.where(recompute, f, 0.0), times.action_s, (0.0,) * (len(sizes) - 1))
 
 
@@ -122,6 +130,21 @@ def _bound_of(
     return _chunk_bound(req, d, fs.tolist(), bs.tolist(), ws.tolist(), comm_s)
 
 
+_MEMORY: list[tuple[tuple[float, ...], tuple[float, ...], tuple[npt.NDArray[np.float64], ...]]] = []
+
+
+def _memory_prefix(problem: PartitionProblem) -> tuple[npt.NDArray[np.float64], ...]:
+    """Prefix sums of ``problem``'s static and activation bytes per block (the last few, by the
+    identity of its per-block tuples: every decision at one micro-batch size shares them)."""
+    for static, act, hit in _MEMORY:
+        if static is problem.static_bytes and act is problem.activation_bytes:
+            return hit
+    hit = tuple(np.concatenate(([0.0], np.cumsum(x))) for x in (problem.static_bytes, problem.activation_bytes))
+    _MEMORY.insert(0, (problem.static_bytes, problem.activation_bytes, hit))
+    del _MEMORY[8:]
+    return hit
+
+
 _PREFIX: list[tuple[BlockTimes, tuple[npt.NDArray[np.float64], ...]]] = []
 
 
@@ -138,25 +161,36 @@ def _prefix(times: BlockTimes) -> tuple[npt.NDArray[np.float64], ...]:
 
 def _chunk_bound(req: PlanRequest, d: Decision, f: Sequence[float], b: Sequence[float], w: Sequence[float], comm_s: Sequence[float]) -> float:
     """:func:`candidate_bound` on per-chunk F, B (input-gradient B where W is split off), W and links."""
-    m, S = d.micro_batches, req.devices
-    placed = schedule_spec(d.schedule).devices_of(S, d.virtual)
-    comm = [x if placed[j] != placed[j + 1] else 0.0 for j, x in enumerate(comm_s)]  # a link only between devices
-    K = len(placed)
-    busy, work = [0.0] * K, [0.0] * K  # m x (F + B + W), m x (F + B) of rank placed[j]'s chunks from j on
-    own_busy, own_work = [0.0] * S, [0.0] * S
-    for j in range(K - 1, -1, -1):
-        r = placed[j]
-        own_busy[r] += f[j] + b[j] + w[j]
-        own_work[r] += f[j] + b[j]
-        busy[j], work[j] = m * own_busy[r], m * own_work[r]
-    bound = sum(f) + sum(b) + 2 * sum(comm)
-    before, ahead = 0.0, 0.0  # F + B (and links) of the chunks before chunk j; F (and links) alone
-    for j in range(K):
-        bound = max(bound, ahead + busy[j], before + work[j])
-        link = comm[j] if j < len(comm) else 0.0
-        before += f[j] + b[j] + 2 * link
-        ahead += f[j] + link
-    return bound
+    placed, order, first = _placement(d.schedule, req.devices, d.virtual)
+    fa, ba, wa = np.asarray(f, dtype=float), np.asarray(b, dtype=float), np.asarray(w, dtype=float)
+    comm = np.zeros(len(fa))  # comm[j]: the link after chunk j, only between devices
+    if len(fa) > 1:
+        comm[:-1] = np.where(placed[:-1] != placed[1:], np.asarray(comm_s, dtype=float), 0.0)
+    m = d.micro_batches
+    busy, work = _own_suffix(fa + ba + wa, order, first), _own_suffix(fa + ba, order, first)  # rank placed[j]'s chunks from j on
+    ahead = np.cumsum(fa + comm) - (fa + comm)  # F (and links) of the chunks before chunk j
+    before = np.cumsum(fa + ba + 2 * comm) - (fa + ba + 2 * comm)  # F + B (and links) alike
+    chain = float(fa.sum() + ba.sum() + 2 * comm.sum())
+    return max(chain, float((ahead + m * busy).max()), float((before + m * work).max()))
+
+
+def _own_suffix(x: npt.NDArray[np.float64], order: npt.NDArray[np.int64], first: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    """Per chunk j: the sum of ``x`` over its device's chunks from j on (``order``: chunks by
+    device, last first; ``first``: where each device's run starts in it)."""
+    run = np.cumsum(x[order])
+    out = np.empty(len(x))
+    out[order] = run - np.repeat(np.concatenate(([0.0], run))[first], np.diff(np.append(first, len(x))))
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _placement(schedule: str, devices: int, virtual: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The device of each chunk, the chunks by device (last first) and where each device's run starts."""
+    placed = np.asarray(schedule_spec(schedule).devices_of(devices, virtual), dtype=np.int64)
+    order = np.lexsort((-np.arange(len(placed)), placed))
+    runs = placed[order]
+    first = np.flatnonzero(np.concatenate(([True], runs[1:] != runs[:-1])))
+    return placed, order, first
 
 
 def decision_bound(work: Work, req: PlanRequest, d: Decision) -> float:
