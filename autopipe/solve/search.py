@@ -148,10 +148,11 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
         heapq.heappush(queue, (bound, next(counter), split))  # the solver's cuts fit its own rule: bound < inf
         mine = sizes_of(solved, problem.stages)
         for name in BASELINES:  # summed up when the queue reaches them (split_bound: prefix sums only)
-            if (name, u, problem.stages) not in simple:
+            key = (name, u if name == "greedy-time" else 0, problem.stages)  # only greedy-time depends on the times
+            if key not in simple:
                 assignment = baseline_assignment(name, params, problem.time_s, problem.stages)
-                simple[name, u, problem.stages] = tuple(int(x) for x in np.bincount(assignment, minlength=problem.stages))
-            sizes = simple[name, u, problem.stages]
+                simple[key] = tuple(int(x) for x in np.bincount(assignment, minlength=problem.stages))
+            sizes = simple[key]
             if sizes != mine:
                 bound = split_bound(request, decision, problem, times, sizes)
                 heapq.heappush(queue, (bound, next(counter), Split(decision, sizes, name, lazy=True)))
