@@ -1,31 +1,24 @@
 """After the branch and bound: local moves of a plan's cuts on the simulated objective itself,
 for decisions too large to enumerate (:func:`improve`, :func:`local_moves`), and the queue
-item the search prices a split from (:class:`Split`)."""
+item the search prices a split from (:class:`Split`, :func:`bounded`, :func:`refine`)."""
 
 from __future__ import annotations
 
+import heapq
+import math
 from dataclasses import dataclass
 
 from autopipe.costs.profile import Profile
 from autopipe.schedules import schedule_spec
 from autopipe.schedules.simulate import Summary
 from autopipe.solve.baselines import BASELINES
-from autopipe.solve.bounds import PRUNE_TOLERANCE
-from autopipe.solve.pricing import BlockTimes, Candidate, Decision, compiled, fits
-from autopipe.solve.problem import Partition, PartitionProblem
+from autopipe.solve.bounds import PRUNE_TOLERANCE, candidate_bound, reach_bound
+from autopipe.solve.pricing import BlockTimes, Candidate, Decision, candidate, fits
+from autopipe.solve.problem import Partition, PartitionProblem, evaluate
 from autopipe.solve.request import PlanRequest
-from autopipe.solve.splits import price_split
+from autopipe.solve.splits import plain_may_fit, price_split, split_assignment
 
-__all__ = ["LOCAL_DECISIONS", "LOCAL_MOVES", "LOCAL_MOVE_ACTIONS", "LOCAL_SLACK", "Split", "improve", "local_moves", "order", "sizes_of"]
-
-
-LOCAL_DECISIONS = 4
-"""Schedules whose best cuts (simulated, or by bound when the branch and bound left them
-unsimulated) the local moves start from."""
-
-LOCAL_SLACK = 0.1
-"""... when within this (relative) of the best plan: a schedule's cuts gain up to about this much
-from the moves, so one a little slower than the best may win after them."""
+__all__ = ["LOCAL_MOVES", "LOCAL_MOVE_ACTIONS", "Split", "bounded", "improve", "local_moves", "order", "refine", "sizes_of"]
 
 
 def improve(
@@ -36,55 +29,108 @@ def improve(
     pending: list[tuple[float, Split]],
     prepared: dict[Decision, tuple[PartitionProblem, BlockTimes]],
 ) -> list[tuple[Candidate, Summary]]:
-    """Local moves from the best cuts of each of the fastest :data:`LOCAL_DECISIONS` schedules
-    (within :data:`LOCAL_SLACK` of the best) whose decision was too large to enumerate — a
-    schedule whose solver cuts the branch and bound left unsimulated (``pending``, by bound)
-    is priced first when its bound is within the slack — so the search's plan is less often
-    behind what pinning one of those schedules finds by the same moves. Each start may
-    simulate :data:`LOCAL_MOVE_ACTIONS` actions; a start after the first is taken only where
-    that is one pass over its neighbouring chunks (so a large schedule adds no simulation)."""
-    limit = fitting[0][1].iteration_s * (1 + LOCAL_SLACK)
-    options: list[tuple[float, int, tuple[Candidate, Summary] | Split]] = []  # (time or bound, tie-break, start)
-    seen: set[str] = set()
-    for c, t in fitting:  # each schedule's best simulated cuts
-        if c.decision.schedule not in seen:
-            seen.add(c.decision.schedule)
-            options.append((t.iteration_s, len(options), (c, t)))
-    options += [(bound, len(options) + i, item) for i, (bound, item) in enumerate(pending)]
-    options.sort(key=lambda x: x[:2])
-    starts: list[tuple[Candidate, Summary]] = []
+    """Local moves from each schedule's best cuts wherever they may beat the best plan.
+
+    A schedule's start is its fastest fitting candidate on its decisions too large to
+    enumerate (``fitting`` holds those the branch and bound simulated; ``pending``, by bound,
+    those it left): its pending candidates are priced in bound order while the bound is below
+    its fastest so far — what the search pinned to that schedule simulates too. The moves
+    from it run unless :func:`~autopipe.solve.bounds.reach_bound` says no split they can reach
+    beats the best plan so far; schedules are taken in the order of that bound. So the plan
+    is never slower than any one searched schedule's pinned plan: the pinned search takes the
+    same start and the same moves, or nothing it finds beats this plan (its branch and bound
+    simulates no candidate faster than this one's best, and its moves reach no faster split)."""
+    best = fitting[0][1].iteration_s
+    groups: dict[str, tuple[list[tuple[Candidate, Summary]], list[tuple[float, Split]]]] = {}
+    for c, t in fitting:
+        if c.decision not in enumerated and c.source != "ilp":
+            groups.setdefault(c.decision.schedule, ([], []))[0].append((c, t))
+    for bound, split in pending:
+        if split.decision not in enumerated:
+            groups.setdefault(split.decision.schedule, ([], []))[1].append((bound, split))
+
+    def reach(d: Decision, sizes: tuple[int, ...]) -> float:
+        shifts = min(_budget(req, d), LOCAL_MOVES)  # moves taken at most
+        return reach_bound(req, d, sizes, prepared[d][1], shifts) if shifts > 0 else math.inf
+
+    ranked = sorted(
+        (min([reach(c.decision, sizes_of(c.partition, c.problem.stages)) for c, _ in done] + [reach(s.decision, s.sizes) for _, s in left]), name)
+        for name, (done, left) in groups.items()
+    )
     priced: list[tuple[Candidate, Summary]] = []
-    for k, _, start in options:
-        if len(starts) == LOCAL_DECISIONS or k > limit:
+    found: list[tuple[Candidate, Summary]] = []
+    for bound, name in ranked:
+        if bound >= best * (1 - PRUNE_TOLERANCE):
             break
-        d = start.decision if isinstance(start, Split) else start[0].decision
-        if any(c.decision.schedule == d.schedule for c, _ in starts) or d in enumerated:
-            continue
-        if starts and LOCAL_MOVE_ACTIONS // _actions(req, d) < req.devices * d.virtual - 1:
-            continue  # too few moves for one pass over its neighbouring chunks
-        if isinstance(start, Split):
-            problem, times = prepared[d]
-            start = price_split(profile, req, d, start.sizes, problem=problem, times=times, source="solver")
-            if not fits(start[1], req.memory_limit):
+        done, left = groups[name]
+        start = min(done, key=_rank, default=None)
+        heap = [(k, i, split) for i, (k, split) in enumerate(left)]  # in bound order already
+        while heap:
+            k, i, split = heapq.heappop(heap)
+            if start is not None and k >= start[1].iteration_s * (1 + PRUNE_TOLERANCE):
+                break
+            problem, times = prepared[split.decision]
+            if split.lazy:
+                k, split = refine(profile, req, split, problem, times)
+                if k < math.inf:
+                    heapq.heappush(heap, (k, i, split))
                 continue
-            priced.append(start)
-        starts.append(start)
-    found = [x for c, t in starts for x in local_moves(profile, req, c, t)]
-    return sorted(fitting + priced + found, key=lambda ct: (ct[1].iteration_s, order(ct[0])))
+            x = price_split(profile, req, split.decision, split.sizes, problem=problem, times=times, source=split.source)
+            priced.append(x)
+            if fits(x[1], req.memory_limit) and (start is None or _rank(x) < _rank(start)):
+                start = x
+        if start is None or reach(start[0].decision, sizes_of(start[0].partition, start[0].problem.stages)) >= best * (1 - PRUNE_TOLERANCE):
+            continue
+        moved = local_moves(profile, req, *start)
+        found += moved
+        best = min([best] + [t.iteration_s for _, t in moved])
+    return sorted(fitting + priced + found, key=_rank)
 
 
-def _actions(req: PlanRequest, d: Decision) -> int:
-    """About how many actions one simulation of ``d`` takes (F, B and W per chunk and micro-batch)."""
-    return req.devices * d.virtual * d.micro_batches * (3 if schedule_spec(d.schedule).splits_backward else 2)
+def _rank(ct: tuple[Candidate, Summary]) -> tuple[float, tuple[int, int, int, int]]:
+    return ct[1].iteration_s, order(ct[0])
+
+
+def _budget(req: PlanRequest, d: Decision) -> int:
+    """How many moves :func:`local_moves` may try on ``d``: :data:`LOCAL_MOVE_ACTIONS` over the
+    actions of one simulation (F, B and W per chunk and micro-batch), and none where that is
+    less than one pass over the neighbouring chunks (a large schedule adds no simulation)."""
+    actions = req.devices * d.virtual * d.micro_batches * (3 if schedule_spec(d.schedule).splits_backward else 2)
+    tries = LOCAL_MOVE_ACTIONS // actions
+    return tries if tries >= req.devices * d.virtual - 1 else 0
 
 
 @dataclass(frozen=True)
 class Split:
-    """The solver's cuts or a simple split, priced by ``price_split`` when the queue reaches it."""
+    """The solver's cuts or a simple split, priced by ``price_split`` when the queue reaches it
+    (``lazy``: queued by :func:`~autopipe.solve.bounds.split_bound`, bounded by :func:`bounded`
+    when reached, see :func:`refine`)."""
 
     decision: Decision
     sizes: tuple[int, ...]
     source: str
+    lazy: bool = False
+
+
+def bounded(profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes, fits_rule: bool) -> tuple[float, Split]:
+    """``c``'s cuts as a queue item, bounded as ``price_split`` will price them: nothing recomputed
+    where every device may fit so (``plain_may_fit``), else c's (evaluate's rule, the solvers'
+    too); inf when neither fits (``fits_rule``: c fits evaluate's rule). With recomputation off
+    nothing-recomputed is the only way, and the simulated peak decides as in "auto"."""
+    d, p = c.decision, c.problem
+    sizes = sizes_of(c.partition, p.stages)
+    plain = p.recompute != "always" and plain_may_fit(p, d, req.devices, req.memory_limit, sizes)
+    if not plain and not fits_rule:
+        return math.inf, Split(d, sizes, c.source)
+    if plain:
+        c = candidate(d, c.source, p, evaluate(p, split_assignment(sizes), (False,) * p.stages), times)
+    return candidate_bound(profile, req, c), Split(d, sizes, c.source)
+
+
+def refine(profile: Profile, req: PlanRequest, split: Split, problem: PartitionProblem, times: BlockTimes) -> tuple[float, Split]:
+    """A lazy split's queue item, summed up and bounded by :func:`bounded` (inf where it fits no way)."""
+    part = evaluate(problem, split_assignment(split.sizes))
+    return bounded(profile, req, candidate(split.decision, split.source, problem, part, times), times, part.fits)
 
 
 LOCAL_MOVES = 64
@@ -103,7 +149,7 @@ def local_moves(profile: Profile, req: PlanRequest, c: Candidate, t: Summary) ->
     move that is faster and fits; repeat until none is, for up to :data:`LOCAL_MOVES` passes
     within :data:`LOCAL_MOVE_ACTIONS`. Returns each improvement, priced."""
     d = c.decision
-    budget = LOCAL_MOVE_ACTIONS // len(compiled(d.schedule, req.devices, d.micro_batches, d.virtual).rank)
+    budget = _budget(req, d)
     if c.source == "ilp" or budget < 1:
         return []
     K = c.problem.stages

@@ -28,9 +28,11 @@ micro-batch size and chunk count, shared by every schedule; where the simulated 
 without recomputation they are the least bottleneck of all) and three simple splits (even by
 layers, balanced by parameters, greedy by time, also reported as baselines; ``assemble.py``),
 each priced by ``price_split`` too (so nothing is recomputed where every device fits without);
-then the best cuts of the few fastest schedules are improved a block at a time (from one chunk
-to another) while the simulator says they get faster (:mod:`autopipe.solve.moves`; the plan's
-gap to :func:`lower_bound` is what ``bench/bench_planner.py`` reports). Placement is the
+then each schedule's best cuts are improved a block at a time (from one chunk to another) while
+the simulator says they get faster, wherever a bound says that may beat the plan
+(:mod:`autopipe.solve.moves`; the plan's gap to :func:`lower_bound` is what
+``bench/bench_planner.py`` reports). Each decision's candidates are the same whatever the
+search has found, so the plan is never slower than any one searched schedule's plan pinned. Placement is the
 schedule's own (``ScheduleSpec.placement``: round-robin, V); nothing here assumes either. On
 small models with skip connections the ILP may then place blocks freely (not only in
 contiguous ranges).
@@ -44,6 +46,8 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
+
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Plan
@@ -53,9 +57,9 @@ from autopipe.solve.assemble import make_plan
 from autopipe.solve.baselines import BASELINES, baseline_assignment
 from autopipe.solve.bounds import (
     PRUNE_TOLERANCE,
-    candidate_bound,
     decision_bound,
     lower_bound,
+    split_bound,
     work_table,
 )
 from autopipe.solve.chain import solve_chain
@@ -63,7 +67,7 @@ from autopipe.solve.exact import SplitTable, split_table
 from autopipe.solve.greedy import Memo, solve_fast
 from autopipe.solve.ilp import solve_ilp
 from autopipe.solve.min_memory import min_memory_limit
-from autopipe.solve.moves import Split, improve, order, sizes_of
+from autopipe.solve.moves import Split, bounded, improve, order, refine, sizes_of
 from autopipe.solve.pricing import BlockTimes, Candidate, Decision, candidate, fits, price
 from autopipe.solve.problem import Partition, PartitionProblem, evaluate
 from autopipe.solve.request import (
@@ -73,7 +77,7 @@ from autopipe.solve.request import (
     infeasible_error,
     validate,
 )
-from autopipe.solve.splits import plain_may_fit, price_split, problem_of, split_assignment
+from autopipe.solve.splits import price_split, problem_of
 
 __all__ = ["SEARCH_SCHEDULES", "PlanRequest", "Progress", "lower_bound", "plan_pipeline", "plan_search"]
 
@@ -116,11 +120,12 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
     infeasible: dict[tuple[str, int], tuple[int, PartitionProblem]] = {}
     next_decision = 0
     counter = itertools.count()
-    expand: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
     prepared: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
     tables: dict[Decision, tuple[PartitionProblem, BlockTimes, SplitTable]] = {}
     shared: Shared = {}  # unlimited cuts per (micro-batch size, chunks)
     memos: dict[int, Memo] = {}  # the bisection solver's memory reach per micro-batch size
+    simple: dict[tuple[str, int, int], tuple[int, ...]] = {}  # the simple splits' sizes per (name, micro-batch size, chunks)
+    params = _params(profile)
     report = progress or (lambda what, done, total: None)
 
     def infeasible_at(decision: Decision, problem: PartitionProblem) -> None:
@@ -130,15 +135,27 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
             infeasible[key] = (decision.micro_batches, problem)
 
     def open_solver(decision: Decision, problem: PartitionProblem, times: BlockTimes, free: Partition | None) -> None:
-        """Queue the solver's cuts of ``decision`` (``free``: the unlimited cuts, when they fit its rule)."""
+        """Queue the solver's cuts of ``decision`` (``free``: the unlimited cuts, when they fit its
+        rule) and its simple splits: each decision's candidates are the same whatever the search
+        has found so far (so the local moves start where the search pinned to its schedule does)."""
         try:
             u = request.batch_size // decision.micro_batches
             solved = free if free is not None and free.fits else _solve(problem, memos.setdefault(u, Memo()))
         except InfeasibleError:
             infeasible_at(decision, problem)
             return
-        bound, split = _split(profile, request, candidate(decision, "solver", problem, solved, times), times, True)
+        bound, split = bounded(profile, request, candidate(decision, "solver", problem, solved, times), times, True)
         heapq.heappush(queue, (bound, next(counter), split))  # the solver's cuts fit its own rule: bound < inf
+        mine = sizes_of(solved, problem.stages)
+        for name in BASELINES:  # summed up when the queue reaches them (split_bound: prefix sums only)
+            key = (name, u if name == "greedy-time" else 0, problem.stages)  # only greedy-time depends on the times
+            if key not in simple:
+                assignment = baseline_assignment(name, params, problem.time_s, problem.stages)
+                simple[key] = tuple(int(x) for x in np.bincount(assignment, minlength=problem.stages))
+            sizes = simple[key]
+            if sizes != mine:
+                bound = split_bound(request, decision, problem, times, sizes)
+                heapq.heappush(queue, (bound, next(counter), Split(decision, sizes, name, lazy=True)))
 
     report("searching", 0, len(todo))
     while True:
@@ -147,6 +164,12 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
             bound, _, item = heapq.heappop(queue)
             if bound >= best * (1 + PRUNE_TOLERANCE):
                 break
+            if isinstance(item, Split) and item.lazy:  # a simple split: its bound from its sums, queued again
+                problem, times = prepared[item.decision]
+                bound, split = refine(profile, request, item, problem, times)
+                if bound < math.inf:
+                    heapq.heappush(queue, (bound, next(counter), split))
+                continue
             if isinstance(item, Split):  # the solver's cuts or a simple split, priced as --balance prices it
                 problem, times = prepared[item.decision]
                 c, t = price_split(profile, request, item.decision, item.sizes, problem=problem, times=times, source=item.source)
@@ -159,15 +182,6 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
             simulated.append((c, t))
             if fits(t, request.memory_limit):
                 best = min(best, t.iteration_s)
-            if c.source == "solver" and c.decision in expand:
-                # The simple splits of this decision are candidates too (and so never win).
-                problem, times = expand.pop(c.decision)
-                for name in BASELINES:
-                    part = evaluate(problem, baseline_assignment(name, _params(profile), problem.time_s, problem.stages))
-                    if part.stage_of_block != c.partition.stage_of_block:
-                        bound, split = _split(profile, request, candidate(c.decision, name, problem, part, times), times, part.fits)
-                        if bound < math.inf:
-                            heapq.heappush(queue, (bound, next(counter), split))
             continue
         if open_bound >= best * (1 + PRUNE_TOLERANCE) or next_decision >= len(todo):
             break
@@ -186,11 +200,11 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
             need = min(need, enumerated.need)
             infeasible_at(decision, problem)
             continue
-        prepared[decision] = expand[decision] = (problem, times)
+        prepared[decision] = (problem, times)
         u = request.batch_size // decision.micro_batches
         free = _free_cuts(problem, shared, u)
         if free is not None and not free.fits:  # the chunk rule says no, the simulated peak may say yes
-            bound, split = _split(profile, request, candidate(decision, "solver", problem, free, times), times, False)
+            bound, split = bounded(profile, request, candidate(decision, "solver", problem, free, times), times, False)
             if bound < math.inf:
                 heapq.heappush(queue, (bound, next(counter), split))
         open_solver(decision, problem, times, free)
@@ -205,23 +219,8 @@ def plan_search(profile: Profile, request: PlanRequest, progress: Progress | Non
     fitting.sort(key=lambda ct: (ct[1].iteration_s, order(ct[0])))
     report("searching", len(todo), len(todo))  # the rest could not win
     fitting = _refine_with_ilp(profile, request, fitting, report)
-    pending = [(bound, item) for bound, _, item in sorted(queue) if isinstance(item, Split) and item.source == "solver"]
+    pending = [(bound, item) for bound, _, item in sorted(queue) if isinstance(item, Split)]
     return improve(profile, request, fitting, set(tables), pending, prepared)
-
-
-def _split(profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes, fits_rule: bool) -> tuple[float, Split]:
-    """``c``'s cuts as a queue item, bounded as ``price_split`` will price them: nothing recomputed
-    where every device may fit so (``plain_may_fit``), else c's (evaluate's rule, the solvers'
-    too); inf when neither fits (``fits_rule``: c fits evaluate's rule). With recomputation off
-    nothing-recomputed is the only way, and the simulated peak decides as in "auto"."""
-    d, p = c.decision, c.problem
-    sizes = sizes_of(c.partition, p.stages)
-    plain = p.recompute != "always" and plain_may_fit(p, d, req.devices, req.memory_limit, sizes)
-    if not plain and not fits_rule:
-        return math.inf, Split(d, sizes, c.source)
-    if plain:
-        c = candidate(d, c.source, p, evaluate(p, split_assignment(sizes), (False,) * p.stages), times)
-    return candidate_bound(profile, req, c), Split(d, sizes, c.source)
 
 
 def _order_key(d: Decision) -> tuple[int, int, int]:
