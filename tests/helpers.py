@@ -128,7 +128,7 @@ def reference_training(
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
