@@ -49,6 +49,7 @@ def test_the_api_plan_is_the_command_lines_plan(tmp_path: Path, capsys: pytest.C
     ("given", "message"),
     [
         ({"tensor_parallel": 4, "stages": 8}, "tensor_parallel 4 x stages 8 = 32 does not divide gpus 16"),
+        ({"tensor_parallel": 32}, "tensor_parallel 32 does not divide gpus 16; pin degrees"),
         ({"tensor_parallel": 2, "stages": 2, "data_parallel": 2}, "tensor_parallel 2 x stages 2 x data_parallel 2 = 8 does not equal gpus 16"),
         ({"data_parallel": 0}, "data_parallel must be a whole number >= 1, not 0"),
         ({"cluster": {"nodes": 3}}, "cluster has no field 'nodes'; use devices_per_node"),
