@@ -8,7 +8,8 @@ enumerate: the cuts are the chain solver's, then local moves).
 One CPU core (the search is single-threaded Python + numpy). Prints the median of several
 runs (wall and CPU time: on a shared machine CPU time is the steadier), the decision, and the
 machine. ``--without v-half,v-min,dualpipe-v`` leaves schedules out of the search (to measure
-what searching them costs).
+what searching them costs); ``--gaps`` the gap to the lower bound with and without a memory
+limit; ``--pinned`` every schedule pinned (copy this script onto another commit to compare).
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ def synthetic_profile(n: int, seed: int = 0) -> Profile:
     return Profile("synthetic", TraceRecipe(tracer="fx", fingerprint="0"), "cuda: synthetic", "-", "bfloat16", (1, 2), "measured", tuple(blocks), tuple(tensors))
 
 
-def one_run(n: int, stages: int, batch: int, memory: float, recompute: str = "auto") -> dict[str, object]:
+def one_run(n: int, stages: int, batch: int, memory: float, recompute: str = "auto", schedule: str | None = None) -> dict[str, object]:
     """One cold plan, timed: the profile is built first and not timed."""
     prof = synthetic_profile(n)
-    req = PlanRequest(devices=stages, batch_size=batch, memory_limit=memory, link_bandwidth=50e9, link_latency_s=1e-5, recompute=recompute)
+    req = PlanRequest(devices=stages, batch_size=batch, memory_limit=memory, link_bandwidth=50e9, link_latency_s=1e-5,
+                      recompute=recompute, schedule=schedule)  # fmt: skip
     t0, c0 = time.perf_counter(), time.process_time()
     plan = plan_pipeline(prof, req)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -111,11 +113,28 @@ def gaps(without: str) -> None:
                 )
 
 
+def pinned(without: str) -> None:
+    """Every searched schedule pinned, on each case (one cold run each, in a fresh interpreter):
+    the plan's iteration time and m, and the CPU time it took. Run on two commits to compare
+    what a change does to pinned plans."""
+    for n, stages, batch, memory in ((100, 8, 64, 8 * 2**30), (1000, 64, 512, 16 * 2**30), (1000, 64, 512, math.inf)):
+        for schedule in request.SEARCH_SCHEDULES:
+            cmd = [sys.executable, __file__, "--one", f"{n},{stages},{batch},{memory},auto,{schedule}", "--without", without]
+            out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            head = f"{n:5d} -> {stages:3d}, memory {memory / 2**30:g} GiB, {schedule:16s}"
+            if out.returncode:
+                print(f"{head}: {out.stderr.strip().splitlines()[-1]}")
+                continue
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"{head}: iteration {float(r['iteration']):.4f} s, m={r['m']} (planned in {float(r['cpu']):.2f} s CPU)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--without", default="", help="schedules to leave out of the search, comma-separated")
-    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # n,stages,batch,memory[,recompute]: one timed run, JSON out
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # n,stages,batch,memory[,recompute[,schedule]]: one timed run, JSON out
     parser.add_argument("--gaps", action="store_true", help="the gap to the lower bound with and without a memory limit, recompute off and auto")
+    parser.add_argument("--pinned", action="store_true", help="every searched schedule pinned: iteration time, m, planning time")
     args = parser.parse_args()
     left_out = {x for x in args.without.split(",") if x}
     request.SEARCH_SCHEDULES = tuple(s for s in request.SEARCH_SCHEDULES if s not in left_out)  # what decisions() reads
@@ -125,6 +144,9 @@ def main() -> None:
         return
     if args.gaps:
         gaps(args.without)
+        return
+    if args.pinned:
+        pinned(args.without)
         return
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, Python {sys.version.split()[0]}; "
           f"searching {', '.join(request.SEARCH_SCHEDULES)}")
