@@ -74,13 +74,19 @@ def one_run(n: int, stages: int, batch: int, memory: float, recompute: str = "au
     }  # fmt: skip
 
 
+def cold_run(one: str, without: str) -> subprocess.CompletedProcess[str]:
+    """This script's ``--one ONE --without WITHOUT`` in a fresh interpreter (every cache cold)."""
+    cmd = [sys.executable, __file__, "--one", one, "--without", without]
+    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 def bench(n: int, stages: int, batch: int, memory: float, repeat: int, without: str) -> None:
     """``repeat`` runs, each in a fresh interpreter: every cache (compiled schedules, the V
     schedules' built lists, the solver's memo) starts cold, as one ``autopipe plan`` does."""
     runs = []
     for _ in range(repeat):
-        cmd = [sys.executable, __file__, "--one", f"{n},{stages},{batch},{memory}", "--without", without]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        out = cold_run(f"{n},{stages},{batch},{memory}", without)
+        out.check_returncode()
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     times, cpu, r = [float(x["wall"]) for x in runs], [float(x["cpu"]) for x in runs], runs[-1]
     virtual = f" v={r['virtual']}" if int(str(r["virtual"])) > 1 else ""
@@ -100,8 +106,7 @@ def gaps(without: str) -> None:
     for n, stages, batch, memory in ((100, 8, 64, 8 * 2**30), (1000, 64, 512, 16 * 2**30)):
         for limit in (memory, math.inf):
             for recompute in ("auto", "never"):
-                cmd = [sys.executable, __file__, "--one", f"{n},{stages},{batch},{limit},{recompute}", "--without", without]
-                out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                out = cold_run(f"{n},{stages},{batch},{limit},{recompute}", without)
                 if out.returncode:
                     print(f"{n:5d} -> {stages:3d}, memory {limit / 2**30:g} GiB, recompute {recompute}: {out.stderr.strip().splitlines()[-1]}")
                     continue

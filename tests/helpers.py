@@ -8,16 +8,13 @@ Import them as ``from tests.helpers import even_plan``: the repository root is o
   trace (predictions are nominal: 1 ms forwards).
 - :func:`reference_training`, :func:`max_diff`: single-process training of the unsplit model,
   the reference the pipeline's losses and weights are compared with.
-- :func:`in_turns`: two measurements taken in turns, for timing tests that must hold on a
-  loaded machine.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
 
 import torch
 from torch import nn
@@ -32,10 +29,6 @@ from autopipe.schedules import schedule_spec
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 FIXTURES = ROOT / "tests" / "fixtures"
-
-A = TypeVar("A")
-B = TypeVar("B")
-
 
 _TRACES: dict[tuple[object, ...], TracedModel] = {}  # even_plan(reuse_trace=True)
 
@@ -138,22 +131,6 @@ def max_diff(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> fl
     if missing:
         raise AssertionError(f"missing from the pipeline's state: {missing[:5]}")
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in b if b[k].numel())
-
-
-def in_turns(rounds: int, a: Callable[[], A], b: Callable[[], B]) -> tuple[list[A], list[B]]:
-    """``rounds`` results of ``a()`` and of ``b()``, measured in turns: a, b, a, b, ...
-
-    For a timing test on a shared machine: other work only ever adds time, and comes in bursts
-    that last longer than one turn, so a burst slows a and b alike rather than all of one of
-    them, and the fastest of several rounds of each is close to its time on a quiet machine.
-    Compare the minima (or the medians), never a single round.
-    """
-    results_a: list[A] = []
-    results_b: list[B] = []
-    for _ in range(rounds):
-        results_a.append(a())
-        results_b.append(b())
-    return results_a, results_b
 
 
 GOOD_MLP = "tests/fixtures/good_mlp.py"

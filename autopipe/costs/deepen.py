@@ -40,26 +40,25 @@ class Repeat:
 
     layers: Layers
     first: int  # block index of the first layer, in both
-    names: Mapping[
-        str, tuple[str, ...]
-    ]  # shallow node name -> deep names (graph.shallow.deep_names)
+    names: Mapping[str, tuple[str, ...]]  # shallow node name -> deep names (graph.shallow.deep_names)
     fingerprint: str  # the deep trace's
 
     @property
     def grow(self) -> int:
         return self.layers.count - SHALLOW
 
-    def index(self, i: int, j: int | None = None) -> int:
-        """Deep block index of shallow block ``i`` (``j``: the copy, for a layer's block)."""
+    def index(self, i: int) -> int:
+        """Deep block index of shallow block ``i`` (a layer's: its first copy)."""
         if i < self.first:
             return i
         if i >= self.first + SHALLOW:
             return i + self.grow
-        return self.first + (j if j is not None else self.layers.copies(i - self.first)[0])
+        return self.first + self.layers.copies(i - self.first)[0]
 
-    def name(self, node: str, j: int | None = None, s: int = 0) -> str:
+    def name(self, node: str, j: int | None = None) -> str:
+        """Deep name of shallow node ``node`` (``j``: in deep layer ``j``, for a layer's node)."""
         names = self.names[node]
-        return names[0] if j is None else names[j - self.layers.copies(s).start]
+        return names[0] if j is None else names[j - self.layers.copies(self.layers.source(j)).start]
 
 
 def repeat_of(
@@ -123,7 +122,7 @@ def _deep_blocks(
         s = i - rep.first
         if 0 <= s < SHALLOW:
             for j in rep.layers.copies(s):
-                out.append((f"{rep.layers.prefix}.{j}", tuple(rep.name(n, j, s) for n in nodes), i))
+                out.append((f"{rep.layers.prefix}.{j}", tuple(rep.name(n, j) for n in nodes), i))
         else:
             out.append(
                 (rep.name(name) if name in nodes else name, tuple(rep.name(n) for n in nodes), i)
@@ -165,5 +164,5 @@ def _deep_tensors(tensors: Sequence[TensorCost], rep: Repeat) -> list[TensorCost
             dsts = tuple(first + j + 1 for d in t.dsts if d <= last) + tuple(
                 rep.index(d) for d in t.dsts if d > last
             )
-            out.append(replace(t, name=rep.name(t.name, j, s), src=first + j, dsts=dsts))
+            out.append(replace(t, name=rep.name(t.name, j), src=first + j, dsts=dsts))
     return out + after

@@ -331,15 +331,11 @@ class BlockEdge:
 
 def _block_edges(gm: torch.fx.GraphModule, block_of: dict[str, int], values: dict[str, ValueInfo]) -> tuple[BlockEdge, ...]:
     """Blocks as a DAG: an edge i -> j carries the tensors made in i and read in j, with bytes."""
-    edges: dict[tuple[int, int], tuple[int, list[str]]] = {}
+    edges: dict[tuple[int, int], list[str]] = {}
     for n in gm.graph.nodes:
-        src = block_of.get(n.name, -1) if n.op != "placeholder" else -1
-        if n.op not in _COMPUTE_OPS and n.op != "placeholder":
+        src = block_of.get(n.name)
+        if n.op not in _COMPUTE_OPS or src is None:
             continue
-        for dst in sorted({block_of[u.name] for u in n.users if u.name in block_of}):
-            if dst == src or src < -1:
-                continue
-            if src >= 0:
-                nbytes, tensors = edges.get((src, dst), (0, []))
-                edges[src, dst] = (nbytes + values[n.name].bytes, [*tensors, n.name])
-    return tuple(BlockEdge(src, dst, nbytes, tuple(tensors)) for (src, dst), (nbytes, tensors) in edges.items())
+        for dst in sorted({block_of[u.name] for u in n.users if u.name in block_of} - {src}):
+            edges.setdefault((src, dst), []).append(n.name)
+    return tuple(BlockEdge(src, dst, sum(values[t].bytes for t in tensors), tuple(tensors)) for (src, dst), tensors in edges.items())

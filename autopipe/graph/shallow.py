@@ -22,13 +22,14 @@ every layer in turn is caught. Anything else
 from __future__ import annotations
 
 import copy
-import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torch import nn
 from torch.fx.graph import _Namespace
+
+from autopipe.graph.trace import structure_hash
 
 __all__ = [
     "MIN_LAYERS",
@@ -173,15 +174,15 @@ def deep_names(
     before = created[: inside[0]]
     after = created[inside[-1] + 1 :]
     by_layer = [[c for c, r in zip(created, runs, strict=True) if r == s] for s in range(SHALLOW)]
-    deep: list[tuple[str, str, int | None]] = [(c, n, None) for c, _, n in before]
+    deep: list[tuple[str, str]] = [(c, n) for c, _, n in before]
     for j in range(layers.count):
         s = layers.source(j)
-        deep += [(layers.renumber(c, s, j), n, j) for c, _, n in by_layer[s]]
-    deep += [(c, n, None) for c, _, n in after]
+        deep += [(layers.renumber(c, s, j), n) for c, _, n in by_layer[s]]
+    deep += [(c, n) for c, _, n in after]
     space = _Namespace()
     out: dict[str, list[str]] = {}
     made = []
-    for candidate, shallow_name, _j in deep:
+    for candidate, shallow_name in deep:
         made.append(space.create_name(candidate, None))
         out.setdefault(shallow_name, []).append(made[-1])
     if full is None or tuple(made) != tuple(full):  # the deep model is not the copy's layers repeated
@@ -210,13 +211,7 @@ def deep_fingerprint(
             deep.append((name, shape, dtype))
         elif s == 0:
             deep += [(layers.renumber(name, 0, j), shape, dtype) for j in range(layers.count)]
-    h = hashlib.sha256()
-    h.update(tracer.encode())
-    for name, shape, dtype in sorted(deep):
-        h.update(f"{name}:{shape}:{dtype};".encode())
-    for name, nodes in blocks:
-        h.update(f"{name}:{','.join(nodes)};".encode())
-    return h.hexdigest()[:16]
+    return structure_hash(tracer, deep, blocks)
 
 
 def _snake(text: str) -> str:

@@ -47,7 +47,7 @@ from autopipe.graph.training import follow_training
 if TYPE_CHECKING:
     import networkx as nx
 
-__all__ = ["Block", "TracedModel", "ValueInfo", "fx_node_names", "quiet_torch", "trace_model"]
+__all__ = ["Block", "TracedModel", "ValueInfo", "fx_node_names", "quiet_torch", "structure_hash", "trace_model"]
 
 TRACERS = ("auto", "fx", "export")
 CREATED = "autopipe_created"  # gm.meta key: the nodes the fx tracer made, in order (see _trace_fx)
@@ -86,13 +86,22 @@ class TracedModel:
 
     def fingerprint(self) -> str:
         """Hash of the block structure and parameter shapes (not values, not batch size)."""
-        h = hashlib.sha256()
-        h.update(self.tracer.encode())
-        for name, p in sorted(self.gm.named_parameters(remove_duplicate=False)):
-            h.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
-        for b in self.blocks:
-            h.update(f"{b.name}:{','.join(b.nodes)};".encode())
-        return h.hexdigest()[:16]
+        params = [(name, tuple(p.shape), str(p.dtype)) for name, p in self.gm.named_parameters(remove_duplicate=False)]
+        return structure_hash(self.tracer, params, [(b.name, b.nodes) for b in self.blocks])
+
+
+def structure_hash(
+    tracer: str, params: Sequence[tuple[str, tuple[int, ...], str]], blocks: Sequence[tuple[str, Sequence[str]]]
+) -> str:
+    """:meth:`TracedModel.fingerprint` of a trace by ``tracer`` with ``params`` (name, shape,
+    dtype; any order) and ``blocks`` (name, nodes; in order)."""
+    h = hashlib.sha256()
+    h.update(tracer.encode())
+    for name, shape, dtype in sorted(params):
+        h.update(f"{name}:{shape}:{dtype};".encode())
+    for name, nodes in blocks:
+        h.update(f"{name}:{','.join(nodes)};".encode())
+    return h.hexdigest()[:16]
 
 
 def trace_model(
