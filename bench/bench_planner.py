@@ -124,8 +124,7 @@ def pinned(without: str) -> None:
     what a change does to pinned plans."""
     for n, stages, batch, memory in ((100, 8, 64, 8 * 2**30), (1000, 64, 512, 16 * 2**30), (1000, 64, 512, math.inf)):
         for schedule in request.SEARCH_SCHEDULES:
-            cmd = [sys.executable, __file__, "--one", f"{n},{stages},{batch},{memory},auto,{schedule}", "--without", without]
-            out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            out = cold_run(f"{n},{stages},{batch},{memory},auto,{schedule}", without)
             head = f"{n:5d} -> {stages:3d}, memory {memory / 2**30:g} GiB, {schedule:16s}"
             if out.returncode:
                 print(f"{head}: {out.stderr.strip().splitlines()[-1]}")
