@@ -72,7 +72,7 @@ def check_plan(plan: Plan, traced: TracedModel) -> None:
     if missing:
         names = ", ".join(repr(traced.blocks[b].name) for b in missing[:3])
         raise PlanError(f"{len(missing)} block(s) of the model are on no stage ({names}{' ...' if len(missing) > 3 else ''}); {again}")  # fmt: skip
-    for src, dst in sorted(traced.graph.edges):
+    for src, dst in sorted({(e.src, e.dst) for e in traced.edges}):  # (no networkx graph needed)
         if stage_of[src] > stage_of[dst]:
             raise PlanError(
                 f"stage {stage_of[dst]} holds block {dst} ({traced.blocks[dst].name!r}), which reads block {src} "
