@@ -30,20 +30,18 @@ from autopipe.solve.problem import EPS, PartitionProblem
 from autopipe.solve.request import PlanRequest, decisions
 from autopipe.solve.splits import MEMORY_SLACK
 
+__all__ = ["PRUNE_TOLERANCE", "Work", "candidate_bound", "decision_bound", "lower_bound", "reach_bound", "split_bound", "work_table"]
+
 PRUNE_TOLERANCE = 1e-12
 """A bound must beat the best so far by more than this (relative) to be searched: bounds and
 simulated times are sums of the same floats in other orders, so exact ties differ by rounding."""
 
-
-
-__all__ = ["PRUNE_TOLERANCE", "Work", "candidate_bound", "decision_bound", "lower_bound", "reach_bound", "split_bound", "work_table"]
 
 def lower_bound(profile: Profile, request: PlanRequest) -> float:
     """A time no plan of ``request`` can beat (the least decision bound): the gap of a plan
     found by local moves, on decisions too large to enumerate, is measured against it."""
     work = work_table(profile, request.devices)
     return min((decision_bound(work, request, d) for d in decisions(profile, request)), default=math.inf)
-
 
 
 def candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
