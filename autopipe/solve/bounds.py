@@ -24,25 +24,24 @@ import numpy.typing as npt
 
 from autopipe.costs.profile import Profile
 from autopipe.schedules import schedule_spec
+from autopipe.solve._recent import Recent
 from autopipe.solve.pricing import BlockTimes, Candidate, Decision
 from autopipe.solve.problem import EPS, PartitionProblem
 from autopipe.solve.request import PlanRequest, decisions
 from autopipe.solve.splits import MEMORY_SLACK
+
+__all__ = ["PRUNE_TOLERANCE", "Work", "candidate_bound", "decision_bound", "lower_bound", "reach_bound", "split_bound", "work_table"]
 
 PRUNE_TOLERANCE = 1e-12
 """A bound must beat the best so far by more than this (relative) to be searched: bounds and
 simulated times are sums of the same floats in other orders, so exact ties differ by rounding."""
 
 
-
-__all__ = ["PRUNE_TOLERANCE", "Work", "candidate_bound", "decision_bound", "lower_bound", "reach_bound", "split_bound", "work_table"]
-
 def lower_bound(profile: Profile, request: PlanRequest) -> float:
     """A time no plan of ``request`` can beat (the least decision bound): the gap of a plan
     found by local moves, on decisions too large to enumerate, is measured against it."""
     work = work_table(profile, request.devices)
     return min((decision_bound(work, request, d) for d in decisions(profile, request)), default=math.inf)
-
 
 
 def candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
@@ -130,32 +129,25 @@ def _bound_of(
     return _chunk_bound(req, d, fs.tolist(), bs.tolist(), ws.tolist(), comm_s)
 
 
-_MEMORY: list[tuple[tuple[float, ...], tuple[float, ...], tuple[npt.NDArray[np.float64], ...]]] = []
+_MEMORY: Recent[tuple[npt.NDArray[np.float64], ...]] = Recent(8)
 
 
 def _memory_prefix(problem: PartitionProblem) -> tuple[npt.NDArray[np.float64], ...]:
     """Prefix sums of ``problem``'s static and activation bytes per block (the last few, by the
     identity of its per-block tuples: every decision at one micro-batch size shares them)."""
-    for static, act, hit in _MEMORY:
-        if static is problem.static_bytes and act is problem.activation_bytes:
-            return hit
-    hit = tuple(np.concatenate(([0.0], np.cumsum(x))) for x in (problem.static_bytes, problem.activation_bytes))
-    _MEMORY.insert(0, (problem.static_bytes, problem.activation_bytes, hit))
-    del _MEMORY[8:]
-    return hit
+    key = (problem.static_bytes, problem.activation_bytes)
+    hit = _MEMORY.get(key)
+    return _MEMORY.put(key, (), tuple(np.concatenate(([0.0], np.cumsum(x))) for x in key)) if hit is None else hit
 
 
-_PREFIX: list[tuple[BlockTimes, tuple[npt.NDArray[np.float64], ...]]] = []
+_PREFIX: Recent[tuple[npt.NDArray[np.float64], ...]] = Recent(8)
 
 
 def _prefix(times: BlockTimes) -> tuple[npt.NDArray[np.float64], ...]:
     """Prefix sums of ``times``' F, B, B input-gradient and W per block (the last few, by identity)."""
-    for t, hit in _PREFIX:
-        if t is times:
-            return hit
-    hit = tuple(np.concatenate(([0.0], np.cumsum(x))) for x in (times.f, times.b, times.bi, times.w))
-    _PREFIX.insert(0, (times, hit))
-    del _PREFIX[8:]
+    hit = _PREFIX.get((times,))
+    if hit is None:
+        hit = _PREFIX.put((times,), (), tuple(np.concatenate(([0.0], np.cumsum(x))) for x in (times.f, times.b, times.bi, times.w)))
     return hit
 
 

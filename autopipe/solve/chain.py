@@ -32,6 +32,7 @@ from numpy.typing import NDArray
 
 from autopipe.errors import InfeasibleError
 from autopipe.solve._intervals import Floats, in_bytes_diff, position_comm, prefix, stage_kinds
+from autopipe.solve._recent import Recent
 from autopipe.solve.min_memory import infeasible_error
 from autopipe.solve.problem import EPS, Partition, PartitionProblem, contiguous_assignment, evaluate
 
@@ -136,20 +137,15 @@ class _Blocks:
             width = min(n, 2 * width)
 
 
-_RECENT: list[tuple[tuple[object, ...], _Blocks]] = []
+_RECENT: Recent[_Blocks] = Recent(8)
 
 
 def _blocks_of(p: PartitionProblem) -> _Blocks:
     """The kept :class:`_Blocks` of ``p``'s blocks (the same tuples, by identity)."""
     blocks = (p.time_s, p.recompute_s, p.static_bytes, p.activation_bytes, p.tensors)
     rest = (p.link_latency_s, p.link_bandwidth, p.recompute != "never")
-    for k, hit in _RECENT:
-        if all(a is b for a, b in zip(k[:5], blocks, strict=True)) and k[5:] == rest:
-            return hit
-    hit = _Blocks(p)
-    _RECENT.insert(0, ((*blocks, *rest), hit))
-    del _RECENT[8:]
-    return hit
+    hit = _RECENT.get(blocks, rest)
+    return _RECENT.put(blocks, rest, _Blocks(p)) if hit is None else hit
 
 
 def _bottleneck(p: PartitionProblem, band: _Band, comm: Floats, tables: list[tuple[Floats, Bools]]) -> float:

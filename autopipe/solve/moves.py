@@ -81,7 +81,7 @@ def improve(
                 start = x
         if start is None or reach(start[0].decision, sizes_of(start[0].partition, start[0].problem.stages)) >= best * (1 - PRUNE_TOLERANCE):
             continue
-        moved = local_moves(profile, req, *start)
+        moved = local_moves(profile, req, *start, prepared[start[0].decision][1])
         found += moved
         best = min([best] + [t.iteration_s for _, t in moved])
     return sorted(fitting + priced + found, key=_rank)
@@ -142,8 +142,8 @@ Python: 1F1B with m = 512 on 64 devices is about 100,000 actions and 0.25 s), so
 1,000 blocks on 64 devices stays within about two seconds."""
 
 
-def local_moves(profile: Profile, req: PlanRequest, c: Candidate, t: Summary) -> list[tuple[Candidate, Summary]]:
-    """Improve the cuts of ``c`` (simulated: ``t``) on the simulated objective itself (its
+def local_moves(profile: Profile, req: PlanRequest, c: Candidate, t: Summary, times: BlockTimes) -> list[tuple[Candidate, Summary]]:
+    """Improve the cuts of ``c`` (simulated: ``t``; its block times: ``times``) on the simulated objective itself (its
     decision had too many splits to enumerate): move one block from a chunk to another —
     neighbours first, then farther, each cut between them shifting by one — and keep the first
     move that is faster and fits; repeat until none is, for up to :data:`LOCAL_MOVES` passes
@@ -154,7 +154,6 @@ def local_moves(profile: Profile, req: PlanRequest, c: Candidate, t: Summary) ->
         return []
     K = c.problem.stages
     sizes = list(sizes_of(c.partition, K))
-    times = BlockTimes.of(profile, req.batch_size // d.micro_batches, req.action_overhead_s)
     moves = [(a, a + gap) for gap in range(1, K) for a in range(K - gap)]
     moves += [(b, a) for a, b in moves]  # (from chunk, to chunk)
     found = []

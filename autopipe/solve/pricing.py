@@ -23,6 +23,7 @@ from autopipe.schedules.simulate import (
     compile_lists,
     simulate_summary,
 )
+from autopipe.solve._recent import Recent
 from autopipe.solve.problem import Partition, PartitionProblem, memory_fits, stage_stats
 
 __all__ = ["BlockTimes", "Candidate", "Decision", "candidate", "compiled", "costs_of", "fits", "price"]
@@ -74,19 +75,15 @@ class BlockTimes:
         )
 
 
-_RECENT: list[tuple[PartitionProblem, BlockTimes, tuple[int, ...], tuple[bool, ...], list[StageCost]]] = []
+_RECENT: Recent[list[StageCost]] = Recent(8)
 """The last few costs_of answers (the search bounds a split, then prices it: the same sums)."""
 
 
 def costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list[StageCost]:
     """What each stage costs per micro-batch, recomputation included (for the simulator)."""
-    for q, times, assignment, rc, hit in _RECENT:
-        if q is problem and times is t and assignment == part.stage_of_block and rc == part.recompute:
-            return list(hit)
-    costs = _costs_of(problem, part, t)
-    _RECENT.insert(0, (problem, t, part.stage_of_block, part.recompute, costs))
-    del _RECENT[8:]
-    return list(costs)
+    key = (part.stage_of_block, part.recompute)
+    hit = _RECENT.get((problem, t), key)
+    return list(_RECENT.put((problem, t), key, _costs_of(problem, part, t)) if hit is None else hit)
 
 
 def _costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list[StageCost]:

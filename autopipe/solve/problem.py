@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autopipe.errors import PlanError
+from autopipe.solve._recent import Recent
 from autopipe.solve.stage_sums import stage_sums
 
 __all__ = ["EPS", "Edge", "Partition", "PartitionProblem", "evaluate", "memory_fits"]
@@ -117,11 +118,10 @@ def _validate(p: PartitionProblem) -> None:
             raise PlanError(f"{name} has {got} entries but there are {p.stages} stages; "
                             "give one per stage")
     blocks = (p.time_s, p.recompute_s, p.static_bytes, p.activation_bytes, p.tensors)
-    if not any(all(a is b for a, b in zip(seen, blocks, strict=True)) for seen in _CHECKED):
+    if _CHECKED.get(blocks) is None:
         _check_blocks(p)
         if all(isinstance(x, tuple) for x in blocks):
-            _CHECKED.insert(0, blocks)
-            del _CHECKED[8:]
+            _CHECKED.put(blocks, (), True)
     _check_numbers("inflight", p.inflight)
     _check_numbers("stage_memory_limit", p.stage_memory_limit, allow_inf=True)
     _check_numbers("link_latency_s", (p.link_latency_s,))
@@ -131,7 +131,7 @@ def _validate(p: PartitionProblem) -> None:
         raise PlanError(f"recompute must be 'never', 'always' or 'auto', got {p.recompute!r}")
 
 
-_CHECKED: list[tuple[object, ...]] = []
+_CHECKED: Recent[bool] = Recent(8)
 """The per-block tuples of the last few problems checked (the same objects, by identity: the
 search builds many problems on one micro-batch size's blocks; tuples cannot change)."""
 
@@ -203,7 +203,7 @@ def comm_time(p: PartitionProblem, cut_bytes: float) -> float:
     return p.link_latency_s + cut_bytes / p.link_bandwidth if cut_bytes > 0 else 0.0
 
 
-_RECENT: list[tuple[PartitionProblem, tuple[int, ...], StageStats]] = []
+_RECENT: Recent[StageStats] = Recent(8)
 """The last few stage_stats answers (the search sums one split up to four times: its bound,
 its recomputation rule, its costs); by the problem's identity and the assignment's value."""
 
@@ -211,13 +211,8 @@ its recomputation rule, its costs); by the problem's identity and the assignment
 def stage_stats(p: PartitionProblem, stage_of_block: Sequence[int]) -> StageStats:
     """Check an assignment (length, range, monotone, no empty stage) and sum it per stage."""
     key = tuple(stage_of_block)
-    for q, a, hit in _RECENT:
-        if q is p and a == key:
-            return hit
-    st = _stage_stats(p, key)
-    _RECENT.insert(0, (p, key, st))
-    del _RECENT[8:]
-    return st
+    hit = _RECENT.get((p,), key)
+    return _RECENT.put((p,), key, _stage_stats(p, key)) if hit is None else hit
 
 
 _VECTOR_FROM = 64  # blocks from which _stage_stats sums with numpy (below, the loop is faster)

@@ -23,6 +23,7 @@ from autopipe.costs.profile import Profile
 from autopipe.errors import PlanError
 from autopipe.schedules import schedule_spec
 from autopipe.schedules.simulate import Summary
+from autopipe.solve._recent import Recent
 from autopipe.solve.pricing import BlockTimes, Candidate, Decision, candidate, fits, price
 from autopipe.solve.problem import Edge, PartitionProblem, contiguous_assignment, evaluate
 from autopipe.solve.request import PlanRequest
@@ -53,15 +54,15 @@ def problem_of(profile: Profile, req: PlanRequest, decision: Decision) -> Partit
 
 
 Blocks = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...], tuple[float, ...], tuple[Edge, ...]]
-_RECENT: list[tuple[Profile, int, float, Blocks]] = []
+_RECENT: Recent[Blocks] = Recent(16)
 """The last few micro-batch sizes' per-block numbers (by the profile's identity): every
 decision at one micro-batch size shares them, and the solvers key what they keep on them."""
 
 
 def _blocks(profile: Profile, u: int, state_factor: float) -> Blocks:
-    for prof, size, factor, hit in _RECENT:
-        if prof is profile and size == u and factor == state_factor:
-            return hit
+    hit = _RECENT.get((profile,), (u, state_factor))
+    if hit is not None:
+        return hit
     blocks = profile.blocks
     hit = (
         tuple(b.forward_s(u) + b.backward_s(u) for b in blocks),
@@ -70,9 +71,7 @@ def _blocks(profile: Profile, u: int, state_factor: float) -> Blocks:
         tuple(b.saved_bytes(u) for b in blocks),
         tuple(Edge(t.src, t.dsts, t.bytes(u)) for t in profile.tensors if t.dsts),
     )
-    _RECENT.insert(0, (profile, u, state_factor, hit))
-    del _RECENT[16:]
-    return hit
+    return _RECENT.put((profile,), (u, state_factor), hit)
 
 
 def split_assignment(sizes: Sequence[int]) -> tuple[int, ...]:

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from autopipe.errors import PlanError
+from autopipe.solve._recent import Recent
 
 __all__ = ["stage_sums"]
 
@@ -48,16 +49,16 @@ class _Flat:
     owner: npt.NDArray[np.int64]
 
 
-_FLAT: list[tuple[tuple[object, ...], _Flat]] = []
+_FLAT: Recent[_Flat] = Recent(4)
 """The arrays of the last few problems' blocks, by the identity of their tuples (the search
 sums many assignments of the same blocks; tuples cannot change)."""
 
 
 def _flat(blocks: tuple[Sequence[float], ...], tensors: Sequence[Tensor]) -> _Flat:
     key = (*blocks, tensors)
-    for seen, flat in _FLAT:
-        if all(a is b for a, b in zip(seen, key, strict=True)):
-            return flat
+    hit = _FLAT.get(key)
+    if hit is not None:
+        return hit
     used = [(k, t) for k, t in enumerate(tensors) if t.dsts]
     sizes = np.array([len(t.dsts) for _, t in used], dtype=np.int64)
     flat = _Flat(
@@ -70,8 +71,7 @@ def _flat(blocks: tuple[Sequence[float], ...], tensors: Sequence[Tensor]) -> _Fl
         owner=np.repeat(np.arange(len(used), dtype=np.int64), sizes),
     )
     if all(isinstance(x, tuple) for x in key):
-        _FLAT.insert(0, (key, flat))
-        del _FLAT[4:]
+        _FLAT.put(key, (), flat)
     return flat
 
 

@@ -34,6 +34,14 @@ def _numpy(p: PartitionProblem, assign: tuple[int, ...]) -> StageStats:
     return StageStats(time, extra, static, act, in_bytes, cut, tuple(comm_time(p, b) for b in cut))
 
 
+def _seeded(seed: int, blocks: tuple[int, int], stages: tuple[int, int]) -> tuple[random.Random, PartitionProblem]:
+    """A seeded random problem (blocks and stages in the given ranges, stages at most the
+    blocks) and the generator, to draw its assignments."""
+    rng = random.Random(seed)
+    n = rng.randint(*blocks)
+    return rng, _problem(rng, n, rng.randint(stages[0], min(n, stages[1])))
+
+
 def _monotone(rng: random.Random, n: int, stages: int) -> tuple[int, ...]:
     cuts = sorted(rng.sample(range(1, n), stages - 1))
     return tuple(sum(i >= c for c in cuts) for i in range(n))
@@ -41,21 +49,16 @@ def _monotone(rng: random.Random, n: int, stages: int) -> tuple[int, ...]:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_the_numpy_sums_equal_the_loop_to_the_last_bit(seed: int) -> None:
-    rng = random.Random(seed)
-    n = rng.randint(2, 90)
-    stages = rng.randint(1, min(n, 9))
-    p = _problem(rng, n, stages)
+    rng, p = _seeded(seed, (2, 90), (1, 9))
     for _ in range(5):
-        assign = _monotone(rng, n, stages)
+        assign = _monotone(rng, p.blocks, p.stages)
         assert _numpy(p, assign) == _stage_stats_py(p, assign)
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_the_numpy_sums_raise_the_loops_first_error(seed: int) -> None:
-    rng = random.Random(seed)
-    n = rng.randint(4, 60)
-    stages = rng.randint(2, min(n, 6))
-    p = _problem(rng, n, stages)
+    rng, p = _seeded(seed, (4, 60), (2, 6))
+    n, stages = p.blocks, p.stages
     assign = list(_monotone(rng, n, stages))
     how = seed % 3
     if how == 0:  # out of range
