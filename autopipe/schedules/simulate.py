@@ -49,6 +49,7 @@ __all__ = [
     "Timeline",
     "compile_lists",
     "compile_schedule",
+    "cost_arrays",
     "cost_table",
     "simulate",
     "simulate_many",
@@ -322,18 +323,9 @@ def simulate_many(
     """:func:`simulate_summary` of K candidates on one compiled schedule, in one pass each:
     ``costs[k]`` per virtual stage and ``comm_s[k]`` per boundary (``()``: no link times)."""
     n, k = c.num_stages, len(costs)
-    comms = [list(x) for x in comm_s] if comm_s else [[] for _ in costs]
-    if len(comms) != k:
-        raise ScheduleError(f"comm_s must have one entry per candidate ({k}), got {len(comms)}")
-    for cs, cm in zip(costs, comms, strict=True):
-        if len(cs) != n:
-            raise ScheduleError(f"costs must have one entry per virtual stage ({n}), got {len(cs)}")
-        if cm and len(cm) != n - 1:
-            raise ScheduleError(f"comm_s must have one entry per stage boundary, {n - 1} for {n} virtual stages (got {len(cm)})")
+    table, link = cost_arrays(n, costs, comm_s)
     if k == 0:
         return []
-    table = cost_table(costs)
-    link = np.array([cm or [0.0] * (n - 1) for cm in comms], np.float64).reshape(k, n - 1)
     iteration, busy, _, _ = simcore.run(c.rank, c.duration, c.deps, c.hop, table.reshape(k, 8 * n), link, c.ranks)
     peak = simcore.memory(c.rows, c.offsets, c.home_array, c.splits_backward, table)
     out = []
@@ -342,6 +334,22 @@ def simulate_many(
         bubble = 1.0 - sum(b) / (c.ranks * it) if it > 0 else 0.0
         out.append(Summary(it, bubble, tuple(b), tuple(peak[i].tolist())))
     return out
+
+
+def cost_arrays(n: int, costs: Sequence[Sequence[StageCost]], comm_s: Sequence[Sequence[float]] = ()) -> tuple[Floats, Floats]:
+    """K candidates' costs and link times on ``n`` virtual stages, checked: the ``(K, n, 8)``
+    :func:`cost_table` and the ``(K, n-1)`` link times (``comm_s`` ``()`` or an empty entry: none)."""
+    k = len(costs)
+    comms = [list(x) for x in comm_s] if comm_s else [[] for _ in costs]
+    if len(comms) != k:
+        raise ScheduleError(f"comm_s must have one entry per candidate ({k}), got {len(comms)}")
+    for cs, cm in zip(costs, comms, strict=True):
+        if len(cs) != n:
+            raise ScheduleError(f"costs must have one entry per virtual stage ({n}), got {len(cs)}")
+        if cm and len(cm) != n - 1:
+            raise ScheduleError(f"comm_s must have one entry per stage boundary, {n - 1} for {n} virtual stages (got {len(cm)})")
+    table = cost_table(costs) if k else np.empty((0, n, 8), np.float64)
+    return table, np.array([cm or [0.0] * (n - 1) for cm in comms], np.float64).reshape(k, n - 1)
 
 
 def cost_table(costs: Sequence[Sequence[StageCost]]) -> Floats:
