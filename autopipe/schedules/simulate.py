@@ -277,6 +277,7 @@ def _compile(
 ) -> CompiledSchedule:
     n = devices * virtual
     home = tuple(placement(j, devices, virtual) for j in range(n))
+    home_array = np.asarray(home, np.int64)
     if len(lists) != devices:
         raise ScheduleError(f"the lists have {len(lists)} ranks, expected one per device ({devices})")
     arrays = [rank_array(x) for x in lists]
@@ -289,7 +290,7 @@ def _compile(
     expected = n * m * (3 if has_w else 2)
     placed, o = -1, None
     if len(rows) == expected:
-        placed, o = simcore.order(rows, offsets, np.asarray(home, np.int64), m, has_w)
+        placed, o = simcore.order(rows, offsets, home_array, m, has_w)
     if o is None or placed != len(rows):
         bad = np.flatnonzero((rows[:, 1] < F) | (rows[:, 1] > W))
         if len(bad):
@@ -300,7 +301,7 @@ def _compile(
         raise ScheduleError("schedule deadlocks" if placed >= 0 else f"schedule is incomplete: {len(rows)} actions, expected {expected}")
     rank_lists = tuple(np.split(o.pos, offsets[1:-1]))
     return CompiledSchedule(
-        devices, n, home, o.rank, o.stage, o.kind, o.split, o.dep, rank_lists, o.hop, o.dur, rows, offsets, np.asarray(home, np.int64), has_w
+        devices, n, home, o.rank, o.stage, o.kind, o.split, o.dep, rank_lists, o.hop, o.dur, rows, offsets, home_array, has_w
     )
 
 
