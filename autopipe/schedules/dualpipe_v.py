@@ -87,7 +87,7 @@ __all__ = [
     "rank_rows",
 ]
 
-PER_DEVICE = 2  # DualPipeV runs at least 2 micro-batches per device: one per chunk
+PER_DEVICE = v_block.PER_DEVICE  # at least 2 micro-batches per device, one per chunk (v_block.check refuses fewer)
 
 
 def least_micro_batches(devices: int) -> int:
