@@ -24,6 +24,21 @@ sized(const Py_buffer *b, Py_ssize_t count, Py_ssize_t item, const char *name)
     return 0;
 }
 
+/* offsets (sized ranks + 1) start at 0 and never decrease; rows hold 3 * offsets[ranks] int64 */
+static int
+laid_out(const Py_buffer *offsets, const Py_buffer *rows, Py_ssize_t ranks)
+{
+    const int64_t *off = offsets->buf;
+    if (off[0] != 0 || sized(rows, 3 * (Py_ssize_t)off[ranks], 8, "rows"))
+        return -1;
+    for (Py_ssize_t r = 0; r < ranks; r++)
+        if (off[r + 1] < off[r]) {
+            PyErr_SetString(PyExc_ValueError, "_simcore: offsets must not decrease");
+            return -1;
+        }
+    return 0;
+}
+
 /* order(rows, offsets, home, ranks, n, m, has_w, rank, stage, kind, dep, hop, pos, dur, split)
  *   -> placed
  *
@@ -60,17 +75,12 @@ sc_order(PyObject *self, PyObject *args)
         goto done;
     const int64_t *off = offsets.buf, *hm = home.buf, *rw = rows.buf;
     Py_ssize_t total = (Py_ssize_t)off[ranks];
-    if (off[0] != 0 || sized(&rows, 3 * total, 8, "rows") || sized(&o_rank, total, 4, "rank") ||
+    if (laid_out(&offsets, &rows, ranks) || sized(&o_rank, total, 4, "rank") ||
         sized(&o_stage, total, 4, "stage") || sized(&o_kind, total, 4, "kind") ||
         sized(&o_dep, 2 * total, 4, "dep") || sized(&o_hop, 2 * total, 4, "hop") ||
         sized(&o_pos, total, 4, "pos") || sized(&o_dur, total, 4, "dur") ||
         sized(&o_split, total, 1, "split"))
         goto done;
-    for (Py_ssize_t r = 0; r < ranks; r++)
-        if (off[r + 1] < off[r]) {
-            PyErr_SetString(PyExc_ValueError, "_simcore: offsets must not decrease");
-            goto done;
-        }
     if (total > INT32_MAX / 2 || (int64_t)n * 8 > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "_simcore.order: over 2**30 actions");
         goto done;
@@ -277,13 +287,8 @@ sc_memory(PyObject *self, PyObject *args)
         sized(&b_costs, cands * n * 8, 8, "costs") || sized(&b_peak, cands * ranks, 8, "peak"))
         goto done;
     const int64_t *off = offsets.buf, *hm = home.buf, *rw = rows.buf;
-    if (off[0] != 0 || sized(&rows, 3 * (Py_ssize_t)off[ranks], 8, "rows"))
+    if (laid_out(&offsets, &rows, ranks))
         goto done;
-    for (Py_ssize_t r = 0; r < ranks; r++)
-        if (off[r + 1] < off[r]) {
-            PyErr_SetString(PyExc_ValueError, "_simcore: offsets must not decrease");
-            goto done;
-        }
     for (int64_t i = 0; i < off[ranks]; i++)
         if (rw[3 * i] < 0 || rw[3 * i] >= n) {
             PyErr_SetString(PyExc_ValueError, "_simcore.memory: a stage is out of range");

@@ -69,11 +69,10 @@ from collections import deque
 import numpy as np
 import numpy.typing as npt
 
-from autopipe.errors import ScheduleError
+from autopipe.schedules import v_block
 from autopipe.schedules.action import Action, Schedule, v_shape
 from autopipe.schedules.lists import B, F, RankLists, W, tiled, to_actions, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
-from autopipe.schedules.validate import check_sizes
 
 __all__ = [
     "SPEC",
@@ -88,7 +87,7 @@ __all__ = [
     "rank_rows",
 ]
 
-PER_DEVICE = 2  # DualPipeV runs at least 2 micro-batches per device: one per chunk
+PER_DEVICE = v_block.PER_DEVICE  # at least 2 micro-batches per device, one per chunk (v_block.check refuses fewer)
 
 
 def least_micro_batches(devices: int) -> int:
@@ -158,24 +157,10 @@ def overlapped(rank: int, devices: int, micro_batches: int) -> tuple[tuple[Actio
     return tuple((actions[p], actions[p + 1]) for p in pairs)
 
 
-def _check(devices: int, micro_batches: int, virtual: int) -> None:
-    check_sizes(devices, micro_batches, virtual)
-    if virtual != 2:
-        raise ScheduleError(
-            f"dualpipe-v runs two chunks per device in a V (got virtual: {virtual}); use virtual=2"
-        )
-    least = least_micro_batches(devices)
-    if micro_batches < least:
-        raise ScheduleError(
-            f"dualpipe-v needs at least 2 x devices = {least} micro-batches on {devices} "
-            f"devices (got {micro_batches}); use micro_batches >= {least}"
-        )
-
-
 def create_lists(devices: int, micro_batches: int, virtual: int = 2) -> RankLists:
     """The DualPipeV schedule as integer arrays: :func:`rank_rows` of every device; chunk ``j``
     on device :func:`~autopipe.schedules.action.v_shape` ``(j, S)``."""
-    _check(devices, micro_batches, virtual)
+    v_block.check("dualpipe-v", devices, micro_batches, virtual)
     return tuple(rank_rows(d, devices, micro_batches) for d in range(devices))
 
 
@@ -189,14 +174,14 @@ def inflight(devices: int, micro_batches: int, virtual: int = 2) -> tuple[float,
     ``2S-j`` (the warm-up of steps 1-2 runs ``2S-1-d`` forwards of down chunk ``d`` before its
     first B, one more before that B; up chunk ``2S-1-d`` holds ``d+1``). Both chunks of a
     device peak together: ``2S+1`` chunk activations per device (module docstring)."""
-    _check(devices, micro_batches, virtual)
+    v_block.check("dualpipe-v", devices, micro_batches, virtual)
     return tuple(float(2 * devices - j) for j in range(2 * devices))
 
 
 def makespan_units(devices: int, micro_batches: int) -> int:
     """Iteration time in units when every F, B (input-grad) and W of a chunk takes one unit:
     ``6m + S - 1``, a device's work plus the down-leg ramp, for every ``m >= 2S``."""
-    _check(devices, micro_batches, 2)
+    v_block.check("dualpipe-v", devices, micro_batches, 2)
     return 6 * micro_batches + devices - 1
 
 

@@ -33,12 +33,12 @@ import numpy.typing as npt
 
 from autopipe.errors import ScheduleError
 from autopipe.schedules import one_f_one_b
-from autopipe.schedules.action import Action, Schedule
-from autopipe.schedules.lists import B, F, RankLists, placed, to_actions, to_schedule
+from autopipe.schedules.action import Schedule
+from autopipe.schedules.lists import B, F, RankLists, placed, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
-__all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight", "rank_actions", "rank_rows"]
+__all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight"]
 
 
 def _lists(ranks: npt.NDArray[np.int64], devices: int, micro_batches: int, virtual: int) -> RankLists:
@@ -60,16 +60,6 @@ def _lists(ranks: npt.NDArray[np.int64], devices: int, micro_batches: int, virtu
     return placed(
         len(ranks), 2 * total, (F, chunk * S + ranks, forward, mb), (B, (v - 1 - chunk) * S + ranks, backward, mb)
     )
-
-
-def rank_rows(rank: int, devices: int, micro_batches: int, virtual: int) -> npt.NDArray[np.int64]:
-    """The interleaved list of ``rank`` as ``(stage, kind, micro-batch)`` rows."""
-    return _lists(np.array([[rank]], dtype=np.int64), devices, micro_batches, virtual)[0]
-
-
-def rank_actions(rank: int, devices: int, micro_batches: int, virtual: int) -> list[Action]:
-    """:func:`rank_rows` as Actions."""
-    return to_actions(rank_rows(rank, devices, micro_batches, virtual))
 
 
 def create_lists(devices: int, micro_batches: int, virtual: int = 1) -> RankLists:
@@ -94,7 +84,7 @@ def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Sched
 
 def inflight(devices: int, micro_batches: int, virtual: int = 1) -> tuple[float, ...]:
     """Chunk ``j`` of rank ``r = j % S``: ``min(w_r + 1, v m) / v`` (the rank's peak shared
-    evenly by its chunks), ``w_r`` its warm-up forwards (:func:`rank_actions`): all ``v m``
+    evenly by its chunks), ``w_r`` its warm-up forwards (:func:`create_lists`): all ``v m``
     when ``m == S``, else ``2 (S-r-1) + (v-1) S``. A rank holds its warm-up forwards and the
     steady state's first forward before its first backward frees one; with ``m == S`` it runs
     every forward first, ``v m`` in all, on every rank (exactly what the simulator counts,

@@ -44,8 +44,7 @@ RankLists = tuple[npt.NDArray[np.int64], ...]
 def rank_array(rows: object) -> npt.NDArray[np.int64]:
     """``rows`` (a sequence of ``(stage, kind, micro-batch)`` triples, or an array) as one rank's
     ``(n, 3)`` int64 array; an empty sequence gives shape ``(0, 3)``."""
-    out = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
-    return out
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 3)
 
 
 def from_schedule(schedule: Schedule, devices: int) -> RankLists:

@@ -21,12 +21,12 @@ import numpy as np
 import numpy.typing as npt
 
 from autopipe.errors import ScheduleError
-from autopipe.schedules.action import Action, Schedule
-from autopipe.schedules.lists import B, F, RankLists, placed, to_actions, to_schedule
+from autopipe.schedules.action import Schedule
+from autopipe.schedules.lists import B, F, RankLists, placed, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
-__all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight", "rank_actions", "rank_rows"]
+__all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight"]
 
 
 def _lists(ranks: npt.NDArray[np.int64], devices: int, micro_batches: int) -> RankLists:
@@ -41,19 +41,9 @@ def _lists(ranks: npt.NDArray[np.int64], devices: int, micro_batches: int) -> Ra
     return placed(len(ranks), 2 * m, (F, ranks, forward, k), (B, ranks, backward, k))
 
 
-def rank_rows(rank: int, devices: int, micro_batches: int) -> npt.NDArray[np.int64]:
-    """The 1F1B list of ``rank`` (stage ``rank``) as ``(stage, kind, micro-batch)`` rows:
-    warm-up, steady 1F1B, cool-down."""
-    return _lists(np.array([[rank]], dtype=np.int64), devices, micro_batches)[0]
-
-
-def rank_actions(rank: int, devices: int, micro_batches: int) -> list[Action]:
-    """:func:`rank_rows` as Actions."""
-    return to_actions(rank_rows(rank, devices, micro_batches))
-
-
 def create_lists(devices: int, micro_batches: int, virtual: int = 1) -> RankLists:
-    """The 1F1B schedule as integer arrays: :func:`rank_rows` of every rank."""
+    """The 1F1B schedule as integer arrays: rank ``r`` runs stage ``r``, warm-up, steady 1F1B,
+    cool-down."""
     check_sizes(devices, micro_batches, virtual)
     if virtual != 1:
         raise ScheduleError(
@@ -64,7 +54,7 @@ def create_lists(devices: int, micro_batches: int, virtual: int = 1) -> RankList
 
 
 def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
-    """:func:`create_lists` as Actions: ``{rank: rank_actions(rank, devices, micro_batches)}``."""
+    """:func:`create_lists` as Actions."""
     return to_schedule(create_lists(devices, micro_batches, virtual))
 
 

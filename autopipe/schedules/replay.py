@@ -16,7 +16,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from autopipe.errors import ScheduleError
 from autopipe.schedules import simcore
 from autopipe.schedules.action import Placement, Schedule, round_robin
 from autopipe.schedules.simcore import Floats
@@ -26,7 +25,7 @@ from autopipe.schedules.simulate import (
     StageCost,
     Timeline,
     compile_schedule,
-    cost_table,
+    cost_arrays,
 )
 
 __all__ = ["replay"]
@@ -50,14 +49,9 @@ def replay(
     (one F and one B per stage and micro-batch, a W for all or none, each on its stage's rank,
     no deadlock), raising ScheduleError with the grid otherwise."""
     n = devices * virtual
-    if len(costs) != n:
-        raise ScheduleError(f"costs must have one entry per virtual stage ({n}), got {len(costs)}")
-    comm = [float(x) for x in comm_s] if comm_s else [0.0] * (n - 1)
-    if len(comm) != n - 1:
-        raise ScheduleError(f"comm_s must have one entry per stage boundary, {n - 1} for {n} virtual stages (got {len(comm)})")
+    table, link = cost_arrays(n, [costs], [comm_s])
     c = compile_schedule(schedule, devices, virtual, placement)
-    table = cost_table([costs])
-    _, _, start, end = simcore.run(c.rank, c.duration, c.deps, c.hop, table.reshape(1, 8 * n), np.array([comm], np.float64).reshape(1, n - 1), devices, starts=True)
+    _, _, start, end = simcore.run(c.rank, c.duration, c.deps, c.hop, table.reshape(1, 8 * n), link, devices, starts=True)
     return _timeline(schedule, c, start, end, table)
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "Timeline",
     "compile_lists",
     "compile_schedule",
+    "cost_arrays",
     "cost_table",
     "simulate",
     "simulate_many",
@@ -276,6 +277,7 @@ def _compile(
 ) -> CompiledSchedule:
     n = devices * virtual
     home = tuple(placement(j, devices, virtual) for j in range(n))
+    home_array = np.asarray(home, np.int64)
     if len(lists) != devices:
         raise ScheduleError(f"the lists have {len(lists)} ranks, expected one per device ({devices})")
     arrays = [rank_array(x) for x in lists]
@@ -288,7 +290,7 @@ def _compile(
     expected = n * m * (3 if has_w else 2)
     placed, o = -1, None
     if len(rows) == expected:
-        placed, o = simcore.order(rows, offsets, np.asarray(home, np.int64), m, has_w)
+        placed, o = simcore.order(rows, offsets, home_array, m, has_w)
     if o is None or placed != len(rows):
         bad = np.flatnonzero((rows[:, 1] < F) | (rows[:, 1] > W))
         if len(bad):
@@ -299,7 +301,7 @@ def _compile(
         raise ScheduleError("schedule deadlocks" if placed >= 0 else f"schedule is incomplete: {len(rows)} actions, expected {expected}")
     rank_lists = tuple(np.split(o.pos, offsets[1:-1]))
     return CompiledSchedule(
-        devices, n, home, o.rank, o.stage, o.kind, o.split, o.dep, rank_lists, o.hop, o.dur, rows, offsets, np.asarray(home, np.int64), has_w
+        devices, n, home, o.rank, o.stage, o.kind, o.split, o.dep, rank_lists, o.hop, o.dur, rows, offsets, home_array, has_w
     )
 
 
@@ -322,18 +324,9 @@ def simulate_many(
     """:func:`simulate_summary` of K candidates on one compiled schedule, in one pass each:
     ``costs[k]`` per virtual stage and ``comm_s[k]`` per boundary (``()``: no link times)."""
     n, k = c.num_stages, len(costs)
-    comms = [list(x) for x in comm_s] if comm_s else [[] for _ in costs]
-    if len(comms) != k:
-        raise ScheduleError(f"comm_s must have one entry per candidate ({k}), got {len(comms)}")
-    for cs, cm in zip(costs, comms, strict=True):
-        if len(cs) != n:
-            raise ScheduleError(f"costs must have one entry per virtual stage ({n}), got {len(cs)}")
-        if cm and len(cm) != n - 1:
-            raise ScheduleError(f"comm_s must have one entry per stage boundary, {n - 1} for {n} virtual stages (got {len(cm)})")
+    table, link = cost_arrays(n, costs, comm_s)
     if k == 0:
         return []
-    table = cost_table(costs)
-    link = np.array([cm or [0.0] * (n - 1) for cm in comms], np.float64).reshape(k, n - 1)
     iteration, busy, _, _ = simcore.run(c.rank, c.duration, c.deps, c.hop, table.reshape(k, 8 * n), link, c.ranks)
     peak = simcore.memory(c.rows, c.offsets, c.home_array, c.splits_backward, table)
     out = []
@@ -342,6 +335,22 @@ def simulate_many(
         bubble = 1.0 - sum(b) / (c.ranks * it) if it > 0 else 0.0
         out.append(Summary(it, bubble, tuple(b), tuple(peak[i].tolist())))
     return out
+
+
+def cost_arrays(n: int, costs: Sequence[Sequence[StageCost]], comm_s: Sequence[Sequence[float]] = ()) -> tuple[Floats, Floats]:
+    """K candidates' costs and link times on ``n`` virtual stages, checked: the ``(K, n, 8)``
+    :func:`cost_table` and the ``(K, n-1)`` link times (``comm_s`` ``()`` or an empty entry: none)."""
+    k = len(costs)
+    comms = [list(x) for x in comm_s] if comm_s else [[] for _ in costs]
+    if len(comms) != k:
+        raise ScheduleError(f"comm_s must have one entry per candidate ({k}), got {len(comms)}")
+    for cs, cm in zip(costs, comms, strict=True):
+        if len(cs) != n:
+            raise ScheduleError(f"costs must have one entry per virtual stage ({n}), got {len(cs)}")
+        if cm and len(cm) != n - 1:
+            raise ScheduleError(f"comm_s must have one entry per stage boundary, {n - 1} for {n} virtual stages (got {len(cm)})")
+    table = cost_table(costs) if k else np.empty((0, n, 8), np.float64)
+    return table, np.array([cm or [0.0] * (n - 1) for cm in comms], np.float64).reshape(k, n - 1)
 
 
 def cost_table(costs: Sequence[Sequence[StageCost]]) -> Floats:

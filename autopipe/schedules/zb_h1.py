@@ -32,12 +32,12 @@ import numpy as np
 import numpy.typing as npt
 
 from autopipe.errors import ScheduleError
-from autopipe.schedules.action import Action, Schedule
-from autopipe.schedules.lists import B, F, RankLists, W, placed, to_actions, to_schedule
+from autopipe.schedules.action import Schedule
+from autopipe.schedules.lists import B, F, RankLists, W, placed, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
-__all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight", "rank_actions", "rank_rows"]
+__all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight"]
 
 
 def _lists(ranks: npt.NDArray[np.int64], devices: int, micro_batches: int) -> RankLists:
@@ -61,19 +61,9 @@ def _lists(ranks: npt.NDArray[np.int64], devices: int, micro_batches: int) -> Ra
     return placed(len(r), 3 * m, (F, r, forward, k), (B, r, backward, k), (W, r, weight, k))
 
 
-def rank_rows(rank: int, devices: int, micro_batches: int) -> npt.NDArray[np.int64]:
-    """The ZB-H1 list of ``rank`` (stage ``rank``) as ``(stage, kind, micro-batch)`` rows: 1F1B
-    with each W delayed by ``rank`` pairs."""
-    return _lists(np.array([[rank]], dtype=np.int64), devices, micro_batches)[0]
-
-
-def rank_actions(rank: int, devices: int, micro_batches: int) -> list[Action]:
-    """:func:`rank_rows` as Actions."""
-    return to_actions(rank_rows(rank, devices, micro_batches))
-
-
 def create_lists(devices: int, micro_batches: int, virtual: int = 1) -> RankLists:
-    """The ZB-H1 schedule as integer arrays: :func:`rank_rows` of every rank."""
+    """The ZB-H1 schedule as integer arrays: rank ``r`` runs stage ``r``, 1F1B with each W
+    delayed by ``r`` pairs."""
     check_sizes(devices, micro_batches, virtual)
     if virtual != 1:
         raise ScheduleError(
@@ -83,7 +73,7 @@ def create_lists(devices: int, micro_batches: int, virtual: int = 1) -> RankList
 
 
 def create_schedule(devices: int, micro_batches: int, virtual: int = 1) -> Schedule:
-    """:func:`create_lists` as Actions: ``{rank: rank_actions(rank, devices, micro_batches)}``."""
+    """:func:`create_lists` as Actions."""
     return to_schedule(create_lists(devices, micro_batches, virtual))
 
 

@@ -51,8 +51,8 @@ import numpy as np
 import numpy.typing as npt
 
 from autopipe.errors import ScheduleError
-from autopipe.schedules.action import Action, Schedule, v_shape
-from autopipe.schedules.lists import B, F, RankLists, W, tiled, to_actions, to_schedule
+from autopipe.schedules.action import Schedule, v_shape
+from autopipe.schedules.lists import B, F, RankLists, W, tiled, to_schedule
 from autopipe.schedules.spec import ScheduleSpec
 from autopipe.schedules.validate import check_sizes
 
@@ -63,7 +63,6 @@ __all__ = [
     "create_schedule",
     "inflight",
     "makespan_units",
-    "rank_actions",
     "rank_rows",
 ]
 
@@ -90,11 +89,6 @@ def rank_rows(rank: int, devices: int, micro_batches: int) -> npt.NDArray[np.int
     return rows if n == micro_batches else rows[rows[:, 2] < micro_batches]
 
 
-def rank_actions(rank: int, devices: int, micro_batches: int) -> list[Action]:
-    """:func:`rank_rows` as Actions."""
-    return to_actions(rank_rows(rank, devices, micro_batches))
-
-
 def create_lists(devices: int, micro_batches: int, virtual: int = 2) -> RankLists:
     """The ZB-V schedule as integer arrays: :func:`rank_rows` of every device; chunk ``j`` on
     device :func:`~autopipe.schedules.action.v_shape` ``(j, S)``."""
@@ -107,7 +101,7 @@ def create_lists(devices: int, micro_batches: int, virtual: int = 2) -> RankList
 
 
 def create_schedule(devices: int, micro_batches: int, virtual: int = 2) -> Schedule:
-    """:func:`create_lists` as Actions: ``{rank: rank_actions(rank, devices, micro_batches)}``."""
+    """:func:`create_lists` as Actions."""
     return to_schedule(create_lists(devices, micro_batches, virtual))
 
 
