@@ -1,7 +1,7 @@
 # The build lives in pyproject.toml; this file only adds two optional C cores: the simulator's
-# (autopipe/schedules/_simcore.c) and the bisection solver's greedy probe
-# (autopipe/solve/_probe.c). optional=True: without a C compiler the install still succeeds and
-# autopipe runs the same loops in Python (autopipe/schedules/simcore.py, autopipe/solve/greedy.py).
+# (autopipe/simulate/_simcore.c) and the bisection solver's greedy probe
+# (autopipe/partition/_probe.c). optional=True: without a C compiler the install still succeeds and
+# autopipe runs the same loops in Python (autopipe/simulate/simcore.py, autopipe/partition/greedy.py).
 import sys
 
 from setuptools import Extension, setup
@@ -12,7 +12,7 @@ _EXACT = [] if sys.platform == "win32" else ["-ffp-contract=off"]
 
 setup(
     ext_modules=[
-        Extension("autopipe.schedules._simcore", ["autopipe/schedules/_simcore.c"], extra_compile_args=_EXACT, optional=True),
-        Extension("autopipe.solve._probe", ["autopipe/solve/_probe.c"], extra_compile_args=_EXACT, optional=True),
+        Extension("autopipe.simulate._simcore", ["autopipe/simulate/_simcore.c"], extra_compile_args=_EXACT, optional=True),
+        Extension("autopipe.partition._probe", ["autopipe/partition/_probe.c"], extra_compile_args=_EXACT, optional=True),
     ]
 )

@@ -33,7 +33,7 @@ _LAZY = {
     "pipeline": "autopipe.runtime.pipeline",
     "pipeline_inputs": "autopipe.stages.export",
     "plan": "autopipe.api",
-    "plan_cluster": "autopipe.solve.cluster",
+    "plan_cluster": "autopipe.planner.cluster",
     "plan_profile": "autopipe.api",
     "profile": "autopipe.api",
     "rebuild_model": "autopipe.stages.rebuild",

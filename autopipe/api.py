@@ -39,10 +39,10 @@ from autopipe.graph.recipe import TraceRecipe
 from autopipe.graph.trace import trace_model
 from autopipe.model.load import LoadedModel, ModelSpec, check_model_runs, default_loss, load_model
 from autopipe.model.usercode import exception_summary
+from autopipe.planner.balance import plan_balance
+from autopipe.planner.defaults import plan_micro_batch_sizes, plan_request
+from autopipe.planner.search import plan_pipeline
 from autopipe.plans import Plan
-from autopipe.solve.balance import plan_balance
-from autopipe.solve.defaults import plan_micro_batch_sizes, plan_request
-from autopipe.solve.search import plan_pipeline
 from autopipe.stages.emit import emit as emit_rebuilt
 from autopipe.stages.emit import emit_stages
 from autopipe.units import parse_bytes
@@ -219,7 +219,7 @@ def plan(
     ``model`` is a model file (``"path/to/model.py[:factory]"`` with ``kwargs``) or an
     nn.Module with ``example_inputs`` (and optionally ``loss_fn``, ``example_targets``).
     ``stages`` counts pipeline devices and ``memory`` is the limit per device; left out,
-    both take ``autopipe plan``'s defaults (:mod:`autopipe.solve.defaults`), as do the link,
+    both take ``autopipe plan``'s defaults (:mod:`autopipe.planner.defaults`), as do the link,
     the cost per action and the micro-batch sizes profiled.
     """
     prof = profile_data

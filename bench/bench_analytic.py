@@ -41,8 +41,8 @@ import torch  # noqa: E402
 from autopipe.costs.analytic import BYTES_PER_PARAM, count_model, profile_from_counts  # noqa: E402
 from autopipe.costs.devices import device_spec  # noqa: E402
 from autopipe.model.load import load_model  # noqa: E402
-from autopipe.solve.cluster import tensor_options  # noqa: E402
-from autopipe.solve.parallel import Cluster, ParallelRequest, plan_parallel  # noqa: E402
+from autopipe.planner.cluster import tensor_options  # noqa: E402
+from autopipe.planner.parallel import Cluster, ParallelRequest, plan_parallel  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT3 = {"preset": "gpt3-175b"}

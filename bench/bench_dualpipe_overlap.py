@@ -3,7 +3,7 @@
 
 autopipe prices a DualPipeV pair ``F(x, i)`` + ``B(y, k)`` as the two actions one after the
 other on their device, their sends and receives overlapping compute (the module docstring of
-``autopipe/schedules/dualpipe_v.py``). This measures it. models/gpt.py is profiled with one
+``autopipe/schedules/v_shapes/dualpipe_v.py``). This measures it. models/gpt.py is profiled with one
 thread, then planned for 2 CPU ranks with the schedule and m pinned: ``dualpipe-v`` and, on the
 same cuts' kind (2S chunks in a V), ``zb-v``, which has no pairs. Two gloo processes (one
 thread each) train both plans with autopipe's executor for ``--steps`` SGD steps (the first is
@@ -55,7 +55,7 @@ def worker(plans: list[str], steps: int, out: str) -> None:
 def report(plan_path: Path, ranks: list[dict[str, object]]) -> None:
     from autopipe.plans import Plan
     from autopipe.schedules import Action
-    from autopipe.schedules.dualpipe_v import overlapped
+    from autopipe.schedules.v_shapes.dualpipe_v import overlapped
 
     plan = Plan.load(plan_path)
     per_rank = [r[plan.schedule] for r in ranks]

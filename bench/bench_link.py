@@ -5,7 +5,7 @@ Two processes (one thread each, as ``autopipe run`` starts its ranks) ping-pong 
 4 B to 8 MiB with ``torch.distributed`` send/recv, many times each; one-way time is half the
 median round trip. A least-squares line ``t = latency + bytes / bandwidth`` through the sizes
 gives the two numbers the planner takes (``--latency``, ``--bandwidth``;
-``autopipe.solve.defaults.default_link`` quotes this script's figures for CPU ranks over gloo).
+``autopipe.planner.defaults.default_link`` quotes this script's figures for CPU ranks over gloo).
 NCCL needs two GPUs.
 """
 
@@ -70,7 +70,7 @@ def main() -> None:
     if args.worker:
         worker(args.backend)
         return
-    from autopipe.runtime.launch import free_port
+    from autopipe.runtime.run.launch import free_port
 
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}; "

@@ -36,8 +36,8 @@ import torch
 from autopipe.costs.analytic import count_model, profile_from_counts
 from autopipe.costs.devices import DeviceSpec, device_spec
 from autopipe.model.load import load_model
-from autopipe.solve.cluster import tensor_options
-from autopipe.solve.parallel import Cluster, ParallelRequest, plan_parallel
+from autopipe.planner.cluster import tensor_options
+from autopipe.planner.parallel import Cluster, ParallelRequest, plan_parallel
 
 ROOT = Path(__file__).resolve().parent.parent
 # name: (heads, hidden, layers, t, p, GPUs, batch, published TFLOP/s per GPU)  -- Table 1

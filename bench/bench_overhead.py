@@ -6,7 +6,7 @@ sequence 4) is profiled here with one thread, planned for 2 CPU ranks with 16 mi
 and no overhead in the prediction, for 1F1B and ZB-H1, and trained by ``autopipe run`` (two
 gloo processes, one thread each). Per action kind, the measured work (from when its messages
 are in to its end, the first step left out) minus the profile's prediction is the overhead:
-Python, the autograd call, posting sends. ``autopipe.solve.defaults.default_action_overhead``
+Python, the autograd call, posting sends. ``autopipe.planner.defaults.default_action_overhead``
 quotes this script's figure for CPU ranks; ``--action-overhead`` sets yours.
 """
 
@@ -29,11 +29,11 @@ BATCH, MICRO_BATCHES, STEPS = 64, 16, 12
 def main() -> None:
     from autopipe.costs.measured import profile_model
     from autopipe.model.load import load_model, parse_kwargs
+    from autopipe.planner.defaults import default_link
+    from autopipe.planner.search import PlanRequest, plan_pipeline
     from autopipe.runtime import RunOptions
-    from autopipe.runtime.launch import launch
-    from autopipe.runtime.report import compare
-    from autopipe.solve.defaults import default_link
-    from autopipe.solve.search import PlanRequest, plan_pipeline
+    from autopipe.runtime.run.launch import launch
+    from autopipe.runtime.run.report import compare
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -26,10 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-import autopipe.solve.request as request
+import autopipe.planner.request as request
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.graph.recipe import TraceRecipe
-from autopipe.solve.search import PlanRequest, lower_bound, plan_pipeline
+from autopipe.planner.search import PlanRequest, lower_bound, plan_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 

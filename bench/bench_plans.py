@@ -20,8 +20,8 @@ import torch
 
 from autopipe.costs.measured import profile_model
 from autopipe.model.load import check_model_runs, load_model
-from autopipe.solve.defaults import default_action_overhead, default_link
-from autopipe.solve.search import PlanRequest, plan_pipeline
+from autopipe.planner.defaults import default_action_overhead, default_link
+from autopipe.planner.search import PlanRequest, plan_pipeline
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 

@@ -4,7 +4,7 @@
 models/gpt.py is profiled here with one thread (as each rank runs), then planned for 2 CPU
 ranks with the schedule and micro-batch count pinned (1F1B, and interleaved 1F1B with v = 2;
 m = 8, batch 16), with the link and per-action cost ``autopipe plan`` uses for CPU ranks
-(solve/defaults.py). Each plan is run with ``autopipe.runtime.launch`` (two gloo processes,
+(solve/defaults.py). Each plan is run with ``autopipe.runtime.run.launch`` (two gloo processes,
 one thread each, as ``autopipe run``) for ``--steps`` steps; the first is warm-up.
 
 From every action the executor records (start, when its messages had arrived, end; clocks
@@ -41,11 +41,11 @@ import torch
 
 from autopipe.costs.profile import Profile
 from autopipe.plans import Plan
-from autopipe.runtime.records import RunResult
+from autopipe.runtime.run.records import RunResult
 from autopipe.schedules import schedule_spec
 from autopipe.schedules.action import Action, Kind
 from autopipe.schedules.deps import dependencies
-from autopipe.schedules.simulate import StageCost, simulate
+from autopipe.simulate.events import StageCost, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = (("1f1b", 1), ("interleaved-1f1b", 2))  # (schedule, virtual)
@@ -62,8 +62,8 @@ def profile(kwargs: list[str], repeat: int = 9) -> Profile:
 
 
 def plan_of(prof: Profile, schedule: str, virtual: int) -> Plan:
-    from autopipe.solve.defaults import default_action_overhead, default_link
-    from autopipe.solve.search import PlanRequest, plan_pipeline
+    from autopipe.planner.defaults import default_action_overhead, default_link
+    from autopipe.planner.search import PlanRequest, plan_pipeline
 
     bw, lat = default_link(prof.device)
     req = PlanRequest(
@@ -209,8 +209,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=9, help="profiling: timed runs per block (the median is kept)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from autopipe.runtime.launch import launch
-    from autopipe.runtime.options import RunOptions
+    from autopipe.runtime.run.launch import launch
+    from autopipe.runtime.run.options import RunOptions
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}; "
           f"{DEVICES} gloo ranks x 1 thread; gpt {' '.join(args.k) or '(default)'}; batch {BATCH}, m {MICRO_BATCHES}, "

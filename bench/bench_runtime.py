@@ -36,7 +36,7 @@ import torch
 
 if TYPE_CHECKING:
     from autopipe.plans import Plan
-    from autopipe.runtime.records import RunResult
+    from autopipe.runtime.run.records import RunResult
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULES = ("1f1b", "gpipe")
@@ -50,8 +50,8 @@ def plan_all(
     schedule, m pinned, with the planner's default link and cost per action; the saved plans."""
     from autopipe.costs.measured import profile_model
     from autopipe.model.load import load_model, parse_kwargs
-    from autopipe.solve.defaults import default_action_overhead, default_link
-    from autopipe.solve.search import PlanRequest, plan_pipeline
+    from autopipe.planner.defaults import default_action_overhead, default_link
+    from autopipe.planner.search import PlanRequest, plan_pipeline
 
     torch.manual_seed(0)
     loaded = load_model(str(ROOT / "models" / "gpt.py"), parse_kwargs(kwargs))
@@ -103,7 +103,7 @@ def finish_rank(out: str, results: object) -> None:
 
 def run_ranks(script: str, steps: int, plans: list[Path], folder: Path) -> list[dict[str, Any]]:
     """Start ``script --worker`` as 2 gloo ranks (one thread each) on ``plans``; what each saved."""
-    from autopipe.runtime.launch import free_port
+    from autopipe.runtime.run.launch import free_port
 
     port, procs = free_port(), []
     for rank in range(2):

@@ -42,10 +42,10 @@ import torch
 
 from autopipe.costs.profile import Profile
 from autopipe.errors import AutopipeError, InfeasibleError
+from autopipe.planner.search import PlanRequest, plan_pipeline
 from autopipe.schedules import SPECS
 from autopipe.schedules.action import v_shape
 from autopipe.schedules.spec import ScheduleSpec
-from autopipe.solve.search import PlanRequest, plan_pipeline
 
 ROOT = Path(__file__).resolve().parent.parent
 TIGHT = 1.1  # the tight limit: this times the smallest limit 1F1B plans at

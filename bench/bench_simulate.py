@@ -1,5 +1,5 @@
 # Run: python bench/bench_simulate.py [--quick]   (from the repository root, autopipe installed)
-"""The simulator's core, compiled (autopipe/schedules/_simcore.c) vs its Python twin, in one
+"""The simulator's core, compiled (autopipe/simulate/_simcore.c) vs its Python twin, in one
 process: per action, compiling a schedule (dependency order of the ranks' lists) and simulating
 one candidate (iteration time, busy time, peak memory), and K = 16 candidates in one
 ``simulate_many`` call, on the schedules the planner prices at scale (65,000 - 300,000 actions).
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from autopipe.schedules import schedule_spec, simcore
-from autopipe.schedules.simulate import StageCost, compile_lists, simulate_many, simulate_summary
+from autopipe.simulate.events import StageCost, compile_lists, simulate_many, simulate_summary
 
 CASES = [("1f1b", 64, 512, 1), ("zb-h1", 64, 1536, 1), ("interleaved-1f1b", 16, 1024, 2), ("zb-v", 32, 1024, 2)]
 

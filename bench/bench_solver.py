@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from autopipe.solve import Edge, PartitionProblem, solve_chain, solve_fast
+from autopipe.partition import Edge, PartitionProblem, solve_chain, solve_fast
 
 
 def random_chain(n: int, stages: int, seed: int, recompute: str = "auto") -> PartitionProblem:

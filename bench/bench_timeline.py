@@ -35,9 +35,9 @@ def cli(*argv: str) -> float:
 def main() -> None:
     from matplotlib.image import imread
 
+    from autopipe.planner.assemble import plan_costs, plan_timeline
     from autopipe.plans import Plan
-    from autopipe.schedules.draw import draw_timeline, plan_frame
-    from autopipe.solve.assemble import plan_costs, plan_timeline
+    from autopipe.show.draw import draw_timeline, plan_frame
 
     with tempfile.TemporaryDirectory() as tmp:
         plan_path, png = Path(tmp) / "g3.json", Path(tmp) / "t.png"

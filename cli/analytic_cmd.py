@@ -94,7 +94,7 @@ def analytic_counts_for_plan(
         progress(f"loading {model} on the meta device", 0, 0)
     from autopipe.graph.recipe import TraceRecipe
     from autopipe.model.load import parse_kwargs
-    from autopipe.solve.cluster import count_for_plan
+    from autopipe.planner.cluster import count_for_plan
 
     recipe = TraceRecipe(tracer=options.tracer, leaf_modules=options.leaf_modules, max_blocks=options.max_blocks)
     return count_for_plan(

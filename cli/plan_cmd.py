@@ -1,7 +1,7 @@
 """``autopipe plan`` and ``autopipe show``: parse, call the planner, print.
 
 The flags are parsed into typed values here; what they leave out (devices, memory limit,
-link, cost per action, bytes per parameter) is decided by :mod:`autopipe.solve.defaults`,
+link, cost per action, bytes per parameter) is decided by :mod:`autopipe.planner.defaults`,
 the same code ``autopipe.plan`` calls.
 """
 
@@ -34,8 +34,8 @@ from .render_plan import plan_json, print_plan
 if TYPE_CHECKING:
     from autopipe.costs.analytic import ModelCounts
     from autopipe.costs.profile import Profile
+    from autopipe.planner.parallel import ParallelPlan, Rejected
     from autopipe.plans import Plan
-    from autopipe.solve.parallel import ParallelPlan, Rejected
 
 __all__ = ["PlanFlags", "add_plan_parsers", "plan_flags"]
 
@@ -93,7 +93,7 @@ def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
 @dataclass(frozen=True)
 class PlanFlags:
     """``autopipe plan``'s own flags, checked; ``None`` leaves the choice to the library's
-    defaults (:mod:`autopipe.solve.defaults`) or to the search."""
+    defaults (:mod:`autopipe.planner.defaults`) or to the search."""
 
     batch_size: int
     stages: int | None  # pipeline devices
@@ -149,7 +149,7 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
         if given is not None and gpus is None:
             raise UsageError(f"{flag} applies to the devices of --gpus G; give --gpus as well")
     if gpus is not None:
-        from autopipe.solve.cluster import check_degrees
+        from autopipe.planner.cluster import check_degrees
 
         check_degrees(gpus, [("--tensor-parallel", tensor), ("--stages", stages), ("--data-parallel", data)], "--gpus")
     from autopipe.costs.devices import read_cluster_file
@@ -184,7 +184,7 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
     """The plan ``args`` ask for (profiling or counting MODEL first), with the --gpus note."""
     if progress is not None:
         progress("starting", 0, 0)
-    from autopipe.solve.defaults import parallel_request, plan_micro_batch_sizes, plan_request
+    from autopipe.planner.defaults import parallel_request, plan_micro_batch_sizes, plan_request
 
     analytic = wants_analytic(args.device, args.analytic)
     spec = None
@@ -210,8 +210,8 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
         profile = measure(args.model, args.kwargs, options, progress)
     note = ""
     if flags.gpus is not None:
-        from autopipe.solve.cluster import tensor_options
-        from autopipe.solve.parallel import plan_parallel
+        from autopipe.planner.cluster import tensor_options
+        from autopipe.planner.parallel import plan_parallel
 
         parallel = parallel_request(
             profile, gpus=flags.gpus, stages=flags.stages, batch_size=flags.batch_size,
@@ -226,8 +226,8 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
         result = plan_parallel(profile, parallel, progress, tensor)
         plan, note = result.plan, _parallel_note(flags.gpus, result)
     else:
-        from autopipe.solve.balance import plan_balance
-        from autopipe.solve.search import plan_pipeline
+        from autopipe.planner.balance import plan_balance
+        from autopipe.planner.search import plan_pipeline
 
         request = plan_request(
             profile, devices=flags.stages, batch_size=flags.batch_size, memory_limit=flags.memory_limit,
@@ -299,9 +299,9 @@ def _show(
     plan: Plan, out: Console, as_json: bool, timeline: str | None, wrote: str | None, text_timeline: bool = False,
     source: str = "the plan",
 ) -> None:  # fmt: skip
-    from autopipe.schedules.draw import check_times, draw_timeline, plan_frame
-    from autopipe.schedules.draw import text_timeline as text_rows
-    from autopipe.solve.assemble import plan_costs, plan_timeline
+    from autopipe.planner.assemble import plan_costs, plan_timeline
+    from autopipe.show.draw import check_times, draw_timeline, plan_frame
+    from autopipe.show.draw import text_timeline as text_rows
 
     wanted = bool(timeline or (text_timeline and not as_json))
     if wanted:

@@ -39,7 +39,7 @@ def add_profile_parser(commands: argparse._SubParsersAction) -> None:  # type: i
 
 
 def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from autopipe.solve.defaults import default_micro_batch_sizes
+    from autopipe.planner.defaults import default_micro_batch_sizes
 
     batch = positive_int(str(args.batch_size), "--batch-size")
     options = profiling_options(args, batch, default_micro_batch_sizes(batch))

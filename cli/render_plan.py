@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autopipe.plans import Plan
-from autopipe.schedules.picture import placement_shape, placement_words
+from autopipe.show.picture import placement_shape, placement_words
 from autopipe.units import format_bytes, format_count
 
 __all__ = ["plan_json", "print_plan"]

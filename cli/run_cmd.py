@@ -1,6 +1,6 @@
 """``autopipe run``: execute a plan on local processes and print measured against predicted.
 
-The run flags and their defaults are defined once, in :mod:`autopipe.runtime.options`
+The run flags and their defaults are defined once, in :mod:`autopipe.runtime.run.options`
 (``python -m autopipe.runtime`` takes the same); ``--json`` and ``--plot`` are this command's
 own. The flags, the plan and the plan against its rebuilt model are all checked here, in the
 launcher, before any rank starts: a bad plan is one line and exit 2 within seconds. Progress (a
@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from autopipe.errors import RunOptionError
-from autopipe.runtime.options import add_run_arguments
+from autopipe.runtime.run.options import add_run_arguments
 
 from .args import output_path
 
@@ -43,7 +43,7 @@ def add_run_parser(commands: argparse._SubParsersAction) -> None:  # type: ignor
 
 
 def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from autopipe.runtime.options import run_options
+    from autopipe.runtime.run.options import run_options
 
     options = run_options(args)
     if args.trace:
@@ -55,13 +55,18 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
         except ImportError:
             raise RunOptionError("--plot needs matplotlib, which is not installed; pip install 'autopipe[plot]' or drop --plot") from None
     from autopipe.plans import Plan
-    from autopipe.runtime.report import format_report, summary, write_chrome_trace, write_loss_plot
-    from autopipe.runtime.worker import rebuild
+    from autopipe.runtime.run.report import (
+        format_report,
+        summary,
+        write_chrome_trace,
+        write_loss_plot,
+    )
+    from autopipe.runtime.run.worker import rebuild
 
     plan = Plan.load(args.plan)  # the plan's fields, checked
     rebuilt = rebuild(plan, options.seed, options.model_base)  # the plan against its model, before any rank starts
     if rebuilt.loaded.make_train_data is not None:  # and the data: its first batch, as every rank will draw it
-        from autopipe.runtime.data import BatchSource
+        from autopipe.runtime.run.data import BatchSource
 
         BatchSource(rebuilt.loaded, plan.batch_size, options.seed).batch(0)
     with tempfile.TemporaryDirectory(prefix="autopipe-progress-") as tmp:
@@ -82,7 +87,7 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
 def _run_with_progress(plan_path: str, options: Any, err: Console) -> Any:
     """``launch`` (in this, the main thread: it installs the SIGINT/SIGTERM handlers that end the
     ranks); its rank 0's notes and steps shown on stderr by a thread as they come."""
-    from autopipe.runtime.launch import launch
+    from autopipe.runtime.run.launch import launch
 
     done = threading.Event()
     show = _Shower(err, options.steps)

@@ -29,7 +29,7 @@ import pytest
 
 # Modules whose slow tests start processes that train (gloo ranks, ``autopipe run``, torchrun).
 RANK_MODULES = frozenset({
-    "tests/runtime/test_launch.py", "tests/runtime/test_pipeline.py", "tests/runtime/test_checkpoint.py",
+    "tests/runtime/run/test_launch.py", "tests/runtime/test_pipeline.py", "tests/runtime/test_checkpoint.py",
     "tests/stages/test_export.py", "tests/cli/test_run_cmd.py", "tests/test_bench_prediction.py",
     "tests/test_api.py",
 })  # fmt: skip

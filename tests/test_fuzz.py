@@ -9,7 +9,7 @@ Each must end with exit 0 (a mutation that is still valid) or exit 2 and exactly
 ``autopipe: error:`` line, within 10 s; an exception escaping ``main``, another exit code or
 more lines is a failure, listed with the input that caused it.
 
-``run`` is checked before it starts ranks: the launcher (``autopipe.runtime.launch.launch``)
+``run`` is checked before it starts ranks: the launcher (``autopipe.runtime.run.launch.launch``)
 is swapped for one that records the call, so a case passes ``run`` either with exit 2 before
 any rank exists, or by reaching the launch -- which it may only do for a plan that ``emit``
 accepts as well (the same checks guard both). Real launches are tested in tests/runtime.
@@ -215,12 +215,12 @@ def _flag_mutations(rng: random.Random, n: int) -> Iterator[list[str]]:
 
 
 def check_cases(cases: list[Case], monkeypatch: pytest.MonkeyPatch) -> None:
-    import autopipe.runtime.launch
+    import autopipe.runtime.run.launch
 
     def launched(*args: object, **kwargs: object) -> None:
         raise _Launched()
 
-    monkeypatch.setattr(autopipe.runtime.launch, "launch", launched)
+    monkeypatch.setattr(autopipe.runtime.run.launch, "launch", launched)
     failures, accepted = [], {}
     for case in cases:
         outcome = call(case.argv)

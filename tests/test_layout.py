@@ -118,7 +118,9 @@ def test_no_submodule_shadows_a_top_level_api_function() -> None:
 def test_pyproject_lists_every_package_and_the_cli_mapping() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    folders = {"autopipe"} | {f"autopipe.{p.parent.name}" for p in LIBRARY.glob("*/__init__.py")}
+    folders = {"autopipe"} | {
+        ".".join(("autopipe", *p.parent.relative_to(LIBRARY).parts)) for p in LIBRARY.rglob("*/__init__.py")
+    }
     assert set(config["packages"]) == folders | {"autopipe.cli"}
     assert config["package-dir"] == {"autopipe.cli": "cli"}
 

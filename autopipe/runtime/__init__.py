@@ -1,17 +1,17 @@
 """The built-in pipeline executor: run a Plan on torch.distributed, measured against it.
 
     from autopipe.runtime import RunOptions
-    from autopipe.runtime.launch import launch
-    from autopipe.runtime.report import format_report
+    from autopipe.runtime.run.launch import launch
+    from autopipe.runtime.run.report import format_report
     result = launch("plan.json", RunOptions(steps=10))        # S local processes, gloo
     print(format_report(Plan.load("plan.json"), result))
 
 Modules: ``engine`` (one rank's actions: F, B, W, sends and receives), ``routing`` (who sends
 what to whom), ``shapes`` (the shape pass), ``microbatch``, ``comm`` (torch.distributed or
 threads), ``pipeline`` (one rank's stages for a training loop: ``autopipe.pipeline``),
-``data`` (train_data or example_inputs), ``worker`` (one rank of a run: rebuild, pipeline, train), ``launch`` (processes on this machine,
-fault handling), ``local`` (threads), ``checkpoint``, ``report`` (measured vs predicted,
-Chrome trace). ``python -m autopipe.runtime plan.json`` is the torchrun entry point.
+``checkpoint`` (save, resume, the whole model's state_dict); the ``autopipe run`` harness is
+:mod:`autopipe.runtime.run` (options, launch, threads, one rank's process, the report).
+``python -m autopipe.runtime plan.json`` is the torchrun entry point.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from autopipe.runtime.checkpoint import assemble_state_dict
     from autopipe.runtime.engine import ActionRecord, IterationResult, PipelineEngine
-    from autopipe.runtime.local import run_threads
-    from autopipe.runtime.options import RunOptions
     from autopipe.runtime.pipeline import Pipeline
-    from autopipe.runtime.worker import RankResult, Rebuilt, rebuild, train_rank
+    from autopipe.runtime.run.local import run_threads
+    from autopipe.runtime.run.options import RunOptions
+    from autopipe.runtime.run.worker import RankResult, Rebuilt, rebuild, train_rank
 
 # Imported on first use, so that the run flags (runtime.options, which `autopipe --help`
 # builds) do not wait for torch.
@@ -34,13 +34,13 @@ _LAZY = {
     "ActionRecord": "engine",
     "IterationResult": "engine",
     "PipelineEngine": "engine",
-    "run_threads": "local",
-    "RunOptions": "options",
+    "run_threads": "run.local",
+    "RunOptions": "run.options",
     "Pipeline": "pipeline",
-    "RankResult": "worker",
-    "Rebuilt": "worker",
-    "rebuild": "worker",
-    "train_rank": "worker",
+    "RankResult": "run.worker",
+    "Rebuilt": "run.worker",
+    "rebuild": "run.worker",
+    "train_rank": "run.worker",
 }
 
 

@@ -11,19 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from autopipe.errors import ScheduleError
-from autopipe.schedules import (
-    dualpipe_v,
-    gpipe,
-    interleaved,
-    one_f_one_b,
-    v_half,
-    v_min,
-    zb_h1,
-    zb_h2,
-    zb_v,
-)
+from autopipe.schedules import gpipe, interleaved, one_f_one_b, zb_h1, zb_h2
 from autopipe.schedules.action import Schedule
 from autopipe.schedules.spec import ScheduleSpec
+from autopipe.schedules.v_shapes import dualpipe_v, v_half, v_min, zb_v
 
 __all__ = ["SCHEDULES", "SPECS", "make_schedule", "schedule_names", "schedule_spec", "search_order"]
 

@@ -9,7 +9,7 @@ import torch
 from autopipe.cli.main import main
 from autopipe.cli.plan_cmd import _split_name
 
-from autopipe.solve.parallel import Rejected
+from autopipe.planner.parallel import Rejected
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT, LLAMA = str(ROOT / "models" / "gpt.py"), str(ROOT / "models" / "llama.py")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from autopipe.cli.args import int_list, split_names
 
-from autopipe.solve.defaults import default_micro_batch_sizes
+from autopipe.planner.defaults import default_micro_batch_sizes
 
 torch.set_num_threads(1)
 

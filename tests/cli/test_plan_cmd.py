@@ -20,8 +20,8 @@ from rich.console import Console
 
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.graph.recipe import TraceRecipe
+from autopipe.planner.parallel import Rejected
 from autopipe.plans import Plan
-from autopipe.solve.parallel import Rejected
 
 GIB = 2.0**30
 
@@ -256,8 +256,8 @@ def test_show_of_a_long_plan_draws_its_ends_and_elides_the_middle(tmp_path: Path
 )
 def test_a_timeline_is_not_drawn_from_negative_times(edit: Callable[[Plan], Plan], message: str) -> None:
     from autopipe.errors import PlanFileError
-    from autopipe.schedules.draw import check_times
-    from autopipe.solve.search import PlanRequest, plan_pipeline
+    from autopipe.planner.search import PlanRequest, plan_pipeline
+    from autopipe.show.draw import check_times
 
     plan = plan_pipeline(chain(), PlanRequest(devices=2, batch_size=8, memory_limit=GIB))
     check_times(plan, "plan.json")

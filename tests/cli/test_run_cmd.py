@@ -165,7 +165,7 @@ def test_both_engines_run_a_hugging_face_model_as_one_process(
 def test_bad_train_data_is_one_line_before_any_rank_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from autopipe.runtime import launch as launch_module
+    from autopipe.runtime.run import launch as launch_module
     from tests.helpers import even_plan
 
     model = tmp_path / "td.py"

@@ -22,8 +22,8 @@ def test_an_export_profile_leaves_a_micro_batch_of_one_out(tmp_path: Path) -> No
     graph (2 and 4 here) and the executor's trace at the plan's size matches it."""
     from autopipe.costs.measured import profile_model
     from autopipe.model.load import load_model
+    from autopipe.planner.search import PlanRequest, plan_pipeline
     from autopipe.runtime import RunOptions, run_threads
-    from autopipe.solve.search import PlanRequest, plan_pipeline
 
     loaded = load_model("tests/fixtures/hf_gpt2.py", {})
     prof = profile_model(loaded, micro_batch_sizes=[1, 2, 4], warmup=0, repeat=1)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from autopipe.plans import Plan
 from autopipe.runtime import RunOptions, train_rank
 from autopipe.runtime.comm import Comm, DistComm
-from autopipe.runtime.worker import Rebuilt, rebuild
+from autopipe.runtime.run.worker import Rebuilt, rebuild
 
 STEPS, LR, TIMEOUT_S = 3, 0.1, 60.0
 

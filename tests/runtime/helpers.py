@@ -11,7 +11,7 @@ import torch
 
 from autopipe.plans import Plan
 from autopipe.runtime import Rebuilt, RunOptions, assemble_state_dict, rebuild, run_threads
-from autopipe.runtime.records import RunResult
+from autopipe.runtime.run.records import RunResult
 from autopipe.schedules import schedule_spec
 from tests.helpers import even_plan, reference_training
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autopipe.runtime import RunOptions, assemble_state_dict, run_threads
-from autopipe.runtime.records import RunResult
+from autopipe.runtime.run.records import RunResult
 from tests.helpers import max_diff, reference_training
 from tests.runtime.helpers import (
     GPT,
@@ -101,7 +101,7 @@ def test_planned_state_bytes_are_what_each_rank_holds() -> None:
     from autopipe.costs.analytic import analytic_profile
     from autopipe.costs.devices import device_spec
     from autopipe.model.load import load_model
-    from autopipe.solve.search import PlanRequest, plan_pipeline
+    from autopipe.planner.search import PlanRequest, plan_pipeline
 
     file, kwargs = GPT
     profile = analytic_profile(load_model(file, kwargs, device="meta"), device_spec("h100"), micro_batch_sizes=(2,))

@@ -16,7 +16,7 @@ import torch
 from autopipe.errors import PlanError, ScheduleError
 from autopipe.plans import Plan
 from autopipe.runtime.routing import make_routing
-from autopipe.runtime.worker import plan_schedule
+from autopipe.runtime.run.worker import plan_schedule
 from autopipe.schedules import (
     SCHEDULES,
     SPECS,
@@ -31,7 +31,7 @@ from autopipe.schedules import (
     search_order,
     validate,
 )
-from autopipe.schedules.simulate import StageCost, compile_schedule, simulate, simulate_summary
+from autopipe.simulate.events import StageCost, compile_schedule, simulate, simulate_summary
 from autopipe.stages.split import Split, StageModule
 
 TOL = 1e-9

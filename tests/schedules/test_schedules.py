@@ -118,7 +118,7 @@ def test_interleaved_virtual_one_is_1f1b() -> None:
 COMBOS = [
     (name, s, m, v)
     for name in sorted(SCHEDULES)
-    if schedule_spec(name).placement is round_robin  # zb-v's V: tests/schedules/test_zb_v.py
+    if schedule_spec(name).placement is round_robin  # zb-v's V: tests/schedules/v_shapes/test_zb_v.py
     for s in range(1, 6)
     for m in range(1, 11)
     for v in ((1, 2, 3, 4) if name == "interleaved-1f1b" else (1,))

@@ -19,7 +19,7 @@ import pytest
 from autopipe.errors import ScheduleError
 from autopipe.schedules import schedule_spec, zb_h1, zb_h2
 from autopipe.schedules.action import IDLE
-from autopipe.schedules.simulate import StageCost, Timeline, simulate
+from autopipe.simulate.events import StageCost, Timeline, simulate
 
 UNIT = StageCost(1.0, 2.0, 1.0, 1.0, activation_bytes=1.0, weight_grad_bytes=1.0)  # F to W
 

@@ -15,7 +15,7 @@ from autopipe.cli.main import main
 from autopipe.errors import PlanError
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan, StagePlan
-from autopipe.runtime.worker import rebuild
+from autopipe.runtime.run.worker import rebuild
 from autopipe.stages.check import check_plan, replan_hint
 from tests.helpers import FIXTURES, even_plan
 

@@ -1,0 +1,30 @@
+"""Partition solvers: numbers in, stage assignment out (no torch).
+
+- :func:`solve_chain`: exact DP over contiguous partitions (chains, or DAGs cut in order).
+- :func:`solve_fast`: bisection + greedy for large chains; exact bottleneck, approximate total.
+- :func:`solve_ilp`: exact MILP over monotone assignments of a DAG (pulp / CBC).
+- :func:`solve_brute`: exhaustive search, the test oracle.
+- :func:`evaluate`: prices any assignment; the definitions live in :mod:`.problem`.
+"""
+
+from autopipe.partition.brute import solve_brute
+from autopipe.partition.chain import solve_chain
+from autopipe.partition.greedy import solve_fast
+from autopipe.partition.ilp import solve_ilp
+from autopipe.partition.min_memory import min_memory_limit
+from autopipe.partition.problem import EPS, Edge, Partition, PartitionProblem, evaluate
+from autopipe.units import format_bytes
+
+__all__ = [
+    "EPS",
+    "Edge",
+    "Partition",
+    "PartitionProblem",
+    "evaluate",
+    "format_bytes",
+    "min_memory_limit",
+    "solve_brute",
+    "solve_chain",
+    "solve_fast",
+    "solve_ilp",
+]

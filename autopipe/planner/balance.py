@@ -1,0 +1,72 @@
+"""A user's own split, priced: ``autopipe plan --balance 3,1,1,3`` and ``plan_profile(balance=)``.
+
+``balance`` is blocks per chunk in chunk order (S entries for one-chunk schedules, S·v for
+interleaved and V schedules, which then need the schedule named). It is priced with
+:func:`~autopipe.planner.splits.price_split`, the function the search prices every split with,
+under each decision the request allows (S entries and no schedule: the one-chunk schedules
+only); the fastest that fits is the plan. autopipe's own best plan for the same request is
+recorded beside it, as the baseline named ``autopipe`` (with its schedule and m when they differ).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+from autopipe.costs.profile import Profile
+from autopipe.errors import InfeasibleError, PlanError
+from autopipe.planner.assemble import make_plan
+from autopipe.planner.pricing import BlockTimes, Candidate, fits
+from autopipe.planner.request import PlanRequest, decisions, validate
+from autopipe.planner.search import plan_search
+from autopipe.planner.splits import check_balance, price_split, problem_of
+from autopipe.plans import Baseline, Plan
+from autopipe.schedules import schedule_spec
+from autopipe.simulate.events import Summary
+from autopipe.units import format_bytes
+
+__all__ = ["plan_balance"]
+
+
+def plan_balance(profile: Profile, request: PlanRequest, balance: Sequence[int], flag: str = "--balance") -> Plan:
+    """The plan of the user's split ``balance``, priced, with autopipe's best beside it
+    (PlanError naming ``flag`` for a bad balance; InfeasibleError when it fits nowhere)."""
+    validate(profile, request)
+    v = check_balance(balance, profile.num_blocks, request.devices, request.schedule, request.virtual, flag)
+    sizes = [int(x) for x in balance]
+    priced: list[tuple[Candidate, Summary]] = []
+    for d in decisions(profile, request):
+        if d.virtual != v:
+            continue
+        times = BlockTimes.of(profile, request.batch_size // d.micro_batches, request.action_overhead_s)
+        priced.append(price_split(profile, request, d, sizes, problem=problem_of(profile, request, d), times=times, source="balance"))
+    if not priced:
+        raise PlanError(f"no schedule asked runs {v} chunk{'s' if v > 1 else ''} per device for {flag} {','.join(map(str, sizes))}; name one with {'--schedule' if flag.startswith('--') else 'schedule='}")
+    fitting = sorted(((c, t) for c, t in priced if fits(t, request.memory_limit)), key=_key)
+    if not fitting:
+        need = min((max(t.peak_memory_bytes) for _, t in priced), default=math.inf)
+        raise InfeasibleError(
+            f"the split {','.join(map(str, sizes))} does not fit {format_bytes(request.memory_limit)} per device under any "
+            f"schedule and micro-batch count asked; it needs {format_bytes(need, round_up=True)} per device "
+            "(raise --memory, allow recomputation, or move blocks off the fullest device)",
+            min_memory_bytes=need if math.isfinite(need) else None,
+        )
+    c, t = fitting[0]
+    plan = make_plan(profile, request, c, t, fitting)
+    try:
+        ours = plan_search(profile, request)
+    except InfeasibleError:
+        return plan  # nothing of autopipe's fits: the user's split stands alone
+    best, bt = ours[0]
+    same = best.decision == c.decision
+    d = best.decision
+    name = "autopipe" if same else f"autopipe ({d.schedule}{f' v={d.virtual}' if d.virtual > 1 else ''}, m={d.micro_batches})"
+    blocks = tuple(best.partition.stage_of_block.count(j) for j in range(best.problem.stages))
+    mine = Baseline(name, blocks, bt.iteration_s, bt.bubble_fraction, bt.peak_memory_bytes, True)
+    return replace(plan, baselines=(mine, *plan.baselines))
+
+
+def _key(ct: tuple[Candidate, Summary]) -> tuple[float, int, int, int]:
+    d = ct[0].decision
+    return (ct[1].iteration_s, schedule_spec(d.schedule).preference, d.virtual, d.micro_batches)

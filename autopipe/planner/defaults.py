@@ -1,0 +1,226 @@
+"""What a plan request leaves unsaid, decided once for ``autopipe.plan`` and ``autopipe plan``.
+
+The API and the CLI each parse their own inputs (keywords; flags) into typed values and call
+:func:`plan_request` (or :func:`parallel_request` for ``--gpus``), so every default is chosen
+here and the two cannot drift:
+
+- devices: the visible GPUs when there are two or more, else 4 (:func:`default_devices`);
+- memory limit: the analytic device's memory, else the memory of the profile's device (the
+  first GPU's, or this host's RAM; :func:`device_memory`);
+- link: the analytic device's NVLink bandwidth and latency, else by the profile's device
+  (:func:`default_link`);
+- the executor's cost per action, by the profile's device (:func:`default_action_overhead`);
+- bytes kept per parameter byte: 16 bytes per parameter for an analytic profile (mixed
+  precision + Adam, :mod:`autopipe.costs.analytic`), else ``PlanRequest.state_factor``
+  (:func:`state_factor_of`);
+- the analytic dtype (:func:`default_dtype`) and the micro-batch sizes profiled for a plan
+  (:func:`plan_micro_batch_sizes`).
+
+Torch is imported only inside the functions that ask it about devices.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autopipe.costs.profile import Profile
+from autopipe.planner.request import PlanRequest
+
+if TYPE_CHECKING:
+    from autopipe.costs.devices import DeviceSpec
+    from autopipe.planner.parallel import ParallelRequest
+
+__all__ = [
+    "DEFAULT_DEVICES_WITHOUT_GPUS",
+    "default_action_overhead",
+    "default_devices",
+    "default_dtype",
+    "default_link",
+    "default_micro_batch_sizes",
+    "device_memory",
+    "element_size",
+    "parallel_request",
+    "plan_micro_batch_sizes",
+    "plan_request",
+    "state_factor_of",
+]
+
+DEFAULT_DEVICES_WITHOUT_GPUS = 4
+PLAN_PROFILE_MAX_SIZE = 8  # profiling for a plan measures micro-batches of at most this many samples
+ANALYTIC_MICRO_BATCH_SIZES = (2, 4)  # counted when planning analytically without --micro-batch-sizes
+
+
+def plan_request(
+    profile: Profile,
+    *,
+    devices: int | None,
+    batch_size: int,
+    memory_limit: float | None,
+    micro_batches: int | None = None,
+    schedule: str | None = None,
+    virtual: int | None = None,
+    recompute: str = "auto",
+    link_bandwidth: float | None = None,
+    link_latency_s: float | None = None,
+    action_overhead_s: float | None = None,
+    device: DeviceSpec | None = None,
+) -> PlanRequest:
+    """The request for one pipeline; ``None`` takes the default (module docstring).
+
+    ``device`` is the catalogue device an analytic plan is for (its memory and links).
+    """
+    bandwidth, latency = _link(profile, device)
+    return PlanRequest(
+        devices=default_devices() if devices is None else devices,
+        batch_size=batch_size,
+        memory_limit=_memory_limit(profile, device) if memory_limit is None else memory_limit,
+        micro_batches=micro_batches,
+        schedule=schedule,
+        virtual=virtual,
+        recompute=recompute,
+        link_bandwidth=bandwidth if link_bandwidth is None else link_bandwidth,
+        link_latency_s=latency if link_latency_s is None else link_latency_s,
+        action_overhead_s=default_action_overhead(profile.device) if action_overhead_s is None else action_overhead_s,
+        state_factor=state_factor_of(profile),
+    )
+
+
+def parallel_request(
+    profile: Profile,
+    *,
+    gpus: int,
+    batch_size: int,
+    memory_limit: float | None,
+    stages: int | None = None,
+    micro_batches: int | None = None,
+    schedule: str | None = None,
+    virtual: int | None = None,
+    recompute: str = "auto",
+    link_bandwidth: float | None = None,
+    link_latency_s: float | None = None,
+    action_overhead_s: float | None = None,
+    device: DeviceSpec | None = None,
+    device_files: Sequence[str | Path] = (),
+    shard_optimizer: bool = False,
+) -> ParallelRequest:
+    """The request for ``gpus`` devices split into S stages x D replicas (``--gpus``).
+
+    Without an analytic ``device``, the cluster is the catalogue device the profile was
+    measured on, else ``gpus`` devices on one node joined by :func:`default_link`.
+    ``link_bandwidth`` replaces both the NVLink and the network bandwidth.
+    """
+    from autopipe.costs.analytic import BYTES_PER_PARAM
+    from autopipe.costs.devices import device_spec, match_device
+    from autopipe.planner.parallel import Cluster, ParallelRequest
+
+    memory = _memory_limit(profile, device) if memory_limit is None else memory_limit
+    spec = device
+    if spec is None:
+        name = match_device(profile.device, device_files)
+        spec = device_spec(name, device_files) if name is not None else None
+    if spec is not None:
+        cluster = Cluster.of(spec, gpus)
+    else:
+        bw, lat = default_link(profile.device)
+        cluster = Cluster(gpus, gpus, bw, bw, lat)
+    if link_bandwidth is not None or link_latency_s is not None:
+        cluster = Cluster(
+            gpus, cluster.devices_per_node,
+            cluster.nvlink_bandwidth if link_bandwidth is None else link_bandwidth,
+            cluster.network_bandwidth if link_bandwidth is None else link_bandwidth,
+            cluster.link_latency_s if link_latency_s is None else link_latency_s,
+        )  # fmt: skip
+    per_param = BYTES_PER_PARAM if profile.method == "analytic" else PlanRequest.state_factor * element_size(profile)
+    return ParallelRequest(
+        cluster, batch_size, memory, bytes_per_param=per_param, shard_optimizer=shard_optimizer, stages=stages,
+        micro_batches=micro_batches, schedule=schedule, virtual=virtual, recompute=recompute,
+        action_overhead_s=default_action_overhead(profile.device) if action_overhead_s is None else action_overhead_s,
+    )  # fmt: skip
+
+
+def default_devices() -> int:
+    """The visible GPUs when there are two or more, else :data:`DEFAULT_DEVICES_WITHOUT_GPUS`."""
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return n if n >= 2 else DEFAULT_DEVICES_WITHOUT_GPUS
+
+
+def device_memory(device: str) -> float:
+    """Bytes of memory of a profile's device: the first GPU's for ``cuda...``, else this host's RAM."""
+    if device.startswith("cuda"):
+        import torch
+
+        return float(torch.cuda.get_device_properties(0).total_memory)
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def default_action_overhead(device: str) -> float:
+    """Seconds the executor spends on an action besides its computation (Python, posting its
+    sends, starting an autograd call), by the profile's device.
+
+    CPU ranks: 0.3 ms, as ``bench/bench_overhead.py`` measured on the development machine
+    (0.37-0.43 ms per F and per B, 0.10-0.22 ms per W, medians 0.22-0.34 ms over three runs).
+    GPUs: 0 until measured there (host work mostly overlaps the kernels); pass
+    ``--action-overhead``.
+    """
+    return 3e-4 if device.startswith("cpu") else 0.0
+
+
+def default_link(device: str) -> tuple[float, float]:
+    """(bandwidth bytes/s, latency s) between neighbouring devices, by the profile's device.
+
+    GPUs: 50 GB/s and 10 us (between PCIe 5.0 x16 and NVLink: a conservative default);
+    CPU processes talking over gloo on one host: 4 GB/s and 120 us, as ``bench/bench_link.py``
+    measured on the development machine (3.2-4.1 GB/s, 110-190 us; run it for yours and pass
+    ``--bandwidth`` / ``--latency``).
+    """
+    if device.startswith("cuda"):
+        return 50e9, 10e-6
+    return 4e9, 120e-6
+
+
+def state_factor_of(profile: Profile) -> float:
+    """Device bytes kept per parameter byte (weights, gradients, optimizer state)."""
+    if profile.method == "analytic":
+        from autopipe.costs.analytic import state_factor
+
+        return state_factor(profile)
+    return PlanRequest.state_factor
+
+
+def element_size(profile: Profile) -> float:
+    """Bytes of one stored parameter (4 when the profile has no parameters)."""
+    params = sum(b.params for b in profile.blocks)
+    return sum(b.param_bytes for b in profile.blocks) / params if params else 4.0
+
+
+def default_dtype(device: DeviceSpec) -> str:
+    """The training precision an analytic plan assumes: fp32 on a CPU, bf16 on an accelerator."""
+    return "fp32" if device.name == "cpu" else "bf16"
+
+
+def default_micro_batch_sizes(batch_size: int) -> tuple[int, ...]:
+    """Two or three sizes up to ``batch_size`` for the affine cost fit: B/4, B/2, B.
+
+    ``8 -> (2, 4, 8)``, ``6 -> (1, 3, 6)``, ``2 -> (1, 2)``, ``1 -> (1,)``.
+    """
+    return tuple(sorted({s for s in (batch_size // 4, batch_size // 2, batch_size) if s >= 1}))
+
+
+def plan_micro_batch_sizes(batch_size: int, available: int | None = None) -> tuple[int, ...]:
+    """The micro-batch sizes measured when planning a model not profiled yet: those of
+    :func:`default_micro_batch_sizes` for the batch, at most :data:`PLAN_PROFILE_MAX_SIZE`
+    samples and at most the ``available`` samples of a given example batch."""
+    return default_micro_batch_sizes(min(batch_size, available or batch_size, PLAN_PROFILE_MAX_SIZE))
+
+
+def _memory_limit(profile: Profile, device: DeviceSpec | None) -> float:
+    return device.memory_bytes if device is not None else device_memory(profile.device)
+
+
+def _link(profile: Profile, device: DeviceSpec | None) -> tuple[float, float]:
+    return default_link(profile.device) if device is None else (device.nvlink_bandwidth, device.link_latency_s)

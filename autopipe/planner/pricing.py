@@ -1,0 +1,137 @@
+"""Pricing a candidate plan: per-stage costs from per-block costs, then the simulator.
+
+A :class:`Candidate` is a decision (schedule, virtual stages, micro-batches) with its cuts;
+:func:`costs_of` turns the blocks on each stage into the simulator's per-stage costs (a
+recomputed stage pays one more forward in its backward and keeps only its inputs per
+micro-batch in flight, plus one micro-batch's activations while it recomputes; split in B and
+W, the first stage's backward is all W, as the executor runs it; every action also pays the
+executor's fixed cost per action, ``PlanRequest.action_overhead_s``), and
+:func:`price` runs the compiled schedule (:func:`autopipe.simulate.events.simulate_summary`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from autopipe.costs.profile import Profile
+from autopipe.partition.problem import Partition, PartitionProblem, memory_fits, stage_stats
+from autopipe.planner._recent import Recent
+from autopipe.schedules import schedule_spec
+from autopipe.simulate.events import (
+    CompiledSchedule,
+    StageCost,
+    Summary,
+    compile_lists,
+    simulate_summary,
+)
+
+__all__ = ["BlockTimes", "Candidate", "Decision", "candidate", "compiled", "costs_of", "fits", "price"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A pipeline decision the search prices: schedule, virtual stages, micro-batches."""
+
+    schedule: str
+    virtual: int
+    micro_batches: int
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A decision with its cuts (a Partition) and what each stage costs."""
+
+    decision: Decision
+    source: str  # "solver", "ilp" or a baseline name
+    problem: PartitionProblem
+    partition: Partition
+    costs: list[StageCost]  # per stage, per micro-batch
+
+
+def candidate(decision: Decision, source: str, problem: PartitionProblem, part: Partition, times: BlockTimes) -> Candidate:
+    return Candidate(decision, source, problem, part, costs_of(problem, part, times))
+
+
+@dataclass(frozen=True)
+class BlockTimes:
+    """Per-block times at one micro-batch size (computed once per decision)."""
+
+    f: tuple[float, ...]
+    b: tuple[float, ...]
+    bi: tuple[float, ...]
+    w: tuple[float, ...]
+    action_s: float = 0.0  # the executor's own cost per action (F, B or W), whatever its size
+
+    @staticmethod
+    def of(profile: Profile, u: int, action_s: float = 0.0) -> BlockTimes:
+        bs = profile.blocks
+        return BlockTimes(
+            tuple(x.forward_s(u) for x in bs),
+            tuple(x.backward_s(u) for x in bs),
+            tuple(x.backward_input_s(u) for x in bs),
+            tuple(x.backward_weight_s(u) for x in bs),
+            action_s,
+        )
+
+
+_RECENT: Recent[list[StageCost]] = Recent(8)
+"""The last few costs_of answers (the search bounds a split, then prices it: the same sums)."""
+
+
+def costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list[StageCost]:
+    """What each stage costs per micro-batch, recomputation included (for the simulator)."""
+    key = (part.stage_of_block, part.recompute)
+    hit = _RECENT.get((problem, t), key)
+    return list(_RECENT.put((problem, t), key, _costs_of(problem, part, t)) if hit is None else hit)
+
+
+def _costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list[StageCost]:
+    stats = stage_stats(problem, part.stage_of_block)
+    n = problem.stages
+    f, b, bi, w = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
+    for i, s in enumerate(part.stage_of_block):
+        f[s] += t.f[i]
+        b[s] += t.b[i]
+        bi[s] += t.bi[i]
+        w[s] += t.w[i]
+    costs = []
+    for s in range(n):
+        rc = part.recompute[s]
+        held = stats.in_bytes[s] if rc else stats.act[s]
+        extra = f[s] if rc else 0.0
+        # The first stage's inputs are the batch: no gradient to pass back, so a split
+        # backward's B has nothing to compute and W is all of it (recomputation included).
+        first, o = s == 0, t.action_s
+        costs.append(
+            StageCost(
+                forward_s=f[s] + o,
+                backward_s=b[s] + extra + o,
+                backward_input_s=o if first else bi[s] + extra + o,
+                backward_weight_s=b[s] + extra + o if first else w[s] + o,
+                activation_bytes=held,
+                weight_grad_bytes=held,
+                transient_bytes=stats.act[s] if rc else 0.0,
+                static_bytes=stats.static[s],
+            )
+        )
+    return costs
+
+
+@functools.lru_cache(maxsize=128)
+def compiled(name: str, devices: int, micro_batches: int, virtual: int) -> CompiledSchedule:
+    # The generators are tested against the full validator; compiling re-checks the essentials.
+    spec = schedule_spec(name)
+    return compile_lists(spec.lists(devices, micro_batches, virtual), devices, virtual, spec.placement)
+
+
+def price(c: Candidate, devices: int) -> Summary:
+    """Simulate candidate ``c`` on ``devices`` devices (iteration, bubble, peak memory)."""
+    d = c.decision
+    schedule = compiled(d.schedule, devices, d.micro_batches, d.virtual)
+    return simulate_summary(schedule, c.costs, c.partition.comm_s)
+
+
+def fits(t: Summary, memory_limit: float) -> bool:
+    """Every device's simulated peak within ``memory_limit`` (bytes per device)."""
+    return all(memory_fits(m, memory_limit) for m in t.peak_memory_bytes)

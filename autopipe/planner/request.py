@@ -1,0 +1,193 @@
+"""What the planner is asked: :class:`PlanRequest`, its checks, and the decisions it allows.
+
+A request pins what the user decided (devices, batch, memory limit, and optionally
+micro-batches, schedule, virtual stages, recomputation) and says what the hardware costs
+(link, the executor's cost per action); :func:`decisions` lists the (schedule, v, m) the
+search may take, and :func:`validate` turns a request that cannot be planned into one clear
+line. :mod:`autopipe.planner.defaults` fills in what the user left out, for the API and the CLI.
+
+Words: a *device* is one pipeline rank (``autopipe plan --stages``, ``autopipe.plan(stages=)``
+count devices); a *stage* is one chunk of the model, so a device holds ``v`` stages when the
+schedule is interleaved and S·v stages are cut in all. The memory limit is per device
+(``memory_limit``); each of a device's ``v`` stages gets ``memory_limit / v``
+(``PartitionProblem.stage_memory_limit``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autopipe.costs.profile import Profile
+from autopipe.errors import InfeasibleError, PlanError
+from autopipe.planner.pricing import Decision
+from autopipe.plans import MAX_BATCH_SIZE, MAX_DEVICES, MAX_MICRO_BATCHES
+from autopipe.schedules import schedule_names, schedule_spec, search_order
+from autopipe.units import format_bytes
+
+__all__ = [
+    "MAX_MICRO_BATCHES",
+    "SEARCH_SCHEDULES",
+    "PlanRequest",
+    "decisions",
+    "divisors",
+    "infeasible_error",
+    "validate",
+]
+
+SEARCH_SCHEDULES = tuple(s.name for s in search_order() if s.searched)  # ties go to the first (ScheduleSpec.preference)
+# MAX_MICRO_BATCHES (plans.py) is the most micro-batches autopipe plans or runs: a schedule is
+# priced by simulating every one of them, so it keeps any request within seconds (2**16 take about 5 s).
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the user asks for; ``None`` leaves a decision to the search."""
+
+    devices: int  # S: pipeline ranks (``--stages``, ``stages=``)
+    batch_size: int  # samples per iteration (per pipeline)
+    memory_limit: float  # bytes per device (``--memory``, ``memory=``)
+    micro_batches: int | None = None
+    schedule: str | None = None
+    virtual: int | None = None  # stages per device, interleaved 1F1B only
+    recompute: str = "auto"  # "auto" | "never" | "always"
+    link_bandwidth: float = 10e9  # bytes/s between neighbouring devices
+    link_latency_s: float = 20e-6
+    action_overhead_s: float = 0.0  # the executor's fixed cost per F, B or W (default_action_overhead)
+    state_factor: float = 4.0  # bytes kept per parameter byte: weights, grads, Adam m and v
+    alternatives: int = 5
+
+
+def divisors(n: int, at_most: int = MAX_MICRO_BATCHES) -> list[int]:
+    """The divisors of ``n`` up to ``at_most``, ascending: at most ``at_most`` steps, whatever
+    ``n`` is (a batch of 10**15 has divisors up to 10**15; only micro-batch counts are asked for)."""
+    return [d for d in range(1, min(n, at_most) + 1) if n % d == 0]
+
+
+def _traceable(profile: Profile, u: int) -> bool:
+    """Whether the executor's trace at micro-batch size ``u`` has the profile's graph.
+
+    ``torch.export`` specialises dimensions of size 1, so it traces a micro-batch of 1 with
+    another graph than larger ones: an export profile plans u = 1 only if it was measured at
+    1 (alone, costs/measured.py), and u > 1 only if it was not.
+    """
+    if profile.recipe.tracer != "export":
+        return True
+    return (u == 1) == (min(profile.micro_batch_sizes, default=2) == 1)
+
+
+def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
+    S, n = req.devices, profile.num_blocks
+    ms = [req.micro_batches] if req.micro_batches else divisors(req.batch_size)
+    ms = [m for m in ms if _traceable(profile, req.batch_size // m)]
+    schedules = [req.schedule] if req.schedule else list(SEARCH_SCHEDULES)
+    out = []
+    for m in ms:
+        for name in schedules:
+            spec = schedule_spec(name)
+            if not spec.takes_virtual:
+                out.append(Decision(name, 1, m))
+                continue
+            vs = [req.virtual] if req.virtual else list(spec.virtual_choices)
+            for v in vs:
+                if spec.searchable(S, m, v) and S * v <= n:
+                    out.append(Decision(name, v, m))
+    return out
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def validate(profile: Profile, req: PlanRequest) -> None:
+    n, S, B = profile.num_blocks, req.devices, req.batch_size
+    if S < 1:
+        raise PlanError(f"--stages must be at least 1 (got {S})")
+    if n == 0:
+        raise PlanError("the profile has no blocks, so there is nothing to cut; profile the model again")
+    if S > n:
+        raise PlanError(
+            f"cannot cut {n} blocks into {S} stages; use --stages {n} or fewer, or finer blocks when profiling (--blocks)"
+        )
+    if B < 1:
+        raise PlanError(f"--batch-size must be at least 1 (got {B})")
+    if B > MAX_BATCH_SIZE:
+        raise PlanError(f"--batch-size {B} is more than autopipe plans (at most {MAX_BATCH_SIZE} = 2**31 samples per pipeline); use a smaller batch")
+    if S > MAX_DEVICES:
+        raise PlanError(f"--stages {S} is more than autopipe plans (at most {MAX_DEVICES} = 2**12); use fewer")
+    if not req.memory_limit > 0:
+        raise PlanError(f"--memory must be positive (got {req.memory_limit})")
+    if req.micro_batches is not None:
+        m = req.micro_batches
+        if m < 1:
+            raise PlanError(f"--micro-batches must be at least 1 (got {m})")
+        if m > MAX_MICRO_BATCHES:
+            raise PlanError(f"--micro-batches {m} is more than autopipe plans (at most {MAX_MICRO_BATCHES} = 2**16); use fewer")
+        if B % m:
+            raise PlanError(f"batch size {B} is not divisible into {m} micro-batches; use one of {_some_divisors(B)}")
+    if req.micro_batches is not None and not _traceable(profile, B // req.micro_batches):
+        if B // req.micro_batches == 1:
+            raise PlanError(
+                "torch.export traced this model, and it traces a micro-batch of 1 with another graph; "
+                f"use at most {B // 2} micro-batches (micro-batches of 2 or more)"
+                if B > 1
+                else "torch.export traced this model, and it traces a micro-batch of 1 with another graph; use --batch-size 2 or more"
+            )
+        raise PlanError(
+            "this profile measured micro-batches of 1 only, and torch.export traces larger ones with another graph; "
+            f"profile with --micro-batch-sizes 2,4 to plan micro-batches of {B // req.micro_batches}"
+        )
+    if req.micro_batches is None and not any(_traceable(profile, B // m) for m in divisors(B)):
+        raise PlanError(
+            "torch.export traced this model, and it traces a micro-batch of 1 with another graph than this "
+            "profile's; use --batch-size 2 or more"
+        )
+    if req.schedule is not None and req.schedule not in schedule_names():
+        raise PlanError(f"unknown schedule {req.schedule!r}; use one of {', '.join(schedule_names())}")
+    spec = schedule_spec(req.schedule) if req.schedule is not None else None
+    if req.virtual is not None:
+        if req.virtual < 1:
+            raise PlanError(f"--virtual must be at least 1 (got {req.virtual})")
+        if spec is not None and not spec.takes_virtual:
+            chunked = ", ".join(s.name for s in search_order() if s.takes_virtual)
+            raise PlanError(f"--virtual applies to the {chunked} schedules only (got --schedule {req.schedule})")
+        if spec is not None and len(spec.virtual_choices) == 1 and req.virtual not in spec.virtual_choices:
+            v = spec.virtual_choices[0]
+            raise PlanError(f"{spec.name} runs {v} stages per device (got --virtual {req.virtual}); use --virtual {v} or leave it out")
+        if S * req.virtual > n:
+            raise PlanError(f"{S} devices x {req.virtual} virtual stages needs {S * req.virtual} blocks, the model has {n}")
+    if spec is not None and spec.micro_batches_multiple_of_devices and req.micro_batches is not None and req.micro_batches % S:
+        raise PlanError(f"{spec.name} needs the micro-batch count to be a multiple of {S} stages (got {req.micro_batches})")
+    least = spec.least_micro_batches(S) if spec is not None else 1
+    if req.micro_batches is not None and req.micro_batches < least:
+        raise PlanError(f"{req.schedule} needs at least {least} micro-batches on {S} devices (got --micro-batches {req.micro_batches}); use --micro-batches {least} or more")
+    if req.recompute not in ("auto", "never", "always"):
+        raise PlanError(f"recompute must be auto, never or always (got {req.recompute!r})")
+    if not req.link_bandwidth > 0 or req.link_latency_s < 0:
+        raise PlanError("link bandwidth must be positive and latency non-negative")
+    if not req.action_overhead_s >= 0:
+        raise PlanError(f"--action-overhead must be zero or more (got {req.action_overhead_s})")
+    if not decisions(profile, req):
+        if least > 1 and B < least:
+            raise PlanError(f"{req.schedule} needs at least {least} micro-batches on {S} devices, more than --batch-size {B}; use --batch-size {least} or more")
+        chunked = spec.name if spec is not None else " and ".join(s.name for s in search_order() if s.takes_virtual)
+        raise PlanError(
+            f"no schedule fits the request: {chunked} needs micro-batches divisible by {S} and {S} x v <= {n} blocks"
+        )
+
+
+def _some_divisors(n: int, shown: int = 12) -> str:
+    """``"1, 2, 4, 8"``; ``"1, 2, 3, ..., 32768, 65536"`` when there are more than ``shown``."""
+    ds = divisors(n)
+    if len(ds) <= shown:
+        return ", ".join(map(str, ds))
+    return ", ".join(map(str, ds[: shown // 2])) + ", ..., " + ", ".join(map(str, ds[-(shown // 2) :]))
+
+
+def infeasible_error(profile: Profile, req: PlanRequest, need: float) -> InfeasibleError:
+    fixes = "more stages or smaller micro-batches" if req.recompute != "never" else "more stages, recomputation, or smaller micro-batches"
+    need_text = f"; the smallest limit that fits is {format_bytes(need, round_up=True)} per device" if math.isfinite(need) else ""
+    return InfeasibleError(
+        f"no plan of {profile.num_blocks} blocks on {req.devices} devices fits {format_bytes(req.memory_limit)} per device"
+        f"{need_text} (or use {fixes})",
+        min_memory_bytes=need if math.isfinite(need) else None,
+    )

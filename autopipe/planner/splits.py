@@ -1,0 +1,182 @@
+"""Pricing one contiguous split: the one function the search and ``--balance`` share.
+
+A *split* is the number of blocks on each chunk, in chunk order (``balance``: S entries for a
+one-chunk schedule, S·v for interleaved and V schedules). :func:`price_split` turns it into
+the assignment of every block, prices it with :func:`~autopipe.partition.problem.evaluate` and
+simulates the schedule's own action lists (:func:`~autopipe.planner.pricing.price`). The
+recomputation is the request's mode; in "auto", none at all when the simulated peak of every
+device fits without it (recomputing is never faster), else the per-chunk dominance rule of
+``evaluate`` (each chunk against the device's limit / v). A split is simulated without
+recomputation only when it may fit so (:func:`plain_may_fit`, a least peak per device from the
+schedule's in-flight counts). The
+search (:mod:`autopipe.planner.search`, :mod:`autopipe.planner.exact`) prices every split it
+simulates with this same function, so "the best split" means one thing everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+from autopipe.costs.profile import Profile
+from autopipe.errors import PlanError
+from autopipe.partition.problem import Edge, PartitionProblem, contiguous_assignment, evaluate
+from autopipe.planner._recent import Recent
+from autopipe.planner.pricing import BlockTimes, Candidate, Decision, candidate, fits, price
+from autopipe.planner.request import PlanRequest
+from autopipe.schedules import schedule_spec
+from autopipe.simulate.events import Summary
+
+__all__ = ["check_balance", "plain_may_fit", "price_split", "problem_of", "split_assignment"]
+
+
+def problem_of(profile: Profile, req: PlanRequest, decision: Decision) -> PartitionProblem:
+    """The partition problem of ``decision``: S·v chunks, each with a device's limit / v
+    (what the chain solvers and the "auto" recomputation rule see; the simulator's per-device
+    peak decides what fits)."""
+    u = req.batch_size // decision.micro_batches
+    chunks = req.devices * decision.virtual
+    time_s, recompute_s, static_bytes, activation_bytes, tensors = _blocks(profile, u, req.state_factor)
+    return PartitionProblem(
+        time_s=time_s,
+        recompute_s=recompute_s,
+        static_bytes=static_bytes,
+        activation_bytes=activation_bytes,
+        tensors=tensors,
+        stages=chunks,
+        inflight=schedule_spec(decision.schedule).inflight(req.devices, decision.micro_batches, decision.virtual),
+        stage_memory_limit=(req.memory_limit / decision.virtual,) * chunks,  # a device's v stages share it
+        link_latency_s=req.link_latency_s,
+        link_bandwidth=req.link_bandwidth,
+        recompute=req.recompute,
+    )
+
+
+Blocks = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...], tuple[float, ...], tuple[Edge, ...]]
+_RECENT: Recent[Blocks] = Recent(16)
+"""The last few micro-batch sizes' per-block numbers (by the profile's identity): every
+decision at one micro-batch size shares them, and the solvers key what they keep on them."""
+
+
+def _blocks(profile: Profile, u: int, state_factor: float) -> Blocks:
+    hit = _RECENT.get((profile,), (u, state_factor))
+    if hit is not None:
+        return hit
+    blocks = profile.blocks
+    hit = (
+        tuple(b.forward_s(u) + b.backward_s(u) for b in blocks),
+        tuple(b.forward_s(u) for b in blocks),
+        tuple((b.param_bytes + b.shared_param_bytes) * state_factor for b in blocks),
+        tuple(b.saved_bytes(u) for b in blocks),
+        tuple(Edge(t.src, t.dsts, t.bytes(u)) for t in profile.tensors if t.dsts),
+    )
+    return _RECENT.put((profile,), (u, state_factor), hit)
+
+
+def split_assignment(sizes: Sequence[int]) -> tuple[int, ...]:
+    """The chunk of every block when chunk j takes the next ``sizes[j]`` blocks."""
+    starts = [0]
+    for s in sizes[:-1]:
+        starts.append(starts[-1] + s)
+    return contiguous_assignment(starts, sum(sizes))
+
+
+def price_split(
+    profile: Profile,
+    req: PlanRequest,
+    decision: Decision,
+    sizes: Sequence[int],
+    *,
+    problem: PartitionProblem | None = None,
+    times: BlockTimes | None = None,
+    source: str = "split",
+) -> tuple[Candidate, Summary]:
+    """Price the split ``sizes`` (blocks per chunk, chunk order) under ``decision``:
+    evaluate (recomputation by the request's mode) and simulate. ``problem`` and ``times``,
+    when given, are :func:`problem_of` and ``BlockTimes.of`` of the same decision (cached)."""
+    p = problem_of(profile, req, decision) if problem is None else problem
+    t = BlockTimes.of(profile, req.batch_size // decision.micro_batches, req.action_overhead_s) if times is None else times
+    assignment = split_assignment(sizes)
+    plain: tuple[Candidate, Summary] | None = None
+    if p.recompute == "auto" and plain_may_fit(p, decision, req.devices, req.memory_limit, sizes):
+        c = candidate(decision, source, p, evaluate(p, assignment, (False,) * p.stages), t)
+        plain = c, price(c, req.devices)  # nothing recomputed when every device fits without it
+        if fits(plain[1], req.memory_limit):
+            return plain
+    part = evaluate(p, assignment)
+    if plain is not None and not any(part.recompute):
+        return plain
+    c = candidate(decision, source, p, part, t)
+    return c, price(c, req.devices)
+
+
+MEMORY_SLACK = 1e-6
+"""A split is screened out only when its least peak exceeds the limit by more than this (relative)."""
+
+
+def plain_may_fit(problem: PartitionProblem, decision: Decision, devices: int, memory_limit: float, sizes: Sequence[int]) -> bool:
+    """Whether the split ``sizes`` may fit with nothing recomputed (a screen before simulating
+    it so; the simulator has the last word): False when some device's static bytes plus its
+    chunks' in-flight micro-batches (``problem.inflight`` summed, less one with v > 1) times its
+    smallest chunk's activations exceed ``memory_limit``. That many micro-batches are held at
+    once on every schedule (tests/planner/test_splits.py checks it against the simulator)."""
+    placed = schedule_spec(decision.schedule).devices_of(devices, decision.virtual)
+    static, held, least = [0.0] * devices, [0.0] * devices, [math.inf] * devices
+    i = 0
+    for j, size in enumerate(sizes):
+        r = placed[j]
+        static[r] += sum(problem.static_bytes[i : i + size])
+        held[r] += problem.inflight[j]
+        least[r] = min(least[r], sum(problem.activation_bytes[i : i + size]))
+        i += size
+    less = 1.0 if decision.virtual > 1 else 0.0
+    peaks = (a + max(h - less, 1.0) * b for a, h, b in zip(static, held, least, strict=True))
+    return max(peaks) <= memory_limit * (1.0 + MEMORY_SLACK)
+
+
+def check_balance(
+    balance: Sequence[int], blocks: int, devices: int, schedule: str | None, virtual: int | None, flag: str = "--balance"
+) -> int:
+    """Check a user's ``balance`` (blocks per chunk) and return its chunks per device v.
+
+    One line (PlanError, naming ``flag``) for: a wrong length, an entry below 1, a sum other
+    than the model's blocks, S·v entries without a schedule that runs v chunks per device.
+    """
+    if isinstance(balance, (str, bytes)) or not isinstance(balance, Sequence):
+        raise PlanError(f"{flag} must be a sequence of blocks per chunk, like {_example(blocks, devices).replace(',', ', ')} (got {balance!r})")
+    sizes = list(balance)
+    schedule_flag, virtual_flag = ("--schedule", "--virtual") if flag.startswith("--") else ("schedule=", "virtual=")
+    if not sizes:
+        raise PlanError(f"{flag} is empty; give blocks per chunk, like {_example(blocks, devices)}")
+    if any(not isinstance(x, numbers.Integral) or isinstance(x, bool) or x < 1 for x in sizes):
+        bad = next(x for x in sizes if not isinstance(x, numbers.Integral) or isinstance(x, bool) or x < 1)
+        raise PlanError(f"{flag} entries must be positive block counts (got {bad!r}); every chunk needs at least one block")
+    sizes = [int(x) for x in sizes]
+    if sum(sizes) != blocks:
+        raise PlanError(f"{flag} sums to {sum(sizes)} blocks but the model has {blocks}; give blocks per chunk that sum to {blocks}")
+    if len(sizes) % devices:
+        raise PlanError(
+            f"{flag} has {len(sizes)} entries for {devices} devices; give {devices} (one chunk per device) "
+            f"or {devices} x v for a schedule of v chunks per device"
+        )
+    v = len(sizes) // devices
+    if virtual is not None and virtual != v:
+        raise PlanError(f"{flag} has {len(sizes)} entries = {devices} devices x {v} chunks, but {virtual_flag} is {virtual}; drop one")
+    if schedule is None:
+        if v != 1:
+            raise PlanError(
+                f"{flag} has {len(sizes)} entries = {devices} devices x {v} chunks; name the schedule that runs {v} chunks "
+                f"per device with {schedule_flag} (e.g. interleaved-1f1b, zb-v)"
+            )
+        return 1
+    spec = schedule_spec(schedule)
+    if v not in spec.virtual_choices:
+        want = " or ".join(str(devices * c) for c in spec.virtual_choices)
+        raise PlanError(f"{flag} has {len(sizes)} entries but {schedule} on {devices} devices runs {want} chunks; give {want} entries")
+    return v
+
+
+def _example(blocks: int, devices: int) -> str:
+    base, extra = divmod(blocks, devices)
+    return ",".join(str(base + (1 if d < extra else 0)) for d in range(devices))

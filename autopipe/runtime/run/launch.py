@@ -1,0 +1,239 @@
+"""Start a plan's ranks as processes on this machine, watch them, collect their results.
+
+``launch(plan, options)`` starts ``S`` processes of ``python -m autopipe.runtime`` — the
+torchrun entry point — with ``RANK``/``WORLD_SIZE``/``MASTER_ADDR=127.0.0.1``/``MASTER_PORT``
+(a free port) set, one thread each (gloo on CPU; NCCL and ``cuda:LOCAL_RANK`` with
+``device="cuda"``). Each rank writes its result (or its error, one line) to a private folder.
+The options are checked here first (:func:`~autopipe.runtime.run.options.check_launch`), so a bad
+flag is one line before any rank starts.
+
+Faults: the launcher polls the children. The first rank that exits non-zero ends the run: the
+others are killed and :class:`~autopipe.errors.RuntimeFailure` names the rank and its error.
+When several fail together (a rank raised, its peers then lost their connection), the cause is
+chosen over its consequences: an error raised by the rank itself first, then a rank killed by
+a signal, then communication errors. When the only errors are lost peers (timeouts) and a rank
+is still running, that rank hung: it is the one named (the one the errors name first).
+
+Nothing waits for ever. Every send, receive and collective of a rank has the run's timeout, and
+so has the end-of-run barrier every rank passes before it reports (a rank hung in the last
+step's backward is named by the peer that waited for it there). Once a rank has finished, the
+launcher gives the others ``timeout_s`` (plus a few seconds) to finish too, then kills them and
+names the first still running ("rank 0 failed: it stopped responding").
+
+Stopping: every rank runs in its own session (process group), so a Ctrl-C at the terminal
+reaches the launcher only. On SIGINT or SIGTERM the launcher kills every rank's process group
+and then stops: SIGINT raises ``KeyboardInterrupt`` (``autopipe run`` prints one line,
+``autopipe: interrupted``, and exits 130), SIGTERM is delivered again with the caller's handler
+(by default the launcher dies of it, exit status 143 in a shell). The handlers are installed
+for the duration of :func:`launch` only (from the main thread; elsewhere the caller's own stay).
+When the launcher dies without cleaning up (SIGKILL), its ranks die with it: a launched rank
+asks Linux for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``) and, on every platform,
+watches its standard input, a pipe only the launcher holds, and exits when it closes
+(:mod:`autopipe.runtime.run.rank`; never under torchrun).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from autopipe.errors import RuntimeFailure
+from autopipe.plans import Plan
+from autopipe.runtime.run.options import LAUNCHER_ENV, RunOptions, check_launch, worker_arguments
+from autopipe.runtime.run.records import RunResult, rank_from_dict
+
+__all__ = ["free_port", "launch", "worker_arguments"]
+
+_POLL_S = 0.05
+_GRACE_S = 0.5  # after the first failure, wait this long for the others to report theirs
+_LATE_S = 5.0  # after a rank has finished, the others get the timeout plus this long
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def launch(plan: Plan | str | Path, options: RunOptions) -> RunResult:
+    """Run ``plan`` on ``plan.devices`` local processes; RuntimeFailure if any rank fails,
+    RunOptionError (before any rank starts) if an option cannot work."""
+    with tempfile.TemporaryDirectory(prefix="autopipe-run-") as tmp:
+        if isinstance(plan, Plan):
+            plan_path = str(Path(tmp) / "plan.json")
+            plan.save(plan_path)
+        else:
+            plan_path = str(plan)
+            plan = Plan.load(plan_path)
+        world = plan.devices
+        check_launch(options, plan)
+        port = free_port()
+        cmd = [
+            sys.executable,
+            "-m",
+            "autopipe.runtime",
+            *worker_arguments(plan_path, options),
+            "--result-dir",
+            tmp,
+        ]
+        procs: list[subprocess.Popen[bytes]] = []
+        with _Stopper(procs) as stopper:
+            for rank in range(world):
+                env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "OMP_NUM_THREADS": str(options.threads), LAUNCHER_ENV: str(os.getpid())}  # fmt: skip
+                with open(Path(tmp) / f"log-{rank}.txt", "wb") as log, stopper.holding():
+                    # stdin: a pipe only this process holds; the rank exits when it closes.
+                    procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=log,
+                                                  stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+            _watch(procs, Path(tmp), options.timeout_s + _LATE_S)
+        ranks = [json.loads((Path(tmp) / f"rank-{r}.json").read_text()) for r in range(world)]
+    return RunResult(tuple(rank_from_dict(r) for r in ranks))
+
+
+class _Signalled(BaseException):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_Handler = Callable[[int, FrameType | None], Any] | int | None
+
+
+class _Stopper:
+    """``with _Stopper(procs):`` kills ``procs`` (each rank's process group) when the block
+    ends, however it ends, and ends the block on SIGINT or SIGTERM (handlers installed for the
+    block's duration, from the main thread). ``holding()`` defers a signal to the end of a
+    step that must not be cut in two (starting a rank and recording it)."""
+
+    def __init__(self, procs: list[subprocess.Popen[bytes]]) -> None:
+        self.procs = procs
+        self.signum: int | None = None
+        self.held = False
+        self.previous: dict[int, _Handler] = {}
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is None:  # later signals, while the ranks are being killed, change nothing
+            self.signum = signum
+            if not self.held:
+                raise _Signalled(signum)
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        self.held = True
+        try:
+            yield
+        finally:
+            self.held = False
+        if self.signum is not None:
+            raise _Signalled(self.signum)
+
+    def __enter__(self) -> _Stopper:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
+        self.signum = self.signum or 0  # from here on a signal changes nothing
+        _kill(self.procs)
+        for s, handler in self.previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        if isinstance(error, _Signalled):
+            if error.signum == signal.SIGINT:
+                raise KeyboardInterrupt from None
+            signal.raise_signal(error.signum)  # the caller's handler, or death by SIGTERM (default)
+            name = signal.Signals(error.signum).name
+            raise RuntimeFailure(f"stopped by {name}; every rank was killed") from None
+
+
+def _watch(procs: list[subprocess.Popen[bytes]], folder: Path, late_s: float) -> None:
+    """Wait for every rank to exit 0; a RuntimeFailure when one fails, or when one still runs
+    ``late_s`` seconds after another finished."""
+    finished_at: float | None = None
+    while True:
+        codes = [p.poll() for p in procs]
+        if any(c not in (None, 0) for c in codes):
+            time.sleep(_GRACE_S)
+            codes = [p.poll() for p in procs]
+            raise _failure(codes, folder)
+        if all(c == 0 for c in codes):
+            return
+        if finished_at is None and 0 in codes:
+            finished_at = time.monotonic()
+        if finished_at is not None and time.monotonic() - finished_at > late_s:
+            late = codes.index(None)
+            done = codes.index(0)
+            raise RuntimeFailure(
+                f"rank {late} failed: it stopped responding (rank {done} finished "
+                f"{late_s:g}s before and rank {late} has not finished since)",
+                rank=late,
+            )
+        time.sleep(_POLL_S)
+
+
+def _failure(codes: list[int | None], folder: Path) -> RuntimeFailure:
+    found: list[tuple[int, int, str]] = []  # (priority, rank, message)
+    for rank, code in enumerate(codes):
+        if code in (None, 0):
+            continue
+        err = folder / f"error-{rank}.json"
+        if err.is_file():
+            info = json.loads(err.read_text())
+            found.append((0 if info["kind"] == "user" else 2, rank, info["message"]))
+        else:
+            found.append((1, rank, _describe_exit(code, folder / f"log-{rank}.txt")))
+    priority, rank, message = min(found)
+    running = [r for r, code in enumerate(codes) if code is None]
+    if priority == 2 and running:  # only lost peers: a rank that still runs hung
+        named = [r for r in running if re.search(rf"\brank {r}\b", message)]
+        culprit = (named or running)[0]
+        return RuntimeFailure(
+            f"rank {culprit} failed: it stopped responding (rank {rank} gave up on it: {message})",
+            rank=culprit,
+        )
+    return RuntimeFailure(f"rank {rank} failed: {message}", rank=rank)
+
+
+def _describe_exit(code: int | None, log: Path) -> str:
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}"
+    last = ""
+    if log.is_file():
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        last = f" ({lines[-1].strip()[:200]})" if lines else ""
+    return f"exited with code {code}{last}"
+
+
+def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL each running rank's process group (the rank and anything it started); wait."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:  # gone meanwhile, or not a group leader (never: start_new_session)
+                p.kill()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        if p.stdin is not None:
+            p.stdin.close()

@@ -1,0 +1,241 @@
+"""Measured against predicted: what the run did beside what the plan said it would do.
+
+Per stage: mean forward and backward time per micro-batch (B and W apart for zero-bubble
+schedules), from when the action's messages had arrived to its end (waiting is not work);
+for the pipeline: iteration time (the schedule's makespan, from the barrier that starts each
+iteration to the last action's end on the slowest rank), bubble fraction
+(``1 - busy / (S * makespan)`` with busy the actions' work, as the simulator defines it) and
+per-rank peak memory (measured: see :mod:`autopipe.runtime.meters`; ``memory_kind`` says how).
+The first step is a warm-up and is left out when there are more. The torch engine records no
+actions: its stage rows are blank and its iteration is the whole step. :func:`summary` is
+``autopipe run --json``'s object; :func:`write_loss_plot` draws the losses (matplotlib). ``chrome_trace`` writes what happened as a Chrome / Perfetto
+trace: one row per rank, one event per action and one per wait for its messages.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autopipe._io import atomic_write_text
+from autopipe.plans import Plan
+from autopipe.runtime.run.records import RunResult
+from autopipe.schedules import Action
+
+__all__ = ["Row", "chrome_trace", "compare", "format_report", "summary", "write_chrome_trace", "write_loss_plot"]
+
+
+@dataclass(frozen=True)
+class Row:
+    what: str  # "stage 0 F", "iteration", "bubble", "peak memory rank 1"
+    predicted: float
+    measured: float
+    unit: str  # "s", "fraction" or "bytes"
+
+    @property
+    def error_pct(self) -> float:
+        """(measured - predicted) / predicted, in percent (nan without a prediction)."""
+        return (
+            (self.measured - self.predicted) / self.predicted * 100 if self.predicted else math.nan
+        )
+
+
+def _measured_steps(result: RunResult) -> range:
+    return range(1 if result.steps > 1 else 0, result.steps)
+
+
+def _durations(result: RunResult, steps: range) -> dict[tuple[int, str], list[float]]:
+    out: dict[tuple[int, str], list[float]] = {}
+    for r in result.ranks:
+        for k in steps:
+            for rec in r.iterations[k].records:
+                a = Action.parse(rec.action)
+                if a is not None:
+                    out.setdefault((a.stage, a.kind), []).append(rec.compute_s)
+    return out
+
+
+def measured_bubble(result: RunResult, step: int) -> float:
+    span = max(r.iterations[step].makespan_s for r in result.ranks)
+    busy = sum(rec.compute_s for r in result.ranks for rec in r.iterations[step].records)
+    if not any(r.iterations[step].records for r in result.ranks):
+        return math.nan  # no actions recorded (the torch engine)
+    return 1.0 - busy / (len(result.ranks) * span) if span > 0 else 0.0
+
+
+def compare(plan: Plan, result: RunResult) -> list[Row]:
+    """The rows of the report (``Row.error_pct`` is the error in percent)."""
+    steps = _measured_steps(result)
+    times = _durations(result, steps)
+    split = any(kind == "W" for _, kind in times)
+    rows = []
+    def mean(key: tuple[int, str]) -> float:
+        return statistics.fmean(times[key]) if key in times else math.nan
+
+    for s in plan.stages:
+        rows.append(
+            Row(
+                f"stage {s.index} F",
+                s.forward_s,
+                mean((s.index, "F")),
+                "s",
+            )
+        )
+        b_pred = s.backward_input_s if split else s.backward_s
+        rows.append(
+            Row(
+                f"stage {s.index} B",
+                b_pred,
+                mean((s.index, "B")),
+                "s",
+            )
+        )
+        if split:
+            rows.append(
+                Row(
+                    f"stage {s.index} W",
+                    s.backward_weight_s,
+                    mean((s.index, "W")),
+                    "s",
+                )
+            )
+    spans = result.makespans()
+    rows.append(
+        Row("iteration", plan.iteration_time_s, statistics.fmean(spans[k] for k in steps), "s")
+    )
+    rows.append(
+        Row(
+            "bubble",
+            plan.bubble_fraction,
+            statistics.fmean(measured_bubble(result, k) for k in steps),
+            "fraction",
+        )
+    )
+    for r in result.ranks:
+        pred = plan.peak_memory_bytes[r.rank] if r.rank < len(plan.peak_memory_bytes) else 0.0
+        rows.append(Row(f"peak memory rank {r.rank}", pred, float(r.peak_memory_bytes), "bytes"))
+    return rows
+
+
+def _fmt(value: float, unit: str) -> str:
+    if math.isnan(value):
+        return "-"
+    if unit == "s":
+        return f"{value * 1e3:.3f} ms"
+    if unit == "fraction":
+        return f"{value:.1%}"
+    for name, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= size:
+            return f"{value / size:.2f} {name}"
+    return f"{value:.0f} B"
+
+
+def format_report(plan: Plan, result: RunResult) -> str:
+    """A plain-text table: predicted, measured and error per row, then the losses."""
+    rows = compare(plan, result)
+    width = max(len(r.what) for r in rows)
+    lines = [f"{'':<{width}}  {'predicted':>12}  {'measured':>12}  {'error':>8}"]
+    for r in rows:
+        err = "" if math.isnan(r.error_pct) else f"{r.error_pct:+.1f}%"
+        lines.append(
+            f"{r.what:<{width}}  {_fmt(r.predicted, r.unit):>12}  {_fmt(r.measured, r.unit):>12}  {err:>8}"
+        )
+    n = len(_measured_steps(result))
+    lines.append(f"(means over {n} step(s){', first step left out as warm-up' if result.steps > 1 else ''}; "
+                 f"memory: {result.ranks[0].memory_kind})")  # fmt: skip
+    if result.losses:
+        lines.append("loss per step: " + ", ".join(f"{x:.6g}" for x in result.losses))
+    return "\n".join(lines)
+
+
+def summary(plan: Plan, result: RunResult) -> dict[str, Any]:
+    """The run as one JSON-ready object (``autopipe run --json``)."""
+    steps = _measured_steps(result)
+    spans = result.makespans()
+    first = result.ranks[0]
+    rows = [{"what": r.what, "predicted": r.predicted, "measured": _number(r.measured), "unit": r.unit,
+             "error_pct": _number(r.error_pct)} for r in compare(plan, result)]  # fmt: skip
+    return {
+        "engine": first.engine,
+        "data": first.data,
+        "steps": result.steps,
+        "losses": list(result.losses),
+        "iteration_time_s": statistics.median(spans[k] for k in steps) if result.steps else None,
+        "predicted_iteration_time_s": plan.iteration_time_s,
+        "peak_memory_bytes": [r.peak_memory_bytes for r in result.ranks],
+        "predicted_peak_memory_bytes": list(plan.peak_memory_bytes),
+        "memory_kind": first.memory_kind,
+        "rows": rows,
+    }
+
+
+def _number(x: float) -> float | None:
+    return None if math.isnan(x) else x  # JSON has no NaN
+
+
+def write_loss_plot(losses: list[float], path: str | Path, title: str) -> None:
+    """The loss per step as a PNG (written to a temporary name, then renamed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(1, len(losses) + 1), losses)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (batch mean)")
+    ax.set_title(title)
+    fig.tight_layout()
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, target)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def chrome_trace(result: RunResult) -> dict[str, Any]:
+    """Chrome trace events (chrome://tracing, ui.perfetto.dev): pid 0, one tid per rank."""
+    origin = min((it.start_time for r in result.ranks for it in r.iterations), default=0.0)
+    events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "autopipe pipeline"}},
+    ]
+    for r in result.ranks:
+        events.append(
+            {
+                "name": "thread_name",
+                "ph": "M",
+                "pid": 0,
+                "tid": r.rank,
+                "args": {"name": f"rank {r.rank}"},
+            }
+        )
+        for k, it in enumerate(r.iterations):
+            base = it.start_time - origin
+            for rec in it.records:
+                a = Action.parse(rec.action)
+                args = {"step": k, "stage": a.stage if a else -1, "microbatch": a.microbatch if a else -1}
+                if rec.wait_s > 0:
+                    events.append({
+                        "name": f"wait {rec.action}", "cat": "wait", "ph": "X", "pid": 0, "tid": r.rank,
+                        "ts": (base + rec.start_s) * 1e6, "dur": rec.wait_s * 1e6, "args": args,
+                    })  # fmt: skip
+                events.append({
+                    "name": rec.action, "cat": a.kind if a else "", "ph": "X", "pid": 0, "tid": r.rank,
+                    "ts": (base + rec.ready_s) * 1e6, "dur": rec.compute_s * 1e6, "args": args,
+                })  # fmt: skip
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(result: RunResult, path: str | Path) -> None:
+    atomic_write_text(path, json.dumps(chrome_trace(result)))

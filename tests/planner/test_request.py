@@ -1,0 +1,36 @@
+"""Request checks: numbers are checked for size before anything loops over them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from autopipe.planner.request import MAX_MICRO_BATCHES, divisors
+
+
+def test_divisors_are_bounded_and_right() -> None:
+    for n in range(1, 300):
+        assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+    assert divisors(10**15, at_most=100) == [1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 40, 50, 64, 80, 100]
+    assert divisors(2**61 - 1) == [1]  # a prime: only 1 is a micro-batch count that divides it
+
+
+@pytest.mark.parametrize("n", [10**18, 2**61 - 1, 10**15 + 37])
+def test_divisors_of_huge_numbers_take_no_time(n: int) -> None:
+    start = time.perf_counter()
+    ds = divisors(n)
+    assert time.perf_counter() - start < 1.0
+    assert ds == [d for d in range(1, MAX_MICRO_BATCHES + 1) if n % d == 0]
+    assert all(d <= MAX_MICRO_BATCHES for d in ds)
+
+
+def test_a_profile_without_blocks_says_so() -> None:
+    from autopipe.costs.profile import Profile
+    from autopipe.errors import PlanError
+    from autopipe.graph.recipe import TraceRecipe
+    from autopipe.planner.request import PlanRequest, validate
+
+    empty = Profile("m", TraceRecipe(fingerprint="fp"), "cpu", "-", "float32", (1,), "measured", (), ())
+    with pytest.raises(PlanError, match=r"^the profile has no blocks, so there is nothing to cut; profile the model again$"):
+        validate(empty, PlanRequest(devices=2, batch_size=8, memory_limit=2**30))
