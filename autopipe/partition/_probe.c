@@ -18,6 +18,7 @@
 #define NATIVE_NAME "_probe"
 #include "_native.h"
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 typedef struct {
