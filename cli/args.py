@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from autopipe._io import check_output_file, check_output_folder
-from autopipe.errors import AutopipeError
+from autopipe.errors import InputError
 
 __all__ = [
     "UsageError",
@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 
-class UsageError(AutopipeError):
+class UsageError(InputError):
     """A command-line value is malformed or out of range."""
 
 
