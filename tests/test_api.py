@@ -272,7 +272,7 @@ def test_an_in_memory_plan_trains_in_your_own_loop_as_the_unsplit_module() -> No
 
     model, x = _module(), torch.randn(8, 6)
     plan = autopipe.plan(model, x, loss_fn=_loss, example_targets=torch.arange(8) % 3, stages=2, batch_size=8,
-                         memory="1GiB", micro_batches=4, schedule="1f1b", micro_batch_sizes=(2,), **QUICK)  # fmt: skip
+                         memory="1GiB", choices=autopipe.Choices(micro_batches=4, schedule="1f1b"), micro_batch_sizes=(2,), **QUICK)  # fmt: skip
     hub = ThreadHub(2, 30.0)
     pipes = [pipeline(plan, copy.deepcopy(model), rank=r, comm=lambda _, r=r: hub.comm(r), device="cpu",
                       example_inputs=x[:2], loss_fn=_loss) for r in range(2)]  # fmt: skip

@@ -141,21 +141,21 @@ def test_too_little_memory_names_the_smallest_limit_that_fits() -> None:
     assert max(plan.peak_memory_bytes) <= need * 1.01
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # the library names the API's fields; the CLI says its flags (tests/cli)
     ("change", "message"),
     [
-        (dict(devices=20), "cannot cut 8 blocks into 20 stages; use --stages 8 or fewer"),
-        (dict(devices=0), "--stages must be at least 1 (got 0)"),
+        (dict(devices=20), "cannot cut 8 blocks into 20 stages; use stages=8 or fewer"),
+        (dict(devices=0), "stages must be at least 1 (got 0)"),
         (dict(batch_size=10, micro_batches=4), "batch size 10 is not divisible into 4 micro-batches; use one of 1, 2, 5, 10"),
-        (dict(memory_limit=-1.0), "--memory must be positive"),
+        (dict(memory_limit=-1.0), "memory must be positive"),
         (dict(schedule="dualpipe"), "unknown schedule 'dualpipe'"),
-        (dict(virtual=2, schedule="1f1b"), "--virtual applies to the interleaved-1f1b, zb-v, v-half, dualpipe-v, v-min schedules only"),
-        (dict(virtual=3, schedule="zb-v"), "zb-v runs 2 stages per device (got --virtual 3); use --virtual 2 or leave it out"),
+        (dict(virtual=2, schedule="1f1b"), "virtual applies to the interleaved-1f1b, zb-v, v-half, dualpipe-v, v-min schedules only"),
+        (dict(virtual=3, schedule="zb-v"), "zb-v runs 2 stages per device (got virtual=3); use virtual=2 or leave it out"),
         (dict(schedule="interleaved-1f1b", micro_batches=6, batch_size=12), "needs the micro-batch count to be a multiple of 4"),
         (dict(schedule="dualpipe-v", micro_batches=4),
-         "dualpipe-v needs at least 8 micro-batches on 4 devices (got --micro-batches 4); use --micro-batches 8 or more"),
+         "dualpipe-v needs at least 8 micro-batches on 4 devices (got micro_batches=4); use micro_batches=8 or more"),
         (dict(schedule="dualpipe-v", batch_size=6),
-         "dualpipe-v needs at least 8 micro-batches on 4 devices, more than --batch-size 6; use --batch-size 8 or more"),
+         "dualpipe-v needs at least 8 micro-batches on 4 devices, more than batch_size=6; use batch_size=8 or more"),
     ],
 )
 def test_bad_requests_get_one_clear_line(change: dict[str, object], message: str) -> None:
