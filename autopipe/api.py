@@ -7,17 +7,13 @@
     plan = autopipe.plan(model, x, loss_fn=loss, example_targets=y, stages=4, batch_size=32)
     autopipe.emit(plan, model, "stages/", example_inputs=x)
 
-The model is either a **model file** -- ``"path/to/model.py"`` or ``"path/to/model.py:factory"``
-with the factory's ``kwargs``, loaded as ``autopipe plan`` loads it (its ``example_inputs``,
-``example_targets`` and ``loss_fn``) -- or an **nn.Module** you hold, with ``example_inputs``
-(a function ``batch_size -> inputs``, or one batch: a tensor, tuple or dict of tensors whose
-first dimension is the batch, sliced to the micro-batch sizes measured), optionally
-``example_targets`` (the same two forms) and ``loss_fn(output, targets)`` (default: the mean
-of the output), whose cost is measured on the last block as the command line does.
-
-A plan of a model file records the file, factory and kwargs, so the command line rebuilds it.
-A plan of an in-memory module names no model file (its recipe's ``model_file`` is ""): it runs
-and emits in Python, with the module (:func:`emit` here; ``autopipe.pipeline(plan, model)``).
+The model is a **model file** (``"path/to/model.py[:factory]"`` with the factory's ``kwargs``,
+loaded as ``autopipe plan`` loads it) or an **nn.Module** you hold, with ``example_inputs`` and
+optionally ``example_targets`` and ``loss_fn`` (:mod:`autopipe.model.given`). A plan of a model
+file records the file, factory and kwargs, so the command line rebuilds it; a plan of an
+in-memory module names none (its recipe's ``model_file`` is ""): it runs and emits in Python.
+What the user pins is one :class:`Choices`, what the hardware costs one :class:`Link`, taken
+alike by :func:`plan`, :func:`plan_profile` and :func:`plan_cluster` (and the CLI, through here).
 """
 
 from __future__ import annotations
@@ -33,11 +29,11 @@ from torch import nn
 from autopipe.costs.analytic import ModelCounts, count_model, profile_from_counts
 from autopipe.costs.calibrate import calibrate, save_calibration, stored_calibration
 from autopipe.costs.devices import DeviceSpec, device_spec, read_cluster_file
+from autopipe.costs.match import check_profile_of, fingerprint_of
 from autopipe.costs.measured import Progress, profile_model
 from autopipe.costs.profile import Profile
-from autopipe.errors import EmitError, PlanError, ProfileError
+from autopipe.errors import EmitError, PlanError
 from autopipe.graph.recipe import TraceRecipe
-from autopipe.graph.trace import TracedModel, trace_model
 from autopipe.model.given import (
     Batch,
     ModelArg,
@@ -47,9 +43,9 @@ from autopipe.model.given import (
     maker,
     source_of,
 )
-from autopipe.model.load import LoadedModel, check_model_runs, load_model
+from autopipe.model.load import check_model_runs, load_model
 from autopipe.model.spec import parse_kwargs
-from autopipe.modes import Recompute, Tracer, mode
+from autopipe.modes import Recompute, Tracer
 from autopipe.planner.assemble import plan_costs, plan_timeline
 from autopipe.planner.balance import plan_balance
 from autopipe.planner.cluster import check_degrees, cluster_fields, tensor_options
@@ -143,7 +139,7 @@ def profile(
     if progress is not None:
         progress(f"checking that {os.fspath(said)} runs", 0, 0)
     check_model_runs(loaded, needed)
-    recipe = TraceRecipe(tracer=mode(Tracer, tracer, "tracer"), leaf_modules=tuple(leaf_modules), max_blocks=max_blocks)
+    recipe = TraceRecipe(tracer=tracer, leaf_modules=tuple(leaf_modules), max_blocks=max_blocks)
     prof = profile_model(
         loaded, micro_batch_sizes=micro_batch_sizes, recipe=recipe, warmup=warmup, repeat=repeat, device=device,
         progress=progress, threads=threads,
@@ -397,26 +393,3 @@ def plan_cluster(
         data_parallel=data_parallel, choices=choices, link=link, zero1=zero1, sequence_parallel=sequence_parallel,
         cluster=cluster, device=spec, counts=counts, device_files=device_files, progress=progress,
     ).plan  # fmt: skip
-
-
-def check_profile_of(model: str, kwargs: Mapping[str, object], profile_path: str, profile: Profile) -> None:
-    """ProfileError unless ``profile`` (read from ``profile_path``) was made from ``model``."""
-    loaded = load_model(model, dict(kwargs))
-    traced = _traced(loaded, profile)  # as the profile was traced
-    have, want = traced.fingerprint(), profile.recipe.fingerprint
-    if have != want:
-        raise ProfileError(
-            f"{profile_path} was made from another model (fingerprint {want}, {model} has {have}); "
-            f"profile this model again with 'autopipe profile {model}'"
-        )
-    profile.check_blocks([(b.name, b.nodes) for b in traced.blocks], profile_path)  # a hand-edited profile
-
-
-def _traced(loaded: LoadedModel, prof: Profile) -> TracedModel:
-    u = min(prof.micro_batch_sizes) if prof.micro_batch_sizes else 1
-    return trace_model(loaded.model, loaded.make_inputs(u), micro_batch_size=u, recipe=prof.recipe, source=loaded.spec.path)
-
-
-def fingerprint_of(loaded: LoadedModel, prof: Profile) -> str:
-    """The fingerprint ``loaded`` gets when traced the way ``prof`` was (to match the two)."""
-    return _traced(loaded, prof).fingerprint()

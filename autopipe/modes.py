@@ -1,24 +1,22 @@
 """The modes a user picks by name: recomputation, the tracer, the run's engine.
 
 Each is a ``str`` Enum, so it equals its text (``Recompute.NEVER == "never"``), prints as it
-(``f"{Recompute.NEVER}"`` is ``never``) and is written to JSON as it: plan and profile files
+(``f"{Recompute.NEVER}"`` is ``never``, ``{!r}`` ``'never'``) and is written to JSON as it: plan and profile files
 and the command line's text are the same as with plain strings.
 """
 
 from __future__ import annotations
 
 from enum import Enum
-from typing import TypeVar
 
-from autopipe.errors import InputError
-
-__all__ = ["Engine", "Recompute", "Tracer", "mode"]
-
-_M = TypeVar("_M", bound="_Mode")
+__all__ = ["Engine", "Recompute", "Tracer"]
 
 
 class _Mode(str, Enum):
-    """A named mode: its text everywhere (str, format, JSON)."""
+    """A named mode: its text everywhere (str, format, repr, JSON), so no message changes."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
 
     def __str__(self) -> str:
         return str(self.value)
@@ -48,13 +46,3 @@ class Engine(_Mode):
 
     AUTOPIPE = "autopipe"
     TORCH = "torch"
-
-
-def mode(kind: type[_M], value: object, name: str) -> _M:
-    """``value`` (a member or its text) as a member of ``kind``; InputError naming ``name``
-    and the choices otherwise (``mode(Recompute, "never", "recompute")``)."""
-    try:
-        return kind(value)
-    except ValueError:
-        choices = ", ".join(m.value for m in kind)
-        raise InputError(f"{name} must be one of {choices} (got {value!r})") from None

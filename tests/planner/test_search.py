@@ -193,7 +193,7 @@ def test_action_overhead_is_paid_by_every_action() -> None:
         # Each rank runs 2m (or 3m) actions: the makespan grows by at least m of them.
         assert paid.iteration_time_s >= base.iteration_time_s + 8 * o
         assert plan_timeline(paid).iteration_s == pytest.approx(paid.iteration_time_s)
-    with pytest.raises(PlanError, match="--action-overhead must be zero or more"):
+    with pytest.raises(PlanError, match="action_overhead_s must be zero or more"):
         plan_pipeline(prof, _request(action_overhead_s=-1e-3))
 
 
@@ -208,11 +208,11 @@ def test_an_export_profile_keeps_micro_batches_of_one_apart() -> None:
         assert all(a.micro_batches <= 4 for a in plan.alternatives)
     with pytest.raises(PlanError, match="use at most 4 micro-batches"):
         plan_pipeline(larger, _request(batch_size=8, micro_batches=8))
-    with pytest.raises(PlanError, match="use --batch-size 2 or more"):
+    with pytest.raises(PlanError, match="use batch_size=2 or more"):
         plan_pipeline(larger, _request(batch_size=1))
     ones = dataclasses.replace(larger, micro_batch_sizes=(1,))
     assert plan_pipeline(ones, _request(batch_size=8)).micro_batch_size == 1
-    with pytest.raises(PlanError, match="profile with --micro-batch-sizes 2,4"):
+    with pytest.raises(PlanError, match="profile with micro_batch_sizes=2,4"):
         plan_pipeline(ones, _request(batch_size=8, micro_batches=4))
 
 
