@@ -3,6 +3,7 @@ from the README, and every link between the pages (and its #anchor) resolves."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -52,3 +53,21 @@ def test_every_link_and_anchor_between_the_pages_resolves() -> None:
             where = f"{page.relative_to(ROOT)} links {target}#{anchor}"
             assert path.is_file(), f"{where}, which does not exist"
             assert not anchor or anchor in _anchors(path), f"{where}: {path.name} has no heading with that anchor"
+
+
+def test_every_python_block_in_the_docs_parses() -> None:
+    for page in sorted(DOCS.glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for m in re.finditer(r"```python\n(.*?)```", text, re.S):
+            line = text[: m.start()].count("\n") + 1
+            try:
+                ast.parse(m.group(1))
+            except SyntaxError as e:
+                raise AssertionError(f"docs/{page.name}:{line + (e.lineno or 0)}: the ```python block does not parse: {e.msg}") from None
+
+
+def test_every_repository_path_the_pages_name_exists() -> None:
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        named = set(re.findall(r"`((?:autopipe|cli|tests|bench|models)/[\w/.-]+)`", page.read_text(encoding="utf-8")))
+        missing = sorted(p for p in named if not (ROOT / p.rstrip("/")).exists())
+        assert not missing, f"{page.relative_to(ROOT)} names {missing}, which do not exist: update the page"
