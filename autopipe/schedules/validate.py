@@ -139,6 +139,4 @@ def _check_order(schedule: Schedule, where: dict[Action, tuple[int, int]]) -> No
             continue
         other = Action(action.stage, before, action.microbatch)
         if where[other] > (rank, step):
-            raise _fail(
-                schedule, f"rank {rank} step {step}: {action} runs before {other}", (rank, step)
-            )
+            raise _fail(schedule, f"rank {rank} step {step}: {action} runs before {other}", (rank, step))
