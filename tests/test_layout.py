@@ -114,7 +114,16 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
                 target = target.rpartition(".")[0]
             if target and target != name:
                 out.add(target)
+                out |= _packages_run(name, target, known)
     return out
+
+
+def _packages_run(name: str, target: str, known: set[str]) -> set[str]:
+    """The packages whose ``__init__`` importing ``target`` runs first, from ``name``: every
+    package above ``target`` that ``name`` is not inside (its own are already running)."""
+    parts = target.split(".")
+    above = (".".join(parts[:k]) for k in range(1, len(parts)))
+    return {p for p in above if p in known and not (name == p or name.startswith(p + "."))}
 
 
 def _statements(name: str, path: Path, known: set[str]) -> list[Import]:
@@ -148,8 +157,12 @@ def _graph() -> dict[str, set[str]]:
     modules = _modules()
     known = set(modules)
     graph = {name: _imports(name, path, known) for name, path in modules.items()}
-    # Importing a.b.c runs a/__init__ and a/b/__init__ first; a package's own __init__ importing
-    # its submodules is how packages work, not a circle, so parents are not edges here.
+    # Importing a.b.c from outside a.b runs a/b/__init__ first, so that is an edge too (a
+    # package's __init__ importing its submodules is one, as well). Each of KNOWN_BREAKS closes
+    # a circle today (``import autopipe.partition`` in a fresh interpreter fails through
+    # planner/_recent); they are left out here and reported by the layering test instead.
+    for name, targets in graph.items():
+        graph[name] = {t for t in targets if (name, _package(t)) not in KNOWN_BREAKS}
     return graph
 
 
@@ -161,8 +174,8 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         state[node] = 1
         stack.append(node)
         for nxt in sorted(graph[node]):
-            if nxt.startswith(node + ".") or node.startswith(nxt + "."):
-                continue  # a package and its own submodules
+            if node.startswith(nxt + "."):
+                continue  # a module's own packages are already running when it runs
             if state.get(nxt) == 1:
                 return [*stack[stack.index(nxt) :], nxt]
             if nxt not in state and (found := visit(nxt)):
@@ -357,6 +370,16 @@ def test_no_import_circles_function_level_imports_included() -> None:
 def test_the_circle_finder_finds_a_circle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+    # a submodule importing its own package is no circle; a package's __init__ pulled in again
+    # from another package is one
+    assert _cycle({"p": {"p.a"}, "p.a": {"p"}}) is None
+    assert _cycle({"p": {"p.a"}, "p.a": {"q.b"}, "q.b": {"p"}}) == ["p", "p.a", "q.b", "p"]
+
+
+def test_importing_a_submodule_runs_the_packages_above_it() -> None:
+    known = {"autopipe", "autopipe.p", "autopipe.p.q", "autopipe.p.q.m", "autopipe.p.n", "autopipe.r"}
+    assert _packages_run("autopipe.r", "autopipe.p.q.m", known) == {"autopipe.p", "autopipe.p.q"}
+    assert _packages_run("autopipe.p.n", "autopipe.p.q.m", known) == {"autopipe.p.q"}
 
 
 # -- folders and functions ------------------------------------------------------------------
