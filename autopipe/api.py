@@ -108,7 +108,8 @@ __all__ = [  # the functions, then what they take and give (the CLI imports thes
     "read_cluster_file",
     "save_calibration",
     "search_cluster",
-]  # fmt: skip
+]
+
 
 def profile(
     model: ModelArg,
@@ -141,9 +142,15 @@ def profile(
     check_model_runs(loaded, needed)
     recipe = TraceRecipe(tracer=tracer, leaf_modules=tuple(leaf_modules), max_blocks=max_blocks)
     prof = profile_model(
-        loaded, micro_batch_sizes=micro_batch_sizes, recipe=recipe, warmup=warmup, repeat=repeat, device=device,
-        progress=progress, threads=threads,
-    )  # fmt: skip
+        loaded,
+        micro_batch_sizes=micro_batch_sizes,
+        recipe=recipe,
+        warmup=warmup,
+        repeat=repeat,
+        device=device,
+        progress=progress,
+        threads=threads,
+    )
     if isinstance(model, nn.Module):  # nothing to rebuild it from: the recipe names no file
         prof = replace(prof, model=f"{type(model).__name__} (in memory)", recipe=replace(prof.recipe, model_file=""))
     return prof
@@ -183,11 +190,23 @@ def plan(
             given = [n for n in (batch_of(example_inputs), batch_of(example_targets)) if n is not None]
             sizes = plan_micro_batch_sizes(batch_size, min(given) if given else None)
         prof = profile(
-            model, example_inputs, kwargs=kwargs, loss_fn=loss_fn, example_targets=example_targets,
-            micro_batch_sizes=sizes, **profile_options,
-        )  # fmt: skip
+            model,
+            example_inputs,
+            kwargs=kwargs,
+            loss_fn=loss_fn,
+            example_targets=example_targets,
+            micro_batch_sizes=sizes,
+            **profile_options,
+        )
     return plan_profile(
-        prof, devices=devices, stages=stages, batch_size=batch_size, memory=memory, choices=choices, link=link, balance=balance
+        prof,
+        devices=devices,
+        stages=stages,
+        batch_size=batch_size,
+        memory=memory,
+        choices=choices,
+        link=link,
+        balance=balance,
     )
 
 
@@ -195,15 +214,21 @@ def _check_profile_options(options: Mapping[str, object]) -> None:
     """One line for a choice or link keyword passed loose (``micro_batches=4``), not in its value."""
     for name in options:
         if name in CHOICE_FIELDS:
-            raise PlanError(f"{name} is one of the plan's choices: pass choices=Choices({name}=...) (autopipe.api.Choices)")
+            raise PlanError(
+                f"{name} is one of the plan's choices: pass choices=Choices({name}=...) (autopipe.api.Choices)"
+            )
         if name in LINK_FIELDS or name.startswith("link_"):
-            raise PlanError(f"{name} describes the link: pass link=Link(...) (autopipe.api.Link: bandwidth, latency_s, action_overhead_s)")
+            raise PlanError(
+                f"{name} describes the link: pass link=Link(...) (autopipe.api.Link: bandwidth, latency_s, action_overhead_s)"
+            )
 
 
 def _devices(devices: int | None, stages: int | None, words: Words) -> int | None:
     """``devices`` and ``stages`` are one thing (pipeline devices): either, or both equal."""
     if devices is not None and stages is not None and devices != stages:
-        raise PlanError(f"{words.name('devices')} and {words.name('stages')} are the same thing (pipeline devices); give one")
+        raise PlanError(
+            f"{words.name('devices')} and {words.name('stages')} are the same thing (pipeline devices); give one"
+        )
     return devices if devices is not None else stages
 
 
@@ -238,10 +263,14 @@ def plan_profile(
     else:
         raise PlanError(f"profile must be a Profile or the path of a profile JSON, not a {type(profile).__name__}")
     request = plan_request(
-        prof, devices=_devices(devices, stages, words), batch_size=batch_size,
+        prof,
+        devices=_devices(devices, stages, words),
+        batch_size=batch_size,
         memory_limit=None if memory is None else parse_bytes(memory, words.name("memory")),
-        choices=choices or Choices(), link=link or Link(), device=device,
-    )  # fmt: skip
+        choices=choices or Choices(),
+        link=link or Link(),
+        device=device,
+    )
     validate(prof, request, words)
     if balance is None:
         return plan_pipeline(prof, request, progress)
@@ -271,23 +300,40 @@ def emit(
         raise EmitError(f"{dest} is not empty; emit into a new folder or pass force=True to replace it")
     if model is None:
         if example_inputs is not None:
-            raise PlanError("example_inputs come from the plan's model file when model is None; drop them, or pass the nn.Module")
+            raise PlanError(
+                "example_inputs come from the plan's model file when model is None; drop them, or pass the nn.Module"
+            )
         return emit_rebuilt(plan, folder, force=force, weights=weights, weights_format=weights_format)
     if not isinstance(model, nn.Module):
-        raise PlanError(f"model must be the nn.Module the plan was made for (or None: rebuild it from its model file), not a {type(model).__name__}")
+        raise PlanError(
+            f"model must be the nn.Module the plan was made for (or None: rebuild it from its model file), not a {type(model).__name__}"
+        )
     if example_inputs is None:
         raise PlanError(
             f"emitting the {type(model).__name__} module needs example_inputs (one batch, or a function batch_size -> inputs) "
             f"to trace it at the plan's micro-batch size {plan.micro_batch_size}"
         )
     if weights and any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
-        raise PlanError(f"the {type(model).__name__} module is on the meta device, so it has no weights to write; pass weights=False")
+        raise PlanError(
+            f"the {type(model).__name__} module is on the meta device, so it has no weights to write; pass weights=False"
+        )
     check_samples("example_inputs", example_inputs, plan.micro_batch_size, "the plan's micro-batch size")
     inputs = maker(example_inputs)(plan.micro_batch_size)
-    return emit_stages(plan, model, inputs, folder, force=force, weights=weights, weights_format=weights_format, source=source_of(model))
+    return emit_stages(
+        plan,
+        model,
+        inputs,
+        folder,
+        force=force,
+        weights=weights,
+        weights_format=weights_format,
+        source=source_of(model),
+    )
 
 
-def catalogue_device(name: str, device_files: Sequence[str | Path] = (), calibration: str | Path | None = None) -> DeviceSpec:
+def catalogue_device(
+    name: str, device_files: Sequence[str | Path] = (), calibration: str | Path | None = None
+) -> DeviceSpec:
     """The catalogue device ``name`` (``h100``, ``cpu``, ...; or ``device_files``' own), with its
     stored calibration (or the one in ``calibration``)."""
     return stored_calibration(device_spec(name, device_files), calibration)
@@ -310,9 +356,13 @@ def count(
         progress(f"loading {os.fspath(model)} on the meta device", 0, 0)
     loaded = load_model(str(model), dict(kwargs or {}), device="meta")
     return count_model(
-        loaded, micro_batch_sizes=tuple(micro_batch_sizes or ANALYTIC_MICRO_BATCH_SIZES),
-        dtype=dtype or default_dtype(spec), recipe=recipe or TraceRecipe(), progress=progress, shallow=True,
-    )  # fmt: skip
+        loaded,
+        micro_batch_sizes=tuple(micro_batch_sizes or ANALYTIC_MICRO_BATCH_SIZES),
+        dtype=dtype or default_dtype(spec),
+        recipe=recipe or TraceRecipe(),
+        progress=progress,
+        shallow=True,
+    )
 
 
 def price(counts: ModelCounts, spec: DeviceSpec) -> Profile:
@@ -344,16 +394,32 @@ def search_cluster(
     the best layout, its runner-up and the splits with no plan. ``stages`` pins the pipeline
     depth; tensor parallelism is searched when ``counts`` and ``device`` (what ``profile`` was
     priced from) are given, else ``t = 1``."""
-    check_degrees(gpus, [(words.name(k), v) for k, v in (("tensor_parallel", tensor_parallel), ("stages", stages), ("data_parallel", data_parallel))], words.name("gpus"))
+    check_degrees(
+        gpus,
+        [
+            (words.name(k), v)
+            for k, v in (("tensor_parallel", tensor_parallel), ("stages", stages), ("data_parallel", data_parallel))
+        ],
+        words.name("gpus"),
+    )
     fields = cluster_fields(cluster)
     request = parallel_request(
-        profile, gpus=gpus, stages=stages, batch_size=batch_size,
-        memory_limit=None if memory is None else parse_bytes(memory, words.name("memory")), choices=choices or Choices(),
-        link=link or Link(), device=device, device_files=device_files, shard_optimizer=zero1,
-    )  # fmt: skip
+        profile,
+        gpus=gpus,
+        stages=stages,
+        batch_size=batch_size,
+        memory_limit=None if memory is None else parse_bytes(memory, words.name("memory")),
+        choices=choices or Choices(),
+        link=link or Link(),
+        device=device,
+        device_files=device_files,
+        shard_optimizer=zero1,
+    )
     layout = replace(request.cluster, **fields)  # type: ignore[arg-type]
     request = replace(request, cluster=layout, tensor_parallel=tensor_parallel, data_parallel=data_parallel)
-    tensor = tensor_options(counts, device, layout, sequence_parallel) if counts is not None and device is not None else None
+    tensor = (
+        tensor_options(counts, device, layout, sequence_parallel) if counts is not None and device is not None else None
+    )
     return plan_parallel(profile, request, progress, tensor)
 
 
@@ -389,7 +455,20 @@ def plan_cluster(
     spec = catalogue_device(device, device_files, calibration)
     counts = count(model, kwargs, spec, dtype=dtype, progress=progress)
     return search_cluster(
-        price(counts, spec), gpus=gpus, batch_size=batch_size, memory=memory, tensor_parallel=tensor_parallel, stages=stages,
-        data_parallel=data_parallel, choices=choices, link=link, zero1=zero1, sequence_parallel=sequence_parallel,
-        cluster=cluster, device=spec, counts=counts, device_files=device_files, progress=progress,
-    ).plan  # fmt: skip
+        price(counts, spec),
+        gpus=gpus,
+        batch_size=batch_size,
+        memory=memory,
+        tensor_parallel=tensor_parallel,
+        stages=stages,
+        data_parallel=data_parallel,
+        choices=choices,
+        link=link,
+        zero1=zero1,
+        sequence_parallel=sequence_parallel,
+        cluster=cluster,
+        device=spec,
+        counts=counts,
+        device_files=device_files,
+        progress=progress,
+    ).plan

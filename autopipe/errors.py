@@ -46,7 +46,9 @@ class FactoryArgumentError(ModelLoadError):
     or ``missing`` ones it requires. The message advises ``-k`` (as ``autopipe plan`` takes
     them); :mod:`autopipe.stages.rebuild` rewords it for a plan, whose kwargs are recorded."""
 
-    def __init__(self, message: str, *, factory: str, is_class: bool, missing: tuple[str, ...], unknown: tuple[str, ...]) -> None:
+    def __init__(
+        self, message: str, *, factory: str, is_class: bool, missing: tuple[str, ...], unknown: tuple[str, ...]
+    ) -> None:
         super().__init__(message)
         self.factory = factory
         self.is_class = is_class  # the factory is a class (an nn.Module subclass, say), not a function

@@ -37,16 +37,64 @@ MEASURING_DEVICES = ("cpu", "cuda")
 
 
 def add_analytic_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", default=None, metavar="G", help="devices in all: also choose pipeline depth S x data-parallel width G/S")
-    p.add_argument("--analytic", action="store_true", help="count FLOPs and bytes on the meta device instead of measuring (implied by a catalogue --device)")
-    p.add_argument("--dtype", default=None, choices=("fp32", "tf32", "bf16", "fp16"), help="training precision, analytic mode (default: bf16 on a catalogue GPU, else fp32)")
-    p.add_argument("--device-file", action="append", default=[], metavar="FILE", help="your own device catalogue entries (JSON like autopipe/costs/devices.json; repeatable)")
-    p.add_argument("--calibration", default=None, metavar="FILE", help="efficiencies fitted by 'autopipe calibrate' (default: the stored one for the device, if any)")
-    p.add_argument("--zero1", action="store_true", help="with --gpus: shard optimizer state and master weights across data-parallel replicas (ZeRO-1)")
-    p.add_argument("--tensor-parallel", default=None, metavar="T", help="with --gpus: pin the tensor-parallel degree (Megatron-style, within a node; default: searched)")
-    p.add_argument("--data-parallel", default=None, metavar="D", help="with --gpus: pin the data-parallel width (default: searched)")
-    p.add_argument("--no-sequence-parallel", action="store_true", help="with --gpus: tensor parallelism without Megatron's sequence parallelism")
-    p.add_argument("--cluster", default=None, metavar="FILE", help="with --gpus: JSON with devices_per_node, nvlink_bandwidth, network_bandwidth, nvlink_latency_s, network_latency_s (default: the device's)")
+    p.add_argument(
+        "--gpus",
+        default=None,
+        metavar="G",
+        help="devices in all: also choose pipeline depth S x data-parallel width G/S",
+    )
+    p.add_argument(
+        "--analytic",
+        action="store_true",
+        help="count FLOPs and bytes on the meta device instead of measuring (implied by a catalogue --device)",
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=("fp32", "tf32", "bf16", "fp16"),
+        help="training precision, analytic mode (default: bf16 on a catalogue GPU, else fp32)",
+    )
+    p.add_argument(
+        "--device-file",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="your own device catalogue entries (JSON like autopipe/costs/devices.json; repeatable)",
+    )
+    p.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help="efficiencies fitted by 'autopipe calibrate' (default: the stored one for the device, if any)",
+    )
+    p.add_argument(
+        "--zero1",
+        action="store_true",
+        help="with --gpus: shard optimizer state and master weights across data-parallel replicas (ZeRO-1)",
+    )
+    p.add_argument(
+        "--tensor-parallel",
+        default=None,
+        metavar="T",
+        help="with --gpus: pin the tensor-parallel degree (Megatron-style, within a node; default: searched)",
+    )
+    p.add_argument(
+        "--data-parallel",
+        default=None,
+        metavar="D",
+        help="with --gpus: pin the data-parallel width (default: searched)",
+    )
+    p.add_argument(
+        "--no-sequence-parallel",
+        action="store_true",
+        help="with --gpus: tensor parallelism without Megatron's sequence parallelism",
+    )
+    p.add_argument(
+        "--cluster",
+        default=None,
+        metavar="FILE",
+        help="with --gpus: JSON with devices_per_node, nvlink_bandwidth, network_bandwidth, nvlink_latency_s, network_latency_s (default: the device's)",
+    )
 
 
 def wants_analytic(device: str | None, analytic: bool) -> bool:
@@ -89,22 +137,38 @@ def analytic_counts_for_plan(
     """MODEL (``-k`` ``kwargs``) built on meta and counted (not yet priced), telling ``progress``."""
     from autopipe.api import Tracer, TraceRecipe, count, parse_kwargs
 
-    recipe = TraceRecipe(tracer=Tracer(options.tracer), leaf_modules=options.leaf_modules, max_blocks=options.max_blocks)
+    recipe = TraceRecipe(
+        tracer=Tracer(options.tracer), leaf_modules=options.leaf_modules, max_blocks=options.max_blocks
+    )
     return count(
-        model, parse_kwargs(kwargs), spec, micro_batch_sizes=options.micro_batch_sizes, dtype=options.dtype,
-        recipe=recipe, progress=progress,
-    )  # fmt: skip
+        model,
+        parse_kwargs(kwargs),
+        spec,
+        micro_batch_sizes=options.micro_batch_sizes,
+        dtype=options.dtype,
+        recipe=recipe,
+        progress=progress,
+    )
 
 
 def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c = commands.add_parser(
-        "calibrate", help="fit the analytic cost model's efficiencies to a measured profile",
+        "calibrate",
+        help="fit the analytic cost model's efficiencies to a measured profile",
         description="Count PROFILE's model on the meta device and fit compute efficiency, memory efficiency "
         "and per-op overhead of the device it was measured on; store them for analytic plans.",
-    )  # fmt: skip
+    )
     c.add_argument("profile", metavar="PROFILE", help="profile JSON written by autopipe profile (measured)")
-    c.add_argument("-o", "--output", default=None, metavar="FILE", help="calibration file to write (default: the calibration store)")
-    c.add_argument("--device-file", action="append", default=[], metavar="FILE", help="your own device catalogue entries")
+    c.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        metavar="FILE",
+        help="calibration file to write (default: the calibration store)",
+    )
+    c.add_argument(
+        "--device-file", action="append", default=[], metavar="FILE", help="your own device catalogue entries"
+    )
     c.set_defaults(func=cmd_calibrate)
 
 

@@ -44,46 +44,68 @@ _T = TypeVar("_T")
 
 def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = commands.add_parser(
-        "plan", help="choose stage cuts, micro-batches, schedule and recomputation; write plan.json",
+        "plan",
+        help="choose stage cuts, micro-batches, schedule and recomputation; write plan.json",
         description="Plan pipeline parallelism for MODEL (profiling it first) or for a saved --profile.",
-    )  # fmt: skip
-    p.add_argument("model", metavar="MODEL", nargs="?", help="model file, path/to/model.py[:factory] (optional with --profile)")
-    p.add_argument("-k", dest="kwargs", metavar="KEY=VALUE", action="append", default=[], help="factory keyword argument (repeatable)")
+    )
+    p.add_argument(
+        "model", metavar="MODEL", nargs="?", help="model file, path/to/model.py[:factory] (optional with --profile)"
+    )
+    p.add_argument(
+        "-k",
+        dest="kwargs",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="factory keyword argument (repeatable)",
+    )
     p.add_argument("--profile", default=None, help="plan from this profile JSON instead of profiling MODEL")
-    p.add_argument("--stages", default=None, help="pipeline devices (default: the visible GPUs, else 4); with --gpus, the pipeline depth")
+    p.add_argument(
+        "--stages",
+        default=None,
+        help="pipeline devices (default: the visible GPUs, else 4); with --gpus, the pipeline depth",
+    )
     p.add_argument("--devices", default=None, help="the same as --stages, for one pipeline (without --gpus)")
-    p.add_argument("--memory", default=None, help="memory per device, like 16GiB or 80GB (default: the device's memory)")
+    p.add_argument(
+        "--memory", default=None, help="memory per device, like 16GiB or 80GB (default: the device's memory)"
+    )
     p.add_argument("--batch-size", default=str(DEFAULT_BATCH), help=f"samples per iteration (default: {DEFAULT_BATCH})")
     p.add_argument("--micro-batches", default=None, help="pin the micro-batch count")
     p.add_argument("--schedule", default=None, choices=schedule_names(), help="pin the schedule")
     p.add_argument("--virtual", default=None, help="pin the virtual stages per device (interleaved-1f1b)")
     p.add_argument(
-        "--balance", default=None, metavar="N,N,...",
+        "--balance",
+        default=None,
+        metavar="N,N,...",
         help="price your own split: blocks per chunk in chunk order (S entries; S x v with --schedule for interleaved/V "
         "schedules); the plan is your split, autopipe's best is shown beside it",
-    )  # fmt: skip
+    )
     p.add_argument("--no-recompute", action="store_true", help="never recompute activations")
     p.add_argument("--recompute-all", action="store_true", help="recompute activations on every stage")
     p.add_argument("--bandwidth", default=None, help="link bandwidth, like 25GB/s (default: by device type)")
     p.add_argument("--latency", default=None, help="link latency, like 20us (default: by device type)")
     p.add_argument(
-        "--action-overhead", default=None, help="the executor's own time per F, B or W action, like 0.2ms (default: by device type)"
+        "--action-overhead",
+        default=None,
+        help="the executor's own time per F, B or W action, like 0.2ms (default: by device type)",
     )
     p.add_argument("-o", "--output", default="plan.json", help="plan file to write (default: plan.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--timeline", default=None, metavar="FILE", help="draw the schedule as a Gantt chart (.png or .svg)")
     add_profiling_arguments(
-        p, MEASURE_DEVICE_HELP + "; or a catalogue device (h100, h200, a100-80gb, a100-40gb, or your "
+        p,
+        MEASURE_DEVICE_HELP + "; or a catalogue device (h100, h200, a100-80gb, a100-40gb, or your "
         "--device-file's) to plan analytically on the meta device",
-    )  # fmt: skip
+    )
     add_analytic_arguments(p)
     p.set_defaults(func=cmd_plan)
 
     s = commands.add_parser(
-        "show", help="print a saved plan again, with a text timeline",
+        "show",
+        help="print a saved plan again, with a text timeline",
         description="Print PLAN's stages, schedule and baselines again, with a text timeline of one "
         "iteration (or one JSON object with --json); --timeline also draws it to a .png or .svg.",
-    )  # fmt: skip
+    )
     s.add_argument("plan", metavar="PLAN", help="plan JSON written by autopipe plan")
     s.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     s.add_argument("--timeline", default=None, metavar="FILE", help="draw the schedule as a Gantt chart (.png or .svg)")
@@ -133,25 +155,34 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
         raise UsageError("--zero1 shards optimizer state across data-parallel replicas; give --gpus G as well")
     recompute = Recompute.NEVER if args.no_recompute else Recompute.ALWAYS if args.recompute_all else Recompute.AUTO
     choices = Choices(
-        _optional(args.micro_batches, positive_int, "--micro-batches"), args.schedule,
-        _optional(args.virtual, positive_int, "--virtual"), recompute,
-    )  # fmt: skip
+        _optional(args.micro_batches, positive_int, "--micro-batches"),
+        args.schedule,
+        _optional(args.virtual, positive_int, "--virtual"),
+        recompute,
+    )
     link = Link(
-        _optional(args.bandwidth, parse_rate, "--bandwidth"), _optional(args.latency, parse_duration, "--latency"),
+        _optional(args.bandwidth, parse_rate, "--bandwidth"),
+        _optional(args.latency, parse_duration, "--latency"),
         _optional(args.action_overhead, parse_duration, "--action-overhead"),
-    )  # fmt: skip
+    )
     balance = _optional(args.balance, balance_list, "--balance")
     if balance is not None and gpus is not None:
         raise UsageError("--balance prices one pipeline's split and --gpus searches data x pipeline layouts; give one")
     tensor = _optional(args.tensor_parallel, positive_int, "--tensor-parallel")
     data = _optional(args.data_parallel, positive_int, "--data-parallel")
-    for flag, given in (("--tensor-parallel", tensor), ("--data-parallel", data), ("--cluster", args.cluster),
-                        ("--no-sequence-parallel", args.no_sequence_parallel or None)):  # fmt: skip
+    for flag, given in (
+        ("--tensor-parallel", tensor),
+        ("--data-parallel", data),
+        ("--cluster", args.cluster),
+        ("--no-sequence-parallel", args.no_sequence_parallel or None),
+    ):
         if given is not None and gpus is None:
             raise UsageError(f"{flag} applies to the devices of --gpus G; give --gpus as well")
     if gpus is not None:
         if args.devices is not None:
-            raise UsageError("--devices counts one pipeline's devices; with --gpus G pin the pipeline depth with --stages")
+            raise UsageError(
+                "--devices counts one pipeline's devices; with --gpus G pin the pipeline depth with --stages"
+            )
         check_degrees(gpus, [("--tensor-parallel", tensor), ("--stages", devices), ("--data-parallel", data)], "--gpus")
     cluster = tuple(read_cluster_file(args.cluster).items()) if args.cluster is not None else ()
     return PlanFlags(batch, devices, memory, choices, link, gpus, output, timeline, tensor, data, cluster, balance)
@@ -195,17 +226,37 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
     profile, spec, counts = _profile_for_plan(args, flags, progress)
     if flags.gpus is not None:
         result = api.search_cluster(
-            profile, gpus=flags.gpus, batch_size=flags.batch_size, memory=flags.memory_limit,
-            tensor_parallel=flags.tensor_parallel, stages=flags.devices, data_parallel=flags.data_parallel,
-            choices=flags.choices, link=flags.link, zero1=args.zero1, sequence_parallel=not args.no_sequence_parallel,
-            cluster=dict(flags.cluster), device=spec, counts=counts, device_files=args.device_file, progress=progress,
+            profile,
+            gpus=flags.gpus,
+            batch_size=flags.batch_size,
+            memory=flags.memory_limit,
+            tensor_parallel=flags.tensor_parallel,
+            stages=flags.devices,
+            data_parallel=flags.data_parallel,
+            choices=flags.choices,
+            link=flags.link,
+            zero1=args.zero1,
+            sequence_parallel=not args.no_sequence_parallel,
+            cluster=dict(flags.cluster),
+            device=spec,
+            counts=counts,
+            device_files=args.device_file,
+            progress=progress,
             words=cli_words(),
-        )  # fmt: skip
+        )
         return result.plan, _parallel_note(flags.gpus, result)
     plan = api.plan_profile(
-        profile, devices=flags.devices, batch_size=flags.batch_size, memory=flags.memory_limit, choices=flags.choices,
-        link=flags.link, balance=flags.balance, device=spec, progress=progress, words=cli_words(),
-    )  # fmt: skip
+        profile,
+        devices=flags.devices,
+        batch_size=flags.batch_size,
+        memory=flags.memory_limit,
+        choices=flags.choices,
+        link=flags.link,
+        balance=flags.balance,
+        device=spec,
+        progress=progress,
+        words=cli_words(),
+    )
     return plan, ""
 
 
@@ -237,13 +288,17 @@ def _parallel_note(gpus: int, result: ParallelPlan) -> str:
     """Lines on the S x D choice of ``--gpus``: the choice, and the splits that did not fit."""
     lines = [f"tensor x pipeline x data parallel on {gpus} devices: {result.plan.parallel_note}"]
     if result.rejected:
-        deepest = sorted(result.rejected, key=lambda r: -r.tensor_parallel * max(r.stages, 1))  # the closest to fitting first
+        deepest = sorted(
+            result.rejected, key=lambda r: -r.tensor_parallel * max(r.stages, 1)
+        )  # the closest to fitting first
         shown = [_split_name(r) + f" ({_short(r)})" for r in deepest]
         more = f"; and {len(shown) - 6} more splits" if len(shown) > 8 else ""
         lines.append("no plan for: " + "; ".join(shown[:6] if more else shown) + more)
     if result.pruned:
         many = "splits" if result.pruned > 1 else "split"
-        lines.append(f"{result.pruned} more {many} skipped: no plan of theirs can beat the runner-up (a bound, or their search against it)")
+        lines.append(
+            f"{result.pruned} more {many} skipped: no plan of theirs can beat the runner-up (a bound, or their search against it)"
+        )
     return "\n".join(lines)
 
 
@@ -272,9 +327,14 @@ def cmd_show(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def _show(
-    plan: Plan, out: Console, as_json: bool, timeline: str | None, wrote: str | None, text_timeline: bool = False,
+    plan: Plan,
+    out: Console,
+    as_json: bool,
+    timeline: str | None,
+    wrote: str | None,
+    text_timeline: bool = False,
     source: str = "the plan",
-) -> None:  # fmt: skip
+) -> None:
     from autopipe.api import plan_costs, plan_timeline
     from autopipe.show.draw import check_times, draw_timeline, plan_frame
     from autopipe.show.draw import text_timeline as text_rows
@@ -289,6 +349,10 @@ def _show(
     if as_json:
         print(json.dumps(plan_json(plan), indent=1), file=out.file)
         return
-    rows = text_rows(plan, simulated, letters=not out.is_terminal, shown=shown) if text_timeline and simulated is not None else None
+    rows = (
+        text_rows(plan, simulated, letters=not out.is_terminal, shown=shown)
+        if text_timeline and simulated is not None
+        else None
+    )
     notes = [n for n in (wrote, f"drew {timeline}" if timeline else None) if n]
     print_plan(plan, out, rows, "; ".join(notes) or None)

@@ -26,9 +26,10 @@ __all__ = ["add_profile_parser", "measure"]
 
 def add_profile_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = commands.add_parser(
-        "profile", help="measure what every block of a model costs; write a profile JSON",
+        "profile",
+        help="measure what every block of a model costs; write a profile JSON",
         description="Trace MODEL into blocks and measure each block's forward/backward time and memory.",
-    )  # fmt: skip
+    )
     add_model_arguments(p)
     p.add_argument("-o", "--output", default="profile.json", help="profile file to write (default: profile.json)")
     p.add_argument("--batch-size", default="8", metavar="N", help="global batch size (default: 8)")
@@ -53,13 +54,23 @@ def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 0
 
 
-def measure(model: str, kwargs: list[str], options: ProfilingOptions, progress: ProgressCallback | None = None) -> Profile:
+def measure(
+    model: str, kwargs: list[str], options: ProfilingOptions, progress: ProgressCallback | None = None
+) -> Profile:
     """Load MODEL (``-k`` ``kwargs``), check it runs, and measure it (``autopipe.profile``), telling ``progress``."""
     from autopipe import api
 
     profile: Profile = api.profile(
-        model, kwargs=api.parse_kwargs(kwargs), micro_batch_sizes=options.micro_batch_sizes, tracer=options.tracer,
-        leaf_modules=options.leaf_modules, max_blocks=options.max_blocks, device=options.device, warmup=options.warmup,
-        repeat=options.repeat, threads=options.threads, progress=progress,
-    )  # fmt: skip
+        model,
+        kwargs=api.parse_kwargs(kwargs),
+        micro_batch_sizes=options.micro_batch_sizes,
+        tracer=options.tracer,
+        leaf_modules=options.leaf_modules,
+        max_blocks=options.max_blocks,
+        device=options.device,
+        warmup=options.warmup,
+        repeat=options.repeat,
+        threads=options.threads,
+        progress=progress,
+    )
     return profile

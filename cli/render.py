@@ -63,7 +63,9 @@ def profile_table(profile: Profile) -> Table:
     table.add_column("saved MiB", f"{sum(saved):.2f}", justify="right")
     table.add_column("out MiB", "", justify="right")
     for i, b in enumerate(blocks):
-        table.add_row(str(i), b.name, format_count(b.params), f"{fwd[i]:.3f}", f"{bwd[i]:.3f}", f"{saved[i]:.2f}", f"{out[i]:.2f}")
+        table.add_row(
+            str(i), b.name, format_count(b.params), f"{fwd[i]:.3f}", f"{bwd[i]:.3f}", f"{saved[i]:.2f}", f"{out[i]:.2f}"
+        )
     return table
 
 

@@ -28,7 +28,9 @@ def check_profile_of(model: str, kwargs: Mapping[str, object], profile_path: str
 
 def _traced(loaded: LoadedModel, prof: Profile) -> TracedModel:
     u = min(prof.micro_batch_sizes) if prof.micro_batch_sizes else 1
-    return trace_model(loaded.model, loaded.make_inputs(u), micro_batch_size=u, recipe=prof.recipe, source=loaded.spec.path)
+    return trace_model(
+        loaded.model, loaded.make_inputs(u), micro_batch_size=u, recipe=prof.recipe, source=loaded.spec.path
+    )
 
 
 def fingerprint_of(loaded: LoadedModel, prof: Profile) -> str:

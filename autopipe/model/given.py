@@ -79,7 +79,9 @@ def _checked_loss(fn: Callable[..., Any], source: Path) -> LossFn:
     return loss
 
 
-def _in_memory(model: nn.Module, example_inputs: Batch | None, loss_fn: Callable[..., Any] | None, example_targets: Batch | None) -> LoadedModel:
+def _in_memory(
+    model: nn.Module, example_inputs: Batch | None, loss_fn: Callable[..., Any] | None, example_targets: Batch | None
+) -> LoadedModel:
     if example_inputs is None:
         raise PlanError(
             f"example_inputs are needed to trace the {type(model).__name__} module: pass one batch or a function batch_size -> inputs"
@@ -97,7 +99,9 @@ def _in_memory(model: nn.Module, example_inputs: Batch | None, loss_fn: Callable
     )
 
 
-def _from_file(model: str | os.PathLike[str], kwargs: Mapping[str, object] | None, given: Mapping[str, object], device: str) -> LoadedModel:
+def _from_file(
+    model: str | os.PathLike[str], kwargs: Mapping[str, object] | None, given: Mapping[str, object], device: str
+) -> LoadedModel:
     text = os.fspath(model)
     spec = ModelSpec.parse(text, kwargs)
     for name, value in given.items():
@@ -126,9 +130,13 @@ def load_given(
 ) -> LoadedModel:
     if isinstance(model, nn.Module):
         if kwargs:
-            raise PlanError("kwargs are for a model file's factory, and model is a built nn.Module; drop kwargs or pass the model file's path")
+            raise PlanError(
+                "kwargs are for a model file's factory, and model is a built nn.Module; drop kwargs or pass the model file's path"
+            )
         return _in_memory(model, example_inputs, loss_fn, example_targets)
     if isinstance(model, (str, os.PathLike)):
         given = {"example_inputs": example_inputs, "loss_fn": loss_fn, "example_targets": example_targets}
         return _from_file(model, kwargs, given, device)
-    raise PlanError(f"model must be an nn.Module or a model file path ('path/to/model.py[:factory]'), not a {type(model).__name__}")
+    raise PlanError(
+        f"model must be an nn.Module or a model file path ('path/to/model.py[:factory]'), not a {type(model).__name__}"
+    )

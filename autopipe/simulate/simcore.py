@@ -103,7 +103,9 @@ def order(rows: Ints, offsets: Ints, home: Ints, m: int, has_w: bool) -> tuple[i
     return placed, out
 
 
-def _order(keys: list[int], stage: list[int], kind: list[int], off: list[int], home: list[int], m: int, out: Order) -> int:
+def _order(
+    keys: list[int], stage: list[int], kind: list[int], off: list[int], home: list[int], m: int, out: Order
+) -> int:
     n, ranks, per_stage = len(home), len(off) - 1, 3 * m
     position = [-1] * (n * per_stage)
     rank: list[int] = []
@@ -161,7 +163,15 @@ def _order(keys: list[int], stage: list[int], kind: list[int], off: list[int], h
 
 
 def run(
-    rank: Index, dur: Index, dep: Index, hop: Index, durations: Floats, comm: Floats, ranks: int, *, starts: bool = False
+    rank: Index,
+    dur: Index,
+    dep: Index,
+    hop: Index,
+    durations: Floats,
+    comm: Floats,
+    ranks: int,
+    *,
+    starts: bool = False,
 ) -> tuple[Floats, Floats, Floats, Floats]:
     """Simulate K candidates of one ordered schedule (:func:`order`'s ``rank``, ``dep``, ``hop``;
     ``dur[i]`` indexes a row of ``durations``, ``(K, D)`` (the planner's: :func:`memory`'s
@@ -175,7 +185,14 @@ def run(
     if _C is not None and native.enabled():
         _C.run(rank, dur, dep, hop, durations, comm, ranks, k, start, end, busy, iteration)
         return iteration, busy, start, end
-    columns = (rank.tolist(), dep[:, 0].tolist(), hop[:, 0].tolist(), dep[:, 1].tolist(), hop[:, 1].tolist(), dur.tolist())
+    columns = (
+        rank.tolist(),
+        dep[:, 0].tolist(),
+        hop[:, 0].tolist(),
+        dep[:, 1].tolist(),
+        hop[:, 1].tolist(),
+        dur.tolist(),
+    )
     for c in range(k):
         d, link = durations[c].tolist(), comm[c].tolist()
         st: list[float] = []

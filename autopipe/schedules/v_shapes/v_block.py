@@ -227,7 +227,9 @@ def _reorder(res: Slots, with_w: bool, m: int) -> Slots:
     grid[kept[:, 1], kept[:, 0]] = 1
     taken = [bytearray(grid[d, : size[d]].tobytes()) for d in range(S)]
     backs: list[list[int]] = [[] for _ in res]  # with_w: per device, placed B slots, sorted
-    moved: list[list[int]] = (np.concatenate((order[:turn], order[last + 1 :])) if with_w else order[last + 1 :]).tolist()
+    moved: list[list[int]] = (
+        np.concatenate((order[:turn], order[last + 1 :])) if with_w else order[last + 1 :]
+    ).tolist()
     kept_b = kept[(kept[:, 2] == 2) | (kept[:, 2] == 3)]  # in slot order
     for i, (s, d, t, k) in enumerate(moved):
         if with_w and i == turn:  # the kept Bs, after those of the warm-up
