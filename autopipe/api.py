@@ -219,7 +219,8 @@ def _check_profile_options(options: Mapping[str, object]) -> None:
             )
         if name in LINK_FIELDS or name.startswith("link_"):
             raise PlanError(
-                f"{name} describes the link: pass link=Link(...) (autopipe.api.Link: bandwidth, latency_s, action_overhead_s)"
+                f"{name} describes the link: pass link=Link(...) "
+                "(autopipe.api.Link: bandwidth, latency_s, action_overhead_s)"
             )
 
 
@@ -306,16 +307,19 @@ def emit(
         return emit_rebuilt(plan, folder, force=force, weights=weights, weights_format=weights_format)
     if not isinstance(model, nn.Module):
         raise PlanError(
-            f"model must be the nn.Module the plan was made for (or None: rebuild it from its model file), not a {type(model).__name__}"
+            "model must be the nn.Module the plan was made for (or None: rebuild it from its model file), "
+            f"not a {type(model).__name__}"
         )
     if example_inputs is None:
         raise PlanError(
-            f"emitting the {type(model).__name__} module needs example_inputs (one batch, or a function batch_size -> inputs) "
+            f"emitting the {type(model).__name__} module needs example_inputs (one batch, "
+            "or a function batch_size -> inputs) "
             f"to trace it at the plan's micro-batch size {plan.micro_batch_size}"
         )
     if weights and any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
         raise PlanError(
-            f"the {type(model).__name__} module is on the meta device, so it has no weights to write; pass weights=False"
+            f"the {type(model).__name__} module is on the meta device, so it has no weights to write; "
+            "pass weights=False"
         )
     check_samples("example_inputs", example_inputs, plan.micro_batch_size, "the plan's micro-batch size")
     inputs = maker(example_inputs)(plan.micro_batch_size)

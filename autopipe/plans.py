@@ -378,7 +378,8 @@ def check_plan_values(plan: Plan, source: str = "plan") -> None:
             raise bad(f"{name} is {value}, expected 1 to {most}")
     if plan.sequence_parallel and plan.tensor_parallel == 1:
         raise bad(
-            "sequence_parallel is true with tensor_parallel 1 (sequence parallelism splits a tensor-parallel group's work)"
+            "sequence_parallel is true with tensor_parallel 1 (sequence parallelism "
+            "splits a tensor-parallel group's work)"
         )
     if plan.hardware_flops < plan.model_flops:
         raise bad(
@@ -405,7 +406,8 @@ def check_plan_values(plan: Plan, source: str = "plan") -> None:
             raise bad(f"stage {i} is on device {st.rank}, but the {spec.name} schedule runs it on device {placed[i]}")
         if not st.blocks or not st.nodes or len(st.block_indices) != len(st.blocks):
             raise bad(
-                f"stage {i} has {len(st.blocks)} block(s), {len(st.block_indices)} block index(es) and {len(st.nodes)} node(s); "
+                f"stage {i} has {len(st.blocks)} block(s), {len(st.block_indices)} block index(es) "
+                f"and {len(st.nodes)} node(s); "
                 "every stage needs at least one block, with one index per block"
             )
         again = seen.intersection(st.block_indices)

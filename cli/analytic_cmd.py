@@ -93,7 +93,8 @@ def add_analytic_arguments(p: argparse.ArgumentParser) -> None:
         "--cluster",
         default=None,
         metavar="FILE",
-        help="with --gpus: JSON with devices_per_node, nvlink_bandwidth, network_bandwidth, nvlink_latency_s, network_latency_s (default: the device's)",
+        help="with --gpus: JSON with devices_per_node, nvlink_bandwidth, network_bandwidth, nvlink_latency_s, "
+        "network_latency_s (default: the device's)",
     )
 
 

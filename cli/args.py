@@ -122,7 +122,8 @@ def resolve_device(name: str | None) -> str:
         raise UsageError(f"--device {name} but this torch ({torch.__version__}) sees no CUDA device; use --device cpu")
     if kind == "cuda" and index and int(index) >= torch.cuda.device_count():
         raise UsageError(
-            f"--device {name} but only {torch.cuda.device_count()} CUDA device(s) are visible; use cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+            f"--device {name} but only {torch.cuda.device_count()} CUDA device(s) are visible; "
+            f"use cuda:0 to cuda:{torch.cuda.device_count() - 1}"
         )
     return name
 

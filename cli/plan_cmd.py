@@ -77,7 +77,8 @@ def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
         "--balance",
         default=None,
         metavar="N,N,...",
-        help="price your own split: blocks per chunk in chunk order (S entries; S x v with --schedule for interleaved/V "
+        help="price your own split: blocks per chunk in chunk order (S entries; "
+        "S x v with --schedule for interleaved/V "
         "schedules); the plan is your split, autopipe's best is shown beside it",
     )
     p.add_argument("--no-recompute", action="store_true", help="never recompute activations")
@@ -297,7 +298,8 @@ def _parallel_note(gpus: int, result: ParallelPlan) -> str:
     if result.pruned:
         many = "splits" if result.pruned > 1 else "split"
         lines.append(
-            f"{result.pruned} more {many} skipped: no plan of theirs can beat the runner-up (a bound, or their search against it)"
+            f"{result.pruned} more {many} skipped: no plan of theirs can beat the runner-up "
+            "(a bound, or their search against it)"
         )
     return "\n".join(lines)
 

@@ -46,7 +46,8 @@ def profile_table(profile: Profile) -> Table:
     """One row per block: index, name, params, fwd ms, bwd ms, saved MiB, out MiB (largest u)."""
     u = _largest(profile)
     table = Table(
-        title=f"{profile.model}: {profile.num_blocks} blocks, {profile.method} on {profile.device}, micro-batch size {u}",
+        title=f"{profile.model}: {profile.num_blocks} blocks, {profile.method} on {profile.device}, "
+        f"micro-batch size {u}",
         show_footer=True,
         title_justify="left",
     )

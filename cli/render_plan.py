@@ -91,7 +91,8 @@ def print_plan(plan: Plan, console: Console, timeline_rows: list[str] | None = N
     console.print(
         f"schedule [bold]{plan.schedule}[/]"
         + (f" (v={plan.virtual})" if plan.virtual > 1 else "")
-        + f", {plan.micro_batches} micro-batch{'es' if plan.micro_batches != 1 else ''} of {plan.micro_batch_size} (batch {plan.batch_size}); "
+        + f", {plan.micro_batches} micro-batch{'es' if plan.micro_batches != 1 else ''} of {plan.micro_batch_size} "
+        f"(batch {plan.batch_size}); "
         f"predicted iteration [bold]{_ms(plan.iteration_time_s)} ms[/], bubble {plan.bubble_fraction:.1%}, "
         f"{plan.throughput:.1f} samples/s"
     )

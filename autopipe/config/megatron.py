@@ -6,8 +6,8 @@ sets: the degrees (``--tensor-model-parallel-size``, ``--pipeline-model-parallel
 data-parallel size is what is left of the world size), the batch (``--micro-batch-size``,
 ``--global-batch-size`` = batch per pipeline x replicas), ``--num-layers``,
 ``--sequence-parallel``, ``--use-distributed-optimizer`` (ZeRO-1), the recompute arguments and
-the split, in the first of Megatron-Core's three forms that says it exactly (megatron/training/arguments.py ``validate_args`` and
-megatron/core/transformer/transformer_config.py allow exactly one):
+the split, in the first of Megatron-Core's three forms that says it exactly (megatron/training/arguments.py
+``validate_args`` and megatron/core/transformer/transformer_config.py allow exactly one):
 
 - even: every (virtual) stage has the same number of layers: just the sizes, plus
   ``--num-layers-per-virtual-pipeline-stage`` when interleaved;

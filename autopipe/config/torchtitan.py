@@ -2,7 +2,8 @@
 
 The TOML is in the format of torchtitan's last TOML release line, 0.2.x: the fields of
 ``torchtitan/config/job_config.py`` in v0.2.1 (its own ``ConfigManager`` reads these files).
-``[parallelism]`` gets the degrees, ``pipeline_parallel_schedule`` as ``torch.distributed.pipelining.get_schedule_class`` spells it
+``[parallelism]`` gets the degrees, ``pipeline_parallel_schedule`` as
+``torch.distributed.pipelining.get_schedule_class`` spells it
 (the schedule's torch class without ``Schedule``: ``1F1B``, ``Interleaved1F1B``,
 ``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``), the micro-batch size and
 ``module_fqns_per_model_part``: each stage's blocks, the user's module names, in stage order
@@ -132,8 +133,10 @@ def torchtitan_toml(
     mode, recompute_notes = _recompute(plan, deg)
     notes += recompute_notes
     lines = [
-        f"# torchtitan {TORCHTITAN_VERSION} job config (the fields of torchtitan/config/job_config.py, v0.2.1) for {plan.model}",
-        f"# autopipe plan: {plan.schedule}, t x p x d = {deg.tensor} x {deg.pipeline} x {deg.data} = {deg.world_size} GPUs, "
+        f"# torchtitan {TORCHTITAN_VERSION} job config (the fields of torchtitan/config/job_config.py, v0.2.1) "
+        f"for {plan.model}",
+        f"# autopipe plan: {plan.schedule}, "
+        f"t x p x d = {deg.tensor} x {deg.pipeline} x {deg.data} = {deg.world_size} GPUs, "
         f"{plan.micro_batches} micro-batch(es) of {plan.micro_batch_size}",
         "# [model] name/flavor and training.seq_len are the model's own: set them to the torchtitan model that is "
         "yours (the module names below are your model's)",

@@ -67,7 +67,8 @@ def calibrate(
     name = match_device(profile.device, device_files)
     if name is None:
         raise ProfileError(
-            f"profile device {profile.device!r} matches no catalogue entry; add one whose 'match' names it (--device-file)"
+            f"profile device {profile.device!r} matches no catalogue entry; add one whose 'match' names it "
+            "(--device-file)"
         )
     base = device_spec(name, device_files)
     recipe = profile.recipe

@@ -88,7 +88,8 @@ class DeviceSpec:
         if dtype == "fp16" and "bf16" in table:
             return table["bf16"]
         raise DeviceError(
-            f"device {self.name} gives no peak for {dtype}; add peak_flops.{dtype} to its entry (it has: {', '.join(table)})"
+            f"device {self.name} gives no peak for {dtype}; add peak_flops.{dtype} to its entry "
+            f"(it has: {', '.join(table)})"
         )
 
     def calibrated(self, compute_efficiency: float, memory_efficiency: float, op_overhead_s: float) -> DeviceSpec:
@@ -122,7 +123,8 @@ def _spec(name: str, raw: Mapping[str, Any], source: str) -> DeviceSpec:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise DeviceError(
             f"device {name!r} in {source} is incomplete ({type(e).__name__}: {e}); "
-            f"give peak_flops, memory_bytes, memory_bandwidth, nvlink_bandwidth, network_bandwidth (see {CATALOGUE_FILE})"
+            "give peak_flops, memory_bytes, memory_bandwidth, nvlink_bandwidth, network_bandwidth "
+            f"(see {CATALOGUE_FILE})"
         ) from None
     rates = (spec.memory_bytes, spec.memory_bandwidth, spec.nvlink_bandwidth, spec.network_bandwidth)
     effs = (spec.compute_efficiency, spec.memory_efficiency)
@@ -178,7 +180,8 @@ def device_spec(name: str, device_files: Sequence[str | Path] = ()) -> DeviceSpe
     if key == "cpu":
         return measure_cpu()
     raise DeviceError(
-        f"unknown device {name!r}; known devices: {', '.join(known_devices(device_files))} (add yours with --device-file)"
+        f"unknown device {name!r}; known devices: {', '.join(known_devices(device_files))} "
+        "(add yours with --device-file)"
     )
 
 

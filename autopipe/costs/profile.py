@@ -172,7 +172,8 @@ class Profile:
                 unknown = [n for n in b.nodes if n not in nodes]
                 what = f"node {unknown[0]!r}, which" if unknown else f"{b.name!r}, which"
                 raise ProfileError(
-                    f"{source}: block {i} holds {what} the model's block {i} ({name!r}) does not; profile the model again"
+                    f"{source}: block {i} holds {what} the model's block {i} ({name!r}) does not; "
+                    "profile the model again"
                 )
         if len(blocks) > self.num_blocks:
             raise ProfileError(
@@ -275,7 +276,8 @@ def _check(p: Profile, source: str) -> None:
     for t in p.tensors:
         if not -1 <= t.src < n or any(not t.src < d < n for d in t.dsts):
             raise ProfileError(
-                f"{source}: tensor {t.name!r} goes from block {t.src} to {list(t.dsts)}, but the blocks are 0 to {n - 1}; "
+                f"{source}: tensor {t.name!r} goes from block {t.src} to {list(t.dsts)}, but the blocks are "
+                f"0 to {n - 1}; "
                 "profile the model again"
             )
         if not all(math.isfinite(v) and v >= 0 for v in (t.bytes.intercept, t.bytes.slope)):

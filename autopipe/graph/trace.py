@@ -389,7 +389,8 @@ def _trace_failure(errors: list[tuple[str, BaseException]], source: Path | None)
     hint = (
         f"make the module whose forward breaks tracing a leaf, e.g. --leaf {module} (it then stays whole on one stage)"
         if module
-        else "make the module whose forward breaks tracing a leaf with --leaf ClassName (it then stays whole on one stage)"
+        else "make the module whose forward breaks tracing a leaf with --leaf ClassName "
+        "(it then stays whole on one stage)"
     )
     return TraceError(f"could not trace the model ({'; '.join(parts)}); {hint}")
 

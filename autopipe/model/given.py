@@ -50,7 +50,8 @@ def check_samples(name: str, batch: Batch | None, needed: int, what: str) -> Non
     available = batch_of(batch)
     if available is not None and needed > available:
         raise PlanError(
-            f"{name} holds {available} samples but {what} {needed} was asked; pass a larger batch or a function batch_size -> {name[8:]}"
+            f"{name} holds {available} samples but {what} {needed} was asked; pass a larger batch "
+            f"or a function batch_size -> {name[8:]}"
         )
 
 
@@ -84,7 +85,8 @@ def _in_memory(
 ) -> LoadedModel:
     if example_inputs is None:
         raise PlanError(
-            f"example_inputs are needed to trace the {type(model).__name__} module: pass one batch or a function batch_size -> inputs"
+            f"example_inputs are needed to trace the {type(model).__name__} module: pass one batch "
+            "or a function batch_size -> inputs"
         )
     if loss_fn is not None and not callable(loss_fn):
         raise PlanError(f"loss_fn must be a function (output, targets) -> Tensor, not a {type(loss_fn).__name__}")
@@ -114,8 +116,10 @@ def _from_file(
     if unwritable:
         k = unwritable[0]
         raise PlanError(
-            f"kwargs[{k!r}] is a {type(spec.kwargs[k]).__name__}, which a plan cannot record (only Python literals: numbers, "
-            "strings, bools, None, tuples, lists, dicts); pass literals the factory turns into objects, or pass the built nn.Module"
+            f"kwargs[{k!r}] is a {type(spec.kwargs[k]).__name__}, which a plan cannot record "
+            "(only Python literals: numbers, "
+            "strings, bools, None, tuples, lists, dicts); pass literals the factory turns into objects, "
+            "or pass the built nn.Module"
         )
     return load_model(text, spec.kwargs, device=device)
 
@@ -131,7 +135,8 @@ def load_given(
     if isinstance(model, nn.Module):
         if kwargs:
             raise PlanError(
-                "kwargs are for a model file's factory, and model is a built nn.Module; drop kwargs or pass the model file's path"
+                "kwargs are for a model file's factory, and model is a built nn.Module; drop kwargs "
+                "or pass the model file's path"
             )
         return _in_memory(model, example_inputs, loss_fn, example_targets)
     if isinstance(model, (str, os.PathLike)):

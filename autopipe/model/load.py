@@ -159,14 +159,18 @@ def _import_file(path: Path) -> ModuleType:
         )
     if path.suffix != ".py":
         raise ModelLoadError(
-            f"{shown} is not a Python file; a model file is a .py file defining {DEFAULT_FACTORY}() and example_inputs()"
+            f"{shown} is not a Python file; a model file is a .py file defining "
+            f"{DEFAULT_FACTORY}() and example_inputs()"
         )
     resolved = path.resolve()
     try:
         source = resolved.read_bytes()
     except OSError as e:
         raise ModelLoadError(f"cannot read model file {shown}: {e.strerror or e}") from e
-    not_python = f"{shown} is not Python source (a binary file?); a model file is a .py file defining {DEFAULT_FACTORY}() and example_inputs()"
+    not_python = (
+        f"{shown} is not Python source (a binary file?); a model file is a .py file "
+        f"defining {DEFAULT_FACTORY}() and example_inputs()"
+    )
     if b"\x00" in source:
         raise ModelLoadError(not_python)
     try:
@@ -300,7 +304,8 @@ def _batch_maker(
         out = _call_user(fn, f"{name}({batch_size})", path, batch_size, **bound)
         if out is None:
             raise ModelLoadError(
-                f"{name}({batch_size}) in {path} returned None; return a Tensor, a tuple of positional inputs or a dict of keyword inputs"
+                f"{name}({batch_size}) in {path} returned None; return a Tensor, a tuple of positional inputs "
+                "or a dict of keyword inputs"
             )
         if check_batch:
             wrong = [t for t in _tensor_leaves(out) if t.dim() >= 1 and t.shape[0] != batch_size]
@@ -381,7 +386,8 @@ def _data_maker(fn: Callable[..., Any], path: Path, kwargs: Mapping[str, object]
         data = _call_user(fn, f"train_data({batch_size})", path, batch_size, **bound)
         if not isinstance(data, Iterable):
             raise ModelLoadError(
-                f"train_data({batch_size}) in {path} returned a {type(data).__name__}; return an iterable of (inputs, targets) batches"
+                f"train_data({batch_size}) in {path} returned a {type(data).__name__}; return an iterable "
+                "of (inputs, targets) batches"
             )
         return data
 
@@ -402,7 +408,8 @@ def check_model_runs(loaded: LoadedModel, batch_size: int) -> None:
             output = call_model(loaded.model, inputs)
         except Exception as e:
             raise ModelLoadError(
-                f"the model rejected its example inputs (input shapes: {describe_inputs(inputs)}): {exception_summary(e, path)}"
+                f"the model rejected its example inputs (input shapes: {describe_inputs(inputs)}): "
+                f"{exception_summary(e, path)}"
             ) from e
         except SystemExit as e:
             raise ModelLoadError(

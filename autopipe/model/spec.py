@@ -85,7 +85,8 @@ class ModelSpec:
             path, factory = head, tail.strip()
             if not factory.isidentifier():
                 raise ModelLoadError(
-                    f"factory name {factory!r} in {text!r} is not a Python identifier; write MODEL.py or MODEL.py:function_name"
+                    f"factory name {factory!r} in {text!r} is not a Python identifier; write MODEL.py "
+                    "or MODEL.py:function_name"
                 )
         if not path:
             raise ModelLoadError(f"no model file in {text!r}; write path/to/model.py[:factory]")

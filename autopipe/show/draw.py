@@ -149,8 +149,8 @@ class Canvas:
 def draw_timeline(
     plan: Plan, timeline: Timeline, path: str | Path, costs: list[StageCost] | None = None, shown: Frame | None = None
 ) -> Canvas:
-    """Write the Gantt chart of ``timeline`` to ``path`` (.png or .svg) and say where its parts are; ``costs`` (the stage costs
-    it was simulated with) add the memory panel; ``shown`` is :func:`plan_frame`'s, if made already."""
+    """Write the Gantt chart of ``timeline`` to ``path`` (.png or .svg) and say where its parts are; ``costs``
+    (the stage costs it was simulated with) add the memory panel; ``shown`` is :func:`plan_frame`'s, if made already."""
     p = Path(path)
     if p.suffix.lower() not in (".png", ".svg"):
         raise AutopipeError(f"--timeline {p}: use a .png or .svg file name")
@@ -172,7 +172,8 @@ def draw_timeline(
     _axes(ax, f, S, scale, unit, _row_names(plan, row))
     elided = f" (warm-up, steady state and cool-down; {sum(f.elided):,} actions elided)" if f.elided else ""
     ax.set_title(
-        f"{plan.schedule}, {S} devices x {plan.virtual}{_shape_words(plan)}, m={plan.micro_batches}: predicted iteration "
+        f"{plan.schedule}, {S} devices x {plan.virtual}{_shape_words(plan)}, m={plan.micro_batches}: "
+        "predicted iteration "
         f"{timeline.iteration_s * scale:.4g} {unit}, bubble {timeline.bubble_fraction:.1%}{elided}",
         fontsize=10,
     )

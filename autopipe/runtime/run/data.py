@@ -77,7 +77,8 @@ class BatchSource:
             except StopIteration:
                 if self._in_epoch == 0:
                     raise ModelLoadError(
-                        f"train_data({self.batch_size}) in {self.loaded.spec.path} yielded no batches; yield at least one (inputs, targets) pair"
+                        f"train_data({self.batch_size}) in {self.loaded.spec.path} yielded no batches; "
+                        "yield at least one (inputs, targets) pair"
                     ) from None
                 if self._next_step == self._in_epoch:
                     self.note(f"train_data() ended after {self._in_epoch} batches; starting it again (cycling)")
@@ -91,14 +92,16 @@ class BatchSource:
         where = f"batch {self._next_step} of train_data() in {self.loaded.spec.path}"
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise ModelLoadError(
-                f"{where} is a {type(item).__name__}; yield (inputs, targets) pairs (targets None when loss_fn takes only the output)"
+                f"{where} is a {type(item).__name__}; yield (inputs, targets) pairs (targets None "
+                "when loss_fn takes only the output)"
             )
         inputs, targets = item
         for what, value in (("inputs", inputs), ("targets", targets)):
             leaves = [t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor) and t.dim() > 0]
             if leaves and leaves[0].shape[0] != self.batch_size:
                 raise ModelLoadError(
-                    f"{where} has {leaves[0].shape[0]} samples in its {what}, the plan's batch size is {self.batch_size}; "
+                    f"{where} has {leaves[0].shape[0]} samples in its {what}, the plan's batch size "
+                    f"is {self.batch_size}; "
                     "yield batches of batch_size (a DataLoader: drop_last=True)"
                 )
         return inputs, targets

@@ -192,7 +192,8 @@ def check_launch(o: RunOptions, plan: Plan) -> None:
 
         if not schedule_spec(plan.schedule).torch_class:  # v-half, v-min
             raise RunOptionError(
-                f"{plan.schedule} has no torch.distributed.pipelining schedule; run it with autopipe's executor (--engine autopipe)"
+                f"{plan.schedule} has no torch.distributed.pipelining schedule; run it with autopipe's executor "
+                "(--engine autopipe)"
             )
     if o.device == "cuda":
         import torch
@@ -241,7 +242,8 @@ def _check_save_folder(folder: str) -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise RunOptionError(
-            f"--save-checkpoint {_shown(folder)}: {_shown(str(existing))} is a file, so no folder can be made under it; "
+            f"--save-checkpoint {_shown(folder)}: {_shown(str(existing))} is a file, "
+            "so no folder can be made under it; "
             "give another folder"
         )
     try:  # writing is the only true test of writable (permissions, read-only mounts, root)

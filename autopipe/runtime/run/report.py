@@ -8,7 +8,8 @@ iteration to the last action's end on the slowest rank), bubble fraction
 per-rank peak memory (measured: see :mod:`autopipe.runtime.meters`; ``memory_kind`` says how).
 The first step is a warm-up and is left out when there are more. The torch engine records no
 actions: its stage rows are blank and its iteration is the whole step. :func:`summary` is
-``autopipe run --json``'s object; :func:`write_loss_plot` draws the losses (matplotlib). ``chrome_trace`` writes what happened as a Chrome / Perfetto
+``autopipe run --json``'s object; :func:`write_loss_plot` draws the losses (matplotlib). ``chrome_trace``
+writes what happened as a Chrome / Perfetto
 trace: one row per rank, one event per action and one per wait for its messages.
 """
 

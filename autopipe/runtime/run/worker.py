@@ -156,7 +156,10 @@ def train_rank(
         peak, kind = meter.stop(sum(p.numel() * p.element_size() for p in params))
     else:
         peak = static + max((it.peak_activation_bytes for it in iterations), default=0)
-        kind = "cpu count (thread ranks share one process): parameters + gradients + optimizer state + peak saved activations"
+        kind = (
+            "cpu count (thread ranks share one process): parameters + gradients "
+            "+ optimizer state + peak saved activations"
+        )
     if options.save_checkpoint:
         names = checkpoint.aliases(rb.loaded.model)
         checkpoint.save_rank(options.save_checkpoint, rank, pipe.stages, optimizer, done + options.steps, names)

@@ -29,7 +29,8 @@ runs all passes of one slot at once;
 :func:`lists` runs them for ``m = 2S`` and ``2S+1`` once per block, which shows where one
 more micro-batch's six passes go, and tiles them in with numpy for any larger ``m`` (tens of
 nanoseconds per action; the same lists as running the steps for ``m``, checked in
-tests/schedules/v_shapes/test_v_block.py). The authors' code was read, not run or copied. Fewer than ``2S`` micro-batches are refused
+tests/schedules/v_shapes/test_v_block.py). The authors' code was read, not run or copied.
+Fewer than ``2S`` micro-batches are refused
 (:func:`check`): below it the reordered warm-up and cool-down overlap and the bubble has no
 closed form (the authors' own search, ``v_auto_schedule.py``, pads to ``2S`` as well).
 """
