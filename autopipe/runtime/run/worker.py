@@ -152,22 +152,9 @@ def train_rank(
         iterations.append(replace(it, step_s=time.perf_counter() - it.start_time))
         progress("step")(f"{k} {loss!r}")
     static = state_bytes(params, optimizer)
-    if process_memory or device.type == "cuda":
-        peak, kind = meter.stop(sum(p.numel() * p.element_size() for p in params))
-    else:
-        peak = static + max((it.peak_activation_bytes for it in iterations), default=0)
-        kind = (
-            "cpu count (thread ranks share one process): parameters + gradients "
-            "+ optimizer state + peak saved activations"
-        )
+    peak, kind = _peak(meter, params, static, iterations, process_memory or device.type == "cuda")
     if options.save_checkpoint:
-        names = checkpoint.aliases(rb.loaded.model)
-        checkpoint.save_rank(options.save_checkpoint, rank, pipe.stages, optimizer, done + options.steps, names)
-        pipe.comm.barrier()
-        if rank == 0:
-            checkpoint.write_meta(
-                options.save_checkpoint, plan.recipe.fingerprint, done + options.steps, len(plan.stages)
-            )
+        _save(plan, rank, pipe, optimizer, done + options.steps, rb, options.save_checkpoint)
     data = source.kind if source is not None else ("train_data" if rb.loaded.make_train_data else "example_inputs")
     return RankResult(
         rank,
@@ -180,6 +167,29 @@ def train_rank(
         options.engine,
         data,
     )
+
+
+def _peak(
+    meter: PeakMemory, params: list[torch.nn.Parameter], static: int, iterations: list[IterationResult], measured: bool
+) -> tuple[int, str]:
+    """The rank's peak memory and how it was found: measured for a process of its own (or on a
+    GPU); counted as the planner counts it for thread ranks, which share one process."""
+    if measured:
+        return meter.stop(sum(p.numel() * p.element_size() for p in params))
+    peak = static + max((it.peak_activation_bytes for it in iterations), default=0)
+    return peak, (
+        "cpu count (thread ranks share one process): parameters + gradients + optimizer state + peak saved activations"
+    )
+
+
+def _save(
+    plan: Plan, rank: int, pipe: Pipeline, optimizer: torch.optim.Optimizer, steps: int, rb: Rebuilt, folder: str
+) -> None:
+    """Write this rank's checkpoint stage files; rank 0 writes the run's metadata once all have."""
+    checkpoint.save_rank(folder, rank, pipe.stages, optimizer, steps, checkpoint.aliases(rb.loaded.model))
+    pipe.comm.barrier()
+    if rank == 0:
+        checkpoint.write_meta(folder, plan.recipe.fingerprint, steps, len(plan.stages))
 
 
 def _progress(rank: int, path: str | None) -> Callable[[str], Callable[[str], None]]:
