@@ -71,6 +71,10 @@ __all__ = ["solve_fast"]
 
 Ints = NDArray[np.int64]
 
+BISECT_GAP = 1e-12
+"""Below this gap (relative to the bracket's top) the bisection probes the next float down
+instead of the midpoint; ``_probe.c`` mirrors it as ``#define BISECT_GAP`` (a test checks)."""
+
 
 def _load() -> ModuleType | None:
     try:
@@ -346,7 +350,7 @@ def _bisect(probe: Callable[[float], _Found | None], lo: float, best: _Found, to
     hi = best.worst
     while hi - lo > tolerance * hi:  # halving the ratio first while it is over 2, then the gap
         mid = (lo * math.sqrt(hi / lo) if hi > 2 * lo > 0
-               else lo + (hi - lo) / 2 if hi - lo > 1e-12 * hi else math.nextafter(hi, -math.inf))
+               else lo + (hi - lo) / 2 if hi - lo > BISECT_GAP * hi else math.nextafter(hi, -math.inf))
         if not lo < mid < hi:
             return best
         found = probe(mid)

@@ -1,4 +1,4 @@
-from autopipe.planner._recent import Recent
+from autopipe.partition.memo import Recent
 
 
 def test_a_kept_answer_is_found_by_the_same_objects_and_an_equal_value() -> None:
