@@ -36,6 +36,12 @@ search has found, so the plan is never slower than any one searched schedule's p
 schedule's own (``ScheduleSpec.placement``: round-robin, V); nothing here assumes either. On
 small models with skip connections the ILP may then place blocks freely (not only in
 contiguous ranges).
+
+Which kernel cuts a problem, and whether the ILP places blocks freely, is one function,
+:func:`choose_solvers`; an ILP solver that cannot start leaves the plan as the search has it,
+with one note on the ``autopipe`` logger. What the search reuses (per micro-batch size: the
+block times and partition numbers and what the kernels keep of them; the compiled schedules)
+lives in the :class:`~autopipe.planner.context.SearchContext` each search makes afresh.
 """
 
 from __future__ import annotations
