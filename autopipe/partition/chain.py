@@ -148,7 +148,7 @@ def _blocks_of(p: PartitionProblem) -> _Blocks:
     if p.memo is None or not p.memo.owns(p):
         return _Blocks(p)
     rest = (p.link_latency_s, p.link_bandwidth, p.recompute != "never")
-    hit = p.memo.chain.get(rest)
+    hit: _Blocks | None = p.memo.chain.get(rest)
     if hit is None:
         hit = p.memo.chain[rest] = _Blocks(p)
     return hit

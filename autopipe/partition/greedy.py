@@ -71,9 +71,7 @@ __all__ = ["solve_fast"]
 
 Ints = NDArray[np.int64]
 
-BISECT_GAP = 1e-12
-"""Below this gap (relative to the bracket's top) the bisection probes the next float down
-instead of the midpoint; ``_probe.c`` mirrors it as ``#define BISECT_GAP`` (a test checks)."""
+BISECT_GAP = 1e-12  # below this gap (relative) the bisection probes the next float down; _probe.c mirrors it
 
 
 def _load() -> ModuleType | None:

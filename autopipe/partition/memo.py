@@ -12,15 +12,7 @@ block tuples it first served (:meth:`BlockMemo.owns`; tuples cannot change).
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Generic, TypeVar
-
-if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
-
-    from autopipe.partition.chain import _Blocks
-    from autopipe.partition.problem import PartitionProblem, StageStats
-    from autopipe.partition.stage_sums import Flat
+from typing import Any, Generic, Protocol, TypeVar
 
 __all__ = ["BlockMemo", "Recent"]
 
@@ -50,18 +42,34 @@ class Recent(Generic[V]):
         return value
 
 
+class _Blocks(Protocol):
+    """What :meth:`BlockMemo.owns` reads of a problem."""
+
+    @property
+    def time_s(self) -> tuple[float, ...]: ...
+    @property
+    def recompute_s(self) -> tuple[float, ...]: ...
+    @property
+    def static_bytes(self) -> tuple[float, ...]: ...
+    @property
+    def activation_bytes(self) -> tuple[float, ...]: ...
+    @property
+    def tensors(self) -> tuple[Any, ...]: ...
+
+
 class BlockMemo:
     """One set of blocks' kept answers (see the module docstring); made by the caller."""
 
     def __init__(self) -> None:
         self._blocks: tuple[object, ...] | None = None
         self.checked = False  # the per-block numbers passed the problem's check
-        self.flat: Flat | None = None  # stage_sums' arrays of the blocks
-        self.chain: dict[tuple[float, float, bool], _Blocks] = {}  # solve_chain's sums, by link and mode
-        self.stats: Recent[StageStats] = Recent(8)  # stage_stats of the last few (problem, assignment)
-        self.memory_prefix: tuple[npt.NDArray[np.float64], ...] | None = None  # static, activation prefix sums
+        # Each slot is typed where it is read (this module imports none of its readers: no circle).
+        self.flat: Any = None  # stage_sums.Flat: the blocks' arrays
+        self.chain: dict[tuple[float, float, bool], Any] = {}  # chain._Blocks: solve_chain's sums, by link and mode
+        self.stats: Recent[Any] = Recent(8)  # problem.StageStats of the last few (problem, assignment)
+        self.memory_prefix: Any = None  # planner.bounds: static and activation prefix sums
 
-    def owns(self, p: PartitionProblem) -> bool:
+    def owns(self, p: _Blocks) -> bool:
         """Whether this memo serves ``p``: its per-block tuples are the very ones of the first
         problem it served (and they are tuples: what cannot change)."""
         blocks = (p.time_s, p.recompute_s, p.static_bytes, p.activation_bytes, p.tensors)

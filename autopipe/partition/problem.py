@@ -45,7 +45,7 @@ import numpy.typing as npt
 
 from autopipe.errors import PlanError
 from autopipe.partition.memo import BlockMemo
-from autopipe.partition.stage_sums import flat_of, stage_sums
+from autopipe.partition.stage_sums import Flat, flat_of, stage_sums
 
 __all__ = ["EPS", "SCREEN_SLACK", "Edge", "Partition", "PartitionProblem", "evaluate", "memory_cap", "memory_fits"]
 
@@ -232,7 +232,7 @@ def stage_stats(p: PartitionProblem, stage_of_block: Sequence[int]) -> StageStat
     memo = p.memo if p.memo is not None and p.memo.owns(p) else None
     if memo is None:
         return _stage_stats(p, key)
-    hit = memo.stats.get((p,), key)
+    hit: StageStats | None = memo.stats.get((p,), key)
     return memo.stats.put((p,), key, _stage_stats(p, key)) if hit is None else hit
 
 
@@ -248,6 +248,7 @@ def _stage_stats(p: PartitionProblem, stage_of_block: tuple[int, ...]) -> StageS
         return _stage_stats_py(p, stage_of_block)
     blocks = (p.time_s, p.recompute_s, p.static_bytes, p.activation_bytes)
     memo = p.memo if p.memo is not None and p.memo.owns(p) else None
+    flat: Flat
     if memo is None:
         flat = flat_of(blocks, p.tensors)
     elif memo.flat is None:

@@ -132,7 +132,8 @@ def _memory_prefix(problem: PartitionProblem) -> tuple[npt.NDArray[np.float64], 
     every decision at one micro-batch size shares them)."""
     memo = problem.memo if problem.memo is not None and problem.memo.owns(problem) else None
     if memo is not None and memo.memory_prefix is not None:
-        return memo.memory_prefix
+        kept: tuple[npt.NDArray[np.float64], ...] = memo.memory_prefix
+        return kept
     sums = tuple(np.concatenate(([0.0], np.cumsum(x))) for x in (problem.static_bytes, problem.activation_bytes))
     if memo is not None:
         memo.memory_prefix = sums

@@ -88,7 +88,8 @@ def memory_rows(name: str, devices: int, micro_batches: int, virtual: int, sched
     key = (name, devices, micro_batches, virtual)
     if key not in schedules.rows:
         schedules.rows[key] = _memory_rows(schedules, *key)
-    return schedules.rows[key]
+    rows: tuple[DeviceRows, ...] | None = schedules.rows[key]
+    return rows
 
 
 def _memory_rows(schedules: Schedules, name: str, devices: int, micro_batches: int, virtual: int) -> tuple[DeviceRows, ...] | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -29,9 +29,6 @@ from autopipe.simulate.events import (
     compile_lists,
     simulate_summary,
 )
-
-if TYPE_CHECKING:
-    from autopipe.planner.exact import DeviceRows
 
 __all__ = ["BlockTimes", "Candidate", "Decision", "Priced", "Schedules", "candidate", "compiled", "costs_of", "fits", "micro_batch_size", "price"]
 
@@ -81,7 +78,7 @@ class Schedules:
 
     def __init__(self) -> None:
         self._compiled: dict[tuple[str, int, int, int], CompiledSchedule] = {}
-        self.rows: dict[tuple[str, int, int, int], tuple[DeviceRows, ...] | None] = {}
+        self.rows: dict[tuple[str, int, int, int], Any] = {}  # exact.memory_rows (typed there: no import circle)
         self.placement: dict[tuple[str, int, int], tuple[npt.NDArray[np.int64], ...]] = {}
         self.cuts: dict[tuple[int, int], npt.NDArray[np.int64]] = {}
 
