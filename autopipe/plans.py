@@ -22,6 +22,7 @@ from typing import Any
 from autopipe._io import atomic_write_text
 from autopipe.errors import PlanFileError
 from autopipe.graph.recipe import TraceRecipe
+from autopipe.modes import Recompute
 from autopipe.schedules.registry import schedule_names, schedule_spec
 
 __all__ = ["MAX_BATCH_SIZE", "MAX_DEVICES", "MAX_MICRO_BATCHES", "MAX_REPLICAS", "MAX_TENSOR_PARALLEL", "PLAN_VERSION", "Alternative", "Baseline", "Plan", "StagePlan", "check_plan_values"]
@@ -93,7 +94,7 @@ class Plan:
     memory_limit_bytes: float  # per device
     link_bandwidth: float  # bytes/s
     link_latency_s: float
-    recompute_policy: str
+    recompute_policy: Recompute  # auto, never or always, as asked
     stages: tuple[StagePlan, ...]
     iteration_time_s: float
     bubble_fraction: float
@@ -267,6 +268,10 @@ def _value(v: Any, kind: str, where: str, source: str) -> Any:
         except UnicodeEncodeError:
             raise _bad(source, where, v, "text (it holds a lone surrogate)") from None
         return v
+    if kind == "Recompute":
+        if v not in Recompute._value2member_map_:
+            raise _bad(source, where, v, f"one of {', '.join(m.value for m in Recompute)}")
+        return Recompute(v)
     raise AssertionError(f"no reader for a field of type {kind}")  # a new field type: add it above
 
 

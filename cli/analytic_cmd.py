@@ -21,8 +21,7 @@ from .args import int_list, output_path, positive_int, split_names
 from .progress import ProgressCallback
 
 if TYPE_CHECKING:
-    from autopipe.costs.analytic import ModelCounts
-    from autopipe.costs.devices import DeviceSpec
+    from autopipe.api import DeviceSpec, ModelCounts
 
 __all__ = [
     "AnalyticOptions",
@@ -58,11 +57,9 @@ def wants_analytic(device: str | None, analytic: bool) -> bool:
 
 def device_for(device: str | None, device_files: Sequence[str], calibration: str | None) -> DeviceSpec:
     """The catalogue device ``--device`` names (this CPU for --analytic), with its calibration."""
-    from autopipe.costs.calibrate import stored_calibration
-    from autopipe.costs.devices import device_spec
+    from autopipe.api import catalogue_device
 
-    spec = device_spec((device or "cpu").partition(":")[0], device_files)
-    return stored_calibration(spec, calibration)
+    return catalogue_device((device or "cpu").partition(":")[0], device_files, calibration)
 
 
 @dataclass(frozen=True)
@@ -71,7 +68,7 @@ class AnalyticOptions:
 
     micro_batch_sizes: tuple[int, ...] | None  # None: ANALYTIC_MICRO_BATCH_SIZES
     dtype: str | None  # None: the device's default (defaults.default_dtype)
-    tracer: str
+    tracer: str  # a Tracer's text: auto, fx or export
     leaf_modules: tuple[str, ...]
     max_blocks: int | None
 
@@ -90,14 +87,10 @@ def analytic_counts_for_plan(
     model: str, kwargs: list[str], spec: DeviceSpec, options: AnalyticOptions, progress: ProgressCallback | None = None
 ) -> ModelCounts:
     """MODEL (``-k`` ``kwargs``) built on meta and counted (not yet priced), telling ``progress``."""
-    if progress is not None:
-        progress(f"loading {model} on the meta device", 0, 0)
-    from autopipe.graph.recipe import TraceRecipe
-    from autopipe.model.load import parse_kwargs
-    from autopipe.planner.cluster import count_for_plan
+    from autopipe.api import Tracer, TraceRecipe, count, parse_kwargs
 
-    recipe = TraceRecipe(tracer=options.tracer, leaf_modules=options.leaf_modules, max_blocks=options.max_blocks)
-    return count_for_plan(
+    recipe = TraceRecipe(tracer=Tracer(options.tracer), leaf_modules=options.leaf_modules, max_blocks=options.max_blocks)
+    return count(
         model, parse_kwargs(kwargs), spec, micro_batch_sizes=options.micro_batch_sizes, dtype=options.dtype,
         recipe=recipe, progress=progress,
     )  # fmt: skip
@@ -116,8 +109,7 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:  # type:
 
 
 def cmd_calibrate(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from autopipe.costs.calibrate import calibrate, save_calibration
-    from autopipe.costs.profile import Profile
+    from autopipe.api import Profile, calibrate, save_calibration
 
     target = output_path(args.output, "--output") if args.output else None
     cal = calibrate(Profile.load(args.profile), device_files=args.device_file)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from autopipe.modes import Tracer
+
 from .args import UsageError, int_list, non_negative_int, positive_int, resolve_device, split_names
 
 __all__ = ["MEASURE_DEVICE_HELP", "ProfilingOptions", "add_model_arguments", "add_profiling_arguments", "profiling_options"]
@@ -51,7 +53,7 @@ class ProfilingOptions:
     """The profiling flags, checked: what the measured profiler is called with."""
 
     micro_batch_sizes: tuple[int, ...]  # ascending, each at most the batch size
-    tracer: str  # "auto" | "fx" | "export"
+    tracer: Tracer
     leaf_modules: tuple[str, ...]  # --leaf, split at commas
     max_blocks: int | None  # --blocks
     warmup: int
@@ -74,7 +76,7 @@ def profiling_options(args: argparse.Namespace, batch_size: int, default_sizes: 
             )
     return ProfilingOptions(
         micro_batch_sizes=sizes,
-        tracer=args.tracer,
+        tracer=Tracer(args.tracer),
         leaf_modules=split_names(args.leaf),
         max_blocks=positive_int(args.blocks, "--blocks") if args.blocks is not None else None,
         warmup=non_negative_int(args.warmup, "--warmup"),

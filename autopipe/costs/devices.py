@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autopipe.errors import AutopipeError
+from autopipe.errors import InputError
 
 __all__ = [
     "CATALOGUE_FILE",
@@ -55,7 +55,7 @@ CLUSTER_KEYS = {  # --cluster FILE's keys -> (solve.parallel.Cluster field, what
 }
 
 
-class DeviceError(AutopipeError):
+class DeviceError(InputError):
     """An unknown device name, or a device file that cannot be read."""
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autopipe.errors import AutopipeError, RunOptionError
+from autopipe.modes import Engine
 from autopipe.units import parse_duration
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class RunOptions:
     save_checkpoint: str | None = None  # folder written after the last step
     resume: str | None = None  # folder to continue from
     model_base: str | None = None  # where to look for a relative model_file besides the cwd (the plan's folder)
-    engine: str = "autopipe"  # "autopipe" (the built-in executor) or "torch" (torch.distributed.pipelining)
+    engine: Engine = Engine.AUTOPIPE  # autopipe (the built-in executor) or torch (torch.distributed.pipelining)
     progress_file: str | None = None  # rank 0 appends its notes and per-step losses here (autopipe run)
 
 
@@ -110,7 +111,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         save_checkpoint=args.save_checkpoint,
         resume=args.resume,
         model_base=str(Path(args.plan).resolve().parent),
-        engine=args.engine,
+        engine=Engine(args.engine),
         progress_file=args.progress_file,
     )
     check_options(options)
