@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from autopipe.partition.problem import EPS, PartitionProblem
+from autopipe.partition.problem import PartitionProblem, memory_cap
 
 __all__ = ["InBytes", "in_bytes_diff", "in_bytes_matrix", "position_comm", "prefix", "range_sums", "stage_caps", "stage_kinds"]
 
@@ -124,8 +124,9 @@ def position_comm(p: PartitionProblem) -> tuple[Floats, Floats]:
 
 
 def stage_caps(p: PartitionProblem) -> Floats:
-    """Per stage, the largest memory that still fits (the limit with the relative EPS)."""
-    return np.asarray(p.stage_memory_limit, dtype=np.float64) * (1.0 + EPS)
+    """Per stage, the largest memory that still fits (:func:`~autopipe.partition.problem.memory_cap`:
+    the limit with the relative EPS; the C probe compares with these caps as given)."""
+    return memory_cap(np.asarray(p.stage_memory_limit, dtype=np.float64))
 
 
 def stage_kinds(p: PartitionProblem) -> tuple[list[tuple[float, float]], list[int]]:

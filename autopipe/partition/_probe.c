@@ -19,6 +19,11 @@
 #include "_native.h"
 #include <math.h>
 #include <stdint.h>
+
+/* Mirrors autopipe.partition.greedy.BISECT_GAP (tests/partition/test_greedy.py checks they
+ * agree). The memory caps come in as computed by autopipe.partition.problem.memory_cap (the
+ * tolerance EPS applied in Python; nothing here adds another). */
+#define BISECT_GAP 1e-12
 #include <string.h>
 
 typedef struct {
@@ -221,7 +226,7 @@ pr_solve(PyObject *self, PyObject *args)
     }
     while (hi - lo > tolerance * hi) { /* _bisect */
         double mid = hi > 2 * lo && 2 * lo > 0 ? lo * sqrt(hi / lo)
-                     : hi - lo > 1e-12 * hi   ? lo + (hi - lo) / 2
+                     : hi - lo > BISECT_GAP * hi ? lo + (hi - lo) / 2
                                               : nextafter(hi, -INFINITY);
         if (!(lo < mid && mid < hi))
             break;

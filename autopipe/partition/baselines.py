@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 
@@ -34,7 +33,6 @@ def baseline_assignment(name: str, params: tuple[float, ...], times: Sequence[fl
     return contiguous_assignment(bounds, n)
 
 
-@functools.lru_cache(maxsize=64)
 def _min_max_split(weights: tuple[float, ...], S: int) -> tuple[int, ...]:
     """Contiguous split minimising the largest part (DeepSpeed's 'parameters' method)."""
     n = len(weights)

@@ -40,7 +40,6 @@ from autopipe.partition.problem import (
     contiguous_assignment,
     evaluate,
 )
-from autopipe.planner._recent import Recent
 
 __all__ = ["solve_chain"]
 
@@ -143,15 +142,16 @@ class _Blocks:
             width = min(n, 2 * width)
 
 
-_RECENT: Recent[_Blocks] = Recent(8)
-
-
 def _blocks_of(p: PartitionProblem) -> _Blocks:
-    """The kept :class:`_Blocks` of ``p``'s blocks (the same tuples, by identity)."""
-    blocks = (p.time_s, p.recompute_s, p.static_bytes, p.activation_bytes, p.tensors)
+    """The :class:`_Blocks` of ``p``'s blocks, kept in ``p.memo`` when it has one (its answers
+    serve every problem on the same blocks and links)."""
+    if p.memo is None or not p.memo.owns(p):
+        return _Blocks(p)
     rest = (p.link_latency_s, p.link_bandwidth, p.recompute != "never")
-    hit = _RECENT.get(blocks, rest)
-    return _RECENT.put(blocks, rest, _Blocks(p)) if hit is None else hit
+    hit: _Blocks | None = p.memo.chain.get(rest)
+    if hit is None:
+        hit = p.memo.chain[rest] = _Blocks(p)
+    return hit
 
 
 def _bottleneck(p: PartitionProblem, band: _Band, comm: Floats, tables: list[tuple[Floats, Bools]]) -> float:

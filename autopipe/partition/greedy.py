@@ -70,6 +70,8 @@ __all__ = ["solve_fast"]
 
 Ints = NDArray[np.int64]
 
+BISECT_GAP = 1e-12  # below this gap (relative) the bisection probes the next float down; _probe.c mirrors it
+
 
 _NATIVE = native.load(native.PROBE)  # None where not built: the Python probe below
 
@@ -337,7 +339,7 @@ def _bisect(probe: Callable[[float], _Found | None], lo: float, best: _Found, to
     hi = best.worst
     while hi - lo > tolerance * hi:  # halving the ratio first while it is over 2, then the gap
         mid = (lo * math.sqrt(hi / lo) if hi > 2 * lo > 0
-               else lo + (hi - lo) / 2 if hi - lo > 1e-12 * hi else math.nextafter(hi, -math.inf))
+               else lo + (hi - lo) / 2 if hi - lo > BISECT_GAP * hi else math.nextafter(hi, -math.inf))
         if not lo < mid < hi:
             return best
         found = probe(mid)

@@ -33,17 +33,18 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from autopipe.errors import PlanError
 from autopipe.partition.min_memory import infeasible_error
 from autopipe.partition.problem import (
-    EPS,
+    Edge,
     Partition,
     PartitionProblem,
     evaluate,
+    memory_cap,
     stage_stats,
 )
 
 if TYPE_CHECKING:
     import pulp  # imported where a model is built: planning a chain never loads it
 
-__all__ = ["solve_ilp"]
+__all__ = ["SolverUnavailable", "solve_ilp"]
 
 Expr: TypeAlias = Any  # pulp.LpAffineExpression (pulp is untyped)
 
@@ -57,20 +58,39 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+class SolverUnavailable(PlanError):
+    """The ILP solver (CBC, a subprocess) could not be started: it failed to fork, or its
+    binary is missing. Nothing is wrong with the problem; the search keeps the plan it has."""
+
+
 class _Model:
     """The MILP of one problem; ``memory_var`` replaces the limits by one variable limit L."""
 
     def __init__(self, p: PartitionProblem, memory_var: bool = False) -> None:
         import pulp
 
-        n, S = p.blocks, p.stages
         self.p = p
-        self.prob = prob = pulp.LpProblem("autopipe_partition", pulp.LpMinimize)
+        self.prob = pulp.LpProblem("autopipe_partition", pulp.LpMinimize)
         crossing = [t for t in p.tensors if t.src >= 0 and t.dsts and t.bytes > 0]
         self.tau = max(sum(p.time_s) + sum(p.recompute_s),
                        p.link_latency_s + sum(t.bytes for t in crossing) / p.link_bandwidth, 1e-12)
-        x = self.x = [[pulp.LpVariable(f"x_{i}_{s}", cat="Binary") for s in range(S)]
-                      for i in range(n)]
+        self.x, Y = self._assignment()
+        self.Z = pulp.LpVariable("Z", lowBound=0)
+        rho, w = self._recompute()
+        stage_time = self._stage_times(w)
+        comm = self._cuts(crossing, Y)
+        self.total = pulp.lpSum(stage_time) + pulp.lpSum(comm)
+        self.L = pulp.LpVariable("L", lowBound=0) if memory_var else None
+        self._memory(rho, w)
+
+    def _assignment(self) -> tuple[list[list[Any]], list[list[Expr]]]:
+        """``x[i][s]`` (one stage per block, no stage empty) and ``Y[i][c]``, monotone along every tensor."""
+        import pulp
+
+        p, prob = self.p, self.prob
+        n, S = p.blocks, p.stages
+        x = [[pulp.LpVariable(f"x_{i}_{s}", cat="Binary") for s in range(S)]
+             for i in range(n)]
         Y = [[pulp.lpSum(x[i][: c + 1]) for c in range(S)] for i in range(n)]
         for i in range(n):
             prob += pulp.lpSum(x[i]) == 1
@@ -80,16 +100,21 @@ class _Model:
         for src, d in edges:
             for c in range(S - 1):
                 prob += Y[d][c] <= Y[src][c]
+        return x, Y
 
-        self.Z = pulp.LpVariable("Z", lowBound=0)
-        # recompute per stage and w = x * rho
+    def _recompute(self) -> tuple[list[Any], list[list[Any]]]:
+        """``rho[s]`` (binary in "auto", fixed otherwise) and ``w[i][s] = x[i][s] rho[s]``."""
+        import pulp
+
+        p, prob, x = self.p, self.prob, self.x
+        S = p.stages
         if p.recompute == "auto":
             rho: list[pulp.LpVariable | float] = [
                 pulp.LpVariable(f"rho_{s}", cat="Binary") for s in range(S)]
         else:
             rho = [1.0 if p.recompute == "always" else 0.0] * S
         w: list[list[Expr | pulp.LpVariable | float]] = []
-        for i in range(n):
+        for i in range(p.blocks):
             row: list[Expr | pulp.LpVariable | float] = []
             for s in range(S):
                 r = rho[s]
@@ -102,17 +127,29 @@ class _Model:
                     prob += v >= x[i][s] + r - 1
                     row.append(v)
             w.append(row)
+        return rho, w
+
+    def _stage_times(self, w: list[list[Any]]) -> list[Expr]:
+        """``T_s`` in time units, each below Z."""
+        import pulp
+
+        p, x = self.p, self.x
         stage_time = [
             pulp.lpSum(p.time_s[i] / self.tau * x[i][s] + p.recompute_s[i] / self.tau * w[i][s]
-                       for i in range(n))
-            for s in range(S)
+                       for i in range(p.blocks))
+            for s in range(p.stages)
         ]
-        for s in range(S):
-            prob += self.Z >= stage_time[s]
+        for s in range(p.stages):
+            self.prob += self.Z >= stage_time[s]
+        return stage_time
 
-        # cuts
+    def _cuts(self, crossing: list[Edge], Y: list[list[Expr]]) -> list[Expr]:
+        """``comm_c`` of every cut (tensors alive across it, the latency switched on), each below Z."""
+        import pulp
+
+        p, prob = self.p, self.prob
         comm: list[Expr] = []
-        for c in range(S - 1):
+        for c in range(p.stages - 1):
             alive = []
             for k, t in enumerate(crossing):
                 a = pulp.LpVariable(f"a_{k}_{c}", lowBound=0, upBound=1)
@@ -127,14 +164,18 @@ class _Model:
                 expr = expr + p.link_latency_s / self.tau * on
             comm.append(expr)
             prob += self.Z >= expr
-        self.total = pulp.lpSum(stage_time) + pulp.lpSum(comm)
+        return comm
 
-        # memory
-        self.L = pulp.LpVariable("L", lowBound=0) if memory_var else None
+    def _memory(self, rho: list[Any], w: list[list[Any]]) -> None:
+        """Every stage's memory row: within its limit (:func:`memory_cap`), or below L."""
+        import pulp
+
+        p, prob, x = self.p, self.prob, self.x
+        n = p.blocks
         self.mem_unit = max(1.0, max(p.static_bytes) + max(p.inflight) * (
             sum(p.activation_bytes) + sum(t.bytes for t in p.tensors)))
         inputs = [t for t in p.tensors if t.dsts and t.bytes > 0]
-        for s in range(S):
+        for s in range(p.stages):
             limit = p.stage_memory_limit[s]
             if self.L is None and math.isinf(limit):
                 continue
@@ -156,7 +197,7 @@ class _Model:
             if self.L is not None:
                 prob += pulp.lpSum(terms) <= self.L
             else:
-                prob += pulp.lpSum(terms) <= limit * (1 + EPS) / scale
+                prob += pulp.lpSum(terms) <= memory_cap(limit) / scale
 
     def solve(self, objective: Expr | pulp.LpVariable, time_limit_s: float) -> bool:
         """Solve; True if a solution was found, False if the model is infeasible."""
@@ -164,7 +205,11 @@ class _Model:
 
         self.prob.setObjective(objective)
         solver = pulp.PULP_CBC_CMD(msg=False, threads=1, timeLimit=time_limit_s)
-        self.prob.solve(solver)
+        try:
+            self.prob.solve(solver)
+        except (OSError, pulp.PulpSolverError) as e:  # fork failed (Errno 11), binary missing
+            raise SolverUnavailable(f"the ILP solver (CBC) could not start ({e}); "
+                                    "free a process slot or reinstall pulp, or use solve_chain") from e
         status = pulp.LpStatus[self.prob.status]
         if status == "Infeasible":
             return False

@@ -19,7 +19,8 @@ micro-batch). Definitions, exactly as every solver and test uses them:
   sum static + inflight[s] * in_bytes(s) + sum activation (one micro-batch re-materialised in
   its backward).
 - feasible: memory_s <= stage_memory_limit[s] for all s (relative epsilon :data:`EPS` = 1e-9:
-  ``memory <= limit * (1 + EPS)``).
+  ``memory <= memory_cap(limit) = limit * (1 + EPS)``, :func:`memory_fits`; the one rule
+  every solver, screen and the simulator's check use, each with a named tolerance).
 - objective, lexicographic: first Z = max(max_s T_s, max_c comm_s(c)) (the pipeline's
   bottleneck), then total = sum_s T_s + sum_c comm_s(c), then fewer recomputed stages. Floats
   compare with relative tolerance 1e-9.
@@ -36,23 +37,45 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
 
 from autopipe.errors import PlanError
-from autopipe.partition.stage_sums import stage_sums
-from autopipe.planner._recent import Recent
+from autopipe.partition.memo import BlockMemo
+from autopipe.partition.stage_sums import Flat, flat_of, stage_sums
 
-__all__ = ["EPS", "Edge", "Partition", "PartitionProblem", "evaluate", "memory_fits"]
+__all__ = ["EPS", "SCREEN_SLACK", "Edge", "Partition", "PartitionProblem", "evaluate", "memory_cap", "memory_fits"]
 
 EPS = 1e-9
-"""Relative tolerance for memory limits and for comparing objective values."""
+"""Relative tolerance for memory limits and for comparing objective values (the C probe,
+``_probe.c``, takes its caps from :func:`memory_cap` with this tolerance:
+``partition._intervals.stage_caps``)."""
+
+SCREEN_SLACK = 1e-6
+"""The wider tolerance of the screens before the simulator (``planner.splits.plain_may_fit``,
+``planner.exact.split_table``, ``planner.bounds.split_bound``): a split is screened out only
+when its least or exact peak exceeds a device's limit by more than this (relative); the
+simulator's peak under :func:`memory_fits` has the last word on the others."""
 
 RECOMPUTE_MODES = ("never", "always", "auto")
 
 
-def memory_fits(memory: float, limit: float) -> bool:
-    """``memory <= limit`` up to the relative epsilon :data:`EPS` (``limit`` may be inf)."""
-    return memory <= limit * (1.0 + EPS)
+NumberOrArray = TypeVar("NumberOrArray", float, npt.NDArray[np.float64])
+
+
+def memory_cap(limit: NumberOrArray, tolerance: float = EPS) -> NumberOrArray:
+    """The largest memory that still fits ``limit`` (a number or an array of them; inf allowed):
+    the one "fits in memory" rule is ``memory <= memory_cap(limit)``, ``tolerance`` relative
+    (:data:`EPS` for the rule itself, :data:`SCREEN_SLACK` for the screens)."""
+    return limit * (1.0 + tolerance)
+
+
+def memory_fits(memory: float, limit: float, tolerance: float = EPS) -> bool:
+    """``memory <= limit`` up to the relative ``tolerance`` (``limit`` may be inf)."""
+    return memory <= memory_cap(limit, tolerance)
 
 
 @dataclass(frozen=True)
@@ -81,6 +104,9 @@ class PartitionProblem:
     link_latency_s: float = 0.0
     link_bandwidth: float = math.inf  # bytes/s
     recompute: str = "auto"  # "never" | "always" | "auto" (choose per stage)
+    # What the kernels may keep of these blocks across problems on the same tuples (the
+    # planner makes one per micro-batch size; None: nothing kept). Not part of the problem.
+    memo: BlockMemo | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -117,11 +143,11 @@ def _validate(p: PartitionProblem) -> None:
         if got != p.stages:
             raise PlanError(f"{name} has {got} entries but there are {p.stages} stages; "
                             "give one per stage")
-    blocks = (p.time_s, p.recompute_s, p.static_bytes, p.activation_bytes, p.tensors)
-    if _CHECKED.get(blocks) is None:
+    memo = p.memo if p.memo is not None and p.memo.owns(p) else None
+    if memo is None or not memo.checked:
         _check_blocks(p)
-        if all(isinstance(x, tuple) for x in blocks):
-            _CHECKED.put(blocks, (), True)
+        if memo is not None:
+            memo.checked = True
     _check_numbers("inflight", p.inflight)
     _check_numbers("stage_memory_limit", p.stage_memory_limit, allow_inf=True)
     _check_numbers("link_latency_s", (p.link_latency_s,))
@@ -129,11 +155,6 @@ def _validate(p: PartitionProblem) -> None:
         raise PlanError(f"link_bandwidth must be > 0 bytes/s (inf allowed), got {p.link_bandwidth!r}")
     if p.recompute not in RECOMPUTE_MODES:
         raise PlanError(f"recompute must be 'never', 'always' or 'auto', got {p.recompute!r}")
-
-
-_CHECKED: Recent[bool] = Recent(8)
-"""The per-block tuples of the last few problems checked (the same objects, by identity: the
-search builds many problems on one micro-batch size's blocks; tuples cannot change)."""
 
 
 def _check_blocks(p: PartitionProblem) -> None:
@@ -203,16 +224,16 @@ def comm_time(p: PartitionProblem, cut_bytes: float) -> float:
     return p.link_latency_s + cut_bytes / p.link_bandwidth if cut_bytes > 0 else 0.0
 
 
-_RECENT: Recent[StageStats] = Recent(8)
-"""The last few stage_stats answers (the search sums one split up to four times: its bound,
-its recomputation rule, its costs); by the problem's identity and the assignment's value."""
-
-
 def stage_stats(p: PartitionProblem, stage_of_block: Sequence[int]) -> StageStats:
-    """Check an assignment (length, range, monotone, no empty stage) and sum it per stage."""
+    """Check an assignment (length, range, monotone, no empty stage) and sum it per stage
+    (the last few kept in ``p.memo``: the search sums one split up to four times — its bound,
+    its recomputation rule, its costs; by the problem's identity and the assignment's value)."""
     key = tuple(stage_of_block)
-    hit = _RECENT.get((p,), key)
-    return _RECENT.put((p,), key, _stage_stats(p, key)) if hit is None else hit
+    memo = p.memo if p.memo is not None and p.memo.owns(p) else None
+    if memo is None:
+        return _stage_stats(p, key)
+    hit: StageStats | None = memo.stats.get((p,), key)
+    return memo.stats.put((p,), key, _stage_stats(p, key)) if hit is None else hit
 
 
 _VECTOR_FROM = 64  # blocks from which _stage_stats sums with numpy (below, the loop is faster)
@@ -226,7 +247,15 @@ def _stage_stats(p: PartitionProblem, stage_of_block: tuple[int, ...]) -> StageS
     if n < _VECTOR_FROM:
         return _stage_stats_py(p, stage_of_block)
     blocks = (p.time_s, p.recompute_s, p.static_bytes, p.activation_bytes)
-    (time, extra, static, act), in_bytes, cut = stage_sums(blocks, p.tensors, p.stages, stage_of_block)
+    memo = p.memo if p.memo is not None and p.memo.owns(p) else None
+    flat: Flat
+    if memo is None:
+        flat = flat_of(blocks, p.tensors)
+    elif memo.flat is None:
+        flat = memo.flat = flat_of(blocks, p.tensors)
+    else:
+        flat = memo.flat
+    (time, extra, static, act), in_bytes, cut = stage_sums(blocks, p.tensors, p.stages, stage_of_block, flat)
     return StageStats(time, extra, static, act, in_bytes, cut, tuple(comm_time(p, b) for b in cut))
 
 

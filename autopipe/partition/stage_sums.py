@@ -16,9 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from autopipe.errors import PlanError
-from autopipe.planner._recent import Recent
 
-__all__ = ["stage_sums"]
+__all__ = ["Flat", "flat_of", "stage_sums"]
 
 Floats = tuple[float, ...]
 
@@ -35,7 +34,7 @@ class Tensor(Protocol):
 
 
 @dataclass(frozen=True)
-class _Flat:
+class Flat:
     """The per-block numbers as arrays, and per tensor with consumers (a row) its index in
     the problem's tensors, producer, bytes and first entry in ``dst``: all consumers in tensor
     order, each with its row in ``owner``."""
@@ -49,19 +48,12 @@ class _Flat:
     owner: npt.NDArray[np.int64]
 
 
-_FLAT: Recent[_Flat] = Recent(4)
-"""The arrays of the last few problems' blocks, by the identity of their tuples (the search
-sums many assignments of the same blocks; tuples cannot change)."""
-
-
-def _flat(blocks: tuple[Sequence[float], ...], tensors: Sequence[Tensor]) -> _Flat:
-    key = (*blocks, tensors)
-    hit = _FLAT.get(key)
-    if hit is not None:
-        return hit
+def flat_of(blocks: tuple[Sequence[float], ...], tensors: Sequence[Tensor]) -> Flat:
+    """The arrays :func:`stage_sums` sums (the caller may keep them for its next sums of the
+    same blocks: ``partition.memo.BlockMemo``)."""
     used = [(k, t) for k, t in enumerate(tensors) if t.dsts]
     sizes = np.array([len(t.dsts) for _, t in used], dtype=np.int64)
-    flat = _Flat(
+    return Flat(
         blocks=tuple(np.asarray(b, dtype=np.float64) for b in blocks),
         index=np.array([k for k, _ in used], dtype=np.int64),
         src=np.array([t.src for _, t in used], dtype=np.int64),
@@ -70,18 +62,19 @@ def _flat(blocks: tuple[Sequence[float], ...], tensors: Sequence[Tensor]) -> _Fl
         dst=np.array([d for _, t in used for d in t.dsts], dtype=np.int64),
         owner=np.repeat(np.arange(len(used), dtype=np.int64), sizes),
     )
-    if all(isinstance(x, tuple) for x in key):
-        _FLAT.put(key, (), flat)
-    return flat
 
 
 def stage_sums(
-    blocks: tuple[Sequence[float], ...], tensors: Sequence[Tensor], stages: int, stage_of_block: Sequence[int]
+    blocks: tuple[Sequence[float], ...],
+    tensors: Sequence[Tensor],
+    stages: int,
+    stage_of_block: Sequence[int],
+    flat: Flat | None = None,
 ) -> tuple[list[Floats], Floats, Floats]:
     """Per stage, the sum of each per-block sequence in ``blocks``; per stage, the bytes
     coming in (tensors produced in an earlier stage, or model inputs); per cut, the bytes
     crossing it. Raises PlanError for a stage out of range, an empty stage or a tensor going back."""
-    S, f = stages, _flat(blocks, tensors)
+    S, f = stages, flat_of(blocks, tensors) if flat is None else flat  # flat: flat_of(blocks, tensors), kept by the caller
     sa = np.asarray(stage_of_block, dtype=np.int64)
     bad = np.flatnonzero((sa < 0) | (sa >= S))
     if len(bad):

@@ -8,7 +8,7 @@ import math
 from autopipe.costs.profile import Profile
 from autopipe.partition.baselines import BASELINES, baseline_assignment
 from autopipe.partition.problem import evaluate, stage_stats
-from autopipe.planner.pricing import BlockTimes, Candidate, candidate, fits, price
+from autopipe.planner.pricing import Candidate, Priced, candidate, fits, price
 from autopipe.planner.request import PlanRequest
 from autopipe.plans import Alternative, Baseline, Plan, StagePlan
 from autopipe.schedules import schedule_spec
@@ -23,12 +23,12 @@ def make_plan(
     req: PlanRequest,
     best: Candidate,
     timeline: Summary,
-    fitting: list[tuple[Candidate, Summary]],
+    fitting: list[Priced],
 ) -> Plan:
     """The Plan of candidate ``best`` (simulated as ``timeline``); ``fitting`` are all the
     candidates that fit, best first, for the runners-up."""
     d = best.decision
-    u = req.batch_size // d.micro_batches
+    u = best.times.u
     part = best.partition
     stats = stage_stats(best.problem, part.stage_of_block)
     placed = schedule_spec(d.schedule).devices_of(req.devices, d.virtual)
@@ -93,8 +93,7 @@ def make_plan(
 
 def _baselines(profile: Profile, req: PlanRequest, best: Candidate) -> list[Baseline]:
     """The simple splits under the chosen decision, without recomputation (as others run them)."""
-    d, p = best.decision, best.problem
-    times = BlockTimes.of(profile, req.batch_size // d.micro_batches, req.action_overhead_s)
+    d, p, times = best.decision, best.problem, best.times
     out = []
     for name in BASELINES:
         assignment = baseline_assignment(name, tuple(float(b.params) for b in profile.blocks), p.time_s, p.stages)

@@ -17,13 +17,13 @@ from dataclasses import replace
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.planner.assemble import make_plan
-from autopipe.planner.pricing import BlockTimes, Candidate, fits
+from autopipe.planner.context import SearchContext
+from autopipe.planner.pricing import Priced, fits
 from autopipe.planner.request import PlanRequest, decisions, validate
 from autopipe.planner.search import plan_search
 from autopipe.planner.splits import check_balance, price_split, problem_of
 from autopipe.plans import Baseline, Plan
 from autopipe.schedules import schedule_spec
-from autopipe.simulate.events import Summary
 from autopipe.units import format_bytes
 
 __all__ = ["plan_balance"]
@@ -35,15 +35,17 @@ def plan_balance(profile: Profile, request: PlanRequest, balance: Sequence[int],
     validate(profile, request)
     v = check_balance(balance, profile.num_blocks, request.devices, request.schedule, request.virtual, flag)
     sizes = [int(x) for x in balance]
-    priced: list[tuple[Candidate, Summary]] = []
+    priced: list[Priced] = []
+    ctx = SearchContext(profile, request)
     for d in decisions(profile, request):
         if d.virtual != v:
             continue
-        times = BlockTimes.of(profile, request.batch_size // d.micro_batches, request.action_overhead_s)
-        priced.append(price_split(profile, request, d, sizes, problem=problem_of(profile, request, d), times=times, source="balance"))
+        size = ctx.size(d)
+        problem = problem_of(profile, request, d, size.numbers)
+        priced.append(price_split(profile, request, d, sizes, problem=problem, times=size.times, source="balance"))
     if not priced:
         raise PlanError(f"no schedule asked runs {v} chunk{'s' if v > 1 else ''} per device for {flag} {','.join(map(str, sizes))}; name one with {'--schedule' if flag.startswith('--') else 'schedule='}")
-    fitting = sorted(((c, t) for c, t in priced if fits(t, request.memory_limit)), key=_key)
+    fitting = sorted((x for x in priced if fits(x.summary, request.memory_limit)), key=_key)
     if not fitting:
         need = min((max(t.peak_memory_bytes) for _, t in priced), default=math.inf)
         raise InfeasibleError(
@@ -67,6 +69,6 @@ def plan_balance(profile: Profile, request: PlanRequest, balance: Sequence[int],
     return replace(plan, baselines=(mine, *plan.baselines))
 
 
-def _key(ct: tuple[Candidate, Summary]) -> tuple[float, int, int, int]:
-    d = ct[0].decision
-    return (ct[1].iteration_s, schedule_spec(d.schedule).preference, d.virtual, d.micro_batches)
+def _key(ct: Priced) -> tuple[float, int, int, int]:
+    d = ct.candidate.decision
+    return (ct.summary.iteration_s, schedule_spec(d.schedule).preference, d.virtual, d.micro_batches)

@@ -23,11 +23,9 @@ import numpy as np
 import numpy.typing as npt
 
 from autopipe.costs.profile import Profile
-from autopipe.partition.problem import EPS, PartitionProblem
-from autopipe.planner._recent import Recent
-from autopipe.planner.pricing import BlockTimes, Candidate, Decision
+from autopipe.partition.problem import EPS, SCREEN_SLACK, PartitionProblem, memory_cap
+from autopipe.planner.pricing import BlockTimes, Candidate, Decision, Schedules, micro_batch_size
 from autopipe.planner.request import PlanRequest, decisions
-from autopipe.planner.splits import MEMORY_SLACK
 from autopipe.schedules import schedule_spec
 
 __all__ = ["PRUNE_TOLERANCE", "Work", "candidate_bound", "decision_bound", "lower_bound", "reach_bound", "split_bound", "work_table"]
@@ -56,7 +54,7 @@ def candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
     f = [x.forward_s for x in c.costs]
     b = [x.backward_input_s if split else x.backward_s for x in c.costs]
     w = [x.backward_weight_s if split else 0.0 for x in c.costs]
-    return _chunk_bound(req, c.decision, f, b, w, c.partition.comm_s)
+    return _chunk_bound(req, c.decision, f, b, w, c.partition.comm_s, c.times.schedules)
 
 
 def reach_bound(req: PlanRequest, d: Decision, sizes: Sequence[int], times: BlockTimes, shifts: int) -> float:
@@ -73,8 +71,8 @@ def reach_bound(req: PlanRequest, d: Decision, sizes: Sequence[int], times: Bloc
     kept = np.maximum(keep, 0)
     lo = np.minimum(start[:, None] + offsets[None, :], (start + size - kept)[:, None])  # each window's first block
     hi = lo + kept[:, None]
-    f, b, bi, w = ((p[hi] - p[lo]).min(axis=1) for p in _prefix(times))  # the least window of each
-    return _bound_of(req, d, f, b, bi, w, np.zeros(len(sizes)), times.action_s, (0.0,) * (len(sizes) - 1))
+    f, b, bi, w = ((p[hi] - p[lo]).min(axis=1) for p in times.prefix)  # the least window of each
+    return _bound_of(req, d, f, b, bi, w, np.zeros(len(sizes)), times, (0.0,) * (len(sizes) - 1))
 
 
 def split_bound(req: PlanRequest, d: Decision, problem: PartitionProblem, times: BlockTimes, sizes: Sequence[int]) -> float:
@@ -88,7 +86,7 @@ def split_bound(req: PlanRequest, d: Decision, problem: PartitionProblem, times:
     size = np.asarray(sizes, dtype=np.int64)
     end = np.cumsum(size)
     start = end - size
-    f, b, bi, w = (p[end] - p[start] for p in _prefix(times))
+    f, b, bi, w = (p[end] - p[start] for p in times.prefix)
     recompute = np.zeros(len(sizes), dtype=bool)
     if problem.recompute == "always":
         recompute[:] = True
@@ -96,15 +94,15 @@ def split_bound(req: PlanRequest, d: Decision, problem: PartitionProblem, times:
         static, act = (p[end] - p[start] for p in _memory_prefix(problem))
         inflight = np.asarray(problem.inflight)
         # plain_may_fit's least peak per device, vectorised; "surely over" with a margin for the sums' order
-        placed = _placement(d.schedule, req.devices, d.virtual)[0]
+        placed = _placement(d.schedule, req.devices, d.virtual, times.schedules)[0]
         least = np.full(req.devices, np.inf)
         np.minimum.at(least, placed, act)
         held = np.bincount(placed, weights=inflight, minlength=req.devices) - (1.0 if d.virtual > 1 else 0.0)
         peaks = np.bincount(placed, weights=static, minlength=req.devices) + np.maximum(held, 1.0) * least
-        if peaks.max() > req.memory_limit * (1.0 + MEMORY_SLACK) * (1.0 + 2 * EPS):  # nothing-recomputed cannot fit
+        if peaks.max() > memory_cap(memory_cap(req.memory_limit, SCREEN_SLACK), 2 * EPS):  # nothing-recomputed cannot fit
             plain = static + inflight * act
-            recompute = plain > np.asarray(problem.stage_memory_limit) * (1.0 + 2 * EPS)  # surely over, sums in any order
-    return _bound_of(req, d, f, b, bi, w, np.where(recompute, f, 0.0), times.action_s, (0.0,) * (len(sizes) - 1))
+            recompute = plain > memory_cap(np.asarray(problem.stage_memory_limit, dtype=np.float64), 2 * EPS)  # surely over, sums in any order
+    return _bound_of(req, d, f, b, bi, w, np.where(recompute, f, 0.0), times, (0.0,) * (len(sizes) - 1))
 
 
 def _bound_of(
@@ -115,45 +113,38 @@ def _bound_of(
     bi: npt.NDArray[np.float64],
     w: npt.NDArray[np.float64],
     extra: npt.NDArray[np.float64],
-    o: float,
+    times: BlockTimes,
     comm_s: Sequence[float],
 ) -> float:
     """:func:`candidate_bound` on per-chunk block sums, as ``pricing.costs_of`` makes a stage's
     costs of them (``extra``: the recomputed forward; the first chunk's split backward is all W)."""
-    first = np.arange(len(f)) == 0
+    first, o = np.arange(len(f)) == 0, times.action_s
     fs = f + o
     if schedule_spec(d.schedule).splits_backward:
         bs, ws = np.where(first, 0.0, bi + extra) + o, np.where(first, b + extra, w) + o
     else:
         bs, ws = b + extra + o, np.zeros(len(f))
-    return _chunk_bound(req, d, fs.tolist(), bs.tolist(), ws.tolist(), comm_s)
-
-
-_MEMORY: Recent[tuple[npt.NDArray[np.float64], ...]] = Recent(8)
+    return _chunk_bound(req, d, fs.tolist(), bs.tolist(), ws.tolist(), comm_s, times.schedules)
 
 
 def _memory_prefix(problem: PartitionProblem) -> tuple[npt.NDArray[np.float64], ...]:
-    """Prefix sums of ``problem``'s static and activation bytes per block (the last few, by the
-    identity of its per-block tuples: every decision at one micro-batch size shares them)."""
-    key = (problem.static_bytes, problem.activation_bytes)
-    hit = _MEMORY.get(key)
-    return _MEMORY.put(key, (), tuple(np.concatenate(([0.0], np.cumsum(x))) for x in key)) if hit is None else hit
+    """Prefix sums of ``problem``'s static and activation bytes per block (kept in its memo:
+    every decision at one micro-batch size shares them)."""
+    memo = problem.memo if problem.memo is not None and problem.memo.owns(problem) else None
+    if memo is not None and memo.memory_prefix is not None:
+        kept: tuple[npt.NDArray[np.float64], ...] = memo.memory_prefix
+        return kept
+    sums = tuple(np.concatenate(([0.0], np.cumsum(x))) for x in (problem.static_bytes, problem.activation_bytes))
+    if memo is not None:
+        memo.memory_prefix = sums
+    return sums
 
 
-_PREFIX: Recent[tuple[npt.NDArray[np.float64], ...]] = Recent(8)
-
-
-def _prefix(times: BlockTimes) -> tuple[npt.NDArray[np.float64], ...]:
-    """Prefix sums of ``times``' F, B, B input-gradient and W per block (the last few, by identity)."""
-    hit = _PREFIX.get((times,))
-    if hit is None:
-        hit = _PREFIX.put((times,), (), tuple(np.concatenate(([0.0], np.cumsum(x))) for x in (times.f, times.b, times.bi, times.w)))
-    return hit
-
-
-def _chunk_bound(req: PlanRequest, d: Decision, f: Sequence[float], b: Sequence[float], w: Sequence[float], comm_s: Sequence[float]) -> float:
+def _chunk_bound(
+    req: PlanRequest, d: Decision, f: Sequence[float], b: Sequence[float], w: Sequence[float], comm_s: Sequence[float], schedules: Schedules
+) -> float:
     """:func:`candidate_bound` on per-chunk F, B (input-gradient B where W is split off), W and links."""
-    placed, order, first = _placement(d.schedule, req.devices, d.virtual)
+    placed, order, first = _placement(d.schedule, req.devices, d.virtual, schedules)
     fa, ba, wa = np.asarray(f, dtype=float), np.asarray(b, dtype=float), np.asarray(w, dtype=float)
     comm = np.zeros(len(fa))  # comm[j]: the link after chunk j, only between devices
     if len(fa) > 1:
@@ -175,9 +166,16 @@ def _own_suffix(x: npt.NDArray[np.float64], order: npt.NDArray[np.int64], first:
     return out
 
 
-@functools.lru_cache(maxsize=64)
-def _placement(schedule: str, devices: int, virtual: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """The device of each chunk, the chunks by device (last first) and where each device's run starts."""
+def _placement(schedule: str, devices: int, virtual: int, schedules: Schedules) -> tuple[npt.NDArray[np.int64], ...]:
+    """The device of each chunk, the chunks by device (last first) and where each device's run
+    starts (kept in ``schedules``)."""
+    hit = schedules.placement.get((schedule, devices, virtual))
+    if hit is None:
+        hit = schedules.placement[schedule, devices, virtual] = _placement_of(schedule, devices, virtual)
+    return hit
+
+
+def _placement_of(schedule: str, devices: int, virtual: int) -> tuple[npt.NDArray[np.int64], ...]:
     placed = np.asarray(schedule_spec(schedule).devices_of(devices, virtual), dtype=np.int64)
     order = np.lexsort((-np.arange(len(placed)), placed))
     runs = placed[order]
@@ -199,7 +197,7 @@ def decision_bound(work: Work, req: PlanRequest, d: Decision) -> float:
     cuts that make these equal for every r give the bound ``a T / (1 - (1 - a / m)^S)``
     (blocks cannot be cut finer, and communication and recomputation only add).
     """
-    u = req.batch_size // d.micro_batches
+    u = micro_batch_size(req.batch_size, d)
     total, chain, share = work(u, schedule_spec(d.schedule).splits_backward)
     bound = max(chain, d.micro_batches * total / req.devices)
     if d.virtual == 1 and share > 0:

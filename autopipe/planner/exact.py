@@ -28,7 +28,6 @@ Above the limit the search falls back to the chain solver's cuts and local moves
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -37,8 +36,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from autopipe.partition._intervals import InBytes, position_comm, prefix
-from autopipe.partition.problem import EPS, PartitionProblem
-from autopipe.planner.pricing import BlockTimes, Decision, compiled
+from autopipe.partition.problem import SCREEN_SLACK, PartitionProblem, memory_cap
+from autopipe.planner.pricing import BlockTimes, Decision, Schedules
 from autopipe.schedules import schedule_spec
 from autopipe.schedules.spec import ScheduleSpec
 
@@ -53,10 +52,6 @@ is pure Python); larger schedules go to the chain solver."""
 
 BOUND_SLACK = 1e-9
 """Bounds are sums in another order than the simulator's: shaved by this (relative) to stay below."""
-
-MEMORY_SLACK = 1e-6
-"""A split is dropped only when its peak exceeds the limit by more than this (relative); the
-simulator has the last word on the others."""
 
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
@@ -86,11 +81,19 @@ KNOWN_KINDS = frozenset((0, 1, 2))
 another kind (an overlapped F&B, say) is left to the chain solver and the simulator."""
 
 
-@functools.lru_cache(maxsize=64)
-def memory_rows(name: str, devices: int, micro_batches: int, virtual: int) -> tuple[DeviceRows, ...] | None:
+def memory_rows(name: str, devices: int, micro_batches: int, virtual: int, schedules: Schedules | None = None) -> tuple[DeviceRows, ...] | None:
     """Per device, its held-count rows under schedule ``name`` (see the module docstring);
-    None when the schedule has an action kind besides F, B and W."""
-    c = compiled(name, devices, micro_batches, virtual)
+    None when the schedule has an action kind besides F, B and W (kept in ``schedules``)."""
+    schedules = Schedules() if schedules is None else schedules
+    key = (name, devices, micro_batches, virtual)
+    if key not in schedules.rows:
+        schedules.rows[key] = _memory_rows(schedules, *key)
+    rows: tuple[DeviceRows, ...] | None = schedules.rows[key]
+    return rows
+
+
+def _memory_rows(schedules: Schedules, name: str, devices: int, micro_batches: int, virtual: int) -> tuple[DeviceRows, ...] | None:
+    c = schedules.compiled(name, devices, micro_batches, virtual)
     if not KNOWN_KINDS.issuperset(np.unique(c.kind).tolist()):
         return None
     step = np.where(c.kind == 0, 1, np.where(c.split, 0, -1))  # what each action does to its chunk's count
@@ -115,9 +118,15 @@ def split_count(blocks: int, chunks: int) -> int:
     return math.comb(blocks - 1, chunks - 1)
 
 
-@functools.lru_cache(maxsize=16)
-def _all_cuts(blocks: int, chunks: int) -> Ints:
-    """Every choice of K-1 cut positions in 1..n-1, lexicographic, shape (N, K-1)."""
+def _all_cuts(blocks: int, chunks: int, schedules: Schedules) -> Ints:
+    """Every choice of K-1 cut positions in 1..n-1, lexicographic, shape (N, K-1) (kept in ``schedules``)."""
+    hit = schedules.cuts.get((blocks, chunks))
+    if hit is None:
+        hit = schedules.cuts[blocks, chunks] = _cuts_of(blocks, chunks)
+    return hit
+
+
+def _cuts_of(blocks: int, chunks: int) -> Ints:
     if chunks == 1:
         return np.zeros((1, 0), dtype=np.int64)
     flat = np.fromiter(itertools.chain.from_iterable(itertools.combinations(range(1, blocks), chunks - 1)), dtype=np.int64)
@@ -130,7 +139,7 @@ def split_table(problem: PartitionProblem, times: BlockTimes, decision: Decision
     n, K, m = p.blocks, p.stages, d.micro_batches
     if split_count(n, K) > ENUMERATE_LIMIT or K * m > ENUMERATE_CHUNK_RUNS:
         return None
-    cuts = _all_cuts(n, K)
+    cuts = _all_cuts(n, K, times.schedules)
     N = len(cuts)
     starts = np.concatenate([np.zeros((N, 1), dtype=np.int64), cuts], axis=1)
     ends = np.concatenate([cuts, np.full((N, 1), n, dtype=np.int64)], axis=1)
@@ -142,12 +151,12 @@ def split_table(problem: PartitionProblem, times: BlockTimes, decision: Decision
     static, act = chunk(p.static_bytes), chunk(p.activation_bytes)
     inb = InBytes(p).at(starts, ends) if p.recompute != "never" else np.zeros_like(act)
     k = np.asarray(p.inflight)[None, :]
-    cap = np.asarray(p.stage_memory_limit)[None, :] * (1.0 + EPS)
+    cap = memory_cap(np.asarray(p.stage_memory_limit, dtype=np.float64)[None, :])
     fits_plain = static + k * act <= cap
     fits_rc = static + k * inb + act <= cap
     rc = np.full_like(fits_plain, p.recompute == "always") if p.recompute != "auto" else ~fits_plain & fits_rc
     zero = np.zeros_like(act)
-    slack = memory_limit * (1.0 + MEMORY_SLACK)
+    slack = memory_cap(memory_limit, SCREEN_SLACK)  # a split is dropped only when surely over
     placed = spec_of(d).devices_of(devices, d.virtual)
     floor = np.zeros((N, devices))  # a device holds its static bytes, and a micro-batch of any of its chunks
     for r in range(devices):
@@ -155,7 +164,7 @@ def split_table(problem: PartitionProblem, times: BlockTimes, decision: Decision
         floor[:, r] = static[:, idx].sum(axis=1) + act[:, idx].max(axis=1)
     if not (floor.max(axis=1) <= slack).any():  # nothing can fit: no schedule to compile
         return SplitTable(np.zeros((0, K), dtype=np.int64), np.zeros(0), math.inf)
-    rows = memory_rows(d.schedule, devices, m, d.virtual)
+    rows = memory_rows(d.schedule, devices, m, d.virtual, times.schedules)
     if rows is None:
         return None
     worst = _peaks(rows, static, np.where(rc, inb, act), np.where(rc, act, 0.0), devices).max(axis=1)

@@ -1,6 +1,7 @@
 """After the branch and bound: local moves of a plan's cuts on the simulated objective itself,
 for decisions too large to enumerate (:func:`improve`, :func:`local_moves`), and the queue
-item the search prices a split from (:class:`Split`, :func:`bounded`, :func:`refine`)."""
+items the search prices a split from (:class:`Split`, :class:`LazySplit`, :func:`bounded`,
+:func:`refine`)."""
 
 from __future__ import annotations
 
@@ -12,23 +13,23 @@ from autopipe.costs.profile import Profile
 from autopipe.partition.baselines import BASELINES
 from autopipe.partition.problem import Partition, PartitionProblem, evaluate
 from autopipe.planner.bounds import PRUNE_TOLERANCE, candidate_bound, reach_bound
-from autopipe.planner.pricing import BlockTimes, Candidate, Decision, candidate, fits
+from autopipe.planner.pricing import BlockTimes, Candidate, Decision, Priced, candidate, fits
 from autopipe.planner.request import PlanRequest
 from autopipe.planner.splits import plain_may_fit, price_split, split_assignment
 from autopipe.schedules import schedule_spec
 from autopipe.simulate.events import Summary
 
-__all__ = ["LOCAL_MOVES", "LOCAL_MOVE_ACTIONS", "Split", "bounded", "improve", "local_moves", "order", "refine", "sizes_of"]
+__all__ = ["LOCAL_MOVES", "LOCAL_MOVE_ACTIONS", "LazySplit", "Split", "bounded", "improve", "local_moves", "order", "refine", "sizes_of"]
 
 
 def improve(
     profile: Profile,
     req: PlanRequest,
-    fitting: list[tuple[Candidate, Summary]],
+    fitting: list[Priced],
     enumerated: set[Decision],
-    pending: list[tuple[float, Split]],
+    pending: list[tuple[float, Split | LazySplit]],
     prepared: dict[Decision, tuple[PartitionProblem, BlockTimes]],
-) -> list[tuple[Candidate, Summary]]:
+) -> list[Priced]:
     """Local moves from each schedule's best cuts wherever they may beat the best plan.
 
     A schedule's start is its fastest fitting candidate on its decisions too large to
@@ -41,10 +42,10 @@ def improve(
     same start and the same moves, or nothing it finds beats this plan (its branch and bound
     simulates no candidate faster than this one's best, and its moves reach no faster split)."""
     best = fitting[0][1].iteration_s
-    groups: dict[str, tuple[list[tuple[Candidate, Summary]], list[tuple[float, Split]]]] = {}
+    groups: dict[str, tuple[list[Priced], list[tuple[float, Split | LazySplit]]]] = {}
     for c, t in fitting:
         if c.decision not in enumerated and c.source != "ilp":
-            groups.setdefault(c.decision.schedule, ([], []))[0].append((c, t))
+            groups.setdefault(c.decision.schedule, ([], []))[0].append(Priced(c, t))
     for bound, split in pending:
         if split.decision not in enumerated:
             groups.setdefault(split.decision.schedule, ([], []))[1].append((bound, split))
@@ -57,8 +58,8 @@ def improve(
         (min([reach(c.decision, sizes_of(c.partition, c.problem.stages)) for c, _ in done] + [reach(s.decision, s.sizes) for _, s in left]), name)
         for name, (done, left) in groups.items()
     )
-    priced: list[tuple[Candidate, Summary]] = []
-    found: list[tuple[Candidate, Summary]] = []
+    priced: list[Priced] = []
+    found: list[Priced] = []
     for bound, name in ranked:
         if bound >= best * (1 - PRUNE_TOLERANCE):
             break
@@ -70,10 +71,10 @@ def improve(
             if start is not None and k >= start[1].iteration_s * (1 + PRUNE_TOLERANCE):
                 break
             problem, times = prepared[split.decision]
-            if split.lazy:
-                k, split = refine(profile, req, split, problem, times)
+            if isinstance(split, LazySplit):
+                k, summed = refine(profile, req, split, problem, times)
                 if k < math.inf:
-                    heapq.heappush(heap, (k, i, split))
+                    heapq.heappush(heap, (k, i, summed))
                 continue
             x = price_split(profile, req, split.decision, split.sizes, problem=problem, times=times, source=split.source)
             priced.append(x)
@@ -87,8 +88,8 @@ def improve(
     return sorted(fitting + priced + found, key=_rank)
 
 
-def _rank(ct: tuple[Candidate, Summary]) -> tuple[float, tuple[int, int, int, int]]:
-    return ct[1].iteration_s, order(ct[0])
+def _rank(ct: Priced) -> tuple[float, tuple[int, int, int, int]]:
+    return ct.summary.iteration_s, order(ct.candidate)
 
 
 def _budget(req: PlanRequest, d: Decision) -> int:
@@ -102,14 +103,23 @@ def _budget(req: PlanRequest, d: Decision) -> int:
 
 @dataclass(frozen=True)
 class Split:
-    """The solver's cuts or a simple split, priced by ``price_split`` when the queue reaches it
-    (``lazy``: queued by :func:`~autopipe.planner.bounds.split_bound`, bounded by :func:`bounded`
-    when reached, see :func:`refine`)."""
+    """A queue item: the solver's cuts or a simple split, bounded by :func:`bounded`, priced by
+    ``price_split`` when the queue reaches it."""
 
     decision: Decision
     sizes: tuple[int, ...]
     source: str
-    lazy: bool = False
+
+
+@dataclass(frozen=True)
+class LazySplit:
+    """A queue item: a simple split queued by :func:`~autopipe.planner.bounds.split_bound`
+    (prefix sums only), summed up and queued again as a :class:`Split` when the queue reaches
+    it (:func:`refine`)."""
+
+    decision: Decision
+    sizes: tuple[int, ...]
+    source: str
 
 
 def bounded(profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes, fits_rule: bool) -> tuple[float, Split]:
@@ -127,7 +137,7 @@ def bounded(profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes,
     return candidate_bound(profile, req, c), Split(d, sizes, c.source)
 
 
-def refine(profile: Profile, req: PlanRequest, split: Split, problem: PartitionProblem, times: BlockTimes) -> tuple[float, Split]:
+def refine(profile: Profile, req: PlanRequest, split: LazySplit, problem: PartitionProblem, times: BlockTimes) -> tuple[float, Split]:
     """A lazy split's queue item, summed up and bounded by :func:`bounded` (inf where it fits no way)."""
     part = evaluate(problem, split_assignment(split.sizes))
     return bounded(profile, req, candidate(split.decision, split.source, problem, part, times), times, part.fits)
@@ -142,7 +152,7 @@ Python: 1F1B with m = 512 on 64 devices is about 100,000 actions and 0.25 s), so
 1,000 blocks on 64 devices stays within about two seconds."""
 
 
-def local_moves(profile: Profile, req: PlanRequest, c: Candidate, t: Summary, times: BlockTimes) -> list[tuple[Candidate, Summary]]:
+def local_moves(profile: Profile, req: PlanRequest, c: Candidate, t: Summary, times: BlockTimes) -> list[Priced]:
     """Improve the cuts of ``c`` (simulated: ``t``; its block times: ``times``) on the simulated objective itself (its
     decision had too many splits to enumerate): move one block from a chunk to another —
     neighbours first, then farther, each cut between them shifting by one — and keep the first
@@ -168,7 +178,7 @@ def local_moves(profile: Profile, req: PlanRequest, c: Candidate, t: Summary, ti
             c2, t2 = price_split(profile, req, d, trial, problem=c.problem, times=times, source="solver")
             if fits(t2, req.memory_limit) and t2.iteration_s < t.iteration_s * (1 - PRUNE_TOLERANCE):
                 sizes, c, t = trial, c2, t2
-                found.append((c2, t2))
+                found.append(Priced(c2, t2))
                 break
         else:
             break

@@ -12,11 +12,15 @@ executor's fixed cost per action, ``PlanRequest.action_overhead_s``), and
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
 
 from autopipe.costs.profile import Profile
+from autopipe.partition.memo import Recent
 from autopipe.partition.problem import Partition, PartitionProblem, memory_fits, stage_stats
-from autopipe.planner._recent import Recent
 from autopipe.schedules import schedule_spec
 from autopipe.simulate.events import (
     CompiledSchedule,
@@ -26,7 +30,7 @@ from autopipe.simulate.events import (
     simulate_summary,
 )
 
-__all__ = ["BlockTimes", "Candidate", "Decision", "candidate", "compiled", "costs_of", "fits", "price"]
+__all__ = ["BlockTimes", "Candidate", "Decision", "Priced", "Schedules", "candidate", "compiled", "costs_of", "fits", "micro_batch_size", "price"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,11 @@ class Decision:
     micro_batches: int
 
 
+def micro_batch_size(batch_size: int, d: Decision) -> int:
+    """u = B / m: the micro-batch size of decision ``d`` (m divides B; the one place it is worked out)."""
+    return batch_size // d.micro_batches
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A decision with its cuts (a Partition) and what each stage costs."""
@@ -47,24 +56,58 @@ class Candidate:
     problem: PartitionProblem
     partition: Partition
     costs: list[StageCost]  # per stage, per micro-batch
+    times: BlockTimes  # the block times (and what the search keeps at this micro-batch size) they came from
+
+
+class Priced(NamedTuple):
+    """A candidate and what the simulator says of it (unpacks as ``c, t``)."""
+
+    candidate: Candidate
+    summary: Summary
 
 
 def candidate(decision: Decision, source: str, problem: PartitionProblem, part: Partition, times: BlockTimes) -> Candidate:
-    return Candidate(decision, source, problem, part, costs_of(problem, part, times))
+    return Candidate(decision, source, problem, part, costs_of(problem, part, times), times)
+
+
+class Schedules:
+    """The compiled schedules one search prices on, and what the bounds and split tables read
+    of them (:func:`compiled`, ``exact.memory_rows``, ``bounds``' placements, ``exact``'s cut
+    lists): made by the search and passed down with its :class:`BlockTimes`, so nothing is kept
+    at module level; a BlockTimes made alone has its own, empty."""
+
+    def __init__(self) -> None:
+        self._compiled: dict[tuple[str, int, int, int], CompiledSchedule] = {}
+        self.rows: dict[tuple[str, int, int, int], Any] = {}  # exact.memory_rows (typed there: no import circle)
+        self.placement: dict[tuple[str, int, int], tuple[npt.NDArray[np.int64], ...]] = {}
+        self.cuts: dict[tuple[int, int], npt.NDArray[np.int64]] = {}
+
+    def compiled(self, name: str, devices: int, micro_batches: int, virtual: int) -> CompiledSchedule:
+        """:func:`compiled`, once per schedule."""
+        key = (name, devices, micro_batches, virtual)
+        hit = self._compiled.get(key)
+        if hit is None:
+            hit = self._compiled[key] = compiled(name, devices, micro_batches, virtual)
+        return hit
 
 
 @dataclass(frozen=True)
 class BlockTimes:
-    """Per-block times at one micro-batch size (computed once per decision)."""
+    """Per-block times at one micro-batch size, and what the search keeps at that size: the
+    search's context for one micro-batch size (one per size, shared by its decisions)."""
 
     f: tuple[float, ...]
     b: tuple[float, ...]
     bi: tuple[float, ...]
     w: tuple[float, ...]
     action_s: float = 0.0  # the executor's own cost per action (F, B or W), whatever its size
+    u: int = 0  # the micro-batch size (0: not known)
+    schedules: Schedules = field(default_factory=Schedules, compare=False, repr=False)  # the search's
+    # The last few costs_of answers (the search bounds a split, then prices it: the same sums).
+    costs: Recent[list[StageCost]] = field(default_factory=lambda: Recent(8), compare=False, repr=False)
 
     @staticmethod
-    def of(profile: Profile, u: int, action_s: float = 0.0) -> BlockTimes:
+    def of(profile: Profile, u: int, action_s: float = 0.0, schedules: Schedules | None = None) -> BlockTimes:
         bs = profile.blocks
         return BlockTimes(
             tuple(x.forward_s(u) for x in bs),
@@ -72,18 +115,22 @@ class BlockTimes:
             tuple(x.backward_input_s(u) for x in bs),
             tuple(x.backward_weight_s(u) for x in bs),
             action_s,
+            u,
+            Schedules() if schedules is None else schedules,
         )
 
-
-_RECENT: Recent[list[StageCost]] = Recent(8)
-"""The last few costs_of answers (the search bounds a split, then prices it: the same sums)."""
+    @functools.cached_property
+    def prefix(self) -> tuple[npt.NDArray[np.float64], ...]:
+        """Prefix sums of F, B, B input-gradient and W per block (the bounds' sums)."""
+        return tuple(np.concatenate(([0.0], np.cumsum(x))) for x in (self.f, self.b, self.bi, self.w))
 
 
 def costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list[StageCost]:
-    """What each stage costs per micro-batch, recomputation included (for the simulator)."""
+    """What each stage costs per micro-batch, recomputation included (for the simulator; the
+    last few kept in ``t.costs``, by the problem's identity and the cuts' value)."""
     key = (part.stage_of_block, part.recompute)
-    hit = _RECENT.get((problem, t), key)
-    return list(_RECENT.put((problem, t), key, _costs_of(problem, part, t)) if hit is None else hit)
+    hit = t.costs.get((problem,), key)
+    return list(t.costs.put((problem,), key, _costs_of(problem, part, t)) if hit is None else hit)
 
 
 def _costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list[StageCost]:
@@ -118,8 +165,8 @@ def _costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list
     return costs
 
 
-@functools.lru_cache(maxsize=128)
 def compiled(name: str, devices: int, micro_batches: int, virtual: int) -> CompiledSchedule:
+    """Schedule ``name``'s action lists, compiled for the simulator (keep it: :class:`Schedules`)."""
     # The generators are tested against the full validator; compiling re-checks the essentials.
     spec = schedule_spec(name)
     return compile_lists(spec.lists(devices, micro_batches, virtual), devices, virtual, spec.placement)
@@ -128,7 +175,7 @@ def compiled(name: str, devices: int, micro_batches: int, virtual: int) -> Compi
 def price(c: Candidate, devices: int) -> Summary:
     """Simulate candidate ``c`` on ``devices`` devices (iteration, bubble, peak memory)."""
     d = c.decision
-    schedule = compiled(d.schedule, devices, d.micro_batches, d.virtual)
+    schedule = c.times.schedules.compiled(d.schedule, devices, d.micro_batches, d.virtual)
     return simulate_summary(schedule, c.costs, c.partition.comm_s)
 
 

@@ -36,15 +36,22 @@ search has found, so the plan is never slower than any one searched schedule's p
 schedule's own (``ScheduleSpec.placement``: round-robin, V); nothing here assumes either. On
 small models with skip connections the ILP may then place blocks freely (not only in
 contiguous ranges).
+
+Which kernel cuts a problem, and whether the ILP places blocks freely, is one function,
+:func:`choose_solvers`; an ILP solver that cannot start leaves the plan as the search has it,
+with one note on the ``autopipe`` logger. What the search reuses (per micro-batch size: the
+block times and partition numbers and what the kernels keep of them; the compiled schedules)
+lives in the :class:`~autopipe.planner.context.SearchContext` each search makes afresh.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -53,20 +60,22 @@ from autopipe.errors import InfeasibleError, PlanError
 from autopipe.partition.baselines import BASELINES, baseline_assignment
 from autopipe.partition.chain import solve_chain
 from autopipe.partition.greedy import Memo, solve_fast
-from autopipe.partition.ilp import solve_ilp
+from autopipe.partition.ilp import SolverUnavailable, solve_ilp
 from autopipe.partition.min_memory import min_memory_limit
 from autopipe.partition.problem import Partition, PartitionProblem, evaluate
 from autopipe.planner.assemble import make_plan
 from autopipe.planner.bounds import (
     PRUNE_TOLERANCE,
+    Work,
     decision_bound,
     lower_bound,
     split_bound,
     work_table,
 )
+from autopipe.planner.context import SearchContext, SizeContext
 from autopipe.planner.exact import SplitTable, split_table
-from autopipe.planner.moves import Split, bounded, improve, order, refine, sizes_of
-from autopipe.planner.pricing import BlockTimes, Candidate, Decision, candidate, fits, price
+from autopipe.planner.moves import LazySplit, Split, bounded, improve, order, refine, sizes_of
+from autopipe.planner.pricing import BlockTimes, Decision, Priced, candidate, fits, price
 from autopipe.planner.request import (
     SEARCH_SCHEDULES,
     PlanRequest,
@@ -74,12 +83,13 @@ from autopipe.planner.request import (
     infeasible_error,
     validate,
 )
-from autopipe.planner.splits import price_split, problem_of
+from autopipe.planner.splits import device_limit, price_split, problem_of
 from autopipe.plans import Plan
 from autopipe.schedules import schedule_spec
-from autopipe.simulate.events import Summary
 
-__all__ = ["SEARCH_SCHEDULES", "PlanRequest", "Progress", "lower_bound", "plan_pipeline", "plan_search"]
+__all__ = ["SEARCH_SCHEDULES", "PlanRequest", "Progress", "Solvers", "choose_solvers", "lower_bound", "plan_pipeline", "plan_search"]
+
+log = logging.getLogger("autopipe")
 
 _EXACT_DP_LIMIT = 4_000_000  # n^2 * S above which the bisection solver replaces the DP
 _ILP_MAX_BLOCKS = 48  # DAGs up to this many blocks also get the ILP's free placement
@@ -88,6 +98,30 @@ _ILP_TIME_LIMIT_S = 10.0
 
 
 Progress = Callable[[str, int, int], None]  # progress(what, done, total), as costs.measured's
+
+
+@dataclass(frozen=True)
+class Solvers:
+    """Which partition kernels the search runs on one problem (:func:`choose_solvers`)."""
+
+    cuts: str  # "chain" (solve_chain, the exact DP) or "bisection" (solve_fast)
+    free_placement: bool  # the ILP (solve_ilp) may then place the blocks freely
+
+
+def choose_solvers(problem: PartitionProblem) -> Solvers:
+    """The one place that chooses the partition kernels, by the problem's size and shape:
+
+    - the cuts: the exact chain DP (:func:`~autopipe.partition.chain.solve_chain`) while
+      n² · S is at most 4,000,000, else the bisection solver
+      (:func:`~autopipe.partition.greedy.solve_fast`, within :data:`SOLVER_TOLERANCE`);
+    - free placement: on a DAG (a tensor skips a block) of at most 48 blocks, the ILP
+      (:func:`~autopipe.partition.ilp.solve_ilp`) also places blocks in any order monotone
+      along the edges, for the best two decisions, kept where the simulator says faster.
+    """
+    n = problem.blocks
+    cuts = "chain" if n * n * problem.stages <= _EXACT_DP_LIMIT else "bisection"
+    dag = n <= _ILP_MAX_BLOCKS and any(t.src >= 0 and any(d != t.src + 1 for d in t.dsts) for t in problem.tensors)
+    return Solvers(cuts, dag)
 
 
 def plan_pipeline(profile: Profile, request: PlanRequest, progress: Progress | None = None) -> Plan:
@@ -105,139 +139,188 @@ def plan_pipeline(profile: Profile, request: PlanRequest, progress: Progress | N
     return make_plan(profile, request, best_candidate, timeline, fitting)
 
 
-def plan_search(profile: Profile, request: PlanRequest, progress: Progress | None = None, incumbent: float = math.inf) -> list[tuple[Candidate, Summary]]:
+def plan_search(profile: Profile, request: PlanRequest, progress: Progress | None = None, incumbent: float = math.inf) -> list[Priced]:
     """Every simulated candidate that fits, fastest first (the branch and bound of :func:`plan_pipeline`, for a
     validated request); InfeasibleError when none fits (none faster than ``incumbent``: another search's time to beat)."""
-    work = work_table(profile, request.devices)
-    todo = sorted(
-        decisions(profile, request),
-        key=lambda d: (decision_bound(work, request, d), _order_key(d)),
-    )
-    simulated: list[tuple[Candidate, Summary]] = []
-    queue: list[tuple[float, int, Split | tuple[Decision, int]]] = []  # (bound, tie-break, split or enumerated split)
-    best = incumbent
-    need = math.inf  # the smallest limit an enumerated decision fits (for the error)
-    infeasible: dict[tuple[str, int], tuple[int, PartitionProblem]] = {}
-    next_decision = 0
-    counter = itertools.count()
-    prepared: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
-    tables: dict[Decision, tuple[PartitionProblem, BlockTimes, SplitTable]] = {}
-    shared: Shared = {}  # unlimited cuts per (micro-batch size, chunks)
-    memos: dict[int, Memo] = {}  # the bisection solver's memory reach per micro-batch size
-    simple: dict[tuple[str, int, int], tuple[int, ...]] = {}  # the simple splits' sizes per (name, micro-batch size, chunks)
-    params = _params(profile)
-    report = progress or (lambda what, done, total: None)
+    search = _Search(SearchContext(profile, request), progress or (lambda what, done, total: None), incumbent)
+    search.run()
+    fitting = search.fitting()
+    search.report("searching", len(search.todo), len(search.todo))  # the rest could not win
+    fitting = _refine_with_ilp(profile, request, fitting, search.report)
+    pending = [(bound, item) for bound, _, item in sorted(search.queue) if isinstance(item, Split | LazySplit)]
+    return improve(profile, request, fitting, set(search.tables), pending, search.prepared)
 
-    def infeasible_at(decision: Decision, problem: PartitionProblem) -> None:
-        # Keep the most micro-batches per schedule: the least memory, for the error.
-        key = (decision.schedule, decision.virtual)
-        if decision.micro_batches > infeasible.get(key, (0, problem))[0]:
-            infeasible[key] = (decision.micro_batches, problem)
 
-    def open_solver(decision: Decision, problem: PartitionProblem, times: BlockTimes, free: Partition | None) -> None:
+@dataclass(frozen=True)
+class TableRow:
+    """A queue item: split ``index`` (in bound order) of an enumerated decision's table."""
+
+    decision: Decision
+    index: int
+
+
+QueueItem = Split | LazySplit | TableRow
+"""What the search's queue holds, each with a lower bound: the solver's cuts or a simple split
+to price (:class:`Split`), a simple split to sum up first (:class:`LazySplit`), or the next
+split of an enumerated decision (:class:`TableRow`)."""
+
+
+class _Search:
+    """The branch and bound's state: the decisions in bound order, the queue, what each opened
+    decision keeps, and the best simulated time that fits."""
+
+    def __init__(self, ctx: SearchContext, report: Progress, incumbent: float) -> None:
+        self.ctx, self.report, self.best = ctx, report, incumbent
+        self.profile, self.req = ctx.profile, ctx.request
+        self.work: Work = work_table(self.profile, self.req.devices)
+        self.todo = sorted(decisions(self.profile, self.req), key=lambda d: (decision_bound(self.work, self.req, d), _order_key(d)))
+        self.simulated: list[Priced] = []
+        self.queue: list[tuple[float, int, QueueItem]] = []  # (bound, tie-break, item)
+        self.counter = itertools.count()
+        self.need = math.inf  # the smallest limit an enumerated decision fits (for the error)
+        self.infeasible: dict[tuple[str, int], tuple[int, PartitionProblem]] = {}
+        self.opened = 0
+        self.prepared: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
+        self.tables: dict[Decision, tuple[PartitionProblem, BlockTimes, SplitTable]] = {}
+        self.free: dict[tuple[int, int], tuple[int, ...]] = {}  # unlimited cuts per (micro-batch size, chunks)
+        self.simple: dict[tuple[str, int, int], tuple[int, ...]] = {}  # the simple splits' sizes per (name, micro-batch size, chunks)
+        self.params = tuple(float(b.params) for b in self.profile.blocks)
+
+    def push(self, bound: float, item: QueueItem) -> None:
+        heapq.heappush(self.queue, (bound, next(self.counter), item))
+
+    def run(self) -> None:
+        """Pop the queue while its least bound is below the next decision's, else open that
+        decision; stop when neither bound can beat the best plan that fits."""
+        self.report("searching", 0, len(self.todo))
+        while True:
+            open_bound = decision_bound(self.work, self.req, self.todo[self.opened]) if self.opened < len(self.todo) else math.inf
+            if self.queue and self.queue[0][0] <= open_bound:
+                bound, _, item = heapq.heappop(self.queue)
+                if bound >= self.best * (1 + PRUNE_TOLERANCE):
+                    return
+                self.take(item)
+                continue
+            if open_bound >= self.best * (1 + PRUNE_TOLERANCE) or self.opened >= len(self.todo):
+                return
+            decision = self.todo[self.opened]
+            self.opened += 1
+            self.report("searching", self.opened, len(self.todo))
+            self.open(decision)
+
+    def take(self, item: QueueItem) -> None:
+        """Price the item the queue gave (a lazy split: bound it from its sums, queue it again)."""
+        req = self.req
+        match item:
+            case LazySplit():
+                problem, times = self.prepared[item.decision]
+                bound, split = refine(self.profile, req, item, problem, times)
+                if bound < math.inf:
+                    self.push(bound, split)
+                return
+            case Split():  # the solver's cuts or a simple split, priced as --balance prices it
+                problem, times = self.prepared[item.decision]
+                x = price_split(self.profile, req, item.decision, item.sizes, problem=problem, times=times, source=item.source)
+            case TableRow(decision=d, index=i):  # the next split of an enumerated decision, in bound order
+                problem, times, table = self.tables[d]
+                x = price_split(self.profile, req, d, table.sizes[i].tolist(), problem=problem, times=times, source="solver")
+                if i + 1 < len(table.sizes):
+                    self.push(float(table.bounds[i + 1]), TableRow(d, i + 1))
+        self.simulated.append(x)
+        if fits(x.summary, req.memory_limit):
+            self.best = min(self.best, x.summary.iteration_s)
+
+    def open(self, decision: Decision) -> None:
+        """Queue a decision's candidates: all its splits in bound order where few enough,
+        else the unlimited cuts (where the chunk rule says no), the solver's and the simple splits."""
+        req, size = self.req, self.ctx.size(decision)
+        problem = problem_of(self.profile, req, decision, size.numbers)
+        times = size.times
+        enumerated = split_table(problem, times, decision, req.devices, req.memory_limit)
+        if enumerated is not None:
+            self.need = min(self.need, enumerated.need)
+            if len(enumerated.sizes):  # few enough splits: all that fit, in bound order
+                self.tables[decision] = (problem, times, enumerated)
+                self.push(float(enumerated.bounds[0]), TableRow(decision, 0))
+            else:
+                self.infeasible_at(decision, problem)
+            return
+        self.prepared[decision] = (problem, times)
+        free = self.free_cuts(problem, size.u)
+        if free is not None and not free.fits:  # the chunk rule says no, the simulated peak may say yes
+            bound, split = bounded(self.profile, req, candidate(decision, "solver", problem, free, times), times, False)
+            if bound < math.inf:
+                self.push(bound, split)
+        self.open_solver(decision, problem, size, free)
+
+    def open_solver(self, decision: Decision, problem: PartitionProblem, size: SizeContext, free: Partition | None) -> None:
         """Queue the solver's cuts of ``decision`` (``free``: the unlimited cuts, when they fit its
         rule) and its simple splits: each decision's candidates are the same whatever the search
         has found so far (so the local moves start where the search pinned to its schedule does)."""
+        times, u = size.times, size.u
         try:
-            u = request.batch_size // decision.micro_batches
-            solved = free if free is not None and free.fits else _solve(problem, memos.setdefault(u, Memo()))
+            solved = free if free is not None and free.fits else _solve(problem, size.reach)
         except InfeasibleError:
-            infeasible_at(decision, problem)
+            self.infeasible_at(decision, problem)
             return
-        bound, split = bounded(profile, request, candidate(decision, "solver", problem, solved, times), times, True)
-        heapq.heappush(queue, (bound, next(counter), split))  # the solver's cuts fit its own rule: bound < inf
+        bound, split = bounded(self.profile, self.req, candidate(decision, "solver", problem, solved, times), times, True)
+        self.push(bound, split)  # the solver's cuts fit its own rule: bound < inf
         mine = sizes_of(solved, problem.stages)
         for name in BASELINES:  # summed up when the queue reaches them (split_bound: prefix sums only)
             key = (name, u if name == "greedy-time" else 0, problem.stages)  # only greedy-time depends on the times
-            if key not in simple:
-                assignment = baseline_assignment(name, params, problem.time_s, problem.stages)
-                simple[key] = tuple(int(x) for x in np.bincount(assignment, minlength=problem.stages))
-            sizes = simple[key]
+            if key not in self.simple:
+                assignment = baseline_assignment(name, self.params, problem.time_s, problem.stages)
+                self.simple[key] = tuple(int(x) for x in np.bincount(assignment, minlength=problem.stages))
+            sizes = self.simple[key]
             if sizes != mine:
-                bound = split_bound(request, decision, problem, times, sizes)
-                heapq.heappush(queue, (bound, next(counter), Split(decision, sizes, name, lazy=True)))
+                self.push(split_bound(self.req, decision, problem, times, sizes), LazySplit(decision, sizes, name))
 
-    report("searching", 0, len(todo))
-    while True:
-        open_bound = decision_bound(work, request, todo[next_decision]) if next_decision < len(todo) else math.inf
-        if queue and queue[0][0] <= open_bound:
-            bound, _, item = heapq.heappop(queue)
-            if bound >= best * (1 + PRUNE_TOLERANCE):
-                break
-            if isinstance(item, Split) and item.lazy:  # a simple split: its bound from its sums, queued again
-                problem, times = prepared[item.decision]
-                bound, split = refine(profile, request, item, problem, times)
-                if bound < math.inf:
-                    heapq.heappush(queue, (bound, next(counter), split))
-                continue
-            if isinstance(item, Split):  # the solver's cuts or a simple split, priced as --balance prices it
-                problem, times = prepared[item.decision]
-                c, t = price_split(profile, request, item.decision, item.sizes, problem=problem, times=times, source=item.source)
-            else:  # the next split of an enumerated decision, in bound order
-                d, i = item
-                problem, times, table = tables[d]
-                c, t = price_split(profile, request, d, table.sizes[i].tolist(), problem=problem, times=times, source="solver")
-                if i + 1 < len(table.sizes):
-                    heapq.heappush(queue, (float(table.bounds[i + 1]), next(counter), (d, i + 1)))
-            simulated.append((c, t))
-            if fits(t, request.memory_limit):
-                best = min(best, t.iteration_s)
-            continue
-        if open_bound >= best * (1 + PRUNE_TOLERANCE) or next_decision >= len(todo):
-            break
-        decision = todo[next_decision]
-        next_decision += 1
-        report("searching", next_decision, len(todo))
-        problem = problem_of(profile, request, decision)
-        times = BlockTimes.of(profile, request.batch_size // decision.micro_batches, request.action_overhead_s)
-        enumerated = split_table(problem, times, decision, request.devices, request.memory_limit)
-        if enumerated is not None and len(enumerated.sizes):  # few enough splits: all that fit, in bound order
-            need = min(need, enumerated.need)
-            tables[decision] = (problem, times, enumerated)
-            heapq.heappush(queue, (float(enumerated.bounds[0]), next(counter), (decision, 0)))
-            continue
-        if enumerated is not None:
-            need = min(need, enumerated.need)
-            infeasible_at(decision, problem)
-            continue
-        prepared[decision] = (problem, times)
-        u = request.batch_size // decision.micro_batches
-        free = _free_cuts(problem, shared, u)
-        if free is not None and not free.fits:  # the chunk rule says no, the simulated peak may say yes
-            bound, split = bounded(profile, request, candidate(decision, "solver", problem, free, times), times, False)
-            if bound < math.inf:
-                heapq.heappush(queue, (bound, next(counter), split))
-        open_solver(decision, problem, times, free)
-    if not simulated:
-        smallest_fit = need
-        for (_, v), (_, problem) in infeasible.items():
-            smallest_fit = min(smallest_fit, min_memory_limit(problem) * v)
-        raise infeasible_error(profile, request, smallest_fit)
-    fitting = [(c, t) for c, t in simulated if fits(t, request.memory_limit)]
-    if not fitting:
-        raise infeasible_error(profile, request, min(need, min(max(t.peak_memory_bytes) for _, t in simulated)))
-    fitting.sort(key=lambda ct: (ct[1].iteration_s, order(ct[0])))
-    report("searching", len(todo), len(todo))  # the rest could not win
-    fitting = _refine_with_ilp(profile, request, fitting, report)
-    pending = [(bound, item) for bound, _, item in sorted(queue) if isinstance(item, Split)]
-    return improve(profile, request, fitting, set(tables), pending, prepared)
+    def free_cuts(self, problem: PartitionProblem, u: int) -> Partition | None:
+        """The min-bottleneck cuts of ``problem``'s blocks with no memory limit, nothing recomputed
+        (solved once per micro-batch size ``u`` and chunk count: decisions that share both share
+        them), priced under ``problem``; None where the request recomputes every chunk. Where they
+        fit, they are the solver's answer too (a memory limit or recomputation only raises the
+        bottleneck)."""
+        K = problem.stages
+        if problem.recompute == "always":
+            return None
+        if (u, K) not in self.free:
+            free = replace(problem, inflight=(1.0,) * K, stage_memory_limit=(math.inf,) * K, recompute="never")
+            self.free[u, K] = _solve(free).stage_of_block
+        return evaluate(problem, self.free[u, K], (False,) * K)
+
+    def infeasible_at(self, decision: Decision, problem: PartitionProblem) -> None:
+        """Keep the most micro-batches per schedule: the least memory, for the error."""
+        key = (decision.schedule, decision.virtual)
+        if decision.micro_batches > self.infeasible.get(key, (0, problem))[0]:
+            self.infeasible[key] = (decision.micro_batches, problem)
+
+    def fitting(self) -> list[Priced]:
+        """The simulated candidates that fit, fastest first; InfeasibleError (with the smallest
+        limit that would fit) when none does."""
+        req = self.req
+        if not self.simulated:
+            smallest_fit = self.need
+            for (_, v), (_, problem) in self.infeasible.items():
+                smallest_fit = min(smallest_fit, device_limit(min_memory_limit(problem), v))
+            raise infeasible_error(self.profile, req, smallest_fit)
+        fitting = [x for x in self.simulated if fits(x.summary, req.memory_limit)]
+        if not fitting:
+            raise infeasible_error(self.profile, req, min(self.need, min(max(t.peak_memory_bytes) for _, t in self.simulated)))
+        fitting.sort(key=lambda ct: (ct.summary.iteration_s, order(ct.candidate)))
+        return fitting
 
 
 def _order_key(d: Decision) -> tuple[int, int, int]:
     return (schedule_spec(d.schedule).preference, d.virtual, d.micro_batches)
 
 
-def _is_dag(profile: Profile) -> bool:
-    return any(t.src >= 0 and any(d != t.src + 1 for d in t.dsts) for t in profile.tensors)
-
-
-def _refine_with_ilp(
-    profile: Profile, req: PlanRequest, fitting: list[tuple[Candidate, Summary]], report: Progress
-) -> list[tuple[Candidate, Summary]]:
-    """On a small DAG (skip connections), let the ILP place blocks freely — any assignment
-    monotone along the edges, not only contiguous ranges of one topological order — for the
-    best decisions, and keep its partition where the simulator says it is faster."""
-    if not _is_dag(profile) or profile.num_blocks > _ILP_MAX_BLOCKS:
+def _refine_with_ilp(profile: Profile, req: PlanRequest, fitting: list[Priced], report: Progress) -> list[Priced]:
+    """Where :func:`choose_solvers` says so (a small DAG: skip connections), let the ILP place
+    blocks freely — any assignment monotone along the edges, not only contiguous ranges of one
+    topological order — for the best decisions, and keep its partition where the simulator
+    says it is faster. An ILP solver that cannot start leaves the plans as they are (one note)."""
+    if not choose_solvers(fitting[0].candidate.problem).free_placement:
         return fitting
     extra = []
     tried: set[Decision] = set()
@@ -250,36 +333,17 @@ def _refine_with_ilp(
         tried.add(c.decision)
         try:
             part = solve_ilp(c.problem, time_limit_s=_ILP_TIME_LIMIT_S)
+        except SolverUnavailable as e:
+            log.warning("%s; the plan keeps the contiguous cuts the search found", e)
+            break
         except (InfeasibleError, PlanError):
             continue
         if part.stage_of_block != c.partition.stage_of_block:
-            times = BlockTimes.of(profile, req.batch_size // c.decision.micro_batches, req.action_overhead_s)
-            cand = candidate(c.decision, "ilp", c.problem, part, times)
+            cand = candidate(c.decision, "ilp", c.problem, part, c.times)
             t = price(cand, req.devices)
             if fits(t, req.memory_limit):
-                extra.append((cand, t))
-    return sorted(fitting + extra, key=lambda ct: (ct[1].iteration_s, order(ct[0])))
-
-
-# --------------------------------------------------------------------------- decisions
-
-
-Shared = dict[tuple[int, int], tuple[int, ...]]
-
-
-def _free_cuts(problem: PartitionProblem, shared: Shared, u: int) -> Partition | None:
-    """The min-bottleneck cuts of ``problem``'s blocks with no memory limit, nothing recomputed
-    (solved once per micro-batch size ``u`` and chunk count: decisions that share both share
-    them), priced under ``problem``; None where the request recomputes every chunk. Where they
-    fit, they are the solver's answer too (a memory limit or recomputation only raises the
-    bottleneck)."""
-    K = problem.stages
-    if problem.recompute == "always":
-        return None
-    if (u, K) not in shared:
-        free = replace(problem, inflight=(1.0,) * K, stage_memory_limit=(math.inf,) * K, recompute="never")
-        shared[u, K] = _solve(free).stage_of_block
-    return evaluate(problem, shared[u, K], (False,) * K)
+                extra.append(Priced(cand, t))
+    return sorted(fitting + extra, key=lambda ct: (ct.summary.iteration_s, order(ct.candidate)))
 
 
 SOLVER_TOLERANCE = 1e-6
@@ -288,13 +352,8 @@ bottleneck within this (relative) of the least, in half the probes."""
 
 
 def _solve(problem: PartitionProblem, memo: Memo | None = None) -> Partition:
-    """The solver's cuts: the DP's on small problems, else the bisection's (``memo``: its
+    """The solver's cuts (the kernel :func:`choose_solvers` names; ``memo``: the bisection's
     memory reach kept across the decisions at one micro-batch size)."""
-    n = problem.blocks
-    if n * n * problem.stages <= _EXACT_DP_LIMIT:
+    if choose_solvers(problem).cuts == "chain":
         return solve_chain(problem, explain=False)
     return solve_fast(problem, explain=False, tolerance=SOLVER_TOLERANCE, memo=memo)
-
-
-def _params(profile: Profile) -> tuple[float, ...]:
-    return tuple(float(b.params) for b in profile.blocks)

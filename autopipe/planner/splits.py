@@ -18,60 +18,92 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from autopipe.costs.profile import Profile
 from autopipe.errors import PlanError
-from autopipe.partition.problem import Edge, PartitionProblem, contiguous_assignment, evaluate
-from autopipe.planner._recent import Recent
-from autopipe.planner.pricing import BlockTimes, Candidate, Decision, candidate, fits, price
+from autopipe.partition.memo import BlockMemo
+from autopipe.partition.problem import (
+    SCREEN_SLACK,
+    Edge,
+    PartitionProblem,
+    contiguous_assignment,
+    evaluate,
+    memory_fits,
+)
+from autopipe.planner.pricing import (
+    BlockTimes,
+    Decision,
+    Priced,
+    candidate,
+    fits,
+    micro_batch_size,
+    price,
+)
 from autopipe.planner.request import PlanRequest
 from autopipe.schedules import schedule_spec
-from autopipe.simulate.events import Summary
 
-__all__ = ["check_balance", "plain_may_fit", "price_split", "problem_of", "split_assignment"]
+__all__ = ["BlockNumbers", "check_balance", "chunk_limit", "device_limit", "plain_may_fit", "price_split", "problem_of", "split_assignment"]
 
 
-def problem_of(profile: Profile, req: PlanRequest, decision: Decision) -> PartitionProblem:
-    """The partition problem of ``decision``: S·v chunks, each with a device's limit / v
+def chunk_limit(memory_limit: float, virtual: int) -> float:
+    """The memory limit of one chunk of a device running ``virtual`` chunks: its share (the
+    partition problems' ``stage_memory_limit``, a heuristic for their own cuts: the simulated
+    per-device peak decides what fits)."""
+    return memory_limit / virtual
+
+
+def device_limit(chunk: float, virtual: int) -> float:
+    """The device limit whose :func:`chunk_limit` is ``chunk`` (the way back, for the error's
+    smallest limit that fits)."""
+    return chunk * virtual
+
+
+@dataclass(frozen=True)
+class BlockNumbers:
+    """One micro-batch size's per-block numbers as the partition problems take them (every
+    decision at that size shares them), with the memo the partition kernels keep of them."""
+
+    time_s: tuple[float, ...]  # forward + backward
+    recompute_s: tuple[float, ...]  # forward
+    static_bytes: tuple[float, ...]  # parameters x the request's state factor
+    activation_bytes: tuple[float, ...]
+    tensors: tuple[Edge, ...]  # those with consumers
+    memo: BlockMemo = field(default_factory=BlockMemo, compare=False, repr=False)
+
+    @staticmethod
+    def of(profile: Profile, u: int, state_factor: float) -> BlockNumbers:
+        blocks = profile.blocks
+        return BlockNumbers(
+            tuple(b.forward_s(u) + b.backward_s(u) for b in blocks),
+            tuple(b.forward_s(u) for b in blocks),
+            tuple((b.param_bytes + b.shared_param_bytes) * state_factor for b in blocks),
+            tuple(b.saved_bytes(u) for b in blocks),
+            tuple(Edge(t.src, t.dsts, t.bytes(u)) for t in profile.tensors if t.dsts),
+        )
+
+
+def problem_of(profile: Profile, req: PlanRequest, decision: Decision, numbers: BlockNumbers | None = None) -> PartitionProblem:
+    """The partition problem of ``decision``: S·v chunks, each with its :func:`chunk_limit`
     (what the chain solvers and the "auto" recomputation rule see; the simulator's per-device
-    peak decides what fits)."""
-    u = req.batch_size // decision.micro_batches
+    peak decides what fits). ``numbers``: :meth:`BlockNumbers.of` at its micro-batch size."""
+    u = micro_batch_size(req.batch_size, decision)
     chunks = req.devices * decision.virtual
-    time_s, recompute_s, static_bytes, activation_bytes, tensors = _blocks(profile, u, req.state_factor)
+    b = BlockNumbers.of(profile, u, req.state_factor) if numbers is None else numbers
     return PartitionProblem(
-        time_s=time_s,
-        recompute_s=recompute_s,
-        static_bytes=static_bytes,
-        activation_bytes=activation_bytes,
-        tensors=tensors,
+        time_s=b.time_s,
+        recompute_s=b.recompute_s,
+        static_bytes=b.static_bytes,
+        activation_bytes=b.activation_bytes,
+        tensors=b.tensors,
         stages=chunks,
         inflight=schedule_spec(decision.schedule).inflight(req.devices, decision.micro_batches, decision.virtual),
-        stage_memory_limit=(req.memory_limit / decision.virtual,) * chunks,  # a device's v stages share it
+        stage_memory_limit=(chunk_limit(req.memory_limit, decision.virtual),) * chunks,  # a device's v stages share it
         link_latency_s=req.link_latency_s,
         link_bandwidth=req.link_bandwidth,
         recompute=req.recompute,
+        memo=b.memo,
     )
-
-
-Blocks = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...], tuple[float, ...], tuple[Edge, ...]]
-_RECENT: Recent[Blocks] = Recent(16)
-"""The last few micro-batch sizes' per-block numbers (by the profile's identity): every
-decision at one micro-batch size shares them, and the solvers key what they keep on them."""
-
-
-def _blocks(profile: Profile, u: int, state_factor: float) -> Blocks:
-    hit = _RECENT.get((profile,), (u, state_factor))
-    if hit is not None:
-        return hit
-    blocks = profile.blocks
-    hit = (
-        tuple(b.forward_s(u) + b.backward_s(u) for b in blocks),
-        tuple(b.forward_s(u) for b in blocks),
-        tuple((b.param_bytes + b.shared_param_bytes) * state_factor for b in blocks),
-        tuple(b.saved_bytes(u) for b in blocks),
-        tuple(Edge(t.src, t.dsts, t.bytes(u)) for t in profile.tensors if t.dsts),
-    )
-    return _RECENT.put((profile,), (u, state_factor), hit)
 
 
 def split_assignment(sizes: Sequence[int]) -> tuple[int, ...]:
@@ -91,28 +123,25 @@ def price_split(
     problem: PartitionProblem | None = None,
     times: BlockTimes | None = None,
     source: str = "split",
-) -> tuple[Candidate, Summary]:
+) -> Priced:
     """Price the split ``sizes`` (blocks per chunk, chunk order) under ``decision``:
     evaluate (recomputation by the request's mode) and simulate. ``problem`` and ``times``,
-    when given, are :func:`problem_of` and ``BlockTimes.of`` of the same decision (cached)."""
+    when given, are :func:`problem_of` and ``BlockTimes.of`` of the same decision (the search's
+    context at its micro-batch size: ``planner.context``)."""
     p = problem_of(profile, req, decision) if problem is None else problem
-    t = BlockTimes.of(profile, req.batch_size // decision.micro_batches, req.action_overhead_s) if times is None else times
+    t = BlockTimes.of(profile, micro_batch_size(req.batch_size, decision), req.action_overhead_s) if times is None else times
     assignment = split_assignment(sizes)
-    plain: tuple[Candidate, Summary] | None = None
+    plain: Priced | None = None
     if p.recompute == "auto" and plain_may_fit(p, decision, req.devices, req.memory_limit, sizes):
         c = candidate(decision, source, p, evaluate(p, assignment, (False,) * p.stages), t)
-        plain = c, price(c, req.devices)  # nothing recomputed when every device fits without it
+        plain = Priced(c, price(c, req.devices))  # nothing recomputed when every device fits without it
         if fits(plain[1], req.memory_limit):
             return plain
     part = evaluate(p, assignment)
     if plain is not None and not any(part.recompute):
         return plain
     c = candidate(decision, source, p, part, t)
-    return c, price(c, req.devices)
-
-
-MEMORY_SLACK = 1e-6
-"""A split is screened out only when its least peak exceeds the limit by more than this (relative)."""
+    return Priced(c, price(c, req.devices))
 
 
 def plain_may_fit(problem: PartitionProblem, decision: Decision, devices: int, memory_limit: float, sizes: Sequence[int]) -> bool:
@@ -132,7 +161,7 @@ def plain_may_fit(problem: PartitionProblem, decision: Decision, devices: int, m
         i += size
     less = 1.0 if decision.virtual > 1 else 0.0
     peaks = (a + max(h - less, 1.0) * b for a, h, b in zip(static, held, least, strict=True))
-    return max(peaks) <= memory_limit * (1.0 + MEMORY_SLACK)
+    return memory_fits(max(peaks), memory_limit, SCREEN_SLACK)
 
 
 def check_balance(

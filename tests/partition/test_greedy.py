@@ -9,6 +9,8 @@ import dataclasses
 import itertools
 import math
 import random
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -124,3 +126,11 @@ def test_the_lower_bracket_stays_below_the_least_bottleneck() -> None:
         assert greedy._lower(p, pt[-1]) < least
         rounded += least < max(max(times), pt[-1] / S)
     assert rounded > 20  # the bracket's margin is needed
+
+
+def test_the_c_probe_mirrors_the_python_bisection_gap() -> None:
+    source = (Path(greedy.__file__).parent / "_probe.c").read_text()
+    found = re.search(r"^#define BISECT_GAP (\S+)$", source, re.MULTILINE)
+    assert found is not None, "_probe.c defines BISECT_GAP"
+    assert float(found.group(1)) == greedy.BISECT_GAP
+    assert "1e-12" not in source.replace("#define BISECT_GAP 1e-12", "")  # no other copy of it

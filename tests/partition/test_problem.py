@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from autopipe.errors import PlanError
@@ -124,3 +125,32 @@ def test_evaluate_rejects_invalid_assignments(
 def test_evaluate_rejects_recompute_the_mode_forbids() -> None:
     with pytest.raises(PlanError, match="contradicts the problem's mode 'never'"):
         evaluate(hand_problem(recompute="never"), (0, 1, 1, 2), (False, True, False))
+
+
+def test_one_fits_in_memory_rule_with_named_tolerances() -> None:
+    from autopipe.partition.problem import EPS, SCREEN_SLACK, memory_cap, memory_fits
+
+    limit = 3.0 * 2**30
+    assert memory_cap(limit) == limit * (1.0 + EPS)
+    assert memory_fits(limit * (1.0 + EPS), limit) and not memory_fits(limit * (1.0 + 2 * EPS), limit)
+    assert memory_fits(limit * (1.0 + SCREEN_SLACK), limit, SCREEN_SLACK)
+    assert not memory_fits(limit * (1.0 + 2 * SCREEN_SLACK), limit, SCREEN_SLACK)
+    assert memory_fits(1e30, math.inf)
+    caps = memory_cap(np.array([1.0, 2.0, math.inf]))  # the same arithmetic on arrays
+    assert caps.tolist() == [memory_cap(1.0), memory_cap(2.0), math.inf]
+
+
+def test_no_other_copy_of_the_memory_tolerances() -> None:
+    """The tolerances are written once (partition/problem.py); every other module names them."""
+    import re
+    from pathlib import Path
+
+    import autopipe
+
+    root = Path(autopipe.__file__).parent
+    for path in [*(root / "partition").glob("*.py"), *(root / "planner").glob("*.py")]:
+        if path.name == "problem.py":
+            continue
+        text = path.read_text()
+        assert not re.search(r"MEMORY_SLACK|(limit\w*|\)|\])\s*\*\s*\(1(\.0)? \+ ", text), path.name  # memory_cap
+        assert not re.search(r"limit\w* / \w+\.virtual|limit\(\w+\) \* v\b", text), path.name  # splits.chunk_limit, device_limit

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from autopipe.planner.bounds import reach_bound, split_bound
-from autopipe.planner.moves import Split, refine
+from autopipe.planner.moves import LazySplit, refine
 from autopipe.planner.pricing import BlockTimes, Decision
 from autopipe.planner.request import PlanRequest
 from autopipe.planner.splits import price_split, problem_of
@@ -49,7 +49,7 @@ def test_a_split_is_never_faster_than_its_bound_from_sums(name: str) -> None:
         problem, times = problem_of(prof, req, d), BlockTimes.of(prof, 2, req.action_overhead_s)
         for _ in range(8):
             sizes = _random_sizes(rng, n, req.devices * d.virtual)
-            queued, _ = refine(prof, req, Split(d, tuple(sizes), "even-layers", lazy=True), problem, times)
+            queued, _ = refine(prof, req, LazySplit(d, tuple(sizes), "even-layers"), problem, times)
             if queued == math.inf:  # fits no way: the search does not queue it
                 continue
             _, t = price_split(prof, req, d, sizes, problem=problem, times=times)

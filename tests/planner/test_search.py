@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 from pathlib import Path
 
@@ -11,10 +12,18 @@ import pytest
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.graph.recipe import TraceRecipe
+from autopipe.partition.ilp import SolverUnavailable, solve_ilp
 from autopipe.planner.assemble import plan_timeline
-from autopipe.planner.pricing import BlockTimes, candidate, compiled
+from autopipe.planner.pricing import BlockTimes, candidate
 from autopipe.planner.request import decisions
-from autopipe.planner.search import SEARCH_SCHEDULES, PlanRequest, _solve, plan_pipeline
+from autopipe.planner.search import (
+    SEARCH_SCHEDULES,
+    PlanRequest,
+    Solvers,
+    _solve,
+    choose_solvers,
+    plan_pipeline,
+)
 from autopipe.planner.splits import problem_of as _problem
 from autopipe.plans import Plan
 from autopipe.schedules import schedule_spec
@@ -92,7 +101,6 @@ def test_chosen_plan_is_no_worse_than_any_enumerated_alternative(seed: int) -> N
 def test_plans_are_byte_identical_for_the_same_inputs() -> None:
     prof = random_profile(10, 3, skips=1)
     a = plan_pipeline(prof, _request())
-    compiled.cache_clear()
     b = plan_pipeline(Profile.from_json(prof.to_json()), _request())
     assert a.to_json() == b.to_json()
     assert Plan.from_json(a.to_json()) == a
@@ -313,3 +321,53 @@ def test_the_search_is_never_slower_than_a_pinned_schedule(seed: int) -> None:
         except (InfeasibleError, PlanError):  # e.g. dualpipe-v with too few micro-batches
             continue
     assert plan.iteration_time_s <= min(pinned.values()) * (1 + 1e-9), (plan.schedule, plan.iteration_time_s, pinned)
+
+
+@pytest.mark.parametrize("failure", [BlockingIOError(11, "Resource temporarily unavailable"), FileNotFoundError(2, "No such file", "cbc")])
+def test_an_ilp_solver_that_cannot_start_leaves_the_plan_with_one_note(
+    failure: OSError, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import pulp
+
+    prof = random_profile(10, 3, skips=2)  # a small DAG: the search asks the ILP to place blocks freely
+    req = _request()
+    assert choose_solvers(_problem(prof, req, next(iter(decisions(prof, req))))).free_placement
+    calls: list[object] = []
+
+    def cannot_start(self: object, *args: object, **kwargs: object) -> None:
+        calls.append(self)
+        raise failure
+
+    monkeypatch.setattr(pulp.LpProblem, "solve", cannot_start)
+    with caplog.at_level(logging.WARNING, logger="autopipe"):
+        plan = plan_pipeline(prof, req)
+    assert len(calls) == 1  # one try, then the search stops asking
+    notes = [r.getMessage() for r in caplog.records if r.name == "autopipe"]
+    assert len(notes) == 1 and "could not start" in notes[0] and "keeps the contiguous cuts" in notes[0], notes
+    assert all(s.block_indices == tuple(range(s.block_indices[0], s.block_indices[-1] + 1)) for s in plan.stages)
+    assert max(plan.peak_memory_bytes) <= req.memory_limit * (1 + 1e-9)
+
+
+def test_an_ilp_solver_that_cannot_start_is_one_typed_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pulp
+
+    def cannot_start(self: object, *args: object, **kwargs: object) -> None:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(pulp.LpProblem, "solve", cannot_start)
+    prof = random_profile(8, 1, skips=1)
+    req = _request()
+    with pytest.raises(SolverUnavailable, match=r"^the ILP solver \(CBC\) could not start \(\[Errno 11\] .*\); ") as e:
+        solve_ilp(_problem(prof, req, next(iter(decisions(prof, req)))))
+    assert "\n" not in str(e.value)
+
+
+def test_the_solver_choice_is_one_function() -> None:
+    chain = random_profile(30, 0)
+    req = _request()
+    d = next(iter(decisions(chain, req)))
+    assert choose_solvers(_problem(chain, req, d)) == Solvers("chain", False)
+    big = random_profile(1200, 0)
+    assert choose_solvers(_problem(big, req, d)).cuts == "bisection"  # 1200^2 x 4 > 4,000,000
+    assert choose_solvers(_problem(random_profile(12, 0, skips=1), req, d)).free_placement
+    assert not choose_solvers(_problem(random_profile(60, 0, skips=3), req, d)).free_placement  # over 48 blocks
