@@ -1,6 +1,9 @@
 """After the branch and bound: local moves of a plan's cuts on the simulated objective itself,
 for decisions too large to enumerate (:func:`improve`, :func:`local_moves`), and the queue
-item the search prices a split from (:class:`Split`, :func:`bounded`, :func:`refine`)."""
+item the search prices a split from (:class:`Split`, :func:`bounded`, :func:`refine`).
+
+Tests: tests/planner/test_exact.py.
+"""
 
 from __future__ import annotations
 
