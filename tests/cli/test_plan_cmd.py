@@ -278,7 +278,7 @@ def test_a_hand_edited_profile_is_checked_against_the_model(profiles: dict[str, 
     edited = tmp_path / "edited.json"
     edited.write_text(json.dumps(raw))
     n = len(raw["blocks"])
-    code, _, err, _ = _run(capsys, "plan", str(MODELS / "mlp.py"), "--profile", str(edited), "--stages", "2", "-o", str(tmp_path / "p.json"))
+    code, _, err = _run(capsys, "plan", str(MODELS / "mlp.py"), "--profile", str(edited), "--stages", "2", "-o", str(tmp_path / "p.json"))
     assert (code, err) == (
         2,
         f"autopipe: error: {edited} has {n} blocks, the model traces into {n - 1}: block {n - 1} 'extra' is not in the model; "
