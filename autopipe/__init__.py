@@ -1,9 +1,11 @@
 """autopipe: automatic pipeline-parallelism planning for PyTorch models.
 
-``autopipe.plan(model, example_inputs, stages=4, memory="16GiB", batch_size=32)`` (or
+``autopipe.plan(model, example_inputs, devices=4, memory="16GiB", batch_size=32)`` (or
 ``autopipe.plan("models/gpt.py", kwargs={...}, ...)``) profiles a model and returns its Plan,
 ``autopipe.profile(...)`` the Profile alone, ``autopipe.emit(plan, model, folder, ...)`` writes
-its stages; ``autopipe.api`` has the rest of the programmatic interface.
+its stages; ``choices=autopipe.Choices(micro_batches=8, schedule="1f1b")`` pins decisions and
+``link=autopipe.Link(bandwidth=25e9)`` prices the hardware, taken alike by ``plan``,
+``plan_profile`` and ``plan_cluster``; ``autopipe.api`` has the rest of the programmatic interface.
 ``autopipe.plan_cluster("models/gpt.py", device="h100", gpus=64, batch_size=1536)`` plans a
 model file for a cluster (tensor x pipeline x data parallel) without allocating its weights.
 ``autopipe.pipeline(plan, model)`` is one rank's part of a plan for your own training loop (torchrun).
@@ -14,6 +16,7 @@ from autopipe.errors import (
     AutopipeError,
     EmitError,
     InfeasibleError,
+    InputError,
     ModelLoadError,
     PlanError,
     PlanFileError,
@@ -22,18 +25,21 @@ from autopipe.errors import (
     ScheduleError,
     TraceError,
 )
+from autopipe.modes import Recompute, Tracer
 from autopipe.plans import Plan
 
 __version__ = "0.1.0"
 
 
 _LAZY = {
+    "Choices": "autopipe.api",
+    "Link": "autopipe.api",
     "Pipeline": "autopipe.runtime.pipeline",
     "emit": "autopipe.api",
     "pipeline": "autopipe.runtime.pipeline",
     "pipeline_inputs": "autopipe.stages.export",
     "plan": "autopipe.api",
-    "plan_cluster": "autopipe.planner.cluster",
+    "plan_cluster": "autopipe.api",
     "plan_profile": "autopipe.api",
     "profile": "autopipe.api",
     "rebuild_model": "autopipe.stages.rebuild",
@@ -56,8 +62,11 @@ __all__ = [
     "Affine",
     "AutopipeError",
     "BlockCost",
+    "Choices",
     "EmitError",
     "InfeasibleError",
+    "InputError",
+    "Link",
     "ModelLoadError",
     "Pipeline",
     "Plan",
@@ -65,10 +74,12 @@ __all__ = [
     "PlanFileError",
     "Profile",
     "ProfileError",
+    "Recompute",
     "RuntimeFailure",
     "ScheduleError",
     "TensorCost",
     "TraceError",
+    "Tracer",
     "__version__",
     "emit",
     "pipeline",

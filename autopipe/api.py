@@ -7,157 +7,108 @@
     plan = autopipe.plan(model, x, loss_fn=loss, example_targets=y, stages=4, batch_size=32)
     autopipe.emit(plan, model, "stages/", example_inputs=x)
 
-The model is either a **model file** -- ``"path/to/model.py"`` or ``"path/to/model.py:factory"``
-with the factory's ``kwargs``, loaded as ``autopipe plan`` loads it (its ``example_inputs``,
-``example_targets`` and ``loss_fn``) -- or an **nn.Module** you hold, with ``example_inputs``
-(a function ``batch_size -> inputs``, or one batch: a tensor, tuple or dict of tensors whose
-first dimension is the batch, sliced to the micro-batch sizes measured), optionally
-``example_targets`` (the same two forms) and ``loss_fn(output, targets)`` (default: the mean
-of the output), whose cost is measured on the last block as the command line does.
-
-A plan of a model file records the file, factory and kwargs, so the command line rebuilds it.
-A plan of an in-memory module names no model file (its recipe's ``model_file`` is ""): it runs
-and emits in Python, with the module (:func:`emit` here; ``autopipe.pipeline(plan, model)``).
+The model is a **model file** (``"path/to/model.py[:factory]"`` with the factory's ``kwargs``,
+loaded as ``autopipe plan`` loads it) or an **nn.Module** you hold, with ``example_inputs`` and
+optionally ``example_targets`` and ``loss_fn`` (:mod:`autopipe.model.given`). A plan of a model
+file records the file, factory and kwargs, so the command line rebuilds it; a plan of an
+in-memory module names none (its recipe's ``model_file`` is ""): it runs and emits in Python.
+What the user pins is one :class:`Choices`, what the hardware costs one :class:`Link`, taken
+alike by :func:`plan`, :func:`plan_profile` and :func:`plan_cluster` (and the CLI, through here).
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
-from autopipe.costs.measured import profile_model
+from autopipe.costs.analytic import ModelCounts, count_model, profile_from_counts
+from autopipe.costs.calibrate import calibrate, save_calibration, stored_calibration
+from autopipe.costs.devices import DeviceSpec, device_spec, read_cluster_file
+from autopipe.costs.match import check_profile_of, fingerprint_of
+from autopipe.costs.measured import Progress, profile_model
 from autopipe.costs.profile import Profile
-from autopipe.errors import AutopipeError, EmitError, ModelLoadError, PlanError
+from autopipe.errors import EmitError, PlanError
 from autopipe.graph.recipe import TraceRecipe
-from autopipe.graph.trace import trace_model
-from autopipe.model.load import LoadedModel, ModelSpec, check_model_runs, default_loss, load_model
-from autopipe.model.usercode import exception_summary
+from autopipe.model.given import (
+    Batch,
+    ModelArg,
+    batch_of,
+    check_samples,
+    load_given,
+    maker,
+    source_of,
+)
+from autopipe.model.load import check_model_runs, load_model
+from autopipe.model.spec import parse_kwargs
+from autopipe.modes import Recompute, Tracer
+from autopipe.planner.assemble import plan_costs, plan_timeline
 from autopipe.planner.balance import plan_balance
-from autopipe.planner.defaults import plan_micro_batch_sizes, plan_request
+from autopipe.planner.cluster import check_degrees, cluster_fields, tensor_options
+from autopipe.planner.defaults import (
+    ANALYTIC_MICRO_BATCH_SIZES,
+    default_dtype,
+    default_micro_batch_sizes,
+    parallel_request,
+    plan_micro_batch_sizes,
+    plan_request,
+)
+from autopipe.planner.parallel import ParallelPlan, Rejected, plan_parallel
+from autopipe.planner.request import (
+    API_WORDS,
+    CHOICE_FIELDS,
+    LINK_FIELDS,
+    Choices,
+    Link,
+    Words,
+    validate,
+)
 from autopipe.planner.search import plan_pipeline
 from autopipe.plans import Plan
 from autopipe.stages.emit import emit as emit_rebuilt
 from autopipe.stages.emit import emit_stages
 from autopipe.units import parse_bytes
 
-__all__ = ["emit", "fingerprint_of", "plan", "plan_profile", "profile"]
-
-Batch = Callable[[int], Any] | Any  # a function batch_size -> batch, or one batch to slice
-ModelArg = nn.Module | str | os.PathLike[str]  # an nn.Module, or "path/to/model.py[:factory]"
-LossFn = Callable[[Any, Any], torch.Tensor]
-
-
-def _maker(batch: Batch) -> Callable[[int], Any]:
-    if callable(batch) and not isinstance(batch, torch.Tensor):
-        return batch
-
-    def make(u: int) -> Any:
-        return torch.utils._pytree.tree_map(lambda t: t[:u] if isinstance(t, torch.Tensor) else t, batch)
-
-    return make
-
-
-def _batch_of(batch: Batch | None) -> int | None:
-    """How many samples one given batch holds (None: a function, or nothing given)."""
-    if batch is None or (callable(batch) and not isinstance(batch, torch.Tensor)):
-        return None
-    leaves = [t for t in torch.utils._pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)]
-    return int(leaves[0].shape[0]) if leaves and leaves[0].dim() > 0 else None
-
-
-def _check_samples(name: str, batch: Batch | None, needed: int, what: str) -> None:
-    available = _batch_of(batch)
-    if available is not None and needed > available:
-        raise PlanError(
-            f"{name} holds {available} samples but {what} {needed} was asked; pass a larger batch or a function batch_size -> {name[8:]}"
-        )
-
-
-def _source_of(model: nn.Module) -> Path:
-    """The file that defines the module's class (for messages that point at the user's line)."""
-    try:
-        return Path(inspect.getfile(type(model)))
-    except (TypeError, OSError):
-        return Path("<model>")
-
-
-def _checked_loss(fn: Callable[..., Any], source: Path) -> LossFn:
-    """``loss_fn`` as the profiler and executor call it: one line when it raises or returns no tensor."""
-
-    def loss(output: object, targets: object) -> torch.Tensor:
-        try:
-            value = fn(output, targets)
-        except AutopipeError:
-            raise
-        except Exception as e:
-            raise ModelLoadError(f"loss_fn raised {exception_summary(e, source)}") from e
-        if not isinstance(value, torch.Tensor):
-            raise ModelLoadError(f"loss_fn returned a {type(value).__name__}, not a Tensor; return a scalar tensor")
-        return value
-
-    return loss
-
-
-def _in_memory(model: nn.Module, example_inputs: Batch | None, loss_fn: Callable[..., Any] | None, example_targets: Batch | None) -> LoadedModel:
-    if example_inputs is None:
-        raise PlanError(
-            f"example_inputs are needed to trace the {type(model).__name__} module: pass one batch or a function batch_size -> inputs"
-        )
-    if loss_fn is not None and not callable(loss_fn):
-        raise PlanError(f"loss_fn must be a function (output, targets) -> Tensor, not a {type(loss_fn).__name__}")
-    source = _source_of(model)
-    return LoadedModel(
-        spec=ModelSpec(source, type(model).__name__, {}),
-        model=model,
-        make_inputs=_maker(example_inputs),
-        make_targets=None if example_targets is None else _maker(example_targets),
-        loss_fn=default_loss if loss_fn is None else _checked_loss(loss_fn, source),
-        has_targets=example_targets is not None,
-    )
-
-
-def _from_file(model: str | os.PathLike[str], kwargs: Mapping[str, object] | None, given: Mapping[str, object], device: str) -> LoadedModel:
-    text = os.fspath(model)
-    spec = ModelSpec.parse(text, kwargs)
-    for name, value in given.items():
-        if value is not None:
-            raise PlanError(
-                f"{name} comes from the model file {spec.path} (define it there), so do not pass it with a model file; "
-                "or pass the built nn.Module with your own"
-            )
-    unwritable = spec.unwritable_kwargs()
-    if unwritable:
-        k = unwritable[0]
-        raise PlanError(
-            f"kwargs[{k!r}] is a {type(spec.kwargs[k]).__name__}, which a plan cannot record (only Python literals: numbers, "
-            "strings, bools, None, tuples, lists, dicts); pass literals the factory turns into objects, or pass the built nn.Module"
-        )
-    return load_model(text, spec.kwargs, device=device)
-
-
-def _load(
-    model: ModelArg,
-    example_inputs: Batch | None,
-    kwargs: Mapping[str, object] | None,
-    loss_fn: Callable[..., Any] | None,
-    example_targets: Batch | None,
-    device: str,
-) -> LoadedModel:
-    if isinstance(model, nn.Module):
-        if kwargs:
-            raise PlanError("kwargs are for a model file's factory, and model is a built nn.Module; drop kwargs or pass the model file's path")
-        return _in_memory(model, example_inputs, loss_fn, example_targets)
-    if isinstance(model, (str, os.PathLike)):
-        given = {"example_inputs": example_inputs, "loss_fn": loss_fn, "example_targets": example_targets}
-        return _from_file(model, kwargs, given, device)
-    raise PlanError(f"model must be an nn.Module or a model file path ('path/to/model.py[:factory]'), not a {type(model).__name__}")
+__all__ = [  # the functions, then what they take and give (the CLI imports these from here)
+    "API_WORDS",
+    "Choices",
+    "DeviceSpec",
+    "Link",
+    "ModelCounts",
+    "ParallelPlan",
+    "Plan",
+    "Profile",
+    "Progress",
+    "Recompute",
+    "Rejected",
+    "TraceRecipe",
+    "Tracer",
+    "Words",
+    "calibrate",
+    "catalogue_device",
+    "check_degrees",
+    "check_profile_of",
+    "count",
+    "default_micro_batch_sizes",
+    "emit",
+    "fingerprint_of",
+    "parse_kwargs",
+    "plan",
+    "plan_cluster",
+    "plan_costs",
+    "plan_micro_batch_sizes",
+    "plan_profile",
+    "plan_timeline",
+    "price",
+    "profile",
+    "read_cluster_file",
+    "save_calibration",
+    "search_cluster",
+]
 
 
 def profile(
@@ -168,26 +119,37 @@ def profile(
     loss_fn: Callable[..., Any] | None = None,
     example_targets: Batch | None = None,
     micro_batch_sizes: Sequence[int] = (1, 2, 4),
-    tracer: str = "auto",
+    tracer: Tracer | str = Tracer.AUTO,
     leaf_modules: Sequence[str] = (),
     max_blocks: int | None = None,
     device: str = "cpu",
     warmup: int = 2,
     repeat: int = 5,
+    threads: int | None = 1,
+    progress: Progress | None = None,
 ) -> Profile:
-    """Measure every block of ``model`` (a model file or an nn.Module; see ``autopipe profile``)."""
+    """Measure every block of ``model`` (a model file or an nn.Module; see ``autopipe profile``)
+    on ``threads`` CPU threads (None: torch's setting), telling ``progress(what, done, total)``."""
     needed = max(micro_batch_sizes, default=1)
-    _check_samples("example_inputs", example_inputs, needed, "micro-batch size")
-    _check_samples("example_targets", example_targets, needed, "micro-batch size")
-    loaded = _load(model, example_inputs, kwargs, loss_fn, example_targets, device)
+    check_samples("example_inputs", example_inputs, needed, "micro-batch size")
+    check_samples("example_targets", example_targets, needed, "micro-batch size")
+    said = model if isinstance(model, (str, os.PathLike)) else f"the {type(model).__name__} module"
+    if progress is not None:
+        progress(f"loading {os.fspath(said)}", 0, 0)
+    loaded = load_given(model, example_inputs, kwargs, loss_fn, example_targets, device)
+    if progress is not None:
+        progress(f"checking that {os.fspath(said)} runs", 0, 0)
     check_model_runs(loaded, needed)
+    recipe = TraceRecipe(tracer=tracer, leaf_modules=tuple(leaf_modules), max_blocks=max_blocks)
     prof = profile_model(
         loaded,
         micro_batch_sizes=micro_batch_sizes,
-        recipe=TraceRecipe(tracer=tracer, leaf_modules=tuple(leaf_modules), max_blocks=max_blocks),
+        recipe=recipe,
         warmup=warmup,
         repeat=repeat,
         device=device,
+        progress=progress,
+        threads=threads,
     )
     if isinstance(model, nn.Module):  # nothing to rebuild it from: the recipe names no file
         prof = replace(prof, model=f"{type(model).__name__} (in memory)", recipe=replace(prof.recipe, model_file=""))
@@ -201,16 +163,13 @@ def plan(
     kwargs: Mapping[str, object] | None = None,
     loss_fn: Callable[..., Any] | None = None,
     example_targets: Batch | None = None,
+    devices: int | None = None,
     stages: int | None = None,
     memory: float | str | None = None,
     batch_size: int,
-    micro_batches: int | None = None,
-    schedule: str | None = None,
-    virtual: int | None = None,
-    recompute: str = "auto",
-    link_bandwidth: float | None = None,
-    link_latency_s: float | None = None,
-    action_overhead_s: float | None = None,
+    choices: Choices | None = None,
+    link: Link | None = None,
+    balance: Sequence[int] | None = None,
     profile_data: Profile | None = None,
     **profile_options: Any,
 ) -> Plan:
@@ -218,55 +177,84 @@ def plan(
 
     ``model`` is a model file (``"path/to/model.py[:factory]"`` with ``kwargs``) or an
     nn.Module with ``example_inputs`` (and optionally ``loss_fn``, ``example_targets``).
-    ``stages`` counts pipeline devices and ``memory`` is the limit per device; left out,
-    both take ``autopipe plan``'s defaults (:mod:`autopipe.planner.defaults`), as do the link,
-    the cost per action and the micro-batch sizes profiled.
+    ``devices`` (or ``stages``, the same) counts pipeline devices and ``memory`` is the limit
+    per device; ``choices`` pins decisions, ``link`` prices the hardware; ``balance`` as
+    :func:`plan_profile`. Left out, each takes ``autopipe plan``'s default
+    (:mod:`autopipe.planner.defaults`), as do the micro-batch sizes profiled.
     """
+    _check_profile_options(profile_options)
     prof = profile_data
     if prof is None:
         sizes = profile_options.pop("micro_batch_sizes", None)
         if sizes is None:
-            given = [n for n in (_batch_of(example_inputs), _batch_of(example_targets)) if n is not None]
+            given = [n for n in (batch_of(example_inputs), batch_of(example_targets)) if n is not None]
             sizes = plan_micro_batch_sizes(batch_size, min(given) if given else None)
         prof = profile(
-            model, example_inputs, kwargs=kwargs, loss_fn=loss_fn, example_targets=example_targets,
-            micro_batch_sizes=sizes, **profile_options,
-        )  # fmt: skip
-    request = plan_request(
+            model,
+            example_inputs,
+            kwargs=kwargs,
+            loss_fn=loss_fn,
+            example_targets=example_targets,
+            micro_batch_sizes=sizes,
+            **profile_options,
+        )
+    return plan_profile(
         prof,
-        devices=stages,
+        devices=devices,
+        stages=stages,
         batch_size=batch_size,
-        memory_limit=None if memory is None else parse_bytes(memory, "memory"),
-        micro_batches=micro_batches,
-        schedule=schedule,
-        virtual=virtual,
-        recompute=recompute,
-        link_bandwidth=link_bandwidth,
-        link_latency_s=link_latency_s,
-        action_overhead_s=action_overhead_s,
+        memory=memory,
+        choices=choices,
+        link=link,
+        balance=balance,
     )
-    return plan_pipeline(prof, request)
+
+
+def _check_profile_options(options: Mapping[str, object]) -> None:
+    """One line for a choice or link keyword passed loose (``micro_batches=4``), not in its value."""
+    for name in options:
+        if name in CHOICE_FIELDS:
+            raise PlanError(
+                f"{name} is one of the plan's choices: pass choices=Choices({name}=...) (autopipe.api.Choices)"
+            )
+        if name in LINK_FIELDS or name.startswith("link_"):
+            raise PlanError(
+                f"{name} describes the link: pass link=Link(...) (autopipe.api.Link: bandwidth, latency_s, action_overhead_s)"
+            )
+
+
+def _devices(devices: int | None, stages: int | None, words: Words) -> int | None:
+    """``devices`` and ``stages`` are one thing (pipeline devices): either, or both equal."""
+    if devices is not None and stages is not None and devices != stages:
+        raise PlanError(
+            f"{words.name('devices')} and {words.name('stages')} are the same thing (pipeline devices); give one"
+        )
+    return devices if devices is not None else stages
 
 
 def plan_profile(
     profile: Profile | str | os.PathLike[str],
     *,
-    stages: int,
+    devices: int | None = None,
+    stages: int | None = None,
     batch_size: int,
-    memory: float | str,
-    schedule: str | None = None,
-    micro_batches: int | None = None,
-    recompute: str = "auto",
-    virtual: int | None = None,
+    memory: float | str | None = None,
+    choices: Choices | None = None,
+    link: Link | None = None,
     balance: Sequence[int] | None = None,
+    device: DeviceSpec | None = None,
+    progress: Progress | None = None,
+    words: Words = API_WORDS,
 ) -> Plan:
     """Plan from a saved Profile (or the path of its JSON), as ``autopipe plan --profile``.
 
     Without ``balance`` it searches; with ``balance`` (blocks per chunk in chunk order: S
     entries for one-chunk schedules, S·v for interleaved and V schedules, which then need
-    ``schedule``; S entries and no ``schedule`` try the one-chunk schedules only) the plan
+    ``choices.schedule``; S entries and no schedule try the one-chunk schedules only) the plan
     is that split, priced by the same function the search prices every split with, and
     autopipe's best for the same request is its first baseline, named ``autopipe``.
+    ``device`` is the catalogue device an analytic profile was priced for (its memory and
+    links are the defaults); ``words`` says how errors name the fields (the CLI: its flags).
     """
     if isinstance(profile, (str, os.PathLike)):
         prof = Profile.load(Path(profile))
@@ -275,12 +263,18 @@ def plan_profile(
     else:
         raise PlanError(f"profile must be a Profile or the path of a profile JSON, not a {type(profile).__name__}")
     request = plan_request(
-        prof, devices=stages, batch_size=batch_size, memory_limit=parse_bytes(memory, "memory"),
-        micro_batches=micro_batches, schedule=schedule, virtual=virtual, recompute=recompute,
-    )  # fmt: skip
+        prof,
+        devices=_devices(devices, stages, words),
+        batch_size=batch_size,
+        memory_limit=None if memory is None else parse_bytes(memory, words.name("memory")),
+        choices=choices or Choices(),
+        link=link or Link(),
+        device=device,
+    )
+    validate(prof, request, words)
     if balance is None:
-        return plan_pipeline(prof, request)
-    return plan_balance(prof, request, balance, flag="balance")
+        return plan_pipeline(prof, request, progress)
+    return plan_balance(prof, request, balance, flag=words.name("balance"))
 
 
 def emit(
@@ -306,24 +300,175 @@ def emit(
         raise EmitError(f"{dest} is not empty; emit into a new folder or pass force=True to replace it")
     if model is None:
         if example_inputs is not None:
-            raise PlanError("example_inputs come from the plan's model file when model is None; drop them, or pass the nn.Module")
+            raise PlanError(
+                "example_inputs come from the plan's model file when model is None; drop them, or pass the nn.Module"
+            )
         return emit_rebuilt(plan, folder, force=force, weights=weights, weights_format=weights_format)
     if not isinstance(model, nn.Module):
-        raise PlanError(f"model must be the nn.Module the plan was made for (or None: rebuild it from its model file), not a {type(model).__name__}")
+        raise PlanError(
+            f"model must be the nn.Module the plan was made for (or None: rebuild it from its model file), not a {type(model).__name__}"
+        )
     if example_inputs is None:
         raise PlanError(
             f"emitting the {type(model).__name__} module needs example_inputs (one batch, or a function batch_size -> inputs) "
             f"to trace it at the plan's micro-batch size {plan.micro_batch_size}"
         )
     if weights and any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
-        raise PlanError(f"the {type(model).__name__} module is on the meta device, so it has no weights to write; pass weights=False")
-    _check_samples("example_inputs", example_inputs, plan.micro_batch_size, "the plan's micro-batch size")
-    inputs = _maker(example_inputs)(plan.micro_batch_size)
-    return emit_stages(plan, model, inputs, folder, force=force, weights=weights, weights_format=weights_format, source=_source_of(model))
+        raise PlanError(
+            f"the {type(model).__name__} module is on the meta device, so it has no weights to write; pass weights=False"
+        )
+    check_samples("example_inputs", example_inputs, plan.micro_batch_size, "the plan's micro-batch size")
+    inputs = maker(example_inputs)(plan.micro_batch_size)
+    return emit_stages(
+        plan,
+        model,
+        inputs,
+        folder,
+        force=force,
+        weights=weights,
+        weights_format=weights_format,
+        source=source_of(model),
+    )
 
 
-def fingerprint_of(loaded: LoadedModel, prof: Profile) -> str:
-    """The fingerprint ``loaded`` gets when traced the way ``prof`` was (to match the two)."""
-    u = min(prof.micro_batch_sizes) if prof.micro_batch_sizes else 1
-    traced = trace_model(loaded.model, loaded.make_inputs(u), micro_batch_size=u, recipe=prof.recipe, source=loaded.spec.path)
-    return traced.fingerprint()
+def catalogue_device(
+    name: str, device_files: Sequence[str | Path] = (), calibration: str | Path | None = None
+) -> DeviceSpec:
+    """The catalogue device ``name`` (``h100``, ``cpu``, ...; or ``device_files``' own), with its
+    stored calibration (or the one in ``calibration``)."""
+    return stored_calibration(device_spec(name, device_files), calibration)
+
+
+def count(
+    model: str | os.PathLike[str],
+    kwargs: Mapping[str, object] | None,
+    spec: DeviceSpec,
+    *,
+    micro_batch_sizes: Sequence[int] | None = None,
+    dtype: str | None = None,
+    recipe: TraceRecipe | None = None,
+    progress: Progress | None = None,
+) -> ModelCounts:
+    """``model`` (a model file, ``path.py[:factory]``, with ``kwargs``) built on meta and counted
+    for an analytic plan on ``spec`` (a deep stack of identical layers counted as a shallow copy,
+    exactly); defaults: the analytic micro-batch sizes and the device's training precision."""
+    if progress is not None:
+        progress(f"loading {os.fspath(model)} on the meta device", 0, 0)
+    loaded = load_model(str(model), dict(kwargs or {}), device="meta")
+    return count_model(
+        loaded,
+        micro_batch_sizes=tuple(micro_batch_sizes or ANALYTIC_MICRO_BATCH_SIZES),
+        dtype=dtype or default_dtype(spec),
+        recipe=recipe or TraceRecipe(),
+        progress=progress,
+        shallow=True,
+    )
+
+
+def price(counts: ModelCounts, spec: DeviceSpec) -> Profile:
+    """The analytic profile of ``counts`` on one ``spec`` device (no tensor parallelism)."""
+    return profile_from_counts(counts, spec)
+
+
+def search_cluster(
+    profile: Profile,
+    *,
+    gpus: int,
+    batch_size: int,
+    memory: float | str | None = None,
+    tensor_parallel: int | None = None,
+    stages: int | None = None,
+    data_parallel: int | None = None,
+    choices: Choices | None = None,
+    link: Link | None = None,
+    zero1: bool = False,
+    sequence_parallel: bool = True,
+    cluster: Mapping[str, float] | str | os.PathLike[str] | None = None,
+    device: DeviceSpec | None = None,
+    counts: ModelCounts | None = None,
+    device_files: Sequence[str | Path] = (),
+    progress: Progress | None = None,
+    words: Words = API_WORDS,
+) -> ParallelPlan:
+    """The tensor x pipeline x data search over ``gpus`` devices for ``profile`` (``--gpus``):
+    the best layout, its runner-up and the splits with no plan. ``stages`` pins the pipeline
+    depth; tensor parallelism is searched when ``counts`` and ``device`` (what ``profile`` was
+    priced from) are given, else ``t = 1``."""
+    check_degrees(
+        gpus,
+        [
+            (words.name(k), v)
+            for k, v in (("tensor_parallel", tensor_parallel), ("stages", stages), ("data_parallel", data_parallel))
+        ],
+        words.name("gpus"),
+    )
+    fields = cluster_fields(cluster)
+    request = parallel_request(
+        profile,
+        gpus=gpus,
+        stages=stages,
+        batch_size=batch_size,
+        memory_limit=None if memory is None else parse_bytes(memory, words.name("memory")),
+        choices=choices or Choices(),
+        link=link or Link(),
+        device=device,
+        device_files=device_files,
+        shard_optimizer=zero1,
+    )
+    layout = replace(request.cluster, **fields)  # type: ignore[arg-type]
+    request = replace(request, cluster=layout, tensor_parallel=tensor_parallel, data_parallel=data_parallel)
+    tensor = (
+        tensor_options(counts, device, layout, sequence_parallel) if counts is not None and device is not None else None
+    )
+    return plan_parallel(profile, request, progress, tensor)
+
+
+def plan_cluster(
+    model: str | os.PathLike[str],
+    *,
+    device: str,
+    gpus: int,
+    batch_size: int,
+    kwargs: Mapping[str, object] | None = None,
+    memory: float | str | None = None,
+    tensor_parallel: int | None = None,
+    stages: int | None = None,
+    data_parallel: int | None = None,
+    choices: Choices | None = None,
+    link: Link | None = None,
+    zero1: bool = False,
+    sequence_parallel: bool = True,
+    cluster: Mapping[str, float] | str | os.PathLike[str] | None = None,
+    dtype: str | None = None,
+    device_files: Sequence[str | Path] = (),
+    calibration: str | Path | None = None,
+    progress: Progress | None = None,
+) -> Plan:
+    """The plan ``autopipe plan MODEL --device DEVICE --gpus GPUS ...`` writes (same search, same
+    plan), without allocating the model's weights: ``device`` a catalogue name (``h100``,
+    ``a100-80gb``, ...), ``memory`` per device (default: the device's), ``batch_size`` the global
+    batch, ``stages`` the pipeline depth; ``cluster`` overrides the device's nodes and links (a
+    ``--cluster`` JSON file, or its fields as a mapping). PlanError (one line) for pinned
+    degrees that cannot split ``gpus`` or a request nothing fits."""
+    check_degrees(gpus, [("tensor_parallel", tensor_parallel), ("stages", stages), ("data_parallel", data_parallel)])
+    cluster_fields(cluster)  # a bad cluster is one line before any counting
+    spec = catalogue_device(device, device_files, calibration)
+    counts = count(model, kwargs, spec, dtype=dtype, progress=progress)
+    return search_cluster(
+        price(counts, spec),
+        gpus=gpus,
+        batch_size=batch_size,
+        memory=memory,
+        tensor_parallel=tensor_parallel,
+        stages=stages,
+        data_parallel=data_parallel,
+        choices=choices,
+        link=link,
+        zero1=zero1,
+        sequence_parallel=sequence_parallel,
+        cluster=cluster,
+        device=spec,
+        counts=counts,
+        device_files=device_files,
+        progress=progress,
+    ).plan

@@ -1,8 +1,10 @@
 """The exceptions users of autopipe see.
 
-Every error autopipe raises on bad input is an :class:`AutopipeError`: its message is one line
-that says what is wrong and how to fix it. The CLI prints that line and exits with code 2;
-API users catch the typed subclass. A traceback from autopipe is a bug.
+Every error autopipe raises is an :class:`AutopipeError` (an ``Exception``): its message is one
+line that says what is wrong and how to fix it. Bad input is an :class:`InputError`, also a
+``ValueError``; a failed run is a :class:`RuntimeFailure`, also a ``RuntimeError``. The CLI
+prints the line and exits with code 2 (1 for a failed run); API users catch the typed subclass.
+A traceback from autopipe is a bug.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ __all__ = [
     "EmitError",
     "FactoryArgumentError",
     "InfeasibleError",
+    "InputError",
     "ModelLoadError",
     "OutputError",
     "PlanError",
@@ -26,11 +29,15 @@ __all__ = [
 ]
 
 
-class AutopipeError(ValueError):
-    """Base class: bad input to autopipe, with a one-line message."""
+class AutopipeError(Exception):
+    """Base class of autopipe's errors, each with a one-line message."""
 
 
-class ModelLoadError(AutopipeError):
+class InputError(AutopipeError, ValueError):
+    """Bad input to autopipe (a model file, a flag, a keyword, a plan or profile file)."""
+
+
+class ModelLoadError(InputError):
     """A model file could not be loaded or its model could not run on its example inputs."""
 
 
@@ -39,7 +46,9 @@ class FactoryArgumentError(ModelLoadError):
     or ``missing`` ones it requires. The message advises ``-k`` (as ``autopipe plan`` takes
     them); :mod:`autopipe.stages.rebuild` rewords it for a plan, whose kwargs are recorded."""
 
-    def __init__(self, message: str, *, factory: str, is_class: bool, missing: tuple[str, ...], unknown: tuple[str, ...]) -> None:
+    def __init__(
+        self, message: str, *, factory: str, is_class: bool, missing: tuple[str, ...], unknown: tuple[str, ...]
+    ) -> None:
         super().__init__(message)
         self.factory = factory
         self.is_class = is_class  # the factory is a class (an nn.Module subclass, say), not a function
@@ -47,23 +56,23 @@ class FactoryArgumentError(ModelLoadError):
         self.unknown = unknown
 
 
-class TraceError(AutopipeError):
+class TraceError(InputError):
     """The model could not be traced into a graph of blocks."""
 
 
-class ProfileError(AutopipeError):
+class ProfileError(InputError):
     """Profiling failed, or a profile file is unreadable or belongs to another model."""
 
 
-class ScheduleError(AutopipeError):
+class ScheduleError(InputError):
     """A pipeline schedule is invalid (the message shows the whole grid, bad step marked)."""
 
 
-class OutputError(AutopipeError):
+class OutputError(InputError):
     """An output file or folder cannot be written where it was asked for (checked before the work)."""
 
 
-class PlanError(AutopipeError):
+class PlanError(InputError):
     """The planning request is invalid (stages, batch size, memory, pinned decisions)."""
 
 
@@ -75,23 +84,23 @@ class InfeasibleError(PlanError):
         self.min_memory_bytes = min_memory_bytes
 
 
-class PlanFileError(AutopipeError):
+class PlanFileError(InputError):
     """A plan file is missing, corrupt, or of an unknown version."""
 
 
-class ConfigError(AutopipeError):
+class ConfigError(InputError):
     """A plan cannot be said in a training framework's words (``autopipe config``)."""
 
 
-class EmitError(AutopipeError):
+class EmitError(InputError):
     """Stage folders cannot be written (or read back): a folder in the way, code torch alone cannot run."""
 
 
-class RunOptionError(AutopipeError):
+class RunOptionError(InputError):
     """A run flag (``autopipe run``, ``python -m autopipe.runtime``) is malformed or out of range."""
 
 
-class RuntimeFailure(AutopipeError):
+class RuntimeFailure(AutopipeError, RuntimeError):
     """A pipeline run failed: a rank raised, died or timed out (``autopipe run`` exits 1).
 
     ``rank`` is the rank whose failure ended the run (None when it is not known).

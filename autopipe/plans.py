@@ -22,9 +22,22 @@ from typing import Any
 from autopipe._io import atomic_write_text
 from autopipe.errors import PlanFileError
 from autopipe.graph.recipe import TraceRecipe
+from autopipe.modes import Recompute
 from autopipe.schedules.registry import schedule_names, schedule_spec
 
-__all__ = ["MAX_BATCH_SIZE", "MAX_DEVICES", "MAX_MICRO_BATCHES", "MAX_REPLICAS", "MAX_TENSOR_PARALLEL", "PLAN_VERSION", "Alternative", "Baseline", "Plan", "StagePlan", "check_plan_values"]
+__all__ = [
+    "MAX_BATCH_SIZE",
+    "MAX_DEVICES",
+    "MAX_MICRO_BATCHES",
+    "MAX_REPLICAS",
+    "MAX_TENSOR_PARALLEL",
+    "PLAN_VERSION",
+    "Alternative",
+    "Baseline",
+    "Plan",
+    "StagePlan",
+    "check_plan_values",
+]
 
 PLAN_VERSION = 2
 _READS = (1, PLAN_VERSION)  # version 1: the recipe's fields at the top level
@@ -93,7 +106,7 @@ class Plan:
     memory_limit_bytes: float  # per device
     link_bandwidth: float  # bytes/s
     link_latency_s: float
-    recompute_policy: str
+    recompute_policy: Recompute  # auto, never or always, as asked
     stages: tuple[StagePlan, ...]
     iteration_time_s: float
     bubble_fraction: float
@@ -146,7 +159,9 @@ class Plan:
         try:
             text = p.read_text(encoding="utf-8")
         except UnicodeDecodeError:
-            raise PlanFileError(f"{p} is not a plan (not UTF-8 text); give the plan JSON written by 'autopipe plan'") from None
+            raise PlanFileError(
+                f"{p} is not a plan (not UTF-8 text); give the plan JSON written by 'autopipe plan'"
+            ) from None
         except OSError as e:
             raise PlanFileError(f"cannot read {p} ({e.strerror or type(e).__name__}); check its permissions") from None
         return Plan.from_json(text, source=str(p))
@@ -160,7 +175,9 @@ class Plan:
         except json.JSONDecodeError as e:
             raise PlanFileError(f"{source} is not valid JSON ({e}); write it again with 'autopipe plan'") from None
         except (ValueError, RecursionError) as e:  # an int of over 4300 digits, nesting too deep
-            raise PlanFileError(f"{source} is not a plan ({str(e)[:80] or type(e).__name__}); write it again with 'autopipe plan'") from None
+            raise PlanFileError(
+                f"{source} is not a plan ({str(e)[:80] or type(e).__name__}); write it again with 'autopipe plan'"
+            ) from None
         if not isinstance(raw, dict) or "version" not in raw:
             raise PlanFileError(f"{source} is not an autopipe plan (no 'version' field); make one with 'autopipe plan'")
         version = raw["version"]
@@ -247,7 +264,9 @@ def _value(v: Any, kind: str, where: str, source: str) -> Any:
         low, high = _COUNT_RANGES.get(where, (0, _MAX_INT))
         if not low <= v <= high:
             # A plan-level count is named with its own range (the one check_plan_values checks).
-            raise _bad(source, where, v, f"{low} to {high}" if where in _COUNT_RANGES else "a whole number from 0 to 2**53")
+            raise _bad(
+                source, where, v, f"{low} to {high}" if where in _COUNT_RANGES else "a whole number from 0 to 2**53"
+            )
         return v
     if kind == "float":
         ok = isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -267,6 +286,10 @@ def _value(v: Any, kind: str, where: str, source: str) -> Any:
         except UnicodeEncodeError:
             raise _bad(source, where, v, "text (it holds a lone surrogate)") from None
         return v
+    if kind == "Recompute":
+        if v not in Recompute._value2member_map_:
+            raise _bad(source, where, v, f"one of {', '.join(m.value for m in Recompute)}")
+        return Recompute(v)
     raise AssertionError(f"no reader for a field of type {kind}")  # a new field type: add it above
 
 
@@ -311,7 +334,13 @@ def _plan_from_dict(raw: dict[str, Any], source: str = "plan") -> Plan:
     version = raw["version"]
     recipe, recipe_keys = _recipe(raw, version, source)
     lists = {"stages", "alternatives", "baselines"}
-    top = _fields(Plan, {k: v for k, v in raw.items() if k not in recipe_keys}, "", source, frozenset({"recipe", "version", *lists}))
+    top = _fields(
+        Plan,
+        {k: v for k, v in raw.items() if k not in recipe_keys},
+        "",
+        source,
+        frozenset({"recipe", "version", *lists}),
+    )
     parts: dict[str, Any] = {}
     for key, cls in (("stages", StagePlan), ("alternatives", Alternative), ("baselines", Baseline)):
         if key not in raw:
@@ -336,16 +365,25 @@ def check_plan_values(plan: Plan, source: str = "plan") -> None:
     if plan.schedule not in names:
         raise bad(f"schedule {_shown(plan.schedule)} is unknown (known: {', '.join(names)})")
     spec = schedule_spec(plan.schedule)
-    for name, value, most in (("devices", S, MAX_DEVICES), ("data_parallel", plan.data_parallel, MAX_REPLICAS),
-                              ("tensor_parallel", plan.tensor_parallel, MAX_TENSOR_PARALLEL),
-                              ("micro_batches", m, MAX_MICRO_BATCHES), ("micro_batch_size", plan.micro_batch_size, MAX_BATCH_SIZE),
-                              ("batch_size", plan.batch_size, MAX_BATCH_SIZE), ("virtual", v, MAX_VIRTUAL)):  # fmt: skip
+    for name, value, most in (
+        ("devices", S, MAX_DEVICES),
+        ("data_parallel", plan.data_parallel, MAX_REPLICAS),
+        ("tensor_parallel", plan.tensor_parallel, MAX_TENSOR_PARALLEL),
+        ("micro_batches", m, MAX_MICRO_BATCHES),
+        ("micro_batch_size", plan.micro_batch_size, MAX_BATCH_SIZE),
+        ("batch_size", plan.batch_size, MAX_BATCH_SIZE),
+        ("virtual", v, MAX_VIRTUAL),
+    ):
         if not 1 <= value <= most:
             raise bad(f"{name} is {value}, expected 1 to {most}")
     if plan.sequence_parallel and plan.tensor_parallel == 1:
-        raise bad("sequence_parallel is true with tensor_parallel 1 (sequence parallelism splits a tensor-parallel group's work)")
+        raise bad(
+            "sequence_parallel is true with tensor_parallel 1 (sequence parallelism splits a tensor-parallel group's work)"
+        )
     if plan.hardware_flops < plan.model_flops:
-        raise bad(f"hardware_flops {plan.hardware_flops:g} is below model_flops {plan.model_flops:g} (it adds recomputation)")
+        raise bad(
+            f"hardware_flops {plan.hardware_flops:g} is below model_flops {plan.model_flops:g} (it adds recomputation)"
+        )
     if not spec.takes_virtual and v != 1:
         raise bad(f"virtual is {v}, but the {spec.name} schedule runs one stage per device (virtual 1)")
     if plan.batch_size != m * plan.micro_batch_size:
@@ -366,8 +404,10 @@ def check_plan_values(plan: Plan, source: str = "plan") -> None:
         if st.rank != placed[i]:
             raise bad(f"stage {i} is on device {st.rank}, but the {spec.name} schedule runs it on device {placed[i]}")
         if not st.blocks or not st.nodes or len(st.block_indices) != len(st.blocks):
-            raise bad(f"stage {i} has {len(st.blocks)} block(s), {len(st.block_indices)} block index(es) and {len(st.nodes)} node(s); "
-                      "every stage needs at least one block, with one index per block")  # fmt: skip
+            raise bad(
+                f"stage {i} has {len(st.blocks)} block(s), {len(st.block_indices)} block index(es) and {len(st.nodes)} node(s); "
+                "every stage needs at least one block, with one index per block"
+            )
         again = seen.intersection(st.block_indices)
         if again:
             raise bad(f"stage {i} holds block {min(again)} again (every block is on one stage)")

@@ -10,7 +10,7 @@ One CPU core, CPU time (process time: steadier than wall time on a shared machin
 
 ``--v``: instead, milliseconds per V-Half / V-Min build (``v_block.build``: every step run, no
 tiling; the planner runs four per plan, m = 2S and 2S+1 of each) at S = 16, 64, 128 and
-m = 2S, in C (``simcore.v_build``) and in the Python twin.
+m = 2S, in C (``_vbuild.c``) and in the Python twin.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from autopipe.schedules import SPECS, simcore, v_block, v_half, v_min
+from autopipe.native import V_BUILDER, available, use_native
+from autopipe.schedules import SPECS
+from autopipe.schedules.v_shapes import v_block, v_half, v_min
 
 SIZES = ((16, 1536), (64, 512), (64, 1536))
 
@@ -43,9 +45,9 @@ def v_builds(repeat: int) -> None:
         for name, module in (("v-half", v_half), ("v-min", v_min)):
             ms = []
             for native in (True, False):
-                before = simcore.use_native(native)
+                before = use_native(native)
                 ms.append(best_of(partial(v_block.build, module.pattern(S), 2 * S), repeat) * 1e3)
-                simcore.use_native(before)
+                use_native(before)
             print(f"{name:<8} {S:>3} {2 * S:>4} {ms[0]:>9.2f} {ms[1]:>10.1f} {ms[1] / ms[0]:>6.0f}")
 
 
@@ -57,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"# {platform.python_implementation()} {platform.python_version()}, {platform.machine()}")
     if args.v:
-        if not simcore.native_available():
+        if not available(V_BUILDER):
             parser.error("the C extension is not built: pip install -e . with a C compiler")
         v_builds(args.repeat)
         return

@@ -36,8 +36,10 @@ import torch
 from autopipe.costs.analytic import count_model, profile_from_counts
 from autopipe.costs.devices import DeviceSpec, device_spec
 from autopipe.model.load import load_model
+from autopipe.modes import Recompute
 from autopipe.planner.cluster import tensor_options
 from autopipe.planner.parallel import Cluster, ParallelRequest, plan_parallel
+from autopipe.planner.request import Choices
 
 ROOT = Path(__file__).resolve().parent.parent
 # name: (heads, hidden, layers, t, p, GPUs, batch, published TFLOP/s per GPU)  -- Table 1
@@ -74,7 +76,7 @@ def plan_row(name: str, spec: DeviceSpec, free: bool) -> dict[str, float]:
     request = ParallelRequest(cluster, batch, spec.memory_bytes)
     options = tensor_options(counts, spec, cluster, sequence_parallel=False)
     pinned = min(  # the schedules Megatron-LM runs (interleaving needs p > 1)
-        (plan_parallel(profile, replace(request, tensor_parallel=t, stages=p, recompute="always", schedule=s), tensor=options).plan
+        (plan_parallel(profile, replace(request, tensor_parallel=t, stages=p, choices=Choices(schedule=s, recompute=Recompute.ALWAYS)), tensor=options).plan
          for s in MEGATRON_SCHEDULES if p > 1 or s == "1f1b"),
         key=lambda plan: plan.step_time_s,
     )

@@ -16,7 +16,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from autopipe.schedules import schedule_spec, simcore
+from autopipe.native import SIMULATOR, available, use_native
+from autopipe.schedules import schedule_spec
 from autopipe.simulate.events import StageCost, compile_lists, simulate_many, simulate_summary
 
 CASES = [("1f1b", 64, 512, 1), ("zb-h1", 64, 1536, 1), ("interleaved-1f1b", 16, 1024, 2), ("zb-v", 32, 1024, 2)]
@@ -41,7 +42,7 @@ def costs(n: int, seed: int) -> list[StageCost]:
 
 def main() -> None:
     quick = "--quick" in sys.argv
-    if not simcore.native_available():
+    if not available(SIMULATOR):
         print("the C core is not built (pip install -e . with a C compiler): nothing to compare")
         return
     print(f"machine: {platform.machine()}, Python {platform.python_version()}; CPU time per action (median)")
@@ -55,7 +56,7 @@ def main() -> None:
         row = {}
         results = {}
         for native in (True, False):
-            simcore.use_native(native)
+            use_native(native)
             reps = 5 if native else 1
             c = compile_lists(lists, s, v, spec.placement)
             actions = len(c.rank)
@@ -65,7 +66,7 @@ def main() -> None:
                 cpu(lambda: simulate_many(c, many, [comm] * 16), reps) / actions / 16 * 1e6 if native else 0.0,  # noqa: B023
             )
             results[native] = simulate_summary(c, cost, comm)
-        simcore.use_native(True)
+        use_native(True)
         assert results[True] == results[False], (name, results)
         (cc, sc, mc), (cp, sp, _) = row[True], row[False]
         print(

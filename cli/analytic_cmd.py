@@ -21,8 +21,7 @@ from .args import int_list, output_path, positive_int, split_names
 from .progress import ProgressCallback
 
 if TYPE_CHECKING:
-    from autopipe.costs.analytic import ModelCounts
-    from autopipe.costs.devices import DeviceSpec
+    from autopipe.api import DeviceSpec, ModelCounts
 
 __all__ = [
     "AnalyticOptions",
@@ -38,16 +37,64 @@ MEASURING_DEVICES = ("cpu", "cuda")
 
 
 def add_analytic_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", default=None, metavar="G", help="devices in all: also choose pipeline depth S x data-parallel width G/S")
-    p.add_argument("--analytic", action="store_true", help="count FLOPs and bytes on the meta device instead of measuring (implied by a catalogue --device)")
-    p.add_argument("--dtype", default=None, choices=("fp32", "tf32", "bf16", "fp16"), help="training precision, analytic mode (default: bf16 on a catalogue GPU, else fp32)")
-    p.add_argument("--device-file", action="append", default=[], metavar="FILE", help="your own device catalogue entries (JSON like autopipe/costs/devices.json; repeatable)")
-    p.add_argument("--calibration", default=None, metavar="FILE", help="efficiencies fitted by 'autopipe calibrate' (default: the stored one for the device, if any)")
-    p.add_argument("--zero1", action="store_true", help="with --gpus: shard optimizer state and master weights across data-parallel replicas (ZeRO-1)")
-    p.add_argument("--tensor-parallel", default=None, metavar="T", help="with --gpus: pin the tensor-parallel degree (Megatron-style, within a node; default: searched)")
-    p.add_argument("--data-parallel", default=None, metavar="D", help="with --gpus: pin the data-parallel width (default: searched)")
-    p.add_argument("--no-sequence-parallel", action="store_true", help="with --gpus: tensor parallelism without Megatron's sequence parallelism")
-    p.add_argument("--cluster", default=None, metavar="FILE", help="with --gpus: JSON with devices_per_node, nvlink_bandwidth, network_bandwidth, nvlink_latency_s, network_latency_s (default: the device's)")
+    p.add_argument(
+        "--gpus",
+        default=None,
+        metavar="G",
+        help="devices in all: also choose pipeline depth S x data-parallel width G/S",
+    )
+    p.add_argument(
+        "--analytic",
+        action="store_true",
+        help="count FLOPs and bytes on the meta device instead of measuring (implied by a catalogue --device)",
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=("fp32", "tf32", "bf16", "fp16"),
+        help="training precision, analytic mode (default: bf16 on a catalogue GPU, else fp32)",
+    )
+    p.add_argument(
+        "--device-file",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="your own device catalogue entries (JSON like autopipe/costs/devices.json; repeatable)",
+    )
+    p.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help="efficiencies fitted by 'autopipe calibrate' (default: the stored one for the device, if any)",
+    )
+    p.add_argument(
+        "--zero1",
+        action="store_true",
+        help="with --gpus: shard optimizer state and master weights across data-parallel replicas (ZeRO-1)",
+    )
+    p.add_argument(
+        "--tensor-parallel",
+        default=None,
+        metavar="T",
+        help="with --gpus: pin the tensor-parallel degree (Megatron-style, within a node; default: searched)",
+    )
+    p.add_argument(
+        "--data-parallel",
+        default=None,
+        metavar="D",
+        help="with --gpus: pin the data-parallel width (default: searched)",
+    )
+    p.add_argument(
+        "--no-sequence-parallel",
+        action="store_true",
+        help="with --gpus: tensor parallelism without Megatron's sequence parallelism",
+    )
+    p.add_argument(
+        "--cluster",
+        default=None,
+        metavar="FILE",
+        help="with --gpus: JSON with devices_per_node, nvlink_bandwidth, network_bandwidth, nvlink_latency_s, network_latency_s (default: the device's)",
+    )
 
 
 def wants_analytic(device: str | None, analytic: bool) -> bool:
@@ -58,11 +105,9 @@ def wants_analytic(device: str | None, analytic: bool) -> bool:
 
 def device_for(device: str | None, device_files: Sequence[str], calibration: str | None) -> DeviceSpec:
     """The catalogue device ``--device`` names (this CPU for --analytic), with its calibration."""
-    from autopipe.costs.calibrate import stored_calibration
-    from autopipe.costs.devices import device_spec
+    from autopipe.api import catalogue_device
 
-    spec = device_spec((device or "cpu").partition(":")[0], device_files)
-    return stored_calibration(spec, calibration)
+    return catalogue_device((device or "cpu").partition(":")[0], device_files, calibration)
 
 
 @dataclass(frozen=True)
@@ -71,7 +116,7 @@ class AnalyticOptions:
 
     micro_batch_sizes: tuple[int, ...] | None  # None: ANALYTIC_MICRO_BATCH_SIZES
     dtype: str | None  # None: the device's default (defaults.default_dtype)
-    tracer: str
+    tracer: str  # a Tracer's text: auto, fx or export
     leaf_modules: tuple[str, ...]
     max_blocks: int | None
 
@@ -90,34 +135,45 @@ def analytic_counts_for_plan(
     model: str, kwargs: list[str], spec: DeviceSpec, options: AnalyticOptions, progress: ProgressCallback | None = None
 ) -> ModelCounts:
     """MODEL (``-k`` ``kwargs``) built on meta and counted (not yet priced), telling ``progress``."""
-    if progress is not None:
-        progress(f"loading {model} on the meta device", 0, 0)
-    from autopipe.graph.recipe import TraceRecipe
-    from autopipe.model.load import parse_kwargs
-    from autopipe.planner.cluster import count_for_plan
+    from autopipe.api import Tracer, TraceRecipe, count, parse_kwargs
 
-    recipe = TraceRecipe(tracer=options.tracer, leaf_modules=options.leaf_modules, max_blocks=options.max_blocks)
-    return count_for_plan(
-        model, parse_kwargs(kwargs), spec, micro_batch_sizes=options.micro_batch_sizes, dtype=options.dtype,
-        recipe=recipe, progress=progress,
-    )  # fmt: skip
+    recipe = TraceRecipe(
+        tracer=Tracer(options.tracer), leaf_modules=options.leaf_modules, max_blocks=options.max_blocks
+    )
+    return count(
+        model,
+        parse_kwargs(kwargs),
+        spec,
+        micro_batch_sizes=options.micro_batch_sizes,
+        dtype=options.dtype,
+        recipe=recipe,
+        progress=progress,
+    )
 
 
 def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c = commands.add_parser(
-        "calibrate", help="fit the analytic cost model's efficiencies to a measured profile",
+        "calibrate",
+        help="fit the analytic cost model's efficiencies to a measured profile",
         description="Count PROFILE's model on the meta device and fit compute efficiency, memory efficiency "
         "and per-op overhead of the device it was measured on; store them for analytic plans.",
-    )  # fmt: skip
+    )
     c.add_argument("profile", metavar="PROFILE", help="profile JSON written by autopipe profile (measured)")
-    c.add_argument("-o", "--output", default=None, metavar="FILE", help="calibration file to write (default: the calibration store)")
-    c.add_argument("--device-file", action="append", default=[], metavar="FILE", help="your own device catalogue entries")
+    c.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        metavar="FILE",
+        help="calibration file to write (default: the calibration store)",
+    )
+    c.add_argument(
+        "--device-file", action="append", default=[], metavar="FILE", help="your own device catalogue entries"
+    )
     c.set_defaults(func=cmd_calibrate)
 
 
 def cmd_calibrate(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from autopipe.costs.calibrate import calibrate, save_calibration
-    from autopipe.costs.profile import Profile
+    from autopipe.api import Profile, calibrate, save_calibration
 
     target = output_path(args.output, "--output") if args.output else None
     cal = calibrate(Profile.load(args.profile), device_files=args.device_file)

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autopipe._io import check_output_file, check_output_folder
-from autopipe.errors import AutopipeError
+from autopipe.errors import InputError
+
+if TYPE_CHECKING:
+    from autopipe.api import Words
 
 __all__ = [
+    "FLAGS",
     "UsageError",
     "balance_list",
+    "cli_words",
     "int_list",
     "non_negative_int",
     "output_folder",
@@ -26,8 +32,33 @@ __all__ = [
 ]
 
 
-class UsageError(AutopipeError):
+class UsageError(InputError):
     """A command-line value is malformed or out of range."""
+
+
+FLAGS = {  # the library's field -> the flag that sets it: how the CLI's errors name it
+    "action_overhead_s": "--action-overhead",
+    "balance": "--balance",
+    "batch_size": "--batch-size",
+    "data_parallel": "--data-parallel",
+    "devices": "--devices",
+    "gpus": "--gpus",
+    "max_blocks": "--blocks",
+    "memory": "--memory",
+    "micro_batch_sizes": "--micro-batch-sizes",
+    "micro_batches": "--micro-batches",
+    "schedule": "--schedule",
+    "stages": "--stages",
+    "tensor_parallel": "--tensor-parallel",
+    "virtual": "--virtual",
+}
+
+
+def cli_words() -> Words:
+    """How the library's errors name its fields on the command line: by :data:`FLAGS` (``--stages 4``)."""
+    from autopipe.api import Words
+
+    return Words(tuple(FLAGS.items()), " ")
 
 
 def _int(text: str, flag: str, what: str) -> int:
@@ -90,7 +121,9 @@ def resolve_device(name: str | None) -> str:
     if kind == "cuda" and not cuda:
         raise UsageError(f"--device {name} but this torch ({torch.__version__}) sees no CUDA device; use --device cpu")
     if kind == "cuda" and index and int(index) >= torch.cuda.device_count():
-        raise UsageError(f"--device {name} but only {torch.cuda.device_count()} CUDA device(s) are visible; use cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+        raise UsageError(
+            f"--device {name} but only {torch.cuda.device_count()} CUDA device(s) are visible; use cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+        )
     return name
 
 

@@ -11,17 +11,29 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from autopipe.modes import Tracer
+
 from .args import UsageError, int_list, non_negative_int, positive_int, resolve_device, split_names
 
-__all__ = ["MEASURE_DEVICE_HELP", "ProfilingOptions", "add_model_arguments", "add_profiling_arguments", "profiling_options"]
+__all__ = [
+    "MEASURE_DEVICE_HELP",
+    "ProfilingOptions",
+    "add_model_arguments",
+    "add_profiling_arguments",
+    "profiling_options",
+]
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="model file, path/to/model.py[:factory]")
     p.add_argument(
-        "-k", dest="kwargs", metavar="KEY=VALUE", action="append", default=[],
+        "-k",
+        dest="kwargs",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
         help="keyword argument for the factory (repeatable), e.g. -k n_layer=4; values are Python literals",
-    )  # fmt: skip
+    )
 
 
 MEASURE_DEVICE_HELP = "cpu, cuda or cuda:N to measure on (default: cuda if available)"
@@ -30,22 +42,29 @@ MEASURE_DEVICE_HELP = "cpu, cuda or cuda:N to measure on (default: cuda if avail
 def add_profiling_arguments(p: argparse.ArgumentParser, device_help: str = MEASURE_DEVICE_HELP) -> None:
     """The profiling flags; ``device_help`` describes ``--device`` for this command."""
     p.add_argument(
-        "--micro-batch-sizes", default=None, metavar="U,U,...",
+        "--micro-batch-sizes",
+        default=None,
+        metavar="U,U,...",
         help="micro-batch sizes to measure, e.g. 1,2,4 (default: batch/4, batch/2, batch)",
-    )  # fmt: skip
+    )
     p.add_argument("--tracer", choices=("auto", "fx", "export"), default="auto", help="graph tracer (default: auto)")
     p.add_argument(
-        "--leaf", action="append", default=None, metavar="CLASS",
+        "--leaf",
+        action="append",
+        default=None,
+        metavar="CLASS",
         help="module class to keep whole inside one block (repeatable or comma-separated)",
-    )  # fmt: skip
+    )
     p.add_argument("--blocks", default=None, metavar="N", help="target number of blocks (default: about one per layer)")
     p.add_argument("--warmup", default="2", metavar="N", help="untimed runs before measuring (default: 2)")
     p.add_argument("--repeat", default="5", metavar="N", help="timed runs per measurement (default: 5)")
     p.add_argument("--device", default=None, help=device_help)
     p.add_argument(
-        "--threads", default="1", metavar="N",
+        "--threads",
+        default="1",
+        metavar="N",
         help="CPU threads while measuring (default: 1, as each rank of 'autopipe run' uses)",
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)
@@ -53,7 +72,7 @@ class ProfilingOptions:
     """The profiling flags, checked: what the measured profiler is called with."""
 
     micro_batch_sizes: tuple[int, ...]  # ascending, each at most the batch size
-    tracer: str  # "auto" | "fx" | "export"
+    tracer: Tracer
     leaf_modules: tuple[str, ...]  # --leaf, split at commas
     max_blocks: int | None  # --blocks
     warmup: int
@@ -76,7 +95,7 @@ def profiling_options(args: argparse.Namespace, batch_size: int, default_sizes: 
             )
     return ProfilingOptions(
         micro_batch_sizes=sizes,
-        tracer=args.tracer,
+        tracer=Tracer(args.tracer),
         leaf_modules=split_names(args.leaf),
         max_blocks=positive_int(args.blocks, "--blocks") if args.blocks is not None else None,
         warmup=non_negative_int(args.warmup, "--warmup"),

@@ -15,11 +15,12 @@ TARGETS = ("megatron", "torchtitan")
 
 def add_config_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = commands.add_parser(
-        "config", help="print a plan as Megatron-LM arguments or a torchtitan TOML job config",
+        "config",
+        help="print a plan as Megatron-LM arguments or a torchtitan TOML job config",
         description="Say the plan in a training framework's words: Megatron-LM command-line arguments "
         "(--for megatron) or a torchtitan job config (--for torchtitan). What the framework cannot "
         "express as the plan says is a '#' comment line.",
-    )  # fmt: skip
+    )
     p.add_argument("plan", metavar="PLAN", help="plan JSON written by autopipe plan")
     p.add_argument("--for", dest="target", required=True, metavar="FRAMEWORK", help="megatron or torchtitan")
     p.add_argument("-o", "--output", default=None, metavar="FILE", help="write to FILE instead of printing")
@@ -33,7 +34,9 @@ def cmd_config(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     target = args.target.strip().lower()
     if target not in TARGETS:
-        raise UsageError(f"--for {args.target!r} is not a framework autopipe writes for; use --for megatron or --for torchtitan")
+        raise UsageError(
+            f"--for {args.target!r} is not a framework autopipe writes for; use --for megatron or --for torchtitan"
+        )
     destination = output_path(args.output, "--output") if args.output is not None else None
     plan = Plan.load(args.plan)
     text = megatron_args(plan) if target == "megatron" else torchtitan_toml(plan)

@@ -18,22 +18,26 @@ __all__ = ["add_emit_parsers"]
 
 def add_emit_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = commands.add_parser(
-        "emit", help="write a plan's stages as standalone folders (torch-only source + weights + manifest.json)",
+        "emit",
+        help="write a plan's stages as standalone folders (torch-only source + weights + manifest.json)",
         description="Rebuild the plan's model, split it by the plan and write one folder per stage.",
-    )  # fmt: skip
+    )
     p.add_argument("plan", metavar="PLAN", help="plan JSON written by autopipe plan")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write (must be new or empty)")
     p.add_argument("--force", action="store_true", help="replace DIR if it is not empty")
     p.add_argument("--no-weights", action="store_true", help="structure only: build on meta, write no weights")
-    p.add_argument("--weights", default=None, metavar="FILE", help="take weights from this state_dict (torch.save or .safetensors)")
+    p.add_argument(
+        "--weights", default=None, metavar="FILE", help="take weights from this state_dict (torch.save or .safetensors)"
+    )
     p.add_argument("--format", default="pt", choices=("pt", "safetensors"), help="weights file format (default: pt)")
     p.set_defaults(func=cmd_emit)
 
     m = commands.add_parser(
-        "merge", help="rebuild the original model's state_dict from emitted stage folders",
+        "merge",
+        help="rebuild the original model's state_dict from emitted stage folders",
         description="Read the stage folders and manifest.json that autopipe emit wrote to DIR and save the "
         "original model's state_dict (its keys, in order, bit for bit) to FILE with torch.save.",
-    )  # fmt: skip
+    )
     m.add_argument("folder", metavar="DIR", help="folder written by autopipe emit")
     m.add_argument("-o", "--output", required=True, metavar="FILE", help="state_dict file to write (torch.save)")
     m.set_defaults(func=cmd_merge)
@@ -50,9 +54,15 @@ def cmd_emit(args: argparse.Namespace, out: Console, err: Console) -> int:
     check_destination(args.output, args.force)  # before the slow part
     with progress_bar(err) as progress:
         manifest = emit(
-            plan, args.output, force=args.force, weights=not args.no_weights, state_dict=args.weights,
-            weights_format=args.format, base=Path(args.plan).parent, progress=progress,
-        )  # fmt: skip
+            plan,
+            args.output,
+            force=args.force,
+            weights=not args.no_weights,
+            state_dict=args.weights,
+            weights_format=args.format,
+            base=Path(args.plan).parent,
+            progress=progress,
+        )
     n = len(manifest["stages"])
     skips = sum(1 for t in manifest["transfers"] if t["skip"])
     what = "no weights" if manifest["weights"] is None else f"weights as .{manifest['weights']}"

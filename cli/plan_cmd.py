@@ -1,8 +1,9 @@
-"""``autopipe plan`` and ``autopipe show``: parse, call the planner, print.
+"""``autopipe plan`` and ``autopipe show``: parse, call :mod:`autopipe.api`, print.
 
-The flags are parsed into typed values here; what they leave out (devices, memory limit,
-link, cost per action, bytes per parameter) is decided by :mod:`autopipe.planner.defaults`,
-the same code ``autopipe.plan`` calls.
+The flags are parsed into typed values here (the user's :class:`~autopipe.api.Choices` and
+:class:`~autopipe.api.Link`, as ``autopipe.plan`` takes them); what they leave out (devices,
+memory limit, link, cost per action, bytes per parameter) is decided by the library, the same
+code ``autopipe.plan`` runs.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from rich.console import Console
@@ -25,16 +26,14 @@ from .analytic_cmd import (
     device_for,
     wants_analytic,
 )
-from .args import UsageError, balance_list, output_path, positive_int
+from .args import UsageError, balance_list, cli_words, output_path, positive_int
 from .common import MEASURE_DEVICE_HELP, add_profiling_arguments, profiling_options
 from .profile_cmd import measure
 from .progress import ProgressCallback, progress_bar
 from .render_plan import plan_json, print_plan
 
 if TYPE_CHECKING:
-    from autopipe.costs.analytic import ModelCounts
-    from autopipe.costs.profile import Profile
-    from autopipe.planner.parallel import ParallelPlan, Rejected
+    from autopipe.api import Choices, DeviceSpec, Link, ModelCounts, ParallelPlan, Profile, Rejected
     from autopipe.plans import Plan
 
 __all__ = ["PlanFlags", "add_plan_parsers", "plan_flags"]
@@ -45,45 +44,68 @@ _T = TypeVar("_T")
 
 def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = commands.add_parser(
-        "plan", help="choose stage cuts, micro-batches, schedule and recomputation; write plan.json",
+        "plan",
+        help="choose stage cuts, micro-batches, schedule and recomputation; write plan.json",
         description="Plan pipeline parallelism for MODEL (profiling it first) or for a saved --profile.",
-    )  # fmt: skip
-    p.add_argument("model", metavar="MODEL", nargs="?", help="model file, path/to/model.py[:factory] (optional with --profile)")
-    p.add_argument("-k", dest="kwargs", metavar="KEY=VALUE", action="append", default=[], help="factory keyword argument (repeatable)")
+    )
+    p.add_argument(
+        "model", metavar="MODEL", nargs="?", help="model file, path/to/model.py[:factory] (optional with --profile)"
+    )
+    p.add_argument(
+        "-k",
+        dest="kwargs",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="factory keyword argument (repeatable)",
+    )
     p.add_argument("--profile", default=None, help="plan from this profile JSON instead of profiling MODEL")
-    p.add_argument("--stages", default=None, help="pipeline devices (default: the visible GPUs, else 4)")
-    p.add_argument("--memory", default=None, help="memory per device, like 16GiB or 80GB (default: the device's memory)")
+    p.add_argument(
+        "--stages",
+        default=None,
+        help="pipeline devices (default: the visible GPUs, else 4); with --gpus, the pipeline depth",
+    )
+    p.add_argument("--devices", default=None, help="the same as --stages, for one pipeline (without --gpus)")
+    p.add_argument(
+        "--memory", default=None, help="memory per device, like 16GiB or 80GB (default: the device's memory)"
+    )
     p.add_argument("--batch-size", default=str(DEFAULT_BATCH), help=f"samples per iteration (default: {DEFAULT_BATCH})")
     p.add_argument("--micro-batches", default=None, help="pin the micro-batch count")
     p.add_argument("--schedule", default=None, choices=schedule_names(), help="pin the schedule")
     p.add_argument("--virtual", default=None, help="pin the virtual stages per device (interleaved-1f1b)")
     p.add_argument(
-        "--balance", default=None, metavar="N,N,...",
+        "--balance",
+        default=None,
+        metavar="N,N,...",
         help="price your own split: blocks per chunk in chunk order (S entries; S x v with --schedule for interleaved/V "
         "schedules); the plan is your split, autopipe's best is shown beside it",
-    )  # fmt: skip
+    )
     p.add_argument("--no-recompute", action="store_true", help="never recompute activations")
     p.add_argument("--recompute-all", action="store_true", help="recompute activations on every stage")
     p.add_argument("--bandwidth", default=None, help="link bandwidth, like 25GB/s (default: by device type)")
     p.add_argument("--latency", default=None, help="link latency, like 20us (default: by device type)")
     p.add_argument(
-        "--action-overhead", default=None, help="the executor's own time per F, B or W action, like 0.2ms (default: by device type)"
+        "--action-overhead",
+        default=None,
+        help="the executor's own time per F, B or W action, like 0.2ms (default: by device type)",
     )
     p.add_argument("-o", "--output", default="plan.json", help="plan file to write (default: plan.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--timeline", default=None, metavar="FILE", help="draw the schedule as a Gantt chart (.png or .svg)")
     add_profiling_arguments(
-        p, MEASURE_DEVICE_HELP + "; or a catalogue device (h100, h200, a100-80gb, a100-40gb, or your "
+        p,
+        MEASURE_DEVICE_HELP + "; or a catalogue device (h100, h200, a100-80gb, a100-40gb, or your "
         "--device-file's) to plan analytically on the meta device",
-    )  # fmt: skip
+    )
     add_analytic_arguments(p)
     p.set_defaults(func=cmd_plan)
 
     s = commands.add_parser(
-        "show", help="print a saved plan again, with a text timeline",
+        "show",
+        help="print a saved plan again, with a text timeline",
         description="Print PLAN's stages, schedule and baselines again, with a text timeline of one "
         "iteration (or one JSON object with --json); --timeline also draws it to a .png or .svg.",
-    )  # fmt: skip
+    )
     s.add_argument("plan", metavar="PLAN", help="plan JSON written by autopipe plan")
     s.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     s.add_argument("--timeline", default=None, metavar="FILE", help="draw the schedule as a Gantt chart (.png or .svg)")
@@ -93,17 +115,13 @@ def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
 @dataclass(frozen=True)
 class PlanFlags:
     """``autopipe plan``'s own flags, checked; ``None`` leaves the choice to the library's
-    defaults (:mod:`autopipe.planner.defaults`) or to the search."""
+    defaults or to the search."""
 
     batch_size: int
-    stages: int | None  # pipeline devices
-    micro_batches: int | None
-    virtual: int | None
+    devices: int | None  # --devices/--stages: pipeline devices; with gpus, the pipeline depth
     memory_limit: float | None  # bytes per device
-    bandwidth: float | None
-    latency_s: float | None
-    action_overhead_s: float | None
-    recompute: str  # "auto" | "never" | "always"
+    choices: Choices  # --micro-batches, --schedule, --virtual, --no-recompute / --recompute-all
+    link: Link  # --bandwidth, --latency, --action-overhead
     gpus: int | None
     output: str
     timeline: str | None
@@ -119,14 +137,11 @@ def _optional(text: str | None, parse: Callable[[str, str], _T], flag: str) -> _
 
 def plan_flags(args: argparse.Namespace) -> PlanFlags:
     """Parse and check the flags of ``autopipe plan`` (fast: before any profiling)."""
+    from autopipe.api import Choices, Link, Recompute, check_degrees, read_cluster_file
+
     batch = positive_int(args.batch_size, "--batch-size")
-    stages = _optional(args.stages, positive_int, "--stages")
-    micro = _optional(args.micro_batches, positive_int, "--micro-batches")
-    virtual = _optional(args.virtual, positive_int, "--virtual")
+    devices = _devices(args)
     memory = _optional(args.memory, parse_bytes, "--memory")
-    bandwidth = _optional(args.bandwidth, parse_rate, "--bandwidth")
-    latency = _optional(args.latency, parse_duration, "--latency")
-    overhead = _optional(args.action_overhead, parse_duration, "--action-overhead")
     if args.no_recompute and args.recompute_all:
         raise UsageError("--no-recompute and --recompute-all contradict each other; give one")
     output = str(output_path(args.output, "--output"))
@@ -138,26 +153,48 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
     gpus = _optional(args.gpus, positive_int, "--gpus")
     if args.zero1 and gpus is None:
         raise UsageError("--zero1 shards optimizer state across data-parallel replicas; give --gpus G as well")
-    recompute = "never" if args.no_recompute else "always" if args.recompute_all else "auto"
+    recompute = Recompute.NEVER if args.no_recompute else Recompute.ALWAYS if args.recompute_all else Recompute.AUTO
+    choices = Choices(
+        _optional(args.micro_batches, positive_int, "--micro-batches"),
+        args.schedule,
+        _optional(args.virtual, positive_int, "--virtual"),
+        recompute,
+    )
+    link = Link(
+        _optional(args.bandwidth, parse_rate, "--bandwidth"),
+        _optional(args.latency, parse_duration, "--latency"),
+        _optional(args.action_overhead, parse_duration, "--action-overhead"),
+    )
     balance = _optional(args.balance, balance_list, "--balance")
     if balance is not None and gpus is not None:
         raise UsageError("--balance prices one pipeline's split and --gpus searches data x pipeline layouts; give one")
     tensor = _optional(args.tensor_parallel, positive_int, "--tensor-parallel")
     data = _optional(args.data_parallel, positive_int, "--data-parallel")
-    for flag, given in (("--tensor-parallel", tensor), ("--data-parallel", data), ("--cluster", args.cluster),
-                        ("--no-sequence-parallel", args.no_sequence_parallel or None)):  # fmt: skip
+    for flag, given in (
+        ("--tensor-parallel", tensor),
+        ("--data-parallel", data),
+        ("--cluster", args.cluster),
+        ("--no-sequence-parallel", args.no_sequence_parallel or None),
+    ):
         if given is not None and gpus is None:
             raise UsageError(f"{flag} applies to the devices of --gpus G; give --gpus as well")
     if gpus is not None:
-        from autopipe.planner.cluster import check_degrees
-
-        check_degrees(gpus, [("--tensor-parallel", tensor), ("--stages", stages), ("--data-parallel", data)], "--gpus")
-    from autopipe.costs.devices import read_cluster_file
-
+        if args.devices is not None:
+            raise UsageError(
+                "--devices counts one pipeline's devices; with --gpus G pin the pipeline depth with --stages"
+            )
+        check_degrees(gpus, [("--tensor-parallel", tensor), ("--stages", devices), ("--data-parallel", data)], "--gpus")
     cluster = tuple(read_cluster_file(args.cluster).items()) if args.cluster is not None else ()
-    return PlanFlags(
-        batch, stages, micro, virtual, memory, bandwidth, latency, overhead, recompute, gpus, output, timeline, tensor, data, cluster, balance
-    )  # fmt: skip
+    return PlanFlags(batch, devices, memory, choices, link, gpus, output, timeline, tensor, data, cluster, balance)
+
+
+def _devices(args: argparse.Namespace) -> int | None:
+    """``--devices`` or ``--stages`` (the same thing; both given, they must agree)."""
+    stages = _optional(args.stages, positive_int, "--stages")
+    devices = _optional(args.devices, positive_int, "--devices")
+    if stages is not None and devices is not None and stages != devices:
+        raise UsageError(f"--devices {devices} and --stages {stages} are the same thing (pipeline devices); give one")
+    return stages if stages is not None else devices
 
 
 def _timeline_path(text: str | None) -> str | None:
@@ -184,72 +221,84 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
     """The plan ``args`` ask for (profiling or counting MODEL first), with the --gpus note."""
     if progress is not None:
         progress("starting", 0, 0)
-    from autopipe.planner.defaults import parallel_request, plan_micro_batch_sizes, plan_request
+    from autopipe import api
+
+    profile, spec, counts = _profile_for_plan(args, flags, progress)
+    if flags.gpus is not None:
+        result = api.search_cluster(
+            profile,
+            gpus=flags.gpus,
+            batch_size=flags.batch_size,
+            memory=flags.memory_limit,
+            tensor_parallel=flags.tensor_parallel,
+            stages=flags.devices,
+            data_parallel=flags.data_parallel,
+            choices=flags.choices,
+            link=flags.link,
+            zero1=args.zero1,
+            sequence_parallel=not args.no_sequence_parallel,
+            cluster=dict(flags.cluster),
+            device=spec,
+            counts=counts,
+            device_files=args.device_file,
+            progress=progress,
+            words=cli_words(),
+        )
+        return result.plan, _parallel_note(flags.gpus, result)
+    plan = api.plan_profile(
+        profile,
+        devices=flags.devices,
+        batch_size=flags.batch_size,
+        memory=flags.memory_limit,
+        choices=flags.choices,
+        link=flags.link,
+        balance=flags.balance,
+        device=spec,
+        progress=progress,
+        words=cli_words(),
+    )
+    return plan, ""
+
+
+def _profile_for_plan(
+    args: argparse.Namespace, flags: PlanFlags, progress: ProgressCallback | None
+) -> tuple[Profile, DeviceSpec | None, ModelCounts | None]:
+    """The profile to plan (read, counted or measured), the catalogue device it is priced for,
+    and the counts behind an analytic one (priced again per tensor-parallel degree)."""
+    from autopipe import api
 
     analytic = wants_analytic(args.device, args.analytic)
-    spec = None
-    counts: ModelCounts | None = None
     if args.profile is not None:
-        from autopipe.costs.profile import Profile
-
-        profile = Profile.load(args.profile)
+        profile = api.Profile.load(args.profile)
         if args.model is not None:
-            _check_fingerprint(args.model, args.kwargs, args.profile, profile)
-        if analytic:
-            spec = device_for(args.device, args.device_file, args.calibration)  # links and memory of the named device
-    elif analytic:
+            api.check_profile_of(args.model, api.parse_kwargs(args.kwargs), args.profile, profile)
+        spec = device_for(args.device, args.device_file, args.calibration) if analytic else None  # links and memory
+        return profile, spec, None
+    if analytic:
         spec = device_for(args.device, args.device_file, args.calibration)
         if args.model is None:
             raise UsageError("--device NAME plans MODEL analytically; give MODEL (a --profile is already priced)")
-        from autopipe.costs.analytic import profile_from_counts
-
         counts = analytic_counts_for_plan(args.model, args.kwargs, spec, analytic_options(args), progress)
-        profile = profile_from_counts(counts, spec)  # with --gpus, priced again per tensor-parallel degree
-    else:
-        options = profiling_options(args, flags.batch_size, plan_micro_batch_sizes(flags.batch_size))
-        profile = measure(args.model, args.kwargs, options, progress)
-    note = ""
-    if flags.gpus is not None:
-        from autopipe.planner.cluster import tensor_options
-        from autopipe.planner.parallel import plan_parallel
-
-        parallel = parallel_request(
-            profile, gpus=flags.gpus, stages=flags.stages, batch_size=flags.batch_size,
-            memory_limit=flags.memory_limit, micro_batches=flags.micro_batches, schedule=args.schedule,
-            virtual=flags.virtual, recompute=flags.recompute, link_bandwidth=flags.bandwidth,
-            link_latency_s=flags.latency_s, action_overhead_s=flags.action_overhead_s, device=spec,
-            device_files=args.device_file, shard_optimizer=args.zero1,
-        )  # fmt: skip
-        cluster = replace(parallel.cluster, **dict(flags.cluster))  # type: ignore[arg-type]
-        parallel = replace(parallel, cluster=cluster, tensor_parallel=flags.tensor_parallel, data_parallel=flags.data_parallel)
-        tensor = tensor_options(counts, spec, cluster, not args.no_sequence_parallel) if counts is not None and spec is not None else None
-        result = plan_parallel(profile, parallel, progress, tensor)
-        plan, note = result.plan, _parallel_note(flags.gpus, result)
-    else:
-        from autopipe.planner.balance import plan_balance
-        from autopipe.planner.search import plan_pipeline
-
-        request = plan_request(
-            profile, devices=flags.stages, batch_size=flags.batch_size, memory_limit=flags.memory_limit,
-            micro_batches=flags.micro_batches, schedule=args.schedule, virtual=flags.virtual,
-            recompute=flags.recompute, link_bandwidth=flags.bandwidth, link_latency_s=flags.latency_s,
-            action_overhead_s=flags.action_overhead_s, device=spec,
-        )  # fmt: skip
-        plan = plan_pipeline(profile, request, progress) if flags.balance is None else plan_balance(profile, request, flags.balance)
-    return plan, note
+        return api.price(counts, spec), spec, counts
+    options = profiling_options(args, flags.batch_size, api.plan_micro_batch_sizes(flags.batch_size))
+    return measure(args.model, args.kwargs, options, progress), None, None
 
 
 def _parallel_note(gpus: int, result: ParallelPlan) -> str:
     """Lines on the S x D choice of ``--gpus``: the choice, and the splits that did not fit."""
     lines = [f"tensor x pipeline x data parallel on {gpus} devices: {result.plan.parallel_note}"]
     if result.rejected:
-        deepest = sorted(result.rejected, key=lambda r: -r.tensor_parallel * max(r.stages, 1))  # the closest to fitting first
+        deepest = sorted(
+            result.rejected, key=lambda r: -r.tensor_parallel * max(r.stages, 1)
+        )  # the closest to fitting first
         shown = [_split_name(r) + f" ({_short(r)})" for r in deepest]
         more = f"; and {len(shown) - 6} more splits" if len(shown) > 8 else ""
         lines.append("no plan for: " + "; ".join(shown[:6] if more else shown) + more)
     if result.pruned:
         many = "splits" if result.pruned > 1 else "split"
-        lines.append(f"{result.pruned} more {many} skipped: no plan of theirs can beat the runner-up (a bound, or their search against it)")
+        lines.append(
+            f"{result.pruned} more {many} skipped: no plan of theirs can beat the runner-up (a bound, or their search against it)"
+        )
     return "\n".join(lines)
 
 
@@ -268,24 +317,6 @@ def _short(rejected: Rejected) -> str:
     return rejected.reason.split(" per device", 1)[0]
 
 
-def _check_fingerprint(model: str, kwargs: list[str], profile_path: str, profile: Profile) -> None:
-    from autopipe.errors import ProfileError
-    from autopipe.graph.trace import trace_model
-    from autopipe.model.load import load_model, parse_kwargs
-
-    loaded = load_model(model, parse_kwargs(kwargs))
-    u = min(profile.micro_batch_sizes)  # traced the way the profile was (api.fingerprint_of)
-    traced = trace_model(loaded.model, loaded.make_inputs(u), micro_batch_size=u, recipe=profile.recipe, source=loaded.spec.path)
-    have = traced.fingerprint()
-    want = profile.recipe.fingerprint
-    if have != want:
-        raise ProfileError(
-            f"{profile_path} was made from another model (fingerprint {want}, {model} has {have}); "
-            f"profile this model again with 'autopipe profile {model}'"
-        )
-    profile.check_blocks([(b.name, b.nodes) for b in traced.blocks], profile_path)  # a hand-edited profile
-
-
 def cmd_show(args: argparse.Namespace, out: Console, err: Console) -> int:
     from autopipe.plans import Plan
 
@@ -296,10 +327,15 @@ def cmd_show(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def _show(
-    plan: Plan, out: Console, as_json: bool, timeline: str | None, wrote: str | None, text_timeline: bool = False,
+    plan: Plan,
+    out: Console,
+    as_json: bool,
+    timeline: str | None,
+    wrote: str | None,
+    text_timeline: bool = False,
     source: str = "the plan",
-) -> None:  # fmt: skip
-    from autopipe.planner.assemble import plan_costs, plan_timeline
+) -> None:
+    from autopipe.api import plan_costs, plan_timeline
     from autopipe.show.draw import check_times, draw_timeline, plan_frame
     from autopipe.show.draw import text_timeline as text_rows
 
@@ -313,6 +349,10 @@ def _show(
     if as_json:
         print(json.dumps(plan_json(plan), indent=1), file=out.file)
         return
-    rows = text_rows(plan, simulated, letters=not out.is_terminal, shown=shown) if text_timeline and simulated is not None else None
+    rows = (
+        text_rows(plan, simulated, letters=not out.is_terminal, shown=shown)
+        if text_timeline and simulated is not None
+        else None
+    )
     notes = [n for n in (wrote, f"drew {timeline}" if timeline else None) if n]
     print_plan(plan, out, rows, "; ".join(notes) or None)

@@ -22,17 +22,17 @@ from .progress import ProgressCallback, progress_bar
 from .render import print_profile, profile_summary
 
 if TYPE_CHECKING:
-    from autopipe.costs.profile import Profile
-    from autopipe.model.load import LoadedModel
+    from autopipe.api import Profile
 
 __all__ = ["add_profile_parser", "measure"]
 
 
 def add_profile_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = commands.add_parser(
-        "profile", help="measure what every block of a model costs; write a profile JSON",
+        "profile",
+        help="measure what every block of a model costs; write a profile JSON",
         description="Trace MODEL into blocks and measure each block's forward/backward time and memory.",
-    )  # fmt: skip
+    )
     add_model_arguments(p)
     p.add_argument("-o", "--output", default="profile.json", help="profile file to write (default: profile.json)")
     p.add_argument("--batch-size", default="8", metavar="N", help="global batch size (default: 8)")
@@ -42,7 +42,7 @@ def add_profile_parser(commands: argparse._SubParsersAction) -> None:  # type: i
 
 
 def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from autopipe.planner.defaults import default_micro_batch_sizes
+    from autopipe.api import default_micro_batch_sizes
 
     batch = positive_int(str(args.batch_size), "--batch-size")
     options = profiling_options(args, batch, default_micro_batch_sizes(batch))
@@ -57,33 +57,23 @@ def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 0
 
 
-def measure(model: str, kwargs: list[str], options: ProfilingOptions, progress: ProgressCallback | None = None) -> Profile:
-    """Load MODEL (``-k`` ``kwargs``), check it runs, and measure it, telling ``progress``."""
-    if progress is not None:
-        progress(f"loading {model}", 0, 0)
-    from autopipe.model.load import check_model_runs, load_model, parse_kwargs
+def measure(
+    model: str, kwargs: list[str], options: ProfilingOptions, progress: ProgressCallback | None = None
+) -> Profile:
+    """Load MODEL (``-k`` ``kwargs``), check it runs, and measure it (``autopipe.profile``), telling ``progress``."""
+    from autopipe import api
 
-    loaded = load_model(model, parse_kwargs(kwargs), device=options.device)
-    if progress is not None:
-        progress(f"checking that {model} runs", 0, 0)
-    check_model_runs(loaded, max(options.micro_batch_sizes))
-    return _run_profile(options, loaded, progress)
-
-
-def _run_profile(options: ProfilingOptions, loaded: LoadedModel, progress: ProgressCallback | None = None) -> Profile:
-    """The one call into the profiler (kept apart so tests can replace it)."""
-    from autopipe.costs.measured import profile_model  # type: ignore[import-not-found,unused-ignore]
-    from autopipe.graph.recipe import TraceRecipe
-
-    recipe = TraceRecipe(tracer=options.tracer, leaf_modules=options.leaf_modules, max_blocks=options.max_blocks)
-    profile: Profile = profile_model(
-        loaded,
+    profile: Profile = api.profile(
+        model,
+        kwargs=api.parse_kwargs(kwargs),
         micro_batch_sizes=options.micro_batch_sizes,
-        recipe=recipe,
+        tracer=options.tracer,
+        leaf_modules=options.leaf_modules,
+        max_blocks=options.max_blocks,
+        device=options.device,
         warmup=options.warmup,
         repeat=options.repeat,
-        device=options.device,
-        progress=progress,
         threads=options.threads,
+        progress=progress,
     )
     return profile

@@ -1,22 +1,24 @@
 """How the CLI shows a Profile: a per-block table, a JSON summary (the bar: ``progress.py``).
 
 All numbers are read at the largest profiled micro-batch size ``u`` from the affine fits in
-:mod:`autopipe.costs.profile` (``y(u) = intercept + slope * u``). A block's "out" bytes are the bytes
+:class:`~autopipe.api.Profile` (``y(u) = intercept + slope * u``). A block's "out" bytes are the bytes
 of every tensor it produces that another block (or the loss) reads.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from autopipe.costs.profile import Profile
 from autopipe.units import format_count
 
 from .progress import ProgressCallback
 from .progress import progress_bar as progress_reporter
+
+if TYPE_CHECKING:
+    from autopipe.api import Profile
 
 __all__ = [
     "ProgressCallback",
@@ -61,7 +63,9 @@ def profile_table(profile: Profile) -> Table:
     table.add_column("saved MiB", f"{sum(saved):.2f}", justify="right")
     table.add_column("out MiB", "", justify="right")
     for i, b in enumerate(blocks):
-        table.add_row(str(i), b.name, format_count(b.params), f"{fwd[i]:.3f}", f"{bwd[i]:.3f}", f"{saved[i]:.2f}", f"{out[i]:.2f}")
+        table.add_row(
+            str(i), b.name, format_count(b.params), f"{fwd[i]:.3f}", f"{bwd[i]:.3f}", f"{saved[i]:.2f}", f"{out[i]:.2f}"
+        )
     return table
 
 

@@ -34,27 +34,52 @@ def stage_table(plan: Plan) -> Table:
     for s, device in zip(plan.stages, _devices(plan), strict=True):
         span = s.blocks[0] if len(s.blocks) == 1 else f"{s.blocks[0]} .. {s.blocks[-1]}"
         t.add_row(
-            str(s.index), device, span, str(len(s.blocks)), format_count(s.params), _ms(s.forward_s), _ms(s.backward_s),
-            f"{format_bytes(s.memory_bytes)} / {format_bytes(plan.memory_limit_bytes / plan.virtual)}", "yes" if s.recompute else "",
-        )  # fmt: skip
+            str(s.index),
+            device,
+            span,
+            str(len(s.blocks)),
+            format_count(s.params),
+            _ms(s.forward_s),
+            _ms(s.backward_s),
+            f"{format_bytes(s.memory_bytes)} / {format_bytes(plan.memory_limit_bytes / plan.virtual)}",
+            "yes" if s.recompute else "",
+        )
     return t
 
 
 def baseline_table(plan: Plan) -> Table:
     t = Table(title=f"same schedule ({plan.schedule}, m={plan.micro_batches}) with simple splits", title_justify="left")
     mine = any(b.name.startswith("autopipe") for b in plan.baselines)  # a --balance plan: autopipe's best is a baseline
-    for col in ("split", "blocks per stage", "iteration ms", "vs yours" if mine else "vs autopipe", "bubble", "peak memory", "fits"):
+    for col in (
+        "split",
+        "blocks per stage",
+        "iteration ms",
+        "vs yours" if mine else "vs autopipe",
+        "bubble",
+        "peak memory",
+        "fits",
+    ):
         t.add_column(col, justify="left" if col in ("split", "blocks per stage") else "right")
     t.add_row(
-        "your split" if mine else "autopipe", "/".join(str(len(s.blocks)) for s in plan.stages), _ms(plan.iteration_time_s), "1.00x",
-        f"{plan.bubble_fraction:.1%}", format_bytes(max(plan.peak_memory_bytes)), "yes",
-    )  # fmt: skip
+        "your split" if mine else "autopipe",
+        "/".join(str(len(s.blocks)) for s in plan.stages),
+        _ms(plan.iteration_time_s),
+        "1.00x",
+        f"{plan.bubble_fraction:.1%}",
+        format_bytes(max(plan.peak_memory_bytes)),
+        "yes",
+    )
     for b in plan.baselines:
         ratio = b.iteration_time_s / plan.iteration_time_s if plan.iteration_time_s else float("nan")
         t.add_row(
-            b.name, "/".join(map(str, b.stage_blocks)), _ms(b.iteration_time_s), f"{ratio:.2f}x",
-            f"{b.bubble_fraction:.1%}", format_bytes(max(b.peak_memory_bytes)), "yes" if b.fits else "[red]no (OOM)[/]",
-        )  # fmt: skip
+            b.name,
+            "/".join(map(str, b.stage_blocks)),
+            _ms(b.iteration_time_s),
+            f"{ratio:.2f}x",
+            f"{b.bubble_fraction:.1%}",
+            format_bytes(max(b.peak_memory_bytes)),
+            "yes" if b.fits else "[red]no (OOM)[/]",
+        )
     return t
 
 
@@ -155,7 +180,12 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             for b in plan.baselines
         ],
         "alternatives": [
-            {"schedule": a.schedule, "virtual": a.virtual, "micro_batches": a.micro_batches, "iteration_time_s": a.iteration_time_s}
+            {
+                "schedule": a.schedule,
+                "virtual": a.virtual,
+                "micro_batches": a.micro_batches,
+                "iteration_time_s": a.iteration_time_s,
+            }
             for a in plan.alternatives
         ],
     }

@@ -30,15 +30,23 @@ __all__ = ["add_run_parser"]
 
 def add_run_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = commands.add_parser(
-        "run", help="train with a plan on this machine; print measured vs predicted times",
+        "run",
+        help="train with a plan on this machine; print measured vs predicted times",
         description="Start one process per pipeline device (gloo on CPU, NCCL on GPUs), run PLAN for --steps "
         "optimizer steps (on the model file's train_data() when it has one, else its example_inputs()) and print "
         "each stage's measured time, the bubble, iteration time and memory beside the plan's prediction, and the "
         "loss of every step. Across machines use: torchrun ... -m autopipe.runtime PLAN.",
-    )  # fmt: skip
+    )
     add_run_arguments(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress and notes go to stderr)")
-    p.add_argument("--plot", default=None, metavar="PNG", help="draw the loss per step to PNG (needs matplotlib: pip install 'autopipe[plot]')")
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON object on stdout (progress and notes go to stderr)"
+    )
+    p.add_argument(
+        "--plot",
+        default=None,
+        metavar="PNG",
+        help="draw the loss per step to PNG (needs matplotlib: pip install 'autopipe[plot]')",
+    )
     p.set_defaults(func=cmd_run)
 
 
@@ -53,7 +61,9 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise RunOptionError("--plot needs matplotlib, which is not installed; pip install 'autopipe[plot]' or drop --plot") from None
+            raise RunOptionError(
+                "--plot needs matplotlib, which is not installed; pip install 'autopipe[plot]' or drop --plot"
+            ) from None
     from autopipe.plans import Plan
     from autopipe.runtime.run.report import (
         format_report,
@@ -132,8 +142,14 @@ class _Shower:
                 TimeElapsedColumn,
             )
 
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=err, transient=True)  # fmt: skip
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err,
+                transient=True,
+            )
             self.task = self.bar.add_task("training", total=steps)
 
     def __enter__(self) -> None:
@@ -153,4 +169,9 @@ class _Shower:
         if self.bar is not None:
             self.bar.update(self.task, completed=self.done, description=f"step {int(step) + 1} loss {float(loss):.4f}")
         else:
-            self.err.print(f"step {int(step) + 1} ({self.done}/{self.steps}) loss {float(loss):.6g}", markup=False, highlight=False, soft_wrap=True)
+            self.err.print(
+                f"step {int(step) + 1} ({self.done}/{self.steps}) loss {float(loss):.6g}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )

@@ -31,7 +31,9 @@ MAX_BYTES = 1_000_000  # about a quarter of the standard library's top-level sou
 
 def build_model(n_layer: int = 4, n_head: int = 4, n_embd: int = 128, seq_len: int = 64, dropout: float = 0.0) -> GPT:
     """A randomly initialised character-level GPT (tied embedding and LM head)."""
-    return GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=VOCAB, block_size=seq_len, dropout=dropout))
+    return GPT(
+        GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=VOCAB, block_size=seq_len, dropout=dropout)
+    )
 
 
 @functools.cache
@@ -61,7 +63,9 @@ class CharBatches:
             raise ValueError(f"batch_size and seq_len must be positive (got {batch_size}, {seq_len})")
         self.data = corpus(max_bytes)
         if self.data.numel() <= seq_len + 1:
-            raise ValueError(f"the text holds {self.data.numel()} characters, too few for seq_len {seq_len}; raise max_bytes")
+            raise ValueError(
+                f"the text holds {self.data.numel()} characters, too few for seq_len {seq_len}; raise max_bytes"
+            )
         self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
         self.batches = batches if batches is not None else max(1, self.data.numel() // (batch_size * seq_len))
 
@@ -79,7 +83,12 @@ class CharBatches:
 
 
 def train_data(
-    batch_size: int, seq_len: int = 64, seed: int = 0, max_bytes: int = MAX_BYTES, batches: int | None = None, **_unused: object
+    batch_size: int,
+    seq_len: int = 64,
+    seed: int = 0,
+    max_bytes: int = MAX_BYTES,
+    batches: int | None = None,
+    **_unused: object,
 ) -> CharBatches:
     """Batches of next-character prediction on the standard library's source (one pass: the
     text's length in windows, or ``batches``)."""

@@ -19,14 +19,23 @@ from torch import Tensor, nn
 __all__ = ["build_model", "example_inputs", "example_targets", "loss_fn", "train_data"]
 
 
-def build_model(n_layer: int = 2, n_head: int = 4, n_embd: int = 64, seq_len: int = 64, dropout: float = 0.0) -> nn.Module:
+def build_model(
+    n_layer: int = 2, n_head: int = 4, n_embd: int = 64, seq_len: int = 64, dropout: float = 0.0
+) -> nn.Module:
     """A randomly initialised ``GPT2LMHeadModel`` with a 128-character vocabulary."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_positions=seq_len, vocab_size=VOCAB,
-        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, use_cache=False,
-    )  # fmt: skip
+        n_layer=n_layer,
+        n_head=n_head,
+        n_embd=n_embd,
+        n_positions=seq_len,
+        vocab_size=VOCAB,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+        use_cache=False,
+    )
     return GPT2LMHeadModel(config)
 
 

@@ -61,8 +61,7 @@ class LlamaConfig:
             )
         if self.n_head % self.n_kv_head:
             raise ValueError(
-                f"n_kv_head must divide n_head (n_head: {self.n_head}, n_kv_head: {self.n_kv_head}); "
-                "change one of them"
+                f"n_kv_head must divide n_head (n_head: {self.n_head}, n_kv_head: {self.n_kv_head}); change one of them"
             )
 
     @property
@@ -91,8 +90,13 @@ PRESETS: dict[str, LlamaConfig] = {
     "llama2-7b": replace(_LLAMA2, n_layer=32, n_head=32, n_kv_head=32, n_embd=4096),
     "llama2-13b": replace(_LLAMA2, n_layer=40, n_head=40, n_kv_head=40, n_embd=5120),
     "llama2-70b": replace(
-        _LLAMA2, n_layer=80, n_head=64, n_kv_head=8, n_embd=8192,
-        multiple_of=4096, ffn_dim_multiplier=1.3,
+        _LLAMA2,
+        n_layer=80,
+        n_head=64,
+        n_kv_head=8,
+        n_embd=8192,
+        multiple_of=4096,
+        ffn_dim_multiplier=1.3,
     ),
 }
 
@@ -255,9 +259,19 @@ def build_model(
 ) -> Llama:
     """A randomly initialised Llama; any argument left None comes from the preset."""
     cfg = make_config(
-        preset, n_layer, n_head, n_kv_head, n_embd, vocab_size, block_size,
-        intermediate_size, multiple_of, ffn_dim_multiplier, norm_eps, rope_theta,
-    )  # fmt: skip
+        preset,
+        n_layer,
+        n_head,
+        n_kv_head,
+        n_embd,
+        vocab_size,
+        block_size,
+        intermediate_size,
+        multiple_of,
+        ffn_dim_multiplier,
+        norm_eps,
+        rope_theta,
+    )
     return Llama(cfg)
 
 

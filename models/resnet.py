@@ -38,7 +38,9 @@ class ResNetConfig:
 
     def __post_init__(self) -> None:
         if not self.layers or not all(_is_positive_int(n) for n in self.layers):
-            raise ValueError(f"layers must be positive block counts, one per stage (got {self.layers!r}); pass e.g. -k layers=3,4,6,3")
+            raise ValueError(
+                f"layers must be positive block counts, one per stage (got {self.layers!r}); pass e.g. -k layers=3,4,6,3"
+            )
         for name in ("width", "num_classes", "image_size", "in_channels"):
             if not _is_positive_int(getattr(self, name)):
                 raise ValueError(f"{name} must be a positive integer (got {getattr(self, name)!r})")

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -59,6 +60,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """In a pytest-xdist worker, the slow tests first (a stable sort); elsewhere the order stays."""
     if hasattr(config, "workerinput"):
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(params=["native", "python"])
+def native_and_python(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Runs the test twice: with the C extensions (``"native"``; skipped where one is not built)
+    and with their Python twins (``"python"``), switched by :func:`autopipe.native.use_native`;
+    yields which."""
+    from autopipe import native
+
+    if request.param == "native" and native.missing():
+        pytest.skip(f"C extensions not built (no C compiler at install): {', '.join(native.missing())}")
+    before = native.use_native(request.param == "native")
+    try:
+        yield request.param
+    finally:
+        native.use_native(before)
 
 
 @pytest.fixture

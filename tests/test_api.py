@@ -19,6 +19,7 @@ from autopipe.errors import EmitError, ModelLoadError, PlanError
 from autopipe.plans import Plan
 from autopipe.stages.merge import merge_state_dict
 from autopipe.stages.rebuild import rebuild_model
+from autopipe.units import parse_duration, parse_rate
 from tests.helpers import FIXTURES, max_diff, reference_training
 
 torch.set_num_threads(1)
@@ -272,7 +273,7 @@ def test_an_in_memory_plan_trains_in_your_own_loop_as_the_unsplit_module() -> No
 
     model, x = _module(), torch.randn(8, 6)
     plan = autopipe.plan(model, x, loss_fn=_loss, example_targets=torch.arange(8) % 3, stages=2, batch_size=8,
-                         memory="1GiB", micro_batches=4, schedule="1f1b", micro_batch_sizes=(2,), **QUICK)  # fmt: skip
+                         memory="1GiB", choices=autopipe.Choices(micro_batches=4, schedule="1f1b"), micro_batch_sizes=(2,), **QUICK)  # fmt: skip
     hub = ThreadHub(2, 30.0)
     pipes = [pipeline(plan, copy.deepcopy(model), rank=r, comm=lambda _, r=r: hub.comm(r), device="cpu",
                       example_inputs=x[:2], loss_fn=_loss) for r in range(2)]  # fmt: skip
@@ -303,3 +304,80 @@ def test_an_in_memory_plan_trains_in_your_own_loop_as_the_unsplit_module() -> No
         opt.zero_grad()
         expected.append(loss.item())
     assert max(abs(a - b) for a, b in zip(losses[1], expected, strict=True)) <= 1e-5
+
+
+# ----------------------------------------------------------------------------- one value per choice
+
+
+ENTRY_POINTS = {"plan": autopipe.plan, "plan_profile": autopipe.plan_profile, "plan_cluster": autopipe.plan_cluster}
+PINNED = autopipe.Choices(micro_batches=4, schedule="1f1b", recompute=autopipe.Recompute.NEVER)
+PRICED = autopipe.Link(bandwidth=parse_rate("25GB/s"), latency_s=parse_duration("20us"), action_overhead_s=parse_duration("0.1ms"))
+PINNED_FLAGS = ["--micro-batches", "4", "--schedule", "1f1b", "--no-recompute", "--bandwidth", "25GB/s", "--latency", "20us",
+                "--action-overhead", "0.1ms"]  # fmt: skip
+
+
+def test_the_entry_points_take_the_same_choice_and_link_values() -> None:
+    import dataclasses
+    import inspect
+
+    loose = {f.name for cls in (autopipe.Choices, autopipe.Link) for f in dataclasses.fields(cls)}
+    for name, fn in ENTRY_POINTS.items():
+        params = inspect.signature(fn).parameters
+        assert params["choices"].annotation == "Choices | None" and params["choices"].default is None, name
+        assert params["link"].annotation == "Link | None" and params["link"].default is None, name
+        assert params["choices"].kind == params["link"].kind == inspect.Parameter.KEYWORD_ONLY, name
+        assert not loose & set(params) and not any(p.startswith("link_") for p in params), name  # no keyword list again
+        assert {"batch_size", "memory", "stages"} <= set(params), name
+
+
+def test_a_choice_passed_loose_says_where_it_goes() -> None:
+    with pytest.raises(PlanError, match=r"^micro_batches is one of the plan's choices: pass choices=Choices\(micro_batches=\.\.\.\)"):
+        autopipe.plan(MLP_FILE, kwargs=KWARGS, batch_size=8, micro_batches=4)
+    with pytest.raises(PlanError, match=r"^link_bandwidth describes the link: pass link=Link\(\.\.\.\)"):
+        autopipe.plan(MLP_FILE, kwargs=KWARGS, batch_size=8, link_bandwidth=1e9)
+
+
+def test_plan_and_plan_profile_give_the_command_lines_plan_for_the_same_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.planner.test_exact import chain
+
+    prof, path, out = chain(8, 1), tmp_path / "profile.json", tmp_path / "plan.json"
+    prof.save(path)
+    argv = ["plan", "--profile", str(path), "--devices", "2", "--batch-size", "8", "--memory", "1GiB", *PINNED_FLAGS, "-o", str(out)]
+    assert main(argv) == 0, capsys.readouterr()
+    by_cli = Plan.load(out).to_dict()
+    by_profile = autopipe.plan_profile(path, devices=2, batch_size=8, memory="1GiB", choices=PINNED, link=PRICED)
+    by_plan = autopipe.plan(nn.Linear(2, 2), torch.zeros(4, 2), stages=2, batch_size=8, memory="1GiB", choices=PINNED, link=PRICED,
+                            profile_data=prof)  # fmt: skip
+    assert by_profile.to_dict() == by_plan.to_dict() == by_cli
+    assert (by_cli["micro_batches"], by_cli["schedule"], by_cli["recompute_policy"], by_cli["link_bandwidth"]) == (4, "1f1b", "never", 25e9)
+    balanced = autopipe.plan_profile(prof, stages=2, batch_size=8, memory="1GiB", choices=PINNED, link=PRICED, balance=[5, 3])
+    assert main([*argv[:-2], "--balance", "5,3", "-o", str(out)]) == 0, capsys.readouterr()
+    assert balanced.to_dict() == Plan.load(out).to_dict() and balanced.balance == (5, 3)
+    assert autopipe.plan(nn.Linear(2, 2), torch.zeros(4, 2), devices=2, batch_size=8, memory="1GiB", choices=PINNED, link=PRICED,
+                         balance=[5, 3], profile_data=prof) == balanced  # fmt: skip
+
+
+@pytest.mark.slow
+def test_plan_cluster_gives_the_command_lines_plan_for_the_same_values(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("AUTOPIPE_CALIBRATION_DIR", str(tmp_path / "calibration"))
+    gpt, out = str(Path(__file__).resolve().parent.parent / "models" / "gpt.py"), tmp_path / "plan.json"
+    argv = ["plan", gpt, "-k", "n_layer=4", "--device", "h100", "--gpus", "8", "--batch-size", "16", "--stages", "2", *PINNED_FLAGS,
+            "-o", str(out)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr()
+    by_api = autopipe.plan_cluster(gpt, kwargs={"n_layer": 4}, device="h100", gpus=8, batch_size=16, stages=2, choices=PINNED, link=PRICED)
+    assert by_api.to_dict() == Plan.load(out).to_dict()
+    assert (by_api.devices, by_api.micro_batches, by_api.schedule, by_api.recompute_policy) == (2, 4, "1f1b", "never")
+
+
+def test_devices_and_stages_are_one_thing(tmp_path: Path) -> None:
+    from tests.planner.test_exact import chain
+
+    prof = chain(8, 1)
+    same = [autopipe.plan_profile(prof, batch_size=8, memory="1GiB", **{k: 2}).to_dict() for k in ("devices", "stages")]  # type: ignore[arg-type]
+    assert same[0] == same[1]
+    assert autopipe.plan_profile(prof, devices=2, stages=2, batch_size=8, memory="1GiB").to_dict() == same[0]
+    with pytest.raises(PlanError, match=r"^devices and stages are the same thing \(pipeline devices\); give one$"):
+        autopipe.plan_profile(prof, devices=2, stages=4, batch_size=8, memory="1GiB")
+    with pytest.raises(PlanError, match=r"^stages must be at least 1 \(got 0\)$"):  # the API's words, not the CLI's flags
+        autopipe.plan_profile(prof, stages=0, batch_size=8, memory="1GiB")

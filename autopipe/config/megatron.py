@@ -103,12 +103,16 @@ def _recompute(plan: Plan, deg: Degrees, parts: Parts) -> tuple[list[str], list[
     if len(sizes) == 1:
         notes = [f"recompute: each stage's {group} layer(s) are recomputed as one piece, as the plan prices it"]
     else:
-        notes = [f"recompute: the plan recomputes each stage as one piece; Megatron's uniform groups must divide every "
-                 f"stage's layers ({', '.join(map(str, sizes))}), so it keeps one input per {group} layer(s)"]  # fmt: skip
+        notes = [
+            f"recompute: the plan recomputes each stage as one piece; Megatron's uniform groups must divide every "
+            f"stage's layers ({', '.join(map(str, sizes))}), so it keeps one input per {group} layer(s)"
+        ]
     if len(chosen) < len(plan.stages):
         rest = [s.index for s in plan.stages if not s.recompute]
-        notes.append(f"the plan recomputes stage(s) {stage_list(chosen)} only; Megatron recomputes every stage, "
-                     f"so stage(s) {stage_list(rest)} spend an extra forward the plan did not price")  # fmt: skip
+        notes.append(
+            f"the plan recomputes stage(s) {stage_list(chosen)} only; Megatron recomputes every stage, "
+            f"so stage(s) {stage_list(rest)} spend an extra forward the plan did not price"
+        )
     if deg.selective_recompute:
         notes.append("the plan also asks for selective (attention) recomputation; full recomputation covers it")
     return args, notes
@@ -119,7 +123,11 @@ def _schedule_notes(plan: Plan, parts: Parts) -> list[str]:
     runs = "interleaved 1F1B" if plan.virtual > 1 else "1F1B"
     notes = []
     if plan.devices == 1:
-        return [f"one pipeline rank: Megatron runs its {len(plan.stages)} stage(s) as one model chunk"] if plan.virtual > 1 else []
+        return (
+            [f"one pipeline rank: Megatron runs its {len(plan.stages)} stage(s) as one model chunk"]
+            if plan.virtual > 1
+            else []
+        )
     if spec.torch_class not in MEGATRON_SCHEDULES:
         why = []
         if spec.splits_backward:
@@ -127,13 +135,21 @@ def _schedule_notes(plan: Plan, parts: Parts) -> list[str]:
         if not parts.round_robin:
             why.append(f"chunk j on rank j % {plan.devices}, not in the plan's V")
         extra = f" ({'; '.join(why)})" if why else ""
-        notes.append(f"Megatron has no {plan.schedule} schedule: it runs {runs} with these stages instead{extra}; "
-                     "expect the 1F1B bubble, not the plan's prediction")  # fmt: skip
+        notes.append(
+            f"Megatron has no {plan.schedule} schedule: it runs {runs} with these stages instead{extra}; "
+            "expect the 1F1B bubble, not the plan's prediction"
+        )
     return notes
 
 
-def megatron_args(plan: Plan, *, tensor_parallel: int | None = None, sequence_parallel: bool | None = None,
-                  selective_recompute: bool | None = None, zero1: bool | None = None) -> str:  # fmt: skip
+def megatron_args(
+    plan: Plan,
+    *,
+    tensor_parallel: int | None = None,
+    sequence_parallel: bool | None = None,
+    selective_recompute: bool | None = None,
+    zero1: bool | None = None,
+) -> str:
     """The plan as Megatron-LM arguments, one per line, with ``#`` notes; ConfigError (one
     line) for a plan without transformer layers."""
     deg = degrees(plan, tensor_parallel, sequence_parallel, selective_recompute, zero1)
@@ -145,12 +161,17 @@ def megatron_args(plan: Plan, *, tensor_parallel: int | None = None, sequence_pa
         "add the model's own arguments (--hidden-size, --num-attention-heads, --seq-length, ...)",
     ]
     args = [
-        "--tensor-model-parallel-size", str(deg.tensor),
-        "--pipeline-model-parallel-size", str(deg.pipeline),
-        "--micro-batch-size", str(plan.micro_batch_size),
-        "--global-batch-size", str(plan.batch_size * deg.data),
-        "--num-layers", str(parts.num_layers),
-    ]  # fmt: skip
+        "--tensor-model-parallel-size",
+        str(deg.tensor),
+        "--pipeline-model-parallel-size",
+        str(deg.pipeline),
+        "--micro-batch-size",
+        str(plan.micro_batch_size),
+        "--global-batch-size",
+        str(plan.batch_size * deg.data),
+        "--num-layers",
+        str(parts.num_layers),
+    ]
     notes = list(parts.notes) + _schedule_notes(plan, parts)
     if deg.zero1:
         args.append("--use-distributed-optimizer")  # ZeRO-1: optimizer state split over the data-parallel ranks
@@ -160,8 +181,10 @@ def megatron_args(plan: Plan, *, tensor_parallel: int | None = None, sequence_pa
         notes.append("sequence parallelism needs tensor parallelism (t > 1); Megatron turns it off at t = 1")
     split = megatron_split(parts, deg.pipeline, deg.virtual)
     if split[:1] == ["--pipeline-model-parallel-layout"]:
-        notes.append("the stages are uneven beyond the first and last, so the split is a layout string "
-                     "(it excludes --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank)")  # fmt: skip
+        notes.append(
+            "the stages are uneven beyond the first and last, so the split is a layout string "
+            "(it excludes --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank)"
+        )
     recompute, recompute_notes = _recompute(plan, deg, parts)
     notes += recompute_notes
     lines += [f"# {n}" for n in notes]

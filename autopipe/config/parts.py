@@ -44,8 +44,13 @@ class Degrees:
         return self.tensor * self.pipeline * self.data
 
 
-def degrees(plan: Plan, tensor_parallel: int | None = None, sequence_parallel: bool | None = None,
-            selective_recompute: bool | None = None, zero1: bool | None = None) -> Degrees:  # fmt: skip
+def degrees(
+    plan: Plan,
+    tensor_parallel: int | None = None,
+    sequence_parallel: bool | None = None,
+    selective_recompute: bool | None = None,
+    zero1: bool | None = None,
+) -> Degrees:
     """The plan's degrees; ``tensor_parallel`` etc. override what the plan says (or, for a plan
     without those fields, the defaults t = 1, no sequence parallelism, whole-stage recompute)."""
     t = plan.tensor_parallel if tensor_parallel is None else tensor_parallel
@@ -54,8 +59,15 @@ def degrees(plan: Plan, tensor_parallel: int | None = None, sequence_parallel: b
     sharded = plan.shard_optimizer if zero1 is None else zero1
     if not isinstance(t, int) or isinstance(t, bool) or t < 1:
         raise ConfigError(f"tensor parallel degree is {t!r}, expected a whole number >= 1; plan again")
-    return Degrees(tensor=t, pipeline=plan.devices, data=plan.data_parallel, virtual=plan.virtual,
-                   sequence_parallel=bool(sp), selective_recompute=bool(selective), zero1=bool(sharded))  # fmt: skip
+    return Degrees(
+        tensor=t,
+        pipeline=plan.devices,
+        data=plan.data_parallel,
+        virtual=plan.virtual,
+        sequence_parallel=bool(sp),
+        selective_recompute=bool(selective),
+        zero1=bool(sharded),
+    )
 
 
 @dataclass(frozen=True)
@@ -135,34 +147,49 @@ def model_parts(plan: Plan) -> Parts:
                 continue
             if not (ends[0] and ends[0][0] == container):
                 sides[i][0 if not seen else 2].append(name)  # a merged block that starts before a layer
-            lo = idx[0] if ends[0] and ends[0][0] == container else min((j for j in indices if j not in seen), default=idx[0])
+            lo = (
+                idx[0]
+                if ends[0] and ends[0][0] == container
+                else min((j for j in indices if j not in seen), default=idx[0])
+            )
             hi = idx[-1] if ends[-1] and ends[-1][0] == container else indices[-1]
             for j in (j for j in indices if lo <= j <= hi):
                 if j not in seen:
                     seen[j] = i
                     counts[i] += 1
                 elif seen[j] != i:
-                    notes.append(f"layer {container}.{j} is split between stages {seen[j]} and {i} "
-                                 f"(block {name}); the frameworks keep a layer whole, on stage {seen[j]}")  # fmt: skip
+                    notes.append(
+                        f"layer {container}.{j} is split between stages {seen[j]} and {i} "
+                        f"(block {name}); the frameworks keep a layer whole, on stage {seen[j]}"
+                    )
             if not (ends[-1] and ends[-1][0] == container):
                 sides[i][1].append(name)  # a merged block that ends after the last layer
     for i, (_, _, between) in enumerate(sides):
         if between:
-            notes.append(f"blocks {', '.join(between)} (stage {i}) sit between transformer layers; "
-                         "the frameworks have no place for them between layers")  # fmt: skip
-    chunks = tuple(Chunk(index=i, rank=s.rank, layers=counts[i], pre=tuple(sides[i][0]), post=tuple(sides[i][1]))
-                   for i, s in enumerate(plan.stages))  # fmt: skip
+            notes.append(
+                f"blocks {', '.join(between)} (stage {i}) sit between transformer layers; "
+                "the frameworks have no place for them between layers"
+            )
+    chunks = tuple(
+        Chunk(index=i, rank=s.rank, layers=counts[i], pre=tuple(sides[i][0]), post=tuple(sides[i][1]))
+        for i, s in enumerate(plan.stages)
+    )
     pre_stages = sorted({c.index for c in chunks if c.pre})
     post_stages = sorted({c.index for c in chunks if c.post})
     if pre_stages and pre_stages != [0]:
-        notes.append(f"the embedding part ({', '.join(b for c in chunks for b in c.pre)}) spans stages "
-                     f"{stage_list(pre_stages)}; the frameworks put it all on the first stage")  # fmt: skip
+        notes.append(
+            f"the embedding part ({', '.join(b for c in chunks for b in c.pre)}) spans stages "
+            f"{stage_list(pre_stages)}; the frameworks put it all on the first stage"
+        )
     final = len(chunks) - 1
     if post_stages and post_stages != [final]:
-        notes.append(f"the head part ({', '.join(b for c in chunks for b in c.post)}) spans stages "
-                     f"{stage_list(post_stages)}; the frameworks put it all on the last stage")  # fmt: skip
+        notes.append(
+            f"the head part ({', '.join(b for c in chunks for b in c.post)}) spans stages "
+            f"{stage_list(post_stages)}; the frameworks put it all on the last stage"
+        )
     spec = schedule_spec(plan.schedule)
-    rr = all(spec.device_of(j, plan.devices, plan.virtual) == round_robin(j, plan.devices, plan.virtual)
-             for j in range(len(plan.stages)))  # fmt: skip
+    rr = all(
+        spec.device_of(j, plan.devices, plan.virtual) == round_robin(j, plan.devices, plan.virtual)
+        for j in range(len(plan.stages))
+    )
     return Parts(container=container, num_layers=len(seen), chunks=chunks, notes=tuple(notes), round_robin=rr)
-

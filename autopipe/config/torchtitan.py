@@ -23,7 +23,15 @@ from autopipe.schedules.registry import schedule_spec
 __all__ = ["TORCHTITAN_VERSION", "TORCH_SCHEDULES", "torchtitan_schedule", "torchtitan_toml"]
 
 TORCHTITAN_VERSION = "0.2.x"
-TORCH_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+TORCH_SCHEDULES = (
+    "GPipe",
+    "1F1B",
+    "Interleaved1F1B",
+    "LoopedBFS",
+    "InterleavedZeroBubble",
+    "ZBVZeroBubble",
+    "DualPipeV",
+)
 """The names ``torch.distributed.pipelining.schedules.get_schedule_class`` takes (torch 2.13)."""
 _V_STYLE = ("ZBVZeroBubble", "DualPipeV")  # the schedules torchtitan places in a V (the rest: round robin)
 
@@ -40,8 +48,10 @@ def _fqn_note(parts: Parts, plan: Plan) -> list[str]:
     if not odd:
         return []
     shown = ", ".join(odd[:4]) + (", ..." if len(odd) > 4 else "")
-    return [f"torchtitan splits by top-level modules and items of a top-level module list ('layers.3'); "
-            f"it cannot place {shown} (nested module names); rename the model's modules or split it by hand"]  # fmt: skip
+    return [
+        f"torchtitan splits by top-level modules and items of a top-level module list ('layers.3'); "
+        f"it cannot place {shown} (nested module names); rename the model's modules or split it by hand"
+    ]
 
 
 def _data_parallel(deg: Degrees) -> tuple[int, int, list[str]]:
@@ -52,24 +62,40 @@ def _data_parallel(deg: Degrees) -> tuple[int, int, list[str]]:
     if deg.data == 1:
         return 1, 1, []
     if deg.zero1:
-        return 1, deg.data, [f"the plan's ZeRO-1 over {deg.data} replicas is FSDP here (data_parallel_shard_degree): "
-                             "parameters and gradients are sharded too, with more communication than planned"]  # fmt: skip
-    return 1, deg.data, [f"torchtitan runs DDP only without other parallelism, so the plan's {deg.data} replicas "
-                         "are FSDP shards (data_parallel_shard_degree): less memory, more communication than planned"]  # fmt: skip
+        return (
+            1,
+            deg.data,
+            [
+                f"the plan's ZeRO-1 over {deg.data} replicas is FSDP here (data_parallel_shard_degree): "
+                "parameters and gradients are sharded too, with more communication than planned"
+            ],
+        )
+    return (
+        1,
+        deg.data,
+        [
+            f"torchtitan runs DDP only without other parallelism, so the plan's {deg.data} replicas "
+            "are FSDP shards (data_parallel_shard_degree): less memory, more communication than planned"
+        ],
+    )
 
 
 def _recompute(plan: Plan, deg: Degrees) -> tuple[str, list[str]]:
     chosen = [s.index for s in plan.stages if s.recompute]
     if not chosen:
         if deg.selective_recompute:
-            return "selective", ["selective: torchtitan's per-op policy (selective_ac_option = \"op\"), "
-                                 "not Megatron's attention-only recomputation the plan priced"]  # fmt: skip
+            return "selective", [
+                'selective: torchtitan\'s per-op policy (selective_ac_option = "op"), '
+                "not Megatron's attention-only recomputation the plan priced"
+            ]
         return "none", []
     notes = ["full: torchtitan checkpoints each transformer layer (the plan prices each stage as one piece)"]
     if len(chosen) < len(plan.stages):
         rest = [s.index for s in plan.stages if not s.recompute]
-        notes.append(f"the plan recomputes stage(s) {stage_list(chosen)} only; torchtitan's mode is one "
-                     f"for all stages, so stage(s) {stage_list(rest)} recompute too")  # fmt: skip
+        notes.append(
+            f"the plan recomputes stage(s) {stage_list(chosen)} only; torchtitan's mode is one "
+            f"for all stages, so stage(s) {stage_list(rest)} recompute too"
+        )
     return "full", notes
 
 
@@ -78,8 +104,14 @@ def _toml_list(parts: list[list[str]]) -> str:
     return "[\n" + rows + ",\n]"
 
 
-def torchtitan_toml(plan: Plan, *, tensor_parallel: int | None = None, sequence_parallel: bool | None = None,
-                    selective_recompute: bool | None = None, zero1: bool | None = None) -> str:  # fmt: skip
+def torchtitan_toml(
+    plan: Plan,
+    *,
+    tensor_parallel: int | None = None,
+    sequence_parallel: bool | None = None,
+    selective_recompute: bool | None = None,
+    zero1: bool | None = None,
+) -> str:
     """The plan as a torchtitan TOML job config, with ``#`` notes."""
     deg = degrees(plan, tensor_parallel, sequence_parallel, selective_recompute, zero1)
     parts = model_parts(plan)
@@ -88,7 +120,9 @@ def torchtitan_toml(plan: Plan, *, tensor_parallel: int | None = None, sequence_
     notes = list(parts.notes) + notes + _fqn_note(parts, plan)
     if schedule not in TORCH_SCHEDULES:
         fallback = "ZBVZeroBubble" if not parts.round_robin else "Interleaved1F1B" if plan.virtual > 1 else "1F1B"
-        notes.append(f"torch has no {plan.schedule} schedule ({schedule}); torchtitan runs {fallback} with these stages instead")
+        notes.append(
+            f"torch has no {plan.schedule} schedule ({schedule}); torchtitan runs {fallback} with these stages instead"
+        )
         schedule = fallback
     if (schedule in _V_STYLE) != (not parts.round_robin):
         where = "in a V" if schedule in _V_STYLE else "round robin"
@@ -120,7 +154,7 @@ def torchtitan_toml(plan: Plan, *, tensor_parallel: int | None = None, sequence_
         "",
         "[activation_checkpoint]",
         f"mode = {json.dumps(mode)}",
-    ]  # fmt: skip
+    ]
     if mode == "selective":
         lines.append('selective_ac_option = "op"')
     return "\n".join(lines) + "\n"

@@ -148,11 +148,16 @@ def count_model(
         report(f"tracing at micro-batch size {u}", 0, 0)
         inputs = _meta_inputs(loaded.make_inputs(u), prec.dtype)
         traced = trace_model(
-            shallow_model, inputs, micro_batch_size=u, recipe=replace(recipe, tracer=traces[0].tracer) if traces else recipe,
+            shallow_model,
+            inputs,
+            micro_batch_size=u,
+            recipe=replace(recipe, tracer=traces[0].tracer) if traces else recipe,
             source=loaded.spec.path,
-        )  # fmt: skip
+        )
         if layers is not None and traced.tracer != "fx":  # only fx names a deeper graph: count it all
-            return count_model(loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe, progress=progress)
+            return count_model(
+                loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe, progress=progress
+            )
         if drop_export_one(traced, sizes):
             continue
         if traces and [b.nodes for b in traced.blocks] != [b.nodes for b in traces[0].blocks]:
@@ -163,7 +168,16 @@ def count_model(
         targets = _meta_inputs(loaded.make_targets(u), prec.dtype) if loaded.make_targets is not None else None
         loss = training_loss(loaded, traced, shallow_model, inputs, targets)
         counts.append(_count_blocks(traced, inputs, loss, _step(report, f"counting at micro-batch size {u}")))
-    repeat = repeat_of(traces[0], counts, layers, fx_node_names(model, _meta_inputs(loaded.make_inputs(sizes[0]), prec.dtype), recipe.leaf_modules)) if layers is not None else None
+    repeat = (
+        repeat_of(
+            traces[0],
+            counts,
+            layers,
+            fx_node_names(model, _meta_inputs(loaded.make_inputs(sizes[0]), prec.dtype), recipe.leaf_modules),
+        )
+        if layers is not None
+        else None
+    )
     if layers is not None and repeat is None:  # the copy does not prove the whole: count it all
         return count_model(loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe, progress=progress)
     return ModelCounts(tuple(traces), tuple(counts), loaded, prec, recipe, repeat)
@@ -195,7 +209,9 @@ def _step(report: Progress, what: str) -> Callable[[int, int], None]:
 
 
 def _count_blocks(
-    traced: TracedModel, inputs: Any, loss: Callable[[list[Any]], torch.Tensor] | None = None,
+    traced: TracedModel,
+    inputs: Any,
+    loss: Callable[[list[Any]], torch.Tensor] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[BlockCount, ...]:
     """Count each block on the values the blocks before it produced; a block that computes
@@ -393,5 +409,7 @@ def analytic_profile(
 ) -> Profile:
     """Count ``loaded`` on meta, traced as ``recipe`` says, and price it on ``spec`` (see the
     module docstring); ``progress(what, done, total)`` as :func:`count_model`."""
-    counts = count_model(loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe, progress=progress, shallow=True)
+    counts = count_model(
+        loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe, progress=progress, shallow=True
+    )
     return profile_from_counts(counts, spec)

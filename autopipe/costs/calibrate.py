@@ -54,12 +54,16 @@ def calibration_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "autopipe" / "calibration"
 
 
-def calibrate(profile: Profile, *, device_files: Sequence[str | Path] = (), counts: ModelCounts | None = None) -> Calibration:
+def calibrate(
+    profile: Profile, *, device_files: Sequence[str | Path] = (), counts: ModelCounts | None = None
+) -> Calibration:
     """Fit the efficiencies of the device ``profile`` was measured on (see the module docstring)."""
     from autopipe.model.load import load_model
 
     if profile.method != "measured":
-        raise ProfileError(f"calibrate needs a measured profile (this one is {profile.method}); make one with 'autopipe profile MODEL'")
+        raise ProfileError(
+            f"calibrate needs a measured profile (this one is {profile.method}); make one with 'autopipe profile MODEL'"
+        )
     name = match_device(profile.device, device_files)
     if name is None:
         raise ProfileError(
@@ -69,12 +73,17 @@ def calibrate(profile: Profile, *, device_files: Sequence[str | Path] = (), coun
     recipe = profile.recipe
     if counts is None:
         if not recipe.model_file:
-            raise ProfileError("the profile does not name its model file; profile the model again with 'autopipe profile MODEL'")
+            raise ProfileError(
+                "the profile does not name its model file; profile the model again with 'autopipe profile MODEL'"
+            )
         model = recipe.model_spec()
         loaded = load_model(f"{model.path}:{model.factory}", model.kwargs, device="meta")
         counts = count_model(
-            loaded, micro_batch_sizes=profile.micro_batch_sizes, dtype=_DTYPES.get(profile.dtype, "fp32"), recipe=recipe,
-        )  # fmt: skip
+            loaded,
+            micro_batch_sizes=profile.micro_batch_sizes,
+            dtype=_DTYPES.get(profile.dtype, "fp32"),
+            recipe=recipe,
+        )
     if counts.traces[0].fingerprint() != recipe.fingerprint:
         raise ProfileError("the profile was made from another model than its model file builds now; profile it again")
     ops: list[Sequence[OpCount]] = []
@@ -160,5 +169,10 @@ def stored_calibration(spec: DeviceSpec, path: str | Path | None = None) -> Devi
         return entries[spec.name]
     if len(entries) == 1 and path is not None:
         only = next(iter(entries.values()))
-        return replace(spec, compute_efficiency=only.compute_efficiency, memory_efficiency=only.memory_efficiency, op_overhead_s=only.op_overhead_s)
+        return replace(
+            spec,
+            compute_efficiency=only.compute_efficiency,
+            memory_efficiency=only.memory_efficiency,
+            op_overhead_s=only.op_overhead_s,
+        )
     raise ProfileError(f"calibration file {target} has no entry for device {spec.name} (it has: {', '.join(entries)})")

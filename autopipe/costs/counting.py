@@ -89,12 +89,23 @@ if _CPU_FLASH_BACKWARD not in flop_registry:
     register_flop_formula(_CPU_FLASH_BACKWARD)(_cpu_flash_backward_flops)
 
 _QUERIES = {
-    aten.sym_is_contiguous.default, aten.is_contiguous.default, aten.is_contiguous.memory_format,
-    aten.is_strides_like_format.default, aten.is_non_overlapping_and_dense.default, aten.size.default,
-    aten.sym_size.default, aten.stride.default, aten.sym_stride.default, aten.storage_offset.default,
-    aten.sym_storage_offset.default, aten.numel.default, aten.sym_numel.default, aten.dim.default,
-    torch.ops.prim.layout.default, torch.ops.prim.device.default,
-}  # fmt: skip
+    aten.sym_is_contiguous.default,
+    aten.is_contiguous.default,
+    aten.is_contiguous.memory_format,
+    aten.is_strides_like_format.default,
+    aten.is_non_overlapping_and_dense.default,
+    aten.size.default,
+    aten.sym_size.default,
+    aten.stride.default,
+    aten.sym_stride.default,
+    aten.storage_offset.default,
+    aten.sym_storage_offset.default,
+    aten.numel.default,
+    aten.sym_numel.default,
+    aten.dim.default,
+    torch.ops.prim.layout.default,
+    torch.ops.prim.device.default,
+}
 _ALIASES = {aten._unsafe_view, aten.detach, aten.alias, aten.lift_fresh}
 
 
@@ -143,9 +154,15 @@ class _FusedAttention(TorchFunctionMode):
 
 
 def _fused_sdpa(
-    q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
-    scale: float | None = None, enable_gqa: bool = False,
-) -> Any:  # fmt: skip
+    q: Any,
+    k: Any,
+    v: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
     if not all(isinstance(t, torch.Tensor) and t.is_meta and t.dim() == 4 for t in (q, k, v)) or enable_gqa:
         return None
     if attn_mask is not None and is_causal:
@@ -160,7 +177,9 @@ def fused_attention() -> Iterator[None]:
         yield
 
 
-def count_block(module: nn.Module, args: Sequence[Any], exclude: set[int] | frozenset[int] = frozenset()) -> tuple[BlockCount, tuple[Any, ...]]:
+def count_block(
+    module: nn.Module, args: Sequence[Any], exclude: set[int] | frozenset[int] = frozenset()
+) -> tuple[BlockCount, tuple[Any, ...]]:
     """Count ``module(*args)`` forward and backward on meta tensors; also return its outputs.
 
     ``args`` are meta tensors (floating ones become fresh autograd leaves, as in the measured

@@ -86,14 +86,8 @@ def repeat_of(
         return None
     if _deep_tensors(crossing_tensors([traced]), rep) is None:
         return None
-    params = [
-        (n, tuple(p.shape), str(p.dtype))
-        for n, p in traced.gm.named_parameters(remove_duplicate=False)
-    ]
-    blocks = [
-        (name, nodes)
-        for name, nodes, _ in _deep_blocks([(b.name, b.nodes) for b in traced.blocks], rep)
-    ]
+    params = [(n, tuple(p.shape), str(p.dtype)) for n, p in traced.gm.named_parameters(remove_duplicate=False)]
+    blocks = [(name, nodes) for name, nodes, _ in _deep_blocks([(b.name, b.nodes) for b in traced.blocks], rep)]
     return replace(rep, fingerprint=deep_fingerprint(traced.tracer, params, blocks, layers))
 
 
@@ -104,18 +98,12 @@ def deepen_profile(profile: Profile, rep: Repeat) -> Profile:
     tensors = _deep_tensors(profile.tensors, rep)
     if tensors is None:  # repeat_of checked the same tensors
         raise AssertionError("the shallow profile's tensors do not repeat")
-    shared = tuple(
-        (name, tuple(rep.index(i) for i in users)) for name, users in profile.shared_params
-    )
+    shared = tuple((name, tuple(rep.index(i) for i in users)) for name, users in profile.shared_params)
     recipe = replace(profile.recipe, fingerprint=rep.fingerprint)
-    return replace(
-        profile, blocks=blocks, tensors=tuple(tensors), shared_params=shared, recipe=recipe
-    )
+    return replace(profile, blocks=blocks, tensors=tuple(tensors), shared_params=shared, recipe=recipe)
 
 
-def _deep_blocks(
-    blocks: Sequence[tuple[str, tuple[str, ...]]], rep: Repeat
-) -> list[tuple[str, tuple[str, ...], int]]:
+def _deep_blocks(blocks: Sequence[tuple[str, tuple[str, ...]]], rep: Repeat) -> list[tuple[str, tuple[str, ...], int]]:
     """(name, nodes, shallow index) of every deep block, in order."""
     out = []
     for i, (name, nodes) in enumerate(blocks):
@@ -124,9 +112,7 @@ def _deep_blocks(
             for j in rep.layers.copies(s):
                 out.append((f"{rep.layers.prefix}.{j}", tuple(rep.name(n, j) for n in nodes), i))
         else:
-            out.append(
-                (rep.name(name) if name in nodes else name, tuple(rep.name(n) for n in nodes), i)
-            )
+            out.append((rep.name(name) if name in nodes else name, tuple(rep.name(n) for n in nodes), i))
     return out
 
 
@@ -142,12 +128,8 @@ def _deep_tensors(tensors: Sequence[TensorCost], rep: Repeat) -> list[TensorCost
         if t.src < first:
             if into not in (set(), {0}, set(range(SHALLOW))):
                 return None
-            layers = (
-                () if not into else (first,) if into == {0} else tuple(range(first, first + count))
-            )
-            before.append(
-                replace(t, name=rep.name(t.name), dsts=tuple(sorted((*outside, *layers))))
-            )
+            layers = () if not into else (first,) if into == {0} else tuple(range(first, first + count))
+            before.append(replace(t, name=rep.name(t.name), dsts=tuple(sorted((*outside, *layers)))))
         elif t.src > last:
             if into:
                 return None
@@ -161,8 +143,6 @@ def _deep_tensors(tensors: Sequence[TensorCost], rep: Repeat) -> list[TensorCost
     for j in range(count):
         s = rep.layers.source(j)
         for t in within[s]:
-            dsts = tuple(first + j + 1 for d in t.dsts if d <= last) + tuple(
-                rep.index(d) for d in t.dsts if d > last
-            )
+            dsts = tuple(first + j + 1 for d in t.dsts if d <= last) + tuple(rep.index(d) for d in t.dsts if d > last)
             out.append(replace(t, name=rep.name(t.name, j), src=first + j, dsts=dsts))
     return out + after

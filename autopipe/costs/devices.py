@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autopipe.errors import AutopipeError
+from autopipe.errors import InputError
 
 __all__ = [
     "CATALOGUE_FILE",
@@ -55,7 +55,7 @@ CLUSTER_KEYS = {  # --cluster FILE's keys -> (solve.parallel.Cluster field, what
 }
 
 
-class DeviceError(AutopipeError):
+class DeviceError(InputError):
     """An unknown device name, or a device file that cannot be read."""
 
 
@@ -87,11 +87,16 @@ class DeviceSpec:
             return table["fp32"]
         if dtype == "fp16" and "bf16" in table:
             return table["bf16"]
-        raise DeviceError(f"device {self.name} gives no peak for {dtype}; add peak_flops.{dtype} to its entry (it has: {', '.join(table)})")
+        raise DeviceError(
+            f"device {self.name} gives no peak for {dtype}; add peak_flops.{dtype} to its entry (it has: {', '.join(table)})"
+        )
 
     def calibrated(self, compute_efficiency: float, memory_efficiency: float, op_overhead_s: float) -> DeviceSpec:
         return replace(
-            self, compute_efficiency=compute_efficiency, memory_efficiency=memory_efficiency, op_overhead_s=op_overhead_s
+            self,
+            compute_efficiency=compute_efficiency,
+            memory_efficiency=memory_efficiency,
+            op_overhead_s=op_overhead_s,
         )
 
 
@@ -121,7 +126,12 @@ def _spec(name: str, raw: Mapping[str, Any], source: str) -> DeviceSpec:
         ) from None
     rates = (spec.memory_bytes, spec.memory_bandwidth, spec.nvlink_bandwidth, spec.network_bandwidth)
     effs = (spec.compute_efficiency, spec.memory_efficiency)
-    if min(rates) <= 0 or any(v <= 0 for _, v in spec.peak_flops) or spec.devices_per_node < 1 or not all(0 < e <= 1 for e in effs):
+    if (
+        min(rates) <= 0
+        or any(v <= 0 for _, v in spec.peak_flops)
+        or spec.devices_per_node < 1
+        or not all(0 < e <= 1 for e in effs)
+    ):
         raise DeviceError(f"device {name!r} in {source}: sizes and rates must be positive and efficiencies in (0, 1]")
     return spec
 
@@ -167,7 +177,9 @@ def device_spec(name: str, device_files: Sequence[str | Path] = ()) -> DeviceSpe
             return spec
     if key == "cpu":
         return measure_cpu()
-    raise DeviceError(f"unknown device {name!r}; known devices: {', '.join(known_devices(device_files))} (add yours with --device-file)")
+    raise DeviceError(
+        f"unknown device {name!r}; known devices: {', '.join(known_devices(device_files))} (add yours with --device-file)"
+    )
 
 
 def match_device(torch_name: str, device_files: Sequence[str | Path] = ()) -> str | None:

@@ -43,7 +43,16 @@ from autopipe.graph.outputs import training_loss
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.trace import Block, TracedModel, trace_model
 
-__all__ = ["BlockMeasurement", "Progress", "crossing_tensors", "measure_blocks", "profile_model", "saved_bytes", "storage_key", "time_call"]
+__all__ = [
+    "BlockMeasurement",
+    "Progress",
+    "crossing_tensors",
+    "measure_blocks",
+    "profile_model",
+    "saved_bytes",
+    "storage_key",
+    "time_call",
+]
 
 Progress = Callable[[str, int, int], None]  # progress(what, done, total); total 0: not known
 _ZERO = Affine(0.0, 0.0)
@@ -124,9 +133,7 @@ def _profile(
 
         targets = _to_device(loaded.make_targets(u), dev) if loaded.make_targets is not None else None
         loss = training_loss(loaded, traced, model, inputs, targets)
-        measured.append(
-            measure_blocks(traced, inputs, warmup=warmup, repeat=repeat, progress=report, loss=loss)
-        )
+        measured.append(measure_blocks(traced, inputs, warmup=warmup, repeat=repeat, progress=report, loss=loss))
     return _make_profile(loaded, traces, measured, sizes, dev, recipe)
 
 
@@ -186,7 +193,9 @@ def _make_profile(
             forward=fit(lambda m: m.forward_s, i),
             backward=fit(lambda m: m.backward_s, i),
             backward_input=fit(lambda m: m.backward_input_s, i),
-            backward_weight=fit(lambda m: m.backward_weight_s, i) if all(m[i].backward_weight_s >= 0 for m in measured) else None,
+            backward_weight=fit(lambda m: m.backward_weight_s, i)
+            if all(m[i].backward_weight_s >= 0 for m in measured)
+            else None,
             saved_bytes=fit(lambda m: float(m.saved_bytes), i),
             shared=ref.shared_params,
         )
@@ -250,9 +259,7 @@ def block_cost(
     the weight-gradient part of backward is ``backward_weight`` where it was measured, else
     what the input-gradient part leaves (>= 0)."""
     owned = [gm.get_parameter(p) for p in block.params]
-    borrowed = [
-        gm.get_parameter(name) for name, users in shared if block.index in users and block.index != min(users)
-    ]
+    borrowed = [gm.get_parameter(name) for name, users in shared if block.index in users and block.index != min(users)]
     return BlockCost(
         name=block.name,
         nodes=block.nodes,

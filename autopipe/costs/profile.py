@@ -141,15 +141,21 @@ class Profile:
     def load(path: str | Path) -> Profile:
         p = Path(path)
         if p.is_dir():
-            raise ProfileError(f"{p} is a directory, not a profile; give the profile JSON written by 'autopipe profile'")
+            raise ProfileError(
+                f"{p} is a directory, not a profile; give the profile JSON written by 'autopipe profile'"
+            )
         if not p.is_file():
             raise ProfileError(f"profile file not found: {p}; make one with 'autopipe profile MODEL -o {p}'")
         try:
             text = p.read_bytes().decode("utf-8")
         except UnicodeDecodeError:
-            raise ProfileError(f"{p} is not a profile (binary, not UTF-8 JSON); give the profile JSON written by 'autopipe profile'") from None
+            raise ProfileError(
+                f"{p} is not a profile (binary, not UTF-8 JSON); give the profile JSON written by 'autopipe profile'"
+            ) from None
         except OSError as e:
-            raise ProfileError(f"cannot read {p} as a profile ({type(e).__name__}); give the JSON written by 'autopipe profile'") from None
+            raise ProfileError(
+                f"cannot read {p} as a profile ({type(e).__name__}); give the JSON written by 'autopipe profile'"
+            ) from None
         return Profile.from_json(text, source=str(p))
 
     def check_blocks(self, blocks: Sequence[tuple[str, Sequence[str]]], source: str = "profile") -> None:
@@ -169,7 +175,9 @@ class Profile:
                     f"{source}: block {i} holds {what} the model's block {i} ({name!r}) does not; profile the model again"
                 )
         if len(blocks) > self.num_blocks:
-            raise ProfileError(f"{source} has {self.num_blocks} blocks, the model traces into {len(blocks)}; profile the model again")
+            raise ProfileError(
+                f"{source} has {self.num_blocks} blocks, the model traces into {len(blocks)}; profile the model again"
+            )
 
 
 def _affine(raw: Any) -> Affine:
@@ -184,7 +192,9 @@ def _name(v: Any) -> str:
 
 def _profile_from_dict(raw: Any, source: str = "profile") -> Profile:
     if not isinstance(raw, dict) or "version" not in raw:
-        raise ProfileError(f"{source} is not an autopipe profile (no 'version' field); make one with 'autopipe profile'")
+        raise ProfileError(
+            f"{source} is not an autopipe profile (no 'version' field); make one with 'autopipe profile'"
+        )
     if isinstance(raw["version"], bool) or raw["version"] not in _READS:
         raise ProfileError(
             f"{source} has profile version {raw['version']!r}, this autopipe reads versions "
@@ -248,14 +258,20 @@ def _check(p: Profile, source: str) -> None:
             raise ProfileError(f"{source}: block {i} ({b.name!r}) has no nodes; profile the model again")
         for node in b.nodes:
             if node in seen:
-                raise ProfileError(f"{source}: node {node!r} is in blocks {seen[node]} and {i}; profile the model again")
+                raise ProfileError(
+                    f"{source}: node {node!r} is in blocks {seen[node]} and {i}; profile the model again"
+                )
             seen[node] = i
         for field in ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "saved_bytes"):
             cost: Affine = getattr(b, field)
             if not all(math.isfinite(v) and v >= 0 for v in (cost.intercept, cost.slope)):
-                raise ProfileError(f"{source}: block {i} ({b.name!r}) has {field} {cost}; costs must be finite and >= 0, profile again")
+                raise ProfileError(
+                    f"{source}: block {i} ({b.name!r}) has {field} {cost}; costs must be finite and >= 0, profile again"
+                )
         if b.params < 0 or b.param_bytes < 0 or b.shared_param_bytes < 0:
-            raise ProfileError(f"{source}: block {i} ({b.name!r}) has a negative parameter count; profile the model again")
+            raise ProfileError(
+                f"{source}: block {i} ({b.name!r}) has a negative parameter count; profile the model again"
+            )
     for t in p.tensors:
         if not -1 <= t.src < n or any(not t.src < d < n for d in t.dsts):
             raise ProfileError(
@@ -263,7 +279,10 @@ def _check(p: Profile, source: str) -> None:
                 "profile the model again"
             )
         if not all(math.isfinite(v) and v >= 0 for v in (t.bytes.intercept, t.bytes.slope)):
-            raise ProfileError(f"{source}: tensor {t.name!r} has bytes {t.bytes}; sizes must be finite and >= 0, profile again")
+            raise ProfileError(
+                f"{source}: tensor {t.name!r} has bytes {t.bytes}; sizes must be finite and >= 0, profile again"
+            )
     if not p.micro_batch_sizes or any(u < 1 for u in p.micro_batch_sizes):
-        raise ProfileError(f"{source} has micro_batch_sizes {list(p.micro_batch_sizes)}; they must be positive, profile again")
-
+        raise ProfileError(
+            f"{source} has micro_batch_sizes {list(p.micro_batch_sizes)}; they must be positive, profile again"
+        )

@@ -96,7 +96,9 @@ class TensorSplit:
     link_latency_s: float
 
 
-def tensor_degrees(shape: TransformerShape | None, devices_per_node: int, devices: int) -> tuple[list[int], list[tuple[int, str]]]:
+def tensor_degrees(
+    shape: TransformerShape | None, devices_per_node: int, devices: int
+) -> tuple[list[int], list[tuple[int, str]]]:
     """The degrees t to search (t divides the node, the devices, the heads and the key/value
     heads) and one line for each divisor of the node that is skipped, saying why."""
     if shape is None:
@@ -119,7 +121,9 @@ def tensor_reason(shape: TransformerShape | None, t: int, devices_per_node: int,
     if t == 1:
         return ""
     if shape is None:
-        return "the model has no transformer layers autopipe can split (tensor parallelism needs an analytic plan of one)"
+        return (
+            "the model has no transformer layers autopipe can split (tensor parallelism needs an analytic plan of one)"
+        )
     if devices_per_node % t:
         return f"a tensor-parallel group stays within a node; {t} does not divide {devices_per_node} devices per node"
     if devices % t:
@@ -134,7 +138,9 @@ def tensor_reason(shape: TransformerShape | None, t: int, devices_per_node: int,
 def block_kinds(names: Sequence[str], shape: TransformerShape) -> tuple[BlockKind, ...]:
     """How each block splits: ``layer``, ``embedding``, ``head`` or ``whole`` (replicated)."""
     layers, emb, head = set(shape.layers), set(shape.embedding), set(shape.head)
-    return tuple("layer" if n in layers else "embedding" if n in emb else "head" if n in head else "whole" for n in names)
+    return tuple(
+        "layer" if n in layers else "embedding" if n in emb else "head" if n in head else "whole" for n in names
+    )
 
 
 def split_ops(ops: Sequence[OpCount], kind: BlockKind, t: int, sequence_parallel: bool) -> tuple[OpCount, ...]:
@@ -216,7 +222,9 @@ def _first(config: Any, names: Sequence[str]) -> int | None:
     return None
 
 
-def transformer_shape(model: Any, block_names: Sequence[str], layer_input_shape: Sequence[int] | None) -> TransformerShape | None:
+def transformer_shape(
+    model: Any, block_names: Sequence[str], layer_input_shape: Sequence[int] | None
+) -> TransformerShape | None:
     """The structure of ``model`` (an ``nn.Module``) as :class:`TransformerShape`, or None when
     it has no config with hidden size and heads, or no list of layers among ``block_names``.
 

@@ -82,7 +82,9 @@ def _value_infos(gm: torch.fx.GraphModule) -> dict[str, ValueInfo]:
     for n in gm.graph.nodes:
         v = n.meta.get("val", n.meta.get("example_value"))
         if isinstance(v, torch.Tensor):
-            out[n.name] = ValueInfo(tuple(hint_int(s) for s in v.shape), str(v.dtype).removeprefix("torch."), _nbytes(v), True)
+            out[n.name] = ValueInfo(
+                tuple(hint_int(s) for s in v.shape), str(v.dtype).removeprefix("torch."), _nbytes(v), True
+            )
         else:
             leaves = [t for t in torch.utils._pytree.tree_leaves(v) if isinstance(t, torch.Tensor)]
             out[n.name] = ValueInfo((), "", sum(_nbytes(t) for t in leaves), False)
@@ -206,7 +208,9 @@ def _is_tiny(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> bool:
     for n in nodes:
         if n.op == "call_module" and any(True for _ in gm.get_submodule(str(n.target)).parameters()):
             return False
-        if any(a.op == "get_attr" and isinstance(_fetch_attr(gm, str(a.target)), torch.Tensor) for a in n.all_input_nodes):
+        if any(
+            a.op == "get_attr" and isinstance(_fetch_attr(gm, str(a.target)), torch.Tensor) for a in n.all_input_nodes
+        ):
             return False  # holds weights (reading ``self.training`` is no weight)
     return True
 
@@ -331,7 +335,9 @@ class BlockEdge:
     tensors: tuple[str, ...]
 
 
-def _block_edges(gm: torch.fx.GraphModule, block_of: dict[str, int], values: dict[str, ValueInfo]) -> tuple[BlockEdge, ...]:
+def _block_edges(
+    gm: torch.fx.GraphModule, block_of: dict[str, int], values: dict[str, ValueInfo]
+) -> tuple[BlockEdge, ...]:
     """Blocks as a DAG: an edge i -> j carries the tensors made in i and read in j, with bytes."""
     edges: dict[tuple[int, int], list[str]] = {}
     for n in gm.graph.nodes:
@@ -340,4 +346,7 @@ def _block_edges(gm: torch.fx.GraphModule, block_of: dict[str, int], values: dic
             continue
         for dst in sorted({block_of[u.name] for u in n.users if u.name in block_of} - {src}):
             edges.setdefault((src, dst), []).append(n.name)
-    return tuple(BlockEdge(src, dst, sum(values[t].bytes for t in tensors), tuple(tensors)) for (src, dst), tensors in edges.items())
+    return tuple(
+        BlockEdge(src, dst, sum(values[t].bytes for t in tensors), tuple(tensors))
+        for (src, dst), tensors in edges.items()
+    )

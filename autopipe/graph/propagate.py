@@ -24,11 +24,29 @@ from torch.nn import functional as F
 __all__ = ["SHAPE_ONLY", "SHAPE_ONLY_FUNCTIONS", "MetaShapes"]
 
 SHAPE_ONLY: tuple[type[nn.Module], ...] = (
-    nn.Linear, nn.LayerNorm, nn.RMSNorm, nn.Embedding, nn.Dropout, nn.GELU, nn.SiLU, nn.ReLU, nn.Tanh,
-)  # fmt: skip
+    nn.Linear,
+    nn.LayerNorm,
+    nn.RMSNorm,
+    nn.Embedding,
+    nn.Dropout,
+    nn.GELU,
+    nn.SiLU,
+    nn.ReLU,
+    nn.Tanh,
+)
 
 SHAPE_ONLY_FUNCTIONS: frozenset[Any] = frozenset(
-    {F.scaled_dot_product_attention, F.gelu, F.silu, F.softmax, F.dropout, operator.add, operator.mul, torch.add, torch.mul}
+    {
+        F.scaled_dot_product_attention,
+        F.gelu,
+        F.silu,
+        F.softmax,
+        F.dropout,
+        operator.add,
+        operator.mul,
+        torch.add,
+        torch.mul,
+    }
 )
 """Functions whose output (a new tensor) follows from their inputs' layouts and constant arguments."""
 

@@ -89,9 +89,7 @@ class Layers:
 def repeated_layers(model: nn.Module) -> Layers | None:
     """The longest ``nn.ModuleList`` of ``model`` when it has at least :data:`MIN_LAYERS`
     layers alike in every way a trace can see (see the module docstring), else None."""
-    lists = [
-        (name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and name
-    ]
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and name]
     if not lists:
         return None
     prefix, longest = max(lists, key=lambda x: len(x[1]))
@@ -116,9 +114,7 @@ def _state(layer: nn.Module) -> tuple[object, ...] | None:
                 if value:  # a hook can do anything
                     return None
                 continue
-            if not isinstance(value, (bool, int, float, str, type(None), tuple)) or not _plain(
-                value
-            ):
+            if not isinstance(value, (bool, int, float, str, type(None), tuple)) or not _plain(value):
                 return None
             attrs.append((key, value))
         tensors = [
@@ -163,11 +159,7 @@ def deep_names(
     runs: list[int | None] = [layers.layer_of(path) for _, path, _ in created]
     order = [r for i, r in enumerate(runs) if r is not None and (i == 0 or runs[i - 1] != r)]
     inside = [i for i, r in enumerate(runs) if r is not None]
-    if (
-        order != list(range(SHALLOW))
-        or not inside
-        or any(runs[i] is None for i in range(inside[0], inside[-1] + 1))
-    ):
+    if order != list(range(SHALLOW)) or not inside or any(runs[i] is None for i in range(inside[0], inside[-1] + 1)):
         return None
     if not set(survivors) <= {name for _, _, name in created} or not _replays(created):
         return None

@@ -111,13 +111,9 @@ class WeightGrad:
                 seeds.append(self.grads[r])
             if not outputs:
                 continue
-            hooks = [
-                n.register_prehook(_replace_with(g.kept[n])) for n in g.boundary if n in g.kept
-            ]
+            hooks = [n.register_prehook(_replace_with(g.kept[n])) for n in g.boundary if n in g.kept]
             try:
-                grads = torch.autograd.grad(
-                    outputs, g.params, seeds, retain_graph=True, allow_unused=True
-                )
+                grads = torch.autograd.grad(outputs, g.params, seeds, retain_graph=True, allow_unused=True)
             finally:
                 for h in hooks:
                     h.remove()
@@ -202,14 +198,10 @@ def backward_input(
             owner[key] = group
     hooks = [n.register_prehook(_keep(g, n)) for g in groups for n in g.boundary]
     try:
-        wanted = [
-            x for x, n in zip(inputs, (_node(x) for x in inputs), strict=True) if n in parents
-        ]
+        wanted = [x for x, n in zip(inputs, (_node(x) for x in inputs), strict=True) if n in parents]
         got: dict[int, torch.Tensor | None] = {}
         if wanted:
-            out = torch.autograd.grad(
-                list(roots), wanted, list(grads), retain_graph=True, allow_unused=True
-            )
+            out = torch.autograd.grad(list(roots), wanted, list(grads), retain_graph=True, allow_unused=True)
             got = {id(x): g for x, g in zip(wanted, out, strict=True)}
     finally:
         for h in hooks:

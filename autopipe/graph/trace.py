@@ -210,7 +210,9 @@ def fx_node_names(model: nn.Module, inputs: Any, leaf_modules: Sequence[str] = (
         return None
 
 
-def _fx_graph(model: nn.Module, inputs: Any, leaf_modules: Sequence[str]) -> tuple[torch.fx.Graph, tuple[tuple[str, str, str], ...]]:
+def _fx_graph(
+    model: nn.Module, inputs: Any, leaf_modules: Sequence[str]
+) -> tuple[torch.fx.Graph, tuple[tuple[str, str, str], ...]]:
     """fx's graph of ``model`` and the nodes it made: (candidate name, module path, name given)."""
     leaves = set(leaf_modules)
     created: list[tuple[str, str, str]] = []
@@ -219,9 +221,13 @@ def _fx_graph(model: nn.Module, inputs: Any, leaf_modules: Sequence[str]) -> tup
         def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
             return type(m).__name__ in leaves or super().is_leaf_module(m, qualname)
 
-        def create_node(self, kind: str, target: Any, args: Any, kwargs: Any, name: str | None = None, type_expr: Any = None) -> torch.fx.Node:
+        def create_node(
+            self, kind: str, target: Any, args: Any, kwargs: Any, name: str | None = None, type_expr: Any = None
+        ) -> torch.fx.Node:
             node = super().create_node(kind, target, args, kwargs, name, type_expr)
-            created.append((name if name is not None else self.graph._target_to_str(target), self.scope.module_path, node.name))
+            created.append(
+                (name if name is not None else self.graph._target_to_str(target), self.scope.module_path, node.name)
+            )
             return node
 
     concrete: dict[str, Any] | None = None
@@ -316,7 +322,11 @@ class _Swallow(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg == META_FAILED and isinstance(record.args, tuple) and record.args:
             error = record.exc_info[1] if record.exc_info else None
-            reason = str(error).strip().splitlines()[0][:160] if error is not None and str(error).strip() else "no reason given"
+            reason = (
+                str(error).strip().splitlines()[0][:160]
+                if error is not None and str(error).strip()
+                else "no reason given"
+            )
             self.failed.setdefault(str(record.args[0]), reason)
         return False
 

@@ -154,9 +154,13 @@ def _import_file(path: Path) -> ModuleType:
         where = "" if path.is_absolute() else f" (looked relative to {Path.cwd()})"
         raise ModelLoadError(f"model file not found: {shown}{where}; check the path")
     if path.is_dir():
-        raise ModelLoadError(f"{shown} is a directory, not a model file; name the .py file inside it (e.g. {path / 'model.py'})")
+        raise ModelLoadError(
+            f"{shown} is a directory, not a model file; name the .py file inside it (e.g. {path / 'model.py'})"
+        )
     if path.suffix != ".py":
-        raise ModelLoadError(f"{shown} is not a Python file; a model file is a .py file defining {DEFAULT_FACTORY}() and example_inputs()")
+        raise ModelLoadError(
+            f"{shown} is not a Python file; a model file is a .py file defining {DEFAULT_FACTORY}() and example_inputs()"
+        )
     resolved = path.resolve()
     try:
         source = resolved.read_bytes()
@@ -257,7 +261,9 @@ def _check_factory_kwargs(fn: Callable[..., Any], name: str, kwargs: Mapping[str
         message = f"{name}() needs {', '.join(missing)}; pass " + " ".join(f"-k {k}=VALUE" for k in missing)
     else:
         return
-    raise FactoryArgumentError(message, factory=name, is_class=inspect.isclass(fn), missing=tuple(missing), unknown=tuple(unknown))
+    raise FactoryArgumentError(
+        message, factory=name, is_class=inspect.isclass(fn), missing=tuple(missing), unknown=tuple(unknown)
+    )
 
 
 def _bound(fn: Callable[..., Any], kwargs: Mapping[str, object]) -> dict[str, object]:
@@ -277,9 +283,13 @@ def _call_user(fn: Callable[..., Any], name: str, path: Path, *args: object, **k
 
 
 def _batch_maker(
-    fn: Callable[..., Any], name: str, path: Path, kwargs: Mapping[str, object], device: torch.device | None,
+    fn: Callable[..., Any],
+    name: str,
+    path: Path,
+    kwargs: Mapping[str, object],
+    device: torch.device | None,
     check_batch: bool = False,
-) -> Callable[[int], object]:  # fmt: skip
+) -> Callable[[int], object]:
     bound = _bound(fn, kwargs)
 
     def make(batch_size: int) -> object:
@@ -308,7 +318,9 @@ def _user_loss(fn: Callable[..., Any], path: Path) -> Callable[[object, object],
     def loss(output: object, targets: object) -> torch.Tensor:
         value = _call_user(fn, "loss_fn", path, output, targets)
         if not isinstance(value, torch.Tensor):
-            raise ModelLoadError(f"loss_fn in {path} returned a {type(value).__name__}, not a Tensor; return a scalar tensor")
+            raise ModelLoadError(
+                f"loss_fn in {path} returned a {type(value).__name__}, not a Tensor; return a scalar tensor"
+            )
         return value
 
     return loss
@@ -327,14 +339,21 @@ def load_model(
     module = _import_file(path)
     how = f"define {DEFAULT_FACTORY}(**kwargs) -> nn.Module or name another with {path}:factory"
     factory = _required(module, mspec.factory, path, how)
-    inputs_fn = _required(module, "example_inputs", path, "define example_inputs(batch_size) returning a Tensor, tuple or dict")
+    inputs_fn = _required(
+        module, "example_inputs", path, "define example_inputs(batch_size) returning a Tensor, tuple or dict"
+    )
     targets_fn = _optional(module, "example_targets", path, "define example_targets(batch_size) or remove the name")
     loss = _optional(module, "loss_fn", path, "define loss_fn(output, targets) -> Tensor or remove the name")
-    data_fn = _optional(module, "train_data", path, "define train_data(batch_size) yielding (inputs, targets) or remove the name")
+    data_fn = _optional(
+        module, "train_data", path, "define train_data(batch_size) yielding (inputs, targets) or remove the name"
+    )
 
     _check_factory_kwargs(factory, mspec.factory, mspec.kwargs)
     dev = torch.device(device) if device is not None else None
-    with dev if dev is not None else nullcontext(), SkipMetaFills() if dev is not None and dev.type == "meta" else nullcontext():
+    with (
+        dev if dev is not None else nullcontext(),
+        SkipMetaFills() if dev is not None and dev.type == "meta" else nullcontext(),
+    ):
         model = _call_user(factory, mspec.factory, path, **mspec.kwargs)
     if not isinstance(model, torch.nn.Module):
         raise ModelLoadError(
@@ -361,7 +380,9 @@ def _data_maker(fn: Callable[..., Any], path: Path, kwargs: Mapping[str, object]
     def make(batch_size: int) -> Iterable[Any]:
         data = _call_user(fn, f"train_data({batch_size})", path, batch_size, **bound)
         if not isinstance(data, Iterable):
-            raise ModelLoadError(f"train_data({batch_size}) in {path} returned a {type(data).__name__}; return an iterable of (inputs, targets) batches")
+            raise ModelLoadError(
+                f"train_data({batch_size}) in {path} returned a {type(data).__name__}; return an iterable of (inputs, targets) batches"
+            )
         return data
 
     return make
@@ -384,9 +405,12 @@ def check_model_runs(loaded: LoadedModel, batch_size: int) -> None:
                 f"the model rejected its example inputs (input shapes: {describe_inputs(inputs)}): {exception_summary(e, path)}"
             ) from e
         except SystemExit as e:
-            raise ModelLoadError(f"the model's forward {exit_summary(e, path)}; return or raise instead of exiting") from e
+            raise ModelLoadError(
+                f"the model's forward {exit_summary(e, path)}; return or raise instead of exiting"
+            ) from e
         value = loaded.loss_fn(output, targets)
     if value.numel() != 1:
         where = "loss_fn" if loaded.loss_fn is not default_loss else "the default loss"
-        raise ModelLoadError(f"{where} returned a tensor of shape {tuple(value.shape)}, not a scalar; reduce it (e.g. .mean())")
-
+        raise ModelLoadError(
+            f"{where} returned a tensor of shape {tuple(value.shape)}, not a scalar; reduce it (e.g. .mean())"
+        )

@@ -24,15 +24,25 @@ _TENSOR_FILLS = frozenset(
 """In-place fills of a tensor: they keep its shape, dtype and strides and only write values."""
 
 _INIT_FILLS = frozenset(
-    {torch.nn.init.normal_, torch.nn.init.uniform_, torch.nn.init.trunc_normal_, torch.nn.init.constant_,
-     torch.nn.init.ones_, torch.nn.init.zeros_}
-)  # fmt: skip
+    {
+        torch.nn.init.normal_,
+        torch.nn.init.uniform_,
+        torch.nn.init.trunc_normal_,
+        torch.nn.init.constant_,
+        torch.nn.init.ones_,
+        torch.nn.init.zeros_,
+    }
+)
 """``torch.nn.init`` fills that accept a tensor of any shape."""
 
 _FAN_FILLS = frozenset(
-    {torch.nn.init.kaiming_uniform_, torch.nn.init.kaiming_normal_, torch.nn.init.xavier_uniform_,
-     torch.nn.init.xavier_normal_}
-)  # fmt: skip
+    {
+        torch.nn.init.kaiming_uniform_,
+        torch.nn.init.kaiming_normal_,
+        torch.nn.init.xavier_uniform_,
+        torch.nn.init.xavier_normal_,
+    }
+)
 """``torch.nn.init`` fills that first compute the tensor's fans (and refuse fewer than 2 dimensions)."""
 
 
@@ -41,7 +51,7 @@ class SkipMetaFills(TorchFunctionMode):
 
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         kwargs = kwargs or {}
         if func in _TENSOR_FILLS or func in _INIT_FILLS or func in _FAN_FILLS:
             tensor = args[0] if args else kwargs.get("tensor")

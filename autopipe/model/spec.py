@@ -34,7 +34,9 @@ def parse_kwargs(items: Sequence[str]) -> dict[str, object]:
         if not sep:
             raise ModelLoadError(f"factory argument {item!r} has no '='; write it as -k key=value (e.g. -k n_layer=4)")
         if not key.isidentifier():
-            raise ModelLoadError(f"factory argument name {key!r} (in {item!r}) is not a Python identifier; write -k key=value")
+            raise ModelLoadError(
+                f"factory argument name {key!r} (in {item!r}) is not a Python identifier; write -k key=value"
+            )
         if key in out:
             raise ModelLoadError(f"factory argument {key} is given twice (-k {key}=...); give it once")
         try:

@@ -1,21 +1,22 @@
 /* The bisection solver's greedy probe and its bisection loop in C: autopipe/partition/greedy.py is
  * the pure-Python twin (_Probes.greedy, _Probes._found, _bisect: the reference and the
  * fallback) and documents the method. Built at install by setup.py (optional: without a
- * compiler autopipe runs the Python loops; AUTOPIPE_NO_SIMCORE=1 forces them).
+ * compiler autopipe runs the Python loops; autopipe/native.py loads it, and AUTOPIPE_NO_SIMCORE=1
+ * forces the Python loops).
  *
  * Buffers come through the buffer protocol (C-contiguous numpy arrays: prefix sums, comm and
  * the per-stage in-flight counts and memory caps float64, in_bytes keys int64); their sizes
- * are checked here, their dtypes by greedy.py. The Python twin reads each stage's memory reach
- * from tables (all starts at once, vectorised); here it is found for the one start a probe
- * needs, by binary search on the same predicate. Each predicate is monotone in the end (prefix
+ * are checked here (sized: ../_native.h), their dtypes by greedy.py. The Python twin reads each
+ * stage's memory reach from tables (all starts at once, vectorised); here it is found for the
+ * one start a probe needs, by binary search on the same predicate. Each predicate is monotone in the end (prefix
  * sums of non-negative values: a difference with the start fixed, a sum of such, a product
  * with k >= 0), so the furthest end is one number however it is searched for; the times, the
  * largest piece and the bisection's midpoints are the twin's operations in the same order.
  * So both give the same partition to the last bit (tested). Compiled without contraction of
  * a * b + c into one fused instruction (setup.py), which would round differently. */
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#define NATIVE_NAME "_probe"
+#include "_native.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -166,17 +167,6 @@ greedy(const Problem *p, double z, int64_t *starts, unsigned char *rc, Py_ssize_
     }
     *worst_out = worst;
     return 1;
-}
-
-static int
-sized(const Py_buffer *b, Py_ssize_t count, Py_ssize_t item, const char *name)
-{
-    if (b->len != count * item) {
-        PyErr_Format(PyExc_ValueError, "_probe: %s has %zd bytes, expected %zd", name, b->len,
-                     count * item);
-        return -1;
-    }
-    return 0;
 }
 
 /* solve(pt, pr, comm, ps, pa, psa, keys, cum, row_base, k, cap, plain_ok, rc_ok, lower,

@@ -55,32 +55,23 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import ModuleType
 
 import numpy as np
 from numpy.typing import NDArray
 
+from autopipe import native
 from autopipe.errors import InfeasibleError
 from autopipe.partition._intervals import Floats, InBytes, position_comm, prefix, stage_kinds
 from autopipe.partition._intervals import stage_caps as caps
 from autopipe.partition.min_memory import infeasible_error
 from autopipe.partition.problem import Partition, PartitionProblem, contiguous_assignment, evaluate
-from autopipe.simulate import simcore
 
 __all__ = ["solve_fast"]
 
 Ints = NDArray[np.int64]
 
 
-def _load() -> ModuleType | None:
-    try:
-        from autopipe.partition import _probe
-    except ImportError:  # built without a C compiler: the Python probe below
-        return None
-    return _probe
-
-
-_NATIVE = _load()  # used where the simulator's C core is (simcore.native_in_use: AUTOPIPE_NO_SIMCORE=1 is off)
+_NATIVE = native.load(native.PROBE)  # None where not built: the Python probe below
 
 
 @dataclass(frozen=True)
@@ -173,7 +164,7 @@ class _Probes:
         ps, pa, psa = sums.ps, sums.pa, sums.psa
         idx = np.arange(n + 1)
         kinds, of_stage = stage_kinds(p)  # stages alike reach alike: each kind computed once
-        if _NATIVE is not None and simcore.native_in_use():  # the numbers of the searches below
+        if _NATIVE is not None and native.enabled():  # the numbers of the searches below
             for (k, cap), rc in itertools.product(kinds, (False, True) if self.rc_ok else (False,)):
                 table = memo.rc if rc else memo.plain
                 if (k, cap) not in table:
@@ -378,7 +369,7 @@ def solve_fast(problem: PartitionProblem, *, explain: bool = True, tolerance: fl
     p = problem
     probes = _Probes(p, memo)
     lower = _lower(p, float(probes.pt[-1]))
-    if _NATIVE is not None and simcore.native_in_use():
+    if _NATIVE is not None and native.enabled():
         found = probes.native(lower, tolerance)
     else:
         start = probes.greedy(math.inf)

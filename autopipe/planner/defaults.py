@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autopipe.costs.profile import Profile
-from autopipe.planner.request import PlanRequest
+from autopipe.planner.request import DEFAULT_LINK, NO_CHOICES, Choices, Link, PlanRequest
 
 if TYPE_CHECKING:
     from autopipe.costs.devices import DeviceSpec
@@ -59,13 +59,8 @@ def plan_request(
     devices: int | None,
     batch_size: int,
     memory_limit: float | None,
-    micro_batches: int | None = None,
-    schedule: str | None = None,
-    virtual: int | None = None,
-    recompute: str = "auto",
-    link_bandwidth: float | None = None,
-    link_latency_s: float | None = None,
-    action_overhead_s: float | None = None,
+    choices: Choices = NO_CHOICES,
+    link: Link = DEFAULT_LINK,
     device: DeviceSpec | None = None,
 ) -> PlanRequest:
     """The request for one pipeline; ``None`` takes the default (module docstring).
@@ -77,13 +72,13 @@ def plan_request(
         devices=default_devices() if devices is None else devices,
         batch_size=batch_size,
         memory_limit=_memory_limit(profile, device) if memory_limit is None else memory_limit,
-        micro_batches=micro_batches,
-        schedule=schedule,
-        virtual=virtual,
-        recompute=recompute,
-        link_bandwidth=bandwidth if link_bandwidth is None else link_bandwidth,
-        link_latency_s=latency if link_latency_s is None else link_latency_s,
-        action_overhead_s=default_action_overhead(profile.device) if action_overhead_s is None else action_overhead_s,
+        micro_batches=choices.micro_batches,
+        schedule=choices.schedule,
+        virtual=choices.virtual,
+        recompute=choices.recompute,
+        link_bandwidth=bandwidth if link.bandwidth is None else link.bandwidth,
+        link_latency_s=latency if link.latency_s is None else link.latency_s,
+        action_overhead_s=_action_overhead(profile, link),
         state_factor=state_factor_of(profile),
     )
 
@@ -95,13 +90,8 @@ def parallel_request(
     batch_size: int,
     memory_limit: float | None,
     stages: int | None = None,
-    micro_batches: int | None = None,
-    schedule: str | None = None,
-    virtual: int | None = None,
-    recompute: str = "auto",
-    link_bandwidth: float | None = None,
-    link_latency_s: float | None = None,
-    action_overhead_s: float | None = None,
+    choices: Choices = NO_CHOICES,
+    link: Link = DEFAULT_LINK,
     device: DeviceSpec | None = None,
     device_files: Sequence[str | Path] = (),
     shard_optimizer: bool = False,
@@ -110,7 +100,8 @@ def parallel_request(
 
     Without an analytic ``device``, the cluster is the catalogue device the profile was
     measured on, else ``gpus`` devices on one node joined by :func:`default_link`.
-    ``link_bandwidth`` replaces both the NVLink and the network bandwidth.
+    ``link.bandwidth`` replaces both the NVLink and the network bandwidth. ``stages`` pins the
+    pipeline depth (of each replica).
     """
     from autopipe.costs.analytic import BYTES_PER_PARAM
     from autopipe.costs.devices import device_spec, match_device
@@ -126,18 +117,17 @@ def parallel_request(
     else:
         bw, lat = default_link(profile.device)
         cluster = Cluster(gpus, gpus, bw, bw, lat)
-    if link_bandwidth is not None or link_latency_s is not None:
+    if link.bandwidth is not None or link.latency_s is not None:
         cluster = Cluster(
             gpus, cluster.devices_per_node,
-            cluster.nvlink_bandwidth if link_bandwidth is None else link_bandwidth,
-            cluster.network_bandwidth if link_bandwidth is None else link_bandwidth,
-            cluster.link_latency_s if link_latency_s is None else link_latency_s,
+            cluster.nvlink_bandwidth if link.bandwidth is None else link.bandwidth,
+            cluster.network_bandwidth if link.bandwidth is None else link.bandwidth,
+            cluster.link_latency_s if link.latency_s is None else link.latency_s,
         )  # fmt: skip
     per_param = BYTES_PER_PARAM if profile.method == "analytic" else PlanRequest.state_factor * element_size(profile)
     return ParallelRequest(
         cluster, batch_size, memory, bytes_per_param=per_param, shard_optimizer=shard_optimizer, stages=stages,
-        micro_batches=micro_batches, schedule=schedule, virtual=virtual, recompute=recompute,
-        action_overhead_s=default_action_overhead(profile.device) if action_overhead_s is None else action_overhead_s,
+        choices=choices, action_overhead_s=_action_overhead(profile, link),
     )  # fmt: skip
 
 
@@ -220,6 +210,10 @@ def plan_micro_batch_sizes(batch_size: int, available: int | None = None) -> tup
 
 def _memory_limit(profile: Profile, device: DeviceSpec | None) -> float:
     return device.memory_bytes if device is not None else device_memory(profile.device)
+
+
+def _action_overhead(profile: Profile, link: Link) -> float:
+    return default_action_overhead(profile.device) if link.action_overhead_s is None else link.action_overhead_s
 
 
 def _link(profile: Profile, device: DeviceSpec | None) -> tuple[float, float]:

@@ -42,7 +42,7 @@ from autopipe.costs.tensor import TransformerShape, tensor_degrees, tensor_reaso
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.planner.assemble import make_plan
 from autopipe.planner.placement import Cluster, Layout, layouts, ring_allreduce_s
-from autopipe.planner.request import divisors, validate
+from autopipe.planner.request import NO_CHOICES, Choices, divisors, validate
 from autopipe.planner.search import PlanRequest, Progress, plan_search
 from autopipe.plans import MAX_MICRO_BATCHES, MAX_REPLICAS, Plan
 from autopipe.units import format_bytes
@@ -71,11 +71,8 @@ class ParallelRequest:
     memory_limit: float  # bytes per device
     bytes_per_param: float = 16.0  # weights + grads + optimizer state, per parameter
     shard_optimizer: bool = False  # ZeRO-1: optimizer state (and master weights) split D ways
-    stages: int | None = None  # pin S
-    micro_batches: int | None = None
-    schedule: str | None = None
-    virtual: int | None = None
-    recompute: str = "auto"
+    stages: int | None = None  # pin S, the pipeline depth
+    choices: Choices = NO_CHOICES  # pinned micro-batches (per replica), schedule, v, recomputation
     alternatives: int = 5
     action_overhead_s: float = 0.0  # the executor's cost per action (PlanRequest's)
     tensor_parallel: int | None = None  # pin t
@@ -217,7 +214,7 @@ def _bound(profile: Profile, request: ParallelRequest, t: int, S: int, D: int) -
     forward through every block and back (input gradients); plus the average stage's gradient
     all-reduce on the fastest link the layouts offer. Recomputation and hops only add."""
     U = request.global_batch // D
-    counts = [request.micro_batches] if request.micro_batches else [m for m in divisors(U) if m <= MAX_MICRO_BATCHES]
+    counts = [request.choices.micro_batches] if request.choices.micro_batches else [m for m in divisors(U) if m <= MAX_MICRO_BATCHES]
     best = math.inf
     for m in counts:
         u = U / m
@@ -252,7 +249,7 @@ def _estimate(profile: Profile, request: ParallelRequest, S: int, D: int, bound:
     1F1B's in-flight activations of the smallest micro-batch, min(m, S) of them on a stage,
     exceed the memory limit."""
     U = request.global_batch // D
-    m = request.micro_batches or min(U, MAX_MICRO_BATCHES)
+    m = request.choices.micro_batches or min(U, MAX_MICRO_BATCHES)
     u = U / m
     saved = sum(b.saved_bytes(u) for b in profile.blocks) / S * min(m, S)
     if _static_bound(profile, request, S, D) + saved <= request.memory_limit:
@@ -325,10 +322,10 @@ def _pipeline_request(profile: Profile, request: ParallelRequest, lay: Layout) -
         devices=lay.stages,
         batch_size=request.global_batch // lay.data_parallel,
         memory_limit=request.memory_limit,
-        micro_batches=request.micro_batches,
-        schedule=request.schedule,
-        virtual=request.virtual,
-        recompute=request.recompute,
+        micro_batches=request.choices.micro_batches,
+        schedule=request.choices.schedule,
+        virtual=request.choices.virtual,
+        recompute=request.choices.recompute,
         link_bandwidth=lay.p2p_bandwidth,
         link_latency_s=lay.p2p_latency_s,
         state_factor=_state_factor(profile, request, lay.data_parallel),

@@ -6,29 +6,45 @@ micro-batches, schedule, virtual stages, recomputation) and says what the hardwa
 search may take, and :func:`validate` turns a request that cannot be planned into one clear
 line. :mod:`autopipe.planner.defaults` fills in what the user left out, for the API and the CLI.
 
-Words: a *device* is one pipeline rank (``autopipe plan --stages``, ``autopipe.plan(stages=)``
-count devices); a *stage* is one chunk of the model, so a device holds ``v`` stages when the
-schedule is interleaved and S·v stages are cut in all. The memory limit is per device
-(``memory_limit``); each of a device's ``v`` stages gets ``memory_limit / v``
-(``PartitionProblem.stage_memory_limit``).
+Words (the glossary; every module, flag and keyword uses them so):
+
+- a *device* is one pipeline rank: ``autopipe plan --devices`` (or ``--stages``, the same),
+  ``autopipe.plan(devices=)`` (or ``stages=``), ``PlanRequest.devices``, ``Plan.devices`` (S);
+- a *stage* (or *chunk*) is one contiguous piece of the model: a device holds ``v`` of them
+  (``virtual``) under the interleaved and V schedules, so S·v are cut in all
+  (``Plan.stages``, ``PartitionProblem.stages``);
+- the *pipeline depth* is the devices of one pipeline; with ``--gpus G`` (tensor x pipeline x
+  data parallel) ``--stages``/``stages=`` pins it, and G = t x depth x D (``ParallelRequest.stages``);
+- the *memory limit* is bytes per device: ``memory`` (API, ``--memory``), ``memory_limit``
+  in requests, ``memory_limit_bytes`` in the plan file; each of a device's ``v`` stages gets
+  ``memory_limit / v`` (``PartitionProblem.stage_memory_limit``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
+from autopipe.modes import Recompute
 from autopipe.planner.pricing import Decision
 from autopipe.plans import MAX_BATCH_SIZE, MAX_DEVICES, MAX_MICRO_BATCHES
 from autopipe.schedules import schedule_names, schedule_spec, search_order
 from autopipe.units import format_bytes
 
 __all__ = [
+    "API_WORDS",
+    "CHOICE_FIELDS",
+    "DEFAULT_LINK",
+    "LINK_FIELDS",
     "MAX_MICRO_BATCHES",
+    "NO_CHOICES",
     "SEARCH_SCHEDULES",
+    "Choices",
+    "Link",
     "PlanRequest",
+    "Words",
     "decisions",
     "divisors",
     "infeasible_error",
@@ -41,21 +57,85 @@ SEARCH_SCHEDULES = tuple(s.name for s in search_order() if s.searched)  # ties g
 
 
 @dataclass(frozen=True)
-class PlanRequest:
-    """What the user asks for; ``None`` leaves a decision to the search."""
+class Choices:
+    """What the user may pin of a plan's decisions; ``None`` (and ``auto``) leave it to the search.
 
-    devices: int  # S: pipeline ranks (``--stages``, ``stages=``)
+    One value taken whole by ``autopipe.plan``, ``autopipe.plan_profile``,
+    ``autopipe.plan_cluster``, :class:`PlanRequest` and the tensor x pipeline x data request.
+    """
+
+    micro_batches: int | None = None  # m: micro-batches per iteration (per pipeline)
+    schedule: str | None = None  # a schedule name (autopipe.schedules.schedule_names())
+    virtual: int | None = None  # v: stages per device, for the interleaved and V schedules
+    recompute: Recompute = Recompute.AUTO  # which stages recompute their activations
+
+    def __post_init__(self) -> None:
+        if isinstance(self.recompute, str) and self.recompute in Recompute._value2member_map_:
+            object.__setattr__(self, "recompute", Recompute(self.recompute))  # text in, the mode kept; bad text: validate says
+
+
+@dataclass(frozen=True)
+class Link:
+    """What the hardware between neighbouring devices costs; ``None`` takes the default for the
+    device (:mod:`autopipe.planner.defaults`)."""
+
+    bandwidth: float | None = None  # bytes/s, one direction
+    latency_s: float | None = None  # seconds per message
+    action_overhead_s: float | None = None  # the executor's own time per F, B or W action
+
+
+NO_CHOICES = Choices()  # every decision left to the search
+DEFAULT_LINK = Link()  # every cost the device's default
+CHOICE_FIELDS = tuple(f.name for f in fields(Choices))
+LINK_FIELDS = tuple(f.name for f in fields(Link))
+
+
+@dataclass(frozen=True)
+class Words:
+    """How errors name a request's fields: the API's keywords (``stages=4``, the default), or a
+    front end's own names (the CLI's flags: ``--stages 4``, one table in ``cli/``)."""
+
+    names: tuple[tuple[str, str], ...] = ()  # field -> how the caller says it; a field not here: its own name
+    joiner: str = "="  # between a name and its value: stages=4; the CLI's " ": --stages 4
+
+    def name(self, field: str) -> str:
+        return dict(self.names).get(field, field)
+
+    def said(self, field: str, value: object) -> str:
+        return f"{self.name(field)}{self.joiner}{value}"
+
+
+API_WORDS = Words()
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the user asks for, with every default decided (:func:`~autopipe.planner.defaults.plan_request`
+    builds one from :class:`Choices` and a :class:`Link`); ``None`` leaves a decision to the search.
+
+    The search reads the fields; :attr:`choices` and :attr:`link` give them back as the values.
+    """
+
+    devices: int  # S: pipeline devices (``--devices``/``--stages``, ``devices=``/``stages=``)
     batch_size: int  # samples per iteration (per pipeline)
     memory_limit: float  # bytes per device (``--memory``, ``memory=``)
     micro_batches: int | None = None
     schedule: str | None = None
     virtual: int | None = None  # stages per device, interleaved 1F1B only
-    recompute: str = "auto"  # "auto" | "never" | "always"
+    recompute: Recompute = Recompute.AUTO
     link_bandwidth: float = 10e9  # bytes/s between neighbouring devices
     link_latency_s: float = 20e-6
     action_overhead_s: float = 0.0  # the executor's fixed cost per F, B or W (default_action_overhead)
     state_factor: float = 4.0  # bytes kept per parameter byte: weights, grads, Adam m and v
     alternatives: int = 5
+
+    @property
+    def choices(self) -> Choices:
+        return Choices(self.micro_batches, self.schedule, self.virtual, self.recompute)
+
+    @property
+    def link(self) -> Link:
+        return Link(self.link_bandwidth, self.link_latency_s, self.action_overhead_s)
 
 
 def divisors(n: int, at_most: int = MAX_MICRO_BATCHES) -> list[int]:
@@ -98,30 +178,32 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
 # --------------------------------------------------------------------------- checks
 
 
-def validate(profile: Profile, req: PlanRequest) -> None:
+def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> None:
+    """PlanError, one line naming the fields as ``words`` says (the API's keywords; the CLI's flags)."""
     n, S, B = profile.num_blocks, req.devices, req.batch_size
+    w, said = words.name, words.said
     if S < 1:
-        raise PlanError(f"--stages must be at least 1 (got {S})")
+        raise PlanError(f"{w('stages')} must be at least 1 (got {S})")
     if n == 0:
         raise PlanError("the profile has no blocks, so there is nothing to cut; profile the model again")
     if S > n:
         raise PlanError(
-            f"cannot cut {n} blocks into {S} stages; use --stages {n} or fewer, or finer blocks when profiling (--blocks)"
+            f"cannot cut {n} blocks into {S} stages; use {said('stages', n)} or fewer, or finer blocks when profiling ({w('max_blocks')})"
         )
     if B < 1:
-        raise PlanError(f"--batch-size must be at least 1 (got {B})")
+        raise PlanError(f"{w('batch_size')} must be at least 1 (got {B})")
     if B > MAX_BATCH_SIZE:
-        raise PlanError(f"--batch-size {B} is more than autopipe plans (at most {MAX_BATCH_SIZE} = 2**31 samples per pipeline); use a smaller batch")
+        raise PlanError(f"{said('batch_size', B)} is more than autopipe plans (at most {MAX_BATCH_SIZE} = 2**31 samples per pipeline); use a smaller batch")
     if S > MAX_DEVICES:
-        raise PlanError(f"--stages {S} is more than autopipe plans (at most {MAX_DEVICES} = 2**12); use fewer")
+        raise PlanError(f"{said('stages', S)} is more than autopipe plans (at most {MAX_DEVICES} = 2**12); use fewer")
     if not req.memory_limit > 0:
-        raise PlanError(f"--memory must be positive (got {req.memory_limit})")
+        raise PlanError(f"{w('memory')} must be positive (got {req.memory_limit})")
     if req.micro_batches is not None:
         m = req.micro_batches
         if m < 1:
-            raise PlanError(f"--micro-batches must be at least 1 (got {m})")
+            raise PlanError(f"{w('micro_batches')} must be at least 1 (got {m})")
         if m > MAX_MICRO_BATCHES:
-            raise PlanError(f"--micro-batches {m} is more than autopipe plans (at most {MAX_MICRO_BATCHES} = 2**16); use fewer")
+            raise PlanError(f"{said('micro_batches', m)} is more than autopipe plans (at most {MAX_MICRO_BATCHES} = 2**16); use fewer")
         if B % m:
             raise PlanError(f"batch size {B} is not divisible into {m} micro-batches; use one of {_some_divisors(B)}")
     if req.micro_batches is not None and not _traceable(profile, B // req.micro_batches):
@@ -130,45 +212,45 @@ def validate(profile: Profile, req: PlanRequest) -> None:
                 "torch.export traced this model, and it traces a micro-batch of 1 with another graph; "
                 f"use at most {B // 2} micro-batches (micro-batches of 2 or more)"
                 if B > 1
-                else "torch.export traced this model, and it traces a micro-batch of 1 with another graph; use --batch-size 2 or more"
+                else f"torch.export traced this model, and it traces a micro-batch of 1 with another graph; use {said('batch_size', 2)} or more"
             )
         raise PlanError(
             "this profile measured micro-batches of 1 only, and torch.export traces larger ones with another graph; "
-            f"profile with --micro-batch-sizes 2,4 to plan micro-batches of {B // req.micro_batches}"
+            f"profile with {said('micro_batch_sizes', '2,4')} to plan micro-batches of {B // req.micro_batches}"
         )
     if req.micro_batches is None and not any(_traceable(profile, B // m) for m in divisors(B)):
         raise PlanError(
             "torch.export traced this model, and it traces a micro-batch of 1 with another graph than this "
-            "profile's; use --batch-size 2 or more"
+            f"profile's; use {said('batch_size', 2)} or more"
         )
     if req.schedule is not None and req.schedule not in schedule_names():
         raise PlanError(f"unknown schedule {req.schedule!r}; use one of {', '.join(schedule_names())}")
     spec = schedule_spec(req.schedule) if req.schedule is not None else None
     if req.virtual is not None:
         if req.virtual < 1:
-            raise PlanError(f"--virtual must be at least 1 (got {req.virtual})")
+            raise PlanError(f"{w('virtual')} must be at least 1 (got {req.virtual})")
         if spec is not None and not spec.takes_virtual:
             chunked = ", ".join(s.name for s in search_order() if s.takes_virtual)
-            raise PlanError(f"--virtual applies to the {chunked} schedules only (got --schedule {req.schedule})")
+            raise PlanError(f"{w('virtual')} applies to the {chunked} schedules only (got {said('schedule', req.schedule)})")
         if spec is not None and len(spec.virtual_choices) == 1 and req.virtual not in spec.virtual_choices:
             v = spec.virtual_choices[0]
-            raise PlanError(f"{spec.name} runs {v} stages per device (got --virtual {req.virtual}); use --virtual {v} or leave it out")
+            raise PlanError(f"{spec.name} runs {v} stages per device (got {said('virtual', req.virtual)}); use {said('virtual', v)} or leave it out")
         if S * req.virtual > n:
             raise PlanError(f"{S} devices x {req.virtual} virtual stages needs {S * req.virtual} blocks, the model has {n}")
     if spec is not None and spec.micro_batches_multiple_of_devices and req.micro_batches is not None and req.micro_batches % S:
         raise PlanError(f"{spec.name} needs the micro-batch count to be a multiple of {S} stages (got {req.micro_batches})")
     least = spec.least_micro_batches(S) if spec is not None else 1
     if req.micro_batches is not None and req.micro_batches < least:
-        raise PlanError(f"{req.schedule} needs at least {least} micro-batches on {S} devices (got --micro-batches {req.micro_batches}); use --micro-batches {least} or more")
+        raise PlanError(f"{req.schedule} needs at least {least} micro-batches on {S} devices (got {said('micro_batches', req.micro_batches)}); use {said('micro_batches', least)} or more")
     if req.recompute not in ("auto", "never", "always"):
         raise PlanError(f"recompute must be auto, never or always (got {req.recompute!r})")
     if not req.link_bandwidth > 0 or req.link_latency_s < 0:
         raise PlanError("link bandwidth must be positive and latency non-negative")
     if not req.action_overhead_s >= 0:
-        raise PlanError(f"--action-overhead must be zero or more (got {req.action_overhead_s})")
+        raise PlanError(f"{w('action_overhead_s')} must be zero or more (got {req.action_overhead_s})")
     if not decisions(profile, req):
         if least > 1 and B < least:
-            raise PlanError(f"{req.schedule} needs at least {least} micro-batches on {S} devices, more than --batch-size {B}; use --batch-size {least} or more")
+            raise PlanError(f"{req.schedule} needs at least {least} micro-batches on {S} devices, more than {said('batch_size', B)}; use {said('batch_size', least)} or more")
         chunked = spec.name if spec is not None else " and ".join(s.name for s in search_order() if s.takes_virtual)
         raise PlanError(
             f"no schedule fits the request: {chunked} needs micro-batches divisible by {S} and {S} x v <= {n} blocks"

@@ -37,12 +37,7 @@ def aliases(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
     groups: dict[int, list[str]] = {}
     for name, t in model.state_dict(keep_vars=True).items():
         groups.setdefault(id(t), []).append(name)
-    return {
-        n: tuple(o for o in names if o != n)
-        for names in groups.values()
-        if len(names) > 1
-        for n in names
-    }
+    return {n: tuple(o for o in names if o != n) for names in groups.values() if len(names) > 1 for n in names}
 
 
 def save_rank(
@@ -58,9 +53,7 @@ def save_rank(
     d = Path(folder)
     d.mkdir(parents=True, exist_ok=True)
     for st in stages:
-        state = {
-            k: v.detach().cpu().clone() for k, v in st.module.state_dict(keep_vars=True).items()
-        }
+        state = {k: v.detach().cpu().clone() for k, v in st.module.state_dict(keep_vars=True).items()}
         for k in list(state):
             for alias in (other_names or {}).get(k, ()):
                 state.setdefault(alias, state[k])
@@ -86,9 +79,7 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
     """``meta.json`` of a checkpoint folder: ``fingerprint`` (str), ``step`` and ``stages`` (ints)."""
     path = Path(folder) / "meta.json"
     if not path.is_file():
-        raise RuntimeFailure(
-            f"no checkpoint in {folder} (no meta.json); write one with --save-checkpoint {folder}"
-        )
+        raise RuntimeFailure(f"no checkpoint in {folder} (no meta.json); write one with --save-checkpoint {folder}")
     try:
         meta = json.loads(path.read_bytes())
     except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
@@ -149,9 +140,7 @@ def load_rank(
     for st in stages:
         path = d / f"stage-{st.index}.pt"
         if not path.is_file():
-            raise RuntimeFailure(
-                f"checkpoint {folder} has no {path.name}; it was saved with another plan"
-            )
+            raise RuntimeFailure(f"checkpoint {folder} has no {path.name}; it was saved with another plan")
         own = st.module.state_dict()
         state = load_file(path)
         try:
@@ -182,9 +171,7 @@ def assemble_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
         key=lambda p: int(p.stem[6:]),
     )
     if not files:
-        raise RuntimeFailure(
-            f"no stage files in {folder}; write a checkpoint with --save-checkpoint {folder}"
-        )
+        raise RuntimeFailure(f"no stage files in {folder}; write a checkpoint with --save-checkpoint {folder}")
     for path in files:
         state = load_file(path)
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):

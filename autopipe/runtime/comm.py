@@ -76,9 +76,7 @@ class _DistWork:
         except Exception as e:
             raise CommunicationError(f"{self.what} failed: {_reason(e)}") from e
         if ok is False:
-            raise CommunicationError(
-                f"{self.what} timed out after {self.timeout.total_seconds():g}s"
-            )
+            raise CommunicationError(f"{self.what} timed out after {self.timeout.total_seconds():g}s")
 
 
 class DistComm:
@@ -91,9 +89,7 @@ class DistComm:
         # new_group is collective: every rank creates every group, in the same order.
         self._groups: dict[tuple[int, ...], Any] = {}
         for g in sorted(set(groups)):
-            self._groups[g] = (
-                dist.new_group(list(g), timeout=self.timeout) if len(g) < self.world else None
-            )
+            self._groups[g] = dist.new_group(list(g), timeout=self.timeout) if len(g) < self.world else None
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
         try:
@@ -115,9 +111,7 @@ class DistComm:
             try:
                 work = dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group, async_op=True)
             except Exception as e:
-                raise CommunicationError(
-                    f"all-reduce among ranks {list(ranks)} failed: {_reason(e)}"
-                ) from e
+                raise CommunicationError(f"all-reduce among ranks {list(ranks)} failed: {_reason(e)}") from e
             _DistWork(work, f"all-reduce among ranks {list(ranks)}", self.timeout).wait()
 
     def barrier(self) -> None:

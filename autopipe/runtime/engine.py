@@ -152,8 +152,7 @@ class PipelineEngine:
         self.timer = ActionTimer(self.device)
         params = {id(p): p for s in stages for p in s.module.parameters()}
         self.params: dict[int, list[torch.nn.Parameter]] = {
-            s.index: [p for p in dict.fromkeys(s.module.parameters()) if p.requires_grad]
-            for s in stages
+            s.index: [p for p in dict.fromkeys(s.module.parameters()) if p.requires_grad] for s in stages
         }
         self.saved_bytes = SavedBytes({p.untyped_storage().data_ptr() for p in params.values()})
         self.stage_saved: dict[int, int] = {}  # stage -> saved-for-backward bytes of one F
@@ -200,9 +199,7 @@ class PipelineEngine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         loss = float(self.loss_total) if self.loss_total is not None else None
-        return IterationResult(
-            loss, records, start, makespan, time.perf_counter() - start, self.peak_held
-        )
+        return IterationResult(loss, records, start, makespan, time.perf_counter() - start, self.peak_held)
 
     def _sync_shared(self) -> None:
         for p, ranks in self.shared:
@@ -307,9 +304,7 @@ class PipelineEngine:
         self.held[(j, i)] = held
         self.peak_held = max(self.peak_held, sum(self.held.values()))
 
-    def _with_loss(
-        self, st: StageModule, got: dict[str, torch.Tensor], i: int, *args: Any
-    ) -> tuple[Any, ...]:
+    def _with_loss(self, st: StageModule, got: dict[str, torch.Tensor], i: int, *args: Any) -> tuple[Any, ...]:
         """The last stage's forward: its outputs, then the micro-batch's loss (/ m) on them."""
         out = tuple(st.module(*args))
         have = {**self.mb_inputs[i], **got, **dict(zip(st.outputs, out, strict=True))}
@@ -335,9 +330,7 @@ class PipelineEngine:
         grads: list[torch.Tensor | None] = []
         if self.split_backward:
             if sv.roots:
-                grads, sv.weight = backward_input(
-                    sv.roots, sv.grads, [sv.leaves[n] for n in names], self.params[j]
-                )
+                grads, sv.weight = backward_input(sv.roots, sv.grads, [sv.leaves[n] for n in names], self.params[j])
         else:
             if sv.roots:
                 torch.autograd.backward(sv.roots, sv.grads)

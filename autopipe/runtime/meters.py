@@ -119,9 +119,7 @@ def state_bytes(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimiz
     total = sum(p.numel() * p.element_size() for p in params)
     total += sum(p.numel() * p.element_size() for p in params if p.requires_grad)
     for state in optimizer.state.values():
-        total += sum(
-            v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor)
-        )
+        total += sum(v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor))
     return int(total)
 
 

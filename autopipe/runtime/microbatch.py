@@ -44,7 +44,4 @@ def split_flat(flat: Sequence[Any], batch_size: int, m: int) -> list[list[Any]]:
 
 def split_batch(obj: object, batch_size: int, m: int) -> list[object]:
     """``m`` micro-batches of any nest of tensors (targets), cut along the batch dimension."""
-    return [
-        torch.utils._pytree.tree_map(lambda v, i=i: _chunk(v, batch_size, m, i), obj)
-        for i in range(m)
-    ]
+    return [torch.utils._pytree.tree_map(lambda v, i=i: _chunk(v, batch_size, m, i), obj) for i in range(m)]

@@ -90,8 +90,7 @@ def message_order(
         if best is None:
             stuck = {r: str(todo[r][pos[r]]) for r in ranks if pos[r] < len(todo[r])}
             raise PlanError(
-                f"the schedule deadlocks: every rank waits for a message not yet sent ({stuck}); "
-                "plan again"
+                f"the schedule deadlocks: every rank waits for a message not yet sent ({stuck}); plan again"
             )
         start, r = best
         a = todo[r][pos[r]]

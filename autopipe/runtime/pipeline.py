@@ -88,10 +88,16 @@ def pipeline(
     collective.
     """
     return Pipeline(
-        plan if isinstance(plan, Plan) else Plan.load(plan), model, rank=rank,
-        example_inputs=example_inputs, loss_fn=loss_fn, device=device, engine=engine, comm=comm,
+        plan if isinstance(plan, Plan) else Plan.load(plan),
+        model,
+        rank=rank,
+        example_inputs=example_inputs,
+        loss_fn=loss_fn,
+        device=device,
+        engine=engine,
+        comm=comm,
         timeout_s=timeout_s,
-    )  # fmt: skip
+    )
 
 
 class Pipeline:
@@ -115,12 +121,16 @@ class Pipeline:
         if engine not in ENGINES:
             raise RuntimeFailure(f"unknown engine {engine!r}; use one of: {', '.join(ENGINES)}")
         if engine == "torch" and comm is not None:
-            raise RuntimeFailure("the torch engine runs on torch.distributed processes; comm= serves the autopipe engine only")
+            raise RuntimeFailure(
+                "the torch engine runs on torch.distributed processes; comm= serves the autopipe engine only"
+            )
         self.plan, self.engine_name = plan, engine
         self.device = _device(device)
         if example_inputs is None or loss_fn is None:
             example_inputs, loss_fn = _from_model_file(plan, example_inputs, loss_fn)
-        _check_leading(example_inputs, plan.micro_batch_size, "example_inputs", "pass one micro-batch, x[: plan.micro_batch_size]")
+        _check_leading(
+            example_inputs, plan.micro_batch_size, "example_inputs", "pass one micro-batch, x[: plan.micro_batch_size]"
+        )
         if comm is None:
             _init_process_group(plan, self.device, timeout_s)
         self.rank = _rank(rank, plan)
@@ -136,7 +146,9 @@ class Pipeline:
 
     # ------------------------------------------------------------------ building
 
-    def _init_autopipe(self, example: Any, traced: TracedModel | None, comm: CommFactory | None, timeout_s: float) -> None:
+    def _init_autopipe(
+        self, example: Any, traced: TracedModel | None, comm: CommFactory | None, timeout_s: float
+    ) -> None:
         plan = self.plan
         if traced is None:
             traced = trace_for_plan(plan, self._model, example)
@@ -153,12 +165,21 @@ class Pipeline:
         routing = make_routing(split, plan.devices, plan.micro_batches)
         order = message_order(schedule, routing, specs, action_seconds(plan))
         self._engine = PipelineEngine(
-            self.stages, schedule[self.rank], routing, specs, self.comm, order=order[self.rank],
-            input_names=split.input_names, output_names=split.output_names,
-            make_output=output_builder(traced.gm, traced.tracer, self._model, example), loss_fn=self.loss_fn,
+            self.stages,
+            schedule[self.rank],
+            routing,
+            specs,
+            self.comm,
+            order=order[self.rank],
+            input_names=split.input_names,
+            output_names=split.output_names,
+            make_output=output_builder(traced.gm, traced.tracer, self._model, example),
+            loss_fn=self.loss_fn,
             shared=[(by_name[n], g) for n, g in groups if self.rank in g],
-            recompute=[s.index for s in plan.stages if s.recompute], last_stage=split.last.index, device=self.device,
-        )  # fmt: skip
+            recompute=[s.index for s in plan.stages if s.recompute],
+            last_stage=split.last.index,
+            device=self.device,
+        )
         reads = {n for st in self.stages for n in st.inputs} | (
             set(split.output_names) if split.last.rank == self.rank else set()
         )
@@ -197,10 +218,17 @@ class Pipeline:
         plan = self.plan
         B, m = plan.batch_size, plan.micro_batches
         if inputs is None and self.needs_inputs:
-            raise RuntimeFailure(f"rank {self.rank} runs stages that read the model's inputs; pass the batch to step() on this rank")
+            raise RuntimeFailure(
+                f"rank {self.rank} runs stages that read the model's inputs; pass the batch to step() on this rank"
+            )
         flat = [_to(v, self.device) for v in flat_inputs(self._names, inputs)] if inputs is not None else None
         if flat is not None:
-            _check_leading(flat, B, f"step {self.steps}'s inputs", f"give batches of plan.batch_size = {B} samples (drop the last incomplete one)")
+            _check_leading(
+                flat,
+                B,
+                f"step {self.steps}'s inputs",
+                f"give batches of plan.batch_size = {B} samples (drop the last incomplete one)",
+            )
         if targets is not None:
             _check_leading(targets, B, f"step {self.steps}'s targets", f"give targets of plan.batch_size = {B} samples")
         targets = _to(targets, self.device)
@@ -299,7 +327,9 @@ def _init_process_group(plan: Plan, device: torch.device, timeout_s: float) -> N
 
     if not dist.is_initialized():
         if "MASTER_ADDR" not in os.environ or "WORLD_SIZE" not in os.environ:
-            raise RuntimeFailure("no process group and no torchrun environment; start with torchrun --nproc-per-node N train.py")
+            raise RuntimeFailure(
+                "no process group and no torchrun environment; start with torchrun --nproc-per-node N train.py"
+            )
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s))

@@ -35,9 +35,7 @@ class Routing:
     def rank_of(self, stage: int) -> int:
         return self.placement[stage]
 
-    def tag(
-        self, producer: int, value: str, reader: int, microbatch: int, direction: int, step: int
-    ) -> int:
+    def tag(self, producer: int, value: str, reader: int, microbatch: int, direction: int, step: int) -> int:
         edge = self.edges[(producer, value, reader)]
         return ((edge * self.micro_batches + microbatch) * 2 + direction) * 2 + step % 2
 

@@ -40,9 +40,7 @@ class _Record(torch.fx.Interpreter):
     def run_node(self, n: torch.fx.Node) -> Any:
         result = super().run_node(n)
         if isinstance(result, torch.Tensor):
-            self.specs[n.name] = TensorSpec(
-                tuple(int(s) for s in result.shape), result.dtype, result.requires_grad
-            )
+            self.specs[n.name] = TensorSpec(tuple(int(s) for s in result.shape), result.dtype, result.requires_grad)
         return result
 
 

@@ -131,17 +131,12 @@ def parse_schedule(table: dict[int, list[str]]) -> Schedule:
 
 def to_table(schedule: Schedule) -> dict[int, list[str]]:
     """The inverse of :func:`parse_schedule`: actions as strings, idle slots as ``-``."""
-    return {
-        rank: [IDLE if a is None else str(a) for a in actions]
-        for rank, actions in sorted(schedule.items())
-    }
+    return {rank: [IDLE if a is None else str(a) for a in actions] for rank, actions in sorted(schedule.items())}
 
 
 def has_split_backward(schedule: Schedule) -> bool:
     """Whether the schedule splits backward into B (input-grad) and W (weight-grad)."""
-    return any(
-        a is not None and a.kind is Kind.WEIGHT for actions in schedule.values() for a in actions
-    )
+    return any(a is not None and a.kind is Kind.WEIGHT for actions in schedule.values() for a in actions)
 
 
 def format_schedule(schedule: Schedule, mark: tuple[int, int] | None = None) -> str:

@@ -66,9 +66,7 @@ def to_actions(rows: npt.NDArray[np.int64]) -> list[Action]:
 
 def to_schedule(lists: RankLists) -> Schedule:
     """:data:`RankLists` as a Schedule of Action objects (the inverse of :func:`from_schedule`)."""
-    return {
-        r: [Action(s, _KINDS[k], mb) for s, k, mb in rows.tolist()] for r, rows in enumerate(lists)
-    }
+    return {r: [Action(s, _KINDS[k], mb) for s, k, mb in rows.tolist()] for r, rows in enumerate(lists)}
 
 
 _Run = tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]

@@ -33,9 +33,7 @@ SPECS: tuple[ScheduleSpec, ...] = (
 
 _BY_NAME = {spec.name: spec for spec in SPECS}
 
-SCHEDULES: dict[str, Callable[[int, int, int], Schedule]] = {
-    spec.name: spec.create_schedule for spec in SPECS
-}
+SCHEDULES: dict[str, Callable[[int, int, int], Schedule]] = {spec.name: spec.create_schedule for spec in SPECS}
 """name -> ``create_schedule(devices, micro_batches, virtual)`` (unvalidated)."""
 
 

@@ -56,7 +56,24 @@ def validate(
     for rank in schedule:
         if not 0 <= rank < devices:
             raise _fail(schedule, f"rank {rank} is outside 0..{devices - 1} (devices: {devices})")
+    where = _places(schedule, devices, micro_batches, virtual, placement)
+    _check_complete(schedule, where, num_stages, micro_batches)
+    _check_order(schedule, where)
+    stuck = execute_in_order(schedule, num_stages).stuck
+    if stuck:
+        detail = "; ".join(s.describe() for s in stuck)
+        raise _fail(
+            schedule,
+            f"deadlock: no rank can run its next step ({detail})",
+            (stuck[0].rank, stuck[0].step),
+        )
 
+
+def _places(
+    schedule: Schedule, devices: int, micro_batches: int, virtual: int, placement: Placement
+) -> dict[Action, tuple[int, int]]:
+    """Check 2: each action's stage, micro-batch and rank; where each runs (rank, step)."""
+    num_stages = devices * virtual
     where: dict[Action, tuple[int, int]] = {}
     for rank in sorted(schedule):
         for step, action in enumerate(schedule[rank]):
@@ -93,7 +110,13 @@ def validate(
                     (rank, step),
                 )
             where[action] = (rank, step)
+    return where
 
+
+def _check_complete(
+    schedule: Schedule, where: dict[Action, tuple[int, int]], num_stages: int, micro_batches: int
+) -> None:
+    """Check 3: one F and one B per (stage, micro-batch); W for all of them or for none."""
     split = any(a.kind is Kind.WEIGHT for a in where)
     kinds = tuple(Kind) if split else (Kind.FORWARD, Kind.BACKWARD)
     for stage in range(num_stages):
@@ -107,21 +130,13 @@ def validate(
                     )
                     raise _fail(schedule, f"{stage}{kind}{mb} is missing: {why}")
 
+
+def _check_order(schedule: Schedule, where: dict[Action, tuple[int, int]]) -> None:
+    """Check 4: on its rank, F runs before B before W of the same (stage, micro-batch)."""
     for action, (rank, step) in sorted(where.items(), key=lambda item: item[1]):
         before = {Kind.BACKWARD: Kind.FORWARD, Kind.WEIGHT: Kind.BACKWARD}.get(action.kind)
         if before is None:
             continue
         other = Action(action.stage, before, action.microbatch)
         if where[other] > (rank, step):
-            raise _fail(
-                schedule, f"rank {rank} step {step}: {action} runs before {other}", (rank, step)
-            )
-
-    stuck = execute_in_order(schedule, num_stages).stuck
-    if stuck:
-        detail = "; ".join(s.describe() for s in stuck)
-        raise _fail(
-            schedule,
-            f"deadlock: no rank can run its next step ({detail})",
-            (stuck[0].rank, stuck[0].step),
-        )
+            raise _fail(schedule, f"rank {rank} step {step}: {action} runs before {other}", (rank, step))

@@ -68,9 +68,7 @@ def create_lists(devices: int, micro_batches: int, virtual: int = 1) -> RankList
     delayed by ``r`` pairs."""
     check_sizes(devices, micro_batches, virtual)
     if virtual != 1:
-        raise ScheduleError(
-            f"zb-h1 runs one stage per rank (got virtual: {virtual}); use virtual=1"
-        )
+        raise ScheduleError(f"zb-h1 runs one stage per rank (got virtual: {virtual}); use virtual=1")
     return _lists(np.arange(devices, dtype=np.int64)[:, None], devices, micro_batches)
 
 

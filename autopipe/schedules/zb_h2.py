@@ -50,6 +50,7 @@ from autopipe.schedules.validate import check_sizes
 
 __all__ = ["SPEC", "bubble", "create_lists", "create_schedule", "inflight", "makespan_units"]
 
+
 def _kinds(devices: int, micro_batches: int) -> list[list[tuple[list[int], int]]]:
     """Per rank, the kinds (0 F, 1 B, 2 W) the rule of the module docstring runs, slot by slot,
     as ``(kinds, times)`` segments (:func:`~autopipe.schedules.lists.tiled`'s parts).

@@ -42,7 +42,18 @@ from autopipe.show.picture import (
 )
 from autopipe.simulate.events import StageCost, Timeline
 
-__all__ = ["COLOURS", "IDLE_COLOUR", "MAX_PX", "PAIR_COLOUR", "Canvas", "check_times", "draw_timeline", "plan_frame", "second_laps", "text_timeline"]
+__all__ = [
+    "COLOURS",
+    "IDLE_COLOUR",
+    "MAX_PX",
+    "PAIR_COLOUR",
+    "Canvas",
+    "check_times",
+    "draw_timeline",
+    "plan_frame",
+    "second_laps",
+    "text_timeline",
+]
 
 COLOURS = {"F": "#59a14f", "B": "#4e79a7", "W": "#b07aa1", RECOMPUTE: "#f28e2b"}  # by kind
 NAMES = {"F": "F forward", "B": "B backward", "W": "W weight grad", RECOMPUTE: "R recompute (in B)"}
@@ -62,7 +73,9 @@ def check_times(plan: Plan, source: str = "the plan") -> None:
         for name in _TIMES:
             value = getattr(st, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise PlanFileError(f"{source}: stage {st.index} has {name} {value!r}; times must be zero or more, plan again")
+                raise PlanFileError(
+                    f"{source}: stage {st.index} has {name} {value!r}; times must be zero or more, plan again"
+                )
     for name in ("link_latency_s", "action_overhead_s"):
         value = getattr(plan, name)
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
@@ -118,8 +131,11 @@ class Canvas:
         upper, lower = panel * self.row / (self.row + self.mem), panel * self.mem / (self.row + self.mem)
         w = 1 - (self.left + self.right) / self.width
         return (self.left / self.width, (self.bottom + self.between + lower) / self.height, w, upper / self.height), (
-            self.left / self.width, self.bottom / self.height, w, lower / self.height,
-        )  # fmt: skip
+            self.left / self.width,
+            self.bottom / self.height,
+            w,
+            lower / self.height,
+        )
 
     def pixel(self, x: float, y: float, memory: bool = False) -> tuple[int, int]:
         """The pixel (column, row from the top) of point ``(x, y)`` of a panel (``y``: device
@@ -179,7 +195,9 @@ def _rect(x0: float, x1: float, y0: float, y1: float) -> list[tuple[float, float
     return [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
 
 
-def _shapes(ax: Any, polygons: list[list[tuple[float, float]]], face: Any, edge: Any = "none", width: float = 0.0, **kw: Any) -> None:
+def _shapes(
+    ax: Any, polygons: list[list[tuple[float, float]]], face: Any, edge: Any = "none", width: float = 0.0, **kw: Any
+) -> None:
     """All ``polygons`` as one compound path: one artist however many (fast to draw)."""
     from matplotlib.patches import PathPatch
     from matplotlib.path import Path as MplPath
@@ -210,8 +228,21 @@ def _boxes(ax: Any, plan: Plan, f: Frame, px: float, row: int) -> None:
         y = S - 1 - b.rank
         x1 = max(b.x1, b.x0 + least)
         groups.setdefault((x1 > b.x1, b.chunk % 2 == 1, b.kind), []).append(_rect(b.x0, x1, y - 0.42, y + 0.3))
-        if b.kind != RECOMPUTE and labels < _MAX_LABELS and (x1 - b.x0) * px >= 6.5 * len(str(b.microbatch)) + 4 and row >= 14:
-            ax.text((b.x0 + x1) / 2, y - 0.06, str(b.microbatch), ha="center", va="center", fontsize=fontsize, color="white" if b.chunk % 2 == 0 else "black")
+        if (
+            b.kind != RECOMPUTE
+            and labels < _MAX_LABELS
+            and (x1 - b.x0) * px >= 6.5 * len(str(b.microbatch)) + 4
+            and row >= 14
+        ):
+            ax.text(
+                (b.x0 + x1) / 2,
+                y - 0.06,
+                str(b.microbatch),
+                ha="center",
+                va="center",
+                fontsize=fontsize,
+                color="white" if b.chunk % 2 == 0 else "black",
+            )
             labels += 1
         delay, to = _link(plan, b.stage, b.kind)
         end = f.x_of(b.end_s) if delay > 0 else None
@@ -246,14 +277,28 @@ def _axes(ax: Any, f: Frame, rows: int, scale: float, unit: str, names: list[str
         lo = w.x0 + w.end_s - w.start_s
         ax.axvspan(lo, lo + f.gap, facecolor="white", edgecolor="black", hatch="\\\\", linewidth=0.5, zorder=3)
         if f.elided:
-            ax.text(lo + f.gap / 2, (rows - 1) / 2, f"{f.elided[i]:,} actions elided", rotation=90, ha="center", va="center", fontsize=9, zorder=4, bbox={"facecolor": "white", "edgecolor": "none"})  # fmt: skip
+            ax.text(
+                lo + f.gap / 2,
+                (rows - 1) / 2,
+                f"{f.elided[i]:,} actions elided",
+                rotation=90,
+                ha="center",
+                va="center",
+                fontsize=9,
+                zorder=4,
+                bbox={"facecolor": "white", "edgecolor": "none"},
+            )
 
 
 def _memory(ax: Any, plan: Plan, timeline: Timeline, f: Frame, costs: list[StageCost]) -> None:
     S = plan.devices
     home = schedule_spec(plan.schedule).devices_of(S, plan.virtual)
     steps = memory_steps(timeline, costs, home)
-    limit = plan.memory_limit_bytes if plan.memory_limit_bytes > 0 and math.isfinite(plan.memory_limit_bytes) else max(timeline.peak_memory_bytes) or 1.0
+    limit = (
+        plan.memory_limit_bytes
+        if plan.memory_limit_bytes > 0 and math.isfinite(plan.memory_limit_bytes)
+        else max(timeline.peak_memory_bytes) or 1.0
+    )
     recomputes = {s.rank for s in plan.stages if s.recompute}
     names: list[str] = []
     areas: dict[bool, list[list[tuple[float, float]]]] = {True: [], False: []}
@@ -329,12 +374,16 @@ def _link(plan: Plan, stage: int, kind: str) -> tuple[float, int]:
     if kind not in ("F", "B") or not 0 <= to < len(plan.stages):
         return 0.0, to
     sent = plan.stages[min(stage, to)].send_bytes
-    if sent <= 0 or schedule_spec(plan.schedule).device_of(to, plan.devices, plan.virtual) == schedule_spec(plan.schedule).device_of(stage, plan.devices, plan.virtual):
+    if sent <= 0 or schedule_spec(plan.schedule).device_of(to, plan.devices, plan.virtual) == schedule_spec(
+        plan.schedule
+    ).device_of(stage, plan.devices, plan.virtual):
         return 0.0, to
     return plan.link_latency_s + sent / plan.link_bandwidth, to
 
 
-def text_timeline(plan: Plan, timeline: Timeline, width: int = 100, letters: bool = False, shown: Frame | None = None) -> list[str]:
+def text_timeline(
+    plan: Plan, timeline: Timeline, width: int = 100, letters: bool = False, shown: Frame | None = None
+) -> list[str]:
     """A heading and one row of rich markup per device, one character per slice of time: the
     micro-batch's last digit coloured by kind (F green, B blue, W magenta), or with ``letters``
     (for a file or a pipe, where colours are lost) the kind's letter; ``·`` idle, ``┊`` elided."""
@@ -363,7 +412,11 @@ def text_timeline(plan: Plan, timeline: Timeline, width: int = 100, letters: boo
             if i + 1 < len(f.windows):
                 cells.append("┊")
         rows.append(cells)
-    key = "letter = kind: [green]F[/] forward, [blue]B[/] backward, [magenta]W[/] weight grad" if letters else "digit = micro-batch; [green]F[/] [blue]B[/] [magenta]W[/]"
+    key = (
+        "letter = kind: [green]F[/] forward, [blue]B[/] backward, [magenta]W[/] weight grad"
+        if letters
+        else "digit = micro-batch; [green]F[/] [blue]B[/] [magenta]W[/]"
+    )
     lap = second_laps(plan)
     if lap:
         key += f"; {'lower case f b w' if letters else '[underline]underlined[/]'}: {lap}"

@@ -22,9 +22,19 @@ from autopipe.schedules.action import Action, Kind, round_robin, v_shape
 from autopipe.simulate.events import ActionTiming, StageCost, Timeline
 
 __all__ = [
-    "FULL_DETAIL", "WINDOW_ACTIONS", "Box", "Frame", "Window", "device_chunks", "frame", "memory_steps", "pair_spans",
-    "placement_shape", "placement_words", "sample",
-]  # fmt: skip
+    "FULL_DETAIL",
+    "WINDOW_ACTIONS",
+    "Box",
+    "Frame",
+    "Window",
+    "device_chunks",
+    "frame",
+    "memory_steps",
+    "pair_spans",
+    "placement_shape",
+    "placement_words",
+    "sample",
+]
 
 FULL_DETAIL = 360  # actions per device drawn whole; past it, three windows
 WINDOW_ACTIONS = 120  # actions per device in the warm-up and in the cool-down window
@@ -137,7 +147,19 @@ def _boxes_of(at: ActionTiming, w: Window, chunk_of: Sequence[int], recompute_s:
     for lo, hi, kind in parts:
         s, e = max(lo, w.start_s), min(hi, w.end_s)
         if e >= s:
-            out.append(Box(at.rank, a.stage, w.x0 + s - w.start_s, w.x0 + e - w.start_s, kind, a.microbatch, chunk_of[a.stage], at.start_s, at.end_s))
+            out.append(
+                Box(
+                    at.rank,
+                    a.stage,
+                    w.x0 + s - w.start_s,
+                    w.x0 + e - w.start_s,
+                    kind,
+                    a.microbatch,
+                    chunk_of[a.stage],
+                    at.start_s,
+                    at.end_s,
+                )
+            )
     return out
 
 
@@ -162,7 +184,9 @@ def pair_spans(f: Frame, pairs: Sequence[Sequence[tuple[Action, Action]]]) -> tu
     return tuple(out)
 
 
-def memory_steps(timeline: Timeline, costs: Sequence[StageCost], home: Sequence[int]) -> tuple[tuple[tuple[float, float], ...], ...]:
+def memory_steps(
+    timeline: Timeline, costs: Sequence[StageCost], home: Sequence[int]
+) -> tuple[tuple[tuple[float, float], ...], ...]:
     """Per device, ``(time, bytes held from then on)`` at every change, with the simulator's
     accounting (:func:`~autopipe.simulate.events.simulate`): the device's static bytes, plus
     activations from the end of each F until its B frees them (all but the weight-grad bytes

@@ -101,15 +101,11 @@ def _check_inputs(
         raise ScheduleError("cannot simulate an empty schedule; give at least one rank")
     n = len(costs)
     if n == 0 or n % ranks:
-        raise ScheduleError(
-            f"costs must have one entry per virtual stage, a multiple of the {ranks} ranks "
-            f"(got {n})"
-        )
+        raise ScheduleError(f"costs must have one entry per virtual stage, a multiple of the {ranks} ranks (got {n})")
     comm = tuple(float(c) for c in comm_s) if comm_s else (0.0,) * max(n - 1, 0)
     if len(comm) != max(n - 1, 0):
         raise ScheduleError(
-            f"comm_s must have one entry per stage boundary, {max(n - 1, 0)} for {n} "
-            f"virtual stages (got {len(comm)})"
+            f"comm_s must have one entry per stage boundary, {max(n - 1, 0)} for {n} virtual stages (got {len(comm)})"
         )
     mbs = [a.microbatch for actions in schedule.values() for a in actions if a is not None]
     if not mbs:
@@ -140,12 +136,7 @@ def simulate(
     n = len(costs)
     home = [placement(j, ranks, n // ranks) for j in range(n)]
     execution = execute_in_order(schedule, n)
-    split = {
-        (a.stage, a.microbatch)
-        for acts in schedule.values()
-        for a in acts
-        if a and a.kind is Kind.WEIGHT
-    }
+    split = {(a.stage, a.microbatch) for acts in schedule.values() for a in acts if a and a.kind is Kind.WEIGHT}
 
     def duration(a: Action) -> float:
         c = costs[a.stage]
@@ -298,10 +289,26 @@ def _compile(
             raise ScheduleError(f"rank {r} has an action of kind {int(rows[bad[0], 1])}; kinds are 0 F, 1 B, 2 W")
         if m <= len(rows):  # validate's grid says which step is wrong or stuck
             validate(schedule if schedule is not None else to_schedule(tuple(arrays)), devices, m, virtual, placement)
-        raise ScheduleError("schedule deadlocks" if placed >= 0 else f"schedule is incomplete: {len(rows)} actions, expected {expected}")
+        raise ScheduleError(
+            "schedule deadlocks" if placed >= 0 else f"schedule is incomplete: {len(rows)} actions, expected {expected}"
+        )
     rank_lists = tuple(np.split(o.pos, offsets[1:-1]))
     return CompiledSchedule(
-        devices, n, home, o.rank, o.stage, o.kind, o.split, o.dep, rank_lists, o.hop, o.dur, rows, offsets, home_array, has_w
+        devices,
+        n,
+        home,
+        o.rank,
+        o.stage,
+        o.kind,
+        o.split,
+        o.dep,
+        rank_lists,
+        o.hop,
+        o.dur,
+        rows,
+        offsets,
+        home_array,
+        has_w,
     )
 
 
@@ -337,7 +344,9 @@ def simulate_many(
     return out
 
 
-def cost_arrays(n: int, costs: Sequence[Sequence[StageCost]], comm_s: Sequence[Sequence[float]] = ()) -> tuple[Floats, Floats]:
+def cost_arrays(
+    n: int, costs: Sequence[Sequence[StageCost]], comm_s: Sequence[Sequence[float]] = ()
+) -> tuple[Floats, Floats]:
     """K candidates' costs and link times on ``n`` virtual stages, checked: the ``(K, n, 8)``
     :func:`cost_table` and the ``(K, n-1)`` link times (``comm_s`` ``()`` or an empty entry: none)."""
     k = len(costs)
@@ -348,7 +357,9 @@ def cost_arrays(n: int, costs: Sequence[Sequence[StageCost]], comm_s: Sequence[S
         if len(cs) != n:
             raise ScheduleError(f"costs must have one entry per virtual stage ({n}), got {len(cs)}")
         if cm and len(cm) != n - 1:
-            raise ScheduleError(f"comm_s must have one entry per stage boundary, {n - 1} for {n} virtual stages (got {len(cm)})")
+            raise ScheduleError(
+                f"comm_s must have one entry per stage boundary, {n - 1} for {n} virtual stages (got {len(cm)})"
+            )
     table = cost_table(costs) if k else np.empty((0, n, 8), np.float64)
     return table, np.array([cm or [0.0] * (n - 1) for cm in comms], np.float64).reshape(k, n - 1)
 
@@ -357,7 +368,19 @@ def cost_table(costs: Sequence[Sequence[StageCost]]) -> Floats:
     """K candidates' stage costs as one ``(K, n, 8)`` array, StageCost's fields in order."""
     return np.array(
         [
-            [(x.forward_s, x.backward_s, x.backward_input_s, x.backward_weight_s, x.activation_bytes, x.weight_grad_bytes, x.transient_bytes, x.static_bytes) for x in cs]
+            [
+                (
+                    x.forward_s,
+                    x.backward_s,
+                    x.backward_input_s,
+                    x.backward_weight_s,
+                    x.activation_bytes,
+                    x.weight_grad_bytes,
+                    x.transient_bytes,
+                    x.static_bytes,
+                )
+                for x in cs
+            ]
             for cs in costs
         ],
         np.float64,

@@ -51,7 +51,9 @@ def replay(
     n = devices * virtual
     table, link = cost_arrays(n, [costs], [comm_s])
     c = compile_schedule(schedule, devices, virtual, placement)
-    _, _, start, end = simcore.run(c.rank, c.duration, c.deps, c.hop, table.reshape(1, 8 * n), link, devices, starts=True)
+    _, _, start, end = simcore.run(
+        c.rank, c.duration, c.deps, c.hop, table.reshape(1, 8 * n), link, devices, starts=True
+    )
     return _timeline(schedule, c, start, end, table)
 
 
@@ -65,7 +67,9 @@ def _timeline(schedule: Schedule, c: CompiledSchedule, start: Floats, end: Float
     acts = [a for r in range(devices) for a in schedule.get(r, []) if a is not None]
     actions = tuple(map(ActionTiming, acts, owner.tolist(), begin.tolist(), finish.tolist()))
     ran = finish - begin
-    busy = tuple(float(np.cumsum(ran[lo:hi])[-1]) if hi > lo else 0.0 for lo, hi in itertools.pairwise(c.offsets.tolist()))
+    busy = tuple(
+        float(np.cumsum(ran[lo:hi])[-1]) if hi > lo else 0.0 for lo, hi in itertools.pairwise(c.offsets.tolist())
+    )
     peaks = simcore.memory(c.rows, c.offsets, c.home_array, c.splits_backward, table)[0]
     # In flight per stage: +1 at each F, -1 at each B, in its rank's order (a stage's actions
     # are all on its rank), the most at any point.

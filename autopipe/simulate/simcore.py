@@ -9,25 +9,24 @@ W), run here on integer and float arrays:
   each action's dependencies as positions in that order;
 - :func:`run` — every action's start and end, each rank's busy time and the iteration time, for
   K candidates (K rows of durations and link times) in one call;
-- :func:`memory` — each rank's peak bytes, walking its own list;
-- :func:`v_build` — the V-Half / V-Min slots of a building block
-  (:func:`autopipe.schedules.v_shapes.v_block.build`'s steps; its Python twin is v_block.py itself).
+- :func:`memory` — each rank's peak bytes, walking its own list.
 
 Each has two implementations that give the same numbers to the last bit (the same floating-point
 operations in the same order; tested): the C extension ``autopipe.simulate._simcore``, built by
 ``pip install`` when a C compiler is there (20-130x faster; bench/bench_simulate.py), and the
 Python loops below — the reference, and the fallback when the extension is missing or
-``AUTOPIPE_NO_SIMCORE=1`` is set (:func:`use_native` switches at run time).
+``AUTOPIPE_NO_SIMCORE=1`` is set (:func:`autopipe.native.use_native` switches every C extension
+at run time).
 """
 
 from __future__ import annotations
 
-import os
-from types import ModuleType
 from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
+
+from autopipe import native
 
 __all__ = [
     "Floats",
@@ -35,12 +34,8 @@ __all__ = [
     "Ints",
     "Order",
     "memory",
-    "native_available",
-    "native_in_use",
     "order",
     "run",
-    "use_native",
-    "v_build",
 ]
 
 Ints = npt.NDArray[np.int64]
@@ -48,35 +43,7 @@ Index = npt.NDArray[np.int32]  # per action (int32: half the memory to fill for 
 Floats = npt.NDArray[np.float64]
 
 
-def _load() -> ModuleType | None:
-    try:
-        from autopipe.simulate import _simcore
-    except ImportError:
-        return None
-    return _simcore
-
-
-_NATIVE = _load()
-_use = _NATIVE is not None and os.environ.get("AUTOPIPE_NO_SIMCORE", "") in ("", "0")
-
-
-def native_available() -> bool:
-    """Whether the C extension was built (``pip install`` with a C compiler)."""
-    return _NATIVE is not None
-
-
-def native_in_use() -> bool:
-    """Whether the C loops run (built, and not switched off)."""
-    return _use
-
-
-def use_native(on: bool) -> bool:
-    """Run the C loops (when built) or the Python ones from now on; returns the previous setting.
-    The default is on unless ``AUTOPIPE_NO_SIMCORE=1``."""
-    global _use
-    before = _use
-    _use = on and _NATIVE is not None
-    return before
+_C = native.load(native.SIMULATOR)  # None where not built: the Python loops below
 
 
 class Order(NamedTuple):
@@ -118,8 +85,8 @@ def order(rows: Ints, offsets: Ints, home: Ints, m: int, has_w: bool) -> tuple[i
         np.empty(total, np.int32),
         np.empty(total, np.bool_),
     )
-    if _use and _NATIVE is not None:
-        placed = _NATIVE.order(rows, offsets, home, ranks, n, m, has_w, *out)
+    if _C is not None and native.enabled():
+        placed = _C.order(rows, offsets, home, ranks, n, m, has_w, *out)
         return int(placed), out
     stage, kind, mb = rows[:, 0], rows[:, 1], rows[:, 2]
     owner = np.repeat(np.arange(ranks), np.diff(offsets))
@@ -136,7 +103,9 @@ def order(rows: Ints, offsets: Ints, home: Ints, m: int, has_w: bool) -> tuple[i
     return placed, out
 
 
-def _order(keys: list[int], stage: list[int], kind: list[int], off: list[int], home: list[int], m: int, out: Order) -> int:
+def _order(
+    keys: list[int], stage: list[int], kind: list[int], off: list[int], home: list[int], m: int, out: Order
+) -> int:
     n, ranks, per_stage = len(home), len(off) - 1, 3 * m
     position = [-1] * (n * per_stage)
     rank: list[int] = []
@@ -194,7 +163,15 @@ def _order(keys: list[int], stage: list[int], kind: list[int], off: list[int], h
 
 
 def run(
-    rank: Index, dur: Index, dep: Index, hop: Index, durations: Floats, comm: Floats, ranks: int, *, starts: bool = False
+    rank: Index,
+    dur: Index,
+    dep: Index,
+    hop: Index,
+    durations: Floats,
+    comm: Floats,
+    ranks: int,
+    *,
+    starts: bool = False,
 ) -> tuple[Floats, Floats, Floats, Floats]:
     """Simulate K candidates of one ordered schedule (:func:`order`'s ``rank``, ``dep``, ``hop``;
     ``dur[i]`` indexes a row of ``durations``, ``(K, D)`` (the planner's: :func:`memory`'s
@@ -205,10 +182,17 @@ def run(
     k, total = len(durations), len(rank)
     start, end = np.empty(total, np.float64), np.empty(total, np.float64)
     busy, iteration = np.empty((k, ranks), np.float64), np.empty(k, np.float64)
-    if _use and _NATIVE is not None:
-        _NATIVE.run(rank, dur, dep, hop, durations, comm, ranks, k, start, end, busy, iteration)
+    if _C is not None and native.enabled():
+        _C.run(rank, dur, dep, hop, durations, comm, ranks, k, start, end, busy, iteration)
         return iteration, busy, start, end
-    columns = (rank.tolist(), dep[:, 0].tolist(), hop[:, 0].tolist(), dep[:, 1].tolist(), hop[:, 1].tolist(), dur.tolist())
+    columns = (
+        rank.tolist(),
+        dep[:, 0].tolist(),
+        hop[:, 0].tolist(),
+        dep[:, 1].tolist(),
+        hop[:, 1].tolist(),
+        dur.tolist(),
+    )
     for c in range(k):
         d, link = durations[c].tolist(), comm[c].tolist()
         st: list[float] = []
@@ -250,8 +234,8 @@ def memory(rows: Ints, offsets: Ints, home: Ints, has_w: bool, costs: Floats) ->
     frees); the peak also sees held + transient while a B runs."""
     k, ranks = len(costs), len(offsets) - 1
     peak = np.empty((k, ranks), np.float64)
-    if _use and _NATIVE is not None:
-        _NATIVE.memory(rows, offsets, home, has_w, costs, ranks, k, peak)
+    if _C is not None and native.enabled():
+        _C.memory(rows, offsets, home, has_w, costs, ranks, k, peak)
         return peak
     rw, off, hm = rows.tolist(), offsets.tolist(), home.tolist()
     for c in range(k):
@@ -273,16 +257,3 @@ def memory(rows: Ints, offsets: Ints, home: Ints, has_w: bool, costs: Floats) ->
                     top = held
             peak[c, r] = top
     return peak
-
-
-def v_build(pattern: Ints, micro_batches: int) -> Ints | None:
-    """:func:`autopipe.schedules.v_shapes.v_block.build`'s slots in C: ``(S, 6, m)``, per device its F
-    down, F up, B up, B down, up-leg W and down-leg W slots, each in micro-batch order, for
-    ``pattern`` (``(S, 4)``: micro-batch 0's slots) repeated ``micro_batches`` times; None when
-    the C loops are off (v_block then runs its Python steps, the same integer operations)."""
-    if not (_use and _NATIVE is not None):
-        return None
-    pat = np.ascontiguousarray(pattern, dtype=np.int64)
-    out = np.empty((len(pat), 6, micro_batches), dtype=np.int64)
-    _NATIVE.v_build(pat, len(pat), micro_batches, out)
-    return out

@@ -10,13 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import autopipe.cli.profile_cmd as profile_cmd
 import pytest
 import torch
 from autopipe.cli.common import ProfilingOptions
 from autopipe.cli.main import build_parser, main
 
+import autopipe.api
 from autopipe.costs.profile import Profile
+from autopipe.graph.recipe import TraceRecipe
 from autopipe.model.load import LoadedModel
 from tests.helpers import hand_profile
 
@@ -98,19 +99,19 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_keyboard_interrupt_exits_130(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    def interrupted(options: ProfilingOptions, loaded: LoadedModel, progress: object = None) -> Profile:
+    def interrupted(loaded: LoadedModel, **options: object) -> Profile:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(profile_cmd, "_run_profile", interrupted)
+    monkeypatch.setattr(autopipe.api, "profile_model", interrupted)
     code, _, err = run(capsys, "profile", GOOD, "--device", "cpu")
     assert code == 130 and "interrupted" in err
 
 
 def test_other_exceptions_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(options: ProfilingOptions, loaded: LoadedModel, progress: object = None) -> Profile:
+    def broken(loaded: LoadedModel, **options: object) -> Profile:
         raise RuntimeError("a bug in autopipe")
 
-    monkeypatch.setattr(profile_cmd, "_run_profile", broken)
+    monkeypatch.setattr(autopipe.api, "profile_model", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["profile", GOOD, "--device", "cpu"])
 
@@ -132,15 +133,16 @@ def test_subprocess_missing_file() -> None:
 
 @pytest.fixture
 def fake_profiler(monkeypatch: pytest.MonkeyPatch) -> list[ProfilingOptions]:
-    """Replace the profiler call; record the options it received."""
+    """Replace the profiler call (``autopipe.api.profile``'s); record the options it received."""
     calls: list[ProfilingOptions] = []
 
-    def fake(options: ProfilingOptions, loaded: LoadedModel, progress: object = None) -> Profile:
+    def fake(loaded: LoadedModel, *, micro_batch_sizes: tuple[int, ...], recipe: TraceRecipe, warmup: int, repeat: int,
+             device: str, progress: object, threads: int) -> Profile:  # fmt: skip
         assert isinstance(loaded, LoadedModel)
-        calls.append(options)
+        calls.append(ProfilingOptions(micro_batch_sizes, recipe.tracer, recipe.leaf_modules, recipe.max_blocks, warmup, repeat, device, threads))
         return hand_profile()
 
-    monkeypatch.setattr(profile_cmd, "_run_profile", fake)
+    monkeypatch.setattr(autopipe.api, "profile_model", fake)
     return calls
 
 

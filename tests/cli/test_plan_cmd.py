@@ -336,3 +336,29 @@ def test_bad_balance_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Captu
     err = capsys.readouterr().err
     assert code == 2 and err.strip() == f"autopipe: error: {message}"
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [  # the library's errors name its fields; the CLI says them as its flags (cli/args.py FLAGS), as before
+        (["--stages", "40"], "cannot cut 8 blocks into 40 stages; use --stages 8 or fewer, or finer blocks when profiling (--blocks)"),
+        (["--devices", "40"], "cannot cut 8 blocks into 40 stages; use --stages 8 or fewer, or finer blocks when profiling (--blocks)"),
+        (["--schedule", "zb-v", "--virtual", "3"], "zb-v runs 2 stages per device (got --virtual 3); use --virtual 2 or leave it out"),
+        (["--schedule", "dualpipe-v", "--stages", "4", "--batch-size", "6"],
+         "dualpipe-v needs at least 8 micro-batches on 4 devices, more than --batch-size 6; use --batch-size 8 or more"),
+        (["--devices", "2", "--stages", "4"], "--devices 2 and --stages 4 are the same thing (pipeline devices); give one"),
+        (["--devices", "2", "--gpus", "8"], "--devices counts one pipeline's devices; with --gpus G pin the pipeline depth with --stages"),
+    ],
+)
+def test_cli_errors_say_the_flags(profiles: dict[str, Path], args: list[str], line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--profile", str(profiles["gpt"]), "-o", str(tmp_path / "p.json"), *args]) == 2
+    assert capsys.readouterr().err == f"autopipe: error: {line}\n"
+
+
+def test_devices_is_stages(profiles: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plans = []
+    for flag in ("--devices", "--stages"):
+        out = tmp_path / f"{flag[2:]}.json"
+        assert main(["plan", "--profile", str(profiles["gpt"]), flag, "2", "--memory", "1GiB", "-o", str(out)]) == 0
+        plans.append(out.read_bytes())
+    assert plans[0] == plans[1] and Plan.load(tmp_path / "devices.json").devices == 2

@@ -1,7 +1,7 @@
 """The bisection solver's two shortcuts for the search: a tolerance on the bottleneck, and the
 memory reach kept across problems on the same blocks (``solve_fast(tolerance=, memo=)``),
-checked against the exact solver on seeded random chains; and its C probe (_probe.c) against
-the Python twin, bit for bit."""
+checked against the exact solver on seeded random chains (on both paths: the
+``native_and_python`` fixture); and its C probe (_probe.c) against the Python twin, bit for bit."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import random
 import numpy as np
 import pytest
 
+from autopipe import native
 from autopipe.errors import InfeasibleError
 from autopipe.partition import Edge, Partition, PartitionProblem, evaluate, greedy, solve_fast
 from autopipe.partition._intervals import prefix
 from autopipe.partition.greedy import Memo
-from autopipe.simulate import simcore
 
 
 def blocks(rng: random.Random, n: int) -> PartitionProblem:
@@ -54,7 +54,7 @@ def solved(problem: PartitionProblem, **kw: object) -> Partition | None:
         return None
 
 
-def test_a_memo_changes_nothing_and_a_tolerance_stays_within_it() -> None:
+def test_a_memo_changes_nothing_and_a_tolerance_stays_within_it(native_and_python: str) -> None:
     rng = random.Random(7)
     checked = 0
     for _ in range(12):
@@ -85,7 +85,7 @@ def random_problem(rng: random.Random) -> PartitionProblem:
     return dataclasses.replace(base, stages=S, inflight=inflight, stage_memory_limit=limits, recompute=mode)
 
 
-@pytest.mark.skipif(not greedy._NATIVE, reason="the C probe is not built (no C compiler at install)")
+@pytest.mark.skipif(not native.available(native.PROBE), reason="the C probe is not built (no C compiler at install)")
 def test_the_c_probe_gives_the_python_twins_partition_to_the_last_bit() -> None:
     rng = random.Random(11)
     stuck = found = 0
@@ -98,12 +98,9 @@ def test_the_c_probe_gives_the_python_twins_partition_to_the_last_bit() -> None:
             twin = None if start is None else greedy._bisect(probes.greedy, lower, start, tolerance)
             assert probes.native(lower, tolerance) == twin  # starts, recompute flags, largest piece
             stuck, found = stuck + (twin is None), found + (twin is not None)
-        before = simcore.use_native(False)
-        try:
+        with native.python_twins():
             python, twin_tables = solved(p), greedy._Probes(p, Memo())
             twin_tables._tables()  # the memory reach tables, numpy's searches
-        finally:
-            simcore.use_native(before)
         assert solved(p) == python
         c_tables = greedy._Probes(p, Memo())
         c_tables._tables()  # the C's

@@ -1,5 +1,6 @@
 """The partition solvers cross-checked: chain DP, ILP, the fast solver and brute force on seeded
-random cases."""
+random cases (the fast solver's checks on both its paths, C probe and Python twin: the
+``native_and_python`` fixture)."""
 
 from __future__ import annotations
 
@@ -187,7 +188,7 @@ def test_brute_force_enumerates_non_contiguous_assignments() -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_fast_matches_chain_bottleneck_on_larger_chains(seed: int) -> None:
+def test_fast_matches_chain_bottleneck_on_larger_chains(seed: int, native_and_python: str) -> None:
     rng = random.Random(400 + seed)
     for _ in range(3):
         n = rng.randint(30, 80)
@@ -199,7 +200,7 @@ def test_fast_matches_chain_bottleneck_on_larger_chains(seed: int) -> None:
             assert same(fast.bottleneck_s, chain.bottleneck_s)
 
 
-def test_fast_solver_recovers_when_the_greedy_probe_gets_stuck() -> None:
+def test_fast_solver_recovers_when_the_greedy_probe_gets_stuck(native_and_python: str) -> None:
     # Block 2 fits only on the last stage. Furthest-reach greedy puts blocks 0-1 on stage 0
     # and then cannot place block 2 on stage 1; the exact probe finds 0 | 1 | 2-4.
     act = (1.0, 1.0, 10.0, 1.0, 1.0)
@@ -212,7 +213,7 @@ def test_fast_solver_recovers_when_the_greedy_probe_gets_stuck() -> None:
     assert fast.bottleneck_s == 3.0
 
 
-def test_fast_solver_certifies_the_greedy_bottleneck() -> None:
+def test_fast_solver_certifies_the_greedy_bottleneck(native_and_python: str) -> None:
     # Cuts at positions 3 and 5 cost 9 (comm), so at Z = 4.5 the only cuts are 1, 2, 4. The
     # greedy runs ahead (0-1 | 2-3 | 4-5 would leave stage 3 nothing) and fails at 4.5,
     # succeeding only at a larger Z; the exact probe proves 4.5 feasible.

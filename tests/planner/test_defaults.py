@@ -14,7 +14,6 @@ from autopipe.cli.main import main
 
 import autopipe
 import autopipe.api
-import autopipe.planner.search
 from autopipe.costs.analytic import state_factor
 from autopipe.costs.devices import device_spec
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
@@ -28,7 +27,7 @@ from autopipe.planner.defaults import (
     plan_micro_batch_sizes,
     plan_request,
 )
-from autopipe.planner.request import PlanRequest
+from autopipe.planner.request import Link, PlanRequest
 from autopipe.units import parse_bytes, parse_duration, parse_rate
 
 MIB = 2.0**20
@@ -72,7 +71,7 @@ def asked_by_api(monkeypatch: pytest.MonkeyPatch, profile: Profile, **kw: object
 
 
 def asked_by_cli(monkeypatch: pytest.MonkeyPatch, profile: Profile, tmp_path: Path, *flags: str) -> PlanRequest:
-    monkeypatch.setattr(autopipe.planner.search, "plan_pipeline", _stop)
+    monkeypatch.setattr(autopipe.api, "plan_pipeline", _stop)  # the CLI plans through the API
     path = tmp_path / "profile.json"
     profile.save(path)
     with pytest.raises(Asked) as info:
@@ -93,9 +92,9 @@ def test_nothing_given_the_api_and_the_cli_take_the_same_defaults(monkeypatch: p
 def test_everything_given_the_api_and_the_cli_ask_the_same(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     profile = chain()
     api = asked_by_api(
-        monkeypatch, profile, stages=2, memory="3GiB", batch_size=16, micro_batches=4, schedule="1f1b", virtual=None,
-        recompute="never", link_bandwidth=parse_rate("25GB/s"), link_latency_s=parse_duration("20us"),
-        action_overhead_s=parse_duration("0.1ms"),
+        monkeypatch, profile, stages=2, memory="3GiB", batch_size=16,
+        choices=autopipe.Choices(micro_batches=4, schedule="1f1b", virtual=None, recompute=autopipe.Recompute.NEVER),
+        link=autopipe.Link(parse_rate("25GB/s"), parse_duration("20us"), parse_duration("0.1ms")),
     )  # fmt: skip
     cli = asked_by_cli(
         monkeypatch, profile, tmp_path, "--stages", "2", "--memory", "3GiB", "--batch-size", "16",
@@ -121,7 +120,7 @@ def test_a_catalogue_device_gives_its_memory_and_links() -> None:
     req = plan_request(chain(), devices=2, batch_size=8, memory_limit=None, device=h100)
     assert req.memory_limit == h100.memory_bytes
     assert (req.link_bandwidth, req.link_latency_s) == (h100.nvlink_bandwidth, h100.link_latency_s)
-    mine = plan_request(chain(), devices=2, batch_size=8, memory_limit=2.0**30, link_bandwidth=1e9, link_latency_s=0.0, device=h100)
+    mine = plan_request(chain(), devices=2, batch_size=8, memory_limit=2.0**30, link=Link(1e9, 0.0), device=h100)
     assert (mine.memory_limit, mine.link_bandwidth, mine.link_latency_s) == (2.0**30, 1e9, 0.0)
     assert default_dtype(h100) == "bf16" and default_dtype(dataclasses.replace(h100, name="cpu")) == "fp32"
 
@@ -145,5 +144,5 @@ def test_parallel_request_defaults() -> None:
     bw, lat = default_link("cuda")
     assert (req.cluster.devices, req.cluster.nvlink_bandwidth, req.cluster.network_bandwidth, req.cluster.link_latency_s) == (8, bw, bw, lat)
     assert req.bytes_per_param == PlanRequest.state_factor * 4 and req.action_overhead_s == 0.0
-    slow = parallel_request(profile, gpus=8, batch_size=64, memory_limit=2.0**30, link_bandwidth=1e9, device=None)
+    slow = parallel_request(profile, gpus=8, batch_size=64, memory_limit=2.0**30, link=Link(bandwidth=1e9), device=None)
     assert (slow.cluster.nvlink_bandwidth, slow.cluster.network_bandwidth, slow.memory_limit) == (1e9, 1e9, 2.0**30)

@@ -16,8 +16,9 @@ from autopipe.errors import InfeasibleError
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.planner.exact import split_table
 from autopipe.planner.pricing import BlockTimes, Decision, fits
-from autopipe.planner.request import PlanRequest, decisions
+from autopipe.planner.request import CHOICE_FIELDS, PlanRequest, decisions
 from autopipe.planner.splits import price_split, problem_of
+from autopipe.plans import Plan
 from autopipe.schedules import schedule_spec
 
 MIB = 2.0**20
@@ -69,6 +70,12 @@ def case(seed: int, max_blocks: int) -> tuple[Profile, dict[str, object]]:
     return chain(n, seed), kw
 
 
+def _plan_profile(prof: Profile, kw: dict[str, object]) -> Plan:
+    """``autopipe.plan_profile`` with :func:`case`'s keywords, its choices among them as one value."""
+    choices = autopipe.Choices(**{k: v for k, v in kw.items() if k in CHOICE_FIELDS})  # type: ignore[arg-type]
+    return autopipe.plan_profile(prof, choices=choices, **{k: v for k, v in kw.items() if k not in CHOICE_FIELDS})  # type: ignore[arg-type]
+
+
 def check_pinned(seed: int, max_blocks: int) -> None:
     prof, kw = case(seed, max_blocks)
     plan_kw = dict(kw)
@@ -79,7 +86,7 @@ def check_pinned(seed: int, max_blocks: int) -> None:
     )  # fmt: skip  (plan_profile's defaults for a CPU profile)
     want = best_split(prof, req, decisions(prof, req))
     try:
-        got = autopipe.plan_profile(prof, **plan_kw).iteration_time_s  # type: ignore[arg-type]
+        got = _plan_profile(prof, plan_kw).iteration_time_s  # type: ignore[arg-type]
     except InfeasibleError:
         got = math.inf
     assert got == want or abs(got - want) <= 1e-9 * want, (seed, kw, got, want)
@@ -108,7 +115,7 @@ def test_unpinned_search_equals_the_best_over_its_decisions() -> None:
                           link_latency_s=120e-6, action_overhead_s=3e-4)  # fmt: skip
         want = best_split(prof, req, decisions(prof, req))
         try:
-            got = autopipe.plan_profile(prof, **kw).iteration_time_s  # type: ignore[arg-type]
+            got = _plan_profile(prof, kw).iteration_time_s  # type: ignore[arg-type]
         except InfeasibleError:
             got = math.inf
         assert got == want or abs(got - want) <= 1e-9 * want, (seed, kw, got, want)
@@ -172,9 +179,9 @@ def test_local_moves_only_improve_a_decision_too_large_to_enumerate(monkeypatch:
     improved = 0
     for seed in range(2000, 2020):
         prof, kw = case(seed, 12)
-        with_moves = autopipe.plan_profile(prof, **kw)  # type: ignore[arg-type]
+        with_moves = _plan_profile(prof, kw)  # type: ignore[arg-type]
         monkeypatch.setattr(moves, "LOCAL_MOVES", 0)
-        without = autopipe.plan_profile(prof, **kw)  # type: ignore[arg-type]
+        without = _plan_profile(prof, kw)  # type: ignore[arg-type]
         monkeypatch.setattr(moves, "LOCAL_MOVES", 64)
         assert with_moves.iteration_time_s <= without.iteration_time_s and max(with_moves.peak_memory_bytes) <= float(kw["memory"]) * (1 + 1e-9)  # type: ignore[arg-type]
         improved += with_moves.iteration_time_s < without.iteration_time_s

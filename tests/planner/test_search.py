@@ -141,21 +141,21 @@ def test_too_little_memory_names_the_smallest_limit_that_fits() -> None:
     assert max(plan.peak_memory_bytes) <= need * 1.01
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # the library names the API's fields; the CLI says its flags (tests/cli)
     ("change", "message"),
     [
-        (dict(devices=20), "cannot cut 8 blocks into 20 stages; use --stages 8 or fewer"),
-        (dict(devices=0), "--stages must be at least 1 (got 0)"),
+        (dict(devices=20), "cannot cut 8 blocks into 20 stages; use stages=8 or fewer"),
+        (dict(devices=0), "stages must be at least 1 (got 0)"),
         (dict(batch_size=10, micro_batches=4), "batch size 10 is not divisible into 4 micro-batches; use one of 1, 2, 5, 10"),
-        (dict(memory_limit=-1.0), "--memory must be positive"),
+        (dict(memory_limit=-1.0), "memory must be positive"),
         (dict(schedule="dualpipe"), "unknown schedule 'dualpipe'"),
-        (dict(virtual=2, schedule="1f1b"), "--virtual applies to the interleaved-1f1b, zb-v, v-half, dualpipe-v, v-min schedules only"),
-        (dict(virtual=3, schedule="zb-v"), "zb-v runs 2 stages per device (got --virtual 3); use --virtual 2 or leave it out"),
+        (dict(virtual=2, schedule="1f1b"), "virtual applies to the interleaved-1f1b, zb-v, v-half, dualpipe-v, v-min schedules only"),
+        (dict(virtual=3, schedule="zb-v"), "zb-v runs 2 stages per device (got virtual=3); use virtual=2 or leave it out"),
         (dict(schedule="interleaved-1f1b", micro_batches=6, batch_size=12), "needs the micro-batch count to be a multiple of 4"),
         (dict(schedule="dualpipe-v", micro_batches=4),
-         "dualpipe-v needs at least 8 micro-batches on 4 devices (got --micro-batches 4); use --micro-batches 8 or more"),
+         "dualpipe-v needs at least 8 micro-batches on 4 devices (got micro_batches=4); use micro_batches=8 or more"),
         (dict(schedule="dualpipe-v", batch_size=6),
-         "dualpipe-v needs at least 8 micro-batches on 4 devices, more than --batch-size 6; use --batch-size 8 or more"),
+         "dualpipe-v needs at least 8 micro-batches on 4 devices, more than batch_size=6; use batch_size=8 or more"),
     ],
 )
 def test_bad_requests_get_one_clear_line(change: dict[str, object], message: str) -> None:
@@ -193,7 +193,7 @@ def test_action_overhead_is_paid_by_every_action() -> None:
         # Each rank runs 2m (or 3m) actions: the makespan grows by at least m of them.
         assert paid.iteration_time_s >= base.iteration_time_s + 8 * o
         assert plan_timeline(paid).iteration_s == pytest.approx(paid.iteration_time_s)
-    with pytest.raises(PlanError, match="--action-overhead must be zero or more"):
+    with pytest.raises(PlanError, match="action_overhead_s must be zero or more"):
         plan_pipeline(prof, _request(action_overhead_s=-1e-3))
 
 
@@ -208,11 +208,11 @@ def test_an_export_profile_keeps_micro_batches_of_one_apart() -> None:
         assert all(a.micro_batches <= 4 for a in plan.alternatives)
     with pytest.raises(PlanError, match="use at most 4 micro-batches"):
         plan_pipeline(larger, _request(batch_size=8, micro_batches=8))
-    with pytest.raises(PlanError, match="use --batch-size 2 or more"):
+    with pytest.raises(PlanError, match="use batch_size=2 or more"):
         plan_pipeline(larger, _request(batch_size=1))
     ones = dataclasses.replace(larger, micro_batch_sizes=(1,))
     assert plan_pipeline(ones, _request(batch_size=8)).micro_batch_size == 1
-    with pytest.raises(PlanError, match="profile with --micro-batch-sizes 2,4"):
+    with pytest.raises(PlanError, match="profile with micro_batch_sizes=2,4"):
         plan_pipeline(ones, _request(batch_size=8, micro_batches=4))
 
 

@@ -1,20 +1,20 @@
 """The simulator's core: the C extension and its Python twin give the same compiled schedule and
 the same numbers (to the last bit) on seeded random schedules, agree with the event simulator,
-and refuse bad schedules with the same ScheduleError."""
+and refuse bad schedules with the same ScheduleError (each test on both paths: the
+``native_and_python`` fixture, tests/conftest.py)."""
 
 from __future__ import annotations
 
 import importlib
 import random
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
+from autopipe import native
 from autopipe.errors import ScheduleError
 from autopipe.schedules import parse_schedule, schedule_names, schedule_spec
 from autopipe.schedules.lists import from_schedule, rank_array
-from autopipe.simulate import simcore
 from autopipe.simulate.events import (
     CompiledSchedule,
     StageCost,
@@ -24,18 +24,6 @@ from autopipe.simulate.events import (
     simulate_many,
     simulate_summary,
 )
-
-PATHS = [
-    pytest.param(True, id="c", marks=pytest.mark.skipif(not simcore.native_available(), reason="the C core is not built")),
-    pytest.param(False, id="python"),
-]
-
-
-@pytest.fixture
-def path(request: pytest.FixtureRequest) -> Iterator[bool]:
-    before = simcore.use_native(request.param)
-    yield request.param
-    simcore.use_native(before)
 
 
 def random_costs(n: int, rng: random.Random) -> list[StageCost]:
@@ -61,17 +49,12 @@ def cases(count: int) -> list[tuple[str, int, int, int, int]]:
     return out
 
 
-def both(fn: object) -> tuple[object, object]:
-    """``fn()`` with the C loops and with the Python ones (the C one skipped when not built)."""
+def here_and_in_python(fn: object) -> tuple[object, object]:
+    """``fn()`` on the path under test, and with the Python twins."""
     assert callable(fn)
-    out = []
-    for native in (True, False):
-        before = simcore.use_native(native)
-        try:
-            out.append(fn())
-        finally:
-            simcore.use_native(before)
-    return out[0], out[1]
+    here = fn()
+    with native.python_twins():
+        return here, fn()
 
 
 def arrays(c: CompiledSchedule) -> list[list[object]]:
@@ -80,20 +63,22 @@ def arrays(c: CompiledSchedule) -> list[list[object]]:
 
 
 @pytest.mark.parametrize(("name", "s", "m", "v", "seed"), cases(2))
-def test_c_and_python_compile_and_simulate_alike_and_as_simulate_does(name: str, s: int, m: int, v: int, seed: int) -> None:
+def test_c_and_python_compile_and_simulate_alike_and_as_simulate_does(
+    name: str, s: int, m: int, v: int, seed: int, native_and_python: str
+) -> None:
     spec, rng = schedule_spec(name), random.Random(seed)
     lists = spec.lists(s, m, v)
     n = s * v
     costs = [random_costs(n, rng) for _ in range(3)]
     comms = [[rng.uniform(0, 0.5) * rng.choice([0, 1]) for _ in range(n - 1)] for _ in range(3)]
-    c_fast, c_py = both(lambda: compile_lists(lists, s, v, spec.placement))
-    assert isinstance(c_fast, CompiledSchedule) and isinstance(c_py, CompiledSchedule)
-    assert arrays(c_fast) == arrays(c_py)
-    fast, py = both(lambda: simulate_many(c_py, costs, comms))
-    assert fast == py  # iteration, bubble, busy time, peaks: equal, not close
-    assert isinstance(py, list)
+    c_here, c_py = here_and_in_python(lambda: compile_lists(lists, s, v, spec.placement))
+    assert isinstance(c_here, CompiledSchedule) and isinstance(c_py, CompiledSchedule)
+    assert arrays(c_here) == arrays(c_py)
+    here, py = here_and_in_python(lambda: simulate_many(c_py, costs, comms))
+    assert here == py  # iteration, bubble, busy time, peaks: equal, not close
+    assert isinstance(here, list)
     schedule = spec.create_schedule(s, m, v)
-    for cost, comm, got in zip(costs, comms, py, strict=True):
+    for cost, comm, got in zip(costs, comms, here, strict=True):
         assert simulate_summary(c_py, cost, comm) == got  # one at a time = K at once
         want = simulate(schedule, cost, comm, devices=s, placement=spec.placement)
         assert got.iteration_s == pytest.approx(want.iteration_s, rel=1e-12)
@@ -113,8 +98,7 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-@pytest.mark.parametrize("path", PATHS, indirect=True)
-def test_a_bad_schedule_gets_the_validators_error_on_either_path(case: str, path: bool) -> None:
+def test_a_bad_schedule_gets_the_validators_error_on_either_path(case: str, native_and_python: str) -> None:
     schedule = parse_schedule(BAD[case])
     with pytest.raises(ScheduleError) as want:
         simulate(schedule, [StageCost(1.0, 2.0, 1.0, 1.0, 1.0)] * 2, devices=2)
@@ -126,8 +110,7 @@ def test_a_bad_schedule_gets_the_validators_error_on_either_path(case: str, path
     assert str(from_lists.value).splitlines()[0] == str(want.value).splitlines()[0]
 
 
-@pytest.mark.parametrize("path", PATHS, indirect=True)
-def test_lists_the_validator_cannot_read_are_refused_in_one_line(path: bool) -> None:
+def test_lists_the_validator_cannot_read_are_refused_in_one_line(native_and_python: str) -> None:
     with pytest.raises(ScheduleError, match=r"^rank 1 has an action of kind 7; kinds are 0 F, 1 B, 2 W$"):
         compile_lists((rank_array([(0, 0, 0), (0, 1, 0)]), rank_array([(1, 0, 0), (1, 7, 0)])), 2)
     with pytest.raises(ScheduleError, match=r"^schedule is incomplete: 4 actions, expected"):
@@ -143,7 +126,7 @@ def test_lists_the_validator_cannot_read_are_refused_in_one_line(path: bool) -> 
         simulate_summary(c, [StageCost(1.0, 2.0, 1.0, 1.0, 1.0)] * 2, [0.1, 0.1, 0.1])
 
 
-@pytest.mark.skipif(not simcore.native_available(), reason="the C core is not built")
+@pytest.mark.skipif(not native.available(native.SIMULATOR), reason="the C core is not built")
 def test_the_extension_checks_buffer_sizes_instead_of_reading_past_them() -> None:
     from autopipe.simulate import _simcore
 
@@ -161,11 +144,11 @@ def test_the_extension_checks_buffer_sizes_instead_of_reading_past_them() -> Non
 def test_the_environment_switches_the_c_core_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AUTOPIPE_NO_SIMCORE", "1")
     try:
-        importlib.reload(simcore)
-        assert not simcore.native_in_use()
+        importlib.reload(native)
+        assert not native.enabled() and not native.in_use(native.SIMULATOR)
         c = compile_lists(schedule_spec("zb-h1").lists(3, 4), 3)  # the Python loops
         assert simulate_summary(c, [StageCost(1.0, 2.0, 1.0, 1.0, 1.0)] * 3).iteration_s == pytest.approx(3 * 4 + 3 - 1)  # ZB-H1: 3m + S - 1
     finally:
         monkeypatch.delenv("AUTOPIPE_NO_SIMCORE")
-        importlib.reload(simcore)
-    assert simcore.native_in_use() == simcore.native_available()
+        importlib.reload(native)
+    assert native.enabled() and native.in_use(native.SIMULATOR) == native.available(native.SIMULATOR)

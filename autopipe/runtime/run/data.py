@@ -31,7 +31,9 @@ Batch = tuple[Any, Any]  # inputs as the model takes them, and targets (None wit
 class BatchSource:
     """Step ``k``'s batch, :meth:`batch` called with ``k`` = 0, 1, 2, ... (skipping ahead is fine)."""
 
-    def __init__(self, loaded: LoadedModel, batch_size: int, seed: int, note: Callable[[str], None] = lambda _: None) -> None:
+    def __init__(
+        self, loaded: LoadedModel, batch_size: int, seed: int, note: Callable[[str], None] = lambda _: None
+    ) -> None:
         self.loaded, self.batch_size, self.seed, self.note = loaded, batch_size, seed, note
         self.kind = "train_data" if loaded.make_train_data is not None else "example_inputs"
         self._it: Iterator[Any] | None = None
@@ -50,7 +52,9 @@ class BatchSource:
             B, make_targets = self.batch_size, self.loaded.make_targets
             return self.loaded.make_inputs(B), make_targets(B) if make_targets is not None else None
         if k < self._next_step:
-            raise ModelLoadError(f"internal error: batch {k} asked for after batch {self._next_step - 1}; please report this")
+            raise ModelLoadError(
+                f"internal error: batch {k} asked for after batch {self._next_step - 1}; please report this"
+            )
         while True:
             item = self._pull()
             self._next_step += 1
@@ -72,7 +76,9 @@ class BatchSource:
                 item = next(self._it)
             except StopIteration:
                 if self._in_epoch == 0:
-                    raise ModelLoadError(f"train_data({self.batch_size}) in {self.loaded.spec.path} yielded no batches; yield at least one (inputs, targets) pair") from None
+                    raise ModelLoadError(
+                        f"train_data({self.batch_size}) in {self.loaded.spec.path} yielded no batches; yield at least one (inputs, targets) pair"
+                    ) from None
                 if self._next_step == self._in_epoch:
                     self.note(f"train_data() ended after {self._in_epoch} batches; starting it again (cycling)")
                 self._start()
@@ -84,7 +90,9 @@ class BatchSource:
     def _check(self, item: Any) -> Batch:
         where = f"batch {self._next_step} of train_data() in {self.loaded.spec.path}"
         if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise ModelLoadError(f"{where} is a {type(item).__name__}; yield (inputs, targets) pairs (targets None when loss_fn takes only the output)")
+            raise ModelLoadError(
+                f"{where} is a {type(item).__name__}; yield (inputs, targets) pairs (targets None when loss_fn takes only the output)"
+            )
         inputs, targets = item
         for what, value in (("inputs", inputs), ("targets", targets)):
             leaves = [t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor) and t.dim() > 0]

@@ -93,13 +93,29 @@ def launch(plan: Plan | str | Path, options: RunOptions) -> RunResult:
         procs: list[subprocess.Popen[bytes]] = []
         with _Stopper(procs) as stopper:
             for rank in range(world):
-                env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                       "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "OMP_NUM_THREADS": str(options.threads), LAUNCHER_ENV: str(os.getpid())}  # fmt: skip
+                env = {
+                    **os.environ,
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(world),
+                    "LOCAL_RANK": str(rank),
+                    "LOCAL_WORLD_SIZE": str(world),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                    "OMP_NUM_THREADS": str(options.threads),
+                    LAUNCHER_ENV: str(os.getpid()),
+                }
                 with open(Path(tmp) / f"log-{rank}.txt", "wb") as log, stopper.holding():
                     # stdin: a pipe only this process holds; the rank exits when it closes.
-                    procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=log,
-                                                  stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+                    procs.append(
+                        subprocess.Popen(
+                            cmd,
+                            env=env,
+                            stdin=subprocess.PIPE,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                        )
+                    )
             _watch(procs, Path(tmp), options.timeout_s + _LATE_S)
         ranks = [json.loads((Path(tmp) / f"rank-{r}.json").read_text()) for r in range(world)]
     return RunResult(tuple(rank_from_dict(r) for r in ranks))

@@ -28,9 +28,7 @@ from autopipe.runtime.run.worker import RankResult, Rebuilt, rebuild, train_rank
 __all__ = ["run_threads"]
 
 
-def run_threads(
-    plan: Plan, options: RunOptions, rebuilt: Rebuilt | None = None
-) -> list[RankResult]:
+def run_threads(plan: Plan, options: RunOptions, rebuilt: Rebuilt | None = None) -> list[RankResult]:
     """``plan`` on ``plan.devices`` threads; one result per rank. Rebuilds the model once.
 
     torch runs each op on ``options.threads`` threads meanwhile (as every rank process of
@@ -46,7 +44,9 @@ def run_threads(
 
 def _run_threads(plan: Plan, options: RunOptions, rebuilt: Rebuilt | None) -> list[RankResult]:
     if options.engine != "autopipe":
-        raise RunOptionError(f"--engine {options.engine} runs on torch.distributed processes, not threads; use autopipe run (launch)")
+        raise RunOptionError(
+            f"--engine {options.engine} runs on torch.distributed processes, not threads; use autopipe run (launch)"
+        )
     base = rebuilt if rebuilt is not None else rebuild(plan, options.seed)
     hub = ThreadHub(plan.devices, options.timeout_s)
     results: dict[int, RankResult] = {}
@@ -67,9 +67,7 @@ def _run_threads(plan: Plan, options: RunOptions, rebuilt: Rebuilt | None) -> li
             return hub.comm(rank)
 
         try:
-            results[rank] = train_rank(
-                plan, rank, comm, options, copies[rank], batches, process_memory=False
-            )
+            results[rank] = train_rank(plan, rank, comm, options, copies[rank], batches, process_memory=False)
         except BaseException as e:
             errors.append((rank, e))
             hub.fail(f"rank {rank}: {type(e).__name__}: {e}")

@@ -25,15 +25,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autopipe.errors import AutopipeError, RunOptionError
+from autopipe.modes import Engine
 from autopipe.units import parse_duration
 
 if TYPE_CHECKING:
     from autopipe.plans import Plan
 
 __all__ = [
-    "DEFAULT_STEPS", "LAUNCHER_ENV", "RunOptions", "add_run_arguments", "check_launch", "check_options",
-    "run_options", "worker_arguments",
-]  # fmt: skip
+    "DEFAULT_STEPS",
+    "LAUNCHER_ENV",
+    "RunOptions",
+    "add_run_arguments",
+    "check_launch",
+    "check_options",
+    "run_options",
+    "worker_arguments",
+]
 
 DEFAULT_STEPS = 10  # the run flags' --steps
 LAUNCHER_ENV = "AUTOPIPE_LAUNCHER_PID"  # set by autopipe run for its ranks: the launcher's pid
@@ -56,7 +63,7 @@ class RunOptions:
     save_checkpoint: str | None = None  # folder written after the last step
     resume: str | None = None  # folder to continue from
     model_base: str | None = None  # where to look for a relative model_file besides the cwd (the plan's folder)
-    engine: str = "autopipe"  # "autopipe" (the built-in executor) or "torch" (torch.distributed.pipelining)
+    engine: Engine = Engine.AUTOPIPE  # autopipe (the built-in executor) or torch (torch.distributed.pipelining)
     progress_file: str | None = None  # rank 0 appends its notes and per-step losses here (autopipe run)
 
 
@@ -65,29 +72,44 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     bad one is one clear line (a :class:`~autopipe.errors.RunOptionError`)."""
     base = RunOptions()
     p.add_argument("plan", metavar="PLAN", help="plan JSON written by autopipe plan")
-    p.add_argument("--steps", default=str(DEFAULT_STEPS), metavar="N", help=f"optimizer steps (default: {DEFAULT_STEPS})")
     p.add_argument(
-        "--timeout", default=f"{base.timeout_s:g}", metavar="SECONDS",
+        "--steps", default=str(DEFAULT_STEPS), metavar="N", help=f"optimizer steps (default: {DEFAULT_STEPS})"
+    )
+    p.add_argument(
+        "--timeout",
+        default=f"{base.timeout_s:g}",
+        metavar="SECONDS",
         help=f"timeout of every send/receive/collective (default: {base.timeout_s:g})",
-    )  # fmt: skip
-    p.add_argument("--seed", default=str(base.seed), metavar="N", help=f"seed for weights and batches (default: {base.seed})")
+    )
+    p.add_argument(
+        "--seed", default=str(base.seed), metavar="N", help=f"seed for weights and batches (default: {base.seed})"
+    )
     p.add_argument("--optimizer", default=base.optimizer, help=f"torch.optim class (default: {base.optimizer})")
     p.add_argument("--lr", default=f"{base.lr:g}", help=f"learning rate (default: {base.lr:g})")
     p.add_argument(
-        "--optimizer-arg", action="append", default=[], metavar="KEY=VALUE",
+        "--optimizer-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="extra optimizer argument, a number (repeatable), e.g. --optimizer-arg momentum=0.9",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--device", choices=("cpu", "cuda"), default=None, help="cpu (gloo) or cuda (NCCL) (default: cuda if available)"
     )
-    p.add_argument("--threads", default=str(base.threads), metavar="N", help=f"CPU threads per rank (default: {base.threads})")
+    p.add_argument(
+        "--threads", default=str(base.threads), metavar="N", help=f"CPU threads per rank (default: {base.threads})"
+    )
     p.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace (chrome://tracing, Perfetto)")
-    p.add_argument("--save-checkpoint", default=None, metavar="DIR", help="save weights and optimizer state after the run")
+    p.add_argument(
+        "--save-checkpoint", default=None, metavar="DIR", help="save weights and optimizer state after the run"
+    )
     p.add_argument("--resume", default=None, metavar="DIR", help="continue from a checkpoint")
     p.add_argument(
-        "--engine", choices=("autopipe", "torch"), default=base.engine,
+        "--engine",
+        choices=("autopipe", "torch"),
+        default=base.engine,
         help="autopipe (the built-in executor) or torch (torch.distributed.pipelining) (default: autopipe)",
-    )  # fmt: skip
+    )
     p.add_argument("--progress-file", default=None, help=argparse.SUPPRESS)
 
 
@@ -110,7 +132,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         save_checkpoint=args.save_checkpoint,
         resume=args.resume,
         model_base=str(Path(args.plan).resolve().parent),
-        engine=args.engine,
+        engine=Engine(args.engine),
         progress_file=args.progress_file,
     )
     check_options(options)
@@ -121,7 +143,9 @@ def check_options(o: RunOptions) -> None:
     """RunOptionError unless every option can work: numbers in range, an optimizer that takes
     its arguments, a checkpoint to resume, a folder to save into, the device."""
     if o.engine != "autopipe" and (o.save_checkpoint or o.resume):
-        raise RunOptionError("--save-checkpoint and --resume work with --engine autopipe only; drop them or the --engine flag")
+        raise RunOptionError(
+            "--save-checkpoint and --resume work with --engine autopipe only; drop them or the --engine flag"
+        )
     if not 1 <= o.steps <= MAX_STEPS:
         raise RunOptionError(
             f"--steps must be from 1 to {MAX_STEPS} (got {o.steps}); run longer as several runs "
@@ -194,9 +218,7 @@ def _resume_meta(o: RunOptions) -> dict[str, object]:
 
     assert o.resume is not None
     if not Path(o.resume).is_dir():
-        raise RunOptionError(
-            f"--resume {_shown(o.resume)}: no such folder; give a folder written by --save-checkpoint"
-        )
+        raise RunOptionError(f"--resume {_shown(o.resume)}: no such folder; give a folder written by --save-checkpoint")
     try:
         meta = read_meta(o.resume)
     except RuntimeFailure as e:
@@ -271,9 +293,23 @@ def _shown(text: str) -> str:
 def worker_arguments(plan_path: str, options: RunOptions) -> list[str]:
     """The run flags of ``python -m autopipe.runtime`` for ``options``, every one explicit
     (so a launched rank never falls back on a flag's default)."""
-    args = [plan_path, "--steps", str(options.steps), "--seed", str(options.seed), "--timeout", str(options.timeout_s),
-            "--optimizer", options.optimizer, "--lr", repr(options.lr), "--device", options.device,
-            "--threads", str(options.threads)]  # fmt: skip
+    args = [
+        plan_path,
+        "--steps",
+        str(options.steps),
+        "--seed",
+        str(options.seed),
+        "--timeout",
+        str(options.timeout_s),
+        "--optimizer",
+        options.optimizer,
+        "--lr",
+        repr(options.lr),
+        "--device",
+        options.device,
+        "--threads",
+        str(options.threads),
+    ]
     for k, v in options.optimizer_kwargs:
         args += ["--optimizer-arg", f"{k}={v!r}"]
     if options.save_checkpoint:

@@ -106,9 +106,7 @@ def _run(plan: object, rank: int, options: RunOptions) -> RankResult:
     if options.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     backend = "nccl" if options.device == "cuda" else "gloo"
-    dist.init_process_group(
-        backend, rank=rank, world_size=world, timeout=timedelta(seconds=options.timeout_s)
-    )
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=options.timeout_s))
     holder: list[DistComm] = []
 
     def comm(groups: list[tuple[int, ...]]) -> DistComm:
@@ -198,17 +196,11 @@ def _fail(rank: int, e: BaseException, model_file: Path, out: Path | None) -> No
         message = exception_summary(e, model_file)
     kind = "comm" if isinstance(e, CommunicationError) or _looks_like_comm(e) else "user"
     if out is not None:
-        atomic_write_text(
-            out / f"error-{rank}.json", json.dumps({"kind": kind, "message": message})
-        )
+        atomic_write_text(out / f"error-{rank}.json", json.dumps({"kind": kind, "message": message}))
     print(f"autopipe: error: rank {rank} failed: {message}", file=sys.stderr, flush=True)
     os._exit(1)
 
 
 def _looks_like_comm(e: BaseException) -> bool:
     text = f"{type(e).__name__} {e}".lower()
-    return any(
-        w in text for w in ("gloo", "nccl", "connection", "timed out", "distnetworkerror", "socket")
-    )
-
-
+    return any(w in text for w in ("gloo", "nccl", "connection", "timed out", "distnetworkerror", "socket"))

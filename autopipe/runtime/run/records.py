@@ -24,8 +24,7 @@ def rank_to_dict(r: RankResult) -> dict[str, Any]:
 
 def rank_from_dict(d: dict[str, Any]) -> RankResult:
     its = tuple(
-        IterationResult(**{**it, "records": tuple(ActionRecord(**a) for a in it["records"])})
-        for it in d["iterations"]
+        IterationResult(**{**it, "records": tuple(ActionRecord(**a) for a in it["records"])}) for it in d["iterations"]
     )
     return RankResult(**{**d, "stages": tuple(d["stages"]), "iterations": its})
 

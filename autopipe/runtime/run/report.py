@@ -41,9 +41,7 @@ class Row:
     @property
     def error_pct(self) -> float:
         """(measured - predicted) / predicted, in percent (nan without a prediction)."""
-        return (
-            (self.measured - self.predicted) / self.predicted * 100 if self.predicted else math.nan
-        )
+        return (self.measured - self.predicted) / self.predicted * 100 if self.predicted else math.nan
 
 
 def _measured_steps(result: RunResult) -> range:
@@ -75,6 +73,7 @@ def compare(plan: Plan, result: RunResult) -> list[Row]:
     times = _durations(result, steps)
     split = any(kind == "W" for _, kind in times)
     rows = []
+
     def mean(key: tuple[int, str]) -> float:
         return statistics.fmean(times[key]) if key in times else math.nan
 
@@ -106,9 +105,7 @@ def compare(plan: Plan, result: RunResult) -> list[Row]:
                 )
             )
     spans = result.makespans()
-    rows.append(
-        Row("iteration", plan.iteration_time_s, statistics.fmean(spans[k] for k in steps), "s")
-    )
+    rows.append(Row("iteration", plan.iteration_time_s, statistics.fmean(spans[k] for k in steps), "s"))
     rows.append(
         Row(
             "bubble",
@@ -143,12 +140,12 @@ def format_report(plan: Plan, result: RunResult) -> str:
     lines = [f"{'':<{width}}  {'predicted':>12}  {'measured':>12}  {'error':>8}"]
     for r in rows:
         err = "" if math.isnan(r.error_pct) else f"{r.error_pct:+.1f}%"
-        lines.append(
-            f"{r.what:<{width}}  {_fmt(r.predicted, r.unit):>12}  {_fmt(r.measured, r.unit):>12}  {err:>8}"
-        )
+        lines.append(f"{r.what:<{width}}  {_fmt(r.predicted, r.unit):>12}  {_fmt(r.measured, r.unit):>12}  {err:>8}")
     n = len(_measured_steps(result))
-    lines.append(f"(means over {n} step(s){', first step left out as warm-up' if result.steps > 1 else ''}; "
-                 f"memory: {result.ranks[0].memory_kind})")  # fmt: skip
+    lines.append(
+        f"(means over {n} step(s){', first step left out as warm-up' if result.steps > 1 else ''}; "
+        f"memory: {result.ranks[0].memory_kind})"
+    )
     if result.losses:
         lines.append("loss per step: " + ", ".join(f"{x:.6g}" for x in result.losses))
     return "\n".join(lines)
@@ -159,8 +156,16 @@ def summary(plan: Plan, result: RunResult) -> dict[str, Any]:
     steps = _measured_steps(result)
     spans = result.makespans()
     first = result.ranks[0]
-    rows = [{"what": r.what, "predicted": r.predicted, "measured": _number(r.measured), "unit": r.unit,
-             "error_pct": _number(r.error_pct)} for r in compare(plan, result)]  # fmt: skip
+    rows = [
+        {
+            "what": r.what,
+            "predicted": r.predicted,
+            "measured": _number(r.measured),
+            "unit": r.unit,
+            "error_pct": _number(r.error_pct),
+        }
+        for r in compare(plan, result)
+    ]
     return {
         "engine": first.engine,
         "data": first.data,
@@ -226,14 +231,30 @@ def chrome_trace(result: RunResult) -> dict[str, Any]:
                 a = Action.parse(rec.action)
                 args = {"step": k, "stage": a.stage if a else -1, "microbatch": a.microbatch if a else -1}
                 if rec.wait_s > 0:
-                    events.append({
-                        "name": f"wait {rec.action}", "cat": "wait", "ph": "X", "pid": 0, "tid": r.rank,
-                        "ts": (base + rec.start_s) * 1e6, "dur": rec.wait_s * 1e6, "args": args,
-                    })  # fmt: skip
-                events.append({
-                    "name": rec.action, "cat": a.kind if a else "", "ph": "X", "pid": 0, "tid": r.rank,
-                    "ts": (base + rec.ready_s) * 1e6, "dur": rec.compute_s * 1e6, "args": args,
-                })  # fmt: skip
+                    events.append(
+                        {
+                            "name": f"wait {rec.action}",
+                            "cat": "wait",
+                            "ph": "X",
+                            "pid": 0,
+                            "tid": r.rank,
+                            "ts": (base + rec.start_s) * 1e6,
+                            "dur": rec.wait_s * 1e6,
+                            "args": args,
+                        }
+                    )
+                events.append(
+                    {
+                        "name": rec.action,
+                        "cat": a.kind if a else "",
+                        "ph": "X",
+                        "pid": 0,
+                        "tid": r.rank,
+                        "ts": (base + rec.ready_s) * 1e6,
+                        "dur": rec.compute_s * 1e6,
+                        "args": args,
+                    }
+                )
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

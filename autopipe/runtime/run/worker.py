@@ -113,21 +113,26 @@ def train_rank(
     which share one process: their memory is counted as the planner counts it).
     """
     if options.engine == "torch" and (options.save_checkpoint or options.resume):
-        raise RunOptionError("--save-checkpoint and --resume work with --engine autopipe only; drop them or the --engine flag")
+        raise RunOptionError(
+            "--save-checkpoint and --resume work with --engine autopipe only; drop them or the --engine flag"
+        )
     optimizer_class(options)
     rb = rebuilt if rebuilt is not None else rebuild(plan, options.seed, options.model_base)
-    device = (
-        torch.device(f"cuda:{torch.cuda.current_device()}")
-        if options.device == "cuda"
-        else torch.device("cpu")
-    )
+    device = torch.device(f"cuda:{torch.cuda.current_device()}") if options.device == "cuda" else torch.device("cpu")
     progress = _progress(rank, options.progress_file)
     source = BatchSource(rb.loaded, plan.batch_size, options.seed, progress("note")) if batches is None else None
     pipe = Pipeline(
-        plan, rb.loaded.model, rank=rank, example_inputs=rb.loaded.make_inputs(plan.micro_batch_size),
-        loss_fn=rb.loaded.loss_fn, device=device, engine=options.engine,
-        comm=comm_factory if options.engine == "autopipe" else None, timeout_s=options.timeout_s, traced=rb.traced,
-    )  # fmt: skip
+        plan,
+        rb.loaded.model,
+        rank=rank,
+        example_inputs=rb.loaded.make_inputs(plan.micro_batch_size),
+        loss_fn=rb.loaded.loss_fn,
+        device=device,
+        engine=options.engine,
+        comm=comm_factory if options.engine == "autopipe" else None,
+        timeout_s=options.timeout_s,
+        traced=rb.traced,
+    )
     params = list(pipe.parameters())
     optimizer = make_optimizer(params, options)
     done = 0
@@ -162,9 +167,16 @@ def train_rank(
             )
     data = source.kind if source is not None else ("train_data" if rb.loaded.make_train_data else "example_inputs")
     return RankResult(
-        rank, tuple(st.index for st in pipe.stages) if pipe.stages else tuple(s.index for s in plan.stages if s.rank == rank),
-        tuple(iterations), static, peak, kind, done + options.steps, options.engine, data,
-    )  # fmt: skip
+        rank,
+        tuple(st.index for st in pipe.stages) if pipe.stages else tuple(s.index for s in plan.stages if s.rank == rank),
+        tuple(iterations),
+        static,
+        peak,
+        kind,
+        done + options.steps,
+        options.engine,
+        data,
+    )
 
 
 def _progress(rank: int, path: str | None) -> Callable[[str], Callable[[str], None]]:

@@ -19,9 +19,9 @@ paper does:
 
 Each device's list is its passes in slot order. The steady state is the block itself, six
 passes every six slots with no idle slot; the warm-up and cool-down do not depend on ``m``.
-:func:`build` runs the steps in C when the extension is built (:func:`simcore.v_build`,
-``_simcore.c``: about 5-10 ms per ``m`` at ``S = 64``, 25-50 ms at ``S = 128``, one core;
-``bench/bench_build.py --v``), else in Python here (the twin: the same integer operations in
+:func:`build` runs the steps in C when the extension is built (``_vbuild.c``, loaded and
+switched by :mod:`autopipe.native`: about 5-10 ms per ``m`` at ``S = 64``, 25-50 ms at
+``S = 128``, one core; ``bench/bench_build.py --v``), else in Python here (the twin: the same integer operations in
 the same order, the same lists, tests/schedules/v_shapes/test_v_block.py; 20-40x slower): the reorder
 checks a move against the highest memory by updating the per-slot counts of what it changes
 (no recount of the device), the Ws go back as a queue served in the free slots, the squeeze
@@ -43,10 +43,10 @@ from itertools import accumulate
 import numpy as np
 import numpy.typing as npt
 
+from autopipe import native
 from autopipe.errors import ScheduleError
 from autopipe.schedules.lists import B, F, RankLists, W
 from autopipe.schedules.validate import check_sizes
-from autopipe.simulate import simcore
 
 __all__ = ["PERIOD", "PER_DEVICE", "Pattern", "build", "check", "device_peak", "held", "inflight", "lists"]
 
@@ -54,6 +54,7 @@ PERIOD = 6  # slots of work per micro-batch on a device: F, B, W of two chunks
 PER_DEVICE = 2  # at least 2S micro-batches
 Pattern = tuple[tuple[int, int, int, int], ...]
 """Per device, micro-batch 0's slots of ``F`` down, ``F`` up, ``B`` up, ``B`` down."""
+_C = native.load(native.V_BUILDER)  # None where not built: build runs the Python steps
 
 # Passes by type: 0 F down, 1 F up, 2 B up, 3 B down, 4 W up, 5 W down (one W list in the
 # reorder steps). Chain: F down the V (0, from device d-1), F up (1, from d+1), B up (2, from
@@ -226,7 +227,9 @@ def _reorder(res: Slots, with_w: bool, m: int) -> Slots:
     grid[kept[:, 1], kept[:, 0]] = 1
     taken = [bytearray(grid[d, : size[d]].tobytes()) for d in range(S)]
     backs: list[list[int]] = [[] for _ in res]  # with_w: per device, placed B slots, sorted
-    moved: list[list[int]] = (np.concatenate((order[:turn], order[last + 1 :])) if with_w else order[last + 1 :]).tolist()
+    moved: list[list[int]] = (
+        np.concatenate((order[:turn], order[last + 1 :])) if with_w else order[last + 1 :]
+    ).tolist()
     kept_b = kept[(kept[:, 2] == 2) | (kept[:, 2] == 3)]  # in slot order
     for i, (s, d, t, k) in enumerate(moved):
         if with_w and i == turn:  # the kept Bs, after those of the warm-up
@@ -284,11 +287,24 @@ def _rows(slots: npt.NDArray[np.int64]) -> list[npt.NDArray[np.int64]]:
     return list(rows)
 
 
+def _in_c(pattern: npt.NDArray[np.int64], micro_batches: int) -> npt.NDArray[np.int64] | None:
+    """:func:`build`'s slots in C (``_vbuild.c``): ``(S, 6, m)``, per device its F down, F up,
+    B up, B down, up-leg W and down-leg W slots, each in micro-batch order, for ``pattern``
+    (``(S, 4)``: micro-batch 0's slots) repeated ``micro_batches`` times; None when the C
+    extension is not built or switched off (:mod:`autopipe.native`)."""
+    if _C is None or not native.enabled():
+        return None
+    pat = np.ascontiguousarray(pattern, dtype=np.int64)
+    out = np.empty((len(pat), 6, micro_batches), dtype=np.int64)
+    _C.build(pat, len(pat), micro_batches, out)
+    return out
+
+
 def build(pattern: Pattern, micro_batches: int) -> list[npt.NDArray[np.int64]]:
     """The lists of ``pattern`` repeated ``micro_batches`` times, squeezed and reordered (the
-    steps of the module docstring, run in full: in C when built, :func:`simcore.v_build`;
-    else the Python steps here, the same integer operations)."""
-    slots = simcore.v_build(np.array(pattern, dtype=np.int64).reshape(-1, 4), micro_batches)
+    steps of the module docstring, run in full: in C when built, :func:`_in_c`; else the
+    Python steps here, the same integer operations)."""
+    slots = _in_c(np.array(pattern, dtype=np.int64).reshape(-1, 4), micro_batches)
     if slots is None:
         repeated = [[list(range(x, x + PERIOD * micro_batches, PERIOD)) for x in dev] for dev in pattern]
         first = _reorder(repeated, True, micro_batches)

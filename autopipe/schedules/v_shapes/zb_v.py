@@ -94,9 +94,7 @@ def create_lists(devices: int, micro_batches: int, virtual: int = 2) -> RankList
     device :func:`~autopipe.schedules.action.v_shape` ``(j, S)``."""
     check_sizes(devices, micro_batches, virtual)
     if virtual != 2:
-        raise ScheduleError(
-            f"zb-v runs two chunks per device in a V (got virtual: {virtual}); use virtual=2"
-        )
+        raise ScheduleError(f"zb-v runs two chunks per device in a V (got virtual: {virtual}); use virtual=2")
     return tuple(rank_rows(d, devices, micro_batches) for d in range(devices))
 
 

@@ -1,6 +1,7 @@
 """V-Half and V-Min (autopipe/schedules/v_shapes/v_half.py, v_min.py, built by v_block.py): V placement,
 validator-clean lists, memory against the simulator and the paper's table, the makespan
-formulas against the simulator, the S=4 grids, the tiled lists against the full build.
+formulas against the simulator, the S=4 grids, the tiled lists against the full build, the C
+builder (_vbuild.c) against the Python steps (both paths: the ``native_and_python`` fixture).
 
 What the S=4 grids are compared with: the authors' generator of these two schedules,
 ``zbv_greedy.py`` in sail-sg/zero-bubble-pipeline-parallelism (``PipelineGraph(p, m, "half" |
@@ -25,13 +26,13 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from autopipe import native
 from autopipe.errors import ScheduleError
 from autopipe.planner.request import SEARCH_SCHEDULES
 from autopipe.schedules import one_f_one_b, schedule_names, schedule_spec
 from autopipe.schedules.action import IDLE, v_shape
 from autopipe.schedules.lists import from_schedule
 from autopipe.schedules.v_shapes import v_block, v_half, v_min, zb_v
-from autopipe.simulate import simcore
 from autopipe.simulate.events import StageCost, Timeline, simulate
 
 MODULES = {"v-half": v_half, "v-min": v_min}
@@ -161,7 +162,7 @@ def test_s4_grid_is_the_authors(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_tiled_lists_are_the_full_build(name: str) -> None:
+def test_tiled_lists_are_the_full_build(name: str, native_and_python: str) -> None:
     """create_lists tiles the steady state into the m = 2S lists; running every step for m
     gives the same lists (S up to 12 here; up to 64 checked while building it)."""
     module = MODULES[name]
@@ -175,28 +176,26 @@ def test_tiled_lists_are_the_full_build(name: str) -> None:
     assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 
 
-@pytest.mark.skipif(not simcore.native_available(), reason="the C extension is not built")
-def test_c_build_is_the_python_build() -> None:
-    """simcore.v_build (C) and v_block's Python steps give the same lists, both patterns, every
-    S <= 12 at a few m in [2S, 2S+3], and S = 16, 24 once."""
+def test_c_build_is_the_python_build(native_and_python: str) -> None:
+    """v_block.build on the path under test (the C builder, _vbuild.c, or the Python steps) and
+    with the Python steps give the same lists, both patterns, every S <= 12 at a few m in
+    [2S, 2S+3], and S = 16, 24 once; the C builder refuses a bad pattern in one line."""
     cases = [(S, m) for S in range(1, 13) for m in sorted({2 * S, 2 * S + 1 + S % 3})] + [(16, 33), (24, 48)]
     for module in MODULES.values():
         for S, m in cases:
-            before = simcore.use_native(True)
-            try:
-                in_c = v_block.build(module.pattern(S), m)
-                simcore.use_native(False)
-                in_python = v_block.build(module.pattern(S), m)
-            finally:
-                simcore.use_native(before)
-            assert len(in_c) == len(in_python) == S
-            assert all(np.array_equal(a, b) for a, b in zip(in_c, in_python, strict=True)), (module.__name__, S, m)
-    before = simcore.use_native(True)
-    try:
-        with pytest.raises(ValueError, match=r"^_simcore\.v_build: a pattern slot out of range$"):
-            simcore.v_build(np.array([[-1, 0, 1, 2]]), 2)
-    finally:
-        simcore.use_native(before)
+            here = v_block.build(module.pattern(S), m)
+            if native_and_python == "python":
+                in_python = here  # the Python steps already (20-40x slower: not run twice)
+            else:
+                with native.python_twins():
+                    in_python = v_block.build(module.pattern(S), m)
+            assert len(here) == len(in_python) == S
+            assert all(np.array_equal(a, b) for a, b in zip(here, in_python, strict=True)), (module.__name__, S, m)
+    if native_and_python == "native":
+        with pytest.raises(ValueError, match=r"^_vbuild\.build: a pattern slot out of range$"):
+            v_block._in_c(np.array([[-1, 0, 1, 2]]), 2)
+    else:
+        assert v_block._in_c(np.array([[0, 1, 2, 3]]), 2) is None  # switched off: the Python steps run
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,0 +1,48 @@
+"""The modes a user picks by name: recomputation, the tracer, the run's engine.
+
+Each is a ``str`` Enum, so it equals its text (``Recompute.NEVER == "never"``), prints as it
+(``f"{Recompute.NEVER}"`` is ``never``, ``{!r}`` ``'never'``) and is written to JSON as it: plan and profile files
+and the command line's text are the same as with plain strings.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+__all__ = ["Engine", "Recompute", "Tracer"]
+
+
+class _Mode(str, Enum):
+    """A named mode: its text everywhere (str, format, repr, JSON), so no message changes."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Recompute(_Mode):
+    """Which stages recompute their activations in the backward."""
+
+    AUTO = "auto"  # the planner chooses per stage
+    NEVER = "never"
+    ALWAYS = "always"
+
+
+class Tracer(_Mode):
+    """How a model is traced into a graph (``auto``: fx, then torch.export if fx fails)."""
+
+    AUTO = "auto"
+    FX = "fx"
+    EXPORT = "export"
+
+
+class Engine(_Mode):
+    """What runs a plan in ``autopipe run``: autopipe's executor or torch.distributed.pipelining."""
+
+    AUTOPIPE = "autopipe"
+    TORCH = "torch"
