@@ -2,6 +2,8 @@
 
 The flags are read into a :class:`ProfilingOptions` value once, checked, before any slow work
 starts; the commands pass that value on and never change their argparse Namespace.
+
+Tests: tests/cli/test_main.py.
 """
 
 from __future__ import annotations

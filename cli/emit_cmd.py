@@ -1,4 +1,7 @@
-"""``autopipe emit`` and ``autopipe merge``: parse, call :mod:`autopipe.stages.emit`, print."""
+"""``autopipe emit`` and ``autopipe merge``: parse, call :mod:`autopipe.stages.emit`, print.
+
+Tests: tests/stages/test_emit.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""``autopipe profile``, and the measured profile ``autopipe plan`` makes of a model itself."""
+"""``autopipe profile``, and the measured profile ``autopipe plan`` makes of a model itself.
+
+Tests: tests/cli/test_main.py.
+"""
 
 from __future__ import annotations
 

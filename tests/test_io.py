@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -106,9 +105,7 @@ def test_every_output_flag_is_checked_first(
         (f"{tmp_path}/{ODD}", "has bytes that are not UTF-8"),
     ]:
         argv = [a.replace("{out}", out) for a in _args(plan_file, tmp_path)[command]]
-        start = time.perf_counter()
         assert main(argv) == 2, (command, out)
-        assert time.perf_counter() - start < 10
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(f"autopipe: error: {flag} ") and why in err, (command, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written, nothing half-written

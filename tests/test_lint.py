@@ -105,7 +105,7 @@ def test_the_pragma_check_wants_a_reason() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(960)  # hang-only: a fresh clone (no .mypy_cache) on a busy 2-core machine takes minutes
 def test_mypy_strict() -> None:
-    result = subprocess.run(_tool("mypy"), cwd=ROOT, capture_output=True, text=True, timeout=280)
+    result = subprocess.run(_tool("mypy"), cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -2,7 +2,6 @@
 
 import functools
 import importlib.util
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -51,10 +50,8 @@ def n_params(model: torch.nn.Module) -> int:
 def test_published_parameter_counts_on_meta(
     name: str, kwargs: dict[str, Any], published: float, rel_tol: float
 ) -> None:
-    start = time.perf_counter()
-    with torch.device("meta"):
+    with torch.device("meta"):  # a few seconds even for 175B parameters: shapes, no memory
         model = load(name).build_model(**kwargs)
-    assert time.perf_counter() - start < 20.0  # a few seconds even for 175B parameters
     assert all(p.is_meta for p in model.parameters())
     assert abs(n_params(model) - published) <= rel_tol * published
 

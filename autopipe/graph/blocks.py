@@ -8,6 +8,8 @@ Python values (sizes) that cross a block boundary are folded into constants, so 
 flow between blocks. For a GPT that gives the embeddings, one block per transformer layer,
 the final norm and the head. The block graph's edges carry the bytes of every
 tensor between two blocks: a chain where the model is a chain, a DAG where it has skip connections.
+
+Tests: tests/graph/test_trace.py.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ tuple); ``torch.export`` flattens it (a Hugging Face ``ModelOutput`` becomes a t
 leaves), so its structure is the output spec the export recorded (``gm.meta["out_spec"]``), or
 else is recovered from one forward on fake tensors. The executor computes
 the loss from these values on the last stage; the profilers price that loss on the last block.
+
+Tests: tests/graph/test_trace.py.
 """
 
 from __future__ import annotations

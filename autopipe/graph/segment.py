@@ -4,6 +4,8 @@ The profiler runs each block alone and the splitter runs each stage alone; both 
 thing: a ``GraphModule`` that takes the values the nodes read from outside (in a fixed order)
 and returns the values the nodes make that are read outside (or are model outputs). Parameters
 and buffers (``get_attr`` nodes, leaf submodules) come along by reference.
+
+Tests: tests/costs/test_counting.py.
 """
 
 from __future__ import annotations

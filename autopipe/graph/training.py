@@ -21,6 +21,8 @@ SDPA attention) leaves a plain ``p`` in the graph. :func:`follow_training_attent
 plan's own trace, its blocks and fingerprint stay as they were). Not covered: BatchNorm's
 ``num_batches_tracked += 1`` still counts in eval mode (it changes no output unless
 ``momentum=None``).
+
+Tests: tests/graph/test_trace.py.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ model's forward). When that code raises, the user needs three things on one line
 their functions failed, their own message, and the line of *their* file where it happened --
 not a frame deep inside torch. These helpers find that frame and format the line; every caller
 that runs user code goes through them so all such messages read alike.
+
+Tests: tests/model/test_load.py.
 """
 
 from __future__ import annotations

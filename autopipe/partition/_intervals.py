@@ -8,6 +8,8 @@ quantity of :mod:`autopipe.partition.problem` depends only on i, j and the stage
 - ``in_bytes(i, j)``: tensors with src < i (or src == -1) and some consumer in [i, j),
   non-decreasing in j for a fixed i (but not monotone in i);
 - ``cut_bytes(j)``: tensors with 0 <= src < j <= max(dsts); comm_s(j) from it.
+
+Tests: tests/partition/test_chain.py.
 """
 
 from __future__ import annotations

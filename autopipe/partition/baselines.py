@@ -4,6 +4,8 @@
 - ``by-params``: contiguous stages balancing parameter counts (DeepSpeed's "parameters"
   method: the embedding and LM head throw it off, since their parameters cost little time);
 - ``greedy-time``: cut where the running time first passes each k/S share of the total.
+
+Tests: tests/partition/test_solvers.py.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ every block it reads from), prices each assignment with the same per-stage sums
 (2^S in "auto"), and keeps the lexicographic best (Z, total, recomputed stages), floats
 compared with relative tolerance EPS. When nothing fits, the smallest limit it reports is the
 minimum over all monotone assignments (not only contiguous ones). Exponential: for tests (n <= ~12, S <= 4).
+
+Tests: tests/partition/test_solvers.py.
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ Lexicographic objective by two solves: min Z; then min total subject to
 solution priced by :func:`evaluate` with the per-stage recompute rule, which also removes
 recomputation the solver left on for free. CBC runs single-threaded, so it is deterministic
 (up to the time limit).
+
+Tests: tests/partition/test_solvers.py.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ Time is ignored: this is the min-max linear-partition DP with stage memory as th
 :mod:`autopipe.partition.problem` with recomputation where the mode allows it ("auto": the
 smaller of the two; "always": recomputing; "never": not). It feeds the one-line
 :class:`~autopipe.errors.InfeasibleError` every solver raises when nothing fits.
+
+Tests: tests/partition/test_solvers.py.
 """
 
 from __future__ import annotations

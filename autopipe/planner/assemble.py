@@ -1,5 +1,8 @@
 """From the search's best candidate to a Plan: stages by name, predictions, runners-up and
-the simple splits priced under the same schedule; and the Plan's timeline simulated again."""
+the simple splits priced under the same schedule; and the Plan's timeline simulated again.
+
+Tests: tests/planner/test_search.py.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
 """After the branch and bound: local moves of a plan's cuts on the simulated objective itself,
 for decisions too large to enumerate (:func:`improve`, :func:`local_moves`), and the queue
 items the search prices a split from (:class:`Split`, :class:`LazySplit`, :func:`bounded`,
-:func:`refine`)."""
+:func:`refine`).
+
+Tests: tests/planner/test_exact.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""What a plan says each rank does: its action lists, their predicted durations, its tied weights."""
+"""What a plan says each rank does: its action lists, their predicted durations, its tied weights.
+
+Tests: tests/runtime/test_engine.py.
+"""
 
 from __future__ import annotations
 

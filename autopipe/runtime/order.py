@@ -14,6 +14,8 @@ of the plan, so every rank computes the same one. It never deadlocks: if message
 that makes ``s`` ends before the action of a that reads ``m`` starts: a posts ``s`` before it
 needs ``m``. The engine posts each pair's operations strictly in this order, receives as
 early as the order allows (so they are ready when needed), sends as soon as they are made.
+
+Tests: tests/runtime/test_engine.py.
 """
 
 from __future__ import annotations

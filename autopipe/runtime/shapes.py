@@ -7,6 +7,8 @@ flat graph once on fake tensors (``FakeTensorMode``: no memory, no compute); par
 ``requires_grad``, so the pass also says which crossing values carry a gradient back. A graph
 that cannot run on fake tensors (data-dependent leaf modules) is run once for real, with its
 buffers restored afterwards.
+
+Tests: tests/runtime/test_engine.py.
 """
 
 from __future__ import annotations

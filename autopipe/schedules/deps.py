@@ -9,6 +9,8 @@ For virtual stages ``0 .. n-1`` (``n = S * v``) and one micro-batch:
 
 Each rank runs its list strictly in order; a rank whose next action waits on an action that
 never runs (another rank is stuck too, or it is not in the schedule) is deadlocked.
+
+Tests: tests/schedules/test_schedules.py.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ stage times the bubble is ``(S-1) / (m+S-1)`` of the iteration (``S`` devices). 
     rank 2 | .   .   2F0 2F1 2B0 2B0 2B1 2B1 .   .   .   .
 
 Only ``virtual == 1`` (one stage per rank); torch.distributed.pipelining's ``ScheduleGPipe``.
+
+Tests: tests/schedules/test_schedules.py.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ The planner budgets ``min(w_r + 1, v*m) / v`` micro-batches of activations per c
 ``r`` (``w_r`` its warm-up forwards; ``v*m`` on every rank when ``m == S``, which runs every
 forward first) against a limit of ``M / v`` per chunk.
 torch.distributed.pipelining's ``ScheduleInterleaved1F1B``.
+
+Tests: tests/schedules/test_schedules.py.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ remaining ``k`` backwards (cool-down). A stage therefore holds the activations o
 
 Only ``virtual == 1``; see ``interleaved.py`` for virtual stages. torch.distributed.pipelining's
 ``Schedule1F1B``.
+
+Tests: tests/schedules/test_schedules.py.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ a chunk holds, its textbook bubble, whether it splits the backward, its
 
 Words: ``devices`` is the pipeline's device (rank) count ``S``; ``virtual`` the chunks per
 device ``v``; a *chunk* (virtual stage) ``j`` is in ``[0, S * v)``; ``micro_batches`` is ``m``.
+
+Tests: tests/schedules/test_registry.py.
 """
 
 from __future__ import annotations

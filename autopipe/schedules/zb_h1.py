@@ -24,6 +24,8 @@ Only ``virtual == 1``. The planner budgets ``min(m, S)`` micro-batches of activa
 every stage (W keeps inputs alive past B; conservative). torch.distributed.pipelining runs it
 as ``ScheduleInterleavedZeroBubble`` (torch's ZB schedule; with one stage per rank it is
 ZB-H1-like).
+
+Tests: tests/schedules/test_schedules.py.
 """
 
 from __future__ import annotations

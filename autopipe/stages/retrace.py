@@ -17,6 +17,8 @@ symbolic trace fails or groups differently, the static trace is used and the not
 fx traces are returned unchanged: their code computes sizes from its inputs already.
 A micro-batch of one sample would pin the batch size (torch.export specialises sizes 0 and
 1), so such inputs are traced doubled along dim 0 and shapes reported at the plan's size.
+
+Tests: tests/stages/test_emit.py.
 """
 
 from __future__ import annotations

@@ -19,10 +19,13 @@ with ``repr``: a plan is data, and importing a stage never runs text from it.
 
 from __future__ import annotations
 
+import ast
 import builtins
 import importlib
-import re
+import io
+import itertools
 import sys
+import tokenize
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +45,7 @@ _KNOWN_GLOBALS = {
     "device": "from torch import device",
     "fx_pytree": "import torch.fx._pytree as fx_pytree",
     "pytree": "import torch.utils._pytree as pytree",
-}
+}  # each line an import or an assignment (written after the imports)
 _INDENT = "    "
 
 
@@ -62,14 +65,11 @@ def stage_source(module: torch.fx.GraphModule, class_name: str, docstring: str, 
     ties: dict[str, str] = {}
     seen: dict[int, str] = {}
     _walk(module, "", init, tensors, ties, seen)
-    forward = module.code.strip("\n")
-    imports = _imports(module, forward)
+    forward = _one_statement_a_line(module.code.strip("\n"))
     parts = [
         docstring_literal(docstring.strip() + "\n"),
         "",
-        "import os",
-        "",
-        *imports,
+        *_import_block(_imports(module, forward)),
         "",
         f"WEIGHTS = {weights_file!r}  # next to this file; None: emitted without weights",
         f"TIES = {ties!r}  # alias -> name: one tensor reached under both names",
@@ -180,18 +180,77 @@ def _same_module(a: nn.Module, b: nn.Module) -> bool:
     return True
 
 
+def _one_statement_a_line(code: str) -> str:
+    """``code`` with each ``a; b`` line (fx frees values as ``y = f(x);  x = None``) written as
+    two lines at the same indent, so the emitted file passes a linter as it is."""
+    cuts: dict[int, list[int]] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+        if tok.type == tokenize.OP and tok.string == ";":
+            cuts.setdefault(tok.start[0], []).append(tok.start[1])
+    lines = code.split("\n")
+    out: list[str] = []
+    for row, line in enumerate(lines, start=1):
+        if row not in cuts:
+            out.append(line)
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        bounds = [0, *cuts[row], len(line)]
+        pieces = [line[a + (a > 0) : b].strip() for a, b in itertools.pairwise(bounds)]
+        out.extend(indent + piece for piece in pieces if piece)
+    return "\n".join(out)
+
+
+def _import_block(lines: list[str]) -> list[str]:
+    """``import os`` and ``lines`` in the order isort (ruff's ``I``) keeps: the standard library,
+    then torch, each ``import x`` before ``from x import a, b`` (one line per module); then the
+    assignments among ``lines``."""
+    straight: set[str] = set()
+    froms: dict[str, set[str]] = {}
+    for line in ["import os", *lines]:
+        if line.startswith("from "):
+            mod, names = line[len("from ") :].split(" import ", 1)
+            froms.setdefault(mod, set()).add(names)
+        elif line.startswith("import "):
+            straight.add(line)
+    block: list[str] = []
+    for stdlib in (True, False):
+        section = sorted((x for x in straight if _is_stdlib(x.split()[1]) == stdlib), key=str.lower) + [
+            f"from {mod} import {', '.join(sorted(names, key=_isort_name))}"
+            for mod, names in sorted(froms.items(), key=lambda kv: kv[0].lower())
+            if _is_stdlib(mod) == stdlib
+        ]
+        block += ([""] if block and section else []) + section
+    assignments = sorted({line for line in lines if not line.startswith(("import ", "from "))})
+    return block + (["", *assignments] if assignments else [])
+
+
+def _is_stdlib(module: str) -> bool:
+    return module.split(".")[0] in sys.stdlib_module_names
+
+
+def _isort_name(name: str) -> tuple[int, str, str]:
+    """isort's order of the names in one ``from`` import: CONSTANTS, Classes, then the rest."""
+    return (0 if name.isupper() else 1 if name[0].isupper() else 2, name.lower(), name)
+
+
+def _names_used(code: str) -> set[str]:
+    """The names ``code`` reads (not keyword arguments or attributes that share a name)."""
+    return {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
+
+
 def _imports(module: torch.fx.GraphModule, code: str) -> list[str]:
     lines = ["import torch"]
+    used = _names_used(code)
     for name, obj in module.graph.python_code("self").globals.items():
-        if name == "torch" or not re.search(rf"\b{re.escape(name)}\b", code):
+        if name == "torch" or name not in used:
             continue
         if name in _KNOWN_GLOBALS:
             lines.append(_KNOWN_GLOBALS[name])
         elif getattr(builtins, name, None) is obj:
             continue
         else:
-            lines.append(_import_line(name, obj))
-    return sorted(set(lines), key=lambda s: (not s.startswith("import "), s))
+            lines.extend(_import_line(name, obj).split("\n"))
+    return lines
 
 
 def _import_line(name: str, obj: Any) -> str:
@@ -212,7 +271,7 @@ def _import_line(name: str, obj: Any) -> str:
         raise EmitError(f"the stage's code calls {name}, which cannot be imported as {mod}.{qual}; plan with --tracer export")
     if "." not in qual:
         return f"from {mod} import {qual}" + ("" if qual == name else f" as {name}")
-    return f"import {mod}; {name} = {mod}.{qual}"
+    return f"import {mod}\n{name} = {mod}.{qual}"
 
 
 _HELPERS = '''

@@ -9,6 +9,8 @@ Parameters shared between stages (a tied embedding and LM head) appear in each s
 uses them; each process keeps its own copy, so the executor sums their gradients across the
 stages that hold them before every optimizer step (``Split.shared_params``), which keeps the
 copies identical — the same result as one shared parameter in the unsplit model.
+
+Tests: tests/stages/test_emit.py.
 """
 
 from __future__ import annotations

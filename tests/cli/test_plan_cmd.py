@@ -7,7 +7,6 @@ import copy
 import dataclasses
 import io
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -199,30 +198,30 @@ def test_api_plan_matches_the_profile_it_was_given(profiles: dict[str, Path]) ->
 # ----------------------------------------------------------------------------- sizes, bad plan files
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str, float]:
-    start = time.perf_counter()
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
-    elapsed = time.perf_counter() - start
     captured = capsys.readouterr()
-    return code, captured.out, captured.err, elapsed
+    return code, captured.out, captured.err
 
 
-def test_huge_batches_answer_in_seconds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.timeout(120)  # a search over 2**31 micro-batch counts would not end; the answers take seconds
+def test_huge_batches_get_a_one_line_answer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     profile = tmp_path / "profile.json"
     chain().save(profile)
     base = ["plan", "--profile", str(profile), "--stages", "2", "-o", str(tmp_path / "p.json")]
     for batch in (2**31, 10**15, 2**53, 10**29):  # the last two: beyond float precision
-        code, _, err, elapsed = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(batch))
-        assert code == 2 and elapsed < 10
+        code, _, err = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(batch))
+        assert code == 2
         if batch == 2**31:  # the largest batch autopipe plans: searched, and a plan that does not fit
             assert err.startswith("autopipe: error: no plan of 4 blocks on 2 devices fits 1.0 GiB per device; the smallest limit") and err.count("\n") == 1
         else:  # beyond it: refused before any search (a plan that large would not load back)
             assert err == f"autopipe: error: --batch-size {batch} is more than autopipe plans (at most 2147483648 = 2**31 samples per pipeline); use a smaller batch\n"
-    code, _, err, elapsed = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(2**31), "--micro-batches", str(2**31))
-    assert code == 2 and elapsed < 10
+    code, _, err = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(2**31), "--micro-batches", str(2**31))
+    assert code == 2
     assert err == f"autopipe: error: --micro-batches {2**31} is more than autopipe plans (at most 65536 = 2**16); use fewer\n"
 
 
+@pytest.mark.timeout(120)  # hang-only: 2,048 micro-batches, drawn in seconds
 def test_show_of_a_long_plan_draws_its_ends_and_elides_the_middle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     profile, plan_path = tmp_path / "profile.json", tmp_path / "plan.json"
     chain().save(profile)
@@ -232,8 +231,8 @@ def test_show_of_a_long_plan_draws_its_ends_and_elides_the_middle(tmp_path: Path
     big = tmp_path / "big.json"
     big.write_text(json.dumps(raw))
     capsys.readouterr()
-    code, out, err, elapsed = _run(capsys, "show", str(big), "--timeline", str(tmp_path / "t.png"))
-    assert code == 0 and elapsed < 10, err
+    code, out, err = _run(capsys, "show", str(big), "--timeline", str(tmp_path / "t.png"))
+    assert code == 0, err
     rows = [line for line in out.splitlines() if line.startswith("device ")]
     assert [r.split(" │")[0] for r in rows] == ["device 0", "device 1"] and all(r.count("┊") == 2 for r in rows)
     assert "actions elided: warm-up, one steady-state window and cool-down shown" in out
@@ -241,8 +240,8 @@ def test_show_of_a_long_plan_draws_its_ends_and_elides_the_middle(tmp_path: Path
     assert set(rows[0].split("│")[1]) <= {"F", "B", "·", "┊"} and "F" in rows[0] and "B" in rows[0]
     with Image.open(tmp_path / "t.png") as image:
         assert max(image.size) <= 3000
-    code, out, err, elapsed = _run(capsys, "show", str(big), "--json")
-    assert (code, err) == (0, "") and json.loads(out)["micro_batches"] == 2048 and elapsed < 10
+    code, out, err = _run(capsys, "show", str(big), "--json")
+    assert (code, err) == (0, "") and json.loads(out)["micro_batches"] == 2048
 
 
 @pytest.mark.parametrize(
@@ -279,7 +278,7 @@ def test_a_hand_edited_profile_is_checked_against_the_model(profiles: dict[str, 
     edited = tmp_path / "edited.json"
     edited.write_text(json.dumps(raw))
     n = len(raw["blocks"])
-    code, _, err, _ = _run(capsys, "plan", str(MODELS / "mlp.py"), "--profile", str(edited), "--stages", "2", "-o", str(tmp_path / "p.json"))
+    code, _, err = _run(capsys, "plan", str(MODELS / "mlp.py"), "--profile", str(edited), "--stages", "2", "-o", str(tmp_path / "p.json"))
     assert (code, err) == (
         2,
         f"autopipe: error: {edited} has {n} blocks, the model traces into {n - 1}: block {n - 1} 'extra' is not in the model; "

@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from autopipe.model.load import load_model
 from autopipe.model.meta import SkipMetaFills
 from tests.helpers import MODELS
 
 torch.set_num_threads(1)
+
+
+class _Filled(TorchDispatchMode):
+    """Counts the in-place fills (``normal_``, ``uniform_``, ``fill_``, ``zero_``, ...) that reach an
+    operator, whatever called them."""
+
+    FILLS = ("normal_", "uniform_", "fill_", "zero_", "bernoulli_", "exponential_", "random_", "copy_")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+        self.count += func.__name__.split(".")[0] in self.FILLS
+        return func(*args, **(kwargs or {}))
 
 
 class _Seen(TorchFunctionMode):
@@ -53,6 +68,10 @@ def test_meta_build_matches_a_real_build_and_is_quick() -> None:
     shapes = {n: (p.shape, p.dtype) for n, p in real.model.named_parameters()}
     assert {n: (p.shape, p.dtype) for n, p in meta.model.named_parameters()} == shapes
     assert all(p.is_meta for p in meta.model.parameters())
-    start = time.process_time()
-    load_model(str(MODELS / "gpt.py"), {"preset": "gpt3-175b", "n_layer": 8}, device="meta")
-    assert time.process_time() - start < 0.4  # 0.07 s here; ~1 s with the fills run (8 layers 12,288 wide)
+    big = {"preset": "gpt3-175b", "n_layer": 8}  # 8 layers 12,288 wide: ~1 s of fills if they ran
+    with _Filled() as filled:
+        load_model(str(MODELS / "gpt.py"), big, device="meta")
+    assert filled.count == 0  # not one initialiser reached an operator
+    with _Filled() as unskipped, torch.device("meta"):
+        load_model(str(MODELS / "gpt.py"), big)  # the same build, its fills not skipped
+    assert unskipped.count > 0  # so the count above sees fills when they run

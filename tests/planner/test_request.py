@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from autopipe.planner.request import MAX_MICRO_BATCHES, divisors
@@ -16,11 +14,10 @@ def test_divisors_are_bounded_and_right() -> None:
     assert divisors(2**61 - 1) == [1]  # a prime: only 1 is a micro-batch count that divides it
 
 
+@pytest.mark.timeout(60)  # counting up to n would never end; to MAX_MICRO_BATCHES, well under a second
 @pytest.mark.parametrize("n", [10**18, 2**61 - 1, 10**15 + 37])
-def test_divisors_of_huge_numbers_take_no_time(n: int) -> None:
-    start = time.perf_counter()
+def test_divisors_of_huge_numbers_stop_at_the_largest_micro_batch_count(n: int) -> None:
     ds = divisors(n)
-    assert time.perf_counter() - start < 1.0
     assert ds == [d for d in range(1, MAX_MICRO_BATCHES + 1) if n % d == 0]
     assert all(d <= MAX_MICRO_BATCHES for d in ds)
 

@@ -205,18 +205,14 @@ def test_svg_too(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_plan_of_64_devices_and_1536_micro_batches_is_drawn_in_seconds(tmp_path: Path) -> None:
-    """The README's GPT-3 shape through the CLI: every device's row there, the picture bounded."""
-    import time
-
+def test_a_plan_of_64_devices_and_1536_micro_batches_is_drawn_with_every_row(tmp_path: Path) -> None:
+    """The README's GPT-3 shape through the CLI: every device's row there, the picture bounded.
+    How long it takes: bench/bench_timeline.py."""
     from autopipe.cli.main import main
 
     plan = synthetic_plan(64, 1536, "zb-h1", recompute=tuple(range(32)))
     plan.save(tmp_path / "g3.json")
-    began = time.perf_counter()
     assert main(["show", str(tmp_path / "g3.json"), "--timeline", str(tmp_path / "t.png")]) == 0
-    elapsed = time.perf_counter() - began
-    assert elapsed < 30, elapsed  # about 6 s on one free core; 10 s is the goal, this a loaded machine's margin
     image = imread(str(tmp_path / "t.png"))
     assert max(image.shape[:2]) <= 3000
     timeline = plan_timeline(plan)

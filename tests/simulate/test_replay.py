@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
@@ -55,14 +54,12 @@ def test_replay_refuses_a_deadlock_and_an_incomplete_schedule() -> None:
 
 
 @pytest.mark.slow
-def test_replay_of_64_devices_by_1536_micro_batches_is_quick() -> None:
+def test_replay_of_64_devices_by_1536_micro_batches_agrees_with_the_fast_path() -> None:
     """ZB-H1 at the README's GPT-3 size: 294,912 actions (simulate takes about 20 s); the
-    planner's own fast path (simulate_summary) agrees."""
+    planner's own fast path (simulate_summary) agrees. How long replay takes: bench/bench_timeline.py."""
     schedule = schedule_spec("zb-h1").create_schedule(64, 1536, 1)  # trusted: no grid check
     costs = [StageCost(1.0, 2.0, 1.0, 1.0, 1.0)] * 64
-    began = time.perf_counter()
     t = replay(schedule, costs, [0.01] * 63, devices=64)
-    assert time.perf_counter() - began < 8  # about 1.5 s alone on one core
     assert len(t.actions) == 64 * 1536 * 3
     summary = simulate_summary(compile_schedule(schedule, 64), costs, [0.01] * 63)
     assert (t.iteration_s, t.peak_memory_bytes) == (summary.iteration_s, summary.peak_memory_bytes)

@@ -122,6 +122,19 @@ def test_merge_is_bit_for_bit(emitted: dict[str, tuple[Path, object]]) -> None:
             assert merged[key].dtype == value.dtype and torch.equal(merged[key], value), (name, key)
 
 
+@pytest.mark.slow
+def test_emitted_source_passes_ruff_with_the_repositorys_settings(emitted: dict[str, tuple[Path, object]]) -> None:
+    ruff = Path(sys.executable).parent / "ruff"
+    if not ruff.exists():
+        pytest.skip("ruff is not installed (pip install -e '.[dev]')")
+    root = Path(__file__).resolve().parents[2]
+    folders = sorted({str(folder) for folder, _ in emitted.values()})
+    result = subprocess.run([str(ruff), "check", "--config", str(root / "pyproject.toml"), "--no-cache", *folders],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0 and "All checks passed!" in result.stdout, result.stdout + result.stderr
+    assert sum(1 for f in folders for _ in Path(f).glob("*/stage.py")) >= 2 * len(CASES)  # every stage was linted
+
+
 def test_manifest_routing_tied_and_skip(tmp_path: Path) -> None:
     gpt = emit(even_plan("gpt.py", stages=3), tmp_path / "gpt")
     shared = [t for s in gpt["stages"] for t in s["tensors"] if t["shared"]]

@@ -18,6 +18,7 @@ from autopipe.cli.main import main
 from autopipe.errors import EmitError
 from autopipe.stages.emit import emit
 from autopipe.stages.merge import merge_state_dict
+from autopipe.stages.rebuild import rebuild_model
 from tests.helpers import even_plan
 
 
@@ -59,9 +60,13 @@ class _Payload:
         return (exec, (f"open({str(self.marker)!r}, 'w').write('ran')",))
 
 
-def test_the_copy_merges(stages: Path) -> None:
+def test_the_copy_merges_bit_for_bit(stages: Path) -> None:
     merged = merge_state_dict(stages)
-    assert merged and all(isinstance(t, torch.Tensor) for t in merged.values())
+    original = rebuild_model(even_plan("mlp.py")).model.state_dict()  # the model emit was given: same seed
+    assert original and list(merged) == list(original)  # the same keys, in the model's order
+    for key, value in original.items():
+        assert isinstance(merged[key], torch.Tensor) and merged[key].dtype == value.dtype, key
+        assert merged[key].shape == value.shape and torch.equal(merged[key], value), key
 
 
 @pytest.mark.parametrize("name", ["../elsewhere/other.pt", "/etc/passwd", "stage0/../../x.pt"])

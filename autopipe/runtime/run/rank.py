@@ -17,6 +17,8 @@ is stuck in the last step: it fails naming the peer it waited for. A rank starte
 run`` (``AUTOPIPE_LAUNCHER_PID`` set) dies with its launcher: SIGKILL when the parent dies
 (Linux ``PR_SET_PDEATHSIG``), and everywhere an exit when its standard input, a pipe only the
 launcher holds, closes.
+
+Tests: tests/runtime/run/test_launch.py.
 """
 
 from __future__ import annotations

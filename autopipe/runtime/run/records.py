@@ -3,6 +3,8 @@
 A bench reads these directly: per rank, per step, every action's start and end (seconds from
 the rank's iteration start, which follows a barrier), the iteration's makespan and its full
 step time (gradient sync and optimizer step included), the loss, and peak memory.
+
+Tests: tests/runtime/run/test_report.py.
 """
 
 from __future__ import annotations

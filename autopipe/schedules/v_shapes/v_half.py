@@ -28,6 +28,8 @@ a bubble of about ``S / (2m)``, the paper's V-Half rate. Needs ``m >= 2S``.
 
 Registered and searched; torch.distributed.pipelining has no class
 for it: run it with autopipe's executor.
+
+Tests: tests/schedules/v_shapes/test_v_block.py.
 """
 
 from __future__ import annotations

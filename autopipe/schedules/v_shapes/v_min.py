@@ -30,6 +30,8 @@ third of its memory. Needs ``m >= 2S``.
 
 Registered and searched; torch.distributed.pipelining has no class
 for it: run it with autopipe's executor.
+
+Tests: tests/schedules/v_shapes/test_v_block.py.
 """
 
 from __future__ import annotations

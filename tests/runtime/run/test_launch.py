@@ -139,13 +139,10 @@ def test_a_failing_rank_ends_the_run_naming_it(
     plan = even_plan(FAULTY, stages=2, micro_batches=4, leaf_modules=("Bomb",))
     plan.save(tmp_path / "plan.json")
     monkeypatch.setenv("AUTOPIPE_TEST_FAULT", fault)
-    start = time.monotonic()
-    code = main(["run", str(tmp_path / "plan.json"), "--steps", "3", "--timeout", "3"])
-    elapsed = time.monotonic() - start
+    code = main(["run", str(tmp_path / "plan.json"), "--steps", "3", "--timeout", "3"])  # a hang: the test's timeout
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1
     assert err[-1].startswith(f"autopipe: error: {message}")
-    assert elapsed < 40  # process start-up (importing torch) plus far less than a hang
 
 
 @pytest.mark.slow
@@ -217,32 +214,28 @@ def _slow_plan(tmp_path: Path) -> Path:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_rank_hung_in_the_last_backward_ends_the_run(tmp_path: Path) -> None:
     plan, hung = _slow_plan(tmp_path), tmp_path / "hung"
-    start = time.monotonic()
     # rank 0 sleeps in its 8th backward: the last of step 2 (4 micro-batches per step); rank 1
     # has nothing left to receive from it and finishes
     proc = _autopipe_run([str(plan), "--steps", "2", "--timeout", "10"],
                          AUTOPIPE_TEST_SLOW_BACKWARD="0:8", AUTOPIPE_TEST_SLOW_BACKWARD_FILE=str(hung))  # fmt: skip
     ranks: set[int] = set()
-    hung_at = None
+    saw_hang = False
     try:
-        while proc.poll() is None and time.monotonic() - start < 120:
+        deadline = time.monotonic() + 240  # only a hang gets near it (15-20 s on an idle 2-core machine)
+        while proc.poll() is None and time.monotonic() < deadline:
             ranks.update(_children(proc.pid))
-            if hung_at is None and hung.exists():
-                hung_at = time.monotonic()
+            saw_hang = saw_hang or hung.exists()
             time.sleep(0.1)
+        ended_by_itself = proc.poll() is not None
     finally:
         proc.kill()
-    ended = time.monotonic()
     err = proc.communicate()[1].strip().splitlines()
+    assert ended_by_itself, "autopipe run still running 240 s after it started: the hung rank was not noticed"
     assert proc.returncode == 1, err
     assert err[-1].startswith(
         "autopipe: error: rank 0 failed: it stopped responding (rank 1 gave up on it: "
     )  # rank 1 gives up in the step's loss broadcast or in the end-of-run barrier
-    assert hung_at is not None and len(ranks) == 2
-    # the timeout after the hang, plus a few seconds; the whole run, process start-up included,
-    # takes 15-20 s on an idle 2-core machine (30 s is the bound of the issue; 60 s under load)
-    assert ended - hung_at < 10 + 6
-    assert ended - start < 60
+    assert saw_hang and len(ranks) == 2
     assert not [r for r in ranks if _alive(r)]
 
 
@@ -257,22 +250,26 @@ def test_the_launcher_stops_waiting_for_a_rank_once_another_finished(tmp_path: P
     assert str(info.value) == (
         "rank 1 failed: it stopped responding (rank 0 finished 0.5s before and rank 1 has not finished since)"
     )
-    assert info.value.rank == 1 and 0.5 <= time.monotonic() - start < 5
+    # it waited late_s, and not for the 60 s sleep (a lower bound: a busy machine only adds time)
+    assert info.value.rank == 1 and 0.5 <= time.monotonic() - start < 30
     assert procs[1].returncode == -signal.SIGKILL
 
 
-def test_launch_checks_its_options_against_the_plan_before_any_rank_starts(tmp_path: Path) -> None:
+def _no_rank(*args: object, **kwargs: object) -> None:
+    raise AssertionError("a rank was started")
+
+
+def test_launch_checks_its_options_against_the_plan_before_any_rank_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = cached_plan("skip", 2, "1f1b")
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "meta.json").write_text(json.dumps({"fingerprint": "0123", "step": 3, "stages": 2}))
-    start = time.monotonic()
+    monkeypatch.setattr(subprocess, "Popen", _no_rank)
     with pytest.raises(RunOptionError) as info:
         launch(plan, RunOptions(resume=str(tmp_path / "ck")))
     assert str(info.value) == (
         f"--resume {str(tmp_path / 'ck')!r}: the checkpoint was saved with another plan (model fingerprint 0123, "
         f"2 stages; this plan: {plan.recipe.fingerprint}, 2 stages); resume with the plan it was saved with"
     )
-    assert time.monotonic() - start < 1.5  # no rank was started (that takes seconds)
     with pytest.raises(RunOptionError, match=r"^--lr must be a finite number >= 0, like 1e-3 \(got nan\)$"):
         launch(plan, RunOptions(lr=float("nan")))
 
@@ -291,8 +288,8 @@ def test_killing_the_launcher_kills_the_ranks(sig: signal.Signals, tmp_path: Pat
         time.sleep(1)
         assert all(_alive(r) for r in ranks)
         proc.send_signal(sig)
-        assert proc.wait(timeout=10) == -sig  # SIGTERM: the ranks killed, then the default action
-        deadline = time.monotonic() + 10
+        assert proc.wait(timeout=60) == -sig  # SIGTERM: the ranks killed, then the default action
+        deadline = time.monotonic() + 60  # hang-only: a busy machine can take seconds to reap
         while any(_alive(r) for r in ranks) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [r for r in ranks if _alive(r)]
@@ -370,7 +367,7 @@ def test_a_launched_rank_dies_with_its_parent_even_while_its_stdin_stays_open(tm
         rank = _ranks_up(parent.pid, 1)
         parent.kill()
         parent.wait()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # hang-only: the rank notices within a second or two
         while _alive(rank[0]) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _alive(rank[0])
