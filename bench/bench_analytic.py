@@ -88,10 +88,14 @@ def run(name: str, kwargs: dict[str, object], device: str, gpus: int, batch: int
     counts = count_model(loaded, micro_batch_sizes=(1, 2), dtype="bf16", shallow=True)
     profile = profile_from_counts(counts, spec)
     t_count = clock.lap()
-    print(f"\n{name}: {params / 1e9:.1f} B parameters, {profile.num_blocks} blocks; {gpus} x {spec.description}, bf16, batch {batch}")
+    print(
+        f"\n{name}: {params / 1e9:.1f} B parameters, {profile.num_blocks} blocks; {gpus} x {spec.description}, bf16, batch {batch}"
+    )
     print(f"  build on meta + trace + count + price: {t_count[0]:.2f} s wall, {t_count[1]:.2f} s CPU")
     cluster = Cluster.of(spec, gpus)
-    cases = [("3D search (t x S x D)", False, True)] + ([("t = 1 only (S x D), plain Adam", False, False), ("t = 1 only, ZeRO-1", True, False)] if today else [])
+    cases = [("3D search (t x S x D)", False, True)] + (
+        [("t = 1 only (S x D), plain Adam", False, False), ("t = 1 only, ZeRO-1", True, False)] if today else []
+    )
     for label, zero1, with_tensor in cases:
         request = ParallelRequest(cluster, batch, memory, bytes_per_param=BYTES_PER_PARAM, shard_optimizer=zero1)
         clock.lap()
@@ -116,7 +120,9 @@ def run(name: str, kwargs: dict[str, object], device: str, gpus: int, batch: int
             f"within the limit: {'yes' if ok else 'NO'}; {result.pruned} splits pruned (their bound, or their search against the runner-up)"
         )
         if with_tensor:
-            print(f"  end to end (build, count, 3D plan): {t_count[0] + t_plan[0]:.2f} s wall, {t_count[1] + t_plan[1]:.2f} s CPU")
+            print(
+                f"  end to end (build, count, 3D plan): {t_count[0] + t_plan[0]:.2f} s wall, {t_count[1] + t_plan[1]:.2f} s CPU"
+            )
 
 
 def main() -> int:
@@ -127,8 +133,12 @@ def main() -> int:
     else:
         run("GPT-3 175B", GPT3, "h100", 64, 1536, 80e9, today=True)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(f"\npeak resident memory {rss:.2f} GiB; total {time.perf_counter() - T0:.2f} s wall, {time.process_time() - C0:.2f} s CPU")
-    print(f"machine: {platform.machine()} {platform.processor() or ''}, 1 of {os.cpu_count()} cores, Python {sys.version.split()[0]}, torch {torch.__version__}")
+    print(
+        f"\npeak resident memory {rss:.2f} GiB; total {time.perf_counter() - T0:.2f} s wall, {time.process_time() - C0:.2f} s CPU"
+    )
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''}, 1 of {os.cpu_count()} cores, Python {sys.version.split()[0]}, torch {torch.__version__}"
+    )
     return 0
 
 

@@ -64,8 +64,10 @@ def main() -> None:
     cal = calibrate(measured)
     spec = cal.spec
     print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread")
-    print(f"fitted: compute {spec.compute_efficiency:.3f}, memory {spec.memory_efficiency:.3f}, "
-          f"overhead {spec.op_overhead_s * 1e6:.1f} us per op; median error {cal.median_error:.1%}, max {cal.max_error:.1%}")  # fmt: skip
+    print(
+        f"fitted: compute {spec.compute_efficiency:.3f}, memory {spec.memory_efficiency:.3f}, "
+        f"overhead {spec.op_overhead_s * 1e6:.1f} us per op; median error {cal.median_error:.1%}, max {cal.max_error:.1%}"
+    )
     analytic = analytic_profile(load_model(GPT, {}, device="meta"), spec, micro_batch_sizes=SIZES)
     biggest = max(b.forward_s(8) for b in measured.blocks)
     print(f"{'block':<12} {'u':>2} {'forward ms':>22} {'backward ms':>22}")
@@ -74,7 +76,9 @@ def main() -> None:
             continue
         for u in SIZES:
             fwd = f"{a.forward_s(u) * 1e3:.2f} / {m.forward_s(u) * 1e3:.2f} ({a.forward_s(u) / m.forward_s(u):.2f}x)"
-            bwd = f"{a.backward_s(u) * 1e3:.2f} / {m.backward_s(u) * 1e3:.2f} ({a.backward_s(u) / m.backward_s(u):.2f}x)"
+            bwd = (
+                f"{a.backward_s(u) * 1e3:.2f} / {m.backward_s(u) * 1e3:.2f} ({a.backward_s(u) / m.backward_s(u):.2f}x)"
+            )
             print(f"{a.name:<12} {u:>2} {fwd:>22} {bwd:>22}")
     print("(analytic / measured)")
 

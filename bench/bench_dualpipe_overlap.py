@@ -86,15 +86,18 @@ def report(plan_path: Path, ranks: list[dict[str, object]]) -> None:
         alone = med.get(key)
         shown = f"{alone:>9.2f} {p / alone:>6.2f}" if alone else f"{'-':>9} {'-':>6}"
         print(f"  {key[0]:>5} {key[1]:>4} {p:>13.2f} {shown}")
+
     def alone(a: str) -> float:
         act = Action.parse(a)
         assert act is not None
         return med[act.stage, act.kind.value]
 
     ratios = [t * 1e3 / (alone(f) + alone(b)) for f, b, t in pairs]
-    print(f"  pairs: {len(pairs)} timed; a pair's F+B compute / (lone F + lone B of the same chunks): "
-          f"median {statistics.median(ratios):.2f} (quartiles {statistics.quantiles(ratios, n=4)[0]:.2f}, "
-          f"{statistics.quantiles(ratios, n=4)[2]:.2f})")  # fmt: skip
+    print(
+        f"  pairs: {len(pairs)} timed; a pair's F+B compute / (lone F + lone B of the same chunks): "
+        f"median {statistics.median(ratios):.2f} (quartiles {statistics.quantiles(ratios, n=4)[0]:.2f}, "
+        f"{statistics.quantiles(ratios, n=4)[2]:.2f})"
+    )
 
 
 def main() -> None:

@@ -79,8 +79,15 @@ def main() -> None:
     port = free_port()
     procs = []
     for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # fmt: skip
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(ROOT),
+        }
         cmd = [sys.executable, __file__, "--worker", "--backend", args.backend]
         procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT))
     codes = [p.wait(timeout=300) for p in procs]

@@ -68,7 +68,14 @@ def tflops(plan: object, gpus: int) -> tuple[float, float]:
 
 def plan_row(name: str, spec: DeviceSpec, free: bool) -> dict[str, float]:
     heads, hidden, layers, t, p, gpus, batch, _published = ROWS[name]
-    kwargs = {"preset": "gpt3-175b", "n_layer": layers, "n_embd": hidden, "n_head": heads, "vocab_size": 51200, "block_size": 2048}
+    kwargs = {
+        "preset": "gpt3-175b",
+        "n_layer": layers,
+        "n_embd": hidden,
+        "n_head": heads,
+        "vocab_size": 51200,
+        "block_size": 2048,
+    }
     loaded = load_model(str(ROOT / "models" / "gpt.py"), kwargs, device="meta")
     counts = count_model(loaded, micro_batch_sizes=(1, 2), dtype="bf16", shallow=True)
     profile = profile_from_counts(counts, spec)
@@ -76,15 +83,34 @@ def plan_row(name: str, spec: DeviceSpec, free: bool) -> dict[str, float]:
     request = ParallelRequest(cluster, batch, spec.memory_bytes)
     options = tensor_options(counts, spec, cluster, sequence_parallel=False)
     pinned = min(  # the schedules Megatron-LM runs (interleaving needs p > 1)
-        (plan_parallel(profile, replace(request, tensor_parallel=t, stages=p, choices=Choices(schedule=s, recompute=Recompute.ALWAYS)), tensor=options).plan
-         for s in MEGATRON_SCHEDULES if p > 1 or s == "1f1b"),
+        (
+            plan_parallel(
+                profile,
+                replace(request, tensor_parallel=t, stages=p, choices=Choices(schedule=s, recompute=Recompute.ALWAYS)),
+                tensor=options,
+            ).plan
+            for s in MEGATRON_SCHEDULES
+            if p > 1 or s == "1f1b"
+        ),
         key=lambda plan: plan.step_time_s,
     )
-    out = {"pinned_step": pinned.step_time_s, "pinned_hw": tflops(pinned, gpus)[1], "pinned_model": tflops(pinned, gpus)[0]}
+    out = {
+        "pinned_step": pinned.step_time_s,
+        "pinned_hw": tflops(pinned, gpus)[1],
+        "pinned_model": tflops(pinned, gpus)[0],
+    }
     if free:
-        best = plan_parallel(profile, request, tensor=tensor_options(counts, spec, cluster, sequence_parallel=True)).plan
-        out |= {"free_step": best.step_time_s, "free_model": tflops(best, gpus)[0], "free_t": best.tensor_parallel,
-                "free_p": best.devices, "free_d": best.data_parallel, "free_recompute": sum(s.recompute for s in best.stages)}  # fmt: skip
+        best = plan_parallel(
+            profile, request, tensor=tensor_options(counts, spec, cluster, sequence_parallel=True)
+        ).plan
+        out |= {
+            "free_step": best.step_time_s,
+            "free_model": tflops(best, gpus)[0],
+            "free_t": best.tensor_parallel,
+            "free_p": best.devices,
+            "free_d": best.data_parallel,
+            "free_recompute": sum(s.recompute for s in best.stages),
+        }
     return out
 
 
@@ -101,8 +127,12 @@ def main() -> int:
     cal = plan_row(args.calibrate_on, spec, free=False)
     published = ROWS[args.calibrate_on][-1]
     spec = replace(spec, compute_efficiency=min(1.0, spec.compute_efficiency * published / cal["pinned_hw"]))
-    print(f"calibrated on {args.calibrate_on}: {cal['pinned_hw']:.0f} -> compute efficiency {spec.compute_efficiency:.3f} (one step)")
-    print("| model | t | p | d | GPUs | published TFLOP/s | predicted (pinned, hardware) | error | free search: t p d, recompute | free / pinned step |")
+    print(
+        f"calibrated on {args.calibrate_on}: {cal['pinned_hw']:.0f} -> compute efficiency {spec.compute_efficiency:.3f} (one step)"
+    )
+    print(
+        "| model | t | p | d | GPUs | published TFLOP/s | predicted (pinned, hardware) | error | free search: t p d, recompute | free / pinned step |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in rows:
         _h, _w, _n, t, p, gpus, _b, pub = ROWS[name]
@@ -111,9 +141,13 @@ def main() -> int:
         held = "calibration row" if name == args.calibrate_on else "held out"
         free = (
             f"{int(r['free_t'])} {int(r['free_p'])} {int(r['free_d'])}, {int(r['free_recompute'])} stages | {r['free_step'] / r['pinned_step']:.2f}"
-            if "free_step" in r else "- | -"
-        )  # fmt: skip
-        print(f"| {name} | {t} | {p} | {gpus // (t * p)} | {gpus} | {pub:.0f} | {r['pinned_hw']:.0f} | {err:+.1%} ({held}) | {free} |", flush=True)
+            if "free_step" in r
+            else "- | -"
+        )
+        print(
+            f"| {name} | {t} | {p} | {gpus // (t * p)} | {gpus} | {pub:.0f} | {r['pinned_hw']:.0f} | {err:+.1%} ({held}) | {free} |",
+            flush=True,
+        )
     print(f"CPU {time.process_time() - t0:.1f} s")
     return 0
 

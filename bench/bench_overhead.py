@@ -46,9 +46,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for schedule in ("1f1b", "zb-h1"):
             request = PlanRequest(
-                devices=2, batch_size=BATCH, memory_limit=2.0**30, micro_batches=MICRO_BATCHES,
-                schedule=schedule, recompute="never", link_bandwidth=bw, link_latency_s=lat,
-            )  # fmt: skip
+                devices=2,
+                batch_size=BATCH,
+                memory_limit=2.0**30,
+                micro_batches=MICRO_BATCHES,
+                schedule=schedule,
+                recompute="never",
+                link_bandwidth=bw,
+                link_latency_s=lat,
+            )
             plan = plan_pipeline(prof, request)
             path = Path(tmp) / f"plan-{schedule}.json"
             plan.save(path)

@@ -56,22 +56,47 @@ def synthetic_profile(n: int, seed: int = 0) -> Profile:
         )
         if i < n - 1:
             tensors.append(TensorCost(f"n{i}", i, (i + 1,), Affine(0, 4 * 2**20)))
-    return Profile("synthetic", TraceRecipe(tracer="fx", fingerprint="0"), "cuda: synthetic", "-", "bfloat16", (1, 2), "measured", tuple(blocks), tuple(tensors))
+    return Profile(
+        "synthetic",
+        TraceRecipe(tracer="fx", fingerprint="0"),
+        "cuda: synthetic",
+        "-",
+        "bfloat16",
+        (1, 2),
+        "measured",
+        tuple(blocks),
+        tuple(tensors),
+    )
 
 
-def one_run(n: int, stages: int, batch: int, memory: float, recompute: str = "auto", schedule: str | None = None) -> dict[str, object]:
+def one_run(
+    n: int, stages: int, batch: int, memory: float, recompute: str = "auto", schedule: str | None = None
+) -> dict[str, object]:
     """One cold plan, timed: the profile is built first and not timed."""
     prof = synthetic_profile(n)
-    req = PlanRequest(devices=stages, batch_size=batch, memory_limit=memory, link_bandwidth=50e9, link_latency_s=1e-5,
-                      recompute=recompute, schedule=schedule)  # fmt: skip
+    req = PlanRequest(
+        devices=stages,
+        batch_size=batch,
+        memory_limit=memory,
+        link_bandwidth=50e9,
+        link_latency_s=1e-5,
+        recompute=recompute,
+        schedule=schedule,
+    )
     t0, c0 = time.perf_counter(), time.process_time()
     plan = plan_pipeline(prof, req)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {
-        "wall": wall, "cpu": cpu, "schedule": plan.schedule, "virtual": plan.virtual, "m": plan.micro_batches,
-        "recomputed": sum(s.recompute for s in plan.stages), "bubble": plan.bubble_fraction,
-        "gap": plan.iteration_time_s / lower_bound(prof, req) - 1, "iteration": plan.iteration_time_s,
-    }  # fmt: skip
+        "wall": wall,
+        "cpu": cpu,
+        "schedule": plan.schedule,
+        "virtual": plan.virtual,
+        "m": plan.micro_batches,
+        "recomputed": sum(s.recompute for s in plan.stages),
+        "bubble": plan.bubble_fraction,
+        "gap": plan.iteration_time_s / lower_bound(prof, req) - 1,
+        "iteration": plan.iteration_time_s,
+    }
 
 
 def cold_run(one: str, without: str) -> subprocess.CompletedProcess[str]:
@@ -108,7 +133,9 @@ def gaps(without: str) -> None:
             for recompute in ("auto", "never"):
                 out = cold_run(f"{n},{stages},{batch},{limit},{recompute}", without)
                 if out.returncode:
-                    print(f"{n:5d} -> {stages:3d}, memory {limit / 2**30:g} GiB, recompute {recompute}: {out.stderr.strip().splitlines()[-1]}")
+                    print(
+                        f"{n:5d} -> {stages:3d}, memory {limit / 2**30:g} GiB, recompute {recompute}: {out.stderr.strip().splitlines()[-1]}"
+                    )
                     continue
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 print(
@@ -130,15 +157,25 @@ def pinned(without: str) -> None:
                 print(f"{head}: {out.stderr.strip().splitlines()[-1]}")
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"{head}: iteration {float(r['iteration']):.4f} s, m={r['m']} (planned in {float(r['cpu']):.2f} s CPU)")
+            print(
+                f"{head}: iteration {float(r['iteration']):.4f} s, m={r['m']} (planned in {float(r['cpu']):.2f} s CPU)"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--without", default="", help="schedules to leave out of the search, comma-separated")
-    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # n,stages,batch,memory[,recompute[,schedule]]: one timed run, JSON out
-    parser.add_argument("--gaps", action="store_true", help="the gap to the lower bound with and without a memory limit, recompute off and auto")
-    parser.add_argument("--pinned", action="store_true", help="every searched schedule pinned: iteration time, m, planning time")
+    parser.add_argument(
+        "--one", default=None, help=argparse.SUPPRESS
+    )  # n,stages,batch,memory[,recompute[,schedule]]: one timed run, JSON out
+    parser.add_argument(
+        "--gaps",
+        action="store_true",
+        help="the gap to the lower bound with and without a memory limit, recompute off and auto",
+    )
+    parser.add_argument(
+        "--pinned", action="store_true", help="every searched schedule pinned: iteration time, m, planning time"
+    )
     args = parser.parse_args()
     left_out = {x for x in args.without.split(",") if x}
     request.SEARCH_SCHEDULES = tuple(s for s in request.SEARCH_SCHEDULES if s not in left_out)  # what decisions() reads
@@ -152,8 +189,10 @@ def main() -> None:
     if args.pinned:
         pinned(args.without)
         return
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, Python {sys.version.split()[0]}; "
-          f"searching {', '.join(request.SEARCH_SCHEDULES)}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, Python {sys.version.split()[0]}; "
+        f"searching {', '.join(request.SEARCH_SCHEDULES)}"
+    )
     bench(100, 8, batch=64, memory=8 * 2**30, repeat=7, without=args.without)
     bench(1000, 64, batch=512, memory=16 * 2**30, repeat=3, without=args.without)
 

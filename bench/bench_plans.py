@@ -28,9 +28,21 @@ MODELS = Path(__file__).resolve().parent.parent / "models"
 
 def main() -> None:
     torch.set_num_threads(1)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, 1 thread")
-    print(f"{'model':10} {'S':>2} {'schedule':18} {'m':>3} {'autopipe ms':>12} {'even-layers':>12} {'by-params':>10} {'greedy-time':>12}")
-    cases = [("gpt", {}), ("gpt", {"vocab_size": 16384}), ("llama", {}), ("llama", {"vocab_size": 16384}), ("resnet", {}), ("unet", {}), ("mlp", {})]
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, 1 thread"
+    )
+    print(
+        f"{'model':10} {'S':>2} {'schedule':18} {'m':>3} {'autopipe ms':>12} {'even-layers':>12} {'by-params':>10} {'greedy-time':>12}"
+    )
+    cases = [
+        ("gpt", {}),
+        ("gpt", {"vocab_size": 16384}),
+        ("llama", {}),
+        ("llama", {"vocab_size": 16384}),
+        ("resnet", {}),
+        ("unet", {}),
+        ("mlp", {}),
+    ]
     for name, kwargs in cases:
         torch.manual_seed(0)
         loaded = load_model(str(MODELS / f"{name}.py"), kwargs)
@@ -40,16 +52,23 @@ def main() -> None:
         bw, lat = default_link(prof.device)
         for stages in (2, 4):
             req = PlanRequest(
-                devices=stages, batch_size=32, memory_limit=2 * 2**30, link_bandwidth=bw, link_latency_s=lat,
+                devices=stages,
+                batch_size=32,
+                memory_limit=2 * 2**30,
+                link_bandwidth=bw,
+                link_latency_s=lat,
                 action_overhead_s=default_action_overhead(prof.device),
-            )  # fmt: skip
+            )
             plan = plan_pipeline(prof, req)
             ratio = {b.name: b.iteration_time_s / plan.iteration_time_s for b in plan.baselines}
             fits = {b.name: "" if b.fits else "*" for b in plan.baselines}
             sched = plan.schedule + (f"/v{plan.virtual}" if plan.virtual > 1 else "")
             print(
                 f"{name:10} {stages:>2} {sched:18} {plan.micro_batches:>3} {plan.iteration_time_s * 1e3:>12.2f} "
-                + " ".join(f"{ratio[k]:>{w}.2f}x{fits[k]}" for k, w in (("even-layers", 11), ("by-params", 9), ("greedy-time", 11)))
+                + " ".join(
+                    f"{ratio[k]:>{w}.2f}x{fits[k]}"
+                    for k, w in (("even-layers", 11), ("by-params", 9), ("greedy-time", 11))
+                )
             )
     print("(* = that split does not fit the memory limit)")
     sys.stdout.flush()

@@ -67,10 +67,17 @@ def plan_of(prof: Profile, schedule: str, virtual: int) -> Plan:
 
     bw, lat = default_link(prof.device)
     req = PlanRequest(
-        devices=DEVICES, batch_size=BATCH, memory_limit=2.0**34, micro_batches=MICRO_BATCHES, schedule=schedule,
-        virtual=virtual if virtual > 1 else None, recompute="never", link_bandwidth=bw, link_latency_s=lat,
+        devices=DEVICES,
+        batch_size=BATCH,
+        memory_limit=2.0**34,
+        micro_batches=MICRO_BATCHES,
+        schedule=schedule,
+        virtual=virtual if virtual > 1 else None,
+        recompute="never",
+        link_bandwidth=bw,
+        link_latency_s=lat,
         action_overhead_s=default_action_overhead(prof.device),
-    )  # fmt: skip
+    )
     return plan_pipeline(prof, req)
 
 
@@ -104,7 +111,9 @@ def receive_after(plan: Plan) -> dict[Action, Action | None]:
     out: dict[Action, Action | None] = {}
     for _, d, a in msgs:
         me, peer = home[a.stage], home[d.stage]
-        before = [p for _, p, c in msgs if home[p.stage] == me and home[c.stage] == peer and (made[p], p) < (made[d], d)]
+        before = [
+            p for _, p, c in msgs if home[p.stage] == me and home[c.stage] == peer and (made[p], p) < (made[d], d)
+        ]
         out[a] = max(before, key=lambda p: made[p]) if before else None
     return out
 
@@ -212,9 +221,11 @@ def main() -> None:
     from autopipe.runtime.run.launch import launch
     from autopipe.runtime.run.options import RunOptions
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}; "
-          f"{DEVICES} gloo ranks x 1 thread; gpt {' '.join(args.k) or '(default)'}; batch {BATCH}, m {MICRO_BATCHES}, "
-          f"{args.steps} steps (first is warm-up)")  # fmt: skip
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}; "
+        f"{DEVICES} gloo ranks x 1 thread; gpt {' '.join(args.k) or '(default)'}; batch {BATCH}, m {MICRO_BATCHES}, "
+        f"{args.steps} steps (first is warm-up)"
+    )
     prof = profile(args.k, args.repeat)
     rows = []
     for schedule, virtual in CASES:
@@ -222,9 +233,11 @@ def main() -> None:
         result = launch(plan, RunOptions(steps=args.steps, optimizer="SGD", timeout_s=120.0))
         rows.append((f"{schedule}/v{plan.virtual}", analyse(prof, plan, result)))
     ms = 1e3
-    print(f"{'schedule':20} {'predicted':>9} {'measured':>9} {'error':>7} {'replay:compute':>14} {'left':>7} "
-          f"{'replay:all':>10} {'actions':>7} {'messages':>8} {'hops':>5} {'latency':>8} {'fitted':>7} {'link':>7} "
-          f"{'overhead':>8} {'priced':>7}")  # fmt: skip
+    print(
+        f"{'schedule':20} {'predicted':>9} {'measured':>9} {'error':>7} {'replay:compute':>14} {'left':>7} "
+        f"{'replay:all':>10} {'actions':>7} {'messages':>8} {'hops':>5} {'latency':>8} {'fitted':>7} {'link':>7} "
+        f"{'overhead':>8} {'priced':>7}"
+    )
     for name, r in rows:
         print(
             f"{name:20} {r['predicted'] * ms:>9.2f} {r['measured'] * ms:>9.2f} {r['measured'] / r['predicted'] - 1:>+7.1%} "
@@ -233,25 +246,33 @@ def main() -> None:
             f"{r['latency'] * ms:>8.3f} {r['fitted_latency'] * ms:>7.3f} {r['link'] * ms:>7.3f} "
             f"{r['overhead'] * ms:>8.3f} {r['priced_overhead'] * ms:>7.3f}"
         )
-    print("(ms. error = measured / predicted - 1. replay = the simulator with the compute measured per stage and kind, "
-          "and the plan's link (:compute) or the median latency of the messages waited for (:all); left = measured / "
-          "replay:compute - 1, the error compute does not explain. hops = messages on the critical path (the replay's "
-          "slope in the latency per message); fitted = the latency per message at which replay:compute equals the "
-          "measurement; link = the plan's. overhead = median measured action minus the profile's block time; priced = "
-          "the plan's action_overhead_s)")  # fmt: skip
+    print(
+        "(ms. error = measured / predicted - 1. replay = the simulator with the compute measured per stage and kind, "
+        "and the plan's link (:compute) or the median latency of the messages waited for (:all); left = measured / "
+        "replay:compute - 1, the error compute does not explain. hops = messages on the critical path (the replay's "
+        "slope in the latency per message); fitted = the latency per message at which replay:compute equals the "
+        "measurement; link = the plan's. overhead = median measured action minus the profile's block time; priced = "
+        "the plan's action_overhead_s)"
+    )
     for name, r in rows:
-        print(f"{name}: {r['late']:.1f} of {r['messages']:.0f} messages per iteration had their receive posted only after "
-              f"the peer had sent them; waiting for messages {r['waits'] * ms:.2f} ms per iteration (all ranks), "
-              f"{r['late_wait'] * ms:.2f} ms of it on those; of the messages waited for, those took "
-              f"{r['after_late'] * ms:.2f} ms (median of {r['n_late']:.0f}) from being sent and their receive postable "
-              f"to arriving, the others {r['after_early'] * ms:.2f} ms (median of {r['n_early']:.0f})")  # fmt: skip
+        print(
+            f"{name}: {r['late']:.1f} of {r['messages']:.0f} messages per iteration had their receive posted only after "
+            f"the peer had sent them; waiting for messages {r['waits'] * ms:.2f} ms per iteration (all ranks), "
+            f"{r['late_wait'] * ms:.2f} ms of it on those; of the messages waited for, those took "
+            f"{r['after_late'] * ms:.2f} ms (median of {r['n_late']:.0f}) from being sent and their receive postable "
+            f"to arriving, the others {r['after_early'] * ms:.2f} ms (median of {r['n_early']:.0f})"
+        )
     for name, r in rows:
-        print(f"{name}: messages waited for took {r['busy'] * ms:.2f} ms from sent to arrived when the sender was "
-              f"computing most of that time (median of {r['n_busy']:.0f}), {r['idle'] * ms:.2f} ms when it was not "
-              f"(median of {r['n_idle']:.0f})")  # fmt: skip
+        print(
+            f"{name}: messages waited for took {r['busy'] * ms:.2f} ms from sent to arrived when the sender was "
+            f"computing most of that time (median of {r['n_busy']:.0f}), {r['idle'] * ms:.2f} ms when it was not "
+            f"(median of {r['n_idle']:.0f})"
+        )
     for name, r in rows:
-        print(f"{name}: compute per iteration, all ranks: measured {r['compute_measured'] * ms:.2f} ms, "
-              f"predicted {r['compute_predicted'] * ms:.2f} ms")  # fmt: skip
+        print(
+            f"{name}: compute per iteration, all ranks: measured {r['compute_measured'] * ms:.2f} ms, "
+            f"predicted {r['compute_predicted'] * ms:.2f} ms"
+        )
     print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     sys.stdout.flush()
 

@@ -49,8 +49,10 @@ def main() -> None:
         blocks.append([m.forward_s for m in measure_blocks(traced, x, warmup=1, repeat=2)])
         whole.append(time_call(lambda: call_model(model, x), warmup=1, repeat=2))
     per_block = [min(times) for times in zip(*blocks, strict=True)]
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
-          f"torch {torch.__version__}; 1 thread; {args.model}, batch {args.batch}, {args.rounds} rounds (fastest of each)")  # fmt: skip
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+        f"torch {torch.__version__}; 1 thread; {args.model}, batch {args.batch}, {args.rounds} rounds (fastest of each)"
+    )
     for block, t in zip(traced.blocks, per_block, strict=True):
         print(f"  {block.name:12} {t * 1e3:8.3f} ms")
     total, ref = sum(per_block), min(whole)

@@ -60,10 +60,16 @@ def plan_all(
     paths = []
     for schedule in schedules:
         req = PlanRequest(
-            devices=2, batch_size=BATCH, memory_limit=2.0**34, micro_batches=micro_batches,
-            schedule=schedule, recompute="never", link_bandwidth=bw, link_latency_s=lat,
+            devices=2,
+            batch_size=BATCH,
+            memory_limit=2.0**34,
+            micro_batches=micro_batches,
+            schedule=schedule,
+            recompute="never",
+            link_bandwidth=bw,
+            link_latency_s=lat,
             action_overhead_s=default_action_overhead(prof.device),
-        )  # fmt: skip
+        )
         plan = plan_pipeline(prof, req)
         path = folder / f"plan-{schedule}.json"
         plan.save(path)
@@ -107,8 +113,15 @@ def run_ranks(script: str, steps: int, plans: list[Path], folder: Path) -> list[
 
     port, procs = free_port(), []
     for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # fmt: skip
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(ROOT),
+        }
         out = str(folder / f"rank-{rank}.json")
         cmd = [sys.executable, script, "--steps", str(steps), "--worker", out, *map(str, plans)]
         procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT))
@@ -118,9 +131,11 @@ def run_ranks(script: str, steps: int, plans: list[Path], folder: Path) -> list[
 
 
 def machine_line(kwargs: list[str], micro_batches: int, steps: int) -> str:
-    return (f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
-            f"torch {torch.__version__}; 2 gloo ranks x 1 thread; gpt {' '.join(kwargs) or '(default)'}; "
-            f"batch {BATCH}, m {micro_batches}, {steps} steps (first is warm-up)")  # fmt: skip
+    return (
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+        f"torch {torch.__version__}; 2 gloo ranks x 1 thread; gpt {' '.join(kwargs) or '(default)'}; "
+        f"batch {BATCH}, m {micro_batches}, {steps} steps (first is warm-up)"
+    )
 
 
 def worker(plans: list[str], steps: int, out: str) -> None:
@@ -147,9 +162,12 @@ def worker(plans: list[str], steps: int, out: str) -> None:
         loaded = rebuild_model(plan)
         x, y = loaded.make_inputs(plan.batch_size), loaded.make_targets(plan.batch_size)  # type: ignore[misc]
         stages, schedule = to_torch_pipelining(
-            plan, loaded.model, rank, example_inputs=loaded.make_inputs(plan.micro_batch_size),
+            plan,
+            loaded.model,
+            rank,
+            example_inputs=loaded.make_inputs(plan.micro_batch_size),
             loss_fn=loaded.loss_fn,
-        )  # fmt: skip
+        )
         params = list({id(p): p for s in stages for p in s.submod.parameters()}.values())
         optimizer = torch.optim.SGD(params, lr=LR)
         first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
@@ -183,8 +201,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         plans = plan_all(args.k, Path(tmp))
         ranks = run_ranks(__file__, args.steps, plans, Path(tmp))
-        print(f"{'schedule':9} {'autopipe ms':>12} {'torch ms':>9} {'ratio':>6} "
-              f"{'makespan ms':>12} {'predicted ms':>13} {'error':>7}")  # fmt: skip
+        print(
+            f"{'schedule':9} {'autopipe ms':>12} {'torch ms':>9} {'ratio':>6} "
+            f"{'makespan ms':>12} {'predicted ms':>13} {'error':>7}"
+        )
         for path in plans:
             plan = Plan.load(path)
 
@@ -194,13 +214,21 @@ def main() -> None:
 
             ours, theirs, span = median("autopipe_step"), median("torch_step"), median("autopipe_makespan")
             pred = plan.iteration_time_s * 1e3
-            print(f"{plan.schedule:9} {ours:>12.2f} {theirs:>9.2f} {ours / theirs:>6.2f} "
-                  f"{span:>12.2f} {pred:>13.2f} {(span / pred - 1) * 100:>+6.1f}%")  # fmt: skip
+            print(
+                f"{plan.schedule:9} {ours:>12.2f} {theirs:>9.2f} {ours / theirs:>6.2f} "
+                f"{span:>12.2f} {pred:>13.2f} {(span / pred - 1) * 100:>+6.1f}%"
+            )
             for st in plan.stages:
-                got = {k: statistics.median(v) * 1e3 for r in ranks for k, v in r[plan.schedule].items()
-                       if k in (f"{st.index}F", f"{st.index}B")}  # fmt: skip
-                print(f"  stage {st.index}: F {got[f'{st.index}F']:.2f} ms (predicted {st.forward_s * 1e3:.2f}), "
-                      f"B {got[f'{st.index}B']:.2f} ms (predicted {st.backward_s * 1e3:.2f})")  # fmt: skip
+                got = {
+                    k: statistics.median(v) * 1e3
+                    for r in ranks
+                    for k, v in r[plan.schedule].items()
+                    if k in (f"{st.index}F", f"{st.index}B")
+                }
+                print(
+                    f"  stage {st.index}: F {got[f'{st.index}F']:.2f} ms (predicted {st.forward_s * 1e3:.2f}), "
+                    f"B {got[f'{st.index}B']:.2f} ms (predicted {st.backward_s * 1e3:.2f})"
+                )
 
 
 if __name__ == "__main__":

@@ -111,9 +111,13 @@ def analytic_cases(shapes: tuple[tuple[str, str, dict[str, object], int], ...]) 
         loaded = load_model(str(ROOT / "models" / f"{file}.py"), kwargs, device="meta")
         prof = analytic_profile(loaded, spec, micro_batch_sizes=(1, 2), dtype="bf16")
         req = PlanRequest(
-            devices=devices, batch_size=BATCH, memory_limit=spec.memory_bytes, link_bandwidth=spec.nvlink_bandwidth,
-            link_latency_s=spec.link_latency_s, state_factor=state_factor(prof),
-        )  # fmt: skip
+            devices=devices,
+            batch_size=BATCH,
+            memory_limit=spec.memory_bytes,
+            link_bandwidth=spec.nvlink_bandwidth,
+            link_latency_s=spec.link_latency_s,
+            state_factor=state_factor(prof),
+        )
         yield Case(name, prof, req, spec.memory_bytes)
 
 
@@ -141,17 +145,27 @@ def best_per_schedule(case: Case, limit: str, memory: float, say: Callable[[str]
             continue
         rows.append(
             Row(
-                case.name, limit, memory, spec.name, plan.iteration_time_s, plan.bubble_fraction, max(plan.peak_memory_bytes),
-                plan.micro_batches, plan.virtual, sum(s.recompute for s in plan.stages),
+                case.name,
+                limit,
+                memory,
+                spec.name,
+                plan.iteration_time_s,
+                plan.bubble_fraction,
+                max(plan.peak_memory_bytes),
+                plan.micro_batches,
+                plan.virtual,
+                sum(s.recompute for s in plan.stages),
             )
-        )  # fmt: skip
+        )
     return rows
 
 
 def table(rows: list[Row]) -> list[str]:
     """The table, one line per row: whitespace-separated fields, no spaces inside a field."""
-    out = [f"{'case':9} {'limit':5} {'GB':>7} {'schedule':16} {'iter_ms':>10} {'vs_1f1b':>7} {'bubble':>7} "
-           f"{'peak_GB':>8} {'m':>4} {'v':>2} {'recomp':>6} {'best':>4}"]  # fmt: skip
+    out = [
+        f"{'case':9} {'limit':5} {'GB':>7} {'schedule':16} {'iter_ms':>10} {'vs_1f1b':>7} {'bubble':>7} "
+        f"{'peak_GB':>8} {'m':>4} {'v':>2} {'recomp':>6} {'best':>4}"
+    ]
     for key in dict.fromkeys((r.case, r.limit) for r in rows):
         group = [r for r in rows if (r.case, r.limit) == key]
         base = _base(group)

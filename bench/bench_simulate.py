@@ -35,7 +35,16 @@ def cpu(fn: Callable[[], object], repeat: int) -> float:
 def costs(n: int, seed: int) -> list[StageCost]:
     rng = random.Random(seed)
     return [
-        StageCost(rng.uniform(1, 2), rng.uniform(2, 4), rng.uniform(1, 2), rng.uniform(1, 2), rng.uniform(1, 9), rng.uniform(0, 1), rng.uniform(0, 1), rng.uniform(0, 50))
+        StageCost(
+            rng.uniform(1, 2),
+            rng.uniform(2, 4),
+            rng.uniform(1, 2),
+            rng.uniform(1, 2),
+            rng.uniform(1, 9),
+            rng.uniform(0, 1),
+            rng.uniform(0, 1),
+            rng.uniform(0, 50),
+        )
         for _ in range(n)
     ]
 

@@ -52,7 +52,13 @@ def random_chain(n: int, stages: int, seed: int, recompute: str = "auto") -> Par
 def fresh(p: PartitionProblem) -> PartitionProblem:
     """``p`` with new per-block tuples: the solvers keep answers and tables per set of blocks
     (by identity), which a repeated run would only look up."""
-    return replace(p, **{f: tuple(list(getattr(p, f))) for f in ("time_s", "recompute_s", "static_bytes", "activation_bytes", "tensors")})
+    return replace(
+        p,
+        **{
+            f: tuple(list(getattr(p, f)))
+            for f in ("time_s", "recompute_s", "static_bytes", "activation_bytes", "tensors")
+        },
+    )
 
 
 def median_time(fn: Callable[[PartitionProblem], object], problem: PartitionProblem, runs: int) -> float:
@@ -66,8 +72,10 @@ def median_time(fn: Callable[[PartitionProblem], object], problem: PartitionProb
 
 
 def main() -> None:
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"Python {platform.python_version()}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}"
+    )
     cases: list[tuple[str, Callable[[PartitionProblem], object], int, int]] = [
         ("solve_fast", solve_fast, 1000, 64),
         ("solve_chain", solve_chain, 100, 8),
@@ -80,8 +88,10 @@ def main() -> None:
             assert isinstance(result, object)
             sec = median_time(solver, problem, runs=7)
             z = getattr(result, "bottleneck_s", math.nan)
-            print(f"{name:11s} {n:5d} blocks x {stages:3d} stages, recompute={mode:5s}: "
-                  f"median {sec * 1e3:8.2f} ms  (Z = {z * 1e3:.3f} ms)")
+            print(
+                f"{name:11s} {n:5d} blocks x {stages:3d} stages, recompute={mode:5s}: "
+                f"median {sec * 1e3:8.2f} ms  (Z = {z * 1e3:.3f} ms)"
+            )
 
 
 if __name__ == "__main__":

@@ -20,15 +20,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = [
-    "plan", str(ROOT / "models" / "gpt.py"), "-k", "preset=gpt3-175b", "--device", "h100", "--gpus", "64",
-    "--memory", "80GB", "--batch-size", "1536",
-]  # fmt: skip
+    "plan",
+    str(ROOT / "models" / "gpt.py"),
+    "-k",
+    "preset=gpt3-175b",
+    "--device",
+    "h100",
+    "--gpus",
+    "64",
+    "--memory",
+    "80GB",
+    "--batch-size",
+    "1536",
+]
 
 
 def cli(*argv: str) -> float:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     began = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "autopipe.cli", *argv], check=True, env=env, stdout=subprocess.DEVNULL, timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "autopipe.cli", *argv], check=True, env=env, stdout=subprocess.DEVNULL, timeout=600
+    )
     return time.perf_counter() - began
 
 
@@ -56,7 +68,9 @@ def main() -> None:
     print(f"actions: {len(timeline.actions):,}; drawn: {len(f.boxes):,} boxes, {sum(f.elided):,} elided")
     print(f"autopipe show --timeline (whole command): {', '.join(f'{s:.1f}' for s in shows)} s")
     print(f"in-process: simulate (replay) {simulated:.2f} s, draw {drawn:.2f} s; picture {width} x {height} px")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
 
 
 if __name__ == "__main__":

@@ -71,15 +71,42 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         plan_path = str(Path(tmp) / "plan.json")
         kw = [a for k, v in KWARGS.items() for a in ("-k", f"{k}={v}")]
-        autopipe("plan", str(MODEL), *kw, "--stages", "2", "--batch-size", str(BATCH), "--memory", "1GiB", "--device", "cpu", "-o", plan_path)
+        autopipe(
+            "plan",
+            str(MODEL),
+            *kw,
+            "--stages",
+            "2",
+            "--batch-size",
+            str(BATCH),
+            "--memory",
+            "1GiB",
+            "--device",
+            "cpu",
+            "-o",
+            plan_path,
+        )
         plan = json.loads(Path(plan_path).read_text())
         m = plan["micro_batches"]
         print(f"plan: {plan['schedule']}, m = {m}, predicted iteration {plan['iteration_time_s'] * 1e3:.2f} ms")
         ref = reference(args.steps, m)
         print(f"one process: loss {ref[0]:.3f} -> {statistics.mean(ref[-10:]):.3f} (ln 128 = {math.log(128):.3f})")
         for engine in ("autopipe", "torch"):
-            out = autopipe("run", plan_path, "--steps", str(args.steps), "--optimizer", "Adam", "--lr", str(LR),
-                           "--engine", engine, "--device", "cpu", "--json")  # fmt: skip
+            out = autopipe(
+                "run",
+                plan_path,
+                "--steps",
+                str(args.steps),
+                "--optimizer",
+                "Adam",
+                "--lr",
+                str(LR),
+                "--engine",
+                engine,
+                "--device",
+                "cpu",
+                "--json",
+            )
             got = json.loads(out)
             losses = got["losses"]
             rel = [abs(a - b) / abs(b) for a, b in zip(losses, ref, strict=True)]

@@ -55,9 +55,27 @@ def main() -> None:
     log.write_text("")
     profile, plan = out / "profile.json", out / "plan.json"
     dev = ["--device", args.device]
-    ok = step("profile", ["profile", *MODELS[args.device], "--batch-size", "8", "--micro-batch-sizes", "2,4,8", *dev, "-o", str(profile)], log)
+    ok = step(
+        "profile",
+        [
+            "profile",
+            *MODELS[args.device],
+            "--batch-size",
+            "8",
+            "--micro-batch-sizes",
+            "2,4,8",
+            *dev,
+            "-o",
+            str(profile),
+        ],
+        log,
+    )
     ok = ok and step("calibrate", ["calibrate", str(profile), "-o", str(out / "calibration.json")], log)
-    ok = ok and step("plan", ["plan", "--profile", str(profile), "--stages", "1", "--batch-size", "8", "--memory", "16GiB", "-o", str(plan)], log)
+    ok = ok and step(
+        "plan",
+        ["plan", "--profile", str(profile), "--stages", "1", "--batch-size", "8", "--memory", "16GiB", "-o", str(plan)],
+        log,
+    )
     ok = ok and step("run", ["run", str(plan), "--steps", "6", *dev, "--trace", str(out / "trace.json")], log)
     print("all steps passed" if ok else "a step failed: see the log", flush=True)
     sys.exit(0 if ok else 1)

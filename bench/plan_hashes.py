@@ -112,6 +112,7 @@ def _schedules() -> tuple[str, ...]:
 GPT_S4 = ("--profile", GPT, "--stages", "4", "--memory", "2GiB", "--batch-size", "32")
 SYNTH_8 = ("--profile", SYNTH, "--stages", "8", "--batch-size", "64", "--bandwidth", "50GB/s", "--latency", "10us")
 
+# reason: one case a line, so the list reads as a table
 # fmt: off
 CASES: tuple[Case, ...] = (
     # --- analytic: the model built on meta and counted (catalogue devices) ---
@@ -221,7 +222,11 @@ def key_digests(text: str) -> dict[str, str]:
 
 
 def environment(pycache: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("AUTOPIPE_DEVICES", "AUTOPIPE_NO_SIMCORE", "PYTHONDONTWRITEBYTECODE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("AUTOPIPE_DEVICES", "AUTOPIPE_NO_SIMCORE", "PYTHONDONTWRITEBYTECODE")
+    }
     calibration = Path(tempfile.mkdtemp(prefix="plan-hashes-calibration-"))
     env.update(CUDA_VISIBLE_DEVICES="", AUTOPIPE_CALIBRATION_DIR=str(calibration), PYTHONPYCACHEPREFIX=str(pycache))
     return env
@@ -236,7 +241,9 @@ def run_case(case: Case, out: Path, env: dict[str, str]) -> dict[str, Any]:
     target = out / case.output
     target.unlink(missing_ok=True)
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "autopipe.cli", *args], cwd=ROOT, env=env, capture_output=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "autopipe.cli", *args], cwd=ROOT, env=env, capture_output=True, timeout=600
+    )
     seconds = time.perf_counter() - t0
     written = target.read_bytes() if target.is_file() else None
     stdout = normalise(done.stdout.decode(errors="replace"), out)
@@ -321,7 +328,9 @@ def check(baseline_path: Path, out: Path, jobs: int, pycache: Path, only: set[st
         if "sha256" in changed and old.get("keys") and new["keys"]:
             print(f"    first differing keys (or lines) of the file: {first_keys(old['keys'], new['keys'])}")
         if "stdout_sha256" in changed and old.get("stdout_keys") and new["stdout_keys"]:
-            print(f"    first differing keys (or lines) of stdout: {first_keys(old['stdout_keys'], new['stdout_keys'])}")
+            print(
+                f"    first differing keys (or lines) of stdout: {first_keys(old['stdout_keys'], new['stdout_keys'])}"
+            )
     print(f"{checked} cases: {different} different; this run's files are in {out}")
     return 1 if different else 0
 
@@ -329,12 +338,23 @@ def check(baseline_path: Path, out: Path, jobs: int, pycache: Path, only: set[st
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="write the plan files and hashes.json to this folder")
-    parser.add_argument("--check", type=Path, default=None, metavar="HASHES",
-                        help="run every case again and compare with this hashes.json (files: --out, else a new temp folder)")  # fmt: skip
+    parser.add_argument(
+        "--check",
+        type=Path,
+        default=None,
+        metavar="HASHES",
+        help="run every case again and compare with this hashes.json (files: --out, else a new temp folder)",
+    )
     parser.add_argument("--list", action="store_true", help="print the cases and their commands")
-    parser.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="cases at once (default: the CPUs, at most 4)")
-    parser.add_argument("--pycache", type=Path, default=Path(tempfile.gettempdir()) / "autopipe-plan-hashes-pycache",
-                        help="bytecode cache for the subprocesses (PYTHONPYCACHEPREFIX)")  # fmt: skip
+    parser.add_argument(
+        "--jobs", type=int, default=min(4, os.cpu_count() or 1), help="cases at once (default: the CPUs, at most 4)"
+    )
+    parser.add_argument(
+        "--pycache",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "autopipe-plan-hashes-pycache",
+        help="bytecode cache for the subprocesses (PYTHONPYCACHEPREFIX)",
+    )
     parser.add_argument("--only", default=None, help=argparse.SUPPRESS)  # comma-separated case names (debugging)
     args = parser.parse_args()
     if args.list:
@@ -355,10 +375,13 @@ def main() -> int:
     for case, result in run_all(out, args.jobs, pycache, only):
         hashes[case.name] = recorded(result)
         line = result["stderr_line"].splitlines()[-1] if result["stderr_line"] else ""
-        print(f"{case.name}: rc {result['rc']}, {result['seconds']:.1f} s, {result['sha256'][:12] or 'no file'}  {line[:110]}")
+        print(
+            f"{case.name}: rc {result['rc']}, {result['seconds']:.1f} s, {result['sha256'][:12] or 'no file'}  {line[:110]}"
+        )
     (out / "hashes.json").write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
     print(f"{len(hashes)} cases, {time.perf_counter() - t0:.1f} s; wrote {out / 'hashes.json'}")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

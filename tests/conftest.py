@@ -29,11 +29,17 @@ from typing import Any
 import pytest
 
 # Modules whose slow tests start processes that train (gloo ranks, ``autopipe run``, torchrun).
-RANK_MODULES = frozenset({
-    "tests/runtime/run/test_launch.py", "tests/runtime/test_pipeline.py", "tests/runtime/test_checkpoint.py",
-    "tests/stages/test_export.py", "tests/cli/test_run_cmd.py", "tests/test_bench_prediction.py",
-    "tests/test_api.py",
-})  # fmt: skip
+RANK_MODULES = frozenset(
+    {
+        "tests/runtime/run/test_launch.py",
+        "tests/runtime/test_pipeline.py",
+        "tests/runtime/test_checkpoint.py",
+        "tests/stages/test_export.py",
+        "tests/cli/test_run_cmd.py",
+        "tests/test_bench_prediction.py",
+        "tests/test_api.py",
+    }
+)
 # Modules whose module-scoped fixture takes seconds (profiling five models, emitting stages):
 # split test by test over two workers, each worker would make it again.
 SETUP_MODULES = frozenset({"tests/cli/test_plan_cmd.py", "tests/stages/test_emit.py", "tests/test_fuzz.py"})
@@ -84,7 +90,6 @@ def transformers() -> ModuleType:
     return pytest.importorskip("transformers")
 
 
-
 @pytest.fixture(scope="session")
 def gpt_plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Real analytic plans of models/gpt.py on H100s (made once): ``"uneven"``, 6 layers on 4
@@ -96,9 +101,23 @@ def gpt_plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("gpt_plans")
     requests = {
         "uneven": ["-k", "n_layer=6", "--stages", "4", "--batch-size", "16", "--recompute-all"],
-        "interleaved": ["-k", "n_layer=12", "--gpus", "16", "--tensor-parallel", "2", "--stages", "4", "--schedule", "interleaved-1f1b",
-                        "--virtual", "2", "--batch-size", "32"],
-    }  # fmt: skip
+        "interleaved": [
+            "-k",
+            "n_layer=12",
+            "--gpus",
+            "16",
+            "--tensor-parallel",
+            "2",
+            "--stages",
+            "4",
+            "--schedule",
+            "interleaved-1f1b",
+            "--virtual",
+            "2",
+            "--batch-size",
+            "32",
+        ],
+    }
     for name, args in requests.items():
         code = main(["plan", gpt, "--device", "h100", *args, "-o", str(folder / f"{name}.json")])
         assert code == 0, name

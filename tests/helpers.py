@@ -71,9 +71,12 @@ def even_plan(
         torch.manual_seed(0)
         loaded = load_model(str(path), given, device=device)
         traced = trace_model(
-            loaded.model, loaded.make_inputs(micro_batch_size), micro_batch_size=micro_batch_size,
-            recipe=recipe, source=loaded.spec.path,
-        )  # fmt: skip
+            loaded.model,
+            loaded.make_inputs(micro_batch_size),
+            micro_batch_size=micro_batch_size,
+            recipe=recipe,
+            source=loaded.spec.path,
+        )
         if key is not None:
             _TRACES[key] = traced
     n, parts = traced.num_blocks, stages * virtual
@@ -85,27 +88,58 @@ def even_plan(
         mine = traced.blocks[bounds[j] : bounds[j + 1]]
         stage_plans.append(
             StagePlan(
-                index=j, rank=schedule_spec(schedule).device_of(j, stages, virtual), blocks=tuple(b.name for b in mine),
-                block_indices=tuple(b.index for b in mine), nodes=tuple(x for b in mine for x in b.nodes),
-                params=0, forward_s=1e-3, backward_s=2e-3, backward_input_s=1e-3, backward_weight_s=1e-3,
-                recompute=j in recompute, memory_bytes=0.0, static_bytes=0.0, activation_bytes=0.0,
-                held_bytes=0.0, send_bytes=0.0,
+                index=j,
+                rank=schedule_spec(schedule).device_of(j, stages, virtual),
+                blocks=tuple(b.name for b in mine),
+                block_indices=tuple(b.index for b in mine),
+                nodes=tuple(x for b in mine for x in b.nodes),
+                params=0,
+                forward_s=1e-3,
+                backward_s=2e-3,
+                backward_input_s=1e-3,
+                backward_weight_s=1e-3,
+                recompute=j in recompute,
+                memory_bytes=0.0,
+                static_bytes=0.0,
+                activation_bytes=0.0,
+                held_bytes=0.0,
+                send_bytes=0.0,
             )
-        )  # fmt: skip
+        )
     return Plan(
-        model=f"{path}:build_model", recipe=dataclasses.replace(recipe, tracer=traced.tracer, fingerprint=traced.fingerprint()),
-        profile_device="cpu", devices=stages, virtual=virtual, schedule=schedule, micro_batches=micro_batches,
-        micro_batch_size=micro_batch_size, batch_size=micro_batches * micro_batch_size, memory_limit_bytes=2.0**30,
-        link_bandwidth=1e9, link_latency_s=0.0, recompute_policy="never", stages=tuple(stage_plans),
-        iteration_time_s=1e-2, bubble_fraction=0.2, throughput=1.0, peak_memory_bytes=(1e6,) * stages,
-        alternatives=(), baselines=(),
-    )  # fmt: skip
+        model=f"{path}:build_model",
+        recipe=dataclasses.replace(recipe, tracer=traced.tracer, fingerprint=traced.fingerprint()),
+        profile_device="cpu",
+        devices=stages,
+        virtual=virtual,
+        schedule=schedule,
+        micro_batches=micro_batches,
+        micro_batch_size=micro_batch_size,
+        batch_size=micro_batches * micro_batch_size,
+        memory_limit_bytes=2.0**30,
+        link_bandwidth=1e9,
+        link_latency_s=0.0,
+        recompute_policy="never",
+        stages=tuple(stage_plans),
+        iteration_time_s=1e-2,
+        bubble_fraction=0.2,
+        throughput=1.0,
+        peak_memory_bytes=(1e6,) * stages,
+        alternatives=(),
+        baselines=(),
+    )
 
 
 def reference_training(
-    model_file: str, kwargs: Mapping[str, object], *, steps: int, batch_size: int, lr: float,
-    optimizer: str = "SGD", seed: int = 0,
-) -> tuple[list[float], dict[str, torch.Tensor]]:  # fmt: skip
+    model_file: str,
+    kwargs: Mapping[str, object],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    optimizer: str = "SGD",
+    seed: int = 0,
+) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Losses and final state_dict of plain single-process training of the unsplit model."""
     torch.manual_seed(seed)
     lm = load_model(model_file, dict(kwargs))
@@ -142,10 +176,16 @@ def hand_profile() -> Profile:
     def block(name: str, params: int, fwd_ms: float) -> BlockCost:
         per_u = Affine(0.0, fwd_ms * 1e-3)  # fwd_ms per sample
         return BlockCost(
-            name=name, nodes=(name,), params=params, param_bytes=4 * params, forward_s=per_u,
-            backward_s=Affine(0.0, 2 * fwd_ms * 1e-3), backward_input_s=per_u, backward_weight_s=per_u,
+            name=name,
+            nodes=(name,),
+            params=params,
+            param_bytes=4 * params,
+            forward_s=per_u,
+            backward_s=Affine(0.0, 2 * fwd_ms * 1e-3),
+            backward_input_s=per_u,
+            backward_weight_s=per_u,
             saved_bytes=Affine(0.0, 2.0**20),  # 1 MiB per sample
-        )  # fmt: skip
+        )
 
     return Profile(
         model=f"{GOOD_MLP}:build_model",

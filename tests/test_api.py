@@ -104,8 +104,22 @@ def test_cli_emits_an_api_plan_of_a_model_file(file_plan: Path, tmp_path: Path) 
 @pytest.mark.slow
 def test_cli_runs_an_api_plan_of_a_model_file_as_unsplit_training(file_plan: Path, tmp_path: Path) -> None:
     steps, lr = 3, 0.1
-    code = main(["run", str(file_plan), "--steps", str(steps), "--optimizer", "SGD", "--lr", str(lr), "--timeout", "60",
-                 "--save-checkpoint", str(tmp_path / "ckpt")])  # fmt: skip
+    code = main(
+        [
+            "run",
+            str(file_plan),
+            "--steps",
+            str(steps),
+            "--optimizer",
+            "SGD",
+            "--lr",
+            str(lr),
+            "--timeout",
+            "60",
+            "--save-checkpoint",
+            str(tmp_path / "ckpt"),
+        ]
+    )
     assert code == 0
     from autopipe.runtime import assemble_state_dict
 
@@ -147,12 +161,21 @@ def test_in_memory_plan_profiles_the_loss_on_the_targets_and_names_no_file() -> 
 
     x = torch.randn(8, 6)
     plan = autopipe.plan(
-        _module(), x, loss_fn=loss, example_targets=targets, stages=2, batch_size=8, memory="1GiB",
-        micro_batch_sizes=(2, 4), **QUICK,
-    )  # fmt: skip
+        _module(),
+        x,
+        loss_fn=loss,
+        example_targets=targets,
+        stages=2,
+        batch_size=8,
+        memory="1GiB",
+        micro_batch_sizes=(2, 4),
+        **QUICK,
+    )
     assert {2, 4} <= set(asked)
     assert {((2, 3), (2,)), ((4, 3), (4,))} <= set(seen)  # the loss ran on each micro-batch size's targets
-    assert plan.recipe.model_file == "" and plan.recipe.factory == "Sequential" and plan.model == "Sequential (in memory)"
+    assert (
+        plan.recipe.model_file == "" and plan.recipe.factory == "Sequential" and plan.model == "Sequential (in memory)"
+    )
 
 
 def test_the_loss_is_priced_on_the_last_block() -> None:
@@ -160,8 +183,14 @@ def test_the_loss_is_priced_on_the_last_block() -> None:
         time.sleep(0.03)
         return _loss(output, targets)
 
-    prof = autopipe.profile(_module(), torch.randn(4, 6), loss_fn=slow_loss, example_targets=torch.arange(4) % 3,
-                            micro_batch_sizes=(2, 4), **QUICK)  # fmt: skip
+    prof = autopipe.profile(
+        _module(),
+        torch.randn(4, 6),
+        loss_fn=slow_loss,
+        example_targets=torch.arange(4) % 3,
+        micro_batch_sizes=(2, 4),
+        **QUICK,
+    )
     forwards = [b.forward_s(2) for b in prof.blocks]
     assert forwards[-1] >= 0.03 and max(forwards[:-1]) < 0.03, forwards
 
@@ -173,8 +202,14 @@ def test_in_memory_targets_as_one_batch_are_sliced() -> None:
         shapes.append(targets.shape[0])
         return _loss(output, targets)
 
-    autopipe.profile(_module(), torch.randn(4, 6), loss_fn=loss, example_targets=torch.arange(4) % 3,
-                     micro_batch_sizes=(1, 2), **QUICK)  # fmt: skip
+    autopipe.profile(
+        _module(),
+        torch.randn(4, 6),
+        loss_fn=loss,
+        example_targets=torch.arange(4) % 3,
+        micro_batch_sizes=(1, 2),
+        **QUICK,
+    )
     assert {1, 2} <= set(shapes)
 
 
@@ -184,13 +219,20 @@ def test_in_memory_targets_as_one_batch_are_sliced() -> None:
         ({}, PlanError, "example_inputs are needed to trace the Sequential module"),
         ({"x": torch.randn(8, 6), "kwargs": {"a": 1}}, PlanError, "kwargs are for a model file's factory"),
         ({"x": torch.randn(2, 6)}, PlanError, "example_inputs holds 2 samples but micro-batch size 4 was asked"),
-        ({"x": torch.randn(8, 6), "example_targets": torch.zeros(2, dtype=torch.long), "loss_fn": _loss},
-         PlanError, "example_targets holds 2 samples"),
+        (
+            {"x": torch.randn(8, 6), "example_targets": torch.zeros(2, dtype=torch.long), "loss_fn": _loss},
+            PlanError,
+            "example_targets holds 2 samples",
+        ),
         ({"x": torch.randn(8, 6), "loss_fn": lambda o, t: 1 / 0}, ModelLoadError, "loss_fn raised ZeroDivisionError"),
-        ({"x": torch.randn(8, 6), "loss_fn": lambda o, t: 1.5}, ModelLoadError, "loss_fn returned a float, not a Tensor"),
+        (
+            {"x": torch.randn(8, 6), "loss_fn": lambda o, t: 1.5},
+            ModelLoadError,
+            "loss_fn returned a float, not a Tensor",
+        ),
         ({"x": torch.randn(8, 6), "loss_fn": "mse"}, PlanError, "loss_fn must be a function"),
     ],
-)  # fmt: skip
+)
 def test_bad_in_memory_calls_say_what_to_do(call: dict[str, Any], error: type[Exception], message: str) -> None:
     x = call.pop("x", None)
     with pytest.raises(error) as info:
@@ -206,14 +248,25 @@ def test_the_model_must_be_a_module_or_a_file() -> None:
 @pytest.fixture(scope="module")
 def memory_plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, nn.Module, torch.Tensor]:
     model, x = _module(), torch.randn(8, 6)
-    plan = autopipe.plan(model, x, loss_fn=_loss, example_targets=torch.arange(8) % 3, stages=2, batch_size=8,
-                         memory="1GiB", micro_batch_sizes=(2, 4), **QUICK)  # fmt: skip
+    plan = autopipe.plan(
+        model,
+        x,
+        loss_fn=_loss,
+        example_targets=torch.arange(8) % 3,
+        stages=2,
+        batch_size=8,
+        memory="1GiB",
+        micro_batch_sizes=(2, 4),
+        **QUICK,
+    )
     path = tmp_path_factory.mktemp("api") / "memory.json"
     plan.save(path)
     return path, model, x
 
 
-def test_emit_an_in_memory_module_with_its_own_weights(memory_plan: tuple[Path, nn.Module, torch.Tensor], tmp_path: Path) -> None:
+def test_emit_an_in_memory_module_with_its_own_weights(
+    memory_plan: tuple[Path, nn.Module, torch.Tensor], tmp_path: Path
+) -> None:
     path, model, x = memory_plan
     plan = Plan.load(path)
     manifest = autopipe.emit(plan, model, tmp_path / "stages", example_inputs=x)
@@ -223,7 +276,9 @@ def test_emit_an_in_memory_module_with_its_own_weights(memory_plan: tuple[Path, 
         assert torch.allclose(_emitted_output(tmp_path / "stages", x[:3]), model(x[:3]), atol=1e-6)
 
 
-def test_emit_from_python_refuses_what_it_cannot_do(memory_plan: tuple[Path, nn.Module, torch.Tensor], tmp_path: Path) -> None:
+def test_emit_from_python_refuses_what_it_cannot_do(
+    memory_plan: tuple[Path, nn.Module, torch.Tensor], tmp_path: Path
+) -> None:
     path, model, x = memory_plan
     plan = Plan.load(path)
     with pytest.raises(PlanError, match=r"needs example_inputs .* micro-batch size"):
@@ -272,11 +327,31 @@ def test_an_in_memory_plan_trains_in_your_own_loop_as_the_unsplit_module() -> No
     from autopipe.runtime.comm import ThreadHub
 
     model, x = _module(), torch.randn(8, 6)
-    plan = autopipe.plan(model, x, loss_fn=_loss, example_targets=torch.arange(8) % 3, stages=2, batch_size=8,
-                         memory="1GiB", choices=autopipe.Choices(micro_batches=4, schedule="1f1b"), micro_batch_sizes=(2,), **QUICK)  # fmt: skip
+    plan = autopipe.plan(
+        model,
+        x,
+        loss_fn=_loss,
+        example_targets=torch.arange(8) % 3,
+        stages=2,
+        batch_size=8,
+        memory="1GiB",
+        choices=autopipe.Choices(micro_batches=4, schedule="1f1b"),
+        micro_batch_sizes=(2,),
+        **QUICK,
+    )
     hub = ThreadHub(2, 30.0)
-    pipes = [pipeline(plan, copy.deepcopy(model), rank=r, comm=lambda _, r=r: hub.comm(r), device="cpu",
-                      example_inputs=x[:2], loss_fn=_loss) for r in range(2)]  # fmt: skip
+    pipes = [
+        pipeline(
+            plan,
+            copy.deepcopy(model),
+            rank=r,
+            comm=lambda _, r=r: hub.comm(r),
+            device="cpu",
+            example_inputs=x[:2],
+            loss_fn=_loss,
+        )
+        for r in range(2)
+    ]
     torch.manual_seed(1)
     batches = [(torch.randn(8, 6), torch.randint(0, 3, (8,))) for _ in range(3)]
     losses: dict[int, list[float]] = {}
@@ -311,9 +386,22 @@ def test_an_in_memory_plan_trains_in_your_own_loop_as_the_unsplit_module() -> No
 
 ENTRY_POINTS = {"plan": autopipe.plan, "plan_profile": autopipe.plan_profile, "plan_cluster": autopipe.plan_cluster}
 PINNED = autopipe.Choices(micro_batches=4, schedule="1f1b", recompute=autopipe.Recompute.NEVER)
-PRICED = autopipe.Link(bandwidth=parse_rate("25GB/s"), latency_s=parse_duration("20us"), action_overhead_s=parse_duration("0.1ms"))
-PINNED_FLAGS = ["--micro-batches", "4", "--schedule", "1f1b", "--no-recompute", "--bandwidth", "25GB/s", "--latency", "20us",
-                "--action-overhead", "0.1ms"]  # fmt: skip
+PRICED = autopipe.Link(
+    bandwidth=parse_rate("25GB/s"), latency_s=parse_duration("20us"), action_overhead_s=parse_duration("0.1ms")
+)
+PINNED_FLAGS = [
+    "--micro-batches",
+    "4",
+    "--schedule",
+    "1f1b",
+    "--no-recompute",
+    "--bandwidth",
+    "25GB/s",
+    "--latency",
+    "20us",
+    "--action-overhead",
+    "0.1ms",
+]
 
 
 def test_the_entry_points_take_the_same_choice_and_link_values() -> None:
@@ -331,41 +419,103 @@ def test_the_entry_points_take_the_same_choice_and_link_values() -> None:
 
 
 def test_a_choice_passed_loose_says_where_it_goes() -> None:
-    with pytest.raises(PlanError, match=r"^micro_batches is one of the plan's choices: pass choices=Choices\(micro_batches=\.\.\.\)"):
+    with pytest.raises(
+        PlanError, match=r"^micro_batches is one of the plan's choices: pass choices=Choices\(micro_batches=\.\.\.\)"
+    ):
         autopipe.plan(MLP_FILE, kwargs=KWARGS, batch_size=8, micro_batches=4)
     with pytest.raises(PlanError, match=r"^link_bandwidth describes the link: pass link=Link\(\.\.\.\)"):
         autopipe.plan(MLP_FILE, kwargs=KWARGS, batch_size=8, link_bandwidth=1e9)
 
 
-def test_plan_and_plan_profile_give_the_command_lines_plan_for_the_same_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_and_plan_profile_give_the_command_lines_plan_for_the_same_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from tests.planner.test_exact import chain
 
     prof, path, out = chain(8, 1), tmp_path / "profile.json", tmp_path / "plan.json"
     prof.save(path)
-    argv = ["plan", "--profile", str(path), "--devices", "2", "--batch-size", "8", "--memory", "1GiB", *PINNED_FLAGS, "-o", str(out)]
+    argv = [
+        "plan",
+        "--profile",
+        str(path),
+        "--devices",
+        "2",
+        "--batch-size",
+        "8",
+        "--memory",
+        "1GiB",
+        *PINNED_FLAGS,
+        "-o",
+        str(out),
+    ]
     assert main(argv) == 0, capsys.readouterr()
     by_cli = Plan.load(out).to_dict()
     by_profile = autopipe.plan_profile(path, devices=2, batch_size=8, memory="1GiB", choices=PINNED, link=PRICED)
-    by_plan = autopipe.plan(nn.Linear(2, 2), torch.zeros(4, 2), stages=2, batch_size=8, memory="1GiB", choices=PINNED, link=PRICED,
-                            profile_data=prof)  # fmt: skip
+    by_plan = autopipe.plan(
+        nn.Linear(2, 2),
+        torch.zeros(4, 2),
+        stages=2,
+        batch_size=8,
+        memory="1GiB",
+        choices=PINNED,
+        link=PRICED,
+        profile_data=prof,
+    )
     assert by_profile.to_dict() == by_plan.to_dict() == by_cli
-    assert (by_cli["micro_batches"], by_cli["schedule"], by_cli["recompute_policy"], by_cli["link_bandwidth"]) == (4, "1f1b", "never", 25e9)
-    balanced = autopipe.plan_profile(prof, stages=2, batch_size=8, memory="1GiB", choices=PINNED, link=PRICED, balance=[5, 3])
+    assert (by_cli["micro_batches"], by_cli["schedule"], by_cli["recompute_policy"], by_cli["link_bandwidth"]) == (
+        4,
+        "1f1b",
+        "never",
+        25e9,
+    )
+    balanced = autopipe.plan_profile(
+        prof, stages=2, batch_size=8, memory="1GiB", choices=PINNED, link=PRICED, balance=[5, 3]
+    )
     assert main([*argv[:-2], "--balance", "5,3", "-o", str(out)]) == 0, capsys.readouterr()
     assert balanced.to_dict() == Plan.load(out).to_dict() and balanced.balance == (5, 3)
-    assert autopipe.plan(nn.Linear(2, 2), torch.zeros(4, 2), devices=2, batch_size=8, memory="1GiB", choices=PINNED, link=PRICED,
-                         balance=[5, 3], profile_data=prof) == balanced  # fmt: skip
+    assert (
+        autopipe.plan(
+            nn.Linear(2, 2),
+            torch.zeros(4, 2),
+            devices=2,
+            batch_size=8,
+            memory="1GiB",
+            choices=PINNED,
+            link=PRICED,
+            balance=[5, 3],
+            profile_data=prof,
+        )
+        == balanced
+    )
 
 
 @pytest.mark.slow
-def test_plan_cluster_gives_the_command_lines_plan_for_the_same_values(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_plan_cluster_gives_the_command_lines_plan_for_the_same_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AUTOPIPE_CALIBRATION_DIR", str(tmp_path / "calibration"))
     gpt, out = str(Path(__file__).resolve().parent.parent / "models" / "gpt.py"), tmp_path / "plan.json"
-    argv = ["plan", gpt, "-k", "n_layer=4", "--device", "h100", "--gpus", "8", "--batch-size", "16", "--stages", "2", *PINNED_FLAGS,
-            "-o", str(out)]  # fmt: skip
+    argv = [
+        "plan",
+        gpt,
+        "-k",
+        "n_layer=4",
+        "--device",
+        "h100",
+        "--gpus",
+        "8",
+        "--batch-size",
+        "16",
+        "--stages",
+        "2",
+        *PINNED_FLAGS,
+        "-o",
+        str(out),
+    ]
     assert main(argv) == 0, capsys.readouterr()
-    by_api = autopipe.plan_cluster(gpt, kwargs={"n_layer": 4}, device="h100", gpus=8, batch_size=16, stages=2, choices=PINNED, link=PRICED)
+    by_api = autopipe.plan_cluster(
+        gpt, kwargs={"n_layer": 4}, device="h100", gpus=8, batch_size=16, stages=2, choices=PINNED, link=PRICED
+    )
     assert by_api.to_dict() == Plan.load(out).to_dict()
     assert (by_api.devices, by_api.micro_batches, by_api.schedule, by_api.recompute_policy) == (2, 4, "1f1b", "never")
 
@@ -379,5 +529,7 @@ def test_devices_and_stages_are_one_thing(tmp_path: Path) -> None:
     assert autopipe.plan_profile(prof, devices=2, stages=2, batch_size=8, memory="1GiB").to_dict() == same[0]
     with pytest.raises(PlanError, match=r"^devices and stages are the same thing \(pipeline devices\); give one$"):
         autopipe.plan_profile(prof, devices=2, stages=4, batch_size=8, memory="1GiB")
-    with pytest.raises(PlanError, match=r"^stages must be at least 1 \(got 0\)$"):  # the API's words, not the CLI's flags
+    with pytest.raises(
+        PlanError, match=r"^stages must be at least 1 \(got 0\)$"
+    ):  # the API's words, not the CLI's flags
         autopipe.plan_profile(prof, stages=0, batch_size=8, memory="1GiB")

@@ -21,8 +21,12 @@ M = 8  # the script's micro-batches; 2 ranks
 def test_small_run_reports_measured_against_predicted_per_schedule() -> None:
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "-k", "n_layer=2", "--steps", "2", "--repeat", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=230, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=230,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {}
     for line in out.stdout.splitlines():

@@ -40,7 +40,20 @@ def test_quick_run_prints_a_table_that_parses(capsys: pytest.CaptureFixture[str]
         if len(fields) != 12 or fields[0] != "mlp":
             break
         _, limit, gb, schedule, it, ratio, bubble, peak, m, v, _, best = fields
-        rows.append((limit, schedule, float(it), float(ratio), float(bubble.rstrip("%")), float(peak), float(gb), int(m), int(v), best))
+        rows.append(
+            (
+                limit,
+                schedule,
+                float(it),
+                float(ratio),
+                float(bubble.rstrip("%")),
+                float(peak),
+                float(gb),
+                int(m),
+                int(v),
+                best,
+            )
+        )
     names = {s.name for s in SPECS}
     reasons = [line for line in lines if ": cannot plan: " in line]
     for limit in ("tight", "loose"):

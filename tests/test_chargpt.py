@@ -84,7 +84,27 @@ def test_training_on_the_text_brings_the_loss_well_below_chance(m: ModuleType) -
 
 @pytest.mark.slow
 def test_plans_for_two_stages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["plan", FILE, "-k", "n_layer=2", "-k", "n_embd=32", "--stages", "2", "--batch-size", "8",
-            "--memory", "1GiB", "--repeat", "1", "--warmup", "0", "--device", "cpu", "-o", str(tmp_path / "plan.json")]  # fmt: skip
+    argv = [
+        "plan",
+        FILE,
+        "-k",
+        "n_layer=2",
+        "-k",
+        "n_embd=32",
+        "--stages",
+        "2",
+        "--batch-size",
+        "8",
+        "--memory",
+        "1GiB",
+        "--repeat",
+        "1",
+        "--warmup",
+        "0",
+        "--device",
+        "cpu",
+        "-o",
+        str(tmp_path / "plan.json"),
+    ]
     assert main(argv) == 0
     assert "wrote" in capsys.readouterr().out and (tmp_path / "plan.json").is_file()

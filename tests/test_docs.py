@@ -63,7 +63,9 @@ def test_every_python_block_in_the_docs_parses() -> None:
             try:
                 ast.parse(m.group(1))
             except SyntaxError as e:
-                raise AssertionError(f"docs/{page.name}:{line + (e.lineno or 0)}: the ```python block does not parse: {e.msg}") from None
+                raise AssertionError(
+                    f"docs/{page.name}:{line + (e.lineno or 0)}: the ```python block does not parse: {e.msg}"
+                ) from None
 
 
 def test_every_repository_path_the_pages_name_exists() -> None:

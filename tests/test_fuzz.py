@@ -42,9 +42,25 @@ LIMIT_S = 60.0  # a hang, not a slow case: each takes well under a second, a bus
 PLAN_V1 = FIXTURES / "good_mlp_plan_v1.json"
 PROFILE_V1 = FIXTURES / "good_mlp_profile_v1.json"
 BAD_VALUES: tuple[Any, ...] = (
-    "x", "", 'q"""\n\'\\', "\udcff", "1", None, True, False, 0, -1, -2.5, 10**30, math.nan,
-    math.inf, -math.inf, [], {}, [1, "a"],
-)  # fmt: skip
+    "x",
+    "",
+    'q"""\n\'\\',
+    "\udcff",
+    "1",
+    None,
+    True,
+    False,
+    0,
+    -1,
+    -2.5,
+    10**30,
+    math.nan,
+    math.inf,
+    -math.inf,
+    [],
+    {},
+    [1, "a"],
+)
 
 
 class _Launched(Exception):
@@ -159,7 +175,13 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     stages = tmp / "stages"
     assert main(["emit", str(PLAN_V1), "-o", str(stages)]) == 0
     manifest = json.loads((stages / "manifest.json").read_text())
-    return {"tmp": tmp, "plan": plan_raw, "profile": json.loads(PROFILE_V1.read_text()), "stages": stages, "manifest": manifest}
+    return {
+        "tmp": tmp,
+        "plan": plan_raw,
+        "profile": json.loads(PROFILE_V1.read_text()),
+        "stages": stages,
+        "manifest": manifest,
+    }
 
 
 def make_cases(inputs: dict[str, Any], per_kind: int, seed: int) -> Iterator[Case]:
@@ -177,8 +199,23 @@ def make_cases(inputs: dict[str, Any], per_kind: int, seed: int) -> Iterator[Cas
         what, data = mutate(inputs["profile"], rng)
         path = tmp / f"profile{i}.json"
         path.write_bytes(data)
-        yield Case("plan", what, ["plan", "--profile", str(path), "--stages", "2", "--batch-size", "8",
-                                  "--memory", "1GiB", "-o", str(tmp / f"plan-out{i}.json")])  # fmt: skip
+        yield Case(
+            "plan",
+            what,
+            [
+                "plan",
+                "--profile",
+                str(path),
+                "--stages",
+                "2",
+                "--batch-size",
+                "8",
+                "--memory",
+                "1GiB",
+                "-o",
+                str(tmp / f"plan-out{i}.json"),
+            ],
+        )
         what, data = mutate(inputs["manifest"], rng)
         folder = tmp / f"stages{i}"
         folder.mkdir()
@@ -191,7 +228,9 @@ def make_cases(inputs: dict[str, Any], per_kind: int, seed: int) -> Iterator[Cas
     good = inputs["tmp"] / "good-plan.json"
     good.write_text(json.dumps(inputs["plan"]))
     for flags in _flag_mutations(rng, per_kind):
-        yield Case("flags", " ".join(flags), [flags[0], str(good), *flags[1:]] if flags[0] in ("show", "run") else flags)
+        yield Case(
+            "flags", " ".join(flags), [flags[0], str(good), *flags[1:]] if flags[0] in ("show", "run") else flags
+        )
 
 
 _RUN_FLAGS = ("--steps", "--timeout", "--lr", "--seed", "--optimizer", "--threads")
@@ -203,10 +242,25 @@ def _flag_mutations(rng: random.Random, n: int) -> Iterator[list[str]]:
     for _ in range(n):
         if rng.random() < 0.6:
             flag = rng.choice(_RUN_FLAGS)
-            yield ["run", "--steps", "1", flag, rng.choice(_FLAG_VALUES)] if flag != "--steps" else ["run", flag, rng.choice(_FLAG_VALUES)]
+            yield (
+                ["run", "--steps", "1", flag, rng.choice(_FLAG_VALUES)]
+                if flag != "--steps"
+                else ["run", flag, rng.choice(_FLAG_VALUES)]
+            )
         else:
-            yield ["plan", "--profile", str(PROFILE_V1), "-o", "/nonexistent-dir/x/plan.json", "--stages", "2", "--batch-size", "8",
-                   rng.choice(_PLAN_FLAGS), rng.choice(_FLAG_VALUES)]  # fmt: skip
+            yield [
+                "plan",
+                "--profile",
+                str(PROFILE_V1),
+                "-o",
+                "/nonexistent-dir/x/plan.json",
+                "--stages",
+                "2",
+                "--batch-size",
+                "8",
+                rng.choice(_PLAN_FLAGS),
+                rng.choice(_FLAG_VALUES),
+            ]
 
 
 def check_cases(cases: list[Case], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -254,6 +308,7 @@ def test_fuzz_through_a_real_process(inputs: dict[str, Any]) -> None:
         (["show", str(tmp / "binary.json")], "not UTF-8 text"),
     ):
         # a hang only meets the timeout; the check and its one line take seconds, torch's import included
-        done = subprocess.run([sys.executable, "-m", "autopipe.cli.main", *argv], capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "autopipe.cli.main", *argv], capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
-

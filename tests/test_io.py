@@ -93,12 +93,16 @@ def _args(plan_file: Path, tmp_path: Path) -> dict[str, list[str]]:
     }
 
 
-@pytest.mark.parametrize("command", ["plan -o", "plan --timeline", "show --timeline", "profile -o", "emit -o", "merge -o", "run --trace"])
+@pytest.mark.parametrize(
+    "command", ["plan -o", "plan --timeline", "show --timeline", "profile -o", "emit -o", "merge -o", "run --trace"]
+)
 def test_every_output_flag_is_checked_first(
     command: str, plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "file").write_text("x")
-    flag = {"emit -o": "--output", "merge -o": "--output", "plan -o": "--output", "profile -o": "--output"}.get(command, command.split()[1])
+    flag = {"emit -o": "--output", "merge -o": "--output", "plan -o": "--output", "profile -o": "--output"}.get(
+        command, command.split()[1]
+    )
     for out, why in [
         ("/proc/x", "cannot write in /proc"),
         (f"{tmp_path}/file/x", f"{tmp_path}/file is a file, not a folder"),

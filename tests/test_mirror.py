@@ -42,13 +42,17 @@ def test_every_module_has_a_test_file_named_for_it_or_names_its_own() -> None:
         if mirror(module).is_file() or (named and all((ROOT / n).is_file() for n in named)):
             continue
         where = f"its docstring names {', '.join(named)}, which is not there" if named else "no test file"
-        unmirrored.append(f"{module.relative_to(ROOT)}: {where}; add {mirror(module).relative_to(ROOT)} or a 'Tests: tests/...py.' line")
+        unmirrored.append(
+            f"{module.relative_to(ROOT)}: {where}; add {mirror(module).relative_to(ROOT)} or a 'Tests: tests/...py.' line"
+        )
     assert not unmirrored, "\n".join(unmirrored)
 
 
 def test_the_rule_reads_as_the_layout_does() -> None:
     assert mirror(ROOT / "autopipe" / "partition" / "chain.py") == ROOT / "tests" / "partition" / "test_chain.py"
-    assert mirror(ROOT / "autopipe" / "partition" / "_intervals.py") == ROOT / "tests" / "partition" / "test_intervals.py"
+    assert (
+        mirror(ROOT / "autopipe" / "partition" / "_intervals.py") == ROOT / "tests" / "partition" / "test_intervals.py"
+    )
     assert mirror(ROOT / "autopipe" / "api.py") == ROOT / "tests" / "test_api.py"
     assert mirror(ROOT / "cli" / "plan_cmd.py") == ROOT / "tests" / "cli" / "test_plan_cmd.py"
     assert pointers(ROOT / "autopipe" / "partition" / "brute.py") == ["tests/partition/test_solvers.py"]

@@ -59,11 +59,27 @@ BAD: list[tuple[str, Mutation, str]] = [
     ("batch 0", _set("batch_size", 0), "batch_size is 0, expected 1 to"),
     ("batch negative", _set("batch_size", -8), "batch_size is -8, expected 1 to 2147483648"),
     ("micro-batches 0", _set("micro_batches", 0), "micro_batches is 0, expected 1 to 65536"),
-    ("micro-batches not dividing", _set("micro_batches", 3), "batch_size 8 is not micro_batches 3 x micro_batch_size 8"),
-    ("micro-batches huge", _set("micro_batches", 10**6), f"micro_batches is 1000000, expected 1 to {MAX_MICRO_BATCHES}"),
-    ("schedule unknown", _set("schedule", "nope"), "schedule 'nope' is unknown (known: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, dualpipe-v)"),
+    (
+        "micro-batches not dividing",
+        _set("micro_batches", 3),
+        "batch_size 8 is not micro_batches 3 x micro_batch_size 8",
+    ),
+    (
+        "micro-batches huge",
+        _set("micro_batches", 10**6),
+        f"micro_batches is 1000000, expected 1 to {MAX_MICRO_BATCHES}",
+    ),
+    (
+        "schedule unknown",
+        _set("schedule", "nope"),
+        "schedule 'nope' is unknown (known: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, dualpipe-v)",
+    ),
     ("virtual 0", _set("virtual", 0), "virtual is 0, expected 1 to 64"),
-    ("dualpipe-v m < 2S", _set("schedule", "dualpipe-v"), "micro_batches is 1, but dualpipe-v on 2 devices runs at least 4"),
+    (
+        "dualpipe-v m < 2S",
+        _set("schedule", "dualpipe-v"),
+        "micro_batches is 1, but dualpipe-v on 2 devices runs at least 4",
+    ),
     ("virtual for 1f1b", _set("virtual", 2), "virtual is 2, but the 1f1b schedule runs one stage per device"),
     ("rank beyond devices", _set("rank", 5, 1), "stage 1 is on device 5, but the 1f1b schedule runs it on device 1"),
     ("rank negative", _set("rank", -1, 1), "stages[1].rank is -1, expected a whole number from 0"),
@@ -75,11 +91,23 @@ BAD: list[tuple[str, Mutation, str]] = [
     ("missing key", _delete("schedule"), "schedule is missing"),
     ("missing recipe", _delete("recipe"), "recipe is missing"),
     ("unknown key", _set("colour", "red"), "'colour' is not a field of a plan"),
-    ("tracer", lambda d: d["recipe"].update(tracer="magic"), "recipe.tracer is 'magic', expected one of auto, fx, export"),
-    ("kwargs not strings", lambda d: d["recipe"].update(model_kwargs=[3]), "recipe.model_kwargs[0] is 3, expected a string"),
+    (
+        "tracer",
+        lambda d: d["recipe"].update(tracer="magic"),
+        "recipe.tracer is 'magic', expected one of auto, fx, export",
+    ),
+    (
+        "kwargs not strings",
+        lambda d: d["recipe"].update(model_kwargs=[3]),
+        "recipe.model_kwargs[0] is 3, expected a string",
+    ),
     ("lone surrogate", _set("model", "x\udcff"), "model is 'x\\udcff', expected text"),
     ("peak per device", _set("peak_memory_bytes", []), "peak_memory_bytes has 0 value(s), expected one per device (2)"),
-    ("a baseline without peaks", lambda d: d["baselines"][0].update(peak_memory_bytes=[]), "baselines[0].peak_memory_bytes is empty"),
+    (
+        "a baseline without peaks",
+        lambda d: d["baselines"][0].update(peak_memory_bytes=[]),
+        "baselines[0].peak_memory_bytes is empty",
+    ),
     ("tensor parallel 0", _set("tensor_parallel", 0), "tensor_parallel is 0, expected 1 to 1024"),
     ("tensor parallel negative", _set("tensor_parallel", -3), "tensor_parallel is -3, expected 1 to 1024"),
     ("devices huge", _set("devices", 2**60), "devices is 1152921504606846976, expected 1 to 4096"),
@@ -107,7 +135,11 @@ def test_good_plans_of_both_versions_load_and_round_trip() -> None:
     raw["stages"][0]["forward_s"] = 1  # an int where a float is expected
     again = Plan.from_json(json.dumps(raw))
     assert again.data_parallel == 1 and again.stages[0].forward_s == 1.0
-    assert (again.tensor_parallel, again.sequence_parallel, again.model_flops) == (1, False, 0.0)  # before tensor parallelism
+    assert (again.tensor_parallel, again.sequence_parallel, again.model_flops) == (
+        1,
+        False,
+        0.0,
+    )  # before tensor parallelism
 
 
 def test_huge_numbers_and_deep_nesting_are_one_line() -> None:
@@ -131,7 +163,11 @@ def test_show_emit_and_run_refuse_a_bad_plan_with_exit_2(tmp_path: Path, capsys:
     raw["stages"][0]["recompute"] = "yes"
     path = tmp_path / "p.json"
     path.write_text(json.dumps(raw))
-    for argv in (["show", str(path)], ["emit", str(path), "-o", str(tmp_path / "out")], ["run", str(path), "--timeout", "5"]):
+    for argv in (
+        ["show", str(path)],
+        ["emit", str(path), "-o", str(tmp_path / "out")],
+        ["run", str(path), "--timeout", "5"],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "stages[0].recompute is 'yes'" in err, argv

@@ -41,7 +41,9 @@ def test_every_python_block_in_the_readme_parses() -> None:
         try:
             ast.parse(code)
         except SyntaxError as e:
-            raise AssertionError(f"README.md:{line + (e.lineno or 0)}: the ```python block does not parse: {e.msg}") from None
+            raise AssertionError(
+                f"README.md:{line + (e.lineno or 0)}: the ```python block does not parse: {e.msg}"
+            ) from None
     convention = next(code for _, code in blocks if "def build_model" in code)
     stubs = [n.name for n in ast.parse(convention).body if isinstance(n, ast.FunctionDef)]
     assert stubs == ["build_model", "example_inputs", "example_targets", "loss_fn", "train_data"]
@@ -57,7 +59,9 @@ def test_the_readme_model_file_is_complete() -> None:
 def test_every_bash_block_in_the_readme_runs(tmp_path: Path) -> None:
     blocks = _blocks("bash")
     skipped = [line for line, _, not_run in blocks if not_run]
-    assert len(skipped) == 2, f"README.md lines {skipped}: expected only the install and the test suite marked 'not run'"
+    assert len(skipped) == 2, (
+        f"README.md lines {skipped}: expected only the install and the test suite marked 'not run'"
+    )
     shutil.copytree(ROOT / "models", tmp_path / "models", ignore=shutil.ignore_patterns("__pycache__"))
     own = next(code for _, code, _ in _blocks("python") if code.startswith("# my_model.py"))
     (tmp_path / "my_model.py").write_text(own, encoding="utf-8")
@@ -66,8 +70,12 @@ def test_every_bash_block_in_the_readme_runs(tmp_path: Path) -> None:
     for line, code, not_run in blocks:
         if not_run:
             continue
-        done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, f"README.md:{line}: the ```bash block failed (exit {done.returncode}):\n{done.stderr[-2000:]}"
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, (
+            f"README.md:{line}: the ```bash block failed (exit {done.returncode}):\n{done.stderr[-2000:]}"
+        )
     assert (tmp_path / "gpt-plan.json").is_file() and (tmp_path / "my-plan.json").is_file()
     assert (tmp_path / "gpt-stages" / "manifest.json").is_file()
     assert not any((ROOT / name).exists() for name in ("gpt-plan.json", "my-plan.json", "gpt-stages"))

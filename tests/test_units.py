@@ -10,7 +10,14 @@ from autopipe.units import format_count, parse_bytes, parse_duration, parse_rate
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("16GiB", 16 * 2**30), ("80GB", 80e9), ("512 MiB", 512 * 2**20), ("1.5G", 1.5 * 2**30), ("4096", 4096.0), (1e9, 1e9)],
+    [
+        ("16GiB", 16 * 2**30),
+        ("80GB", 80e9),
+        ("512 MiB", 512 * 2**20),
+        ("1.5G", 1.5 * 2**30),
+        ("4096", 4096.0),
+        (1e9, 1e9),
+    ],
 )
 def test_parse_bytes(text: str | float, value: float) -> None:
     assert parse_bytes(text) == value
@@ -27,13 +34,19 @@ def test_parse_rate_and_duration() -> None:
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: parse_bytes("lots", "--memory"), "--memory must be a number with a unit, like 16GiB or 80GB (got 'lots')"),
+        (
+            lambda: parse_bytes("lots", "--memory"),
+            "--memory must be a number with a unit, like 16GiB or 80GB (got 'lots')",
+        ),
         (lambda: parse_bytes("16 parsecs", "--memory"), "--memory: unknown unit 'parsecs'"),
         (lambda: parse_bytes("-4GB", "--memory"), "--memory must be positive (got '-4GB')"),
         (lambda: parse_bytes(0, "memory"), "memory must be positive (got 0)"),
         (lambda: parse_rate("fast"), "bandwidth must be a number with a unit, like 25GB/s"),
         (lambda: parse_duration("-1ms", "--latency"), "--latency must be zero or more"),
-        (lambda: parse_bytes("1e400GB", "--memory"), "--memory must be a finite number (got '1e400GB'); write it like 16GiB or 80GB"),
+        (
+            lambda: parse_bytes("1e400GB", "--memory"),
+            "--memory must be a finite number (got '1e400GB'); write it like 16GiB or 80GB",
+        ),
         (lambda: parse_bytes("1e308TB", "--memory"), "--memory must be a finite number (got '1e308TB')"),
         (lambda: parse_bytes(float("inf"), "memory"), "memory must be a finite number of bytes (got inf)"),
         (lambda: parse_bytes(float("nan"), "memory"), "memory must be a finite number of bytes (got nan)"),

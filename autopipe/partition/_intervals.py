@@ -19,7 +19,16 @@ from numpy.typing import NDArray
 
 from autopipe.partition.problem import PartitionProblem, memory_cap
 
-__all__ = ["InBytes", "in_bytes_diff", "in_bytes_matrix", "position_comm", "prefix", "range_sums", "stage_caps", "stage_kinds"]
+__all__ = [
+    "InBytes",
+    "in_bytes_diff",
+    "in_bytes_matrix",
+    "position_comm",
+    "prefix",
+    "range_sums",
+    "stage_caps",
+    "stage_kinds",
+]
 
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
@@ -109,8 +118,7 @@ class InBytes:
 def position_comm(p: PartitionProblem) -> tuple[Floats, Floats]:
     """``(cut_bytes, comm_s)`` of a cut at each position j (length n + 1; 0 at 0 and n)."""
     n = p.blocks
-    crossing = [(t.src + 1, max(t.dsts) + 1, t.bytes)
-                for t in p.tensors if t.src >= 0 and t.dsts and t.bytes > 0]
+    crossing = [(t.src + 1, max(t.dsts) + 1, t.bytes) for t in p.tensors if t.src >= 0 and t.dsts and t.bytes > 0]
     first = np.asarray([c[0] for c in crossing], dtype=np.int64)
     after = np.asarray([c[1] for c in crossing], dtype=np.int64)
     size = np.asarray([c[2] for c in crossing], dtype=np.float64)
@@ -140,4 +148,3 @@ def stage_kinds(p: PartitionProblem) -> tuple[list[tuple[float, float]], list[in
     kinds = list(dict.fromkeys(keys))
     index = {k: j for j, k in enumerate(kinds)}
     return kinds, [index[k] for k in keys]
-

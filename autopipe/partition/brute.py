@@ -64,11 +64,9 @@ def solve_brute(problem: PartitionProblem) -> Partition:
     need = float("inf")  # smallest single limit under which some assignment fits
     for assign in monotone_assignments(p):
         st = stage_stats(p, assign)
-        need = min(need, max(min(st.memory(p, s, r) for r in {rc[s] for rc in choices})
-                             for s in range(p.stages)))
+        need = min(need, max(min(st.memory(p, s, r) for r in {rc[s] for rc in choices}) for s in range(p.stages)))
         for rc in choices:
-            if not all(memory_fits(st.memory(p, s, rc[s]), p.stage_memory_limit[s])
-                       for s in range(p.stages)):
+            if not all(memory_fits(st.memory(p, s, rc[s]), p.stage_memory_limit[s]) for s in range(p.stages)):
                 continue
             times = [st.time[s] + (st.extra[s] if rc[s] else 0.0) for s in range(p.stages)]
             z = max(max(times), max(st.comm, default=0.0))

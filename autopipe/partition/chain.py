@@ -77,7 +77,9 @@ class _Band:
         if inb_diff is not None:  # in_bytes(i, j): the diff row of start i summed from column i
             pad = np.zeros((n + 1, n + 2 + w))
             pad[:, : n + 2] = inb_diff
-            per_start = np.cumsum(pad[np.arange(n + 1)[:, None], np.arange(n + 1)[:, None] + np.arange(w + 1)[None, :]], axis=1)
+            per_start = np.cumsum(
+                pad[np.arange(n + 1)[:, None], np.arange(n + 1)[:, None] + np.arange(w + 1)[None, :]], axis=1
+            )
             self.inb = np.asarray(per_start[rows, cols + 1], dtype=np.float64)
         self._kinds: dict[tuple[float, float, str], tuple[Floats, Bools]] = {}
 

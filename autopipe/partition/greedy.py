@@ -109,9 +109,19 @@ class _Sums:
     def of(p: PartitionProblem) -> _Sums:
         pt, pr, comm = prefix(p.time_s), prefix(p.recompute_s), position_comm(p)[1]
         psa = prefix(tuple(a + b for a, b in zip(p.static_bytes, p.activation_bytes, strict=True)))
-        return _Sums(pt, pr, comm, prefix(p.static_bytes), prefix(p.activation_bytes), psa,
-                     pt.tolist(), pr.tolist(), comm.tolist(), (pt + pr).tolist(),
-                     (p.link_latency_s, p.link_bandwidth))
+        return _Sums(
+            pt,
+            pr,
+            comm,
+            prefix(p.static_bytes),
+            prefix(p.activation_bytes),
+            psa,
+            pt.tolist(),
+            pr.tolist(),
+            comm.tolist(),
+            (pt + pr).tolist(),
+            (p.link_latency_s, p.link_bandwidth),
+        )
 
 
 def _furthest(cost: Callable[[Ints, Ints], Floats], guess: Ints, bound: float | Floats) -> Ints:
@@ -222,9 +232,23 @@ class _Probes:
         assert _NATIVE is not None
         p, s = self.p, self.sums
         starts, rc = np.zeros(self.S, dtype=np.int64), np.zeros(self.S, dtype=np.bool_)
-        worst = _NATIVE.solve(s.pt, s.pr, s.comm, s.ps, s.pa, s.psa, *self._in_bytes(),
-                              np.asarray(p.inflight, dtype=np.float64), caps(p),
-                              self.plain_ok, self.rc_ok, lower, tolerance, starts, rc)
+        worst = _NATIVE.solve(
+            s.pt,
+            s.pr,
+            s.comm,
+            s.ps,
+            s.pa,
+            s.psa,
+            *self._in_bytes(),
+            np.asarray(p.inflight, dtype=np.float64),
+            caps(p),
+            self.plain_ok,
+            self.rc_ok,
+            lower,
+            tolerance,
+            starts,
+            rc,
+        )
         return None if worst is None else _Found(tuple(starts.tolist()), tuple(rc.tolist()), worst)
 
     # -- per-probe pieces -------------------------------------------------------------------
@@ -232,12 +256,12 @@ class _Probes:
         pt, pr = self.pt, self.pr
         plain = rc = np.arange(self.n + 1)
         if self.plain_ok:
-            plain = _furthest(lambda i, e: pt[e] - pt[i],
-                              np.searchsorted(pt, pt + z, side="right") - 1, z)
+            plain = _furthest(lambda i, e: pt[e] - pt[i], np.searchsorted(pt, pt + z, side="right") - 1, z)
         if self.rc_ok:
             ptr = pt + pr
-            rc = _furthest(lambda i, e: (pt[e] - pt[i]) + (pr[e] - pr[i]),
-                           np.searchsorted(ptr, ptr + z, side="right") - 1, z)
+            rc = _furthest(
+                lambda i, e: (pt[e] - pt[i]) + (pr[e] - pr[i]), np.searchsorted(ptr, ptr + z, side="right") - 1, z
+            )
         return plain, rc
 
     def _found(self, starts: list[int]) -> _Found:
@@ -320,8 +344,12 @@ class _Probes:
                 e = np.maximum(e, np.minimum(self.mem_rc[s], tr))
             history.append((reach, e))
             starts = np.flatnonzero(reach)
-            cover = np.cumsum(np.bincount(starts + 1, minlength=n + 2)
-                              - np.bincount(e[starts] + 1, minlength=n + 2))[: n + 1] > 0
+            cover = (
+                np.cumsum(np.bincount(starts + 1, minlength=n + 2) - np.bincount(e[starts] + 1, minlength=n + 2))[
+                    : n + 1
+                ]
+                > 0
+            )
             reach = cover & allowed
         if not reach[n]:
             return None
@@ -338,8 +366,13 @@ def _bisect(probe: Callable[[float], _Found | None], lo: float, best: _Found, to
     ``tolerance``, relative, when it is positive)."""
     hi = best.worst
     while hi - lo > tolerance * hi:  # halving the ratio first while it is over 2, then the gap
-        mid = (lo * math.sqrt(hi / lo) if hi > 2 * lo > 0
-               else lo + (hi - lo) / 2 if hi - lo > BISECT_GAP * hi else math.nextafter(hi, -math.inf))
+        mid = (
+            lo * math.sqrt(hi / lo)
+            if hi > 2 * lo > 0
+            else lo + (hi - lo) / 2
+            if hi - lo > BISECT_GAP * hi
+            else math.nextafter(hi, -math.inf)
+        )
         if not lo < mid < hi:
             return best
         found = probe(mid)
@@ -356,7 +389,9 @@ def _lower(p: PartitionProblem, total: float) -> float:
     return max(max(p.time_s), total / p.stages) * (1 - 1e-14 * (p.stages + 1))
 
 
-def solve_fast(problem: PartitionProblem, *, explain: bool = True, tolerance: float = 0.0, memo: Memo | None = None) -> Partition:
+def solve_fast(
+    problem: PartitionProblem, *, explain: bool = True, tolerance: float = 0.0, memo: Memo | None = None
+) -> Partition:
     """A contiguous partition with the least bottleneck Z (exact); its total is not minimised.
 
     ``tolerance`` > 0: a bottleneck within that (relative) of the least, found with fewer

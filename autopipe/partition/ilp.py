@@ -74,8 +74,11 @@ class _Model:
         self.p = p
         self.prob = pulp.LpProblem("autopipe_partition", pulp.LpMinimize)
         crossing = [t for t in p.tensors if t.src >= 0 and t.dsts and t.bytes > 0]
-        self.tau = max(sum(p.time_s) + sum(p.recompute_s),
-                       p.link_latency_s + sum(t.bytes for t in crossing) / p.link_bandwidth, 1e-12)
+        self.tau = max(
+            sum(p.time_s) + sum(p.recompute_s),
+            p.link_latency_s + sum(t.bytes for t in crossing) / p.link_bandwidth,
+            1e-12,
+        )
         self.x, Y = self._assignment()
         self.Z = pulp.LpVariable("Z", lowBound=0)
         rho, w = self._recompute()
@@ -91,8 +94,7 @@ class _Model:
 
         p, prob = self.p, self.prob
         n, S = p.blocks, p.stages
-        x = [[pulp.LpVariable(f"x_{i}_{s}", cat="Binary") for s in range(S)]
-             for i in range(n)]
+        x = [[pulp.LpVariable(f"x_{i}_{s}", cat="Binary") for s in range(S)] for i in range(n)]
         Y = [[pulp.lpSum(x[i][: c + 1]) for c in range(S)] for i in range(n)]
         for i in range(n):
             prob += pulp.lpSum(x[i]) == 1
@@ -111,8 +113,7 @@ class _Model:
         p, prob, x = self.p, self.prob, self.x
         S = p.stages
         if p.recompute == "auto":
-            rho: list[pulp.LpVariable | float] = [
-                pulp.LpVariable(f"rho_{s}", cat="Binary") for s in range(S)]
+            rho: list[pulp.LpVariable | float] = [pulp.LpVariable(f"rho_{s}", cat="Binary") for s in range(S)]
         else:
             rho = [1.0 if p.recompute == "always" else 0.0] * S
         w: list[list[Expr | pulp.LpVariable | float]] = []
@@ -137,8 +138,9 @@ class _Model:
 
         p, x = self.p, self.x
         stage_time = [
-            pulp.lpSum(p.time_s[i] / self.tau * x[i][s] + p.recompute_s[i] / self.tau * w[i][s]
-                       for i in range(p.blocks))
+            pulp.lpSum(
+                p.time_s[i] / self.tau * x[i][s] + p.recompute_s[i] / self.tau * w[i][s] for i in range(p.blocks)
+            )
             for s in range(p.stages)
         ]
         for s in range(p.stages):
@@ -174,8 +176,9 @@ class _Model:
 
         p, prob, x = self.p, self.prob, self.x
         n = p.blocks
-        self.mem_unit = max(1.0, max(p.static_bytes) + max(p.inflight) * (
-            sum(p.activation_bytes) + sum(t.bytes for t in p.tensors)))
+        self.mem_unit = max(
+            1.0, max(p.static_bytes) + max(p.inflight) * (sum(p.activation_bytes) + sum(t.bytes for t in p.tensors))
+        )
         inputs = [t for t in p.tensors if t.dsts and t.bytes > 0]
         for s in range(p.stages):
             limit = p.stage_memory_limit[s]
@@ -210,19 +213,21 @@ class _Model:
         try:
             self.prob.solve(solver)
         except (OSError, pulp.PulpSolverError) as e:  # fork failed (Errno 11), binary missing
-            raise SolverUnavailable(f"the ILP solver (CBC) could not start ({e}); "
-                                    "free a process slot or reinstall pulp, or use solve_chain") from e
+            raise SolverUnavailable(
+                f"the ILP solver (CBC) could not start ({e}); free a process slot or reinstall pulp, or use solve_chain"
+            ) from e
         status = pulp.LpStatus[self.prob.status]
         if status == "Infeasible":
             return False
         if status != "Optimal" or self.x[0][0].value() is None:
-            raise PlanError(f"the ILP solver found no partition within {time_limit_s} s "
-                            f"(status {status}); raise time_limit_s or use solve_chain")
+            raise PlanError(
+                f"the ILP solver found no partition within {time_limit_s} s "
+                f"(status {status}); raise time_limit_s or use solve_chain"
+            )
         return True
 
     def assignment(self) -> tuple[int, ...]:
-        return tuple(max(range(self.p.stages), key=lambda s: row[s].value() or 0.0)
-                     for row in self.x)
+        return tuple(max(range(self.p.stages), key=lambda s: row[s].value() or 0.0) for row in self.x)
 
 
 def _min_memory(p: PartitionProblem, time_limit_s: float) -> float:
@@ -262,4 +267,3 @@ def _solve_ilp(p: PartitionProblem, time_limit_s: float) -> Partition:
         return first
     second = evaluate(p, model.assignment())
     return second if second.fits and second.total_s <= first.total_s else first
-

@@ -136,13 +136,11 @@ def _validate(p: PartitionProblem) -> None:
         if got != n:
             raise PlanError(f"{name} has {got} entries but time_s has {n}; give one per block")
     if not isinstance(p.stages, int) or not 1 <= p.stages <= n:
-        raise PlanError(f"stages must be an integer from 1 to the number of blocks ({n}), "
-                        f"got {p.stages!r}")
+        raise PlanError(f"stages must be an integer from 1 to the number of blocks ({n}), got {p.stages!r}")
     for name in ("inflight", "stage_memory_limit"):
         got = len(getattr(p, name))
         if got != p.stages:
-            raise PlanError(f"{name} has {got} entries but there are {p.stages} stages; "
-                            "give one per stage")
+            raise PlanError(f"{name} has {got} entries but there are {p.stages} stages; give one per stage")
     memo = p.memo if p.memo is not None and p.memo.owns(p) else None
     if memo is None or not memo.checked:
         _check_blocks(p)
@@ -165,12 +163,13 @@ def _check_blocks(p: PartitionProblem) -> None:
     _check_numbers("activation_bytes", p.activation_bytes)
     for k, t in enumerate(p.tensors):
         if not -1 <= t.src < n:
-            raise PlanError(f"tensor {k} has src {t.src}; it must be -1 (a model input) "
-                            f"or a block index below {n}")
+            raise PlanError(f"tensor {k} has src {t.src}; it must be -1 (a model input) or a block index below {n}")
         for d in t.dsts:
             if not t.src < d < n:
-                raise PlanError(f"tensor {k} (src {t.src}) has consumer {d}; consumers must "
-                                f"come after the producer and be below {n} (topological order)")
+                raise PlanError(
+                    f"tensor {k} (src {t.src}) has consumer {d}; consumers must "
+                    f"come after the producer and be below {n} (topological order)"
+                )
         _check_numbers(f"tensor {k} bytes", (t.bytes,))
 
 
@@ -242,8 +241,9 @@ _VECTOR_FROM = 64  # blocks from which _stage_stats sums with numpy (below, the 
 def _stage_stats(p: PartitionProblem, stage_of_block: tuple[int, ...]) -> StageStats:
     n = p.blocks
     if len(stage_of_block) != n:
-        raise PlanError(f"the assignment has {len(stage_of_block)} entries but there are "
-                        f"{n} blocks; give one stage per block")
+        raise PlanError(
+            f"the assignment has {len(stage_of_block)} entries but there are {n} blocks; give one stage per block"
+        )
     if n < _VECTOR_FROM:
         return _stage_stats_py(p, stage_of_block)
     blocks = (p.time_s, p.recompute_s, p.static_bytes, p.activation_bytes)
@@ -280,8 +280,10 @@ def _stage_stats_py(p: PartitionProblem, stage_of_block: tuple[int, ...]) -> Sta
         consumers = {stage_of_block[d] for d in t.dsts}
         lo = stage_of_block[t.src] if t.src >= 0 else -1
         if lo > min(consumers):
-            raise PlanError(f"tensor {k} goes from block {t.src} (stage {lo}) back to stage "
-                            f"{min(consumers)}; stages must not decrease along tensors")
+            raise PlanError(
+                f"tensor {k} goes from block {t.src} (stage {lo}) back to stage "
+                f"{min(consumers)}; stages must not decrease along tensors"
+            )
         for s in consumers:
             if s > lo:
                 in_bytes[s] += t.bytes
@@ -289,8 +291,7 @@ def _stage_stats_py(p: PartitionProblem, stage_of_block: tuple[int, ...]) -> Sta
             for c in range(lo, max(consumers)):
                 cut[c] += t.bytes
     comm = tuple(comm_time(p, b) for b in cut)
-    return StageStats(tuple(time), tuple(extra), tuple(static), tuple(act), tuple(in_bytes),
-                      tuple(cut), comm)
+    return StageStats(tuple(time), tuple(extra), tuple(static), tuple(act), tuple(in_bytes), tuple(cut), comm)
 
 
 def auto_recompute(p: PartitionProblem, st: StageStats) -> tuple[bool, ...]:
@@ -345,5 +346,4 @@ def evaluate(
 def contiguous_assignment(boundaries: Sequence[int], n: int) -> tuple[int, ...]:
     """Stage of each block for contiguous stages starting at ``boundaries`` (first is 0)."""
     ends = [*boundaries[1:], n]
-    return tuple(s for s, (a, b) in enumerate(zip(boundaries, ends, strict=True))
-                 for _ in range(a, b))
+    return tuple(s for s, (a, b) in enumerate(zip(boundaries, ends, strict=True)) for _ in range(a, b))

@@ -74,7 +74,10 @@ def stage_sums(
     """Per stage, the sum of each per-block sequence in ``blocks``; per stage, the bytes
     coming in (tensors produced in an earlier stage, or model inputs); per cut, the bytes
     crossing it. Raises PlanError for a stage out of range, an empty stage or a tensor going back."""
-    S, f = stages, flat_of(blocks, tensors) if flat is None else flat  # flat: flat_of(blocks, tensors), kept by the caller
+    S, f = (
+        stages,
+        flat_of(blocks, tensors) if flat is None else flat,
+    )  # flat: flat_of(blocks, tensors), kept by the caller
     sa = np.asarray(stage_of_block, dtype=np.int64)
     bad = np.flatnonzero((sa < 0) | (sa >= S))
     if len(bad):
@@ -92,8 +95,10 @@ def stage_sums(
     back = np.flatnonzero(lo > low)
     if len(back):
         r = int(back[0])
-        raise PlanError(f"tensor {int(f.index[r])} goes from block {int(f.src[r])} (stage {int(lo[r])}) back to "
-                        f"stage {int(low[r])}; stages must not decrease along tensors")
+        raise PlanError(
+            f"tensor {int(f.index[r])} goes from block {int(f.src[r])} (stage {int(lo[r])}) back to "
+            f"stage {int(low[r])}; stages must not decrease along tensors"
+        )
     pairs = np.unique(f.owner * S + cs)  # each consuming stage of a tensor once, tensors in order
     row, stage = pairs // S, pairs % S
     into = stage > lo[row]

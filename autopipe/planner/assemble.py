@@ -67,7 +67,15 @@ def make_plan(
             continue
         seen.add(key)
         alternatives.append(
-            Alternative(c.decision.schedule, c.decision.virtual, c.decision.micro_batches, t.iteration_s, t.bubble_fraction, max(t.peak_memory_bytes), c.source)
+            Alternative(
+                c.decision.schedule,
+                c.decision.virtual,
+                c.decision.micro_batches,
+                t.iteration_s,
+                t.bubble_fraction,
+                max(t.peak_memory_bytes),
+                c.source,
+            )
         )
     return Plan(
         model=profile.model,
@@ -105,7 +113,9 @@ def _baselines(profile: Profile, req: PlanRequest, best: Candidate) -> list[Base
         c = candidate(d, name, p, part, times)
         t = price(c, req.devices)
         sizes = tuple(assignment.count(s) for s in range(p.stages))
-        out.append(Baseline(name, sizes, t.iteration_s, t.bubble_fraction, t.peak_memory_bytes, fits(t, req.memory_limit)))
+        out.append(
+            Baseline(name, sizes, t.iteration_s, t.bubble_fraction, t.peak_memory_bytes, fits(t, req.memory_limit))
+        )
     return out
 
 
@@ -130,9 +140,10 @@ def plan_timeline(plan: Plan) -> Timeline:
     """Simulate ``plan`` again from its own numbers (what ``autopipe show`` draws)."""
     costs = plan_costs(plan)
     comm = [
-        plan.link_latency_s + s.send_bytes / plan.link_bandwidth if s.send_bytes > 0 else 0.0
-        for s in plan.stages[:-1]
+        plan.link_latency_s + s.send_bytes / plan.link_bandwidth if s.send_bytes > 0 else 0.0 for s in plan.stages[:-1]
     ]
     spec = schedule_spec(plan.schedule)
     schedule = spec.create_schedule(plan.devices, plan.micro_batches, plan.virtual)
-    return replay(schedule, costs, comm, devices=plan.devices, virtual=plan.virtual, placement=spec.placement)  # simulate's, fast
+    return replay(
+        schedule, costs, comm, devices=plan.devices, virtual=plan.virtual, placement=spec.placement
+    )  # simulate's, fast

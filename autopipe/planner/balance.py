@@ -44,7 +44,9 @@ def plan_balance(profile: Profile, request: PlanRequest, balance: Sequence[int],
         problem = problem_of(profile, request, d, size.numbers)
         priced.append(price_split(profile, request, d, sizes, problem=problem, times=size.times, source="balance"))
     if not priced:
-        raise PlanError(f"no schedule asked runs {v} chunk{'s' if v > 1 else ''} per device for {flag} {','.join(map(str, sizes))}; name one with {'--schedule' if flag.startswith('--') else 'schedule='}")
+        raise PlanError(
+            f"no schedule asked runs {v} chunk{'s' if v > 1 else ''} per device for {flag} {','.join(map(str, sizes))}; name one with {'--schedule' if flag.startswith('--') else 'schedule='}"
+        )
     fitting = sorted((x for x in priced if fits(x.summary, request.memory_limit)), key=_key)
     if not fitting:
         need = min((max(t.peak_memory_bytes) for _, t in priced), default=math.inf)
@@ -63,7 +65,11 @@ def plan_balance(profile: Profile, request: PlanRequest, balance: Sequence[int],
     best, bt = ours[0]
     same = best.decision == c.decision
     d = best.decision
-    name = "autopipe" if same else f"autopipe ({d.schedule}{f' v={d.virtual}' if d.virtual > 1 else ''}, m={d.micro_batches})"
+    name = (
+        "autopipe"
+        if same
+        else f"autopipe ({d.schedule}{f' v={d.virtual}' if d.virtual > 1 else ''}, m={d.micro_batches})"
+    )
     blocks = tuple(best.partition.stage_of_block.count(j) for j in range(best.problem.stages))
     mine = Baseline(name, blocks, bt.iteration_s, bt.bubble_fraction, bt.peak_memory_bytes, True)
     return replace(plan, baselines=(mine, *plan.baselines))

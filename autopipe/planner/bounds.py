@@ -28,7 +28,16 @@ from autopipe.planner.pricing import BlockTimes, Candidate, Decision, Schedules,
 from autopipe.planner.request import PlanRequest, decisions
 from autopipe.schedules import schedule_spec
 
-__all__ = ["PRUNE_TOLERANCE", "Work", "candidate_bound", "decision_bound", "lower_bound", "reach_bound", "split_bound", "work_table"]
+__all__ = [
+    "PRUNE_TOLERANCE",
+    "Work",
+    "candidate_bound",
+    "decision_bound",
+    "lower_bound",
+    "reach_bound",
+    "split_bound",
+    "work_table",
+]
 
 PRUNE_TOLERANCE = 1e-12
 """A bound must beat the best so far by more than this (relative) to be searched: bounds and
@@ -75,7 +84,9 @@ def reach_bound(req: PlanRequest, d: Decision, sizes: Sequence[int], times: Bloc
     return _bound_of(req, d, f, b, bi, w, np.zeros(len(sizes)), times, (0.0,) * (len(sizes) - 1))
 
 
-def split_bound(req: PlanRequest, d: Decision, problem: PartitionProblem, times: BlockTimes, sizes: Sequence[int]) -> float:
+def split_bound(
+    req: PlanRequest, d: Decision, problem: PartitionProblem, times: BlockTimes, sizes: Sequence[int]
+) -> float:
     """A time the simulator cannot beat for the split ``sizes`` as ``price_split`` prices it,
     from prefix sums alone (no stage statistics; the search queues a simple split by it and
     sums the split up only when the queue reaches it): the links may cost nothing, and a chunk
@@ -99,9 +110,13 @@ def split_bound(req: PlanRequest, d: Decision, problem: PartitionProblem, times:
         np.minimum.at(least, placed, act)
         held = np.bincount(placed, weights=inflight, minlength=req.devices) - (1.0 if d.virtual > 1 else 0.0)
         peaks = np.bincount(placed, weights=static, minlength=req.devices) + np.maximum(held, 1.0) * least
-        if peaks.max() > memory_cap(memory_cap(req.memory_limit, SCREEN_SLACK), 2 * EPS):  # nothing-recomputed cannot fit
+        if peaks.max() > memory_cap(
+            memory_cap(req.memory_limit, SCREEN_SLACK), 2 * EPS
+        ):  # nothing-recomputed cannot fit
             plain = static + inflight * act
-            recompute = plain > memory_cap(np.asarray(problem.stage_memory_limit, dtype=np.float64), 2 * EPS)  # surely over, sums in any order
+            recompute = plain > memory_cap(
+                np.asarray(problem.stage_memory_limit, dtype=np.float64), 2 * EPS
+            )  # surely over, sums in any order
     return _bound_of(req, d, f, b, bi, w, np.where(recompute, f, 0.0), times, (0.0,) * (len(sizes) - 1))
 
 
@@ -141,7 +156,13 @@ def _memory_prefix(problem: PartitionProblem) -> tuple[npt.NDArray[np.float64], 
 
 
 def _chunk_bound(
-    req: PlanRequest, d: Decision, f: Sequence[float], b: Sequence[float], w: Sequence[float], comm_s: Sequence[float], schedules: Schedules
+    req: PlanRequest,
+    d: Decision,
+    f: Sequence[float],
+    b: Sequence[float],
+    w: Sequence[float],
+    comm_s: Sequence[float],
+    schedules: Schedules,
 ) -> float:
     """:func:`candidate_bound` on per-chunk F, B (input-gradient B where W is split off), W and links."""
     placed, order, first = _placement(d.schedule, req.devices, d.virtual, schedules)
@@ -150,14 +171,19 @@ def _chunk_bound(
     if len(fa) > 1:
         comm[:-1] = np.where(placed[:-1] != placed[1:], np.asarray(comm_s, dtype=float), 0.0)
     m = d.micro_batches
-    busy, work = _own_suffix(fa + ba + wa, order, first), _own_suffix(fa + ba, order, first)  # rank placed[j]'s chunks from j on
+    busy, work = (
+        _own_suffix(fa + ba + wa, order, first),
+        _own_suffix(fa + ba, order, first),
+    )  # rank placed[j]'s chunks from j on
     ahead = np.cumsum(fa + comm) - (fa + comm)  # F (and links) of the chunks before chunk j
     before = np.cumsum(fa + ba + 2 * comm) - (fa + ba + 2 * comm)  # F + B (and links) alike
     chain = float(fa.sum() + ba.sum() + 2 * comm.sum())
     return max(chain, float((ahead + m * busy).max()), float((before + m * work).max()))
 
 
-def _own_suffix(x: npt.NDArray[np.float64], order: npt.NDArray[np.int64], first: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+def _own_suffix(
+    x: npt.NDArray[np.float64], order: npt.NDArray[np.int64], first: npt.NDArray[np.int64]
+) -> npt.NDArray[np.float64]:
     """Per chunk j: the sum of ``x`` over its device's chunks from j on (``order``: chunks by
     device, last first; ``first``: where each device's run starts in it)."""
     run = np.cumsum(x[order])

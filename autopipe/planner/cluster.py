@@ -38,7 +38,11 @@ def tensor_options(counts: ModelCounts, spec: DeviceSpec, cluster: Cluster, sequ
     shape = shape_of(counts.traces[0], counts.loaded.model)
 
     def price(t: int) -> Profile:
-        split = None if shape is None or t == 1 else TensorSplit(shape, t, sequence_parallel, cluster.nvlink_bandwidth, cluster.link_latency_s)
+        split = (
+            None
+            if shape is None or t == 1
+            else TensorSplit(shape, t, sequence_parallel, cluster.nvlink_bandwidth, cluster.link_latency_s)
+        )
         return profile_from_counts(counts, spec, split)
 
     return TensorOptions(shape, price, sequence_parallel)

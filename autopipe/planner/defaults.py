@@ -119,16 +119,23 @@ def parallel_request(
         cluster = Cluster(gpus, gpus, bw, bw, lat)
     if link.bandwidth is not None or link.latency_s is not None:
         cluster = Cluster(
-            gpus, cluster.devices_per_node,
+            gpus,
+            cluster.devices_per_node,
             cluster.nvlink_bandwidth if link.bandwidth is None else link.bandwidth,
             cluster.network_bandwidth if link.bandwidth is None else link.bandwidth,
             cluster.link_latency_s if link.latency_s is None else link.latency_s,
-        )  # fmt: skip
+        )
     per_param = BYTES_PER_PARAM if profile.method == "analytic" else PlanRequest.state_factor * element_size(profile)
     return ParallelRequest(
-        cluster, batch_size, memory, bytes_per_param=per_param, shard_optimizer=shard_optimizer, stages=stages,
-        choices=choices, action_overhead_s=_action_overhead(profile, link),
-    )  # fmt: skip
+        cluster,
+        batch_size,
+        memory,
+        bytes_per_param=per_param,
+        shard_optimizer=shard_optimizer,
+        stages=stages,
+        choices=choices,
+        action_overhead_s=_action_overhead(profile, link),
+    )
 
 
 def default_devices() -> int:

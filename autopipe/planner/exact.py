@@ -81,7 +81,9 @@ KNOWN_KINDS = frozenset((0, 1, 2))
 another kind (an overlapped F&B, say) is left to the chain solver and the simulator."""
 
 
-def memory_rows(name: str, devices: int, micro_batches: int, virtual: int, schedules: Schedules | None = None) -> tuple[DeviceRows, ...] | None:
+def memory_rows(
+    name: str, devices: int, micro_batches: int, virtual: int, schedules: Schedules | None = None
+) -> tuple[DeviceRows, ...] | None:
     """Per device, its held-count rows under schedule ``name`` (see the module docstring);
     None when the schedule has an action kind besides F, B and W (kept in ``schedules``)."""
     schedules = Schedules() if schedules is None else schedules
@@ -92,7 +94,9 @@ def memory_rows(name: str, devices: int, micro_batches: int, virtual: int, sched
     return rows
 
 
-def _memory_rows(schedules: Schedules, name: str, devices: int, micro_batches: int, virtual: int) -> tuple[DeviceRows, ...] | None:
+def _memory_rows(
+    schedules: Schedules, name: str, devices: int, micro_batches: int, virtual: int
+) -> tuple[DeviceRows, ...] | None:
     c = schedules.compiled(name, devices, micro_batches, virtual)
     if not KNOWN_KINDS.issuperset(np.unique(c.kind).tolist()):
         return None
@@ -129,11 +133,15 @@ def _all_cuts(blocks: int, chunks: int, schedules: Schedules) -> Ints:
 def _cuts_of(blocks: int, chunks: int) -> Ints:
     if chunks == 1:
         return np.zeros((1, 0), dtype=np.int64)
-    flat = np.fromiter(itertools.chain.from_iterable(itertools.combinations(range(1, blocks), chunks - 1)), dtype=np.int64)
+    flat = np.fromiter(
+        itertools.chain.from_iterable(itertools.combinations(range(1, blocks), chunks - 1)), dtype=np.int64
+    )
     return flat.reshape(-1, chunks - 1)
 
 
-def split_table(problem: PartitionProblem, times: BlockTimes, decision: Decision, devices: int, memory_limit: float) -> SplitTable | None:
+def split_table(
+    problem: PartitionProblem, times: BlockTimes, decision: Decision, devices: int, memory_limit: float
+) -> SplitTable | None:
     """All contiguous splits of ``decision`` that fit, by bound (None: more than the limit)."""
     p, d = problem, decision
     n, K, m = p.blocks, p.stages, d.micro_batches
@@ -198,7 +206,14 @@ def _peaks(rows: tuple[DeviceRows, ...], static: Floats, held: Floats, transient
 
 
 def _time_bounds(
-    p: PartitionProblem, t: BlockTimes, split: bool, placed: tuple[int, ...], m: int, starts: Ints, ends: Ints, rc: NDArray[np.bool_]
+    p: PartitionProblem,
+    t: BlockTimes,
+    split: bool,
+    placed: tuple[int, ...],
+    m: int,
+    starts: Ints,
+    ends: Ints,
+    rc: NDArray[np.bool_],
 ) -> Floats:
     """The module docstring's lower bound on each split's simulated iteration, shape (N,)."""
     N, K = starts.shape

@@ -22,7 +22,18 @@ from autopipe.planner.splits import plain_may_fit, price_split, split_assignment
 from autopipe.schedules import schedule_spec
 from autopipe.simulate.events import Summary
 
-__all__ = ["LOCAL_MOVES", "LOCAL_MOVE_ACTIONS", "LazySplit", "Split", "bounded", "improve", "local_moves", "order", "refine", "sizes_of"]
+__all__ = [
+    "LOCAL_MOVES",
+    "LOCAL_MOVE_ACTIONS",
+    "LazySplit",
+    "Split",
+    "bounded",
+    "improve",
+    "local_moves",
+    "order",
+    "refine",
+    "sizes_of",
+]
 
 
 def improve(
@@ -58,7 +69,13 @@ def improve(
         return reach_bound(req, d, sizes, prepared[d][1], shifts) if shifts > 0 else math.inf
 
     ranked = sorted(
-        (min([reach(c.decision, sizes_of(c.partition, c.problem.stages)) for c, _ in done] + [reach(s.decision, s.sizes) for _, s in left]), name)
+        (
+            min(
+                [reach(c.decision, sizes_of(c.partition, c.problem.stages)) for c, _ in done]
+                + [reach(s.decision, s.sizes) for _, s in left]
+            ),
+            name,
+        )
         for name, (done, left) in groups.items()
     )
     priced: list[Priced] = []
@@ -79,11 +96,15 @@ def improve(
                 if k < math.inf:
                     heapq.heappush(heap, (k, i, summed))
                 continue
-            x = price_split(profile, req, split.decision, split.sizes, problem=problem, times=times, source=split.source)
+            x = price_split(
+                profile, req, split.decision, split.sizes, problem=problem, times=times, source=split.source
+            )
             priced.append(x)
             if fits(x[1], req.memory_limit) and (start is None or _rank(x) < _rank(start)):
                 start = x
-        if start is None or reach(start[0].decision, sizes_of(start[0].partition, start[0].problem.stages)) >= best * (1 - PRUNE_TOLERANCE):
+        if start is None or reach(start[0].decision, sizes_of(start[0].partition, start[0].problem.stages)) >= best * (
+            1 - PRUNE_TOLERANCE
+        ):
             continue
         moved = local_moves(profile, req, *start, prepared[start[0].decision][1])
         found += moved
@@ -125,7 +146,9 @@ class LazySplit:
     source: str
 
 
-def bounded(profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes, fits_rule: bool) -> tuple[float, Split]:
+def bounded(
+    profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes, fits_rule: bool
+) -> tuple[float, Split]:
     """``c``'s cuts as a queue item, bounded as ``price_split`` will price them: nothing recomputed
     where every device may fit so (``plain_may_fit``), else c's (evaluate's rule, the solvers'
     too); inf when neither fits (``fits_rule``: c fits evaluate's rule). With recomputation off
@@ -140,7 +163,9 @@ def bounded(profile: Profile, req: PlanRequest, c: Candidate, times: BlockTimes,
     return candidate_bound(profile, req, c), Split(d, sizes, c.source)
 
 
-def refine(profile: Profile, req: PlanRequest, split: LazySplit, problem: PartitionProblem, times: BlockTimes) -> tuple[float, Split]:
+def refine(
+    profile: Profile, req: PlanRequest, split: LazySplit, problem: PartitionProblem, times: BlockTimes
+) -> tuple[float, Split]:
     """A lazy split's queue item, summed up and bounded by :func:`bounded` (inf where it fits no way)."""
     part = evaluate(problem, split_assignment(split.sizes))
     return bounded(profile, req, candidate(split.decision, split.source, problem, part, times), times, part.fits)

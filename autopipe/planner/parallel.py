@@ -48,8 +48,18 @@ from autopipe.plans import MAX_MICRO_BATCHES, MAX_REPLICAS, Plan
 from autopipe.units import format_bytes
 
 __all__ = [
-    "Cluster", "Layout", "ParallelOption", "ParallelPlan", "ParallelRequest", "Rejected", "TensorOptions", "layouts", "model_flops", "plan_parallel", "ring_allreduce_s",
-]  # fmt: skip
+    "Cluster",
+    "Layout",
+    "ParallelOption",
+    "ParallelPlan",
+    "ParallelRequest",
+    "Rejected",
+    "TensorOptions",
+    "layouts",
+    "model_flops",
+    "plan_parallel",
+    "ring_allreduce_s",
+]
 
 
 @dataclass(frozen=True)
@@ -139,7 +149,9 @@ def plan_parallel(
         prof = profile if t == 1 else tensor.price(t)  # type: ignore[union-attr]
         for S in [request.stages] if request.stages else divisors(G // t):
             if (G // t) % S:
-                rejected.append(Rejected(S, 0, f"{S} stages do not divide {G // t} = {G} devices / t={t}", tensor_parallel=t))
+                rejected.append(
+                    Rejected(S, 0, f"{S} stages do not divide {G // t} = {G} devices / t={t}", tensor_parallel=t)
+                )
                 continue
             D = G // (t * S)
             why = _cannot(prof, request, t, S, D)
@@ -184,7 +196,11 @@ def _degrees(request: ParallelRequest, tensor: TensorOptions | None) -> tuple[li
         t = request.tensor_parallel
         why = tensor_reason(shape, t, cluster.devices_per_node, cluster.devices)
         if t < 1 or why:
-            fix = "plan it analytically (--device NAME) or drop --tensor-parallel" if shape is None else "pick a degree that divides them"
+            fix = (
+                "plan it analytically (--device NAME) or drop --tensor-parallel"
+                if shape is None
+                else "pick a degree that divides them"
+            )
             raise PlanError(f"--tensor-parallel {t}: {why or 'use a whole number >= 1'}; {fix}")
         return [t], []
     return tensor_degrees(shape, cluster.devices_per_node, cluster.devices)
@@ -214,7 +230,11 @@ def _bound(profile: Profile, request: ParallelRequest, t: int, S: int, D: int) -
     forward through every block and back (input gradients); plus the average stage's gradient
     all-reduce on the fastest link the layouts offer. Recomputation and hops only add."""
     U = request.global_batch // D
-    counts = [request.choices.micro_batches] if request.choices.micro_batches else [m for m in divisors(U) if m <= MAX_MICRO_BATCHES]
+    counts = (
+        [request.choices.micro_batches]
+        if request.choices.micro_batches
+        else [m for m in divisors(U) if m <= MAX_MICRO_BATCHES]
+    )
     best = math.inf
     for m in counts:
         u = U / m
@@ -258,9 +278,16 @@ def _estimate(profile: Profile, request: ParallelRequest, S: int, D: int, bound:
 
 
 def _options(
-    profile: Profile, request: ParallelRequest, t: int, S: int, D: int, progress: Progress | None, rejected: list[Rejected],
-    sp: bool, target: float = math.inf,
-) -> list[ParallelOption] | None:  # fmt: skip
+    profile: Profile,
+    request: ParallelRequest,
+    t: int,
+    S: int,
+    D: int,
+    progress: Progress | None,
+    rejected: list[Rejected],
+    sp: bool,
+    target: float = math.inf,
+) -> list[ParallelOption] | None:
     """The plans of (t, S, D), one per distinct layout; None when none is faster than ``target``
     (a step to beat: the search then stops early, and says no more than that)."""
     out: list[ParallelOption] = []

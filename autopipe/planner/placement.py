@@ -39,7 +39,9 @@ class Cluster:
 
     @staticmethod
     def of(spec: DeviceSpec, devices: int) -> Cluster:
-        return Cluster(devices, spec.devices_per_node, spec.nvlink_bandwidth, spec.network_bandwidth, spec.link_latency_s)
+        return Cluster(
+            devices, spec.devices_per_node, spec.nvlink_bandwidth, spec.network_bandwidth, spec.link_latency_s
+        )
 
     @property
     def net_latency_s(self) -> float:
@@ -74,12 +76,35 @@ def layouts(stages: int, data_parallel: int, cluster: Cluster, tensor_parallel: 
     if S * D <= n:
         return [Layout(S, D, "one node", nv * t, nv, t, lat, lat)]
     inner, replicas_inner = n % S == 0, n % D == 0
-    across = "pipeline and data-parallel across nodes" if S > 1 and D > 1 else "pipeline across nodes" if S > 1 else "data-parallel across nodes"
+    across = (
+        "pipeline and data-parallel across nodes"
+        if S > 1 and D > 1
+        else "pipeline across nodes"
+        if S > 1
+        else "data-parallel across nodes"
+    )
     out = [
-        Layout(S, D, "data-parallel within nodes" if replicas_inner else across, net * t, nv if replicas_inner else net, t, nlat,
-               lat if replicas_inner else nlat),
-        Layout(S, D, "pipelines within nodes" if inner else across, (nv if inner else net) * t, net, t, lat if inner else nlat, nlat),
-    ]  # fmt: skip
+        Layout(
+            S,
+            D,
+            "data-parallel within nodes" if replicas_inner else across,
+            net * t,
+            nv if replicas_inner else net,
+            t,
+            nlat,
+            lat if replicas_inner else nlat,
+        ),
+        Layout(
+            S,
+            D,
+            "pipelines within nodes" if inner else across,
+            (nv if inner else net) * t,
+            net,
+            t,
+            lat if inner else nlat,
+            nlat,
+        ),
+    ]
     if S == 1 or D == 1:  # no hops, or no all-reduce: one of the two is moot
         out = [out[0] if S == 1 else out[1]]
     unique: dict[tuple[float, float], Layout] = {}

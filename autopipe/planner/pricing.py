@@ -30,7 +30,19 @@ from autopipe.simulate.events import (
     simulate_summary,
 )
 
-__all__ = ["BlockTimes", "Candidate", "Decision", "Priced", "Schedules", "candidate", "compiled", "costs_of", "fits", "micro_batch_size", "price"]
+__all__ = [
+    "BlockTimes",
+    "Candidate",
+    "Decision",
+    "Priced",
+    "Schedules",
+    "candidate",
+    "compiled",
+    "costs_of",
+    "fits",
+    "micro_batch_size",
+    "price",
+]
 
 
 @dataclass(frozen=True)
@@ -66,7 +78,9 @@ class Priced(NamedTuple):
     summary: Summary
 
 
-def candidate(decision: Decision, source: str, problem: PartitionProblem, part: Partition, times: BlockTimes) -> Candidate:
+def candidate(
+    decision: Decision, source: str, problem: PartitionProblem, part: Partition, times: BlockTimes
+) -> Candidate:
     return Candidate(decision, source, problem, part, costs_of(problem, part, times), times)
 
 

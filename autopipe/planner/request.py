@@ -71,7 +71,9 @@ class Choices:
 
     def __post_init__(self) -> None:
         if isinstance(self.recompute, str) and self.recompute in Recompute._value2member_map_:
-            object.__setattr__(self, "recompute", Recompute(self.recompute))  # text in, the mode kept; bad text: validate says
+            object.__setattr__(
+                self, "recompute", Recompute(self.recompute)
+            )  # text in, the mode kept; bad text: validate says
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,9 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
     if B < 1:
         raise PlanError(f"{w('batch_size')} must be at least 1 (got {B})")
     if B > MAX_BATCH_SIZE:
-        raise PlanError(f"{said('batch_size', B)} is more than autopipe plans (at most {MAX_BATCH_SIZE} = 2**31 samples per pipeline); use a smaller batch")
+        raise PlanError(
+            f"{said('batch_size', B)} is more than autopipe plans (at most {MAX_BATCH_SIZE} = 2**31 samples per pipeline); use a smaller batch"
+        )
     if S > MAX_DEVICES:
         raise PlanError(f"{said('stages', S)} is more than autopipe plans (at most {MAX_DEVICES} = 2**12); use fewer")
     if not req.memory_limit > 0:
@@ -203,7 +207,9 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
         if m < 1:
             raise PlanError(f"{w('micro_batches')} must be at least 1 (got {m})")
         if m > MAX_MICRO_BATCHES:
-            raise PlanError(f"{said('micro_batches', m)} is more than autopipe plans (at most {MAX_MICRO_BATCHES} = 2**16); use fewer")
+            raise PlanError(
+                f"{said('micro_batches', m)} is more than autopipe plans (at most {MAX_MICRO_BATCHES} = 2**16); use fewer"
+            )
         if B % m:
             raise PlanError(f"batch size {B} is not divisible into {m} micro-batches; use one of {_some_divisors(B)}")
     if req.micro_batches is not None and not _traceable(profile, B // req.micro_batches):
@@ -231,17 +237,32 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
             raise PlanError(f"{w('virtual')} must be at least 1 (got {req.virtual})")
         if spec is not None and not spec.takes_virtual:
             chunked = ", ".join(s.name for s in search_order() if s.takes_virtual)
-            raise PlanError(f"{w('virtual')} applies to the {chunked} schedules only (got {said('schedule', req.schedule)})")
+            raise PlanError(
+                f"{w('virtual')} applies to the {chunked} schedules only (got {said('schedule', req.schedule)})"
+            )
         if spec is not None and len(spec.virtual_choices) == 1 and req.virtual not in spec.virtual_choices:
             v = spec.virtual_choices[0]
-            raise PlanError(f"{spec.name} runs {v} stages per device (got {said('virtual', req.virtual)}); use {said('virtual', v)} or leave it out")
+            raise PlanError(
+                f"{spec.name} runs {v} stages per device (got {said('virtual', req.virtual)}); use {said('virtual', v)} or leave it out"
+            )
         if S * req.virtual > n:
-            raise PlanError(f"{S} devices x {req.virtual} virtual stages needs {S * req.virtual} blocks, the model has {n}")
-    if spec is not None and spec.micro_batches_multiple_of_devices and req.micro_batches is not None and req.micro_batches % S:
-        raise PlanError(f"{spec.name} needs the micro-batch count to be a multiple of {S} stages (got {req.micro_batches})")
+            raise PlanError(
+                f"{S} devices x {req.virtual} virtual stages needs {S * req.virtual} blocks, the model has {n}"
+            )
+    if (
+        spec is not None
+        and spec.micro_batches_multiple_of_devices
+        and req.micro_batches is not None
+        and req.micro_batches % S
+    ):
+        raise PlanError(
+            f"{spec.name} needs the micro-batch count to be a multiple of {S} stages (got {req.micro_batches})"
+        )
     least = spec.least_micro_batches(S) if spec is not None else 1
     if req.micro_batches is not None and req.micro_batches < least:
-        raise PlanError(f"{req.schedule} needs at least {least} micro-batches on {S} devices (got {said('micro_batches', req.micro_batches)}); use {said('micro_batches', least)} or more")
+        raise PlanError(
+            f"{req.schedule} needs at least {least} micro-batches on {S} devices (got {said('micro_batches', req.micro_batches)}); use {said('micro_batches', least)} or more"
+        )
     if req.recompute not in ("auto", "never", "always"):
         raise PlanError(f"recompute must be auto, never or always (got {req.recompute!r})")
     if not req.link_bandwidth > 0 or req.link_latency_s < 0:
@@ -250,7 +271,9 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
         raise PlanError(f"{w('action_overhead_s')} must be zero or more (got {req.action_overhead_s})")
     if not decisions(profile, req):
         if least > 1 and B < least:
-            raise PlanError(f"{req.schedule} needs at least {least} micro-batches on {S} devices, more than {said('batch_size', B)}; use {said('batch_size', least)} or more")
+            raise PlanError(
+                f"{req.schedule} needs at least {least} micro-batches on {S} devices, more than {said('batch_size', B)}; use {said('batch_size', least)} or more"
+            )
         chunked = spec.name if spec is not None else " and ".join(s.name for s in search_order() if s.takes_virtual)
         raise PlanError(
             f"no schedule fits the request: {chunked} needs micro-batches divisible by {S} and {S} x v <= {n} blocks"
@@ -266,8 +289,16 @@ def _some_divisors(n: int, shown: int = 12) -> str:
 
 
 def infeasible_error(profile: Profile, req: PlanRequest, need: float) -> InfeasibleError:
-    fixes = "more stages or smaller micro-batches" if req.recompute != "never" else "more stages, recomputation, or smaller micro-batches"
-    need_text = f"; the smallest limit that fits is {format_bytes(need, round_up=True)} per device" if math.isfinite(need) else ""
+    fixes = (
+        "more stages or smaller micro-batches"
+        if req.recompute != "never"
+        else "more stages, recomputation, or smaller micro-batches"
+    )
+    need_text = (
+        f"; the smallest limit that fits is {format_bytes(need, round_up=True)} per device"
+        if math.isfinite(need)
+        else ""
+    )
     return InfeasibleError(
         f"no plan of {profile.num_blocks} blocks on {req.devices} devices fits {format_bytes(req.memory_limit)} per device"
         f"{need_text} (or use {fixes})",

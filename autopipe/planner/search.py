@@ -87,7 +87,16 @@ from autopipe.planner.splits import device_limit, price_split, problem_of
 from autopipe.plans import Plan
 from autopipe.schedules import schedule_spec
 
-__all__ = ["SEARCH_SCHEDULES", "PlanRequest", "Progress", "Solvers", "choose_solvers", "lower_bound", "plan_pipeline", "plan_search"]
+__all__ = [
+    "SEARCH_SCHEDULES",
+    "PlanRequest",
+    "Progress",
+    "Solvers",
+    "choose_solvers",
+    "lower_bound",
+    "plan_pipeline",
+    "plan_search",
+]
 
 log = logging.getLogger("autopipe")
 
@@ -139,7 +148,9 @@ def plan_pipeline(profile: Profile, request: PlanRequest, progress: Progress | N
     return make_plan(profile, request, best_candidate, timeline, fitting)
 
 
-def plan_search(profile: Profile, request: PlanRequest, progress: Progress | None = None, incumbent: float = math.inf) -> list[Priced]:
+def plan_search(
+    profile: Profile, request: PlanRequest, progress: Progress | None = None, incumbent: float = math.inf
+) -> list[Priced]:
     """Every simulated candidate that fits, fastest first (the branch and bound of :func:`plan_pipeline`, for a
     validated request); InfeasibleError when none fits (none faster than ``incumbent``: another search's time to beat)."""
     search = _Search(SearchContext(profile, request), progress or (lambda what, done, total: None), incumbent)
@@ -173,7 +184,9 @@ class _Search:
         self.ctx, self.report, self.best = ctx, report, incumbent
         self.profile, self.req = ctx.profile, ctx.request
         self.work: Work = work_table(self.profile, self.req.devices)
-        self.todo = sorted(decisions(self.profile, self.req), key=lambda d: (decision_bound(self.work, self.req, d), _order_key(d)))
+        self.todo = sorted(
+            decisions(self.profile, self.req), key=lambda d: (decision_bound(self.work, self.req, d), _order_key(d))
+        )
         self.simulated: list[Priced] = []
         self.queue: list[tuple[float, int, QueueItem]] = []  # (bound, tie-break, item)
         self.counter = itertools.count()
@@ -183,7 +196,9 @@ class _Search:
         self.prepared: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
         self.tables: dict[Decision, tuple[PartitionProblem, BlockTimes, SplitTable]] = {}
         self.free: dict[tuple[int, int], tuple[int, ...]] = {}  # unlimited cuts per (micro-batch size, chunks)
-        self.simple: dict[tuple[str, int, int], tuple[int, ...]] = {}  # the simple splits' sizes per (name, micro-batch size, chunks)
+        self.simple: dict[
+            tuple[str, int, int], tuple[int, ...]
+        ] = {}  # the simple splits' sizes per (name, micro-batch size, chunks)
         self.params = tuple(float(b.params) for b in self.profile.blocks)
 
     def push(self, bound: float, item: QueueItem) -> None:
@@ -194,7 +209,11 @@ class _Search:
         decision; stop when neither bound can beat the best plan that fits."""
         self.report("searching", 0, len(self.todo))
         while True:
-            open_bound = decision_bound(self.work, self.req, self.todo[self.opened]) if self.opened < len(self.todo) else math.inf
+            open_bound = (
+                decision_bound(self.work, self.req, self.todo[self.opened])
+                if self.opened < len(self.todo)
+                else math.inf
+            )
             if self.queue and self.queue[0][0] <= open_bound:
                 bound, _, item = heapq.heappop(self.queue)
                 if bound >= self.best * (1 + PRUNE_TOLERANCE):
@@ -220,10 +239,14 @@ class _Search:
                 return
             case Split():  # the solver's cuts or a simple split, priced as --balance prices it
                 problem, times = self.prepared[item.decision]
-                x = price_split(self.profile, req, item.decision, item.sizes, problem=problem, times=times, source=item.source)
+                x = price_split(
+                    self.profile, req, item.decision, item.sizes, problem=problem, times=times, source=item.source
+                )
             case TableRow(decision=d, index=i):  # the next split of an enumerated decision, in bound order
                 problem, times, table = self.tables[d]
-                x = price_split(self.profile, req, d, table.sizes[i].tolist(), problem=problem, times=times, source="solver")
+                x = price_split(
+                    self.profile, req, d, table.sizes[i].tolist(), problem=problem, times=times, source="solver"
+                )
                 if i + 1 < len(table.sizes):
                     self.push(float(table.bounds[i + 1]), TableRow(d, i + 1))
         self.simulated.append(x)
@@ -253,7 +276,9 @@ class _Search:
                 self.push(bound, split)
         self.open_solver(decision, problem, size, free)
 
-    def open_solver(self, decision: Decision, problem: PartitionProblem, size: SizeContext, free: Partition | None) -> None:
+    def open_solver(
+        self, decision: Decision, problem: PartitionProblem, size: SizeContext, free: Partition | None
+    ) -> None:
         """Queue the solver's cuts of ``decision`` (``free``: the unlimited cuts, when they fit its
         rule) and its simple splits: each decision's candidates are the same whatever the search
         has found so far (so the local moves start where the search pinned to its schedule does)."""
@@ -263,7 +288,9 @@ class _Search:
         except InfeasibleError:
             self.infeasible_at(decision, problem)
             return
-        bound, split = bounded(self.profile, self.req, candidate(decision, "solver", problem, solved, times), times, True)
+        bound, split = bounded(
+            self.profile, self.req, candidate(decision, "solver", problem, solved, times), times, True
+        )
         self.push(bound, split)  # the solver's cuts fit its own rule: bound < inf
         mine = sizes_of(solved, problem.stages)
         for name in BASELINES:  # summed up when the queue reaches them (split_bound: prefix sums only)
@@ -306,7 +333,9 @@ class _Search:
             raise infeasible_error(self.profile, req, smallest_fit)
         fitting = [x for x in self.simulated if fits(x.summary, req.memory_limit)]
         if not fitting:
-            raise infeasible_error(self.profile, req, min(self.need, min(max(t.peak_memory_bytes) for _, t in self.simulated)))
+            raise infeasible_error(
+                self.profile, req, min(self.need, min(max(t.peak_memory_bytes) for _, t in self.simulated))
+            )
         fitting.sort(key=lambda ct: (ct.summary.iteration_s, order(ct.candidate)))
         return fitting
 

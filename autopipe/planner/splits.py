@@ -43,7 +43,16 @@ from autopipe.planner.pricing import (
 from autopipe.planner.request import PlanRequest
 from autopipe.schedules import schedule_spec
 
-__all__ = ["BlockNumbers", "check_balance", "chunk_limit", "device_limit", "plain_may_fit", "price_split", "problem_of", "split_assignment"]
+__all__ = [
+    "BlockNumbers",
+    "check_balance",
+    "chunk_limit",
+    "device_limit",
+    "plain_may_fit",
+    "price_split",
+    "problem_of",
+    "split_assignment",
+]
 
 
 def chunk_limit(memory_limit: float, virtual: int) -> float:
@@ -83,7 +92,9 @@ class BlockNumbers:
         )
 
 
-def problem_of(profile: Profile, req: PlanRequest, decision: Decision, numbers: BlockNumbers | None = None) -> PartitionProblem:
+def problem_of(
+    profile: Profile, req: PlanRequest, decision: Decision, numbers: BlockNumbers | None = None
+) -> PartitionProblem:
     """The partition problem of ``decision``: S·v chunks, each with its :func:`chunk_limit`
     (what the chain solvers and the "auto" recomputation rule see; the simulator's per-device
     peak decides what fits). ``numbers``: :meth:`BlockNumbers.of` at its micro-batch size."""
@@ -129,7 +140,11 @@ def price_split(
     when given, are :func:`problem_of` and ``BlockTimes.of`` of the same decision (the search's
     context at its micro-batch size: ``planner.context``)."""
     p = problem_of(profile, req, decision) if problem is None else problem
-    t = BlockTimes.of(profile, micro_batch_size(req.batch_size, decision), req.action_overhead_s) if times is None else times
+    t = (
+        BlockTimes.of(profile, micro_batch_size(req.batch_size, decision), req.action_overhead_s)
+        if times is None
+        else times
+    )
     assignment = split_assignment(sizes)
     plain: Priced | None = None
     if p.recompute == "auto" and plain_may_fit(p, decision, req.devices, req.memory_limit, sizes):
@@ -144,7 +159,9 @@ def price_split(
     return Priced(c, price(c, req.devices))
 
 
-def plain_may_fit(problem: PartitionProblem, decision: Decision, devices: int, memory_limit: float, sizes: Sequence[int]) -> bool:
+def plain_may_fit(
+    problem: PartitionProblem, decision: Decision, devices: int, memory_limit: float, sizes: Sequence[int]
+) -> bool:
     """Whether the split ``sizes`` may fit with nothing recomputed (a screen before simulating
     it so; the simulator has the last word): False when some device's static bytes plus its
     chunks' in-flight micro-batches (``problem.inflight`` summed, less one with v > 1) times its
@@ -165,7 +182,12 @@ def plain_may_fit(problem: PartitionProblem, decision: Decision, devices: int, m
 
 
 def check_balance(
-    balance: Sequence[int], blocks: int, devices: int, schedule: str | None, virtual: int | None, flag: str = "--balance"
+    balance: Sequence[int],
+    blocks: int,
+    devices: int,
+    schedule: str | None,
+    virtual: int | None,
+    flag: str = "--balance",
 ) -> int:
     """Check a user's ``balance`` (blocks per chunk) and return its chunks per device v.
 
@@ -173,17 +195,23 @@ def check_balance(
     than the model's blocks, S·v entries without a schedule that runs v chunks per device.
     """
     if isinstance(balance, (str, bytes)) or not isinstance(balance, Sequence):
-        raise PlanError(f"{flag} must be a sequence of blocks per chunk, like {_example(blocks, devices).replace(',', ', ')} (got {balance!r})")
+        raise PlanError(
+            f"{flag} must be a sequence of blocks per chunk, like {_example(blocks, devices).replace(',', ', ')} (got {balance!r})"
+        )
     sizes = list(balance)
     schedule_flag, virtual_flag = ("--schedule", "--virtual") if flag.startswith("--") else ("schedule=", "virtual=")
     if not sizes:
         raise PlanError(f"{flag} is empty; give blocks per chunk, like {_example(blocks, devices)}")
     if any(not isinstance(x, numbers.Integral) or isinstance(x, bool) or x < 1 for x in sizes):
         bad = next(x for x in sizes if not isinstance(x, numbers.Integral) or isinstance(x, bool) or x < 1)
-        raise PlanError(f"{flag} entries must be positive block counts (got {bad!r}); every chunk needs at least one block")
+        raise PlanError(
+            f"{flag} entries must be positive block counts (got {bad!r}); every chunk needs at least one block"
+        )
     sizes = [int(x) for x in sizes]
     if sum(sizes) != blocks:
-        raise PlanError(f"{flag} sums to {sum(sizes)} blocks but the model has {blocks}; give blocks per chunk that sum to {blocks}")
+        raise PlanError(
+            f"{flag} sums to {sum(sizes)} blocks but the model has {blocks}; give blocks per chunk that sum to {blocks}"
+        )
     if len(sizes) % devices:
         raise PlanError(
             f"{flag} has {len(sizes)} entries for {devices} devices; give {devices} (one chunk per device) "
@@ -191,7 +219,9 @@ def check_balance(
         )
     v = len(sizes) // devices
     if virtual is not None and virtual != v:
-        raise PlanError(f"{flag} has {len(sizes)} entries = {devices} devices x {v} chunks, but {virtual_flag} is {virtual}; drop one")
+        raise PlanError(
+            f"{flag} has {len(sizes)} entries = {devices} devices x {v} chunks, but {virtual_flag} is {virtual}; drop one"
+        )
     if schedule is None:
         if v != 1:
             raise PlanError(
@@ -202,7 +232,9 @@ def check_balance(
     spec = schedule_spec(schedule)
     if v not in spec.virtual_choices:
         want = " or ".join(str(devices * c) for c in spec.virtual_choices)
-        raise PlanError(f"{flag} has {len(sizes)} entries but {schedule} on {devices} devices runs {want} chunks; give {want} entries")
+        raise PlanError(
+            f"{flag} has {len(sizes)} entries but {schedule} on {devices} devices runs {want} chunks; give {want} entries"
+        )
     return v
 
 

@@ -59,19 +59,29 @@ def check_plan(plan: Plan, traced: TracedModel) -> None:
         previous = -1
         for name, b in zip(st.blocks, st.block_indices, strict=True):
             if b >= n:
-                raise PlanError(f"stage {st.index} holds block {b}, but the model has {n} blocks (0 .. {n - 1}); {again}")
+                raise PlanError(
+                    f"stage {st.index} holds block {b}, but the model has {n} blocks (0 .. {n - 1}); {again}"
+                )
             if b in stage_of:
-                raise PlanError(f"stage {st.index} holds block {b} ({traced.blocks[b].name!r}), which stage {stage_of[b]} holds too; {again}")  # fmt: skip
+                raise PlanError(
+                    f"stage {st.index} holds block {b} ({traced.blocks[b].name!r}), which stage {stage_of[b]} holds too; {again}"
+                )
             if b < previous:
-                raise PlanError(f"stage {st.index} lists block {b} after block {previous}: a stage's blocks go in the model's order; {again}")  # fmt: skip
+                raise PlanError(
+                    f"stage {st.index} lists block {b} after block {previous}: a stage's blocks go in the model's order; {again}"
+                )
             if traced.blocks[b].name != name:
-                raise PlanError(f"stage {st.index} calls block {b} {name!r}, but in the model it is {traced.blocks[b].name!r}; {again}")  # fmt: skip
+                raise PlanError(
+                    f"stage {st.index} calls block {b} {name!r}, but in the model it is {traced.blocks[b].name!r}; {again}"
+                )
             stage_of[b], previous = st.index, b
         _check_nodes(plan, traced, st.index, again)
     missing = [b for b in range(n) if b not in stage_of]
     if missing:
         names = ", ".join(repr(traced.blocks[b].name) for b in missing[:3])
-        raise PlanError(f"{len(missing)} block(s) of the model are on no stage ({names}{' ...' if len(missing) > 3 else ''}); {again}")  # fmt: skip
+        raise PlanError(
+            f"{len(missing)} block(s) of the model are on no stage ({names}{' ...' if len(missing) > 3 else ''}); {again}"
+        )
     for src, dst in sorted({(e.src, e.dst) for e in traced.edges}):  # (no networkx graph needed)
         if stage_of[src] > stage_of[dst]:
             raise PlanError(

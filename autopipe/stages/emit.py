@@ -90,9 +90,17 @@ def emit(
     inputs = loaded.make_inputs(plan.micro_batch_size)
     seed = None if state_dict is not None or not weights else SEED
     return emit_stages(
-        plan, loaded.model, inputs, folder, force=force, weights=weights, weights_format=weights_format,
-        source=loaded.spec.path, seed=seed, progress=progress,
-    )  # fmt: skip
+        plan,
+        loaded.model,
+        inputs,
+        folder,
+        force=force,
+        weights=weights,
+        weights_format=weights_format,
+        source=loaded.spec.path,
+        seed=seed,
+        progress=progress,
+    )
 
 
 def emit_stages(
@@ -116,7 +124,9 @@ def emit_stages(
         raise EmitError("the model is on the meta device, so it has no weights to write; emit with --no-weights")
     dest = check_destination(folder, force)
     tell("tracing and splitting the model", 0, 0)
-    traced, split, shapes = _general_split(plan, model, example_inputs, trace_for_plan(plan, model, example_inputs, source))
+    traced, split, shapes = _general_split(
+        plan, model, example_inputs, trace_for_plan(plan, model, example_inputs, source)
+    )
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     try:
@@ -130,14 +140,20 @@ def emit_stages(
     return manifest
 
 
-def _general_split(plan: Plan, model: nn.Module, inputs: Any, traced: TracedModel) -> tuple[TracedModel, Split, dict[str, Any]]:
+def _general_split(
+    plan: Plan, model: nn.Module, inputs: Any, traced: TracedModel
+) -> tuple[TracedModel, Split, dict[str, Any]]:
     """The plan's stages from a trace with symbolic sizes and meaningful names where the model
     allows (``retrace.py``), else from ``traced``; and what the manifest says about shapes."""
     general = retrace_for_emit(plan, model, inputs, traced)
     note = general.note
     if general.traced is not traced:
         try:
-            return general.traced, split_model(general.traced, general.plan), {"symbolic_dims": general.symbolic, "shapes_note": ""}
+            return (
+                general.traced,
+                split_model(general.traced, general.plan),
+                {"symbolic_dims": general.symbolic, "shapes_note": ""},
+            )
         except Exception as e:  # a size no stage input carries: the static trace still works
             note = f"static shapes: {str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__}"
     return traced, split_model(traced, plan), {"symbolic_dims": {}, "shapes_note": note}
@@ -177,7 +193,14 @@ def _publish(tmp: Path, dest: Path, force: bool) -> None:
 
 
 def _write(
-    plan: Plan, model: nn.Module, traced: TracedModel, split: Split, out: Path, weights: bool, fmt: str, seed: int | None,
+    plan: Plan,
+    model: nn.Module,
+    traced: TracedModel,
+    split: Split,
+    out: Path,
+    weights: bool,
+    fmt: str,
+    seed: int | None,
     tell: Progress,
 ) -> dict[str, Any]:
     names_of: dict[int, list[str]] = {}
@@ -226,7 +249,8 @@ def _write(
         "stages": stages,
         "transfers": _transfers(split, traced),
         "shared": [
-            {"original": names_of.get(_param_id(split, name), [name]), "stages": list(ss)} for name, ss in split.shared_params
+            {"original": names_of.get(_param_id(split, name), [name]), "stages": list(ss)}
+            for name, ss in split.shared_params
         ],
         "state_dict": state_keys,
         "unused": _unused(unused, model, fmt if weights else None) if unused else None,
@@ -255,7 +279,9 @@ def _write_stage(
         for n, sends in zip(st.outputs, st.sends, strict=True)
     ]
     blocks = plan.stages[st.index].blocks
-    src = stage_source(st.module, cls, _docstring(plan, st, cls, package, blocks, inputs, outputs, weights_file), weights_file)
+    src = stage_source(
+        st.module, cls, _docstring(plan, st, cls, package, blocks, inputs, outputs, weights_file), weights_file
+    )
     folder = out / package
     folder.mkdir()
     (folder / "stage.py").write_text(src.text, encoding="utf-8")
@@ -297,9 +323,15 @@ def _write_stage(
 
 
 def _docstring(
-    plan: Plan, st: StageModule, cls: str, package: str, blocks: tuple[str, ...],
-    inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], weights_file: str | None,
-) -> str:  # fmt: skip
+    plan: Plan,
+    st: StageModule,
+    cls: str,
+    package: str,
+    blocks: tuple[str, ...],
+    inputs: list[dict[str, Any]],
+    outputs: list[dict[str, Any]],
+    weights_file: str | None,
+) -> str:
     n = len(plan.stages)
     span = blocks[0] if len(blocks) == 1 else f"{blocks[0]} .. {blocks[-1]}"
 
@@ -307,7 +339,10 @@ def _docstring(
         return f"    {v['name']}  {tuple(v['shape'])} {v['dtype']}  {where}"
 
     ins = [row(v, "model input" if v["from"] == -1 else f"from stage {v['from']}") for v in inputs]
-    outs = [row(v, "to " + ", ".join("the model output" if t == "output" else f"stage {t}" for t in v["to"])) for v in outputs]
+    outs = [
+        row(v, "to " + ", ".join("the model output" if t == "output" else f"stage {t}" for t in v["to"]))
+        for v in outputs
+    ]
     args, results = ", ".join(v["name"] for v in inputs), ", ".join(v["name"] for v in outputs)
     how = f"weights from {weights_file} next to this file" if weights_file else "emitted without weights: use build()"
     return "\n".join(
@@ -354,7 +389,9 @@ def _transfers(split: Split, traced: TracedModel) -> list[dict[str, Any]]:
         for name, sends in zip(st.outputs, st.sends, strict=True):
             for r in sends:
                 if r != OUTPUT:
-                    out.append({"value": name, "from": st.index, "to": r, "skip": r != st.index + 1, **_value(traced, name)})
+                    out.append(
+                        {"value": name, "from": st.index, "to": r, "skip": r != st.index + 1, **_value(traced, name)}
+                    )
     return out
 
 
@@ -383,7 +420,9 @@ def _save(tensors: dict[str, torch.Tensor], path: Path, fmt: str) -> None:
         try:
             from safetensors.torch import save_file
         except ImportError:
-            raise EmitError("weights format safetensors needs the safetensors package; pip install safetensors or use pt") from None
+            raise EmitError(
+                "weights format safetensors needs the safetensors package; pip install safetensors or use pt"
+            ) from None
         save_file(tensors, str(path))
     else:
         torch.save(tensors, path)

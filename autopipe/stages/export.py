@@ -59,7 +59,14 @@ from autopipe.schedules import SPECS, schedule_names, schedule_spec
 from autopipe.stages.rebuild import trace_for_plan
 from autopipe.stages.split import Split, StageModule, split_model
 
-__all__ = ["SCHEDULE_CLASSES", "RelayStage", "pipeline_inputs", "relay_stages", "sync_shared_grads", "to_torch_pipelining"]
+__all__ = [
+    "SCHEDULE_CLASSES",
+    "RelayStage",
+    "pipeline_inputs",
+    "relay_stages",
+    "sync_shared_grads",
+    "to_torch_pipelining",
+]
 
 SCHEDULE_CLASSES = {spec.name: spec.torch_class for spec in SPECS if spec.torch_class}  # name -> torch class
 
@@ -121,7 +128,9 @@ def relay_stages(split: Split, order: dict[str, int]) -> list[RelayStage]:
     last = len(split.stages) - 1
     outputs = [n for n in split.output_names if n is not None]
     if len(outputs) != len(split.output_names):
-        raise PlanError("the model returns a non-tensor value, which torch.distributed.pipelining cannot send; return tensors only")
+        raise PlanError(
+            "the model returns a non-tensor value, which torch.distributed.pipelining cannot send; return tensors only"
+        )
     for n in outputs:
         readers.setdefault(n, set()).add(last + 1)  # the model output is read after the last stage
 
@@ -133,8 +142,11 @@ def relay_stages(split: Split, order: dict[str, int]) -> list[RelayStage]:
 
     return [
         RelayStage(
-            st, carry(st.index), carry(st.index + 1) if st.index < last else (),
-            outputs if st.index == last else None, split.output_is_tuple,
+            st,
+            carry(st.index),
+            carry(st.index + 1) if st.index < last else (),
+            outputs if st.index == last else None,
+            split.output_is_tuple,
         )
         for st in split.stages
     ]
@@ -164,9 +176,13 @@ def to_torch_pipelining(
     if not 0 <= rank < plan.devices:
         raise PlanError(f"rank {rank} is outside the plan's {plan.devices} pipeline ranks; use 0 to {plan.devices - 1}")
     if plan.schedule in schedule_names() and plan.schedule not in SCHEDULE_CLASSES:  # v-half, v-min
-        raise PlanError(f"{plan.schedule} has no torch.distributed.pipelining schedule; run it with autopipe's executor (--engine autopipe)")
+        raise PlanError(
+            f"{plan.schedule} has no torch.distributed.pipelining schedule; run it with autopipe's executor (--engine autopipe)"
+        )
     if plan.schedule not in SCHEDULE_CLASSES:
-        raise PlanError(f"schedule {plan.schedule!r} has no torch.distributed.pipelining counterpart; plan with one of: {', '.join(SCHEDULE_CLASSES)}")
+        raise PlanError(
+            f"schedule {plan.schedule!r} has no torch.distributed.pipelining counterpart; plan with one of: {', '.join(SCHEDULE_CLASSES)}"
+        )
     traced = trace_for_plan(plan, model, example_inputs)
     split = split_model(traced, plan)
     _refuse_split_backward_ties(split, plan)
@@ -181,18 +197,29 @@ def to_torch_pipelining(
         relay.to(dev)
         stages.append(
             pipelining.PipelineStage(
-                relay, relay.index, n, dev, input_args=_examples(traced, relay.carry_in, dev, relay.index > 0),
-                output_args=_examples(traced, relay.model_output or relay.carry_out, dev, True), group=group,
+                relay,
+                relay.index,
+                n,
+                dev,
+                input_args=_examples(traced, relay.carry_in, dev, relay.index > 0),
+                output_args=_examples(traced, relay.model_output or relay.carry_out, dev, True),
+                group=group,
             )
         )
     spec = schedule_spec(plan.schedule)
     cls = getattr(pipelining, spec.torch_class)
-    loss = None if loss_fn is None else _structured_loss(loss_fn, output_builder(traced.gm, traced.tracer, model, example_inputs))
+    loss = (
+        None
+        if loss_fn is None
+        else _structured_loss(loss_fn, output_builder(traced.gm, traced.tracer, model, example_inputs))
+    )
     options: dict[str, Any] = {"n_microbatches": plan.micro_batches, "loss_fn": loss, "scale_grads": scale_grads}
     try:
         schedule = cls(stages if spec.torch_multi else stages[0], **options)
     except (ValueError, RuntimeError) as e:
-        raise PlanError(f"torch's {cls.__name__} rejects this plan ({e}); plan with another schedule or micro-batch count") from None
+        raise PlanError(
+            f"torch's {cls.__name__} rejects this plan ({e}); plan with another schedule or micro-batch count"
+        ) from None
     return stages, schedule
 
 

@@ -105,14 +105,18 @@ def _inside(root: Path, name: str) -> Path:
     """``root / name``, refused unless it is a relative path that stays inside ``root``, after
     following symlinks."""
     if "\x00" in name or PurePath(name).is_absolute():
-        raise EmitError(f"{root / MANIFEST} names weights file {name!r} outside the folder; merge reads only files inside {root}")
+        raise EmitError(
+            f"{root / MANIFEST} names weights file {name!r} outside the folder; merge reads only files inside {root}"
+        )
     path = root / name
     try:
         inside = path.resolve().is_relative_to(root.resolve())
     except (OSError, RuntimeError):  # a symlink loop
         inside = False
     if not inside:
-        raise EmitError(f"{root / MANIFEST} names weights file {name!r} outside the folder; merge reads only files inside {root}")
+        raise EmitError(
+            f"{root / MANIFEST} names weights file {name!r} outside the folder; merge reads only files inside {root}"
+        )
     return path
 
 
@@ -131,7 +135,9 @@ def _load(path: Path) -> dict[str, torch.Tensor]:
         raise
     except pickle.UnpicklingError as e:
         if "Unsupported global" not in str(e):  # garbage, not a refused object
-            raise EmitError(f"weights file {path} is truncated or not a tensor file (unreadable pickle); emit the stages again") from None
+            raise EmitError(
+                f"weights file {path} is truncated or not a tensor file (unreadable pickle); emit the stages again"
+            ) from None
         raise EmitError(
             f"weights file {path} holds pickled objects other than tensors, refused (loading them could run code); emit the stages again"
         ) from None
@@ -139,7 +145,9 @@ def _load(path: Path) -> dict[str, torch.Tensor]:
         raise EmitError(
             f"weights file {path} is truncated or not a tensor file ({first_line(e).split('. ')[0]}); emit the stages again"
         ) from None
-    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
         raise EmitError(f"weights file {path} does not hold a dict of named tensors; emit the stages again")
     return state
 
@@ -189,7 +197,13 @@ def _check_manifest(m: dict[str, Any], path: Path) -> None:
 def _check_tensor(t: Any, at: str, need: Callable[[Any, str, Callable[[Any], bool], str, str], Any]) -> None:
     need(t, "name", _name, "a name", at)
     need(t, "shape", lambda v: isinstance(v, list) and all(type(d) is int and d >= 0 for d in v), "a list of sizes", at)
-    need(t, "dtype", lambda v: isinstance(v, str) and re.fullmatch(r"[a-z][a-z0-9_]*", v) is not None, "a dtype name like float32", at)
+    need(
+        t,
+        "dtype",
+        lambda v: isinstance(v, str) and re.fullmatch(r"[a-z][a-z0-9_]*", v) is not None,
+        "a dtype name like float32",
+        at,
+    )
 
 
 def _name(v: Any) -> bool:

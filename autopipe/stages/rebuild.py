@@ -75,7 +75,9 @@ def check_rebuildable(plan: Plan) -> None:
     if recipe.model_file in IN_MEMORY:
         raise PlanError(_in_memory_message(recipe.factory))
     if not recipe.factory.isidentifier():
-        raise PlanFileError(f"the plan's factory {recipe.factory!r} is not a Python function name; the plan file is damaged, plan again")
+        raise PlanFileError(
+            f"the plan's factory {recipe.factory!r} is not a Python function name; the plan file is damaged, plan again"
+        )
     seen: set[str] = set()
     for item in recipe.model_kwargs:
         key, sep, _ = item.partition("=")
@@ -111,7 +113,9 @@ def _cannot_rebuild(plan: Plan, e: FactoryArgumentError) -> PlanError:
 
 def _load_weights(model: nn.Module, path: Path) -> None:
     if not path.is_file():
-        raise ModelLoadError(f"weights file not found: {path}; give a state_dict saved with torch.save(model.state_dict(), ...)")
+        raise ModelLoadError(
+            f"weights file not found: {path}; give a state_dict saved with torch.save(model.state_dict(), ...)"
+        )
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -120,11 +124,15 @@ def _load_weights(model: nn.Module, path: Path) -> None:
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a corrupt file, or a pickle of something other than tensors
-        raise ModelLoadError(f"cannot read weights from {path} ({type(e).__name__}: {str(e)[:120]}); save model.state_dict() with torch.save") from None
+        raise ModelLoadError(
+            f"cannot read weights from {path} ({type(e).__name__}: {str(e)[:120]}); save model.state_dict() with torch.save"
+        ) from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict):
-        raise ModelLoadError(f"{path} holds a {type(state).__name__}, not a state_dict; save model.state_dict() with torch.save")
+        raise ModelLoadError(
+            f"{path} holds a {type(state).__name__}, not a state_dict; save model.state_dict() with torch.save"
+        )
     want = set(model.state_dict())
     missing, extra = sorted(want - set(state))[:3], sorted(set(state) - want)[:3]
     if missing or extra:
@@ -136,7 +144,9 @@ def _load_weights(model: nn.Module, path: Path) -> None:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         first = str(e).strip().splitlines()[-1].strip()
-        raise ModelLoadError(f"{path} does not fit the plan's model ({first[:200]}); give the state_dict of the model the plan was made for") from None
+        raise ModelLoadError(
+            f"{path} does not fit the plan's model ({first[:200]}); give the state_dict of the model the plan was made for"
+        ) from None
 
 
 def trace_for_plan(plan: Plan, model: nn.Module, inputs: Any, source: Path | None = None) -> TracedModel:
@@ -149,6 +159,8 @@ def trace_for_plan(plan: Plan, model: nn.Module, inputs: Any, source: Path | Non
     try:
         traced = trace_model(model, inputs, micro_batch_size=plan.micro_batch_size, recipe=plan.recipe, source=source)
     except TraceError as e:  # it traced when planned: the model changed since (its advice is for autopipe plan)
-        raise TraceError(f"the model no longer traces as it did when planned: {e}; when it is fixed, {replan_hint(plan)}") from None
+        raise TraceError(
+            f"the model no longer traces as it did when planned: {e}; when it is fixed, {replan_hint(plan)}"
+        ) from None
     check_plan(plan, traced)
     return traced

@@ -62,7 +62,9 @@ def retrace_for_emit(plan: Plan, model: nn.Module, inputs: Any, traced: TracedMo
     try:
         dyn = trace_model(model, example, micro_batch_size=u, recipe=plan.recipe, dynamic=True)
     except TraceError as e:
-        return Retrace(traced, plan, {}, f"static shapes: the model does not export with symbolic sizes ({str(e)[:160]})")
+        return Retrace(
+            traced, plan, {}, f"static shapes: the model does not export with symbolic sizes ({str(e)[:160]})"
+        )
     names = [b.name for b in dyn.blocks]
     if names != [b.name for b in traced.blocks]:
         return Retrace(traced, plan, {}, "static shapes: with symbolic sizes the model groups into other blocks")
@@ -71,7 +73,8 @@ def retrace_for_emit(plan: Plan, model: nn.Module, inputs: Any, traced: TracedMo
         dyn = dataclasses.replace(dyn, values=_at_batch(dyn, 1))
     index = {n: i for i, n in enumerate(names)}
     stages = tuple(
-        dataclasses.replace(s, nodes=tuple(n for b in s.blocks for n in dyn.blocks[index[b]].nodes)) for s in plan.stages
+        dataclasses.replace(s, nodes=tuple(n for b in s.blocks for n in dyn.blocks[index[b]].nodes))
+        for s in plan.stages
     )
     return Retrace(dyn, dataclasses.replace(plan, stages=stages), _symbolic_dims(dyn), "")
 
@@ -86,7 +89,12 @@ def _batch_symbols(traced: TracedModel) -> set[Any]:
     found: set[Any] = set()
     for n in traced.gm.graph.nodes:
         v = n.meta.get("val")
-        if n.op == "placeholder" and isinstance(v, torch.Tensor) and v.dim() > 0 and isinstance(v.shape[0], torch.SymInt):
+        if (
+            n.op == "placeholder"
+            and isinstance(v, torch.Tensor)
+            and v.dim() > 0
+            and isinstance(v.shape[0], torch.SymInt)
+        ):
             found.add(v.shape[0].node.expr)
     return found
 
@@ -122,7 +130,9 @@ def _symbolic_dims(traced: TracedModel) -> dict[str, list[int]]:
     for n in traced.gm.graph.nodes:
         v = n.meta.get("val")
         if n.op == "placeholder" and isinstance(v, torch.Tensor):
-            out[n.name] = [d for d, s in enumerate(v.shape) if isinstance(s, torch.SymInt) and not s.node.expr.is_number]
+            out[n.name] = [
+                d for d, s in enumerate(v.shape) if isinstance(s, torch.SymInt) and not s.node.expr.is_number
+            ]
     return out
 
 

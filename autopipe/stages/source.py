@@ -58,7 +58,9 @@ class StageSource:
     ties: dict[str, str]  # alias -> the name it shares a tensor with
 
 
-def stage_source(module: torch.fx.GraphModule, class_name: str, docstring: str, weights_file: str | None) -> StageSource:
+def stage_source(
+    module: torch.fx.GraphModule, class_name: str, docstring: str, weights_file: str | None
+) -> StageSource:
     """The Python source of ``module`` as class ``class_name`` with ``load()`` and ``build()``."""
     init: list[str] = []
     tensors: dict[str, torch.Tensor] = {}
@@ -109,7 +111,12 @@ def docstring_literal(text: str) -> str:
 
 
 def _walk(
-    m: nn.Module, prefix: str, init: list[str], tensors: dict[str, torch.Tensor], ties: dict[str, str], seen: dict[int, str]
+    m: nn.Module,
+    prefix: str,
+    init: list[str],
+    tensors: dict[str, torch.Tensor],
+    ties: dict[str, str],
+    seen: dict[int, str],
 ) -> None:
     for name, t in [*m._parameters.items(), *m._buffers.items()]:
         if t is None:
@@ -117,12 +124,16 @@ def _walk(
         full = f"{prefix}{name}"
         if id(t) in seen:
             ties[full] = seen[id(t)]
-            init.append(f"_tensor(self, {full!r}, {tuple(t.shape)!r}, {t.dtype}, parameter={isinstance(t, nn.Parameter)})")
+            init.append(
+                f"_tensor(self, {full!r}, {tuple(t.shape)!r}, {t.dtype}, parameter={isinstance(t, nn.Parameter)})"
+            )
             continue
         seen[id(t)] = full
         tensors[full] = t
         if isinstance(t, nn.Parameter):
-            init.append(f"_tensor(self, {full!r}, {tuple(t.shape)!r}, {t.dtype}, parameter=True, requires_grad={t.requires_grad})")
+            init.append(
+                f"_tensor(self, {full!r}, {tuple(t.shape)!r}, {t.dtype}, parameter=True, requires_grad={t.requires_grad})"
+            )
         else:
             init.append(f"_tensor(self, {full!r}, {tuple(t.shape)!r}, {t.dtype}, parameter=False)")
     for name, child in m._modules.items():
@@ -148,7 +159,11 @@ def _constructor(path: str, m: nn.Module) -> str:
     cls = type(m)
     text = repr(m)
     if getattr(torch.nn, cls.__name__, None) is not cls or "\n" in text:
-        kind = "a module of the model's own code" if getattr(torch.nn, cls.__name__, None) is not cls else "a torch module with submodules"
+        kind = (
+            "a module of the model's own code"
+            if getattr(torch.nn, cls.__name__, None) is not cls
+            else "a torch module with submodules"
+        )
         raise EmitError(
             f"module {path} ({cls.__name__}, {kind}) cannot be written as plain torch source; "
             f"plan without --leaf {cls.__name__}, or with --tracer export, which records its operations instead"
@@ -158,7 +173,9 @@ def _constructor(path: str, m: nn.Module) -> str:
         with torch.device("meta"):
             rebuilt = eval(expr, {"torch": torch})
     except Exception as e:
-        raise EmitError(f"module {path}: {expr} does not rebuild it ({type(e).__name__}: {e}); plan with --tracer export") from None
+        raise EmitError(
+            f"module {path}: {expr} does not rebuild it ({type(e).__name__}: {e}); plan with --tracer export"
+        ) from None
     if not _same_module(m, rebuilt):
         raise EmitError(f"module {path}: {expr} does not rebuild the same module; plan with --tracer export")
     return expr
@@ -257,7 +274,11 @@ def _import_line(name: str, obj: Any) -> str:
     mod = getattr(obj, "__name__", None) if isinstance(obj, type(sys)) else getattr(obj, "__module__", None)
     qual = None if isinstance(obj, type(sys)) else getattr(obj, "__qualname__", None)
     top = (mod or "").split(".")[0]
-    if not mod or (top != "torch" and top not in sys.stdlib_module_names) or (qual is None and not isinstance(obj, type(sys))):
+    if (
+        not mod
+        or (top != "torch" and top not in sys.stdlib_module_names)
+        or (qual is None and not isinstance(obj, type(sys)))
+    ):
         raise EmitError(
             f"the stage's code calls {name} ({mod or type(obj).__name__}), which is not part of torch or the standard "
             "library; plan with --tracer export so the graph holds torch operations only"
@@ -268,7 +289,9 @@ def _import_line(name: str, obj: Any) -> str:
     for part in qual.split("."):
         found = getattr(found, part, None)
     if found is not obj:
-        raise EmitError(f"the stage's code calls {name}, which cannot be imported as {mod}.{qual}; plan with --tracer export")
+        raise EmitError(
+            f"the stage's code calls {name}, which cannot be imported as {mod}.{qual}; plan with --tracer export"
+        )
     if "." not in qual:
         return f"from {mod} import {qual}" + ("" if qual == name else f" as {name}")
     return f"import {mod}\n{name} = {mod}.{qual}"

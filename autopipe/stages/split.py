@@ -105,7 +105,9 @@ def split_model(traced: TracedModel, plan: Plan) -> Split:
 
 def _is_size(node: torch.fx.Node) -> bool:
     """A symbolic size (a trace with symbolic shapes): computed in each stage, never sent."""
-    return node.op == "call_function" and isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+    return node.op == "call_function" and isinstance(
+        node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)
+    )
 
 
 def _local_sizes(seg: Segment, by_name: dict[str, torch.fx.Node], index: int) -> Segment:
@@ -116,7 +118,11 @@ def _local_sizes(seg: Segment, by_name: dict[str, torch.fx.Node], index: int) ->
     if not wanted:
         return seg
     placeholders = {n.name: n for n in g.nodes if n.op == "placeholder"}
-    tensors = [(placeholders[n], by_name[n].meta["val"]) for n in seg.inputs if isinstance(by_name[n].meta.get("val"), torch.Tensor)]
+    tensors = [
+        (placeholders[n], by_name[n].meta["val"])
+        for n in seg.inputs
+        if isinstance(by_name[n].meta.get("val"), torch.Tensor)
+    ]
     first = next(n for n in g.nodes if n.op != "placeholder")
     for ph in placeholders.values():  # extract makes them as it meets them: all to the front
         first.prepend(ph)
@@ -127,10 +133,18 @@ def _local_sizes(seg: Segment, by_name: dict[str, torch.fx.Node], index: int) ->
             return made[o.name]
         v = o.meta.get("val")
         if not isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            raise PlanError(f"stage {index} cannot compute the size {o.name} from its inputs (it needs {o.name}, no size)")
+            raise PlanError(
+                f"stage {index} cannot compute the size {o.name} from its inputs (it needs {o.name}, no size)"
+            )
         expr = v.node.expr
         found = next(
-            ((ph, d) for ph, t in tensors for d, s in enumerate(t.shape) if isinstance(s, torch.SymInt) and s.node.expr == expr), None
+            (
+                (ph, d)
+                for ph, t in tensors
+                for d, s in enumerate(t.shape)
+                if isinstance(s, torch.SymInt) and s.node.expr == expr
+            ),
+            None,
         )
         with g.inserting_before(first):
             if expr.is_number:
@@ -142,7 +156,9 @@ def _local_sizes(seg: Segment, by_name: dict[str, torch.fx.Node], index: int) ->
                 kwargs = torch.fx.node.map_arg(o.kwargs, derive)
                 result = g.call_function(o.target, args, kwargs)  # type: ignore[arg-type]
             else:
-                raise PlanError(f"stage {index} cannot compute the size {o.name} from its inputs; emit from a static trace")
+                raise PlanError(
+                    f"stage {index} cannot compute the size {o.name} from its inputs; emit from a static trace"
+                )
         made[o.name] = result
         return result
 

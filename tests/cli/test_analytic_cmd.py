@@ -43,11 +43,44 @@ def test_cli_errors_and_calibrate(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["plan", GPT, "--dtype", "bf16", "--device", "cpu"]) == 2
     assert "--dtype bf16 applies to analytic plans" in capsys.readouterr().err
     prof = tmp_path / "p.json"
-    assert main(["profile", GPT, "--device", "cpu", "--micro-batch-sizes", "2,4", "--batch-size", "4", "--repeat", "2", "-o", str(prof)]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                GPT,
+                "--device",
+                "cpu",
+                "--micro-batch-sizes",
+                "2,4",
+                "--batch-size",
+                "4",
+                "--repeat",
+                "2",
+                "-o",
+                str(prof),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["calibrate", str(prof), "-o", str(tmp_path / "cal.json")]) == 0
     assert "compute efficiency" in capsys.readouterr().out
-    assert main(["plan", GPT, "--analytic", "--calibration", str(tmp_path / "cal.json"), "--stages", "2", "-o", str(tmp_path / "x.json")]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                GPT,
+                "--analytic",
+                "--calibration",
+                str(tmp_path / "cal.json"),
+                "--stages",
+                "2",
+                "-o",
+                str(tmp_path / "x.json"),
+            ]
+        )
+        == 0
+    )
 
 
 @pytest.mark.slow
@@ -57,9 +90,28 @@ def test_cli_3d_pins_cluster_json_and_one_line_errors(tmp_path: Path, capsys: py
     out, cluster = tmp_path / "plan.json", tmp_path / "cluster.json"
     cluster.write_text(json.dumps({"devices_per_node": 4, "nvlink_bandwidth": "200GB/s", "network_latency_s": 2e-5}))
     gpt = [GPT, "-k", "n_layer=2", "--device", "h100", "--gpus", "16", "--batch-size", "32"]
-    assert main(["plan", *gpt, "--tensor-parallel", "2", "--data-parallel", "2", "--cluster", str(cluster), "--json", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                *gpt,
+                "--tensor-parallel",
+                "2",
+                "--data-parallel",
+                "2",
+                "--cluster",
+                str(cluster),
+                "--json",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     got = json.loads(capsys.readouterr().out)
-    assert (got["tensor_parallel"], got["pipeline_parallel"], got["data_parallel"]) == (2, 4, 2) and got["sequence_parallel"]
+    assert (got["tensor_parallel"], got["pipeline_parallel"], got["data_parallel"]) == (2, 4, 2) and got[
+        "sequence_parallel"
+    ]
     assert 0 < got["model_tflops_per_gpu"] <= got["hardware_tflops_per_gpu"] < 989.5
     assert main(["show", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["model_tflops_per_gpu"] == got["model_tflops_per_gpu"]
@@ -69,11 +121,18 @@ def test_cli_3d_pins_cluster_json_and_one_line_errors(tmp_path: Path, capsys: py
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--tensor-parallel 8: 8 does not divide the 4 attention heads" in err[0], err
     cluster.write_text(json.dumps({"devices_per_node": 2}))
-    assert main(["plan", *gpt, "--tensor-parallel", "4", "--cluster", str(cluster), "-o", str(tmp_path / "x.json")]) == 2
-    assert "a tensor-parallel group stays within a node; 4 does not divide 2 devices per node" in capsys.readouterr().err
+    assert (
+        main(["plan", *gpt, "--tensor-parallel", "4", "--cluster", str(cluster), "-o", str(tmp_path / "x.json")]) == 2
+    )
+    assert (
+        "a tensor-parallel group stays within a node; 4 does not divide 2 devices per node" in capsys.readouterr().err
+    )
     for flags, message in [
         (["--tensor-parallel", "2"], "--tensor-parallel applies to the devices of --gpus G"),
-        (["--gpus", "16", "--tensor-parallel", "4", "--stages", "8"], "--tensor-parallel 4 x --stages 8 = 32 does not divide --gpus 16"),
+        (
+            ["--gpus", "16", "--tensor-parallel", "4", "--stages", "8"],
+            "--tensor-parallel 4 x --stages 8 = 32 does not divide --gpus 16",
+        ),
         (["--gpus", "8", "--cluster", str(tmp_path / "none.json")], "cluster file not found"),
     ]:
         assert main(["plan", GPT, "--device", "h100", *flags]) == 2

@@ -11,7 +11,9 @@ from autopipe.planner.defaults import default_micro_batch_sizes
 torch.set_num_threads(1)
 
 
-@pytest.mark.parametrize(("batch", "sizes"), [(1, (1,)), (2, (1, 2)), (3, (1, 3)), (6, (1, 3, 6)), (8, (2, 4, 8)), (64, (16, 32, 64))])
+@pytest.mark.parametrize(
+    ("batch", "sizes"), [(1, (1,)), (2, (1, 2)), (3, (1, 3)), (6, (1, 3, 6)), (8, (2, 4, 8)), (64, (16, 32, 64))]
+)
 def test_default_micro_batch_sizes(batch: int, sizes: tuple[int, ...]) -> None:
     assert default_micro_batch_sizes(batch) == sizes
 

@@ -37,13 +37,21 @@ def test_output_file_is_what_it_prints(tmp_path: Path, capsys: pytest.CaptureFix
     [
         (["config", "{tmp}/none.json", "--for", "megatron"], "plan file not found: {tmp}/none.json"),
         (["config", "{tmp}/bad.json", "--for", "megatron"], "{tmp}/bad.json is not valid JSON"),
-        (["config", MLP_PLAN, "--for", "deepspeed"], "--for 'deepspeed' is not a framework autopipe writes for; use --for megatron or --for torchtitan"),
+        (
+            ["config", MLP_PLAN, "--for", "deepspeed"],
+            "--for 'deepspeed' is not a framework autopipe writes for; use --for megatron or --for torchtitan",
+        ),
         (["config", MLP_PLAN], "the following arguments are required: --for"),
         (["config", MLP_PLAN, "--for", "megatron", "-o", "{tmp}/no/such/x.txt"], "folder {tmp}/no/such does not exist"),
-        (["config", "{tmp}/flat.json", "--for", "torchtitan"], "has no layer list (no block named like layers.0 or blocks.0; its first block is 'fc0')"),
+        (
+            ["config", "{tmp}/flat.json", "--for", "torchtitan"],
+            "has no layer list (no block named like layers.0 or blocks.0; its first block is 'fc0')",
+        ),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_input_is_one_line_and_exit_2(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     flat = Path(MLP_PLAN).read_text()
     for i in range(3):

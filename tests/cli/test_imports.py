@@ -9,7 +9,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ("autopipe.partition", "autopipe.planner", "autopipe.simulate", "autopipe.costs", "autopipe.graph", "autopipe.model")
+STEPS = (
+    "autopipe.partition",
+    "autopipe.planner",
+    "autopipe.simulate",
+    "autopipe.costs",
+    "autopipe.graph",
+    "autopipe.model",
+)
 
 
 def _imported(path: Path) -> set[str]:
@@ -43,5 +50,7 @@ def test_import_autopipe_and_help_wait_for_no_torch() -> None:
         "    assert main(['--help']) == 0 and main(['plan', '--help']) == 0\n"
         "assert 'torch' not in sys.modules, 'autopipe --help'\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
     assert proc.returncode == 0, proc.stderr

@@ -27,8 +27,6 @@ GOOD = "tests/fixtures/good_mlp.py"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-
-
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
@@ -43,8 +41,6 @@ def one_error_line(err: str) -> str:
     return lines[0]
 
 
-
-
 @pytest.mark.parametrize(
     ("argv", "parts"),
     [
@@ -53,7 +49,10 @@ def one_error_line(err: str) -> str:
         (["profile", "tests/fixtures/no_factory.py"], ["has no function 'build_model'"]),
         (["profile", GOOD, "-k", "width"], ["factory argument 'width' has no '='"]),
         (["profile", GOOD, "-k", "widht=3"], ["build_model() does not take widht"]),
-        (["profile", "tests/fixtures/rejects_inputs.py"], ["the model rejected its example inputs", "rejects_inputs.py:15)"]),
+        (
+            ["profile", "tests/fixtures/rejects_inputs.py"],
+            ["the model rejected its example inputs", "rejects_inputs.py:15)"],
+        ),
         (["profile", GOOD, "--batch-size", "0"], ["--batch-size must be a positive integer (got 0)"]),
         (["profile", GOOD, "--batch-size", "-3"], ["--batch-size must be a positive integer (got -3)"]),
         (["profile", GOOD, "--batch-size", "eight"], ["--batch-size must be a positive integer (got 'eight')"]),
@@ -76,12 +75,24 @@ def test_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: li
 
 
 @pytest.mark.parametrize("memory", [["--memory", "-5GB"], ["--memory=-5GB"], ["--memory", "-.5GB"]])
-def test_negative_looking_values_are_values(capsys: pytest.CaptureFixture[str], memory: list[str], tmp_path: Path) -> None:
-    code, _, err = run(capsys, "plan", "--profile", str(tmp_path / "none.json"), *memory, "-o", str(tmp_path / "p.json"))
+def test_negative_looking_values_are_values(
+    capsys: pytest.CaptureFixture[str], memory: list[str], tmp_path: Path
+) -> None:
+    code, _, err = run(
+        capsys, "plan", "--profile", str(tmp_path / "none.json"), *memory, "-o", str(tmp_path / "p.json")
+    )
     assert code == 2
-    assert one_error_line(err) == f"autopipe: error: --memory must be positive (got {memory[-1].removeprefix('--memory=')!r})"
-    code, _, err = run(capsys, "plan", "--profile", str(tmp_path / "none.json"), "--memory", "1e400GB", "-o", str(tmp_path / "p.json"))
-    assert one_error_line(err) == "autopipe: error: --memory must be a finite number (got '1e400GB'); write it like 16GiB or 80GB"
+    assert (
+        one_error_line(err)
+        == f"autopipe: error: --memory must be positive (got {memory[-1].removeprefix('--memory=')!r})"
+    )
+    code, _, err = run(
+        capsys, "plan", "--profile", str(tmp_path / "none.json"), "--memory", "1e400GB", "-o", str(tmp_path / "p.json")
+    )
+    assert (
+        one_error_line(err)
+        == "autopipe: error: --memory must be a finite number (got '1e400GB'); write it like 16GiB or 80GB"
+    )
 
 
 def test_argparse_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -90,7 +101,9 @@ def test_argparse_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> Non
     assert run(capsys, "frobnicate")[0] == 2
     assert run(capsys)[0] == 2  # no command
     code, _, err = run(capsys, "show")  # one line, with where to look, not the usage block
-    assert code == 2 and err == "autopipe: error: the following arguments are required: PLAN; see 'autopipe show --help'\n"
+    assert (
+        code == 2 and err == "autopipe: error: the following arguments are required: PLAN; see 'autopipe show --help'\n"
+    )
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -120,8 +133,12 @@ def test_other_exceptions_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_subprocess_missing_file() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "autopipe.cli.main", "profile", "tests/fixtures/missing.py"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
@@ -129,17 +146,35 @@ def test_subprocess_missing_file() -> None:
     ]
 
 
-
-
 @pytest.fixture
 def fake_profiler(monkeypatch: pytest.MonkeyPatch) -> list[ProfilingOptions]:
     """Replace the profiler call (``autopipe.api.profile``'s); record the options it received."""
     calls: list[ProfilingOptions] = []
 
-    def fake(loaded: LoadedModel, *, micro_batch_sizes: tuple[int, ...], recipe: TraceRecipe, warmup: int, repeat: int,
-             device: str, progress: object, threads: int) -> Profile:  # fmt: skip
+    def fake(
+        loaded: LoadedModel,
+        *,
+        micro_batch_sizes: tuple[int, ...],
+        recipe: TraceRecipe,
+        warmup: int,
+        repeat: int,
+        device: str,
+        progress: object,
+        threads: int,
+    ) -> Profile:
         assert isinstance(loaded, LoadedModel)
-        calls.append(ProfilingOptions(micro_batch_sizes, recipe.tracer, recipe.leaf_modules, recipe.max_blocks, warmup, repeat, device, threads))
+        calls.append(
+            ProfilingOptions(
+                micro_batch_sizes,
+                recipe.tracer,
+                recipe.leaf_modules,
+                recipe.max_blocks,
+                warmup,
+                repeat,
+                device,
+                threads,
+            )
+        )
         return hand_profile()
 
     monkeypatch.setattr(autopipe.api, "profile_model", fake)
@@ -151,21 +186,46 @@ def test_profile_table_and_file(
 ) -> None:
     out_file = tmp_path / "p.json"
     code, out, err = run(
-        capsys, "profile", GOOD, "-k", "width=8", "-o", str(out_file), "--batch-size", "4",
-        "--leaf", "MLP,Linear", "--leaf", "ReLU", "--blocks", "3", "--device", "cpu",
-    )  # fmt: skip
+        capsys,
+        "profile",
+        GOOD,
+        "-k",
+        "width=8",
+        "-o",
+        str(out_file),
+        "--batch-size",
+        "4",
+        "--leaf",
+        "MLP,Linear",
+        "--leaf",
+        "ReLU",
+        "--blocks",
+        "3",
+        "--device",
+        "cpu",
+    )
     assert code == 0 and err == ""
     options = fake_profiler[0]
     assert options.micro_batch_sizes == (1, 2, 4) and options.leaf_modules == ("MLP", "Linear", "ReLU")
-    assert (options.max_blocks, options.warmup, options.repeat, options.device, options.tracer) == (3, 2, 5, "cpu", "auto")
+    assert (options.max_blocks, options.warmup, options.repeat, options.device, options.tracer) == (
+        3,
+        2,
+        5,
+        "cpu",
+        "auto",
+    )
     assert Profile.load(out_file) == hand_profile()
     assert "layers.0" in out and "head" in out and "1.50M" in out
     assert out.strip().splitlines()[-1] == f"wrote {out_file} (2 blocks, measured on cpu (1 threads))"
 
 
-def test_profile_json(capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_profiler: list[ProfilingOptions]) -> None:
+def test_profile_json(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_profiler: list[ProfilingOptions]
+) -> None:
     out_file = tmp_path / "p.json"
-    code, out, _ = run(capsys, "profile", GOOD, "-o", str(out_file), "--json", "--micro-batch-sizes", "4,1", "--device", "cpu")
+    code, out, _ = run(
+        capsys, "profile", GOOD, "-o", str(out_file), "--json", "--micro-batch-sizes", "4,1", "--device", "cpu"
+    )
     assert code == 0
     summary = json.loads(out)
     assert fake_profiler[0].micro_batch_sizes == (1, 4)
@@ -182,9 +242,25 @@ def test_a_closed_output_pipe_ends_quietly(tmp_path: Path) -> None:
     read, write = os.pipe()
     os.close(read)  # nobody reads: the first print meets a closed pipe
     proc = subprocess.run(
-        [sys.executable, "-m", "autopipe.cli.main", "plan", "--profile", str(path), "--stages", "2", "-o", str(tmp_path / "p.json")],
-        cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "autopipe.cli.main",
+            "plan",
+            "--profile",
+            str(path),
+            "--stages",
+            "2",
+            "-o",
+            str(tmp_path / "p.json"),
+        ],
+        cwd=ROOT,
+        stdout=write,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     os.close(write)
     assert (proc.returncode, proc.stderr) == (141, "")
 

@@ -27,26 +27,51 @@ GIB = 2.0**30
 
 def block(i: int) -> BlockCost:
     return BlockCost(
-        name=f"layers.{i}", nodes=(f"n{i}",), params=1000, param_bytes=4000, forward_s=Affine(1e-5, 1e-3),
-        backward_s=Affine(2e-5, 2e-3), backward_input_s=Affine(1e-5, 1e-3), backward_weight_s=Affine(1e-5, 1e-3),
+        name=f"layers.{i}",
+        nodes=(f"n{i}",),
+        params=1000,
+        param_bytes=4000,
+        forward_s=Affine(1e-5, 1e-3),
+        backward_s=Affine(2e-5, 2e-3),
+        backward_input_s=Affine(1e-5, 1e-3),
+        backward_weight_s=Affine(1e-5, 1e-3),
         saved_bytes=Affine(0.0, 2.0**20),
-    )  # fmt: skip
+    )
 
 
 def chain(n: int = 4) -> Profile:
     blocks = tuple(block(i) for i in range(n))
     tensors = tuple(TensorCost(f"n{i}", i, (i + 1,), Affine(0.0, 2.0**20)) for i in range(n - 1))
     return Profile(
-        model="chain", recipe=TraceRecipe(tracer="fx", fingerprint="fp"), device="cpu (1 threads)", torch_version=torch.__version__,
-        dtype="float32", micro_batch_sizes=(1, 2), method="measured", blocks=blocks, tensors=tensors,
-    )  # fmt: skip
+        model="chain",
+        recipe=TraceRecipe(tracer="fx", fingerprint="fp"),
+        device="cpu (1 threads)",
+        torch_version=torch.__version__,
+        dtype="float32",
+        micro_batch_sizes=(1, 2),
+        method="measured",
+        blocks=blocks,
+        tensors=tensors,
+    )
 
 
 def test_cmd_plan_leaves_its_namespace_alone(tmp_path: Path) -> None:
     path = tmp_path / "profile.json"
     chain().save(path)
     args = build_parser().parse_args(
-        ["plan", "--profile", str(path), "--stages", "2", "--memory", "1GiB", "--batch-size", "8", "-o", str(tmp_path / "p.json")]
+        [
+            "plan",
+            "--profile",
+            str(path),
+            "--stages",
+            "2",
+            "--memory",
+            "1GiB",
+            "--batch-size",
+            "8",
+            "-o",
+            str(tmp_path / "p.json"),
+        ]
     )
     before = copy.deepcopy(vars(args))
     quiet = Console(file=io.StringIO(), width=120)
@@ -59,7 +84,10 @@ def test_cmd_plan_leaves_its_namespace_alone(tmp_path: Path) -> None:
     ("rejected", "short"),
     [
         (Rejected(4, 2, "no plan of 4 blocks on 4 devices fits 1.0 GiB per device; ...", 3 * GIB), "needs 3.0 GiB"),
-        (Rejected(4, 2, "no plan of 4 blocks on 4 devices fits 1.0 GiB per device"), "no plan of 4 blocks on 4 devices fits 1.0 GiB"),
+        (
+            Rejected(4, 2, "no plan of 4 blocks on 4 devices fits 1.0 GiB per device"),
+            "no plan of 4 blocks on 4 devices fits 1.0 GiB",
+        ),
         (Rejected(8, 1, "8 stages but the model has 4 blocks"), "8 stages but the model has 4 blocks"),
     ],
 )
@@ -85,9 +113,26 @@ def profiles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("name", ["gpt", "llama", "resnet", "unet", "mlp"])
 @pytest.mark.parametrize("stages", [2, 4])
-def test_plan_beats_or_ties_every_simple_split(profiles: dict[str, Path], name: str, stages: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_beats_or_ties_every_simple_split(
+    profiles: dict[str, Path], name: str, stages: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     plan_path = tmp_path / "plan.json"
-    code = main(["plan", "--profile", str(profiles[name]), "--stages", str(stages), "--memory", "2GiB", "--batch-size", "16", "-o", str(plan_path), "--json"])
+    code = main(
+        [
+            "plan",
+            "--profile",
+            str(profiles[name]),
+            "--stages",
+            str(stages),
+            "--memory",
+            "2GiB",
+            "--batch-size",
+            "16",
+            "-o",
+            str(plan_path),
+            "--json",
+        ]
+    )
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert {"schedule", "micro_batches", "iteration_time_s", "bubble_fraction", "stages", "baselines"} <= set(summary)
@@ -105,13 +150,48 @@ def test_plan_beats_or_ties_every_simple_split(profiles: dict[str, Path], name: 
 def test_plan_json_is_byte_identical_across_runs(profiles: dict[str, Path], tmp_path: Path) -> None:
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     for path in (a, b):
-        assert main(["plan", "--profile", str(profiles["resnet"]), "--stages", "4", "--memory", "1GiB", "-o", str(path), "--json"]) == 0
+        assert (
+            main(
+                [
+                    "plan",
+                    "--profile",
+                    str(profiles["resnet"]),
+                    "--stages",
+                    "4",
+                    "--memory",
+                    "1GiB",
+                    "-o",
+                    str(path),
+                    "--json",
+                ]
+            )
+            == 0
+        )
     assert a.read_bytes() == b.read_bytes()
 
 
-def test_plan_table_show_and_timeline(profiles: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_table_show_and_timeline(
+    profiles: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     plan_path, png, svg = tmp_path / "plan.json", tmp_path / "t.png", tmp_path / "t.svg"
-    assert main(["plan", "--profile", str(profiles["gpt"]), "--stages", "2", "--memory", "1GiB", "-o", str(plan_path), "--timeline", str(png)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--profile",
+                str(profiles["gpt"]),
+                "--stages",
+                "2",
+                "--memory",
+                "1GiB",
+                "-o",
+                str(plan_path),
+                "--timeline",
+                str(png),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "predicted iteration" in out and "even-layers" in out and "by-params" in out and f"wrote {plan_path}" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -123,7 +203,23 @@ def test_plan_table_show_and_timeline(profiles: dict[str, Path], tmp_path: Path,
 
 def test_plan_profiles_a_model_itself(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan_path = tmp_path / "plan.json"
-    code = main(["plan", str(MODELS / "mlp.py"), "-k", "depth=4", "--stages", "2", "--memory", "1GiB", "--batch-size", "8", "-o", str(plan_path), *FAST])
+    code = main(
+        [
+            "plan",
+            str(MODELS / "mlp.py"),
+            "-k",
+            "depth=4",
+            "--stages",
+            "2",
+            "--memory",
+            "1GiB",
+            "--batch-size",
+            "8",
+            "-o",
+            str(plan_path),
+            *FAST,
+        ]
+    )
     assert code == 0
     plan = Plan.load(plan_path)
     assert plan.devices == 2 and plan.batch_size == 8
@@ -145,7 +241,9 @@ def test_plan_profiles_a_model_itself(tmp_path: Path, capsys: pytest.CaptureFixt
         (["--action-overhead=-1ms"], "--action-overhead must be zero or more (got '-1ms')"),
     ],
 )
-def test_bad_plan_input_is_one_line_and_exit_2(profiles: dict[str, Path], args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_plan_input_is_one_line_and_exit_2(
+    profiles: dict[str, Path], args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code = main(["plan", "--profile", str(profiles["gpt"]), "-o", str(tmp_path / "p.json"), *args])
     err = capsys.readouterr().err
     assert code == 2
@@ -154,8 +252,21 @@ def test_bad_plan_input_is_one_line_and_exit_2(profiles: dict[str, Path], args: 
     assert not (tmp_path / "p.json").exists()
 
 
-def test_profile_from_another_model_is_refused(profiles: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["plan", str(MODELS / "gpt.py"), "-k", "n_layer=2", "--profile", str(profiles["gpt"]), "-o", str(tmp_path / "p.json")])
+def test_profile_from_another_model_is_refused(
+    profiles: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "plan",
+            str(MODELS / "gpt.py"),
+            "-k",
+            "n_layer=2",
+            "--profile",
+            str(profiles["gpt"]),
+            "-o",
+            str(tmp_path / "p.json"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert "was made from another model (fingerprint" in err
@@ -190,7 +301,9 @@ def test_api_plan_matches_the_profile_it_was_given(profiles: dict[str, Path]) ->
     import autopipe
 
     prof = Profile.load(profiles["gpt"])
-    plan = autopipe.plan(torch.nn.Linear(2, 2), torch.zeros(4, 2), stages=2, memory="1GiB", batch_size=8, profile_data=prof)
+    plan = autopipe.plan(
+        torch.nn.Linear(2, 2), torch.zeros(4, 2), stages=2, memory="1GiB", batch_size=8, profile_data=prof
+    )
     assert plan.devices == 2 and plan.recipe.fingerprint == prof.recipe.fingerprint
     assert "iteration" in plan.summary()
 
@@ -213,19 +326,49 @@ def test_huge_batches_get_a_one_line_answer(tmp_path: Path, capsys: pytest.Captu
         code, _, err = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(batch))
         assert code == 2
         if batch == 2**31:  # the largest batch autopipe plans: searched, and a plan that does not fit
-            assert err.startswith("autopipe: error: no plan of 4 blocks on 2 devices fits 1.0 GiB per device; the smallest limit") and err.count("\n") == 1
+            assert (
+                err.startswith(
+                    "autopipe: error: no plan of 4 blocks on 2 devices fits 1.0 GiB per device; the smallest limit"
+                )
+                and err.count("\n") == 1
+            )
         else:  # beyond it: refused before any search (a plan that large would not load back)
-            assert err == f"autopipe: error: --batch-size {batch} is more than autopipe plans (at most 2147483648 = 2**31 samples per pipeline); use a smaller batch\n"
+            assert (
+                err
+                == f"autopipe: error: --batch-size {batch} is more than autopipe plans (at most 2147483648 = 2**31 samples per pipeline); use a smaller batch\n"
+            )
     code, _, err = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(2**31), "--micro-batches", str(2**31))
     assert code == 2
-    assert err == f"autopipe: error: --micro-batches {2**31} is more than autopipe plans (at most 65536 = 2**16); use fewer\n"
+    assert (
+        err
+        == f"autopipe: error: --micro-batches {2**31} is more than autopipe plans (at most 65536 = 2**16); use fewer\n"
+    )
 
 
 @pytest.mark.timeout(120)  # hang-only: 2,048 micro-batches, drawn in seconds
-def test_show_of_a_long_plan_draws_its_ends_and_elides_the_middle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_of_a_long_plan_draws_its_ends_and_elides_the_middle(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     profile, plan_path = tmp_path / "profile.json", tmp_path / "plan.json"
     chain().save(profile)
-    assert main(["plan", "--profile", str(profile), "--stages", "2", "--memory", "1GiB", "--batch-size", "8", "-o", str(plan_path)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--profile",
+                str(profile),
+                "--stages",
+                "2",
+                "--memory",
+                "1GiB",
+                "--batch-size",
+                "8",
+                "-o",
+                str(plan_path),
+            ]
+        )
+        == 0
+    )
     raw = json.loads(plan_path.read_text())
     raw.update(schedule="1f1b", virtual=1, micro_batches=2048, batch_size=2048, micro_batch_size=1)
     big = tmp_path / "big.json"
@@ -247,10 +390,22 @@ def test_show_of_a_long_plan_draws_its_ends_and_elides_the_middle(tmp_path: Path
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda p: _stage(p, 1, forward_s=-1e6), "plan.json: stage 1 has forward_s -1000000.0; times must be zero or more, plan again"),
-        (lambda p: _stage(p, 0, backward_s=float("nan")), "plan.json: stage 0 has backward_s nan; times must be zero or more, plan again"),
-        (lambda p: dataclasses.replace(p, link_latency_s=-1.0), "plan.json has link_latency_s -1.0; times must be zero or more, plan again"),
-        (lambda p: dataclasses.replace(p, link_bandwidth=0.0), "plan.json has link_bandwidth 0.0; it must be positive, plan again"),
+        (
+            lambda p: _stage(p, 1, forward_s=-1e6),
+            "plan.json: stage 1 has forward_s -1000000.0; times must be zero or more, plan again",
+        ),
+        (
+            lambda p: _stage(p, 0, backward_s=float("nan")),
+            "plan.json: stage 0 has backward_s nan; times must be zero or more, plan again",
+        ),
+        (
+            lambda p: dataclasses.replace(p, link_latency_s=-1.0),
+            "plan.json has link_latency_s -1.0; times must be zero or more, plan again",
+        ),
+        (
+            lambda p: dataclasses.replace(p, link_bandwidth=0.0),
+            "plan.json has link_bandwidth 0.0; it must be positive, plan again",
+        ),
     ],
 )
 def test_a_timeline_is_not_drawn_from_negative_times(edit: Callable[[Plan], Plan], message: str) -> None:
@@ -271,14 +426,26 @@ def _stage(plan: Plan, index: int, **change: float) -> Plan:
     return dataclasses.replace(plan, stages=tuple(stages))
 
 
-def test_a_hand_edited_profile_is_checked_against_the_model(profiles: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_hand_edited_profile_is_checked_against_the_model(
+    profiles: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     raw = json.loads(profiles["mlp"].read_text())
     extra = {**raw["blocks"][-1], "name": "extra", "nodes": ["extra_node"]}
     raw["blocks"].append(extra)
     edited = tmp_path / "edited.json"
     edited.write_text(json.dumps(raw))
     n = len(raw["blocks"])
-    code, _, err = _run(capsys, "plan", str(MODELS / "mlp.py"), "--profile", str(edited), "--stages", "2", "-o", str(tmp_path / "p.json"))
+    code, _, err = _run(
+        capsys,
+        "plan",
+        str(MODELS / "mlp.py"),
+        "--profile",
+        str(edited),
+        "--stages",
+        "2",
+        "-o",
+        str(tmp_path / "p.json"),
+    )
     assert (code, err) == (
         2,
         f"autopipe: error: {edited} has {n} blocks, the model traces into {n - 1}: block {n - 1} 'extra' is not in the model; "
@@ -287,11 +454,30 @@ def test_a_hand_edited_profile_is_checked_against_the_model(profiles: dict[str, 
 
 
 @pytest.mark.parametrize("schedule", ["v-half", "v-min"])
-def test_a_v_shape_schedule_is_planned_when_pinned(schedule: str, profiles: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_v_shape_schedule_is_planned_when_pinned(
+    schedule: str, profiles: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """--schedule v-half / v-min: 2S chunks cut for the V (chunks j and 2S-1-j on device j),
     priced by simulating the schedule's own lists, written, and shown again."""
     plan_path = tmp_path / "plan.json"
-    args = ["plan", "--profile", str(profiles["gpt"]), "--stages", "2", "--memory", "1GiB", "--batch-size", "16", "--micro-batches", "8", "--schedule", schedule, "-o", str(plan_path), "--json"]  # fmt: skip
+    args = [
+        "plan",
+        "--profile",
+        str(profiles["gpt"]),
+        "--stages",
+        "2",
+        "--memory",
+        "1GiB",
+        "--batch-size",
+        "16",
+        "--micro-batches",
+        "8",
+        "--schedule",
+        schedule,
+        "-o",
+        str(plan_path),
+        "--json",
+    ]
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out)
     plan = Plan.load(plan_path)
@@ -303,13 +489,33 @@ def test_a_v_shape_schedule_is_planned_when_pinned(schedule: str, profiles: dict
     assert schedule in shown and "device 0 │" in shown and "device 1 │" in shown
 
 
-def test_balance_prints_the_users_split_beside_autopipes_and_writes_the_users(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_balance_prints_the_users_split_beside_autopipes_and_writes_the_users(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path, out = tmp_path / "profile.json", tmp_path / "p.json"
     chain(6).save(path)
-    base = ["plan", "--profile", str(path), "--stages", "2", "--memory", "1GiB", "--batch-size", "8", "--schedule", "1f1b", "--micro-batches", "4"]
+    base = [
+        "plan",
+        "--profile",
+        str(path),
+        "--stages",
+        "2",
+        "--memory",
+        "1GiB",
+        "--batch-size",
+        "8",
+        "--schedule",
+        "1f1b",
+        "--micro-batches",
+        "4",
+    ]
     assert main([*base, "--balance", "5,1", "-o", str(out)]) == 0
     text = capsys.readouterr().out
-    rows = {line.split("│")[1].strip(): line for line in text.splitlines() if line.startswith("│ your split") or line.startswith("│ autopipe")}
+    rows = {
+        line.split("│")[1].strip(): line
+        for line in text.splitlines()
+        if line.startswith("│ your split") or line.startswith("│ autopipe")
+    }
     assert "5/1" in rows["your split"] and "3/3" in rows["autopipe"]
     plan = Plan.load(out)
     assert [len(s.blocks) for s in plan.stages] == [5, 1] and plan.baselines[0].name == "autopipe"
@@ -324,15 +530,42 @@ def test_balance_prints_the_users_split_beside_autopipes_and_writes_the_users(tm
         ("5,x", [], "--balance must be blocks per chunk separated by commas, like 3,1,1,3 (got '5,x')"),
         ("6,0", [], "--balance entries must be at least 1 block per chunk (got '6,0')"),
         ("4,1", [], "--balance sums to 5 blocks but the model has 6; give blocks per chunk that sum to 6"),
-        ("2,1,1,2", [], "--balance has 4 entries = 2 devices x 2 chunks; name the schedule that runs 2 chunks per device with --schedule (e.g. interleaved-1f1b, zb-v)"),
+        (
+            "2,1,1,2",
+            [],
+            "--balance has 4 entries = 2 devices x 2 chunks; name the schedule that runs 2 chunks per device with --schedule (e.g. interleaved-1f1b, zb-v)",
+        ),
         ("3,3", ["--schedule", "zb-v"], "--balance has 2 entries but zb-v on 2 devices runs 4 chunks; give 4 entries"),
-        ("3,3", ["--gpus", "4"], "--balance prices one pipeline's split and --gpus searches data x pipeline layouts; give one"),
+        (
+            "3,3",
+            ["--gpus", "4"],
+            "--balance prices one pipeline's split and --gpus searches data x pipeline layouts; give one",
+        ),
     ],
 )
-def test_bad_balance_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], balance: str, extra: list[str], message: str) -> None:
+def test_bad_balance_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], balance: str, extra: list[str], message: str
+) -> None:
     path, out = tmp_path / "profile.json", tmp_path / "p.json"
     chain(6).save(path)
-    code = main(["plan", "--profile", str(path), "--stages", "2", "--memory", "1GiB", "--batch-size", "8", "--balance", balance, *extra, "-o", str(out)])
+    code = main(
+        [
+            "plan",
+            "--profile",
+            str(path),
+            "--stages",
+            "2",
+            "--memory",
+            "1GiB",
+            "--batch-size",
+            "8",
+            "--balance",
+            balance,
+            *extra,
+            "-o",
+            str(out),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.strip() == f"autopipe: error: {message}"
     assert not out.exists()
@@ -341,16 +574,35 @@ def test_bad_balance_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Captu
 @pytest.mark.parametrize(
     ("args", "line"),
     [  # the library's errors name its fields; the CLI says them as its flags (cli/args.py FLAGS), as before
-        (["--stages", "40"], "cannot cut 8 blocks into 40 stages; use --stages 8 or fewer, or finer blocks when profiling (--blocks)"),
-        (["--devices", "40"], "cannot cut 8 blocks into 40 stages; use --stages 8 or fewer, or finer blocks when profiling (--blocks)"),
-        (["--schedule", "zb-v", "--virtual", "3"], "zb-v runs 2 stages per device (got --virtual 3); use --virtual 2 or leave it out"),
-        (["--schedule", "dualpipe-v", "--stages", "4", "--batch-size", "6"],
-         "dualpipe-v needs at least 8 micro-batches on 4 devices, more than --batch-size 6; use --batch-size 8 or more"),
-        (["--devices", "2", "--stages", "4"], "--devices 2 and --stages 4 are the same thing (pipeline devices); give one"),
-        (["--devices", "2", "--gpus", "8"], "--devices counts one pipeline's devices; with --gpus G pin the pipeline depth with --stages"),
+        (
+            ["--stages", "40"],
+            "cannot cut 8 blocks into 40 stages; use --stages 8 or fewer, or finer blocks when profiling (--blocks)",
+        ),
+        (
+            ["--devices", "40"],
+            "cannot cut 8 blocks into 40 stages; use --stages 8 or fewer, or finer blocks when profiling (--blocks)",
+        ),
+        (
+            ["--schedule", "zb-v", "--virtual", "3"],
+            "zb-v runs 2 stages per device (got --virtual 3); use --virtual 2 or leave it out",
+        ),
+        (
+            ["--schedule", "dualpipe-v", "--stages", "4", "--batch-size", "6"],
+            "dualpipe-v needs at least 8 micro-batches on 4 devices, more than --batch-size 6; use --batch-size 8 or more",
+        ),
+        (
+            ["--devices", "2", "--stages", "4"],
+            "--devices 2 and --stages 4 are the same thing (pipeline devices); give one",
+        ),
+        (
+            ["--devices", "2", "--gpus", "8"],
+            "--devices counts one pipeline's devices; with --gpus G pin the pipeline depth with --stages",
+        ),
     ],
 )
-def test_cli_errors_say_the_flags(profiles: dict[str, Path], args: list[str], line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_errors_say_the_flags(
+    profiles: dict[str, Path], args: list[str], line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["plan", "--profile", str(profiles["gpt"]), "-o", str(tmp_path / "p.json"), *args]) == 2
     assert capsys.readouterr().err == f"autopipe: error: {line}\n"
 

@@ -49,7 +49,9 @@ class _FirstOp(TorchDispatchMode):
         self.stream = stream
         self.writes_before: int | None = None
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         if self.writes_before is None:
             self.writes_before = self.stream.writes
         return func(*args, **(kwargs or {}))
@@ -90,7 +92,9 @@ def _plan(argv: list[str], err: Console) -> None:
 
 
 @pytest.mark.slow
-def test_analytic_planning_shows_progress_at_once_on_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_analytic_planning_shows_progress_at_once_on_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     argv = [LLAMA, "-k", "n_layer=8", "--device", "h100", "--gpus", "8", "-o", str(tmp_path / "p.json")]
     console, stream = _terminal()
     with _FirstOp(stream) as first:
@@ -107,7 +111,12 @@ def test_analytic_planning_shows_progress_at_once_on_a_terminal(tmp_path: Path, 
     monkeypatch.setattr(plan_cmd, "progress_bar", recorder)
     _plan(argv, Console(file=io.StringIO()))
     whats = [w for w, _, _ in calls]
-    steps = ("loading", "tracing at micro-batch size 2", "counting at micro-batch size 2", "t=")  # then each t x S x D searched
+    steps = (
+        "loading",
+        "tracing at micro-batch size 2",
+        "counting at micro-batch size 2",
+        "t=",
+    )  # then each t x S x D searched
     firsts = [next(i for i, w in enumerate(whats) if w.startswith(step)) for step in steps]
     assert re.fullmatch(r"t=\d+ x S=\d+ x D=\d+: searching", whats[firsts[-1]])
     assert firsts == sorted(firsts)
@@ -124,17 +133,23 @@ def test_analytic_planning_shows_progress_at_once_on_a_terminal(tmp_path: Path, 
 
 
 @pytest.mark.slow
-def test_a_failing_meta_kernel_is_one_line_not_torch_tracebacks(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_failing_meta_kernel_is_one_line_not_torch_tracebacks(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     # grouped_moe's experts call torch._grouped_mm, whose meta kernel refuses fp32 ("Expected
     # inputs of BF16 type"): torch logs a traceback each time (66 lines for one profile) before
     # the real run or the model's own fallback takes over.
     grouped = "torch's meta kernel for aten._grouped_mm.default failed (Expected inputs of BF16 type but got"
     out = str(tmp_path / "out.json")
-    assert main(["profile", MOE, "--batch-size", "4", "--device", "cpu", "--warmup", "0", "--repeat", "1", "-o", out]) == 0
+    assert (
+        main(["profile", MOE, "--batch-size", "4", "--device", "cpu", "--warmup", "0", "--repeat", "1", "-o", out]) == 0
+    )
     err = capfd.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"autopipe: {grouped}"), err
     assert err[0].endswith("; shapes were taken from a real run, and times are measured")
-    assert main(["plan", MOE, "--batch-size", "4", "--device", "h100", "--dtype", "fp32", "--stages", "2", "-o", out]) == 0
+    assert (
+        main(["plan", MOE, "--batch-size", "4", "--device", "h100", "--dtype", "fp32", "--stages", "2", "-o", out]) == 0
+    )
     err = capfd.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"autopipe: {grouped}"), err
     assert err[0].endswith("; the model's own fallback for it was traced and priced")

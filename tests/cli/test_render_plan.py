@@ -22,20 +22,35 @@ def chain(n: int) -> Profile:
     """``n`` equal blocks of 1 ms forward, 2 ms backward, 1 MiB saved per sample."""
     blocks = tuple(
         BlockCost(
-            name=f"layers.{i}", nodes=(f"n{i}",), params=1000, param_bytes=4000, forward_s=Affine(1e-5, 1e-3),
-            backward_s=Affine(2e-5, 2e-3), backward_input_s=Affine(1e-5, 1e-3), backward_weight_s=Affine(1e-5, 1e-3),
+            name=f"layers.{i}",
+            nodes=(f"n{i}",),
+            params=1000,
+            param_bytes=4000,
+            forward_s=Affine(1e-5, 1e-3),
+            backward_s=Affine(2e-5, 2e-3),
+            backward_input_s=Affine(1e-5, 1e-3),
+            backward_weight_s=Affine(1e-5, 1e-3),
             saved_bytes=Affine(0.0, 2.0**20),
         )
         for i in range(n)
-    )  # fmt: skip
+    )
     tensors = tuple(TensorCost(f"n{i}", i, (i + 1,), Affine(0.0, 2.0**20)) for i in range(n - 1))
     return Profile(
-        model="chain", recipe=TraceRecipe(tracer="fx", fingerprint="fp"), device="cpu (1 threads)", torch_version=torch.__version__,
-        dtype="float32", micro_batch_sizes=(1, 2), method="measured", blocks=blocks, tensors=tensors,
-    )  # fmt: skip
+        model="chain",
+        recipe=TraceRecipe(tracer="fx", fingerprint="fp"),
+        device="cpu (1 threads)",
+        torch_version=torch.__version__,
+        dtype="float32",
+        micro_batch_sizes=(1, 2),
+        method="measured",
+        blocks=blocks,
+        tensors=tensors,
+    )
 
 
-def planned(tmp_path: Path, capsys: pytest.CaptureFixture[str], stages: int, *pin: str) -> tuple[Plan, dict[str, object]]:
+def planned(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], stages: int, *pin: str
+) -> tuple[Plan, dict[str, object]]:
     profile, path = tmp_path / "profile.json", tmp_path / "plan.json"
     chain(8).save(profile)
     args = ["plan", "--profile", str(profile), "--stages", str(stages), "--memory", "1GiB", "--batch-size", "8", *pin]
@@ -74,7 +89,10 @@ def test_an_interleaved_plan_shows_its_round_robin(tmp_path: Path, capsys: pytes
     plan, as_json = planned(tmp_path, capsys, 2, "--schedule", "interleaved-1f1b", "--virtual", "2")
     lines = printed(plan)
     assert device_column(lines) == ["0", "1", "0", "1"]
-    assert "round-robin placement: device 0 runs chunks 0 and 2, device 1 runs 1 and 3 (chunk j on device j mod 2)" in lines
+    assert (
+        "round-robin placement: device 0 runs chunks 0 and 2, device 1 runs 1 and 3 (chunk j on device j mod 2)"
+        in lines
+    )
     stages = as_json["stages"]
     assert isinstance(stages, list) and [s["device"] for s in stages] == [0, 1, 0, 1]
 

@@ -58,9 +58,7 @@ def test_cli_run_with_gloo_equals_unsplit_training_and_resumes(
     )
     assert code == 0
     assert len(json.loads(capsys.readouterr().out)["losses"]) == 1
-    run_threads(
-        plan, RunOptions(steps=4, optimizer="SGD", lr=LR, save_checkpoint=str(tmp_path / "t4"))
-    )
+    run_threads(plan, RunOptions(steps=4, optimizer="SGD", lr=LR, save_checkpoint=str(tmp_path / "t4")))
     threads, procs = assemble_state_dict(tmp_path / "t4"), assemble_state_dict(tmp_path / "c4")
     assert all(torch.equal(threads[k], procs[k]) for k in threads)
 
@@ -94,7 +92,9 @@ def _train_data_reference(path: Path, kwargs: dict[str, object], steps: int, bat
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_both_engines_learn_real_text_from_train_data_as_one_process_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_both_engines_learn_real_text_from_train_data_as_one_process_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The bundled real-text example (models/chargpt.py: the standard library's own source)
     trained through train_data by each engine on 2 gloo ranks: the loss falls well below
     ln(vocab) and equals single-process training step for step."""
@@ -109,15 +109,37 @@ def test_both_engines_learn_real_text_from_train_data_as_one_process_does(tmp_pa
     assert ref[0] > 0.9 * math.log(128) and ref[-1] < 0.75 * math.log(128), ref  # it learns
     for engine in ("autopipe", "torch"):
         extra = ["--plot", str(tmp_path / "loss.png")] if engine == "torch" else []
-        code = main(["run", str(tmp_path / "plan.json"), "--optimizer", "Adam", "--lr", str(CHAR_LR), "--timeout", "60",
-                     "--steps", str(CHAR_STEPS), "--device", "cpu", "--engine", engine, "--json", *extra])  # fmt: skip
+        code = main(
+            [
+                "run",
+                str(tmp_path / "plan.json"),
+                "--optimizer",
+                "Adam",
+                "--lr",
+                str(CHAR_LR),
+                "--timeout",
+                "60",
+                "--steps",
+                str(CHAR_STEPS),
+                "--device",
+                "cpu",
+                "--engine",
+                engine,
+                "--json",
+                *extra,
+            ]
+        )
         captured = capsys.readouterr()
         assert code == 0, captured.err
         got = json.loads(captured.out)  # stdout is one JSON object and nothing else
         assert f"training on train_data() from {model}" in captured.err
         assert f"step {CHAR_STEPS} ({CHAR_STEPS}/{CHAR_STEPS}) loss" in captured.err
         assert got["engine"] == engine and got["data"] == "train_data"
-        assert max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref, strict=True)) <= TOL, (engine, got["losses"], ref)
+        assert max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref, strict=True)) <= TOL, (
+            engine,
+            got["losses"],
+            ref,
+        )
         assert got["iteration_time_s"] > 0 and got["predicted_iteration_time_s"] == plan.iteration_time_s
         assert len(got["peak_memory_bytes"]) == 2 and all(b > 0 for b in got["peak_memory_bytes"])
         assert got["memory_kind"].startswith("cpu: ")
@@ -125,7 +147,9 @@ def test_both_engines_learn_real_text_from_train_data_as_one_process_does(tmp_pa
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plot_without_matplotlib_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plot_without_matplotlib_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import sys
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
@@ -154,8 +178,25 @@ def test_both_engines_run_a_hugging_face_model_as_one_process(
     plan.save(tmp_path / "plan.json")
     want, _ = _hf_reference(plan)  # 3 SGD steps at lr 0.1 on the model file's fixed batch
     for engine in ("autopipe", "torch"):
-        code = main(["run", str(tmp_path / "plan.json"), "--optimizer", "SGD", "--lr", "0.1", "--steps", "3",
-                     "--timeout", "60", "--device", "cpu", "--engine", engine, "--json"])  # fmt: skip
+        code = main(
+            [
+                "run",
+                str(tmp_path / "plan.json"),
+                "--optimizer",
+                "SGD",
+                "--lr",
+                "0.1",
+                "--steps",
+                "3",
+                "--timeout",
+                "60",
+                "--device",
+                "cpu",
+                "--engine",
+                engine,
+                "--json",
+            ]
+        )
         captured = capsys.readouterr()
         assert code == 0, captured.err
         losses = json.loads(captured.out)["losses"]

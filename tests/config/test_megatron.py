@@ -30,10 +30,18 @@ class MegatronRejects(AssertionError):
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(allow_abbrev=False)
-    for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--micro-batch-size",
-                 "--global-batch-size", "--num-layers", "--num-layers-per-virtual-pipeline-stage",
-                 "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers",
-                 "--decoder-last-pipeline-num-layers", "--recompute-num-layers"):  # fmt: skip
+    for flag in (
+        "--tensor-model-parallel-size",
+        "--pipeline-model-parallel-size",
+        "--micro-batch-size",
+        "--global-batch-size",
+        "--num-layers",
+        "--num-layers-per-virtual-pipeline-stage",
+        "--num-virtual-stages-per-pipeline-rank",
+        "--decoder-first-pipeline-num-layers",
+        "--decoder-last-pipeline-num-layers",
+        "--recompute-num-layers",
+    ):
         p.add_argument(flag, type=int, default=None)
     p.add_argument("--pipeline-model-parallel-layout", default=None)
     p.add_argument("--recompute-granularity", default=None)
@@ -68,9 +76,15 @@ def _split_rules(lines: str, world_size: int) -> tuple[argparse.Namespace, list[
 
     check(world_size % (t * p) == 0, "world size not divisible by t x p")
     d = world_size // (t * p)
-    check(a.micro_batch_size > 0 and a.global_batch_size % (a.micro_batch_size * d) == 0,
-          "global batch size not divisible by micro batch size x data parallel size")  # fmt: skip
-    vpp_flags = [a.num_layers_per_virtual_pipeline_stage, a.num_virtual_stages_per_pipeline_rank, a.pipeline_model_parallel_layout]
+    check(
+        a.micro_batch_size > 0 and a.global_batch_size % (a.micro_batch_size * d) == 0,
+        "global batch size not divisible by micro batch size x data parallel size",
+    )
+    vpp_flags = [
+        a.num_layers_per_virtual_pipeline_stage,
+        a.num_virtual_stages_per_pipeline_rank,
+        a.pipeline_model_parallel_layout,
+    ]
     check(sum(x is not None for x in vpp_flags) <= 1, "no more than one of the virtual pipeline flags and the layout")
     first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
     if a.sequence_parallel:
@@ -79,7 +93,10 @@ def _split_rules(lines: str, world_size: int) -> tuple[argparse.Namespace, list[
     if g is not None:
         check(g in ("full", "selective"), "recompute granularity must be full or selective")
         check(method in ("block", "uniform") if method is not None else g == "selective", "recompute method")
-        check(a.recompute_num_layers is not None if g == "full" else a.recompute_num_layers is None, "recompute num layers")
+        check(
+            a.recompute_num_layers is not None if g == "full" else a.recompute_num_layers is None,
+            "recompute num layers",
+        )
     if a.pipeline_model_parallel_layout is not None:
         check(first is None and last is None, "the layout cannot be set with other pipeline layout arguments")
         stages = parse_layout(a.pipeline_model_parallel_layout)
@@ -92,7 +109,10 @@ def _split_rules(lines: str, world_size: int) -> tuple[argparse.Namespace, list[
     if a.num_layers_per_virtual_pipeline_stage is not None:
         check(first is None and last is None, "use --num-virtual-stages-per-pipeline-rank with uneven stages")
         check(L % p == 0, "num layers divisible by pipeline size")
-        check((L // p) % a.num_layers_per_virtual_pipeline_stage == 0, "layers per stage divisible by layers per virtual stage")
+        check(
+            (L // p) % a.num_layers_per_virtual_pipeline_stage == 0,
+            "layers per stage divisible by layers per virtual stage",
+        )
         vpp = (L // p) // a.num_layers_per_virtual_pipeline_stage
         return a, [a.num_layers_per_virtual_pipeline_stage] * (p * vpp)
     vpp = a.num_virtual_stages_per_pipeline_rank or 1
@@ -177,7 +197,11 @@ def test_an_uneven_plan_becomes_first_and_last_stage_layers(gpt_plans: dict[str,
         assert "--decoder-first-pipeline-num-layers" in flags or "--pipeline-model-parallel-layout" in flags
     assert all(s.recompute for s in plan.stages)  # --recompute-all: one piece per stage
     group = math.gcd(*_layers(plan))  # Megatron's uniform groups divide every stage's layers
-    assert (flags["--recompute-granularity"], flags["--recompute-method"], flags["--recompute-num-layers"]) == ("full", "uniform", str(group))
+    assert (flags["--recompute-granularity"], flags["--recompute-method"], flags["--recompute-num-layers"]) == (
+        "full",
+        "uniform",
+        str(group),
+    )
     assert all(n % int(flags["--recompute-num-layers"]) == 0 for n in megatron_rules(text, plan.devices))
     if plan.schedule not in ("1f1b", "interleaved-1f1b"):
         assert f"# Megatron has no {plan.schedule} schedule: it runs 1F1B" in text
@@ -204,8 +228,10 @@ def test_an_interleaved_3d_plan_with_tensor_parallelism(gpt_plans: dict[str, Pat
 
 
 def _parts(counts: list[int]) -> Parts:
-    chunks = tuple(Chunk(index=i, rank=0, layers=n, pre=("wte",) if i == 0 else (), post=("head",) if i == len(counts) - 1 else ())
-                   for i, n in enumerate(counts))  # fmt: skip
+    chunks = tuple(
+        Chunk(index=i, rank=0, layers=n, pre=("wte",) if i == 0 else (), post=("head",) if i == len(counts) - 1 else ())
+        for i, n in enumerate(counts)
+    )
     return Parts(container="layers", num_layers=sum(counts), chunks=chunks, notes=(), round_robin=True)
 
 
@@ -222,12 +248,25 @@ def _parts(counts: list[int]) -> Parts:
         ([1, 2, 2, 2, 2, 2, 2, 3], 4, "--pipeline-model-parallel-layout"),
     ],
 )
-def test_every_split_form_passes_megatron_rules_with_the_same_layers(counts: list[int], p: int, form: str | None) -> None:
+def test_every_split_form_passes_megatron_rules_with_the_same_layers(
+    counts: list[int], p: int, form: str | None
+) -> None:
     v = len(counts) // p
     split = megatron_split(_parts(counts), p, v)
     assert (split[0] if split else None) == form
-    args = ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", str(p), "--micro-batch-size", "1",
-            "--global-batch-size", str(p), "--num-layers", str(sum(counts)), *split]  # fmt: skip
+    args = [
+        "--tensor-model-parallel-size",
+        "1",
+        "--pipeline-model-parallel-size",
+        str(p),
+        "--micro-batch-size",
+        "1",
+        "--global-batch-size",
+        str(p),
+        "--num-layers",
+        str(sum(counts)),
+        *split,
+    ]
     text = "\n".join(shlex.join(args[i : i + 2]) for i in range(0, len(args), 2))
     assert megatron_rules(text, p) == (counts if p > 1 else [sum(counts)])  # one rank: one chunk
     if form == "--decoder-first-pipeline-num-layers" and v > 1:
@@ -237,7 +276,9 @@ def test_every_split_form_passes_megatron_rules_with_the_same_layers(counts: lis
 @pytest.mark.slow  # the gpt_plans fixture plans two models (once per session)
 def test_a_plan_whose_stages_recompute_partly_and_a_gpipe_plan_get_notes(gpt_plans: dict[str, Path]) -> None:
     plan = Plan.load(gpt_plans["uneven"])
-    partly = dataclasses.replace(plan, schedule="gpipe", stages=tuple(dataclasses.replace(s, recompute=s.index == 0) for s in plan.stages))
+    partly = dataclasses.replace(
+        plan, schedule="gpipe", stages=tuple(dataclasses.replace(s, recompute=s.index == 0) for s in plan.stages)
+    )
     text = megatron_args(partly)
     assert "# the plan recomputes stage(s) 0 only; Megatron recomputes every stage, so stage(s) 1-3" in text
     assert "# Megatron has no gpipe schedule: it runs 1F1B with these stages instead" in text
@@ -250,10 +291,18 @@ def test_a_v_shaped_plan_runs_round_robin_in_megatron_and_says_so(gpt_plans: dic
 
     plan = Plan.load(gpt_plans["interleaved"])
     spec = schedule_spec("zb-v")
-    v_plan = dataclasses.replace(plan, schedule="zb-v", stages=tuple(
-        dataclasses.replace(s, rank=spec.device_of(s.index, plan.devices, plan.virtual)) for s in plan.stages))  # fmt: skip
+    v_plan = dataclasses.replace(
+        plan,
+        schedule="zb-v",
+        stages=tuple(
+            dataclasses.replace(s, rank=spec.device_of(s.index, plan.devices, plan.virtual)) for s in plan.stages
+        ),
+    )
     text = megatron_args(v_plan)
-    assert f"# Megatron has no zb-v schedule: it runs interleaved 1F1B with these stages instead (no separate weight-gradient pass; chunk j on rank j % {plan.devices}, not in the plan's V)" in text
+    assert (
+        f"# Megatron has no zb-v schedule: it runs interleaved 1F1B with these stages instead (no separate weight-gradient pass; chunk j on rank j % {plan.devices}, not in the plan's V)"
+        in text
+    )
     assert megatron_rules(text, plan.devices * plan.data_parallel) == _layers(plan)
 
 

@@ -60,10 +60,15 @@ def test_a_plan_file_as_toml_parses_back_with_the_plans_numbers() -> None:
 
 def test_partial_recompute_and_selective_are_said() -> None:
     plan = Plan.load(MLP_PLAN)
-    partly = dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, recompute=s.index == 1) for s in plan.stages))
+    partly = dataclasses.replace(
+        plan, stages=tuple(dataclasses.replace(s, recompute=s.index == 1) for s in plan.stages)
+    )
     text = torchtitan_toml(partly)
     assert tomllib.loads(text)["activation_checkpoint"]["mode"] == "full"
-    assert "# the plan recomputes stage(s) 1 only; torchtitan's mode is one for all stages, so stage(s) 0 recompute too" in text
+    assert (
+        "# the plan recomputes stage(s) 1 only; torchtitan's mode is one for all stages, so stage(s) 0 recompute too"
+        in text
+    )
     selective = tomllib.loads(torchtitan_toml(plan, selective_recompute=True))["activation_checkpoint"]
     assert selective == {"mode": "selective", "selective_ac_option": "op"}
 
@@ -78,16 +83,27 @@ def test_real_gpt_plans_uneven_and_interleaved_3d(gpt_plans: dict[str, Path]) ->
     config = tomllib.loads(text)
     _check_numbers(plan, config, t=2)
     par = config["parallelism"]
-    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B" and par["data_parallel_shard_degree"] == plan.data_parallel
+    assert (
+        par["pipeline_parallel_schedule"] == "Interleaved1F1B"
+        and par["data_parallel_shard_degree"] == plan.data_parallel
+    )
     assert "# torchtitan runs DDP only without other parallelism" in text
-    assert par["module_fqns_per_model_part"][0][:2] == ["wte", "wpe"] and par["module_fqns_per_model_part"][-1][-1] == "lm_head"
+    assert (
+        par["module_fqns_per_model_part"][0][:2] == ["wte", "wpe"]
+        and par["module_fqns_per_model_part"][-1][-1] == "lm_head"
+    )
     assert "# torchtitan places" not in text  # round robin, as the plan
     zero1 = torchtitan_toml(plan, zero1=True)
     assert tomllib.loads(zero1)["parallelism"]["data_parallel_shard_degree"] == plan.data_parallel
     assert f"# the plan's ZeRO-1 over {plan.data_parallel} replicas is FSDP here" in zero1
     spec = schedule_spec("zb-v")
-    v_plan = dataclasses.replace(plan, schedule="zb-v", stages=tuple(
-        dataclasses.replace(s, rank=spec.device_of(s.index, plan.devices, plan.virtual)) for s in plan.stages))  # fmt: skip
+    v_plan = dataclasses.replace(
+        plan,
+        schedule="zb-v",
+        stages=tuple(
+            dataclasses.replace(s, rank=spec.device_of(s.index, plan.devices, plan.virtual)) for s in plan.stages
+        ),
+    )
     v_text = torchtitan_toml(v_plan)
     assert tomllib.loads(v_text)["parallelism"]["pipeline_parallel_schedule"] == "ZBVZeroBubble"
     assert "# torchtitan places" not in v_text  # a V, as the plan

@@ -76,16 +76,22 @@ def test_analytic_and_measured_profiles_agree_after_calibration(tmp_path: Path) 
     known = base.calibrated(float(_GRID[25]), float(_GRID[11]), float(_OVERHEADS[30]))  # 0.26, 0.07, 10 us
     truth = analytic_profile(load_model(GPT, {}, device="meta"), known, micro_batch_sizes=sizes)
     fields = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
-    synthetic = dataclasses.replace(measured, blocks=tuple(
-        dataclasses.replace(m, **{f: getattr(t, f) for f in fields}) for m, t in zip(measured.blocks, truth.blocks, strict=True)
-    ))  # fmt: skip
+    synthetic = dataclasses.replace(
+        measured,
+        blocks=tuple(
+            dataclasses.replace(m, **{f: getattr(t, f) for f in fields})
+            for m, t in zip(measured.blocks, truth.blocks, strict=True)
+        ),
+    )
     synthetic.save(tmp_path / "profile.json")
     cal = calibrate(Profile.load(tmp_path / "profile.json"))
     assert cal.max_error < 1e-9 and cal.observations == 2 * 2 * len([b for b in truth.blocks if b.forward_s(4) > 0])
     assert (cal.spec.compute_efficiency, cal.spec.op_overhead_s) == (known.compute_efficiency, known.op_overhead_s)
     save_calibration(cal)
     assert stored_calibration(device_spec("cpu")) == cal.spec  # the analytic profile will use it
-    analytic = analytic_profile(load_model(GPT, {}, device="meta"), stored_calibration(device_spec("cpu")), micro_batch_sizes=sizes)
+    analytic = analytic_profile(
+        load_model(GPT, {}, device="meta"), stored_calibration(device_spec("cpu")), micro_batch_sizes=sizes
+    )
     assert analytic.method == "analytic" and analytic.recipe.fingerprint == measured.recipe.fingerprint
     assert [b.nodes for b in analytic.blocks] == [b.nodes for b in measured.blocks]
     assert [t.name for t in analytic.tensors] == [t.name for t in measured.tensors]

@@ -15,7 +15,7 @@ from autopipe.model.load import load_model
 ROOT = Path(__file__).resolve().parents[2]
 GPT, LLAMA, MLP = (str(ROOT / "models" / f"{m}.py") for m in ("gpt", "llama", "mlp"))
 
-SKIPS = '''
+SKIPS = """
 import torch
 from torch import nn
 
@@ -49,7 +49,7 @@ def build_model():
 
 def example_inputs(batch_size):
     return torch.randn(batch_size, 8)
-'''
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +59,9 @@ def _one_thread() -> None:
 
 def _both(path: str, kwargs: dict[str, object], sizes: tuple[int, ...]) -> tuple[Profile, Profile, bool]:
     spec = device_spec("h100")
-    full = profile_from_counts(count_model(load_model(path, kwargs, device="meta"), micro_batch_sizes=sizes, dtype="bf16"), spec)
+    full = profile_from_counts(
+        count_model(load_model(path, kwargs, device="meta"), micro_batch_sizes=sizes, dtype="bf16"), spec
+    )
     counts = count_model(load_model(path, kwargs, device="meta"), micro_batch_sizes=sizes, dtype="bf16", shallow=True)
     return full, profile_from_counts(counts, spec), counts.repeat is not None
 
@@ -78,7 +80,8 @@ def test_llama_counted_shallow_equals_the_full_count() -> None:
 
 
 EXPORT = SKIPS.replace(
-    "return torch.relu(self.fc(x))", "return torch.relu(self.fc(x)) / max(1, x.size(0))"  # fx cannot trace max(1, proxy)
+    "return torch.relu(self.fc(x))",
+    "return torch.relu(self.fc(x)) / max(1, x.size(0))",  # fx cannot trace max(1, proxy)
 ).replace("h = layer(h) + first", "h = layer(h)")  # a chain of alike layers, traced by torch.export
 
 

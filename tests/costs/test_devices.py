@@ -25,8 +25,15 @@ def test_device_catalogue_names_and_user_files(tmp_path: Path, monkeypatch: pyte
     assert match_device("cuda: NVIDIA H200") == "h200" and match_device("cpu: x86_64, 1 threads") == "cpu"
     with pytest.raises(DeviceError, match=r"unknown device 'h900'; known devices: cpu, a100-40gb"):
         device_spec("h900")
-    mine = {"mi300x": {"peak_flops": {"bf16": 1.3e15}, "memory_bytes": 192e9, "memory_bandwidth": 5.3e12,
-                       "nvlink_bandwidth": 448e9, "network_bandwidth": 50e9}}  # fmt: skip
+    mine = {
+        "mi300x": {
+            "peak_flops": {"bf16": 1.3e15},
+            "memory_bytes": 192e9,
+            "memory_bandwidth": 5.3e12,
+            "nvlink_bandwidth": 448e9,
+            "network_bandwidth": 50e9,
+        }
+    }
     (tmp_path / "mine.json").write_text(json.dumps(mine))
     assert device_spec("mi300x", [tmp_path / "mine.json"]).peak("fp16") == 1.3e15
     monkeypatch.setenv("AUTOPIPE_DEVICES", str(tmp_path / "mine.json"))

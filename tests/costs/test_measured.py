@@ -33,8 +33,6 @@ def test_an_export_profile_leaves_a_micro_batch_of_one_out(tmp_path: Path) -> No
     assert len(run_threads(plan, RunOptions(steps=1))) == 2  # re-traced at its size: same graph
 
 
-
-
 def _loaded(model: nn.Module, seq: int = 64, vocab: int = 512) -> LoadedModel:
     return LoadedModel(
         spec=ModelSpec(Path("net.py")),
@@ -55,7 +53,9 @@ def test_profile_fits_costs_over_micro_batch_sizes_and_round_trips(tmp_path: Pat
     torch.manual_seed(0)
     loaded = _loaded(Net(d=64, n=2))
     seen: list[tuple[int, int]] = []
-    prof = profile_model(loaded, micro_batch_sizes=[1, 2, 4], warmup=1, repeat=3, progress=lambda _d, i, n: seen.append((i, n)))
+    prof = profile_model(
+        loaded, micro_batch_sizes=[1, 2, 4], warmup=1, repeat=3, progress=lambda _d, i, n: seen.append((i, n))
+    )
     assert [b.name for b in prof.blocks] == ["embed", "layers.0", "layers.1", "head"]
     assert prof.micro_batch_sizes == (1, 2, 4) and prof.method == "measured"
     assert seen[-1] == (12, 12)

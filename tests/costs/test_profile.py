@@ -27,7 +27,10 @@ def test_profile_file_errors(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match=f"^{bad} is not valid JSON"):
         Profile.load(bad)
     bad.write_text('{"version": 99}')
-    with pytest.raises(ProfileError, match=f"^{bad} has profile version 99, this autopipe reads versions 1 and 2; profile the model again$"):
+    with pytest.raises(
+        ProfileError,
+        match=f"^{bad} has profile version 99, this autopipe reads versions 1 and 2; profile the model again$",
+    ):
         Profile.load(bad)
     bad.write_text('{"version": "2"}')
     with pytest.raises(ProfileError, match=f"^{bad} has profile version '2', this autopipe reads versions 1 and 2;"):
@@ -35,10 +38,15 @@ def test_profile_file_errors(tmp_path: Path) -> None:
     bad.write_text('{"version": 1, "blocks": []}')
     with pytest.raises(ProfileError, match=f"^{bad} is corrupt"):
         Profile.load(bad)
-    with pytest.raises(ProfileError, match=f"^{tmp_path} is a directory, not a profile; give the profile JSON written by 'autopipe profile'$"):
+    with pytest.raises(
+        ProfileError,
+        match=f"^{tmp_path} is a directory, not a profile; give the profile JSON written by 'autopipe profile'$",
+    ):
         Profile.load(tmp_path)
     bad.write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe binary")
-    with pytest.raises(ProfileError, match=f"^{bad} is not a profile \\(binary, not UTF-8 JSON\\); give the profile JSON"):
+    with pytest.raises(
+        ProfileError, match=f"^{bad} is not a profile \\(binary, not UTF-8 JSON\\); give the profile JSON"
+    ):
         Profile.load(bad)
 
 
@@ -53,13 +61,32 @@ def _edited(tmp_path: Path, change: Callable[[dict[str, Any]], None]) -> Path:
 def _good() -> Profile:
     block = {"intercept": 1e-5, "slope": 1e-3}
     blocks = [
-        {"name": f"layers.{i}", "nodes": [f"n{i}"], "params": 10, "param_bytes": 40, "forward_s": block, "backward_s": block,
-         "backward_input_s": block, "backward_weight_s": block, "saved_bytes": block}
+        {
+            "name": f"layers.{i}",
+            "nodes": [f"n{i}"],
+            "params": 10,
+            "param_bytes": 40,
+            "forward_s": block,
+            "backward_s": block,
+            "backward_input_s": block,
+            "backward_weight_s": block,
+            "saved_bytes": block,
+        }
         for i in range(3)
-    ]  # fmt: skip
+    ]
     tensors = [{"name": f"n{i}", "src": i, "dsts": [i + 1], "bytes": block} for i in range(2)]
-    raw = {"version": 2, "model": "m", "recipe": {"fingerprint": "fp"}, "device": "cpu", "torch_version": "-", "dtype": "float32",
-           "micro_batch_sizes": [1, 2], "method": "measured", "blocks": blocks, "tensors": tensors}  # fmt: skip
+    raw = {
+        "version": 2,
+        "model": "m",
+        "recipe": {"fingerprint": "fp"},
+        "device": "cpu",
+        "torch_version": "-",
+        "dtype": "float32",
+        "micro_batch_sizes": [1, 2],
+        "method": "measured",
+        "blocks": blocks,
+        "tensors": tensors,
+    }
     return Profile.from_json(json.dumps(raw))
 
 
@@ -69,8 +96,14 @@ def _good() -> Profile:
         (lambda r: r.update(blocks=[], tensors=[]), " has no blocks; profile the model again"),
         (lambda r: r["blocks"][2].update(nodes=["n0"]), ": node 'n0' is in blocks 0 and 2; profile the model again"),
         (lambda r: r["blocks"][1].update(nodes=[]), ": block 1 ('layers.1') has no nodes; profile the model again"),
-        (lambda r: r["tensors"][1].update(dsts=[7]), ": tensor 'n1' goes from block 1 to [7], but the blocks are 0 to 2; profile"),
-        (lambda r: r["blocks"][0]["forward_s"].update(slope=-1.0), ": block 0 ('layers.0') has forward_s Affine(intercept=1e-05, slope=-1.0)"),
+        (
+            lambda r: r["tensors"][1].update(dsts=[7]),
+            ": tensor 'n1' goes from block 1 to [7], but the blocks are 0 to 2; profile",
+        ),
+        (
+            lambda r: r["blocks"][0]["forward_s"].update(slope=-1.0),
+            ": block 0 ('layers.0') has forward_s Affine(intercept=1e-05, slope=-1.0)",
+        ),
         (lambda r: r["blocks"][0]["saved_bytes"].update(slope=float("inf")), ": block 0 ('layers.0') has saved_bytes"),
         (lambda r: r.update(micro_batch_sizes=[0]), " has micro_batch_sizes [0]; they must be positive"),
     ],
@@ -88,9 +121,15 @@ def test_blocks_are_checked_against_the_model() -> None:
     good = _good()
     model = [(b.name, b.nodes) for b in good.blocks]
     good.check_blocks(model, "p.json")
-    with pytest.raises(ProfileError, match=r"^p.json has 3 blocks, the model traces into 2: block 2 'layers.2' is not in the model; profile"):
+    with pytest.raises(
+        ProfileError,
+        match=r"^p.json has 3 blocks, the model traces into 2: block 2 'layers.2' is not in the model; profile",
+    ):
         good.check_blocks(model[:2], "p.json")
-    with pytest.raises(ProfileError, match=r"^p.json: block 1 holds node 'n1', which the model's block 1 \('layers.1'\) does not; profile"):
+    with pytest.raises(
+        ProfileError,
+        match=r"^p.json: block 1 holds node 'n1', which the model's block 1 \('layers.1'\) does not; profile",
+    ):
         good.check_blocks([model[0], ("layers.1", ("other",)), model[2]], "p.json")
     with pytest.raises(ProfileError, match=r"^p.json has 3 blocks, the model traces into 4; profile the model again$"):
         good.check_blocks([*model, ("layers.3", ("n3",))], "p.json")

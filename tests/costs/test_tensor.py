@@ -28,7 +28,16 @@ from autopipe.model.load import load_model
 from tests.helpers import ROOT
 
 GPT = str(ROOT / "models" / "gpt.py")
-SHAPE = TransformerShape(hidden=128, heads=4, kv_heads=4, seq=64, vocab=512, layers=("blocks.0", "blocks.1"), embedding=("wte",), head=("lm_head",))
+SHAPE = TransformerShape(
+    hidden=128,
+    heads=4,
+    kv_heads=4,
+    seq=64,
+    vocab=512,
+    layers=("blocks.0", "blocks.1"),
+    embedding=("wte",),
+    head=("lm_head",),
+)
 NV, LAT = 450e9, 10e-6
 
 
@@ -44,7 +53,10 @@ def test_ops_split_as_megatron_does() -> None:
     assert split_ops(ops, "layer", 4, sequence_parallel=True) == (OpCount(200.0, 20.0), OpCount(0.0, 85.0))
     # without sequence parallelism 10 of Korthikanti's 34 sbh stay whole: 340 * (10/34 + 24/34/4) = 160
     assert split_ops(ops, "layer", 4, sequence_parallel=False)[1].bytes == pytest.approx(160.0)
-    assert split_ops(ops, "embedding", 4, False) == (OpCount(200.0, 20.0), OpCount(0.0, 340.0))  # the lookup stays whole
+    assert split_ops(ops, "embedding", 4, False) == (
+        OpCount(200.0, 20.0),
+        OpCount(0.0, 340.0),
+    )  # the lookup stays whole
     assert split_ops(ops, "head", 4, False)[1] == OpCount(0.0, 85.0)  # logits and loss over vocabulary shards
     assert split_ops(ops, "whole", 4, True) == ops and split_ops(ops, "layer", 1, True) == ops
     assert REPLICATED_SHARE == pytest.approx(10 / 34)
@@ -86,10 +98,14 @@ def test_a_two_layer_gpt_priced_per_device(counts: ModelCounts) -> None:
         one = {b.name: b for b in whole.blocks}
         assert by["blocks.0"].params == 198_272 // t and by["wte"].params == 65_536 // t
         assert by["wpe"] == one["wpe"] and by["ln_f"] == one["ln_f"]  # replicated: unchanged
-        assert by["lm_head"].shared_param_bytes == one["lm_head"].shared_param_bytes // t  # tied head, vocabulary-parallel
+        assert (
+            by["lm_head"].shared_param_bytes == one["lm_head"].shared_param_bytes // t
+        )  # tied head, vocabulary-parallel
         i = [b.name for b in whole.blocks].index("blocks.0")
         for u, c in zip((1, 2), counts.counts, strict=True):
-            fwd = block_time(split_ops(c[i].forward, "layer", t, True), spec, "bf16") + comm_s("layer", u, split, 2.0)[0]
+            fwd = (
+                block_time(split_ops(c[i].forward, "layer", t, True), spec, "bf16") + comm_s("layer", u, split, 2.0)[0]
+            )
             assert by["blocks.0"].forward_s(u) == pytest.approx(fwd)
             assert by["blocks.0"].saved_bytes(u) == pytest.approx(c[i].saved_bytes / t)
             assert by["blocks.0"].forward_flops(u) == pytest.approx(one["blocks.0"].forward_flops(u) / t)
@@ -112,6 +128,8 @@ def test_the_structure_comes_from_the_config_and_the_longest_module_list() -> No
             self.head = nn.Linear(8, 16)
 
     names = ["embed", "layers.0", "layers.1", "head"]
-    assert transformer_shape(Net(), names, (1, 5, 8)) == TransformerShape(8, 4, 2, 5, 16, ("layers.0", "layers.1"), ("embed",), ("head",))
+    assert transformer_shape(Net(), names, (1, 5, 8)) == TransformerShape(
+        8, 4, 2, 5, 16, ("layers.0", "layers.1"), ("embed",), ("head",)
+    )
     assert transformer_shape(Net(), names, (1, 5, 9)) is None  # the layer input is not (1, s, h)
     assert transformer_shape(nn.Sequential(nn.Linear(8, 8)), ["0"], (1, 5, 8)) is None  # no config: t = 1 only

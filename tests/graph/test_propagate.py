@@ -32,12 +32,23 @@ def _layouts(counts: Any) -> list[Any]:
     for traced in counts.traces:
         for n in traced.gm.graph.nodes:
             v = n.meta.get("val")
-            out.append((n.name, (tuple(v.shape), v.stride(), v.storage_offset(), v.dtype) if isinstance(v, torch.Tensor) else repr(v)))
+            out.append(
+                (
+                    n.name,
+                    (tuple(v.shape), v.stride(), v.storage_offset(), v.dtype)
+                    if isinstance(v, torch.Tensor)
+                    else repr(v),
+                )
+            )
     return out
 
 
-@pytest.mark.parametrize(("model", "kwargs"), [("llama.py", {"preset": "tiny"}), ("gpt.py", {"preset": "tiny", "n_layer": 3})])
-def test_counts_and_values_equal_running_every_node(model: str, kwargs: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("model", "kwargs"), [("llama.py", {"preset": "tiny"}), ("gpt.py", {"preset": "tiny", "n_layer": 3})]
+)
+def test_counts_and_values_equal_running_every_node(
+    model: str, kwargs: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
     loaded = load_model(str(MODELS / model), kwargs, device="meta")
     fast = count_model(loaded, micro_batch_sizes=(2,), dtype="bf16")
     monkeypatch.setattr(trace_module, "MetaShapes", _EveryNode)

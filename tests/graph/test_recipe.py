@@ -29,9 +29,14 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 PROFILE_V1 = FIXTURES / "good_mlp_profile_v1.json"
 PLAN_V1 = FIXTURES / "good_mlp_plan_v1.json"
 RECIPE_V1 = TraceRecipe(
-    model_file="tests/fixtures/good_mlp.py", factory="build_model", model_kwargs=("depth=3",),
-    tracer="fx", leaf_modules=(), max_blocks=3, fingerprint="7133da7b978b4017",
-)  # fmt: skip
+    model_file="tests/fixtures/good_mlp.py",
+    factory="build_model",
+    model_kwargs=("depth=3",),
+    tracer="fx",
+    leaf_modules=(),
+    max_blocks=3,
+    fingerprint="7133da7b978b4017",
+)
 
 
 def _as_version_1(text: str) -> dict[str, Any]:
@@ -45,7 +50,15 @@ def _as_version_1(text: str) -> dict[str, Any]:
 def test_a_recipe_round_trips_through_json() -> None:
     recipe = TraceRecipe("models/gpt.py", "build_gpt", ("n_layer=4", "act='gelu'"), "export", ("MLP",), 12, "0123abcd")
     assert TraceRecipe.from_dict(json.loads(json.dumps(recipe.to_dict()))) == recipe
-    assert set(recipe.to_dict()) == {"model_file", "factory", "model_kwargs", "tracer", "leaf_modules", "max_blocks", "fingerprint"}
+    assert set(recipe.to_dict()) == {
+        "model_file",
+        "factory",
+        "model_kwargs",
+        "tracer",
+        "leaf_modules",
+        "max_blocks",
+        "fingerprint",
+    }
 
 
 def test_a_recipe_holds_tuples_and_names_its_model() -> None:
@@ -81,7 +94,13 @@ def test_a_version_1_plan_loads_to_the_same_values_and_rebuilds() -> None:
     plan = Plan.load(PLAN_V1)
     assert plan.recipe == RECIPE_V1 and plan.version == PLAN_VERSION == 2
     written = _as_version_1(plan.to_json())
-    for key in ("tensor_parallel", "sequence_parallel", "model_flops", "hardware_flops", "shard_optimizer"):  # added since: their defaults
+    for key in (
+        "tensor_parallel",
+        "sequence_parallel",
+        "model_flops",
+        "hardware_flops",
+        "shard_optimizer",
+    ):  # added since: their defaults
         assert written.pop(key) == Plan.__dataclass_fields__[key].default
     assert written == json.loads(text)
     assert Plan.from_json(plan.to_json()) == plan
@@ -112,5 +131,8 @@ def test_a_plan_made_from_a_profile_carries_its_recipe(tmp_path: Path, capsys: p
         assert main(["plan", "--profile", str(PROFILE_V1), "--stages", "2", "--batch-size", "8", "-o", str(out)]) == 0
     capsys.readouterr()
     assert Plan.load(outputs[0]).recipe == prof.recipe
-    assert json.loads(outputs[0].read_text())["recipe"] == prof.recipe.to_dict() | {"model_kwargs": ["depth=3"], "leaf_modules": []}
+    assert json.loads(outputs[0].read_text())["recipe"] == prof.recipe.to_dict() | {
+        "model_kwargs": ["depth=3"],
+        "leaf_modules": [],
+    }
     assert outputs[0].read_bytes() == outputs[1].read_bytes()  # byte-identical for the same input

@@ -89,7 +89,9 @@ def test_shapes_on_every_edge(tracer: str) -> None:
 
 
 def test_max_blocks_merges_neighbours() -> None:
-    t = trace_model(TinyLM(n=6), torch.randint(0, 50, (2, 5)), micro_batch_size=2, recipe=TraceRecipe(tracer="fx", max_blocks=3))
+    t = trace_model(
+        TinyLM(n=6), torch.randint(0, 50, (2, 5)), micro_batch_size=2, recipe=TraceRecipe(tracer="fx", max_blocks=3)
+    )
     assert t.num_blocks == 3
     assert sum(len(b.nodes) for b in t.blocks) == len(t.block_of)
 
@@ -130,7 +132,9 @@ def test_leaf_module_makes_control_flow_traceable() -> None:
 
 def test_unknown_leaf_class_is_a_clear_error() -> None:
     with pytest.raises(TraceError, match=r"--leaf Nope: the model has no module of that class"):
-        trace_model(TinyLM(), torch.randint(0, 50, (2, 3)), micro_batch_size=2, recipe=TraceRecipe(leaf_modules=["Nope"]))
+        trace_model(
+            TinyLM(), torch.randint(0, 50, (2, 3)), micro_batch_size=2, recipe=TraceRecipe(leaf_modules=["Nope"])
+        )
 
 
 def test_unknown_tracer() -> None:
@@ -146,21 +150,42 @@ def test_fingerprint_ignores_batch_size_but_not_structure() -> None:
     assert a.fingerprint() == b.fingerprint() != c.fingerprint()
 
 
-
-
 def _hf_models(t: ModuleType) -> dict[str, tuple[nn.Module, str]]:
     small = dict(vocab_size=100)
     return {
         "gpt2": (
-            t.GPT2LMHeadModel(t.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=32, use_cache=False, bos_token_id=0, eos_token_id=0, **small)),
+            t.GPT2LMHeadModel(
+                t.GPT2Config(
+                    n_layer=2,
+                    n_embd=32,
+                    n_head=4,
+                    n_positions=32,
+                    use_cache=False,
+                    bos_token_id=0,
+                    eos_token_id=0,
+                    **small,
+                )
+            ),
             "transformer.h.",
         ),
         "llama": (
-            t.LlamaForCausalLM(t.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, use_cache=False, **small)),
+            t.LlamaForCausalLM(
+                t.LlamaConfig(
+                    num_hidden_layers=2,
+                    hidden_size=32,
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                    intermediate_size=64,
+                    use_cache=False,
+                    **small,
+                )
+            ),
             "model.layers.",
         ),
         "bert": (
-            t.BertModel(t.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, **small)),
+            t.BertModel(
+                t.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, **small)
+            ),
             "encoder.layer.",
         ),
     }

@@ -95,7 +95,11 @@ def test_defaults_without_targets_or_loss(tmp_path: Path) -> None:
 
 def test_sibling_import_and_sys_path_restored(tmp_path: Path) -> None:
     write(tmp_path, "blocks_sibling_xyz.py", "import torch\nclass Block(torch.nn.Linear):\n    pass\n")
-    p = write(tmp_path, "uses_sibling.py", "from blocks_sibling_xyz import Block\ndef build_model():\n    return Block(4, 4)\n" + GOOD_TAIL)
+    p = write(
+        tmp_path,
+        "uses_sibling.py",
+        "from blocks_sibling_xyz import Block\ndef build_model():\n    return Block(4, 4)\n" + GOOD_TAIL,
+    )
     before = list(sys.path)
     loaded = load_model(str(p))
     assert sys.path == before
@@ -108,8 +112,6 @@ def test_sys_path_restored_after_failure() -> None:
     load_error(str(FIXTURES / "imports_missing.py"))
     load_error(str(FIXTURES / "raises_in_build.py"), {"n_layer": 3})
     assert sys.path == before
-
-
 
 
 def test_missing_file() -> None:
@@ -164,7 +166,10 @@ def test_model_rejects_inputs() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "parts"),
     [
-        ({"widht": 4}, ["build_model() does not take widht", "(it takes: width, depth, n_classes)", "did you mean -k width"]),
+        (
+            {"widht": 4},
+            ["build_model() does not take widht", "(it takes: width, depth, n_classes)", "did you mean -k width"],
+        ),
         ({"width": 4, "zzz": 1}, ["does not take zzz"]),
     ],
 )
@@ -177,10 +182,22 @@ def test_factory_rejects_kwargs(kwargs: dict[str, object], parts: list[str]) -> 
 @pytest.mark.parametrize(
     ("source", "kwargs", "parts"),
     [
-        ("def build_model(n_layer):\n    return torch.nn.Linear(4, 4)\n", {}, ["build_model() needs n_layer", "-k n_layer=VALUE"]),
-        ("def build_model():\n    return torch.nn.Linear(4, 4)\n", {"n": 1}, ["does not take n (it takes: no arguments)"]),
+        (
+            "def build_model(n_layer):\n    return torch.nn.Linear(4, 4)\n",
+            {},
+            ["build_model() needs n_layer", "-k n_layer=VALUE"],
+        ),
+        (
+            "def build_model():\n    return torch.nn.Linear(4, 4)\n",
+            {"n": 1},
+            ["does not take n (it takes: no arguments)"],
+        ),
         ("build_model = 3\n", {}, ["build_model in", "is a int, not a function"]),
-        ("def build_model():\n    return {'a': 1}\n", {}, ["build_model() in", "returned a dict, not a torch.nn.Module"]),
+        (
+            "def build_model():\n    return {'a': 1}\n",
+            {},
+            ["build_model() in", "returned a dict, not a torch.nn.Module"],
+        ),
         ("def build_model(**kw):\n    return torch.nn.Linear(4, 4)\n", {"anything": 1}, None),
     ],
 )
@@ -244,8 +261,6 @@ def test_bad_batch_size() -> None:
         loaded.make_inputs(0)
 
 
-
-
 def test_call_model_and_describe() -> None:
     def f(*args: object, **kwargs: object) -> tuple[tuple[object, ...], dict[str, object]]:
         return args, kwargs
@@ -269,15 +284,20 @@ def test_default_loss() -> None:
 
 def test_error_in_sibling_module_names_its_line(tmp_path: Path) -> None:
     write(
-        tmp_path, "layers_sibling_abc.py",
+        tmp_path,
+        "layers_sibling_abc.py",
         "import torch\nclass Bad(torch.nn.Module):\n    def forward(self, x):\n        raise RuntimeError('shape mismatch')\n",
-    )  # fmt: skip
-    p = write(tmp_path, "net.py", "from layers_sibling_abc import Bad\ndef build_model():\n    return Bad()\n" + GOOD_TAIL)
+    )
+    p = write(
+        tmp_path, "net.py", "from layers_sibling_abc import Bad\ndef build_model():\n    return Bad()\n" + GOOD_TAIL
+    )
     try:
         msg = load_error(str(p), device="cpu")
     finally:
         sys.modules.pop("layers_sibling_abc", None)
-    assert msg.startswith("the model rejected its example inputs (input shapes: (2, 4) float32): RuntimeError: shape mismatch (")
+    assert msg.startswith(
+        "the model rejected its example inputs (input shapes: (2, 4) float32): RuntimeError: shape mismatch ("
+    )
     assert msg.endswith("layers_sibling_abc.py:4)")
 
 
@@ -309,7 +329,10 @@ def test_binary_model_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda s: "import sys\nsys.exit(5)\n" + s, "{path} called sys.exit(5) ({path}:2) while being imported; a model file must not exit"),
+        (
+            lambda s: "import sys\nsys.exit(5)\n" + s,
+            "{path} called sys.exit(5) ({path}:2) while being imported; a model file must not exit",
+        ),
         (
             lambda s: s.replace("return torch.nn.Linear(4, 2)", "sys.exit(5)"),
             "build_model in {path} called sys.exit(5) ({path}:6); return or raise instead of exiting",
@@ -324,7 +347,9 @@ def test_binary_model_file(tmp_path: Path) -> None:
             "make example_inputs use its batch_size argument",
         ),
         (
-            lambda s: s.replace("torch.randn(batch_size, 4)", "(torch.randn(batch_size, 4), {'mask': torch.ones(3, 4)})"),
+            lambda s: s.replace(
+                "torch.randn(batch_size, 4)", "(torch.randn(batch_size, 4), {'mask': torch.ones(3, 4)})"
+            ),
             "example_inputs(2) in {path} returned a tensor of shape (3, 4), whose first dimension is not the batch size 2; "
             "make example_inputs use its batch_size argument",
         ),
@@ -342,4 +367,7 @@ def test_sys_exit_from_a_model_file_is_exit_2_in_the_cli(tmp_path: Path, capsys:
     path = tmp_path / "model.py"
     path.write_text("import sys\nsys.exit(5)\n" + GOOD)
     assert main(["profile", str(path), "-o", str(tmp_path / "p.json")]) == 2
-    assert capsys.readouterr().err == f"autopipe: error: {path} called sys.exit(5) ({path}:2) while being imported; a model file must not exit\n"
+    assert (
+        capsys.readouterr().err
+        == f"autopipe: error: {path} called sys.exit(5) ({path}:2) while being imported; a model file must not exit\n"
+    )

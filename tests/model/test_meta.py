@@ -26,7 +26,9 @@ class _Filled(TorchDispatchMode):
         super().__init__()
         self.count = 0
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         self.count += func.__name__.split(".")[0] in self.FILLS
         return func(*args, **(kwargs or {}))
 
@@ -38,7 +40,9 @@ class _Seen(TorchFunctionMode):
         super().__init__()
         self.names: list[str] = []
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         self.names.append(getattr(func, "__name__", ""))
         return func(*args, **(kwargs or {}))
 

@@ -47,8 +47,6 @@ def test_parse_kwargs_errors(items: list[str], parts: list[str]) -> None:
         assert part in str(info.value)
 
 
-
-
 def test_model_spec_parse_and_str() -> None:
     spec = ModelSpec.parse("models/gpt.py", {"n_layer": 4, "act": "gelu", "tag": "4"})
     assert spec.path == Path("models/gpt.py") and spec.factory == "build_model"

@@ -95,7 +95,9 @@ def _random_problem(rng: random.Random) -> PartitionProblem:
         tensors=tuple(tensors),
         stages=S,
         inflight=tuple(float(rng.choice([1, 2, S - s, min(S, 4)])) for s in range(S)),
-        stage_memory_limit=(limit,) * S if rng.random() < 0.8 else tuple(limit * rng.uniform(0.8, 1.2) for _ in range(S)),
+        stage_memory_limit=(limit,) * S
+        if rng.random() < 0.8
+        else tuple(limit * rng.uniform(0.8, 1.2) for _ in range(S)),
         link_latency_s=rng.choice([0.0, 0.01]),
         link_bandwidth=rng.choice([math.inf, 10.0]),
         recompute=rng.choice(["never", "always", "auto"]),
@@ -136,10 +138,16 @@ def test_a_long_stage_widens_the_band() -> None:
     still the full DP's."""
     n, S = 30, 3
     p = PartitionProblem(
-        time_s=(1.0,) * n, recompute_s=(0.0,) * n, static_bytes=(1.0,) * n, activation_bytes=(1.0,) * n,
-        tensors=tuple(Edge(i, (i + 1,), 0.0 if i < 2 else 1e6) for i in range(n - 1)), stages=S,
-        inflight=(1.0,) * S, stage_memory_limit=(math.inf,) * S, link_bandwidth=10.0,
-    )  # fmt: skip
+        time_s=(1.0,) * n,
+        recompute_s=(0.0,) * n,
+        static_bytes=(1.0,) * n,
+        activation_bytes=(1.0,) * n,
+        tensors=tuple(Edge(i, (i + 1,), 0.0 if i < 2 else 1e6) for i in range(n - 1)),
+        stages=S,
+        inflight=(1.0,) * S,
+        stage_memory_limit=(math.inf,) * S,
+        link_bandwidth=10.0,
+    )
     banded = _banded(p)
     assert banded is not None and banded == full_table_dp(p)
     assert banded.bottleneck_s == 28.0 and banded.boundaries == (0, 1, 2)

@@ -25,7 +25,11 @@ from autopipe.partition.greedy import Memo
 def blocks(rng: random.Random, n: int) -> PartitionProblem:
     """n random blocks in a chain with a skip tensor, as one stage (stages, in-flight counts and
     limits are set per case)."""
-    tensors = [Edge(-1, (0,), 5.0), *(Edge(i, (i + 1,), rng.uniform(1, 20)) for i in range(n - 1)), Edge(0, (n - 1,), 3.0)]
+    tensors = [
+        Edge(-1, (0,), 5.0),
+        *(Edge(i, (i + 1,), rng.uniform(1, 20)) for i in range(n - 1)),
+        Edge(0, (n - 1,), 3.0),
+    ]
     return PartitionProblem(
         time_s=tuple(rng.uniform(1, 4) for _ in range(n)),
         recompute_s=tuple(rng.uniform(0.2, 1.5) for _ in range(n)),
@@ -119,10 +123,14 @@ def test_the_lower_bracket_stays_below_the_least_bottleneck() -> None:
     for _ in range(1000):
         S, n = rng.randint(1, 4), rng.randint(4, 7)
         times = tuple(rng.choice([0.1, 0.2, 0.3, 0.7, 1 / 3, 1.1]) * rng.choice([1, 3, 7]) for _ in range(n))
-        p = dataclasses.replace(blocks(rng, n), time_s=times, stages=S, inflight=(1.0,) * S, stage_memory_limit=(math.inf,) * S)
+        p = dataclasses.replace(
+            blocks(rng, n), time_s=times, stages=S, inflight=(1.0,) * S, stage_memory_limit=(math.inf,) * S
+        )
         pt = prefix(times).tolist()
-        least = min(max(pt[b] - pt[a] for a, b in zip((0, *cuts), (*cuts, n), strict=True))
-                    for cuts in itertools.combinations(range(1, n), S - 1))
+        least = min(
+            max(pt[b] - pt[a] for a, b in zip((0, *cuts), (*cuts, n), strict=True))
+            for cuts in itertools.combinations(range(1, n), S - 1)
+        )
         assert greedy._lower(p, pt[-1]) < least
         rounded += least < max(max(times), pt[-1] / S)
     assert rounded > 20  # the bracket's margin is needed

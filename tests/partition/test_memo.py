@@ -51,5 +51,7 @@ def test_a_memo_serves_only_the_blocks_it_first_served_and_changes_nothing() -> 
     other = dataclasses.replace(p, time_s=tuple(2 * t for t in p.time_s))  # the memo travels along ...
     assert not memo.owns(other)  # ... but does not serve other blocks
     assert solve_chain(other) == solve_chain(_problem(None, scale=2.0))
-    assert evaluate(other, solve_chain(other).stage_of_block) == evaluate(_problem(None, 2.0), solve_chain(other).stage_of_block)
+    assert evaluate(other, solve_chain(other).stage_of_block) == evaluate(
+        _problem(None, 2.0), solve_chain(other).stage_of_block
+    )
     assert p == _problem(None)  # the memo is not part of the problem

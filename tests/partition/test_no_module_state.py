@@ -40,5 +40,7 @@ def test_no_module_level_cache_or_memo(path: Path) -> None:
 
 
 def test_the_check_finds_a_module_cache() -> None:
-    tree = ast.parse("import functools\n@functools.lru_cache(maxsize=8)\ndef f(x): return x\n_SEEN = {}\n_R = Recent(8)\n")
+    tree = ast.parse(
+        "import functools\n@functools.lru_cache(maxsize=8)\ndef f(x): return x\n_SEEN = {}\n_R = Recent(8)\n"
+    )
     assert len(_module_state(tree)) == 3

@@ -22,12 +22,19 @@ def same(a: float, b: float, rel: float = REL) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
 
 
-@pytest.mark.parametrize(("value", "up", "text"), [
-    (0, False, "0 B"), (1023, False, "1023 B"), (1536, False, "1.5 KiB"),
-    (2.0**30, False, "1.0 GiB"), (1.41 * 2.0**30, False, "1.4 GiB"),
-    (1.41 * 2.0**30, True, "1.5 GiB"), (512 * 2.0**20, True, "512.0 MiB"),
-    (math.inf, False, "unlimited"),
-])
+@pytest.mark.parametrize(
+    ("value", "up", "text"),
+    [
+        (0, False, "0 B"),
+        (1023, False, "1023 B"),
+        (1536, False, "1.5 KiB"),
+        (2.0**30, False, "1.0 GiB"),
+        (1.41 * 2.0**30, False, "1.4 GiB"),
+        (1.41 * 2.0**30, True, "1.5 GiB"),
+        (512 * 2.0**20, True, "512.0 MiB"),
+        (math.inf, False, "unlimited"),
+    ],
+)
 def test_format_bytes(value: float, up: bool, text: str) -> None:
     assert format_bytes(value, round_up=up) == text
 
@@ -82,24 +89,27 @@ def test_evaluate_zero_byte_and_unlimited_links() -> None:
     assert evaluate(zero, (0, 1, 1, 2)).comm_s == (0.0, 0.0)
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    (dict(recompute_s=(1.0,) * 3), "recompute_s has 3 entries but time_s has 4"),
-    (dict(time_s=(), recompute_s=(), static_bytes=(), activation_bytes=()), "has no blocks"),
-    (dict(stages=0), "stages must be an integer from 1 to the number of blocks (4), got 0"),
-    (dict(stages=5), "stages must be an integer from 1 to the number of blocks (4), got 5"),
-    (dict(inflight=(1.0, 1.0)), "inflight has 2 entries but there are 3 stages"),
-    (dict(stage_memory_limit=(1.0,) * 4), "stage_memory_limit has 4 entries but there are 3 stages"),
-    (dict(static_bytes=(1.0, -1.0, 1.0, 1.0)), "static_bytes[1] is -1.0"),
-    (dict(time_s=(math.nan, 1.0, 1.0, 1.0)), "time_s[0] is nan"),
-    (dict(activation_bytes=(1.0, 1.0, math.inf, 1.0)), "activation_bytes[2] is inf"),
-    (dict(stage_memory_limit=(-1.0, 1.0, 1.0)), "stage_memory_limit[0] is -1.0"),
-    (dict(link_bandwidth=0.0), "link_bandwidth must be > 0"),
-    (dict(link_latency_s=-1.0), "link_latency_s[0] is -1.0"),
-    (dict(recompute="sometimes"), "recompute must be 'never', 'always' or 'auto'"),
-    (dict(tensors=(Edge(9, (10,), 1.0),)), "tensor 0 has src 9"),
-    (dict(tensors=(Edge(2, (1,), 1.0),)), "tensor 0 (src 2) has consumer 1"),
-    (dict(tensors=(Edge(0, (1,), -2.0),)), "tensor 0 bytes[0] is -2.0"),
-])
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(recompute_s=(1.0,) * 3), "recompute_s has 3 entries but time_s has 4"),
+        (dict(time_s=(), recompute_s=(), static_bytes=(), activation_bytes=()), "has no blocks"),
+        (dict(stages=0), "stages must be an integer from 1 to the number of blocks (4), got 0"),
+        (dict(stages=5), "stages must be an integer from 1 to the number of blocks (4), got 5"),
+        (dict(inflight=(1.0, 1.0)), "inflight has 2 entries but there are 3 stages"),
+        (dict(stage_memory_limit=(1.0,) * 4), "stage_memory_limit has 4 entries but there are 3 stages"),
+        (dict(static_bytes=(1.0, -1.0, 1.0, 1.0)), "static_bytes[1] is -1.0"),
+        (dict(time_s=(math.nan, 1.0, 1.0, 1.0)), "time_s[0] is nan"),
+        (dict(activation_bytes=(1.0, 1.0, math.inf, 1.0)), "activation_bytes[2] is inf"),
+        (dict(stage_memory_limit=(-1.0, 1.0, 1.0)), "stage_memory_limit[0] is -1.0"),
+        (dict(link_bandwidth=0.0), "link_bandwidth must be > 0"),
+        (dict(link_latency_s=-1.0), "link_latency_s[0] is -1.0"),
+        (dict(recompute="sometimes"), "recompute must be 'never', 'always' or 'auto'"),
+        (dict(tensors=(Edge(9, (10,), 1.0),)), "tensor 0 has src 9"),
+        (dict(tensors=(Edge(2, (1,), 1.0),)), "tensor 0 (src 2) has consumer 1"),
+        (dict(tensors=(Edge(0, (1,), -2.0),)), "tensor 0 bytes[0] is -2.0"),
+    ],
+)
 def test_validation_messages(changes: dict[str, object], message: str) -> None:
     with pytest.raises(PlanError) as info:
         hand_problem(**changes)
@@ -107,13 +117,16 @@ def test_validation_messages(changes: dict[str, object], message: str) -> None:
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize(("assignment", "recompute", "message"), [
-    ((0, 1, 2), None, "the assignment has 3 entries but there are 4 blocks"),
-    ((0, 1, 3, 2), None, "block 2 is assigned to stage 3; stages are 0..2"),
-    ((0, 0, 1, 1), None, "stage 2 has no blocks"),
-    ((0, 2, 1, 2), None, "tensor 2 goes from block 1 (stage 2) back to stage 1"),
-    ((0, 1, 1, 2), (True, False), "recompute has 2 entries but there are 3 stages"),
-])
+@pytest.mark.parametrize(
+    ("assignment", "recompute", "message"),
+    [
+        ((0, 1, 2), None, "the assignment has 3 entries but there are 4 blocks"),
+        ((0, 1, 3, 2), None, "block 2 is assigned to stage 3; stages are 0..2"),
+        ((0, 0, 1, 1), None, "stage 2 has no blocks"),
+        ((0, 2, 1, 2), None, "tensor 2 goes from block 1 (stage 2) back to stage 1"),
+        ((0, 1, 1, 2), (True, False), "recompute has 2 entries but there are 3 stages"),
+    ],
+)
 def test_evaluate_rejects_invalid_assignments(
     assignment: tuple[int, ...], recompute: tuple[bool, ...] | None, message: str
 ) -> None:
@@ -153,4 +166,6 @@ def test_no_other_copy_of_the_memory_tolerances() -> None:
             continue
         text = path.read_text()
         assert not re.search(r"MEMORY_SLACK|(limit\w*|\)|\])\s*\*\s*\(1(\.0)? \+ ", text), path.name  # memory_cap
-        assert not re.search(r"limit\w* / \w+\.virtual|limit\(\w+\) \* v\b", text), path.name  # splits.chunk_limit, device_limit
+        assert not re.search(r"limit\w* / \w+\.virtual|limit\(\w+\) \* v\b", text), (
+            path.name
+        )  # splits.chunk_limit, device_limit

@@ -143,8 +143,7 @@ def test_ilp_matches_chain_dp_on_chains(seed: int) -> None:
     for _ in range(10):  # 40 instances
         n = rng.randint(2, 10)
         problem = chain_problem(rng, n, rng.randint(1, min(4, n)))
-        check_agree(problem, solve_or_none(solve_ilp, problem),
-                    solve_or_none(solve_chain, problem), 1e-6)
+        check_agree(problem, solve_or_none(solve_ilp, problem), solve_or_none(solve_chain, problem), 1e-6)
 
 
 @pytest.mark.slow
@@ -154,8 +153,7 @@ def test_ilp_matches_brute_force_on_dags(seed: int) -> None:
     for _ in range(10):  # 40 instances
         n = rng.randint(2, 9)
         problem = dag_problem(rng, n, rng.randint(1, min(4, n)))
-        check_agree(problem, solve_or_none(solve_ilp, problem),
-                    solve_or_none(solve_brute, problem), 1e-6)
+        check_agree(problem, solve_or_none(solve_ilp, problem), solve_or_none(solve_brute, problem), 1e-6)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -181,10 +179,9 @@ def test_contiguous_solvers_are_never_better_than_brute_force_on_dags(seed: int)
 def test_brute_force_enumerates_non_contiguous_assignments() -> None:
     # 0 -> 1, 0 -> 2: blocks 1 and 2 are independent branches
     problem = PartitionProblem(
-        (1.0,) * 3, (0.0,) * 3, (0.0,) * 3, (0.0,) * 3,
-        (Edge(0, (1, 2), 1.0),), 2, (1.0, 1.0), (math.inf,) * 2)
-    assert sorted(monotone_assignments(problem)) == [
-        (0, 0, 1), (0, 1, 0), (0, 1, 1)]
+        (1.0,) * 3, (0.0,) * 3, (0.0,) * 3, (0.0,) * 3, (Edge(0, (1, 2), 1.0),), 2, (1.0, 1.0), (math.inf,) * 2
+    )
+    assert sorted(monotone_assignments(problem)) == [(0, 0, 1), (0, 1, 0), (0, 1, 1)]
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -205,9 +202,16 @@ def test_fast_solver_recovers_when_the_greedy_probe_gets_stuck(native_and_python
     # and then cannot place block 2 on stage 1; the exact probe finds 0 | 1 | 2-4.
     act = (1.0, 1.0, 10.0, 1.0, 1.0)
     problem = PartitionProblem(
-        (1.0,) * 5, (1.0,) * 5, (0.0,) * 5, act,
-        tuple(Edge(i, (i + 1,), 1.0) for i in range(4)), 3, (1.0, 1.0, 1.0),
-        (5.0, 5.0, 20.0), recompute="never")
+        (1.0,) * 5,
+        (1.0,) * 5,
+        (0.0,) * 5,
+        act,
+        tuple(Edge(i, (i + 1,), 1.0) for i in range(4)),
+        3,
+        (1.0, 1.0, 1.0),
+        (5.0, 5.0, 20.0),
+        recompute="never",
+    )
     fast, chain = solve_fast(problem), solve_chain(problem)
     assert fast.stage_of_block == chain.stage_of_block == (0, 1, 2, 2, 2)
     assert fast.bottleneck_s == 3.0
@@ -218,9 +222,17 @@ def test_fast_solver_certifies_the_greedy_bottleneck(native_and_python: str) -> 
     # greedy runs ahead (0-1 | 2-3 | 4-5 would leave stage 3 nothing) and fails at 4.5,
     # succeeding only at a larger Z; the exact probe proves 4.5 feasible.
     problem = PartitionProblem(
-        (2.5, 1.5, 2.5, 1.0, 2.0, 2.5), (0.0,) * 6, (0.0,) * 6, (0.0,) * 6,
+        (2.5, 1.5, 2.5, 1.0, 2.0, 2.5),
+        (0.0,) * 6,
+        (0.0,) * 6,
+        (0.0,) * 6,
         tuple(Edge(i, (i + 1,), b) for i, b in enumerate((1.0, 1.0, 9.0, 4.0, 9.0))),
-        4, (1.0,) * 4, (math.inf,) * 4, link_bandwidth=1.0, recompute="never")
+        4,
+        (1.0,) * 4,
+        (math.inf,) * 4,
+        link_bandwidth=1.0,
+        recompute="never",
+    )
     fast, chain = solve_fast(problem), solve_chain(problem)
     assert fast.stage_of_block == chain.stage_of_block == (0, 1, 2, 2, 3, 3)
     assert fast.bottleneck_s == chain.bottleneck_s == 4.5
@@ -251,12 +263,21 @@ def test_min_memory_limit_is_tight_and_named_by_every_solver(seed: int) -> None:
 def test_infeasible_message() -> None:
     gib = 2.0**30
     problem = PartitionProblem(
-        (1.0,) * 4, (1.0,) * 4, (0.5 * gib,) * 4, (0.0,) * 4, (), 2, (1.0, 1.0),
-        (0.75 * gib, 0.75 * gib), recompute="never")
+        (1.0,) * 4,
+        (1.0,) * 4,
+        (0.5 * gib,) * 4,
+        (0.0,) * 4,
+        (),
+        2,
+        (1.0, 1.0),
+        (0.75 * gib, 0.75 * gib),
+        recompute="never",
+    )
     with pytest.raises(InfeasibleError) as info:
         solve_chain(problem)
     assert str(info.value) == (
         "no partition of 4 blocks into 2 stages fits 768.0 MiB per device; the smallest limit "
         "that fits is 1.0 GiB per device (or use more stages, recomputation, or smaller "
-        "micro-batches)")
+        "micro-batches)"
+    )
     assert info.value.min_memory_bytes == gib

@@ -30,8 +30,18 @@ def _problem(rng: random.Random, n: int, stages: int) -> PartitionProblem:
     def per_block() -> tuple[float, ...]:
         return tuple(rng.uniform(0, 1e-2) for _ in range(n))
 
-    return PartitionProblem(per_block(), per_block(), per_block(), per_block(), tuple(tensors), stages,
-                            (1.0,) * stages, (float("inf"),) * stages, 1e-5, 1e9)
+    return PartitionProblem(
+        per_block(),
+        per_block(),
+        per_block(),
+        per_block(),
+        tuple(tensors),
+        stages,
+        (1.0,) * stages,
+        (float("inf"),) * stages,
+        1e-5,
+        1e9,
+    )
 
 
 def _numpy(p: PartitionProblem, assign: tuple[int, ...]) -> StageStats:

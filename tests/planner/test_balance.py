@@ -17,8 +17,12 @@ from tests.planner.test_exact import NO_LIMIT, chain
 
 def test_the_plan_is_the_users_split_priced_with_autopipes_best_beside_it(tmp_path: Path) -> None:
     prof = chain(8, 3)
-    ours = autopipe.plan_profile(prof, stages=2, batch_size=8, memory=NO_LIMIT, choices=Choices(schedule="1f1b", micro_batches=4))
-    mine = autopipe.plan_profile(prof, stages=2, batch_size=8, memory=NO_LIMIT, choices=Choices(schedule="1f1b", micro_batches=4), balance=[7, 1])
+    ours = autopipe.plan_profile(
+        prof, stages=2, batch_size=8, memory=NO_LIMIT, choices=Choices(schedule="1f1b", micro_batches=4)
+    )
+    mine = autopipe.plan_profile(
+        prof, stages=2, batch_size=8, memory=NO_LIMIT, choices=Choices(schedule="1f1b", micro_batches=4), balance=[7, 1]
+    )
     assert [len(s.blocks) for s in mine.stages] == [7, 1] and (mine.schedule, mine.micro_batches) == ("1f1b", 4)
     assert plan_timeline(mine).iteration_s == pytest.approx(mine.iteration_time_s, rel=1e-12)
     first = mine.baselines[0]
@@ -26,7 +30,14 @@ def test_the_plan_is_the_users_split_priced_with_autopipes_best_beside_it(tmp_pa
     assert first.stage_blocks == tuple(len(s.blocks) for s in ours.stages)
     assert ours.iteration_time_s < mine.iteration_time_s  # 7/1 is lopsided
     # autopipe's own split, given back as a balance, prices to the same plan
-    again = autopipe.plan_profile(prof, stages=2, batch_size=8, memory=NO_LIMIT, choices=Choices(schedule="1f1b", micro_batches=4), balance=first.stage_blocks)
+    again = autopipe.plan_profile(
+        prof,
+        stages=2,
+        batch_size=8,
+        memory=NO_LIMIT,
+        choices=Choices(schedule="1f1b", micro_batches=4),
+        balance=first.stage_blocks,
+    )
     assert again.iteration_time_s == ours.iteration_time_s and again.stages == ours.stages
     mine.save(tmp_path / "mine.json")
     assert Plan.load(tmp_path / "mine.json") == mine
@@ -36,8 +47,15 @@ def test_v_balances_need_the_schedule_and_one_chunk_balances_search_one_chunk_sc
     prof = chain(8, 4)
     path = tmp_path / "profile.json"
     path.write_text(prof.to_json())
-    v = autopipe.plan_profile(path, stages=2, batch_size=8, memory=NO_LIMIT, choices=Choices(schedule="zb-v"), balance=[1, 3, 3, 1])
-    assert (v.schedule, v.virtual, [s.rank for s in v.stages], [len(s.blocks) for s in v.stages]) == ("zb-v", 2, [0, 1, 1, 0], [1, 3, 3, 1])
+    v = autopipe.plan_profile(
+        path, stages=2, batch_size=8, memory=NO_LIMIT, choices=Choices(schedule="zb-v"), balance=[1, 3, 3, 1]
+    )
+    assert (v.schedule, v.virtual, [s.rank for s in v.stages], [len(s.blocks) for s in v.stages]) == (
+        "zb-v",
+        2,
+        [0, 1, 1, 0],
+        [1, 3, 3, 1],
+    )
     one = autopipe.plan_profile(path, stages=2, batch_size=8, memory=NO_LIMIT, balance=[4, 4])
     assert one.virtual == 1 and [len(s.blocks) for s in one.stages] == [4, 4]
     assert all(a.virtual == 1 for a in one.alternatives)
@@ -50,11 +68,23 @@ def test_v_balances_need_the_schedule_and_one_chunk_balances_search_one_chunk_sc
         (dict(balance=[4, 4, 0]), r"^balance entries must be positive block counts \(got 0\)"),
         (dict(balance=[4, 3]), r"^balance sums to 7 blocks but the model has 8; give blocks per chunk that sum to 8$"),
         (dict(balance=[3, 3, 2]), r"^balance has 3 entries for 2 devices; give 2 \(one chunk per device\) or 2 x v"),
-        (dict(balance=[2, 2, 2, 2]), r"^balance has 4 entries = 2 devices x 2 chunks; name the schedule that runs 2 chunks per device with schedule="),
-        (dict(balance=[4, 4], choices=Choices(schedule="zb-v")), r"^balance has 2 entries but zb-v on 2 devices runs 4 chunks; give 4 entries$"),
+        (
+            dict(balance=[2, 2, 2, 2]),
+            r"^balance has 4 entries = 2 devices x 2 chunks; name the schedule that runs 2 chunks per device with schedule=",
+        ),
+        (
+            dict(balance=[4, 4], choices=Choices(schedule="zb-v")),
+            r"^balance has 2 entries but zb-v on 2 devices runs 4 chunks; give 4 entries$",
+        ),
         (dict(balance="4,4"), r"^balance must be a sequence of blocks per chunk, like 4, 4"),
-        (dict(balance=[4, 4], choices=Choices(virtual=2)), r"^balance has 2 entries = 2 devices x 1 chunks, but virtual= is 2; drop one$"),
-        (dict(balance=[4, 4], choices=Choices(schedule="1f1b"), memory=1), r"^the split 4,4 does not fit 1 B per device .* it needs .* per device"),
+        (
+            dict(balance=[4, 4], choices=Choices(virtual=2)),
+            r"^balance has 2 entries = 2 devices x 1 chunks, but virtual= is 2; drop one$",
+        ),
+        (
+            dict(balance=[4, 4], choices=Choices(schedule="1f1b"), memory=1),
+            r"^the split 4,4 does not fit 1 B per device .* it needs .* per device",
+        ),
     ],
 )
 def test_bad_balances_say_what_to_do(kw: dict[str, object], message: str) -> None:

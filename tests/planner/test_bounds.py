@@ -23,13 +23,23 @@ SCHEDULES = ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "zb-h2", "v-h
 def _setup(name: str, seed: int) -> tuple[random.Random, PlanRequest, Decision, int]:
     rng = random.Random(seed)
     S, v = rng.randint(2, 4), CHUNKED.get(name, 1)
-    m = S * rng.choice([1, 2]) if name == "interleaved-1f1b" else max(rng.choice([1, 2, S, 2 * S]), schedule_spec(name).least_micro_batches(S))
+    m = (
+        S * rng.choice([1, 2])
+        if name == "interleaved-1f1b"
+        else max(rng.choice([1, 2, S, 2 * S]), schedule_spec(name).least_micro_batches(S))
+    )
     n = rng.randint(S * v + 2, 24)
     memory = rng.choice([1e18, rng.uniform(0.2, 1.5) * 2**30])
     req = PlanRequest(
-        devices=S, batch_size=2 * m, memory_limit=memory, micro_batches=m, schedule=name, action_overhead_s=1e-4,
-        link_latency_s=1e-3, recompute=rng.choice(["never", "auto", "always"]),
-    )  # fmt: skip
+        devices=S,
+        batch_size=2 * m,
+        memory_limit=memory,
+        micro_batches=m,
+        schedule=name,
+        action_overhead_s=1e-4,
+        link_latency_s=1e-3,
+        recompute=rng.choice(["never", "auto", "always"]),
+    )
     return rng, req, Decision(name, v, m), n
 
 

@@ -29,19 +29,50 @@ def test_the_api_plan_is_the_command_lines_plan(tmp_path: Path, capsys: pytest.C
     cluster = tmp_path / "cluster.json"
     cluster.write_text(json.dumps({"devices_per_node": 4, "nvlink_bandwidth": "200GB/s"}))
     out = tmp_path / "plan.json"
-    argv = ["plan", GPT, "-k", "n_layer=4", "--device", "h100", "--gpus", "16", "--batch-size", "32", "--memory", "80GB",
-            "--tensor-parallel", "2", "--cluster", str(cluster), "-o", str(out)]  # fmt: skip
+    argv = [
+        "plan",
+        GPT,
+        "-k",
+        "n_layer=4",
+        "--device",
+        "h100",
+        "--gpus",
+        "16",
+        "--batch-size",
+        "32",
+        "--memory",
+        "80GB",
+        "--tensor-parallel",
+        "2",
+        "--cluster",
+        str(cluster),
+        "-o",
+        str(out),
+    ]
     assert main(argv) == 0, capsys.readouterr()
     by_api = autopipe.plan_cluster(
-        GPT, kwargs={"n_layer": 4}, device="h100", gpus=16, batch_size=32, memory="80GB", tensor_parallel=2, cluster=cluster
+        GPT,
+        kwargs={"n_layer": 4},
+        device="h100",
+        gpus=16,
+        batch_size=32,
+        memory="80GB",
+        tensor_parallel=2,
+        cluster=cluster,
     )
     assert by_api.to_dict() == Plan.load(out).to_dict()
     assert by_api.tensor_parallel == 2 and by_api.tensor_parallel * by_api.devices * by_api.data_parallel == 16
     # The cluster's fields as a mapping plan the same.
     same = autopipe.plan_cluster(
-        GPT, kwargs={"n_layer": 4}, device="h100", gpus=16, batch_size=32, memory="80GB", tensor_parallel=2,
+        GPT,
+        kwargs={"n_layer": 4},
+        device="h100",
+        gpus=16,
+        batch_size=32,
+        memory="80GB",
+        tensor_parallel=2,
         cluster={"devices_per_node": 4, "nvlink_bandwidth": 200e9},
-    )  # fmt: skip
+    )
     assert same.to_dict() == by_api.to_dict()
 
 
@@ -50,7 +81,10 @@ def test_the_api_plan_is_the_command_lines_plan(tmp_path: Path, capsys: pytest.C
     [
         ({"tensor_parallel": 4, "stages": 8}, "tensor_parallel 4 x stages 8 = 32 does not divide gpus 16"),
         ({"tensor_parallel": 32}, "tensor_parallel 32 does not divide gpus 16; pin degrees"),
-        ({"tensor_parallel": 2, "stages": 2, "data_parallel": 2}, "tensor_parallel 2 x stages 2 x data_parallel 2 = 8 does not equal gpus 16"),
+        (
+            {"tensor_parallel": 2, "stages": 2, "data_parallel": 2},
+            "tensor_parallel 2 x stages 2 x data_parallel 2 = 8 does not equal gpus 16",
+        ),
         ({"data_parallel": 0}, "data_parallel must be a whole number >= 1, not 0"),
         ({"cluster": {"nodes": 3}}, "cluster has no field 'nodes'; use devices_per_node"),
         ({"cluster": "/nonexistent/cluster.json"}, "cluster file not found: /nonexistent/cluster.json"),

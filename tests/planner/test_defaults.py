@@ -35,10 +35,16 @@ MIB = 2.0**20
 
 def block(i: int, bytes_per_param: int) -> BlockCost:
     return BlockCost(
-        name=f"layers.{i}", nodes=(f"n{i}",), params=1000, param_bytes=1000 * bytes_per_param,
-        forward_s=Affine(1e-5, 1e-3), backward_s=Affine(2e-5, 2e-3), backward_input_s=Affine(1e-5, 1e-3),
-        backward_weight_s=Affine(1e-5, 1e-3), saved_bytes=Affine(0.0, MIB),
-    )  # fmt: skip
+        name=f"layers.{i}",
+        nodes=(f"n{i}",),
+        params=1000,
+        param_bytes=1000 * bytes_per_param,
+        forward_s=Affine(1e-5, 1e-3),
+        backward_s=Affine(2e-5, 2e-3),
+        backward_input_s=Affine(1e-5, 1e-3),
+        backward_weight_s=Affine(1e-5, 1e-3),
+        saved_bytes=Affine(0.0, MIB),
+    )
 
 
 def chain(n: int = 8, method: str = "measured", bytes_per_param: int = 4, device: str = "cpu (1 threads)") -> Profile:
@@ -46,9 +52,16 @@ def chain(n: int = 8, method: str = "measured", bytes_per_param: int = 4, device
     links = tuple(TensorCost(f"n{i}", i, (i + 1,), Affine(0.0, MIB)) for i in range(n - 1))
     tensors = (TensorCost("x", -1, (0,), Affine(0.0, 64.0)), *links)
     return Profile(
-        model="chain", recipe=TraceRecipe(tracer="fx", fingerprint="fp"), device=device, torch_version=torch.__version__, dtype="float32",
-        micro_batch_sizes=(1, 2), method=method, blocks=blocks, tensors=tensors,
-    )  # fmt: skip
+        model="chain",
+        recipe=TraceRecipe(tracer="fx", fingerprint="fp"),
+        device=device,
+        torch_version=torch.__version__,
+        dtype="float32",
+        micro_batch_sizes=(1, 2),
+        method=method,
+        blocks=blocks,
+        tensors=tensors,
+    )
 
 
 class Asked(Exception):
@@ -79,7 +92,9 @@ def asked_by_cli(monkeypatch: pytest.MonkeyPatch, profile: Profile, tmp_path: Pa
     return info.value.request
 
 
-def test_nothing_given_the_api_and_the_cli_take_the_same_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_nothing_given_the_api_and_the_cli_take_the_same_defaults(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     profile = chain()
     api = asked_by_api(monkeypatch, profile, batch_size=32)
     cli = asked_by_cli(monkeypatch, profile, tmp_path, "--batch-size", "32")
@@ -92,20 +107,43 @@ def test_nothing_given_the_api_and_the_cli_take_the_same_defaults(monkeypatch: p
 def test_everything_given_the_api_and_the_cli_ask_the_same(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     profile = chain()
     api = asked_by_api(
-        monkeypatch, profile, stages=2, memory="3GiB", batch_size=16,
+        monkeypatch,
+        profile,
+        stages=2,
+        memory="3GiB",
+        batch_size=16,
         choices=autopipe.Choices(micro_batches=4, schedule="1f1b", virtual=None, recompute=autopipe.Recompute.NEVER),
         link=autopipe.Link(parse_rate("25GB/s"), parse_duration("20us"), parse_duration("0.1ms")),
-    )  # fmt: skip
+    )
     cli = asked_by_cli(
-        monkeypatch, profile, tmp_path, "--stages", "2", "--memory", "3GiB", "--batch-size", "16",
-        "--micro-batches", "4", "--schedule", "1f1b", "--no-recompute", "--bandwidth", "25GB/s", "--latency", "20us",
-        "--action-overhead", "0.1ms",
-    )  # fmt: skip
+        monkeypatch,
+        profile,
+        tmp_path,
+        "--stages",
+        "2",
+        "--memory",
+        "3GiB",
+        "--batch-size",
+        "16",
+        "--micro-batches",
+        "4",
+        "--schedule",
+        "1f1b",
+        "--no-recompute",
+        "--bandwidth",
+        "25GB/s",
+        "--latency",
+        "20us",
+        "--action-overhead",
+        "0.1ms",
+    )
     assert api == cli
     assert (api.devices, api.memory_limit, api.micro_batches, api.recompute) == (2, parse_bytes("3GiB"), 4, "never")
 
 
-def test_an_analytic_profile_keeps_16_bytes_per_parameter_in_both(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_an_analytic_profile_keeps_16_bytes_per_parameter_in_both(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     # bf16 weights (2 bytes a parameter): weights, grads, fp32 master and Adam moments = 16 bytes.
     profile = chain(method="analytic", bytes_per_param=2, device="h100")
     api = asked_by_api(monkeypatch, profile, stages=2, memory="80GB", batch_size=8)
@@ -142,7 +180,12 @@ def test_parallel_request_defaults() -> None:
     profile = chain(device="cuda: a GPU not in the catalogue")
     req = parallel_request(profile, gpus=8, batch_size=64, memory_limit=2.0**34, device=None)
     bw, lat = default_link("cuda")
-    assert (req.cluster.devices, req.cluster.nvlink_bandwidth, req.cluster.network_bandwidth, req.cluster.link_latency_s) == (8, bw, bw, lat)
+    assert (
+        req.cluster.devices,
+        req.cluster.nvlink_bandwidth,
+        req.cluster.network_bandwidth,
+        req.cluster.link_latency_s,
+    ) == (8, bw, bw, lat)
     assert req.bytes_per_param == PlanRequest.state_factor * 4 and req.action_overhead_s == 0.0
     slow = parallel_request(profile, gpus=8, batch_size=64, memory_limit=2.0**30, link=Link(bandwidth=1e9), device=None)
     assert (slow.cluster.nvlink_bandwidth, slow.cluster.network_bandwidth, slow.memory_limit) == (1e9, 1e9, 2.0**30)

@@ -31,16 +31,23 @@ def chain(n: int, seed: int) -> Profile:
     rng = random.Random(seed)
     blocks = tuple(
         BlockCost(
-            name=f"layers.{i}", nodes=(f"n{i}",), params=rng.randrange(1000, 100_000), param_bytes=rng.randrange(1, 50) * int(MIB),
-            forward_s=Affine(rng.uniform(0, 1e-4), f), backward_s=Affine(rng.uniform(0, 2e-4), 2 * f),
-            backward_input_s=Affine(0.0, f * w), backward_weight_s=Affine(0.0, f * (2 - w)),
+            name=f"layers.{i}",
+            nodes=(f"n{i}",),
+            params=rng.randrange(1000, 100_000),
+            param_bytes=rng.randrange(1, 50) * int(MIB),
+            forward_s=Affine(rng.uniform(0, 1e-4), f),
+            backward_s=Affine(rng.uniform(0, 2e-4), 2 * f),
+            backward_input_s=Affine(0.0, f * w),
+            backward_weight_s=Affine(0.0, f * (2 - w)),
             saved_bytes=Affine(0.0, rng.uniform(1, 20) * MIB),
         )
         for i, (f, w) in enumerate((rng.uniform(0.5, 2.0) * 1e-3, rng.uniform(0.5, 1.5)) for _ in range(n))
     )
     links = (TensorCost(f"n{i}", i, (i + 1,), Affine(0, rng.uniform(0.1, 4) * MIB)) for i in range(n - 1))
     tensors = (TensorCost("x", -1, (0,), Affine(0, 1e4)), *links)
-    return Profile("chain", TraceRecipe(tracer="fx", fingerprint="fp"), "cpu", "-", "float32", (1, 2), "measured", blocks, tensors)
+    return Profile(
+        "chain", TraceRecipe(tracer="fx", fingerprint="fp"), "cpu", "-", "float32", (1, 2), "measured", blocks, tensors
+    )
 
 
 def best_split(prof: Profile, req: PlanRequest, ds: list[Decision]) -> float:
@@ -66,7 +73,14 @@ def case(seed: int, max_blocks: int) -> tuple[Profile, dict[str, object]]:
     m = S * rng.choice([1, 2]) if name == "interleaved-1f1b" else rng.choice([1, 2, S, 2 * S])
     m = max(m, schedule_spec(name).least_micro_batches(S))  # dualpipe-v: m >= 2S
     memory = rng.choice([NO_LIMIT, rng.uniform(0.3, 2.0) * 2**30])
-    kw: dict[str, object] = dict(stages=S, batch_size=2 * m, memory=memory, schedule=name, micro_batches=m, recompute=rng.choice(["never", "auto"]))
+    kw: dict[str, object] = dict(
+        stages=S,
+        batch_size=2 * m,
+        memory=memory,
+        schedule=name,
+        micro_batches=m,
+        recompute=rng.choice(["never", "auto"]),
+    )
     return chain(n, seed), kw
 
 
@@ -80,10 +94,16 @@ def check_pinned(seed: int, max_blocks: int) -> None:
     prof, kw = case(seed, max_blocks)
     plan_kw = dict(kw)
     req = PlanRequest(
-        devices=int(kw["stages"]), batch_size=int(kw["batch_size"]), memory_limit=float(kw["memory"]),  # type: ignore[call-overload]
-        micro_batches=int(kw["micro_batches"]), schedule=str(kw["schedule"]), recompute=str(kw["recompute"]),  # type: ignore[call-overload]
-        link_bandwidth=4e9, link_latency_s=120e-6, action_overhead_s=3e-4,
-    )  # fmt: skip  (plan_profile's defaults for a CPU profile)
+        devices=int(kw["stages"]),
+        batch_size=int(kw["batch_size"]),
+        memory_limit=float(kw["memory"]),  # type: ignore[call-overload]
+        micro_batches=int(kw["micro_batches"]),
+        schedule=str(kw["schedule"]),
+        recompute=str(kw["recompute"]),  # type: ignore[call-overload]
+        link_bandwidth=4e9,
+        link_latency_s=120e-6,
+        action_overhead_s=3e-4,
+    )  # plan_profile's defaults for a CPU profile
     want = best_split(prof, req, decisions(prof, req))
     try:
         got = _plan_profile(prof, plan_kw).iteration_time_s  # type: ignore[arg-type]
@@ -110,9 +130,19 @@ def test_unpinned_search_equals_the_best_over_its_decisions() -> None:
     for seed in range(60):
         rng = random.Random(seed)
         prof = chain(rng.randint(4, 9), seed)
-        kw = dict(stages=rng.randint(2, 3), batch_size=rng.choice([2, 4, 6]), memory=rng.choice([NO_LIMIT, rng.uniform(0.3, 2) * 2**30]))
-        req = PlanRequest(devices=kw["stages"], batch_size=kw["batch_size"], memory_limit=kw["memory"], link_bandwidth=4e9,
-                          link_latency_s=120e-6, action_overhead_s=3e-4)  # fmt: skip
+        kw = dict(
+            stages=rng.randint(2, 3),
+            batch_size=rng.choice([2, 4, 6]),
+            memory=rng.choice([NO_LIMIT, rng.uniform(0.3, 2) * 2**30]),
+        )
+        req = PlanRequest(
+            devices=kw["stages"],
+            batch_size=kw["batch_size"],
+            memory_limit=kw["memory"],
+            link_bandwidth=4e9,
+            link_latency_s=120e-6,
+            action_overhead_s=3e-4,
+        )
         want = best_split(prof, req, decisions(prof, req))
         try:
             got = _plan_profile(prof, kw).iteration_time_s  # type: ignore[arg-type]
@@ -121,7 +151,9 @@ def test_unpinned_search_equals_the_best_over_its_decisions() -> None:
         assert got == want or abs(got - want) <= 1e-9 * want, (seed, kw, got, want)
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "zb-h2", "v-half", "v-min", "dualpipe-v"])
+@pytest.mark.parametrize(
+    "name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "zb-h2", "v-half", "v-min", "dualpipe-v"]
+)
 def test_bounds_are_below_and_memory_is_the_simulators(name: str) -> None:
     """Every split's bound is below its simulated time, and the splits kept are exactly those
     whose simulated peak fits (any placement: round-robin, V; recomputation never and auto)."""
@@ -129,7 +161,9 @@ def test_bounds_are_below_and_memory_is_the_simulators(name: str) -> None:
     S, v = 3, CHUNKED.get(name, 1)
     d = Decision(name, v, 6)
     t = BlockTimes.of(prof, 1, 1e-4)
-    loose = PlanRequest(devices=S, batch_size=6, memory_limit=math.inf, micro_batches=6, schedule=name, action_overhead_s=1e-4)
+    loose = PlanRequest(
+        devices=S, batch_size=6, memory_limit=math.inf, micro_batches=6, schedule=name, action_overhead_s=1e-4
+    )
     peaks = sorted(max(price_split(prof, loose, d, x)[1].peak_memory_bytes) for x in _splits(9, S * v))
     for recompute in ("never", "auto"):
         req = replace(loose, memory_limit=peaks[len(peaks) // 3], recompute=recompute)  # the limit bites
@@ -150,10 +184,14 @@ def test_bounds_are_below_and_memory_is_the_simulators(name: str) -> None:
 
 
 def _splits(n: int, k: int) -> list[list[int]]:
-    return [[b - a for a, b in itertools.pairwise((0, *cuts, n))] for cuts in itertools.combinations(range(1, n), k - 1)]
+    return [
+        [b - a for a, b in itertools.pairwise((0, *cuts, n))] for cuts in itertools.combinations(range(1, n), k - 1)
+    ]
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "zb-h2", "v-half", "v-min", "dualpipe-v"])
+@pytest.mark.parametrize(
+    "name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "zb-h2", "v-half", "v-min", "dualpipe-v"]
+)
 def test_the_bound_of_a_priced_candidate_is_below_its_simulated_time(name: str) -> None:
     """The bound the search opens large decisions' candidates by (bounds.candidate_bound)."""
     from autopipe.planner.bounds import candidate_bound
@@ -163,7 +201,15 @@ def test_the_bound_of_a_priced_candidate_is_below_its_simulated_time(name: str) 
     for m in (3, 6) if name == "interleaved-1f1b" else (1, 3, 6):  # interleaved: m a multiple of S
         if m < schedule_spec(name).least_micro_batches(S):  # dualpipe-v: m >= 2S
             continue
-        req = PlanRequest(devices=S, batch_size=m, memory_limit=math.inf, micro_batches=m, schedule=name, action_overhead_s=1e-4, link_latency_s=1e-3)
+        req = PlanRequest(
+            devices=S,
+            batch_size=m,
+            memory_limit=math.inf,
+            micro_batches=m,
+            schedule=name,
+            action_overhead_s=1e-4,
+            link_latency_s=1e-3,
+        )
         for sizes in _splits(10, S * v)[::7]:
             c, s = price_split(prof, req, Decision(name, v, m), sizes)
             assert candidate_bound(prof, req, c) <= s.iteration_s * (1 + 1e-12), sizes
@@ -183,6 +229,8 @@ def test_local_moves_only_improve_a_decision_too_large_to_enumerate(monkeypatch:
         monkeypatch.setattr(moves, "LOCAL_MOVES", 0)
         without = _plan_profile(prof, kw)  # type: ignore[arg-type]
         monkeypatch.setattr(moves, "LOCAL_MOVES", 64)
-        assert with_moves.iteration_time_s <= without.iteration_time_s and max(with_moves.peak_memory_bytes) <= float(kw["memory"]) * (1 + 1e-9)  # type: ignore[arg-type]
+        assert with_moves.iteration_time_s <= without.iteration_time_s and max(with_moves.peak_memory_bytes) <= float(
+            kw["memory"]
+        ) * (1 + 1e-9)  # type: ignore[arg-type]
         improved += with_moves.iteration_time_s < without.iteration_time_s
     assert improved >= 3

@@ -32,20 +32,35 @@ def chain_profile(n: int = 8, params: int = 10**8, f: float = 1e-3, act: float =
     """``n`` equal blocks in a chain: ``params`` fp32 parameters each, forward ``f`` s per sample."""
     blocks = tuple(
         BlockCost(
-            name=f"layers.{i}", nodes=(f"n{i}",), params=params, param_bytes=4 * params,
-            forward_s=Affine(0.0, f), backward_s=Affine(0.0, 2 * f), backward_input_s=Affine(0.0, f),
-            backward_weight_s=Affine(0.0, f), saved_bytes=Affine(0.0, act),
+            name=f"layers.{i}",
+            nodes=(f"n{i}",),
+            params=params,
+            param_bytes=4 * params,
+            forward_s=Affine(0.0, f),
+            backward_s=Affine(0.0, 2 * f),
+            backward_input_s=Affine(0.0, f),
+            backward_weight_s=Affine(0.0, f),
+            saved_bytes=Affine(0.0, act),
         )
         for i in range(n)
     )
     tensors = tuple(TensorCost(f"n{i}", i, (i + 1,), Affine(0.0, 1e6)) for i in range(n - 1))
     return Profile(
-        model="chain", recipe=TraceRecipe(tracer="fx", fingerprint="x"), device="synthetic", torch_version="", dtype="float32",
-        micro_batch_sizes=(1, 2), method="analytic", blocks=blocks, tensors=tensors,
-    )  # fmt: skip
+        model="chain",
+        recipe=TraceRecipe(tracer="fx", fingerprint="x"),
+        device="synthetic",
+        torch_version="",
+        dtype="float32",
+        micro_batch_sizes=(1, 2),
+        method="analytic",
+        blocks=blocks,
+        tensors=tensors,
+    )
 
 
-CLUSTER = Cluster(devices=8, devices_per_node=4, nvlink_bandwidth=100 * GB, network_bandwidth=10 * GB, link_latency_s=0.0)
+CLUSTER = Cluster(
+    devices=8, devices_per_node=4, nvlink_bandwidth=100 * GB, network_bandwidth=10 * GB, link_latency_s=0.0
+)
 
 
 def _brute_force(profile: Profile, req: ParallelRequest) -> dict[tuple[int, int, str], float]:
@@ -58,9 +73,14 @@ def _brute_force(profile: Profile, req: ParallelRequest) -> dict[tuple[int, int,
             try:
                 plan = plan_pipeline(
                     profile,
-                    PlanRequest(devices=S, batch_size=req.global_batch // D, memory_limit=req.memory_limit,
-                                link_bandwidth=lay.p2p_bandwidth, link_latency_s=0.0),
-                )  # fmt: skip
+                    PlanRequest(
+                        devices=S,
+                        batch_size=req.global_batch // D,
+                        memory_limit=req.memory_limit,
+                        link_bandwidth=lay.p2p_bandwidth,
+                        link_latency_s=0.0,
+                    ),
+                )
             except PlanError:
                 continue
             grad = max(sum(st.params * 4 for st in plan.stages if st.rank == r) for r in range(S))
@@ -92,10 +112,14 @@ def test_choice_is_the_fastest_layout_that_fits_and_the_runner_up_another_depth(
 
 def test_a_slow_network_pushes_toward_deeper_pipelines() -> None:
     profile = chain_profile()
-    fast = plan_parallel(profile, ParallelRequest(dataclasses.replace(CLUSTER, network_bandwidth=100 * GB), 64, 64 * GB))
+    fast = plan_parallel(
+        profile, ParallelRequest(dataclasses.replace(CLUSTER, network_bandwidth=100 * GB), 64, 64 * GB)
+    )
     slow = plan_parallel(
         profile,
-        ParallelRequest(dataclasses.replace(CLUSTER, network_bandwidth=0.01 * GB, nvlink_bandwidth=0.01 * GB), 64, 64 * GB),
+        ParallelRequest(
+            dataclasses.replace(CLUSTER, network_bandwidth=0.01 * GB, nvlink_bandwidth=0.01 * GB), 64, 64 * GB
+        ),
     )
     assert slow.best.layout.data_parallel <= fast.best.layout.data_parallel
     assert slow.best.layout.data_parallel == 1  # an all-reduce over 0.01 GB/s costs more than any bubble
@@ -156,18 +180,24 @@ def _tensor(profile: Profile, heads: int = 4) -> TensorOptions:
         def one(b: BlockCost) -> BlockCost:
             comm = 2e-4 * (t - 1) / t
             return dataclasses.replace(
-                b, params=b.params // t, param_bytes=b.param_bytes // t,
-                forward_s=Affine(comm, b.forward_s.slope / t), backward_s=Affine(comm, b.backward_s.slope / t),
-                backward_input_s=Affine(comm, b.backward_input_s.slope / t), backward_weight_s=Affine(0.0, b.backward_weight_s.slope / t),
+                b,
+                params=b.params // t,
+                param_bytes=b.param_bytes // t,
+                forward_s=Affine(comm, b.forward_s.slope / t),
+                backward_s=Affine(comm, b.backward_s.slope / t),
+                backward_input_s=Affine(comm, b.backward_input_s.slope / t),
+                backward_weight_s=Affine(0.0, b.backward_weight_s.slope / t),
                 saved_bytes=Affine(0.0, b.saved_bytes.slope / t),
-            )  # fmt: skip
+            )
 
         return profile if t == 1 else dataclasses.replace(profile, blocks=tuple(one(b) for b in profile.blocks))
 
     return TensorOptions(shape, price)
 
 
-NODES = Cluster(devices=16, devices_per_node=8, nvlink_bandwidth=100 * GB, network_bandwidth=10 * GB, link_latency_s=0.0)
+NODES = Cluster(
+    devices=16, devices_per_node=8, nvlink_bandwidth=100 * GB, network_bandwidth=10 * GB, link_latency_s=0.0
+)
 
 
 @pytest.mark.parametrize("memory", [64 * GB, 6 * GB])
@@ -178,14 +208,22 @@ def test_the_free_3d_search_is_the_best_of_every_pinned_degree(memory: float) ->
     pinned = {}
     for t in (1, 2, 4):
         try:
-            pinned[t] = plan_parallel(profile, dataclasses.replace(req, tensor_parallel=t), tensor=tensor).best.step_time_s
+            pinned[t] = plan_parallel(
+                profile, dataclasses.replace(req, tensor_parallel=t), tensor=tensor
+            ).best.step_time_s
         except InfeasibleError:
             continue
     assert free.best.step_time_s == pytest.approx(min(pinned.values()), rel=1e-12)
     assert all(free.best.step_time_s <= s * (1 + 1e-12) for s in pinned.values())
     lay, plan = free.best.layout, free.plan
-    assert lay.tensor_parallel * lay.stages * lay.data_parallel == 16 and NODES.devices_per_node % lay.tensor_parallel == 0
-    assert (plan.tensor_parallel, plan.devices, plan.data_parallel) == (lay.tensor_parallel, lay.stages, lay.data_parallel)
+    assert (
+        lay.tensor_parallel * lay.stages * lay.data_parallel == 16 and NODES.devices_per_node % lay.tensor_parallel == 0
+    )
+    assert (plan.tensor_parallel, plan.devices, plan.data_parallel) == (
+        lay.tensor_parallel,
+        lay.stages,
+        lay.data_parallel,
+    )
     assert plan.sequence_parallel == (lay.tensor_parallel > 1)
     assert any(r.tensor_parallel == 8 and "does not divide the 4 attention heads" in r.reason for r in free.rejected)
     assert Plan.from_json(plan.to_json()) == plan  # the new fields round-trip
@@ -210,9 +248,14 @@ def test_pruning_keeps_the_best_and_the_runner_up_exact() -> None:
 def test_tensor_parallel_stays_in_a_node_and_divides_the_heads() -> None:
     profile = chain_profile()
     small = dataclasses.replace(NODES, devices_per_node=2)
-    result = plan_parallel(profile, ParallelRequest(small, global_batch=64, memory_limit=64 * GB), tensor=_tensor(profile))
+    result = plan_parallel(
+        profile, ParallelRequest(small, global_batch=64, memory_limit=64 * GB), tensor=_tensor(profile)
+    )
     assert result.best.layout.tensor_parallel <= 2
-    with pytest.raises(PlanError, match="--tensor-parallel 4: a tensor-parallel group stays within a node; 4 does not divide 2 devices per node"):
+    with pytest.raises(
+        PlanError,
+        match="--tensor-parallel 4: a tensor-parallel group stays within a node; 4 does not divide 2 devices per node",
+    ):
         plan_parallel(profile, ParallelRequest(small, 64, 64 * GB, tensor_parallel=4), tensor=_tensor(profile))
     with pytest.raises(PlanError, match="--tensor-parallel 4: 4 does not divide the 6 attention heads"):
         plan_parallel(profile, ParallelRequest(NODES, 64, 64 * GB, tensor_parallel=4), tensor=_tensor(profile, heads=6))
@@ -226,7 +269,8 @@ def test_t1_is_todays_search() -> None:
     odd = plan_parallel(profile, req, tensor=_tensor(profile, heads=7))  # 7 heads: only t = 1
     assert (odd.best, odd.runner_up) == (today.best, today.runner_up)
     assert {(r.tensor_parallel, r.reason) for r in odd.rejected if r.tensor_parallel > 1} == {
-        (2, "2 does not divide the 7 attention heads"), (4, "4 does not divide the 7 attention heads")
+        (2, "2 does not divide the 7 attention heads"),
+        (4, "4 does not divide the 7 attention heads"),
     }
     assert plan_parallel(profile, dataclasses.replace(req, tensor_parallel=1), tensor=_tensor(profile)) == today
     assert today.plan.tensor_parallel == 1 and not today.plan.sequence_parallel
@@ -243,9 +287,10 @@ def test_a_group_sends_its_shards_in_parallel_and_pins_hold() -> None:
     assert (lay.tensor_parallel, lay.stages, lay.data_parallel) == (2, 2, 4)
 
 
-
 @pytest.mark.parametrize("worst_first", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_searching_against_the_runner_up_keeps_the_whole_plan(worst_first: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_searching_against_the_runner_up_keeps_the_whole_plan(
+    worst_first: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Splits searched with the runner-up as the time to beat (the best one searched again in
     full when it was one of them) give the plan a search of the best split alone gives: cuts,
     schedule, runners-up; in any order the splits are opened."""
@@ -257,6 +302,10 @@ def test_searching_against_the_runner_up_keeps_the_whole_plan(worst_first: bool,
     req = ParallelRequest(NODES, global_batch=64, memory_limit=64 * GB)
     free = plan_parallel(profile, req, tensor=_tensor(profile))
     lay = free.best.layout
-    alone = plan_parallel(profile, dataclasses.replace(req, tensor_parallel=lay.tensor_parallel, stages=lay.stages), tensor=_tensor(profile))
+    alone = plan_parallel(
+        profile,
+        dataclasses.replace(req, tensor_parallel=lay.tensor_parallel, stages=lay.stages),
+        tensor=_tensor(profile),
+    )
     assert dataclasses.replace(free.plan, parallel_note="") == dataclasses.replace(alone.plan, parallel_note="")
     assert free.runner_up is not None and (free.pruned > 0 or worst_first)

@@ -7,7 +7,9 @@ import pytest
 from autopipe.planner.placement import Cluster, layouts, ring_allreduce_s
 
 GB = 1e9
-CLUSTER = Cluster(devices=8, devices_per_node=4, nvlink_bandwidth=100 * GB, network_bandwidth=10 * GB, link_latency_s=0.0)
+CLUSTER = Cluster(
+    devices=8, devices_per_node=4, nvlink_bandwidth=100 * GB, network_bandwidth=10 * GB, link_latency_s=0.0
+)
 
 
 @pytest.mark.parametrize(

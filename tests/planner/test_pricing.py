@@ -16,7 +16,16 @@ def test_fast_simulation_equals_the_event_simulator(name: str) -> None:
     rng = random.Random(7)
     S, m, v = 4, 8, (2 if name == "interleaved-1f1b" else 1)
     costs = [
-        StageCost(rng.random(), rng.random() * 2, rng.random(), rng.random(), rng.random() * 100, rng.random() * 50, rng.random() * 10, rng.random() * 1000)
+        StageCost(
+            rng.random(),
+            rng.random() * 2,
+            rng.random(),
+            rng.random(),
+            rng.random() * 100,
+            rng.random() * 50,
+            rng.random() * 10,
+            rng.random() * 1000,
+        )
         for _ in range(S * v)
     ]
     comm = [rng.random() * 0.1 for _ in range(S * v - 1)]

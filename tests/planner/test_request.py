@@ -29,5 +29,7 @@ def test_a_profile_without_blocks_says_so() -> None:
     from autopipe.planner.request import PlanRequest, validate
 
     empty = Profile("m", TraceRecipe(fingerprint="fp"), "cpu", "-", "float32", (1,), "measured", (), ())
-    with pytest.raises(PlanError, match=r"^the profile has no blocks, so there is nothing to cut; profile the model again$"):
+    with pytest.raises(
+        PlanError, match=r"^the profile has no blocks, so there is nothing to cut; profile the model again$"
+    ):
         validate(empty, PlanRequest(devices=2, batch_size=8, memory_limit=2**30))

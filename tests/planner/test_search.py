@@ -55,7 +55,17 @@ def random_profile(n: int, seed: int, skips: int = 0) -> Profile:
     for k in range(skips):
         a = rng.randrange(n - 2)
         tensors.append(TensorCost(f"skip{k}", a, (rng.randrange(a + 2, n),), Affine(0, MIB)))
-    return Profile("random", TraceRecipe(tracer="fx", fingerprint="fp"), "cpu", "-", "float32", (1, 2), "measured", tuple(blocks), tuple(tensors))
+    return Profile(
+        "random",
+        TraceRecipe(tracer="fx", fingerprint="fp"),
+        "cpu",
+        "-",
+        "float32",
+        (1, 2),
+        "measured",
+        tuple(blocks),
+        tuple(tensors),
+    )
 
 
 def _request(**kw: object) -> PlanRequest:
@@ -69,7 +79,9 @@ def test_chosen_plan_is_no_worse_than_any_enumerated_alternative(seed: int) -> N
     rng = random.Random(seed)
     n = rng.randint(4, 12)
     prof = random_profile(n, seed, skips=rng.randint(0, 2))
-    req = _request(devices=rng.randint(2, min(4, n)), batch_size=rng.choice([4, 8, 12]), memory_limit=rng.uniform(0.3, 3) * 2**30)
+    req = _request(
+        devices=rng.randint(2, min(4, n)), batch_size=rng.choice([4, 8, 12]), memory_limit=rng.uniform(0.3, 3) * 2**30
+    )
     try:
         plan = plan_pipeline(prof, req)
     except InfeasibleError:
@@ -84,7 +96,13 @@ def test_chosen_plan_is_no_worse_than_any_enumerated_alternative(seed: int) -> N
             continue
         c = candidate(d, "solver", problem, part, BlockTimes.of(prof, req.batch_size // d.micro_batches))
         spec = schedule_spec(d.schedule)
-        t = simulate(spec.make(req.devices, d.micro_batches, d.virtual), c.costs, part.comm_s, devices=req.devices, placement=spec.placement)
+        t = simulate(
+            spec.make(req.devices, d.micro_batches, d.virtual),
+            c.costs,
+            part.comm_s,
+            devices=req.devices,
+            placement=spec.placement,
+        )
         if all(m <= req.memory_limit * (1 + 1e-9) for m in t.peak_memory_bytes):
             assert plan.iteration_time_s <= t.iteration_s * (1 + 1e-9), d
     for b in plan.baselines:
@@ -154,16 +172,32 @@ def test_too_little_memory_names_the_smallest_limit_that_fits() -> None:
     [
         (dict(devices=20), "cannot cut 8 blocks into 20 stages; use stages=8 or fewer"),
         (dict(devices=0), "stages must be at least 1 (got 0)"),
-        (dict(batch_size=10, micro_batches=4), "batch size 10 is not divisible into 4 micro-batches; use one of 1, 2, 5, 10"),
+        (
+            dict(batch_size=10, micro_batches=4),
+            "batch size 10 is not divisible into 4 micro-batches; use one of 1, 2, 5, 10",
+        ),
         (dict(memory_limit=-1.0), "memory must be positive"),
         (dict(schedule="dualpipe"), "unknown schedule 'dualpipe'"),
-        (dict(virtual=2, schedule="1f1b"), "virtual applies to the interleaved-1f1b, zb-v, v-half, dualpipe-v, v-min schedules only"),
-        (dict(virtual=3, schedule="zb-v"), "zb-v runs 2 stages per device (got virtual=3); use virtual=2 or leave it out"),
-        (dict(schedule="interleaved-1f1b", micro_batches=6, batch_size=12), "needs the micro-batch count to be a multiple of 4"),
-        (dict(schedule="dualpipe-v", micro_batches=4),
-         "dualpipe-v needs at least 8 micro-batches on 4 devices (got micro_batches=4); use micro_batches=8 or more"),
-        (dict(schedule="dualpipe-v", batch_size=6),
-         "dualpipe-v needs at least 8 micro-batches on 4 devices, more than batch_size=6; use batch_size=8 or more"),
+        (
+            dict(virtual=2, schedule="1f1b"),
+            "virtual applies to the interleaved-1f1b, zb-v, v-half, dualpipe-v, v-min schedules only",
+        ),
+        (
+            dict(virtual=3, schedule="zb-v"),
+            "zb-v runs 2 stages per device (got virtual=3); use virtual=2 or leave it out",
+        ),
+        (
+            dict(schedule="interleaved-1f1b", micro_batches=6, batch_size=12),
+            "needs the micro-batch count to be a multiple of 4",
+        ),
+        (
+            dict(schedule="dualpipe-v", micro_batches=4),
+            "dualpipe-v needs at least 8 micro-batches on 4 devices (got micro_batches=4); use micro_batches=8 or more",
+        ),
+        (
+            dict(schedule="dualpipe-v", batch_size=6),
+            "dualpipe-v needs at least 8 micro-batches on 4 devices, more than batch_size=6; use batch_size=8 or more",
+        ),
     ],
 )
 def test_bad_requests_get_one_clear_line(change: dict[str, object], message: str) -> None:
@@ -209,7 +243,9 @@ def test_an_export_profile_keeps_micro_batches_of_one_apart() -> None:
     """torch.export traces a micro-batch of 1 with another graph: a profile measured at 2 and
     4 plans micro-batches of 2 or more only, one measured at 1 alone plans only 1."""
     profile = random_profile(6, seed=1)
-    larger = dataclasses.replace(profile, recipe=dataclasses.replace(profile.recipe, tracer="export"), micro_batch_sizes=(2, 4))
+    larger = dataclasses.replace(
+        profile, recipe=dataclasses.replace(profile.recipe, tracer="export"), micro_batch_sizes=(2, 4)
+    )
     for m in (None, 4):
         plan = plan_pipeline(larger, _request(batch_size=8, micro_batches=m))
         assert plan.micro_batch_size >= 2
@@ -266,7 +302,9 @@ def test_dualpipe_v_is_planned_when_pinned_with_enough_micro_batches() -> None:
         assert [st.rank for st in plan.stages] == [*range(S), *reversed(range(S))]
         timeline = plan_timeline(plan)
         assert timeline.iteration_s == pytest.approx(plan.iteration_time_s, rel=1e-12)
-        assert all(d.micro_batches >= 2 * S for d in decisions(prof, _request(devices=S, schedule="dualpipe-v", batch_size=24)))
+        assert all(
+            d.micro_batches >= 2 * S for d in decisions(prof, _request(devices=S, schedule="dualpipe-v", batch_size=24))
+        )
     searched = [d for d in decisions(prof, _request(devices=3, batch_size=24)) if d.schedule == "dualpipe-v"]
     assert searched and all(d.micro_batches >= 6 for d in searched)
 
@@ -283,7 +321,10 @@ def test_the_search_covers_the_v_schedules_above_the_enumeration_limit(gib: floa
     prof = random_profile(64, seed=3)
     req = _request(devices=8, batch_size=32, memory_limit=gib * 2**30)
     plan = plan_pipeline(prof, req)
-    pinned = {name: plan_pipeline(prof, dataclasses.replace(req, schedule=name)).iteration_time_s for name in (*V_SEARCHED, "zb-v")}
+    pinned = {
+        name: plan_pipeline(prof, dataclasses.replace(req, schedule=name)).iteration_time_s
+        for name in (*V_SEARCHED, "zb-v")
+    }
     assert plan.iteration_time_s <= min(pinned.values()) * (1 + 1e-12), (plan.schedule, plan.iteration_time_s, pinned)
     assert plan.schedule in ("zb-v", "dualpipe-v") and plan.iteration_time_s == pinned[plan.schedule]
 
@@ -323,7 +364,9 @@ def test_the_search_is_never_slower_than_a_pinned_schedule(seed: int) -> None:
     assert plan.iteration_time_s <= min(pinned.values()) * (1 + 1e-9), (plan.schedule, plan.iteration_time_s, pinned)
 
 
-@pytest.mark.parametrize("failure", [BlockingIOError(11, "Resource temporarily unavailable"), FileNotFoundError(2, "No such file", "cbc")])
+@pytest.mark.parametrize(
+    "failure", [BlockingIOError(11, "Resource temporarily unavailable"), FileNotFoundError(2, "No such file", "cbc")]
+)
 def test_an_ilp_solver_that_cannot_start_leaves_the_plan_with_one_note(
     failure: OSError, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -28,18 +28,35 @@ def transformer(n: int) -> Profile:
         params = 12_600_000 if heavy else 50_000_000
         blocks.append(
             BlockCost(
-                name=f"layers.{i}", nodes=(f"n{i}",), params=params, param_bytes=params * 2,
-                forward_s=Affine(1e-4, f), backward_s=Affine(2e-4, 2 * f),
-                backward_input_s=Affine(1e-4, f), backward_weight_s=Affine(1e-4, f),
+                name=f"layers.{i}",
+                nodes=(f"n{i}",),
+                params=params,
+                param_bytes=params * 2,
+                forward_s=Affine(1e-4, f),
+                backward_s=Affine(2e-4, 2 * f),
+                backward_input_s=Affine(1e-4, f),
+                backward_weight_s=Affine(1e-4, f),
                 saved_bytes=Affine(0, (40 if heavy else 8) * 2**20),
             )
-        )  # fmt: skip
+        )
     links = (TensorCost(f"n{i}", i, (i + 1,), Affine(0, 4 * 2**20)) for i in range(n - 1))
     tensors = (TensorCost("input", -1, (0,), Affine(0, 8192.0)), *links)
-    return Profile("synthetic", TraceRecipe(tracer="fx", fingerprint="0"), "cpu", "-", "bfloat16", (1, 2), "measured", tuple(blocks), tensors)
+    return Profile(
+        "synthetic",
+        TraceRecipe(tracer="fx", fingerprint="0"),
+        "cpu",
+        "-",
+        "bfloat16",
+        (1, 2),
+        "measured",
+        tuple(blocks),
+        tensors,
+    )
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "zb-h2", "interleaved-1f1b", "zb-v", "v-half", "v-min", "dualpipe-v"])
+@pytest.mark.parametrize(
+    "name", ["gpipe", "1f1b", "zb-h1", "zb-h2", "interleaved-1f1b", "zb-v", "v-half", "v-min", "dualpipe-v"]
+)
 def test_the_screen_never_rules_out_a_split_that_fits_without_recomputation(name: str) -> None:
     """``plain_may_fit`` says False only when the simulator's peak, nothing recomputed, is over
     the limit: with the limit at that peak it must say True (random splits, S = 2..4)."""
@@ -58,15 +75,28 @@ def test_the_screen_never_rules_out_a_split_that_fits_without_recomputation(name
                 assert not plain_may_fit(p, d, S, 0.5 * min(p.static_bytes), sizes)
 
 
-@pytest.mark.parametrize(("schedule", "gib"), [("v-min", 3.5), ("v-min", 3.8), ("zb-v", 3.5), ("interleaved-1f1b", 3.8)])
-def test_candidates_too_many_to_enumerate_are_priced_as_price_split(monkeypatch: pytest.MonkeyPatch, schedule: str, gib: float) -> None:
+@pytest.mark.parametrize(
+    ("schedule", "gib"), [("v-min", 3.5), ("v-min", 3.8), ("zb-v", 3.5), ("interleaved-1f1b", 3.8)]
+)
+def test_candidates_too_many_to_enumerate_are_priced_as_price_split(
+    monkeypatch: pytest.MonkeyPatch, schedule: str, gib: float
+) -> None:
     """Above the enumeration limit (0 here) the solver's cuts and the simple splits are priced
     by ``price_split``: the plan is no slower than the even split priced by it (on v-min at
     3.5 GiB the even split fits without recomputation, which the per-chunk M / v rule missed),
     and pricing the plan's own split gives the plan's time."""
     monkeypatch.setattr(exact, "ENUMERATE_LIMIT", 0)
     prof = transformer(48)
-    req = PlanRequest(devices=4, batch_size=16, memory_limit=gib * GIB, link_bandwidth=50e9, link_latency_s=1e-5, schedule=schedule, micro_batches=8, virtual=2)
+    req = PlanRequest(
+        devices=4,
+        batch_size=16,
+        memory_limit=gib * GIB,
+        link_bandwidth=50e9,
+        link_latency_s=1e-5,
+        schedule=schedule,
+        micro_batches=8,
+        virtual=2,
+    )
     d = Decision(schedule, 2, 8)
     _, even = price_split(prof, req, d, [6] * 8)
     plan = plan_pipeline(prof, req)
@@ -82,9 +112,20 @@ def test_recomputation_off_finds_the_plan_auto_finds_with_nothing_recomputed() -
     modes (they were dropped with recomputation off: 68.5 s against 56.5 s on this case)."""
     prof = transformer(1000)
     plans = {
-        rc: plan_pipeline(prof, PlanRequest(devices=64, batch_size=512, memory_limit=16 * GIB, link_bandwidth=50e9,
-                                            link_latency_s=1e-5, recompute=rc, schedule="v-min", micro_batches=512))
+        rc: plan_pipeline(
+            prof,
+            PlanRequest(
+                devices=64,
+                batch_size=512,
+                memory_limit=16 * GIB,
+                link_bandwidth=50e9,
+                link_latency_s=1e-5,
+                recompute=rc,
+                schedule="v-min",
+                micro_batches=512,
+            ),
+        )
         for rc in ("auto", "never")
-    }  # fmt: skip
+    }
     assert not any(s.recompute for s in plans["auto"].stages)
     assert plans["never"].iteration_time_s <= plans["auto"].iteration_time_s * (1 + 1e-12)

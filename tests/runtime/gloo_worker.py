@@ -33,9 +33,7 @@ def main() -> None:
     jobs, out = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=TIMEOUT_S)
-    )
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=TIMEOUT_S))
     models: dict[tuple[str, tuple[str, ...], int], Rebuilt] = {}
     losses: dict[str, list[float]] = {}
     for job in jobs:
@@ -44,9 +42,12 @@ def main() -> None:
         if key not in models:
             models[key] = rebuild(plan)
         options = RunOptions(
-            steps=STEPS, optimizer="SGD", lr=LR, timeout_s=TIMEOUT_S,
+            steps=STEPS,
+            optimizer="SGD",
+            lr=LR,
+            timeout_s=TIMEOUT_S,
             save_checkpoint=str(out / job["name"]),
-        )  # fmt: skip
+        )
 
         def comm(groups: list[tuple[int, ...]]) -> Comm:
             return DistComm(TIMEOUT_S, groups)

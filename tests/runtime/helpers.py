@@ -34,14 +34,18 @@ def unsplit_reference(model: str, steps: int = STEPS) -> tuple[list[float], dict
 
 
 @functools.cache
-def cached_plan(
-    model: str, stages: int, schedule: str, virtual: int = 1, recompute: tuple[int, ...] = ()
-) -> Plan:
+def cached_plan(model: str, stages: int, schedule: str, virtual: int = 1, recompute: tuple[int, ...] = ()) -> Plan:
     file, kwargs = MODELS[model]
     m = max(4, schedule_spec(schedule).least_micro_batches(stages))  # dualpipe-v: 2 per rank
     return even_plan(
-        file, kwargs, stages=stages, schedule=schedule, virtual=virtual, micro_batches=m,
-        micro_batch_size=8 // m, recompute=recompute,  # the batch of 8 unsplit_reference trains
+        file,
+        kwargs,
+        stages=stages,
+        schedule=schedule,
+        virtual=virtual,
+        micro_batches=m,
+        micro_batch_size=8 // m,
+        recompute=recompute,  # the batch of 8 unsplit_reference trains
         reuse_trace=True,  # one trace per model and micro-batch size for all its plans
     )
 
@@ -50,9 +54,7 @@ def run_and_assemble(
     plan: Plan, tmp: Path, steps: int = STEPS, **kw: object
 ) -> tuple[RunResult, dict[str, torch.Tensor]]:
     folder = tmp / "ckpt"
-    opts = RunOptions(
-        steps=steps, optimizer="SGD", lr=LR, timeout_s=30, save_checkpoint=str(folder), **kw
-    )  # type: ignore[arg-type]
+    opts = RunOptions(steps=steps, optimizer="SGD", lr=LR, timeout_s=30, save_checkpoint=str(folder), **kw)  # type: ignore[arg-type]
     result = RunResult(tuple(run_threads(plan, opts, rebuilt_for(plan))))
     return result, assemble_state_dict(folder)
 

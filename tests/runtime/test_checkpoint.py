@@ -26,9 +26,7 @@ def test_resume_continues_bit_for_bit(tmp_path: Path) -> None:
     base = dict(optimizer="Adam", lr=1e-2, timeout_s=30)
     run_threads(plan, RunOptions(steps=4, save_checkpoint=str(tmp_path / "full"), **base))  # type: ignore[arg-type]
     run_threads(plan, RunOptions(steps=2, save_checkpoint=str(tmp_path / "half"), **base))  # type: ignore[arg-type]
-    resumed = RunOptions(
-        steps=2, resume=str(tmp_path / "half"), save_checkpoint=str(tmp_path / "end"), **base
-    )  # type: ignore[arg-type]
+    resumed = RunOptions(steps=2, resume=str(tmp_path / "half"), save_checkpoint=str(tmp_path / "end"), **base)  # type: ignore[arg-type]
     results = run_threads(plan, resumed)
     assert results[0].steps_done == 4
     full, end = assemble_state_dict(tmp_path / "full"), assemble_state_dict(tmp_path / "end")
@@ -125,7 +123,9 @@ def test_a_damaged_stage_file_is_one_line(damage: str, _checkpoint: Path, tmp_pa
 
 def test_a_damaged_meta_json_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "meta.json").write_text('{"fingerprint": "abc", "step": "4", "stages": 2}')
-    with pytest.raises(RuntimeFailure, match=r"meta.json is not a valid checkpoint file \(it needs fingerprint: a string, step"):
+    with pytest.raises(
+        RuntimeFailure, match=r"meta.json is not a valid checkpoint file \(it needs fingerprint: a string, step"
+    ):
         read_meta(tmp_path)
     (tmp_path / "meta.json").write_bytes(b"\xff\xfe")
     with pytest.raises(RuntimeFailure, match=r"meta.json is not a valid checkpoint file \((JSON|Unicode)DecodeError: "):

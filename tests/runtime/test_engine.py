@@ -86,9 +86,7 @@ def test_pipeline_training_equals_unsplit_training(
 def test_adam_matches_unsplit_training(tmp_path: Path) -> None:
     plan = cached_plan("skip", 2, "1f1b")
     file, kwargs = SKIP
-    ref_losses, ref_state = reference_training(
-        file, kwargs, steps=STEPS, batch_size=8, lr=1e-2, optimizer="Adam"
-    )
+    ref_losses, ref_state = reference_training(file, kwargs, steps=STEPS, batch_size=8, lr=1e-2, optimizer="Adam")
     opts = RunOptions(steps=STEPS, optimizer="Adam", lr=1e-2, save_checkpoint=str(tmp_path))
     result = RunResult(tuple(run_threads(plan, opts)))
     assert max(abs(a - b) for a, b in zip(result.losses, ref_losses, strict=True)) <= TOL

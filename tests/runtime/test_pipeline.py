@@ -69,8 +69,17 @@ def test_your_own_loop_equals_unsplit_training_and_checkpoints_through_the_pipe(
     pipes = []
     for rank in range(2):  # built one after the other: tracing is not thread-safe
         mine = _model()
-        pipes.append(pipeline(plan, mine.model, rank=rank, comm=_comm(hub, rank), device="cpu",
-                              example_inputs=mine.make_inputs(2), loss_fn=mine.loss_fn))  # fmt: skip
+        pipes.append(
+            pipeline(
+                plan,
+                mine.model,
+                rank=rank,
+                comm=_comm(hub, rank),
+                device="cpu",
+                example_inputs=mine.make_inputs(2),
+                loss_fn=mine.loss_fn,
+            )
+        )
 
     def work(rank: int) -> tuple[list[float], dict[str, torch.Tensor], Pipeline]:
         pipe = pipes[rank]
@@ -104,7 +113,9 @@ def test_bad_batches_and_ranks_get_one_line() -> None:
     with pytest.raises(RuntimeFailure, match=r"rank 5: the plan has ranks 0 to 1"):
         pipeline(plan, lm.model, rank=5, comm=lambda g: ThreadHub(2, 1.0).comm(0), example_inputs=lm.make_inputs(2))
     pipe = pipeline(plan, lm.model, rank=0, comm=lambda g: ThreadHub(2, 1.0).comm(0), example_inputs=lm.make_inputs(2))
-    with pytest.raises(RuntimeFailure, match=r"step 0's inputs have 6 samples .* not 8; give batches of plan.batch_size = 8"):
+    with pytest.raises(
+        RuntimeFailure, match=r"step 0's inputs have 6 samples .* not 8; give batches of plan.batch_size = 8"
+    ):
         pipe.step(lm.make_inputs(6))
     with pytest.raises(RuntimeFailure, match="rank 0 runs stages that read the model's inputs; pass the batch"):
         pipe.step(None, lm.make_targets(8))

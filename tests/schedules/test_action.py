@@ -76,9 +76,7 @@ def test_generated_round_trip(name: str) -> None:
 
 def test_format_schedule_grid() -> None:
     schedule = parse_schedule({0: ["0F0", "0F1", "-", "0B0"], 1: ["", "1F0", "1B0"]})
-    assert format_schedule(schedule) == (
-        "step    0    1    2    3\nrank 0  0F0  0F1  -    0B0\nrank 1  -    1F0  1B0"
-    )
+    assert format_schedule(schedule) == ("step    0    1    2    3\nrank 0  0F0  0F1  -    0B0\nrank 1  -    1F0  1B0")
     marked = format_schedule(schedule, mark=(1, 2))
     assert marked.splitlines()[2] == "rank 1  -    1F0 >1B0<"
 

@@ -78,9 +78,7 @@ def test_tiled_numbers_each_stage_and_kind_in_run_order() -> None:
     # codes 3 * stage + kind; short patterns, a long list run once (numbered by masks), none
     long = [3 * 7 + 2, 3 * 1, 3 * 7 + 2] * 7
     rows = tiled(((0,), 2), ((0, 1), 2), ((5,), 0), ((1, 2), 1), ((1,), -3), (long, 1), ((3, 23), 2))
-    assert rows[:8].tolist() == [
-        [0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 0, 3], [0, 1, 1], [0, 1, 2], [0, 2, 0]
-    ]
+    assert rows[:8].tolist() == [[0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 0, 3], [0, 1, 1], [0, 1, 2], [0, 2, 0]]
     assert rows[8:11].tolist() == [[7, 2, 0], [1, 0, 0], [7, 2, 1]]
     assert rows[-4:].tolist() == [[1, 0, 7], [7, 2, 14], [1, 0, 8], [7, 2, 15]]
     assert len(rows) == 8 + 21 + 4 and tiled().shape == (0, 3) and tiled(((1,), 0)).shape == (0, 3)

@@ -73,8 +73,20 @@ def test_names_and_preferences_are_unique() -> None:
     assert schedule_names() == tuple(IDS) == tuple(SCHEDULES)
     assert len(set(IDS)) == len(IDS)
     assert len({spec.preference for spec in SPECS}) == len(SPECS)
-    assert [spec.name for spec in search_order()] == ["1f1b", "zb-h1", "gpipe", "interleaved-1f1b", "zb-v", "v-half", "dualpipe-v", "v-min", "zb-h2"]
-    assert all(spec.searched for spec in search_order())  # every schedule is searched (v-half, v-min, dualpipe-v since issue 12)
+    assert [spec.name for spec in search_order()] == [
+        "1f1b",
+        "zb-h1",
+        "gpipe",
+        "interleaved-1f1b",
+        "zb-v",
+        "v-half",
+        "dualpipe-v",
+        "v-min",
+        "zb-h2",
+    ]
+    assert all(
+        spec.searched for spec in search_order()
+    )  # every schedule is searched (v-half, v-min, dualpipe-v since issue 12)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
@@ -88,7 +100,10 @@ def test_each_spec_lives_beside_its_create_schedule(spec: ScheduleSpec) -> None:
 def test_unknown_name_is_one_line() -> None:
     with pytest.raises(ScheduleError) as info:
         schedule_spec("pipedream")
-    assert str(info.value) == "unknown schedule 'pipedream'; use one of gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, dualpipe-v"
+    assert (
+        str(info.value)
+        == "unknown schedule 'pipedream'; use one of gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, dualpipe-v"
+    )
 
 
 def test_cli_schedule_choices_come_from_the_registry() -> None:
@@ -107,11 +122,15 @@ def test_actions_validate(spec: ScheduleSpec) -> None:
         schedule = spec.create_schedule(S, m, v)
         validate(schedule, S, m, v, spec.placement)
         kinds = {a.kind for actions in schedule.values() for a in actions if a is not None}
-        assert kinds == ({Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT} if spec.splits_backward else {Kind.FORWARD, Kind.BACKWARD})
+        assert kinds == (
+            {Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT} if spec.splits_backward else {Kind.FORWARD, Kind.BACKWARD}
+        )
         assert make_schedule(spec.name, S, m, v) == schedule
 
 
-@pytest.mark.parametrize("spec", [s for s in SPECS if not s.takes_virtual], ids=[s.name for s in SPECS if not s.takes_virtual])
+@pytest.mark.parametrize(
+    "spec", [s for s in SPECS if not s.takes_virtual], ids=[s.name for s in SPECS if not s.takes_virtual]
+)
 def test_single_chunk_schedules_refuse_virtual(spec: ScheduleSpec) -> None:
     with pytest.raises(ScheduleError, match="got virtual: 2"):
         spec.make(2, 4, 2)
@@ -205,11 +224,17 @@ def _split(ranks: tuple[int, ...]) -> Split:
     empty = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
     stages = tuple(
         StageModule(
-            index=j, rank=r, module=empty, inputs=("x",), outputs=("y",),
-            sources=(j - 1 if j else -1,), sends=((j + 1,) if j + 1 < n else (-2,),), params=(),
+            index=j,
+            rank=r,
+            module=empty,
+            inputs=("x",),
+            outputs=("y",),
+            sources=(j - 1 if j else -1,),
+            sends=((j + 1,) if j + 1 < n else (-2,),),
+            params=(),
         )
         for j, r in enumerate(ranks)
-    )  # fmt: skip
+    )
     return Split(stages, ("x",), ("y",), False, ())
 
 
@@ -230,7 +255,9 @@ def test_spec_simulator_and_routing_place_chunks_alike(spec: ScheduleSpec) -> No
 
 def test_a_plan_that_places_a_stage_elsewhere_is_refused() -> None:
     spec = schedule_spec("interleaved-1f1b")
-    with pytest.raises(PlanError, match="stage 1 of the plan is on device 0, but the interleaved-1f1b schedule runs it on device 1"):
+    with pytest.raises(
+        PlanError, match="stage 1 of the plan is on device 0, but the interleaved-1f1b schedule runs it on device 1"
+    ):
         plan_schedule(_plan(spec, 2, 2, 2, (0, 0, 1, 1)))
 
 

@@ -105,9 +105,7 @@ EXACT: list[tuple[str, int, int, int, dict[int, list[str]]]] = [
 
 
 @pytest.mark.parametrize(("name", "stages", "mbs", "virtual", "table"), EXACT)
-def test_exact_schedule(
-    name: str, stages: int, mbs: int, virtual: int, table: dict[int, list[str]]
-) -> None:
+def test_exact_schedule(name: str, stages: int, mbs: int, virtual: int, table: dict[int, list[str]]) -> None:
     assert to_table(make_schedule(name, stages, mbs, virtual)) == table
 
 
@@ -136,8 +134,6 @@ def test_generated_schedules_validate(name: str, stages: int, mbs: int, virtual:
     assert sum(len(actions) for actions in schedule.values()) == kinds * stages * virtual * mbs
 
 
-
-
 def test_unknown_schedule_lists_names() -> None:
     with pytest.raises(ScheduleError) as info:
         make_schedule("pipedream", 2, 2)
@@ -155,17 +151,13 @@ def test_interleaved_needs_divisible_microbatches() -> None:
     )
 
 
-@pytest.mark.parametrize(
-    "create", [gpipe.create_schedule, one_f_one_b.create_schedule, zb_h1.create_schedule]
-)
+@pytest.mark.parametrize("create", [gpipe.create_schedule, one_f_one_b.create_schedule, zb_h1.create_schedule])
 def test_single_chunk_schedules_reject_virtual(create: Callable[[int, int, int], Schedule]) -> None:
     with pytest.raises(ScheduleError, match=r"got virtual: 2"):
         create(2, 4, 2)
 
 
-@pytest.mark.parametrize(
-    ("stages", "mbs", "virtual"), [(0, 2, 1), (2, 0, 1), (2, 2, 0), (-1, 2, 1)]
-)
+@pytest.mark.parametrize(("stages", "mbs", "virtual"), [(0, 2, 1), (2, 0, 1), (2, 2, 0), (-1, 2, 1)])
 def test_sizes_must_be_positive(stages: int, mbs: int, virtual: int) -> None:
     with pytest.raises(ScheduleError, match="must be a positive integer"):
         make_schedule("1f1b", stages, mbs, virtual)

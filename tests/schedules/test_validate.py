@@ -51,8 +51,7 @@ INVALID: list[tuple[str, dict[int, list[str]], int, int, str, tuple[int, int] | 
         {0: ["0F0", "0B0", "0F1", "0B1"], 1: ["1F0", "1F1", "1B0", "1B1"]},
         2,
         2,
-        "deadlock: no rank can run its next step (rank 0 step 1: 0B0 waits for 1B0; "
-        "rank 1 step 1: 1F1 waits for 0F1)",
+        "deadlock: no rank can run its next step (rank 0 step 1: 0B0 waits for 1B0; rank 1 step 1: 1F1 waits for 0F1)",
         (0, 1),
     ),
     (

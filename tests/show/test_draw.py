@@ -32,26 +32,59 @@ MS = 1e-3
 
 
 def synthetic_plan(
-    devices: int, micro_batches: int, schedule: str = "1f1b", virtual: int = 1, recompute: tuple[int, ...] = (), first_b: float = 2 * MS
+    devices: int,
+    micro_batches: int,
+    schedule: str = "1f1b",
+    virtual: int = 1,
+    recompute: tuple[int, ...] = (),
+    first_b: float = 2 * MS,
 ) -> Plan:
     """A plan without a model or a search (stages where ``schedule`` places them): stage j forwards in (1 + j/10) ms, backwards in 2 ms
     (``first_b`` on stage 0: its input-gradient B), recomputes where told, holds 1 GiB static."""
     n = devices * virtual
     stages = tuple(
         StagePlan(
-            index=j, rank=schedule_spec(schedule).device_of(j, devices, virtual), blocks=(f"layers.{j}",), block_indices=(j,), nodes=(f"n{j}",), params=1000,
-            forward_s=(1 + j / 10) * MS, backward_s=first_b + MS if j == 0 else 3 * MS, backward_input_s=first_b if j == 0 else 2 * MS,
-            backward_weight_s=MS, recompute=j in recompute, memory_bytes=0.0, static_bytes=2.0**30, activation_bytes=2.0**28,
-            held_bytes=2.0**24 if j in recompute else 2.0**28, send_bytes=2.0**20 if j + 1 < n else 0.0,
+            index=j,
+            rank=schedule_spec(schedule).device_of(j, devices, virtual),
+            blocks=(f"layers.{j}",),
+            block_indices=(j,),
+            nodes=(f"n{j}",),
+            params=1000,
+            forward_s=(1 + j / 10) * MS,
+            backward_s=first_b + MS if j == 0 else 3 * MS,
+            backward_input_s=first_b if j == 0 else 2 * MS,
+            backward_weight_s=MS,
+            recompute=j in recompute,
+            memory_bytes=0.0,
+            static_bytes=2.0**30,
+            activation_bytes=2.0**28,
+            held_bytes=2.0**24 if j in recompute else 2.0**28,
+            send_bytes=2.0**20 if j + 1 < n else 0.0,
         )
         for j in range(n)
-    )  # fmt: skip
+    )
     return Plan(
-        model="synthetic", recipe=TraceRecipe(tracer="fx", fingerprint="fp"), profile_device="cpu", devices=devices,
-        virtual=virtual, schedule=schedule, micro_batches=micro_batches, micro_batch_size=1, batch_size=micro_batches,
-        memory_limit_bytes=4 * 2.0**30, link_bandwidth=25e9, link_latency_s=2e-5, recompute_policy="auto", stages=stages,
-        iteration_time_s=1.0, bubble_fraction=0.1, throughput=1.0, peak_memory_bytes=(2.0**31,) * devices, alternatives=(), baselines=(),
-    )  # fmt: skip
+        model="synthetic",
+        recipe=TraceRecipe(tracer="fx", fingerprint="fp"),
+        profile_device="cpu",
+        devices=devices,
+        virtual=virtual,
+        schedule=schedule,
+        micro_batches=micro_batches,
+        micro_batch_size=1,
+        batch_size=micro_batches,
+        memory_limit_bytes=4 * 2.0**30,
+        link_bandwidth=25e9,
+        link_latency_s=2e-5,
+        recompute_policy="auto",
+        stages=stages,
+        iteration_time_s=1.0,
+        bubble_fraction=0.1,
+        throughput=1.0,
+        peak_memory_bytes=(2.0**31,) * devices,
+        alternatives=(),
+        baselines=(),
+    )
 
 
 def draw(plan: Plan, path: Path) -> tuple[Canvas, Any, list[Box]]:
@@ -106,7 +139,9 @@ def test_a_zb_v_plan_is_drawn_as_a_v(tmp_path: Path) -> None:
     read back from the pixels of every action wide enough to hold one."""
     plan = synthetic_plan(4, 8, "zb-v", virtual=2)
     canvas, image, boxes = draw(plan, tmp_path / "t.png")
-    assert max(image.shape[:2]) <= 3000 and {(b.rank, b.stage) for b in boxes} == {(d, j) for d in range(4) for j in (d, 7 - d)}
+    assert max(image.shape[:2]) <= 3000 and {(b.rank, b.stage) for b in boxes} == {
+        (d, j) for d in range(4) for j in (d, 7 - d)
+    }
     seen = {(b.stage, b.kind) for b in boxes}
     assert len(seen) == 8 * 3  # F, B and W of all eight chunks
     checked: set[tuple[int, str]] = set()
@@ -140,7 +175,10 @@ def test_the_text_timeline_of_a_v_writes_the_up_leg_in_lower_case() -> None:
             assert letter == (box.kind.lower() if box.stage >= 4 else box.kind), box
             read += 1
     assert read >= 100
-    assert "[green underline]" in "".join(text_timeline(plan, timeline)) and "[underline]underlined[/]: chunks 4-7 (up the V)" in text_timeline(plan, timeline)[0]
+    assert (
+        "[green underline]" in "".join(text_timeline(plan, timeline))
+        and "[underline]underlined[/]: chunks 4-7 (up the V)" in text_timeline(plan, timeline)[0]
+    )
 
 
 def test_the_overlapped_pairs_of_dualpipe_v_have_a_bar_above(tmp_path: Path) -> None:
@@ -162,7 +200,12 @@ def test_the_overlapped_pairs_of_dualpipe_v_have_a_bar_above(tmp_path: Path) -> 
     first = min((b for b in boxes if b.rank == 0), key=lambda b: b.x0)  # 0F0: not in a pair
     col, row = canvas.pixel((first.x0 + first.x1) / 2, 1 + 0.365)
     assert not same(tuple(float(v) for v in image[row, col][:3]), to_rgb(PAIR_COLOUR))  # type: ignore[arg-type]
-    assert plan_frame(synthetic_plan(2, 6, "zb-v", virtual=2), plan_timeline(synthetic_plan(2, 6, "zb-v", virtual=2))).pairs == ()
+    assert (
+        plan_frame(
+            synthetic_plan(2, 6, "zb-v", virtual=2), plan_timeline(synthetic_plan(2, 6, "zb-v", virtual=2))
+        ).pairs
+        == ()
+    )
 
 
 def test_a_zero_length_action_is_still_seen(tmp_path: Path) -> None:
@@ -191,7 +234,10 @@ def test_the_text_timeline_writes_letters_for_a_pipe_and_digits_for_a_terminal()
     plan = synthetic_plan(2, 4, "zb-h1")
     timeline = plan_timeline(plan)
     piped = text_timeline(plan, timeline, letters=True)
-    assert piped[0].startswith("timeline (letter = kind") and [r.split(" │")[0] for r in piped[1:]] == ["device 0", "device 1"]
+    assert piped[0].startswith("timeline (letter = kind") and [r.split(" │")[0] for r in piped[1:]] == [
+        "device 0",
+        "device 1",
+    ]
     cells = "".join(r.split("│")[1] for r in piped[1:])
     assert {"F", "B", "W"} <= set(cells) and not set("0123456789") & set(cells.replace("[/]", ""))
     shown = text_timeline(plan, timeline)

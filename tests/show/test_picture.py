@@ -21,9 +21,18 @@ from autopipe.simulate.events import StageCost, simulate
 
 def costs(n: int) -> list[StageCost]:
     return [
-        StageCost(1.0 + 0.1 * j, 2.0, 1.0, 1.0, activation_bytes=10.0 + j, weight_grad_bytes=4.0, transient_bytes=3.0 * (j % 2), static_bytes=100.0)
+        StageCost(
+            1.0 + 0.1 * j,
+            2.0,
+            1.0,
+            1.0,
+            activation_bytes=10.0 + j,
+            weight_grad_bytes=4.0,
+            transient_bytes=3.0 * (j % 2),
+            static_bytes=100.0,
+        )
         for j in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def test_a_short_timeline_is_drawn_whole_with_recompute_as_its_own_kind() -> None:
@@ -33,7 +42,12 @@ def test_a_short_timeline_is_drawn_whole_with_recompute_as_its_own_kind() -> Non
     assert len(f.boxes) == len(t.actions) + 4  # stage 1's four B: R (0.5 s) then B
     r = [b for b in f.boxes if b.kind == RECOMPUTE]
     assert len(r) == 4 and all(b.stage == 1 and b.x1 - b.x0 == pytest.approx(0.5) for b in r)
-    assert all(b.x0 == at.start_s for b, at in zip([b for b in f.boxes if b.kind == "F"], [a for a in t.actions if a.action.kind == "F"], strict=True))
+    assert all(
+        b.x0 == at.start_s
+        for b, at in zip(
+            [b for b in f.boxes if b.kind == "F"], [a for a in t.actions if a.action.kind == "F"], strict=True
+        )
+    )
 
 
 def test_a_long_timeline_keeps_its_ends_and_counts_what_it_elides() -> None:
@@ -53,12 +67,16 @@ def test_a_long_timeline_keeps_its_ends_and_counts_what_it_elides() -> None:
     assert f.x_of((f.windows[0].end_s + f.windows[1].start_s) / 2) is None  # inside the elided middle
 
 
-@pytest.mark.parametrize(("name", "s", "m", "v"), [("1f1b", 4, 8, 1), ("zb-h1", 4, 8, 1), ("interleaved-1f1b", 2, 4, 2), ("gpipe", 3, 5, 1)])
+@pytest.mark.parametrize(
+    ("name", "s", "m", "v"), [("1f1b", 4, 8, 1), ("zb-h1", 4, 8, 1), ("interleaved-1f1b", 2, 4, 2), ("gpipe", 3, 5, 1)]
+)
 def test_memory_steps_peak_where_the_simulator_says(name: str, s: int, m: int, v: int) -> None:
     t = simulate(make_schedule(name, s, m, v), costs(s * v), devices=s)
     steps = memory_steps(t, costs(s * v), [j % s for j in range(s * v)])
     assert tuple(max(b for _, b in row) for row in steps) == t.peak_memory_bytes
-    assert all(row[0] == (0.0, 100.0 * v) and row[-1][1] == pytest.approx(100.0 * v) for row in steps)  # all freed at the end
+    assert all(
+        row[0] == (0.0, 100.0 * v) and row[-1][1] == pytest.approx(100.0 * v) for row in steps
+    )  # all freed at the end
     f = frame(t, s, [j // s for j in range(s * v)])
     line = sample(f, steps[0])
     assert line[0] == (0.0, 100.0 * v) and line[-1][0] == pytest.approx(f.width)

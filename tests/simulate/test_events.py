@@ -23,7 +23,6 @@ def run(name: str, s: int, m: int, v: int, f: float, b: float, w: float = 0.0) -
     return simulate(make_schedule(name, s, m, v), equal_costs(s * v, f, b, w), devices=s)
 
 
-
 SMALL = [(s, m) for s in range(1, 6) for m in range(1, 9)]
 TIMES = [(1.0, 2.0), (1.0, 1.0), (0.3, 0.7)]
 
@@ -84,8 +83,6 @@ def test_zb_h1_too_few_microbatches_is_worse() -> None:
     assert run("zb-h1", 2, 1, 1, 1.0, 1.0, 1.0).iteration_s == pytest.approx(5.0, abs=TOL)
 
 
-
-
 @pytest.mark.parametrize("m", [1, 2, 5])
 def test_gpipe_comm_adds_two_hops(m: int) -> None:
     # F crosses the boundary once on the way in, B once on the way out; every other transfer
@@ -119,8 +116,6 @@ def test_same_rank_hops_are_free() -> None:
     assert simulate(schedule, costs).bubble_fraction == pytest.approx(0.0, abs=TOL)
 
 
-
-
 def test_peak_memory_1f1b_hand_counted() -> None:
     # rank 0 runs 0F0 0F1 0B0 0B1: 100 -> 110 -> 120 -> (during 0B0: 123) -> 110 -> ... peak 123
     # rank 1 runs 1F0 1B0 1F1 1B1: 200 -> 220 -> (during 1B0: 227) -> 200 -> ... peak 227
@@ -138,11 +133,9 @@ def test_peak_memory_split_backward_hand_counted() -> None:
     # rank 0: 0F0 0F1 0B0 0W0 0B1 0W1: 100 110 120 (B: 123) 114 110 (B: 113) 104 100 -> 123
     # rank 1: 1F0 1B0 1F1 1B1 1W0 1W1: 200 220 (B: 227) 205 225 (B: 232) 210 205 200 -> 232
     costs = [
-        StageCost(1, 2, 1, 1, activation_bytes=10, weight_grad_bytes=4, transient_bytes=3,
-                  static_bytes=100),
-        StageCost(1, 2, 1, 1, activation_bytes=20, weight_grad_bytes=5, transient_bytes=7,
-                  static_bytes=200),
-    ]  # fmt: skip
+        StageCost(1, 2, 1, 1, activation_bytes=10, weight_grad_bytes=4, transient_bytes=3, static_bytes=100),
+        StageCost(1, 2, 1, 1, activation_bytes=20, weight_grad_bytes=5, transient_bytes=7, static_bytes=200),
+    ]
     schedule = make_schedule("zb-h1", 2, 2)
     assert [str(a) for a in schedule[1]] == ["1F0", "1B0", "1F1", "1B1", "1W0", "1W1"]
     t = simulate(schedule, costs)
@@ -156,14 +149,10 @@ def test_static_bytes_of_all_chunks_on_a_rank() -> None:
     assert t.peak_memory_bytes == (10 + 30, 20 + 40)
 
 
-
-
 def test_timeline_order_and_json() -> None:
     schedule = make_schedule("1f1b", 2, 2)
     t = simulate(schedule, equal_costs(2, 1.0, 2.0))
-    assert [(a.rank, a.action) for a in t.actions] == [
-        (r, a) for r in sorted(schedule) for a in schedule[r]
-    ]
+    assert [(a.rank, a.action) for a in t.actions] == [(r, a) for r in sorted(schedule) for a in schedule[r]]
     assert t.actions[0] == ActionTiming(Action(0, "F", 0), 0, 0.0, 1.0)
     assert json.loads(json.dumps(asdict(t)))["iteration_s"] == t.iteration_s
     assert simulate(schedule, equal_costs(2, 1.0, 2.0)) == t  # deterministic
@@ -194,9 +183,7 @@ def test_simulate_deadlock() -> None:
         (2, (), 1, r"rank 1 is outside 0..0 \(devices: 1\)"),
     ],
 )
-def test_simulate_bad_sizes(
-    costs: int, comm: tuple[float, ...], stages: int | None, match: str
-) -> None:
+def test_simulate_bad_sizes(costs: int, comm: tuple[float, ...], stages: int | None, match: str) -> None:
     with pytest.raises(ScheduleError, match=match):
         simulate(make_schedule("1f1b", 2, 2), equal_costs(costs, 1.0, 1.0), comm, devices=stages)
 

@@ -18,7 +18,18 @@ def random_costs(n: int, seed: int) -> list[StageCost]:
     for _ in range(n):
         f, b, w = rng.uniform(0, 2), rng.uniform(0, 3), rng.uniform(0, 1)
         act = rng.uniform(1, 100)
-        out.append(StageCost(f, b + w, b, w, act, weight_grad_bytes=act * rng.random(), transient_bytes=rng.choice([0.0, act]), static_bytes=rng.uniform(0, 1e3)))
+        out.append(
+            StageCost(
+                f,
+                b + w,
+                b,
+                w,
+                act,
+                weight_grad_bytes=act * rng.random(),
+                transient_bytes=rng.choice([0.0, act]),
+                static_bytes=rng.uniform(0, 1e3),
+            )
+        )
     return out
 
 

@@ -58,7 +58,19 @@ def here_and_in_python(fn: object) -> tuple[object, object]:
 
 
 def arrays(c: CompiledSchedule) -> list[list[object]]:
-    fields = (c.rank, c.stage, c.kind, c.split, c.deps, c.hop, c.duration, c.rows, c.offsets, c.home_array, *c.rank_lists)
+    fields = (
+        c.rank,
+        c.stage,
+        c.kind,
+        c.split,
+        c.deps,
+        c.hop,
+        c.duration,
+        c.rows,
+        c.offsets,
+        c.home_array,
+        *c.rank_lists,
+    )
     return [[c.ranks, c.num_stages, c.home, c.splits_backward], *(x.tolist() for x in fields)]
 
 
@@ -132,11 +144,17 @@ def test_the_extension_checks_buffer_sizes_instead_of_reading_past_them() -> Non
 
     one, i32, none = np.zeros(1, np.int64), np.zeros(1, np.int32), np.full(2, -1, np.int32)
     with pytest.raises(ValueError, match="offsets has 8 bytes, expected 24"):
-        _simcore.order(np.zeros(3, np.int64), one, one, 2, 1, 1, False, i32, i32, i32, none, none, i32, i32, np.zeros(1, np.bool_))
+        _simcore.order(
+            np.zeros(3, np.int64), one, one, 2, 1, 1, False, i32, i32, i32, none, none, i32, i32, np.zeros(1, np.bool_)
+        )
     with pytest.raises(ValueError, match="dep has 4 bytes, expected 8"):
-        _simcore.run(i32, i32, i32, none, np.zeros(8), np.zeros(0), 1, 1, np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1))
+        _simcore.run(
+            i32, i32, i32, none, np.zeros(8), np.zeros(0), 1, 1, np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1)
+        )
     with pytest.raises(ValueError, match="an index is out of range"):  # dur 9 of 8 durations
-        _simcore.run(i32, i32 + 9, none, none, np.zeros(8), np.zeros(0), 1, 1, np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1))
+        _simcore.run(
+            i32, i32 + 9, none, none, np.zeros(8), np.zeros(0), 1, 1, np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1)
+        )
     with pytest.raises(ValueError, match="costs has 8 bytes, expected 64"):
         _simcore.memory(np.zeros(3, np.int64), np.array([0, 1]), one, False, np.zeros(1), 1, 1, np.zeros(1))
 
@@ -147,7 +165,9 @@ def test_the_environment_switches_the_c_core_off(monkeypatch: pytest.MonkeyPatch
         importlib.reload(native)
         assert not native.enabled() and not native.in_use(native.SIMULATOR)
         c = compile_lists(schedule_spec("zb-h1").lists(3, 4), 3)  # the Python loops
-        assert simulate_summary(c, [StageCost(1.0, 2.0, 1.0, 1.0, 1.0)] * 3).iteration_s == pytest.approx(3 * 4 + 3 - 1)  # ZB-H1: 3m + S - 1
+        assert simulate_summary(c, [StageCost(1.0, 2.0, 1.0, 1.0, 1.0)] * 3).iteration_s == pytest.approx(
+            3 * 4 + 3 - 1
+        )  # ZB-H1: 3m + S - 1
     finally:
         monkeypatch.delenv("AUTOPIPE_NO_SIMCORE")
         importlib.reload(native)

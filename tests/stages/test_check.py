@@ -51,8 +51,12 @@ def _rename_node(stages: list[StagePlan]) -> None:
 def _drop_last_block(stages: list[StagePlan]) -> None:
     st = stages[1]
     cut = len(st.blocks) - 1
-    stages[1] = dataclasses.replace(st, blocks=st.blocks[:cut], block_indices=st.block_indices[:cut],
-                                    nodes=tuple(n for n in st.nodes if n not in {"head"}))  # fmt: skip
+    stages[1] = dataclasses.replace(
+        st,
+        blocks=st.blocks[:cut],
+        block_indices=st.block_indices[:cut],
+        nodes=tuple(n for n in st.nodes if n not in {"head"}),
+    )
 
 
 def _swap(stages: list[StagePlan]) -> None:
@@ -63,7 +67,9 @@ def _swap(stages: list[StagePlan]) -> None:
 
 def _twice(stages: list[StagePlan]) -> None:
     a, b = stages
-    stages[1] = dataclasses.replace(b, blocks=(a.blocks[-1], *b.blocks), block_indices=(a.block_indices[-1], *b.block_indices))
+    stages[1] = dataclasses.replace(
+        b, blocks=(a.blocks[-1], *b.blocks), block_indices=(a.block_indices[-1], *b.block_indices)
+    )
 
 
 def _reverse(stages: list[StagePlan]) -> None:
@@ -80,11 +86,19 @@ def _rename_block(stages: list[StagePlan]) -> None:
 
 
 CASES = [
-    ("a stage cut in the middle of a block", _move_node, "stage 0 has node 'layers_2_0' of block 2 ('layers.2.0'), which is on another stage"),
+    (
+        "a stage cut in the middle of a block",
+        _move_node,
+        "stage 0 has node 'layers_2_0' of block 2 ('layers.2.0'), which is on another stage",
+    ),
     ("a node missing", _drop_last_node, "stage 1 lacks node 'head' of its block 3 ('head'): a block cut in the middle"),
     ("an unknown node", _rename_node, "stage 1 has node 'nope', which the model does not have"),
     ("blocks on no stage", _drop_last_block, "1 block(s) of the model are on no stage ('head')"),
-    ("stages out of order", _swap, "stage 0 holds block 2 ('layers.2.0'), which reads block 1 ('layers.1.0') of the later stage 1"),
+    (
+        "stages out of order",
+        _swap,
+        "stage 0 holds block 2 ('layers.2.0'), which reads block 1 ('layers.1.0') of the later stage 1",
+    ),
     ("a block twice", _twice, "stage 1 holds block 1 ('layers.1.0'), which stage 0 holds too"),
     ("blocks out of order", _reverse, "stage 1 lists block 2 after block 3: a stage's blocks go in the model's order"),
     ("a block the model lacks", _beyond, "stage 1 holds block 99, but the model has 4 blocks (0 .. 3)"),
@@ -93,7 +107,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("edit", "message"), [pytest.param(e, m, id=name) for name, e, m in CASES])
-def test_a_plan_that_does_not_fit_its_model_names_the_stage(edit: Callable[[list[StagePlan]], None], message: str) -> None:
+def test_a_plan_that_does_not_fit_its_model_names_the_stage(
+    edit: Callable[[list[StagePlan]], None], message: str
+) -> None:
     plan, traced = _base()
     with pytest.raises(PlanError) as e:
         check_plan(_with_stages(plan, edit), traced)
@@ -112,7 +128,9 @@ def test_the_good_plan_passes_and_another_models_plan_does_not() -> None:
 
 def test_the_hint_stays_on_one_line() -> None:
     plan, _ = _base()
-    odd = dataclasses.replace(plan, recipe=dataclasses.replace(plan.recipe, model_file="a b\nc.py", model_kwargs=("x='1'",)))
+    odd = dataclasses.replace(
+        plan, recipe=dataclasses.replace(plan.recipe, model_file="a b\nc.py", model_kwargs=("x='1'",))
+    )
     hint = replan_hint(odd)
     assert "\n" not in hint and "a b\\nc.py" in hint and hint.startswith("plan again with ")
 

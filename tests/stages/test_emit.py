@@ -78,8 +78,9 @@ def emitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, o
     out = {}
     for model, stages, virtual, tracer in CASES:
         name = f"{model[:-3]}-{stages}x{virtual}-{tracer}"
-        plan = even_plan(model, stages=stages, virtual=virtual, tracer=tracer,
-                         schedule="interleaved-1f1b" if virtual > 1 else "1f1b")  # fmt: skip
+        plan = even_plan(
+            model, stages=stages, virtual=virtual, tracer=tracer, schedule="interleaved-1f1b" if virtual > 1 else "1f1b"
+        )
         folder = base / name / "stages"
         emit(plan, folder)
         out[name] = (folder, plan)
@@ -129,8 +130,12 @@ def test_emitted_source_passes_ruff_with_the_repositorys_settings(emitted: dict[
         pytest.skip("ruff is not installed (pip install -e '.[dev]')")
     root = Path(__file__).resolve().parents[2]
     folders = sorted({str(folder) for folder, _ in emitted.values()})
-    result = subprocess.run([str(ruff), "check", "--config", str(root / "pyproject.toml"), "--no-cache", *folders],
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [str(ruff), "check", "--config", str(root / "pyproject.toml"), "--no-cache", *folders],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0 and "All checks passed!" in result.stdout, result.stdout + result.stderr
     assert sum(1 for f in folders for _ in Path(f).glob("*/stage.py")) >= 2 * len(CASES)  # every stage was linted
 
@@ -161,7 +166,10 @@ def test_refuses_non_empty_folder(tmp_path: Path, capsys: pytest.CaptureFixture[
     code = main(["emit", str(plan_file), "-o", str(dest)])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.strip() == f"autopipe: error: {dest} is not empty (1 entries); emit into a new folder or pass --force to replace it"
+    assert (
+        err.strip()
+        == f"autopipe: error: {dest} is not empty (1 entries); emit into a new folder or pass --force to replace it"
+    )
     assert [p.name for p in dest.iterdir()] == ["keep.txt"] and (dest / "keep.txt").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left behind
     assert main(["emit", str(plan_file), "-o", str(dest), "--force"]) == 0
@@ -271,7 +279,9 @@ def test_emitted_hugging_face_stages_take_any_micro_batch_size_and_honour_eval(
     attention dropout off), dropout on in train mode; outputs named as the model names them."""
     from tests.fixtures import hf_zoo
 
-    plan = even_plan(str(FIXTURES / "hf_zoo.py"), {"arch": arch, "dropout": dropout}, stages=2, micro_batch_size=micro_batch_size)
+    plan = even_plan(
+        str(FIXTURES / "hf_zoo.py"), {"arch": arch, "dropout": dropout}, stages=2, micro_batch_size=micro_batch_size
+    )
     manifest = emit(plan, tmp_path / "stages")
     assert manifest["tracer"] == "export" and manifest["shapes_note"] == ""
     assert all(dims[:1] == [0] for dims in manifest["symbolic_dims"].values())  # the batch dim is free
@@ -279,15 +289,21 @@ def test_emitted_hugging_face_stages_take_any_micro_batch_size_and_honour_eval(
     assert [o["name"] for o in manifest["outputs"]] == want
     assert manifest["inputs"][0]["shape"][0] == micro_batch_size  # shapes at the plan's size
     sent = [t["value"] for t in manifest["transfers"]]
-    assert sent and not any(re.fullmatch(r"[a-z_]+_\d+", v) and v.split("_")[0] in ("add", "to", "mul", "view") for v in sent), sent
+    assert sent and not any(
+        re.fullmatch(r"[a-z_]+_\d+", v) and v.split("_")[0] in ("add", "to", "mul", "view") for v in sent
+    ), sent
     batch = hf_zoo.example_inputs(3, arch)
     torch.save(batch, tmp_path / "batch.pt")
     (tmp_path / "chain.py").write_text(HF_CHAIN)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     proc = subprocess.run(
         [sys.executable, "-I", "chain.py", str(tmp_path / "stages"), "batch.pt", "out.pt"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = torch.load(tmp_path / "out.pt")
     model = rebuild_model(plan).model.eval()  # type: ignore[arg-type]
@@ -302,7 +318,11 @@ def test_emitted_hugging_face_stages_take_any_micro_batch_size_and_honour_eval(
 
 def test_progress_tells_each_step_and_every_stage(tmp_path: Path) -> None:
     calls: list[tuple[str, int, int]] = []
-    emit(even_plan("mlp.py", stages=3), tmp_path / "out", progress=lambda what, done, total: calls.append((what, done, total)))
+    emit(
+        even_plan("mlp.py", stages=3),
+        tmp_path / "out",
+        progress=lambda what, done, total: calls.append((what, done, total)),
+    )
     assert calls == [
         ("rebuilding the model", 0, 0),
         ("tracing and splitting the model", 0, 0),

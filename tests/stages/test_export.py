@@ -55,7 +55,10 @@ def _run_ranks(worker: str, world: int, out: Path, *extra: str, timeout: float =
     procs = [
         subprocess.Popen(
             [sys.executable, str(HERE / worker), str(r), str(world), port, str(out / f"rank{r}.pt"), *extra],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for r in range(world)
     ]
@@ -186,7 +189,9 @@ def test_hugging_face_models_train_through_both_engines_as_one_process(tmp_path:
     unsplit model's per-step losses (1e-5 relative) and weights."""
     paths = []
     for arch in HF_ARCHS:
-        plan = even_plan(str(FIXTURES / "hf_zoo.py"), {"arch": arch}, stages=2, micro_batches=2, micro_batch_size=2, reuse_trace=True)
+        plan = even_plan(
+            str(FIXTURES / "hf_zoo.py"), {"arch": arch}, stages=2, micro_batches=2, micro_batch_size=2, reuse_trace=True
+        )
         plan.save(tmp_path / f"{arch}.json")
         paths.append(str(tmp_path / f"{arch}.json"))
     got = _run_ranks("hf_export_worker.py", 2, tmp_path, *paths, timeout=400)
@@ -217,7 +222,10 @@ def test_pipeline_inputs_flatten_the_batch_as_the_first_stage_takes_it() -> None
     assert pipeline_inputs(first, {"attention_mask": b, "input_ids": a}) == (a, b)  # graph order, not dict order
     assert pipeline_inputs(first, (a, b)) == (a, b)
     assert pipeline_inputs([Stage(False, ("h",))], {"input_ids": a}) == ()  # other ranks take nothing
-    with pytest.raises(PlanError, match=r"the batch has no input 'attention_mask' .*give every input the model was traced with: input_ids, attention_mask"):
+    with pytest.raises(
+        PlanError,
+        match=r"the batch has no input 'attention_mask' .*give every input the model was traced with: input_ids, attention_mask",
+    ):
         pipeline_inputs(first, {"input_ids": a})
     with pytest.raises(PlanError, match="the batch has 1 values where the model was traced with 2 tensor inputs"):
         pipeline_inputs(first, a)
@@ -236,15 +244,34 @@ def test_readme_export_script_runs_as_written_on_a_hugging_face_model(tmp_path: 
     """The README's train_pp.py, verbatim, on 2 gloo ranks (torchrun's environment) with T5:
     dict inputs, a ModelOutput, tied embeddings; its first loss is the unsplit model's."""
     # T5's trace is the five-architecture test's (reuse_trace; this module runs on one worker)
-    plan = even_plan(str(FIXTURES / "hf_zoo.py"), {"arch": "t5"}, stages=2, micro_batches=2, micro_batch_size=2, reuse_trace=True)
+    plan = even_plan(
+        str(FIXTURES / "hf_zoo.py"), {"arch": "t5"}, stages=2, micro_batches=2, micro_batch_size=2, reuse_trace=True
+    )
     plan.save(tmp_path / "plan.json")
     (tmp_path / "train_pp.py").write_text(_readme_block("**Export it**"))
     port = str(_free_port())
     procs = []
     for r in range(2):
-        env = {**os.environ, "PYTHONPATH": str(HERE.parents[1]), "OMP_NUM_THREADS": "1", "RANK": str(r),
-               "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, "train_pp.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(HERE.parents[1]),
+            "OMP_NUM_THREADS": "1",
+            "RANK": str(r),
+            "LOCAL_RANK": str(r),
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "train_pp.py"],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = []
     try:
         for p in procs:
@@ -261,6 +288,9 @@ def test_readme_export_script_runs_as_written_on_a_hugging_face_model(tmp_path: 
     loaded = rebuild_model(plan)
     x, y = loaded.make_inputs(plan.batch_size), loaded.make_targets(plan.batch_size)  # type: ignore[misc]
     with torch.no_grad():
-        halves = [loaded.loss_fn(call_model(loaded.model, {k: v.chunk(2)[i] for k, v in x.items()}), y.chunk(2)[i]) for i in range(2)]  # type: ignore[union-attr]
+        halves = [
+            loaded.loss_fn(call_model(loaded.model, {k: v.chunk(2)[i] for k, v in x.items()}), y.chunk(2)[i])
+            for i in range(2)
+        ]  # type: ignore[union-attr]
     assert abs(losses[0] - float(sum(halves)) / 2) <= 1e-5 * losses[0]
     assert losses[2] < losses[0]

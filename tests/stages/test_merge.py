@@ -79,7 +79,10 @@ def test_weights_outside_the_folder_are_refused(stages: Path, name: str) -> None
         m["stages"][0]["weights"] = name
 
     _edit(stages, point)
-    _refused(stages, f"{{root}}/manifest.json names weights file {name!r} outside the folder; merge reads only files inside {{root}}")
+    _refused(
+        stages,
+        f"{{root}}/manifest.json names weights file {name!r} outside the folder; merge reads only files inside {{root}}",
+    )
 
 
 def test_a_symlink_out_of_the_folder_is_refused(stages: Path) -> None:
@@ -96,13 +99,21 @@ def test_truncated_and_garbage_weights(stages: Path) -> None:
     weights = stages / "stage0" / "weights.pt"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
-    with pytest.raises(EmitError, match=r"^weights file .*stage0/weights.pt is truncated or not a tensor file \(.+\); emit the stages again$"):
+    with pytest.raises(
+        EmitError,
+        match=r"^weights file .*stage0/weights.pt is truncated or not a tensor file \(.+\); emit the stages again$",
+    ):
         merge_state_dict(stages)
     weights.write_bytes(random.Random(0).randbytes(4096))
-    with pytest.raises(EmitError, match=r"^weights file .*stage0/weights.pt is truncated or not a tensor file \(.+\); emit the stages again$"):
+    with pytest.raises(
+        EmitError,
+        match=r"^weights file .*stage0/weights.pt is truncated or not a tensor file \(.+\); emit the stages again$",
+    ):
         merge_state_dict(stages)
     torch.save([torch.zeros(1)], weights)
-    _refused(stages, "weights file {root}/stage0/weights.pt does not hold a dict of named tensors; emit the stages again")
+    _refused(
+        stages, "weights file {root}/stage0/weights.pt does not hold a dict of named tensors; emit the stages again"
+    )
 
 
 @pytest.mark.parametrize("how", ["torch.save", "pickle"])
@@ -146,16 +157,34 @@ def test_shape_and_dtype_are_checked(stages: Path) -> None:
     [
         (lambda m: m["stages"][0]["tensors"][0].pop("shape"), "stages[0].tensors[0].shape is missing"),
         (lambda m: m.pop("state_dict"), "state_dict is missing"),
-        (lambda m: m.update(state_dict="layers.0.weight"), 'state_dict must be a list of names (got "layers.0.weight")'),
+        (
+            lambda m: m.update(state_dict="layers.0.weight"),
+            'state_dict must be a list of names (got "layers.0.weight")',
+        ),
         (lambda m: m.update(stages=[1]), "stages must be a list of stage objects (got [1])"),
-        (lambda m: m["stages"][1]["tensors"][0].update(shape=[-1]), "stages[1].tensors[0].shape must be a list of sizes (got [-1])"),
-        (lambda m: m["stages"][0]["tensors"][0].update(persistent="yes"), 'stages[0].tensors[0].persistent must be true or false (got "yes")'),
+        (
+            lambda m: m["stages"][1]["tensors"][0].update(shape=[-1]),
+            "stages[1].tensors[0].shape must be a list of sizes (got [-1])",
+        ),
+        (
+            lambda m: m["stages"][0]["tensors"][0].update(persistent="yes"),
+            'stages[0].tensors[0].persistent must be true or false (got "yes")',
+        ),
         (lambda m: m["stages"][0].update(weights=7), "stages[0].weights must be a file name or null (got 7)"),
         (lambda m: m.update(unused={"file": "unused.pt"}), "unused.names is missing"),
-        (lambda m: m["stages"][0]["tensors"][1].update(dtype='q"""\n'), 'stages[0].tensors[1].dtype must be a dtype name like float32 (got "q\\"\\"\\"\\n")'),
-        (lambda m: m["stages"][0]["tensors"][0].update(name="a\nb"), 'stages[0].tensors[0].name must be a name (got "a\\nb")'),
-        (lambda m: m["stages"][0].update(weights="stage0/\x00.pt"), 'stages[0].weights must be a file name or null (got "stage0/\\u0000.pt")'),
-        (lambda m: m["state_dict"].append("x\ry"), 'state_dict must be a list of names (got ['),
+        (
+            lambda m: m["stages"][0]["tensors"][1].update(dtype='q"""\n'),
+            'stages[0].tensors[1].dtype must be a dtype name like float32 (got "q\\"\\"\\"\\n")',
+        ),
+        (
+            lambda m: m["stages"][0]["tensors"][0].update(name="a\nb"),
+            'stages[0].tensors[0].name must be a name (got "a\\nb")',
+        ),
+        (
+            lambda m: m["stages"][0].update(weights="stage0/\x00.pt"),
+            'stages[0].weights must be a file name or null (got "stage0/\\u0000.pt")',
+        ),
+        (lambda m: m["state_dict"].append("x\ry"), "state_dict must be a list of names (got ["),
     ],
 )
 def test_a_broken_manifest_is_one_line(stages: Path, change: Callable[[dict[str, Any]], None], message: str) -> None:
@@ -191,9 +220,10 @@ def test_unused_state_is_checked(tmp_path: Path) -> None:
         torch.save({t["original"][0]: state[t["name"]]}, folder / "unused.pt")
         st["tensors"].remove(t)
         manifest["unused"] = {
-            "file": "unused.pt", "names": t["original"],
+            "file": "unused.pt",
+            "names": t["original"],
             "tensors": [{"name": t["original"][0], "shape": [1], "dtype": t["dtype"]}],
-        }  # fmt: skip
+        }
         (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(EmitError, match=r"unused.pt: .* is \(.*\) float32, the manifest says \(1,\) float32"):
         merge_state_dict(folder)

@@ -30,7 +30,9 @@ def _with(plan: Plan, **recipe: object) -> Plan:
 def test_rebuilds_with_the_recorded_kwargs_seeded(plan: Plan) -> None:
     a, b = rebuild_model(plan), rebuild_model(plan)
     assert a.model.head.in_features == 8
-    assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values(), strict=True)
+    )
     assert all(p.is_meta for p in rebuild_model(plan, meta=True).model.parameters())
 
 
@@ -45,7 +47,9 @@ def _one_line_error(plan: Plan, tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 @pytest.mark.parametrize("model_file", ["", "<model>"])
-def test_a_plan_of_an_in_memory_module_says_how_to_use_it(plan: Plan, model_file: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_plan_of_an_in_memory_module_says_how_to_use_it(
+    plan: Plan, model_file: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     mem = _with(plan, model_file=model_file, factory="MLP", model_kwargs=())
     with pytest.raises(PlanError, match="from an in-memory MLP module"):
         check_rebuildable(mem)
@@ -53,7 +57,9 @@ def test_a_plan_of_an_in_memory_module_says_how_to_use_it(plan: Plan, model_file
     assert "autopipe.pipeline(plan, model)" in err and "autopipe.emit(plan, model, folder" in err
 
 
-def test_an_older_in_memory_plan_naming_a_class_without_kwargs(plan: Plan, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_older_in_memory_plan_naming_a_class_without_kwargs(
+    plan: Plan, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # autopipe.plan(model, ...) used to record the module's class and file, without kwargs
     old = _with(plan, factory="MLP", model_kwargs=())
     check_rebuildable(old)  # nothing to tell without importing the file
@@ -71,10 +77,14 @@ def test_a_kwarg_the_factory_now_needs(tmp_path: Path, capsys: pytest.CaptureFix
     source = (FIXTURES / "good_mlp.py").read_text()
     (tmp_path / "m.py").write_text(source)
     plan = even_plan(str(tmp_path / "m.py"))
-    (tmp_path / "m.py").write_text(source.replace("def build_model(width: int = 16,", "def build_model(width: int, scale: int,"))
+    (tmp_path / "m.py").write_text(
+        source.replace("def build_model(width: int = 16,", "def build_model(width: int, scale: int,")
+    )
     err = _one_line_error(plan, tmp_path, capsys)
     assert "build_model() in" in err and "needs width, scale, which the plan does not record" in err
-    assert err.rstrip().endswith(f"plan it again: autopipe plan {tmp_path / 'm.py'}:build_model -k width=VALUE -k scale=VALUE")
+    assert err.rstrip().endswith(
+        f"plan it again: autopipe plan {tmp_path / 'm.py'}:build_model -k width=VALUE -k scale=VALUE"
+    )
 
 
 @pytest.mark.parametrize(
@@ -86,13 +96,17 @@ def test_a_kwarg_the_factory_now_needs(tmp_path: Path, capsys: pytest.CaptureFix
         ({"factory": "build model"}, "the plan's factory 'build model' is not a Python function name"),
     ],
 )
-def test_a_damaged_recipe(plan: Plan, recipe: dict[str, object], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_damaged_recipe(
+    plan: Plan, recipe: dict[str, object], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(PlanFileError, match=message):
         rebuild_model(_with(plan, **recipe))
     assert message in _one_line_error(_with(plan, **recipe), tmp_path, capsys)
 
 
-def test_a_model_that_no_longer_traces_is_told_to_plan_again(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_model_that_no_longer_traces_is_told_to_plan_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """run/emit have no --leaf: tracing advice is for autopipe plan, and the message says so."""
     model = tmp_path / "net.py"
     model.write_text((FIXTURES / "control_flow.py").read_text().replace("if x.sum() > 0:", "if True:"))
@@ -101,5 +115,7 @@ def test_a_model_that_no_longer_traces_is_told_to_plan_again(tmp_path: Path, cap
     model.write_text((FIXTURES / "control_flow.py").read_text())  # changed since: no tracer follows it now
     assert main(["emit", str(tmp_path / "plan.json"), "-o", str(tmp_path / "stages")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("autopipe: error: the model no longer traces as it did when planned: ") and err.count("\n") == 1
+    assert (
+        err.startswith("autopipe: error: the model no longer traces as it did when planned: ") and err.count("\n") == 1
+    )
     assert err.rstrip().endswith(f"when it is fixed, plan again with 'autopipe plan {model}'")

@@ -63,9 +63,19 @@ def test_plan_strings_never_run_when_stages_import(tmp_path: Path) -> None:
     (tmp_path / "check.py").write_text(CHECK)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     proc = subprocess.run(
-        [sys.executable, "-I", str(tmp_path / "check.py"), str(tmp_path / "stages"), str(tmp_path / "x.pt"), str(marker)],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-I",
+            str(tmp_path / "check.py"),
+            str(tmp_path / "stages"),
+            str(tmp_path / "x.pt"),
+            str(marker),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not report["marker"] and not marker.exists()

@@ -12,13 +12,13 @@ from autopipe.errors import ModelLoadError
 from autopipe.model.load import load_model
 from autopipe.runtime.run.data import BatchSource
 
-BASE = '''
+BASE = """
 import torch
 def build_model():
     return torch.nn.Linear(3, 1)
 def example_inputs(batch_size):
     return torch.ones(batch_size, 3)
-'''
+"""
 
 
 def _source(tmp_path: Path, body: str, batch_size: int = 4) -> tuple[BatchSource, list[str]]:
@@ -28,12 +28,12 @@ def _source(tmp_path: Path, body: str, batch_size: int = 4) -> tuple[BatchSource
     return BatchSource(load_model(str(path)), batch_size, seed=3, note=notes.append), notes
 
 
-SHUFFLED = '''
+SHUFFLED = """
 from torch.utils.data import DataLoader, TensorDataset
 def train_data(batch_size):
     x = torch.arange(12.0).repeat_interleave(3).view(12, 3)
     return DataLoader(TensorDataset(x, x[:, 0]), batch_size=batch_size, shuffle=True, drop_last=True)
-'''
+"""
 
 
 def test_train_data_is_the_same_whatever_the_global_rng_does_and_cycles(tmp_path: Path) -> None:
@@ -63,15 +63,22 @@ def test_without_train_data_each_step_seeds_example_inputs(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ("def train_data(batch_size):\n    return [torch.ones(batch_size, 3)]",
-         r"batch 0 of train_data\(\) in .*m\.py is a Tensor; yield \(inputs, targets\) pairs"),
-        ("def train_data(batch_size):\n    return [(torch.ones(3, 3), None)]",
-         r"batch 0 of train_data\(\) in .*m\.py has 3 samples in its inputs, the plan's batch size is 4; .*drop_last=True"),
+        (
+            "def train_data(batch_size):\n    return [torch.ones(batch_size, 3)]",
+            r"batch 0 of train_data\(\) in .*m\.py is a Tensor; yield \(inputs, targets\) pairs",
+        ),
+        (
+            "def train_data(batch_size):\n    return [(torch.ones(3, 3), None)]",
+            r"batch 0 of train_data\(\) in .*m\.py has 3 samples in its inputs, the plan's batch size is 4; .*drop_last=True",
+        ),
         ("def train_data(batch_size):\n    return []", r"train_data\(4\) in .*m\.py yielded no batches"),
         ("def train_data(batch_size):\n    return 5", r"train_data\(4\) in .*m\.py returned a int; return an iterable"),
-        ("def train_data(batch_size):\n    raise OSError('no such corpus')", r"train_data\(4\) raised OSError: no such corpus"),
+        (
+            "def train_data(batch_size):\n    raise OSError('no such corpus')",
+            r"train_data\(4\) raised OSError: no such corpus",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_train_data_gets_one_line(tmp_path: Path, body: str, message: str) -> None:
     with pytest.raises(ModelLoadError, match=message):
         source, _ = _source(tmp_path, body)

@@ -78,8 +78,14 @@ def _gloo_launch(ranks: int, root: Path) -> Path:
     (root / "jobs.json").write_text(json.dumps(jobs))
     port, procs, logs = free_port(), [], []
     for rank in range(ranks):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}  # fmt: skip
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(ranks),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
         logs.append(root / f"log-{rank}.txt")
         with open(logs[-1], "wb") as log:
             cmd = [sys.executable, "-m", "tests.runtime.gloo_worker", str(root / "jobs.json"), str(root)]
@@ -106,9 +112,7 @@ def test_gloo_processes_equal_unsplit_training(
     out = _gloo_launch(ranks, _shared_dir(tmp_path_factory, ranks))
     losses = {}
     for r in range(ranks):
-        losses.update(
-            {k: v for k, v in json.loads((out / f"losses-{r}.json").read_text()).items() if v}
-        )
+        losses.update({k: v for k, v in json.loads((out / f"losses-{r}.json").read_text()).items() if v})
     ref_losses, ref_state = unsplit_reference(model)
     name = _job_name(job)
     assert max(abs(a - b) for a, b in zip(losses[name], ref_losses, strict=True)) <= TOL
@@ -127,8 +131,13 @@ def _shared_dir(factory: pytest.TempPathFactory, ranks: int) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("fault", "message"), [("raise:1", "rank 1 failed: RuntimeError: boom (tests/fixtures/faulty.py:"),
-                                                ("kill:1", "rank 1 failed: killed by SIGKILL")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("raise:1", "rank 1 failed: RuntimeError: boom (tests/fixtures/faulty.py:"),
+        ("kill:1", "rank 1 failed: killed by SIGKILL"),
+    ],
+)
 def test_a_failing_rank_ends_the_run_naming_it(
     fault: str,
     message: str,
@@ -201,8 +210,11 @@ def _ranks_up(launcher: int, world: int, within: float = 120) -> list[int]:
 def _autopipe_run(argv: list[str], **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "autopipe.cli", "run", *argv, "--device", "cpu"],
-        env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _slow_plan(tmp_path: Path) -> Path:
@@ -216,8 +228,11 @@ def test_a_rank_hung_in_the_last_backward_ends_the_run(tmp_path: Path) -> None:
     plan, hung = _slow_plan(tmp_path), tmp_path / "hung"
     # rank 0 sleeps in its 8th backward: the last of step 2 (4 micro-batches per step); rank 1
     # has nothing left to receive from it and finishes
-    proc = _autopipe_run([str(plan), "--steps", "2", "--timeout", "10"],
-                         AUTOPIPE_TEST_SLOW_BACKWARD="0:8", AUTOPIPE_TEST_SLOW_BACKWARD_FILE=str(hung))  # fmt: skip
+    proc = _autopipe_run(
+        [str(plan), "--steps", "2", "--timeout", "10"],
+        AUTOPIPE_TEST_SLOW_BACKWARD="0:8",
+        AUTOPIPE_TEST_SLOW_BACKWARD_FILE=str(hung),
+    )
     ranks: set[int] = set()
     saw_hang = False
     try:
@@ -259,7 +274,9 @@ def _no_rank(*args: object, **kwargs: object) -> None:
     raise AssertionError("a rank was started")
 
 
-def test_launch_checks_its_options_against_the_plan_before_any_rank_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_launch_checks_its_options_against_the_plan_before_any_rank_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     plan = cached_plan("skip", 2, "1f1b")
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "meta.json").write_text(json.dumps({"fingerprint": "0123", "step": 3, "stages": 2}))
@@ -329,8 +346,9 @@ def test_a_launched_rank_exits_when_its_launcher_is_gone(tmp_path: Path) -> None
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     cmd = [sys.executable, "-m", "autopipe.runtime", str(plan), "--device", "cpu", "--timeout", "60"]
     # The parent is this process: the rank waits for its peer (60 s) until its stdin closes.
-    rank = subprocess.Popen(cmd, env={**env, LAUNCHER_ENV: str(os.getpid())}, stdin=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    rank = subprocess.Popen(
+        cmd, env={**env, LAUNCHER_ENV: str(os.getpid())}, stdin=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
     # Another pid as the launcher: its launcher is already gone, it exits at once.
     orphan = subprocess.Popen(cmd, env={**env, LAUNCHER_ENV: "1"}, stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
@@ -356,11 +374,17 @@ def test_a_launched_rank_dies_with_its_parent_even_while_its_stdin_stays_open(tm
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     cmd = [sys.executable, "-m", "autopipe.runtime", str(plan), "--device", "cpu", "--timeout", "60"]
     parent = subprocess.Popen(
-        [sys.executable, "-c", "import os, subprocess, sys, time; env = {**os.environ, sys.argv[1]: str(os.getpid())}; "
-         "subprocess.Popen(sys.argv[2:], env=env, stdin=0, stderr=subprocess.DEVNULL); time.sleep(120)",
-         LAUNCHER_ENV, *cmd],
-        env=env, stdin=read_end,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import os, subprocess, sys, time; env = {**os.environ, sys.argv[1]: str(os.getpid())}; "
+            "subprocess.Popen(sys.argv[2:], env=env, stdin=0, stderr=subprocess.DEVNULL); time.sleep(120)",
+            LAUNCHER_ENV,
+            *cmd,
+        ],
+        env=env,
+        stdin=read_end,
+    )
     os.close(read_end)
     rank: list[int] = []
     try:

@@ -53,8 +53,25 @@ def test_both_read_the_same_options_from_the_same_flags() -> None:
     via_rank = run_options(rank_parser().parse_args(argv))
     assert via_run == via_rank
     assert via_run.steps == DEFAULT_STEPS == 10 and via_run.device in ("cpu", "cuda")
-    argv = ["p.json", "--steps", "3", "--seed", "7", "--lr", "0.5", "--timeout", "2", "--device", "cpu", "--threads", "2",
-            "--optimizer", "SGD", "--optimizer-arg", "momentum=0.9"]  # fmt: skip
+    argv = [
+        "p.json",
+        "--steps",
+        "3",
+        "--seed",
+        "7",
+        "--lr",
+        "0.5",
+        "--timeout",
+        "2",
+        "--device",
+        "cpu",
+        "--threads",
+        "2",
+        "--optimizer",
+        "SGD",
+        "--optimizer-arg",
+        "momentum=0.9",
+    ]
     via_run = run_options(_run_subparser().parse_args(argv))
     assert via_run == run_options(rank_parser().parse_args(argv))
     assert (via_run.steps, via_run.seed, via_run.lr, via_run.timeout_s, via_run.threads) == (3, 7, 0.5, 2.0, 2)
@@ -64,9 +81,17 @@ def test_both_read_the_same_options_from_the_same_flags() -> None:
 def test_the_launchers_arguments_read_back_as_its_options(tmp_path: Path) -> None:
     _checkpoint(tmp_path / "old")
     options = RunOptions(
-        steps=3, seed=2, optimizer="SGD", lr=0.05, optimizer_kwargs=(("momentum", 0.9), ("nesterov", 1.0)),
-        timeout_s=2.5, device="cpu", threads=2, save_checkpoint=str(tmp_path / "ck"), resume=str(tmp_path / "old"),
-    )  # fmt: skip
+        steps=3,
+        seed=2,
+        optimizer="SGD",
+        lr=0.05,
+        optimizer_kwargs=(("momentum", 0.9), ("nesterov", 1.0)),
+        timeout_s=2.5,
+        device="cpu",
+        threads=2,
+        save_checkpoint=str(tmp_path / "ck"),
+        resume=str(tmp_path / "old"),
+    )
     plan = tmp_path / "plan.json"
     back = run_options(rank_parser().parse_args(worker_arguments(str(plan), options)))
     assert back == dataclasses.replace(options, model_base=str(tmp_path.resolve()))
@@ -84,8 +109,14 @@ def test_the_launchers_arguments_read_back_as_its_options(tmp_path: Path) -> Non
         (["--seed", "-1"], "--seed must be an integer >= 0 (got -1)"),
         (["--lr", "fast"], "--lr must be a number (got 'fast')"),
         (["--threads", "0"], "--threads must be a positive integer (got 0)"),
-        (["--timeout", "soon"], "--timeout must be a positive number of seconds, or one with a unit, like 60 or 500ms (got 'soon')"),
-        (["--optimizer-arg", "momentum=high"], "--optimizer-arg momentum=high: the value must be a number, like momentum=0.9"),
+        (
+            ["--timeout", "soon"],
+            "--timeout must be a positive number of seconds, or one with a unit, like 60 or 500ms (got 'soon')",
+        ),
+        (
+            ["--optimizer-arg", "momentum=high"],
+            "--optimizer-arg momentum=high: the value must be a number, like momentum=0.9",
+        ),
         (["--optimizer-arg", "momentum"], "--optimizer-arg 'momentum': write it as KEY=VALUE"),
     ],
 )
@@ -113,8 +144,14 @@ def _flag_cases(tmp: Path) -> list[tuple[list[str], str]]:
     (tmp / "bad-meta" / "meta.json").write_text("{not json")
     huge = str(2**64)
     return [
-        (["--timeout", "0"], "--timeout must be more than 0 and at most 604800 seconds (a week), like 60 or 500ms (got 0 seconds)"),
-        (["--timeout", "1e400"], "--timeout must be more than 0 and at most 604800 seconds (a week), like 60 or 500ms (got inf seconds)"),
+        (
+            ["--timeout", "0"],
+            "--timeout must be more than 0 and at most 604800 seconds (a week), like 60 or 500ms (got 0 seconds)",
+        ),
+        (
+            ["--timeout", "1e400"],
+            "--timeout must be more than 0 and at most 604800 seconds (a week), like 60 or 500ms (got inf seconds)",
+        ),
         (["--timeout", "inf"], "(got inf seconds)"),
         (["--timeout", "nan"], "(got nan seconds)"),
         (["--timeout", "-1"], "(got -1 seconds)"),
@@ -122,29 +159,71 @@ def _flag_cases(tmp: Path) -> list[tuple[list[str], str]]:
         (["--lr", "nan"], "--lr must be a finite number >= 0, like 1e-3 (got nan)"),
         (["--lr", "inf"], "--lr must be a finite number >= 0, like 1e-3 (got inf)"),
         (["--lr", "-1"], "--lr must be a finite number >= 0, like 1e-3 (got -1)"),
-        (["--seed", huge], f"--seed must be from 0 to {2**64 - 1 - 10} with --steps 10 (got {huge}; step k seeds torch"),
+        (
+            ["--seed", huge],
+            f"--seed must be from 0 to {2**64 - 1 - 10} with --steps 10 (got {huge}; step k seeds torch",
+        ),
         (["--seed", str(2**64 - 5), "--steps", "5"], f"--seed must be from 0 to {2**64 - 6} with --steps 5"),
         (["--seed", "9" * 5000], "--seed must be an integer >= 0 (got '99999999999"),
         (["--steps", "100000000"], "--steps must be from 1 to 10000000 (got 100000000); run longer as several runs"),
         (["--threads", "0"], "--threads must be a positive integer (got 0)"),
         (["--threads", "100000"], "--threads must be from 1 to 1024 (got 100000)"),
-        (["--optimizer", "NoSuch"], "--optimizer 'NoSuch' is not a torch.optim optimizer; name one such as SGD, Adam or AdamW"),
+        (
+            ["--optimizer", "NoSuch"],
+            "--optimizer 'NoSuch' is not a torch.optim optimizer; name one such as SGD, Adam or AdamW",
+        ),
         (["--optimizer", "Optimizer"], "--optimizer 'Optimizer' is not a torch.optim optimizer"),
         (["--optimizer", "lr_scheduler"], "--optimizer 'lr_scheduler' is not a torch.optim optimizer"),
-        (["--optimizer", "SGD", "--optimizer-arg", "betas=0.9"], "--optimizer-arg betas: SGD takes no argument 'betas'; it takes momentum, dampening"),
+        (
+            ["--optimizer", "SGD", "--optimizer-arg", "betas=0.9"],
+            "--optimizer-arg betas: SGD takes no argument 'betas'; it takes momentum, dampening",
+        ),
         (["--optimizer-arg", "lr=0.1"], "--optimizer-arg lr: give the learning rate with --lr"),
         (["--optimizer-arg", "eps=1e400"], "--optimizer-arg eps=inf: the value must be a finite number"),
-        (["--optimizer", "SGD", "--optimizer-arg", "momentum=-1"], "--optimizer SGD refuses --lr 0.001 momentum=-1: Invalid momentum value: -1.0; fix the values"),
-        (["--optimizer", "SGD", "--optimizer-arg", "nesterov=1"], "--optimizer SGD refuses --lr 0.001 nesterov=1: Nesterov momentum requires a momentum"),
-        (["--resume", str(tmp / "nonexistent")], f"--resume {str(tmp / 'nonexistent')!r}: no such folder; give a folder written by --save-checkpoint"),
-        (["--resume", str(tmp / "empty")], f"--resume: no checkpoint in {tmp / 'empty'} (no meta.json); write one with --save-checkpoint"),
-        (["--resume", str(tmp / "bad-meta")], f"--resume: {tmp / 'bad-meta' / 'meta.json'} is not a valid checkpoint file (JSONDecodeError: "),
-        (["--resume", str(tmp / "ck"), "--seed", str(2**64 - 12)], f"--seed {2**64 - 12} with --steps 10 after the checkpoint's 4 steps seeds torch beyond"),
-        (["--save-checkpoint", str(tmp / "a-file")], f"--save-checkpoint {str(tmp / 'a-file')!r} is a file; give a folder (made if missing)"),
-        (["--save-checkpoint", str(tmp / "a-file" / "ck")], f"--save-checkpoint {str(tmp / 'a-file' / 'ck')!r}: {str(tmp / 'a-file')!r} is a file, so no folder can be made under it"),
-        (["--save-checkpoint", "/proc/autopipe-ck"], "--save-checkpoint '/proc/autopipe-ck': cannot write in '/proc' ("),
-        (["--engine", "torch", "--save-checkpoint", str(tmp / "ck2")], "--save-checkpoint and --resume work with --engine autopipe only"),
-        (["--engine", "torch", "--resume", str(tmp / "ck")], "--save-checkpoint and --resume work with --engine autopipe only"),
+        (
+            ["--optimizer", "SGD", "--optimizer-arg", "momentum=-1"],
+            "--optimizer SGD refuses --lr 0.001 momentum=-1: Invalid momentum value: -1.0; fix the values",
+        ),
+        (
+            ["--optimizer", "SGD", "--optimizer-arg", "nesterov=1"],
+            "--optimizer SGD refuses --lr 0.001 nesterov=1: Nesterov momentum requires a momentum",
+        ),
+        (
+            ["--resume", str(tmp / "nonexistent")],
+            f"--resume {str(tmp / 'nonexistent')!r}: no such folder; give a folder written by --save-checkpoint",
+        ),
+        (
+            ["--resume", str(tmp / "empty")],
+            f"--resume: no checkpoint in {tmp / 'empty'} (no meta.json); write one with --save-checkpoint",
+        ),
+        (
+            ["--resume", str(tmp / "bad-meta")],
+            f"--resume: {tmp / 'bad-meta' / 'meta.json'} is not a valid checkpoint file (JSONDecodeError: ",
+        ),
+        (
+            ["--resume", str(tmp / "ck"), "--seed", str(2**64 - 12)],
+            f"--seed {2**64 - 12} with --steps 10 after the checkpoint's 4 steps seeds torch beyond",
+        ),
+        (
+            ["--save-checkpoint", str(tmp / "a-file")],
+            f"--save-checkpoint {str(tmp / 'a-file')!r} is a file; give a folder (made if missing)",
+        ),
+        (
+            ["--save-checkpoint", str(tmp / "a-file" / "ck")],
+            f"--save-checkpoint {str(tmp / 'a-file' / 'ck')!r}: {str(tmp / 'a-file')!r} is a file, so no folder can be made under it",
+        ),
+        (
+            ["--save-checkpoint", "/proc/autopipe-ck"],
+            "--save-checkpoint '/proc/autopipe-ck': cannot write in '/proc' (",
+        ),
+        (
+            ["--engine", "torch", "--save-checkpoint", str(tmp / "ck2")],
+            "--save-checkpoint and --resume work with --engine autopipe only",
+        ),
+        (
+            ["--engine", "torch", "--resume", str(tmp / "ck")],
+            "--save-checkpoint and --resume work with --engine autopipe only",
+        ),
     ]
 
 
@@ -166,9 +245,29 @@ def test_every_bad_run_flag_is_one_true_line_before_any_rank_starts(
 
 def test_good_flags_pass_the_checks(tmp_path: Path) -> None:
     ck = _checkpoint(tmp_path / "ck")
-    argv = ["plan.json", "--device", "cpu", "--optimizer", "SGD", "--optimizer-arg", "momentum=0.9",
-            "--optimizer-arg", "nesterov=1", "--resume", str(ck), "--save-checkpoint", str(tmp_path / "new" / "ck"),
-            "--seed", str(2**64 - 15), "--steps", "10", "--timeout", "500ms", "--lr", "0"]  # fmt: skip
+    argv = [
+        "plan.json",
+        "--device",
+        "cpu",
+        "--optimizer",
+        "SGD",
+        "--optimizer-arg",
+        "momentum=0.9",
+        "--optimizer-arg",
+        "nesterov=1",
+        "--resume",
+        str(ck),
+        "--save-checkpoint",
+        str(tmp_path / "new" / "ck"),
+        "--seed",
+        str(2**64 - 15),
+        "--steps",
+        "10",
+        "--timeout",
+        "500ms",
+        "--lr",
+        "0",
+    ]
     options = run_options(rank_parser().parse_args(argv))
     assert (options.seed, options.timeout_s, options.lr) == (2**64 - 15, 0.5, 0.0)
     assert not (tmp_path / "new").exists()  # checking the folder leaves nothing behind
@@ -186,7 +285,9 @@ def test_cuda_without_cuda_is_one_line(capsys: pytest.CaptureFixture[str]) -> No
     assert message in capsys.readouterr().err
 
 
-def test_engine_torch_refuses_a_schedule_torch_has_no_class_for(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_engine_torch_refuses_a_schedule_torch_has_no_class_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from tests.runtime.helpers import cached_plan  # the plan test_engine.py trains with v-min
 
     plan = tmp_path / "plan.json"
@@ -194,4 +295,6 @@ def test_engine_torch_refuses_a_schedule_torch_has_no_class_for(tmp_path: Path, 
     assert main(["run", str(plan), "--device", "cpu", "--engine", "torch", "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "v-min has no torch.distributed.pipelining schedule; run it with autopipe's executor (--engine autopipe)" in err
+    assert (
+        "v-min has no torch.distributed.pipelining schedule; run it with autopipe's executor (--engine autopipe)" in err
+    )

@@ -29,9 +29,7 @@ def test_report_and_chrome_trace(tmp_path: Path) -> None:
         "peak memory rank 1",
     } <= set(rows)
     assert all(r.measured > 0 for r in rows.values() if r.what != "bubble")
-    assert rows["iteration"].error_pct == pytest.approx(
-        (rows["iteration"].measured / plan.iteration_time_s - 1) * 100
-    )
+    assert rows["iteration"].error_pct == pytest.approx((rows["iteration"].measured / plan.iteration_time_s - 1) * 100)
     assert "predicted" in format_report(plan, result)
     every = [e for e in chrome_trace(result)["traceEvents"] if e["ph"] == "X"]
     events = [e for e in every if e["cat"] != "wait"]

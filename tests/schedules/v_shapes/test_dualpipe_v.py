@@ -105,9 +105,7 @@ def test_makespan_is_the_ramp_bound() -> None:
         assert dualpipe_v.bubble(S, m) == pytest.approx(zb_v.bubble(S, m))
     # and simulate() itself (what replay stands for above), at a few sizes
     for S, m in ((1, 2), (3, 7), (4, 9)):
-        timeline = simulate(
-            dualpipe_v.create_schedule(S, m), [UNIT] * (2 * S), devices=S, placement=v_shape
-        )
+        timeline = simulate(dualpipe_v.create_schedule(S, m), [UNIT] * (2 * S), devices=S, placement=v_shape)
         assert timeline.iteration_s == 6 * m + S - 1 and timeline == run(S, m)
 
 
@@ -157,8 +155,7 @@ def test_too_few_micro_batches_is_one_line() -> None:
     with pytest.raises(ScheduleError) as info:
         dualpipe_v.create_schedule(4, 7)
     assert str(info.value) == (
-        "dualpipe-v needs at least 2 x devices = 8 micro-batches on 4 devices (got 7); "
-        "use micro_batches >= 8"
+        "dualpipe-v needs at least 2 x devices = 8 micro-batches on 4 devices (got 7); use micro_batches >= 8"
     )
     assert dualpipe_v.least_micro_batches(4) == dualpipe_v.SPEC.least_micro_batches(4) == 8
 
@@ -166,9 +163,7 @@ def test_too_few_micro_batches_is_one_line() -> None:
 def test_rejects_other_virtual() -> None:
     with pytest.raises(ScheduleError) as info:
         dualpipe_v.create_schedule(4, 8, 3)
-    assert str(info.value) == (
-        "dualpipe-v runs two chunks per device in a V (got virtual: 3); use virtual=2"
-    )
+    assert str(info.value) == ("dualpipe-v runs two chunks per device in a V (got virtual: 3); use virtual=2")
 
 
 def test_registered_and_searched() -> None:
@@ -177,6 +172,4 @@ def test_registered_and_searched() -> None:
     assert spec is dualpipe_v.SPEC and spec.searched and spec.splits_backward
     assert spec.torch_class == "ScheduleDualPipeV" and spec.devices_of(2, 2) == (0, 1, 1, 0)
     assert "dualpipe-v" in SEARCH_SCHEDULES
-    assert len({s.preference for s in map(schedule_spec, schedule_names())}) == len(
-        schedule_names()
-    )
+    assert len({s.preference for s in map(schedule_spec, schedule_names())}) == len(schedule_names())

@@ -217,7 +217,10 @@ def test_inflight_is_a_per_chunk_recount() -> None:
             want = [0.0] * (2 * S)
             for rows in lists:
                 chunks = sorted(set(rows[:, 0].tolist()))
-                counts = [np.cumsum((rows[:, 0] == c) & (rows[:, 1] == 0)) - np.cumsum((rows[:, 0] == c) & (rows[:, 1] == 2)) for c in chunks]
+                counts = [
+                    np.cumsum((rows[:, 0] == c) & (rows[:, 1] == 0)) - np.cumsum((rows[:, 0] == c) & (rows[:, 1] == 2))
+                    for c in chunks
+                ]
                 at = int(np.argmax(np.sum(counts, axis=0)))
                 for c, count in zip(chunks, counts, strict=True):
                     want[c] = float(count[at])
@@ -288,7 +291,10 @@ def test_rejects_bad_sizes_in_one_line(name: str) -> None:
     assert str(info.value) == f"{name} runs two chunks per device in a V (got virtual: 3); use virtual=2"
     with pytest.raises(ScheduleError) as info:
         module.create_lists(4, 7)
-    assert str(info.value) == f"{name} needs at least 2 x devices = 8 micro-batches on 4 devices (got 7); use micro_batches >= 8"
+    assert (
+        str(info.value)
+        == f"{name} needs at least 2 x devices = 8 micro-batches on 4 devices (got 7); use micro_batches >= 8"
+    )
     with pytest.raises(ScheduleError, match=r"^micro_batches must be a positive integer \(got 0\)$"):
         module.create_schedule(4, 0)
     assert schedule_spec(name).least_micro_batches(4) == 8

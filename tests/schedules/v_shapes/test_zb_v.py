@@ -14,8 +14,14 @@ from autopipe.schedules.action import IDLE, Kind, v_shape
 from autopipe.schedules.v_shapes import zb_v
 from autopipe.simulate.events import StageCost, Timeline, simulate
 
-UNIT = StageCost(forward_s=1.0, backward_s=2.0, backward_input_s=1.0, backward_weight_s=1.0,
-                 activation_bytes=1.0, weight_grad_bytes=0.5)  # one chunk: F = B = W
+UNIT = StageCost(
+    forward_s=1.0,
+    backward_s=2.0,
+    backward_input_s=1.0,
+    backward_weight_s=1.0,
+    activation_bytes=1.0,
+    weight_grad_bytes=0.5,
+)  # one chunk: F = B = W
 
 
 @cache  # the tests below read the same 256 timelines; simulate() validates each
@@ -89,9 +95,12 @@ def reference_order(devices: int, micro_batches: int) -> dict[int, list[str | No
     made.pp_group_size, made.num_stages, made._n_microbatches = devices, 2 * devices, micro_batches
     letter = {"F": "F", "I": "B", "W": "W"}
     return {
-        d: [None if a is None else f"{a.stage_index}{letter[a.computation_type.value]}{a.microbatch_index}" for a in made._calculate_single_rank_operations(d)]
+        d: [
+            None if a is None else f"{a.stage_index}{letter[a.computation_type.value]}{a.microbatch_index}"
+            for a in made._calculate_single_rank_operations(d)
+        ]
         for d in range(devices)
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("devices", range(1, 9))
@@ -132,10 +141,14 @@ def test_s4_grid_matches_the_papers_figure() -> None:
     grid = slots(4, 8)
     print("\n".join(f"device {d} | {' '.join(f'{c:3}' for c in row)}" for d, row in grid.items()))
     print(format_schedule(zb_v.create_schedule(4, 8)))  # the lists, untimed
-    assert {d: " ".join(row[:16]) for d, row in grid.items()} == {d: " ".join(row.split()) for d, row in FIGURE_S4.items()}
+    assert {d: " ".join(row[:16]) for d, row in grid.items()} == {
+        d: " ".join(row.split()) for d, row in FIGURE_S4.items()
+    }
     reference = {d: [IDLE if a is None else a for a in acts] for d, acts in reference_order(4, 8).items()}
     assert {d: row[: len(reference[d])] for d, row in grid.items()} == reference  # every slot, the whole iteration
-    assert all(len(reference[d]) == 6 * 8 + d and IDLE not in reference[d][d:] for d in range(4))  # no bubble once started
+    assert all(
+        len(reference[d]) == 6 * 8 + d and IDLE not in reference[d][d:] for d in range(4)
+    )  # no bubble once started
     assert len(grid[3]) == 6 * 8 + 4 - 1 == zb_v.makespan_units(4, 8)
 
 
@@ -146,7 +159,9 @@ def test_every_grid_is_the_references_or_ahead_of_it(devices: int) -> None:
     its inputs are there: never later than the reference, the iteration shorter."""
     for m in range(1, 33):
         start = {(d, cell): i for d, row in slots(devices, m).items() for i, cell in enumerate(row) if cell != IDLE}
-        reference = {(d, a): i for d, acts in reference_order(devices, m).items() for i, a in enumerate(acts) if a is not None}
+        reference = {
+            (d, a): i for d, acts in reference_order(devices, m).items() for i, a in enumerate(acts) if a is not None
+        }
         assert start.keys() == reference.keys()
         if m >= 2 * devices - 1:
             assert start == reference, m
@@ -164,9 +179,7 @@ def test_splits_every_backward() -> None:
 def test_rejects_other_virtual() -> None:
     with pytest.raises(ScheduleError) as info:
         zb_v.create_schedule(4, 8, 3)
-    assert str(info.value) == (
-        "zb-v runs two chunks per device in a V (got virtual: 3); use virtual=2"
-    )
+    assert str(info.value) == ("zb-v runs two chunks per device in a V (got virtual: 3); use virtual=2")
 
 
 def test_sizes_must_be_positive() -> None:
