@@ -3,6 +3,8 @@
 Regenerate ``docs/cli.md`` after changing any flag (``tests/test_docs.py`` fails until you do)::
 
     python -m autopipe.cli.reference > docs/cli.md
+
+Tests: tests/test_docs.py.
 """
 
 from __future__ import annotations

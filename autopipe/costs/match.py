@@ -1,5 +1,8 @@
 """Whether a profile belongs to a model: the model traced as the profile was, its fingerprint
-and blocks compared (``autopipe plan MODEL --profile FILE``; :func:`autopipe.api.fingerprint_of`)."""
+and blocks compared (``autopipe plan MODEL --profile FILE``; :func:`autopipe.api.fingerprint_of`).
+
+Tests: tests/cli/test_plan_cmd.py.
+"""
 
 from __future__ import annotations
 

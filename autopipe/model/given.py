@@ -4,6 +4,8 @@
 model file as ``autopipe plan`` loads it, an nn.Module with its ``example_inputs`` (a function
 ``batch_size -> inputs``, or one batch sliced to the micro-batch sizes), ``example_targets``
 and ``loss_fn`` (default: the mean of the output).
+
+Tests: tests/test_api.py.
 """
 
 from __future__ import annotations
