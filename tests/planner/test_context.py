@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from tests.planner.test_exact import NO_LIMIT, chain
-
 from autopipe.planner.context import SearchContext
 from autopipe.planner.pricing import BlockTimes, Decision
 from autopipe.planner.request import PlanRequest
 from autopipe.planner.search import plan_pipeline
+from tests.planner.test_exact import NO_LIMIT, chain
 
 
 def test_decisions_at_one_micro_batch_size_share_its_context() -> None:
