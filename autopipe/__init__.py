@@ -11,6 +11,7 @@ model file for a cluster (tensor x pipeline x data parallel) without allocating 
 ``autopipe.pipeline(plan, model)`` is one rank's part of a plan for your own training loop (torchrun).
 """
 
+from autopipe._io import VERSION
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import (
     AutopipeError,
@@ -28,7 +29,7 @@ from autopipe.errors import (
 from autopipe.modes import Recompute, Tracer
 from autopipe.plans import Plan
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 
 _LAZY = {

@@ -18,7 +18,11 @@ from pathlib import Path
 
 from autopipe.errors import OutputError
 
-__all__ = ["atomic_write", "atomic_write_text", "check_output_file", "check_output_folder", "shown"]
+__all__ = ["VERSION", "atomic_write", "atomic_write_text", "check_output_file", "check_output_folder", "shown"]
+
+VERSION = "0.1.0"
+"""autopipe's release (``autopipe.__version__``), stamped into the files it writes that say who made
+them (emit's manifest and stage sources); here, at the bottom of the flow, so every step can read it."""
 
 
 def shown(path: str | Path) -> str:

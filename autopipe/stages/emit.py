@@ -45,8 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe import __version__
-from autopipe._io import check_output_folder
+from autopipe._io import VERSION, check_output_folder
 from autopipe.errors import EmitError
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
@@ -228,7 +227,7 @@ def _write(
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
-        "autopipe": __version__,
+        "autopipe": VERSION,
         "model": plan.model,
         "model_file": plan.recipe.model_file,
         "factory": plan.recipe.factory,
@@ -347,7 +346,7 @@ def _docstring(
     how = f"weights from {weights_file} next to this file" if weights_file else "emitted without weights: use build()"
     return "\n".join(
         [
-            f"Stage {st.index} of {n} (rank {st.rank}) of {plan.model}, emitted by autopipe {__version__}.",
+            f"Stage {st.index} of {n} (rank {st.rank}) of {plan.model}, emitted by autopipe {VERSION}.",
             "",
             f"Blocks: {span}. Plan: {plan.schedule}, {plan.micro_batches} micro-batches of {plan.micro_batch_size}.",
             "Needs only torch. Shapes below are at the plan's micro-batch size.",
