@@ -89,7 +89,8 @@ def run(name: str, kwargs: dict[str, object], device: str, gpus: int, batch: int
     profile = profile_from_counts(counts, spec)
     t_count = clock.lap()
     print(
-        f"\n{name}: {params / 1e9:.1f} B parameters, {profile.num_blocks} blocks; {gpus} x {spec.description}, bf16, batch {batch}"
+        f"\n{name}: {params / 1e9:.1f} B parameters, {profile.num_blocks} blocks; "
+        f"{gpus} x {spec.description}, bf16, batch {batch}"
     )
     print(f"  build on meta + trace + count + price: {t_count[0]:.2f} s wall, {t_count[1]:.2f} s CPU")
     cluster = Cluster.of(spec, gpus)
@@ -114,14 +115,18 @@ def run(name: str, kwargs: dict[str, object], device: str, gpus: int, batch: int
         print(f"    {plan.parallel_note}")
         print(f"    pipeline searches (CPU, in the order opened): {searched}")
         print(
-            f"    t={t} p={plan.devices} d={D} vpp={plan.virtual} micro-batch {plan.micro_batch_size}; {recomputed}/{len(plan.stages)} "
-            f"stages recompute; step {plan.step_time_s:.1f} s, bubble {plan.bubble_fraction:.1%}; {gpu[0]:.0f} model TFLOP/s per GPU "
-            f"({gpu[1]:.0f} hardware); peak memory {max(plan.peak_memory_bytes) / 1e9:.1f} GB of {memory / 1e9:.0f} GB, "
-            f"within the limit: {'yes' if ok else 'NO'}; {result.pruned} splits pruned (their bound, or their search against the runner-up)"
+            f"    t={t} p={plan.devices} d={D} vpp={plan.virtual} micro-batch {plan.micro_batch_size}; "
+            f"{recomputed}/{len(plan.stages)} stages recompute; step {plan.step_time_s:.1f} s, "
+            f"bubble {plan.bubble_fraction:.1%}; {gpu[0]:.0f} model TFLOP/s per GPU "
+            f"({gpu[1]:.0f} hardware); peak memory {max(plan.peak_memory_bytes) / 1e9:.1f} GB of "
+            f"{memory / 1e9:.0f} GB, within the limit: {'yes' if ok else 'NO'}; "
+            f"{result.pruned} splits pruned "
+            "(their bound, or their search against the runner-up)"
         )
         if with_tensor:
             print(
-                f"  end to end (build, count, 3D plan): {t_count[0] + t_plan[0]:.2f} s wall, {t_count[1] + t_plan[1]:.2f} s CPU"
+                f"  end to end (build, count, 3D plan): {t_count[0] + t_plan[0]:.2f} s wall, "
+                f"{t_count[1] + t_plan[1]:.2f} s CPU"
             )
 
 
@@ -134,10 +139,12 @@ def main() -> int:
         run("GPT-3 175B", GPT3, "h100", 64, 1536, 80e9, today=True)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(
-        f"\npeak resident memory {rss:.2f} GiB; total {time.perf_counter() - T0:.2f} s wall, {time.process_time() - C0:.2f} s CPU"
+        f"\npeak resident memory {rss:.2f} GiB; total {time.perf_counter() - T0:.2f} s wall, "
+        f"{time.process_time() - C0:.2f} s CPU"
     )
     print(
-        f"machine: {platform.machine()} {platform.processor() or ''}, 1 of {os.cpu_count()} cores, Python {sys.version.split()[0]}, torch {torch.__version__}"
+        f"machine: {platform.machine()} {platform.processor() or ''}, 1 of {os.cpu_count()} cores, "
+        f"Python {sys.version.split()[0]}, torch {torch.__version__}"
     )
     return 0
 

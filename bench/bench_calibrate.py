@@ -66,7 +66,8 @@ def main() -> None:
     print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread")
     print(
         f"fitted: compute {spec.compute_efficiency:.3f}, memory {spec.memory_efficiency:.3f}, "
-        f"overhead {spec.op_overhead_s * 1e6:.1f} us per op; median error {cal.median_error:.1%}, max {cal.max_error:.1%}"
+        f"overhead {spec.op_overhead_s * 1e6:.1f} us per op; median error {cal.median_error:.1%}, "
+        f"max {cal.max_error:.1%}"
     )
     analytic = analytic_profile(load_model(GPT, {}, device="meta"), spec, micro_batch_sizes=SIZES)
     biggest = max(b.forward_s(8) for b in measured.blocks)

@@ -1,4 +1,5 @@
-# Run: PYTHONPATH=. python bench/bench_dualpipe_overlap.py [-k n_layer=8 n_embd=256] [--steps 8]   (repository root; ~1 min)
+# Run: PYTHONPATH=. python bench/bench_dualpipe_overlap.py [-k n_layer=8 n_embd=256] [--steps 8]
+#   (repository root; ~1 min)
 """DualPipeV's overlapped forward-and-backward pairs on autopipe's executor: do they cost F + B?
 
 autopipe prices a DualPipeV pair ``F(x, i)`` + ``B(y, k)`` as the two actions one after the

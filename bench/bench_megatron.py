@@ -128,10 +128,12 @@ def main() -> int:
     published = ROWS[args.calibrate_on][-1]
     spec = replace(spec, compute_efficiency=min(1.0, spec.compute_efficiency * published / cal["pinned_hw"]))
     print(
-        f"calibrated on {args.calibrate_on}: {cal['pinned_hw']:.0f} -> compute efficiency {spec.compute_efficiency:.3f} (one step)"
+        f"calibrated on {args.calibrate_on}: {cal['pinned_hw']:.0f} -> compute efficiency "
+        f"{spec.compute_efficiency:.3f} (one step)"
     )
     print(
-        "| model | t | p | d | GPUs | published TFLOP/s | predicted (pinned, hardware) | error | free search: t p d, recompute | free / pinned step |"
+        "| model | t | p | d | GPUs | published TFLOP/s | predicted (pinned, hardware) | error "
+        "| free search: t p d, recompute | free / pinned step |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in rows:
@@ -140,12 +142,14 @@ def main() -> int:
         err = r["pinned_hw"] / pub - 1
         held = "calibration row" if name == args.calibrate_on else "held out"
         free = (
-            f"{int(r['free_t'])} {int(r['free_p'])} {int(r['free_d'])}, {int(r['free_recompute'])} stages | {r['free_step'] / r['pinned_step']:.2f}"
+            f"{int(r['free_t'])} {int(r['free_p'])} {int(r['free_d'])}, {int(r['free_recompute'])} stages "
+            f"| {r['free_step'] / r['pinned_step']:.2f}"
             if "free_step" in r
             else "- | -"
         )
         print(
-            f"| {name} | {t} | {p} | {gpus // (t * p)} | {gpus} | {pub:.0f} | {r['pinned_hw']:.0f} | {err:+.1%} ({held}) | {free} |",
+            f"| {name} | {t} | {p} | {gpus // (t * p)} | {gpus} | {pub:.0f} | {r['pinned_hw']:.0f} "
+            f"| {err:+.1%} ({held}) | {free} |",
             flush=True,
         )
     print(f"CPU {time.process_time() - t0:.1f} s")

@@ -65,7 +65,8 @@ def main() -> None:
                     extra.setdefault(kind, []).append(row.measured - row.predicted)
                     print(
                         f"{schedule:6s} {row.what}: measured {row.measured * 1e3:6.3f} ms, "
-                        f"predicted {row.predicted * 1e3:6.3f} ms, extra {(row.measured - row.predicted) * 1e3:+6.3f} ms"
+                        f"predicted {row.predicted * 1e3:6.3f} ms, "
+                        f"extra {(row.measured - row.predicted) * 1e3:+6.3f} ms"
                     )
     every = [x for xs in extra.values() for x in xs]
     per_kind = ", ".join(f"{k} {statistics.fmean(v) * 1e3:.3f} ms" for k, v in sorted(extra.items()))

@@ -120,7 +120,8 @@ def bench(n: int, stages: int, batch: int, memory: float, repeat: int, without: 
         f"(min {min(times):.3f}, max {max(times):.3f}, {repeat} cold runs; CPU median {statistics.median(cpu):.3f} s: "
         f"the machine may be shared); chose {r['schedule']}"
         f"{virtual}, m={r['m']}, "
-        f"{r['recomputed']} recomputed stages, iteration {float(r['iteration']):.2f} s, bubble {float(r['bubble']):.1%}; "
+        f"{r['recomputed']} recomputed stages, iteration {float(r['iteration']):.2f} s, "
+        f"bubble {float(r['bubble']):.1%}; "
         f"{float(r['gap']):.1%} above the best lower bound"
     )
 
@@ -134,12 +135,14 @@ def gaps(without: str) -> None:
                 out = cold_run(f"{n},{stages},{batch},{limit},{recompute}", without)
                 if out.returncode:
                     print(
-                        f"{n:5d} -> {stages:3d}, memory {limit / 2**30:g} GiB, recompute {recompute}: {out.stderr.strip().splitlines()[-1]}"
+                        f"{n:5d} -> {stages:3d}, memory {limit / 2**30:g} GiB, recompute {recompute}: "
+                        f"{out.stderr.strip().splitlines()[-1]}"
                     )
                     continue
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 print(
-                    f"{n:5d} -> {stages:3d}, memory {limit / 2**30:g} GiB, recompute {recompute}: {r['schedule']}, m={r['m']}, "
+                    f"{n:5d} -> {stages:3d}, memory {limit / 2**30:g} GiB, recompute {recompute}: "
+                    f"{r['schedule']}, m={r['m']}, "
                     f"iteration {float(r['iteration']):.3f} s, {float(r['gap']):.1%} above the best lower bound "
                     f"(planned in {float(r['cpu']):.2f} s CPU)"
                 )
@@ -190,7 +193,8 @@ def main() -> None:
         pinned(args.without)
         return
     print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, Python {sys.version.split()[0]}; "
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+        f"Python {sys.version.split()[0]}; "
         f"searching {', '.join(request.SEARCH_SCHEDULES)}"
     )
     bench(100, 8, batch=64, memory=8 * 2**30, repeat=7, without=args.without)

@@ -29,10 +29,12 @@ MODELS = Path(__file__).resolve().parent.parent / "models"
 def main() -> None:
     torch.set_num_threads(1)
     print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, 1 thread"
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+        f"torch {torch.__version__}, 1 thread"
     )
     print(
-        f"{'model':10} {'S':>2} {'schedule':18} {'m':>3} {'autopipe ms':>12} {'even-layers':>12} {'by-params':>10} {'greedy-time':>12}"
+        f"{'model':10} {'S':>2} {'schedule':18} {'m':>3} {'autopipe ms':>12} "
+        f"{'even-layers':>12} {'by-params':>10} {'greedy-time':>12}"
     )
     cases = [
         ("gpt", {}),

@@ -1,4 +1,5 @@
-# Run: PYTHONPATH=. python bench/bench_prediction.py [-k n_layer=8 n_embd=256] [--steps 10] [--repeat 9]   (repository root; ~1 min)
+# Run: PYTHONPATH=. python bench/bench_prediction.py [-k n_layer=8 n_embd=256] [--steps 10] [--repeat 9]
+#   (repository root; ~1 min)
 """Measured against predicted, per schedule, and where the difference goes.
 
 models/gpt.py is profiled here with one thread (as each rank runs), then planned for 2 CPU
@@ -240,7 +241,8 @@ def main() -> None:
     )
     for name, r in rows:
         print(
-            f"{name:20} {r['predicted'] * ms:>9.2f} {r['measured'] * ms:>9.2f} {r['measured'] / r['predicted'] - 1:>+7.1%} "
+            f"{name:20} {r['predicted'] * ms:>9.2f} {r['measured'] * ms:>9.2f} "
+            f"{r['measured'] / r['predicted'] - 1:>+7.1%} "
             f"{r['replay_compute'] * ms:>14.2f} {r['measured'] / r['replay_compute'] - 1:>+7.1%} "
             f"{r['replay_all'] * ms:>10.2f} {r['actions']:>7.0f} {r['messages']:>8.0f} {r['hops']:>5.1f} "
             f"{r['latency'] * ms:>8.3f} {r['fitted_latency'] * ms:>7.3f} {r['link'] * ms:>7.3f} "
@@ -256,7 +258,8 @@ def main() -> None:
     )
     for name, r in rows:
         print(
-            f"{name}: {r['late']:.1f} of {r['messages']:.0f} messages per iteration had their receive posted only after "
+            f"{name}: {r['late']:.1f} of {r['messages']:.0f} messages per iteration "
+            "had their receive posted only after "
             f"the peer had sent them; waiting for messages {r['waits'] * ms:.2f} ms per iteration (all ranks), "
             f"{r['late_wait'] * ms:.2f} ms of it on those; of the messages waited for, those took "
             f"{r['after_late'] * ms:.2f} ms (median of {r['n_late']:.0f}) from being sent and their receive postable "

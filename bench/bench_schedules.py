@@ -212,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, Python {sys.version.split()[0]}, "
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+        f"Python {sys.version.split()[0]}, "
         f"torch {torch.__version__}; schedules: {', '.join(s.name for s in SPECS)}"
     )
     cases = analytic_cases(QUICK if args.quick else BUNDLED + SYNTHETIC)

@@ -79,8 +79,10 @@ def main() -> None:
         assert results[True] == results[False], (name, results)
         (cc, sc, mc), (cp, sp, _) = row[True], row[False]
         print(
-            f"  {name:12s} S={s:3d} m={m:5d} v={v}: {actions:7d} actions; compile {cc:.3f} us (Python {cp:.2f}, {cp / cc:.0f}x); "
-            f"simulate {sc:.3f} us (Python {sp:.2f}, {sp / sc:.0f}x); simulate_many K=16 {mc:.3f} us per action per candidate"
+            f"  {name:12s} S={s:3d} m={m:5d} v={v}: {actions:7d} actions; "
+            f"compile {cc:.3f} us (Python {cp:.2f}, {cp / cc:.0f}x); "
+            f"simulate {sc:.3f} us (Python {sp:.2f}, {sp / sc:.0f}x); "
+            f"simulate_many K=16 {mc:.3f} us per action per candidate"
         )
 
 

@@ -69,7 +69,8 @@ def main() -> None:
     print(f"autopipe show --timeline (whole command): {', '.join(f'{s:.1f}' for s in shows)} s")
     print(f"in-process: simulate (replay) {simulated:.2f} s, draw {drawn:.2f} s; picture {width} x {height} px")
     print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}"
     )
 
 

@@ -113,7 +113,8 @@ def main() -> None:
             print(
                 f"{engine:8s} loss {losses[0]:.3f} -> {statistics.mean(losses[-10:]):.3f}; vs one process: "
                 f"max rel diff {max(rel[:15]):.1e} (first 15 steps), {max(rel):.1e} (all {args.steps}); "
-                f"iteration {got['iteration_time_s'] * 1e3:.2f} ms measured, {got['predicted_iteration_time_s'] * 1e3:.2f} ms predicted"
+                f"iteration {got['iteration_time_s'] * 1e3:.2f} ms measured, "
+                f"{got['predicted_iteration_time_s'] * 1e3:.2f} ms predicted"
             )
 
 

@@ -1,4 +1,6 @@
-# Run: python bench/plan_hashes.py --out DIR  |  python bench/plan_hashes.py --check bench/results/plan_hashes-f516304.json   (from anywhere; it runs in the repository root)
+# Run: python bench/plan_hashes.py --out DIR  |
+#      python bench/plan_hashes.py --check bench/results/plan_hashes-f516304.json
+#      (from anywhere; it runs in the repository root)
 """Behaviour baseline of the planner: a fixed list of ``autopipe plan`` cases whose plan files
 must keep the same bytes across a refactor that changes no behaviour.
 
@@ -120,26 +122,27 @@ CASES: tuple[Case, ...] = (
          "--memory", "80GB", "--batch-size", "1536"),
     plan("readme-gpt3-1.3b-h100-g16-s4-interleaved", "models/gpt.py", "-k", "preset=gpt3-1.3b", "--device", "h100",
          "--gpus", "16", "--stages", "4", "--batch-size", "512", "--schedule", "interleaved-1f1b"),
-    plan("megatron-1.7b-pinned-a100", "models/gpt.py", *GPT3, "-k", "n_layer=24", "-k", "n_embd=2304", "-k", "n_head=24",
-         "--device", "a100-80gb", "--gpus", "32", "--tensor-parallel", "1", "--stages", "1", "--recompute-all",
-         "--schedule", "1f1b", "--no-sequence-parallel", "--batch-size", "512"),
+    plan("megatron-1.7b-pinned-a100", "models/gpt.py", *GPT3, "-k", "n_layer=24", "-k", "n_embd=2304",
+         "-k", "n_head=24", "--device", "a100-80gb", "--gpus", "32", "--tensor-parallel", "1", "--stages", "1",
+         "--recompute-all", "--schedule", "1f1b", "--no-sequence-parallel", "--batch-size", "512"),
     plan("megatron-1.7b-free-a100", "models/gpt.py", *GPT3, "-k", "n_layer=24", "-k", "n_embd=2304", "-k", "n_head=24",
          "--device", "a100-80gb", "--gpus", "32", "--batch-size", "512"),
-    plan("megatron-39.1b-pinned-a100", "models/gpt.py", *GPT3, "-k", "n_layer=48", "-k", "n_embd=8192", "-k", "n_head=64",
-         "--device", "a100-80gb", "--gpus", "512", "--tensor-parallel", "8", "--stages", "2", "--recompute-all",
-         "--schedule", "interleaved-1f1b", "--no-sequence-parallel", "--batch-size", "1536"),
+    plan("megatron-39.1b-pinned-a100", "models/gpt.py", *GPT3, "-k", "n_layer=48", "-k", "n_embd=8192",
+         "-k", "n_head=64", "--device", "a100-80gb", "--gpus", "512", "--tensor-parallel", "8", "--stages", "2",
+         "--recompute-all", "--schedule", "interleaved-1f1b", "--no-sequence-parallel", "--batch-size", "1536"),
     plan("gpt2x998-h100-s64-16gib", "models/gpt.py", "-k", "preset=gpt2", "-k", "n_layer=998", "--device", "h100",
          "--stages", "64", "--batch-size", "512", "--memory", "16GiB"),
     plan("gpt2-h200-s4-mbs", "models/gpt.py", "-k", "preset=gpt2", "--device", "h200", "--stages", "4",
          "--batch-size", "128", "--micro-batch-sizes", "1,4"),
     plan("gpt2-h100-s4-fp32-calibrated", "models/gpt.py", "-k", "preset=gpt2", "--device", "h100", "--stages", "4",
          "--batch-size", "64", "--dtype", "fp32", "--calibration", f"{FIX}/h100_calibration.json"),
-    plan("llama2-7b-a100-80gb-s8", "models/llama.py", "-k", "preset=llama2-7b", "--device", "a100-80gb", "--stages", "8",
-         "--batch-size", "64"),
+    plan("llama2-7b-a100-80gb-s8", "models/llama.py", "-k", "preset=llama2-7b", "--device", "a100-80gb",
+         "--stages", "8", "--batch-size", "64"),
     plan("gpt3-1.3b-a100-40gb-g16-zero1", "models/gpt.py", "-k", "preset=gpt3-1.3b", "--device", "a100-40gb", "--gpus",
          "16", "--batch-size", "256", "--zero1"),
-    plan("gpt3-1.3b-h100-g32-t2-d4-noseq", "models/gpt.py", "-k", "preset=gpt3-1.3b", "--device", "h100", "--gpus", "32",
-         "--tensor-parallel", "2", "--data-parallel", "4", "--no-sequence-parallel", "--batch-size", "256"),
+    plan("gpt3-1.3b-h100-g32-t2-d4-noseq", "models/gpt.py", "-k", "preset=gpt3-1.3b", "--device", "h100",
+         "--gpus", "32", "--tensor-parallel", "2", "--data-parallel", "4", "--no-sequence-parallel",
+         "--batch-size", "256"),
     plan("gpt3-1.3b-testgpu-g16-cluster", "models/gpt.py", "-k", "preset=gpt3-1.3b", "--device-file",
          f"{FIX}/devices_test.json", "--device", "testgpu", "--gpus", "16", "--cluster", f"{FIX}/cluster_4x.json",
          "--batch-size", "128", "--dtype", "fp16"),
@@ -152,7 +155,8 @@ CASES: tuple[Case, ...] = (
     plan("gpt-s4", *GPT_S4),
     plan("gpt-s2", "--profile", GPT, "--stages", "2", "--memory", "2GiB", "--batch-size", "32"),
     *(plan(f"gpt-s4-{s}", *GPT_S4, "--schedule", s) for s in _schedules()),
-    plan("gpt-s4-interleaved-v2-m8", *GPT_S4, "--schedule", "interleaved-1f1b", "--virtual", "2", "--micro-batches", "8"),
+    plan("gpt-s4-interleaved-v2-m8", *GPT_S4, "--schedule", "interleaved-1f1b", "--virtual", "2",
+         "--micro-batches", "8"),
     plan("gpt-s4-m16", *GPT_S4, "--micro-batches", "16"),
     plan("gpt-s4-no-recompute", *GPT_S4, "--no-recompute"),
     plan("gpt-s4-recompute-all", *GPT_S4, "--recompute-all"),
@@ -163,7 +167,8 @@ CASES: tuple[Case, ...] = (
     plan("gpt-s4-link", *GPT_S4, "--bandwidth", "25GB/s", "--latency", "20us", "--action-overhead", "0.1ms"),
     plan("gpt-g8", "--profile", GPT, "--gpus", "8", "--memory", "2GiB", "--batch-size", "32"),
     plan("gpt-model-and-profile-s4", "models/gpt.py", *GPT_S4),  # checks the profile's fingerprint against the model
-    *(plan(f"{m}-s{s}", "--profile", f"{FIX}/{m}_profile.json", "--stages", str(s), "--memory", "2GiB", "--batch-size", "32")
+    *(plan(f"{m}-s{s}", "--profile", f"{FIX}/{m}_profile.json", "--stages", str(s), "--memory", "2GiB",
+           "--batch-size", "32")
       for m, stages in (("llama", (2, 4)), ("resnet", (2, 4)), ("unet", (2, 4)), ("mlp", (4,)), ("chargpt", (2,)))
       for s in stages),
     plan("synth100-s8-8gib", *SYNTH_8, "--memory", "8GiB"),  # bench_planner's 100 -> 8
@@ -376,7 +381,8 @@ def main() -> int:
         hashes[case.name] = recorded(result)
         line = result["stderr_line"].splitlines()[-1] if result["stderr_line"] else ""
         print(
-            f"{case.name}: rc {result['rc']}, {result['seconds']:.1f} s, {result['sha256'][:12] or 'no file'}  {line[:110]}"
+            f"{case.name}: rc {result['rc']}, {result['seconds']:.1f} s, "
+            f"{result['sha256'][:12] or 'no file'}  {line[:110]}"
         )
     (out / "hashes.json").write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
     print(f"{len(hashes)} cases, {time.perf_counter() - t0:.1f} s; wrote {out / 'hashes.json'}")
