@@ -15,7 +15,8 @@
   tests start training ranks) and of :data:`SETUP_MODULES` (whose tests share an expensive
   module-scoped fixture) to one worker as a whole -- its tests run in order, so one gloo
   launch serves many cases and a module's cached plans, profiles or emitted stages are made
-  once, not once per worker -- and every other test on its own. :func:`pytest_collection_modifyitems` puts the slow tests first in each worker's
+  once, not once per worker -- and every other test on its own.
+  :func:`pytest_collection_modifyitems` puts the slow tests first in each worker's
   list, so the quick ones fill in at the end.
 """
 

@@ -26,10 +26,16 @@ def test_check_output_file(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     cases = {
         "/proc/x.json": "--output /proc/x.json: cannot write in /proc (",
-        f"{tmp_path}/file/x.json": f"--output {tmp_path}/file/x.json: {tmp_path}/file is a file, not a folder; write elsewhere",
-        f"{tmp_path}/none/x.json": f"--output {tmp_path}/none/x.json: folder {tmp_path}/none does not exist; create it or write elsewhere",
+        f"{tmp_path}/file/x.json": (
+            f"--output {tmp_path}/file/x.json: {tmp_path}/file is a file, not a folder; write elsewhere"
+        ),
+        f"{tmp_path}/none/x.json": (
+            f"--output {tmp_path}/none/x.json: folder {tmp_path}/none does not exist; create it or write elsewhere"
+        ),
         str(tmp_path): f"--output {tmp_path} is a directory; name a file, e.g. {tmp_path}/out.json",
-        f"{tmp_path}/{ODD}": f"--output {tmp_path}/odd\\xff\\xfename.json has bytes that are not UTF-8; choose a UTF-8 name",
+        f"{tmp_path}/{ODD}": (
+            f"--output {tmp_path}/odd\\xff\\xfename.json has bytes that are not UTF-8; choose a UTF-8 name"
+        ),
         f"{tmp_path}/a\x00b": f"--output '{tmp_path}/a\\x00b' contains a NUL byte; choose another name",
         "": "--output is empty; name a file to write",
     }

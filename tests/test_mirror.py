@@ -43,7 +43,8 @@ def test_every_module_has_a_test_file_named_for_it_or_names_its_own() -> None:
             continue
         where = f"its docstring names {', '.join(named)}, which is not there" if named else "no test file"
         unmirrored.append(
-            f"{module.relative_to(ROOT)}: {where}; add {mirror(module).relative_to(ROOT)} or a 'Tests: tests/...py.' line"
+            f"{module.relative_to(ROOT)}: {where}; add {mirror(module).relative_to(ROOT)} "
+            "or a 'Tests: tests/...py.' line"
         )
     assert not unmirrored, "\n".join(unmirrored)
 

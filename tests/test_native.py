@@ -22,7 +22,8 @@ def test_each_twin_module_holds_the_extension_the_loader_gives() -> None:
 def test_an_unknown_extension_is_refused_in_one_line() -> None:
     with pytest.raises(
         ValueError,
-        match=r"^'autopipe\.simulate\.events' is not one of autopipe's C extensions; use one of autopipe\.simulate\._simcore, ",
+        match=r"^'autopipe\.simulate\.events' is not one of autopipe's C extensions; "
+        r"use one of autopipe\.simulate\._simcore, ",
     ):
         native.load("autopipe.simulate.events")
 

@@ -72,7 +72,8 @@ BAD: list[tuple[str, Mutation, str]] = [
     (
         "schedule unknown",
         _set("schedule", "nope"),
-        "schedule 'nope' is unknown (known: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, dualpipe-v)",
+        "schedule 'nope' is unknown "
+        "(known: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, dualpipe-v)",
     ),
     ("virtual 0", _set("virtual", 0), "virtual is 0, expected 1 to 64"),
     (

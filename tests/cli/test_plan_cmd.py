@@ -334,8 +334,8 @@ def test_huge_batches_get_a_one_line_answer(tmp_path: Path, capsys: pytest.Captu
             )
         else:  # beyond it: refused before any search (a plan that large would not load back)
             assert (
-                err
-                == f"autopipe: error: --batch-size {batch} is more than autopipe plans (at most 2147483648 = 2**31 samples per pipeline); use a smaller batch\n"
+                err == f"autopipe: error: --batch-size {batch} is more than autopipe plans "
+                "(at most 2147483648 = 2**31 samples per pipeline); use a smaller batch\n"
             )
     code, _, err = _run(capsys, *base, "--memory", "1GiB", "--batch-size", str(2**31), "--micro-batches", str(2**31))
     assert code == 2
@@ -448,7 +448,8 @@ def test_a_hand_edited_profile_is_checked_against_the_model(
     )
     assert (code, err) == (
         2,
-        f"autopipe: error: {edited} has {n} blocks, the model traces into {n - 1}: block {n - 1} 'extra' is not in the model; "
+        f"autopipe: error: {edited} has {n} blocks, the model traces into {n - 1}: "
+        f"block {n - 1} 'extra' is not in the model; "
         "profile the model again\n",
     )
 
@@ -533,7 +534,8 @@ def test_balance_prints_the_users_split_beside_autopipes_and_writes_the_users(
         (
             "2,1,1,2",
             [],
-            "--balance has 4 entries = 2 devices x 2 chunks; name the schedule that runs 2 chunks per device with --schedule (e.g. interleaved-1f1b, zb-v)",
+            "--balance has 4 entries = 2 devices x 2 chunks; name the schedule that runs 2 chunks per device "
+            "with --schedule (e.g. interleaved-1f1b, zb-v)",
         ),
         ("3,3", ["--schedule", "zb-v"], "--balance has 2 entries but zb-v on 2 devices runs 4 chunks; give 4 entries"),
         (
@@ -588,7 +590,8 @@ def test_bad_balance_is_one_line_and_exit_2(
         ),
         (
             ["--schedule", "dualpipe-v", "--stages", "4", "--batch-size", "6"],
-            "dualpipe-v needs at least 8 micro-batches on 4 devices, more than --batch-size 6; use --batch-size 8 or more",
+            "dualpipe-v needs at least 8 micro-batches on 4 devices, more than --batch-size 6; "
+            "use --batch-size 8 or more",
         ),
         (
             ["--devices", "2", "--stages", "4"],

@@ -77,7 +77,8 @@ def test_a_zb_v_plan_shows_its_v(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert device_column(lines) == ["0 ↓", "1 ↓", "2 ↓", "3 ↓", "3 ↑", "2 ↑", "1 ↑", "0 ↑"]
     placed = next(line for line in lines if "placement" in line)
     assert placed == (
-        "V placement: device 0 runs chunks 0 and 7, device 1 runs 1 and 6, device 2 runs 2 and 5, device 3 runs 3 and 4 "
+        "V placement: device 0 runs chunks 0 and 7, device 1 runs 1 and 6, device 2 runs 2 and 5, "
+        "device 3 runs 3 and 4 "
         "(down the V on chunks 0-3, back up on 4-7: the first and the last chunk on device 0)"
     )
     stages = as_json["stages"]

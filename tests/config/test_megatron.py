@@ -162,10 +162,15 @@ def _layers(plan: Plan) -> list[int]:
 
 
 def test_the_rules_refuse_what_megatron_refuses() -> None:
-    ok = "--tensor-model-parallel-size 1\n--pipeline-model-parallel-size 4\n--micro-batch-size 2\n--global-batch-size 16\n--num-layers 8\n"
+    ok = (
+        "--tensor-model-parallel-size 1\n--pipeline-model-parallel-size 4\n--micro-batch-size 2\n"
+        "--global-batch-size 16\n--num-layers 8\n"
+    )
     assert megatron_rules(ok, 8) == [2, 2, 2, 2]
     bad = {
-        "--pipeline-model-parallel-layout 'Ett|tt|tt|ttL'\n--num-virtual-stages-per-pipeline-rank 1": "no more than one",
+        (
+            "--pipeline-model-parallel-layout 'Ett|tt|tt|ttL'\n--num-virtual-stages-per-pipeline-rank 1"
+        ): "no more than one",
         "--pipeline-model-parallel-layout 'Ett|tt|tt|tL'": "must match num_layers",
         "--pipeline-model-parallel-layout 'tt|Ett|tt|ttL'": "start with E",
         "--pipeline-model-parallel-layout 'Ett|tt|tt|ttL'\n--decoder-first-pipeline-num-layers 2": "cannot be set",
@@ -300,9 +305,9 @@ def test_a_v_shaped_plan_runs_round_robin_in_megatron_and_says_so(gpt_plans: dic
     )
     text = megatron_args(v_plan)
     assert (
-        f"# Megatron has no zb-v schedule: it runs interleaved 1F1B with these stages instead (no separate weight-gradient pass; chunk j on rank j % {plan.devices}, not in the plan's V)"
-        in text
-    )
+        "# Megatron has no zb-v schedule: it runs interleaved 1F1B with these stages instead "
+        f"(no separate weight-gradient pass; chunk j on rank j % {plan.devices}, not in the plan's V)"
+    ) in text
     assert megatron_rules(text, plan.devices * plan.data_parallel) == _layers(plan)
 
 

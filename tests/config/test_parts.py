@@ -47,7 +47,8 @@ def test_what_cannot_be_placed_is_a_note() -> None:
     split = model_parts(_renamed(("wte", "blocks.0", "blocks.1.attn"), ("blocks.1.mlp", "blocks.2", "head")))
     assert [c.layers for c in split.chunks] == [2, 1]
     assert split.notes == (
-        "layer blocks.1 is split between stages 0 and 1 (block blocks.1.mlp); the frameworks keep a layer whole, on stage 0",
+        "layer blocks.1 is split between stages 0 and 1 (block blocks.1.mlp); "
+        "the frameworks keep a layer whole, on stage 0",
     )
     between = model_parts(_renamed(("wte", "blocks.0", "adapter"), ("blocks.1", "head")))
     assert "blocks adapter (stage 0) sit between transformer layers" in between.notes[0]

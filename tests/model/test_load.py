@@ -286,7 +286,8 @@ def test_error_in_sibling_module_names_its_line(tmp_path: Path) -> None:
     write(
         tmp_path,
         "layers_sibling_abc.py",
-        "import torch\nclass Bad(torch.nn.Module):\n    def forward(self, x):\n        raise RuntimeError('shape mismatch')\n",
+        "import torch\nclass Bad(torch.nn.Module):\n    def forward(self, x):\n"
+        "        raise RuntimeError('shape mismatch')\n",
     )
     p = write(
         tmp_path, "net.py", "from layers_sibling_abc import Bad\ndef build_model():\n    return Bad()\n" + GOOD_TAIL
@@ -317,12 +318,14 @@ def test_binary_model_file(tmp_path: Path) -> None:
     binary = tmp_path / "binary.py"
     binary.write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\xff\xfe")
     assert load_error(str(binary)) == (
-        f"{binary} is not Python source (a binary file?); a model file is a .py file defining build_model() and example_inputs()"
+        f"{binary} is not Python source (a binary file?); "
+        "a model file is a .py file defining build_model() and example_inputs()"
     )
     latin = tmp_path / "latin.py"
     latin.write_bytes(b"x = '\xff\xfe'\n")
     assert load_error(str(latin)) == (
-        f"syntax error in {latin}:1: (unicode error) 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"
+        f"syntax error in {latin}:1: (unicode error) "
+        "'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"
     )
 
 
@@ -343,14 +346,16 @@ def test_binary_model_file(tmp_path: Path) -> None:
         ),
         (
             lambda s: s.replace("torch.randn(batch_size, 4)", "torch.randn(8, 4)"),
-            "example_inputs(2) in {path} returned a tensor of shape (8, 4), whose first dimension is not the batch size 2; "
+            "example_inputs(2) in {path} returned a tensor of shape (8, 4), "
+            "whose first dimension is not the batch size 2; "
             "make example_inputs use its batch_size argument",
         ),
         (
             lambda s: s.replace(
                 "torch.randn(batch_size, 4)", "(torch.randn(batch_size, 4), {'mask': torch.ones(3, 4)})"
             ),
-            "example_inputs(2) in {path} returned a tensor of shape (3, 4), whose first dimension is not the batch size 2; "
+            "example_inputs(2) in {path} returned a tensor of shape (3, 4), "
+            "whose first dimension is not the batch size 2; "
             "make example_inputs use its batch_size argument",
         ),
     ],

@@ -70,7 +70,8 @@ def test_v_balances_need_the_schedule_and_one_chunk_balances_search_one_chunk_sc
         (dict(balance=[3, 3, 2]), r"^balance has 3 entries for 2 devices; give 2 \(one chunk per device\) or 2 x v"),
         (
             dict(balance=[2, 2, 2, 2]),
-            r"^balance has 4 entries = 2 devices x 2 chunks; name the schedule that runs 2 chunks per device with schedule=",
+            r"^balance has 4 entries = 2 devices x 2 chunks; "
+            r"name the schedule that runs 2 chunks per device with schedule=",
         ),
         (
             dict(balance=[4, 4], choices=Choices(schedule="zb-v")),

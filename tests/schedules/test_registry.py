@@ -100,9 +100,9 @@ def test_each_spec_lives_beside_its_create_schedule(spec: ScheduleSpec) -> None:
 def test_unknown_name_is_one_line() -> None:
     with pytest.raises(ScheduleError) as info:
         schedule_spec("pipedream")
-    assert (
-        str(info.value)
-        == "unknown schedule 'pipedream'; use one of gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, dualpipe-v"
+    assert str(info.value) == (
+        "unknown schedule 'pipedream'; "
+        "use one of gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, dualpipe-v"
     )
 
 

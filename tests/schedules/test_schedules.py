@@ -138,7 +138,8 @@ def test_unknown_schedule_lists_names() -> None:
     with pytest.raises(ScheduleError) as info:
         make_schedule("pipedream", 2, 2)
     assert str(info.value) == (
-        "unknown schedule 'pipedream'; use one of gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, dualpipe-v"
+        "unknown schedule 'pipedream'; "
+        "use one of gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, v-half, v-min, dualpipe-v"
     )
 
 

@@ -39,7 +39,8 @@ def synthetic_plan(
     recompute: tuple[int, ...] = (),
     first_b: float = 2 * MS,
 ) -> Plan:
-    """A plan without a model or a search (stages where ``schedule`` places them): stage j forwards in (1 + j/10) ms, backwards in 2 ms
+    """A plan without a model or a search (stages where ``schedule`` places them): stage j forwards in
+    (1 + j/10) ms, backwards in 2 ms
     (``first_b`` on stage 0: its input-gradient B), recomputes where told, holds 1 GiB static."""
     n = devices * virtual
     stages = tuple(

@@ -224,7 +224,8 @@ def test_pipeline_inputs_flatten_the_batch_as_the_first_stage_takes_it() -> None
     assert pipeline_inputs([Stage(False, ("h",))], {"input_ids": a}) == ()  # other ranks take nothing
     with pytest.raises(
         PlanError,
-        match=r"the batch has no input 'attention_mask' .*give every input the model was traced with: input_ids, attention_mask",
+        match=r"the batch has no input 'attention_mask' "
+        r".*give every input the model was traced with: input_ids, attention_mask",
     ):
         pipeline_inputs(first, {"input_ids": a})
     with pytest.raises(PlanError, match="the batch has 1 values where the model was traced with 2 tensor inputs"):

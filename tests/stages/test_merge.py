@@ -81,7 +81,8 @@ def test_weights_outside_the_folder_are_refused(stages: Path, name: str) -> None
     _edit(stages, point)
     _refused(
         stages,
-        f"{{root}}/manifest.json names weights file {name!r} outside the folder; merge reads only files inside {{root}}",
+        f"{{root}}/manifest.json names weights file {name!r} outside the folder; "
+        "merge reads only files inside {root}",
     )
 
 
@@ -91,7 +92,8 @@ def test_a_symlink_out_of_the_folder_is_refused(stages: Path) -> None:
     os.symlink(outside, stages / "stage0" / "weights.pt")
     _refused(
         stages,
-        "{root}/manifest.json names weights file 'stage0/weights.pt' outside the folder; merge reads only files inside {root}",
+        "{root}/manifest.json names weights file 'stage0/weights.pt' outside the folder; "
+        "merge reads only files inside {root}",
     )
 
 
@@ -142,12 +144,14 @@ def test_shape_and_dtype_are_checked(stages: Path) -> None:
     torch.save({**state, name: torch.zeros(3, 5)}, weights)
     _refused(
         stages,
-        f"{{root}}/stage1/weights.pt: {name} is (3, 5) float32, the manifest says {tuple(good.shape)} float32; emit the stages again",
+        f"{{root}}/stage1/weights.pt: {name} is (3, 5) float32, the manifest says {tuple(good.shape)} float32; "
+        "emit the stages again",
     )
     torch.save({**state, name: good.double()}, weights)
     _refused(
         stages,
-        f"{{root}}/stage1/weights.pt: {name} is {tuple(good.shape)} float64, the manifest says {tuple(good.shape)} float32; "
+        f"{{root}}/stage1/weights.pt: {name} is {tuple(good.shape)} float64, "
+        f"the manifest says {tuple(good.shape)} float32; "
         "emit the stages again",
     )
 

@@ -69,7 +69,8 @@ def test_without_train_data_each_step_seeds_example_inputs(tmp_path: Path) -> No
         ),
         (
             "def train_data(batch_size):\n    return [(torch.ones(3, 3), None)]",
-            r"batch 0 of train_data\(\) in .*m\.py has 3 samples in its inputs, the plan's batch size is 4; .*drop_last=True",
+            r"batch 0 of train_data\(\) in .*m\.py has 3 samples in its inputs, "
+            r"the plan's batch size is 4; .*drop_last=True",
         ),
         ("def train_data(batch_size):\n    return []", r"train_data\(4\) in .*m\.py yielded no batches"),
         ("def train_data(batch_size):\n    return 5", r"train_data\(4\) in .*m\.py returned a int; return an iterable"),

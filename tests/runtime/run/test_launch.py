@@ -160,7 +160,8 @@ def test_a_hung_rank_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("AUTOPIPE_TEST_FAULT", "hang:1")
     with pytest.raises(
         RuntimeFailure,
-        match=r"rank 1 failed: it stopped responding \(rank 0 gave up on it: receiving from rank 1 .*(Timed out|timed out)",
+        match=r"rank 1 failed: it stopped responding "
+        r"\(rank 0 gave up on it: receiving from rank 1 .*(Timed out|timed out)",
     ) as info:
         launch(plan, RunOptions(steps=1, timeout_s=2))
     assert info.value.rank == 1

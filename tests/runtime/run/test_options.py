@@ -210,7 +210,8 @@ def _flag_cases(tmp: Path) -> list[tuple[list[str], str]]:
         ),
         (
             ["--save-checkpoint", str(tmp / "a-file" / "ck")],
-            f"--save-checkpoint {str(tmp / 'a-file' / 'ck')!r}: {str(tmp / 'a-file')!r} is a file, so no folder can be made under it",
+            f"--save-checkpoint {str(tmp / 'a-file' / 'ck')!r}: {str(tmp / 'a-file')!r} is a file, "
+            "so no folder can be made under it",
         ),
         (
             ["--save-checkpoint", "/proc/autopipe-ck"],
