@@ -45,13 +45,15 @@ def plan_balance(profile: Profile, request: PlanRequest, balance: Sequence[int],
         priced.append(price_split(profile, request, d, sizes, problem=problem, times=size.times, source="balance"))
     if not priced:
         raise PlanError(
-            f"no schedule asked runs {v} chunk{'s' if v > 1 else ''} per device for {flag} {','.join(map(str, sizes))}; name one with {'--schedule' if flag.startswith('--') else 'schedule='}"
+            f"no schedule asked runs {v} chunk{'s' if v > 1 else ''} per device for {flag} "
+            f"{','.join(map(str, sizes))}; name one with {'--schedule' if flag.startswith('--') else 'schedule='}"
         )
     fitting = sorted((x for x in priced if fits(x.summary, request.memory_limit)), key=_key)
     if not fitting:
         need = min((max(t.peak_memory_bytes) for _, t in priced), default=math.inf)
         raise InfeasibleError(
-            f"the split {','.join(map(str, sizes))} does not fit {format_bytes(request.memory_limit)} per device under any "
+            f"the split {','.join(map(str, sizes))} does not fit "
+            f"{format_bytes(request.memory_limit)} per device under any "
             f"schedule and micro-batch count asked; it needs {format_bytes(need, round_up=True)} per device "
             "(raise --memory, allow recomputation, or move blocks off the fullest device)",
             min_memory_bytes=need if math.isfinite(need) else None,

@@ -56,8 +56,8 @@ def candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
 
     For each chunk j of rank r: r's work on its chunks from j on (all m F and m B) cannot
     start before micro-batch 0's forward reaches chunk j, and after the last of those B the
-    gradient still crosses every chunk before j (on a V, the up chunk waits for the way down). Every rank also works m times its
-    stages' F + B + W, and micro-batch 0 makes the whole round trip.
+    gradient still crosses every chunk before j (on a V, the up chunk waits for the way down). Every rank also
+    works m times its stages' F + B + W, and micro-batch 0 makes the whole round trip.
     """
     split = schedule_spec(c.decision.schedule).splits_backward
     f = [x.forward_s for x in c.costs]
@@ -214,8 +214,8 @@ def decision_bound(work: Work, req: PlanRequest, d: Decision) -> float:
 
     Micro-batch 0 runs forward through every stage and back, one action after another, so
     the iteration takes at least the model's whole F + B for one micro-batch (B: the input-
-    gradient part when W is split off, which the first stage does not have); and the ranks share m times the model's total work T,
-    so the busiest works at least a 1/S share of it. Sharper, for one stage per rank: rank r
+    gradient part when W is split off, which the first stage does not have); and the ranks share m times
+    the model's total work T, so the busiest works at least a 1/S share of it. Sharper, for one stage per rank: rank r
     cannot start before micro-batch 0's forward has crossed stages 0..r-1, then works m t_r,
     and (GPipe, 1F1B) its last gradient still crosses stages r-1..0 — at least
     ``a P_r + m t_r`` with ``P_r`` the work of the stages before r and ``a`` the smallest

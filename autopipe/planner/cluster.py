@@ -60,7 +60,8 @@ def check_degrees(gpus: int, pinned: Sequence[tuple[str, int | None]], gpus_name
     if gpus % product or (len(given) == 3 and product != gpus):
         said = " x ".join(f"{name} {v}" for name, v in given) + (f" = {product}" if len(given) > 1 else "")
         raise PlanError(
-            f"{said} does not {'equal' if len(given) == 3 else 'divide'} {gpus_name} {gpus}; pin degrees whose product divides it"
+            f"{said} does not {'equal' if len(given) == 3 else 'divide'} {gpus_name} {gpus}; "
+            "pin degrees whose product divides it"
         )
 
 

@@ -101,8 +101,10 @@ class ParallelOption:
     def describe(self) -> str:
         lay, p = self.layout, self.plan
         return (
-            f"t={lay.tensor_parallel} x S={lay.stages} x D={lay.data_parallel} ({lay.placement}): {p.schedule}, m={p.micro_batches}, "
-            f"step {_seconds(p.step_time_s)} (pipeline {_seconds(p.iteration_time_s)} + all-reduce {_seconds(p.allreduce_s)})"
+            f"t={lay.tensor_parallel} x S={lay.stages} x D={lay.data_parallel} ({lay.placement}): "
+            f"{p.schedule}, m={p.micro_batches}, "
+            f"step {_seconds(p.step_time_s)} (pipeline {_seconds(p.iteration_time_s)} "
+            f"+ all-reduce {_seconds(p.allreduce_s)})"
         )
 
 
@@ -219,7 +221,10 @@ def _cannot(profile: Profile, request: ParallelRequest, t: int, S: int, D: int) 
         return f"{D} replicas, more than autopipe plans (at most {MAX_REPLICAS} = 2**20)"
     static = _static_bound(profile, request, S, D)
     if static > request.memory_limit:
-        return f"needs at least {format_bytes(static, round_up=True)} per device for weights, gradients and optimizer state"
+        return (
+            f"needs at least {format_bytes(static, round_up=True)} per device "
+            "for weights, gradients and optimizer state"
+        )
     return None
 
 
@@ -399,6 +404,7 @@ def _no_layout(request: ParallelRequest, rejected: list[Rejected]) -> PlanError:
     deepest = max(rejected, key=lambda r: r.stages, default=None)
     hint = f"; the deepest pipeline (S={deepest.stages}): {deepest.reason}" if deepest else ""
     return InfeasibleError(
-        f"no split of {request.cluster.devices} devices into tensor x pipeline x data parallel fits {format_bytes(request.memory_limit)} per device"
+        f"no split of {request.cluster.devices} devices into tensor x pipeline x data parallel fits "
+        f"{format_bytes(request.memory_limit)} per device"
         f"{hint}"
     )

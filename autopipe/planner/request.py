@@ -190,13 +190,15 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
         raise PlanError("the profile has no blocks, so there is nothing to cut; profile the model again")
     if S > n:
         raise PlanError(
-            f"cannot cut {n} blocks into {S} stages; use {said('stages', n)} or fewer, or finer blocks when profiling ({w('max_blocks')})"
+            f"cannot cut {n} blocks into {S} stages; use {said('stages', n)} or fewer, "
+            f"or finer blocks when profiling ({w('max_blocks')})"
         )
     if B < 1:
         raise PlanError(f"{w('batch_size')} must be at least 1 (got {B})")
     if B > MAX_BATCH_SIZE:
         raise PlanError(
-            f"{said('batch_size', B)} is more than autopipe plans (at most {MAX_BATCH_SIZE} = 2**31 samples per pipeline); use a smaller batch"
+            f"{said('batch_size', B)} is more than autopipe plans "
+            f"(at most {MAX_BATCH_SIZE} = 2**31 samples per pipeline); use a smaller batch"
         )
     if S > MAX_DEVICES:
         raise PlanError(f"{said('stages', S)} is more than autopipe plans (at most {MAX_DEVICES} = 2**12); use fewer")
@@ -208,7 +210,8 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
             raise PlanError(f"{w('micro_batches')} must be at least 1 (got {m})")
         if m > MAX_MICRO_BATCHES:
             raise PlanError(
-                f"{said('micro_batches', m)} is more than autopipe plans (at most {MAX_MICRO_BATCHES} = 2**16); use fewer"
+                f"{said('micro_batches', m)} is more than autopipe plans "
+                f"(at most {MAX_MICRO_BATCHES} = 2**16); use fewer"
             )
         if B % m:
             raise PlanError(f"batch size {B} is not divisible into {m} micro-batches; use one of {_some_divisors(B)}")
@@ -218,7 +221,8 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
                 "torch.export traced this model, and it traces a micro-batch of 1 with another graph; "
                 f"use at most {B // 2} micro-batches (micro-batches of 2 or more)"
                 if B > 1
-                else f"torch.export traced this model, and it traces a micro-batch of 1 with another graph; use {said('batch_size', 2)} or more"
+                else "torch.export traced this model, and it traces a micro-batch of 1 with another graph; "
+                f"use {said('batch_size', 2)} or more"
             )
         raise PlanError(
             "this profile measured micro-batches of 1 only, and torch.export traces larger ones with another graph; "
@@ -243,7 +247,8 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
         if spec is not None and len(spec.virtual_choices) == 1 and req.virtual not in spec.virtual_choices:
             v = spec.virtual_choices[0]
             raise PlanError(
-                f"{spec.name} runs {v} stages per device (got {said('virtual', req.virtual)}); use {said('virtual', v)} or leave it out"
+                f"{spec.name} runs {v} stages per device (got {said('virtual', req.virtual)}); "
+                f"use {said('virtual', v)} or leave it out"
             )
         if S * req.virtual > n:
             raise PlanError(
@@ -261,7 +266,8 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
     least = spec.least_micro_batches(S) if spec is not None else 1
     if req.micro_batches is not None and req.micro_batches < least:
         raise PlanError(
-            f"{req.schedule} needs at least {least} micro-batches on {S} devices (got {said('micro_batches', req.micro_batches)}); use {said('micro_batches', least)} or more"
+            f"{req.schedule} needs at least {least} micro-batches on {S} devices "
+            f"(got {said('micro_batches', req.micro_batches)}); use {said('micro_batches', least)} or more"
         )
     if req.recompute not in ("auto", "never", "always"):
         raise PlanError(f"recompute must be auto, never or always (got {req.recompute!r})")
@@ -272,7 +278,8 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
     if not decisions(profile, req):
         if least > 1 and B < least:
             raise PlanError(
-                f"{req.schedule} needs at least {least} micro-batches on {S} devices, more than {said('batch_size', B)}; use {said('batch_size', least)} or more"
+                f"{req.schedule} needs at least {least} micro-batches on {S} devices, "
+                f"more than {said('batch_size', B)}; use {said('batch_size', least)} or more"
             )
         chunked = spec.name if spec is not None else " and ".join(s.name for s in search_order() if s.takes_virtual)
         raise PlanError(
@@ -300,7 +307,8 @@ def infeasible_error(profile: Profile, req: PlanRequest, need: float) -> Infeasi
         else ""
     )
     return InfeasibleError(
-        f"no plan of {profile.num_blocks} blocks on {req.devices} devices fits {format_bytes(req.memory_limit)} per device"
+        f"no plan of {profile.num_blocks} blocks on {req.devices} devices fits "
+        f"{format_bytes(req.memory_limit)} per device"
         f"{need_text} (or use {fixes})",
         min_memory_bytes=need if math.isfinite(need) else None,
     )

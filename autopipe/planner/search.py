@@ -2,8 +2,8 @@
 
 For every micro-batch count ``m`` that divides the batch (micro-batch size ``u = B/m``, costs
 from the Profile's affine fits), every schedule (GPipe, 1F1B, ZB-H1, interleaved 1F1B with v
-virtual stages, ZB-V with two chunks per device in a V) and the per-stage recomputation choice, the partition solver finds the cuts
-that minimise the pipeline's bottleneck under each device's memory limit, given how many
+virtual stages, ZB-V with two chunks per device in a V) and the per-stage recomputation choice, the partition solver
+finds the cuts that minimise the pipeline's bottleneck under each device's memory limit, given how many
 micro-batches of activations the schedule holds on each stage (``ScheduleSpec.inflight``, in
 each schedule's module; limit M / v per chunk, a heuristic for its own cuts — the simulated
 per-device peak decides what fits):
@@ -152,7 +152,8 @@ def plan_search(
     profile: Profile, request: PlanRequest, progress: Progress | None = None, incumbent: float = math.inf
 ) -> list[Priced]:
     """Every simulated candidate that fits, fastest first (the branch and bound of :func:`plan_pipeline`, for a
-    validated request); InfeasibleError when none fits (none faster than ``incumbent``: another search's time to beat)."""
+    validated request); InfeasibleError when none fits (none faster than ``incumbent``: another search's
+    time to beat)."""
     search = _Search(SearchContext(profile, request), progress or (lambda what, done, total: None), incumbent)
     search.run()
     fitting = search.fitting()

@@ -196,7 +196,8 @@ def check_balance(
     """
     if isinstance(balance, (str, bytes)) or not isinstance(balance, Sequence):
         raise PlanError(
-            f"{flag} must be a sequence of blocks per chunk, like {_example(blocks, devices).replace(',', ', ')} (got {balance!r})"
+            f"{flag} must be a sequence of blocks per chunk, "
+            f"like {_example(blocks, devices).replace(',', ', ')} (got {balance!r})"
         )
     sizes = list(balance)
     schedule_flag, virtual_flag = ("--schedule", "--virtual") if flag.startswith("--") else ("schedule=", "virtual=")
@@ -220,12 +221,14 @@ def check_balance(
     v = len(sizes) // devices
     if virtual is not None and virtual != v:
         raise PlanError(
-            f"{flag} has {len(sizes)} entries = {devices} devices x {v} chunks, but {virtual_flag} is {virtual}; drop one"
+            f"{flag} has {len(sizes)} entries = {devices} devices x {v} chunks, "
+            f"but {virtual_flag} is {virtual}; drop one"
         )
     if schedule is None:
         if v != 1:
             raise PlanError(
-                f"{flag} has {len(sizes)} entries = {devices} devices x {v} chunks; name the schedule that runs {v} chunks "
+                f"{flag} has {len(sizes)} entries = {devices} devices x {v} chunks; "
+                f"name the schedule that runs {v} chunks "
                 f"per device with {schedule_flag} (e.g. interleaved-1f1b, zb-v)"
             )
         return 1
@@ -233,7 +236,8 @@ def check_balance(
     if v not in spec.virtual_choices:
         want = " or ".join(str(devices * c) for c in spec.virtual_choices)
         raise PlanError(
-            f"{flag} has {len(sizes)} entries but {schedule} on {devices} devices runs {want} chunks; give {want} entries"
+            f"{flag} has {len(sizes)} entries but {schedule} on {devices} devices runs {want} chunks; "
+            f"give {want} entries"
         )
     return v
 

@@ -64,15 +64,18 @@ def check_plan(plan: Plan, traced: TracedModel) -> None:
                 )
             if b in stage_of:
                 raise PlanError(
-                    f"stage {st.index} holds block {b} ({traced.blocks[b].name!r}), which stage {stage_of[b]} holds too; {again}"
+                    f"stage {st.index} holds block {b} ({traced.blocks[b].name!r}), "
+                    f"which stage {stage_of[b]} holds too; {again}"
                 )
             if b < previous:
                 raise PlanError(
-                    f"stage {st.index} lists block {b} after block {previous}: a stage's blocks go in the model's order; {again}"
+                    f"stage {st.index} lists block {b} after block {previous}: "
+                    f"a stage's blocks go in the model's order; {again}"
                 )
             if traced.blocks[b].name != name:
                 raise PlanError(
-                    f"stage {st.index} calls block {b} {name!r}, but in the model it is {traced.blocks[b].name!r}; {again}"
+                    f"stage {st.index} calls block {b} {name!r}, "
+                    f"but in the model it is {traced.blocks[b].name!r}; {again}"
                 )
             stage_of[b], previous = st.index, b
         _check_nodes(plan, traced, st.index, again)
@@ -80,7 +83,8 @@ def check_plan(plan: Plan, traced: TracedModel) -> None:
     if missing:
         names = ", ".join(repr(traced.blocks[b].name) for b in missing[:3])
         raise PlanError(
-            f"{len(missing)} block(s) of the model are on no stage ({names}{' ...' if len(missing) > 3 else ''}); {again}"
+            f"{len(missing)} block(s) of the model are on no stage "
+            f"({names}{' ...' if len(missing) > 3 else ''}); {again}"
         )
     for src, dst in sorted({(e.src, e.dst) for e in traced.edges}):  # (no networkx graph needed)
         if stage_of[src] > stage_of[dst]:

@@ -177,11 +177,13 @@ def to_torch_pipelining(
         raise PlanError(f"rank {rank} is outside the plan's {plan.devices} pipeline ranks; use 0 to {plan.devices - 1}")
     if plan.schedule in schedule_names() and plan.schedule not in SCHEDULE_CLASSES:  # v-half, v-min
         raise PlanError(
-            f"{plan.schedule} has no torch.distributed.pipelining schedule; run it with autopipe's executor (--engine autopipe)"
+            f"{plan.schedule} has no torch.distributed.pipelining schedule; "
+            "run it with autopipe's executor (--engine autopipe)"
         )
     if plan.schedule not in SCHEDULE_CLASSES:
         raise PlanError(
-            f"schedule {plan.schedule!r} has no torch.distributed.pipelining counterpart; plan with one of: {', '.join(SCHEDULE_CLASSES)}"
+            f"schedule {plan.schedule!r} has no torch.distributed.pipelining counterpart; "
+            f"plan with one of: {', '.join(SCHEDULE_CLASSES)}"
         )
     traced = trace_for_plan(plan, model, example_inputs)
     split = split_model(traced, plan)

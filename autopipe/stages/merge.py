@@ -95,7 +95,8 @@ def merge_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
         have = str(t.dtype).removeprefix("torch.")
         if shape is not None and (list(t.shape), have) != (shape, dtype):
             raise EmitError(
-                f"{path}: {name} is {tuple(t.shape)} {have}, the manifest says {tuple(shape)} {dtype}; emit the stages again"
+                f"{path}: {name} is {tuple(t.shape)} {have}, "
+                f"the manifest says {tuple(shape)} {dtype}; emit the stages again"
             )
         out[key] = t
     return out
@@ -139,11 +140,13 @@ def _load(path: Path) -> dict[str, torch.Tensor]:
                 f"weights file {path} is truncated or not a tensor file (unreadable pickle); emit the stages again"
             ) from None
         raise EmitError(
-            f"weights file {path} holds pickled objects other than tensors, refused (loading them could run code); emit the stages again"
+            f"weights file {path} holds pickled objects other than tensors, "
+            "refused (loading them could run code); emit the stages again"
         ) from None
     except Exception as e:  # what torch or safetensors raise on a truncated or garbage file
         raise EmitError(
-            f"weights file {path} is truncated or not a tensor file ({first_line(e).split('. ')[0]}); emit the stages again"
+            f"weights file {path} is truncated or not a tensor file "
+            f"({first_line(e).split('. ')[0]}); emit the stages again"
         ) from None
     if not isinstance(state, dict) or not all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()

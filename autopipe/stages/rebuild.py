@@ -2,8 +2,9 @@
 
 A Plan's recipe (:class:`~autopipe.graph.recipe.TraceRecipe`) records how its model was made
 (model file, factory, kwargs) and traced (tracer, leaf modules, block limit), plus the trace's
-fingerprint. ``emit`` and ``export`` rebuild the model from that recipe, trace it again at the plan's micro-batch size and check the plan against the trace
-(:mod:`autopipe.stages.check`), so the plan's stages are the trace's blocks before anything is cut.
+fingerprint. ``emit`` and ``export`` rebuild the model from that recipe, trace it again at the plan's
+micro-batch size and check the plan against the trace (:mod:`autopipe.stages.check`), so the plan's stages
+are the trace's blocks before anything is cut.
 
 Weights: a rebuilt model is seeded with ``torch.manual_seed(0)`` before its factory runs (the
 same weights every time), unless they come from a ``state_dict`` file; ``meta=True`` builds it
@@ -92,7 +93,8 @@ def _in_memory_message(name: str) -> str:
     return (
         f"the plan was made by autopipe.plan() from {module}, which the command line cannot rebuild; "
         "in Python, run it with autopipe.pipeline(plan, model) or emit it with autopipe.emit(plan, model, folder, "
-        "example_inputs=...), or plan a model file: autopipe plan MODEL.py -k key=value (autopipe.plan('MODEL.py', kwargs=...))"
+        "example_inputs=...), or plan a model file: autopipe plan MODEL.py -k key=value "
+        "(autopipe.plan('MODEL.py', kwargs=...))"
     )
 
 
@@ -125,7 +127,8 @@ def _load_weights(model: nn.Module, path: Path) -> None:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a corrupt file, or a pickle of something other than tensors
         raise ModelLoadError(
-            f"cannot read weights from {path} ({type(e).__name__}: {str(e)[:120]}); save model.state_dict() with torch.save"
+            f"cannot read weights from {path} ({type(e).__name__}: {str(e)[:120]}); "
+            "save model.state_dict() with torch.save"
         ) from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
@@ -145,7 +148,8 @@ def _load_weights(model: nn.Module, path: Path) -> None:
     except RuntimeError as e:
         first = str(e).strip().splitlines()[-1].strip()
         raise ModelLoadError(
-            f"{path} does not fit the plan's model ({first[:200]}); give the state_dict of the model the plan was made for"
+            f"{path} does not fit the plan's model ({first[:200]}); "
+            "give the state_dict of the model the plan was made for"
         ) from None
 
 

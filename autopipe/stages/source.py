@@ -132,7 +132,8 @@ def _walk(
         tensors[full] = t
         if isinstance(t, nn.Parameter):
             init.append(
-                f"_tensor(self, {full!r}, {tuple(t.shape)!r}, {t.dtype}, parameter=True, requires_grad={t.requires_grad})"
+                f"_tensor(self, {full!r}, {tuple(t.shape)!r}, {t.dtype}, "
+                f"parameter=True, requires_grad={t.requires_grad})"
             )
         else:
             init.append(f"_tensor(self, {full!r}, {tuple(t.shape)!r}, {t.dtype}, parameter=False)")
@@ -346,6 +347,7 @@ def _tie(root):
     for alias, name in TIES.items():
         parent, _, field = alias.rpartition(".")
         owner = root.get_submodule(parent) if parent else root
-        value = root.get_parameter(name) if isinstance(getattr(owner, field), torch.nn.Parameter) else root.get_buffer(name)
+        value = root.get_parameter(name) if isinstance(getattr(owner, field), torch.nn.Parameter) \
+else root.get_buffer(name)
         setattr(owner, field, value)
 '''
