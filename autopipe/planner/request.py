@@ -30,7 +30,7 @@ from autopipe.errors import InfeasibleError, PlanError
 from autopipe.modes import Recompute
 from autopipe.planner.pricing import Decision
 from autopipe.plans import MAX_BATCH_SIZE, MAX_DEVICES, MAX_MICRO_BATCHES
-from autopipe.schedules import schedule_names, schedule_spec, search_order
+from autopipe.schedules import ScheduleSpec, schedule_names, schedule_spec, search_order
 from autopipe.units import format_bytes
 
 __all__ = [
@@ -182,6 +182,31 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
 
 def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> None:
     """PlanError, one line naming the fields as ``words`` says (the API's keywords; the CLI's flags)."""
+    _check_sizes(profile, req, words)
+    _check_micro_batches(profile, req, words)
+    spec, least = _check_schedule(profile, req, words)
+    n, S, B = profile.num_blocks, req.devices, req.batch_size
+    w, said = words.name, words.said
+    if req.recompute not in ("auto", "never", "always"):
+        raise PlanError(f"recompute must be auto, never or always (got {req.recompute!r})")
+    if not req.link_bandwidth > 0 or req.link_latency_s < 0:
+        raise PlanError("link bandwidth must be positive and latency non-negative")
+    if not req.action_overhead_s >= 0:
+        raise PlanError(f"{w('action_overhead_s')} must be zero or more (got {req.action_overhead_s})")
+    if not decisions(profile, req):
+        if least > 1 and B < least:
+            raise PlanError(
+                f"{req.schedule} needs at least {least} micro-batches on {S} devices, "
+                f"more than {said('batch_size', B)}; use {said('batch_size', least)} or more"
+            )
+        chunked = spec.name if spec is not None else " and ".join(s.name for s in search_order() if s.takes_virtual)
+        raise PlanError(
+            f"no schedule fits the request: {chunked} needs micro-batches divisible by {S} and {S} x v <= {n} blocks"
+        )
+
+
+def _check_sizes(profile: Profile, req: PlanRequest, words: Words) -> None:
+    """Devices, blocks, batch and memory limit: each in range."""
     n, S, B = profile.num_blocks, req.devices, req.batch_size
     w, said = words.name, words.said
     if S < 1:
@@ -204,6 +229,12 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
         raise PlanError(f"{said('stages', S)} is more than autopipe plans (at most {MAX_DEVICES} = 2**12); use fewer")
     if not req.memory_limit > 0:
         raise PlanError(f"{w('memory')} must be positive (got {req.memory_limit})")
+
+
+def _check_micro_batches(profile: Profile, req: PlanRequest, words: Words) -> None:
+    """A pinned micro-batch count divides the batch; the profile can price its micro-batch size."""
+    B = req.batch_size
+    w, said = words.name, words.said
     if req.micro_batches is not None:
         m = req.micro_batches
         if m < 1:
@@ -233,6 +264,13 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
             "torch.export traced this model, and it traces a micro-batch of 1 with another graph than this "
             f"profile's; use {said('batch_size', 2)} or more"
         )
+
+
+def _check_schedule(profile: Profile, req: PlanRequest, words: Words) -> tuple[ScheduleSpec | None, int]:
+    """A pinned schedule and virtual stages agree with each other, the devices and the micro-batches;
+    returns its spec and its least micro-batch count."""
+    n, S = profile.num_blocks, req.devices
+    w, said = words.name, words.said
     if req.schedule is not None and req.schedule not in schedule_names():
         raise PlanError(f"unknown schedule {req.schedule!r}; use one of {', '.join(schedule_names())}")
     spec = schedule_spec(req.schedule) if req.schedule is not None else None
@@ -269,22 +307,7 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
             f"{req.schedule} needs at least {least} micro-batches on {S} devices "
             f"(got {said('micro_batches', req.micro_batches)}); use {said('micro_batches', least)} or more"
         )
-    if req.recompute not in ("auto", "never", "always"):
-        raise PlanError(f"recompute must be auto, never or always (got {req.recompute!r})")
-    if not req.link_bandwidth > 0 or req.link_latency_s < 0:
-        raise PlanError("link bandwidth must be positive and latency non-negative")
-    if not req.action_overhead_s >= 0:
-        raise PlanError(f"{w('action_overhead_s')} must be zero or more (got {req.action_overhead_s})")
-    if not decisions(profile, req):
-        if least > 1 and B < least:
-            raise PlanError(
-                f"{req.schedule} needs at least {least} micro-batches on {S} devices, "
-                f"more than {said('batch_size', B)}; use {said('batch_size', least)} or more"
-            )
-        chunked = spec.name if spec is not None else " and ".join(s.name for s in search_order() if s.takes_virtual)
-        raise PlanError(
-            f"no schedule fits the request: {chunked} needs micro-batches divisible by {S} and {S} x v <= {n} blocks"
-        )
+    return spec, least
 
 
 def _some_divisors(n: int, shown: int = 12) -> str:
