@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from autopipe._io import atomic_write
-from autopipe.errors import AutopipeError, PlanFileError
+from autopipe.errors import AutopipeError, OutputError, PlanFileError
 from autopipe.plans import Plan
 from autopipe.schedules.registry import schedule_spec
 from autopipe.show.picture import (
@@ -153,7 +153,7 @@ def draw_timeline(
     (the stage costs it was simulated with) add the memory panel; ``shown`` is :func:`plan_frame`'s, if made already."""
     p = Path(path)
     if p.suffix.lower() not in (".png", ".svg"):
-        raise AutopipeError(f"--timeline {p}: use a .png or .svg file name")
+        raise OutputError(f"--timeline {p}: use a .png or .svg file name")
     try:
         from matplotlib.figure import Figure  # no pyplot: no global state, faster to import
     except ImportError:
