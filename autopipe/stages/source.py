@@ -347,7 +347,7 @@ def _tie(root):
     for alias, name in TIES.items():
         parent, _, field = alias.rpartition(".")
         owner = root.get_submodule(parent) if parent else root
-        value = root.get_parameter(name) if isinstance(getattr(owner, field), torch.nn.Parameter) \
-else root.get_buffer(name)
+        tied = isinstance(getattr(owner, field), torch.nn.Parameter)
+        value = root.get_parameter(name) if tied else root.get_buffer(name)
         setattr(owner, field, value)
 '''

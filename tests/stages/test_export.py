@@ -233,23 +233,24 @@ def test_pipeline_inputs_flatten_the_batch_as_the_first_stage_takes_it() -> None
     assert export.__all__.count("pipeline_inputs") == 1
 
 
-def _readme_block(heading: str) -> str:
-    text = (HERE.parents[1] / "README.md").read_text()
-    start = text.index("```python", text.index(heading)) + len("```python")
+def _docs_block(page: str, first_line: str) -> str:
+    """The ```python block of docs/``page`` whose first line starts with ``first_line``, verbatim."""
+    text = (HERE.parents[1] / "docs" / page).read_text()
+    start = text.index("```python\n" + first_line) + len("```python")
     return text[start : text.index("```", start)]
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("transformers")
 def test_readme_export_script_runs_as_written_on_a_hugging_face_model(tmp_path: Path) -> None:
-    """The README's train_pp.py, verbatim, on 2 gloo ranks (torchrun's environment) with T5:
+    """docs/outlets.md's train_pp.py (the README links it), verbatim, on 2 gloo ranks (torchrun's environment) with T5:
     dict inputs, a ModelOutput, tied embeddings; its first loss is the unsplit model's."""
     # T5's trace is the five-architecture test's (reuse_trace; this module runs on one worker)
     plan = even_plan(
         str(FIXTURES / "hf_zoo.py"), {"arch": "t5"}, stages=2, micro_batches=2, micro_batch_size=2, reuse_trace=True
     )
-    plan.save(tmp_path / "plan.json")
-    (tmp_path / "train_pp.py").write_text(_readme_block("**Export it**"))
+    plan.save(tmp_path / "gpt-2dev-plan.json")  # the file name the script loads
+    (tmp_path / "train_pp.py").write_text(_docs_block("outlets.md", "# train_pp.py"))
     port = str(_free_port())
     procs = []
     for r in range(2):
