@@ -3,6 +3,7 @@ reasons an S x D split was refused are read from values, not from error text."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import io
@@ -99,18 +100,29 @@ MODELS = Path(__file__).resolve().parents[2] / "models"
 FAST = ["--warmup", "1", "--repeat", "2", "--micro-batch-sizes", "2,4"]
 
 
+class _Profiles(dict[str, Path]):
+    """Each bundled model profiled through the CLI the first time a test asks for it (the quick loop asks for few)."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__()
+        self.folder = folder
+
+    def __missing__(self, name: str) -> Path:
+        torch.set_num_threads(1)
+        path = self.folder / f"{name}.json"
+        with contextlib.redirect_stdout(io.StringIO()):  # not into the output the asking test reads
+            code = main(["profile", str(MODELS / f"{name}.py"), "--batch-size", "4", "-o", str(path), "--json", *FAST])
+        assert code == 0
+        self[name] = path
+        return path
+
+
 @pytest.fixture(scope="module")
 def profiles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    torch.set_num_threads(1)
-    out = {}
-    folder = tmp_path_factory.mktemp("profiles")
-    for name in ("gpt", "llama", "resnet", "unet", "mlp"):
-        path = folder / f"{name}.json"
-        assert main(["profile", str(MODELS / f"{name}.py"), "--batch-size", "4", "-o", str(path), "--json", *FAST]) == 0
-        out[name] = path
-    return out
+    return _Profiles(tmp_path_factory.mktemp("profiles"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt", "llama", "resnet", "unet", "mlp"])
 @pytest.mark.parametrize("stages", [2, 4])
 def test_plan_beats_or_ties_every_simple_split(
@@ -147,6 +159,7 @@ def test_plan_beats_or_ties_every_simple_split(
     assert plan.iteration_time_s == summary["iteration_time_s"]
 
 
+@pytest.mark.slow
 def test_plan_json_is_byte_identical_across_runs(profiles: dict[str, Path], tmp_path: Path) -> None:
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     for path in (a, b):

@@ -229,6 +229,7 @@ def test_the_free_3d_search_is_the_best_of_every_pinned_degree(memory: float) ->
     assert Plan.from_json(plan.to_json()) == plan  # the new fields round-trip
 
 
+@pytest.mark.slow
 def test_pruning_keeps_the_best_and_the_runner_up_exact() -> None:
     profile = chain_profile(n=16)
     req = ParallelRequest(NODES, global_batch=64, memory_limit=64 * GB)
