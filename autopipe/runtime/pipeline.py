@@ -55,8 +55,9 @@ from autopipe.runtime.microbatch import flat_inputs, split_batch, split_flat
 from autopipe.runtime.order import message_order
 from autopipe.runtime.routing import make_routing
 from autopipe.runtime.shapes import value_specs
+from autopipe.stages.agree import agreed_split
 from autopipe.stages.rebuild import rebuild_model, trace_for_plan
-from autopipe.stages.split import StageModule, split_model
+from autopipe.stages.split import Split, StageModule, split_model
 
 __all__ = ["ENGINES", "CommFactory", "Pipeline", "pipeline"]
 
@@ -152,10 +153,17 @@ class Pipeline:
         plan = self.plan
         if traced is None:
             traced = trace_for_plan(plan, self._model, example)
-        schedule = plan_schedule(plan)
         split = split_model(traced, plan)
-        groups = shared_groups(split)
+        groups = shared_groups(split)  # by parameter and stage: the same whatever the nodes are named
         self.comm = comm([g for _, g in groups]) if comm is not None else DistComm(timeout_s, [g for _, g in groups])
+        self._build(traced, split, example)
+        # Checked with the other ranks at the first step (a collective: ranks may be built one by one).
+        self._unagreed: tuple[TracedModel, Split, Any] | None = (traced, split, example)
+
+    def _build(self, traced: TracedModel, split: Split, example: Any) -> None:
+        plan = self.plan
+        schedule = plan_schedule(plan)
+        groups = shared_groups(split)
         self._names = [str(n.target) for n in traced.gm.graph.nodes if n.op == "placeholder"]
         specs = value_specs(traced.gm, flat_inputs(self._names, example))
         self.stages: list[StageModule] = [st for st in split.stages if st.rank == self.rank]
@@ -186,6 +194,20 @@ class Pipeline:
         self.needs_inputs = any(n in reads for n in split.input_names)
         self.is_last = split.last.rank == self.rank
         self._modules: list[nn.Module] = [st.module for st in self.stages]
+
+    def _agree(self) -> None:
+        """Every rank's stages named and cut alike (:func:`~autopipe.stages.agree.agreed_split`):
+        rebuilt when this rank's trace was renamed to rank 0's; one line on every rank if not."""
+        if self._unagreed is None:
+            return
+        traced, split, example = self._unagreed
+        self._unagreed = None
+        agreed, resplit = agreed_split(self.plan, traced, split, self.rank, self.comm.all_gather_object)
+        if resplit is not split:  # the same parameters (the model's own), other node names
+            training = [m.training for m in self._modules]
+            self._build(agreed, resplit, example)
+            for m, mode in zip(self._modules, training, strict=True):
+                m.train(mode)
 
     def _init_torch(self, example: Any) -> None:
         from autopipe.stages.export import sync_shared_grads, to_torch_pipelining
@@ -235,6 +257,7 @@ class Pipeline:
         if self.engine_name == "torch":
             it = self._torch_step(flat, targets)
         else:
+            self._agree()  # before anything is sent
             mbs = split_flat(flat, B, m) if flat is not None else [[None] * len(self._names) for _ in range(m)]
             it = self._engine.forward_backward(mbs, split_batch(targets, B, m), self.steps)
         loss = self._broadcast(it.loss)

@@ -56,6 +56,7 @@ from autopipe.graph.outputs import output_builder
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
 from autopipe.schedules import SPECS, schedule_names, schedule_spec
+from autopipe.stages.agree import Gather, agreed_split
 from autopipe.stages.rebuild import trace_for_plan
 from autopipe.stages.split import Split, StageModule, split_model
 
@@ -187,6 +188,8 @@ def to_torch_pipelining(
         )
     traced = trace_for_plan(plan, model, example_inputs)
     split = split_model(traced, plan)
+    if dist.is_initialized():  # the ranks traced on their own: names must mean the same everywhere
+        traced, split = agreed_split(plan, traced, split, rank, _gather(group))
     _refuse_split_backward_ties(split, plan)
     relays = relay_stages(split, {n.name: i for i, n in enumerate(traced.gm.graph.nodes)})
     _tie_info(relays, split, plan, traced.gm)
@@ -223,6 +226,15 @@ def to_torch_pipelining(
             f"torch's {cls.__name__} rejects this plan ({e}); plan with another schedule or micro-batch count"
         ) from None
     return stages, schedule
+
+
+def _gather(group: dist.ProcessGroup | None) -> Gather:
+    def gather(obj: Any) -> list[Any]:
+        out: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(out, obj, group=group)
+        return out
+
+    return gather
 
 
 def _structured_loss(
