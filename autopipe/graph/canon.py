@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ from autopipe.graph.trace import CREATED, TracedModel
 __all__ = ["NodeKey", "reference_nodes", "relabel", "structural_keys", "target_string"]
 
 NodeKey = tuple[str, str, str]  # (node name, structural key, what it computes: op and target)
+_MADE = re.compile(r"tensor_constant\d+$")  # fx's and export's names for the tensor constants they keep
 _SMALL = 1 << 16  # tensor constants up to this many elements are keyed by their bytes
 
 
@@ -80,10 +82,10 @@ def _stable(v: Any, keys: Mapping[torch.fx.Node, str]) -> str:
     return f"<{type(v).__module__}.{type(v).__qualname__}>" if " at 0x" in text else text
 
 
-def _tensor_key(t: torch.Tensor) -> str:
-    """A tensor constant: shape and dtype, and its bytes when small (a parameter: never)."""
+def _tensor_key(t: torch.Tensor, whole: bool = False) -> str:
+    """A tensor: shape and dtype, and its bytes when small or ``whole`` (a parameter: never)."""
     head = f"tensor{tuple(t.shape)}:{t.dtype}"
-    if isinstance(t, torch.nn.Parameter) or t.is_meta or t.numel() > _SMALL or t.layout != torch.strided:
+    if isinstance(t, torch.nn.Parameter) or t.is_meta or t.layout != torch.strided or (t.numel() > _SMALL and not whole):
         return head
     try:
         data = t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
@@ -93,13 +95,20 @@ def _tensor_key(t: torch.Tensor) -> str:
 
 
 def _base_keys(gm: torch.fx.GraphModule, labels: Mapping[str, str]) -> dict[torch.fx.Node, str]:
+    state = {n for n, _ in gm.named_parameters(remove_duplicate=False)}
+    state |= {n for n, _ in gm.named_buffers(remove_duplicate=False)}
     keys: dict[torch.fx.Node, str] = {}
     for n in gm.graph.nodes:
-        parts = [n.op, target_string(n), labels.get(n.name, ""), _stable(n.args, keys), _stable(n.kwargs, keys)]
-        if n.op == "get_attr":
-            value = _attr(gm, str(n.target))
-            if isinstance(value, torch.Tensor):
-                parts.append(_tensor_key(value))
+        target = target_string(n)
+        value = _attr(gm, target) if n.op == "get_attr" else None
+        tail = ""
+        if isinstance(value, torch.Tensor):
+            # A constant the tracer made (``_tensor_constant0``, a buffer of the graph module) is
+            # numbered as it was met: by its bytes, not its name; the model's own parameters and
+            # buffers by their path.
+            constant = target not in state or _MADE.search(target) is not None
+            target, tail = ("constant" if constant else target), _tensor_key(value, whole=constant)
+        parts = [n.op, target, labels.get(n.name, ""), _stable(n.args, keys), _stable(n.kwargs, keys), tail]
         keys[n] = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:20]
     return keys
 
