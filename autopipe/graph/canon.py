@@ -85,7 +85,12 @@ def _stable(v: Any, keys: Mapping[torch.fx.Node, str]) -> str:
 def _tensor_key(t: torch.Tensor, whole: bool = False) -> str:
     """A tensor: shape and dtype, and its bytes when small or ``whole`` (a parameter: never)."""
     head = f"tensor{tuple(t.shape)}:{t.dtype}"
-    if isinstance(t, torch.nn.Parameter) or t.is_meta or t.layout != torch.strided or (t.numel() > _SMALL and not whole):
+    if (
+        isinstance(t, torch.nn.Parameter)
+        or t.is_meta
+        or t.layout != torch.strided
+        or (t.numel() > _SMALL and not whole)
+    ):
         return head
     try:
         data = t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
@@ -192,7 +197,12 @@ def _renamed(traced: TracedModel, rename: dict[str, str], order: list[str]) -> T
     for name in order:
         n = by_name[name]
         new = g.create_node(
-            n.op, n.target, torch.fx.node.map_arg(n.args, arg), torch.fx.node.map_arg(n.kwargs, arg), rename[name], n.type
+            n.op,
+            n.target,
+            torch.fx.node.map_arg(n.args, arg),
+            torch.fx.node.map_arg(n.kwargs, arg),
+            rename[name],
+            n.type,
         )
         if new.name != rename[name]:
             raise RankMismatchError(

@@ -13,6 +13,11 @@
 
 :class:`Pipeline` traces ``model`` as the plan was traced, checks the fingerprint, splits it
 and keeps the stages of its rank (their parameters are ``model``'s own, moved to ``device``).
+Each rank traces on its own, and values cross ranks by their node's name: at the first step,
+before anything is sent, the ranks agree on the names (rank 0's; a trace that met the same ops
+in another order, as code looping over a set of strings does under another ``PYTHONHASHSEED``,
+is renamed to them) and compare every stage's interface, or fail alike in one line
+(:mod:`autopipe.stages.agree`).
 :meth:`Pipeline.step` cuts the batch into the plan's micro-batches, runs the forward and
 backward of all of them (gradients accumulate in ``.grad``, tied weights summed across the
 ranks that hold them) and returns the batch's mean loss -- on every rank: the last rank's

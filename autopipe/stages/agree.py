@@ -84,7 +84,14 @@ def _digest(traced: TracedModel, st: StageModule) -> StageDigest:
         return [(n, (), "?") if v is None else (n, tuple(v.shape), v.dtype) for n, v in zip(names, infos, strict=True)]
 
     keys = structural_keys(st.module)
-    whole = (st.rank, typed(st.inputs), typed(st.outputs), st.sources, st.sends, [keys[n.name] for n in st.module.graph.nodes])
+    whole = (
+        st.rank,
+        typed(st.inputs),
+        typed(st.outputs),
+        st.sources,
+        st.sends,
+        [keys[n.name] for n in st.module.graph.nodes],
+    )
     return (st.index, st.inputs, st.outputs, _hash(whole))
 
 

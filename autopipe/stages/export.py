@@ -170,7 +170,9 @@ def to_torch_pipelining(
     inputs, used to trace the model as the plan was traced. ``model`` is the full model, on
     every rank; the stages hold its own parameters (moved to ``device``), so an optimizer over
     ``[p for s in stages for p in s.submod.parameters()]`` trains them in place.
-    Without ``loss_fn`` the schedule runs forward only.
+    Without ``loss_fn`` the schedule runs forward only. Every rank of ``group`` (default: the
+    world) calls it: with a process group, the ranks agree on their traces' node names and
+    compare every stage's interface before any stage is built (:mod:`autopipe.stages.agree`).
     """
     from torch.distributed import pipelining
 

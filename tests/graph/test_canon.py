@@ -147,11 +147,11 @@ def _probe(seed: int, plan: Path, out: Path, reference: Path | None = None) -> d
 
 @pytest.mark.slow
 def test_two_hash_seeds_name_alike_once_relabelled(tmp_path: Path) -> None:
-    from tests.stages.test_agree import seed_pairs
+    from tests.stages.test_agree import distinct_seeds
 
     plan = even_plan(str(FIXTURES / "hash_order.py"), stages=2, schedule="interleaved-1f1b", virtual=2)
     plan.save(tmp_path / "plan.json")
-    s0, s1 = seed_pairs(1)[0]
+    s0, s1 = distinct_seeds(2)
     ref = _probe(s0, tmp_path / "plan.json", tmp_path / "ref.pkl")
     other = _probe(s1, tmp_path / "plan.json", tmp_path / "other.pkl", tmp_path / "ref.pkl")
     # The bug: the same names, other meanings -- a stage's inputs named alike are other values.

@@ -21,7 +21,7 @@ from autopipe.stages.agree import StageDigest, agreed_split, check_digests, stag
 from autopipe.stages.split import split_model
 from tests.fixtures.hash_order import KINDS
 from tests.helpers import FIXTURES, even_plan, max_diff, reference_training
-from tests.stages.agree_worker import LR, MODEL, STEPS
+from tests.stages.agree_worker import LR, MODEL, STEPS, pairs
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -44,11 +44,13 @@ def set_orders(seeds: range) -> dict[int, str]:
     return out
 
 
-def seed_pairs(n: int) -> list[tuple[int, int]]:
-    """``n`` (rank 0, rank 1) seed pairs whose set orders differ: every run needs the relabelling."""
-    orders = set_orders(range(3 * n))
-    pairs = [(a, b) for a in orders for b in orders if a < b and orders[a] != orders[b]]
-    return pairs[::3][:n] if len(pairs) >= 3 * n else pairs[:n]
+def distinct_seeds(n: int) -> list[int]:
+    """``n`` PYTHONHASHSEEDs under which ``set(KINDS)`` iterates in ``n`` different orders."""
+    seen: dict[str, int] = {}
+    for s, order in set_orders(range(40)).items():
+        seen.setdefault(order, s)
+    assert len(seen) >= n, seen
+    return sorted(seen.values())[:n]
 
 
 def _plan(path: Path):  # type: ignore[no-untyped-def]
@@ -57,24 +59,19 @@ def _plan(path: Path):  # type: ignore[no-untyped-def]
     return plan
 
 
-def run_pair(plan_file: Path, seeds: tuple[int, int], out: Path, skew: str = "", timeout: float = 120) -> list[str]:
-    """Start two ranks, rank r under PYTHONHASHSEED ``seeds[r]`` (rank 1 with ``skew``); their logs."""
-    port = str(_free_port())
+def run_ranks(plan_file: Path, seeds: list[int], out: Path, skew: str = "", timeout: float = 240) -> list[str]:
+    """One process per seed (its own PYTHONHASHSEED); together they run every pair of them as a
+    2-rank group (agree_worker.py), process 1 with ``skew``; their logs."""
+    ports = ",".join(str(_free_port()) for _ in pairs(len(seeds)))
     procs = []
-    for r, seed in enumerate(seeds):
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "OMP_NUM_THREADS": "1",
-            "RANK": str(r),
-            "WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "PYTHONHASHSEED": str(seed),
-        }
-        extra = [skew] if skew and r == 1 else []
-        cmd = [sys.executable, str(HERE / "agree_worker.py"), str(plan_file), str(out / f"rank{r}.pt"), *extra]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for me, seed in enumerate(seeds):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": str(seed)}
+        cmd = [sys.executable, str(HERE / "agree_worker.py"), str(plan_file), str(out), str(me), str(len(seeds)), ports]
+        procs.append(
+            subprocess.Popen(
+                [*cmd, *([skew] if skew else [])], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     logs = []
     try:
         for p in procs:
@@ -89,31 +86,31 @@ def run_pair(plan_file: Path, seeds: tuple[int, int], out: Path, skew: str = "",
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # hang-only: ten pairs of ranks on a busy 2-core machine
+@pytest.mark.timeout(400)  # hang-only: ten pairs of ranks on a busy 2-core machine
 def test_ranks_with_different_hash_seeds_train_as_one_process(tmp_path: Path) -> None:
     plan = _plan(tmp_path / "plan.json")
     ref_losses, ref_state = reference_training(MODEL, {}, steps=STEPS, batch_size=plan.batch_size, lr=LR)
     ref_params = {k: v for k, v in ref_state.items() if not k.startswith("freq_")}  # buffers folded into the trace
     start = load_model(MODEL, {}).model.state_dict()
     assert max_diff(ref_params, {k: start[k] for k in ref_params}) > 1e-3  # training moved the weights
-    pairs = seed_pairs(10)
-    assert len(pairs) == 10
-    for seeds in pairs:
-        run_pair(tmp_path / "plan.json", seeds, tmp_path)
-        got = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    seeds = distinct_seeds(5)  # every pair of them: ten seed pairs, each with two set orders
+    run_ranks(tmp_path / "plan.json", seeds, tmp_path)
+    assert len(pairs(5)) == 10
+    for k, pair in enumerate(pairs(5)):
+        got = [torch.load(tmp_path / f"pair{k}-rank{r}.pt", weights_only=True) for r in range(2)]
         for engine in ("autopipe", "torch"):
             for r in range(2):
                 losses = got[r][engine]["losses"]
-                assert max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)) <= TOL, (seeds, engine, r)
+                assert max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)) <= TOL, (pair, engine, r)
             state = {**got[0][engine]["state"], **got[1][engine]["state"]}
-            assert max_diff(state, ref_params) <= TOL, (seeds, engine)
+            assert max_diff(state, ref_params) <= TOL, (pair, engine)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_ranks_that_built_the_model_differently_fail_alike_in_one_line(tmp_path: Path) -> None:
     _plan(tmp_path / "plan.json")
-    logs = run_pair(tmp_path / "plan.json", seed_pairs(1)[0], tmp_path, skew="0.5", timeout=90)
+    logs = run_ranks(tmp_path / "plan.json", distinct_seeds(2), tmp_path, skew="0.5", timeout=120)
     lines = [[ln for ln in log.splitlines() if ln.startswith("RANK-MISMATCH: ")] for log in logs]
     assert all(len(found) == 1 for found in lines), logs
     assert lines[0] == lines[1]  # the same line on both ranks: neither waits on the other
@@ -159,7 +156,7 @@ def test_a_stage_whose_interface_differs_is_named_with_both_ranks() -> None:
     assert "\n" not in msg and "on rank 1); build the model the same way on every rank" in msg
     other = list(mine)
     other[1] = (*mine[1][:3], "other")
-    with pytest.raises(RankMismatchError, match="stage 1's interface .* the same names but other shapes"):
+    with pytest.raises(RankMismatchError, match=r"stage 1's interface .* the same names but other shapes"):
         check_digests({0: mine, 1: other})
 
 
