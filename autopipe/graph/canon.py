@@ -9,12 +9,13 @@ node, so the names must mean the same on every rank.
 
 :func:`structural_keys` gives every node a key that ignores names: a hash of its op, its
 target (a stable string: a function's qualified name, an op's ``aten.mul.Tensor``, a path),
-its arguments (a node by its key, a constant by a stable repr, a small tensor constant by
-its bytes) and a caller's label (its block). Equal keys are truly identical computations;
-they are told apart by their order of occurrence. :func:`relabel` renames a trace's nodes to
-a reference's names (``reference_nodes`` of the reference trace) and rebuilds its graph in
-the reference's node order, so both split alike; a trace already named like the reference
-is returned as it is (the common case).
+its arguments (a node by its key, a constant by a stable repr, a tensor constant by its
+bytes; a parameter or buffer by its path, shape and dtype) and a caller's label (its block).
+Equal keys are truly identical computations; they are told apart by their order of
+occurrence. :func:`relabel` renames a trace's nodes to a reference's names
+(``reference_nodes`` of the reference trace) and rebuilds its graph in the reference's node
+order, so both split alike; a trace already named like the reference is returned as it is
+(the common case).
 
 Tests: tests/graph/test_canon.py.
 """
@@ -109,10 +110,12 @@ def _base_keys(gm: torch.fx.GraphModule, labels: Mapping[str, str]) -> dict[torc
         tail = ""
         if isinstance(value, torch.Tensor):
             # A constant the tracer made (``_tensor_constant0``, a buffer of the graph module) is
-            # numbered as it was met: by its bytes, not its name; the model's own parameters and
-            # buffers by their path.
-            constant = target not in state or _MADE.search(target) is not None
-            target, tail = ("constant" if constant else target), _tensor_key(value, whole=constant)
+            # numbered as it was met: keyed by its bytes, not its name; the model's own parameters
+            # and buffers by their path, shape and dtype.
+            if target not in state or _MADE.search(target) is not None:
+                target, tail = "constant", _tensor_key(value, whole=True)
+            else:  # not its values: ranks may load their own stages' weights before the first step
+                tail = f"tensor{tuple(value.shape)}:{value.dtype}"
         parts = [n.op, target, labels.get(n.name, ""), _stable(n.args, keys), _stable(n.kwargs, keys), tail]
         keys[n] = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:20]
     return keys
@@ -192,7 +195,13 @@ def _renamed(traced: TracedModel, rename: dict[str, str], order: list[str]) -> T
 
     def arg(a: torch.fx.Node) -> torch.fx.Node:
         # An argument not made yet has a twin (the same computation) that was: take it.
-        return env[a] if a in env else made[base[a]]
+        found = env.get(a) or made.get(base[a])
+        if found is None:
+            raise RankMismatchError(
+                f"cannot order node {a.name} as the other ranks do (a node that reads it comes first there); "
+                "build the model the same way on every rank"
+            )
+        return found
 
     for name in order:
         n = by_name[name]

@@ -56,6 +56,14 @@ def test_keys_ignore_names_and_tell_constants_and_targets_apart() -> None:
     assert _meaning(ab)["cos"] == _meaning(ba)["cos_1"]
     assert set(_meaning(ab).values()) != set(_meaning(_trace(("a", "b"), scale=3.0)).values())  # a constant
 
+    before = _meaning(ab)
+    with torch.no_grad():
+        ab.gm.get_submodule("layers.0").weight.add_(
+            1.0
+        )  # a rank may load its own stages' weights before the first step
+        ab.gm.get_buffer("freq_a").add_(1.0)
+    assert _meaning(ab) == before
+
     def f(x: torch.Tensor) -> torch.Tensor:
         return torch.relu(x) + 1
 
