@@ -209,10 +209,13 @@ class Pipeline:
         self._unagreed = None
         agreed, resplit = agreed_split(self.plan, traced, split, self.rank, self.comm.all_gather_object)
         if resplit is not split:  # the same parameters (the model's own), other node names
-            training = [m.training for m in self._modules]
+            # Buffers moved to the device are the old stages' copies (weights loaded since included).
+            kept = {st.index: (st.module.training, st.module.state_dict()) for st in self.stages}
             self._build(agreed, resplit, example)
-            for m, mode in zip(self._modules, training, strict=True):
-                m.train(mode)
+            for st in self.stages:
+                training, state = kept[st.index]
+                st.module.load_state_dict(state)
+                st.module.train(training)
 
     def _init_torch(self, example: Any) -> None:
         from autopipe.stages.export import sync_shared_grads, to_torch_pipelining
