@@ -130,7 +130,13 @@ def stages(t):
     meaning = structural_keys(t.gm, {n: str(b) for n, b in t.block_of.items()})
     split = split_model(t, plan)
     return [
-        (st.inputs, st.outputs, [meaning.get(n) for n in st.inputs], sorted(structural_keys(st.module).values()))
+        (
+            st.inputs,
+            st.outputs,
+            [meaning.get(n) for n in st.inputs],
+            [meaning.get(n) for n in st.outputs],
+            sorted(structural_keys(st.module).values()),
+        )
         for st in split.stages
     ]
 
@@ -162,8 +168,10 @@ def test_two_hash_seeds_name_alike_once_relabelled(tmp_path: Path) -> None:
     s0, s1 = distinct_seeds(2)
     ref = _probe(s0, tmp_path / "plan.json", tmp_path / "ref.pkl")
     other = _probe(s1, tmp_path / "plan.json", tmp_path / "other.pkl", tmp_path / "ref.pkl")
-    # The bug: the same names, other meanings -- a stage's inputs named alike are other values.
-    assert [st[2] for st in other["raw"]] != [st[2] for st in ref["raw"]]  # type: ignore[index]
+    # The bug: the same names, other meanings -- the first stage's outputs (the values sent on,
+    # in graph order) are other tables under the same names.
+    assert [st[1] for st in other["raw"]] == [st[1] for st in ref["raw"]]  # type: ignore[index]
+    assert [st[3] for st in other["raw"]] != [st[3] for st in ref["raw"]]  # type: ignore[index]
     assert [(a, b) for a, b, _ in other["nodes"]] != [(a, b) for a, b, _ in ref["nodes"]]  # type: ignore[misc]
     # The fix: relabelled to rank 0's names, the split is rank 0's, value for value.
     assert other["relabelled"] == ref["raw"]
