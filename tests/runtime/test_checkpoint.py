@@ -18,7 +18,7 @@ from autopipe import pipeline
 from autopipe.errors import RuntimeFailure
 from autopipe.model.load import LoadedModel, load_model
 from autopipe.runtime import RunOptions, assemble_state_dict, run_threads
-from autopipe.runtime.checkpoint import load_file, load_rank, read_meta, save_rank, write_meta
+from autopipe.runtime.checkpoint import load_file, load_rank, read_meta, save_rank, slot_tensor, state_slots, write_meta
 from autopipe.runtime.comm import ThreadHub
 from tests.helpers import FIXTURES, ROOT, even_plan
 from tests.runtime.helpers import GPT, cached_plan, on_threads, rebuilt_for
@@ -220,18 +220,45 @@ def _check_state_is_the_models(file: str, kwargs: dict[str, object], tmp: Path) 
     return states
 
 
-@pytest.mark.parametrize("model", ["llama.py", "resnet.py"])
-def test_a_pipelines_state_is_the_models_state(model: str, tmp_path: Path) -> None:
-    # llama: rotary cos/sin, non-persistent buffers fx's GraphModule makes persistent; resnet: BatchNorm statistics
-    _check_state_is_the_models(str(ROOT / "models" / model), {}, tmp_path)
+def test_each_entry_of_the_models_state_has_one_place() -> None:
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
+    )
+    model.register_buffer("scale", torch.ones(1), persistent=False)
+    model.register_buffer("steps", torch.zeros(1))
+    first, second = torch.nn.Module(), torch.nn.Module()
+    first.register_module("0", model[0])
+    first.register_buffer("scale", model.scale)  # held, but not the model's state
+    first.register_buffer("lifted_tensor_0", torch.ones(1))  # a tracer's constant
+    second.register_module("1", torch.nn.Module())
+    second.get_submodule("1").register_module("0", model[1][0])  # model[1][1], the LayerNorm, no stage uses
+    slots = state_slots(model, [(0, first), (1, second)])
+    assert [(s.stage, s.keys) for s in slots] == [
+        (0, ("steps",)),  # the whole model's: its nearest entry, 0.weight, is stage 0's
+        (0, ("0.weight",)),
+        (0, ("0.bias",)),
+        (1, ("1.0.weight",)),
+        (1, ("1.0.bias",)),
+        (1, ("1.1.weight",)),  # its parent's nearest entry, 1.0.bias, is stage 1's
+        (1, ("1.1.bias",)),
+    ]
+    assert slot_tensor(slots[5]) is model[1][1].weight and slot_tensor(slots[1]) is model[0].weight
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", [m for m in BUNDLED if m not in ("llama.py", "resnet.py")])
+def test_a_pipelines_state_is_the_models_state(tmp_path: Path) -> None:
+    # rotary cos/sin: non-persistent buffers, which fx's GraphModule holds as persistent ones
+    _check_state_is_the_models(
+        str(ROOT / "models" / "llama.py"), {"n_layer": 2, "n_embd": 32, "vocab_size": 64, "block_size": 16}, tmp_path
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", BUNDLED)
 def test_every_bundled_models_state_is_its_state(model: str, tmp_path: Path) -> None:
     if model.startswith("hf"):
         pytest.importorskip("transformers")
-    _check_state_is_the_models(str(ROOT / "models" / model), {}, tmp_path)
+    _check_state_is_the_models(str(ROOT / "models" / model), {}, tmp_path)  # resnet: BatchNorm statistics
 
 
 @pytest.mark.slow
@@ -239,6 +266,7 @@ def test_every_bundled_models_state_is_its_state(model: str, tmp_path: Path) -> 
     ("file", "arch"),
     [(HF_STATE, a) for a in ("gemma2", "falcon", "deberta", "swin", "clip", "gptj")]
     + [(str(FIXTURES / "hf_zoo.py"), a) for a in ("llama", "bert")],
+    ids=lambda v: Path(v).stem if "/" in str(v) else str(v),
 )
 def test_a_hugging_face_models_state_is_its_state(file: str, arch: str, tmp_path: Path) -> None:
     # non-persistent buffers (inv_freq, embed_scale, position_ids, relative_position_index,
