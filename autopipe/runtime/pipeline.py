@@ -9,7 +9,7 @@
         loss = pipe.step(inputs, targets)       # forward + backward of the m micro-batches
         opt.step()
         opt.zero_grad()
-    torch.save(pipe.state_dict(), f"rank{pipe.rank}.pt")    # this rank's weights, original names
+    torch.save(pipe.state_dict(), f"rank{pipe.rank}.pt")    # this rank's part of model.state_dict()
 
 :class:`Pipeline` traces ``model`` as the plan was traced, checks the fingerprint, splits it
 and keeps the stages of its rank (their parameters are ``model``'s own, moved to ``device``).
@@ -20,6 +20,13 @@ value is broadcast, so every rank can log it or stop on it. The optimizer step a
 ``zero_grad`` are the caller's. Ranks whose stages read the model's inputs (always the first)
 need ``inputs``, the last rank needs ``targets``; the others may pass ``None`` (passing the
 batch everywhere is simplest and costs nothing).
+
+State: :meth:`Pipeline.state_dict` is this rank's part of ``model.state_dict()`` -- its keys
+(persistent buffers, no non-persistent ones, no tracer constants; a tied weight under all of its
+names; an entry no stage uses on the one rank that keeps it), the rank's live tensors -- so the
+union over the ranks loads into a fresh model with ``strict=True``.
+:meth:`Pipeline.load_state_dict` takes the whole model's ``state_dict()`` (or a rank's own) on
+every rank and loads what the rank holds. Who holds what: :mod:`autopipe.runtime.checkpoint`.
 
 Process group: under torchrun the group is the user's when ``torch.distributed`` is
 initialised already; otherwise :class:`Pipeline` initialises it (``gloo`` on the CPU,
