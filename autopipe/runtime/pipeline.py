@@ -302,7 +302,10 @@ class Pipeline:
         them, in every stage that uses it); persistent buffers, not the non-persistent ones nor
         tracer constants; an entry no stage uses kept by one stage (see
         :mod:`autopipe.runtime.checkpoint` for which)."""
-        out: dict[int, dict[str, torch.Tensor]] = {}
+        torch_stages = getattr(self, "_torch_stages", [])
+        out: dict[int, dict[str, torch.Tensor]] = {  # every stage of the rank, holding state or not
+            i: {} for i in [st.index for st in self.stages] or [s.stage_index for s in torch_stages]
+        }
         for slot in self._slots:
             t = slot_tensor(slot).detach()
             out.setdefault(slot.stage, {}).update(dict.fromkeys(slot.keys, t))
