@@ -330,16 +330,19 @@ class Pipeline:
                 f"the state has no {missing[0]} (and {len(missing) - 1} more) for rank {self.rank}'s stages; "
                 "load this rank's own state_dict() or the whole model's"
             )
+        pairs = []
+        for slot in slots:  # every entry checked before any is copied: never half-loaded
+            key = next(k for k in slot.keys if k in state)
+            target, value = slot_tensor(slot), state[key]
+            if not isinstance(value, torch.Tensor) or value.shape != target.shape:
+                got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise RuntimeFailure(
+                    f"the state's {key} is {got}, the model's is {tuple(target.shape)}; "
+                    "load a state_dict of the model this plan was made for"
+                )
+            pairs.append((target, value))
         with torch.no_grad():
-            for slot in slots:
-                key = next(k for k in slot.keys if k in state)
-                target, value = slot_tensor(slot), state[key]
-                if not isinstance(value, torch.Tensor) or value.shape != target.shape:
-                    got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-                    raise RuntimeFailure(
-                        f"the state's {key} is {got}, the model's is {tuple(target.shape)}; "
-                        "load a state_dict of the model this plan was made for"
-                    )
+            for target, value in pairs:
                 target.copy_(value)
 
 
