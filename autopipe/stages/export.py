@@ -74,6 +74,7 @@ __all__ = [
     "pipeline_inputs",
     "relay_stages",
     "sync_shared_grads",
+    "take_shared_grads",
     "to_torch_pipelining",
 ]
 
@@ -312,14 +313,21 @@ def pipeline_inputs(stages: Sequence[Any], batch: Any) -> tuple[torch.Tensor, ..
     return tuple(flat)
 
 
-def sync_shared_grads(stages: Sequence[Any], group: dist.ProcessGroup | None = None) -> None:
+def sync_shared_grads(
+    stages: Sequence[Any], group: dist.ProcessGroup | None = None, *, kept: Sequence[torch.Tensor | None] = ()
+) -> None:
     """Sum the gradients of tied parameters across the ranks that use them.
 
     ``stages`` are this rank's PipelineStages from :func:`to_torch_pipelining`. Every rank of
     the pipeline calls this after ``schedule.step`` and before ``optimizer.step``; ranks that do
-    not hold a tied parameter add zeros.
+    not hold a tied parameter add zeros. It sums what ``.grad`` holds, so when gradients
+    accumulate over several ``schedule.step`` calls, call it once, after the last of them -- or
+    take the earlier gradients out before each step with :func:`take_shared_grads` and pass them
+    as ``kept``: they are added back after the sum (``Pipeline.step`` does that).
     """
     relays = [s.submod for s in stages]
+    mine = _tied_params(stages)
+    old = dict(zip(mine, kept, strict=True)) if kept else {}
     for name, _ranks, shape, dtype in relays[0].tied_ranks:
         p = next((r.tied[name] for r in relays if name in r.tied), None)
         if p is None:
@@ -328,6 +336,24 @@ def sync_shared_grads(stages: Sequence[Any], group: dist.ProcessGroup | None = N
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
+        before = old.get(name)
+        if before is not None:
+            p.grad = before.add_(p.grad)
+
+
+def take_shared_grads(stages: Sequence[Any]) -> list[torch.Tensor | None]:
+    """The gradients this rank's tied parameters hold (set to None), for ``sync_shared_grads(kept=...)``."""
+    taken = []
+    for name in _tied_params(stages):
+        p = next(s.submod.tied[name] for s in stages if name in s.submod.tied)
+        taken.append(p.grad)
+        p.grad = None
+    return taken
+
+
+def _tied_params(stages: Sequence[Any]) -> list[str]:
+    """The names of the tied parameters this rank's stages hold, each once, in a fixed order."""
+    return list(dict.fromkeys(n for s in stages for n in s.submod.tied))
 
 
 def _tie_info(relays: list[RelayStage], split: Split, plan: Plan, gm: torch.fx.GraphModule) -> None:

@@ -301,7 +301,9 @@ def test_a_weight_three_stages_share_trains_as_one_process_under_every_schedule_
     """Issue 29: tied3.py's encoder embedding, decoder embedding and LM head are one Parameter; cut
     into 4 stages on 2 ranks, one rank holds two of its three users under every schedule. Through
     autopipe.pipeline (both engines) and to_torch_pipelining in the docs' loop, 3 SGD steps: the unsplit
-    model's losses and weights, the tied one included, within 1e-6 relative."""
+    model's losses and weights, the tied one included, within 1e-6 relative; and so with each batch
+    stepped twice through the pipeline before the optimizer's step at half the rate (gradients,
+    the tied one's too, accumulate over steps)."""
     got = _run_ranks("tied_worker.py", 2, tmp_path, timeout=200)
     want_losses, want = reference_training(
         tied_worker.MODEL, {}, steps=tied_worker.STEPS, batch_size=tied_worker.BATCH, lr=tied_worker.LR

@@ -3,10 +3,12 @@
     python tests/stages/tied_worker.py RANK WORLD PORT OUT.pt
 
 tests/fixtures/tied3.py (encoder embedding, decoder embedding and LM head: one Parameter) trains
-STEPS SGD steps under every schedule of SCHEDULES, three ways each: ``autopipe.pipeline`` with
-the autopipe engine, with the torch engine, and ``to_torch_pipelining`` in docs/outlets.md's own
-loop. Saved per (schedule, way): the losses and the parameters this rank's stages hold (by the
-model's names), or the PlanError construction raised.
+STEPS SGD steps under every schedule of SCHEDULES, five ways each: ``autopipe.pipeline`` with
+the autopipe engine, with the torch engine, ``to_torch_pipelining`` in docs/outlets.md's own
+loop, and either engine with each batch stepped twice before the optimizer's step at half
+the learning rate (gradients accumulate over steps as ``loss.backward()``'s do). Saved per
+(schedule, way): the losses and the parameters this rank's stages hold (by the model's names),
+or the PlanError construction raised.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from tests.helpers import FIXTURES, even_plan
 
 MODEL = str(FIXTURES / "tied3.py")
 SCHEDULES = ("interleaved-1f1b", "zb-v", "dualpipe-v")
-WAYS = ("autopipe", "torch", "export")
+WAYS = ("autopipe", "torch", "export", "autopipe-twice", "torch-twice")
 STEPS, LR, BATCH, MICRO = 3, 0.5, 8, 4
 
 
@@ -63,12 +65,15 @@ def _train(plan: Any, way: str, rank: int) -> dict[str, Any]:
             sync_shared_grads(stages)
             opt.step()
             losses += [float(torch.stack(mine).mean())] if last else []
-    else:
-        pipe = pipeline(plan, model, rank=rank, example_inputs=example, loss_fn=loaded.loss_fn, engine=way)
+    else:  # *-twice: every batch stepped twice before the optimizer's step at half the rate
+        engine, repeat = way.removesuffix("-twice"), 2 if way.endswith("-twice") else 1
+        pipe = pipeline(plan, model, rank=rank, example_inputs=example, loss_fn=loaded.loss_fn, engine=engine)
         params = list(pipe.parameters())
-        opt = torch.optim.SGD(params, lr=LR)
+        opt = torch.optim.SGD(params, lr=LR / repeat)
         for x, y in data:
-            losses.append(pipe.step(x, y))
+            for _ in range(repeat):  # the gradients accumulate: twice the batch's
+                loss = pipe.step(x, y)
+            losses.append(loss)
             opt.step()
             opt.zero_grad()
     held = {id(p) for p in params}
