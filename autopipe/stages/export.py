@@ -202,7 +202,6 @@ def to_torch_pipelining(
         )
     traced = trace_for_plan(plan, model, example_inputs)
     split = split_model(traced, plan)
-    pass  # _refuse_split_backward_ties(split, plan)
     relays = relay_stages(split, {n.name: i for i, n in enumerate(traced.gm.graph.nodes)})
     _tie_info(relays, split, plan, traced.gm)
     dev = torch.device(device)
@@ -233,7 +232,7 @@ def to_torch_pipelining(
         )
     )
     options: dict[str, Any] = {"n_microbatches": plan.micro_batches, "loss_fn": loss}
-    if "scale_grads" in inspect.signature(cls).parameters:  # torch >= 2.7; before it, torch scaled nothing
+    if "scale_grads" in inspect.signature(cls).parameters:  # torch 2.7 brought the argument and its scaling
         options["scale_grads"] = False  # the loss's gradient is scaled instead (_structured_loss)
     try:
         schedule = cls(stages if spec.torch_multi else stages[0], **options)
@@ -326,7 +325,7 @@ def sync_shared_grads(
     as ``kept``: they are added back after the sum (``Pipeline.step`` does that).
     """
     relays = [s.submod for s in stages]
-    mine = _tied_params(stages)
+    mine = _tied_names(stages)
     old = dict(zip(mine, kept, strict=True)) if kept else {}
     for name, _ranks, shape, dtype in relays[0].tied_ranks:
         p = next((r.tied[name] for r in relays if name in r.tied), None)
@@ -344,14 +343,14 @@ def sync_shared_grads(
 def take_shared_grads(stages: Sequence[Any]) -> list[torch.Tensor | None]:
     """The gradients this rank's tied parameters hold (set to None), for ``sync_shared_grads(kept=...)``."""
     taken = []
-    for name in _tied_params(stages):
+    for name in _tied_names(stages):
         p = next(s.submod.tied[name] for s in stages if name in s.submod.tied)
         taken.append(p.grad)
         p.grad = None
     return taken
 
 
-def _tied_params(stages: Sequence[Any]) -> list[str]:
+def _tied_names(stages: Sequence[Any]) -> list[str]:
     """The names of the tied parameters this rank's stages hold, each once, in a fixed order."""
     return list(dict.fromkeys(n for s in stages for n in s.submod.tied))
 
