@@ -252,12 +252,15 @@ class Pipeline:
         return loss
 
     def _torch_step(self, flat: list[Any] | None, targets: Any) -> IterationResult:
+        from autopipe.stages.export import take_shared_grads
+
         losses: list[torch.Tensor] = []
         start = time.perf_counter()
         args = flat if self.needs_inputs and flat is not None else []
         extra: dict[str, Any] = {"target": targets, "losses": losses} if self.is_last else {}
+        kept = take_shared_grads(self._torch_stages)  # earlier steps' gradients: summed across ranks already
         self._schedule.step(*args, **extra)
-        self._sync(self._torch_stages)
+        self._sync(self._torch_stages, kept=kept)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         loss = float(torch.stack([x.detach().float() for x in losses]).mean()) if losses else None
