@@ -221,6 +221,13 @@ def _fx_graph(
         def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
             return type(m).__name__ in leaves or super().is_leaf_module(m, qualname)
 
+        def call_module(self, m: nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
+            try:
+                return super().call_module(m, forward, args, kwargs)
+            except Exception as e:  # the innermost module's except runs first: it names the module
+                _mark_failure(e, _path_of(self, m), m)
+                raise
+
         def create_node(
             self, kind: str, target: Any, args: Any, kwargs: Any, name: str | None = None, type_expr: Any = None
         ) -> torch.fx.Node:
@@ -237,7 +244,35 @@ def _fx_graph(
 
         params = inspect.signature(model.forward).parameters
         concrete = {k: None for k in params if k not in inputs and params[k].default is not inspect.Parameter.empty}
-    return _Tracer().trace(model, concrete_args=concrete), tuple(created)
+    try:
+        return _Tracer().trace(model, concrete_args=concrete), tuple(created)
+    except Exception as e:  # failed in no submodule: in the model's own forward
+        _mark_failure(e, "", model)
+        raise
+
+
+FAILED_IN = "_autopipe_fx_module"  # attribute of an fx failure: (module path, class, takes **kwargs)
+
+
+def _mark_failure(e: BaseException, path: str, module: nn.Module) -> None:
+    """Note on ``e`` the module fx was tracing when it failed, unless an inner one is noted."""
+    if not hasattr(e, FAILED_IN):
+        import inspect
+
+        try:
+            params = inspect.signature(module.forward).parameters.values()
+            var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        except (TypeError, ValueError):
+            var_kw = False
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(e, FAILED_IN, (path, type(module).__name__, var_kw))
+
+
+def _path_of(tracer: torch.fx.Tracer, m: nn.Module) -> str:
+    try:
+        return tracer.path_of_module(m)
+    except NameError:
+        return ""
 
 
 def _propagate_shapes(gm: torch.fx.GraphModule, inputs: Any) -> None:
@@ -367,6 +402,10 @@ def _describe_failure(e: BaseException, source: Path | None) -> str:
     frame = _innermost_frame(e, source)
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     where = f" at {frame}" if frame else ""
+    failed = getattr(e, FAILED_IN, None)
+    if failed is not None:
+        path, cls, _ = failed
+        where += f" in {path} ({cls})" if path else f" in {cls}, the model itself"
     return f"{type(e).__name__}{where}: {first[:200]}"
 
 
@@ -385,6 +424,15 @@ def _innermost_frame(e: BaseException, source: Path | None) -> str | None:
 
 def _trace_failure(errors: list[tuple[str, BaseException]], source: Path | None) -> TraceError:
     parts = [f"{name}: {_describe_failure(e, source)}" for name, e in errors]
+    fx = [getattr(e, FAILED_IN) for name, e in errors if name == "fx" and hasattr(e, FAILED_IN)]
+    if fx and len(errors) == 1:  # --tracer fx: say which module, and what to do about it
+        path, cls, var_kw = fx[0]
+        if not path:
+            takes = ", whose forward takes **kwargs, which fx cannot trace" if var_kw else ""
+            hint = f"fx fails in the model's own forward ({cls}{takes}), where no --leaf helps; use --tracer export"
+        else:
+            hint = f"pass --leaf {cls} to keep {path} whole on one stage, or use --tracer export"
+        return TraceError(f"could not trace the model ({'; '.join(parts)}); {hint}")
     module = _failing_module(errors)
     hint = (
         f"make the module whose forward breaks tracing a leaf, e.g. --leaf {module} (it then stays whole on one stage)"

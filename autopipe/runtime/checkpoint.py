@@ -1,10 +1,22 @@
-"""Save and resume a pipeline run; reassemble the full model's ``state_dict``.
+"""The model's ``state_dict`` across a pipeline's stages; save and resume a run; reassemble it.
 
-``DIR/stage-{j}.pt`` holds virtual stage j's parameters and buffers under their names in the
-original model (``blocks.3.attn.c_attn.weight``); ``DIR/rank-{r}.pt`` holds rank r's optimizer
+Which stage holds which entry of the model's ``state_dict`` (:func:`state_slots`): every entry a
+stage module holds, found by tensor identity (the stages hold the model's own parameters and
+buffers, under fx and torch.export alike) or, for a rank's deep copy of the trace, by the name
+both give it; a tied weight under all of its names, in every stage that uses it. What is not
+the model's state is left out: non-persistent buffers (``inv_freq``, ``position_ids``) and
+constants torch.export lifts (``lifted_tensor_0``). An entry no stage uses (CLIP's unused
+``post_layernorm``) is kept by one stage, the same on every rank: the stage that holds the
+entry nearest to it in ``state_dict`` order within its innermost module that has an entry a
+stage holds (its own module, else its parent, ... up to the whole model; at equal distance the
+earlier entry, of the first stage holding it), stage 0 if no stage holds anything.
+
+``DIR/stage-{j}.pt`` holds virtual stage j's part of that state under the original model's
+names (``blocks.3.attn.c_attn.weight``); ``DIR/rank-{r}.pt`` holds rank r's optimizer
 state; ``DIR/meta.json`` the plan fingerprint, the number of steps done and of stages.
 A tied parameter is saved by every stage that uses it (the copies are equal). The union of the
-stage files is the unsplit model's ``state_dict`` (:func:`assemble_state_dict`), and resuming
+stage files is exactly the unsplit model's ``state_dict`` (:func:`assemble_state_dict`): its
+keys, no others, so ``model.load_state_dict(assemble_state_dict(DIR))`` is strict. Resuming
 restores weights, optimizer state and the step counter, so training continues exactly.
 
 Checkpoints are data: every file is loaded with ``torch.load(weights_only=True)`` (tensors,
@@ -20,16 +32,30 @@ import os
 import pickle
 import re
 import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from autopipe._io import atomic_write_text
 from autopipe.errors import RuntimeFailure
-from autopipe.stages.split import StageModule
 
-__all__ = ["aliases", "assemble_state_dict", "load_file", "load_rank", "read_meta", "save_rank", "write_meta"]
+__all__ = [
+    "Holder",
+    "Slot",
+    "aliases",
+    "assemble_state_dict",
+    "load_file",
+    "load_rank",
+    "read_meta",
+    "save_rank",
+    "slot_tensor",
+    "state_slots",
+    "write_meta",
+]
 
 
 def aliases(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
@@ -40,24 +66,93 @@ def aliases(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
     return {n: tuple(o for o in names if o != n) for names in groups.values() if len(names) > 1 for n in names}
 
 
+@dataclass(frozen=True)
+class Slot:
+    """One tensor of the model's state that a stage holds, under every name the model gives it."""
+
+    stage: int  # the virtual stage index
+    module: nn.Module  # where the tensor lives: the stage module, or the model for an entry no stage uses
+    local: str  # its name in ``module``
+    keys: tuple[str, ...]  # its names in the model's state_dict, in the model's order
+
+
+def state_slots(model: nn.Module, stages: Sequence[tuple[int, nn.Module]], complete: bool = True) -> tuple[Slot, ...]:
+    """Where each entry of ``model.state_dict()`` lives among ``stages`` ((index, module) pairs),
+    in the model's order (see the module docstring). ``complete``: ``stages`` are all the plan's
+    stages, so entries none of them holds go to their owner stage; else those are left out."""
+    state = model.state_dict(keep_vars=True)
+    order = {k: i for i, k in enumerate(state)}
+    names_of: dict[int, list[str]] = {}
+    for k, t in state.items():
+        names_of.setdefault(id(t), []).append(k)
+    other = aliases(model)
+    slots: list[Slot] = []
+    held: dict[str, int] = {}  # model key -> the first stage holding it
+    for index, module in stages:
+        seen: set[str] = set()
+        for local, t in [
+            *module.named_parameters(remove_duplicate=False),
+            *module.named_buffers(remove_duplicate=False),
+        ]:
+            keys = names_of.get(id(t)) or ([local, *other.get(local, ())] if local in order else [])
+            if not keys or keys[0] in seen:
+                continue
+            seen.update(keys)
+            slots.append(Slot(index, module, local, tuple(sorted(keys, key=order.__getitem__))))
+            for k in keys:
+                held.setdefault(k, index)
+    if complete:
+        every, used = list(state), dict(held)
+        for k in every:
+            if k not in held:
+                names = tuple(sorted([k, *other.get(k, ())], key=order.__getitem__))
+                slots.append(Slot(_owner(k, every, used), model, k, names))
+                held.update(dict.fromkeys(names, -1))
+    return tuple(sorted(slots, key=lambda s: (order[s.keys[0]], s.stage)))
+
+
+def _owner(key: str, keys: list[str], held: dict[str, int]) -> int:
+    """The stage that keeps ``key``, an entry no stage uses: the module docstring's rule."""
+    at = keys.index(key)
+    parts = key.split(".")[:-1]
+    for depth in range(len(parts), -1, -1):
+        prefix = "".join(p + "." for p in parts[:depth])
+        near = [(abs(i - at), i) for i, k in enumerate(keys) if k in held and k.startswith(prefix)]
+        if near:
+            return held[keys[min(near)[1]]]
+    return 0
+
+
+def slot_tensor(slot: Slot) -> torch.Tensor:
+    """The live tensor of ``slot`` (looked up each time: moving a module replaces its buffers)."""
+    owner, _, leaf = slot.local.rpartition(".")
+    t = getattr(slot.module.get_submodule(owner), leaf)
+    assert isinstance(t, torch.Tensor)
+    return t
+
+
+class Holder(Protocol):
+    """What saving and resuming need of a rank's pipeline (:class:`~autopipe.runtime.Pipeline`)."""
+
+    def stage_state_dicts(self) -> dict[int, dict[str, torch.Tensor]]: ...
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], *, stages: Sequence[int] | None = None) -> None: ...
+
+
 def save_rank(
     folder: str | Path,
     rank: int,
-    stages: list[StageModule],
+    states: Mapping[int, Mapping[str, torch.Tensor]],
     optimizer: torch.optim.Optimizer,
     step: int,
-    other_names: dict[str, tuple[str, ...]] | None = None,
 ) -> None:
-    """Write the stages' weights (under every name the model gives them) and the optimizer.
+    """Write each stage's part of the model's state (``states``: stage index -> its
+    ``state_dict``, :meth:`Pipeline.stage_state_dicts`) and the optimizer.
     ``step`` goes to ``meta.json`` (:func:`write_meta`), the one place a resume reads it from."""
     d = Path(folder)
     d.mkdir(parents=True, exist_ok=True)
-    for st in stages:
-        state = {k: v.detach().cpu().clone() for k, v in st.module.state_dict(keep_vars=True).items()}
-        for k in list(state):
-            for alias in (other_names or {}).get(k, ()):
-                state.setdefault(alias, state[k])
-        _save(state, d / f"stage-{st.index}.pt")
+    for index, state in states.items():
+        _save({k: v.detach().cpu().clone() for k, v in state.items()}, d / f"stage-{index}.pt")
     _save({"optimizer": optimizer.state_dict()}, d / f"rank-{rank}.pt")
 
 
@@ -125,11 +220,12 @@ def _reason(e: BaseException) -> str:
 def load_rank(
     folder: str | Path,
     rank: int,
-    stages: list[StageModule],
+    pipe: Holder,
     optimizer: torch.optim.Optimizer,
     fingerprint: str,
 ) -> int:
-    """Restore ``stages`` and ``optimizer`` from ``folder``; returns the steps already done."""
+    """Restore ``pipe``'s stages and ``optimizer`` from ``folder``; returns the steps already done.
+    A stage file's names that are not the stage's (an older checkpoint's extra buffers) are ignored."""
     d = Path(folder)
     meta = read_meta(d)
     if meta.get("fingerprint") != fingerprint:
@@ -137,18 +233,15 @@ def load_rank(
             f"checkpoint {folder} is of another model (fingerprint {meta.get('fingerprint')}, plan {fingerprint}); "
             "resume with the plan it was saved with"
         )
-    for st in stages:
-        path = d / f"stage-{st.index}.pt"
+    for index, own in pipe.stage_state_dicts().items():
+        path = d / f"stage-{index}.pt"
         if not path.is_file():
             raise RuntimeFailure(f"checkpoint {folder} has no {path.name}; it was saved with another plan")
-        own = st.module.state_dict()
         state = load_file(path)
         try:
-            st.module.load_state_dict({k: v for k, v in state.items() if k in own})
-        except (AttributeError, TypeError, RuntimeError) as e:
-            raise RuntimeFailure(
-                f"{path} does not hold stage {st.index} of this plan ({_reason(e)}); {_AGAIN}"
-            ) from None
+            pipe.load_state_dict({k: state[k] for k in own}, stages=[index])
+        except (AttributeError, TypeError, KeyError, RuntimeError) as e:
+            raise RuntimeFailure(f"{path} does not hold stage {index} of this plan ({_reason(e)}); {_AGAIN}") from None
     path = d / f"rank-{rank}.pt"
     if not path.is_file():
         raise RuntimeFailure(f"checkpoint {folder} has no {path.name}; it was saved with another plan")

@@ -16,7 +16,9 @@ For each action of the rank's list (``autopipe.schedules``), in order::
 Gradients accumulate in ``.grad`` over the m micro-batches (each loss scaled by 1/m: the mean
 over equal micro-batches is the batch mean), then parameters used by stages on several ranks
 (tied embeddings) get their gradients summed over those ranks — each holds a copy updated
-identically, the same as one shared parameter. The optimizer is the caller's: it steps
+identically, the same as one shared parameter. Only the iteration's own gradients are summed
+(what earlier iterations left in ``.grad`` is summed already and added back after), so
+gradients accumulated over several iterations are the unsplit model's. The optimizer is the caller's: it steps
 after :meth:`PipelineEngine.forward_backward` (``autopipe.pipeline`` leaves that to the user).
 
 Sends and receives between two ranks are posted in one order both agree on
@@ -165,6 +167,9 @@ class PipelineEngine:
         """Run the rank's actions on micro-batches ``inputs`` (flat, graph order): gradients
         accumulate in ``.grad`` (tied ones summed across ranks); nothing is stepped or zeroed."""
         self.step = step
+        kept = [p.grad for p, _ in self.shared]  # earlier steps' gradients: summed across ranks already
+        for p, _ in self.shared:
+            p.grad = None
         self.mb_inputs = [dict(zip(self.input_names, mb, strict=True)) for mb in inputs]
         self.mb_targets = list(targets)
         self.m = len(self.mb_inputs)
@@ -195,17 +200,21 @@ class PipelineEngine:
             work.wait()
         records = tuple(ActionRecord(str(a), s, r, e) for a, s, r, e in self.timer.results())
         makespan = max((r.end_s for r in records), default=0.0)
-        self._sync_shared()
+        self._sync_shared(kept)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         loss = float(self.loss_total) if self.loss_total is not None else None
         return IterationResult(loss, records, start, makespan, time.perf_counter() - start, self.peak_held)
 
-    def _sync_shared(self) -> None:
-        for p, ranks in self.shared:
+    def _sync_shared(self, kept: Sequence[torch.Tensor | None]) -> None:
+        """Sum this iteration's gradients of the tied weights across their ranks, then add what
+        earlier iterations left (summed already): accumulated over steps, each is summed once."""
+        for (p, ranks), before in zip(self.shared, kept, strict=True):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             self.comm.all_reduce_sum([p.grad], ranks)
+            if before is not None:
+                p.grad = before.add_(p.grad)
 
     # ------------------------------------------------------------------ messages
 

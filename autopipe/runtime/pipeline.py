@@ -9,7 +9,7 @@
         loss = pipe.step(inputs, targets)       # forward + backward of the m micro-batches
         opt.step()
         opt.zero_grad()
-    torch.save(pipe.state_dict(), f"rank{pipe.rank}.pt")    # this rank's weights, original names
+    torch.save(pipe.state_dict(), f"rank{pipe.rank}.pt")    # this rank's part of model.state_dict()
 
 :class:`Pipeline` traces ``model`` as the plan was traced, checks the fingerprint, splits it
 and keeps the stages of its rank (their parameters are ``model``'s own, moved to ``device``).
@@ -26,6 +26,13 @@ value is broadcast, so every rank can log it or stop on it. The optimizer step a
 need ``inputs``, the last rank needs ``targets``; the others may pass ``None`` (passing the
 batch everywhere is simplest and costs nothing).
 
+State: :meth:`Pipeline.state_dict` is this rank's part of ``model.state_dict()`` -- its keys
+(persistent buffers, no non-persistent ones, no tracer constants; a tied weight under all of its
+names; an entry no stage uses on the one rank that keeps it), the rank's live tensors -- so the
+union over the ranks loads into a fresh model with ``strict=True``.
+:meth:`Pipeline.load_state_dict` takes the whole model's ``state_dict()`` (or a rank's own) on
+every rank and loads what the rank holds. Who holds what: :mod:`autopipe.runtime.checkpoint`.
+
 Process group: under torchrun the group is the user's when ``torch.distributed`` is
 initialised already; otherwise :class:`Pipeline` initialises it (``gloo`` on the CPU,
 ``nccl`` on CUDA) from torchrun's environment. The pipeline uses the whole world: its size
@@ -40,7 +47,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -53,7 +60,7 @@ from autopipe.graph.outputs import output_builder
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
 from autopipe.runtime.actions import action_seconds, plan_schedule, shared_groups
-from autopipe.runtime.checkpoint import aliases
+from autopipe.runtime.checkpoint import Slot, slot_tensor, state_slots
 from autopipe.runtime.comm import Comm, DistComm
 from autopipe.runtime.engine import IterationResult, PipelineEngine
 from autopipe.runtime.microbatch import flat_inputs, split_batch, split_flat
@@ -141,7 +148,6 @@ class Pipeline:
             _init_process_group(plan, self.device, timeout_s)
         self.rank = _rank(rank, plan)
         self.loss_fn = loss_fn
-        self._aliases = aliases(model)
         self._model = model
         self.steps = 0  # batches stepped
         self.last: IterationResult | None = None  # the last step's measurements
@@ -172,6 +178,7 @@ class Pipeline:
         self._names = [str(n.target) for n in traced.gm.graph.nodes if n.op == "placeholder"]
         specs = value_specs(traced.gm, flat_inputs(self._names, example))
         self.stages: list[StageModule] = [st for st in split.stages if st.rank == self.rank]
+        self._slots = _mine(state_slots(self._model, [(st.index, st.module) for st in split.stages]), self.stages)
         for st in self.stages:
             st.module.to(self.device)
         by_name = dict(traced.gm.named_parameters())
@@ -230,6 +237,8 @@ class Pipeline:
         self.needs_inputs = any(s.is_first for s in self._torch_stages)
         self.is_last = any(s.is_last for s in self._torch_stages)
         self._modules = [getattr(s.submod, "stage", s.submod) for s in self._torch_stages]
+        mine = [(s.stage_index, m) for s, m in zip(self._torch_stages, self._modules, strict=True)]
+        self._slots = state_slots(self._model, mine, complete=False)  # this rank's stages only: no unused entries
 
     # ------------------------------------------------------------------ the user's loop
 
@@ -274,12 +283,15 @@ class Pipeline:
         return loss
 
     def _torch_step(self, flat: list[Any] | None, targets: Any) -> IterationResult:
+        from autopipe.stages.export import take_shared_grads
+
         losses: list[torch.Tensor] = []
         start = time.perf_counter()
         args = flat if self.needs_inputs and flat is not None else []
         extra: dict[str, Any] = {"target": targets, "losses": losses} if self.is_last else {}
+        kept = take_shared_grads(self._torch_stages)  # earlier steps' gradients: summed across ranks already
         self._schedule.step(*args, **extra)
-        self._sync(self._torch_stages)
+        self._sync(self._torch_stages, kept=kept)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         loss = float(torch.stack([x.detach().float() for x in losses]).mean()) if losses else None
@@ -308,30 +320,73 @@ class Pipeline:
         return self.train(False)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """This rank's parameters and buffers under the original model's names (a tied weight
-        under all of its names); the union over the ranks is the model's ``state_dict``."""
+        """This rank's part of the model's ``state_dict``: its keys, the model's order, the rank's
+        live tensors (detached; trained in place). The union over the ranks is exactly the
+        model's ``state_dict()`` -- loadable with ``strict=True`` -- see :meth:`stage_state_dicts`."""
         out: dict[str, torch.Tensor] = {}
-        for mod in self._modules:
-            out.update(mod.state_dict())
-        for name in list(out):
-            for other in self._aliases.get(name, ()):
-                out.setdefault(other, out[name])
+        for part in self.stage_state_dicts().values():
+            for k, t in part.items():
+                out.setdefault(k, t)
+        order = {k: i for i, s in enumerate(self._slots) for k in s.keys}
+        return dict(sorted(out.items(), key=lambda kv: order[kv[0]]))
+
+    def stage_state_dicts(self) -> dict[int, dict[str, torch.Tensor]]:
+        """This rank's part of the model's ``state_dict``, per stage index (a checkpoint's stage
+        files): each entry a stage holds, under the model's names (a tied weight under all of
+        them, in every stage that uses it); persistent buffers, not the non-persistent ones nor
+        tracer constants; an entry no stage uses kept by one stage (see
+        :mod:`autopipe.runtime.checkpoint` for which)."""
+        torch_stages = getattr(self, "_torch_stages", [])
+        out: dict[int, dict[str, torch.Tensor]] = {  # every stage of the rank, holding state or not
+            i: {} for i in [st.index for st in self.stages] or [s.stage_index for s in torch_stages]
+        }
+        for slot in self._slots:
+            t = slot_tensor(slot).detach()
+            out.setdefault(slot.stage, {}).update(dict.fromkeys(slot.keys, t))
         return out
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Load this rank's part of ``state`` (a rank's :meth:`state_dict`, or the whole model's)."""
-        for mod in self._modules:
-            own = mod.state_dict()
-            missing = [k for k in own if k not in state]
-            if missing:
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], *, stages: Sequence[int] | None = None) -> None:
+        """Load this rank's part of ``state``: the whole model's ``state_dict()`` or a rank's own
+        :meth:`state_dict` (on every rank; each takes what it holds). ``stages``: load only these
+        stage indices' part (a checkpoint's stage file holds one stage's). A key that is not the
+        model's, a missing key this rank needs or a tensor of another shape: one line naming it."""
+        known = self._model.state_dict(keep_vars=True).keys()
+        foreign = [k for k in state if k not in known]
+        if foreign:
+            raise RuntimeFailure(
+                f"the state has {foreign[0]} (and {len(foreign) - 1} more), which is not in the model's "
+                "state_dict; load the model's own state_dict() or a rank's pipe.state_dict()"
+            )
+        slots = [s for s in self._slots if stages is None or s.stage in stages]
+        missing = [s.keys[0] for s in slots if not any(k in state for k in s.keys)]
+        if missing:
+            raise RuntimeFailure(
+                f"the state has no {missing[0]} (and {len(missing) - 1} more) for rank {self.rank}'s stages; "
+                "load this rank's own state_dict() or the whole model's"
+            )
+        pairs = []
+        for slot in slots:  # every entry checked before any is copied: never half-loaded
+            key = next(k for k in slot.keys if k in state)
+            target, value = slot_tensor(slot), state[key]
+            if not isinstance(value, torch.Tensor) or value.shape != target.shape:
+                got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
                 raise RuntimeFailure(
-                    f"the state has no {missing[0]} (and {len(missing) - 1} more) for rank {self.rank}'s stages; "
-                    "load this rank's own state_dict() or the whole model's"
+                    f"the state's {key} is {got}, the model's is {tuple(target.shape)}; "
+                    "load a state_dict of the model this plan was made for"
                 )
-            mod.load_state_dict({k: state[k] for k in own})
+            pairs.append((target, value))
+        with torch.no_grad():
+            for target, value in pairs:
+                target.copy_(value)
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _mine(slots: tuple[Slot, ...], stages: list[StageModule]) -> tuple[Slot, ...]:
+    """The slots of ``stages`` (this rank's)."""
+    indices = {st.index for st in stages}
+    return tuple(s for s in slots if s.stage in indices)
 
 
 def _device(device: str | torch.device | None) -> torch.device:

@@ -26,7 +26,8 @@ tensors with the original model's names (a tied weight is listed in each stage t
 from one stage to another, skip connections (not to the next stage) marked. Plus the
 schedule, micro-batch count and size, and the model's state_dict keys in order. For an
 export-traced model, ``symbolic_dims`` (model input -> dims the stages take at any size) and
-``shapes_note`` (why the shapes stayed static, if they did): see ``retrace.py``.
+``shapes_note`` (why shapes stayed static, if any did: the whole trace, or the dims the model
+fixes and the line that fixes each, as Mamba's scan fixes the sequence length): see ``retrace.py``.
 
 The folder is built next to its destination and renamed into place, so a failure never leaves
 half an emit; a non-empty destination is replaced only with ``force``.
@@ -151,7 +152,7 @@ def _general_split(
             return (
                 general.traced,
                 split_model(general.traced, general.plan),
-                {"symbolic_dims": general.symbolic, "shapes_note": ""},
+                {"symbolic_dims": general.symbolic, "shapes_note": general.note},
             )
         except Exception as e:  # a size no stage input carries: the static trace still works
             note = f"static shapes: {str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__}"

@@ -24,17 +24,25 @@ returns the flat outputs on the last rank.
 Schedules: each schedule's spec names its torch class (``ScheduleSpec.torch_class``):
 ``gpipe`` -> ScheduleGPipe, ``1f1b`` -> Schedule1F1B, ``interleaved-1f1b`` ->
 ScheduleInterleaved1F1B (``virtual`` stages per rank, placed as the plan says), ``zb-h1`` ->
-ScheduleInterleavedZeroBubble (torch's ZB schedule; with one stage per rank it is ZB-H1-like).
-Schedules whose spec names no class (``v-half``, ``v-min``) are refused in one line: autopipe's
+ScheduleInterleavedZeroBubble (torch's ZB schedule; with one stage per rank it is ZB-H1-like),
+``zb-v`` -> ScheduleZBVZeroBubble, ``dualpipe-v`` -> ScheduleDualPipeV (two stages per rank, in a V).
+Schedules whose spec names no class (``zb-h2``, ``v-half``, ``v-min``) are refused in one line: autopipe's
 own executor runs them.
-torch scales gradients by ``1 / n_microbatches``, so a mean loss gives the full batch's
-gradient.
 
-Tied weights (a GPT's embedding and LM head, on the first and last stage): each rank updates
-the copy in its own model, so their gradients must be summed across the ranks that use them
-after every ``schedule.step`` and before ``optimizer.step`` -- :func:`sync_shared_grads` does
-that with one all-reduce per tied tensor over the pipeline group (ranks that do not use it add
-zeros). Built this way, training matches the unsplit model.
+Each micro-batch's mean loss trains as ``loss / n_microbatches`` (its gradient is divided,
+not its value, so ``losses`` reads as the loss), and torch's own gradient scaling
+(``scale_grads``) is off, so a step's gradients are the full batch's, as autopipe's engine
+computes them, and they accumulate over steps like ``loss.backward()``'s.
+
+Tied weights (a GPT's embedding and LM head; BART's encoder embedding, decoder embedding and
+LM head): the stages of one rank that use a tied weight hold the one Parameter of the model,
+whose gradient accumulates their contributions. Across ranks, each rank updates the copy in
+its own model, so its gradients must be summed across the ranks that use it after every
+``schedule.step`` and before ``optimizer.step`` -- :func:`sync_shared_grads` does that with
+one all-reduce per tied tensor over the pipeline group (each rank adds its copy once, however
+many of its stages use it; ranks that do not use it add zeros). Built this way, training
+matches the unsplit model under every schedule, however it places the stages that share a
+weight (tests/stages/test_export.py: a three-way tie under interleaved 1F1B, ZB-V, DualPipe-V).
 
 For ``nn.Sequential`` pipelines (torchgpipe, ``torch.distributed.pipelining.pipeline`` with
 split points), ``plan.balance`` gives the number of blocks per stage; when the model's blocks
@@ -43,6 +51,7 @@ are the Sequential's children, that is the layer count per stage they take.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -66,6 +75,7 @@ __all__ = [
     "pipeline_inputs",
     "relay_stages",
     "sync_shared_grads",
+    "take_shared_grads",
     "to_torch_pipelining",
 ]
 
@@ -170,9 +180,15 @@ def to_torch_pipelining(
     inputs, used to trace the model as the plan was traced. ``model`` is the full model, on
     every rank; the stages hold its own parameters (moved to ``device``), so an optimizer over
     ``[p for s in stages for p in s.submod.parameters()]`` trains them in place.
-    Without ``loss_fn`` the schedule runs forward only. Every rank of ``group`` (default: the
-    world) calls it: with a process group, the ranks agree on their traces' node names and
-    compare every stage's interface before any stage is built (:mod:`autopipe.stages.agree`).
+    Without ``loss_fn`` the schedule runs forward only. ``scale_grads``: ``loss_fn`` is a mean,
+    so each micro-batch's loss trains as ``loss / plan.micro_batches`` (its reported value is
+    the loss itself) and a step's gradients are the whole batch's; False for a summed loss.
+    torch's own ``scale_grads`` is turned off: it divides every parameter of a stage once per
+    stage, so a parameter two stages of one rank share (a tied embedding and LM head) would be
+    divided twice, and gradients accumulated over several steps would be divided again.
+    Every rank of ``group`` (default: the world) calls it: with a process group, the ranks
+    agree on their traces' node names and compare every stage's interface before any stage is
+    built (:mod:`autopipe.stages.agree`).
     """
     from torch.distributed import pipelining
 
@@ -192,7 +208,6 @@ def to_torch_pipelining(
     split = split_model(traced, plan)
     if dist.is_initialized():  # the ranks traced on their own: names must mean the same everywhere
         traced, split = agreed_split(plan, traced, split, rank, _gather(group))
-    _refuse_split_backward_ties(split, plan)
     relays = relay_stages(split, {n.name: i for i, n in enumerate(traced.gm.graph.nodes)})
     _tie_info(relays, split, plan, traced.gm)
     dev = torch.device(device)
@@ -218,9 +233,13 @@ def to_torch_pipelining(
     loss = (
         None
         if loss_fn is None
-        else _structured_loss(loss_fn, output_builder(traced.gm, traced.tracer, model, example_inputs))
+        else _structured_loss(
+            loss_fn, output_builder(traced.gm, traced.tracer, model, example_inputs), plan.micro_batches, scale_grads
+        )
     )
-    options: dict[str, Any] = {"n_microbatches": plan.micro_batches, "loss_fn": loss, "scale_grads": scale_grads}
+    options: dict[str, Any] = {"n_microbatches": plan.micro_batches, "loss_fn": loss}
+    if "scale_grads" in inspect.signature(cls).parameters:  # torch 2.7 brought the argument and its scaling
+        options["scale_grads"] = False  # the loss's gradient is scaled instead (_structured_loss)
     try:
         schedule = cls(stages if spec.torch_multi else stages[0], **options)
     except (ValueError, RuntimeError) as e:
@@ -240,14 +259,30 @@ def _gather(group: dist.ProcessGroup | None) -> Gather:
 
 
 def _structured_loss(
-    loss_fn: Callable[[Any, Any], torch.Tensor], build: Callable[[list[Any]], Any]
+    loss_fn: Callable[[Any, Any], torch.Tensor], build: Callable[[list[Any]], Any], m: int, scale: bool
 ) -> Callable[[Any, Any], torch.Tensor]:
-    """``loss_fn`` on the model's output as the model returns it, from the last stage's flat one."""
+    """``loss_fn`` on the model's output as the model returns it, from the last stage's flat one;
+    with ``scale``, its gradient (not its value) divided by the ``m`` micro-batches."""
 
     def loss(output: Any, target: Any) -> torch.Tensor:
-        return loss_fn(build(list(output) if isinstance(output, tuple) else [output]), target)
+        value = loss_fn(build(list(output) if isinstance(output, tuple) else [output]), target)
+        return _GradDivided.apply(value, m) if scale and value.requires_grad else value  # type: ignore[no-untyped-call]
 
     return loss
+
+
+class _GradDivided(torch.autograd.Function):
+    """The identity whose backward divides the gradient by ``m``: a micro-batch's mean loss,
+    reported as it is, that trains as ``loss / m`` (autopipe's engine backpropagates that)."""
+
+    @staticmethod
+    def forward(ctx: Any, value: torch.Tensor, m: int) -> torch.Tensor:
+        ctx.m = m
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad / ctx.m, None
 
 
 def _examples(
@@ -292,14 +327,21 @@ def pipeline_inputs(stages: Sequence[Any], batch: Any) -> tuple[torch.Tensor, ..
     return tuple(flat)
 
 
-def sync_shared_grads(stages: Sequence[Any], group: dist.ProcessGroup | None = None) -> None:
+def sync_shared_grads(
+    stages: Sequence[Any], group: dist.ProcessGroup | None = None, *, kept: Sequence[torch.Tensor | None] = ()
+) -> None:
     """Sum the gradients of tied parameters across the ranks that use them.
 
     ``stages`` are this rank's PipelineStages from :func:`to_torch_pipelining`. Every rank of
     the pipeline calls this after ``schedule.step`` and before ``optimizer.step``; ranks that do
-    not hold a tied parameter add zeros.
+    not hold a tied parameter add zeros. It sums what ``.grad`` holds, so when gradients
+    accumulate over several ``schedule.step`` calls, call it once, after the last of them -- or
+    take the earlier gradients out before each step with :func:`take_shared_grads` and pass them
+    as ``kept``: they are added back after the sum (``Pipeline.step`` does that).
     """
     relays = [s.submod for s in stages]
+    mine = _tied_names(stages)
+    old = dict(zip(mine, kept, strict=True)) if kept else {}
     for name, _ranks, shape, dtype in relays[0].tied_ranks:
         p = next((r.tied[name] for r in relays if name in r.tied), None)
         if p is None:
@@ -308,23 +350,24 @@ def sync_shared_grads(stages: Sequence[Any], group: dist.ProcessGroup | None = N
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
+        before = old.get(name)
+        if before is not None:
+            p.grad = before.add_(p.grad)
 
 
-def _refuse_split_backward_ties(split: Split, plan: Plan) -> None:
-    """torch's split-backward schedules (zb-v: chunks 0 and 2S-1 on device 0) get the gradient
-    of a parameter that two stages of one rank share wrong (measured: a GPT's tied embedding and
-    LM head, 3e-3 off after 3 steps); refuse such a plan rather than train it wrongly."""
-    spec = schedule_spec(plan.schedule)
-    if not spec.splits_backward:
-        return
-    rank_of = {s.index: s.rank for s in plan.stages}
-    for name, stage_ids in split.shared_params:
-        ranks = [rank_of[s] for s in stage_ids]
-        if len(set(ranks)) < len(ranks):
-            raise PlanError(
-                f"parameter {name!r} is shared by two stages on one rank, whose gradient torch's {spec.torch_class} "
-                f"gets wrong; run this plan with autopipe's own executor, or plan another schedule"
-            )
+def take_shared_grads(stages: Sequence[Any]) -> list[torch.Tensor | None]:
+    """The gradients this rank's tied parameters hold (set to None), for ``sync_shared_grads(kept=...)``."""
+    taken = []
+    for name in _tied_names(stages):
+        p = next(s.submod.tied[name] for s in stages if name in s.submod.tied)
+        taken.append(p.grad)
+        p.grad = None
+    return taken
+
+
+def _tied_names(stages: Sequence[Any]) -> list[str]:
+    """The names of the tied parameters this rank's stages hold, each once, in a fixed order."""
+    return list(dict.fromkeys(n for s in stages for n in s.submod.tied))
 
 
 def _tie_info(relays: list[RelayStage], split: Split, plan: Plan, gm: torch.fx.GraphModule) -> None:

@@ -13,7 +13,10 @@ where the model allows; what the model pins stays static) and then
   that leave a block after the module that made them (``transformer_h_0``).
 
 Symbolic sizes are recomputed inside each stage from its own inputs (``split.py``). When the
-symbolic trace fails or groups differently, the static trace is used and the note says why.
+symbolic trace fails or groups differently, the static trace is used and the note says why;
+when it works but the model fixes one of those dims (Mamba's scan loops over the sequence
+length in Python), the note names each fixed dim, its size and the model's line that fixed it
+(torch's record of the specialisation).
 fx traces are returned unchanged: their code computes sizes from its inputs already.
 A micro-batch of one sample would pin the batch size (torch.export specialises sizes 0 and
 1), so such inputs are traced doubled along dim 0 and shapes reported at the plan's size.
@@ -28,6 +31,7 @@ import dataclasses
 import inspect
 import re
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -76,7 +80,7 @@ def retrace_for_emit(plan: Plan, model: nn.Module, inputs: Any, traced: TracedMo
         dataclasses.replace(s, nodes=tuple(n for b in s.blocks for n in dyn.blocks[index[b]].nodes))
         for s in plan.stages
     )
-    return Retrace(dyn, dataclasses.replace(plan, stages=stages), _symbolic_dims(dyn), "")
+    return Retrace(dyn, dataclasses.replace(plan, stages=stages), _symbolic_dims(dyn), _pinned_note(dyn))
 
 
 def _doubled(inputs: Any) -> Any:
@@ -134,6 +138,67 @@ def _symbolic_dims(traced: TracedModel) -> dict[str, list[int]]:
                 d for d, s in enumerate(v.shape) if isinstance(s, torch.SymInt) and not s.node.expr.is_number
             ]
     return out
+
+
+def _pinned_note(traced: TracedModel) -> str:
+    """Why the stages take only one size of an input's first two dims, in words: the dims the
+    symbolic export fixed and the model's line that fixed each one (torch's record of it); ""
+    when every such dim stayed symbolic."""
+    pinned: list[tuple[str, int, int]] = []  # input, dim, its fixed size
+    env = None
+    for n in traced.gm.graph.nodes:
+        v = n.meta.get("val")
+        if n.op != "placeholder" or not isinstance(v, torch.Tensor):
+            continue
+        for d, size in enumerate(v.shape[:2]):
+            if isinstance(size, torch.SymInt) and not size.node.expr.is_number:
+                env = size.node.shape_env
+            else:
+                pinned.append((n.name, d, int(size)))
+    if not pinned:
+        return ""
+    where = {(name, d): _where_fixed(env, name, d) if size > 1 else "" for name, d, size in pinned}
+    parts = []
+    for name, d, size in pinned:
+        why = f" by {where[name, d]}" if where[name, d] else ""
+        if size <= 1:
+            why = " (torch.export fixes sizes 0 and 1)"
+        elif not why:  # found equal to another fixed size: say which, and where that one was fixed
+            why = next(
+                (
+                    f" (equal to {o} dim {od}, fixed by {where[o, od]})"
+                    for o, od, z in pinned
+                    if z == size and where[o, od]
+                ),
+                "",
+            )
+        parts.append(f"{name} dim {d} is fixed at {size}{why}")
+    return (
+        f"static shapes in part: {'; '.join(parts)}; the model's code needs that size as a number "
+        "(a Python loop over it, a weight, view or buffer of that length), so torch.export kept it "
+        "constant and the stages take inputs of that size only"
+    )
+
+
+def _where_fixed(env: Any, name: str, dim: int) -> str:
+    """``file.py:line in function`` of the model's code where torch recorded fixing ``name``'s ``dim`` (following
+    the symbol through the sizes it was found equal to, to the one set to a number), if it did."""
+    ending = f"['{name}'].size()[{dim}]"
+    sources = getattr(env, "var_to_sources", {}) if env is not None else {}
+    sym = next(
+        (s for s, found in sources.items() if any(str(getattr(x, "name", "")).endswith(ending) for x in found)), None
+    )
+    replacements, slocs = getattr(env, "replacements", {}), getattr(env, "replacements_slocs", {})
+    for _ in range(len(replacements) + 1):
+        to = replacements.get(sym)
+        if to is None:
+            return ""
+        if not to.is_Symbol:
+            where = str(slocs.get(sym, "")).strip().strip("()")
+            file = where.split(":")[0]
+            return "" if not file or (Path(torch.__file__).parent / file).is_file() else where  # torch's own line: no
+        sym = to
+    return ""
 
 
 # --------------------------------------------------------------------------- names

@@ -6,9 +6,11 @@ output need. Skip connections go straight from the stage that makes a value to e
 that reads it (``sends``) — not relayed through the stages in between.
 
 Parameters shared between stages (a tied embedding and LM head) appear in each stage that
-uses them; each process keeps its own copy, so the executor sums their gradients across the
-stages that hold them before every optimizer step (``Split.shared_params``), which keeps the
-copies identical — the same result as one shared parameter in the unsplit model.
+uses them as the model's one Parameter, so the stages of one rank share it and its gradient
+accumulates every use there; each process keeps its own copy, so the executor sums their
+gradients across the ranks that hold them, each rank's copy once, before every optimizer step
+(``Split.shared_params``), which keeps the copies identical — the same result as one shared
+parameter in the unsplit model.
 
 Tests: tests/stages/test_emit.py.
 """

@@ -122,6 +122,42 @@ def test_data_dependent_control_flow_names_the_line_and_the_leaf_fix() -> None:
     assert "--leaf Gate" in msg
 
 
+def test_an_fx_failure_names_the_module_it_was_tracing_and_the_leaf_that_fixes_it() -> None:
+    model, x, path = _load_fixture("control_flow.py")
+    with pytest.raises(TraceError) as err:
+        trace_model(model, x, micro_batch_size=4, recipe=TraceRecipe(tracer="fx"), source=path)
+    assert str(err.value) == (
+        f"could not trace the model (fx: TraceError at {path}:14 in gate (Gate): symbolically traced variables "
+        "cannot be used as inputs to control flow); pass --leaf Gate to keep gate whole on one stage, "
+        "or use --tracer export"
+    )
+
+
+@pytest.mark.slow
+def test_fx_on_a_hugging_face_model_names_the_module_and_says_use_export() -> None:
+    """HF models' forward takes **kwargs: fx fails in the model itself (``co_varnames is too
+    small``), where no leaf helps; wrapped, it fails inside the wrapped model, named by path."""
+    pytest.importorskip("transformers")
+    from tests.fixtures import hf_gpt2, hf_zoo
+
+    with pytest.raises(TraceError) as err:
+        trace_model(hf_zoo.build_model("llama"), hf_zoo.example_inputs(2, "llama"), micro_batch_size=2,
+                    recipe=TraceRecipe(tracer="fx"))  # fmt: skip  # reason: one call, read as one
+    assert str(err.value) == (
+        "could not trace the model (fx: ValueError in LlamaForCausalLM, the model itself: code: co_varnames is "
+        "too small); fx fails in the model's own forward (LlamaForCausalLM, whose forward takes **kwargs, which "
+        "fx cannot trace), where no --leaf helps; use --tracer export"
+    )
+    with pytest.raises(TraceError) as err:
+        trace_model(
+            hf_gpt2.build_model(), hf_gpt2.example_inputs(2), micro_batch_size=2, recipe=TraceRecipe(tracer="fx")
+        )
+    assert " in gpt.transformer (GPT2Model): " in str(err.value)
+    assert str(err.value).endswith(
+        "; pass --leaf GPT2Model to keep gpt.transformer whole on one stage, or use --tracer export"
+    )
+
+
 def test_leaf_module_makes_control_flow_traceable() -> None:
     model, x, path = _load_fixture("control_flow.py")
     t = trace_model(model, x, micro_batch_size=4, recipe=TraceRecipe(tracer="auto", leaf_modules=["Gate"]), source=path)

@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 import functools
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from autopipe.plans import Plan
 from autopipe.runtime import Rebuilt, RunOptions, assemble_state_dict, rebuild, run_threads
+from autopipe.runtime.comm import ThreadHub
 from autopipe.runtime.run.records import RunResult
 from autopipe.schedules import schedule_spec
 from tests.helpers import even_plan, reference_training
@@ -74,3 +78,26 @@ def skip_without_transformers(model: str) -> None:
     """Skip a Hugging Face case where transformers is not installed."""
     if model.startswith("hf"):
         pytest.importorskip("transformers")
+
+
+def on_threads(hub: ThreadHub, work: Callable[[int], Any]) -> list[Any]:
+    """``work(rank)`` on one thread per rank of ``hub``; the first error is raised here."""
+    ranks = hub.world
+    results: dict[int, Any] = {}
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = work(rank)
+        except BaseException as e:
+            errors.append(e)
+            hub.fail(f"rank {rank}: {e}")
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+    return [results[r] for r in range(ranks)]

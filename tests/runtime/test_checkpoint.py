@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 import pickle
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -13,10 +14,14 @@ import pytest
 import torch
 from autopipe.cli.main import main
 
+from autopipe import pipeline
 from autopipe.errors import RuntimeFailure
+from autopipe.model.load import LoadedModel, load_model
 from autopipe.runtime import RunOptions, assemble_state_dict, run_threads
-from autopipe.runtime.checkpoint import load_file, read_meta
-from tests.runtime.helpers import cached_plan, rebuilt_for
+from autopipe.runtime.checkpoint import load_file, load_rank, read_meta, save_rank, slot_tensor, state_slots, write_meta
+from autopipe.runtime.comm import ThreadHub
+from tests.helpers import FIXTURES, ROOT, even_plan
+from tests.runtime.helpers import GPT, cached_plan, on_threads, rebuilt_for
 
 torch.set_num_threads(1)
 
@@ -148,3 +153,148 @@ def test_autopipe_run_resume_from_a_crafted_checkpoint_is_one_line(
         "save the checkpoint again with --save-checkpoint\n"
     )
     assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- the model's state_dict
+
+BUNDLED = sorted(p.name for p in (ROOT / "models").glob("*.py"))
+SMALL: dict[str, dict[str, object]] = {  # the bundled models, smaller than their defaults
+    "hf_gpt2.py": {"n_layer": 2, "n_embd": 32, "seq_len": 16},
+    "llama.py": {"n_layer": 2, "n_embd": 32, "vocab_size": 64, "block_size": 16},
+    "resnet.py": {"layers": "1,1", "width": 8, "image_size": 16},
+    "chargpt.py": {"n_layer": 2, "n_embd": 32, "seq_len": 16},
+}
+HF_STATE = str(FIXTURES / "hf_state.py")
+
+
+def _check_state_is_the_models(file: str, kwargs: dict[str, object], tmp: Path) -> list[dict[str, torch.Tensor]]:
+    """Two thread ranks of ``file``'s model, one training step: the union of their ``state_dict()``
+    and of their checkpoint stage files is exactly the model's ``state_dict()``, strict-loadable,
+    of the ranks' live trained tensors; every rank loads the whole model's state; resume restores."""
+    plan = even_plan(file, kwargs, stages=2, micro_batches=2, micro_batch_size=2, reuse_trace=True)
+
+    def build(seed: int) -> LoadedModel:
+        torch.manual_seed(seed)
+        return load_model(file, kwargs)
+
+    hub = ThreadHub(2, 30.0)
+    built = [build(0) for _ in range(2)]
+    pipes = [  # built one after the other: tracing is not thread-safe
+        pipeline(
+            plan,
+            lm.model,
+            rank=r,
+            comm=lambda groups, r=r: hub.comm(r),  # type: ignore[misc]
+            device="cpu",
+            example_inputs=lm.make_inputs(2),
+            loss_fn=lm.loss_fn,
+        )
+        for r, lm in enumerate(built)
+    ]
+    opts = [torch.optim.SGD(p.parameters(), lr=0.1) for p in pipes]
+    lm, before = built[0], build(0).model.state_dict()
+    batch = (lm.make_inputs(4), lm.make_targets(4) if lm.make_targets else None)
+
+    def step(rank: int) -> None:
+        pipes[rank].step(*batch)
+        opts[rank].step()
+
+    on_threads(hub, step)
+    states = [p.state_dict() for p in pipes]
+    union = {k: v.clone() for s in states for k, v in s.items()}
+    fresh = build(1).model
+    assert list(union) != [] and set(union) == set(fresh.state_dict())
+    fresh.load_state_dict(union, strict=True)
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in union.items())
+    assert any(not torch.equal(before[k], v) for k, v in union.items())  # trained values
+
+    folder = tmp / "ck"
+    for rank, (p, opt) in enumerate(zip(pipes, opts, strict=True)):
+        save_rank(folder, rank, p.stage_state_dicts(), opt, 1)
+    write_meta(folder, plan.recipe.fingerprint, 1, len(plan.stages))
+    assembled = assemble_state_dict(folder)
+    assert set(assembled) == set(union) and all(torch.equal(assembled[k], v) for k, v in union.items())
+    build(2).model.load_state_dict(assembled, strict=True)
+
+    other = build(3).model.state_dict()
+    for p in pipes:  # the whole model's state on every rank: each takes its part
+        p.load_state_dict(other)
+    assert all(torch.equal(v, other[k]) for s in states for k, v in s.items())  # live tensors, loaded in place
+    for rank, (p, opt) in enumerate(zip(pipes, opts, strict=True)):
+        assert load_rank(folder, rank, p, opt, plan.recipe.fingerprint) == 1
+    assert all(torch.equal(v, union[k]) for p in pipes for k, v in p.state_dict().items())
+    return states
+
+
+def test_each_entry_of_the_models_state_has_one_place() -> None:
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
+    )
+    model.register_buffer("scale", torch.ones(1), persistent=False)
+    model.register_buffer("steps", torch.zeros(1))
+    first, second = torch.nn.Module(), torch.nn.Module()
+    first.register_module("0", model[0])
+    first.register_buffer("scale", model.scale)  # held, but not the model's state
+    first.register_buffer("lifted_tensor_0", torch.ones(1))  # a tracer's constant
+    second.register_module("1", torch.nn.Module())
+    second.get_submodule("1").register_module("0", model[1][0])  # model[1][1], the LayerNorm, no stage uses
+    slots = state_slots(model, [(0, first), (1, second)])
+    assert [(s.stage, s.keys) for s in slots] == [
+        (0, ("steps",)),  # the whole model's: its nearest entry, 0.weight, is stage 0's
+        (0, ("0.weight",)),
+        (0, ("0.bias",)),
+        (1, ("1.0.weight",)),
+        (1, ("1.0.bias",)),
+        (1, ("1.1.weight",)),  # its parent's nearest entry, 1.0.bias, is stage 1's
+        (1, ("1.1.bias",)),
+    ]
+    assert slot_tensor(slots[5]) is model[1][1].weight and slot_tensor(slots[1]) is model[0].weight
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", BUNDLED)
+def test_every_bundled_models_state_is_its_state(model: str, tmp_path: Path) -> None:
+    # llama: rotary cos/sin, non-persistent buffers that fx's GraphModule holds as persistent ones;
+    # resnet: BatchNorm statistics, trained in the step; gpt, chargpt, hf_gpt2: a tied head
+    if model.startswith("hf"):
+        pytest.importorskip("transformers")
+    _check_state_is_the_models(str(ROOT / "models" / model), SMALL.get(model, {}), tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("file", "arch"),
+    [(HF_STATE, a) for a in ("gemma2", "falcon", "deberta", "swin", "clip", "gptj")]
+    + [(str(FIXTURES / "hf_zoo.py"), a) for a in ("llama", "bert")],
+    ids=lambda v: Path(v).stem if "/" in str(v) else str(v),
+)
+def test_a_hugging_face_models_state_is_its_state(file: str, arch: str, tmp_path: Path) -> None:
+    # non-persistent buffers (inv_freq, embed_scale, position_ids, relative_position_index,
+    # embed_positions), export-lifted constants (falcon, deberta), a tied head (gemma2, falcon),
+    # a module no stage uses (clip's post_layernorm, kept by the rank of the last vision layer)
+    pytest.importorskip("transformers")
+    states = _check_state_is_the_models(file, {"arch": arch}, tmp_path)
+    if arch == "clip":
+        assert (
+            "vision_model.post_layernorm.weight" in states[1] and "vision_model.post_layernorm.weight" not in states[0]
+        )
+
+
+def test_a_state_of_another_model_is_one_line() -> None:
+    plan = cached_plan("gpt", 2, "1f1b")
+    torch.manual_seed(0)
+    lm = load_model(*GPT)
+    pipe = pipeline(plan, lm.model, rank=0, comm=lambda g: ThreadHub(2, 1.0).comm(0), example_inputs=lm.make_inputs(2))
+    state = lm.model.state_dict()
+    with pytest.raises(
+        RuntimeFailure, match=r"^the state has blocks\.0\.attn\.lifted_tensor_0 \(and 0 more\), which is not"
+    ):
+        pipe.load_state_dict({**state, "blocks.0.attn.lifted_tensor_0": torch.zeros(1)})
+    name = next(iter(pipe.state_dict()))
+    with pytest.raises(RuntimeFailure, match=rf"^the state's {re.escape(name)} is \(1,\), the model's is \("):
+        pipe.load_state_dict({**state, name: torch.zeros(1)})
+    first, last = list(pipe.state_dict())[0], list(pipe.state_dict())[-1]
+    before = pipe.state_dict()[first].clone()
+    with pytest.raises(RuntimeFailure, match=rf"^the state's {re.escape(last)} is \(1,\)"):
+        pipe.load_state_dict({**state, first: before + 1, last: torch.zeros(1)})
+    assert torch.equal(pipe.state_dict()[first], before)  # checked before any entry is copied

@@ -7,7 +7,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,31 +20,9 @@ from autopipe.model.load import load_model
 from autopipe.runtime.comm import Comm, ThreadHub
 from tests.helpers import ROOT, even_plan, max_diff
 from tests.runtime.helpers import GPT, LR, STEPS, TOL, cached_plan, unsplit_reference
+from tests.runtime.helpers import on_threads as _on_threads
 
 torch.set_num_threads(1)
-
-
-def _on_threads(hub: ThreadHub, work: Callable[[int], Any]) -> list[Any]:
-    """``work(rank)`` on one thread per rank of ``hub``; the first error is raised here."""
-    ranks = hub.world
-    results: dict[int, Any] = {}
-    errors: list[BaseException] = []
-
-    def run(rank: int) -> None:
-        try:
-            results[rank] = work(rank)
-        except BaseException as e:
-            errors.append(e)
-            hub.fail(f"rank {rank}: {e}")
-
-    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(ranks)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    if errors:
-        raise errors[0]
-    return [results[r] for r in range(ranks)]
 
 
 def _comm(hub: ThreadHub, rank: int) -> Callable[[list[tuple[int, ...]]], Comm]:

@@ -327,6 +327,23 @@ def test_emitted_hugging_face_stages_take_any_micro_batch_size_and_honour_eval(
         assert float((got["train"]["logits"] - expected["logits"]).abs().max()) > 1e-3  # dropout is on
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("transformers")
+def test_the_manifest_says_which_dim_the_model_fixes_and_where(tmp_path: Path) -> None:
+    """Mamba's scan loops over the sequence in Python: the batch stays free, the length does not,
+    and the manifest says so, naming the model's line."""
+    plan = even_plan(str(FIXTURES / "hf_state.py"), {"arch": "mamba"}, stages=2, micro_batch_size=2)
+    manifest = emit(plan, tmp_path / "stages", weights=False)
+    assert manifest["symbolic_dims"] == {"input_ids": [0], "attention_mask": [0]}  # the batch only
+    fixed = r"dim 1 is fixed at 8 [^;]*modeling_mamba\.py:\d+ in \w+\)?"
+    assert re.fullmatch(
+        rf"static shapes in part: input_ids {fixed}; attention_mask {fixed}; the model's code needs that size as a "
+        r"number \(a Python loop over it, .*\), so torch\.export kept it constant and the stages take inputs of "
+        "that size only",
+        manifest["shapes_note"],
+    ), manifest["shapes_note"]
+
+
 def test_progress_tells_each_step_and_every_stage(tmp_path: Path) -> None:
     calls: list[tuple[str, int, int]] = []
     emit(

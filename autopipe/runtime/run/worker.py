@@ -137,7 +137,7 @@ def train_rank(
     optimizer = make_optimizer(params, options)
     done = 0
     if options.resume:
-        done = checkpoint.load_rank(options.resume, rank, pipe.stages, optimizer, plan.recipe.fingerprint)
+        done = checkpoint.load_rank(options.resume, rank, pipe, optimizer, plan.recipe.fingerprint)
     pipe.steps = done
     iterations = []
     meter = PeakMemory(device)
@@ -154,7 +154,7 @@ def train_rank(
     static = state_bytes(params, optimizer)
     peak, kind = _peak(meter, params, static, iterations, process_memory or device.type == "cuda")
     if options.save_checkpoint:
-        _save(plan, rank, pipe, optimizer, done + options.steps, rb, options.save_checkpoint)
+        _save(plan, rank, pipe, optimizer, done + options.steps, options.save_checkpoint)
     data = source.kind if source is not None else ("train_data" if rb.loaded.make_train_data else "example_inputs")
     return RankResult(
         rank,
@@ -182,11 +182,9 @@ def _peak(
     )
 
 
-def _save(
-    plan: Plan, rank: int, pipe: Pipeline, optimizer: torch.optim.Optimizer, steps: int, rb: Rebuilt, folder: str
-) -> None:
+def _save(plan: Plan, rank: int, pipe: Pipeline, optimizer: torch.optim.Optimizer, steps: int, folder: str) -> None:
     """Write this rank's checkpoint stage files; rank 0 writes the run's metadata once all have."""
-    checkpoint.save_rank(folder, rank, pipe.stages, optimizer, steps, checkpoint.aliases(rb.loaded.model))
+    checkpoint.save_rank(folder, rank, pipe.stage_state_dicts(), optimizer, steps)
     pipe.comm.barrier()
     if rank == 0:
         checkpoint.write_meta(folder, plan.recipe.fingerprint, steps, len(plan.stages))
