@@ -22,6 +22,7 @@ __all__ = [
     "PlanError",
     "PlanFileError",
     "ProfileError",
+    "RankMismatchError",
     "RunOptionError",
     "RuntimeFailure",
     "ScheduleError",
@@ -58,6 +59,10 @@ class FactoryArgumentError(ModelLoadError):
 
 class TraceError(InputError):
     """The model could not be traced into a graph of blocks."""
+
+
+class RankMismatchError(TraceError):
+    """The ranks built or traced the model differently, so their stages would not fit together."""
 
 
 class ProfileError(InputError):

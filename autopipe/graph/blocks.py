@@ -23,7 +23,7 @@ import torch
 import torch.fx
 from torch import nn
 
-__all__ = ["Block", "BlockEdge", "Grouping", "ValueInfo", "group_blocks"]
+__all__ = ["Block", "BlockEdge", "Grouping", "ValueInfo", "block_edges", "group_blocks"]
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 _COMPUTE_OPS = ("call_module", "call_function", "call_method")
@@ -71,7 +71,7 @@ def group_blocks(
     groups = _group(gm, keys, values, max_blocks)
     _fold_constants_across_blocks(gm, groups, values)
     blocks, block_of, shared = _make_blocks(gm, model, groups)
-    return Grouping(blocks, block_of, values, shared, _block_edges(gm, block_of, values))
+    return Grouping(blocks, block_of, values, shared, block_edges(gm, block_of, values))
 
 
 # --------------------------------------------------------------------------- values
@@ -335,7 +335,7 @@ class BlockEdge:
     tensors: tuple[str, ...]
 
 
-def _block_edges(
+def block_edges(
     gm: torch.fx.GraphModule, block_of: dict[str, int], values: dict[str, ValueInfo]
 ) -> tuple[BlockEdge, ...]:
     """Blocks as a DAG: an edge i -> j carries the tensors made in i and read in j, with bytes."""

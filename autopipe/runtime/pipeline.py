@@ -13,6 +13,11 @@
 
 :class:`Pipeline` traces ``model`` as the plan was traced, checks the fingerprint, splits it
 and keeps the stages of its rank (their parameters are ``model``'s own, moved to ``device``).
+Each rank traces on its own, and values cross ranks by their node's name: at the first step,
+before anything is sent, the ranks agree on the names (rank 0's; a trace that met the same ops
+in another order, as code looping over a set of strings does under another ``PYTHONHASHSEED``,
+is renamed to them) and compare every stage's interface, or fail alike in one line
+(:mod:`autopipe.stages.agree`).
 :meth:`Pipeline.step` cuts the batch into the plan's micro-batches, runs the forward and
 backward of all of them (gradients accumulate in ``.grad``, tied weights summed across the
 ranks that hold them) and returns the batch's mean loss -- on every rank: the last rank's
@@ -62,8 +67,9 @@ from autopipe.runtime.microbatch import flat_inputs, split_batch, split_flat
 from autopipe.runtime.order import message_order
 from autopipe.runtime.routing import make_routing
 from autopipe.runtime.shapes import value_specs
+from autopipe.stages.agree import agreed_split
 from autopipe.stages.rebuild import rebuild_model, trace_for_plan
-from autopipe.stages.split import StageModule, split_model
+from autopipe.stages.split import Split, StageModule, split_model
 
 __all__ = ["ENGINES", "CommFactory", "Pipeline", "pipeline"]
 
@@ -158,10 +164,17 @@ class Pipeline:
         plan = self.plan
         if traced is None:
             traced = trace_for_plan(plan, self._model, example)
-        schedule = plan_schedule(plan)
         split = split_model(traced, plan)
-        groups = shared_groups(split)
+        groups = shared_groups(split)  # by parameter and stage: the same whatever the nodes are named
         self.comm = comm([g for _, g in groups]) if comm is not None else DistComm(timeout_s, [g for _, g in groups])
+        self._build(traced, split, example)
+        # Checked with the other ranks at the first step (a collective: ranks may be built one by one).
+        self._unagreed: tuple[TracedModel, Split, Any] | None = (traced, split, example)
+
+    def _build(self, traced: TracedModel, split: Split, example: Any) -> None:
+        plan = self.plan
+        schedule = plan_schedule(plan)
+        groups = shared_groups(split)
         self._names = [str(n.target) for n in traced.gm.graph.nodes if n.op == "placeholder"]
         specs = value_specs(traced.gm, flat_inputs(self._names, example))
         self.stages: list[StageModule] = [st for st in split.stages if st.rank == self.rank]
@@ -193,6 +206,23 @@ class Pipeline:
         self.needs_inputs = any(n in reads for n in split.input_names)
         self.is_last = split.last.rank == self.rank
         self._modules: list[nn.Module] = [st.module for st in self.stages]
+
+    def _agree(self) -> None:
+        """Every rank's stages named and cut alike (:func:`~autopipe.stages.agree.agreed_split`):
+        rebuilt when this rank's trace was renamed to rank 0's; one line on every rank if not."""
+        if self._unagreed is None:
+            return
+        traced, split, example = self._unagreed
+        self._unagreed = None
+        agreed, resplit = agreed_split(self.plan, traced, split, self.rank, self.comm.all_gather_object)
+        if resplit is not split:  # the same parameters (the model's own), other node names
+            # Buffers moved to the device are the old stages' copies (weights loaded since included).
+            kept = {st.index: (st.module.training, st.module.state_dict()) for st in self.stages}
+            self._build(agreed, resplit, example)
+            for st in self.stages:
+                training, state = kept[st.index]
+                st.module.load_state_dict(state)
+                st.module.train(training)
 
     def _init_torch(self, example: Any) -> None:
         from autopipe.stages.export import sync_shared_grads, to_torch_pipelining
@@ -244,6 +274,7 @@ class Pipeline:
         if self.engine_name == "torch":
             it = self._torch_step(flat, targets)
         else:
+            self._agree()  # before anything is sent
             mbs = split_flat(flat, B, m) if flat is not None else [[None] * len(self._names) for _ in range(m)]
             it = self._engine.forward_backward(mbs, split_batch(targets, B, m), self.steps)
         loss = self._broadcast(it.loss)

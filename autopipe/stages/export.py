@@ -65,12 +65,14 @@ from autopipe.graph.outputs import output_builder
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
 from autopipe.schedules import SPECS, schedule_names, schedule_spec
+from autopipe.stages.agree import agreed_split
 from autopipe.stages.rebuild import trace_for_plan
 from autopipe.stages.split import Split, StageModule, split_model
 
 __all__ = [
     "SCHEDULE_CLASSES",
     "RelayStage",
+    "agreed_trace",
     "pipeline_inputs",
     "relay_stages",
     "sync_shared_grads",
@@ -185,6 +187,7 @@ def to_torch_pipelining(
     torch's own ``scale_grads`` is turned off: it divides every parameter of a stage once per
     stage, so a parameter two stages of one rank share (a tied embedding and LM head) would be
     divided twice, and gradients accumulated over several steps would be divided again.
+    Every rank of ``group`` calls it: the ranks agree on their traces first (:func:`agreed_trace`).
     """
     from torch.distributed import pipelining
 
@@ -200,8 +203,7 @@ def to_torch_pipelining(
             f"schedule {plan.schedule!r} has no torch.distributed.pipelining counterpart; "
             f"plan with one of: {', '.join(SCHEDULE_CLASSES)}"
         )
-    traced = trace_for_plan(plan, model, example_inputs)
-    split = split_model(traced, plan)
+    traced, split = agreed_trace(plan, model, example_inputs, rank, group)
     relays = relay_stages(split, {n.name: i for i, n in enumerate(traced.gm.graph.nodes)})
     _tie_info(relays, split, plan, traced.gm)
     dev = torch.device(device)
@@ -241,6 +243,25 @@ def to_torch_pipelining(
             f"torch's {cls.__name__} rejects this plan ({e}); plan with another schedule or micro-batch count"
         ) from None
     return stages, schedule
+
+
+def agreed_trace(
+    plan: Plan, model: nn.Module, example_inputs: Any, rank: int, group: dist.ProcessGroup | None = None
+) -> tuple[TracedModel, Split]:
+    """``model`` traced for ``plan`` and split; with a process group, named as rank 0 names it
+    and every stage's interface checked alike on the ranks of ``group`` (default: the world),
+    which all call it (:func:`~autopipe.stages.agree.agreed_split`)."""
+    traced = trace_for_plan(plan, model, example_inputs)
+    split = split_model(traced, plan)
+    if not dist.is_initialized():
+        return traced, split
+
+    def gather(obj: Any) -> list[Any]:
+        out: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(out, obj, group=group)
+        return out
+
+    return agreed_split(plan, traced, split, rank, gather)
 
 
 def _structured_loss(

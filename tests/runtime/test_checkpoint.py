@@ -293,7 +293,7 @@ def test_a_state_of_another_model_is_one_line() -> None:
     name = next(iter(pipe.state_dict()))
     with pytest.raises(RuntimeFailure, match=rf"^the state's {re.escape(name)} is \(1,\), the model's is \("):
         pipe.load_state_dict({**state, name: torch.zeros(1)})
-    first, last = list(pipe.state_dict())[0], list(pipe.state_dict())[-1]
+    first, last = next(iter(pipe.state_dict())), list(pipe.state_dict())[-1]
     before = pipe.state_dict()[first].clone()
     with pytest.raises(RuntimeFailure, match=rf"^the state's {re.escape(last)} is \(1,\)"):
         pipe.load_state_dict({**state, first: before + 1, last: torch.zeros(1)})
