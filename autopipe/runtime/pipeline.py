@@ -60,7 +60,6 @@ from autopipe.graph.outputs import output_builder
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
 from autopipe.runtime.actions import action_seconds, plan_schedule, shared_groups
-from autopipe.runtime.checkpoint import Slot, slot_tensor, state_slots
 from autopipe.runtime.comm import Comm, DistComm
 from autopipe.runtime.engine import IterationResult, PipelineEngine
 from autopipe.runtime.microbatch import flat_inputs, split_batch, split_flat
@@ -70,6 +69,7 @@ from autopipe.runtime.shapes import value_specs
 from autopipe.stages.agree import agreed_split
 from autopipe.stages.rebuild import rebuild_model, trace_for_plan
 from autopipe.stages.split import Split, StageModule, split_model
+from autopipe.stages.state import Slot, slot_tensor, state_slots
 
 __all__ = ["ENGINES", "CommFactory", "Pipeline", "pipeline"]
 
@@ -237,8 +237,9 @@ class Pipeline:
         self.needs_inputs = any(s.is_first for s in self._torch_stages)
         self.is_last = any(s.is_last for s in self._torch_stages)
         self._modules = [getattr(s.submod, "stage", s.submod) for s in self._torch_stages]
-        mine = [(s.stage_index, m) for s, m in zip(self._torch_stages, self._modules, strict=True)]
-        self._slots = state_slots(self._model, mine, complete=False)  # this rank's stages only: no unused entries
+        order = {k: i for i, k in enumerate(self._model.state_dict(keep_vars=True))}
+        held = [slot for s in self._torch_stages for slot in getattr(s.submod, "slots", ())]
+        self._slots = tuple(sorted(held, key=lambda slot: (order[slot.keys[0]], slot.stage)))
 
     # ------------------------------------------------------------------ the user's loop
 

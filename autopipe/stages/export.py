@@ -68,6 +68,7 @@ from autopipe.schedules import SPECS, schedule_names, schedule_spec
 from autopipe.stages.agree import agreed_split
 from autopipe.stages.rebuild import trace_for_plan
 from autopipe.stages.split import Split, StageModule, split_model
+from autopipe.stages.state import Slot, state_slots
 
 __all__ = [
     "SCHEDULE_CLASSES",
@@ -105,6 +106,7 @@ class RelayStage(nn.Module):
         self.output_is_tuple = output_is_tuple
         self.tied: dict[str, nn.Parameter] = {}  # tied parameters this stage uses, by model name
         self.tied_ranks: tuple[tuple[str, tuple[int, ...], tuple[int, ...], str], ...] = ()  # all, every rank
+        self.slots: tuple[Slot, ...] = ()  # the model's state_dict entries this stage holds or keeps
 
     def forward(self, *args: torch.Tensor) -> Any:
         env = dict(zip(self.carry_in, args, strict=True))
@@ -206,6 +208,9 @@ def to_torch_pipelining(
     traced, split = agreed_trace(plan, model, example_inputs, rank, group)
     relays = relay_stages(split, {n.name: i for i, n in enumerate(traced.gm.graph.nodes)})
     _tie_info(relays, split, plan, traced.gm)
+    slots = state_slots(model, [(st.index, st.module) for st in split.stages])  # every stage: unused entries too
+    for relay in relays:
+        relay.slots = tuple(s for s in slots if s.stage == relay.index)
     dev = torch.device(device)
     n = len(relays)
     stages = []

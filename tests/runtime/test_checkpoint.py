@@ -18,8 +18,9 @@ from autopipe import pipeline
 from autopipe.errors import RuntimeFailure
 from autopipe.model.load import LoadedModel, load_model
 from autopipe.runtime import RunOptions, assemble_state_dict, run_threads
-from autopipe.runtime.checkpoint import load_file, load_rank, read_meta, save_rank, slot_tensor, state_slots, write_meta
+from autopipe.runtime.checkpoint import load_file, load_rank, read_meta, save_rank, write_meta
 from autopipe.runtime.comm import ThreadHub
+from autopipe.stages.state import slot_tensor, state_slots
 from tests.helpers import FIXTURES, ROOT, even_plan
 from tests.runtime.helpers import GPT, cached_plan, on_threads, rebuilt_for
 

@@ -7,8 +7,8 @@ STEPS SGD steps under every schedule of SCHEDULES, five ways each: ``autopipe.pi
 the autopipe engine, with the torch engine, ``to_torch_pipelining`` in docs/outlets.md's own
 loop, and either engine with each batch stepped twice before the optimizer's step at half
 the learning rate (gradients accumulate over steps as ``loss.backward()``'s do). Saved per
-(schedule, way): the losses and the parameters this rank's stages hold (by the model's names),
-or the PlanError construction raised.
+(schedule, way): the losses, the parameters this rank's stages hold (by the model's names) and,
+through ``autopipe.pipeline``, the rank's ``pipe.state_dict()``; or the PlanError construction raised.
 """
 
 from __future__ import annotations
@@ -77,7 +77,9 @@ def _train(plan: Any, way: str, rank: int) -> dict[str, Any]:
             opt.step()
             opt.zero_grad()
     held = {id(p) for p in params}
-    return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters() if id(p) in held}}
+    state = {k: v.clone() for k, v in pipe.state_dict().items()} if way != "export" else {}
+    kept = {n: p.detach().clone() for n, p in model.named_parameters() if id(p) in held}
+    return {"losses": losses, "params": kept, "state": state}
 
 
 def main() -> None:
