@@ -87,7 +87,7 @@ def test_symbolic_trace_matches_eager(name: str) -> None:
         assert (traced(*args) - model(*args)).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "resnet" else n for n in NAMES])
 def test_torch_export_matches_eager(name: str) -> None:
     m = load(name)
     torch.manual_seed(0)

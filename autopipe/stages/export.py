@@ -195,16 +195,7 @@ def to_torch_pipelining(
 
     if not 0 <= rank < plan.devices:
         raise PlanError(f"rank {rank} is outside the plan's {plan.devices} pipeline ranks; use 0 to {plan.devices - 1}")
-    if plan.schedule in schedule_names() and plan.schedule not in SCHEDULE_CLASSES:  # v-half, v-min
-        raise PlanError(
-            f"{plan.schedule} has no torch.distributed.pipelining schedule; "
-            "run it with autopipe's executor (--engine autopipe)"
-        )
-    if plan.schedule not in SCHEDULE_CLASSES:
-        raise PlanError(
-            f"schedule {plan.schedule!r} has no torch.distributed.pipelining counterpart; "
-            f"plan with one of: {', '.join(SCHEDULE_CLASSES)}"
-        )
+    _check_torch_schedule(plan)
     traced, split = agreed_trace(plan, model, example_inputs, rank, group)
     relays = relay_stages(split, {n.name: i for i, n in enumerate(traced.gm.graph.nodes)})
     _tie_info(relays, split, plan, traced.gm)
@@ -267,6 +258,20 @@ def agreed_trace(
         return out
 
     return agreed_split(plan, traced, split, rank, gather)
+
+
+def _check_torch_schedule(plan: Plan) -> None:
+    """One line if torch.distributed.pipelining has no schedule class for ``plan``'s schedule."""
+    if plan.schedule in schedule_names() and plan.schedule not in SCHEDULE_CLASSES:  # v-half, v-min
+        raise PlanError(
+            f"{plan.schedule} has no torch.distributed.pipelining schedule; "
+            "run it with autopipe's executor (--engine autopipe)"
+        )
+    if plan.schedule not in SCHEDULE_CLASSES:
+        raise PlanError(
+            f"schedule {plan.schedule!r} has no torch.distributed.pipelining counterpart; "
+            f"plan with one of: {', '.join(SCHEDULE_CLASSES)}"
+        )
 
 
 def _structured_loss(

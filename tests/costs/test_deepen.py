@@ -85,7 +85,7 @@ EXPORT = SKIPS.replace(
 ).replace("h = layer(h) + first", "h = layer(h)")  # a chain of alike layers, traced by torch.export
 
 
-@pytest.mark.parametrize("case", ["mlp", "skips", "export"])
+@pytest.mark.parametrize("case", ["mlp", "skips", pytest.param("export", marks=pytest.mark.slow)])
 def test_layers_that_differ_or_do_not_chain_are_counted_in_full(case: str, tmp_path: Path) -> None:
     path = MLP
     if case != "mlp":  # alike layers, but the first one's output goes to all, or no fx trace: no repeat

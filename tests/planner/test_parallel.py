@@ -288,7 +288,8 @@ def test_a_group_sends_its_shards_in_parallel_and_pins_hold() -> None:
     assert (lay.tensor_parallel, lay.stages, lay.data_parallel) == (2, 2, 4)
 
 
-@pytest.mark.parametrize("worst_first", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("worst_first", [False, True])
 def test_searching_against_the_runner_up_keeps_the_whole_plan(
     worst_first: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:

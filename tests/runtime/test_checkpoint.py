@@ -27,6 +27,7 @@ from tests.runtime.helpers import GPT, cached_plan, on_threads, rebuilt_for
 torch.set_num_threads(1)
 
 
+@pytest.mark.slow
 def test_resume_continues_bit_for_bit(tmp_path: Path) -> None:
     plan = cached_plan("gpt", 2, "zb-h1")
     base = dict(optimizer="Adam", lr=1e-2, timeout_s=30)

@@ -93,7 +93,10 @@ def test_two_rank_training_matches_one_process(tmp_path: Path) -> None:
         assert moved > 1e-3, name  # training changed the weights, so the comparison means something
 
 
-@pytest.mark.parametrize(("model", "stages", "virtual"), [("unet.py", 2, 2), ("gpt.py", 2, 2), ("resnet.py", 3, 1)])
+@pytest.mark.parametrize(
+    ("model", "stages", "virtual"),
+    [("unet.py", 2, 2), ("gpt.py", 2, 2), pytest.param("resnet.py", 3, 1, marks=pytest.mark.slow)],
+)
 def test_relay_chain_is_the_model(model: str, stages: int, virtual: int) -> None:
     plan = even_plan(model, stages=stages, virtual=virtual)
     loaded = rebuild_model(plan)
