@@ -1,7 +1,8 @@
 """``autopipe emit`` and ``autopipe merge``: parse, call :mod:`autopipe.stages.emit` (and
 :mod:`autopipe.stages.schedule_csv`), print.
 
-Tests: tests/stages/test_emit.py, tests/stages/test_schedule_csv.py.
+Tests: tests/stages/test_emit.py.
+Tests: tests/stages/test_schedule_csv.py.
 """
 
 from __future__ import annotations
