@@ -1,6 +1,8 @@
-"""``autopipe emit`` and ``autopipe merge``: parse, call :mod:`autopipe.stages.emit`, print.
+"""``autopipe emit`` and ``autopipe merge``: parse, call :mod:`autopipe.stages.emit` (and
+:mod:`autopipe.stages.schedule_csv`), print.
 
 Tests: tests/stages/test_emit.py.
+Tests: tests/stages/test_schedule_csv.py.
 """
 
 from __future__ import annotations
@@ -20,16 +22,30 @@ def add_emit_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
     p = commands.add_parser(
         "emit",
         help="write a plan's stages as standalone folders (torch-only source + weights + manifest.json)",
-        description="Rebuild the plan's model, split it by the plan and write one folder per stage.",
+        description="Rebuild the plan's model, split it by the plan and write one folder per stage; with "
+        "--schedule-csv, also (or only) write the plan's schedule as the CSV stock PyTorch runs.",
     )
     p.add_argument("plan", metavar="PLAN", help="plan JSON written by autopipe plan")
-    p.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write (must be new or empty)")
+    p.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        metavar="DIR",
+        help="folder to write (must be new or empty); needed without --schedule-csv",
+    )
     p.add_argument("--force", action="store_true", help="replace DIR if it is not empty")
     p.add_argument("--no-weights", action="store_true", help="structure only: build on meta, write no weights")
     p.add_argument(
         "--weights", default=None, metavar="FILE", help="take weights from this state_dict (torch.save or .safetensors)"
     )
     p.add_argument("--format", default="pt", choices=("pt", "safetensors"), help="weights file format (default: pt)")
+    p.add_argument(
+        "--schedule-csv",
+        default=None,
+        metavar="FILE",
+        help="write the plan's per-rank action order as the CSV torch.distributed.pipelining's "
+        "_PipelineScheduleRuntime._load_csv reads (torchtitan: pipeline_parallel_schedule_csv)",
+    )
     p.set_defaults(func=cmd_emit)
 
     m = commands.add_parser(
@@ -49,9 +65,19 @@ def cmd_emit(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     if args.no_weights and args.weights is not None:
         raise UsageError("--no-weights and --weights contradict each other; give one")
-    output_folder(args.output, "--output")
+    if args.output is None and args.schedule_csv is None:
+        raise UsageError("emit writes stage folders (-o DIR), a schedule CSV (--schedule-csv FILE) or both; give one")
+    if args.output is not None:
+        output_folder(args.output, "--output")  # before anything is written
+        check_destination(args.output, args.force)  # and before the slow part
     plan = Plan.load(args.plan)
-    check_destination(args.output, args.force)  # before the slow part
+    if args.schedule_csv is not None:
+        from autopipe.stages.schedule_csv import write_schedule_csv
+
+        target = write_schedule_csv(plan, args.schedule_csv, "--schedule-csv")
+        print(f"wrote {target}: the {plan.schedule} schedule, {plan.devices} rank row(s)", file=out.file)
+        if args.output is None:
+            return 0
     with progress_bar(err) as progress:
         manifest = emit(
             plan,

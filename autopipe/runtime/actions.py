@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from autopipe.errors import PlanError
 from autopipe.plans import Plan
 from autopipe.schedules import Action, Schedule, schedule_spec
+from autopipe.stages.schedule_csv import plan_actions
 from autopipe.stages.split import Split
 
 __all__ = ["action_seconds", "plan_schedule", "shared_groups"]
@@ -48,13 +48,6 @@ def action_seconds(plan: Plan) -> Callable[[Action], float]:
 
 def plan_schedule(plan: Plan) -> Schedule:
     """The plan's action lists; PlanError if the plan puts a stage on another device than its
-    schedule does (a plan edited by hand)."""
-    spec = schedule_spec(plan.schedule)
-    placed = spec.devices_of(plan.devices, plan.virtual)
-    for st in plan.stages:
-        if st.index < len(placed) and st.rank != placed[st.index]:
-            raise PlanError(
-                f"stage {st.index} of the plan is on device {st.rank}, but the {spec.name} schedule "
-                f"runs it on device {placed[st.index]}; plan again or set its rank to {placed[st.index]}"
-            )
-    return spec.make(plan.devices, plan.micro_batches, plan.virtual)
+    schedule does (a plan edited by hand). The same lists as the schedule CSV's
+    (:func:`~autopipe.stages.schedule_csv.plan_actions`)."""
+    return plan_actions(plan)

@@ -5,5 +5,6 @@
 - :mod:`.agree`: every rank's trace named as rank 0's and every stage's interface compared;
 - :mod:`.source`: a stage as standalone Python source;
 - :mod:`.emit` / :mod:`.merge`: stage folders out, the model's ``state_dict`` back;
-- :mod:`.export`: stages and a schedule for ``torch.distributed.pipelining``.
+- :mod:`.export`: stages and a schedule for ``torch.distributed.pipelining``;
+- :mod:`.schedule_csv`: the plan's per-rank action order as the CSV torch's ``_PipelineScheduleRuntime`` loads.
 """

@@ -26,8 +26,11 @@ Schedules: each schedule's spec names its torch class (``ScheduleSpec.torch_clas
 ScheduleInterleaved1F1B (``virtual`` stages per rank, placed as the plan says), ``zb-h1`` ->
 ScheduleInterleavedZeroBubble (torch's ZB schedule; with one stage per rank it is ZB-H1-like),
 ``zb-v`` -> ScheduleZBVZeroBubble, ``dualpipe-v`` -> ScheduleDualPipeV (two stages per rank, in a V).
-Schedules whose spec names no class (``zb-h2``, ``v-half``, ``v-min``) are refused in one line: autopipe's
-own executor runs them.
+Schedules whose spec names no class (``zb-h2``, ``v-half``, ``v-min``) run as data: torch's
+``_PipelineScheduleRuntime`` loads the plan's exact per-rank order as a schedule CSV
+(:mod:`~autopipe.stages.schedule_csv`) through its own ``_load_csv``, which reads the stage -> rank
+placement off the rows (a V as the plan places it) and adds the sends and receives. (``dualpipe-v``
+keeps ScheduleDualPipeV: its order is autopipe's, with an I next to its W run as one full backward.)
 
 Each micro-batch's mean loss trains as ``loss / n_microbatches`` (its gradient is divided,
 not its value, so ``losses`` reads as the loss), and torch's own gradient scaling
@@ -51,8 +54,11 @@ are the Sequential's children, that is the layer count per stage they take.
 
 from __future__ import annotations
 
+import csv
 import inspect
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,6 +73,7 @@ from autopipe.plans import Plan
 from autopipe.schedules import SPECS, schedule_names, schedule_spec
 from autopipe.stages.agree import agreed_split
 from autopipe.stages.rebuild import trace_for_plan
+from autopipe.stages.schedule_csv import torch_rows
 from autopipe.stages.split import Split, StageModule, split_model
 from autopipe.stages.state import Slot, state_slots
 
@@ -220,8 +227,6 @@ def to_torch_pipelining(
                 group=group,
             )
         )
-    spec = schedule_spec(plan.schedule)
-    cls = getattr(pipelining, spec.torch_class)
     loss = (
         None
         if loss_fn is None
@@ -229,15 +234,7 @@ def to_torch_pipelining(
             loss_fn, output_builder(traced.gm, traced.tracer, model, example_inputs), plan.micro_batches, scale_grads
         )
     )
-    options: dict[str, Any] = {"n_microbatches": plan.micro_batches, "loss_fn": loss}
-    if "scale_grads" in inspect.signature(cls).parameters:  # torch 2.7 brought the argument and its scaling
-        options["scale_grads"] = False  # the loss's gradient is scaled instead (_structured_loss)
-    try:
-        schedule = cls(stages if spec.torch_multi else stages[0], **options)
-    except (ValueError, RuntimeError) as e:
-        raise PlanError(
-            f"torch's {cls.__name__} rejects this plan ({e}); plan with another schedule or micro-batch count"
-        ) from None
+    schedule = _torch_schedule(plan, stages, loss)
     return stages, schedule
 
 
@@ -261,17 +258,47 @@ def agreed_trace(
 
 
 def _check_torch_schedule(plan: Plan) -> None:
-    """One line if torch.distributed.pipelining has no schedule class for ``plan``'s schedule."""
-    if plan.schedule in schedule_names() and plan.schedule not in SCHEDULE_CLASSES:  # v-half, v-min
-        raise PlanError(
-            f"{plan.schedule} has no torch.distributed.pipelining schedule; "
-            "run it with autopipe's executor (--engine autopipe)"
-        )
-    if plan.schedule not in SCHEDULE_CLASSES:
+    """One line if ``plan``'s schedule is none autopipe knows (so neither a torch class nor a CSV runs it)."""
+    if plan.schedule not in schedule_names():
         raise PlanError(
             f"schedule {plan.schedule!r} has no torch.distributed.pipelining counterpart; "
-            f"plan with one of: {', '.join(SCHEDULE_CLASSES)}"
+            f"plan with one of: {', '.join(schedule_names())}"
         )
+
+
+def _torch_schedule(plan: Plan, stages: list[Any], loss: Callable[[Any, Any], torch.Tensor] | None) -> Any:
+    """The torch schedule that runs ``plan``'s order: the spec's class, or for a schedule torch has
+    no class for (``zb-h2``, ``v-half``, ``v-min``) ``_PipelineScheduleRuntime`` loading the plan's
+    schedule CSV (:mod:`~autopipe.stages.schedule_csv`) through its own ``_load_csv``."""
+    from torch.distributed import pipelining
+    from torch.distributed.pipelining import schedules as torch_schedules
+
+    spec = schedule_spec(plan.schedule)
+    cls = getattr(pipelining, spec.torch_class) if spec.torch_class else torch_schedules._PipelineScheduleRuntime
+    options: dict[str, Any] = {"n_microbatches": plan.micro_batches, "loss_fn": loss}
+    signature = inspect.signature(cls if spec.torch_class else torch_schedules.PipelineScheduleMulti)
+    if "scale_grads" in signature.parameters:  # torch 2.7 brought the argument and its scaling
+        options["scale_grads"] = False  # the loss's gradient is scaled instead (_structured_loss)
+    try:
+        schedule = cls(stages if spec.torch_multi or not spec.torch_class else stages[0], **options)
+        if not spec.torch_class:
+            _load_rows(schedule, torch_rows(plan))
+    except (ValueError, RuntimeError, AssertionError) as e:
+        raise PlanError(
+            f"torch's {cls.__name__} rejects this plan ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            "plan with another schedule or micro-batch count"
+        ) from None
+    return schedule
+
+
+def _load_rows(schedule: Any, rows: list[list[str]]) -> None:
+    """``rows`` written as a schedule CSV and read back by ``schedule._load_csv`` (torch's own
+    parser, validation and lowering to sends and receives: what a user's CSV goes through)."""
+    with tempfile.TemporaryDirectory(prefix="autopipe-csv-") as folder:
+        path = Path(folder) / "schedule.csv"
+        with path.open("w", newline="", encoding="utf-8") as f:
+            csv.writer(f, lineterminator="\n").writerows(rows)
+        schedule._load_csv(str(path), format="compute_only")
 
 
 def _structured_loss(

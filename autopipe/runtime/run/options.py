@@ -184,17 +184,8 @@ def check_options(o: RunOptions) -> None:
 
 
 def check_launch(o: RunOptions, plan: Plan) -> None:
-    """:func:`check_options` and what needs the plan: a GPU per rank, a checkpoint of this plan,
-    a torch schedule class for ``--engine torch``."""
-    check_options(o)
-    if o.engine == "torch":
-        from autopipe.schedules import schedule_spec
-
-        if not schedule_spec(plan.schedule).torch_class:  # v-half, v-min
-            raise RunOptionError(
-                f"{plan.schedule} has no torch.distributed.pipelining schedule; run it with autopipe's executor "
-                "(--engine autopipe)"
-            )
+    """:func:`check_options` and what needs the plan: a GPU per rank, a checkpoint of this plan."""
+    check_options(o)  # --engine torch runs every schedule (those without a torch class as a schedule CSV)
     if o.device == "cuda":
         import torch
 

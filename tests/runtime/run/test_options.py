@@ -14,7 +14,8 @@ from autopipe.cli.main import build_parser as cli_parser
 from autopipe.cli.main import main
 
 from autopipe.errors import RunOptionError
-from autopipe.runtime.run.options import DEFAULT_STEPS, RunOptions, run_options, worker_arguments
+from autopipe.modes import Engine
+from autopipe.runtime.run.options import DEFAULT_STEPS, RunOptions, check_launch, run_options, worker_arguments
 from autopipe.runtime.run.rank import build_parser as rank_parser
 
 ONLY_RUN = {"--json", "--plot"}  # autopipe run prints a report and draws the losses; a rank does neither
@@ -286,16 +287,8 @@ def test_cuda_without_cuda_is_one_line(capsys: pytest.CaptureFixture[str]) -> No
     assert message in capsys.readouterr().err
 
 
-def test_engine_torch_refuses_a_schedule_torch_has_no_class_for(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_engine_torch_takes_a_schedule_torch_has_no_class_for() -> None:
     from tests.runtime.helpers import cached_plan  # the plan test_engine.py trains with v-min
 
-    plan = tmp_path / "plan.json"
-    cached_plan("skip", 2, "v-min", 2, (0, 3)).save(str(plan))
-    assert main(["run", str(plan), "--device", "cpu", "--engine", "torch", "--steps", "1"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1
-    assert (
-        "v-min has no torch.distributed.pipelining schedule; run it with autopipe's executor (--engine autopipe)" in err
-    )
+    # torch runs it from the plan's schedule CSV (autopipe/stages/schedule_csv.py): nothing to refuse
+    check_launch(RunOptions(engine=Engine.TORCH), cached_plan("skip", 2, "v-min", 2, (0, 3)))
