@@ -29,9 +29,11 @@ stage, so a plan that recomputes only some gets a note.
 
 from __future__ import annotations
 
-import math
 import shlex
 
+from torch import nn
+
+from autopipe.config.model_facts import ModelFacts, read_model
 from autopipe.config.parts import Degrees, Parts, degrees, model_parts, stage_list
 from autopipe.plans import Plan
 from autopipe.schedules.registry import schedule_spec
@@ -77,7 +79,8 @@ def megatron_split(parts: Parts, p: int, v: int) -> list[str]:
     even_ranks = all(len(set(r)) == 1 for r in per_rank)
     totals = [sum(r) for r in per_rank]
     middle = set(totals[1:-1])
-    if even_ranks and len(middle) <= 1 and totals[0] > 0 and totals[-1] > 0 and all(totals):
+    safe = v == 1 or p > 2  # p = 2, v > 1: Megatron-Core's offset divides by the middle ranks, of which there are none
+    if safe and even_ranks and len(middle) <= 1 and all(totals):
         mid = middle.pop() if middle else None
         args: list[str] = []
         if mid is None or totals[0] != mid:
@@ -98,14 +101,14 @@ def _recompute(plan: Plan, deg: Degrees, parts: Parts) -> tuple[list[str], list[
             return ["--recompute-granularity", "selective"], []
         return [], []
     sizes = sorted({c.layers for c in parts.chunks if c.layers})
-    group = math.gcd(*sizes)  # Megatron's uniform groups must divide every stage's layers
+    group = sizes[-1]  # groups of the largest stage's layers: every stage is one group (Megatron clips it)
     args = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", str(group)]
     if len(sizes) == 1:
         notes = [f"recompute: each stage's {group} layer(s) are recomputed as one piece, as the plan prices it"]
     else:
         notes = [
-            f"recompute: the plan recomputes each stage as one piece; Megatron's uniform groups must divide every "
-            f"stage's layers ({', '.join(map(str, sizes))}), so it keeps one input per {group} layer(s)"
+            f"recompute: each stage ({', '.join(str(c.layers) for c in parts.chunks)} layers) is recomputed as one piece, as the plan "
+            f"prices it: Megatron's uniform groups of {group} end at the stage's last layer"
         ]
     if len(chosen) < len(plan.stages):
         rest = [s.index for s in plan.stages if not s.recompute]
@@ -142,6 +145,67 @@ def _schedule_notes(plan: Plan, parts: Parts) -> list[str]:
     return notes
 
 
+def _definition(facts: ModelFacts | None, unbuilt: str) -> tuple[list[str], list[str]]:
+    """The model's own arguments (hidden size, heads, ...) and notes on what could not be read."""
+    if facts is None:
+        return [], [
+            f"the model could not be built ({unbuilt or 'no model given'}): add its own arguments "
+            "(--hidden-size, --num-attention-heads, --seq-length, --max-position-embeddings, ...)"
+        ]
+    f = facts
+    args: list[str] = []
+    for flag, value in (
+        ("--hidden-size", f.hidden),
+        ("--ffn-hidden-size", f.ffn),
+        ("--num-attention-heads", f.heads),
+        ("--seq-length", f.seq_length),
+        ("--max-position-embeddings", f.max_positions),
+        ("--normalization", f.normalization),
+        ("--position-embedding-type", f.position),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    if f.query_groups is not None and f.heads is not None and f.query_groups != f.heads:
+        args += ["--group-query-attention", "--num-query-groups", str(f.query_groups)]
+    args += ["--swiglu"] if f.activation == "swiglu" else []  # gelu is Megatron's default
+    args += ["--untie-embeddings-and-output-weights"] if f.tied is False else []
+    args += ["--disable-bias-linear"] if f.bias is False else []
+    notes = []
+    if f.vocab is not None:
+        notes.append(
+            f"vocabulary {f.vocab}: Megatron takes it from the tokenizer (--tokenizer-type NullTokenizer "
+            f"--vocab-size {f.vocab} for synthetic data) and pads it to a multiple of --make-vocab-size-divisible-by"
+        )
+    unread = [n for n in f.unread if n != "num_layers"]
+    if unread:
+        notes.append(f"not read from the model: {', '.join(unread)}; add those arguments yourself")
+    return args, notes
+
+
+def _launch(plan: Plan, deg: Degrees) -> list[str]:
+    """The environment and the ``torchrun`` line, as notes."""
+    env = ""
+    notes = []
+    if deg.tensor > 1:  # autopipe never writes --use-megatron-fsdp / --use-torch-fsdp2, which assert the opposite
+        env = "CUDA_DEVICE_MAX_CONNECTIONS=1 "
+        notes.append(
+            "environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron asserts it for tensor parallelism on Hopper and "
+            "older GPUs; not with Megatron FSDP, which asserts the opposite)"
+        )
+    notes.append(
+        f"launch: {env}torchrun --nnodes 1 --nproc-per-node {deg.world_size} pretrain_gpt.py "
+        f"$(grep -v '^#' ARGS_FILE | xargs)  (the plan does not record GPUs per node: on nodes of g GPUs, "
+        f"--nnodes {deg.world_size}/g --nproc-per-node g with a rendezvous)"
+    )
+    return notes
+
+
+_PRECISION = (
+    "precision: the plan does not record the dtype it was priced in (an analytic plan on a catalogue GPU counts "
+    "bf16 unless --dtype says otherwise): add --bf16 or --fp16 as planned (Megatron's default is fp32)"
+)
+
+
 def megatron_args(
     plan: Plan,
     *,
@@ -149,16 +213,21 @@ def megatron_args(
     sequence_parallel: bool | None = None,
     selective_recompute: bool | None = None,
     zero1: bool | None = None,
+    model: nn.Module | None = None,
+    seq_length: int | None = None,
+    unbuilt: str = "",
 ) -> str:
     """The plan as Megatron-LM arguments, one per line, with ``#`` notes; ConfigError (one
-    line) for a plan without transformer layers."""
+    line) for a plan without transformer layers. ``model`` is the plan's model (built on the
+    meta device is enough): its layers are counted and its definition read from it; without it
+    (``unbuilt`` says why) the layers are counted from the plan's block names."""
     deg = degrees(plan, tensor_parallel, sequence_parallel, selective_recompute, zero1)
-    parts = model_parts(plan)
+    facts = read_model(model, model_parts(plan).container, seq_length) if model is not None else None
+    parts = model_parts(plan, facts.num_layers if facts is not None else None)
     lines = [
         f"# Megatron-LM arguments for {plan.model} (autopipe plan: {plan.schedule}, "
         f"{plan.micro_batches} micro-batch(es) of {plan.micro_batch_size})",
-        f"# world size t x p x d = {deg.tensor} x {deg.pipeline} x {deg.data} = {deg.world_size} GPUs; "
-        "add the model's own arguments (--hidden-size, --num-attention-heads, --seq-length, ...)",
+        f"# world size t x p x d = {deg.tensor} x {deg.pipeline} x {deg.data} = {deg.world_size} GPUs",
     ]
     args = [
         "--tensor-model-parallel-size",
@@ -172,7 +241,13 @@ def megatron_args(
         "--num-layers",
         str(parts.num_layers),
     ]
-    notes = list(parts.notes) + _schedule_notes(plan, parts)
+    definition, notes = _definition(facts, unbuilt)
+    if facts is None and any(".." in b for s in plan.stages for b in s.blocks):
+        notes.append(
+            f"--num-layers {parts.num_layers} counts the layers the block names show; a merged block "
+            "(a name with '..') may hide layers after the last one named: check it against the model"
+        )
+    notes += [_PRECISION, *parts.notes, *_schedule_notes(plan, parts), *_launch(plan, deg)]
     if deg.zero1:
         args.append("--use-distributed-optimizer")  # ZeRO-1: optimizer state split over the data-parallel ranks
     if deg.sequence_parallel and deg.tensor > 1:
@@ -181,15 +256,28 @@ def megatron_args(
         notes.append("sequence parallelism needs tensor parallelism (t > 1); Megatron turns it off at t = 1")
     split = megatron_split(parts, deg.pipeline, deg.virtual)
     if split[:1] == ["--pipeline-model-parallel-layout"]:
-        notes.append(
-            "the stages are uneven beyond the first and last, so the split is a layout string "
-            "(it excludes --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank)"
-        )
+        notes.append(_layout_note(parts, deg))
     recompute, recompute_notes = _recompute(plan, deg, parts)
     notes += recompute_notes
     lines += [f"# {n}" for n in notes]
-    flat = args + split + recompute
-    i = 0
+    return "\n".join(lines + _argument_lines(args + definition + split + recompute)) + "\n"
+
+
+def _layout_note(parts: Parts, deg: Degrees) -> str:
+    if deg.pipeline == 2 and deg.virtual > 1:
+        return (
+            "two pipeline ranks with interleaving: the split is a layout string (Megatron-Core's first/last-stage "
+            "form divides by the ranks between the first and last, none here, when it builds rank 1)"
+        )
+    return (
+        "the stages are uneven beyond the first and last, so the split is a layout string "
+        "(it excludes --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank)"
+    )
+
+
+def _argument_lines(flat: list[str]) -> list[str]:
+    """``["--a", "1", "--b"]`` -> ``["--a 1", "--b"]`` (values quoted for the shell)."""
+    lines, i = [], 0
     while i < len(flat):
         if i + 1 < len(flat) and not flat[i + 1].startswith("--"):
             lines.append(f"{flat[i]} {shlex.quote(flat[i + 1])}")
@@ -197,4 +285,4 @@ def megatron_args(
         else:
             lines.append(flat[i])
             i += 1
-    return "\n".join(lines) + "\n"
+    return lines

@@ -117,8 +117,12 @@ def _ends(name: str) -> list[str]:
     return name.split("..")
 
 
-def model_parts(plan: Plan) -> Parts:
-    """The plan's stages as layers; ConfigError (one line) if it has no layer list."""
+def model_parts(plan: Plan, num_layers: int | None = None) -> Parts:
+    """The plan's stages as layers; ConfigError (one line) if it has no layer list.
+
+    ``num_layers`` is the length of the model's layer list when the caller could build the model:
+    a merged block such as ``blocks.21..lm_head`` names only its ends, so without it the layers
+    are counted up to the highest index a block names (layers after it stay hidden)."""
     found: dict[str, set[int]] = {}
     for stage in plan.stages:
         for name in stage.blocks:
@@ -133,7 +137,8 @@ def model_parts(plan: Plan) -> Parts:
             "transformer layers, so this plan cannot be handed to them"
         )
     container = max(found, key=lambda prefix: (len(found[prefix]), -len(prefix)))
-    indices = list(range(max(found[container]) + 1))  # a module list counts from 0; merged blocks hide some
+    named = max(found[container]) + 1  # a module list counts from 0; merged blocks may hide some after it
+    indices = list(range(max(named, num_layers or 0)))
     notes: list[str] = []
     seen: dict[int, int] = {}  # layer index -> the stage it starts on
     counts = [0] * len(plan.stages)  # per stage: layers that start there

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import re
 import shlex
 from pathlib import Path
@@ -41,8 +40,20 @@ def _parser() -> argparse.ArgumentParser:
         "--decoder-first-pipeline-num-layers",
         "--decoder-last-pipeline-num-layers",
         "--recompute-num-layers",
+        "--hidden-size",
+        "--ffn-hidden-size",
+        "--num-attention-heads",
+        "--num-query-groups",
+        "--seq-length",
+        "--max-position-embeddings",
     ):
         p.add_argument(flag, type=int, default=None)
+    p.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default="LayerNorm")
+    p.add_argument(
+        "--position-embedding-type", choices=("learned_absolute", "rope", "yarn", "mrope", "relative", "none")
+    )
+    for flag in ("--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear"):
+        p.add_argument(flag, action="store_true")
     p.add_argument("--pipeline-model-parallel-layout", default=None)
     p.add_argument("--recompute-granularity", default=None)
     p.add_argument("--recompute-method", default=None)
@@ -138,13 +149,54 @@ def _split_rules(lines: str, world_size: int) -> tuple[argparse.Namespace, list[
     return a, [per_rank[j % p] // vpp for j in range(p * vpp)]
 
 
-def megatron_rules(lines: str, world_size: int) -> list[int]:
+def layer_offsets(a: argparse.Namespace, counts: list[int]) -> list[int]:
+    """Megatron-Core 0.19's ``get_transformer_layer_offset`` (megatron/core/transformer/transformer_layer.py)
+    for the first/last-stage form, re-stated: the index of each virtual stage's first layer, in
+    stage order. Like Megatron's it divides by the middle ranks, so p = 2 with both ends given and
+    v > 1 raises ZeroDivisionError."""
+    p, vpp = a.pipeline_model_parallel_size, a.num_virtual_stages_per_pipeline_rank
+    first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
+    middle_stages = p - (first is not None) - (last is not None)
+    middle_layers = a.num_layers - (first or 0) - (last or 0)
+    offsets = []
+    for j in range(len(counts)):
+        rank, vp_stage = j % p, j // p
+        middle_rank = rank if first is None else rank - 1
+        if vpp is None:
+            per_rank = middle_layers // middle_stages if middle_stages > 0 else 0
+            offsets.append(0 if rank == 0 else middle_rank * per_rank + (first or 0))
+            continue
+        first_chunk, last_chunk, middle_chunk = (first or 0) // vpp, (last or 0) // vpp, middle_layers // vpp
+        total = first_chunk + middle_chunk + last_chunk
+        if rank == 0:
+            offsets.append(vp_stage * total)
+        else:
+            offsets.append(vp_stage * total + first_chunk + middle_rank * (middle_chunk // middle_stages))
+    return offsets
+
+
+def recompute_pieces(lines: str, counts: list[int]) -> list[list[int]]:
+    """Megatron's uniform recomputation (megatron/core/recompute.py): per stage, the layers of each
+    checkpointed piece, groups of ``--recompute-num-layers`` clipped at the stage's last layer."""
+    n = int(_flags(lines)["--recompute-num-layers"])
+    return [[min(n, c - i) for i in range(0, c, n)] for c in counts]
+
+
+def megatron_rules(lines: str, world_size: int, *, model: bool = False) -> list[int]:
     """Megatron's checks on the printed arguments; the transformer layers of each virtual stage
-    in stage order (vpp rank major: stage j on pipeline rank j % p), as Megatron builds them."""
+    in stage order (vpp rank major: stage j on pipeline rank j % p), as Megatron builds them.
+    ``model``: the model's own arguments must be there too (``validate_args``' required ones)."""
     a, counts = _split_rules(lines, world_size)
-    if a.recompute_method == "uniform":  # TransformerBlock checkpoints layers [i, i + n) of a stage: n divides them
-        if any(c % a.recompute_num_layers for c in counts):
-            raise MegatronRejects("uniform recompute groups must divide every stage's layers")
+    if a.recompute_granularity == "full" and a.recompute_num_layers < 1:
+        raise MegatronRejects("recompute num layers must be >= 1")
+    if model:
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings"):
+            if getattr(a, name) is None:
+                raise MegatronRejects(f"{name} argument is None")
+    if a.decoder_first_pipeline_num_layers is not None or a.decoder_last_pipeline_num_layers is not None:
+        starts = [sum(counts[:j]) for j in range(len(counts))]
+        if layer_offsets(a, counts) != starts:
+            raise MegatronRejects("Megatron's layer offsets differ from the stages' first layers")
     return counts
 
 
@@ -179,7 +231,6 @@ def test_the_rules_refuse_what_megatron_refuses() -> None:
         "--num-layers-per-virtual-pipeline-stage 3": "layers per stage divisible",
         "--recompute-granularity full": "recompute method",
         "--sequence-parallel": "tensor parallel > 1",
-        "--recompute-granularity full\n--recompute-method uniform\n--recompute-num-layers 3": "must divide every stage",
     }
     for extra, why in bad.items():
         with pytest.raises(MegatronRejects, match=why):
@@ -201,13 +252,13 @@ def test_an_uneven_plan_becomes_first_and_last_stage_layers(gpt_plans: dict[str,
     if len(set(_layers(plan))) > 1:  # the planner's cuts are uneven at the ends: 1/2/2/1
         assert "--decoder-first-pipeline-num-layers" in flags or "--pipeline-model-parallel-layout" in flags
     assert all(s.recompute for s in plan.stages)  # --recompute-all: one piece per stage
-    group = math.gcd(*_layers(plan))  # Megatron's uniform groups divide every stage's layers
+    group = max(_layers(plan))  # the largest stage's layers: every stage is one piece, as the plan prices it
     assert (flags["--recompute-granularity"], flags["--recompute-method"], flags["--recompute-num-layers"]) == (
         "full",
         "uniform",
         str(group),
     )
-    assert all(n % int(flags["--recompute-num-layers"]) == 0 for n in megatron_rules(text, plan.devices))
+    assert recompute_pieces(text, megatron_rules(text, plan.devices)) == [[n] for n in _layers(plan)]
     if plan.schedule not in ("1f1b", "interleaved-1f1b"):
         assert f"# Megatron has no {plan.schedule} schedule: it runs 1F1B" in text
 
