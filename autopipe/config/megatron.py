@@ -106,9 +106,10 @@ def _recompute(plan: Plan, deg: Degrees, parts: Parts) -> tuple[list[str], list[
     if len(sizes) == 1:
         notes = [f"recompute: each stage's {group} layer(s) are recomputed as one piece, as the plan prices it"]
     else:
+        each = ", ".join(str(c.layers) for c in parts.chunks)
         notes = [
-            f"recompute: each stage ({', '.join(str(c.layers) for c in parts.chunks)} layers) is recomputed as one piece, as the plan "
-            f"prices it: Megatron's uniform groups of {group} end at the stage's last layer"
+            f"recompute: each stage ({each} layers) is recomputed as one piece, as the plan prices it: "
+            f"Megatron's uniform groups of {group} end at the stage's last layer"
         ]
     if len(chosen) < len(plan.stages):
         rest = [s.index for s in plan.stages if not s.recompute]
@@ -145,6 +146,21 @@ def _schedule_notes(plan: Plan, parts: Parts) -> list[str]:
     return notes
 
 
+_UNREAD = {  # a ModelFacts field the model did not answer -> the argument(s) the user adds
+    "hidden": "--hidden-size",
+    "heads": "--num-attention-heads",
+    "query_groups": "--num-query-groups",
+    "ffn": "--ffn-hidden-size",
+    "seq_length": "--seq-length",
+    "max_positions": "--max-position-embeddings",
+    "normalization": "--normalization",
+    "activation": "the activation (--swiglu, or gelu by default)",
+    "position": "--position-embedding-type",
+    "tied": "tied embeddings (--untie-embeddings-and-output-weights)",
+    "bias": "biases (--disable-bias-linear)",
+}
+
+
 def _definition(facts: ModelFacts | None, unbuilt: str) -> tuple[list[str], list[str]]:
     """The model's own arguments (hidden size, heads, ...) and notes on what could not be read."""
     if facts is None:
@@ -176,9 +192,9 @@ def _definition(facts: ModelFacts | None, unbuilt: str) -> tuple[list[str], list
             f"vocabulary {f.vocab}: Megatron takes it from the tokenizer (--tokenizer-type NullTokenizer "
             f"--vocab-size {f.vocab} for synthetic data) and pads it to a multiple of --make-vocab-size-divisible-by"
         )
-    unread = [n for n in f.unread if n != "num_layers"]
+    unread = [_UNREAD[n] for n in f.unread if n in _UNREAD]
     if unread:
-        notes.append(f"not read from the model: {', '.join(unread)}; add those arguments yourself")
+        notes.append(f"not read from the model: {'; '.join(unread)}; add them as your model has them")
     return args, notes
 
 

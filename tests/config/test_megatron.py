@@ -52,7 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--position-embedding-type", choices=("learned_absolute", "rope", "yarn", "mrope", "relative", "none")
     )
-    for flag in ("--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear"):
+    for flag in (
+        "--group-query-attention",
+        "--swiglu",
+        "--untie-embeddings-and-output-weights",
+        "--disable-bias-linear",
+    ):
         p.add_argument(flag, action="store_true")
     p.add_argument("--pipeline-model-parallel-layout", default=None)
     p.add_argument("--recompute-granularity", default=None)
@@ -371,3 +376,201 @@ def test_long_layouts_are_compressed_and_unroll_to_the_same_stages() -> None:
     assert [s.count("t") for s in parse_layout(text)] == counts
     assert layout_string(_parts([6, 0, 0, 0, 7])) == "Et*6|(|)*3t*7L"
     assert [s.count("t") for s in parse_layout("Et*6|(|)*3t*7L")] == [6, 0, 0, 0, 7]
+
+
+@pytest.fixture(scope="module")
+def coarse_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real analytic plan of a 24-layer models/gpt.py in 8 coarse blocks on 4 H100 stages, every
+    stage recomputed: its last block is ``blocks.21..lm_head`` (layers 22 and 23 go unnamed)."""
+    from autopipe.cli.main import main
+
+    gpt = str(Path(__file__).resolve().parents[2] / "models" / "gpt.py")
+    out = tmp_path_factory.mktemp("coarse") / "coarse.json"
+    args = ["-k", "n_layer=24", "--blocks", "8", "--device", "h100", "--stages", "4", "--batch-size", "16"]
+    assert main(["plan", gpt, *args, "--recompute-all", "-o", str(out)]) == 0
+    return out
+
+
+def _arguments(text: str) -> list[str]:
+    return [line for line in text.splitlines() if not line.startswith("#")]
+
+
+@pytest.mark.slow  # plans a 24-layer model and rebuilds it on the meta device
+def test_coarse_blocks_count_the_models_layers_not_the_names(coarse_plan: Path) -> None:
+    from autopipe.api import megatron_config
+
+    plan = Plan.load(coarse_plan)
+    assert plan.stages[-1].blocks[-1] == "blocks.21..lm_head"
+    assert [c.layers for c in model_parts(plan).chunks] == [3, 4, 10, 5]  # by the names: 22 layers
+    assert [c.layers for c in model_parts(plan, 24).chunks] == [3, 4, 10, 7]  # the merged block takes 21-23
+    text = megatron_config(plan, base=coarse_plan.parent)
+    assert _arguments(text) == [
+        "--tensor-model-parallel-size 1",
+        "--pipeline-model-parallel-size 4",
+        "--micro-batch-size 16",
+        "--global-batch-size 16",
+        "--num-layers 24",
+        "--hidden-size 128",
+        "--ffn-hidden-size 512",
+        "--num-attention-heads 4",
+        "--seq-length 64",
+        "--max-position-embeddings 64",
+        "--normalization LayerNorm",
+        "--position-embedding-type learned_absolute",
+        "--pipeline-model-parallel-layout 'Ettt|tttt|t*10|t*7L'",
+        "--recompute-granularity full",
+        "--recompute-method uniform",
+        "--recompute-num-layers 10",
+    ]
+    assert megatron_rules(text, 4, model=True) == [3, 4, 10, 7]
+    assert recompute_pieces(text, [3, 4, 10, 7]) == [[3], [4], [10], [7]]  # each stage one piece, as priced
+    assert (
+        "# recompute: each stage (3, 4, 10, 7 layers) is recomputed as one piece, as the plan prices it: "
+        "Megatron's uniform groups of 10 end at the stage's last layer\n"
+    ) in text
+    assert "# vocabulary 512: Megatron takes it from the tokenizer (--tokenizer-type NullTokenizer" in text
+    assert "not read from the model" not in text
+    assert (
+        "# precision: the plan does not record the dtype it was priced in (an analytic plan on a catalogue GPU "
+        "counts bf16 unless --dtype says otherwise): add --bf16 or --fp16 as planned (Megatron's default is fp32)\n"
+    ) in text
+    # the model cannot be built: the names count 22 layers, and a note says why and what to check
+    gone = dataclasses.replace(plan, recipe=dataclasses.replace(plan.recipe, model_file="no/such/gpt.py"))
+    fallback = megatron_config(gone, base=coarse_plan.parent)
+    assert "--num-layers 22" in _arguments(fallback)
+    assert "# the model could not be built (" in fallback and "no/such/gpt.py" in fallback
+    assert (
+        "# --num-layers 22 counts the layers the block names show; a merged block (a name with '..') may hide "
+        "layers after the last one named: check it against the model\n"
+    ) in fallback
+    with pytest.raises(MegatronRejects, match="hidden_size argument is None"):
+        megatron_rules(fallback, 4, model=True)
+
+
+@pytest.mark.slow  # the gpt_plans fixture plans two models (once per session)
+def test_tensor_parallel_plans_say_the_environment_and_the_launch(gpt_plans: dict[str, Path]) -> None:
+    plan = Plan.load(gpt_plans["interleaved"])
+    text = megatron_args(plan)
+    assert (
+        "# environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron asserts it for tensor parallelism on Hopper and "
+        "older GPUs; not with Megatron FSDP, which asserts the opposite)\n"
+    ) in text
+    assert (
+        "# launch: CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nnodes 1 --nproc-per-node 16 pretrain_gpt.py "
+        "$(grep -v '^#' ARGS_FILE | xargs)  (the plan does not record GPUs per node: on nodes of g GPUs, "
+        "--nnodes 16/g --nproc-per-node g with a rendezvous)\n"
+    ) in text
+    one = megatron_args(plan, tensor_parallel=1, sequence_parallel=False)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in one
+    assert "# launch: torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py" in one
+    assert all(line.startswith(("#", "--")) for line in text.splitlines())  # grep -v '^#' leaves the arguments
+
+
+@pytest.mark.parametrize(
+    ("counts", "p", "form"),
+    [
+        ([5, 7, 5, 7], 2, "--pipeline-model-parallel-layout"),  # p = 2, v = 2: first/last would divide by zero
+        ([2, 4, 2, 4, 2, 4], 2, "--pipeline-model-parallel-layout"),  # p = 2, v = 3
+        ([5, 7], 2, "--decoder-first-pipeline-num-layers"),  # p = 2, v = 1: Megatron guards the division
+        ([1, 2, 3, 1, 2, 3], 3, "--decoder-first-pipeline-num-layers"),  # p = 3, v = 2: one middle rank
+    ],
+)
+def test_the_first_last_form_only_where_megatrons_offsets_are_right(counts: list[int], p: int, form: str) -> None:
+    v = len(counts) // p
+    split = megatron_split(_parts(counts), p, v)
+    assert split[0] == form
+    args = ["--pipeline-model-parallel-size", str(p), "--micro-batch-size", "1", "--global-batch-size", str(p)]
+    args += ["--tensor-model-parallel-size", "1", "--num-layers", str(sum(counts)), *split]
+    text = "\n".join(shlex.join(args[i : i + 2]) for i in range(0, len(args), 2))
+    assert megatron_rules(text, p) == counts  # the offsets check included, where the form is first/last
+
+
+def test_the_old_p2_interleaved_output_divides_by_zero_in_megatrons_offsets() -> None:
+    text = (
+        "--tensor-model-parallel-size 1\n--pipeline-model-parallel-size 2\n--micro-batch-size 1\n"
+        "--global-batch-size 2\n--num-layers 24\n--decoder-first-pipeline-num-layers 10\n"
+        "--decoder-last-pipeline-num-layers 14\n--num-virtual-stages-per-pipeline-rank 2\n"
+    )
+    a, counts = _split_rules(text, 2)  # validate_args' rules accept it ...
+    assert counts == [5, 7, 5, 7]
+    with pytest.raises(ZeroDivisionError):  # ... and building rank 1 fails, as in Megatron-Core
+        layer_offsets(a, counts)
+
+
+def test_the_bundled_models_definitions_are_read_from_their_modules() -> None:
+    from autopipe.config.megatron import _definition
+    from autopipe.config.model_facts import ModelFacts, read_model
+    from autopipe.model.load import load_model
+
+    models = Path(__file__).resolve().parents[2] / "models"
+    gpt = load_model(f"{models / 'gpt.py'}:build_model", {}, device="meta").model
+    assert read_model(gpt, "blocks", 64) == ModelFacts(
+        num_layers=4,
+        hidden=128,
+        heads=4,
+        query_groups=4,
+        ffn=512,
+        vocab=512,
+        seq_length=64,
+        max_positions=64,
+        normalization="LayerNorm",
+        activation="gelu",
+        position="learned_absolute",
+        tied=True,
+        bias=True,
+    )
+    llama = load_model(f"{models / 'llama.py'}:build_model", {}, device="meta").model
+    facts = read_model(llama, "layers", 64)
+    assert (facts.normalization, facts.activation, facts.position, facts.tied, facts.bias) == (
+        "RMSNorm",
+        "swiglu",
+        "rope",
+        False,
+        False,
+    )
+    args, notes = _definition(facts, "")
+    assert args == [
+        "--hidden-size",
+        "128",
+        "--ffn-hidden-size",
+        "352",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "64",
+        "--max-position-embeddings",
+        "64",
+        "--normalization",
+        "RMSNorm",
+        "--position-embedding-type",
+        "rope",
+        "--group-query-attention",
+        "--num-query-groups",
+        "2",
+        "--swiglu",
+        "--untie-embeddings-and-output-weights",
+        "--disable-bias-linear",
+    ]
+    assert len(notes) == 1 and notes[0].startswith("vocabulary 512: ")
+
+
+def test_what_a_model_does_not_say_is_named_in_one_line() -> None:
+    from torch import nn
+
+    from autopipe.config.megatron import _definition
+    from autopipe.config.model_facts import read_model
+
+    class Bare(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(100, 16)
+            self.layers = nn.ModuleList([nn.Sequential(nn.Linear(16, 16))])
+
+    args, notes = _definition(read_model(Bare(), "layers"), "")
+    assert args == ["--hidden-size", "16"]
+    assert notes[-1] == (
+        "not read from the model: --num-attention-heads; --num-query-groups; --ffn-hidden-size; --seq-length; "
+        "--max-position-embeddings; --normalization; the activation (--swiglu, or gelu by default); "
+        "--position-embedding-type; tied embeddings (--untie-embeddings-and-output-weights); "
+        "add them as your model has them"
+    )
