@@ -1,19 +1,37 @@
 """A plan as Megatron-LM command-line arguments (``autopipe config PLAN --for megatron``).
 
 The output is one argument per line, ``--flag value``, with ``#`` comment lines for what
-Megatron cannot do as the plan says; ``grep -v '^#' | xargs`` gives the argument list. What it
-sets: the degrees (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``; the
-data-parallel size is what is left of the world size), the batch (``--micro-batch-size``,
-``--global-batch-size`` = batch per pipeline x replicas), ``--num-layers``,
-``--sequence-parallel``, ``--use-distributed-optimizer`` (ZeRO-1), the recompute arguments and
-the split, in the first of Megatron-Core's three forms that says it exactly (megatron/training/arguments.py
-``validate_args`` and megatron/core/transformer/transformer_config.py allow exactly one):
+Megatron cannot do as the plan says and for what goes beside the arguments (the environment, the
+``torchrun`` line); ``grep -v '^#' | xargs`` gives the argument list. What it sets: the degrees
+(``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``; the data-parallel size is
+what is left of the world size), the batch (``--micro-batch-size``, ``--global-batch-size`` =
+batch per pipeline x replicas), ``--num-layers``, the model's own arguments, ``--sequence-parallel``,
+``--use-distributed-optimizer`` (ZeRO-1), the recompute arguments and the split.
+
+The model: given the plan's model (:func:`autopipe.api.megatron_config` rebuilds it on the meta
+device), the layers are counted from its layer list, since a merged block such as
+``blocks.21..lm_head`` names only its ends, and its definition is read from it
+(:mod:`autopipe.config.model_facts`: ``--hidden-size``, ``--ffn-hidden-size``,
+``--num-attention-heads``, ``--num-query-groups``, ``--seq-length``, ``--max-position-embeddings``,
+``--normalization``, ``--swiglu``, ``--position-embedding-type``, untied embeddings, biases; a
+``#`` line names what it could not read, and says the vocabulary, which Megatron takes from the
+tokenizer). Without it the layers are counted from the block names, with a ``#`` line. A plan
+does not record the dtype it was priced in, so ``--bf16``/``--fp16`` is a ``#`` line, not a flag.
+
+The split is in the first of Megatron-Core's three forms that says it exactly and that
+Megatron-Core 0.19 builds (megatron/training/arguments.py ``validate_args`` and
+megatron/core/transformer/transformer_config.py allow exactly one):
 
 - even: every (virtual) stage has the same number of layers: just the sizes, plus
   ``--num-layers-per-virtual-pipeline-stage`` when interleaved;
-- uneven first/last: the middle ranks are even, the first and/or last rank differ
-  (``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, plus
-  ``--num-virtual-stages-per-pipeline-rank``; each rank's layers split evenly over its chunks);
+- uneven first/last: the middle ranks are even, the first and/or last rank differ, each rank's
+  layers split evenly over its chunks (``--decoder-first-pipeline-num-layers`` /
+  ``--decoder-last-pipeline-num-layers``, plus ``--num-virtual-stages-per-pipeline-rank``).
+  Exact then: ``get_transformer_layer_offset`` (megatron/core/transformer/transformer_layer.py)
+  puts chunk ``k`` of rank ``r`` at ``k x (layers per round) + first/v + (r - 1) x middle/v``,
+  which is the plan's when the middle ranks are equal and every count divides by ``v``. Not with
+  p = 2 and v > 1: there are no middle ranks and the interleaved offset divides by their number
+  (ZeroDivisionError building rank 1), so those plans take the layout string;
 - anything else: ``--pipeline-model-parallel-layout``, Megatron's layout string
   (megatron/core/transformer/pipeline_parallel_layer_layout.py): stages in virtual-stage order
   separated by ``|``, ``E`` the embedding, ``t`` a transformer layer (``t*3`` = ``ttt``),
@@ -21,10 +39,12 @@ the split, in the first of Megatron-Core's three forms that says it exactly (meg
 
 Megatron runs 1F1B, or interleaved 1F1B when a rank holds several chunks, placing chunk ``j`` on
 rank ``j % p``; a plan with another schedule gets a note saying what Megatron runs instead.
-Recomputation: Megatron's ``full`` granularity with ``uniform`` groups of as many layers as a
-stage holds recomputes each stage as one piece, as the plan prices it (uneven stages: groups of
-the largest size that divides every stage, as Megatron's groups must); it applies to every
-stage, so a plan that recomputes only some gets a note.
+Recomputation: Megatron's ``full`` granularity with ``uniform`` groups of N = the largest stage's
+layers recomputes each stage as one piece, as the plan prices it (megatron/core/recompute.py
+clips a group at the stage's last layer, so N need not divide a stage); it applies to every
+stage, so a plan that recomputes only some gets a note. Tensor parallelism adds the environment
+``CUDA_DEVICE_MAX_CONNECTIONS=1`` (``validate_args`` asserts it on Hopper and older; autopipe
+never writes Megatron's FSDP flags, which assert the opposite) to the ``# launch: torchrun`` line.
 """
 
 from __future__ import annotations
