@@ -7,9 +7,10 @@ that answers wins: a configuration object on the model (``model.config``, as Hug
 models and the bundled ``models/gpt.py`` and ``models/llama.py`` carry; the attribute names of
 both spellings), then the modules themselves: the token embedding (the largest
 ``nn.Embedding``: vocabulary and hidden size), a second embedding (learned positions), the
-first layer's norms (``LayerNorm`` or an ``RMSNorm`` class), its linear layers (the FFN width;
-a gate beside the up projection is SwiGLU), an output layer that shares the embedding's weight
-(tied). What neither answers stays ``None`` and is named in :attr:`ModelFacts.unread`.
+first layer's norms (``LayerNorm`` or an ``RMSNorm`` class), its projections (``nn.Linear``, or
+GPT-2's ``Conv1D``: the FFN width; a gate beside the up projection is SwiGLU), an output layer
+that shares the embedding's weight (tied). What neither answers stays ``None`` and is named in
+:attr:`ModelFacts.unread`.
 """
 
 from __future__ import annotations
@@ -72,6 +73,22 @@ def _first_layer(model: nn.Module, container: str) -> nn.Module | None:
     return next(iter(layers.children()), None)
 
 
+def _projections(layer: nn.Module) -> list[tuple[int, int, bool]]:
+    """(in, out, has a bias) of the layer's projections: ``nn.Linear``, and Hugging Face's
+    ``Conv1D`` (GPT-2's, whose weight is stored (in, out))."""
+    out = []
+    for m in layer.modules():
+        if isinstance(m, nn.Linear):
+            out.append((m.in_features, m.out_features, m.bias is not None))
+        elif (
+            type(m).__name__ == "Conv1D"
+            and isinstance(getattr(m, "weight", None), nn.Parameter)
+            and m.weight.dim() == 2
+        ):
+            out.append((int(m.weight.shape[0]), int(m.weight.shape[1]), getattr(m, "bias", None) is not None))
+    return out
+
+
 def _layer_facts(layer: nn.Module | None, hidden: int | None) -> dict[str, Any]:
     """Norm, activation, FFN width and bias from the first layer's modules."""
     if layer is None:
@@ -82,12 +99,12 @@ def _layer_facts(layer: nn.Module | None, hidden: int | None) -> dict[str, Any]:
         out["normalization"] = "RMSNorm"
     elif norms and all(n == "LayerNorm" for n in norms):
         out["normalization"] = "LayerNorm"
-    linears = [m for m in layer.modules() if isinstance(m, nn.Linear)]
+    linears = _projections(layer)
     if linears:
-        out["bias"] = all(m.bias is not None for m in linears)
+        out["bias"] = all(bias for _, _, bias in linears)
     if hidden is not None:
-        widths = [m.out_features for m in linears if m.in_features == hidden]
-        down = [m.in_features for m in linears if m.out_features == hidden and m.in_features > hidden]
+        widths = [o for i, o, _ in linears if i == hidden]
+        down = [i for i, o, _ in linears if o == hidden and i > hidden]
         if down:
             out["ffn"] = max(down)  # the down projection: FFN width -> hidden
             gated = sum(w == out["ffn"] for w in widths) >= 2  # gate and up projections side by side

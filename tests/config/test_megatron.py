@@ -574,3 +574,48 @@ def test_what_a_model_does_not_say_is_named_in_one_line() -> None:
         "--position-embedding-type; tied embeddings (--untie-embeddings-and-output-weights); "
         "add them as your model has them"
     )
+
+
+@pytest.mark.slow  # builds two Hugging Face models (on the meta device)
+def test_hugging_face_configs_and_gpt2s_conv1d_are_read() -> None:
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from autopipe.config.model_facts import ModelFacts, read_model
+
+    with torch.device("meta"):
+        gpt2 = transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32)
+        )
+        llama = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(
+                num_hidden_layers=2,
+                hidden_size=64,
+                intermediate_size=176,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                vocab_size=100,
+                max_position_embeddings=32,
+            )
+        )
+    common = {"num_layers": 2, "hidden": 64, "heads": 4, "vocab": 100, "seq_length": 32, "max_positions": 32}
+    assert read_model(gpt2, "transformer.h", 32) == ModelFacts(
+        **common,
+        query_groups=4,
+        ffn=256,  # GPT-2's Conv1D (in, out) weights: 4 x 64
+        normalization="LayerNorm",
+        activation="gelu",
+        position="learned_absolute",
+        tied=True,
+        bias=True,
+    )
+    assert read_model(llama, "model.layers", 32) == ModelFacts(
+        **common,
+        query_groups=2,
+        ffn=176,
+        normalization="RMSNorm",
+        activation="swiglu",
+        position="rope",
+        tied=False,
+        bias=False,
+    )
