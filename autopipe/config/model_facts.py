@@ -80,12 +80,10 @@ def _projections(layer: nn.Module) -> list[tuple[int, int, bool]]:
     for m in layer.modules():
         if isinstance(m, nn.Linear):
             out.append((m.in_features, m.out_features, m.bias is not None))
-        elif (
-            type(m).__name__ == "Conv1D"
-            and isinstance(getattr(m, "weight", None), nn.Parameter)
-            and m.weight.dim() == 2
-        ):
-            out.append((int(m.weight.shape[0]), int(m.weight.shape[1]), getattr(m, "bias", None) is not None))
+            continue
+        weight = getattr(m, "weight", None)
+        if type(m).__name__ == "Conv1D" and isinstance(weight, nn.Parameter) and weight.dim() == 2:
+            out.append((int(weight.shape[0]), int(weight.shape[1]), getattr(m, "bias", None) is not None))
     return out
 
 
