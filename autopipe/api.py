@@ -485,7 +485,15 @@ def plan_cluster(
 def megatron_config(plan: Plan, *, base: str | Path | None = None, **options: Any) -> str:
     """The plan as Megatron-LM arguments (:func:`autopipe.config.megatron_args`, ``options`` its
     keywords), its model rebuilt on the meta device to count its layers and read its definition;
-    a model that cannot be rebuilt leaves the block names to count and a ``#`` line saying why."""
+    a model that cannot be rebuilt leaves the block names to count and a ``#`` line saying why.
+    The GPUs per node of the launch line are the catalogue device's the plan was counted on."""
+    per_node = None
+    if "(analytic" in plan.profile_device:  # "h100: NVIDIA H100 SXM5 80GB (analytic, bf16)": a catalogue device
+        try:
+            per_node = device_spec(plan.profile_device.split(":")[0]).devices_per_node
+        except AutopipeError:
+            per_node = None  # a device of a --device-file the plan does not name
+    options.setdefault("devices_per_node", per_node)
     try:
         loaded = rebuild_model(plan, meta=True, base=base)
         example = loaded.make_inputs(1)

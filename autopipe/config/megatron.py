@@ -15,8 +15,10 @@ device), the layers are counted from its layer list, since a merged block such a
 ``--num-attention-heads``, ``--num-query-groups``, ``--seq-length``, ``--max-position-embeddings``,
 ``--normalization``, ``--swiglu``, ``--position-embedding-type``, untied embeddings, biases; a
 ``#`` line names what it could not read, and says the vocabulary, which Megatron takes from the
-tokenizer). Without it the layers are counted from the block names, with a ``#`` line. A plan
-does not record the dtype it was priced in, so ``--bf16``/``--fp16`` is a ``#`` line, not a flag.
+tokenizer). Without it the layers are counted from the block names, with a ``#`` line.
+``--bf16``/``--fp16`` is the dtype an analytic plan was counted in (its profile device says
+``(analytic, bf16)``; autopipe's bf16 is mixed precision with fp32 master weights, as Megatron's);
+a measured plan does not record one, and says so in a ``#`` line.
 
 The split is in the first of Megatron-Core's three forms that says it exactly and that
 Megatron-Core 0.19 builds (megatron/training/arguments.py ``validate_args`` and
@@ -44,11 +46,13 @@ layers recomputes each stage as one piece, as the plan prices it (megatron/core/
 clips a group at the stage's last layer, so N need not divide a stage); it applies to every
 stage, so a plan that recomputes only some gets a note. Tensor parallelism adds the environment
 ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (``validate_args`` asserts it on Hopper and older; autopipe
-never writes Megatron's FSDP flags, which assert the opposite) to the ``# launch: torchrun`` line.
+never writes Megatron's FSDP flags, which assert the opposite) to the ``# launch: torchrun`` line,
+whose nodes are the plan's catalogue device's GPUs per node where the caller knows them.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from torch import nn
@@ -218,8 +222,8 @@ def _definition(facts: ModelFacts | None, unbuilt: str) -> tuple[list[str], list
     return args, notes
 
 
-def _launch(plan: Plan, deg: Degrees) -> list[str]:
-    """The environment and the ``torchrun`` line, as notes."""
+def _launch(deg: Degrees, per_node: int | None) -> list[str]:
+    """The environment and the ``torchrun`` line, as notes; ``per_node``: GPUs per node, if known."""
     env = ""
     notes = []
     if deg.tensor > 1:  # autopipe never writes --use-megatron-fsdp / --use-torch-fsdp2, which assert the opposite
@@ -228,18 +232,40 @@ def _launch(plan: Plan, deg: Degrees) -> list[str]:
             "environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron asserts it for tensor parallelism on Hopper and "
             "older GPUs; not with Megatron FSDP, which asserts the opposite)"
         )
+    world = deg.world_size
+    if per_node is not None and world > per_node and world % per_node == 0:
+        nodes, procs = world // per_node, per_node
+        where = f"  ({per_node} GPUs per node, as the plan's device has; each node with --node-rank and a rendezvous)"
+    else:
+        nodes, procs, where = 1, world, ""
+        if per_node is None:
+            where = (
+                f"  (the plan does not record GPUs per node: on nodes of g GPUs, --nnodes {world}/g "
+                "--nproc-per-node g with a rendezvous)"
+            )
     notes.append(
-        f"launch: {env}torchrun --nnodes 1 --nproc-per-node {deg.world_size} pretrain_gpt.py "
-        f"$(grep -v '^#' ARGS_FILE | xargs)  (the plan does not record GPUs per node: on nodes of g GPUs, "
-        f"--nnodes {deg.world_size}/g --nproc-per-node g with a rendezvous)"
+        f"launch: {env}torchrun --nnodes {nodes} --nproc-per-node {procs} pretrain_gpt.py "
+        f"$(grep -v '^#' ARGS_FILE | xargs){where}"
     )
     return notes
 
 
-_PRECISION = (
-    "precision: the plan does not record the dtype it was priced in (an analytic plan on a catalogue GPU counts "
-    "bf16 unless --dtype says otherwise): add --bf16 or --fp16 as planned (Megatron's default is fp32)"
-)
+_DTYPE = re.compile(r"\(analytic, (fp32|tf32|bf16|fp16)\b")
+
+
+def _precision(plan: Plan) -> tuple[list[str], list[str]]:
+    """``--bf16`` / ``--fp16`` from the dtype an analytic plan was counted in (its profile device
+    says it: ``h100: ... (analytic, bf16)``); a note where the plan does not say."""
+    found = _DTYPE.search(plan.profile_device)
+    if found is None:
+        return [], [
+            f"precision: the plan was measured on {plan.profile_device} and does not record the dtype; "
+            "add --bf16 or --fp16 if you train in one (Megatron's default is fp32)"
+        ]
+    dtype = found.group(1)
+    if dtype == "tf32":
+        return [], ["precision: the plan is priced in tf32: Megatron trains in fp32 (TF32 matmuls are torch's setting)"]
+    return {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(dtype, []), []
 
 
 def megatron_args(
@@ -252,11 +278,13 @@ def megatron_args(
     model: nn.Module | None = None,
     seq_length: int | None = None,
     unbuilt: str = "",
+    devices_per_node: int | None = None,
 ) -> str:
     """The plan as Megatron-LM arguments, one per line, with ``#`` notes; ConfigError (one
     line) for a plan without transformer layers. ``model`` is the plan's model (built on the
     meta device is enough): its layers are counted and its definition read from it; without it
-    (``unbuilt`` says why) the layers are counted from the plan's block names."""
+    (``unbuilt`` says why) the layers are counted from the plan's block names.
+    ``devices_per_node`` (GPUs per node, where known) shapes the ``# launch:`` line."""
     deg = degrees(plan, tensor_parallel, sequence_parallel, selective_recompute, zero1)
     facts = read_model(model, model_parts(plan).container, seq_length) if model is not None else None
     parts = model_parts(plan, facts.num_layers if facts is not None else None)
@@ -283,7 +311,8 @@ def megatron_args(
             f"--num-layers {parts.num_layers} counts the layers the block names show; a merged block "
             "(a name with '..') may hide layers after the last one named: check it against the model"
         )
-    notes += [_PRECISION, *parts.notes, *_schedule_notes(plan, parts), *_launch(plan, deg)]
+    precision, precision_notes = _precision(plan)
+    notes += [*precision_notes, *parts.notes, *_schedule_notes(plan, parts), *_launch(deg, devices_per_node)]
     if deg.zero1:
         args.append("--use-distributed-optimizer")  # ZeRO-1: optimizer state split over the data-parallel ranks
     if deg.sequence_parallel and deg.tensor > 1:
@@ -296,7 +325,7 @@ def megatron_args(
     recompute, recompute_notes = _recompute(plan, deg, parts)
     notes += recompute_notes
     lines += [f"# {n}" for n in notes]
-    return "\n".join(lines + _argument_lines(args + definition + split + recompute)) + "\n"
+    return "\n".join(lines + _argument_lines(args + definition + precision + split + recompute)) + "\n"
 
 
 def _layout_note(parts: Parts, deg: Degrees) -> str:

@@ -63,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-granularity", default=None)
     p.add_argument("--recompute-method", default=None)
     p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--fp16", action="store_true")
     p.add_argument("--use-distributed-optimizer", action="store_true")
     return p
 
@@ -417,6 +419,7 @@ def test_coarse_blocks_count_the_models_layers_not_the_names(coarse_plan: Path) 
         "--max-position-embeddings 64",
         "--normalization LayerNorm",
         "--position-embedding-type learned_absolute",
+        "--bf16",  # the plan is counted in bf16 (its profile device says "(analytic, bf16)")
         "--pipeline-model-parallel-layout 'Ettt|tttt|t*10|t*7L'",
         "--recompute-granularity full",
         "--recompute-method uniform",
@@ -430,10 +433,7 @@ def test_coarse_blocks_count_the_models_layers_not_the_names(coarse_plan: Path) 
     ) in text
     assert "# vocabulary 512: Megatron takes it from the tokenizer (--tokenizer-type NullTokenizer" in text
     assert "not read from the model" not in text
-    assert (
-        "# precision: the plan does not record the dtype it was priced in (an analytic plan on a catalogue GPU "
-        "counts bf16 unless --dtype says otherwise): add --bf16 or --fp16 as planned (Megatron's default is fp32)\n"
-    ) in text
+    assert "# precision" not in text and "# launch: torchrun --nnodes 1 --nproc-per-node 4 pretrain_gpt.py" in text
     # the model cannot be built: the names count 22 layers, and a note says why and what to check
     gone = dataclasses.replace(plan, recipe=dataclasses.replace(plan.recipe, model_file="no/such/gpt.py"))
     fallback = megatron_config(gone, base=coarse_plan.parent)
@@ -460,6 +460,12 @@ def test_tensor_parallel_plans_say_the_environment_and_the_launch(gpt_plans: dic
         "$(grep -v '^#' ARGS_FILE | xargs)  (the plan does not record GPUs per node: on nodes of g GPUs, "
         "--nnodes 16/g --nproc-per-node g with a rendezvous)\n"
     ) in text
+    assert (  # H100 nodes of 8, as autopipe's device catalogue has them and the planner priced
+        "# launch: CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py "
+        "$(grep -v '^#' ARGS_FILE | xargs)  (8 GPUs per node, as the plan's device has; each node with --node-rank "
+        "and a rendezvous)\n"
+    ) in megatron_args(plan, devices_per_node=8)
+    assert "--bf16" in _arguments(text) and "--fp16" not in text
     one = megatron_args(plan, tensor_parallel=1, sequence_parallel=False)
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in one
     assert "# launch: torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py" in one
@@ -619,3 +625,22 @@ def test_hugging_face_configs_and_gpt2s_conv1d_are_read() -> None:
         tied=False,
         bias=False,
     )
+
+
+@pytest.mark.parametrize(
+    ("device", "flags", "note"),
+    [
+        ("h100: NVIDIA H100 SXM5 80GB (analytic, bf16)", ["--bf16"], None),
+        ("a100: NVIDIA A100 (analytic, fp16, t=2 with sequence parallelism)", ["--fp16"], None),
+        ("h100: NVIDIA H100 SXM5 80GB (analytic, fp32)", [], None),  # Megatron's default
+        ("h100: NVIDIA H100 SXM5 80GB (analytic, tf32)", [], "precision: the plan is priced in tf32: Megatron"),
+        ("cpu (2 threads)", [], "precision: the plan was measured on cpu (2 threads) and does not record the dtype"),
+    ],
+)
+def test_precision_is_the_dtype_the_plan_was_counted_in(device: str, flags: list[str], note: str | None) -> None:
+    from autopipe.config.megatron import _precision
+
+    plan = Plan.load(Path(__file__).parents[1] / "fixtures" / "good_mlp_plan_v1.json")
+    args, notes = _precision(dataclasses.replace(plan, profile_device=device))
+    assert args == flags
+    assert (notes[0].startswith(note) if note else notes == []) and len(notes) <= 1
