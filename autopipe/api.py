@@ -501,5 +501,7 @@ def megatron_config(plan: Plan, *, base: str | Path | None = None, **options: An
         return megatron_args(plan, unbuilt=str(e), **options)
     if isinstance(example, Mapping):
         example = example.get("input_ids")
-    seq = int(example.shape[1]) if isinstance(example, torch.Tensor) and example.dim() >= 2 else None
+    seq = None
+    if isinstance(example, torch.Tensor) and example.dim() == 2 and not example.is_floating_point():
+        seq = int(example.shape[1])  # (batch, sequence) token ids; not an MLP's (batch, features)
     return megatron_args(plan, model=loaded.model, seq_length=seq, **options)

@@ -644,3 +644,13 @@ def test_precision_is_the_dtype_the_plan_was_counted_in(device: str, flags: list
     args, notes = _precision(dataclasses.replace(plan, profile_device=device))
     assert args == flags
     assert (notes[0].startswith(note) if note else notes == []) and len(notes) <= 1
+
+
+def test_a_model_without_token_inputs_gets_no_sequence_length() -> None:
+    from autopipe.api import megatron_config
+
+    fixture = Path(__file__).parents[1] / "fixtures" / "good_mlp_plan_v1.json"
+    text = megatron_config(Plan.load(fixture), base=fixture.parent)  # an MLP: (batch, 16) float features
+    assert not any(line.startswith(("--seq-length", "--hidden-size")) for line in _arguments(text))
+    assert "# not read from the model: --hidden-size; --num-attention-heads;" in text
+    assert "--seq-length; --max-position-embeddings;" in text
