@@ -24,15 +24,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
+from autopipe.config import megatron_args
 from autopipe.costs.analytic import ModelCounts, count_model, profile_from_counts
 from autopipe.costs.calibrate import calibrate, save_calibration, stored_calibration
 from autopipe.costs.devices import DeviceSpec, device_spec, read_cluster_file
 from autopipe.costs.match import check_profile_of, fingerprint_of
 from autopipe.costs.measured import Progress, profile_model
 from autopipe.costs.profile import Profile
-from autopipe.errors import EmitError, PlanError
+from autopipe.errors import AutopipeError, EmitError, PlanError
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.model.given import (
     Batch,
@@ -71,6 +73,7 @@ from autopipe.planner.search import plan_pipeline
 from autopipe.plans import Plan
 from autopipe.stages.emit import emit as emit_rebuilt
 from autopipe.stages.emit import emit_stages
+from autopipe.stages.rebuild import rebuild_model
 from autopipe.units import parse_bytes
 
 __all__ = [  # the functions, then what they take and give (the CLI imports these from here)
@@ -96,6 +99,7 @@ __all__ = [  # the functions, then what they take and give (the CLI imports thes
     "default_micro_batch_sizes",
     "emit",
     "fingerprint_of",
+    "megatron_config",
     "parse_kwargs",
     "plan",
     "plan_cluster",
@@ -476,3 +480,28 @@ def plan_cluster(
         device_files=device_files,
         progress=progress,
     ).plan
+
+
+def megatron_config(plan: Plan, *, base: str | Path | None = None, **options: Any) -> str:
+    """The plan as Megatron-LM arguments (:func:`autopipe.config.megatron_args`, ``options`` its
+    keywords), its model rebuilt on the meta device to count its layers and read its definition;
+    a model that cannot be rebuilt leaves the block names to count and a ``#`` line saying why.
+    The GPUs per node of the launch line are the catalogue device's the plan was counted on."""
+    per_node = None
+    if "(analytic" in plan.profile_device:  # "h100: NVIDIA H100 SXM5 80GB (analytic, bf16)": a catalogue device
+        try:
+            per_node = device_spec(plan.profile_device.split(":")[0]).devices_per_node
+        except AutopipeError:
+            per_node = None  # a device of a --device-file the plan does not name
+    options.setdefault("devices_per_node", per_node)
+    try:
+        loaded = rebuild_model(plan, meta=True, base=base)
+        example = loaded.make_inputs(1)
+    except AutopipeError as e:
+        return megatron_args(plan, unbuilt=str(e), **options)
+    if isinstance(example, Mapping):
+        example = example.get("input_ids")
+    seq = None
+    if isinstance(example, torch.Tensor) and example.dim() == 2 and not example.is_floating_point():
+        seq = int(example.shape[1])  # (batch, sequence) token ids; not an MLP's (batch, features)
+    return megatron_args(plan, model=loaded.model, seq_length=seq, **options)

@@ -28,8 +28,11 @@ def add_config_parser(commands: argparse._SubParsersAction) -> None:  # type: ig
 
 
 def cmd_config(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from pathlib import Path
+
     from autopipe._io import atomic_write_text
-    from autopipe.config import megatron_args, torchtitan_toml
+    from autopipe.api import megatron_config
+    from autopipe.config import torchtitan_toml
     from autopipe.plans import Plan
 
     target = args.target.strip().lower()
@@ -39,7 +42,7 @@ def cmd_config(args: argparse.Namespace, out: Console, err: Console) -> int:
         )
     destination = output_path(args.output, "--output") if args.output is not None else None
     plan = Plan.load(args.plan)
-    text = megatron_args(plan) if target == "megatron" else torchtitan_toml(plan)
+    text = megatron_config(plan, base=Path(args.plan).parent) if target == "megatron" else torchtitan_toml(plan)
     if destination is None:
         out.file.write(text)
         return 0

@@ -1,19 +1,39 @@
 """A plan as Megatron-LM command-line arguments (``autopipe config PLAN --for megatron``).
 
 The output is one argument per line, ``--flag value``, with ``#`` comment lines for what
-Megatron cannot do as the plan says; ``grep -v '^#' | xargs`` gives the argument list. What it
-sets: the degrees (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``; the
-data-parallel size is what is left of the world size), the batch (``--micro-batch-size``,
-``--global-batch-size`` = batch per pipeline x replicas), ``--num-layers``,
-``--sequence-parallel``, ``--use-distributed-optimizer`` (ZeRO-1), the recompute arguments and
-the split, in the first of Megatron-Core's three forms that says it exactly (megatron/training/arguments.py
-``validate_args`` and megatron/core/transformer/transformer_config.py allow exactly one):
+Megatron cannot do as the plan says and for what goes beside the arguments (the environment, the
+``torchrun`` line); ``grep -v '^#' | xargs`` gives the argument list. What it sets: the degrees
+(``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``; the data-parallel size is
+what is left of the world size), the batch (``--micro-batch-size``, ``--global-batch-size`` =
+batch per pipeline x replicas), ``--num-layers``, the model's own arguments, ``--sequence-parallel``,
+``--use-distributed-optimizer`` (ZeRO-1), the recompute arguments and the split.
+
+The model: given the plan's model (:func:`autopipe.api.megatron_config` rebuilds it on the meta
+device), the layers are counted from its layer list, since a merged block such as
+``blocks.21..lm_head`` names only its ends, and its definition is read from it
+(:mod:`autopipe.config.model_facts`: ``--hidden-size``, ``--ffn-hidden-size``,
+``--num-attention-heads``, ``--num-query-groups``, ``--seq-length``, ``--max-position-embeddings``,
+``--normalization``, ``--swiglu``, ``--position-embedding-type``, untied embeddings, biases; a
+``#`` line names what it could not read, and says the vocabulary, which Megatron takes from the
+tokenizer). Without it the layers are counted from the block names, with a ``#`` line.
+``--bf16``/``--fp16`` is the dtype an analytic plan was counted in (its profile device says
+``(analytic, bf16)``; autopipe's bf16 is mixed precision with fp32 master weights, as Megatron's);
+a measured plan does not record one, and says so in a ``#`` line.
+
+The split is in the first of Megatron-Core's three forms that says it exactly and that
+Megatron-Core 0.19 builds (megatron/training/arguments.py ``validate_args`` and
+megatron/core/transformer/transformer_config.py allow exactly one):
 
 - even: every (virtual) stage has the same number of layers: just the sizes, plus
   ``--num-layers-per-virtual-pipeline-stage`` when interleaved;
-- uneven first/last: the middle ranks are even, the first and/or last rank differ
-  (``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, plus
-  ``--num-virtual-stages-per-pipeline-rank``; each rank's layers split evenly over its chunks);
+- uneven first/last: the middle ranks are even, the first and/or last rank differ, each rank's
+  layers split evenly over its chunks (``--decoder-first-pipeline-num-layers`` /
+  ``--decoder-last-pipeline-num-layers``, plus ``--num-virtual-stages-per-pipeline-rank``).
+  Exact then: ``get_transformer_layer_offset`` (megatron/core/transformer/transformer_layer.py)
+  puts chunk ``k`` of rank ``r`` at ``k x (layers per round) + first/v + (r - 1) x middle/v``,
+  which is the plan's when the middle ranks are equal and every count divides by ``v``. Not with
+  p = 2 and v > 1: there are no middle ranks and the interleaved offset divides by their number
+  (ZeroDivisionError building rank 1), so those plans take the layout string;
 - anything else: ``--pipeline-model-parallel-layout``, Megatron's layout string
   (megatron/core/transformer/pipeline_parallel_layer_layout.py): stages in virtual-stage order
   separated by ``|``, ``E`` the embedding, ``t`` a transformer layer (``t*3`` = ``ttt``),
@@ -21,17 +41,23 @@ the split, in the first of Megatron-Core's three forms that says it exactly (meg
 
 Megatron runs 1F1B, or interleaved 1F1B when a rank holds several chunks, placing chunk ``j`` on
 rank ``j % p``; a plan with another schedule gets a note saying what Megatron runs instead.
-Recomputation: Megatron's ``full`` granularity with ``uniform`` groups of as many layers as a
-stage holds recomputes each stage as one piece, as the plan prices it (uneven stages: groups of
-the largest size that divides every stage, as Megatron's groups must); it applies to every
-stage, so a plan that recomputes only some gets a note.
+Recomputation: Megatron's ``full`` granularity with ``uniform`` groups of N = the largest stage's
+layers recomputes each stage as one piece, as the plan prices it (megatron/core/recompute.py
+clips a group at the stage's last layer, so N need not divide a stage); it applies to every
+stage, so a plan that recomputes only some gets a note. Tensor parallelism adds the environment
+``CUDA_DEVICE_MAX_CONNECTIONS=1`` (``validate_args`` asserts it on Hopper and older; autopipe
+never writes Megatron's FSDP flags, which assert the opposite) to the ``# launch: torchrun`` line,
+whose nodes are the plan's catalogue device's GPUs per node where the caller knows them.
 """
 
 from __future__ import annotations
 
-import math
+import re
 import shlex
 
+from torch import nn
+
+from autopipe.config.model_facts import ModelFacts, read_model
 from autopipe.config.parts import Degrees, Parts, degrees, model_parts, stage_list
 from autopipe.plans import Plan
 from autopipe.schedules.registry import schedule_spec
@@ -77,7 +103,8 @@ def megatron_split(parts: Parts, p: int, v: int) -> list[str]:
     even_ranks = all(len(set(r)) == 1 for r in per_rank)
     totals = [sum(r) for r in per_rank]
     middle = set(totals[1:-1])
-    if even_ranks and len(middle) <= 1 and totals[0] > 0 and totals[-1] > 0 and all(totals):
+    safe = v == 1 or p > 2  # p = 2, v > 1: Megatron-Core's offset divides by the middle ranks, of which there are none
+    if safe and even_ranks and len(middle) <= 1 and all(totals):
         mid = middle.pop() if middle else None
         args: list[str] = []
         if mid is None or totals[0] != mid:
@@ -98,14 +125,15 @@ def _recompute(plan: Plan, deg: Degrees, parts: Parts) -> tuple[list[str], list[
             return ["--recompute-granularity", "selective"], []
         return [], []
     sizes = sorted({c.layers for c in parts.chunks if c.layers})
-    group = math.gcd(*sizes)  # Megatron's uniform groups must divide every stage's layers
+    group = sizes[-1]  # groups of the largest stage's layers: every stage is one group (Megatron clips it)
     args = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", str(group)]
     if len(sizes) == 1:
         notes = [f"recompute: each stage's {group} layer(s) are recomputed as one piece, as the plan prices it"]
     else:
+        each = ", ".join(str(c.layers) for c in parts.chunks)
         notes = [
-            f"recompute: the plan recomputes each stage as one piece; Megatron's uniform groups must divide every "
-            f"stage's layers ({', '.join(map(str, sizes))}), so it keeps one input per {group} layer(s)"
+            f"recompute: each stage ({each} layers) is recomputed as one piece, as the plan prices it: "
+            f"Megatron's uniform groups of {group} end at the stage's last layer"
         ]
     if len(chosen) < len(plan.stages):
         rest = [s.index for s in plan.stages if not s.recompute]
@@ -142,6 +170,104 @@ def _schedule_notes(plan: Plan, parts: Parts) -> list[str]:
     return notes
 
 
+_UNREAD = {  # a ModelFacts field the model did not answer -> the argument(s) the user adds
+    "hidden": "--hidden-size",
+    "heads": "--num-attention-heads",
+    "query_groups": "--num-query-groups",
+    "ffn": "--ffn-hidden-size",
+    "seq_length": "--seq-length",
+    "max_positions": "--max-position-embeddings",
+    "normalization": "--normalization",
+    "activation": "the activation (--swiglu, or gelu by default)",
+    "position": "--position-embedding-type",
+    "tied": "tied embeddings (--untie-embeddings-and-output-weights)",
+    "bias": "biases (--disable-bias-linear)",
+}
+
+
+def _definition(facts: ModelFacts | None, unbuilt: str) -> tuple[list[str], list[str]]:
+    """The model's own arguments (hidden size, heads, ...) and notes on what could not be read."""
+    if facts is None:
+        return [], [
+            f"the model could not be built ({unbuilt or 'no model given'}): add its own arguments "
+            "(--hidden-size, --num-attention-heads, --seq-length, --max-position-embeddings, ...)"
+        ]
+    f = facts
+    args: list[str] = []
+    for flag, value in (
+        ("--hidden-size", f.hidden),
+        ("--ffn-hidden-size", f.ffn),
+        ("--num-attention-heads", f.heads),
+        ("--seq-length", f.seq_length),
+        ("--max-position-embeddings", f.max_positions),
+        ("--normalization", f.normalization),
+        ("--position-embedding-type", f.position),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    if f.query_groups is not None and f.heads is not None and f.query_groups != f.heads:
+        args += ["--group-query-attention", "--num-query-groups", str(f.query_groups)]
+    args += ["--swiglu"] if f.activation == "swiglu" else []  # gelu is Megatron's default
+    args += ["--untie-embeddings-and-output-weights"] if f.tied is False else []
+    args += ["--disable-bias-linear"] if f.bias is False else []
+    notes = []
+    if f.vocab is not None:
+        notes.append(
+            f"vocabulary {f.vocab}: Megatron takes it from the tokenizer (--tokenizer-type NullTokenizer "
+            f"--vocab-size {f.vocab} for synthetic data) and pads it to a multiple of --make-vocab-size-divisible-by"
+        )
+    unread = [_UNREAD[n] for n in f.unread if n in _UNREAD]
+    if unread:
+        notes.append(f"not read from the model: {'; '.join(unread)}; add them as your model has them")
+    return args, notes
+
+
+def _launch(deg: Degrees, per_node: int | None) -> list[str]:
+    """The environment and the ``torchrun`` line, as notes; ``per_node``: GPUs per node, if known."""
+    env = ""
+    notes = []
+    if deg.tensor > 1:  # autopipe never writes --use-megatron-fsdp / --use-torch-fsdp2, which assert the opposite
+        env = "CUDA_DEVICE_MAX_CONNECTIONS=1 "
+        notes.append(
+            "environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron asserts it for tensor parallelism on Hopper and "
+            "older GPUs; not with Megatron FSDP, which asserts the opposite)"
+        )
+    world = deg.world_size
+    if per_node is not None and world > per_node and world % per_node == 0:
+        nodes, procs = world // per_node, per_node
+        where = f"  ({per_node} GPUs per node, as the plan's device has; each node with --node-rank and a rendezvous)"
+    else:
+        nodes, procs, where = 1, world, ""
+        if per_node is None:
+            where = (
+                f"  (the plan does not record GPUs per node: on nodes of g GPUs, --nnodes {world}/g "
+                "--nproc-per-node g with a rendezvous)"
+            )
+    notes.append(
+        f"launch: {env}torchrun --nnodes {nodes} --nproc-per-node {procs} pretrain_gpt.py "
+        f"$(grep -v '^#' ARGS_FILE | xargs){where}"
+    )
+    return notes
+
+
+_DTYPE = re.compile(r"\(analytic, (fp32|tf32|bf16|fp16)\b")
+
+
+def _precision(plan: Plan) -> tuple[list[str], list[str]]:
+    """``--bf16`` / ``--fp16`` from the dtype an analytic plan was counted in (its profile device
+    says it: ``h100: ... (analytic, bf16)``); a note where the plan does not say."""
+    found = _DTYPE.search(plan.profile_device)
+    if found is None:
+        return [], [
+            f"precision: the plan was measured on {plan.profile_device} and does not record the dtype; "
+            "add --bf16 or --fp16 if you train in one (Megatron's default is fp32)"
+        ]
+    dtype = found.group(1)
+    if dtype == "tf32":
+        return [], ["precision: the plan is priced in tf32: Megatron trains in fp32 (TF32 matmuls are torch's setting)"]
+    return {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(dtype, []), []
+
+
 def megatron_args(
     plan: Plan,
     *,
@@ -149,16 +275,23 @@ def megatron_args(
     sequence_parallel: bool | None = None,
     selective_recompute: bool | None = None,
     zero1: bool | None = None,
+    model: nn.Module | None = None,
+    seq_length: int | None = None,
+    unbuilt: str = "",
+    devices_per_node: int | None = None,
 ) -> str:
     """The plan as Megatron-LM arguments, one per line, with ``#`` notes; ConfigError (one
-    line) for a plan without transformer layers."""
+    line) for a plan without transformer layers. ``model`` is the plan's model (built on the
+    meta device is enough): its layers are counted and its definition read from it; without it
+    (``unbuilt`` says why) the layers are counted from the plan's block names.
+    ``devices_per_node`` (GPUs per node, where known) shapes the ``# launch:`` line."""
     deg = degrees(plan, tensor_parallel, sequence_parallel, selective_recompute, zero1)
-    parts = model_parts(plan)
+    facts = read_model(model, model_parts(plan).container, seq_length) if model is not None else None
+    parts = model_parts(plan, facts.num_layers if facts is not None else None)
     lines = [
         f"# Megatron-LM arguments for {plan.model} (autopipe plan: {plan.schedule}, "
         f"{plan.micro_batches} micro-batch(es) of {plan.micro_batch_size})",
-        f"# world size t x p x d = {deg.tensor} x {deg.pipeline} x {deg.data} = {deg.world_size} GPUs; "
-        "add the model's own arguments (--hidden-size, --num-attention-heads, --seq-length, ...)",
+        f"# world size t x p x d = {deg.tensor} x {deg.pipeline} x {deg.data} = {deg.world_size} GPUs",
     ]
     args = [
         "--tensor-model-parallel-size",
@@ -172,7 +305,14 @@ def megatron_args(
         "--num-layers",
         str(parts.num_layers),
     ]
-    notes = list(parts.notes) + _schedule_notes(plan, parts)
+    definition, notes = _definition(facts, unbuilt)
+    if facts is None and any(".." in b for s in plan.stages for b in s.blocks):
+        notes.append(
+            f"--num-layers {parts.num_layers} counts the layers the block names show; a merged block "
+            "(a name with '..') may hide layers after the last one named: check it against the model"
+        )
+    precision, precision_notes = _precision(plan)
+    notes += [*precision_notes, *parts.notes, *_schedule_notes(plan, parts), *_launch(deg, devices_per_node)]
     if deg.zero1:
         args.append("--use-distributed-optimizer")  # ZeRO-1: optimizer state split over the data-parallel ranks
     if deg.sequence_parallel and deg.tensor > 1:
@@ -181,15 +321,28 @@ def megatron_args(
         notes.append("sequence parallelism needs tensor parallelism (t > 1); Megatron turns it off at t = 1")
     split = megatron_split(parts, deg.pipeline, deg.virtual)
     if split[:1] == ["--pipeline-model-parallel-layout"]:
-        notes.append(
-            "the stages are uneven beyond the first and last, so the split is a layout string "
-            "(it excludes --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank)"
-        )
+        notes.append(_layout_note(parts, deg))
     recompute, recompute_notes = _recompute(plan, deg, parts)
     notes += recompute_notes
     lines += [f"# {n}" for n in notes]
-    flat = args + split + recompute
-    i = 0
+    return "\n".join(lines + _argument_lines(args + definition + precision + split + recompute)) + "\n"
+
+
+def _layout_note(parts: Parts, deg: Degrees) -> str:
+    if deg.pipeline == 2 and deg.virtual > 1:
+        return (
+            "two pipeline ranks with interleaving: the split is a layout string (Megatron-Core's first/last-stage "
+            "form divides by the ranks between the first and last, none here, when it builds rank 1)"
+        )
+    return (
+        "the stages are uneven beyond the first and last, so the split is a layout string "
+        "(it excludes --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank)"
+    )
+
+
+def _argument_lines(flat: list[str]) -> list[str]:
+    """``["--a", "1", "--b"]`` -> ``["--a 1", "--b"]`` (values quoted for the shell)."""
+    lines, i = [], 0
     while i < len(flat):
         if i + 1 < len(flat) and not flat[i + 1].startswith("--"):
             lines.append(f"{flat[i]} {shlex.quote(flat[i + 1])}")
@@ -197,4 +350,4 @@ def megatron_args(
         else:
             lines.append(flat[i])
             i += 1
-    return "\n".join(lines) + "\n"
+    return lines

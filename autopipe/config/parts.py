@@ -117,8 +117,31 @@ def _ends(name: str) -> list[str]:
     return name.split("..")
 
 
-def model_parts(plan: Plan) -> Parts:
-    """The plan's stages as layers; ConfigError (one line) if it has no layer list."""
+def _end_notes(chunks: tuple[Chunk, ...]) -> list[str]:
+    """Notes for an embedding part beyond the first stage or a head part before the last."""
+    notes = []
+    pre_stages = sorted({c.index for c in chunks if c.pre})
+    post_stages = sorted({c.index for c in chunks if c.post})
+    if pre_stages and pre_stages != [0]:
+        notes.append(
+            f"the embedding part ({', '.join(b for c in chunks for b in c.pre)}) spans stages "
+            f"{stage_list(pre_stages)}; the frameworks put it all on the first stage"
+        )
+    final = len(chunks) - 1
+    if post_stages and post_stages != [final]:
+        notes.append(
+            f"the head part ({', '.join(b for c in chunks for b in c.post)}) spans stages "
+            f"{stage_list(post_stages)}; the frameworks put it all on the last stage"
+        )
+    return notes
+
+
+def model_parts(plan: Plan, num_layers: int | None = None) -> Parts:
+    """The plan's stages as layers; ConfigError (one line) if it has no layer list.
+
+    ``num_layers`` is the length of the model's layer list when the caller could build the model:
+    a merged block such as ``blocks.21..lm_head`` names only its ends, so without it the layers
+    are counted up to the highest index a block names (layers after it stay hidden)."""
     found: dict[str, set[int]] = {}
     for stage in plan.stages:
         for name in stage.blocks:
@@ -133,7 +156,8 @@ def model_parts(plan: Plan) -> Parts:
             "transformer layers, so this plan cannot be handed to them"
         )
     container = max(found, key=lambda prefix: (len(found[prefix]), -len(prefix)))
-    indices = list(range(max(found[container]) + 1))  # a module list counts from 0; merged blocks hide some
+    named = max(found[container]) + 1  # a module list counts from 0; merged blocks may hide some after it
+    indices = list(range(max(named, num_layers or 0)))
     notes: list[str] = []
     seen: dict[int, int] = {}  # layer index -> the stage it starts on
     counts = [0] * len(plan.stages)  # per stage: layers that start there
@@ -174,19 +198,7 @@ def model_parts(plan: Plan) -> Parts:
         Chunk(index=i, rank=s.rank, layers=counts[i], pre=tuple(sides[i][0]), post=tuple(sides[i][1]))
         for i, s in enumerate(plan.stages)
     )
-    pre_stages = sorted({c.index for c in chunks if c.pre})
-    post_stages = sorted({c.index for c in chunks if c.post})
-    if pre_stages and pre_stages != [0]:
-        notes.append(
-            f"the embedding part ({', '.join(b for c in chunks for b in c.pre)}) spans stages "
-            f"{stage_list(pre_stages)}; the frameworks put it all on the first stage"
-        )
-    final = len(chunks) - 1
-    if post_stages and post_stages != [final]:
-        notes.append(
-            f"the head part ({', '.join(b for c in chunks for b in c.post)}) spans stages "
-            f"{stage_list(post_stages)}; the frameworks put it all on the last stage"
-        )
+    notes += _end_notes(chunks)
     spec = schedule_spec(plan.schedule)
     rr = all(
         spec.device_of(j, plan.devices, plan.virtual) == round_robin(j, plan.devices, plan.virtual)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import re
 import shlex
 from pathlib import Path
@@ -41,12 +40,31 @@ def _parser() -> argparse.ArgumentParser:
         "--decoder-first-pipeline-num-layers",
         "--decoder-last-pipeline-num-layers",
         "--recompute-num-layers",
+        "--hidden-size",
+        "--ffn-hidden-size",
+        "--num-attention-heads",
+        "--num-query-groups",
+        "--seq-length",
+        "--max-position-embeddings",
     ):
         p.add_argument(flag, type=int, default=None)
+    p.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default="LayerNorm")
+    p.add_argument(
+        "--position-embedding-type", choices=("learned_absolute", "rope", "yarn", "mrope", "relative", "none")
+    )
+    for flag in (
+        "--group-query-attention",
+        "--swiglu",
+        "--untie-embeddings-and-output-weights",
+        "--disable-bias-linear",
+    ):
+        p.add_argument(flag, action="store_true")
     p.add_argument("--pipeline-model-parallel-layout", default=None)
     p.add_argument("--recompute-granularity", default=None)
     p.add_argument("--recompute-method", default=None)
     p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--fp16", action="store_true")
     p.add_argument("--use-distributed-optimizer", action="store_true")
     return p
 
@@ -138,13 +156,54 @@ def _split_rules(lines: str, world_size: int) -> tuple[argparse.Namespace, list[
     return a, [per_rank[j % p] // vpp for j in range(p * vpp)]
 
 
-def megatron_rules(lines: str, world_size: int) -> list[int]:
+def layer_offsets(a: argparse.Namespace, counts: list[int]) -> list[int]:
+    """Megatron-Core 0.19's ``get_transformer_layer_offset`` (megatron/core/transformer/transformer_layer.py)
+    for the first/last-stage form, re-stated: the index of each virtual stage's first layer, in
+    stage order. Like Megatron's it divides by the middle ranks, so p = 2 with both ends given and
+    v > 1 raises ZeroDivisionError."""
+    p, vpp = a.pipeline_model_parallel_size, a.num_virtual_stages_per_pipeline_rank
+    first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
+    middle_stages = p - (first is not None) - (last is not None)
+    middle_layers = a.num_layers - (first or 0) - (last or 0)
+    offsets = []
+    for j in range(len(counts)):
+        rank, vp_stage = j % p, j // p
+        middle_rank = rank if first is None else rank - 1
+        if vpp is None:
+            per_rank = middle_layers // middle_stages if middle_stages > 0 else 0
+            offsets.append(0 if rank == 0 else middle_rank * per_rank + (first or 0))
+            continue
+        first_chunk, last_chunk, middle_chunk = (first or 0) // vpp, (last or 0) // vpp, middle_layers // vpp
+        total = first_chunk + middle_chunk + last_chunk
+        if rank == 0:
+            offsets.append(vp_stage * total)
+        else:
+            offsets.append(vp_stage * total + first_chunk + middle_rank * (middle_chunk // middle_stages))
+    return offsets
+
+
+def recompute_pieces(lines: str, counts: list[int]) -> list[list[int]]:
+    """Megatron's uniform recomputation (megatron/core/recompute.py): per stage, the layers of each
+    checkpointed piece, groups of ``--recompute-num-layers`` clipped at the stage's last layer."""
+    n = int(_flags(lines)["--recompute-num-layers"])
+    return [[min(n, c - i) for i in range(0, c, n)] for c in counts]
+
+
+def megatron_rules(lines: str, world_size: int, *, model: bool = False) -> list[int]:
     """Megatron's checks on the printed arguments; the transformer layers of each virtual stage
-    in stage order (vpp rank major: stage j on pipeline rank j % p), as Megatron builds them."""
+    in stage order (vpp rank major: stage j on pipeline rank j % p), as Megatron builds them.
+    ``model``: the model's own arguments must be there too (``validate_args``' required ones)."""
     a, counts = _split_rules(lines, world_size)
-    if a.recompute_method == "uniform":  # TransformerBlock checkpoints layers [i, i + n) of a stage: n divides them
-        if any(c % a.recompute_num_layers for c in counts):
-            raise MegatronRejects("uniform recompute groups must divide every stage's layers")
+    if a.recompute_granularity == "full" and a.recompute_num_layers < 1:
+        raise MegatronRejects("recompute num layers must be >= 1")
+    if model:
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings"):
+            if getattr(a, name) is None:
+                raise MegatronRejects(f"{name} argument is None")
+    if a.decoder_first_pipeline_num_layers is not None or a.decoder_last_pipeline_num_layers is not None:
+        starts = [sum(counts[:j]) for j in range(len(counts))]
+        if layer_offsets(a, counts) != starts:
+            raise MegatronRejects("Megatron's layer offsets differ from the stages' first layers")
     return counts
 
 
@@ -179,7 +238,6 @@ def test_the_rules_refuse_what_megatron_refuses() -> None:
         "--num-layers-per-virtual-pipeline-stage 3": "layers per stage divisible",
         "--recompute-granularity full": "recompute method",
         "--sequence-parallel": "tensor parallel > 1",
-        "--recompute-granularity full\n--recompute-method uniform\n--recompute-num-layers 3": "must divide every stage",
     }
     for extra, why in bad.items():
         with pytest.raises(MegatronRejects, match=why):
@@ -201,13 +259,13 @@ def test_an_uneven_plan_becomes_first_and_last_stage_layers(gpt_plans: dict[str,
     if len(set(_layers(plan))) > 1:  # the planner's cuts are uneven at the ends: 1/2/2/1
         assert "--decoder-first-pipeline-num-layers" in flags or "--pipeline-model-parallel-layout" in flags
     assert all(s.recompute for s in plan.stages)  # --recompute-all: one piece per stage
-    group = math.gcd(*_layers(plan))  # Megatron's uniform groups divide every stage's layers
+    group = max(_layers(plan))  # the largest stage's layers: every stage is one piece, as the plan prices it
     assert (flags["--recompute-granularity"], flags["--recompute-method"], flags["--recompute-num-layers"]) == (
         "full",
         "uniform",
         str(group),
     )
-    assert all(n % int(flags["--recompute-num-layers"]) == 0 for n in megatron_rules(text, plan.devices))
+    assert recompute_pieces(text, megatron_rules(text, plan.devices)) == [[n] if n else [] for n in _layers(plan)]
     if plan.schedule not in ("1f1b", "interleaved-1f1b"):
         assert f"# Megatron has no {plan.schedule} schedule: it runs 1F1B" in text
 
@@ -320,3 +378,279 @@ def test_long_layouts_are_compressed_and_unroll_to_the_same_stages() -> None:
     assert [s.count("t") for s in parse_layout(text)] == counts
     assert layout_string(_parts([6, 0, 0, 0, 7])) == "Et*6|(|)*3t*7L"
     assert [s.count("t") for s in parse_layout("Et*6|(|)*3t*7L")] == [6, 0, 0, 0, 7]
+
+
+@pytest.fixture(scope="module")
+def coarse_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real analytic plan of a 24-layer models/gpt.py in 8 coarse blocks on 4 H100 stages, every
+    stage recomputed: its last block is ``blocks.21..lm_head`` (layers 22 and 23 go unnamed)."""
+    from autopipe.cli.main import main
+
+    gpt = str(Path(__file__).resolve().parents[2] / "models" / "gpt.py")
+    out = tmp_path_factory.mktemp("coarse") / "coarse.json"
+    args = ["-k", "n_layer=24", "--blocks", "8", "--device", "h100", "--stages", "4", "--batch-size", "16"]
+    assert main(["plan", gpt, *args, "--recompute-all", "-o", str(out)]) == 0
+    return out
+
+
+def _arguments(text: str) -> list[str]:
+    return [line for line in text.splitlines() if not line.startswith("#")]
+
+
+@pytest.mark.slow  # plans a 24-layer model and rebuilds it on the meta device
+def test_coarse_blocks_count_the_models_layers_not_the_names(coarse_plan: Path) -> None:
+    from autopipe.api import megatron_config
+
+    plan = Plan.load(coarse_plan)
+    assert plan.stages[-1].blocks[-1] == "blocks.21..lm_head"
+    assert [c.layers for c in model_parts(plan).chunks] == [3, 4, 10, 5]  # by the names: 22 layers
+    assert [c.layers for c in model_parts(plan, 24).chunks] == [3, 4, 10, 7]  # the merged block takes 21-23
+    text = megatron_config(plan, base=coarse_plan.parent)
+    assert _arguments(text) == [
+        "--tensor-model-parallel-size 1",
+        "--pipeline-model-parallel-size 4",
+        "--micro-batch-size 16",
+        "--global-batch-size 16",
+        "--num-layers 24",
+        "--hidden-size 128",
+        "--ffn-hidden-size 512",
+        "--num-attention-heads 4",
+        "--seq-length 64",
+        "--max-position-embeddings 64",
+        "--normalization LayerNorm",
+        "--position-embedding-type learned_absolute",
+        "--bf16",  # the plan is counted in bf16 (its profile device says "(analytic, bf16)")
+        "--pipeline-model-parallel-layout 'Ettt|tttt|t*10|t*7L'",
+        "--recompute-granularity full",
+        "--recompute-method uniform",
+        "--recompute-num-layers 10",
+    ]
+    assert megatron_rules(text, 4, model=True) == [3, 4, 10, 7]
+    assert recompute_pieces(text, [3, 4, 10, 7]) == [[3], [4], [10], [7]]  # each stage one piece, as priced
+    assert (
+        "# recompute: each stage (3, 4, 10, 7 layers) is recomputed as one piece, as the plan prices it: "
+        "Megatron's uniform groups of 10 end at the stage's last layer\n"
+    ) in text
+    assert "# vocabulary 512: Megatron takes it from the tokenizer (--tokenizer-type NullTokenizer" in text
+    assert "not read from the model" not in text
+    assert "# precision" not in text and "# launch: torchrun --nnodes 1 --nproc-per-node 4 pretrain_gpt.py" in text
+    # the model cannot be built: the names count 22 layers, and a note says why and what to check
+    gone = dataclasses.replace(plan, recipe=dataclasses.replace(plan.recipe, model_file="no/such/gpt.py"))
+    fallback = megatron_config(gone, base=coarse_plan.parent)
+    assert "--num-layers 22" in _arguments(fallback)
+    assert "# the model could not be built (" in fallback and "no/such/gpt.py" in fallback
+    assert (
+        "# --num-layers 22 counts the layers the block names show; a merged block (a name with '..') may hide "
+        "layers after the last one named: check it against the model\n"
+    ) in fallback
+    with pytest.raises(MegatronRejects, match="hidden_size argument is None"):
+        megatron_rules(fallback, 4, model=True)
+
+
+@pytest.mark.slow  # the gpt_plans fixture plans two models (once per session)
+def test_tensor_parallel_plans_say_the_environment_and_the_launch(gpt_plans: dict[str, Path]) -> None:
+    plan = Plan.load(gpt_plans["interleaved"])
+    text = megatron_args(plan)
+    assert (
+        "# environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron asserts it for tensor parallelism on Hopper and "
+        "older GPUs; not with Megatron FSDP, which asserts the opposite)\n"
+    ) in text
+    assert (
+        "# launch: CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nnodes 1 --nproc-per-node 16 pretrain_gpt.py "
+        "$(grep -v '^#' ARGS_FILE | xargs)  (the plan does not record GPUs per node: on nodes of g GPUs, "
+        "--nnodes 16/g --nproc-per-node g with a rendezvous)\n"
+    ) in text
+    assert (  # H100 nodes of 8, as autopipe's device catalogue has them and the planner priced
+        "# launch: CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py "
+        "$(grep -v '^#' ARGS_FILE | xargs)  (8 GPUs per node, as the plan's device has; each node with --node-rank "
+        "and a rendezvous)\n"
+    ) in megatron_args(plan, devices_per_node=8)
+    assert "--bf16" in _arguments(text) and "--fp16" not in text
+    one = megatron_args(plan, tensor_parallel=1, sequence_parallel=False)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in one
+    assert "# launch: torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py" in one
+    assert all(line.startswith(("#", "--")) for line in text.splitlines())  # grep -v '^#' leaves the arguments
+
+
+@pytest.mark.parametrize(
+    ("counts", "p", "form"),
+    [
+        ([5, 7, 5, 7], 2, "--pipeline-model-parallel-layout"),  # p = 2, v = 2: first/last would divide by zero
+        ([2, 4, 2, 4, 2, 4], 2, "--pipeline-model-parallel-layout"),  # p = 2, v = 3
+        ([5, 7], 2, "--decoder-first-pipeline-num-layers"),  # p = 2, v = 1: Megatron guards the division
+        ([1, 2, 3, 1, 2, 3], 3, "--decoder-first-pipeline-num-layers"),  # p = 3, v = 2: one middle rank
+    ],
+)
+def test_the_first_last_form_only_where_megatrons_offsets_are_right(counts: list[int], p: int, form: str) -> None:
+    v = len(counts) // p
+    split = megatron_split(_parts(counts), p, v)
+    assert split[0] == form
+    args = ["--pipeline-model-parallel-size", str(p), "--micro-batch-size", "1", "--global-batch-size", str(p)]
+    args += ["--tensor-model-parallel-size", "1", "--num-layers", str(sum(counts)), *split]
+    text = "\n".join(shlex.join(args[i : i + 2]) for i in range(0, len(args), 2))
+    assert megatron_rules(text, p) == counts  # the offsets check included, where the form is first/last
+
+
+def test_the_old_p2_interleaved_output_divides_by_zero_in_megatrons_offsets() -> None:
+    text = (
+        "--tensor-model-parallel-size 1\n--pipeline-model-parallel-size 2\n--micro-batch-size 1\n"
+        "--global-batch-size 2\n--num-layers 24\n--decoder-first-pipeline-num-layers 10\n"
+        "--decoder-last-pipeline-num-layers 14\n--num-virtual-stages-per-pipeline-rank 2\n"
+    )
+    a, counts = _split_rules(text, 2)  # validate_args' rules accept it ...
+    assert counts == [5, 7, 5, 7]
+    with pytest.raises(ZeroDivisionError):  # ... and building rank 1 fails, as in Megatron-Core
+        layer_offsets(a, counts)
+
+
+def test_the_bundled_models_definitions_are_read_from_their_modules() -> None:
+    from autopipe.config.megatron import _definition
+    from autopipe.config.model_facts import ModelFacts, read_model
+    from autopipe.model.load import load_model
+
+    models = Path(__file__).resolve().parents[2] / "models"
+    gpt = load_model(f"{models / 'gpt.py'}:build_model", {}, device="meta").model
+    assert read_model(gpt, "blocks", 64) == ModelFacts(
+        num_layers=4,
+        hidden=128,
+        heads=4,
+        query_groups=4,
+        ffn=512,
+        vocab=512,
+        seq_length=64,
+        max_positions=64,
+        normalization="LayerNorm",
+        activation="gelu",
+        position="learned_absolute",
+        tied=True,
+        bias=True,
+    )
+    llama = load_model(f"{models / 'llama.py'}:build_model", {}, device="meta").model
+    facts = read_model(llama, "layers", 64)
+    assert (facts.normalization, facts.activation, facts.position, facts.tied, facts.bias) == (
+        "RMSNorm",
+        "swiglu",
+        "rope",
+        False,
+        False,
+    )
+    args, notes = _definition(facts, "")
+    assert args == [
+        "--hidden-size",
+        "128",
+        "--ffn-hidden-size",
+        "352",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "64",
+        "--max-position-embeddings",
+        "64",
+        "--normalization",
+        "RMSNorm",
+        "--position-embedding-type",
+        "rope",
+        "--group-query-attention",
+        "--num-query-groups",
+        "2",
+        "--swiglu",
+        "--untie-embeddings-and-output-weights",
+        "--disable-bias-linear",
+    ]
+    assert len(notes) == 1 and notes[0].startswith("vocabulary 512: ")
+
+
+def test_what_a_model_does_not_say_is_named_in_one_line() -> None:
+    from torch import nn
+
+    from autopipe.config.megatron import _definition
+    from autopipe.config.model_facts import read_model
+
+    class Bare(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(100, 16)
+            self.layers = nn.ModuleList([nn.Sequential(nn.Linear(16, 16))])
+
+    args, notes = _definition(read_model(Bare(), "layers"), "")
+    assert args == ["--hidden-size", "16"]
+    assert notes[-1] == (
+        "not read from the model: --num-attention-heads; --num-query-groups; --ffn-hidden-size; --seq-length; "
+        "--max-position-embeddings; --normalization; the activation (--swiglu, or gelu by default); "
+        "--position-embedding-type; tied embeddings (--untie-embeddings-and-output-weights); "
+        "add them as your model has them"
+    )
+
+
+@pytest.mark.slow  # builds two Hugging Face models (on the meta device)
+def test_hugging_face_configs_and_gpt2s_conv1d_are_read() -> None:
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from autopipe.config.model_facts import ModelFacts, read_model
+
+    with torch.device("meta"):
+        gpt2 = transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32)
+        )
+        llama = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(
+                num_hidden_layers=2,
+                hidden_size=64,
+                intermediate_size=176,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                vocab_size=100,
+                max_position_embeddings=32,
+            )
+        )
+    common = {"num_layers": 2, "hidden": 64, "heads": 4, "vocab": 100, "seq_length": 32, "max_positions": 32}
+    assert read_model(gpt2, "transformer.h", 32) == ModelFacts(
+        **common,
+        query_groups=4,
+        ffn=256,  # GPT-2's Conv1D (in, out) weights: 4 x 64
+        normalization="LayerNorm",
+        activation="gelu",
+        position="learned_absolute",
+        tied=True,
+        bias=True,
+    )
+    assert read_model(llama, "model.layers", 32) == ModelFacts(
+        **common,
+        query_groups=2,
+        ffn=176,
+        normalization="RMSNorm",
+        activation="swiglu",
+        position="rope",
+        tied=False,
+        bias=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("device", "flags", "note"),
+    [
+        ("h100: NVIDIA H100 SXM5 80GB (analytic, bf16)", ["--bf16"], None),
+        ("a100: NVIDIA A100 (analytic, fp16, t=2 with sequence parallelism)", ["--fp16"], None),
+        ("h100: NVIDIA H100 SXM5 80GB (analytic, fp32)", [], None),  # Megatron's default
+        ("h100: NVIDIA H100 SXM5 80GB (analytic, tf32)", [], "precision: the plan is priced in tf32: Megatron"),
+        ("cpu (2 threads)", [], "precision: the plan was measured on cpu (2 threads) and does not record the dtype"),
+    ],
+)
+def test_precision_is_the_dtype_the_plan_was_counted_in(device: str, flags: list[str], note: str | None) -> None:
+    from autopipe.config.megatron import _precision
+
+    plan = Plan.load(Path(__file__).parents[1] / "fixtures" / "good_mlp_plan_v1.json")
+    args, notes = _precision(dataclasses.replace(plan, profile_device=device))
+    assert args == flags
+    assert (notes[0].startswith(note) if note else notes == []) and len(notes) <= 1
+
+
+def test_a_model_without_token_inputs_gets_no_sequence_length() -> None:
+    from autopipe.api import megatron_config
+
+    fixture = Path(__file__).parents[1] / "fixtures" / "good_mlp_plan_v1.json"
+    text = megatron_config(Plan.load(fixture), base=fixture.parent)  # an MLP: (batch, 16) float features
+    assert not any(line.startswith(("--seq-length", "--hidden-size")) for line in _arguments(text))
+    assert "# not read from the model: --hidden-size; --num-attention-heads;" in text
+    assert "--seq-length; --max-position-embeddings;" in text
