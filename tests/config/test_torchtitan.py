@@ -279,3 +279,100 @@ def test_v_shapes_dualpipe_v_and_the_head_spread() -> None:
     )
     recipe = torchtitan_recipe(dual)
     assert 'pipeline_parallel_schedule = "DualPipeV"' in recipe and "overlap" not in recipe  # 0.3.0 has no such field
+
+
+def _loader_plans() -> dict[str, Plan]:
+    """Plans of every shape the loader check reads: even, uneven, interleaved, V, recompute, no pipeline."""
+    v_split = (("wte", "wpe", "blocks.0"), ("blocks.1",), ("blocks.2",), ("blocks.3", "ln_f", "lm_head"))
+    whole = (("wte", "wpe", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "ln_f", "lm_head"),)
+    return {
+        "even": _gpt_like(data=2),
+        "uneven": _gpt_like(
+            split=(("wte", "wpe", "blocks.0", "blocks.1", "blocks.2"), ("blocks.3", "ln_f", "lm_head"))
+        ),
+        "interleaved": _gpt_like(split=v_split, schedule="interleaved-1f1b", virtual=2, data=4),
+        "zb-v": _gpt_like(split=v_split, schedule="zb-v", virtual=2),
+        "dualpipe-v": _gpt_like(split=v_split, schedule="dualpipe-v", virtual=2),
+        "v-half": _gpt_like(split=v_split, schedule="v-half", virtual=2),
+        "recompute": _gpt_like(recompute=True, dtype="fp32"),
+        "no-pipeline": _gpt_like(split=whole, micro_batches=2, micro_batch_size=16, data=2),
+    }
+
+
+@pytest.mark.slow  # imports torchtitan (about 20 s)
+def test_torchtitan_0_3_0_loads_every_recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchtitan's own ConfigManager reads each recipe as a user's launch would (``--module``,
+    ``--config``), building the Trainer.Config again (its checks run): the fields are the plan's."""
+    torchtitan = pytest.importorskip("torchtitan")
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    plans = _loader_plans()
+    for name, plan in plans.items():
+        module = "recipe_" + name.replace("-", "_")
+        (tmp_path / f"{module}.py").write_text(torchtitan_recipe(plan, module=module))
+        config = ConfigManager().parse_args(["--module", module, "--config", "autopipe_plan"])
+        par, training = config.parallelism, config.training
+        assert par.pipeline_parallel_degree == plan.devices, name
+        assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == plan.data_parallel, name
+        assert par.module_fqns_per_model_part == [list(s.blocks) for s in plan.stages], name
+        assert par.pipeline_parallel_microbatch_size == plan.micro_batch_size, name
+        assert training.global_batch_size == plan.batch_size * plan.data_parallel, name
+        steps = training.global_batch_size // (training.local_batch_size * plan.data_parallel)
+        pp_micro = training.local_batch_size // par.pipeline_parallel_microbatch_size if plan.devices > 1 else 1
+        assert steps * pp_micro == plan.micro_batches, name  # torchtitan's accumulation x its micro-batches
+        recomputed = any(s.recompute for s in plan.stages)
+        assert (
+            isinstance(config.activation_checkpoint, FullAC.Config)
+            if recomputed
+            else config.activation_checkpoint is None
+        )
+        assert training.mixed_precision_param == ("float32" if name == "recompute" else "bfloat16"), name
+    selective = torchtitan_recipe(plans["even"], selective_recompute=True, module="recipe_selective")
+    (tmp_path / "recipe_selective.py").write_text(selective)
+    config = ConfigManager().parse_args(["--module", "recipe_selective", "--config", "autopipe_plan"])
+    assert isinstance(config.activation_checkpoint, SelectiveAC.Config)
+    no_graphs_line = "".join(line for line in selective.splitlines(keepends=True) if "disable_cuda_graphs" not in line)
+    (tmp_path / "recipe_graphs.py").write_text(no_graphs_line)
+    with pytest.raises(SystemExit):  # the check is real: torchtitan refuses CUDA graphs with a pipeline
+        ConfigManager().parse_args(["--module", "recipe_graphs", "--config", "autopipe_plan"])
+    assert torchtitan.__version__ == "0.3.0"
+
+
+@pytest.mark.slow  # imports torchtitan (about 20 s)
+def test_torchtitan_0_3_0_places_and_splits_as_the_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchtitan's own stage placement (rank -> stages, round robin or V) gives each rank the plan's
+    stages, and its module split keeps exactly each part's modules of models/gpt.py."""
+    pytest.importorskip("torchtitan")
+    import importlib.util
+
+    from torchtitan.distributed import pipeline_parallel as tt_pp
+
+    spec = importlib.util.spec_from_file_location("autopipe_test_gpt", ROOT / "models" / "gpt.py")
+    assert spec is not None and spec.loader is not None
+    gpt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpt)
+    model = gpt.build_model(n_layer=4)
+    for name, plan in _loader_plans().items():
+        if plan.devices == 1:
+            continue
+        schedule = next(
+            line.split('"')[1]
+            for line in torchtitan_recipe(plan).splitlines()
+            if "pipeline_parallel_schedule =" in line
+        )
+        for rank in range(plan.devices):
+            placed = tt_pp._get_pp_rank_to_stage_indices_mapping(rank, plan.devices, schedule, len(plan.stages))
+            assert sorted(placed) == [s.index for s in plan.stages if s.rank == rank], (name, rank)
+        covered: set[str] = set()
+        layers = 0
+        for stage in plan.stages:
+            part = tt_pp._split_module(model, list(stage.blocks))
+            names = sorted(n for n, m in part.named_children() if m is not None and not (n == "blocks" and not len(m)))
+            assert names == sorted({b.split(".")[0] for b in stage.blocks}), (name, stage.index)
+            assert len(part.blocks) == sum(b.startswith("blocks.") for b in stage.blocks), (name, stage.index)
+            covered |= set(names)
+            layers += len(part.blocks)
+        assert layers == 4 and covered == {"wte", "wpe", "blocks", "ln_f", "lm_head"}, name  # the parts cover the model
