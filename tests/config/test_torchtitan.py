@@ -92,12 +92,15 @@ def test_real_gpt_plans_uneven_and_interleaved_3d(gpt_plans: dict[str, Path]) ->
         par["pipeline_parallel_schedule"] == "Interleaved1F1B"
         and par["data_parallel_shard_degree"] == plan.data_parallel
     )
-    assert "# torchtitan runs DDP only without other parallelism" in text
+    assert "# torchtitan 0.2.x runs DDP only without other parallelism" in text
     assert (
         par["module_fqns_per_model_part"][0][:2] == ["wte", "wpe"]
         and par["module_fqns_per_model_part"][-1][-1] == "lm_head"
     )
     assert "# torchtitan places" not in text  # round robin, as the plan
+    recipe = torchtitan_recipe(plan)  # 0.3.0 replicates beside tensor and pipeline parallelism, as planned
+    assert f"    config.parallelism.data_parallel_replicate_degree = {plan.data_parallel}\n" in recipe
+    assert "    config.parallelism.tensor_parallel_degree = 2\n" in recipe and "runs DDP only" not in recipe
     zero1 = torchtitan_toml(plan, zero1=True)
     assert tomllib.loads(zero1)["parallelism"]["data_parallel_shard_degree"] == plan.data_parallel
     assert f"# the plan's ZeRO-1 over {plan.data_parallel} replicas is FSDP here" in zero1
