@@ -191,8 +191,8 @@ def _job(plan: Plan, version: str, overrides: tuple[int | None, bool | None, boo
     mode, recompute_notes = _recompute(plan, deg)
     precision, precision_notes = _precision(plan)
     notes = [n for n in parts.notes if n not in parts.layer_only] + dp_notes + fqn_notes + schedule_notes
-    if deg.tensor > 1 and not deg.sequence_parallel:
-        notes.append("torchtitan's tensor parallelism shards the sequence too (sequence parallel) unless told not to")
+    if deg.tensor > 1 and not deg.sequence_parallel and version == TORCHTITAN_TOML_VERSION:
+        notes.append("torchtitan 0.2.x's tensor parallelism always shards the sequence too (sequence parallel)")
     pipelined = deg.pipeline > 1
     return _Job(
         deg=deg,
@@ -312,6 +312,7 @@ def torchtitan_recipe(
         f"    config.parallelism.data_parallel_replicate_degree = {job.replicate}",
         f"    config.parallelism.data_parallel_shard_degree = {job.shard}",
         f"    config.parallelism.tensor_parallel_degree = {deg.tensor}",
+        *([f"    config.parallelism.enable_sequence_parallel = {deg.sequence_parallel}"] if deg.tensor > 1 else []),
         f"    config.parallelism.pipeline_parallel_degree = {deg.pipeline}",
         f"    config.parallelism.pipeline_parallel_schedule = {json.dumps(job.schedule)}",
         f"    config.parallelism.pipeline_parallel_microbatch_size = {plan.micro_batch_size}",

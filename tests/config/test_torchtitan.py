@@ -101,6 +101,10 @@ def test_real_gpt_plans_uneven_and_interleaved_3d(gpt_plans: dict[str, Path]) ->
     recipe = torchtitan_recipe(plan)  # 0.3.0 replicates beside tensor and pipeline parallelism, as planned
     assert f"    config.parallelism.data_parallel_replicate_degree = {plan.data_parallel}\n" in recipe
     assert "    config.parallelism.tensor_parallel_degree = 2\n" in recipe and "runs DDP only" not in recipe
+    assert "    config.parallelism.enable_sequence_parallel = True\n" in recipe  # the plan's sequence parallelism
+    no_sp = torchtitan_recipe(plan, sequence_parallel=False)
+    assert "    config.parallelism.enable_sequence_parallel = False\n" in no_sp and "always shards" not in no_sp
+    assert "# torchtitan 0.2.x's tensor parallelism always shards" in torchtitan_toml(plan, sequence_parallel=False)
     zero1 = torchtitan_toml(plan, zero1=True)
     assert tomllib.loads(zero1)["parallelism"]["data_parallel_shard_degree"] == plan.data_parallel
     assert f"# the plan's ZeRO-1 over {plan.data_parallel} replicas is FSDP here" in zero1
@@ -285,7 +289,7 @@ def test_v_shapes_dualpipe_v_and_the_head_spread() -> None:
 
 
 def _loader_plans() -> dict[str, Plan]:
-    """Plans of every shape the loader check reads: even, uneven, interleaved, V, recompute, no pipeline."""
+    """Plans of every shape the loader check reads: even, uneven, interleaved, V, recompute, no pipeline, t = 2."""
     v_split = (("wte", "wpe", "blocks.0"), ("blocks.1",), ("blocks.2",), ("blocks.3", "ln_f", "lm_head"))
     whole = (("wte", "wpe", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "ln_f", "lm_head"),)
     return {
@@ -299,6 +303,7 @@ def _loader_plans() -> dict[str, Plan]:
         "v-half": _gpt_like(split=v_split, schedule="v-half", virtual=2),
         "recompute": _gpt_like(recompute=True, dtype="fp32"),
         "no-pipeline": _gpt_like(split=whole, micro_batches=2, micro_batch_size=16, data=2),
+        "tensor-2": dataclasses.replace(_gpt_like(data=2), tensor_parallel=2, sequence_parallel=True),
     }
 
 
@@ -345,7 +350,7 @@ def test_torchtitan_0_3_0_loads_every_recipe(tmp_path: Path, monkeypatch: pytest
         (tmp_path / f"{module}.py").write_text(torchtitan_recipe(plan, module=module))
         config = ConfigManager().parse_args(["--module", module, "--config", "autopipe_plan"])
         par, training = config.parallelism, config.training
-        assert par.pipeline_parallel_degree == plan.devices, name
+        assert par.pipeline_parallel_degree == plan.devices and par.tensor_parallel_degree == plan.tensor_parallel, name
         assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == plan.data_parallel, name
         assert par.module_fqns_per_model_part == [list(s.blocks) for s in plan.stages], name
         assert par.pipeline_parallel_microbatch_size == plan.micro_batch_size, name
