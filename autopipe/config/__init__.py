@@ -1,7 +1,8 @@
-"""The plan in the words of other training frameworks: Megatron-LM arguments, a torchtitan job
-config (``autopipe config PLAN --for megatron|torchtitan``)."""
+"""The plan in the words of other training frameworks: Megatron-LM arguments, a torchtitan 0.3.0
+recipe module or a torchtitan 0.2.x TOML job config (``autopipe config PLAN --for
+megatron|torchtitan|torchtitan-0.2``)."""
 
 from autopipe.config.megatron import megatron_args
-from autopipe.config.torchtitan import torchtitan_toml
+from autopipe.config.torchtitan import torchtitan_recipe, torchtitan_toml
 
-__all__ = ["megatron_args", "torchtitan_toml"]
+__all__ = ["megatron_args", "torchtitan_recipe", "torchtitan_toml"]

@@ -12,11 +12,13 @@ on two stages, are reported as notes: the frameworks cannot place them as the pl
 :func:`degrees` reads the parallel degrees from the plan: pipeline ``S`` and virtual ``v``,
 data parallel ``D``, tensor parallel ``t``, sequence parallelism and ZeRO-1 (plans written
 before those fields load as t = 1 and off). Plans recompute whole stages; selective
-recomputation is asked for by the ``selective_recompute`` argument.
+recomputation is asked for by the ``selective_recompute`` argument. :func:`plan_precision` reads
+the precision the plan was priced in.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from autopipe.errors import ConfigError
@@ -24,7 +26,7 @@ from autopipe.plans import Plan
 from autopipe.schedules.action import round_robin
 from autopipe.schedules.registry import schedule_spec
 
-__all__ = ["Chunk", "Degrees", "Parts", "degrees", "model_parts", "stage_list"]
+__all__ = ["Chunk", "Degrees", "Parts", "degrees", "model_parts", "plan_precision", "stage_list"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class Parts:
     chunks: tuple[Chunk, ...]  # in stage (model) order
     notes: tuple[str, ...]  # what a layer-based framework cannot place as the plan does
     round_robin: bool  # chunk j runs on rank j % S (Megatron's and torchtitan's "loop" order)
+    layer_only: tuple[str, ...] = ()  # the notes that hold only where stages are layer counts (Megatron-LM)
 
 
 def stage_list(indices: list[int]) -> str:
@@ -115,25 +118,6 @@ def _layer_of(name: str) -> tuple[str, int] | None:
 def _ends(name: str) -> list[str]:
     """A block's module names: ``"wte..blocks.1"`` (blocks merged into one) -> its two ends."""
     return name.split("..")
-
-
-def _end_notes(chunks: tuple[Chunk, ...]) -> list[str]:
-    """Notes for an embedding part beyond the first stage or a head part before the last."""
-    notes = []
-    pre_stages = sorted({c.index for c in chunks if c.pre})
-    post_stages = sorted({c.index for c in chunks if c.post})
-    if pre_stages and pre_stages != [0]:
-        notes.append(
-            f"the embedding part ({', '.join(b for c in chunks for b in c.pre)}) spans stages "
-            f"{stage_list(pre_stages)}; the frameworks put it all on the first stage"
-        )
-    final = len(chunks) - 1
-    if post_stages and post_stages != [final]:
-        notes.append(
-            f"the head part ({', '.join(b for c in chunks for b in c.post)}) spans stages "
-            f"{stage_list(post_stages)}; the frameworks put it all on the last stage"
-        )
-    return notes
 
 
 def model_parts(plan: Plan, num_layers: int | None = None) -> Parts:
@@ -198,10 +182,45 @@ def model_parts(plan: Plan, num_layers: int | None = None) -> Parts:
         Chunk(index=i, rank=s.rank, layers=counts[i], pre=tuple(sides[i][0]), post=tuple(sides[i][1]))
         for i, s in enumerate(plan.stages)
     )
-    notes += _end_notes(chunks)
+    spread = _spread_notes(chunks)
     spec = schedule_spec(plan.schedule)
     rr = all(
         spec.device_of(j, plan.devices, plan.virtual) == round_robin(j, plan.devices, plan.virtual)
         for j in range(len(plan.stages))
     )
-    return Parts(container=container, num_layers=len(seen), chunks=chunks, notes=tuple(notes), round_robin=rr)
+    return Parts(
+        container=container,
+        num_layers=len(seen),
+        chunks=chunks,
+        notes=tuple(notes + spread),
+        round_robin=rr,
+        layer_only=tuple(spread),
+    )
+
+
+def _spread_notes(chunks: tuple[Chunk, ...]) -> list[str]:
+    """An embedding or head part spread over several stages: a framework that places stages by
+    layer counts puts it all on the first or last stage (one that places modules by name does not)."""
+    notes: list[str] = []
+    pre_stages = sorted({c.index for c in chunks if c.pre})
+    post_stages = sorted({c.index for c in chunks if c.post})
+    if pre_stages and pre_stages != [0]:
+        notes.append(
+            f"the embedding part ({', '.join(b for c in chunks for b in c.pre)}) spans stages "
+            f"{stage_list(pre_stages)}; the frameworks put it all on the first stage"
+        )
+    final = len(chunks) - 1
+    if post_stages and post_stages != [final]:
+        notes.append(
+            f"the head part ({', '.join(b for c in chunks for b in c.post)}) spans stages "
+            f"{stage_list(post_stages)}; the frameworks put it all on the last stage"
+        )
+    return notes
+
+
+def plan_precision(plan: Plan) -> str:
+    """The precision the plan was priced in: ``bf16``, ``fp16``, ``tf32`` or ``fp32``, from its
+    profile's device line (``"h100: ... (analytic, bf16)"``); a measured profile ran the model as
+    it is, in fp32 unless the model says otherwise."""
+    found = re.search(r"\(analytic, (\w+)", plan.profile_device)
+    return found.group(1) if found and found.group(1) in ("bf16", "fp16", "tf32", "fp32") else "fp32"

@@ -1,29 +1,48 @@
-"""A plan as a torchtitan job config (``autopipe config PLAN --for torchtitan``).
+"""A plan as a torchtitan job: ``autopipe config PLAN --for torchtitan`` (0.3.0) or ``--for torchtitan-0.2``.
 
-The TOML is in the format of torchtitan's last TOML release line, 0.2.x: the fields of
-``torchtitan/config/job_config.py`` in v0.2.1 (its own ``ConfigManager`` reads these files).
-``[parallelism]`` gets the degrees, ``pipeline_parallel_schedule`` as
-``torch.distributed.pipelining.get_schedule_class`` spells it
-(the schedule's torch class without ``Schedule``: ``1F1B``, ``Interleaved1F1B``,
-``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``), the micro-batch size and
-``module_fqns_per_model_part``: each stage's blocks, the user's module names, in stage order
-(torchtitan places parts on ranks itself: round robin, or a V for ``ZBVZeroBubble`` and
-``DualPipeV``). ``[training]`` gets the batch per data-parallel rank and the global batch,
-``[activation_checkpoint]`` the mode (``none``, ``full``, ``selective``). What torchtitan cannot
-express as the plan says is a ``#`` comment.
+torchtitan 0.3.0 (the release on the package index) takes a job as a Python ``Trainer.Config``
+returned by a function of a recipe module (torchtitan #2386): :func:`torchtitan_recipe` writes
+such a module, whose function starts from a base recipe (llama3's debug model, to be replaced by
+the user's model's own) and sets the plan's fields of ``TrainingConfig`` and ``ParallelismConfig``
+(``torchtitan/config/configs.py``) and ``Trainer.Config.activation_checkpoint``
+(``torchtitan/trainer.py``: ``None``, ``FullAC.Config()`` or ``SelectiveAC.Config()`` of
+``torchtitan/distributed/activation_checkpoint.py``). :func:`torchtitan_toml` writes the TOML of
+the last TOML releases, 0.2.x (the fields of ``torchtitan/config/job_config.py`` in v0.2.1 and
+v0.2.2, read by their ``ConfigManager``).
+
+Both say the same plan: the degrees (replicas as ``data_parallel_replicate_degree`` where
+torchtitan replicates beside other parallelism, as 0.3.0 does; FSDP shards where it does not,
+as 0.2.x), ``pipeline_parallel_schedule`` as ``torch.distributed.pipelining.get_schedule_class``
+spells it (``1F1B``, ``Interleaved1F1B``, ``InterleavedZeroBubble``, ``ZBVZeroBubble``,
+``DualPipeV``), the micro-batch size and ``module_fqns_per_model_part``: each stage's modules by
+the user's names, in stage order (torchtitan places parts on ranks itself: round robin, or a V
+for ``ZBVZeroBubble`` and ``DualPipeV``). The batch per data-parallel rank is one micro-batch
+when there is no pipeline (torchtitan runs the rest as gradient accumulation, ``global_batch_size``
+over ``local_batch_size`` times the replicas) and the whole batch when there is (torchtitan splits
+it into micro-batches). The precision is the plan's. What torchtitan cannot express as the plan
+says is a ``#`` comment.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
-from autopipe.config.parts import Degrees, Parts, degrees, model_parts, stage_list
+from autopipe.config.parts import Degrees, Parts, degrees, model_parts, plan_precision, stage_list
 from autopipe.plans import Plan
 from autopipe.schedules.registry import schedule_spec
 
-__all__ = ["TORCHTITAN_VERSION", "TORCH_SCHEDULES", "torchtitan_schedule", "torchtitan_toml"]
+__all__ = [
+    "TORCHTITAN_TOML_VERSION",
+    "TORCHTITAN_VERSION",
+    "TORCH_SCHEDULES",
+    "torchtitan_recipe",
+    "torchtitan_schedule",
+    "torchtitan_toml",
+]
 
-TORCHTITAN_VERSION = "0.2.x"
+TORCHTITAN_VERSION = "0.3.0"
+TORCHTITAN_TOML_VERSION = "0.2.x"
 TORCH_SCHEDULES = (
     "GPipe",
     "1F1B",
@@ -35,31 +54,73 @@ TORCH_SCHEDULES = (
 )
 """The names ``torch.distributed.pipelining.schedules.get_schedule_class`` takes (torch 2.13)."""
 _V_STYLE = ("ZBVZeroBubble", "DualPipeV")  # the schedules torchtitan places in a V (the rest: round robin)
+_BASE = "torchtitan.models.llama3.config_registry", "llama3_debugmodel"  # the recipe the 0.3.0 job starts from
 
 
 def torchtitan_schedule(name: str) -> str:
-    """The torchtitan (torch ``get_schedule_class``) name of autopipe schedule ``name``."""
+    """The torchtitan (torch ``get_schedule_class``) name of autopipe schedule ``name``; ``""`` if torch has none."""
     return schedule_spec(name).torch_class.removeprefix("Schedule")
 
 
-def _fqn_note(parts: Parts, plan: Plan) -> list[str]:
-    """torchtitan keeps a stage's modules by name: top-level modules, or items of a top-level
-    ModuleList/ModuleDict (``layers.3``); other names it cannot place."""
-    odd = [b for s in plan.stages for b in s.blocks if b.count(".") > 1 or ("." in b and not b.split(".")[1].isdigit())]
-    if not odd:
-        return []
-    shown = ", ".join(odd[:4]) + (", ..." if len(odd) > 4 else "")
-    return [
-        f"torchtitan splits by top-level modules and items of a top-level module list ('layers.3'); "
-        f"it cannot place {shown} (nested module names); rename the model's modules or split it by hand"
-    ]
+@dataclass(frozen=True)
+class _Job:
+    """The plan in torchtitan's numbers, for either version."""
+
+    deg: Degrees
+    replicate: int
+    shard: int
+    local_batch: int
+    global_batch: int
+    schedule: str
+    parts: list[list[str]]  # module names per model part
+    recompute: str  # "none", "full" or "selective"
+    precision: str  # "bfloat16" or "float32"
+    notes: list[str]
 
 
-def _data_parallel(deg: Degrees) -> tuple[int, int, list[str]]:
+def _fqns(plan: Plan, parts: Parts) -> tuple[list[list[str]], list[str]]:
+    """Each stage's module names; a merged block (``blocks.3..blocks.5``) is expanded to the layers
+    it covers where both ends are items of the layer list, and said in a note where not."""
+    out: list[list[str]] = []
+    odd: list[str] = []
+    prefix = parts.container + "."
+    for stage in plan.stages:
+        names: list[str] = []
+        for block in stage.blocks:
+            ends = block.split("..")
+            if len(ends) == 1:
+                names.append(block)
+            elif all(e.startswith(prefix) and e[len(prefix) :].isdigit() for e in ends):
+                lo, hi = (int(e[len(prefix) :]) for e in (ends[0], ends[-1]))
+                names += [f"{prefix}{j}" for j in range(lo, hi + 1)]
+            else:
+                names.append(block)
+                odd.append(f"{block} (stage {stage.index})")
+        out.append(names)
+    notes = []
+    if odd:
+        notes.append(
+            f"the block(s) {', '.join(odd)} merge several modules, which pipeline_module_split cannot place "
+            "by one name: put the module names each covers in its place, or plan with finer blocks"
+        )
+    nested = [n for part in out for n in part if ".." not in n and (n.count(".") > 1 or _not_item(n))]
+    if nested:
+        shown = ", ".join(nested[:4]) + (", ..." if len(nested) > 4 else "")
+        notes.append(
+            f"torchtitan splits by top-level modules and items of a top-level module list ('layers.3'); "
+            f"it cannot place {shown} (nested module names); rename the model's modules or split it by hand"
+        )
+    return out, notes
+
+
+def _not_item(name: str) -> bool:
+    return "." in name and not name.split(".")[1].isdigit()
+
+
+def _data_parallel(deg: Degrees, version: str) -> tuple[int, int, list[str]]:
     """(replicate degree, shard degree, notes): autopipe prices D replicas with a gradient
-    all-reduce (DDP); torchtitan 0.2 runs DDP only when it is the only parallelism."""
-    if deg.pipeline == 1 and deg.tensor == 1 and not deg.zero1:
-        return deg.data, 1, []
+    all-reduce (DDP), ZeRO-1 as the optimizer state split over them. torchtitan 0.3.0 replicates
+    through fully_shard's replicate dimension beside any parallelism; 0.2.x runs DDP only alone."""
     if deg.data == 1:
         return 1, 1, []
     if deg.zero1:
@@ -71,11 +132,13 @@ def _data_parallel(deg: Degrees) -> tuple[int, int, list[str]]:
                 "parameters and gradients are sharded too, with more communication than planned"
             ],
         )
+    if version != TORCHTITAN_TOML_VERSION or (deg.pipeline == 1 and deg.tensor == 1):
+        return deg.data, 1, []
     return (
         1,
         deg.data,
         [
-            f"torchtitan runs DDP only without other parallelism, so the plan's {deg.data} replicas "
+            f"torchtitan {version} runs DDP only without other parallelism, so the plan's {deg.data} replicas "
             "are FSDP shards (data_parallel_shard_degree): less memory, more communication than planned"
         ],
     )
@@ -86,8 +149,7 @@ def _recompute(plan: Plan, deg: Degrees) -> tuple[str, list[str]]:
     if not chosen:
         if deg.selective_recompute:
             return "selective", [
-                'selective: torchtitan\'s per-op policy (selective_ac_option = "op"), '
-                "not Megatron's attention-only recomputation the plan priced"
+                "selective: torchtitan's per-op policy, not Megatron's attention-only recomputation the plan priced"
             ]
         return "none", []
     notes = ["full: torchtitan checkpoints each transformer layer (the plan prices each stage as one piece)"]
@@ -98,6 +160,68 @@ def _recompute(plan: Plan, deg: Degrees) -> tuple[str, list[str]]:
             f"for all stages, so stage(s) {stage_list(rest)} recompute too"
         )
     return "full", notes
+
+
+def _schedule(plan: Plan, parts: Parts) -> tuple[str, list[str]]:
+    schedule, notes = torchtitan_schedule(plan.schedule), []
+    if schedule not in TORCH_SCHEDULES:
+        fallback = "ZBVZeroBubble" if not parts.round_robin else "Interleaved1F1B" if plan.virtual > 1 else "1F1B"
+        named = f" ({schedule})" if schedule else ""
+        notes.append(f"torch has no {plan.schedule} schedule{named}; torchtitan runs {fallback} with these stages")
+        schedule = fallback
+    if (schedule in _V_STYLE) != (not parts.round_robin):
+        where = "in a V" if schedule in _V_STYLE else "round robin"
+        notes.append(f"torchtitan places the {schedule} stages {where}, not as the plan's {plan.schedule} does")
+    return schedule, notes
+
+
+def _precision(plan: Plan) -> tuple[str, list[str]]:
+    priced = plan_precision(plan)
+    if priced == "fp16":
+        return "bfloat16", ["the plan is priced in fp16; torchtitan trains in bfloat16 or float32: bfloat16 here"]
+    return ("bfloat16" if priced == "bf16" else "float32"), []
+
+
+def _job(plan: Plan, version: str, overrides: tuple[int | None, bool | None, bool | None, bool | None]) -> _Job:
+    deg = degrees(plan, *overrides)
+    parts = model_parts(plan)
+    replicate, shard, dp_notes = _data_parallel(deg, version)
+    fqns, fqn_notes = _fqns(plan, parts)
+    schedule, schedule_notes = _schedule(plan, parts)
+    mode, recompute_notes = _recompute(plan, deg)
+    precision, precision_notes = _precision(plan)
+    notes = [n for n in parts.notes if n not in parts.layer_only] + dp_notes + fqn_notes + schedule_notes
+    if deg.tensor > 1 and not deg.sequence_parallel and version == TORCHTITAN_TOML_VERSION:
+        notes.append("torchtitan 0.2.x's tensor parallelism always shards the sequence too (sequence parallel)")
+    pipelined = deg.pipeline > 1
+    return _Job(
+        deg=deg,
+        replicate=replicate,
+        shard=shard,
+        local_batch=plan.batch_size if pipelined else plan.micro_batch_size,
+        global_batch=plan.batch_size * deg.data,
+        schedule=schedule,
+        parts=fqns,
+        recompute=mode,
+        precision=precision,
+        notes=notes + recompute_notes + precision_notes,
+    )
+
+
+def _head(plan: Plan, job: _Job, what: str) -> list[str]:
+    deg = job.deg
+    lines = [
+        f"# {what} for {plan.model}",
+        f"# autopipe plan: {plan.schedule}, "
+        f"t x p x d = {deg.tensor} x {deg.pipeline} x {deg.data} = {deg.world_size} GPUs, "
+        f"{plan.micro_batches} micro-batch(es) of {plan.micro_batch_size}",
+    ]
+    if deg.pipeline == 1 and plan.micro_batches > 1:
+        lines.append(
+            f"# no pipeline: each data-parallel rank runs {plan.micro_batches} micro-batches of "
+            f"{plan.micro_batch_size} as gradient accumulation (global_batch_size / local_batch_size / replicas)"
+        )
+    return lines + [f"# {n}" for n in job.notes]
 
 
 def _toml_list(parts: list[list[str]]) -> str:
@@ -113,51 +237,103 @@ def torchtitan_toml(
     selective_recompute: bool | None = None,
     zero1: bool | None = None,
 ) -> str:
-    """The plan as a torchtitan TOML job config, with ``#`` notes."""
-    deg = degrees(plan, tensor_parallel, sequence_parallel, selective_recompute, zero1)
-    parts = model_parts(plan)
-    schedule = torchtitan_schedule(plan.schedule)
-    replicate, shard, notes = _data_parallel(deg)
-    notes = list(parts.notes) + notes + _fqn_note(parts, plan)
-    if schedule not in TORCH_SCHEDULES:
-        fallback = "ZBVZeroBubble" if not parts.round_robin else "Interleaved1F1B" if plan.virtual > 1 else "1F1B"
+    """The plan as a torchtitan 0.2.x TOML job config, with ``#`` notes."""
+    job = _job(plan, TORCHTITAN_TOML_VERSION, (tensor_parallel, sequence_parallel, selective_recompute, zero1))
+    deg = job.deg
+    training = [f"mixed_precision_param = {json.dumps(job.precision)}"]
+    notes = []
+    if job.precision == "bfloat16" and job.shard == 1 and (deg.pipeline > 1 or deg.tensor > 1):
+        training.append('dtype = "bfloat16"')
         notes.append(
-            f"torch has no {plan.schedule} schedule ({schedule}); torchtitan runs {fallback} with these stages instead"
+            "torchtitan 0.2.x applies mixed precision only with FSDP (or alone with DDP), so with pipeline or "
+            'tensor parallelism and no shards it trains in fp32: dtype = "bfloat16" trains in bf16 throughout '
+            "(weights, gradients and optimizer state too: less memory than the plan's fp32 master weights)"
         )
-        schedule = fallback
-    if (schedule in _V_STYLE) != (not parts.round_robin):
-        where = "in a V" if schedule in _V_STYLE else "round robin"
-        notes.append(f"torchtitan places the {schedule} stages {where}, not as the plan's {plan.schedule} does")
-    if deg.tensor > 1 and not deg.sequence_parallel:
-        notes.append("torchtitan's tensor parallelism always shards the sequence too (sequence parallel)")
-    mode, recompute_notes = _recompute(plan, deg)
-    notes += recompute_notes
+    title = f"torchtitan {TORCHTITAN_TOML_VERSION} job config (the fields of torchtitan/config/job_config.py, v0.2.1-2)"
+    head = _head(plan, job, title)
     lines = [
-        f"# torchtitan {TORCHTITAN_VERSION} job config (the fields of torchtitan/config/job_config.py, v0.2.1) "
-        f"for {plan.model}",
-        f"# autopipe plan: {plan.schedule}, "
-        f"t x p x d = {deg.tensor} x {deg.pipeline} x {deg.data} = {deg.world_size} GPUs, "
-        f"{plan.micro_batches} micro-batch(es) of {plan.micro_batch_size}",
+        *head,
         "# [model] name/flavor and training.seq_len are the model's own: set them to the torchtitan model that is "
         "yours (the module names below are your model's)",
         *[f"# {n}" for n in notes],
         "",
         "[training]",
-        f"local_batch_size = {plan.batch_size}",
-        f"global_batch_size = {plan.batch_size * deg.data}",
+        f"local_batch_size = {job.local_batch}",
+        f"global_batch_size = {job.global_batch}",
+        *training,
         "",
         "[parallelism]",
-        f"data_parallel_replicate_degree = {replicate}",
-        f"data_parallel_shard_degree = {shard}",
+        f"data_parallel_replicate_degree = {job.replicate}",
+        f"data_parallel_shard_degree = {job.shard}",
         f"tensor_parallel_degree = {deg.tensor}",
         f"pipeline_parallel_degree = {deg.pipeline}",
-        f"pipeline_parallel_schedule = {json.dumps(schedule)}",
+        f"pipeline_parallel_schedule = {json.dumps(job.schedule)}",
         f"pipeline_parallel_microbatch_size = {plan.micro_batch_size}",
-        f"module_fqns_per_model_part = {_toml_list([list(s.blocks) for s in plan.stages])}",
-        "",
-        "[activation_checkpoint]",
-        f"mode = {json.dumps(mode)}",
+        f"module_fqns_per_model_part = {_toml_list(job.parts)}",
     ]
-    if mode == "selective":
+    if job.schedule == "DualPipeV":  # its expert-overlap callback needs CUDA and an MoE; autopipe plans neither
+        lines.append("pipeline_parallel_expert_parallel_overlap = false")
+    lines += ["", "[activation_checkpoint]", f"mode = {json.dumps(job.recompute)}"]
+    if job.recompute == "selective":
         lines.append('selective_ac_option = "op"')
     return "\n".join(lines) + "\n"
+
+
+def _py_list(parts: list[list[str]]) -> list[str]:
+    rows = ["        [" + ", ".join(json.dumps(name) for name in part) + "]," for part in parts]
+    return ["    config.parallelism.module_fqns_per_model_part = [", *rows, "    ]"]
+
+
+def torchtitan_recipe(
+    plan: Plan,
+    *,
+    tensor_parallel: int | None = None,
+    sequence_parallel: bool | None = None,
+    selective_recompute: bool | None = None,
+    zero1: bool | None = None,
+    module: str = "autopipe_recipe",
+) -> str:
+    """The plan as a torchtitan 0.3.0 recipe module (Python), with ``#`` notes; ``module`` is the
+    name the file is saved under (``autopipe_recipe.py``), for the launch line it prints."""
+    job = _job(plan, TORCHTITAN_VERSION, (tensor_parallel, sequence_parallel, selective_recompute, zero1))
+    deg = job.deg
+    head = _head(plan, job, f"torchtitan {TORCHTITAN_VERSION} recipe (Trainer.Config)")
+    ac = {"none": "None", "full": "FullAC.Config()", "selective": "SelectiveAC.Config()"}[job.recompute]
+    imports = {"none": [], "full": ["FullAC"], "selective": ["SelectiveAC"]}[job.recompute]
+    body = [
+        "    config = base_config()",
+        f"    config.training.local_batch_size = {job.local_batch}",
+        f"    config.training.global_batch_size = {job.global_batch}",
+        f"    config.training.mixed_precision_param = {json.dumps(job.precision)}",
+    ]
+    if deg.pipeline > 1:
+        body.append("    config.training.disable_cuda_graphs = True  # torchtitan's CUDA graphs do not take a pipeline")
+    body += [
+        f"    config.parallelism.data_parallel_replicate_degree = {job.replicate}",
+        f"    config.parallelism.data_parallel_shard_degree = {job.shard}",
+        f"    config.parallelism.tensor_parallel_degree = {deg.tensor}",
+        *([f"    config.parallelism.enable_sequence_parallel = {deg.sequence_parallel}"] if deg.tensor > 1 else []),
+        f"    config.parallelism.pipeline_parallel_degree = {deg.pipeline}",
+        f"    config.parallelism.pipeline_parallel_schedule = {json.dumps(job.schedule)}",
+        f"    config.parallelism.pipeline_parallel_microbatch_size = {plan.micro_batch_size}",
+        *_py_list(job.parts),
+        f"    config.activation_checkpoint = {ac}",
+        "    return config",
+    ]
+    launch = f"torchrun --nproc-per-node {deg.world_size} -m torchtitan.train --module {module} --config autopipe_plan"
+    top = [
+        *head,
+        f"# save as {module}.py where Python finds it (PYTHONPATH), then run:",
+        f"#   {launch}",
+        "# (several nodes: torchrun --nnodes N --nproc-per-node G with N x G = the GPUs above)",
+        "# base_config is the recipe of the model you train (its model_spec, seq_len, data, optimizer);",
+        "# the module names below are your model's",
+        "",
+        *([f"from torchtitan.distributed.activation_checkpoint import {imports[0]}"] if imports else []),
+        f"from {_BASE[0]} import {_BASE[1]} as base_config",
+        "from torchtitan.trainer import Trainer",
+        "",
+        "",
+        "def autopipe_plan() -> Trainer.Config:",
+    ]
+    return "\n".join(top + body) + "\n"

@@ -1,4 +1,4 @@
-"""``autopipe config PLAN --for megatron|torchtitan``: printing, -o, bad input."""
+"""``autopipe config PLAN --for megatron|torchtitan|torchtitan-0.2``: printing, -o, bad input."""
 
 from __future__ import annotations
 
@@ -18,18 +18,26 @@ def test_prints_megatron_arguments_and_a_torchtitan_config(capsys: pytest.Captur
     text = capsys.readouterr().out
     argv = [w for line in text.splitlines() if not line.startswith("#") for w in shlex.split(line)]
     assert argv[:4] == ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "2"]
-    assert main(["config", MLP_PLAN, "--for", "TorchTitan"]) == 0
+    assert main(["config", MLP_PLAN, "--for", "TorchTitan-0.2"]) == 0
     assert tomllib.loads(capsys.readouterr().out)["parallelism"]["pipeline_parallel_degree"] == 2
+    assert main(["config", MLP_PLAN, "--for", "torchtitan"]) == 0
+    recipe = capsys.readouterr().out
+    assert "    config.parallelism.pipeline_parallel_degree = 2\n" in recipe
+    compile(recipe, "autopipe_recipe.py", "exec")  # Python
 
 
 def test_output_file_is_what_it_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", MLP_PLAN, "--for", "torchtitan"]) == 0
     printed = capsys.readouterr().out
-    target = tmp_path / "job.toml"
+    target = tmp_path / "my_job.py"
     target.write_text("old")
     assert main(["config", MLP_PLAN, "--for", "torchtitan", "-o", str(target)]) == 0
-    assert capsys.readouterr().out.startswith(f"wrote {target}: torchtitan job config")
-    assert target.read_text() == printed and sorted(os.listdir(tmp_path)) == ["job.toml"]  # no temporary left
+    assert capsys.readouterr().out.startswith(f"wrote {target}: torchtitan 0.3.0 recipe module")
+    assert sorted(os.listdir(tmp_path)) == ["my_job.py"]  # no temporary left
+    assert target.read_text() == printed.replace("autopipe_recipe", "my_job")  # the launch line names the file
+    toml = tmp_path / "job.toml"
+    assert main(["config", MLP_PLAN, "--for", "torchtitan-0.2", "-o", str(toml)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {toml}: torchtitan 0.2.x job config (TOML)")
 
 
 @pytest.mark.parametrize(
@@ -39,7 +47,8 @@ def test_output_file_is_what_it_prints(tmp_path: Path, capsys: pytest.CaptureFix
         (["config", "{tmp}/bad.json", "--for", "megatron"], "{tmp}/bad.json is not valid JSON"),
         (
             ["config", MLP_PLAN, "--for", "deepspeed"],
-            "--for 'deepspeed' is not a framework autopipe writes for; use --for megatron or --for torchtitan",
+            "--for 'deepspeed' is not a framework autopipe writes for; "
+            "use --for megatron, --for torchtitan or --for torchtitan-0.2",
         ),
         (["config", MLP_PLAN], "the following arguments are required: --for"),
         (["config", MLP_PLAN, "--for", "megatron", "-o", "{tmp}/no/such/x.txt"], "folder {tmp}/no/such does not exist"),

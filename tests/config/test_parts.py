@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autopipe.config.parts import degrees, model_parts
+from autopipe.config.parts import degrees, model_parts, plan_precision
 from autopipe.errors import ConfigError
 from autopipe.plans import Plan
 
@@ -69,3 +69,16 @@ def test_a_plan_without_layers_and_bad_degrees_are_one_line() -> None:
     assert degrees(plan, tensor_parallel=4).world_size == 4 * plan.devices
     with pytest.raises(ConfigError, match="tensor parallel degree is True"):
         degrees(plan, tensor_parallel=True)
+
+
+@pytest.mark.parametrize(
+    ("device", "expected"),
+    [
+        ("h100: NVIDIA H100 SXM (analytic, bf16)", "bf16"),
+        ("a100: NVIDIA A100 (analytic, fp16, t=2 with sequence parallelism)", "fp16"),
+        ("h100: NVIDIA H100 SXM (analytic, tf32)", "tf32"),
+        ("cpu: x86_64, 1 thread", "fp32"),  # measured: the model as it is
+    ],
+)
+def test_the_precision_a_plan_was_priced_in(device: str, expected: str) -> None:
+    assert plan_precision(dataclasses.replace(Plan.load(MLP_PLAN), profile_device=device)) == expected
