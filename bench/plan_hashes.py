@@ -178,7 +178,8 @@ CASES: tuple[Case, ...] = (
     plan("synth100-s8-8gib-v-min", *SYNTH_8, "--memory", "8GiB", "--schedule", "v-min"),
     # --- the README's: the pinned 1.3B plan in Megatron-LM's and torchtitan's words ---
     config("readme-config-megatron", "readme-gpt3-1.3b-h100-g16-s4-interleaved", "megatron", "txt"),
-    config("readme-config-torchtitan", "readme-gpt3-1.3b-h100-g16-s4-interleaved", "torchtitan", "toml"),
+    config("readme-config-torchtitan", "readme-gpt3-1.3b-h100-g16-s4-interleaved", "torchtitan", "py"),
+    config("readme-config-torchtitan-0.2", "readme-gpt3-1.3b-h100-g16-s4-interleaved", "torchtitan-0.2", "toml"),
     # --- bad input: exit code 2 and one line ---
     plan("bad-missing-model", "models/no_such_model.py", "--stages", "2"),
     plan("bad-stages-zero", "--profile", MLP_V1, "--stages", "0"),
