@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -158,3 +159,22 @@ def test_k_without_check_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
     assert capsys.readouterr().err.strip() == (
         "autopipe: error: -k gives the --check model's factory arguments; add --check MODEL, or drop -k"
     )
+
+
+def test_a_plan_of_the_model_torchtitan_trains_passes_and_the_api_says_the_same(
+    llama_plan: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autopipe.api import check_config
+    from autopipe.errors import ConfigError
+    from autopipe.plans import Plan
+    from tests.helpers import even_plan
+
+    titan = tmp_path / "titan.json"
+    even_plan(TITAN_LLAMA, [], stages=2).save(titan)
+    assert main(["config", str(titan), "--for", "torchtitan", "--check", TITAN_LLAMA]) == 0
+    assert '        ["layers.3", "norm", "output"],\n' in capsys.readouterr().out
+    check_config(Plan.load(titan), TITAN_LLAMA, target="megatron")
+    with pytest.raises(
+        ConfigError, match="^" + re.escape(TITAN_LLAMA) + ": the config names embed_tokens, lm_head, which"
+    ):
+        check_config(Plan.load(llama_plan), TITAN_LLAMA, kwargs={}, target="torchtitan")
