@@ -27,14 +27,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe.config import megatron_args
+from autopipe.config import check_layers, check_parts, megatron_args, torchtitan_parts
+from autopipe.config.parts import model_parts
 from autopipe.costs.analytic import ModelCounts, count_model, profile_from_counts
 from autopipe.costs.calibrate import calibrate, save_calibration, stored_calibration
 from autopipe.costs.devices import DeviceSpec, device_spec, read_cluster_file
 from autopipe.costs.match import check_profile_of, fingerprint_of
 from autopipe.costs.measured import Progress, profile_model
 from autopipe.costs.profile import Profile
-from autopipe.errors import AutopipeError, EmitError, PlanError
+from autopipe.errors import AutopipeError, ConfigError, EmitError, PlanError
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.model.given import (
     Batch,
@@ -93,6 +94,7 @@ __all__ = [  # the functions, then what they take and give (the CLI imports thes
     "Words",
     "calibrate",
     "catalogue_device",
+    "check_config",
     "check_degrees",
     "check_profile_of",
     "count",
@@ -505,3 +507,40 @@ def megatron_config(plan: Plan, *, base: str | Path | None = None, **options: An
     if isinstance(example, torch.Tensor) and example.dim() == 2 and not example.is_floating_point():
         seq = int(example.shape[1])  # (batch, sequence) token ids; not an MLP's (batch, features)
     return megatron_args(plan, model=loaded.model, seq_length=seq, **options)
+
+
+CONFIG_TARGETS = ("megatron", "torchtitan", "torchtitan-0.2")
+"""The frameworks :func:`check_config` (and ``autopipe config --for``) knows."""
+
+
+def check_config(
+    plan: Plan,
+    model: str | os.PathLike[str],
+    *,
+    kwargs: Mapping[str, object] | None = None,
+    target: str = "torchtitan",
+    base: str | Path | None = None,
+) -> None:
+    """Check the plan's ``target`` config against the model the user will train: ``model`` (a model
+    file, ``path/to/model.py[:factory]``, with its factory's ``kwargs``) built on the meta device.
+
+    torchtitan (either version): every name of ``module_fqns_per_model_part`` is a module of the
+    model and the parts cover it (:func:`autopipe.config.check_parts`); Megatron-LM: the plan's
+    layer list is a module of the model with ``--num-layers`` layers, counted as
+    :func:`megatron_config` counts them (``base`` as there). Returns nothing; ConfigError (one
+    line, starting with ``model``) when the config does not fit it."""
+    if target not in CONFIG_TARGETS:
+        raise ConfigError(f"target {target!r} is not a framework autopipe writes for; use one of {CONFIG_TARGETS}")
+    source = os.fspath(model)
+    built = load_model(source, kwargs, device="meta").model
+    if target != "megatron":
+        check_parts(torchtitan_parts(plan), built, source)
+        return
+    container = model_parts(plan).container
+    try:
+        planned: int | None = len(
+            list(rebuild_model(plan, meta=True, base=base).model.get_submodule(container).children())
+        )
+    except (AutopipeError, AttributeError, TypeError):
+        planned = None  # as megatron_config: the layers the block names show
+    check_layers(container, model_parts(plan, planned).num_layers, built, source)

@@ -1,4 +1,5 @@
-"""``autopipe config``: the plan as Megatron-LM arguments, a torchtitan 0.3.0 recipe or a torchtitan 0.2.x TOML."""
+"""``autopipe config``: the plan as Megatron-LM arguments, a torchtitan 0.3.0 recipe or a torchtitan 0.2.x TOML,
+checked with ``--check MODEL`` against the model the user will train."""
 
 from __future__ import annotations
 
@@ -36,6 +37,22 @@ def add_config_parser(commands: argparse._SubParsersAction) -> None:  # type: ig
         help="megatron, torchtitan (0.3.0) or torchtitan-0.2",
     )
     p.add_argument("-o", "--output", default=None, metavar="FILE", help="write to FILE instead of printing")
+    p.add_argument(
+        "--check",
+        default=None,
+        metavar="MODEL",
+        help="first check the config against the model you will train, a model file (path/to/model.py[:factory], "
+        "built on the meta device): torchtitan: every module name exists and the parts hold all its weights; "
+        "megatron: its layer list and --num-layers. A mismatch is one line, exit 2, nothing written",
+    )
+    p.add_argument(
+        "-k",
+        dest="kwargs",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="factory keyword argument of the --check model (repeatable)",
+    )
     p.set_defaults(func=cmd_config)
 
 
@@ -43,8 +60,9 @@ def cmd_config(args: argparse.Namespace, out: Console, err: Console) -> int:
     from pathlib import Path
 
     from autopipe._io import atomic_write_text
-    from autopipe.api import megatron_config
+    from autopipe.api import check_config, megatron_config, parse_kwargs
     from autopipe.config import torchtitan_recipe, torchtitan_toml
+    from autopipe.errors import ConfigError
     from autopipe.plans import Plan
 
     target = args.target.strip().lower()
@@ -53,6 +71,8 @@ def cmd_config(args: argparse.Namespace, out: Console, err: Console) -> int:
             f"--for {args.target!r} is not a framework autopipe writes for; "
             "use --for megatron, --for torchtitan or --for torchtitan-0.2"
         )
+    if args.kwargs and args.check is None:
+        raise UsageError("-k gives the --check model's factory arguments; add --check MODEL, or drop -k")
     destination = output_path(args.output, "--output") if args.output is not None else None
     plan = Plan.load(args.plan)
     if target == "megatron":
@@ -62,6 +82,11 @@ def cmd_config(args: argparse.Namespace, out: Console, err: Console) -> int:
     else:  # the launch line names the module as the file is saved
         stem = destination.stem if destination is not None else "autopipe_recipe"
         text = torchtitan_recipe(plan, module=stem if stem.isidentifier() else "autopipe_recipe")
+    if args.check is not None:
+        try:
+            check_config(plan, args.check, kwargs=parse_kwargs(args.kwargs), target=target, base=Path(args.plan).parent)
+        except ConfigError as e:
+            raise ConfigError(f"--check {e}") from None
     if destination is None:
         out.file.write(text)
         return 0

@@ -2,7 +2,8 @@
 recipe module or a torchtitan 0.2.x TOML job config (``autopipe config PLAN --for
 megatron|torchtitan|torchtitan-0.2``)."""
 
+from autopipe.config.check import check_layers, check_parts
 from autopipe.config.megatron import megatron_args
-from autopipe.config.torchtitan import torchtitan_recipe, torchtitan_toml
+from autopipe.config.torchtitan import torchtitan_parts, torchtitan_recipe, torchtitan_toml
 
-__all__ = ["megatron_args", "torchtitan_recipe", "torchtitan_toml"]
+__all__ = ["check_layers", "check_parts", "megatron_args", "torchtitan_parts", "torchtitan_recipe", "torchtitan_toml"]

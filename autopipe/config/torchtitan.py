@@ -36,6 +36,7 @@ __all__ = [
     "TORCHTITAN_TOML_VERSION",
     "TORCHTITAN_VERSION",
     "TORCH_SCHEDULES",
+    "torchtitan_parts",
     "torchtitan_recipe",
     "torchtitan_schedule",
     "torchtitan_toml",
@@ -111,6 +112,11 @@ def _fqns(plan: Plan, parts: Parts) -> tuple[list[list[str]], list[str]]:
             f"it cannot place {shown} (nested module names); rename the model's modules or split it by hand"
         )
     return out, notes
+
+
+def torchtitan_parts(plan: Plan) -> list[list[str]]:
+    """The module names of each part, as ``module_fqns_per_model_part`` lists them."""
+    return _fqns(plan, model_parts(plan))[0]
 
 
 def _not_item(name: str) -> bool:
