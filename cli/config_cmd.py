@@ -24,7 +24,8 @@ def add_config_parser(commands: argparse._SubParsersAction) -> None:  # type: ig
         "config",
         help="print a plan as Megatron-LM arguments or a torchtitan job config",
         description="Say the plan in a training framework's words: Megatron-LM command-line arguments "
-        "(--for megatron), a torchtitan 0.3.0 recipe module, Python, for its --module/--config (--for torchtitan), "
+        "(--for megatron), a torchtitan 0.3.0 recipe module, Python that torchtitan imports by name "
+        "(--for torchtitan), "
         "or a torchtitan 0.2.x TOML job config (--for torchtitan-0.2). What the framework cannot "
         "express as the plan says is a '#' comment line.",
     )
@@ -43,7 +44,7 @@ def add_config_parser(commands: argparse._SubParsersAction) -> None:  # type: ig
         metavar="MODEL",
         help="first check the config against the model you will train, a model file (path/to/model.py[:factory], "
         "built on the meta device): torchtitan: every module name exists and the parts hold all its weights; "
-        "megatron: its layer list and --num-layers. A mismatch is one line, exit 2, nothing written",
+        "megatron: its layer list and layer count. A mismatch is one line, exit 2, nothing written",
     )
     p.add_argument(
         "-k",

@@ -16,6 +16,8 @@ enough):
 :func:`check_layers` holds Megatron-LM's arguments to it: the plan's layer list (``blocks``,
 ``layers``) is a module of the model, and its length is ``--num-layers``.
 Failures are one :class:`~autopipe.errors.ConfigError` line that starts with the model's name.
+
+Tests: tests/config/test_config_check.py.
 """
 
 from __future__ import annotations
