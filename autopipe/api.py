@@ -116,6 +116,7 @@ __all__ = [  # the functions, then what they take and give (the CLI imports thes
     "save_calibration",
     "search_cluster",
     "target_note",
+    "target_spec",
 ]
 
 

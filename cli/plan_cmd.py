@@ -278,7 +278,7 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
         )
 
     plan = planned(flags.choices)
-    if flags.choices.target == "autopipe":
+    if not api.target_spec(flags.choices.target).restricts():  # autopipe, torch: the free plan is the plan
         return plan, ""
     free = planned(dataclasses.replace(flags.choices, target="autopipe"))
     return plan, api.target_note(plan, free, flags.choices.target, cli_words())
