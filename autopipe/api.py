@@ -65,9 +65,11 @@ from autopipe.planner.request import (
     API_WORDS,
     CHOICE_FIELDS,
     LINK_FIELDS,
+    TARGETS,
     Choices,
     Link,
     Words,
+    target_spec,
     validate,
 )
 from autopipe.planner.search import plan_pipeline
@@ -79,6 +81,7 @@ from autopipe.units import parse_bytes
 
 __all__ = [  # the functions, then what they take and give (the CLI imports these from here)
     "API_WORDS",
+    "TARGETS",
     "Choices",
     "DeviceSpec",
     "Link",
@@ -114,6 +117,8 @@ __all__ = [  # the functions, then what they take and give (the CLI imports thes
     "read_cluster_file",
     "save_calibration",
     "search_cluster",
+    "target_note",
+    "target_spec",
 ]
 
 
@@ -216,6 +221,29 @@ def plan(
     )
 
 
+def target_note(targeted: Plan, free: Plan, target: str, words: Words = API_WORDS) -> str:
+    """Both predictions, when a target restricts the search: ``free plan (any schedule): v-half, 1.23 s/iter;
+    --target megatron: interleaved-1f1b, 1.31 s/iter (+6.5%)`` (``free``: the same request, target autopipe)."""
+    extra = targeted.iteration_time_s / free.iteration_time_s - 1 if free.iteration_time_s > 0 else 0.0
+    return (
+        f"free plan (any schedule): {_decided(free)}, {free.iteration_time_s:.3g} s/iter; "
+        f"{words.said('target', target)} ({target_spec(target).label}): {_decided(targeted)}, "
+        f"{targeted.iteration_time_s:.3g} s/iter ({extra:+.1%})"
+    )
+
+
+def _decided(plan: Plan) -> str:
+    """``interleaved-1f1b v=2, 8 micro-batches, recomputing every stage``."""
+    rc = [s.index for s in plan.stages if s.recompute]
+    said = "every stage" if len(rc) == len(plan.stages) else "stage(s) " + ",".join(map(str, rc))
+    return (
+        plan.schedule
+        + (f" v={plan.virtual}" if plan.virtual > 1 else "")
+        + f", {plan.micro_batches} micro-batches"
+        + (f", recomputing {said}" if rc else "")
+    )
+
+
 def _check_profile_options(options: Mapping[str, object]) -> None:
     """One line for a choice or link keyword passed loose (``micro_batches=4``), not in its value."""
     for name in options:
@@ -281,6 +309,11 @@ def plan_profile(
     validate(prof, request, words)
     if balance is None:
         return plan_pipeline(prof, request, progress)
+    if request.target != "autopipe":
+        raise PlanError(
+            f"{words.name('balance')} prices your own split, {words.said('target', request.target)} "
+            "restricts the search; give one"
+        )
     return plan_balance(prof, request, balance, flag=words.name("balance"))
 
 

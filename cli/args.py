@@ -49,6 +49,7 @@ FLAGS = {  # the library's field -> the flag that sets it: how the CLI's errors 
     "micro_batches": "--micro-batches",
     "schedule": "--schedule",
     "stages": "--stages",
+    "target": "--target",
     "tensor_parallel": "--tensor-parallel",
     "virtual": "--virtual",
 }

@@ -9,6 +9,7 @@ code ``autopipe.plan`` runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,6 +75,14 @@ def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument("--schedule", default=None, choices=schedule_names(), help="pin the schedule")
     p.add_argument("--virtual", default=None, help="pin the virtual stages per device (interleaved-1f1b)")
     p.add_argument(
+        "--target",
+        default="autopipe",
+        metavar="{autopipe,megatron,torchtitan,torch}",
+        help="the framework that will run the plan: search only the schedules and recomputation it runs "
+        "(megatron: 1f1b and interleaved-1f1b, every stage recomputed or none; torchtitan: torch's schedule "
+        "classes, every stage or none; torch: to_torch_pipelining's; default autopipe: everything)",
+    )
+    p.add_argument(
         "--balance",
         default=None,
         metavar="N,N,...",
@@ -138,7 +147,7 @@ def _optional(text: str | None, parse: Callable[[str, str], _T], flag: str) -> _
 
 def plan_flags(args: argparse.Namespace) -> PlanFlags:
     """Parse and check the flags of ``autopipe plan`` (fast: before any profiling)."""
-    from autopipe.api import Choices, Link, Recompute, check_degrees, read_cluster_file
+    from autopipe.api import TARGETS, Choices, Link, Recompute, check_degrees, read_cluster_file
 
     batch = positive_int(args.batch_size, "--batch-size")
     devices = _devices(args)
@@ -154,13 +163,20 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
     gpus = _optional(args.gpus, positive_int, "--gpus")
     if args.zero1 and gpus is None:
         raise UsageError("--zero1 shards optimizer state across data-parallel replicas; give --gpus G as well")
+    if args.target not in TARGETS:
+        raise UsageError(f"--target {args.target}: use one of {', '.join(TARGETS)}")
     recompute = Recompute.NEVER if args.no_recompute else Recompute.ALWAYS if args.recompute_all else Recompute.AUTO
     choices = Choices(
         _optional(args.micro_batches, positive_int, "--micro-batches"),
         args.schedule,
         _optional(args.virtual, positive_int, "--virtual"),
         recompute,
+        args.target,
     )
+    if args.target != "autopipe" and gpus is not None:
+        raise UsageError(f"--target {args.target} plans one pipeline; drop --gpus, or drop --target")
+    if args.target != "autopipe" and args.balance is not None:
+        raise UsageError(f"--balance prices your own split and --target {args.target} restricts the search; give one")
     link = Link(
         _optional(args.bandwidth, parse_rate, "--bandwidth"),
         _optional(args.latency, parse_duration, "--latency"),
@@ -246,19 +262,26 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
             words=cli_words(),
         )
         return result.plan, _parallel_note(flags.gpus, result)
-    plan = api.plan_profile(
-        profile,
-        devices=flags.devices,
-        batch_size=flags.batch_size,
-        memory=flags.memory_limit,
-        choices=flags.choices,
-        link=flags.link,
-        balance=flags.balance,
-        device=spec,
-        progress=progress,
-        words=cli_words(),
-    )
-    return plan, ""
+
+    def planned(choices: Choices) -> Plan:
+        return api.plan_profile(
+            profile,
+            devices=flags.devices,
+            batch_size=flags.batch_size,
+            memory=flags.memory_limit,
+            choices=choices,
+            link=flags.link,
+            balance=flags.balance,
+            device=spec,
+            progress=progress,
+            words=cli_words(),
+        )
+
+    plan = planned(flags.choices)
+    if not api.target_spec(flags.choices.target).restricts():  # autopipe, torch: the free plan is the plan
+        return plan, ""
+    free = planned(dataclasses.replace(flags.choices, target="autopipe"))
+    return plan, api.target_note(plan, free, flags.choices.target, cli_words())
 
 
 def _profile_for_plan(

@@ -533,3 +533,16 @@ def test_devices_and_stages_are_one_thing(tmp_path: Path) -> None:
         PlanError, match=r"^stages must be at least 1 \(got 0\)$"
     ):  # the API's words, not the CLI's flags
         autopipe.plan_profile(prof, stages=0, batch_size=8, memory="1GiB")
+
+
+def test_a_target_is_a_choice_and_the_note_shows_both_plans() -> None:
+    from tests.planner.test_search import random_profile
+
+    prof = random_profile(8, 3)
+    free = autopipe.api.plan_profile(prof, devices=4, batch_size=8, memory=2**32)
+    plan = autopipe.api.plan_profile(
+        prof, devices=4, batch_size=8, memory=2**32, choices=autopipe.Choices(target="megatron")
+    )
+    assert plan.schedule in ("1f1b", "interleaved-1f1b") and plan.iteration_time_s >= free.iteration_time_s
+    note = autopipe.api.target_note(plan, free, "megatron")
+    assert note.startswith(f"free plan (any schedule): {free.schedule}") and "; target=megatron (Megatron-LM): " in note

@@ -76,6 +76,7 @@ def plan_request(
         schedule=choices.schedule,
         virtual=choices.virtual,
         recompute=choices.recompute,
+        target=choices.target,
         link_bandwidth=bandwidth if link.bandwidth is None else link.bandwidth,
         link_latency_s=latency if link.latency_s is None else link.latency_s,
         action_overhead_s=_action_overhead(profile, link),

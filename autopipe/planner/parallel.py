@@ -358,6 +358,7 @@ def _pipeline_request(profile: Profile, request: ParallelRequest, lay: Layout) -
         schedule=request.choices.schedule,
         virtual=request.choices.virtual,
         recompute=request.choices.recompute,
+        target=request.choices.target,
         link_bandwidth=lay.p2p_bandwidth,
         link_latency_s=lay.p2p_latency_s,
         state_factor=_state_factor(profile, request, lay.data_parallel),

@@ -41,17 +41,65 @@ __all__ = [
     "MAX_MICRO_BATCHES",
     "NO_CHOICES",
     "SEARCH_SCHEDULES",
+    "TARGETS",
     "Choices",
     "Link",
     "PlanRequest",
+    "Target",
     "Words",
     "decisions",
     "divisors",
     "infeasible_error",
+    "target_spec",
     "validate",
 ]
 
 SEARCH_SCHEDULES = tuple(s.name for s in search_order() if s.searched)  # ties go to the first (ScheduleSpec.preference)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A framework that will run the plan, and what of the search it runs as priced (``--target``)."""
+
+    name: str  # autopipe, megatron, torchtitan, torch
+    label: str  # how messages name it: "Megatron-LM"
+    schedules: tuple[str, ...]  # the schedules it runs (search order)
+    uniform_recompute: bool  # it recomputes every stage or none (one mode for all stages)
+
+    def restricts(self) -> bool:
+        """Whether the target searches less than autopipe does."""
+        return self.uniform_recompute or set(self.schedules) != set(schedule_names())
+
+
+def _targets() -> tuple[Target, ...]:
+    """The targets, from each schedule's torch class: Megatron-LM runs 1F1B and interleaved 1F1B
+    (config/megatron.py's MEGATRON_SCHEDULES) with full recomputation on every stage or none;
+    torchtitan the schedules torch has a class for (config/torchtitan.py), activation checkpointing
+    one mode for all stages; ``to_torch_pipelining`` (stages/export.py) every schedule, those
+    without a class as a schedule CSV; autopipe's executor everything."""
+    every = tuple(s.name for s in search_order())
+    megatron = tuple(s.name for s in search_order() if s.torch_class in ("Schedule1F1B", "ScheduleInterleaved1F1B"))
+    titan = tuple(s.name for s in search_order() if s.torch_class)
+    return (
+        Target("autopipe", "autopipe's executor", every, False),
+        Target("megatron", "Megatron-LM", megatron, True),
+        Target("torchtitan", "torchtitan", titan, True),
+        Target("torch", "torch.distributed.pipelining", every, False),
+    )
+
+
+TARGETS = tuple(t.name for t in _targets())
+"""The ``--target`` names; the first, autopipe, is the default (everything)."""
+
+
+def target_spec(name: str) -> Target:
+    """The :class:`Target` called ``name``; PlanError (one line) for another name."""
+    for t in _targets():
+        if t.name == name:
+            return t
+    raise PlanError(f"unknown target {name!r}; use one of {', '.join(TARGETS)}")
+
+
 # MAX_MICRO_BATCHES (plans.py) is the most micro-batches autopipe plans or runs: a schedule is
 # priced by simulating every one of them, so it keeps any request within seconds (2**16 take about 5 s).
 
@@ -68,6 +116,7 @@ class Choices:
     schedule: str | None = None  # a schedule name (autopipe.schedules.schedule_names())
     virtual: int | None = None  # v: stages per device, for the interleaved and V schedules
     recompute: Recompute = Recompute.AUTO  # which stages recompute their activations
+    target: str = "autopipe"  # the framework that runs the plan: the search keeps to what it runs (TARGETS)
 
     def __post_init__(self) -> None:
         if isinstance(self.recompute, str) and self.recompute in Recompute._value2member_map_:
@@ -125,6 +174,7 @@ class PlanRequest:
     schedule: str | None = None
     virtual: int | None = None  # stages per device, interleaved 1F1B only
     recompute: Recompute = Recompute.AUTO
+    target: str = "autopipe"  # the framework that runs the plan (TARGETS): the schedules and recomputation searched
     link_bandwidth: float = 10e9  # bytes/s between neighbouring devices
     link_latency_s: float = 20e-6
     action_overhead_s: float = 0.0  # the executor's fixed cost per F, B or W (default_action_overhead)
@@ -133,7 +183,7 @@ class PlanRequest:
 
     @property
     def choices(self) -> Choices:
-        return Choices(self.micro_batches, self.schedule, self.virtual, self.recompute)
+        return Choices(self.micro_batches, self.schedule, self.virtual, self.recompute, self.target)
 
     @property
     def link(self) -> Link:
@@ -162,7 +212,8 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
     S, n = req.devices, profile.num_blocks
     ms = [req.micro_batches] if req.micro_batches else divisors(req.batch_size)
     ms = [m for m in ms if _traceable(profile, req.batch_size // m)]
-    schedules = [req.schedule] if req.schedule else list(SEARCH_SCHEDULES)
+    allowed = target_spec(req.target).schedules
+    schedules = [req.schedule] if req.schedule else [s for s in SEARCH_SCHEDULES if s in allowed]
     out = []
     for m in ms:
         for name in schedules:
@@ -184,6 +235,7 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
     """PlanError, one line naming the fields as ``words`` says (the API's keywords; the CLI's flags)."""
     _check_sizes(profile, req, words)
     _check_micro_batches(profile, req, words)
+    _check_target(req, words)
     spec, least = _check_schedule(profile, req, words)
     n, S, B = profile.num_blocks, req.devices, req.batch_size
     w, said = words.name, words.said
@@ -263,6 +315,19 @@ def _check_micro_batches(profile: Profile, req: PlanRequest, words: Words) -> No
         raise PlanError(
             "torch.export traced this model, and it traces a micro-batch of 1 with another graph than this "
             f"profile's; use {said('batch_size', 2)} or more"
+        )
+
+
+def _check_target(req: PlanRequest, words: Words) -> None:
+    """A known target, and a pinned schedule it runs."""
+    if req.target not in TARGETS:
+        raise PlanError(f"unknown target {req.target!r}; use one of {', '.join(TARGETS)}")
+    target = target_spec(req.target)
+    if req.schedule is not None and req.schedule in schedule_names() and req.schedule not in target.schedules:
+        runs = ", ".join(target.schedules[:-1]) + " and " + target.schedules[-1]
+        raise PlanError(
+            f"{words.said('target', req.target)} {words.said('schedule', req.schedule)}: {target.label} runs "
+            f"{runs}; drop {words.name('schedule')} or pick one of them"
         )
 
 

@@ -57,6 +57,7 @@ import numpy as np
 
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
+from autopipe.modes import Recompute
 from autopipe.partition.baselines import BASELINES, baseline_assignment
 from autopipe.partition.chain import solve_chain
 from autopipe.partition.greedy import Memo, solve_fast
@@ -81,6 +82,7 @@ from autopipe.planner.request import (
     PlanRequest,
     decisions,
     infeasible_error,
+    target_spec,
     validate,
 )
 from autopipe.planner.splits import device_limit, price_split, problem_of
@@ -153,7 +155,35 @@ def plan_search(
 ) -> list[Priced]:
     """Every simulated candidate that fits, fastest first (the branch and bound of :func:`plan_pipeline`, for a
     validated request); InfeasibleError when none fits (none faster than ``incumbent``: another search's
-    time to beat)."""
+    time to beat). A target that recomputes every stage or none (``Target.uniform_recompute``) searches
+    both ways, where the request leaves recomputation to the search."""
+    if request.recompute == "auto" and target_spec(request.target).uniform_recompute:
+        return _uniform_search(profile, request, progress, incumbent)
+    return _one_search(profile, request, progress, incumbent)
+
+
+def _uniform_search(
+    profile: Profile, request: PlanRequest, progress: Progress | None, incumbent: float
+) -> list[Priced]:
+    """Nothing recomputed and every stage recomputed, each searched, their plans merged fastest first;
+    InfeasibleError (recomputing everything: the least memory) when neither fits."""
+    found: list[Priced] = []
+    error: InfeasibleError | None = None
+    for mode in (Recompute.NEVER, Recompute.ALWAYS):
+        try:
+            found += _one_search(profile, replace(request, recompute=mode), progress, incumbent)
+        except InfeasibleError as e:
+            error = e
+    if not found:
+        assert error is not None
+        raise error
+    return sorted(found, key=lambda ct: (ct.summary.iteration_s, order(ct.candidate)))
+
+
+def _one_search(
+    profile: Profile, request: PlanRequest, progress: Progress | None = None, incumbent: float = math.inf
+) -> list[Priced]:
+    """:func:`plan_search` for one recompute mode."""
     search = _Search(SearchContext(profile, request), progress or (lambda what, done, total: None), incumbent)
     search.run()
     fitting = search.fitting()

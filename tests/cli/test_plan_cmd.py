@@ -630,3 +630,57 @@ def test_devices_is_stages(profiles: dict[str, Path], tmp_path: Path, capsys: py
         assert main(["plan", "--profile", str(profiles["gpt"]), flag, "2", "--memory", "1GiB", "-o", str(out)]) == 0
         plans.append(out.read_bytes())
     assert plans[0] == plans[1] and Plan.load(tmp_path / "devices.json").devices == 2
+
+
+@pytest.fixture
+def chain_profile(tmp_path: Path) -> Path:
+    path = tmp_path / "chain.json"
+    chain(8).save(path)
+    return path
+
+
+def test_a_target_shows_the_free_plan_beside_its_own(
+    chain_profile: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "p.json"
+    args = ["plan", "--profile", str(chain_profile), "--stages", "4", "--batch-size", "8", "-o", str(out)]
+    assert main([*args, "--target", "megatron"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())  # rich wraps the line
+    assert "free plan (any schedule): " in printed and "; --target megatron (Megatron-LM): " in printed
+    assert Plan.load(out).schedule in ("1f1b", "interleaved-1f1b")
+    for free in ("autopipe", "torch"):  # every schedule: nothing to compare
+        assert main([*args, "--target", free]) == 0
+        assert "free plan" not in capsys.readouterr().out
+    with_flag = out.read_text()
+    assert main(args) == 0
+    assert out.read_text() == with_flag  # --target autopipe is no flag at all
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--target", "megatron", "--schedule", "zb-v"],
+            "--target megatron --schedule zb-v: Megatron-LM runs 1f1b and interleaved-1f1b; "
+            "drop --schedule or pick one of them",
+        ),
+        (["--target", "nemo"], "--target nemo: use one of autopipe, megatron, torchtitan, torch"),
+        (["--target", "megatron", "--balance", "2,2,2,2"], "--balance prices your own split and --target megatron"),
+        (["--target", "torch", "--gpus", "4"], "--target torch plans one pipeline; drop --gpus"),
+    ],
+)
+def test_a_target_that_cannot_be_kept_is_one_line_and_exit_2(
+    chain_profile: Path, args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["plan", "--profile", str(chain_profile), "--stages", "4", "-o", str(tmp_path / "p.json"), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_the_target_flag_names_the_library_targets() -> None:
+    from autopipe.api import TARGETS
+
+    plan_parser = build_parser()._subparsers._group_actions[0].choices["plan"]  # type: ignore[union-attr]
+    action = next(a for a in plan_parser._actions if "--target" in a.option_strings)
+    assert action.metavar == "{" + ",".join(TARGETS) + "}" and action.default == TARGETS[0]

@@ -33,3 +33,41 @@ def test_a_profile_without_blocks_says_so() -> None:
         PlanError, match=r"^the profile has no blocks, so there is nothing to cut; profile the model again$"
     ):
         validate(empty, PlanRequest(devices=2, batch_size=8, memory_limit=2**30))
+
+
+def test_targets_run_what_their_frameworks_run() -> None:
+    from autopipe.planner.request import TARGETS, target_spec
+    from autopipe.schedules import schedule_names
+
+    assert TARGETS[0] == "autopipe" and not target_spec("autopipe").restricts()
+    assert target_spec("megatron").schedules == ("1f1b", "interleaved-1f1b")
+    assert set(target_spec("torchtitan").schedules) == {
+        "gpipe",
+        "1f1b",
+        "interleaved-1f1b",
+        "zb-h1",
+        "zb-v",
+        "dualpipe-v",
+    }
+    assert set(target_spec("torch").schedules) == set(schedule_names())
+    assert target_spec("megatron").uniform_recompute and target_spec("torchtitan").uniform_recompute
+    assert not target_spec("torch").uniform_recompute
+
+
+def test_a_pinned_schedule_the_target_does_not_run_is_one_line() -> None:
+    from autopipe.errors import PlanError
+    from autopipe.planner.request import PlanRequest, Words, validate
+    from tests.planner.test_search import random_profile
+
+    req = PlanRequest(devices=2, batch_size=4, memory_limit=2**34, schedule="zb-v", target="megatron")
+    with pytest.raises(
+        PlanError,
+        match=r"^target=megatron schedule=zb-v: Megatron-LM runs 1f1b and interleaved-1f1b; "
+        r"drop schedule or pick one of them$",
+    ):
+        validate(random_profile(6, 1), req)
+    flags = Words((("target", "--target"), ("schedule", "--schedule")), " ")
+    with pytest.raises(PlanError, match=r"^--target megatron --schedule zb-v: Megatron-LM runs .* drop --schedule or"):
+        validate(random_profile(6, 1), req, flags)
+    with pytest.raises(PlanError, match=r"^unknown target 'nemo'; use one of autopipe, megatron, torchtitan, torch$"):
+        validate(random_profile(6, 1), PlanRequest(devices=2, batch_size=4, memory_limit=2**34, target="nemo"))

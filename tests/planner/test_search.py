@@ -414,3 +414,44 @@ def test_the_solver_choice_is_one_function() -> None:
     assert choose_solvers(_problem(big, req, d)).cuts == "bisection"  # 1200^2 x 4 > 4,000,000
     assert choose_solvers(_problem(random_profile(12, 0, skips=1), req, d)).free_placement
     assert not choose_solvers(_problem(random_profile(60, 0, skips=3), req, d)).free_placement  # over 48 blocks
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("target", ["megatron", "torchtitan"])
+def test_a_targeted_plan_runs_on_its_target_and_is_never_faster_than_the_free_plan(seed: int, target: str) -> None:
+    from autopipe.planner.request import target_spec
+
+    rng = random.Random(seed)
+    n = rng.randint(4, 12)
+    prof = random_profile(n, seed)
+    req = _request(devices=rng.randint(2, min(4, n)), batch_size=rng.choice([4, 8, 12]))
+    need = max(plan_pipeline(prof, dataclasses.replace(req, recompute="always")).peak_memory_bytes)
+    req = dataclasses.replace(req, memory_limit=need * rng.uniform(1.0, 1.6))  # tight: recomputation matters
+    free = plan_pipeline(prof, req)
+    try:
+        plan = plan_pipeline(prof, dataclasses.replace(req, target=target))
+    except InfeasibleError:
+        return  # all-or-none recomputation needs more memory than per-stage: the target may not fit
+    assert plan.schedule in target_spec(target).schedules
+    assert len({s.recompute for s in plan.stages}) == 1  # every stage recomputes or none
+    assert plan.iteration_time_s >= free.iteration_time_s * (1 - 1e-9)
+
+
+def test_a_megatron_plan_recomputes_every_stage_where_the_free_plan_recomputes_some() -> None:
+    prof = random_profile(5, 6)
+    req = _request(devices=3, batch_size=8)
+    need = max(plan_pipeline(prof, dataclasses.replace(req, recompute="always")).peak_memory_bytes)
+    tight = dataclasses.replace(req, memory_limit=need * 1.022)
+    free = plan_pipeline(prof, tight)
+    assert 0 < sum(s.recompute for s in free.stages) < len(free.stages)  # some stages: not what Megatron runs
+    with pytest.raises(InfeasibleError):
+        plan_pipeline(prof, dataclasses.replace(tight, recompute="never", target="megatron"))
+    plan = plan_pipeline(prof, dataclasses.replace(tight, target="megatron"))
+    assert all(s.recompute for s in plan.stages) and plan.schedule in ("1f1b", "interleaved-1f1b")
+    assert plan.iteration_time_s >= free.iteration_time_s
+
+
+def test_the_autopipe_target_is_the_default_search() -> None:
+    prof = random_profile(9, 4)
+    req = _request(devices=3, batch_size=12, memory_limit=0.6 * 2**30)
+    assert plan_pipeline(prof, dataclasses.replace(req, target="autopipe")) == plan_pipeline(prof, req)
