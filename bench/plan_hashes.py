@@ -1,5 +1,5 @@
 # Run: python bench/plan_hashes.py --out DIR  |
-#      python bench/plan_hashes.py --check bench/results/plan_hashes-f516304.json
+#      python bench/plan_hashes.py --check bench/results/plan_hashes-dd61e39.json
 #      (from anywhere; it runs in the repository root)
 """Behaviour baseline of the planner: a fixed list of ``autopipe plan`` cases whose plan files
 must keep the same bytes across a refactor that changes no behaviour.
@@ -51,8 +51,10 @@ Normalised so that the same command gives the same bytes on another machine or c
   every time costs ~10 s a case; it writes nothing in the repository and changes no plan.
 
 The plans carry no timestamp, host name, version of torch or of autopipe, or absolute path.
-The baseline ``bench/results/plan_hashes-f516304.json`` was made on commit f516304 with torch
-2.13.0+cpu and Python 3.11.7 on the 2-core development machine; every case gave the same bytes
+The baseline ``bench/results/plan_hashes-dd61e39.json`` was made on commit dd61e39 (against
+f516304's, only the config outlets differ: Megatron's model arguments, torchtitan's 0.3.0 recipe,
+the new ``torchtitan-0.2`` case) with torch
+2.13.0+cpu and Python 3.11.7 on the 2-core development machine; f516304's gave the same bytes
 on each of three runs there (each with its own hash seed) and from a second clone in another
 folder with its own venv. Another Python may word argparse's
 line (``bad-schedule-name``) otherwise; another torch may count an op otherwise. Cost: about
