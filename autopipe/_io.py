@@ -5,20 +5,37 @@ Every output path (``plan -o``, ``emit -o``, ``merge -o``, ``--timeline``, ``--t
 any slow work starts: a name with a NUL or bytes that are not UTF-8, a folder that does not
 exist or is a file, a folder this process cannot write in (tried, not guessed from the mode
 bits: root ignores them, /proc refuses root) each give one :class:`~autopipe.errors.OutputError`
-line naming the flag. The writes themselves go to a temporary file beside the target and are
-renamed into place, so a failure never leaves half a file.
+line naming the flag, and so does a name too long for its file system (the temporary name
+included), a block device or a socket. The writes themselves go to a temporary file beside the
+target and are renamed into place, so a failure never leaves half a file and an old file stays
+whole. What is not a regular file is written in place instead: a FIFO, a character device
+(``/dev/null``) and the process's own streams (``/dev/stdout``, ``/dev/fd/N``) get the bytes, not a
+new file in their stead; a symbolic link is written through, to its target, and stays a link.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
+import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from autopipe.errors import OutputError
 
-__all__ = ["VERSION", "atomic_write", "atomic_write_text", "check_output_file", "check_output_folder", "shown"]
+__all__ = [
+    "VERSION",
+    "atomic_write",
+    "atomic_write_text",
+    "check_output_file",
+    "check_output_folder",
+    "output_target",
+    "shown",
+    "torch_save",
+]
 
 VERSION = "0.1.0"
 """autopipe's release (``autopipe.__version__``), stamped into the files it writes that say who made
@@ -61,13 +78,75 @@ def _check_writable_folder(folder: Path, what: str, target: Path) -> None:
     os.unlink(probe)
 
 
+_STREAMS = ("/dev/", "/proc/")
+"""Paths under these are the system's (devices, a process's own descriptors): written in place, never replaced."""
+
+
+def _in_place(p: Path) -> bool:
+    """Whether ``p`` is written in place: a FIFO, a character device, or a path under /dev or /proc that
+    exists (``/dev/stdout`` may lead to a regular file a shell opened; replacing it would lose the bytes)."""
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or (stat.S_ISREG(mode) and str(p).startswith(_STREAMS))
+
+
+def _temp_name(p: Path) -> Path:
+    """The temporary name beside ``p`` that :func:`atomic_write` writes first (the same suffix, so
+    writers that go by it pick the same format)."""
+    return p.with_name(f".{os.getpid()}-{secrets.token_hex(4)}.tmp{p.suffix}")
+
+
+def _kind(mode: int) -> str | None:
+    """What a special file that cannot be an output is, or None for a regular file, FIFO or character device."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return None
+
+
+def output_target(path: str | Path) -> Path:
+    """Where writing ``path`` puts the bytes: the file a symbolic link leads to (the link stays), else ``path``."""
+    p = Path(path)
+    return Path(os.path.realpath(p)) if p.is_symlink() else p
+
+
+def _check_length(p: Path, what: str, shown_as: Path) -> None:
+    try:
+        limit = os.pathconf(p.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    longest = max(len(os.fsencode(p.name)), len(os.fsencode(_temp_name(p).name)))
+    if longest > limit:
+        raise OutputError(
+            f"{what} {shown(shown_as)}: the name is too long ({longest} bytes with the temporary name; "
+            f"this file system takes {limit}); choose a shorter name"
+        )
+
+
 def check_output_file(path: str | Path, what: str) -> Path:
     """``path`` as a Path if a file can be written there (replacing one is fine), else
     OutputError naming ``what`` (the flag)."""
     p = _check_name(path, what)
+    _check_length(p, what, p)
     if p.is_dir():
         raise OutputError(f"{what} {p} is a directory; name a file, e.g. {p / 'out.json'}")
-    _check_writable_folder(p.parent, what, p)
+    if _in_place(p):
+        return p
+    target = output_target(p)
+    try:
+        kind = _kind(os.stat(target).st_mode)
+    except OSError:
+        kind = None  # not there yet (or a dangling link): written new
+    if kind is not None:
+        raise OutputError(f"{what} {shown(p)} is {kind}, not a file; name a regular file to write")
+    _check_writable_folder(target.parent, what, p)
+    if target != p:
+        _check_length(target, what, p)
     return p
 
 
@@ -87,17 +166,56 @@ def check_output_folder(path: str | Path, what: str) -> Path:
 def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
     """Call ``write(tmp)`` on a temporary name beside ``path`` (same suffix, so writers that go
     by it pick the same format), then rename it to ``path``: a crash or an error never leaves
-    half a file. An OSError becomes one OutputError line."""
+    half a file, and the old one stays whole. A FIFO, a character device or a stream of this
+    process gets the bytes in place (written to a private temporary file first, then copied); a
+    symbolic link is written through to its target. An OSError becomes one OutputError line."""
     p = Path(path)
-    tmp = p.with_name(f".{p.stem}.{os.getpid()}.tmp{p.suffix}")
+    if _in_place(p):
+        _write_in_place(p, write)
+        return
+    target = output_target(p)
+    tmp = _temp_name(target)
     try:
         write(tmp)
-        tmp.replace(p)
+        tmp.replace(target)
     except OSError as e:
-        raise OutputError(f"cannot write {p}: {e.strerror or e}") from None
+        raise OutputError(f"cannot write {shown(p)}: {e.strerror or e}") from None
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _write_in_place(p: Path, write: Callable[[Path], object]) -> None:
+    folder = tempfile.mkdtemp(prefix="autopipe-write-")
+    try:
+        tmp = Path(folder) / f"out{p.suffix}"
+        write(tmp)
+        with open(tmp, "rb") as src, open(p, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    except OSError as e:
+        raise OutputError(f"cannot write {shown(p)}: {e.strerror or e}") from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def torch_save(obj: object, path: str | Path) -> None:
+    """``torch.save(obj, path)``, a failed write (a full disk, a file size limit) raised as the OSError
+    it is: torch reports it as a RuntimeError from its zip writer."""
+    import torch
+
+    try:
+        torch.save(obj, path)
+    except RuntimeError as e:
+        if "inline_container" not in str(e) and "write" not in str(e):
+            raise
+        folder = Path(path).parent
+        try:
+            full = os.statvfs(folder).f_bavail == 0
+        except OSError:
+            full = False
+        if full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None
+        raise OSError(f"torch.save failed: {str(e).strip().splitlines()[0][:200]}") from None
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -69,7 +69,7 @@ def cmd_emit(args: argparse.Namespace, out: Console, err: Console) -> int:
         raise UsageError("emit writes stage folders (-o DIR), a schedule CSV (--schedule-csv FILE) or both; give one")
     if args.output is not None:
         output_folder(args.output, "--output")  # before anything is written
-        check_destination(args.output, args.force)  # and before the slow part
+        check_destination(args.output, args.force, keep=(args.plan, args.weights))  # and before the slow part
     plan = Plan.load(args.plan)
     if args.schedule_csv is not None:
         from autopipe.stages.schedule_csv import write_schedule_csv
@@ -98,13 +98,11 @@ def cmd_emit(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_merge(args: argparse.Namespace, out: Console, err: Console) -> int:
-    import torch
-
-    from autopipe._io import atomic_write
+    from autopipe._io import atomic_write, torch_save
     from autopipe.stages.merge import merge_state_dict
 
     target = output_path(args.output, "--output")
     state = merge_state_dict(args.folder)
-    atomic_write(target, lambda tmp: torch.save(state, tmp))
+    atomic_write(target, lambda tmp: torch_save(state, tmp))
     print(f"wrote {target}: {len(state)} tensors (the model's state_dict)", file=out.file)
     return 0

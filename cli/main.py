@@ -19,6 +19,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import sys
@@ -44,6 +45,7 @@ EXIT_FAILED_RUN = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a tool ended by a closed pipe
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)  # stdout on a device that takes no more
 
 
 class _Parser(argparse.ArgumentParser):
@@ -101,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with library_notes():
             code: int = args.func(args, out, err)
+            sys.stdout.flush()  # here, so a full device is one line, not an error at exit
         return code
     except RuntimeFailure as e:
         print(f"autopipe: error: {e}", file=sys.stderr)
@@ -114,6 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (``autopipe show plan.json | head``): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so exiting flushes nowhere
         return EXIT_BROKEN_PIPE
+    except OSError as e:
+        if e.errno not in _FULL:
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        why = f"cannot write the output: {e.strerror}; free some space or write elsewhere"
+        print(f"autopipe: error: {why}", file=sys.stderr)
+        return EXIT_FAILED_RUN
 
 
 if __name__ == "__main__":

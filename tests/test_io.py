@@ -119,3 +119,80 @@ def test_every_output_flag_is_checked_first(
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(f"autopipe: error: {flag} ") and why in err, (command, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written, nothing half-written
+
+
+def test_special_files_are_written_in_place_and_links_through(tmp_path: Path) -> None:
+    """A FIFO's reader gets the bytes, /dev/null stays a device, a link stays a link to a new target."""
+    import stat
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    assert check_output_file(fifo, "-o") == fifo
+    atomic_write_text(fifo, "through the pipe")
+    reader.join(timeout=10)
+    assert got == [b"through the pipe"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+    atomic_write_text("/dev/null", "gone")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    with pytest.raises(OutputError, match=r"^cannot write /dev/full: No space left on device$"):
+        atomic_write_text("/dev/full", "x" * 10_000)  # a full disk: one line
+
+    target, link = tmp_path / "plan.json", tmp_path / "link.json"
+    target.write_text("old")
+    link.symlink_to(target.name)
+    atomic_write_text(check_output_file(link, "-o"), "new")
+    assert link.is_symlink() and target.read_text() == "new"
+    dangling = tmp_path / "dangling.json"
+    dangling.symlink_to("made.json")
+    atomic_write_text(dangling, "made")
+    assert dangling.is_symlink() and (tmp_path / "made.json").read_text() == "made"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "dangling.json",
+        "fifo",
+        "link.json",
+        "made.json",
+        "plan.json",
+    ]
+
+
+def test_dev_stdout_gets_the_bytes_where_the_shell_sent_it(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "out.txt"
+    code = "from autopipe._io import atomic_write_text as w; w('/dev/stdout', 'to the redirect\\n')"
+    with open(out, "w") as f:
+        subprocess.run([sys.executable, "-c", code], stdout=f, check=True, timeout=60)
+    assert out.read_text() == "to the redirect\n"
+
+
+def test_outputs_that_cannot_be_files_are_refused_first(tmp_path: Path) -> None:
+    import socket
+
+    sock_path = tmp_path / "s.sock"
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(sock_path))
+        with pytest.raises(OutputError, match=r"^-o .*/s\.sock is a socket, not a file; name a regular file to write$"):
+            check_output_file(sock_path, "-o")
+    finally:
+        sock.close()
+    (tmp_path / "d").mkdir()
+    (tmp_path / "to-dir").symlink_to("d")
+    with pytest.raises(OutputError, match=r"^-o .*/to-dir is a directory; name a file"):
+        check_output_file(tmp_path / "to-dir", "-o")
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    fits = tmp_path / ("p" * (limit - 5) + ".json")
+    assert check_output_file(fits, "-o") == fits
+    for name in ("p" * (limit - 4) + ".json", "p." + "x" * (limit - 3)):  # too long; its temporary name too long
+        with pytest.raises(
+            OutputError,
+            match=rf"the name is too long \(\d+ bytes with the temporary name; this file "
+            rf"system takes {limit}\); choose a shorter name$",
+        ):
+            check_output_file(tmp_path / name, "-o")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "s.sock", "to-dir"]

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
-from autopipe._io import atomic_write_text
+from autopipe._io import atomic_write_text, torch_save
 from autopipe.errors import RuntimeFailure
 
 __all__ = [
@@ -71,7 +71,7 @@ def save_rank(
 def _save(obj: object, path: Path) -> None:
     """``torch.save`` to a temporary name, then renamed: a file is there whole or not at all."""
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
+    torch_save(obj, tmp)
     os.replace(tmp, path)
 
 

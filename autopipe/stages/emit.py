@@ -35,19 +35,20 @@ half an emit; a non-empty destination is replaced only with ``force``.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from autopipe._io import VERSION, check_output_folder
-from autopipe.errors import EmitError
+from autopipe._io import VERSION, check_output_folder, shown, torch_save
+from autopipe.errors import EmitError, OutputError
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
 from autopipe.stages.rebuild import SEED, rebuild_model, trace_for_plan
@@ -84,7 +85,7 @@ def emit(
     ``weights=False`` builds the model on the meta device: nothing is materialised and no
     weights are written. ``progress(what, done, total)`` is told each step. Returns the manifest.
     """
-    check_destination(folder, force)
+    check_destination(folder, force, keep=(state_dict,))
     (progress or _silent)("rebuilding the model", 0, 0)
     loaded = rebuild_model(plan, weights=state_dict, meta=not weights, base=base)
     inputs = loaded.make_inputs(plan.micro_batch_size)
@@ -122,7 +123,7 @@ def emit_stages(
         raise EmitError(f"unknown weights format {weights_format!r}; use one of: {', '.join(WEIGHT_FORMATS)}")
     if weights and any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
         raise EmitError("the model is on the meta device, so it has no weights to write; emit with --no-weights")
-    dest = check_destination(folder, force)
+    dest = check_destination(folder, force, keep=(source,))
     tell("tracing and splitting the model", 0, 0)
     traced, split, shapes = _general_split(
         plan, model, example_inputs, trace_for_plan(plan, model, example_inputs, source)
@@ -134,6 +135,9 @@ def emit_stages(
         manifest.update(shapes)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         _publish(tmp, dest, force)
+    except OSError as e:  # a full disk, a quota, a file size limit: the old folder stays as it was
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OutputError(f"cannot write the stages to {shown(dest)}: {e.strerror or e}; nothing was changed") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -159,34 +163,52 @@ def _general_split(
     return traced, split_model(traced, plan), {"symbolic_dims": {}, "shapes_note": note}
 
 
-def check_destination(folder: str | Path, force: bool) -> Path:
+def check_destination(folder: str | Path, force: bool, keep: Iterable[str | Path | None] = ()) -> Path:
     """The destination as a Path; EmitError if it is a file, or a non-empty folder without
-    ``force``; OutputError if it cannot be made there (see :func:`autopipe._io.check_output_folder`)."""
+    ``force``, or one ``force`` would delete while it holds the current folder or a file of
+    ``keep`` (the plan, its model file, the weights read); OutputError if it cannot be made there
+    (see :func:`autopipe._io.check_output_folder`)."""
     dest = Path(folder)
     if dest.exists() and not dest.is_dir():
         raise EmitError(f"{dest} is a file, not a folder; name a new folder for the stages")
     check_output_folder(dest, "stages folder")
-    if dest.is_dir() and any(dest.iterdir()) and not force:
-        count = sum(1 for _ in dest.iterdir())
-        raise EmitError(f"{dest} is not empty ({count} entries); emit into a new folder or pass --force to replace it")
+    if dest.is_dir() and any(dest.iterdir()):
+        if not force:
+            count = sum(1 for _ in dest.iterdir())
+            raise EmitError(
+                f"{dest} is not empty ({count} entries); emit into a new folder or pass --force to replace it"
+            )
+        inside = dest.resolve()
+        held = [("the current folder", Path.cwd())] + [("the file", Path(k)) for k in keep if k is not None]
+        for what, path in held:
+            where = path.resolve()
+            if where == inside or inside in where.parents:
+                said = "" if what == "the current folder" else f" {shown(path)}"
+                raise EmitError(f"{shown(dest)} holds {what}{said}, which --force would delete; emit into a new folder")
     return dest
 
 
 def _publish(tmp: Path, dest: Path, force: bool) -> None:
+    """Rename ``tmp`` to ``dest``; one emit at a time per parent folder (a lock on it, no lock file)."""
     mask = os.umask(0)
     os.umask(mask)
     tmp.chmod(0o777 & ~mask)  # mkdtemp made it private
-    if dest.is_dir():
-        if not any(dest.iterdir()):
-            dest.rmdir()
-        else:
-            check_destination(dest, force)  # it may have filled up meanwhile
-            old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-            dest.rename(old)
-            tmp.rename(dest)
-            shutil.rmtree(old, ignore_errors=True)
-            return
-    tmp.rename(dest)
+    parent = os.open(dest.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(parent, fcntl.LOCK_EX)  # another emit into the same folder waits for this rename
+        if dest.is_dir():
+            if not any(dest.iterdir()):
+                dest.rmdir()
+            else:
+                check_destination(dest, force)  # it may have filled up meanwhile
+                old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+                dest.rename(old)
+                tmp.rename(dest)
+                shutil.rmtree(old, ignore_errors=True)
+                return
+        tmp.rename(dest)
+    finally:
+        os.close(parent)  # and with it the lock
 
 
 # --------------------------------------------------------------------------- writing
@@ -423,6 +445,11 @@ def _save(tensors: dict[str, torch.Tensor], path: Path, fmt: str) -> None:
             raise EmitError(
                 "weights format safetensors needs the safetensors package; pip install safetensors or use pt"
             ) from None
-        save_file(tensors, str(path))
+        try:
+            save_file(tensors, str(path))
+        except OSError:
+            raise
+        except Exception as e:  # safetensors reports a failed write as its own error
+            raise OSError(f"safetensors failed: {str(e).strip()[:200]}") from None
     else:
-        torch.save(tensors, path)
+        torch_save(tensors, path)

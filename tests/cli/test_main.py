@@ -265,6 +265,26 @@ def test_a_closed_output_pipe_ends_quietly(tmp_path: Path) -> None:
     assert (proc.returncode, proc.stderr) == (141, "")
 
 
+@pytest.mark.slow
+def test_output_to_a_full_device_is_one_line_exit_1(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    hand_profile().save(path)
+    with open("/dev/full", "w") as full:  # every write: No space left on device
+        proc = subprocess.run(
+            [sys.executable, "-m", "autopipe.cli.main", "plan", "--profile", str(path), "--stages", "2"],
+            cwd=ROOT,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert (proc.returncode, proc.stderr) == (
+        1,
+        "autopipe: error: cannot write the output: No space left on device; free some space or write elsewhere\n",
+    )
+
+
 def _commands() -> dict[str, argparse.ArgumentParser]:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

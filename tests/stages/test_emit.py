@@ -15,7 +15,7 @@ import pytest
 import torch
 from autopipe.cli.main import main
 
-from autopipe.errors import EmitError, PlanError
+from autopipe.errors import EmitError, OutputError, PlanError
 from autopipe.stages.emit import emit
 from autopipe.stages.merge import merge_state_dict, read_manifest
 from autopipe.stages.rebuild import rebuild_model
@@ -245,7 +245,7 @@ def test_write_failure_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monkey
         raise OSError("disk full")
 
     monkeypatch.setattr(emit_module, "_save", broken)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OutputError, match=r"^cannot write the stages to .*/stages: disk full; nothing was changed$"):
         emit(even_plan("mlp.py"), tmp_path / "stages")
     assert list(tmp_path.iterdir()) == []
 
@@ -358,3 +358,77 @@ def test_progress_tells_each_step_and_every_stage(tmp_path: Path) -> None:
         ("writing stages", 1, 3),
         ("writing stages", 2, 3),
     ]
+
+
+def test_force_never_deletes_the_current_folder_or_the_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    even_plan("mlp.py").save(work / "plan.json")
+    monkeypatch.chdir(work)
+    for folder, said in [(".", "holds the current folder"), ("..", "holds the current folder")]:
+        assert main(["emit", "plan.json", "-o", folder, "--force"]) == 2
+        assert capsys.readouterr().err == (
+            f"autopipe: error: {folder} {said}, which --force would delete; emit into a new folder\n"
+        )
+    monkeypatch.chdir(tmp_path)
+    assert main(["emit", "work/plan.json", "-o", "work", "--force"]) == 2
+    assert capsys.readouterr().err == (
+        "autopipe: error: work holds the file work/plan.json, which --force would delete; emit into a new folder\n"
+    )
+    assert sorted(p.name for p in work.iterdir()) == ["plan.json"]
+
+
+_FULL_EMIT = """
+import resource, signal, sys
+from autopipe.cli.main import main
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_write_that_fails_midway_is_one_line_and_keeps_the_old_folder(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    plan_file = tmp_path / "plan.json"
+    even_plan("mlp.py").save(plan_file)
+    dest = tmp_path / "stages"
+    dest.mkdir()
+    (dest / "old.txt").write_text("old")
+    argv = [sys.executable, "-c", _FULL_EMIT, "emit", str(plan_file), "-o", str(dest), "--force"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        f"autopipe: error: cannot write the stages to {dest}: File too large; nothing was changed\n",
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "stages"]
+    assert [p.name for p in dest.iterdir()] == ["old.txt"]
+    merged = tmp_path / "model.pt"
+    emit(even_plan("mlp.py"), tmp_path / "new")
+    argv = [sys.executable, "-c", _FULL_EMIT, "merge", str(tmp_path / "new"), "-o", str(merged)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+    assert proc.returncode == 2 and proc.stderr.startswith(f"autopipe: error: cannot write {merged}: torch.save failed")
+    assert not merged.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["new", "plan.json", "stages"]
+
+
+@pytest.mark.slow
+def test_concurrent_emits_into_one_folder_leave_one_whole_emit(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    plan_file = tmp_path / "plan.json"
+    even_plan("mlp.py").save(plan_file)
+    dest = tmp_path / "stages"
+    argv = [sys.executable, "-m", "autopipe.cli.main", "emit", str(plan_file), "-o", str(dest), "--force"]
+    procs = [
+        subprocess.Popen(argv, cwd=Path(__file__).parents[2], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    results = [(p.wait(timeout=180), p.stderr.read() if p.stderr else "") for p in procs]
+    assert all(code == 0 for code, _ in results), results
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "stages"]  # no temp or old folder left
+    assert sorted(p.name for p in dest.iterdir()) == ["manifest.json", "stage0", "stage1"] and read_manifest(dest)
