@@ -10,9 +10,40 @@ from __future__ import annotations
 
 import math
 
-from autopipe.errors import PlanError
+from autopipe.errors import InputError, PlanError
 
-__all__ = ["format_bytes", "format_count", "parse_bytes", "parse_duration", "parse_rate"]
+__all__ = [
+    "COUNT_BOUNDS",
+    "check_count",
+    "format_bytes",
+    "format_count",
+    "parse_bytes",
+    "parse_duration",
+    "parse_rate",
+]
+
+COUNT_BOUNDS: dict[str, tuple[int, int]] = {  # counts a user sets (the library's field): smallest, largest
+    "threads": (1, 1024),  # torch threads per process: beyond, torch's thread pool fails (a segfault)
+    "warmup": (0, 1000),  # untimed runs per measurement
+    "repeat": (1, 1000),  # timed runs per measurement
+    "steps": (1, 10**7),  # optimizer steps of one run (longer: several runs with checkpoints)
+}
+"""The one table of these bounds: the CLI's flags (``cli/args.py``), the API's arguments and the run's
+options all check them here, so a value that would run for days or crash torch is one line first.
+(The plan's own counts -- devices, micro-batches, batch -- are bounded where plans are read: plans.py.)"""
+
+
+def check_count(value: object, field: str, name: str | None = None, error: type[InputError] = PlanError) -> int:
+    """``value`` if it is an integer within :data:`COUNT_BOUNDS` ``[field]``, else ``error`` naming it
+    as ``name`` (default: the field, the API's keyword)."""
+    low, high = COUNT_BOUNDS[field]
+    said = name if name is not None else field
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise error(f"{said} must be an integer from {low} to {high} (got {value!r})")
+    if not low <= value <= high:
+        raise error(f"{said} must be from {low} to {high} (got {value})")
+    return value
+
 
 _UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from autopipe._io import check_output_file, check_output_folder
 from autopipe.errors import InputError
+from autopipe.units import COUNT_BOUNDS
 
 if TYPE_CHECKING:
     from autopipe.api import Words
@@ -47,11 +48,14 @@ FLAGS = {  # the library's field -> the flag that sets it: how the CLI's errors 
     "memory": "--memory",
     "micro_batch_sizes": "--micro-batch-sizes",
     "micro_batches": "--micro-batches",
+    "repeat": "--repeat",
     "schedule": "--schedule",
     "stages": "--stages",
     "target": "--target",
     "tensor_parallel": "--tensor-parallel",
+    "threads": "--threads",
     "virtual": "--virtual",
+    "warmup": "--warmup",
 }
 
 
@@ -64,9 +68,15 @@ def cli_words() -> Words:
 
 def _int(text: str, flag: str, what: str) -> int:
     try:
-        return int(text.strip())
+        value = int(text.strip()) if len(text) <= 100 else int("too long")
     except (ValueError, AttributeError):
-        raise UsageError(f"{flag} must be {what} (got {text!r})") from None
+        raise UsageError(f"{flag} must be {what} (got {text[:100]!r})") from None
+    field = next((f for f, said in FLAGS.items() if said == flag), None)
+    if field in COUNT_BOUNDS:  # the one table of bounds (autopipe/units.py)
+        low, high = COUNT_BOUNDS[field]
+        if value > high:  # below the least: the caller's own message (a positive integer, >= 0)
+            raise UsageError(f"{flag} must be from {low} to {high} (got {value})")
+    return value
 
 
 def positive_int(text: str, flag: str) -> int:

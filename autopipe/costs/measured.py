@@ -42,6 +42,7 @@ from autopipe.errors import ProfileError
 from autopipe.graph.outputs import training_loss
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.trace import Block, TracedModel, trace_model
+from autopipe.units import check_count
 
 __all__ = [
     "BlockMeasurement",
@@ -77,8 +78,9 @@ def profile_model(
     ``autopipe run`` runs on one thread, so that is what its stages will cost); ``None``
     keeps torch's current setting.
     """
-    if threads is not None and threads < 1:
-        raise ProfileError(f"threads must be at least 1 (got {threads})")
+    for field, value in (("warmup", warmup), ("repeat", repeat), ("threads", threads)):
+        if value is not None:
+            check_count(value, field, error=ProfileError)
     before = torch.get_num_threads()
     if threads is not None and not device.startswith("cuda"):
         torch.set_num_threads(threads)
@@ -100,8 +102,6 @@ def _profile(
     sizes = sorted(set(micro_batch_sizes))
     if not sizes or sizes[0] < 1:
         raise ProfileError(f"micro-batch sizes must be positive integers (got {list(micro_batch_sizes)})")
-    if warmup < 0 or repeat < 1:
-        raise ProfileError(f"need warmup >= 0 and repeat >= 1 (got warmup={warmup}, repeat={repeat})")
     dev = _device(device)
     model: nn.Module = loaded.model.to(dev)
     model.train()

@@ -99,7 +99,15 @@ def test_profiling_uses_the_asked_threads_and_restores_them() -> None:
         profile_model(loaded, micro_batch_sizes=[1], warmup=0, repeat=1, threads=1)
         assert seen == [1]
         assert torch.get_num_threads() == 2
-        with pytest.raises(ProfileError, match="threads must be at least 1"):
-            profile_model(loaded, micro_batch_sizes=[1], threads=0)
+        for kwargs, message in [
+            ({"threads": 0}, "threads must be from 1 to 1024 (got 0)"),
+            ({"threads": 100_000}, "threads must be from 1 to 1024 (got 100000)"),
+            ({"warmup": 10**11}, "warmup must be from 0 to 1000 (got 100000000000)"),
+            ({"repeat": 1.5}, "repeat must be an integer from 1 to 1000 (got 1.5)"),
+            ({"repeat": True}, "repeat must be an integer from 1 to 1000 (got True)"),
+        ]:
+            with pytest.raises(ProfileError) as info:
+                profile_model(loaded, micro_batch_sizes=[1], **kwargs)  # type: ignore[arg-type]
+            assert str(info.value) == message
     finally:
         torch.set_num_threads(before)

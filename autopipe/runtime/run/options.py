@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from autopipe.errors import AutopipeError, RunOptionError
 from autopipe.modes import Engine
-from autopipe.units import parse_duration
+from autopipe.units import COUNT_BOUNDS, parse_duration
 
 if TYPE_CHECKING:
     from autopipe.plans import Plan
@@ -44,10 +44,10 @@ __all__ = [
 
 DEFAULT_STEPS = 10  # the run flags' --steps
 LAUNCHER_ENV = "AUTOPIPE_LAUNCHER_PID"  # set by autopipe run for its ranks: the launcher's pid
-MAX_STEPS = 10**7
+MAX_STEPS = COUNT_BOUNDS["steps"][1]
 MAX_SEED = 2**64 - 1  # torch.manual_seed's largest; step k's batches use seed + k + 1
 MAX_TIMEOUT_S = 7 * 86400.0
-MAX_THREADS = 1024
+MAX_THREADS = COUNT_BOUNDS["threads"][1]
 
 
 @dataclass(frozen=True)
