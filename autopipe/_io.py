@@ -33,6 +33,7 @@ __all__ = [
     "check_output_file",
     "check_output_folder",
     "output_target",
+    "printable",
     "shown",
     "torch_save",
 ]
@@ -49,6 +50,16 @@ def shown(path: str | Path) -> str:
     except UnicodeEncodeError:  # a surrogate that no file name decodes to
         return str(path).encode("utf-8", "backslashreplace").decode("ascii", "replace")
     return raw.decode("utf-8", "backslashreplace")
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if chr(c) not in "\n\t"}
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters as ``\\x1b``-style escapes (newlines and tabs kept): a string
+    from a plan, a profile or a model (a name, a path) can never move the cursor, retitle or recolour
+    the terminal it is printed on."""
+    return text.translate(_CONTROL)
 
 
 def _check_name(path: str | Path, what: str) -> Path:

@@ -27,8 +27,10 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from rich.console import Console
+from rich.text import Text
 
 from autopipe import __version__
+from autopipe._io import printable
 from autopipe.errors import AutopipeError, RuntimeFailure
 
 from .analytic_cmd import add_calibrate_parser
@@ -63,7 +65,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _Console(Console):
-    """rich's Console, leaving a closed output pipe to :func:`main` (rich would exit 1)."""
+    """rich's Console as autopipe prints with it: strings are text, never markup (a ``[/]`` in a model's
+    or a block's name is printed, not parsed; autopipe's own styled lines pass ``markup=True`` or a
+    ``Text``), control characters in them are shown as escapes (:func:`autopipe._io.printable`), and
+    a closed output pipe is left to :func:`main` (rich would exit 1)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(markup=False, **kwargs)
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(printable(text), **kwargs)
 
     def on_broken_pipe(self) -> None:
         self.quiet = True

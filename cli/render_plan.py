@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from autopipe.plans import Plan
 from autopipe.show.picture import placement_shape, placement_words
@@ -78,7 +80,7 @@ def baseline_table(plan: Plan) -> Table:
             f"{ratio:.2f}x",
             f"{b.bubble_fraction:.1%}",
             format_bytes(max(b.peak_memory_bytes)),
-            "yes" if b.fits else "[red]no (OOM)[/]",
+            "yes" if b.fits else Text("no (OOM)", style="red"),
         )
     return t
 
@@ -89,12 +91,13 @@ def print_plan(plan: Plan, console: Console, timeline_rows: list[str] | None = N
     if placed:
         console.print(placed, highlight=False)
     console.print(
-        f"schedule [bold]{plan.schedule}[/]"
+        f"schedule [bold]{escape(plan.schedule)}[/]"
         + (f" (v={plan.virtual})" if plan.virtual > 1 else "")
         + f", {plan.micro_batches} micro-batch{'es' if plan.micro_batches != 1 else ''} of {plan.micro_batch_size} "
         f"(batch {plan.batch_size}); "
         f"predicted iteration [bold]{_ms(plan.iteration_time_s)} ms[/], bubble {plan.bubble_fraction:.1%}, "
-        f"{plan.throughput:.1f} samples/s"
+        f"{plan.throughput:.1f} samples/s",
+        markup=True,  # autopipe's own styles; the one string from the plan is escaped
     )
     if plan.data_parallel > 1 or plan.tensor_parallel > 1:
         console.print(layout_line(plan))
@@ -107,7 +110,7 @@ def print_plan(plan: Plan, console: Console, timeline_rows: list[str] | None = N
     console.print(baseline_table(plan))
     if timeline_rows:
         for row in timeline_rows:
-            console.print(row, highlight=False)
+            console.print(row, highlight=False, markup=True)  # draw.text_timeline's markup: no plan strings
     if wrote:
         console.print(wrote)
 

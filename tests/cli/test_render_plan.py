@@ -102,3 +102,20 @@ def test_one_chunk_per_device_needs_no_placement_line(tmp_path: Path, capsys: py
     plan, _ = planned(tmp_path, capsys, 2, "--schedule", "1f1b")
     lines = printed(plan)
     assert device_column(lines) == ["0", "1"] and not any("placement" in line for line in lines)
+
+
+def test_plan_strings_are_printed_as_text_never_as_markup_or_terminal_codes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``[/]`` in a name (rich markup that would raise) and escape sequences (a retitled, recoloured
+    terminal) from a plan file: printed, escaped, by show."""
+    from tests.helpers import even_plan
+
+    raw = json.loads(even_plan("mlp.py").to_json())
+    raw["model"] = "x[/]\x1b]0;pwned\x07[bold]y.py:build_model"
+    raw["stages"][0]["blocks"][0] = "lay[/]ers\x1b[31m.0"
+    (tmp_path / "plan.json").write_text(json.dumps(raw))
+    assert main(["show", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "x[/]\\x1b]0;pwned\\x07[bold]y.py:build_model" in out and "lay[/]ers\\x1b[31m.0" in out
