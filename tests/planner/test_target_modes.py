@@ -81,3 +81,44 @@ def test_a_v_balance_for_megatron_is_one_line() -> None:
             balance=[2, 2, 2, 2],
             choices=api.Choices(schedule="v-half", target="megatron"),
         )
+
+
+@pytest.fixture(scope="module")
+def counted() -> dict[str, tuple[api.Profile, api.ModelCounts, api.DeviceSpec]]:
+    spec = api.catalogue_device("h100")
+    out = {}
+    for model, kwargs in (("models/gpt.py", {"preset": "gpt3-1.3b"}), ("models/llama.py", {"preset": "llama2-7b"})):
+        counts = api.count(model, kwargs, spec)
+        out[model] = (api.price(counts, spec), counts, spec)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(8))
+def test_megatron_plans_of_real_models_run_on_megatron(
+    seed: int, counted: dict[str, tuple[api.Profile, api.ModelCounts, api.DeviceSpec]]
+) -> None:
+    rng = random.Random(seed)
+    model = ("models/gpt.py", "models/llama.py")[seed % 2]
+    prof, counts, spec = counted[model]
+    mode = ("search", "balance", "gpus")[rng.randrange(3)]
+    devices, batch = rng.choice([4, 8]), rng.choice([8, 16, 32])
+    kw: dict[str, object] = {"batch_size": batch, "memory": rng.choice(["64GiB", "80GiB"]), "device": spec}
+    if mode == "gpus":
+        kw.update(gpus=devices * 2, counts=counts)
+    else:
+        kw["devices"] = devices
+    if mode == "balance":
+        n = prof.num_blocks
+        kw["balance"] = [n // devices + (i < n % devices) for i in range(devices)]
+
+    def planned(target: str) -> api.Plan:
+        choices = api.Choices(target=target)
+        if mode == "gpus":
+            return api.search_cluster(prof, choices=choices, **kw).plan  # type: ignore[arg-type]
+        return api.plan_profile(prof, choices=choices, **kw)  # type: ignore[arg-type]
+
+    plan = planned("megatron")  # every case fits (64 GiB or more per H100, 4 or more stages)
+    assert target_spec("megatron").runs(plan.schedule, [s.recompute for s in plan.stages]), (mode, plan.schedule)
+    assert plan.free_plan is not None and plan.step_time_s >= plan.free_plan.step_time_s * (1 - 1e-9)
+    assert plan.free_plan == api.FreePlan.of(planned("autopipe"))
