@@ -79,7 +79,8 @@ def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
         metavar="{autopipe,megatron,torchtitan,torch}",
         help="the framework that will run the plan: search only the schedules and recomputation it runs "
         "(megatron: 1f1b and interleaved-1f1b, every stage recomputed or none; torchtitan: torch's schedule "
-        "classes, every stage or none; torch: to_torch_pipelining's; default autopipe: everything)",
+        "classes, every stage or none; torch: to_torch_pipelining's; default autopipe: everything), with --balance "
+        "and --gpus too; the free plan's prediction is shown and kept beside it",
     )
     p.add_argument(
         "--balance",
