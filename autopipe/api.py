@@ -35,7 +35,7 @@ from autopipe.costs.devices import DeviceSpec, device_spec, read_cluster_file
 from autopipe.costs.match import check_profile_of, fingerprint_of
 from autopipe.costs.measured import Progress, profile_model
 from autopipe.costs.profile import Profile
-from autopipe.errors import AutopipeError, ConfigError, EmitError, PlanError
+from autopipe.errors import AutopipeError, ConfigError, EmitError, InfeasibleError, PlanError
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.model.given import (
     Batch,
@@ -68,12 +68,14 @@ from autopipe.planner.request import (
     TARGETS,
     Choices,
     Link,
+    PlanRequest,
     Words,
+    check_target,
     target_spec,
     validate,
 )
 from autopipe.planner.search import plan_pipeline
-from autopipe.plans import Plan
+from autopipe.plans import FreePlan, Plan
 from autopipe.stages.emit import emit as emit_rebuilt
 from autopipe.stages.emit import emit_stages
 from autopipe.stages.rebuild import rebuild_model
@@ -84,6 +86,7 @@ __all__ = [  # the functions, then what they take and give (the CLI imports thes
     "TARGETS",
     "Choices",
     "DeviceSpec",
+    "FreePlan",
     "Link",
     "ModelCounts",
     "ParallelPlan",
@@ -221,27 +224,48 @@ def plan(
     )
 
 
-def target_note(targeted: Plan, free: Plan, target: str, words: Words = API_WORDS) -> str:
-    """Both predictions, when a target restricts the search: ``free plan (any schedule): v-half, 1.23 s/iter;
-    --target megatron: interleaved-1f1b, 1.31 s/iter (+6.5%)`` (``free``: the same request, target autopipe)."""
-    extra = targeted.iteration_time_s / free.iteration_time_s - 1 if free.iteration_time_s > 0 else 0.0
+def target_note(plan: Plan, words: Words = API_WORDS) -> str:
+    """Both predictions of a plan made for a target that searches less (``plan.free_plan``; ``""``
+    for another plan): ``free plan (any schedule): v-half, 8 micro-batches, 1.23 s/iter;
+    --target megatron (Megatron-LM): interleaved-1f1b v=2, 8 micro-batches, 1.31 s/iter (+6.5%)``."""
+    free = plan.free_plan
+    if free is None:
+        return ""
+    cluster = plan.data_parallel > 1 or plan.tensor_parallel > 1 or free.data_parallel > 1 or free.tensor_parallel > 1
+    mine, theirs = (plan.step_time_s, free.step_time_s) if cluster else (plan.iteration_time_s, free.iteration_time_s)
+    unit = "s/step" if cluster else "s/iter"
+    extra = mine / theirs - 1 if theirs > 0 else 0.0
     return (
-        f"free plan (any schedule): {_decided(free)}, {free.iteration_time_s:.3g} s/iter; "
-        f"{words.said('target', target)} ({target_spec(target).label}): {_decided(targeted)}, "
-        f"{targeted.iteration_time_s:.3g} s/iter ({extra:+.1%})"
+        f"free plan (any schedule): {_decided(free, cluster)}, "
+        f"{theirs:.3g} {unit}; {words.said('target', plan.target)} ({target_spec(plan.target).label}): "
+        f"{_decided(FreePlan.of(plan), cluster)}, {mine:.3g} {unit} ({extra:+.1%})"
     )
 
 
-def _decided(plan: Plan) -> str:
-    """``interleaved-1f1b v=2, 8 micro-batches, recomputing every stage``."""
-    rc = [s.index for s in plan.stages if s.recompute]
-    said = "every stage" if len(rc) == len(plan.stages) else "stage(s) " + ",".join(map(str, rc))
+def _decided(plan: FreePlan, cluster: bool) -> str:
+    """``interleaved-1f1b v=2, 8 micro-batches, recomputing every stage`` (``t=2 x S=4 x D=2, `` first
+    for a --gpus plan)."""
+    stages = plan.devices * plan.virtual
+    rc = plan.recomputed
+    said = "every stage" if len(rc) == stages else "stage(s) " + ",".join(map(str, rc))
     return (
-        plan.schedule
+        (f"t={plan.tensor_parallel} x S={plan.devices} x D={plan.data_parallel}, " if cluster else "")
+        + plan.schedule
         + (f" v={plan.virtual}" if plan.virtual > 1 else "")
         + f", {plan.micro_batches} micro-batches"
         + (f", recomputing {said}" if rc else "")
     )
+
+
+def _with_free(plan: Plan, free: Callable[[], Plan]) -> Plan:
+    """``plan`` with the free plan's prediction (``free()``: the same request, target autopipe)
+    where its target searches less than autopipe; as it is where the free search finds nothing."""
+    if not target_spec(plan.target).restricts():
+        return plan
+    try:
+        return replace(plan, free_plan=FreePlan.of(free()))
+    except InfeasibleError:
+        return plan
 
 
 def _check_profile_options(options: Mapping[str, object]) -> None:
@@ -307,14 +331,13 @@ def plan_profile(
         device=device,
     )
     validate(prof, request, words)
-    if balance is None:
-        return plan_pipeline(prof, request, progress)
-    if request.target != "autopipe":
-        raise PlanError(
-            f"{words.name('balance')} prices your own split, {words.said('target', request.target)} "
-            "restricts the search; give one"
-        )
-    return plan_balance(prof, request, balance, flag=words.name("balance"))
+
+    def planned(req: PlanRequest) -> Plan:
+        if balance is None:
+            return plan_pipeline(prof, req, progress)
+        return plan_balance(prof, req, balance, flag=words.name("balance"))
+
+    return _with_free(planned(request), lambda: planned(replace(request, target="autopipe")))
 
 
 def emit(
@@ -446,6 +469,7 @@ def search_cluster(
         words.name("gpus"),
     )
     fields = cluster_fields(cluster)
+    check_target(choices or Choices(), words)
     request = parallel_request(
         profile,
         gpus=gpus,
@@ -463,7 +487,10 @@ def search_cluster(
     tensor = (
         tensor_options(counts, device, layout, sequence_parallel) if counts is not None and device is not None else None
     )
-    return plan_parallel(profile, request, progress, tensor)
+    result = plan_parallel(profile, request, progress, tensor)
+    free = replace(request, choices=replace(request.choices, target="autopipe"))
+    plan = _with_free(result.plan, lambda: plan_parallel(profile, free, progress, tensor).plan)
+    return replace(result, best=replace(result.best, plan=plan))
 
 
 def plan_cluster(

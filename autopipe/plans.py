@@ -24,6 +24,7 @@ from autopipe.errors import PlanFileError
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.modes import Recompute
 from autopipe.schedules.registry import schedule_names, schedule_spec
+from autopipe.schedules.targets import TARGETS
 
 __all__ = [
     "MAX_BATCH_SIZE",
@@ -34,6 +35,7 @@ __all__ = [
     "PLAN_VERSION",
     "Alternative",
     "Baseline",
+    "FreePlan",
     "Plan",
     "StagePlan",
     "check_plan_values",
@@ -91,6 +93,37 @@ class Baseline:
 
 
 @dataclass(frozen=True)
+class FreePlan:
+    """The free plan's prediction beside a targeted one: the best plan of the same request with
+    every schedule and recomputation (``--target autopipe``), kept where the plan's target searches less."""
+
+    schedule: str
+    virtual: int
+    micro_batches: int
+    recomputed: tuple[int, ...]  # the stages it recomputes
+    iteration_time_s: float
+    step_time_s: float  # with the data-parallel all-reduce (the --gpus search compares these)
+    tensor_parallel: int = 1
+    devices: int = 1  # pipeline depth
+    data_parallel: int = 1
+
+    @staticmethod
+    def of(plan: Plan) -> FreePlan:
+        """The prediction of ``plan`` (the free search's best), as a targeted plan keeps it."""
+        return FreePlan(
+            plan.schedule,
+            plan.virtual,
+            plan.micro_batches,
+            tuple(s.index for s in plan.stages if s.recompute),
+            plan.iteration_time_s,
+            plan.step_time_s,
+            plan.tensor_parallel,
+            plan.devices,
+            plan.data_parallel,
+        )
+
+
+@dataclass(frozen=True)
 class Plan:
     """A pipeline plan and everything predicted about it."""
 
@@ -127,6 +160,10 @@ class Plan:
     model_flops: float = 0.0  # per iteration, all devices: 3 x forward (0: not counted)
     hardware_flops: float = 0.0  # model_flops plus the forward of recomputed stages
     shard_optimizer: bool = False  # ZeRO-1: optimizer state and master weights split over the D replicas
+    # The framework the plan was made for (``--target``, schedules/targets.py; plans written
+    # before it read as autopipe) and, where that target searches less, the free plan's prediction.
+    target: str = "autopipe"
+    free_plan: FreePlan | None = None
     version: int = PLAN_VERSION
 
     @property
@@ -339,8 +376,10 @@ def _plan_from_dict(raw: dict[str, Any], source: str = "plan") -> Plan:
         {k: v for k, v in raw.items() if k not in recipe_keys},
         "",
         source,
-        frozenset({"recipe", "version", *lists}),
+        frozenset({"recipe", "version", "free_plan", *lists}),
     )
+    free = raw.get("free_plan")
+    top["free_plan"] = None if free is None else FreePlan(**_fields(FreePlan, free, "free_plan.", source))
     parts: dict[str, Any] = {}
     for key, cls in (("stages", StagePlan), ("alternatives", Alternative), ("baselines", Baseline)):
         if key not in raw:
@@ -365,6 +404,10 @@ def check_plan_values(plan: Plan, source: str = "plan") -> None:
     if plan.schedule not in names:
         raise bad(f"schedule {_shown(plan.schedule)} is unknown (known: {', '.join(names)})")
     spec = schedule_spec(plan.schedule)
+    if plan.target not in TARGETS:
+        raise bad(f"target {_shown(plan.target)} is unknown (known: {', '.join(TARGETS)})")
+    if plan.free_plan is not None and plan.free_plan.schedule not in names:
+        raise bad(f"free_plan.schedule {_shown(plan.free_plan.schedule)} is unknown (known: {', '.join(names)})")
     for name, value, most in (
         ("devices", S, MAX_DEVICES),
         ("data_parallel", plan.data_parallel, MAX_REPLICAS),

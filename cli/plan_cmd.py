@@ -9,7 +9,6 @@ code ``autopipe.plan`` runs.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,7 +79,8 @@ def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
         metavar="{autopipe,megatron,torchtitan,torch}",
         help="the framework that will run the plan: search only the schedules and recomputation it runs "
         "(megatron: 1f1b and interleaved-1f1b, every stage recomputed or none; torchtitan: torch's schedule "
-        "classes, every stage or none; torch: to_torch_pipelining's; default autopipe: everything)",
+        "classes, every stage or none; torch: to_torch_pipelining's; default autopipe: everything), with --balance "
+        "and --gpus too; the free plan's prediction is shown and kept beside it",
     )
     p.add_argument(
         "--balance",
@@ -173,10 +173,6 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
         recompute,
         args.target,
     )
-    if args.target != "autopipe" and gpus is not None:
-        raise UsageError(f"--target {args.target} plans one pipeline; drop --gpus, or drop --target")
-    if args.target != "autopipe" and args.balance is not None:
-        raise UsageError(f"--balance prices your own split and --target {args.target} restricts the search; give one")
     link = Link(
         _optional(args.bandwidth, parse_rate, "--bandwidth"),
         _optional(args.latency, parse_duration, "--latency"),
@@ -263,25 +259,19 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
         )
         return result.plan, _parallel_note(flags.gpus, result)
 
-    def planned(choices: Choices) -> Plan:
-        return api.plan_profile(
-            profile,
-            devices=flags.devices,
-            batch_size=flags.batch_size,
-            memory=flags.memory_limit,
-            choices=choices,
-            link=flags.link,
-            balance=flags.balance,
-            device=spec,
-            progress=progress,
-            words=cli_words(),
-        )
-
-    plan = planned(flags.choices)
-    if not api.target_spec(flags.choices.target).restricts():  # autopipe, torch: the free plan is the plan
-        return plan, ""
-    free = planned(dataclasses.replace(flags.choices, target="autopipe"))
-    return plan, api.target_note(plan, free, flags.choices.target, cli_words())
+    plan = api.plan_profile(
+        profile,
+        devices=flags.devices,
+        batch_size=flags.batch_size,
+        memory=flags.memory_limit,
+        choices=flags.choices,
+        link=flags.link,
+        balance=flags.balance,
+        device=spec,
+        progress=progress,
+        words=cli_words(),
+    )
+    return plan, ""
 
 
 def _profile_for_plan(

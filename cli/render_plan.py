@@ -9,7 +9,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from autopipe.plans import Plan
+from autopipe.plans import FreePlan, Plan
+from autopipe.schedules.targets import target_spec
 from autopipe.show.picture import placement_shape, placement_words
 from autopipe.units import format_bytes, format_count
 
@@ -101,6 +102,8 @@ def print_plan(plan: Plan, console: Console, timeline_rows: list[str] | None = N
     )
     if plan.data_parallel > 1 or plan.tensor_parallel > 1:
         console.print(layout_line(plan))
+    for line in target_lines(plan):
+        console.print(line, highlight=False)
     if plan.alternatives:
         alt = ", ".join(
             f"{a.schedule}{f'/v{a.virtual}' if a.virtual > 1 else ''} m={a.micro_batches}: {_ms(a.iteration_time_s)} ms"
@@ -113,6 +116,21 @@ def print_plan(plan: Plan, console: Console, timeline_rows: list[str] | None = N
             console.print(row, highlight=False, markup=True)  # draw.text_timeline's markup: no plan strings
     if wrote:
         console.print(wrote)
+
+
+def target_lines(plan: Plan) -> list[str]:
+    """The framework the plan was made for (none for autopipe's own) and, where its search keeps to
+    less than autopipe's, both predictions: the free plan's and this one's."""
+    if plan.target == "autopipe":
+        return []
+    from autopipe.api import target_note
+
+    from .args import cli_words
+
+    spec = target_spec(plan.target)
+    lines = [f"target {plan.target} ({spec.label}): searched {spec.searched()}"]
+    note = target_note(plan, cli_words())
+    return lines + ([note] if note else [])
 
 
 def layout_line(plan: Plan) -> str:
@@ -192,4 +210,23 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             }
             for a in plan.alternatives
         ],
+        "target": plan.target,
+        "free_plan": _free_json(plan, plan.free_plan) if plan.free_plan is not None else None,
+    }
+
+
+def _free_json(plan: Plan, free: FreePlan) -> dict[str, Any]:
+    """The free plan's prediction beside a targeted plan (``target_cost``: the targeted plan's
+    step time over the free plan's, less one)."""
+    return {
+        "schedule": free.schedule,
+        "virtual": free.virtual,
+        "micro_batches": free.micro_batches,
+        "recomputed_stages": list(free.recomputed),
+        "iteration_time_s": free.iteration_time_s,
+        "step_time_s": free.step_time_s,
+        "tensor_parallel": free.tensor_parallel,
+        "pipeline_parallel": free.devices,
+        "data_parallel": free.data_parallel,
+        "target_cost": plan.step_time_s / free.step_time_s - 1 if free.step_time_s > 0 else 0.0,
     }

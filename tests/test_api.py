@@ -544,5 +544,13 @@ def test_a_target_is_a_choice_and_the_note_shows_both_plans() -> None:
         prof, devices=4, batch_size=8, memory=2**32, choices=autopipe.Choices(target="megatron")
     )
     assert plan.schedule in ("1f1b", "interleaved-1f1b") and plan.iteration_time_s >= free.iteration_time_s
-    note = autopipe.api.target_note(plan, free, "megatron")
+    assert plan.target == "megatron" and plan.free_plan == autopipe.api.FreePlan.of(free)  # the API result keeps both
+    note = autopipe.api.target_note(plan)
     assert note.startswith(f"free plan (any schedule): {free.schedule}") and "; target=megatron (Megatron-LM): " in note
+    extra = plan.iteration_time_s / free.iteration_time_s - 1
+    assert note.endswith(f"{plan.iteration_time_s:.3g} s/iter ({extra:+.1%})")
+    assert free.free_plan is None and autopipe.api.target_note(free) == ""  # the free plan: nothing beside it
+    torch = autopipe.api.plan_profile(
+        prof, devices=4, batch_size=8, memory=2**32, choices=autopipe.Choices(target="torch")
+    )
+    assert torch.target == "torch" and torch.free_plan is None  # it runs every schedule: the free plan is the plan

@@ -13,11 +13,22 @@ import pytest
 from autopipe.cli.main import main
 
 from autopipe.errors import PlanFileError
-from autopipe.plans import MAX_MICRO_BATCHES, Plan
+from autopipe.plans import MAX_MICRO_BATCHES, FreePlan, Plan
 from tests.helpers import FIXTURES
 
 PLAN_V1 = FIXTURES / "good_mlp_plan_v1.json"
 Mutation = Callable[[dict[str, Any]], None]
+_FREE = {
+    "schedule": "zb-h1",
+    "virtual": 1,
+    "micro_batches": 1,
+    "recomputed": [],
+    "iteration_time_s": 0.5,
+    "step_time_s": 0.5,
+    "tensor_parallel": 1,
+    "devices": 2,
+    "data_parallel": 1,
+}
 
 
 def _v2() -> dict[str, Any]:
@@ -114,6 +125,22 @@ BAD: list[tuple[str, Mutation, str]] = [
     ("devices huge", _set("devices", 2**60), "devices is 1152921504606846976, expected 1 to 4096"),
     ("sequence parallel alone", _set("sequence_parallel", True), "sequence_parallel is true with tensor_parallel 1"),
     ("hardware below model flops", _set("model_flops", 5.0), "hardware_flops 0 is below model_flops 5"),
+    (
+        "target unknown",
+        _set("target", "nemo"),
+        "target 'nemo' is unknown (known: autopipe, megatron, torchtitan, torch)",
+    ),
+    ("free plan a list", _set("free_plan", []), "free_plan is a list, expected an object"),
+    (
+        "free plan missing a field",
+        _set("free_plan", {"schedule": "1f1b"}),
+        "free_plan.virtual is missing",
+    ),
+    (
+        "free plan schedule unknown",
+        _set("free_plan", dict(_FREE, schedule="nope")),
+        "free_plan.schedule 'nope' is unknown",
+    ),
 ]
 
 
@@ -141,6 +168,18 @@ def test_good_plans_of_both_versions_load_and_round_trip() -> None:
         False,
         0.0,
     )  # before tensor parallelism
+
+
+def test_a_plan_keeps_its_target_and_the_free_plan_and_older_plans_read_as_autopipe() -> None:
+    raw = _v2()
+    del raw["target"], raw["free_plan"]  # a plan written before --target
+    old = Plan.from_json(json.dumps(raw))
+    assert old.target == "autopipe" and old.free_plan is None and old == Plan.load(PLAN_V1)
+    raw.update(target="megatron", free_plan=_FREE)
+    plan = Plan.from_json(json.dumps(raw))
+    assert plan.target == "megatron" and plan.free_plan == FreePlan("zb-h1", 1, 1, (), 0.5, 0.5, 1, 2, 1)
+    assert Plan.from_json(plan.to_json()) == plan
+    assert json.loads(plan.to_json())["free_plan"]["recomputed"] == []
 
 
 def test_huge_numbers_and_deep_nesting_are_one_line() -> None:

@@ -59,6 +59,7 @@ from torch import nn
 
 from autopipe.config.model_facts import ModelFacts, read_model
 from autopipe.config.parts import Degrees, Parts, degrees, model_parts, stage_list
+from autopipe.config.retarget import retarget_notes
 from autopipe.plans import Plan
 from autopipe.schedules.registry import schedule_spec
 
@@ -323,7 +324,7 @@ def megatron_args(
     if split[:1] == ["--pipeline-model-parallel-layout"]:
         notes.append(_layout_note(parts, deg))
     recompute, recompute_notes = _recompute(plan, deg, parts)
-    notes += recompute_notes
+    notes += recompute_notes + retarget_notes(plan, "megatron")
     lines += [f"# {n}" for n in notes]
     return "\n".join(lines + _argument_lines(args + definition + precision + split + recompute)) + "\n"
 

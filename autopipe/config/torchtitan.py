@@ -29,6 +29,7 @@ import json
 from dataclasses import dataclass
 
 from autopipe.config.parts import Degrees, Parts, degrees, model_parts, plan_precision, stage_list
+from autopipe.config.retarget import retarget_notes
 from autopipe.plans import Plan
 from autopipe.schedules.registry import schedule_spec
 
@@ -210,7 +211,7 @@ def _job(plan: Plan, version: str, overrides: tuple[int | None, bool | None, boo
         parts=fqns,
         recompute=mode,
         precision=precision,
-        notes=notes + recompute_notes + precision_notes,
+        notes=notes + recompute_notes + precision_notes + retarget_notes(plan, "torchtitan"),
     )
 
 

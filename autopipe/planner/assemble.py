@@ -99,6 +99,7 @@ def make_plan(
         peak_memory_bytes=timeline.peak_memory_bytes,
         alternatives=tuple(alternatives),
         baselines=tuple(_baselines(profile, req, best)),
+        target=req.target,
     )
 
 

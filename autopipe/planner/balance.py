@@ -16,10 +16,11 @@ from dataclasses import replace
 
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
+from autopipe.modes import Recompute
 from autopipe.planner.assemble import make_plan
 from autopipe.planner.context import SearchContext
 from autopipe.planner.pricing import Priced, fits
-from autopipe.planner.request import PlanRequest, decisions, validate
+from autopipe.planner.request import PlanRequest, decisions, target_spec, validate
 from autopipe.planner.search import plan_search
 from autopipe.planner.splits import check_balance, price_split, problem_of
 from autopipe.plans import Baseline, Plan
@@ -36,13 +37,14 @@ def plan_balance(profile: Profile, request: PlanRequest, balance: Sequence[int],
     v = check_balance(balance, profile.num_blocks, request.devices, request.schedule, request.virtual, flag)
     sizes = [int(x) for x in balance]
     priced: list[Priced] = []
-    ctx = SearchContext(profile, request)
-    for d in decisions(profile, request):
-        if d.virtual != v:
-            continue
-        size = ctx.size(d)
-        problem = problem_of(profile, request, d, size.numbers)
-        priced.append(price_split(profile, request, d, sizes, problem=problem, times=size.times, source="balance"))
+    for req in _modes(request):  # a target that recomputes every stage or none: both
+        ctx = SearchContext(profile, req)
+        for d in decisions(profile, req):
+            if d.virtual != v:
+                continue
+            size = ctx.size(d)
+            problem = problem_of(profile, req, d, size.numbers)
+            priced.append(price_split(profile, req, d, sizes, problem=problem, times=size.times, source="balance"))
     if not priced:
         raise PlanError(
             f"no schedule asked runs {v} chunk{'s' if v > 1 else ''} per device for {flag} "
@@ -75,6 +77,14 @@ def plan_balance(profile: Profile, request: PlanRequest, balance: Sequence[int],
     blocks = tuple(best.partition.stage_of_block.count(j) for j in range(best.problem.stages))
     mine = Baseline(name, blocks, bt.iteration_s, bt.bubble_fraction, bt.peak_memory_bytes, True)
     return replace(plan, baselines=(mine, *plan.baselines))
+
+
+def _modes(request: PlanRequest) -> list[PlanRequest]:
+    """The request, or where its target recomputes every stage or none and recomputation is left
+    to the search, the request with nothing recomputed and with everything."""
+    if request.recompute == "auto" and target_spec(request.target).uniform_recompute:
+        return [replace(request, recompute=mode) for mode in (Recompute.NEVER, Recompute.ALWAYS)]
+    return [request]
 
 
 def _key(ct: Priced) -> tuple[float, int, int, int]:

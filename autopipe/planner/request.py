@@ -31,6 +31,7 @@ from autopipe.modes import Recompute
 from autopipe.planner.pricing import Decision
 from autopipe.plans import MAX_BATCH_SIZE, MAX_DEVICES, MAX_MICRO_BATCHES
 from autopipe.schedules import ScheduleSpec, schedule_names, schedule_spec, search_order
+from autopipe.schedules.targets import TARGETS, Target, target_spec
 from autopipe.units import format_bytes
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "PlanRequest",
     "Target",
     "Words",
+    "check_target",
     "decisions",
     "divisors",
     "infeasible_error",
@@ -55,49 +57,6 @@ __all__ = [
 ]
 
 SEARCH_SCHEDULES = tuple(s.name for s in search_order() if s.searched)  # ties go to the first (ScheduleSpec.preference)
-
-
-@dataclass(frozen=True)
-class Target:
-    """A framework that will run the plan, and what of the search it runs as priced (``--target``)."""
-
-    name: str  # autopipe, megatron, torchtitan, torch
-    label: str  # how messages name it: "Megatron-LM"
-    schedules: tuple[str, ...]  # the schedules it runs (search order)
-    uniform_recompute: bool  # it recomputes every stage or none (one mode for all stages)
-
-    def restricts(self) -> bool:
-        """Whether the target searches less than autopipe does."""
-        return self.uniform_recompute or set(self.schedules) != set(schedule_names())
-
-
-def _targets() -> tuple[Target, ...]:
-    """The targets, from each schedule's torch class: Megatron-LM runs 1F1B and interleaved 1F1B
-    (config/megatron.py's MEGATRON_SCHEDULES) with full recomputation on every stage or none;
-    torchtitan the schedules torch has a class for (config/torchtitan.py), activation checkpointing
-    one mode for all stages; ``to_torch_pipelining`` (stages/export.py) every schedule, those
-    without a class as a schedule CSV; autopipe's executor everything."""
-    every = tuple(s.name for s in search_order())
-    megatron = tuple(s.name for s in search_order() if s.torch_class in ("Schedule1F1B", "ScheduleInterleaved1F1B"))
-    titan = tuple(s.name for s in search_order() if s.torch_class)
-    return (
-        Target("autopipe", "autopipe's executor", every, False),
-        Target("megatron", "Megatron-LM", megatron, True),
-        Target("torchtitan", "torchtitan", titan, True),
-        Target("torch", "torch.distributed.pipelining", every, False),
-    )
-
-
-TARGETS = tuple(t.name for t in _targets())
-"""The ``--target`` names; the first, autopipe, is the default (everything)."""
-
-
-def target_spec(name: str) -> Target:
-    """The :class:`Target` called ``name``; PlanError (one line) for another name."""
-    for t in _targets():
-        if t.name == name:
-            return t
-    raise PlanError(f"unknown target {name!r}; use one of {', '.join(TARGETS)}")
 
 
 # MAX_MICRO_BATCHES (plans.py) is the most micro-batches autopipe plans or runs: a schedule is
@@ -319,14 +278,22 @@ def _check_micro_batches(profile: Profile, req: PlanRequest, words: Words) -> No
 
 
 def _check_target(req: PlanRequest, words: Words) -> None:
-    """A known target, and a pinned schedule it runs."""
-    if req.target not in TARGETS:
-        raise PlanError(f"unknown target {req.target!r}; use one of {', '.join(TARGETS)}")
-    target = target_spec(req.target)
-    if req.schedule is not None and req.schedule in schedule_names() and req.schedule not in target.schedules:
+    check_target(req.choices, words)
+
+
+def check_target(choices: Choices, words: Words = API_WORDS) -> None:
+    """A known target, and a pinned schedule it runs (PlanError, one line naming the fields as ``words`` says)."""
+    if choices.target not in TARGETS:
+        raise PlanError(f"unknown target {choices.target!r}; use one of {', '.join(TARGETS)}")
+    target = target_spec(choices.target)
+    if (
+        choices.schedule is not None
+        and choices.schedule in schedule_names()
+        and choices.schedule not in target.schedules
+    ):
         runs = ", ".join(target.schedules[:-1]) + " and " + target.schedules[-1]
         raise PlanError(
-            f"{words.said('target', req.target)} {words.said('schedule', req.schedule)}: {target.label} runs "
+            f"{words.said('target', choices.target)} {words.said('schedule', choices.schedule)}: {target.label} runs "
             f"{runs}; drop {words.name('schedule')} or pick one of them"
         )
 

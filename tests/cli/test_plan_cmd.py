@@ -646,14 +646,78 @@ def test_a_target_shows_the_free_plan_beside_its_own(
     args = ["plan", "--profile", str(chain_profile), "--stages", "4", "--batch-size", "8", "-o", str(out)]
     assert main([*args, "--target", "megatron"]) == 0
     printed = " ".join(capsys.readouterr().out.split())  # rich wraps the line
-    assert "free plan (any schedule): " in printed and "; --target megatron (Megatron-LM): " in printed
-    assert Plan.load(out).schedule in ("1f1b", "interleaved-1f1b")
-    for free in ("autopipe", "torch"):  # every schedule: nothing to compare
-        assert main([*args, "--target", free]) == 0
-        assert "free plan" not in capsys.readouterr().out
+    plan = Plan.load(out)
+    assert plan.schedule in ("1f1b", "interleaved-1f1b") and plan.target == "megatron"
+    assert plan.free_plan is not None
+    target = "target megatron (Megatron-LM): searched 1f1b or interleaved-1f1b, every stage recomputed or none"
+    assert target in printed
+    assert (
+        f"free plan (any schedule): {plan.free_plan.schedule}" in printed
+        and "; --target megatron (Megatron-LM): " in printed
+    )
+    assert main(["show", str(out)]) == 0  # the plan file keeps both: show prints them again
+    shown = " ".join(capsys.readouterr().out.split())
+    assert target in shown and f"free plan (any schedule): {plan.free_plan.schedule}" in shown
+    assert main([*args, "--target", "torch"]) == 0  # every schedule: nothing to compare
+    printed = capsys.readouterr().out
+    assert (
+        "free plan" not in printed and "target torch (torch.distributed.pipelining): searched any schedule" in printed
+    )
+    assert Plan.load(out).target == "torch" and Plan.load(out).free_plan is None
+    assert main([*args, "--target", "autopipe"]) == 0
     with_flag = out.read_text()
+    assert "target autopipe" not in capsys.readouterr().out
     assert main(args) == 0
     assert out.read_text() == with_flag  # --target autopipe is no flag at all
+
+
+def test_a_targets_json_has_both_predictions(
+    chain_profile: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "p.json"
+    args = ["plan", "--profile", str(chain_profile), "--stages", "4", "--batch-size", "8", "-o", str(out), "--json"]
+    assert main([*args, "--target", "megatron"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    plan = Plan.load(out)
+    assert got["target"] == "megatron" and plan.free_plan is not None
+    free = got["free_plan"]
+    assert free["schedule"] == plan.free_plan.schedule and free["step_time_s"] == plan.free_plan.step_time_s
+    assert (
+        free["target_cost"] == pytest.approx(got["step_time_s"] / free["step_time_s"] - 1) and free["target_cost"] >= 0
+    )
+    assert set(free) == {
+        "schedule",
+        "virtual",
+        "micro_batches",
+        "recomputed_stages",
+        "iteration_time_s",
+        "step_time_s",
+        "tensor_parallel",
+        "pipeline_parallel",
+        "data_parallel",
+        "target_cost",
+    }
+    assert main(args) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["target"] == "autopipe" and got["free_plan"] is None
+
+
+def test_a_target_keeps_to_its_framework_with_balance_and_gpus(
+    chain_profile: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "p.json"
+    base = ["plan", "--profile", str(chain_profile), "--batch-size", "8", "-o", str(out), "--target", "megatron"]
+    assert main([*base, "--stages", "4", "--balance", "2,2,2,2"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    plan = Plan.load(out)
+    assert plan.balance == (2, 2, 2, 2) and plan.schedule == "1f1b" and plan.target == "megatron"
+    assert "; --target megatron (Megatron-LM): 1f1b, " in printed
+    assert main([*base, "--gpus", "8", "--memory", "64GiB"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    plan = Plan.load(out)
+    assert plan.schedule in ("1f1b", "interleaved-1f1b") and len({s.recompute for s in plan.stages}) == 1
+    assert plan.free_plan is not None and "free plan (any schedule): t=1 x S=" in printed and " s/step (" in printed
+    assert "tensor x pipeline x data parallel on 8 devices: " in printed
 
 
 @pytest.mark.parametrize(
@@ -664,9 +728,15 @@ def test_a_target_shows_the_free_plan_beside_its_own(
             "--target megatron --schedule zb-v: Megatron-LM runs 1f1b and interleaved-1f1b; "
             "drop --schedule or pick one of them",
         ),
+        (
+            ["--target", "megatron", "--schedule", "v-half", "--balance", "1,1,1,1,1,1,1,1"],
+            "--target megatron --schedule v-half: Megatron-LM runs 1f1b and interleaved-1f1b; ",
+        ),
+        (
+            ["--target", "torchtitan", "--gpus", "4", "--schedule", "zb-h2"],
+            "--target torchtitan --schedule zb-h2: torchtitan runs ",
+        ),
         (["--target", "nemo"], "--target nemo: use one of autopipe, megatron, torchtitan, torch"),
-        (["--target", "megatron", "--balance", "2,2,2,2"], "--balance prices your own split and --target megatron"),
-        (["--target", "torch", "--gpus", "4"], "--target torch plans one pipeline; drop --gpus"),
     ],
 )
 def test_a_target_that_cannot_be_kept_is_one_line_and_exit_2(

@@ -1,0 +1,34 @@
+"""autopipe/schedules/targets.py: what each framework runs as priced."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopipe.errors import PlanError
+from autopipe.plans import Plan
+from autopipe.schedules import schedule_names
+from autopipe.schedules.targets import TARGETS, target_spec
+
+
+def test_each_target_runs_its_schedules_and_recomputation() -> None:
+    megatron, titan, torch = target_spec("megatron"), target_spec("torchtitan"), target_spec("torch")
+    assert megatron.runs("1f1b", [True, True]) and megatron.runs("interleaved-1f1b", [False] * 4)
+    assert not megatron.runs("1f1b", [True, False])  # one recomputation mode for every stage
+    assert not megatron.runs("v-half", [False] * 4) and not megatron.runs("zb-v", [False] * 4)
+    assert titan.runs("zb-v", [True] * 4) and titan.runs("dualpipe-v", [False] * 4)
+    assert not titan.runs("v-half", [False] * 4) and not titan.runs("zb-h2", [False] * 2)
+    assert all(torch.runs(name, [True, False]) for name in schedule_names())
+    assert all(target_spec("autopipe").runs(name, [False, True]) for name in schedule_names())
+
+
+def test_what_each_target_searches_is_said_in_one_phrase() -> None:
+    assert target_spec("megatron").searched() == "1f1b or interleaved-1f1b, every stage recomputed or none"
+    assert target_spec("torch").searched() == "any schedule" and not target_spec("torch").restricts()
+    assert target_spec("torchtitan").searched().endswith(", every stage recomputed or none")
+    assert target_spec("torchtitan").restricts() and target_spec("megatron").restricts()
+
+
+def test_an_unknown_target_is_one_line_and_a_plan_field_defaults_to_autopipe() -> None:
+    with pytest.raises(PlanError, match=r"^unknown target 'nemo'; use one of autopipe, megatron, torchtitan, torch$"):
+        target_spec("nemo")
+    assert TARGETS[0] == "autopipe" and Plan.__dataclass_fields__["target"].default == TARGETS[0]
