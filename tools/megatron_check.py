@@ -155,6 +155,13 @@ def _case(case: str, plan_args: str, folder: Path) -> dict[str, Any]:
         "env": env,
         "world": nnodes * nproc,
         "expected": expected,
+        "degrees": {  # what Megatron must derive: t, p, d, sequence parallelism, distributed optimizer
+            "t": plan.tensor_parallel,
+            "p": p,
+            "d": plan.data_parallel,
+            "sequence_parallel": bool(plan.sequence_parallel and plan.tensor_parallel > 1),
+            "distributed_optimizer": bool(plan.shard_optimizer),
+        },
         "notes": [line[2:] for line in printed.splitlines() if line.startswith("# ")],
     }
 
@@ -289,16 +296,23 @@ def split_form(argv: list[str]) -> str:
     return "even" if argv[argv.index("--pipeline-model-parallel-size") + 1] != "1" else "none"
 
 
-def _recompute(row: dict[str, Any]) -> str:
-    granularity, method, n = row.get("config", {}).get("recompute", [None, None, None])
-    return "-" if granularity is None else " ".join(str(x) for x in (granularity, method, n) if x is not None)
+def _config(row: dict[str, Any]) -> str:
+    """Megatron's own config, in short: ``t=2 d=2 sp dist-opt bf16 full/uniform/4``."""
+    c = row.get("config")
+    if not c:
+        return "-"
+    words = [f"t={c['t']}", f"d={c['data_parallel']}"]
+    words += [name for name, on in (("sp", c["sequence_parallel"]), ("dist-opt", c["distributed_optimizer"])) if on]
+    words += ["bf16"] if c["bf16"] else []
+    words += ["/".join(str(x) for x in c["recompute"])] if c["recompute"][0] else []
+    return " ".join(words)
 
 
 def table(results: dict[str, Any]) -> str:
     runs = results["runs"]
     heads = [f"{name} ({rows[0]['megatron_core']})" for name, rows in runs.items()]
     lines = [
-        "| plan | autopipe plan | layers per stage | split | recompute (Megatron's config) | "
+        "| plan | autopipe plan | layers per stage | split | Megatron's config | "
         + " | ".join(f"{h}: accepted | placement" for h in heads)
         + " |",
         "| --- | --- | --- | --- | --- | " + " | ".join("--- | ---" for _ in heads) + " |",
@@ -310,7 +324,7 @@ def table(results: dict[str, Any]) -> str:
             cells += [row["accepted"].replace("|", "\\|"), (row["placement"] or "-").replace("|", "\\|")]
         layers = "/".join(map(str, case["layers"]))
         first = next(iter(runs.values()))[i + 1]
-        head = f"| {case['case']} | {case['plan']} | {layers} | {split_form(case['args'])} | {_recompute(first)} | "
+        head = f"| {case['case']} | {case['plan']} | {layers} | {split_form(case['args'])} | {_config(first)} | "
         lines.append(head + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -56,7 +56,7 @@ def _megatron() -> SimpleNamespace:
     if hasattr(arguments, "get_device_arch_version"):
         arguments.get_device_arch_version = lambda: HOPPER[0]
     return SimpleNamespace(
-        version=megatron.core.__version__,
+        version=megatron.core.__version__.split("+")[0],  # "+<hash>" is the git commit of the working directory
         where=os.path.dirname(megatron.core.__file__),
         arguments=arguments,
         to_config=core_transformer_config_from_args,
@@ -145,6 +145,16 @@ def check(m: SimpleNamespace, case: dict[str, Any]) -> dict[str, Any]:
         "distributed_optimizer": bool(getattr(args, "use_distributed_optimizer", False)),
         "data_parallel": getattr(args, "data_parallel_size", None),
     }
+    derived = {
+        "t": config.tensor_model_parallel_size,
+        "p": config.pipeline_model_parallel_size,
+        "d": row["config"]["data_parallel"],
+        "sequence_parallel": bool(config.sequence_parallel),
+        "distributed_optimizer": row["config"]["distributed_optimizer"],
+    }
+    if derived != case["degrees"]:
+        row["placement"] = f"degrees: Megatron {derived} vs plan {case['degrees']}"
+        return row
     try:
         built = _placement(m, config)
     except Exception as e:
