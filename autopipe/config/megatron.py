@@ -15,7 +15,9 @@ device), the layers are counted from its layer list, since a merged block such a
 ``--num-attention-heads``, ``--num-query-groups``, ``--seq-length``, ``--max-position-embeddings``,
 ``--normalization``, ``--swiglu``, ``--position-embedding-type``, untied embeddings, biases; a
 ``#`` line names what it could not read, and says the vocabulary, which Megatron takes from the
-tokenizer). Without it the layers are counted from the block names, with a ``#`` line.
+tokenizer, and for a rotary model that Megatron fuses RoPE with Transformer Engine by default, so
+that without it ``--no-rope-fusion`` is needed). Without it the layers are counted from the block
+names, with a ``#`` line.
 ``--bf16``/``--fp16`` is the dtype an analytic plan was counted in (its profile device says
 ``(analytic, bf16)``; autopipe's bf16 is mixed precision with fp32 master weights, as Megatron's);
 a measured plan does not record one, and says so in a ``#`` line.
@@ -217,6 +219,12 @@ def _definition(facts: ModelFacts | None, unbuilt: str) -> tuple[list[str], list
             f"vocabulary {f.vocab}: Megatron takes it from the tokenizer (--tokenizer-type NullTokenizer "
             f"--vocab-size {f.vocab} for synthetic data) and pads it to a multiple of --make-vocab-size-divisible-by"
         )
+    if f.position == "rope":
+        notes.append(
+            "rope: Megatron fuses the rotary embedding with Transformer Engine by default; without Transformer "
+            "Engine >= 1.4 its TransformerConfig refuses that (apply_rope_fusion is not available): "
+            "add --no-rope-fusion"
+        )
     unread = [_UNREAD[n] for n in f.unread if n in _UNREAD]
     if unread:
         notes.append(f"not read from the model: {'; '.join(unread)}; add them as your model has them")
@@ -330,10 +338,24 @@ def megatron_args(
 
 
 def _layout_note(parts: Parts, deg: Degrees) -> str:
-    if deg.pipeline == 2 and deg.virtual > 1:
+    """Why the split is a layout string: the first reason :func:`megatron_split` met."""
+    p, v = deg.pipeline, deg.virtual
+    per_rank = [[parts.chunks[i * p + k].layers for i in range(v)] for k in range(p)]
+    empty = [k for k, r in enumerate(per_rank) if not sum(r)]
+    if p == 2 and v > 1:
         return (
             "two pipeline ranks with interleaving: the split is a layout string (Megatron-Core's first/last-stage "
             "form divides by the ranks between the first and last, none here, when it builds rank 1)"
+        )
+    if empty:
+        return (
+            f"pipeline rank(s) {stage_list(empty)} hold no transformer layer, so the split is a layout string "
+            "(it places a stage of only the embedding or only the loss exactly)"
+        )
+    if any(len(set(r)) > 1 for r in per_rank):
+        return (
+            "a rank's chunks differ in layers, so the split is a layout string (the first/last-stage form splits "
+            "each rank's layers evenly over its chunks)"
         )
     return (
         "the stages are uneven beyond the first and last, so the split is a layout string "

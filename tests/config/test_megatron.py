@@ -336,6 +336,39 @@ def test_every_split_form_passes_megatron_rules_with_the_same_layers(
         assert split[-2:] == ["--num-virtual-stages-per-pipeline-rank", str(v)]
 
 
+@pytest.mark.parametrize(
+    ("counts", "p", "why"),
+    [
+        ([0, 1, 1, 4], 4, "pipeline rank(s) 0 hold no transformer layer"),  # the embedding alone first
+        ([4, 0], 2, "pipeline rank(s) 1 hold no transformer layer"),  # the loss alone last (models/llama.py)
+        ([3, 5, 3, 5], 2, "two pipeline ranks with interleaving"),
+        ([1, 1, 1, 1, 1, 2, 2, 2], 4, "a rank's chunks differ in layers"),
+        ([1, 2, 3, 2], 4, "the stages are uneven beyond the first and last"),
+    ],
+)
+def test_the_layout_note_gives_the_reason_the_split_is_a_layout_string(counts: list[int], p: int, why: str) -> None:
+    from autopipe.config.megatron import _layout_note
+    from autopipe.config.parts import Degrees
+
+    v = len(counts) // p
+    parts = _parts(counts)
+    assert megatron_split(parts, p, v)[0] == "--pipeline-model-parallel-layout"
+    deg = Degrees(tensor=1, pipeline=p, data=1, virtual=v, sequence_parallel=False, selective_recompute=False)
+    assert _layout_note(parts, deg).startswith(why)
+
+
+def test_a_rotary_model_is_told_megatron_fuses_rope_with_transformer_engine() -> None:
+    # megatron-core 0.19 and main: TransformerConfig raises "apply_rope_fusion is not available.
+    # Please install TE >= 1.4." for --position-embedding-type rope without Transformer Engine
+    # (tools/megatron_check.py found it on the models/llama.py plan)
+    from autopipe.config.megatron import _definition
+    from autopipe.config.model_facts import ModelFacts
+
+    rope = [n for n in _definition(ModelFacts(position="rope"), "")[1] if n.startswith("rope: ")]
+    assert rope and rope[0].endswith("add --no-rope-fusion") and "Transformer Engine >= 1.4" in rope[0]
+    assert not [n for n in _definition(ModelFacts(position="learned_absolute"), "")[1] if n.startswith("rope: ")]
+
+
 @pytest.mark.slow  # the gpt_plans fixture plans two models (once per session)
 def test_a_plan_whose_stages_recompute_partly_and_a_gpipe_plan_get_notes(gpt_plans: dict[str, Path]) -> None:
     plan = Plan.load(gpt_plans["uneven"])
@@ -557,7 +590,7 @@ def test_the_bundled_models_definitions_are_read_from_their_modules() -> None:
         "--untie-embeddings-and-output-weights",
         "--disable-bias-linear",
     ]
-    assert len(notes) == 1 and notes[0].startswith("vocabulary 512: ")
+    assert len(notes) == 2 and notes[0].startswith("vocabulary 512: ") and notes[1].startswith("rope: ")
 
 
 def test_what_a_model_does_not_say_is_named_in_one_line() -> None:

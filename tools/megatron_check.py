@@ -1,0 +1,346 @@
+# Run: .venv/bin/python tools/megatron_check.py env && .venv/bin/python tools/megatron_check.py run   (repo root)
+"""autopipe's ``config --for megatron`` checked by Megatron-LM's own code (issue 22, item 6).
+
+Not part of the test suite: it needs Python 3.12 (megatron-core >= 0.17 does) and downloads.
+
+``env``: a Python 3.12 venv (``--python``, default pyenv's 3.12.1) with torch and
+``megatron-core==0.19.0`` from the package index (the wheel holds ``megatron.training``), and,
+with ``--megatron-git GITDIR`` (a clone of NVIDIA/Megatron-LM), its ``HEAD``'s ``megatron/``
+unpacked under ``--main`` with the commit in ``COMMIT``: put first on ``PYTHONPATH``, it is the
+"main" run. ``run``: in autopipe's own venv, the plans of :data:`PLANS` (``autopipe plan``, analytic
+on H100s), each one's ``autopipe config --for megatron``, the layers per (virtual) stage the plan
+says, counted from the plan's block names and the model's own module order (merged blocks
+``a..b`` expanded), independently of autopipe's config code; then ``tools/megatron_probe.py``
+under the 3.12 venv, once per Megatron version, and one row per plan: arguments accepted, layer
+placement equal. Megatron's chunk ``j`` is pipeline rank ``j % p``, virtual stage ``j // p``: for a
+V-shaped plan that is the interleaved split autopipe says Megatron runs instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".megatron-check"  # git ignores it (.gitignore)
+PYTHON312 = "/root/.pyenv/versions/3.12.1/bin/python"
+CORE = "megatron-core==0.19.0"
+GPT, LLAMA = "models/gpt.py", "models/llama.py"
+H100 = ["--device", "h100", "--batch-size", "16"]
+# the run's own arguments, which autopipe cannot know: tokenizer (its '# vocabulary' line), data, length
+EXTRA = ["--tokenizer-type", "NullTokenizer", "--mock-data", "--train-iters", "10"]
+
+PLANS: dict[str, str] = {  # case -> autopipe plan arguments (model file first); all on H100s, batch 16
+    "even 1f1b p4": f"{GPT} -k n_layer=8 --stages 4 --schedule 1f1b --balance 4,2,2,4",
+    "uneven first/last p4": f"{GPT} -k n_layer=8 --stages 4 --schedule 1f1b --balance 3,3,3,3",
+    "uneven middle p4": f"{GPT} -k n_layer=10 --stages 4 --schedule 1f1b --balance 3,2,4,5",
+    "free plan p4 (recompute)": f"{GPT} -k n_layer=6 --stages 4 --recompute-all",
+    "gpipe p4": f"{GPT} -k n_layer=8 --stages 4 --schedule gpipe",
+    "coarse --blocks 8 p4 (recompute)": f"{GPT} -k n_layer=24 --blocks 8 --stages 4 --recompute-all",
+    "coarse --blocks 6 p2": f"{GPT} -k n_layer=24 --blocks 6 --stages 2 --schedule 1f1b",
+    "interleaved p2 v2 even": f"{GPT} -k n_layer=8 --stages 2 --schedule interleaved-1f1b --virtual 2 "
+    "--balance 4,2,2,4",
+    "interleaved p2 v2 uneven first/last": f"{GPT} -k n_layer=16 --stages 2 --schedule interleaved-1f1b --virtual 2 "
+    "--balance 5,5,3,7",
+    "interleaved p2 v3 free": f"{GPT} -k n_layer=12 --stages 2 --schedule interleaved-1f1b --virtual 3",
+    "interleaved p4 v2 even": f"{GPT} -k n_layer=16 --stages 4 --schedule interleaved-1f1b --virtual 2 "
+    "--balance 4,2,2,2,2,2,2,4",
+    "interleaved p4 v2 uneven first/last": f"{GPT} -k n_layer=18 --stages 4 --schedule interleaved-1f1b --virtual 2 "
+    "--balance 3,3,3,2,1,3,3,4",
+    "interleaved p3 v2 free": f"{GPT} -k n_layer=14 --stages 3 --schedule interleaved-1f1b --virtual 2 "
+    "--batch-size 24 --micro-batches 6",
+    "interleaved p4 v3 free (recompute)": f"{GPT} -k n_layer=24 --stages 4 --schedule interleaved-1f1b --virtual 3 "
+    "--recompute-all",
+    "recompute even p4": f"{GPT} -k n_layer=8 --stages 4 --schedule 1f1b --balance 4,2,2,4 --recompute-all",
+    "recompute uneven p4": f"{GPT} -k n_layer=8 --stages 4 --schedule 1f1b --balance 3,3,3,3 --recompute-all",
+    "t2 sp zero1 p4 (16 GPUs)": f"{GPT} -k n_layer=12 --gpus 16 --tensor-parallel 2 --stages 4 --schedule 1f1b --zero1",
+    "t2 sp interleaved p4 v2 (16 GPUs)": f"{GPT} -k n_layer=12 --gpus 16 --tensor-parallel 2 --stages 4 "
+    "--schedule interleaved-1f1b --virtual 2 --zero1",
+    "t4 no sp p2 (8 GPUs)": f"{GPT} -k n_layer=8 --gpus 8 --tensor-parallel 4 --stages 2 --schedule 1f1b "
+    "--no-sequence-parallel",
+    "zb-v p4": f"{GPT} -k n_layer=8 --stages 4 --schedule zb-v",
+    "v-half p2": f"{GPT} -k n_layer=8 --stages 2 --schedule v-half",
+    "dualpipe-v p4": f"{GPT} -k n_layer=8 --stages 4 --schedule dualpipe-v",
+    "no pipeline": f"{GPT} -k n_layer=4 --stages 1",
+    "no pipeline d4 zero1 (4 GPUs)": f"{GPT} -k n_layer=4 --gpus 4 --stages 1 --tensor-parallel 1 --zero1",
+    "llama p2 1f1b": f"{LLAMA} --stages 2 --schedule 1f1b",
+    "--target megatron p4": f"{GPT} -k n_layer=12 --stages 4 --target megatron",
+    "gpt3-1.3b, docs/outlets.md's plan (16 GPUs)": f"{GPT} -k preset=gpt3-1.3b --gpus 16 --stages 4 "
+    "--batch-size 512 --schedule interleaved-1f1b",
+}
+
+
+def _slug(case: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", case.lower()).strip("-")
+
+
+# --- the plans, in autopipe's venv ---------------------------------------------------------
+
+
+def _autopipe(argv: list[str]) -> tuple[int, str]:
+    from autopipe.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = main(argv)
+    return code, out.getvalue()
+
+
+def plan_layers(plan_path: Path) -> list[int]:
+    """Layers per stage (model order) as the plan's block names say, a merged block ``a..b``
+    expanded over the model's modules in their order, the layer list its largest ModuleList."""
+    from torch import nn
+
+    from autopipe.plans import Plan
+    from autopipe.stages.rebuild import rebuild_model
+
+    plan = Plan.load(plan_path)
+    model = rebuild_model(plan, meta=True, base=plan_path.parent).model
+    names = [n for n, _ in model.named_modules() if n]
+    lists = [(len(m), n) for n, m in model.named_modules() if isinstance(m, nn.ModuleList)]
+    container = max(lists)[1]
+    layer = re.compile(re.escape(container) + r"\.(\d+)$")
+    counts = []
+    for stage in plan.stages:
+        held: set[str] = set()
+        for block in stage.blocks:
+            first, _, last = block.partition("..")
+            lo, hi = names.index(first), names.index(last or first)
+            held.update(n for n in names[lo : hi + 1] if layer.match(n))
+        counts.append(len(held))
+    return counts
+
+
+def _case(case: str, plan_args: str, folder: Path) -> dict[str, Any]:
+    from autopipe.plans import Plan
+
+    plan_path, out_path = folder / f"{_slug(case)}.json", folder / f"{_slug(case)}.megatron.txt"
+    if not plan_path.exists():
+        code, text = _autopipe(["plan", *H100, *shlex.split(plan_args), "-o", str(plan_path)])
+        if code:
+            raise SystemExit(f"{case}: autopipe plan failed: {text.strip().splitlines()[-1]}")
+    code, text = _autopipe(["config", str(plan_path), "--for", "megatron", "-o", str(out_path)])
+    if code:
+        raise SystemExit(f"{case}: autopipe config failed: {text.strip()}")
+    printed = out_path.read_text()
+    plan = Plan.load(plan_path)
+    p, counts = plan.devices, plan_layers(plan_path)
+    expected, first = [], 0
+    for j, n in enumerate(counts):  # Megatron: chunk j on rank j % p, virtual stage j // p
+        expected.append([j % p, j // p if plan.virtual > 1 and p > 1 else 0, first, n])
+        first += n
+    if p == 1:  # one rank: every layer in one chunk
+        expected = [[0, 0, 0, sum(counts)]]
+    launch = next(line for line in printed.splitlines() if line.startswith("# launch:"))
+    words = shlex.split(launch[len("# launch:") :].split("  (")[0].replace("$(grep -v '^#' ARGS_FILE | xargs)", ""))
+    env = dict(w.split("=", 1) for w in words[: words.index("torchrun")])
+    nnodes, nproc = int(words[words.index("--nnodes") + 1]), int(words[words.index("--nproc-per-node") + 1])
+    vocab = re.search(r"--vocab-size (\d+)", printed)
+    argv = [w for line in printed.splitlines() if not line.startswith("#") for w in shlex.split(line)]
+    return {
+        "case": case,
+        "plan": f"{plan.schedule}, p={p}, v={plan.virtual}, t={plan.tensor_parallel}, d={plan.data_parallel}",
+        "layers": counts,
+        "args": argv,
+        "extra": [*EXTRA, "--vocab-size", vocab.group(1) if vocab else "512", *_told(printed)],
+        "env": env,
+        "world": nnodes * nproc,
+        "expected": expected,
+        "degrees": {  # what Megatron must derive: t, p, d, sequence parallelism, distributed optimizer
+            "t": plan.tensor_parallel,
+            "p": p,
+            "d": plan.data_parallel,
+            "sequence_parallel": bool(plan.sequence_parallel and plan.tensor_parallel > 1),
+            "distributed_optimizer": bool(plan.shard_optimizer),
+        },
+        "notes": [line[2:] for line in printed.splitlines() if line.startswith("# ")],
+    }
+
+
+def _replace(argv: list[str], flag: str, new: list[str]) -> list[str]:
+    """``argv`` with ``flag`` and its value replaced by ``new``."""
+    i = argv.index(flag)
+    return argv[:i] + new + argv[i + 2 :]
+
+
+def controls(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Outputs Megatron must refuse or misplace, so the check shows it can fail: a tensor-parallel
+    output without its launch line's environment, a p = 2, v = 2 uneven split in the first/last
+    form (what autopipe printed before), and a coarse plan's output with the 22 layers its block
+    names show."""
+    by = {c["case"]: c for c in cases}
+    out = []
+    if (c := by.get("t2 sp zero1 p4 (16 GPUs)")) is not None:
+        out.append({**c, "case": "control: " + c["case"] + " without CUDA_DEVICE_MAX_CONNECTIONS", "env": {}})
+    if (c := by.get("interleaved p2 v2 uneven first/last")) is not None:
+        first, last = (sum(n for r, _, _, n in c["expected"] if r == k) for k in (0, 1))
+        form = ["--decoder-first-pipeline-num-layers", str(first), "--decoder-last-pipeline-num-layers", str(last)]
+        form += ["--num-virtual-stages-per-pipeline-rank", "2"]
+        args = _replace(c["args"], "--pipeline-model-parallel-layout", form)
+        out.append({**c, "case": "control: " + c["case"] + " as first/last", "args": args})
+    if (c := by.get("coarse --blocks 8 p4 (recompute)")) is not None:
+        args = _replace(c["args"], "--num-layers", ["--num-layers", "22"])
+        out.append({**c, "case": "control: " + c["case"] + " with --num-layers 22", "args": args})
+    return [{**c, "control": True} for c in out]
+
+
+def _told(printed: str) -> list[str]:
+    """Arguments a ``#`` line tells this run to add: ``--no-rope-fusion`` (no Transformer Engine here)."""
+    return ["--no-rope-fusion"] if re.search(r"^# rope: .*add --no-rope-fusion$", printed, re.M) else []
+
+
+# --- the two steps ---------------------------------------------------------------------------
+
+
+def build_env(a: argparse.Namespace) -> int:
+    venv = Path(a.venv)
+    if not (venv / "bin" / "python").exists():
+        subprocess.run([a.python, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "torch", CORE, "numpy", "packaging"], check=True)  # torch: the index's build (CPU is fine)
+    if a.megatron_git:
+        main = Path(a.main)
+        main.mkdir(parents=True, exist_ok=True)
+        commit = subprocess.run(
+            ["git", "--git-dir", a.megatron_git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        git = ["git", "--git-dir", a.megatron_git, "archive", "HEAD", "megatron"]
+        archive = subprocess.run(git, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(main)], input=archive.stdout, check=True)
+        (main / "COMMIT").write_text(commit + "\n")
+        print(f"Megatron-LM main {commit} in {main}")
+    print(f"venv: {venv}")
+    return 0
+
+
+def _probe(venv: Path, cases_file: Path, main: Path | None) -> list[dict[str, Any]]:
+    env = None
+    if main is not None:
+        import os
+
+        env = {**os.environ, "PYTHONPATH": str(main)}
+    result = subprocess.run(
+        [str(venv / "bin" / "python"), str(ROOT / "tools" / "megatron_probe.py"), str(cases_file)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode or not rows:
+        raise SystemExit(f"megatron_probe failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
+    return rows
+
+
+def _versions(venv: Path) -> str:
+    code = "import torch, importlib.metadata as m; print(m.version('megatron-core'), torch.__version__)"
+    return subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True).stdout.strip()
+
+
+def run(a: argparse.Namespace) -> int:
+    folder = Path(a.work)
+    folder.mkdir(parents=True, exist_ok=True)
+    chosen = [c for c in PLANS if not a.only or any(o in c for o in a.only)]
+    cases = []
+    for case in chosen:
+        cases.append(_case(case, PLANS[case], folder))
+        print(f"planned: {case}: {cases[-1]['plan']}, layers {cases[-1]['layers']}", flush=True)
+    cases += controls(cases)
+    cases_file = folder / "cases.json"
+    cases_file.write_text(json.dumps(cases, indent=1))
+    venv = Path(a.venv)
+    runs = {"core": _probe(venv, cases_file, None)}
+    main = Path(a.main)
+    commit = (main / "COMMIT").read_text().strip() if (main / "COMMIT").exists() else None
+    if commit:
+        runs["main"] = _probe(venv, cases_file, main)
+    results = {"versions": _versions(venv), "main_commit": commit, "runs": runs, "cases": cases}
+    (folder / "results.json").write_text(json.dumps(results, indent=1))
+    core, torch = [*results["versions"].split(), "?", "?"][:2]
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    text = (
+        f"megatron-core {core} (the package index's wheel) and Megatron-LM main {commit or '(not checked)'}, "
+        f"torch {torch} on CPU (device reported as Hopper, compute capability 9.0), {when}\n\n{table(results)}\n"
+    )
+    (folder / "results.md").write_text(text)
+    print(text)
+    bad = [
+        row["case"]
+        for rows in runs.values()
+        for case, row in zip(cases, rows[1:], strict=True)
+        if (row["accepted"] == "yes" and row["placement"] == "yes") == bool(case.get("control"))
+    ]
+    print("all as expected" if not bad else f"not as expected: {bad}")
+    return 1 if bad else 0
+
+
+def split_form(argv: list[str]) -> str:
+    """Which of Megatron's split forms the arguments use."""
+    for flag, name in (
+        ("--pipeline-model-parallel-layout", "layout"),
+        ("--decoder-first-pipeline-num-layers", "first/last"),
+        ("--decoder-last-pipeline-num-layers", "first/last"),
+        ("--num-layers-per-virtual-pipeline-stage", "even, v"),
+    ):
+        if flag in argv:
+            return name
+    return "even" if argv[argv.index("--pipeline-model-parallel-size") + 1] != "1" else "none"
+
+
+def _config(row: dict[str, Any]) -> str:
+    """Megatron's own config, in short: ``t=2 d=2 sp dist-opt bf16 full/uniform/4``."""
+    c = row.get("config")
+    if not c:
+        return "-"
+    words = [f"t={c['t']}", f"d={c['data_parallel']}"]
+    words += [name for name, on in (("sp", c["sequence_parallel"]), ("dist-opt", c["distributed_optimizer"])) if on]
+    words += ["bf16"] if c["bf16"] else []
+    words += ["/".join(str(x) for x in c["recompute"])] if c["recompute"][0] else []
+    return " ".join(words)
+
+
+def table(results: dict[str, Any]) -> str:
+    runs = results["runs"]
+    heads = [f"{name} ({rows[0]['megatron_core']})" for name, rows in runs.items()]
+    lines = [
+        "| plan | autopipe plan | layers per stage | split | Megatron's config | "
+        + " | ".join(f"{h}: accepted | placement" for h in heads)
+        + " |",
+        "| --- | --- | --- | --- | --- | " + " | ".join("--- | ---" for _ in heads) + " |",
+    ]
+    for i, case in enumerate(results["cases"]):
+        cells = []
+        for rows in runs.values():
+            row = rows[i + 1]
+            cells += [row["accepted"].replace("|", "\\|"), (row["placement"] or "-").replace("|", "\\|")]
+        layers = "/".join(map(str, case["layers"]))
+        first = next(iter(runs.values()))[i + 1]
+        head = f"| {case['case']} | {case['plan']} | {layers} | {split_form(case['args'])} | {_config(first)} | "
+        lines.append(head + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("step", choices=("env", "run"))
+    parser.add_argument("--python", default=PYTHON312, help="a Python 3.12 for the venv")
+    parser.add_argument("--venv", default=str(WORK / "venv"))
+    parser.add_argument("--main", default=str(WORK / "megatron-main"), help="Megatron-LM main's megatron/ goes here")
+    parser.add_argument("--megatron-git", help="a git directory of NVIDIA/Megatron-LM (env: unpack its HEAD)")
+    parser.add_argument("--work", default=str(WORK / "plans"), help="plans, configs and results")
+    parser.add_argument("--only", action="append", help="cases whose name contains this (repeatable)")
+    a = parser.parse_args()
+    return build_env(a) if a.step == "env" else run(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
