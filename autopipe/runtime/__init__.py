@@ -9,7 +9,8 @@
 Modules: ``engine`` (one rank's actions: F, B, W, sends and receives), ``routing`` (who sends
 what to whom), ``shapes`` (the shape pass), ``microbatch``, ``comm`` (torch.distributed or
 threads), ``pipeline`` (one rank's stages for a training loop: ``autopipe.pipeline``),
-``checkpoint`` (save, resume, the whole model's state_dict); the ``autopipe run`` harness is
+``checkpoint`` (the format, resume, the whole model's state_dict), ``commit`` (saving, with
+its commit point); the ``autopipe run`` harness is
 :mod:`autopipe.runtime.run` (options, launch, threads, one rank's process, the report).
 ``python -m autopipe.runtime plan.json`` is the torchrun entry point.
 """

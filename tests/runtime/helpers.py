@@ -101,3 +101,28 @@ def on_threads(hub: ThreadHub, work: Callable[[int], Any]) -> list[Any]:
     if errors:
         raise errors[0]
     return [results[r] for r in range(ranks)]
+
+
+def fake_checkpoint(
+    folder: Path, step: int = 4, fingerprint: str = "abc", stages: int = 2, ranks: int = 2, optimizer: str = "Adam"
+) -> Path:
+    """A checkpoint folder whose manifest is right (small stage and rank files of no model):
+    what the launcher's checks read of one."""
+    from autopipe.runtime.checkpoint import file_entry
+    from autopipe.runtime.commit import write_meta
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for j in range(stages):
+        torch.save({f"w{j}": torch.zeros(2)}, folder / f"stage-{j}.pt")
+    for r in range(ranks):
+        torch.save({"optimizer": {"state": {}, "param_groups": []}}, folder / f"rank-{r}.pt")
+    files = {p.name: file_entry(p) for p in folder.glob("*.pt")}
+    write_meta(
+        folder,
+        fingerprint=fingerprint,
+        step=step,
+        stages=stages,
+        files=files,
+        optimizer={"name": optimizer, "lr": 1e-3, "args": {}},
+    )
+    return folder

@@ -18,8 +18,9 @@ from autopipe import pipeline
 from autopipe.errors import RuntimeFailure
 from autopipe.model.load import LoadedModel, load_model
 from autopipe.runtime import RunOptions, assemble_state_dict, run_threads
-from autopipe.runtime.checkpoint import load_file, load_rank, read_meta, save_rank, write_meta
+from autopipe.runtime.checkpoint import file_entry, load_file, load_rank, read_meta
 from autopipe.runtime.comm import ThreadHub
+from autopipe.runtime.commit import write_meta, write_rank_files
 from autopipe.stages.state import slot_tensor, state_slots
 from tests.helpers import FIXTURES, ROOT, even_plan
 from tests.runtime.helpers import GPT, cached_plan, on_threads, rebuilt_for
@@ -96,10 +97,18 @@ def _resume(checkpoint: Path, tmp_path: Path) -> Callable[[], object]:
     return lambda: run_threads(plan, options, rebuilt_for(plan))
 
 
+def _rehash(folder: Path) -> None:
+    """The manifest made to match the folder's files again (as a crafted checkpoint's would)."""
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["files"] = {name: file_entry(folder / name) for name in meta["files"]}
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
 def test_a_crafted_checkpoint_runs_no_code(_checkpoint: Path, tmp_path: Path) -> None:
     resume = _resume(_checkpoint, tmp_path)
     marker = tmp_path / "marker"
     torch.save({"optimizer": _Payload(marker)}, tmp_path / "ck" / "rank-0.pt")
+    _rehash(tmp_path / "ck")  # a crafter writes the manifest too: what loads as data is the last guard
     path = tmp_path / "ck" / "rank-0.pt"
     with pytest.raises(RuntimeFailure) as info:
         resume()
@@ -119,6 +128,7 @@ def test_a_damaged_stage_file_is_one_line(damage: str, _checkpoint: Path, tmp_pa
     path = tmp_path / "ck" / "stage-1.pt"
     data = path.read_bytes()
     path.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"not a checkpoint " * 9, "empty": b""}[damage])
+    _rehash(tmp_path / "ck")
     with pytest.raises(RuntimeFailure) as info:
         resume()
     message = str(info.value)
@@ -146,8 +156,9 @@ def test_autopipe_run_resume_from_a_crafted_checkpoint_is_one_line(
     shutil.copytree(_checkpoint, tmp_path / "ck")
     marker = tmp_path / "marker"
     torch.save({"optimizer": _Payload(marker)}, tmp_path / "ck" / "rank-1.pt")
+    _rehash(tmp_path / "ck")
     cached_plan("skip", 2, "1f1b").save(tmp_path / "plan.json")
-    argv = ["run", str(tmp_path / "plan.json"), "--steps", "1", "--device", "cpu", "--timeout", "30"]
+    argv = ["run", str(tmp_path / "plan.json"), "--steps", "1", "--device", "cpu", "--timeout", "30", "--lr", "0.1"]
     assert main([*argv, "--resume", str(tmp_path / "ck")]) == 1
     assert capsys.readouterr().err == (
         f"autopipe: error: rank 1 failed: RuntimeFailure: {tmp_path / 'ck' / 'rank-1.pt'} is not a valid checkpoint "
@@ -211,9 +222,13 @@ def _check_state_is_the_models(file: str, kwargs: dict[str, object], tmp: Path) 
     assert any(not torch.equal(before[k], v) for k, v in union.items())  # trained values
 
     folder = tmp / "ck"
+    folder.mkdir()
+    files: dict[str, dict[str, object]] = {}
     for rank, (p, opt) in enumerate(zip(pipes, opts, strict=True)):
-        save_rank(folder, rank, p.stage_state_dicts(), opt, 1)
-    write_meta(folder, plan.recipe.fingerprint, 1, len(plan.stages))
+        files.update(write_rank_files(folder, rank, p.stage_state_dicts(), opt))
+    optimizer = {"name": "SGD", "lr": 0.1, "args": {}}
+    fingerprint = plan.recipe.fingerprint
+    write_meta(folder, fingerprint=fingerprint, step=1, stages=len(plan.stages), files=files, optimizer=optimizer)
     assembled = assemble_state_dict(folder)
     assert set(assembled) == set(union) and all(torch.equal(assembled[k], v) for k, v in union.items())
     build(2).model.load_state_dict(assembled, strict=True)

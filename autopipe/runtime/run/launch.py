@@ -26,6 +26,8 @@ and then stops: SIGINT raises ``KeyboardInterrupt`` (``autopipe run`` prints one
 ``autopipe: interrupted``, and exits 130), SIGTERM is delivered again with the caller's handler
 (by default the launcher dies of it, exit status 143 in a shell). The handlers are installed
 for the duration of :func:`launch` only (from the main thread; elsewhere the caller's own stay).
+Once its ranks are dead, however the run ended, the launcher removes the unfinished new folders
+their ``--save-checkpoint`` left (:func:`autopipe.runtime.commit.clean_leftovers`).
 When the launcher dies without cleaning up (SIGKILL), its ranks die with it: a launched rank
 asks Linux for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``) and, on every platform,
 watches its standard input, a pipe only the launcher holds, and exits when it closes
@@ -91,7 +93,7 @@ def launch(plan: Plan | str | Path, options: RunOptions) -> RunResult:
             tmp,
         ]
         procs: list[subprocess.Popen[bytes]] = []
-        with _Stopper(procs) as stopper:
+        with _Stopper(procs, lambda: _clean(options)) as stopper:
             for rank in range(world):
                 env = {
                     **os.environ,
@@ -136,8 +138,9 @@ class _Stopper:
     block's duration, from the main thread). ``holding()`` defers a signal to the end of a
     step that must not be cut in two (starting a rank and recording it)."""
 
-    def __init__(self, procs: list[subprocess.Popen[bytes]]) -> None:
+    def __init__(self, procs: list[subprocess.Popen[bytes]], cleanup: Callable[[], object] = lambda: None) -> None:
         self.procs = procs
+        self.cleanup = cleanup  # run once the ranks are dead, however the block ends
         self.signum: int | None = None
         self.held = False
         self.previous: dict[int, _Handler] = {}
@@ -166,6 +169,7 @@ class _Stopper:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
         self.signum = self.signum or 0  # from here on a signal changes nothing
         _kill(self.procs)
+        self.cleanup()
         for s, handler in self.previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         if isinstance(error, _Signalled):
@@ -174,6 +178,17 @@ class _Stopper:
             signal.raise_signal(error.signum)  # the caller's handler, or death by SIGTERM (default)
             name = signal.Signals(error.signum).name
             raise RuntimeFailure(f"stopped by {name}; every rank was killed") from None
+
+
+def _clean(options: RunOptions) -> None:
+    """Remove what the killed or failed ranks' saves left beside ``--save-checkpoint``'s folder."""
+    if options.save_checkpoint:
+        from autopipe.runtime.commit import clean_leftovers
+
+        try:
+            clean_leftovers(options.save_checkpoint)
+        except OSError:
+            pass
 
 
 def _watch(procs: list[subprocess.Popen[bytes]], folder: Path, late_s: float) -> None:

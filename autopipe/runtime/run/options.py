@@ -101,9 +101,17 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace (chrome://tracing, Perfetto)")
     p.add_argument(
-        "--save-checkpoint", default=None, metavar="DIR", help="save weights and optimizer state after the run"
+        "--save-checkpoint",
+        default=None,
+        metavar="DIR",
+        help="save weights and optimizer state after the run (DIR is replaced whole, or not at all)",
     )
-    p.add_argument("--resume", default=None, metavar="DIR", help="continue from a checkpoint")
+    p.add_argument(
+        "--resume",
+        default=None,
+        metavar="DIR",
+        help="continue from a checkpoint (checked against its manifest; this run's optimizer flags apply)",
+    )
     p.add_argument(
         "--engine",
         choices=("autopipe", "torch"),
@@ -178,7 +186,9 @@ def check_options(o: RunOptions) -> None:
                 f"--device cuda: CUDA is not available on this machine (torch {torch.__version__}); use --device cpu"
             )
     if o.resume is not None:
-        _resume_meta(o)
+        from autopipe.runtime.run.resume import check_resume
+
+        check_resume(o)
     if o.save_checkpoint is not None:
         _check_save_folder(o.save_checkpoint)
 
@@ -195,40 +205,49 @@ def check_launch(o: RunOptions, plan: Plan) -> None:
                 "plan for fewer devices or use --device cpu"
             )
     if o.resume is not None:
-        meta = _resume_meta(o)
+        from autopipe.runtime.checkpoint import ranks_of
+        from autopipe.runtime.run.resume import check_resume
+
+        meta = check_resume(o, hashes=True)
         if meta["fingerprint"] != plan.recipe.fingerprint or meta["stages"] != len(plan.stages):
             raise RunOptionError(
                 f"--resume {_shown(o.resume)}: the checkpoint was saved with another plan (model fingerprint "
                 f"{meta['fingerprint']}, {meta['stages']} stages; this plan: {plan.recipe.fingerprint}, "
                 f"{len(plan.stages)} stages); resume with the plan it was saved with"
             )
-
-
-def _resume_meta(o: RunOptions) -> dict[str, object]:
-    from autopipe.errors import RuntimeFailure
-    from autopipe.runtime.checkpoint import read_meta
-
-    assert o.resume is not None
-    if not Path(o.resume).is_dir():
-        raise RunOptionError(f"--resume {_shown(o.resume)}: no such folder; give a folder written by --save-checkpoint")
-    try:
-        meta = read_meta(o.resume)
-    except RuntimeFailure as e:
-        raise RunOptionError(f"--resume: {e}") from None
-    if not 0 <= o.seed <= MAX_SEED - o.steps - meta["step"]:
-        raise RunOptionError(
-            f"--seed {o.seed} with --steps {o.steps} after the checkpoint's {meta['step']} steps "
-            f"seeds torch beyond {MAX_SEED}; use a smaller --seed"
-        )
-    return meta
+        if ranks_of(meta) != plan.devices:
+            raise RunOptionError(
+                f"--resume {_shown(o.resume)}: the checkpoint holds the optimizer state of {ranks_of(meta)} ranks, "
+                f"this plan has {plan.devices}; resume with the plan it was saved with"
+            )
 
 
 def _check_save_folder(folder: str) -> None:
-    """The folder is one, or can be made, and this process can write into it."""
+    """The folder is one, or can be made; it holds nothing but a checkpoint (a save replaces it
+    whole); this process can write beside it (where the new folder is written, then renamed)."""
+    from autopipe.runtime.commit import MAX_NAME_BYTES, foreign_entry, target_of
+
     path = Path(folder)
     if path.exists() and not path.is_dir():
         raise RunOptionError(f"--save-checkpoint {_shown(folder)} is a file; give a folder (made if missing)")
-    existing = path
+    target = target_of(folder)
+    if target == target.parent:
+        raise RunOptionError(f"--save-checkpoint {_shown(folder)}: give a folder below the root, like ./ckpt")
+    if len(os.fsencode(target.name)) > MAX_NAME_BYTES:
+        raise RunOptionError(
+            f"--save-checkpoint {_shown(folder)}: the name is longer than {MAX_NAME_BYTES} bytes "
+            "(a save writes a new folder of a longer name beside it); give a shorter name"
+        )
+    try:
+        foreign = foreign_entry(target) if target.is_dir() else None
+    except OSError as e:
+        raise RunOptionError(f"--save-checkpoint {_shown(folder)}: cannot read it ({e.strerror})") from None
+    if foreign is not None:
+        raise RunOptionError(
+            f"--save-checkpoint {_shown(folder)} holds {_shown(foreign)}, which is no checkpoint's file: a save "
+            "replaces the folder whole; give a new or empty folder, or a checkpoint folder"
+        )
+    existing = target.parent
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():

@@ -31,7 +31,7 @@ from autopipe.errors import RunOptionError, RuntimeFailure
 from autopipe.graph.trace import TracedModel
 from autopipe.model.load import LoadedModel
 from autopipe.plans import Plan
-from autopipe.runtime import checkpoint
+from autopipe.runtime import checkpoint, commit
 from autopipe.runtime.actions import plan_schedule, shared_groups
 from autopipe.runtime.comm import Comm
 from autopipe.runtime.engine import IterationResult
@@ -39,6 +39,7 @@ from autopipe.runtime.meters import PeakMemory, state_bytes
 from autopipe.runtime.pipeline import Pipeline
 from autopipe.runtime.run.data import Batch, BatchSource
 from autopipe.runtime.run.options import RunOptions
+from autopipe.runtime.run.resume import optimizer_flags, resume_note
 from autopipe.stages.rebuild import rebuild_model, trace_for_plan
 
 __all__ = ["Batch", "RankResult", "Rebuilt", "plan_schedule", "rebuild", "shared_groups", "train_rank"]
@@ -138,6 +139,9 @@ def train_rank(
     done = 0
     if options.resume:
         done = checkpoint.load_rank(options.resume, rank, pipe, optimizer, plan.recipe.fingerprint)
+        note = resume_note(checkpoint.read_meta(options.resume)["optimizer"], options)
+        if note:
+            progress("note")(note)
     pipe.steps = done
     iterations = []
     meter = PeakMemory(device)
@@ -154,7 +158,13 @@ def train_rank(
     static = state_bytes(params, optimizer)
     peak, kind = _peak(meter, params, static, iterations, process_memory or device.type == "cuda")
     if options.save_checkpoint:
-        _save(plan, rank, pipe, optimizer, done + options.steps, options.save_checkpoint)
+        meta = {
+            "fingerprint": plan.recipe.fingerprint,
+            "step": done + options.steps,
+            "stages": len(plan.stages),
+            "optimizer": optimizer_flags(options),
+        }
+        commit.save(options.save_checkpoint, rank, pipe.comm, pipe.stage_state_dicts(), optimizer, meta)
     data = source.kind if source is not None else ("train_data" if rb.loaded.make_train_data else "example_inputs")
     return RankResult(
         rank,
@@ -180,14 +190,6 @@ def _peak(
     return peak, (
         "cpu count (thread ranks share one process): parameters + gradients + optimizer state + peak saved activations"
     )
-
-
-def _save(plan: Plan, rank: int, pipe: Pipeline, optimizer: torch.optim.Optimizer, steps: int, folder: str) -> None:
-    """Write this rank's checkpoint stage files; rank 0 writes the run's metadata once all have."""
-    checkpoint.save_rank(folder, rank, pipe.stage_state_dicts(), optimizer, steps)
-    pipe.comm.barrier()
-    if rank == 0:
-        checkpoint.write_meta(folder, plan.recipe.fingerprint, steps, len(plan.stages))
 
 
 def _progress(rank: int, path: str | None) -> Callable[[str], Callable[[str], None]]:

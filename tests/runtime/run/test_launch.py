@@ -27,6 +27,7 @@ from tests.runtime.helpers import (
     FAULTY,
     TOL,
     cached_plan,
+    fake_checkpoint,
     skip_without_transformers,
     unsplit_reference,
 )
@@ -279,8 +280,7 @@ def test_launch_checks_its_options_against_the_plan_before_any_rank_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plan = cached_plan("skip", 2, "1f1b")
-    (tmp_path / "ck").mkdir()
-    (tmp_path / "ck" / "meta.json").write_text(json.dumps({"fingerprint": "0123", "step": 3, "stages": 2}))
+    fake_checkpoint(tmp_path / "ck", step=3, fingerprint="0123")
     monkeypatch.setattr(subprocess, "Popen", _no_rank)
     with pytest.raises(RunOptionError) as info:
         launch(plan, RunOptions(resume=str(tmp_path / "ck")))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from autopipe.errors import RunOptionError
 from autopipe.modes import Engine
 from autopipe.runtime.run.options import DEFAULT_STEPS, RunOptions, check_launch, run_options, worker_arguments
 from autopipe.runtime.run.rank import build_parser as rank_parser
+from tests.runtime.helpers import fake_checkpoint
 
 ONLY_RUN = {"--json", "--plot"}  # autopipe run prints a report and draws the losses; a rank does neither
 ONLY_RANK = {"--result-dir"}  # hidden: where a launched rank writes its result
@@ -80,7 +80,7 @@ def test_both_read_the_same_options_from_the_same_flags() -> None:
 
 
 def test_the_launchers_arguments_read_back_as_its_options(tmp_path: Path) -> None:
-    _checkpoint(tmp_path / "old")
+    _checkpoint(tmp_path / "old", optimizer="SGD")
     options = RunOptions(
         steps=3,
         seed=2,
@@ -130,11 +130,11 @@ def test_bad_run_flags_are_one_line(argv: list[str], message: str, capsys: pytes
     assert err.count("\n") == 1 and message in err
 
 
-def _checkpoint(folder: Path, step: int = 4, fingerprint: str = "abc", stages: int = 2) -> Path:
-    """A checkpoint folder's meta.json (what run_options reads of it)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "meta.json").write_text(json.dumps({"fingerprint": fingerprint, "step": step, "stages": stages}))
-    return folder
+def _checkpoint(
+    folder: Path, step: int = 4, fingerprint: str = "abc", stages: int = 2, optimizer: str = "Adam"
+) -> Path:
+    """A checkpoint folder with a right manifest (what run_options reads of it)."""
+    return fake_checkpoint(folder, step, fingerprint, stages, optimizer=optimizer)
 
 
 def _flag_cases(tmp: Path) -> list[tuple[list[str], str]]:
@@ -246,7 +246,7 @@ def test_every_bad_run_flag_is_one_true_line_before_any_rank_starts(
 
 
 def test_good_flags_pass_the_checks(tmp_path: Path) -> None:
-    ck = _checkpoint(tmp_path / "ck")
+    ck = _checkpoint(tmp_path / "ck", optimizer="SGD")
     argv = [
         "plan.json",
         "--device",
