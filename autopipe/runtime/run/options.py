@@ -188,7 +188,7 @@ def check_options(o: RunOptions) -> None:
     if o.resume is not None:
         from autopipe.runtime.run.resume import check_resume
 
-        check_resume(o)
+        check_resume(o, MAX_SEED)
     if o.save_checkpoint is not None:
         _check_save_folder(o.save_checkpoint)
 
@@ -208,7 +208,7 @@ def check_launch(o: RunOptions, plan: Plan) -> None:
         from autopipe.runtime.checkpoint import ranks_of
         from autopipe.runtime.run.resume import check_resume
 
-        meta = check_resume(o, hashes=True)
+        meta = check_resume(o, MAX_SEED, hashes=True)
         if meta["fingerprint"] != plan.recipe.fingerprint or meta["stages"] != len(plan.stages):
             raise RunOptionError(
                 f"--resume {_shown(o.resume)}: the checkpoint was saved with another plan (model fingerprint "

@@ -12,19 +12,35 @@ Tests: tests/runtime/test_commit.py.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from autopipe.errors import RunOptionError
-from autopipe.runtime.run.options import MAX_SEED, RunOptions
 
-__all__ = ["check_resume", "optimizer_flags", "resume_note"]
+__all__ = ["RunFlags", "check_resume", "optimizer_flags", "resume_note"]
+
+
+class RunFlags(Protocol):
+    """What these checks read of a run's options (:class:`~autopipe.runtime.run.options.RunOptions`)."""
+
+    @property
+    def resume(self) -> str | None: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def optimizer(self) -> str: ...
+    @property
+    def lr(self) -> float: ...
+    @property
+    def optimizer_kwargs(self) -> tuple[tuple[str, float], ...]: ...
 
 
 def _shown(text: str) -> str:
     return repr(text if len(text) <= 200 else text[:197] + "...")
 
 
-def check_resume(o: RunOptions, hashes: bool = False) -> dict[str, Any]:
+def check_resume(o: RunFlags, max_seed: int, hashes: bool = False) -> dict[str, Any]:
     """RunOptionError unless ``o.resume`` can be resumed with ``o``; returns the manifest. The
     folder is checked against it (the files' SHA-256 too with ``hashes``: the launcher's
     check), and it against the run's flags."""
@@ -42,10 +58,10 @@ def check_resume(o: RunOptions, hashes: bool = False) -> dict[str, Any]:
         meta = verify_folder(o.resume, hashes=hashes)
     except RuntimeFailure as e:
         raise RunOptionError(f"--resume: {e}") from None
-    if not 0 <= o.seed <= MAX_SEED - o.steps - meta["step"]:
+    if not 0 <= o.seed <= max_seed - o.steps - meta["step"]:
         raise RunOptionError(
             f"--seed {o.seed} with --steps {o.steps} after the checkpoint's {meta['step']} steps "
-            f"seeds torch beyond {MAX_SEED}; use a smaller --seed"
+            f"seeds torch beyond {max_seed}; use a smaller --seed"
         )
     saved = meta["optimizer"]
     if saved["name"] != o.optimizer:
@@ -61,12 +77,12 @@ def check_resume(o: RunOptions, hashes: bool = False) -> dict[str, Any]:
     return meta
 
 
-def optimizer_flags(o: RunOptions) -> dict[str, Any]:
+def optimizer_flags(o: RunFlags) -> dict[str, Any]:
     """The optimizer of a run as a checkpoint's manifest records it."""
     return {"name": o.optimizer, "lr": o.lr, "args": dict(o.optimizer_kwargs)}
 
 
-def resume_note(saved: dict[str, Any], o: RunOptions) -> str:
+def resume_note(saved: dict[str, Any], o: RunFlags) -> str:
     """One line naming the optimizer flags of this run that differ from the checkpoint's run
     (these apply: the optimizer state is the checkpoint's, its hyperparameters the run's);
     empty when none does."""
