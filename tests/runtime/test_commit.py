@@ -322,3 +322,20 @@ def test_a_manifest_entry_is_the_files_size_and_hash(tmp_path: Path) -> None:
         "bytes": 3,
         "sha256": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
     }
+
+
+@pytest.mark.slow
+def test_autopipe_run_resumes_with_its_lr(
+    saved: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cached_plan("skip", 2, "1f1b").save(tmp_path / "plan.json")
+    weights = assemble_state_dict(saved[0])
+    argv = ["run", str(tmp_path / "plan.json"), "--steps", "1", "--device", "cpu", "--timeout", "30"]
+    for lr in ("0", "0.5"):
+        out = str(tmp_path / f"lr{lr}")
+        assert main([*argv, "--resume", str(saved[0]), "--lr", lr, "--save-checkpoint", out]) == 0
+        note = f"autopipe: resuming with this run's optimizer flags: --lr {lr} (the checkpoint's run: 0.1)\n"
+        assert note in capsys.readouterr().err
+    after0, after05 = assemble_state_dict(tmp_path / "lr0"), assemble_state_dict(tmp_path / "lr0.5")
+    assert all(torch.equal(weights[k], after0[k]) for k in weights)
+    assert any(not torch.equal(weights[k], after05[k]) for k in weights)
