@@ -334,9 +334,13 @@ def _short(rejected: Rejected) -> str:
 
 def cmd_show(args: argparse.Namespace, out: Console, err: Console) -> int:
     from autopipe.plans import Plan
+    from autopipe.show.draw import too_many_actions
 
     timeline = _timeline_path(args.timeline)
     plan = Plan.load(args.plan)
+    big = too_many_actions(plan)
+    if timeline and big:
+        raise UsageError(f"--timeline {timeline}: {big}; show the plan without --timeline")
     _show(plan, out, args.json, timeline, wrote=None, text_timeline=True, source=args.plan)
     return 0
 
@@ -351,10 +355,11 @@ def _show(
     source: str = "the plan",
 ) -> None:
     from autopipe.api import plan_costs, plan_timeline
-    from autopipe.show.draw import check_times, draw_timeline, plan_frame
+    from autopipe.show.draw import check_times, draw_timeline, plan_frame, too_many_actions
     from autopipe.show.draw import text_timeline as text_rows
 
-    wanted = bool(timeline or (text_timeline and not as_json))
+    big = too_many_actions(plan)  # nothing simulated beyond it: show and plan stay bounded
+    wanted = bool(timeline or (text_timeline and not as_json)) and big is None
     if wanted:
         check_times(plan, source)
     simulated = plan_timeline(plan) if wanted else None
@@ -369,5 +374,8 @@ def _show(
         if text_timeline and simulated is not None
         else None
     )
-    notes = [n for n in (wrote, f"drew {timeline}" if timeline else None) if n]
+    drew = (f"drew {timeline}" if big is None else f"did not draw {timeline}: {big}") if timeline else None
+    if big is not None and text_timeline and not timeline:
+        drew = f"no timeline: {big}"
+    notes = [n for n in (wrote, drew) if n]
     print_plan(plan, out, rows, "; ".join(notes) or None)
