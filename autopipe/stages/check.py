@@ -48,7 +48,12 @@ def check_plan(plan: Plan, traced: TracedModel) -> None:
             "with --tensor-parallel 1"
         )
     want = plan.recipe.fingerprint
-    if want and traced.fingerprint() != want:
+    if not want:  # every plan autopipe writes has one: an emptied one would skip the model's identity
+        raise PlanError(
+            f"the plan has no model fingerprint (recipe.fingerprint is empty), so it cannot be checked "
+            f"against the model; {again}"
+        )
+    if traced.fingerprint() != want:
         raise PlanError(
             f"the plan was made for another model (fingerprint {want}, this model traces to "
             f"{traced.fingerprint()}); {again}"

@@ -124,6 +124,13 @@ def test_the_good_plan_passes_and_another_models_plan_does_not() -> None:
     other = dataclasses.replace(plan, recipe=dataclasses.replace(plan.recipe, fingerprint="0123456789abcdef"))
     with pytest.raises(PlanError, match=r"made for another model \(fingerprint 0123456789abcdef, this model traces to"):
         check_plan(other, traced)
+    emptied = dataclasses.replace(plan, recipe=dataclasses.replace(plan.recipe, fingerprint=""))
+    with pytest.raises(PlanError) as info:  # no identity to check is not a pass
+        check_plan(emptied, traced)
+    assert str(info.value) == (
+        "the plan has no model fingerprint (recipe.fingerprint is empty), so it cannot be checked against the "
+        f"model; plan again with 'autopipe plan {MLP} -k depth=3'"
+    )
 
 
 def test_the_hint_stays_on_one_line() -> None:

@@ -35,6 +35,7 @@ watches its standard input, a pipe only the launcher holds, and exits when it cl
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -54,6 +55,8 @@ from autopipe.errors import RuntimeFailure
 from autopipe.plans import Plan
 from autopipe.runtime.run.options import LAUNCHER_ENV, RunOptions, check_launch, worker_arguments
 from autopipe.runtime.run.records import RunResult, rank_from_dict
+
+_log = logging.getLogger("autopipe")
 
 __all__ = ["free_port", "launch", "worker_arguments"]
 
@@ -81,6 +84,12 @@ def launch(plan: Plan | str | Path, options: RunOptions) -> RunResult:
             plan = Plan.load(plan_path)
         world = plan.devices
         check_launch(options, plan)
+        if plan.data_parallel > 1:
+            _log.warning(
+                f"the plan has {plan.data_parallel} data-parallel replicas; this run trains one of them "
+                f"({world} ranks, batch {plan.batch_size}) and no gradient all-reduce between replicas "
+                "(the whole layout: autopipe config PLAN --for megatron or --for torchtitan)"
+            )
         port = free_port()
         cmd = [
             sys.executable,

@@ -402,3 +402,28 @@ def test_a_launched_rank_dies_with_its_parent_even_while_its_stdin_stays_open(tm
         for r in rank:
             if _alive(r):
                 os.kill(r, signal.SIGKILL)
+
+
+def test_a_data_parallel_plan_says_the_run_trains_one_replica(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import dataclasses
+    import logging
+
+    from autopipe.runtime.run import launch as launch_module
+
+    class Started(Exception):
+        pass
+
+    def no_ranks() -> int:
+        raise Started
+
+    monkeypatch.setattr(launch_module, "free_port", no_ranks)  # stop where the ranks would start
+    plan = dataclasses.replace(even_plan("mlp.py", stages=2), data_parallel=2)
+    with caplog.at_level(logging.WARNING, logger="autopipe"), pytest.raises(Started):
+        launch(plan, RunOptions())
+    assert [r.getMessage() for r in caplog.records] == [
+        f"the plan has 2 data-parallel replicas; this run trains one of them (2 ranks, batch {plan.batch_size}) "
+        "and no gradient all-reduce between replicas (the whole layout: autopipe config PLAN --for megatron or "
+        "--for torchtitan)"
+    ]
