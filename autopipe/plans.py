@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,14 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def precision(self) -> str | None:
+        """The precision an analytic plan was priced in, ``bf16``, ``fp16``, ``tf32`` or ``fp32``, from
+        its profile's device line (``"h100: ... (analytic, bf16)"``); None for a measured one, which ran
+        the model as it is (fp32 unless the model says otherwise) and does not record it."""
+        found = re.search(r"\(analytic, (fp32|tf32|bf16|fp16)\b", self.profile_device)
+        return found.group(1) if found else None
 
     @property
     def balance(self) -> tuple[int, ...]:

@@ -54,7 +54,6 @@ whose nodes are the plan's catalogue device's GPUs per node where the caller kno
 
 from __future__ import annotations
 
-import re
 import shlex
 
 from torch import nn
@@ -259,19 +258,15 @@ def _launch(deg: Degrees, per_node: int | None) -> list[str]:
     return notes
 
 
-_DTYPE = re.compile(r"\(analytic, (fp32|tf32|bf16|fp16)\b")
-
-
 def _precision(plan: Plan) -> tuple[list[str], list[str]]:
     """``--bf16`` / ``--fp16`` from the dtype an analytic plan was counted in (its profile device
     says it: ``h100: ... (analytic, bf16)``); a note where the plan does not say."""
-    found = _DTYPE.search(plan.profile_device)
-    if found is None:
+    dtype = plan.precision
+    if dtype is None:
         return [], [
             f"precision: the plan was measured on {plan.profile_device} and does not record the dtype; "
             "add --bf16 or --fp16 if you train in one (Megatron's default is fp32)"
         ]
-    dtype = found.group(1)
     if dtype == "tf32":
         return [], ["precision: the plan is priced in tf32: Megatron trains in fp32 (TF32 matmuls are torch's setting)"]
     return {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(dtype, []), []
