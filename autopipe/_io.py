@@ -32,6 +32,7 @@ __all__ = [
     "atomic_write_text",
     "check_output_file",
     "check_output_folder",
+    "one_line",
     "output_target",
     "printable",
     "shown",
@@ -60,6 +61,13 @@ def printable(text: str) -> str:
     from a plan, a profile or a model (a name, a path) can never move the cursor, retitle or recolour
     the terminal it is printed on."""
     return text.translate(_CONTROL)
+
+
+def one_line(text: str) -> str:
+    """``text`` as one printable line: :func:`printable`, and newlines and tabs as ``\\n``, ``\\t``
+    too -- for a string from a plan that goes into a generated file's comment or a line-based format
+    (a newline in a model's name must not become a line of Megatron arguments)."""
+    return printable(text).replace("\n", "\\n").replace("\t", "\\t")
 
 
 def _check_name(path: str | Path, what: str) -> Path:

@@ -58,6 +58,7 @@ import shlex
 
 from torch import nn
 
+from autopipe._io import one_line
 from autopipe.config.model_facts import ModelFacts, read_model
 from autopipe.config.parts import Degrees, Parts, degrees, model_parts, stage_list
 from autopipe.config.retarget import retarget_notes
@@ -293,7 +294,7 @@ def megatron_args(
     facts = read_model(model, model_parts(plan).container, seq_length) if model is not None else None
     parts = model_parts(plan, facts.num_layers if facts is not None else None)
     lines = [
-        f"# Megatron-LM arguments for {plan.model} (autopipe plan: {plan.schedule}, "
+        f"# Megatron-LM arguments for {one_line(plan.model)} (autopipe plan: {plan.schedule}, "
         f"{plan.micro_batches} micro-batch(es) of {plan.micro_batch_size})",
         f"# world size t x p x d = {deg.tensor} x {deg.pipeline} x {deg.data} = {deg.world_size} GPUs",
     ]
@@ -328,7 +329,7 @@ def megatron_args(
         notes.append(_layout_note(parts, deg))
     recompute, recompute_notes = _recompute(plan, deg, parts)
     notes += recompute_notes + retarget_notes(plan, "megatron")
-    lines += [f"# {n}" for n in notes]
+    lines += [f"# {one_line(n)}" for n in notes]  # a note quoting the plan stays one comment line
     return "\n".join(lines + _argument_lines(args + definition + precision + split + recompute)) + "\n"
 
 
