@@ -147,13 +147,13 @@ def _check_length(p: Path, what: str, shown_as: Path) -> None:
         )
 
 
-def check_output_file(path: str | Path, what: str) -> Path:
+def check_output_file(path: str | Path, what: str, example: str = "out.json") -> Path:
     """``path`` as a Path if a file can be written there (replacing one is fine), else
-    OutputError naming ``what`` (the flag)."""
+    OutputError naming ``what`` (the flag); a directory's message suggests ``example`` in it."""
     p = _check_name(path, what)
     _check_length(p, what, p)
     if p.is_dir():
-        raise OutputError(f"{what} {p} is a directory; name a file, e.g. {p / 'out.json'}")
+        raise OutputError(f"{what} {p} is a directory; name a file, e.g. {p / example}")
     if _in_place(p):
         return p
     target = output_target(p)

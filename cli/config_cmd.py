@@ -74,7 +74,14 @@ def cmd_config(args: argparse.Namespace, out: Console, err: Console) -> int:
         )
     if args.kwargs and args.check is None:
         raise UsageError("-k gives the --check model's factory arguments; add --check MODEL, or drop -k")
-    destination = output_path(args.output, "--output") if args.output is not None else None
+    example = (
+        "megatron-args.txt"
+        if target == "megatron"
+        else "titan.toml"
+        if target == "torchtitan-0.2"
+        else "autopipe_recipe.py"
+    )
+    destination = output_path(args.output, "--output", example) if args.output is not None else None
     plan = Plan.load(args.plan)
     if target == "megatron":
         text = megatron_config(plan, base=Path(args.plan).parent)

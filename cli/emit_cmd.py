@@ -101,7 +101,7 @@ def cmd_merge(args: argparse.Namespace, out: Console, err: Console) -> int:
     from autopipe._io import atomic_write, torch_save
     from autopipe.stages.merge import merge_state_dict
 
-    target = output_path(args.output, "--output")
+    target = output_path(args.output, "--output", "model.pt")
     state = merge_state_dict(args.folder)
     atomic_write(target, lambda tmp: torch_save(state, tmp))
     print(f"wrote {target}: {len(state)} tensors (the model's state_dict)", file=out.file)

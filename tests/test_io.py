@@ -196,3 +196,17 @@ def test_outputs_that_cannot_be_files_are_refused_first(tmp_path: Path) -> None:
         ):
             check_output_file(tmp_path / name, "-o")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "s.sock", "to-dir"]
+
+
+def test_a_folder_given_for_a_file_suggests_a_file_of_that_kind(
+    plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv, example in [
+        (["emit", str(plan_file), "--schedule-csv", str(tmp_path)], "1f1b.csv"),
+        (["show", str(plan_file), "--timeline", str(tmp_path)], "timeline.png"),
+        (["config", str(plan_file), "--for", "torchtitan-0.2", "-o", str(tmp_path)], "titan.toml"),
+        (["merge", str(tmp_path), "-o", str(tmp_path)], "model.pt"),
+    ]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.endswith(f" is a directory; name a file, e.g. {tmp_path / example}\n"), (argv, err)
