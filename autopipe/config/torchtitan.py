@@ -198,7 +198,11 @@ def _schedule(plan: Plan, parts: Parts, csv_path: str, plan_file: str) -> tuple[
     schedule, notes, csv = torchtitan_schedule(plan.schedule), [], False
     if schedule not in TORCH_SCHEDULES:
         placement = "ZBVZeroBubble" if not parts.round_robin else "Interleaved1F1B" if plan.virtual > 1 else "1F1B"
-        refusal = _csv_refusal(plan) if plan.devices > 1 else "no pipeline"
+        if plan.devices == 1:  # no pipeline: torchtitan builds no schedule
+            return placement, False, []
+        refusal = _csv_refusal(plan)
+        if not refusal and [s.rank for s in plan.stages] != _titan_ranks(placement, plan.devices, len(plan.stages)):
+            refusal = "torchtitan places stages round robin or in a V only, and the CSV's ranks must be its"
         if not refusal:
             csv = True
             where = "in a V" if placement in _V_STYLE else "round robin"
