@@ -569,7 +569,7 @@ def megatron_config(plan: Plan, *, base: str | Path | None = None, **options: An
     return megatron_args(plan, model=loaded.model, seq_length=seq, **options)
 
 
-CONFIG_TARGETS = ("megatron", "torchtitan", "torchtitan-0.2")
+CONFIG_TARGETS = ("megatron", "torchtitan", "torchtitan-main", "torchtitan-0.2")
 """The frameworks :func:`check_config` (and ``autopipe config --for``) knows."""
 
 
