@@ -171,7 +171,8 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
     S, n = req.devices, profile.num_blocks
     ms = [req.micro_batches] if req.micro_batches else divisors(req.batch_size)
     ms = [m for m in ms if _traceable(profile, req.batch_size // m)]
-    allowed = target_spec(req.target).schedules
+    target = target_spec(req.target)
+    allowed = target.schedules if req.recompute == "never" else target.recomputing()
     schedules = [req.schedule] if req.schedule else [s for s in SEARCH_SCHEDULES if s in allowed]
     out = []
     for m in ms:
