@@ -76,6 +76,7 @@ from autopipe.stages.rebuild import trace_for_plan
 from autopipe.stages.schedule_csv import torch_rows
 from autopipe.stages.split import Split, StageModule, split_model
 from autopipe.stages.state import Slot, state_slots
+from autopipe.stages.torch_stage import SplitBackwardStage
 
 __all__ = [
     "SCHEDULE_CLASSES",
@@ -198,8 +199,6 @@ def to_torch_pipelining(
     divided twice, and gradients accumulated over several steps would be divided again.
     Every rank of ``group`` calls it: the ranks agree on their traces first (:func:`agreed_trace`).
     """
-    from torch.distributed import pipelining
-
     if not 0 <= rank < plan.devices:
         raise PlanError(f"rank {rank} is outside the plan's {plan.devices} pipeline ranks; use 0 to {plan.devices - 1}")
     _check_torch_schedule(plan)
@@ -217,7 +216,7 @@ def to_torch_pipelining(
             continue
         relay.to(dev)
         stages.append(
-            pipelining.PipelineStage(
+            SplitBackwardStage(
                 relay,
                 relay.index,
                 n,
