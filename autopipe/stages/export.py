@@ -76,6 +76,7 @@ from autopipe.stages.rebuild import trace_for_plan
 from autopipe.stages.schedule_csv import torch_rows
 from autopipe.stages.split import Split, StageModule, split_model
 from autopipe.stages.state import Slot, state_slots
+from autopipe.stages.torch_limits import torch_refusal
 from autopipe.stages.torch_stage import SplitBackwardStage
 
 __all__ = [
@@ -202,6 +203,9 @@ def to_torch_pipelining(
     if not 0 <= rank < plan.devices:
         raise PlanError(f"rank {rank} is outside the plan's {plan.devices} pipeline ranks; use 0 to {plan.devices - 1}")
     _check_torch_schedule(plan)
+    refusal = torch_refusal(plan.schedule, plan.devices, plan.micro_batches, len(plan.stages))
+    if refusal is not None:
+        raise PlanError(refusal)  # before the ranks trace and talk: every rank raises it alike
     traced, split = agreed_trace(plan, model, example_inputs, rank, group)
     relays = relay_stages(split, {n.name: i for i, n in enumerate(traced.gm.graph.nodes)})
     _tie_info(relays, split, plan, traced.gm)
