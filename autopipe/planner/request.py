@@ -31,6 +31,7 @@ from autopipe.modes import Recompute
 from autopipe.planner.pricing import Decision
 from autopipe.plans import MAX_BATCH_SIZE, MAX_DEVICES, MAX_MICRO_BATCHES
 from autopipe.schedules import ScheduleSpec, schedule_names, schedule_spec, search_order
+from autopipe.schedules.torch_limits import torch_refusal
 from autopipe.units import format_bytes
 
 __all__ = [
@@ -214,6 +215,7 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
     ms = [m for m in ms if _traceable(profile, req.batch_size // m)]
     allowed = target_spec(req.target).schedules
     schedules = [req.schedule] if req.schedule else [s for s in SEARCH_SCHEDULES if s in allowed]
+    torch_runs = (lambda name, m, v: torch_refusal(name, S, m, S * v) is None) if req.target == "torch" else None
     out = []
     for m in ms:
         for name in schedules:
@@ -225,6 +227,7 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
             for v in vs:
                 if spec.searchable(S, m, v) and S * v <= n:
                     out.append(Decision(name, v, m))
+    out = [d for d in out if torch_runs is None or torch_runs(d.schedule, d.micro_batches, d.virtual)]
     return out
 
 
@@ -329,6 +332,12 @@ def _check_target(req: PlanRequest, words: Words) -> None:
             f"{words.said('target', req.target)} {words.said('schedule', req.schedule)}: {target.label} runs "
             f"{runs}; drop {words.name('schedule')} or pick one of them"
         )
+    if req.target == "torch" and req.schedule in schedule_names() and req.micro_batches is not None:
+        spec = schedule_spec(req.schedule)
+        vs = [req.virtual] if req.virtual else list(spec.virtual_choices)
+        refusals = [torch_refusal(req.schedule, req.devices, req.micro_batches, req.devices * v) for v in vs]
+        if all(refusals):
+            raise PlanError(f"{words.said('target', req.target)}: {refusals[0]}")
 
 
 def _check_schedule(profile: Profile, req: PlanRequest, words: Words) -> tuple[ScheduleSpec | None, int]:

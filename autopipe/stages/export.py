@@ -71,12 +71,12 @@ from autopipe.graph.outputs import output_builder
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
 from autopipe.schedules import SPECS, schedule_names, schedule_spec
+from autopipe.schedules.torch_limits import torch_refusal
 from autopipe.stages.agree import agreed_split
 from autopipe.stages.rebuild import trace_for_plan
 from autopipe.stages.schedule_csv import torch_rows
 from autopipe.stages.split import Split, StageModule, split_model
 from autopipe.stages.state import Slot, state_slots
-from autopipe.stages.torch_limits import torch_refusal
 from autopipe.stages.torch_stage import SplitBackwardStage
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""autopipe.stages.torch_limits: what torch's schedule classes refuse, said before any rank starts
+"""autopipe.schedules.torch_limits: what torch's schedule classes refuse, said before any rank starts
 (issue 27); the rules checked against the classes themselves."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 from autopipe.cli.main import main
 
 from autopipe.errors import PlanError
+from autopipe.schedules.torch_limits import torch_refusal
 from autopipe.stages.export import to_torch_pipelining
 from autopipe.stages.rebuild import rebuild_model
-from autopipe.stages.torch_limits import torch_refusal
 from tests.helpers import even_plan
 
 
@@ -94,3 +94,44 @@ def test_run_engine_torch_refuses_in_one_line_before_any_rank_starts(
         "autopipe: error: --engine torch: torch's Schedule1F1B (1f1b) needs at least as many micro-batches as "
         "stages (2), and the plan has 1; plan with --micro-batches 2 or more, or run with --engine autopipe\n"
     )
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_plan_for_target_torch_is_one_torch_runs(seed: int) -> None:
+    import dataclasses
+    import random
+
+    from autopipe.planner import plan_pipeline
+    from tests.planner.test_search import _request, random_profile
+
+    rng = random.Random(seed)
+    n = rng.randint(4, 12)
+    req = _request(devices=rng.randint(2, min(4, n)), batch_size=rng.choice([2, 4, 5, 8, 10, 12]))
+    prof = random_profile(n, seed)
+    plan = plan_pipeline(prof, dataclasses.replace(req, target="torch"))
+    assert torch_refusal(plan.schedule, plan.devices, plan.micro_batches, len(plan.stages)) is None
+    free = plan_pipeline(prof, req)
+    if torch_refusal(free.schedule, free.devices, free.micro_batches, len(free.stages)) is None:
+        assert plan.iteration_time_s == free.iteration_time_s  # nothing to steer away from
+
+
+def test_target_torch_with_a_micro_batch_count_torch_refuses_is_one_line() -> None:
+    import dataclasses
+
+    from autopipe.planner import plan_pipeline
+    from tests.planner.test_search import _request, random_profile
+
+    # the free plan of this profile is ZB-H1 with 5 micro-batches on 2 ranks, which torch's class refuses
+    free = plan_pipeline(random_profile(6, 0), _request(devices=2, batch_size=5))
+    assert (free.schedule, free.micro_batches) == ("zb-h1", 5)
+    steered = plan_pipeline(random_profile(6, 0), _request(devices=2, batch_size=5, target="torch"))
+    assert torch_refusal(steered.schedule, 2, steered.micro_batches, len(steered.stages)) is None
+    assert steered.iteration_time_s >= free.iteration_time_s * (1 - 1e-9)
+    req = _request(devices=2, batch_size=8, schedule="1f1b", micro_batches=1, target="torch")
+    with pytest.raises(PlanError) as info:
+        plan_pipeline(random_profile(6, 0), req)
+    assert str(info.value) == (
+        "target=torch: torch's Schedule1F1B (1f1b) needs at least as many micro-batches as stages (2), and the "
+        "plan has 1; plan with --micro-batches 2 or more, or run with --engine autopipe"
+    )
+    assert plan_pipeline(random_profile(6, 0), dataclasses.replace(req, micro_batches=2)).micro_batches == 2

@@ -20,7 +20,7 @@ class would refuse; ``to_torch_pipelining`` raises it as a PlanError before trac
 
 from __future__ import annotations
 
-from autopipe.schedules import schedule_names, schedule_spec
+from autopipe.schedules.registry import schedule_names, schedule_spec
 
 __all__ = ["torch_refusal"]
 
