@@ -70,8 +70,8 @@ def _train(plan: Plan, rank: int, engine: bool) -> dict[str, object]:
             got.append(pipe.step(x, y))  # the batch's mean loss, on every rank
             opt.step()
             opt.zero_grad()
-        params = {n: p.detach().clone() for n, p in model.named_parameters() if id(p) in held}
-        return {"losses": got if rank == 1 else [], "params": params}
+        kept = {n: p.detach().clone() for n, p in model.named_parameters() if id(p) in held}
+        return {"losses": got if rank == 1 else [], "params": kept}
     stages, schedule = to_torch_pipelining(plan, model, rank, example_inputs=example, loss_fn=loaded.loss_fn)
     params = list({id(p): p for s in stages for p in s.submod.parameters()}.values())
     optimizer = torch.optim.SGD(params, lr=LR)
@@ -134,7 +134,8 @@ def reference(plan: Plan) -> tuple[list[float], dict[str, torch.Tensor]]:
 
     loaded = rebuild_model(plan)
     model = loaded.model
-    x, y = loaded.make_inputs(plan.batch_size), loaded.make_targets(plan.batch_size)  # type: ignore[misc]
+    x: Any = loaded.make_inputs(plan.batch_size)
+    y: Any = loaded.make_targets(plan.batch_size)  # type: ignore[misc]
     m = plan.micro_batches
     xs = [{k: v.chunk(m)[i] for k, v in x.items()} for i in range(m)] if isinstance(x, dict) else list(x.chunk(m))
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
@@ -144,7 +145,7 @@ def reference(plan: Plan) -> tuple[list[float], dict[str, torch.Tensor]]:
         total = 0.0
         for xi, yi in zip(xs, y.chunk(m), strict=True):
             loss = loaded.loss_fn(call_model(model, xi), yi)
-            (loss / m).backward()
+            (loss / m).backward()  # type: ignore[no-untyped-call]
             total += float(loss.detach()) / m
         optimizer.step()
         losses.append(total)
@@ -191,13 +192,13 @@ def check_cases(cases: list[Case], folder: Path, timeout: float = 600) -> list[O
         paths.append(str(path))
     got = run_ranks(paths, folder, timeout)
     outcomes, references = [], {}
-    for case, path in zip(cases, paths, strict=True):
-        a, b = got[0][path], got[1][path]
+    for case, name in zip(cases, paths, strict=True):
+        a, b = got[0][name], got[1][name]
         if "error" in a or "error" in b:
             errors = {a.get("error"), b.get("error")} - {None}
             outcomes.append(Outcome(case, " | ".join(sorted(map(str, errors))), 0.0, 0.0, 0.0, 0.0))
             continue
-        plan = Plan.load(path)
+        plan = Plan.load(name)
         key = (case.arch, case.micro_batches)
         if key not in references:
             references[key] = reference(plan)
