@@ -15,7 +15,12 @@ micro-batches and ``V`` the stages (chunks) in all:
 ``ScheduleGPipe`` and the schedules run from a CSV (``zb-h2``, ``v-half``, ``v-min``, through
 ``_PipelineScheduleRuntime``) take any ``m``. :func:`torch_refusal` says, in one line, what the
 class would refuse; ``to_torch_pipelining`` raises it as a PlanError before tracing and
-``autopipe run --engine torch`` exits 2 with it before starting a rank.
+``autopipe run --engine torch`` exits 2 with it before starting a rank; ``autopipe plan --target
+torch`` searches only what these classes run.
+
+The rules are checked against the classes themselves.
+
+Tests: tests/stages/test_torch_limits.py.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ engine's split, which keeps every node the weight half needs (the graph is freed
 roots, after W) -- and makes every input gradient contiguous before torch sends it or hands it
 to a stage of the same rank. A parameter two stages of one rank share is one Parameter: each
 stage's weight half adds its share to its ``.grad``.
+
+Tests: tests/stages/test_torch_stage.py (one process), tests/stages/test_zero_bubble_export.py
+(2 gloo ranks, every hf_zoo architecture under ZB-H1, ZB-V and DualPipeV).
 """
 
 from __future__ import annotations
