@@ -215,7 +215,8 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
     ms = [m for m in ms if _traceable(profile, req.batch_size // m)]
     allowed = target_spec(req.target).schedules
     schedules = [req.schedule] if req.schedule else [s for s in SEARCH_SCHEDULES if s in allowed]
-    torch_runs = (lambda name, m, v: torch_refusal(name, S, m, S * v) is None) if req.target == "torch" else None
+    on_torch = req.target in ("torch", "torchtitan")  # torchtitan runs torch's schedule classes
+    torch_runs = (lambda name, m, v: torch_refusal(name, S, m, S * v) is None) if on_torch else None
     out = []
     for m in ms:
         for name in schedules:
@@ -332,7 +333,7 @@ def _check_target(req: PlanRequest, words: Words) -> None:
             f"{words.said('target', req.target)} {words.said('schedule', req.schedule)}: {target.label} runs "
             f"{runs}; drop {words.name('schedule')} or pick one of them"
         )
-    if req.target == "torch" and req.schedule in schedule_names() and req.micro_batches is not None:
+    if req.target in ("torch", "torchtitan") and req.schedule in schedule_names() and req.micro_batches is not None:
         spec = schedule_spec(req.schedule)
         vs = [req.virtual] if req.virtual else list(spec.virtual_choices)
         refusals = [torch_refusal(req.schedule, req.devices, req.micro_batches, req.devices * v) for v in vs]
