@@ -32,6 +32,7 @@ from autopipe.planner.pricing import Decision
 from autopipe.plans import MAX_BATCH_SIZE, MAX_DEVICES, MAX_MICRO_BATCHES
 from autopipe.schedules import ScheduleSpec, schedule_names, schedule_spec, search_order
 from autopipe.schedules.targets import TARGETS, Target, target_spec
+from autopipe.schedules.torch_limits import torch_refusal
 from autopipe.units import format_bytes
 
 __all__ = [
@@ -174,6 +175,8 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
     target = target_spec(req.target)
     allowed = target.schedules if req.recompute == "never" else target.recomputing()
     schedules = [req.schedule] if req.schedule else [s for s in SEARCH_SCHEDULES if s in allowed]
+    on_torch = req.target in ("torch", "torchtitan")  # torchtitan runs torch's schedule classes
+    torch_runs = (lambda name, m, v: torch_refusal(name, S, m, S * v) is None) if on_torch else None
     out = []
     for m in ms:
         for name in schedules:
@@ -185,6 +188,7 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
             for v in vs:
                 if spec.searchable(S, m, v) and S * v <= n:
                     out.append(Decision(name, v, m))
+    out = [d for d in out if torch_runs is None or torch_runs(d.schedule, d.micro_batches, d.virtual)]
     return out
 
 
@@ -279,7 +283,14 @@ def _check_micro_batches(profile: Profile, req: PlanRequest, words: Words) -> No
 
 
 def _check_target(req: PlanRequest, words: Words) -> None:
+    """:func:`check_target`, and a pinned micro-batch count torch's schedule classes take (torch, torchtitan)."""
     check_target(req.choices, words)
+    if req.target in ("torch", "torchtitan") and req.schedule in schedule_names() and req.micro_batches is not None:
+        spec = schedule_spec(req.schedule)
+        vs = [req.virtual] if req.virtual else list(spec.virtual_choices)
+        refusals = [torch_refusal(req.schedule, req.devices, req.micro_batches, req.devices * v) for v in vs]
+        if all(refusals):
+            raise PlanError(f"{words.said('target', req.target)}: {refusals[0]}")
 
 
 def check_target(choices: Choices, words: Words = API_WORDS) -> None:

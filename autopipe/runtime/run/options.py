@@ -186,6 +186,12 @@ def check_options(o: RunOptions) -> None:
 def check_launch(o: RunOptions, plan: Plan) -> None:
     """:func:`check_options` and what needs the plan: a GPU per rank, a checkpoint of this plan."""
     check_options(o)  # --engine torch runs every schedule (those without a torch class as a schedule CSV)
+    if o.engine is Engine.TORCH:
+        from autopipe.schedules.torch_limits import torch_refusal
+
+        refusal = torch_refusal(plan.schedule, plan.devices, plan.micro_batches, len(plan.stages))
+        if refusal is not None:
+            raise RunOptionError(f"--engine torch: {refusal}")
     if o.device == "cuda":
         import torch
 
