@@ -15,7 +15,7 @@ new file in their stead; a symbolic link is written through, to its target, and 
 Every JSON file autopipe reads (plans, profiles, emit's manifest, a checkpoint's ``meta.json``,
 device, cluster and calibration files) goes through :func:`read_json`: only a regular file (a FIFO
 would block, a device never end), at most :data:`MAX_JSON_BYTES`, UTF-8, nested at most
-:data:`MAX_JSON_DEPTH` deep, no number of more than :data:`MAX_JSON_DIGITS` digits; anything else is
+:data:`MAX_JSON_DEPTH` deep, no more than :data:`MAX_JSON_DIGITS` digits in a row; anything else is
 one line of the reader's own error type naming the file and the problem.
 """
 
@@ -287,15 +287,22 @@ def _refused(text: str) -> str | None:
     """Why ``text`` is not parsed at all (nested too deep, a number too long), or None."""
     data = text.encode("utf-8", "surrogatepass")
     if b"0" * (MAX_JSON_DIGITS + 1) in data.translate(_DIGITS):  # a substring search: linear
-        return f"a number of more than {MAX_JSON_DIGITS} digits"
+        return f"more than {MAX_JSON_DIGITS} digits in a row"
     if _too_deep(data):
         return f"nested more than {MAX_JSON_DEPTH} deep"
     return None
 
 
-def parse_json(text: str, source: str, what: str, error: type[Exception], again: str) -> Any:
+def parse_json(text: str | bytes, source: str, what: str, error: type[Exception], again: str) -> Any:
     """The JSON value of ``text`` (from ``source``, a file name or a word), within the limits of
     :func:`read_json`; else ``error``, one line: ``{source} is not {what} (the problem); {again}``."""
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError:
+            raise error(f"{source} is not {what} (not UTF-8 text); {again}") from None
+    if not isinstance(text, str):
+        raise error(f"{source} is not {what} (a {type(text).__name__}, not JSON text); {again}")
     if len(text) > MAX_JSON_BYTES:
         raise error(f"{source} is not {what} (over {MAX_JSON_BYTES // 2**20} MiB); {again}")
     reason = _refused(text)

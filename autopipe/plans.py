@@ -193,7 +193,7 @@ class Plan:
         return _plan_from_raw(read_json(path, "a plan", PlanFileError, _WRITTEN, missing=missing), named)
 
     @staticmethod
-    def from_json(text: str, source: str = "plan") -> Plan:
+    def from_json(text: str | bytes, source: str = "plan") -> Plan:
         """Parse and check a plan (schema, types, ranges, the stages against the schedule);
         PlanFileError, one line naming the field, for anything wrong."""
         return _plan_from_raw(parse_json(text, source, "a plan", PlanFileError, _WRITTEN), source)

@@ -63,7 +63,7 @@ CAUSES = (
     Cause("deep", _text("[" * 200_000 + "]" * 200_000), f"(nested more than {MAX_JSON_DEPTH} deep)"),
     Cause("deep objects", _text('{"a":' * 200_000 + "1" + "}" * 200_000), f"(nested more than {MAX_JSON_DEPTH} deep)"),
     Cause("deep, never closed", _text("[" * 200_000), f"(nested more than {MAX_JSON_DEPTH} deep)"),
-    Cause("5000 digits", _text('{"version": ' + "9" * 5000 + "}"), f"(a number of more than {MAX_JSON_DIGITS} digits)"),
+    Cause("5000 digits", _text('{"version": ' + "9" * 5000 + "}"), f"(more than {MAX_JSON_DIGITS} digits in a row)"),
     Cause("not UTF-8", lambda p: p.write_bytes(b'{"version": "\xff\xfe"}'), "(not UTF-8 text)"),
     Cause("over the size limit", _huge, f"({MAX_JSON_BYTES + 1:,} bytes, over 128 MiB)"),
     Cause("a FIFO", _fifo, "is a FIFO, not"),
@@ -196,7 +196,7 @@ def _within_limit(fn: Callable[[], object]) -> object:
 @pytest.mark.parametrize("cause", CAUSES, ids=[c.name for c in CAUSES])
 @pytest.mark.parametrize("reader", READERS, ids=[r.name for r in READERS])
 def test_every_reader_refuses_every_cause_in_one_typed_line(tmp_path: Path, reader: Reader, cause: Cause) -> None:
-    # docs/security.md: "Every JSON file autopipe reads (plans, profiles, emit's `manifest.json`"
+    # docs/security.md: "Every JSON file you give autopipe (plans, profiles, emit's `manifest.json`"
     path = _bad_file(tmp_path, reader, cause)
     with pytest.raises(reader.error) as info:
         _within_limit(lambda: reader.api(path))
@@ -231,7 +231,12 @@ def test_good_files_still_read_and_the_limits_are_the_documented_ones(tmp_path: 
     with pytest.raises(PlanFileError, match=r"^x is not a plan \(nested more than 64 deep\); again$"):
         parse_json("[" + deepest + "]", "x", "a plan", PlanFileError, "again")
     assert parse_json("9" * MAX_JSON_DIGITS, "x", "a plan", PlanFileError, "again") == int("9" * MAX_JSON_DIGITS)
-    with pytest.raises(PlanFileError, match=r"^x is not a plan \(a number of more than 1000 digits\); again$"):
+    assert parse_json(b'{"a": 1}', "x", "a plan", PlanFileError, "again") == {"a": 1}
+    with pytest.raises(PlanFileError, match=r"^x is not a plan \(not UTF-8 text\); again$"):
+        parse_json(b'"\xff"', "x", "a plan", PlanFileError, "again")
+    with pytest.raises(ProfileError, match=r"^profile is not a profile \(a NoneType, not JSON text\); give a"):
+        Profile.from_json(None)  # type: ignore[arg-type]
+    with pytest.raises(PlanFileError, match=r"^x is not a plan \(more than 1000 digits in a row\); again$"):
         parse_json("9" * (MAX_JSON_DIGITS + 1), "x", "a plan", PlanFileError, "again")
 
 
@@ -287,3 +292,20 @@ def test_the_plan_reader_still_names_the_field(tmp_path: Path) -> None:
     path.write_text(json.dumps(raw))
     with pytest.raises(PlanFileError, match="micro_batches"):
         Plan.load(path)
+
+
+@pytest.mark.parametrize("cause", CAUSES, ids=[c.name for c in CAUSES])
+def test_device_files_named_by_the_environment_go_through_the_reader(
+    tmp_path: Path, cause: Cause, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "devices.json"
+    cause.write(path)
+    monkeypatch.setenv("AUTOPIPE_DEVICES", str(path))
+    expected = _expected(path, READERS[4], cause)
+    with pytest.raises(DeviceError) as info:
+        _within_limit(lambda: device_spec("h100"))
+    assert str(info.value).startswith(expected), str(info.value)
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        code = _within_limit(lambda: main(["plan", MLP, "--device", "h100", "-o", str(tmp_path / "p.json")]))
+    assert code == 2 and err.getvalue().count("\n") == 1 and expected in err.getvalue(), err.getvalue()

@@ -126,7 +126,7 @@ class Profile:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
     @staticmethod
-    def from_json(text: str, source: str = "profile") -> Profile:
+    def from_json(text: str | bytes, source: str = "profile") -> Profile:
         raw = parse_json(text, source, "a profile", ProfileError, _WRITTEN)
         profile = _profile_from_dict(raw, source)
         _check(profile, source)
