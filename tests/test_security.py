@@ -87,7 +87,7 @@ def _run(argv: list[str]) -> tuple[int | str, str]:
 
 def test_reading_plans_profiles_and_manifests_imports_nothing(crafted: dict[str, Path], tmp_path: Path) -> None:
     # docs/security.md: "Everything else is data."
-    # docs/security.md: "`show`, `config --for torchtitan`, `plan --profile`, `calibrate` and `merge` import nothing"
+    # docs/security.md: "`show`, `config --for torchtitan`, `plan --profile` and `merge` import nothing"
     plan, profile, stages = str(crafted["plan"]), str(crafted["profile"]), str(crafted["stages"])
     for argv in (
         ["show", plan],
