@@ -283,6 +283,7 @@ def check_cases(cases: list[Case], monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_fuzz_fast(inputs: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/security.md: "Each is then checked field by field before use"
     cases = list(make_cases(inputs, per_kind=6, seed=SEED))
     assert len(cases) >= 36
     check_cases(cases, monkeypatch)

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
-from autopipe._io import atomic_write_text, torch_save
+from autopipe._io import atomic_write_text, read_json, torch_save
 from autopipe.errors import RuntimeFailure
 
 __all__ = [
@@ -85,12 +85,8 @@ def write_meta(folder: str | Path, fingerprint: str, step: int, stages: int) -> 
 def read_meta(folder: str | Path) -> dict[str, Any]:
     """``meta.json`` of a checkpoint folder: ``fingerprint`` (str), ``step`` and ``stages`` (ints)."""
     path = Path(folder) / "meta.json"
-    if not path.is_file():
-        raise RuntimeFailure(f"no checkpoint in {folder} (no meta.json); write one with --save-checkpoint {folder}")
-    try:
-        meta = json.loads(path.read_bytes())
-    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
-        raise RuntimeFailure(f"{path} is not a valid checkpoint file ({_reason(e)}); {_AGAIN}") from None
+    missing = f"no checkpoint in {folder} (no meta.json); write one with --save-checkpoint {folder}"
+    meta = read_json(path, "a valid checkpoint file", RuntimeFailure, _AGAIN, missing=missing)
     kinds = {"fingerprint": str, "step": int, "stages": int}
     if not isinstance(meta, dict) or any(
         type(meta.get(k)) is not t or (t is int and meta[k] < 0) for k, t in kinds.items()

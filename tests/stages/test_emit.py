@@ -367,6 +367,7 @@ def test_progress_tells_each_step_and_every_stage(tmp_path: Path) -> None:
 def test_force_never_deletes_the_current_folder_or_the_plan(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # docs/security.md: "`emit -o DIR --force` replaces DIR only as a whole"
     work = tmp_path / "work"
     work.mkdir()
     even_plan("mlp.py").save(work / "plan.json")
@@ -421,6 +422,7 @@ def test_a_write_that_fails_midway_is_one_line_and_keeps_the_old_folder(tmp_path
 
 @pytest.mark.slow
 def test_concurrent_emits_into_one_folder_leave_one_whole_emit(tmp_path: Path) -> None:
+    # docs/security.md: "`emit -o DIR --force` replaces DIR only as a whole, one emit at a time per folder"
     import subprocess
     import sys
 

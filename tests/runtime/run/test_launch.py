@@ -107,6 +107,8 @@ def _gloo_launch(ranks: int, root: Path) -> Path:
 def test_gloo_processes_equal_unsplit_training(
     job: tuple[str, int, str, int, tuple[int, ...]], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    # The ranks join with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT alone, no secret: torch.distributed as it is.
+    # docs/security.md: "Across machines, `torchrun ... -m autopipe.runtime` uses `torch.distributed` as it is"
     model, ranks = job[0], job[1]
     skip_without_transformers(model)
     out = _gloo_launch(ranks, _shared_dir(tmp_path_factory, ranks))

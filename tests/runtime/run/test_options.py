@@ -215,7 +215,7 @@ def _flag_cases(tmp: Path) -> list[tuple[list[str], str]]:
         ),
         (
             ["--resume", str(tmp / "bad-meta")],
-            f"--resume: {tmp / 'bad-meta' / 'meta.json'} is not a valid checkpoint file (JSONDecodeError: ",
+            f"--resume: {tmp / 'bad-meta' / 'meta.json'} is not valid JSON (Expecting property name",
         ),
         (
             ["--resume", str(tmp / "ck"), "--seed", str(2**64 - 12)],
