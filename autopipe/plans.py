@@ -25,6 +25,7 @@ from autopipe.graph.recipe import TraceRecipe
 from autopipe.modes import Recompute
 from autopipe.schedules.registry import schedule_names, schedule_spec
 from autopipe.schedules.targets import TARGETS
+from autopipe.units import check_path
 
 __all__ = [
     "MAX_BATCH_SIZE",
@@ -188,7 +189,7 @@ class Plan:
     @staticmethod
     def load(path: str | Path) -> Plan:
         """Read and check a plan file; PlanFileError (one line) for anything that is not a plan."""
-        p = Path(path)
+        p = check_path(path, "Plan.load's path", "the path of a plan JSON", error=PlanFileError)
         if p.is_dir():
             raise PlanFileError(f"{p} is a folder, not a plan file; give the plan JSON written by 'autopipe plan'")
         if not p.is_file():

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe.errors import AutopipeError, ModelLoadError, PlanError
+from autopipe.errors import ModelLoadError, PlanError
 from autopipe.model.load import LoadedModel, ModelSpec, default_loss, load_model
-from autopipe.model.usercode import exception_summary
+from autopipe.model.usercode import guarded
 
 __all__ = ["Batch", "LossFn", "ModelArg", "batch_of", "check_samples", "load_given", "maker", "source_of"]
 
@@ -69,12 +69,8 @@ def _checked_loss(fn: Callable[..., Any], source: Path) -> LossFn:
     """``loss_fn`` as the profiler and executor call it: one line when it raises or returns no tensor."""
 
     def loss(output: object, targets: object) -> torch.Tensor:
-        try:
+        with guarded("loss_fn", source, timed=False):  # called each step; the run's timeout bounds it
             value = fn(output, targets)
-        except AutopipeError:
-            raise
-        except Exception as e:
-            raise ModelLoadError(f"loss_fn raised {exception_summary(e, source)}") from e
         if not isinstance(value, torch.Tensor):
             raise ModelLoadError(f"loss_fn returned a {type(value).__name__}, not a Tensor; return a scalar tensor")
         return value
