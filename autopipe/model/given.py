@@ -30,9 +30,18 @@ ModelArg = nn.Module | str | os.PathLike[str]  # an nn.Module, or "path/to/model
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
-def maker(batch: Batch) -> Callable[[int], Any]:
+def maker(batch: Batch, name: str = "example_inputs") -> Callable[[int], Any]:
+    """batch_size -> one batch: slices of the batch given, or the caller's function, called under the
+    guard (what it raises is one line naming ``name``)."""
     if callable(batch) and not isinstance(batch, torch.Tensor):
-        return batch
+        fn = batch
+        source = _function_file(fn)
+
+        def call(u: int) -> Any:
+            with guarded(f"{name}({u})", source):
+                return fn(u)
+
+        return call
 
     def make(u: int) -> Any:
         return torch.utils._pytree.tree_map(lambda t: t[:u] if isinstance(t, torch.Tensor) else t, batch)
@@ -55,6 +64,13 @@ def check_samples(name: str, batch: Batch | None, needed: int, what: str) -> Non
             f"{name} holds {available} samples but {what} {needed} was asked; pass a larger batch "
             f"or a function batch_size -> {name[8:]}"
         )
+
+
+def _function_file(fn: Callable[..., Any]) -> Path:
+    try:
+        return Path(inspect.getfile(fn))
+    except (TypeError, OSError):
+        return Path("<function>")
 
 
 def source_of(model: nn.Module) -> Path:
@@ -93,7 +109,7 @@ def _in_memory(
         spec=ModelSpec(source, type(model).__name__, {}),
         model=model,
         make_inputs=maker(example_inputs),
-        make_targets=None if example_targets is None else maker(example_targets),
+        make_targets=None if example_targets is None else maker(example_targets, "example_targets"),
         loss_fn=default_loss if loss_fn is None else _checked_loss(loss_fn, source),
         has_targets=example_targets is not None,
     )

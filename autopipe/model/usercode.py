@@ -278,6 +278,8 @@ def guarded(
     except AutopipeError:
         raise
     except _Expired:
+        if limit is None:  # an outer guard's limit, inside this untimed block: the outer one says it
+            raise
         where = what if str(path) in what else f"{what} in {path}"
         raise ModelLoadError(
             f"{where} did not finish within {limit:g} s, the time limit for model-file calls; "

@@ -16,6 +16,7 @@ import signal
 import textwrap
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -250,3 +251,35 @@ def test_the_ranks_of_run_keep_the_launchers_limit(tmp_path: Path) -> None:
     assert (
         "rank 0 failed: ModelLoadError: build_model in" in done.stderr and "did not finish within 2 s" in done.stderr
     ), done.stderr
+
+
+class _Stop(BaseException):
+    pass
+
+
+class _Exits(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise SystemExit(9)
+
+
+def _stop(batch_size: int) -> torch.Tensor:
+    raise _Stop("no batch")
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs", "said"),
+    [
+        (torch.nn.Linear(4, 4), _stop, "example_inputs(4) raised _Stop: no batch ("),
+        (_Exits(), torch.zeros(4, 4), "the model's forward called sys.exit(9) ("),
+    ],
+)
+def test_an_in_memory_module_and_its_functions_are_guarded_too(model: Any, inputs: Any, said: str) -> None:
+    import autopipe
+
+    with pytest.raises(ModelLoadError) as info:
+        autopipe.profile(model, inputs, micro_batch_sizes=(4,), warmup=0, repeat=1)
+    assert said in str(info.value) and "\n" not in str(info.value)
