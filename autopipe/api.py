@@ -599,6 +599,7 @@ def megatron_config(plan: Plan, *, base: str | Path | None = None, **options: An
     keywords), its model rebuilt on the meta device to count its layers and read its definition;
     a model that cannot be rebuilt leaves the block names to count and a ``#`` line saying why.
     The GPUs per node of the launch line are the catalogue device's the plan was counted on."""
+    check_kind(plan, Plan, "plan", "a Plan (autopipe.Plan.load(path))", ConfigError)
     per_node = None
     if "(analytic" in plan.profile_device:  # "h100: NVIDIA H100 SXM5 80GB (analytic, bf16)": a catalogue device
         try:
@@ -639,9 +640,10 @@ def check_config(
     layer list is a module of the model with ``--num-layers`` layers, counted as
     :func:`megatron_config` counts them (``base`` as there). Returns nothing; ConfigError (one
     line, starting with ``model``) when the config does not fit it."""
+    check_kind(plan, Plan, "plan", "a Plan (autopipe.Plan.load(path))", ConfigError)
     if target not in CONFIG_TARGETS:
         raise ConfigError(f"target {target!r} is not a framework autopipe writes for; use one of {CONFIG_TARGETS}")
-    source = os.fspath(model)
+    source = os.fspath(check_path(model, "model", "a model file, path/to/model.py[:factory]", error=ConfigError))
     built = load_model(source, kwargs, device="meta").model
     if target != "megatron":
         check_parts(torchtitan_parts(plan), built, source)

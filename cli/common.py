@@ -41,7 +41,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 LOAD_TIMEOUT_HELP = (
     "seconds each call into the model file (its import, the factory, example_inputs, train_data and "
-    "its first batch, one check forward) may take before it is stopped with one line (default: 300; 0: no limit)"
+    "each of its batches, one check forward) may take before it is stopped with one line (default: 300; 0: no limit)"
 )
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import autopipe
 from autopipe.costs.profile import Profile
-from autopipe.errors import EmitError, InputError, ModelLoadError, PlanError, PlanFileError
+from autopipe.errors import ConfigError, EmitError, InputError, ModelLoadError, PlanError, PlanFileError
 from autopipe.plans import Plan
 from tests.helpers import FIXTURES
 
@@ -82,6 +82,12 @@ CASES: dict[str, tuple[Callable[[], object], type[InputError], str]] = {
         "plan must be a Plan (autopipe.Plan.load(path)), not None"),
     "count(None, ...)": (
         lambda: autopipe.api.count(None, {}, autopipe.api.catalogue_device("cpu")), ModelLoadError,  # type: ignore[arg-type]
+        "model must be a model file, path/to/model.py[:factory] (a str or a Path), not None"),
+    "megatron_config(None)": (
+        lambda: autopipe.api.megatron_config(None), ConfigError,  # type: ignore[arg-type]
+        "plan must be a Plan (autopipe.Plan.load(path)), not None"),
+    "check_config(plan, None)": (
+        lambda: autopipe.api.check_config(PLAN, None), ConfigError,  # type: ignore[arg-type]
         "model must be a model file, path/to/model.py[:factory] (a str or a Path), not None"),
 }  # fmt: skip  # reason: one case per entry, its message whole
 
