@@ -26,6 +26,7 @@ from autopipe.graph.recipe import TraceRecipe
 from autopipe.modes import Recompute
 from autopipe.schedules.registry import schedule_names, schedule_spec
 from autopipe.schedules.targets import TARGETS
+from autopipe.units import check_path
 
 __all__ = [
     "MAX_BATCH_SIZE",
@@ -197,7 +198,8 @@ class Plan:
     @staticmethod
     def load(path: str | Path) -> Plan:
         """Read and check a plan file; PlanFileError (one line) for anything that is not a plan."""
-        named = shown(path) if isinstance(path, (str, Path)) else ""
+        check_path(path, "Plan.load's path", "the path of a plan JSON", error=PlanFileError)
+        named = shown(path)
         missing = f"plan file not found: {named}; make one with 'autopipe plan MODEL -o {named}'"
         return _plan_from_raw(read_json(path, "a plan", PlanFileError, _WRITTEN, missing=missing), named)
 

@@ -8,6 +8,7 @@ import argparse
 from rich.console import Console
 
 from .args import UsageError, output_path
+from .common import add_load_timeout_argument
 
 __all__ = ["add_config_parser"]
 
@@ -56,6 +57,7 @@ def add_config_parser(commands: argparse._SubParsersAction) -> None:  # type: ig
         default=[],
         help="factory keyword argument of the --check model (repeatable)",
     )
+    add_load_timeout_argument(p)
     p.set_defaults(func=cmd_config)
 
 

@@ -27,7 +27,7 @@ from .analytic_cmd import (
     wants_analytic,
 )
 from .args import UsageError, balance_list, cli_words, output_path, positive_int
-from .common import MEASURE_DEVICE_HELP, add_profiling_arguments, profiling_options
+from .common import MEASURE_DEVICE_HELP, add_load_timeout_argument, add_profiling_arguments, profiling_options
 from .profile_cmd import measure
 from .progress import ProgressCallback, progress_bar
 from .render_plan import plan_json, print_plan
@@ -108,6 +108,7 @@ def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
         "--device-file's) to plan analytically on the meta device",
     )
     add_analytic_arguments(p)
+    add_load_timeout_argument(p)
     p.set_defaults(func=cmd_plan)
 
     s = commands.add_parser(

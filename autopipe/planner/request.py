@@ -33,7 +33,7 @@ from autopipe.plans import MAX_BATCH_SIZE, MAX_DEVICES, MAX_MICRO_BATCHES
 from autopipe.schedules import ScheduleSpec, schedule_names, schedule_spec, search_order
 from autopipe.schedules.targets import TARGETS, Target, target_spec
 from autopipe.schedules.torch_limits import torch_refusal
-from autopipe.units import format_bytes
+from autopipe.units import check_int, format_bytes
 
 __all__ = [
     "API_WORDS",
@@ -78,7 +78,16 @@ class Choices:
     recompute: Recompute = Recompute.AUTO  # which stages recompute their activations
     target: str = "autopipe"  # the framework that runs the plan: the search keeps to what it runs (TARGETS)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # types here (the API's values); ranges in validate, in the caller's words
+        for name in ("micro_batches", "virtual"):
+            if getattr(self, name) is not None:
+                check_int(getattr(self, name), name)
+        for name in ("schedule", "target"):
+            value = getattr(self, name)
+            if not (isinstance(value, str) or (name == "schedule" and value is None)):
+                raise PlanError(
+                    f"{name} must be a name (a str), like {'1f1b' if name == 'schedule' else 'megatron'}, not {value!r}"
+                )
         if isinstance(self.recompute, str) and self.recompute in Recompute._value2member_map_:
             object.__setattr__(
                 self, "recompute", Recompute(self.recompute)
@@ -93,6 +102,19 @@ class Link:
     bandwidth: float | None = None  # bytes/s, one direction
     latency_s: float | None = None  # seconds per message
     action_overhead_s: float | None = None  # the executor's own time per F, B or W action
+
+    def __post_init__(self) -> None:  # types here; ranges in validate, in the caller's words
+        for name, like in (
+            ("bandwidth", "25e9 for 25 GB/s"),
+            ("latency_s", "20e-6 for 20 us"),
+            ("action_overhead_s", "1e-3 for 1 ms"),
+        ):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                unit = "bytes per second" if name == "bandwidth" else "seconds"
+                raise PlanError(
+                    f"{name} must be a number of {unit}, like {like} (got {value!r}, a {type(value).__name__})"
+                )
 
 
 NO_CHOICES = Choices()  # every decision left to the search

@@ -56,6 +56,7 @@ from types import FrameType
 from typing import Any
 
 from autopipe.errors import RuntimeFailure
+from autopipe.model.usercode import LOAD_TIMEOUT_ENV, current_load_timeout
 from autopipe.plans import Plan
 from autopipe.runtime.run.options import LAUNCHER_ENV, RunOptions, check_launch, worker_arguments
 from autopipe.runtime.run.records import RunResult, rank_from_dict
@@ -117,6 +118,7 @@ def launch(plan: Plan | str | Path, options: RunOptions) -> RunResult:
                     "MASTER_PORT": str(port),
                     "OMP_NUM_THREADS": str(options.threads),
                     LAUNCHER_ENV: str(os.getpid()),
+                    LOAD_TIMEOUT_ENV: str(current_load_timeout() or 0),  # the ranks load the model file too
                 }
                 with open(Path(tmp) / f"log-{rank}.txt", "wb") as log, stopper.holding():
                     # stdin: a pipe only this process holds; the rank exits when it closes.
