@@ -11,29 +11,45 @@ target and are renamed into place, so a failure never leaves half a file and an 
 whole. What is not a regular file is written in place instead: a FIFO, a character device
 (``/dev/null``) and the process's own streams (``/dev/stdout``, ``/dev/fd/N``) get the bytes, not a
 new file in their stead; a symbolic link is written through, to its target, and stays a link.
+
+Every JSON file autopipe reads (plans, profiles, emit's manifest, a checkpoint's ``meta.json``,
+device, cluster and calibration files) goes through :func:`read_json`: only a regular file (a FIFO
+would block, a device never end), at most :data:`MAX_JSON_BYTES`, UTF-8, nested at most
+:data:`MAX_JSON_DEPTH` deep, no more than :data:`MAX_JSON_DIGITS` digits in a row; anything else is
+one line of the reader's own error type naming the file and the problem.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
+import re
 import secrets
 import shutil
 import stat
 import tempfile
 from collections.abc import Callable
+from itertools import accumulate
 from pathlib import Path
+from typing import Any
 
 from autopipe.errors import OutputError
 
 __all__ = [
+    "MAX_JSON_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_JSON_DIGITS",
     "VERSION",
     "atomic_write",
     "atomic_write_text",
     "check_output_file",
     "check_output_folder",
+    "one_line",
     "output_target",
+    "parse_json",
     "printable",
+    "read_json",
     "shown",
     "torch_save",
 ]
@@ -60,6 +76,13 @@ def printable(text: str) -> str:
     from a plan, a profile or a model (a name, a path) can never move the cursor, retitle or recolour
     the terminal it is printed on."""
     return text.translate(_CONTROL)
+
+
+def one_line(text: str) -> str:
+    """``text`` as one printable line: :func:`printable`, and newlines and tabs as ``\\n``, ``\\t``
+    too -- for a string from a plan that goes into a generated file's comment or a line-based format
+    (a newline in a model's name must not become a line of Megatron arguments)."""
+    return printable(text).replace("\n", "\\n").replace("\t", "\\t")
 
 
 def _check_name(path: str | Path, what: str) -> Path:
@@ -139,13 +162,13 @@ def _check_length(p: Path, what: str, shown_as: Path) -> None:
         )
 
 
-def check_output_file(path: str | Path, what: str) -> Path:
+def check_output_file(path: str | Path, what: str, example: str = "out.json") -> Path:
     """``path`` as a Path if a file can be written there (replacing one is fine), else
-    OutputError naming ``what`` (the flag)."""
+    OutputError naming ``what`` (the flag); a directory's message suggests ``example`` in it."""
     p = _check_name(path, what)
     _check_length(p, what, p)
     if p.is_dir():
-        raise OutputError(f"{what} {p} is a directory; name a file, e.g. {p / 'out.json'}")
+        raise OutputError(f"{what} {p} is a directory; name a file, e.g. {p / example}")
     if _in_place(p):
         return p
     target = output_target(p)
@@ -232,3 +255,122 @@ def torch_save(obj: object, path: str | Path) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` all at once (UTF-8): a crash or an error never leaves half a file."""
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+# ----------------------------------------------------------------------------- reading JSON
+
+MAX_JSON_BYTES = 128 * 2**20
+"""The largest JSON file autopipe reads (a profile of 20,000 blocks is about 30 MB)."""
+MAX_JSON_DEPTH = 64
+"""The deepest nesting of lists and objects a JSON file may have (autopipe's own files: 5 or so)."""
+MAX_JSON_DIGITS = 1000
+"""The most digits in a row a JSON file may have (Python refuses to convert an int of over 4300)."""
+
+_DIGITS = bytes(ord("0") if chr(c) in "0123456789" else ord(" ") for c in range(256))
+_DROP = bytes(c for c in range(256) if c not in b'[]{}"')  # all but brackets and quotes
+# A string, to the end of the text if it is not closed: once it starts it never fails, so no
+# input makes the search backtrack (a pattern that can fail at every quote would be quadratic).
+_STRING = re.compile(rb'"[^"]*(?:"|\Z)')
+_PAIR = re.compile(rb"\[\]|\{\}")
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def _too_deep(data: bytes) -> bool:
+    """Whether the lists and objects in ``data`` nest deeper than MAX_JSON_DEPTH. Escaped
+    backslashes and quotes go first, then all but brackets and quotes, then the strings: what is
+    left is the brackets. Two passes take out the innermost pairs (most of a real file), a running
+    sum over the rest (stopping at the first level too deep) does the others. Each step is a pass
+    in C over the text, so no input takes long."""
+    skeleton = _STRING.sub(b"", data.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _DROP))
+    removed = 0
+    for _ in range(2):
+        shorter = _PAIR.sub(b"", skeleton)
+        if shorter == skeleton:
+            break
+        skeleton, removed = shorter, removed + 1
+    return any(level > MAX_JSON_DEPTH - removed for level in accumulate(map(_STEP.__getitem__, skeleton)))
+
+
+def _refused(text: str) -> str | None:
+    """Why ``text`` is not parsed at all (nested too deep, a number too long), or None."""
+    data = text.encode("utf-8", "surrogatepass")
+    if b"0" * (MAX_JSON_DIGITS + 1) in data.translate(_DIGITS):  # a substring search: linear
+        return f"more than {MAX_JSON_DIGITS} digits in a row"
+    if _too_deep(data):
+        return f"nested more than {MAX_JSON_DEPTH} deep"
+    return None
+
+
+def parse_json(text: str | bytes, source: str, what: str, error: type[Exception], again: str) -> Any:
+    """The JSON value of ``text`` (from ``source``, a file name or a word), within the limits of
+    :func:`read_json`; else ``error``, one line: ``{source} is not {what} (the problem); {again}``."""
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError:
+            raise error(f"{source} is not {what} (not UTF-8 text); {again}") from None
+    if not isinstance(text, str):
+        raise error(f"{source} is not {what} (a {type(text).__name__}, not JSON text); {again}")
+    if len(text) > MAX_JSON_BYTES:
+        raise error(f"{source} is not {what} (over {MAX_JSON_BYTES // 2**20} MiB); {again}")
+    reason = _refused(text)
+    if reason is None:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise error(f"{source} is not valid JSON ({e}); {again}") from None
+        except RecursionError:  # unbalanced, so the bracket count above let it through
+            reason = f"nested more than {MAX_JSON_DEPTH} deep"
+        except ValueError as e:  # what the limits above should have caught first
+            reason = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
+    raise error(f"{source} is not {what} ({reason}); {again}")
+
+
+def _special(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    return _kind(mode) or "not a regular file"
+
+
+def read_json(path: str | Path, what: str, error: type[Exception], again: str, *, missing: str | None = None) -> Any:
+    """The JSON value in the file at ``path``: ``what`` names the kind of file (``"a plan"``),
+    ``error`` is the reader's exception type, ``again`` the advice after every message and
+    ``missing`` the whole message for a file that is not there. Only a regular file is opened
+    (a FIFO would block, a device never end), of at most MAX_JSON_BYTES, in UTF-8, then
+    :func:`parse_json`; every problem is one ``error`` line naming the file."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise error(f"expected the path of {what} (a str or Path), got {type(path).__name__}")
+    p = Path(path)
+    name = shown(p)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        mode = os.stat(p).st_mode
+        fd = os.open(p, flags) if stat.S_ISREG(mode) else -1  # a FIFO, a device: not even opened
+    except (FileNotFoundError, NotADirectoryError):
+        raise error(missing or f"{name} does not exist; {again}") from None
+    except (OSError, ValueError) as e:  # no permission, a name with NUL, a loop of links
+        why = getattr(e, "strerror", None) or e
+        raise error(f"cannot read {name} ({why}); check the path and its permissions") from None
+    if fd < 0:
+        raise error(f"{name} is {_special(mode)}, not {what}; {again}")
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):  # replaced since the stat above
+            raise error(f"{name} is {_special(st.st_mode)}, not {what}; {again}")
+        if st.st_size > MAX_JSON_BYTES:
+            raise error(f"{name} is not {what} ({st.st_size:,} bytes, over {MAX_JSON_BYTES // 2**20} MiB); {again}")
+        try:
+            data = f.read(MAX_JSON_BYTES + 1)
+        except OSError as e:
+            raise error(f"cannot read {name} ({e.strerror or e}); check the path and its permissions") from None
+    if len(data) > MAX_JSON_BYTES:
+        raise error(f"{name} is not {what} (over {MAX_JSON_BYTES // 2**20} MiB); {again}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{name} is not {what} (not UTF-8 text); {again}") from None
+    return parse_json(text, name, what, error, again)

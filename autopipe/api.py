@@ -48,6 +48,7 @@ from autopipe.model.given import (
 )
 from autopipe.model.load import check_model_runs, load_model
 from autopipe.model.spec import parse_kwargs
+from autopipe.model.usercode import DEFAULT_LOAD_TIMEOUT_S, load_timeout
 from autopipe.modes import Recompute, Tracer
 from autopipe.planner.assemble import plan_costs, plan_timeline
 from autopipe.planner.balance import plan_balance
@@ -79,10 +80,11 @@ from autopipe.plans import FreePlan, Plan
 from autopipe.stages.emit import emit as emit_rebuilt
 from autopipe.stages.emit import emit_stages
 from autopipe.stages.rebuild import rebuild_model
-from autopipe.units import parse_bytes
+from autopipe.units import check_count, check_int, check_kind, check_path, parse_bytes
 
 __all__ = [  # the functions, then what they take and give (the CLI imports these from here)
     "API_WORDS",
+    "DEFAULT_LOAD_TIMEOUT_S",
     "TARGETS",
     "Choices",
     "DeviceSpec",
@@ -107,6 +109,7 @@ __all__ = [  # the functions, then what they take and give (the CLI imports thes
     "default_micro_batch_sizes",
     "emit",
     "fingerprint_of",
+    "load_timeout",
     "megatron_config",
     "parse_kwargs",
     "plan",
@@ -144,6 +147,7 @@ def profile(
 ) -> Profile:
     """Measure every block of ``model`` (a model file or an nn.Module; see ``autopipe profile``)
     on ``threads`` CPU threads (None: torch's setting), telling ``progress(what, done, total)``."""
+    _check_profiling(micro_batch_sizes, max_blocks, warmup, repeat, threads)
     needed = max(micro_batch_sizes, default=1)
     check_samples("example_inputs", example_inputs, needed, "micro-batch size")
     check_samples("example_targets", example_targets, needed, "micro-batch size")
@@ -197,6 +201,7 @@ def plan(
     (:mod:`autopipe.planner.defaults`), as do the micro-batch sizes profiled.
     """
     _check_profile_options(profile_options)
+    devices, stages, batch_size = _check_request(API_WORDS, devices, stages, batch_size, choices, link, balance)
     prof = profile_data
     if prof is None:
         sizes = profile_options.pop("micro_batch_sizes", None)
@@ -282,6 +287,45 @@ def _check_profile_options(options: Mapping[str, object]) -> None:
             )
 
 
+def _check_profiling(sizes: object, max_blocks: object, warmup: object, repeat: object, threads: object) -> None:
+    """The profiling arguments' types and ranges, before the model is loaded (as the CLI checks its flags)."""
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence) or not sizes:
+        raise PlanError(
+            f"micro_batch_sizes must be a sequence of positive integers, like (1, 2, 4) (got {sizes!r:.60})"
+        )
+    for u in sizes:
+        check_int(u, "micro_batch_sizes entries")
+    if max_blocks is not None:
+        check_int(max_blocks, "max_blocks")
+    for field, value in (("warmup", warmup), ("repeat", repeat), ("threads", threads)):
+        if value is not None or field != "threads":
+            check_count(value, field)
+
+
+def _check_request(
+    words: Words,
+    devices: object,
+    stages: object,
+    batch_size: object,
+    choices: object,
+    link: object,
+    balance: object,
+) -> tuple[int | None, int | None, int]:
+    """One line for an argument of the wrong type (``stages="2"``, ``batch_size=8.0``, ``link={}``),
+    named as ``words`` says; the ranges are :func:`validate`'s. Returns devices, stages and
+    batch_size as ints (a numpy integer taken as its value)."""
+    counts = [
+        None if v is None else check_int(v, words.name(f), ranged=False)
+        for f, v in (("devices", devices), ("stages", stages))
+    ]
+    batch = check_int(batch_size, words.name("batch_size"), ranged=False)
+    if choices is not None:
+        check_kind(choices, Choices, "choices", "a Choices, like Choices(micro_batches=8, schedule='1f1b')", PlanError)
+    if link is not None:
+        check_kind(link, Link, "link", "a Link, like Link(bandwidth=25e9, latency_s=20e-6)", PlanError)
+    return counts[0], counts[1], batch
+
+
 def _devices(devices: int | None, stages: int | None, words: Words) -> int | None:
     """``devices`` and ``stages`` are one thing (pipeline devices): either, or both equal."""
     if devices is not None and stages is not None and devices != stages:
@@ -315,6 +359,7 @@ def plan_profile(
     ``device`` is the catalogue device an analytic profile was priced for (its memory and
     links are the defaults); ``words`` says how errors name the fields (the CLI: its flags).
     """
+    devices, stages, batch_size = _check_request(words, devices, stages, batch_size, choices, link, balance)
     if isinstance(profile, (str, os.PathLike)):
         prof = Profile.load(Path(profile))
     elif isinstance(profile, Profile):
@@ -358,7 +403,8 @@ def emit(
     plan's micro-batch size. ``model=None`` rebuilds the plan's model from its model file,
     as ``autopipe emit`` does (seeded weights).
     """
-    dest = Path(folder)
+    check_kind(plan, Plan, "plan", "a Plan (autopipe.Plan.load(path))", EmitError)
+    dest = check_path(folder, "folder", "the folder to write the stages into", error=EmitError)
     if not force and dest.is_dir() and any(dest.iterdir()):  # as check_destination, in this API's words
         raise EmitError(f"{dest} is not empty; emit into a new folder or pass force=True to replace it")
     if model is None:
@@ -420,7 +466,7 @@ def count(
     exactly); defaults: the analytic micro-batch sizes and the device's training precision."""
     if progress is not None:
         progress(f"loading {os.fspath(model)} on the meta device", 0, 0)
-    loaded = load_model(str(model), dict(kwargs or {}), device="meta")
+    loaded = load_model(model, kwargs, device="meta")  # type: ignore[arg-type]  # a Path too: ModelSpec.parse
     return count_model(
         loaded,
         micro_batch_sizes=tuple(micro_batch_sizes or ANALYTIC_MICRO_BATCH_SIZES),
@@ -460,6 +506,8 @@ def search_cluster(
     the best layout, its runner-up and the splits with no plan. ``stages`` pins the pipeline
     depth; tensor parallelism is searched when ``counts`` and ``device`` (what ``profile`` was
     priced from) are given, else ``t = 1``."""
+    gpus = check_int(gpus, words.name("gpus"), ranged=False)
+    batch_size = check_int(batch_size, words.name("batch_size"), ranged=False)
     check_degrees(
         gpus,
         [
@@ -520,6 +568,8 @@ def plan_cluster(
     batch, ``stages`` the pipeline depth; ``cluster`` overrides the device's nodes and links (a
     ``--cluster`` JSON file, or its fields as a mapping). PlanError (one line) for pinned
     degrees that cannot split ``gpus`` or a request nothing fits."""
+    gpus = check_int(gpus, "gpus", ranged=False)
+    batch_size = check_int(batch_size, "batch_size", ranged=False)
     check_degrees(gpus, [("tensor_parallel", tensor_parallel), ("stages", stages), ("data_parallel", data_parallel)])
     cluster_fields(cluster)  # a bad cluster is one line before any counting
     spec = catalogue_device(device, device_files, calibration)
@@ -549,6 +599,7 @@ def megatron_config(plan: Plan, *, base: str | Path | None = None, **options: An
     keywords), its model rebuilt on the meta device to count its layers and read its definition;
     a model that cannot be rebuilt leaves the block names to count and a ``#`` line saying why.
     The GPUs per node of the launch line are the catalogue device's the plan was counted on."""
+    check_kind(plan, Plan, "plan", "a Plan (autopipe.Plan.load(path))", ConfigError)
     per_node = None
     if "(analytic" in plan.profile_device:  # "h100: NVIDIA H100 SXM5 80GB (analytic, bf16)": a catalogue device
         try:
@@ -569,7 +620,7 @@ def megatron_config(plan: Plan, *, base: str | Path | None = None, **options: An
     return megatron_args(plan, model=loaded.model, seq_length=seq, **options)
 
 
-CONFIG_TARGETS = ("megatron", "torchtitan", "torchtitan-0.2")
+CONFIG_TARGETS = ("megatron", "torchtitan", "torchtitan-main", "torchtitan-0.2")
 """The frameworks :func:`check_config` (and ``autopipe config --for``) knows."""
 
 
@@ -589,9 +640,10 @@ def check_config(
     layer list is a module of the model with ``--num-layers`` layers, counted as
     :func:`megatron_config` counts them (``base`` as there). Returns nothing; ConfigError (one
     line, starting with ``model``) when the config does not fit it."""
+    check_kind(plan, Plan, "plan", "a Plan (autopipe.Plan.load(path))", ConfigError)
     if target not in CONFIG_TARGETS:
         raise ConfigError(f"target {target!r} is not a framework autopipe writes for; use one of {CONFIG_TARGETS}")
-    source = os.fspath(model)
+    source = os.fspath(check_path(model, "model", "a model file, path/to/model.py[:factory]", error=ConfigError))
     built = load_model(source, kwargs, device="meta").model
     if target != "megatron":
         check_parts(torchtitan_parts(plan), built, source)

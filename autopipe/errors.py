@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "AutopipeError",
+    "BatchError",
     "CommunicationError",
     "ConfigError",
     "EmitError",
@@ -103,6 +104,11 @@ class EmitError(InputError):
 
 class RunOptionError(InputError):
     """A run flag (``autopipe run``, ``python -m autopipe.runtime``) is malformed or out of range."""
+
+
+class BatchError(InputError):
+    """A batch given to ``Pipeline.step`` is not what the model was traced with: another number of
+    inputs, a type, dtype or shape other than the example's (the message names the expected shape)."""
 
 
 class RuntimeFailure(AutopipeError, RuntimeError):

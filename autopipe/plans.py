@@ -15,16 +15,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from autopipe._io import atomic_write_text
+from autopipe._io import atomic_write_text, parse_json, read_json, shown
 from autopipe.errors import PlanFileError
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.modes import Recompute
 from autopipe.schedules.registry import schedule_names, schedule_spec
 from autopipe.schedules.targets import TARGETS
+from autopipe.units import check_path
 
 __all__ = [
     "MAX_BATCH_SIZE",
@@ -178,6 +180,14 @@ class Plan:
         return asdict(self)
 
     @property
+    def precision(self) -> str | None:
+        """The precision an analytic plan was priced in, ``bf16``, ``fp16``, ``tf32`` or ``fp32``, from
+        its profile's device line (``"h100: ... (analytic, bf16)"``); None for a measured one, which ran
+        the model as it is (fp32 unless the model says otherwise) and does not record it."""
+        found = re.search(r"\(analytic, (fp32|tf32|bf16|fp16)\b", self.profile_device)
+        return found.group(1) if found else None
+
+    @property
     def balance(self) -> tuple[int, ...]:
         """Blocks per stage, the form torchgpipe-style ``nn.Sequential`` pipelines take."""
         return tuple(len(s.blocks) for s in self.stages)
@@ -188,42 +198,16 @@ class Plan:
     @staticmethod
     def load(path: str | Path) -> Plan:
         """Read and check a plan file; PlanFileError (one line) for anything that is not a plan."""
-        p = Path(path)
-        if p.is_dir():
-            raise PlanFileError(f"{p} is a folder, not a plan file; give the plan JSON written by 'autopipe plan'")
-        if not p.is_file():
-            raise PlanFileError(f"plan file not found: {p}; make one with 'autopipe plan MODEL -o {p}'")
-        try:
-            text = p.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise PlanFileError(
-                f"{p} is not a plan (not UTF-8 text); give the plan JSON written by 'autopipe plan'"
-            ) from None
-        except OSError as e:
-            raise PlanFileError(f"cannot read {p} ({e.strerror or type(e).__name__}); check its permissions") from None
-        return Plan.from_json(text, source=str(p))
+        check_path(path, "Plan.load's path", "the path of a plan JSON", error=PlanFileError)
+        named = shown(path)
+        missing = f"plan file not found: {named}; make one with 'autopipe plan MODEL -o {named}'"
+        return _plan_from_raw(read_json(path, "a plan", PlanFileError, _WRITTEN, missing=missing), named)
 
     @staticmethod
-    def from_json(text: str, source: str = "plan") -> Plan:
+    def from_json(text: str | bytes, source: str = "plan") -> Plan:
         """Parse and check a plan (schema, types, ranges, the stages against the schedule);
         PlanFileError, one line naming the field, for anything wrong."""
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise PlanFileError(f"{source} is not valid JSON ({e}); write it again with 'autopipe plan'") from None
-        except (ValueError, RecursionError) as e:  # an int of over 4300 digits, nesting too deep
-            raise PlanFileError(
-                f"{source} is not a plan ({str(e)[:80] or type(e).__name__}); write it again with 'autopipe plan'"
-            ) from None
-        if not isinstance(raw, dict) or "version" not in raw:
-            raise PlanFileError(f"{source} is not an autopipe plan (no 'version' field); make one with 'autopipe plan'")
-        version = raw["version"]
-        if not isinstance(version, int) or isinstance(version, bool) or version not in _READS:
-            raise PlanFileError(
-                f"{source} has plan version {_shown(version)}, this autopipe reads versions "
-                f"{' and '.join(map(str, _READS))} (a number); plan again"
-            )
-        return _plan_from_dict(raw, source)
+        return _plan_from_raw(parse_json(text, source, "a plan", PlanFileError, _WRITTEN), source)
 
     def summary(self) -> str:
         """A few lines of plain text: the decision and the prediction."""
@@ -241,6 +225,22 @@ class Plan:
                 f"{' recompute' if s.recompute else ''}"
             )
         return "\n".join(lines)
+
+
+_WRITTEN = "give a plan written by 'autopipe plan'"
+
+
+def _plan_from_raw(raw: Any, source: str) -> Plan:
+    """The plan in a JSON value read from ``source``: its version first, then every field."""
+    if not isinstance(raw, dict) or "version" not in raw:
+        raise PlanFileError(f"{source} is not an autopipe plan (no 'version' field); make one with 'autopipe plan'")
+    version = raw["version"]
+    if not isinstance(version, int) or isinstance(version, bool) or version not in _READS:
+        raise PlanFileError(
+            f"{source} has plan version {_shown(version)}, this autopipe reads versions "
+            f"{' and '.join(map(str, _READS))} (a number); plan again"
+        )
+    return _plan_from_dict(raw, source)
 
 
 # ----------------------------------------------------------------------------- reading and checking

@@ -4,17 +4,29 @@
 (GB, MB decimal; GiB, MiB and bare G, M binary), ``parse_rate("25GB/s")``,
 ``parse_duration("20us")``. Bad text raises :class:`~autopipe.errors.PlanError` naming
 ``what`` (the flag or argument) and an example.
+
+:func:`check_int`, :func:`check_seconds`, :func:`check_path` and :func:`check_kind` are the one
+argument checker of the Python API (``autopipe.plan(stages="2")``, ``Plan.load(None)``): one line
+naming the keyword, what it must be and what it got, worded as the CLI words its flags
+(``stages must be a positive integer (got '2', a str)`` beside ``--stages must be a positive integer``).
 """
 
 from __future__ import annotations
 
 import math
+import operator
+import os
+from pathlib import Path
 
 from autopipe.errors import InputError, PlanError
 
 __all__ = [
     "COUNT_BOUNDS",
     "check_count",
+    "check_int",
+    "check_kind",
+    "check_path",
+    "check_seconds",
     "format_bytes",
     "format_count",
     "parse_bytes",
@@ -43,6 +55,76 @@ def check_count(value: object, field: str, name: str | None = None, error: type[
     if not low <= value <= high:
         raise error(f"{said} must be from {low} to {high} (got {value})")
     return value
+
+
+def _a(value: object) -> str:
+    """``a str``, ``an int``, ``None``: how a message names what was given."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _got(value: object) -> str:
+    """``'2', a str``: the value and its type, for a message (the repr cut short)."""
+    try:
+        shown = repr(value)
+    except Exception:  # a caller's object whose repr fails
+        return _a(value)
+    shown = shown if len(shown) <= 60 else shown[:59] + "…"
+    return shown if value is None else f"{shown}, {_a(value)}"
+
+
+def _range(low: int, high: int | None) -> str:
+    if high is not None:
+        return f"an integer from {low} to {high}"
+    return "a positive integer" if low == 1 else f"an integer >= {low}"
+
+
+def check_int(
+    value: object,
+    name: str,
+    *,
+    low: int = 1,
+    high: int | None = None,
+    error: type[InputError] = PlanError,
+    ranged: bool = True,
+) -> int:
+    """``value`` if it is an integer (not a bool; numpy's integers count) in ``[low, high]``, else
+    ``error`` naming it as ``name``: ``stages must be a positive integer (got 2.5, a float)``.
+    ``ranged=False``: the type only (a caller that words its own range check)."""
+    if isinstance(value, bool) or isinstance(value, float) or not hasattr(type(value), "__index__"):
+        raise error(f"{name} must be {_range(low, high)} (got {_got(value)})")
+    n = operator.index(value)  # type: ignore[arg-type]
+    if (ranged and n < low) or (high is not None and n > high):
+        raise error(f"{name} must be {_range(low, high)} (got {n})")
+    return n
+
+
+def check_seconds(value: object, name: str, *, error: type[InputError] = PlanError) -> float:
+    """``value`` if it is a finite number of seconds, zero or more: ``action_overhead_s must be a number
+    of seconds, like 1e-3 for 1 ms (got '1ms', a str)``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise error(f"{name} must be a number of seconds, like 1e-3 for 1 ms (got {_got(value)})")
+    if not (math.isfinite(value) and value >= 0):
+        raise error(f"{name} must be zero or more seconds (got {value!r})")
+    return float(value)
+
+
+def check_path(value: object, name: str, what: str, *, error: type[InputError] = InputError) -> Path:
+    """``value`` as a Path if it is a str or an ``os.PathLike``: ``path must be the path of a plan JSON
+    (a str or a Path), not None``."""
+    if isinstance(value, (str, os.PathLike)):
+        return Path(value)
+    raise error(f"{name} must be {what} (a str or a Path), not {_a(value)}")
+
+
+def check_kind(
+    value: object, kind: type | tuple[type, ...], name: str, what: str, error: type[InputError] = InputError
+) -> None:
+    """``error`` unless ``value`` is a ``kind``: ``plan must be a Plan (autopipe.Plan.load(path)), not None``."""
+    if not isinstance(value, kind):
+        raise error(f"{name} must be {what}, not {_a(value)}")
 
 
 _UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))

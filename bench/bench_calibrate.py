@@ -61,7 +61,7 @@ def main() -> None:
     devices._best_time = _cpu_best_time  # type: ignore[assignment]
     runs = [profile_model(load_model(GPT, {}), micro_batch_sizes=SIZES, warmup=2, repeat=5) for _ in range(3)]
     measured = _fastest(runs)
-    cal = calibrate(measured)
+    cal = calibrate(measured, model=GPT)
     spec = cal.spec
     print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread")
     print(

@@ -5,7 +5,8 @@
 cost model (no weights allocated); ``--gpus G`` searches tensor-parallel degree x pipeline depth x
 data-parallel width (``--tensor-parallel``, ``--stages``, ``--data-parallel`` pin them; ``--cluster``
 describes the nodes and links).
-``autopipe calibrate PROFILE`` fits the analytic model's efficiencies to a measured profile.
+``autopipe calibrate PROFILE --model MODEL`` fits the analytic model's efficiencies to a measured
+profile (MODEL, imported, is the model file the profile was made from: a profile is only data).
 """
 
 from __future__ import annotations
@@ -156,10 +157,18 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:  # type:
     c = commands.add_parser(
         "calibrate",
         help="fit the analytic cost model's efficiencies to a measured profile",
-        description="Count PROFILE's model on the meta device and fit compute efficiency, memory efficiency "
-        "and per-op overhead of the device it was measured on; store them for analytic plans.",
+        description="Count MODEL (the model file PROFILE was made from, built with the profile's kwargs) on "
+        "the meta device and fit compute efficiency, memory efficiency and per-op overhead of the device "
+        "PROFILE was measured on; store them for analytic plans. MODEL is imported (it is code); PROFILE is "
+        "only read, so the model file it names is never imported on its word.",
     )
     c.add_argument("profile", metavar="PROFILE", help="profile JSON written by autopipe profile (measured)")
+    c.add_argument(
+        "--model",
+        default=None,
+        metavar="MODEL",
+        help="the model file PROFILE was made from, path/to/model.py[:factory] (required: it is imported)",
+    )
     c.add_argument(
         "-o",
         "--output",
@@ -175,9 +184,16 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:  # type:
 
 def cmd_calibrate(args: argparse.Namespace, out: Console, err: Console) -> int:
     from autopipe.api import Profile, calibrate, save_calibration
+    from autopipe.errors import ProfileError
 
     target = output_path(args.output, "--output") if args.output else None
-    cal = calibrate(Profile.load(args.profile), device_files=args.device_file)
+    profile = Profile.load(args.profile)
+    if args.model is None:
+        raise ProfileError(
+            "calibrate needs --model MODEL, the model file the profile was made from: counting its ops imports "
+            f"it, and a profile is data, so the file it names ({profile.recipe.model_file!r}) is not imported"
+        )
+    cal = calibrate(profile, model=args.model, device_files=args.device_file)
     path = save_calibration(cal, target)
     s = cal.spec
     out.print(

@@ -139,9 +139,13 @@ def resolve_device(name: str | None) -> str:
     return name
 
 
-def output_path(text: str, flag: str) -> Path:
-    """An output file that can be written (checked before the slow work, not after)."""
-    return check_output_file(text, flag)
+_EXAMPLES = {"--timeline": "timeline.png", "--plot": "loss.png", "--trace": "trace.json"}  # else out.json
+
+
+def output_path(text: str, flag: str, example: str | None = None) -> Path:
+    """An output file that can be written (checked before the slow work, not after); a folder given
+    instead gets a message suggesting ``example`` (by default one the flag writes) in it."""
+    return check_output_file(text, flag, example or _EXAMPLES.get(flag, "out.json"))
 
 
 def output_folder(text: str, flag: str) -> Path:

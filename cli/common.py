@@ -16,10 +16,13 @@ from autopipe.modes import Tracer
 from .args import UsageError, int_list, non_negative_int, positive_int, resolve_device, split_names
 
 __all__ = [
+    "LOAD_TIMEOUT_HELP",
     "MEASURE_DEVICE_HELP",
     "ProfilingOptions",
+    "add_load_timeout_argument",
     "add_model_arguments",
     "add_profiling_arguments",
+    "load_timeout_seconds",
     "profiling_options",
 ]
 
@@ -34,6 +37,31 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         help="keyword argument for the factory (repeatable), e.g. -k n_layer=4; values are Python literals",
     )
+
+
+LOAD_TIMEOUT_HELP = (
+    "seconds each call into the model file (its import, the factory, example_inputs, train_data and "
+    "each of its batches, one check forward) may take before it is stopped with one line (default: 300; 0: no limit)"
+)
+
+
+def add_load_timeout_argument(p: argparse.ArgumentParser) -> None:
+    """``--load-timeout SECONDS``, on every command that imports a model file (read by :func:`main`)."""
+    p.add_argument("--load-timeout", default=None, metavar="SECONDS", help=LOAD_TIMEOUT_HELP)
+
+
+def load_timeout_seconds(args: argparse.Namespace) -> float | None:
+    """``--load-timeout`` as a number of seconds (0: no limit); None when not given (the default)."""
+    text = getattr(args, "load_timeout", None)
+    if text is None:
+        return None
+    try:
+        value = float(text) if len(text) <= 100 else float("too long")
+    except ValueError:
+        raise UsageError(
+            f"--load-timeout must be a number of seconds, like 300 (0: no limit) (got {text[:100]!r})"
+        ) from None
+    return value
 
 
 MEASURE_DEVICE_HELP = "cpu, cuda or cuda:N to measure on (default: cuda if available)"

@@ -1,4 +1,4 @@
-"""``autopipe config``: the plan as Megatron-LM arguments, a torchtitan 0.3.0 recipe or a torchtitan 0.2.x TOML,
+"""``autopipe config``: the plan as Megatron-LM arguments, a torchtitan 0.3.0 or main recipe or a torchtitan 0.2.x TOML,
 checked with ``--check MODEL`` against the model the user will train."""
 
 from __future__ import annotations
@@ -8,13 +8,15 @@ import argparse
 from rich.console import Console
 
 from .args import UsageError, output_path
+from .common import add_load_timeout_argument
 
 __all__ = ["add_config_parser"]
 
-TARGETS = ("megatron", "torchtitan", "torchtitan-0.2")
+TARGETS = ("megatron", "torchtitan", "torchtitan-main", "torchtitan-0.2")
 WHAT = {
     "megatron": "Megatron-LM arguments",
     "torchtitan": "torchtitan 0.3.0 recipe module",
+    "torchtitan-main": "torchtitan main recipe module",
     "torchtitan-0.2": "torchtitan 0.2.x job config (TOML)",
 }
 
@@ -26,6 +28,7 @@ def add_config_parser(commands: argparse._SubParsersAction) -> None:  # type: ig
         description="Say the plan in a training framework's words: Megatron-LM command-line arguments "
         "(--for megatron), a torchtitan 0.3.0 recipe module, Python that torchtitan imports by name "
         "(--for torchtitan), "
+        "the same for torchtitan's main branch, which counts batches in tokens (--for torchtitan-main), "
         "or a torchtitan 0.2.x TOML job config (--for torchtitan-0.2). What the framework cannot "
         "express as the plan says is a '#' comment line.",
     )
@@ -35,7 +38,7 @@ def add_config_parser(commands: argparse._SubParsersAction) -> None:  # type: ig
         dest="target",
         required=True,
         metavar="FRAMEWORK",
-        help="megatron, torchtitan (0.3.0) or torchtitan-0.2",
+        help="megatron, torchtitan (0.3.0), torchtitan-main or torchtitan-0.2",
     )
     p.add_argument("-o", "--output", default=None, metavar="FILE", help="write to FILE instead of printing")
     p.add_argument(
@@ -54,6 +57,7 @@ def add_config_parser(commands: argparse._SubParsersAction) -> None:  # type: ig
         default=[],
         help="factory keyword argument of the --check model (repeatable)",
     )
+    add_load_timeout_argument(p)
     p.set_defaults(func=cmd_config)
 
 
@@ -63,6 +67,7 @@ def cmd_config(args: argparse.Namespace, out: Console, err: Console) -> int:
     from autopipe._io import atomic_write_text
     from autopipe.api import check_config, megatron_config, parse_kwargs
     from autopipe.config import torchtitan_recipe, torchtitan_toml
+    from autopipe.config.torchtitan import TORCHTITAN_VERSION
     from autopipe.errors import ConfigError
     from autopipe.plans import Plan
 
@@ -70,19 +75,28 @@ def cmd_config(args: argparse.Namespace, out: Console, err: Console) -> int:
     if target not in TARGETS:
         raise UsageError(
             f"--for {args.target!r} is not a framework autopipe writes for; "
-            "use --for megatron, --for torchtitan or --for torchtitan-0.2"
+            "use --for megatron, --for torchtitan, --for torchtitan-main or --for torchtitan-0.2"
         )
     if args.kwargs and args.check is None:
         raise UsageError("-k gives the --check model's factory arguments; add --check MODEL, or drop -k")
-    destination = output_path(args.output, "--output") if args.output is not None else None
+    example = (
+        "megatron-args.txt"
+        if target == "megatron"
+        else "titan.toml"
+        if target == "torchtitan-0.2"
+        else "autopipe_recipe.py"
+    )
+    destination = output_path(args.output, "--output", example) if args.output is not None else None
     plan = Plan.load(args.plan)
     if target == "megatron":
         text = megatron_config(plan, base=Path(args.plan).parent)
     elif target == "torchtitan-0.2":
-        text = torchtitan_toml(plan)
+        text = torchtitan_toml(plan, plan_file=args.plan)
     else:  # the launch line names the module as the file is saved
         stem = destination.stem if destination is not None else "autopipe_recipe"
-        text = torchtitan_recipe(plan, module=stem if stem.isidentifier() else "autopipe_recipe")
+        module = stem if stem.isidentifier() else "autopipe_recipe"
+        version = "main" if target == "torchtitan-main" else TORCHTITAN_VERSION
+        text = torchtitan_recipe(plan, module=module, version=version, plan_file=args.plan)
     if args.check is not None:
         try:
             check_config(plan, args.check, kwargs=parse_kwargs(args.kwargs), target=target, base=Path(args.plan).parent)

@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from .args import UsageError, output_folder, output_path
+from .common import add_load_timeout_argument
 from .progress import progress_bar
 
 __all__ = ["add_emit_parsers"]
@@ -46,6 +47,7 @@ def add_emit_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
         help="write the plan's per-rank action order as the CSV torch.distributed.pipelining's "
         "_PipelineScheduleRuntime._load_csv reads (torchtitan: pipeline_parallel_schedule_csv)",
     )
+    add_load_timeout_argument(p)
     p.set_defaults(func=cmd_emit)
 
     m = commands.add_parser(
@@ -101,7 +103,7 @@ def cmd_merge(args: argparse.Namespace, out: Console, err: Console) -> int:
     from autopipe._io import atomic_write, torch_save
     from autopipe.stages.merge import merge_state_dict
 
-    target = output_path(args.output, "--output")
+    target = output_path(args.output, "--output", "model.pt")
     state = merge_state_dict(args.folder)
     atomic_write(target, lambda tmp: torch_save(state, tmp))
     print(f"wrote {target}: {len(state)} tensors (the model's state_dict)", file=out.file)

@@ -24,6 +24,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext, redirect_stdout
 from typing import Any, NoReturn
 
 from rich.console import Console
@@ -34,6 +35,7 @@ from autopipe._io import printable
 from autopipe.errors import AutopipeError, RuntimeFailure
 
 from .analytic_cmd import add_calibrate_parser
+from .common import load_timeout_seconds
 from .config_cmd import add_config_parser
 from .emit_cmd import add_emit_parsers
 from .plan_cmd import add_plan_parsers
@@ -101,6 +103,24 @@ def build_parser() -> argparse.ArgumentParser:
 # ----------------------------------------------------------------------------- entry point
 
 
+def _stdout_kept_for_json(args: argparse.Namespace) -> AbstractContextManager[object]:
+    """With ``--json`` stdout carries one JSON object only: while the command runs, ``print`` (a
+    ``print`` in the user's forward or build_model) writes to stderr; the command's own output goes
+    through ``out``, made on the real stdout before. (Writes to file descriptor 1 from C code are
+    not redirected.)"""
+    return redirect_stdout(sys.stderr) if getattr(args, "json", False) else nullcontext()
+
+
+def _user_limits(args: argparse.Namespace) -> AbstractContextManager[object]:
+    """``--load-timeout``, for the commands that import a model file (the library's default without it)."""
+    seconds = load_timeout_seconds(args)
+    if seconds is None:
+        return nullcontext()
+    from autopipe.api import load_timeout
+
+    return load_timeout(seconds, "--load-timeout")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``autopipe`` command line; returns the exit code."""
     parser = build_parser()
@@ -113,7 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     err = _Console(file=sys.stderr, highlight=False)
     try:
         with library_notes():
-            code: int = args.func(args, out, err)
+            with _user_limits(args), _stdout_kept_for_json(args):
+                code: int = args.func(args, out, err)
             sys.stdout.flush()  # here, so a full device is one line, not an error at exit
         return code
     except RuntimeFailure as e:

@@ -27,7 +27,7 @@ from .analytic_cmd import (
     wants_analytic,
 )
 from .args import UsageError, balance_list, cli_words, output_path, positive_int
-from .common import MEASURE_DEVICE_HELP, add_profiling_arguments, profiling_options
+from .common import MEASURE_DEVICE_HELP, add_load_timeout_argument, add_profiling_arguments, profiling_options
 from .profile_cmd import measure
 from .progress import ProgressCallback, progress_bar
 from .render_plan import plan_json, print_plan
@@ -108,6 +108,7 @@ def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
         "--device-file's) to plan analytically on the meta device",
     )
     add_analytic_arguments(p)
+    add_load_timeout_argument(p)
     p.set_defaults(func=cmd_plan)
 
     s = commands.add_parser(
@@ -334,9 +335,13 @@ def _short(rejected: Rejected) -> str:
 
 def cmd_show(args: argparse.Namespace, out: Console, err: Console) -> int:
     from autopipe.plans import Plan
+    from autopipe.show.draw import too_many_actions
 
     timeline = _timeline_path(args.timeline)
     plan = Plan.load(args.plan)
+    big = too_many_actions(plan)
+    if timeline and big:
+        raise UsageError(f"--timeline {timeline}: {big}; show the plan without --timeline")
     _show(plan, out, args.json, timeline, wrote=None, text_timeline=True, source=args.plan)
     return 0
 
@@ -351,10 +356,11 @@ def _show(
     source: str = "the plan",
 ) -> None:
     from autopipe.api import plan_costs, plan_timeline
-    from autopipe.show.draw import check_times, draw_timeline, plan_frame
+    from autopipe.show.draw import check_times, draw_timeline, plan_frame, too_many_actions
     from autopipe.show.draw import text_timeline as text_rows
 
-    wanted = bool(timeline or (text_timeline and not as_json))
+    big = too_many_actions(plan)  # nothing simulated beyond it: show and plan stay bounded
+    wanted = bool(timeline or (text_timeline and not as_json)) and big is None
     if wanted:
         check_times(plan, source)
     simulated = plan_timeline(plan) if wanted else None
@@ -369,5 +375,8 @@ def _show(
         if text_timeline and simulated is not None
         else None
     )
-    notes = [n for n in (wrote, f"drew {timeline}" if timeline else None) if n]
+    drew = (f"drew {timeline}" if big is None else f"did not draw {timeline}: {big}") if timeline else None
+    if big is not None and text_timeline and not timeline:
+        drew = f"no timeline: {big}"
+    notes = [n for n in (wrote, drew) if n]
     print_plan(plan, out, rows, "; ".join(notes) or None)

@@ -14,6 +14,7 @@ from rich.console import Console
 from .args import output_path, positive_int
 from .common import (
     ProfilingOptions,
+    add_load_timeout_argument,
     add_model_arguments,
     add_profiling_arguments,
     profiling_options,
@@ -38,6 +39,7 @@ def add_profile_parser(commands: argparse._SubParsersAction) -> None:  # type: i
     p.add_argument("--batch-size", default="8", metavar="N", help="global batch size (default: 8)")
     add_profiling_arguments(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
+    add_load_timeout_argument(p)
     p.set_defaults(func=cmd_profile)
 
 

@@ -24,6 +24,7 @@ from autopipe.errors import RunOptionError
 from autopipe.runtime.run.options import add_run_arguments
 
 from .args import output_path
+from .common import add_load_timeout_argument
 
 __all__ = ["add_run_parser"]
 
@@ -47,6 +48,7 @@ def add_run_parser(commands: argparse._SubParsersAction) -> None:  # type: ignor
         metavar="PNG",
         help="draw the loss per step to PNG (needs matplotlib: pip install 'autopipe[plot]')",
     )
+    add_load_timeout_argument(p)
     p.set_defaults(func=cmd_run)
 
 

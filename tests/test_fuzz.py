@@ -283,6 +283,7 @@ def check_cases(cases: list[Case], monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_fuzz_fast(inputs: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/security.md: "Each is then checked field by field before use"
     cases = list(make_cases(inputs, per_kind=6, seed=SEED))
     assert len(cases) >= 36
     check_cases(cases, monkeypatch)
@@ -312,3 +313,66 @@ def test_fuzz_through_a_real_process(inputs: dict[str, Any]) -> None:
             [sys.executable, "-m", "autopipe.cli.main", *argv], capture_output=True, text=True, timeout=120
         )
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+
+
+# ----------------------------------------------------------------------------- user code (the model file)
+
+
+USER_CAUSES = (  # the causes of tests.model.test_usercode.py that fail in the model file's load
+    "base exception at import",
+    "base exception in build_model",
+    "bad __str__",
+    "sys.exit in build_model",
+    "sys.exit in example_inputs",
+    "KeyboardInterrupt raised by build_model",
+    pytest.param("build_model loops", marks=pytest.mark.slow),  # 0.5 s per command: the time limit
+    pytest.param("import loops", marks=pytest.mark.slow),
+)
+
+
+def _user_commands(model: Path, plan: Path, tmp: Path) -> dict[str, list[str]]:
+    """Every command that imports a model file, on ``model`` (or a plan naming it)."""
+    limit = ["--load-timeout", "0.5"]
+    return {
+        "profile": ["profile", str(model), "--batch-size", "2", "-o", str(tmp / "profile.json"), *limit],
+        "plan": ["plan", str(model), "--stages", "2", "--batch-size", "4", "-o", str(tmp / "plan-out.json"), *limit],
+        "emit": ["emit", str(plan), "-o", str(tmp / "stages"), *limit],
+        "run": ["run", str(plan), "--steps", "1", *limit],
+        "config --check": ["config", str(plan), "--for", "torchtitan", "--check", str(model), "-k", "depth=3", *limit],
+    }
+
+
+@pytest.mark.parametrize("cause", USER_CAUSES)
+def test_fuzz_user_code_through_every_command(cause: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each fault of the model file's code, through each command that imports the file: exit 2, one
+    line naming the file, nothing written, no rank started."""
+    import autopipe.runtime.run.launch
+    from tests.model.test_usercode import CAUSES, write_model
+
+    def launched(*args: object, **kwargs: object) -> None:
+        raise _Launched()
+
+    monkeypatch.setattr(autopipe.runtime.run.launch, "launch", launched)
+    extra, said = CAUSES[cause]
+    model = write_model(tmp_path, extra)
+    raw = json.loads(Plan.load(PLAN_V1).to_json())
+    raw["recipe"]["model_file"] = str(model)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(raw))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    failures = []
+    for command, argv in _user_commands(model, plan, tmp_path).items():
+        if command == "config --check" and "example_inputs" in cause:
+            continue  # it builds the model on meta only: example_inputs is not called
+        outcome = call(argv)
+        problem = outcome.problem()
+        if problem is None and outcome.code != 2:
+            problem = f"exit {outcome.code}"
+        elif problem is None and str(model) not in outcome.err:
+            problem = f"the line does not name {model}: {outcome.err!r}"
+        elif problem is None and said.split("{path}")[-1].split(" (")[0] not in outcome.err:
+            problem = f"not the cause's line: {outcome.err!r}"
+        if problem is not None:
+            failures.append(f"{command}: {problem}")
+    assert not failures, "\n".join(failures)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, nothing left

@@ -71,6 +71,7 @@ def test_read_only_folder(tmp_path: Path) -> None:
 
 
 def test_writes_are_atomic(tmp_path: Path) -> None:
+    # docs/security.md: "Every output (`-o`, `--timeline`, `--trace`, `--schedule-csv`, `profile -o`"
     target = tmp_path / "plan.json"
     atomic_write_text(target, "old")
 
@@ -105,6 +106,7 @@ def _args(plan_file: Path, tmp_path: Path) -> dict[str, list[str]]:
 def test_every_output_flag_is_checked_first(
     command: str, plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # docs/security.md: "Every output (`-o`, `--timeline`, `--trace`"
     (tmp_path / "file").write_text("x")
     flag = {"emit -o": "--output", "merge -o": "--output", "plan -o": "--output", "profile -o": "--output"}.get(
         command, command.split()[1]
@@ -122,6 +124,8 @@ def test_every_output_flag_is_checked_first(
 
 
 def test_special_files_are_written_in_place_and_links_through(tmp_path: Path) -> None:
+    # docs/security.md: "Writing replaces only a regular file."
+    # docs/security.md: "A FIFO, a character device (`/dev/null`) or `/dev/stdout` gets the bytes in place"
     """A FIFO's reader gets the bytes, /dev/null stays a device, a link stays a link to a new target."""
     import stat
     import threading
@@ -171,6 +175,7 @@ def test_dev_stdout_gets_the_bytes_where_the_shell_sent_it(tmp_path: Path) -> No
 
 
 def test_outputs_that_cannot_be_files_are_refused_first(tmp_path: Path) -> None:
+    # docs/security.md: "A FIFO, a character device (`/dev/null`) or `/dev/stdout` gets the bytes in place"
     import socket
 
     sock_path = tmp_path / "s.sock"
@@ -196,3 +201,17 @@ def test_outputs_that_cannot_be_files_are_refused_first(tmp_path: Path) -> None:
         ):
             check_output_file(tmp_path / name, "-o")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "s.sock", "to-dir"]
+
+
+def test_a_folder_given_for_a_file_suggests_a_file_of_that_kind(
+    plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv, example in [
+        (["emit", str(plan_file), "--schedule-csv", str(tmp_path)], "1f1b.csv"),
+        (["show", str(plan_file), "--timeline", str(tmp_path)], "timeline.png"),
+        (["config", str(plan_file), "--for", "torchtitan-0.2", "-o", str(tmp_path)], "titan.toml"),
+        (["merge", str(tmp_path), "-o", str(tmp_path)], "model.pt"),
+    ]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.endswith(f" is a directory; name a file, e.g. {tmp_path / example}\n"), (argv, err)

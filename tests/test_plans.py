@@ -194,7 +194,7 @@ def test_plan_files_that_are_not_text_or_not_files(tmp_path: Path) -> None:
     binary.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(PlanFileError, match="not UTF-8 text"):
         Plan.load(binary)
-    with pytest.raises(PlanFileError, match="is a folder, not a plan file"):
+    with pytest.raises(PlanFileError, match=r"is a directory, not a plan; give a plan written by 'autopipe plan'$"):
         Plan.load(tmp_path)
 
 

@@ -54,11 +54,11 @@ whose nodes are the plan's catalogue device's GPUs per node where the caller kno
 
 from __future__ import annotations
 
-import re
 import shlex
 
 from torch import nn
 
+from autopipe._io import one_line
 from autopipe.config.model_facts import ModelFacts, read_model
 from autopipe.config.parts import Degrees, Parts, degrees, model_parts, stage_list
 from autopipe.config.retarget import retarget_notes
@@ -259,19 +259,15 @@ def _launch(deg: Degrees, per_node: int | None) -> list[str]:
     return notes
 
 
-_DTYPE = re.compile(r"\(analytic, (fp32|tf32|bf16|fp16)\b")
-
-
 def _precision(plan: Plan) -> tuple[list[str], list[str]]:
     """``--bf16`` / ``--fp16`` from the dtype an analytic plan was counted in (its profile device
     says it: ``h100: ... (analytic, bf16)``); a note where the plan does not say."""
-    found = _DTYPE.search(plan.profile_device)
-    if found is None:
+    dtype = plan.precision
+    if dtype is None:
         return [], [
             f"precision: the plan was measured on {plan.profile_device} and does not record the dtype; "
             "add --bf16 or --fp16 if you train in one (Megatron's default is fp32)"
         ]
-    dtype = found.group(1)
     if dtype == "tf32":
         return [], ["precision: the plan is priced in tf32: Megatron trains in fp32 (TF32 matmuls are torch's setting)"]
     return {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(dtype, []), []
@@ -298,7 +294,7 @@ def megatron_args(
     facts = read_model(model, model_parts(plan).container, seq_length) if model is not None else None
     parts = model_parts(plan, facts.num_layers if facts is not None else None)
     lines = [
-        f"# Megatron-LM arguments for {plan.model} (autopipe plan: {plan.schedule}, "
+        f"# Megatron-LM arguments for {one_line(plan.model)} (autopipe plan: {plan.schedule}, "
         f"{plan.micro_batches} micro-batch(es) of {plan.micro_batch_size})",
         f"# world size t x p x d = {deg.tensor} x {deg.pipeline} x {deg.data} = {deg.world_size} GPUs",
     ]
@@ -333,7 +329,7 @@ def megatron_args(
         notes.append(_layout_note(parts, deg))
     recompute, recompute_notes = _recompute(plan, deg, parts)
     notes += recompute_notes + retarget_notes(plan, "megatron")
-    lines += [f"# {n}" for n in notes]
+    lines += [f"# {one_line(n)}" for n in notes]  # a note quoting the plan stays one comment line
     return "\n".join(lines + _argument_lines(args + definition + precision + split + recompute)) + "\n"
 
 

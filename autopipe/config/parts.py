@@ -18,7 +18,6 @@ the precision the plan was priced in.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from autopipe.errors import ConfigError
@@ -219,8 +218,5 @@ def _spread_notes(chunks: tuple[Chunk, ...]) -> list[str]:
 
 
 def plan_precision(plan: Plan) -> str:
-    """The precision the plan was priced in: ``bf16``, ``fp16``, ``tf32`` or ``fp32``, from its
-    profile's device line (``"h100: ... (analytic, bf16)"``); a measured profile ran the model as
-    it is, in fp32 unless the model says otherwise."""
-    found = re.search(r"\(analytic, (\w+)", plan.profile_device)
-    return found.group(1) if found and found.group(1) in ("bf16", "fp16", "tf32", "fp32") else "fp32"
+    """The precision the plan was priced in (:attr:`Plan.precision`; a measured plan: fp32)."""
+    return plan.precision or "fp32"

@@ -22,8 +22,14 @@ def retarget_notes(plan: Plan, target: str) -> list[str]:
     recompute = [s.recompute for s in plan.stages]
     if plan.target == target or spec.runs(plan.schedule, recompute):
         return []
-    what = [f"its {plan.schedule} schedule"] if plan.schedule not in spec.schedules else []
-    what += ["recomputation on some stages only"] if not spec.runs(spec.schedules[0], recompute) else []
+    uneven = any(recompute) and not all(recompute)
+    what = []
+    if plan.schedule not in spec.schedules:
+        what.append(f"its {plan.schedule} schedule")
+    elif any(recompute) and plan.schedule not in spec.recomputing():
+        what.append(f"its {plan.schedule} schedule with recomputation")
+    if spec.uniform_recompute and uneven:
+        what.append("recomputation on some stages only")
     return [
         f"the plan was made with --target {plan.target}: {spec.label} does not run {' or '.join(what)} as priced "
         f"(what it runs instead: above); 'autopipe plan ... --target {target}' plans the best {spec.label} runs "

@@ -1,32 +1,31 @@
-"""A plan as a torchtitan job: ``autopipe config PLAN --for torchtitan`` (0.3.0) or ``--for torchtitan-0.2``.
+"""A plan as a torchtitan job: the numbers and notes all torchtitan outputs share, and the 0.2.x TOML.
 
-torchtitan 0.3.0 (the release on the package index) takes a job as a Python ``Trainer.Config``
-returned by a function of a recipe module (torchtitan #2386): :func:`torchtitan_recipe` writes
-such a module, whose function starts from a base recipe (llama3's debug model, to be replaced by
-the user's model's own) and sets the plan's fields of ``TrainingConfig`` and ``ParallelismConfig``
-(``torchtitan/config/configs.py``) and ``Trainer.Config.activation_checkpoint``
-(``torchtitan/trainer.py``: ``None``, ``FullAC.Config()`` or ``SelectiveAC.Config()`` of
-``torchtitan/distributed/activation_checkpoint.py``). :func:`torchtitan_toml` writes the TOML of
-the last TOML releases, 0.2.x (the fields of ``torchtitan/config/job_config.py`` in v0.2.1 and
-v0.2.2, read by their ``ConfigManager``).
+:func:`titan_job` says the plan in torchtitan's numbers for one version (0.3.0 and main, whose
+Python recipes :mod:`autopipe.config.titan_recipe` writes, or 0.2.x); :func:`torchtitan_toml`
+writes the TOML of the last TOML releases, 0.2.x (the fields of ``torchtitan/config/job_config.py``
+in v0.2.1 and v0.2.2, read by their ``ConfigManager``).
 
-Both say the same plan: the degrees (replicas as ``data_parallel_replicate_degree`` where
-torchtitan replicates beside other parallelism, as 0.3.0 does; FSDP shards where it does not,
-as 0.2.x), ``pipeline_parallel_schedule`` as ``torch.distributed.pipelining.get_schedule_class``
+All say the same plan: the degrees (replicas as ``data_parallel_replicate_degree`` where
+torchtitan replicates beside other parallelism, as 0.3.0 and main do; FSDP shards where it does
+not, as 0.2.x), ``pipeline_parallel_schedule`` as ``torch.distributed.pipelining.get_schedule_class``
 spells it (``1F1B``, ``Interleaved1F1B``, ``InterleavedZeroBubble``, ``ZBVZeroBubble``,
-``DualPipeV``), the micro-batch size and ``module_fqns_per_model_part``: each stage's modules by
+``DualPipeV``), the micro-batches and ``module_fqns_per_model_part``: each stage's modules by
 the user's names, in stage order (torchtitan places parts on ranks itself: round robin, or a V
-for ``ZBVZeroBubble`` and ``DualPipeV``). The batch per data-parallel rank is one micro-batch
-when there is no pipeline (torchtitan runs the rest as gradient accumulation, ``global_batch_size``
-over ``local_batch_size`` times the replicas) and the whole batch when there is (torchtitan splits
-it into micro-batches). The precision is the plan's. What torchtitan cannot express as the plan
-says is a ``#`` comment.
+for ``ZBVZeroBubble`` and ``DualPipeV``). A schedule torch has no class for (V-Half, V-Min,
+ZB-H2, ...) runs from the CSV ``autopipe emit PLAN --schedule-csv FILE`` writes
+(``pipeline_parallel_schedule_csv``: torchtitan then builds torch's ``_PipelineScheduleRuntime``
+and loads the file with ``_load_csv``), with ``pipeline_parallel_schedule`` only placing the stages
+(``ZBVZeroBubble`` for a V). The batch per data-parallel rank is one micro-batch when there is
+no pipeline (torchtitan runs the rest as gradient accumulation) and the whole batch when there
+is (torchtitan splits it into micro-batches). The precision is the plan's. What torchtitan
+cannot express as the plan says is a ``#`` comment.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from autopipe.config.parts import Degrees, Parts, degrees, model_parts, plan_precision, stage_list
 from autopipe.config.retarget import retarget_notes
@@ -37,8 +36,10 @@ __all__ = [
     "TORCHTITAN_TOML_VERSION",
     "TORCHTITAN_VERSION",
     "TORCH_SCHEDULES",
+    "schedule_csv_path",
+    "titan_head",
+    "titan_job",
     "torchtitan_parts",
-    "torchtitan_recipe",
     "torchtitan_schedule",
     "torchtitan_toml",
 ]
@@ -56,7 +57,6 @@ TORCH_SCHEDULES = (
 )
 """The names ``torch.distributed.pipelining.schedules.get_schedule_class`` takes (torch 2.13)."""
 _V_STYLE = ("ZBVZeroBubble", "DualPipeV")  # the schedules torchtitan places in a V (the rest: round robin)
-_BASE = "torchtitan.models.llama3.config_registry", "llama3_debugmodel"  # the recipe the 0.3.0 job starts from
 
 
 def torchtitan_schedule(name: str) -> str:
@@ -69,11 +69,14 @@ class _Job:
     """The plan in torchtitan's numbers, for either version."""
 
     deg: Degrees
+    version: str  # TORCHTITAN_VERSION, "main" or TORCHTITAN_TOML_VERSION
     replicate: int
     shard: int
     local_batch: int
     global_batch: int
-    schedule: str
+    schedule: str  # pipeline_parallel_schedule: the schedule class, or only the placement when csv
+    csv_path: str  # where the schedule CSV goes (written by autopipe emit PLAN --schedule-csv)
+    csv: bool  # the plan's exact order from pipeline_parallel_schedule_csv (torch has no class for it)
     parts: list[list[str]]  # module names per model part
     recompute: str  # "none", "full" or "selective"
     precision: str  # "bfloat16" or "float32"
@@ -169,17 +172,59 @@ def _recompute(plan: Plan, deg: Degrees) -> tuple[str, list[str]]:
     return "full", notes
 
 
-def _schedule(plan: Plan, parts: Parts) -> tuple[str, list[str]]:
-    schedule, notes = torchtitan_schedule(plan.schedule), []
+def _titan_ranks(schedule: str, devices: int, stages: int) -> list[int]:
+    """The rank torchtitan builds each stage on (``_get_pp_rank_to_stage_indices_mapping``):
+    a V for ZBVZeroBubble and DualPipeV (rank r: stages r and 2S-1-r), round robin otherwise."""
+    if schedule in _V_STYLE:
+        return [j if j < devices else 2 * devices - 1 - j for j in range(stages)]
+    return [j % devices for j in range(stages)]
+
+
+def _csv_refusal(plan: Plan) -> str:
+    """Why ``autopipe emit --schedule-csv`` refuses the plan (:func:`autopipe.stages.schedule_csv.schedule_csv`'s
+    two refusals); "" when it writes the CSV."""
+    recomputed = [s.index for s in plan.stages if s.recompute]
+    if recomputed:
+        return f"stage(s) {stage_list(recomputed)} recompute, and torch's schedule CSV has no recomputation action"
+    placed = schedule_spec(plan.schedule).devices_of(plan.devices, plan.virtual)
+    if [s.rank for s in plan.stages] != list(placed[: len(plan.stages)]):
+        return f"the plan puts stages on other devices than its {plan.schedule} schedule does"
+    return ""
+
+
+def _schedule(plan: Plan, parts: Parts, csv_path: str, plan_file: str) -> tuple[str, bool, list[str]]:
+    """(pipeline_parallel_schedule, whether the CSV runs, notes). A schedule torch has a class
+    for runs by that class; one it lacks runs from autopipe's schedule CSV (torchtitan's
+    ``_PipelineScheduleRuntime``), with pipeline_parallel_schedule only placing the stages."""
+    schedule, notes, csv = torchtitan_schedule(plan.schedule), [], False
     if schedule not in TORCH_SCHEDULES:
-        fallback = "ZBVZeroBubble" if not parts.round_robin else "Interleaved1F1B" if plan.virtual > 1 else "1F1B"
-        named = f" ({schedule})" if schedule else ""
-        notes.append(f"torch has no {plan.schedule} schedule{named}; torchtitan runs {fallback} with these stages")
-        schedule = fallback
-    if (schedule in _V_STYLE) != (not parts.round_robin):
+        placement = "ZBVZeroBubble" if not parts.round_robin else "Interleaved1F1B" if plan.virtual > 1 else "1F1B"
+        if plan.devices == 1:  # no pipeline: torchtitan builds no schedule
+            return placement, False, []
+        refusal = _csv_refusal(plan)
+        if not refusal and [s.rank for s in plan.stages] != _titan_ranks(placement, plan.devices, len(plan.stages)):
+            refusal = "torchtitan places stages round robin or in a V only, and the CSV's ranks must be its"
+        if not refusal:
+            csv = True
+            where = "in a V" if placement in _V_STYLE else "round robin"
+            notes += [
+                f"torch has no {plan.schedule} schedule class: torchtitan runs the plan's exact order from "
+                f"pipeline_parallel_schedule_csv ({csv_path}); pipeline_parallel_schedule = {placement} "
+                f"only places the stages ({where})",
+                f"write the CSV first: autopipe emit {plan_file} --schedule-csv {csv_path}",
+            ]
+        else:
+            named = f" (torch calls it {schedule})" if schedule else ""
+            notes.append(
+                f"torch has no {plan.schedule} schedule class{named} and autopipe writes no schedule CSV for this "
+                f"plan ({refusal}): torchtitan runs {placement} with these stages"
+            )
+        schedule = placement
+    titan = _titan_ranks(schedule, plan.devices, len(plan.stages))
+    if plan.devices > 1 and [s.rank for s in plan.stages] != titan:
         where = "in a V" if schedule in _V_STYLE else "round robin"
         notes.append(f"torchtitan places the {schedule} stages {where}, not as the plan's {plan.schedule} does")
-    return schedule, notes
+    return schedule, csv, notes
 
 
 def _precision(plan: Plan) -> tuple[str, list[str]]:
@@ -189,12 +234,19 @@ def _precision(plan: Plan) -> tuple[str, list[str]]:
     return ("bfloat16" if priced == "bf16" else "float32"), []
 
 
-def _job(plan: Plan, version: str, overrides: tuple[int | None, bool | None, bool | None, bool | None]) -> _Job:
+Overrides = tuple[int | None, bool | None, bool | None, bool | None]
+"""tensor_parallel, sequence_parallel, selective_recompute, zero1: as :func:`autopipe.config.parts.degrees`."""
+
+
+def titan_job(plan: Plan, version: str, overrides: Overrides, csv_path: str = "", plan_file: str = "plan.json") -> _Job:
+    """The plan in torchtitan ``version``'s numbers and notes; ``csv_path`` is where the plan's
+    schedule CSV goes (default: beside ``plan_file``, ``plan.schedule.csv``)."""
     deg = degrees(plan, *overrides)
     parts = model_parts(plan)
     replicate, shard, dp_notes = _data_parallel(deg, version)
     fqns, fqn_notes = _fqns(plan, parts)
-    schedule, schedule_notes = _schedule(plan, parts)
+    csv_path = csv_path or schedule_csv_path(plan_file)
+    schedule, csv, schedule_notes = _schedule(plan, parts, csv_path, plan_file)
     mode, recompute_notes = _recompute(plan, deg)
     precision, precision_notes = _precision(plan)
     notes = [n for n in parts.notes if n not in parts.layer_only] + dp_notes + fqn_notes + schedule_notes
@@ -203,11 +255,14 @@ def _job(plan: Plan, version: str, overrides: tuple[int | None, bool | None, boo
     pipelined = deg.pipeline > 1
     return _Job(
         deg=deg,
+        version=version,
         replicate=replicate,
         shard=shard,
         local_batch=plan.batch_size if pipelined else plan.micro_batch_size,
         global_batch=plan.batch_size * deg.data,
         schedule=schedule,
+        csv_path=csv_path,
+        csv=csv,
         parts=fqns,
         recompute=mode,
         precision=precision,
@@ -215,7 +270,15 @@ def _job(plan: Plan, version: str, overrides: tuple[int | None, bool | None, boo
     )
 
 
-def _head(plan: Plan, job: _Job, what: str) -> list[str]:
+def schedule_csv_path(plan_file: str) -> str:
+    """Where the torchtitan outputs say the plan's schedule CSV is: ``runs/plan.json`` ->
+    ``runs/plan.schedule.csv``."""
+    path = Path(plan_file)
+    return str(path.with_name(path.stem + ".schedule.csv"))
+
+
+def titan_head(plan: Plan, job: _Job, what: str) -> list[str]:
+    """The ``#`` lines every torchtitan output starts with: what it is, the plan, the notes."""
     deg = job.deg
     lines = [
         f"# {what} for {plan.model}",
@@ -224,9 +287,14 @@ def _head(plan: Plan, job: _Job, what: str) -> list[str]:
         f"{plan.micro_batches} micro-batch(es) of {plan.micro_batch_size}",
     ]
     if deg.pipeline == 1 and plan.micro_batches > 1:
+        counted = (
+            "num_tokens_per_train_step / num_tokens_per_microbatch_per_dp_rank / replicas"
+            if job.version == "main"
+            else "global_batch_size / local_batch_size / replicas"
+        )
         lines.append(
             f"# no pipeline: each data-parallel rank runs {plan.micro_batches} micro-batches of "
-            f"{plan.micro_batch_size} as gradient accumulation (global_batch_size / local_batch_size / replicas)"
+            f"{plan.micro_batch_size} as gradient accumulation ({counted})"
         )
     return lines + [f"# {n}" for n in job.notes]
 
@@ -243,9 +311,13 @@ def torchtitan_toml(
     sequence_parallel: bool | None = None,
     selective_recompute: bool | None = None,
     zero1: bool | None = None,
+    plan_file: str = "plan.json",
+    csv_path: str = "",
 ) -> str:
-    """The plan as a torchtitan 0.2.x TOML job config, with ``#`` notes."""
-    job = _job(plan, TORCHTITAN_TOML_VERSION, (tensor_parallel, sequence_parallel, selective_recompute, zero1))
+    """The plan as a torchtitan 0.2.x TOML job config, with ``#`` notes; ``plan_file`` and
+    ``csv_path`` as :func:`titan_job`."""
+    overrides = (tensor_parallel, sequence_parallel, selective_recompute, zero1)
+    job = titan_job(plan, TORCHTITAN_TOML_VERSION, overrides, csv_path, plan_file)
     deg = job.deg
     training = [f"mixed_precision_param = {json.dumps(job.precision)}"]
     notes = []
@@ -257,7 +329,7 @@ def torchtitan_toml(
             "(weights, gradients and optimizer state too: less memory than the plan's fp32 master weights)"
         )
     title = f"torchtitan {TORCHTITAN_TOML_VERSION} job config (the fields of torchtitan/config/job_config.py, v0.2.1-2)"
-    head = _head(plan, job, title)
+    head = titan_head(plan, job, title)
     lines = [
         *head,
         "# [model] name/flavor and training.seq_len are the model's own: set them to the torchtitan model that is "
@@ -275,6 +347,7 @@ def torchtitan_toml(
         f"tensor_parallel_degree = {deg.tensor}",
         f"pipeline_parallel_degree = {deg.pipeline}",
         f"pipeline_parallel_schedule = {json.dumps(job.schedule)}",
+        *([f"pipeline_parallel_schedule_csv = {json.dumps(job.csv_path)}"] if job.csv else []),
         f"pipeline_parallel_microbatch_size = {plan.micro_batch_size}",
         f"module_fqns_per_model_part = {_toml_list(job.parts)}",
     ]
@@ -284,63 +357,3 @@ def torchtitan_toml(
     if job.recompute == "selective":
         lines.append('selective_ac_option = "op"')
     return "\n".join(lines) + "\n"
-
-
-def _py_list(parts: list[list[str]]) -> list[str]:
-    rows = ["        [" + ", ".join(json.dumps(name) for name in part) + "]," for part in parts]
-    return ["    config.parallelism.module_fqns_per_model_part = [", *rows, "    ]"]
-
-
-def torchtitan_recipe(
-    plan: Plan,
-    *,
-    tensor_parallel: int | None = None,
-    sequence_parallel: bool | None = None,
-    selective_recompute: bool | None = None,
-    zero1: bool | None = None,
-    module: str = "autopipe_recipe",
-) -> str:
-    """The plan as a torchtitan 0.3.0 recipe module (Python), with ``#`` notes; ``module`` is the
-    name the file is saved under (``autopipe_recipe.py``), for the launch line it prints."""
-    job = _job(plan, TORCHTITAN_VERSION, (tensor_parallel, sequence_parallel, selective_recompute, zero1))
-    deg = job.deg
-    head = _head(plan, job, f"torchtitan {TORCHTITAN_VERSION} recipe (Trainer.Config)")
-    ac = {"none": "None", "full": "FullAC.Config()", "selective": "SelectiveAC.Config()"}[job.recompute]
-    imports = {"none": [], "full": ["FullAC"], "selective": ["SelectiveAC"]}[job.recompute]
-    body = [
-        "    config = base_config()",
-        f"    config.training.local_batch_size = {job.local_batch}",
-        f"    config.training.global_batch_size = {job.global_batch}",
-        f"    config.training.mixed_precision_param = {json.dumps(job.precision)}",
-    ]
-    if deg.pipeline > 1:
-        body.append("    config.training.disable_cuda_graphs = True  # torchtitan's CUDA graphs do not take a pipeline")
-    body += [
-        f"    config.parallelism.data_parallel_replicate_degree = {job.replicate}",
-        f"    config.parallelism.data_parallel_shard_degree = {job.shard}",
-        f"    config.parallelism.tensor_parallel_degree = {deg.tensor}",
-        *([f"    config.parallelism.enable_sequence_parallel = {deg.sequence_parallel}"] if deg.tensor > 1 else []),
-        f"    config.parallelism.pipeline_parallel_degree = {deg.pipeline}",
-        f"    config.parallelism.pipeline_parallel_schedule = {json.dumps(job.schedule)}",
-        f"    config.parallelism.pipeline_parallel_microbatch_size = {plan.micro_batch_size}",
-        *_py_list(job.parts),
-        f"    config.activation_checkpoint = {ac}",
-        "    return config",
-    ]
-    launch = f"torchrun --nproc-per-node {deg.world_size} -m torchtitan.train --module {module} --config autopipe_plan"
-    top = [
-        *head,
-        f"# save as {module}.py where Python finds it (PYTHONPATH), then run:",
-        f"#   {launch}",
-        "# (several nodes: torchrun --nnodes N --nproc-per-node G with N x G = the GPUs above)",
-        "# base_config is the recipe of the model you train (its model_spec, seq_len, data, optimizer);",
-        "# the module names below are your model's",
-        "",
-        *([f"from torchtitan.distributed.activation_checkpoint import {imports[0]}"] if imports else []),
-        f"from {_BASE[0]} import {_BASE[1]} as base_config",
-        "from torchtitan.trainer import Trainer",
-        "",
-        "",
-        "def autopipe_plan() -> Trainer.Config:",
-    ]
-    return "\n".join(top + body) + "\n"

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from autopipe._io import atomic_write_text
+from autopipe._io import atomic_write_text, shown
 from autopipe.costs.analytic import ModelCounts, count_model
 from autopipe.costs.counting import OpCount
 from autopipe.costs.devices import DeviceSpec, device_spec, match_device, read_device_file
@@ -55,11 +55,17 @@ def calibration_dir() -> Path:
 
 
 def calibrate(
-    profile: Profile, *, device_files: Sequence[str | Path] = (), counts: ModelCounts | None = None
+    profile: Profile,
+    *,
+    model: str | None = None,
+    device_files: Sequence[str | Path] = (),
+    counts: ModelCounts | None = None,
 ) -> Calibration:
-    """Fit the efficiencies of the device ``profile`` was measured on (see the module docstring)."""
-    from autopipe.model.load import load_model
+    """Fit the efficiencies of the device ``profile`` was measured on (see the module docstring).
 
+    The fit counts the model's ops, which imports its model file: ``model`` names that file
+    (``path/to/model.py[:factory]``, built with the profile's kwargs), as ``autopipe calibrate
+    --model`` does. A profile is data, so the model file it records is never imported on its word."""
     if profile.method != "measured":
         raise ProfileError(
             f"calibrate needs a measured profile (this one is {profile.method}); make one with 'autopipe profile MODEL'"
@@ -73,20 +79,17 @@ def calibrate(
     base = device_spec(name, device_files)
     recipe = profile.recipe
     if counts is None:
-        if not recipe.model_file:
+        if model is None:
             raise ProfileError(
-                "the profile does not name its model file; profile the model again with 'autopipe profile MODEL'"
+                "calibrate needs model='path/to/model.py', the model file the profile was made from: counting its "
+                f"ops imports it, and a profile is data, so the file it names ({recipe.model_file!r}) is not imported"
             )
-        model = recipe.model_spec()
-        loaded = load_model(f"{model.path}:{model.factory}", model.kwargs, device="meta")
-        counts = count_model(
-            loaded,
-            micro_batch_sizes=profile.micro_batch_sizes,
-            dtype=_DTYPES.get(profile.dtype, "fp32"),
-            recipe=recipe,
-        )
+        counts = _count(profile, model)
     if counts.traces[0].fingerprint() != recipe.fingerprint:
-        raise ProfileError("the profile was made from another model than its model file builds now; profile it again")
+        raise ProfileError(
+            "the profile was made from another model than the one counted (the fingerprints differ); give the "
+            "model file it was made from, or profile again"
+        )
     ops: list[Sequence[OpCount]] = []
     measured: list[float] = []
     for k, u in enumerate(counts.sizes):
@@ -100,6 +103,26 @@ def calibrate(
         raise ProfileError("the profile has no block times to calibrate with; profile the model again")
     spec, errors = fit_efficiency(base, counts.precision.compute, ops, measured)
     return Calibration(spec, profile.model, len(measured), float(np.median(errors)), float(np.max(errors)))
+
+
+def _count(profile: Profile, model: str) -> ModelCounts:
+    """The ops of ``model`` (a file the caller named) built as ``profile`` records, counted on meta."""
+    from autopipe.model.load import load_model
+    from autopipe.model.spec import ModelSpec
+
+    recipe = profile.recipe
+    spec = ModelSpec.parse(model, recipe.model_spec().kwargs)
+    if spec.factory != recipe.factory:
+        raise ProfileError(
+            f"the profile was made with factory {recipe.factory!r}, not {spec.factory!r}; name it: "
+            f"{shown(spec.path)}:{recipe.factory}"
+            if recipe.factory.isidentifier()
+            else f"the profile names factory {recipe.factory!r}, not a Python name; profile the model again"
+        )
+    loaded = load_model(f"{spec.path}:{spec.factory}", spec.kwargs, device="meta")
+    return count_model(
+        loaded, micro_batch_sizes=profile.micro_batch_sizes, dtype=_DTYPES.get(profile.dtype, "fp32"), recipe=recipe
+    )
 
 
 def fit_efficiency(
@@ -165,7 +188,7 @@ def stored_calibration(spec: DeviceSpec, path: str | Path | None = None) -> Devi
     target = Path(path) if path is not None else calibration_dir() / f"{spec.name}.json"
     if path is None and not target.is_file():
         return spec
-    entries = read_device_file(target)
+    entries = read_device_file(target, "calibration file", "write it again with 'autopipe calibrate'")
     if spec.name in entries:
         return entries[spec.name]
     if len(entries) == 1 and path is not None:

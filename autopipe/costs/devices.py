@@ -17,7 +17,6 @@ Williams et al. 2009, per op); ``autopipe calibrate`` fits them on the present d
 from __future__ import annotations
 
 import functools
-import json
 import os
 import platform
 import time
@@ -26,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from autopipe._io import read_json, shown
 from autopipe.errors import InputError
 
 __all__ = [
@@ -138,15 +138,13 @@ def _spec(name: str, raw: Mapping[str, Any], source: str) -> DeviceSpec:
     return spec
 
 
-def read_device_file(path: Path) -> dict[str, DeviceSpec]:
-    if not path.is_file():
-        raise DeviceError(f"device file not found: {path}; write one like {CATALOGUE_FILE}")
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise DeviceError(f"device file {path} is not valid JSON ({e}); fix it") from None
+def read_device_file(path: Path, what: str = "device file", again: str = "") -> dict[str, DeviceSpec]:
+    """The named devices in a device file (``what``, ``again``: a calibration file is one too)."""
+    again = again or f"write one like {CATALOGUE_FILE}"
+    missing = f"{what} not found: {shown(path)}; {again}"
+    raw = read_json(path, f"a {what}", DeviceError, again, missing=missing)
     if not isinstance(raw, dict):
-        raise DeviceError(f"device file {path} must hold an object of named devices, like {CATALOGUE_FILE}")
+        raise DeviceError(f"{what} {path} must hold an object of named devices, like {CATALOGUE_FILE}")
     return {k.lower(): _spec(k.lower(), v, str(path)) for k, v in raw.items() if not k.startswith("_")}
 
 
@@ -250,12 +248,8 @@ def read_cluster_file(path: str | Path) -> dict[str, float]:
     from autopipe.units import parse_rate
 
     p = Path(path)
-    if not p.is_file():
-        raise DeviceError(f"cluster file not found: {p}; write a JSON object with {', '.join(CLUSTER_KEYS)}")
-    try:
-        raw = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DeviceError(f"cluster file {p} is not valid JSON ({e}); fix it") from None
+    again = f"write a JSON object with {', '.join(CLUSTER_KEYS)}"
+    raw = read_json(p, "a cluster file", DeviceError, again, missing=f"cluster file not found: {shown(p)}; {again}")
     if not isinstance(raw, dict):
         raise DeviceError(f"cluster file {p} must hold one JSON object with {', '.join(CLUSTER_KEYS)}")
     out: dict[str, float] = {}

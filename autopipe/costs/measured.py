@@ -42,6 +42,7 @@ from autopipe.errors import ProfileError
 from autopipe.graph.outputs import training_loss
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.trace import Block, TracedModel, trace_model
+from autopipe.model.usercode import guarded
 from autopipe.units import check_count
 
 __all__ = [
@@ -85,7 +86,8 @@ def profile_model(
     if threads is not None and not device.startswith("cuda"):
         torch.set_num_threads(threads)
     try:
-        return _profile(loaded, micro_batch_sizes, recipe, warmup, repeat, device, progress)
+        with guarded("the model's forward (profiling)", loaded.spec.path, timed=False):
+            return _profile(loaded, micro_batch_sizes, recipe, warmup, repeat, device, progress)
     finally:
         torch.set_num_threads(before)
 

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from autopipe._io import atomic_write_text
+from autopipe._io import atomic_write_text, parse_json, read_json, shown
 from autopipe.errors import ProfileError
 from autopipe.graph.recipe import TraceRecipe
 
@@ -32,6 +32,7 @@ __all__ = ["PROFILE_VERSION", "Affine", "BlockCost", "Profile", "TensorCost"]
 
 PROFILE_VERSION = 2
 _READS = (1, PROFILE_VERSION)  # version 1: the recipe's fields at the top level
+_WRITTEN = "give a profile written by 'autopipe profile'"
 
 
 @dataclass(frozen=True)
@@ -125,11 +126,8 @@ class Profile:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
     @staticmethod
-    def from_json(text: str, source: str = "profile") -> Profile:
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ProfileError(f"{source} is not valid JSON ({e}); write it again with 'autopipe profile'") from None
+    def from_json(text: str | bytes, source: str = "profile") -> Profile:
+        raw = parse_json(text, source, "a profile", ProfileError, _WRITTEN)
         profile = _profile_from_dict(raw, source)
         _check(profile, source)
         return profile
@@ -139,24 +137,12 @@ class Profile:
 
     @staticmethod
     def load(path: str | Path) -> Profile:
-        p = Path(path)
-        if p.is_dir():
-            raise ProfileError(
-                f"{p} is a directory, not a profile; give the profile JSON written by 'autopipe profile'"
-            )
-        if not p.is_file():
-            raise ProfileError(f"profile file not found: {p}; make one with 'autopipe profile MODEL -o {p}'")
-        try:
-            text = p.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            raise ProfileError(
-                f"{p} is not a profile (binary, not UTF-8 JSON); give the profile JSON written by 'autopipe profile'"
-            ) from None
-        except OSError as e:
-            raise ProfileError(
-                f"cannot read {p} as a profile ({type(e).__name__}); give the JSON written by 'autopipe profile'"
-            ) from None
-        return Profile.from_json(text, source=str(p))
+        named = shown(path) if isinstance(path, (str, Path)) else ""
+        missing = f"profile file not found: {named}; make one with 'autopipe profile MODEL -o {named}'"
+        raw = read_json(path, "a profile", ProfileError, _WRITTEN, missing=missing)
+        profile = _profile_from_dict(raw, named)
+        _check(profile, named)
+        return profile
 
     def check_blocks(self, blocks: Sequence[tuple[str, Sequence[str]]], source: str = "profile") -> None:
         """ProfileError unless ``blocks`` (name and fx nodes of each block the model traces

@@ -43,6 +43,7 @@ from autopipe.graph.blocks import Block, BlockEdge, ValueInfo, group_blocks
 from autopipe.graph.propagate import MetaShapes
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.training import follow_training
+from autopipe.model.usercode import guarded
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -129,7 +130,9 @@ def trace_model(
     if max_blocks is not None and max_blocks < 1:
         raise TraceError(f"--blocks must be at least 1 (got {max_blocks})")
     _check_leaf_names(model, leaf_modules)
-    with _buffers_kept(model):
+    # untimed: tracing time grows with the model; what it raises beyond an Exception (SystemExit, a
+    # BaseException of the user's) is one line too
+    with guarded("the model's forward (tracing)", source or Path("<model>"), timed=False), _buffers_kept(model):
         return _trace(model, inputs, micro_batch_size, tracer, leaf_modules, max_blocks, source, dynamic)
 
 

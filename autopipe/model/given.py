@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe.errors import AutopipeError, ModelLoadError, PlanError
+from autopipe.errors import ModelLoadError, PlanError
 from autopipe.model.load import LoadedModel, ModelSpec, default_loss, load_model
-from autopipe.model.usercode import exception_summary
+from autopipe.model.usercode import guarded
 
 __all__ = ["Batch", "LossFn", "ModelArg", "batch_of", "check_samples", "load_given", "maker", "source_of"]
 
@@ -30,9 +30,18 @@ ModelArg = nn.Module | str | os.PathLike[str]  # an nn.Module, or "path/to/model
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
-def maker(batch: Batch) -> Callable[[int], Any]:
+def maker(batch: Batch, name: str = "example_inputs") -> Callable[[int], Any]:
+    """batch_size -> one batch: slices of the batch given, or the caller's function, called under the
+    guard (what it raises is one line naming ``name``)."""
     if callable(batch) and not isinstance(batch, torch.Tensor):
-        return batch
+        fn = batch
+        source = _function_file(fn)
+
+        def call(u: int) -> Any:
+            with guarded(f"{name}({u})", source):
+                return fn(u)
+
+        return call
 
     def make(u: int) -> Any:
         return torch.utils._pytree.tree_map(lambda t: t[:u] if isinstance(t, torch.Tensor) else t, batch)
@@ -57,6 +66,13 @@ def check_samples(name: str, batch: Batch | None, needed: int, what: str) -> Non
         )
 
 
+def _function_file(fn: Callable[..., Any]) -> Path:
+    try:
+        return Path(inspect.getfile(fn))
+    except (TypeError, OSError):
+        return Path("<function>")
+
+
 def source_of(model: nn.Module) -> Path:
     """The file that defines the module's class (for messages that point at the user's line)."""
     try:
@@ -69,12 +85,8 @@ def _checked_loss(fn: Callable[..., Any], source: Path) -> LossFn:
     """``loss_fn`` as the profiler and executor call it: one line when it raises or returns no tensor."""
 
     def loss(output: object, targets: object) -> torch.Tensor:
-        try:
+        with guarded("loss_fn", source, timed=False):  # called each step; the run's timeout bounds it
             value = fn(output, targets)
-        except AutopipeError:
-            raise
-        except Exception as e:
-            raise ModelLoadError(f"loss_fn raised {exception_summary(e, source)}") from e
         if not isinstance(value, torch.Tensor):
             raise ModelLoadError(f"loss_fn returned a {type(value).__name__}, not a Tensor; return a scalar tensor")
         return value
@@ -97,7 +109,7 @@ def _in_memory(
         spec=ModelSpec(source, type(model).__name__, {}),
         model=model,
         make_inputs=maker(example_inputs),
-        make_targets=None if example_targets is None else maker(example_targets),
+        make_targets=None if example_targets is None else maker(example_targets, "example_targets"),
         loss_fn=default_loss if loss_fn is None else _checked_loss(loss_fn, source),
         has_targets=example_targets is not None,
     )

@@ -25,7 +25,9 @@ import difflib
 import importlib.util
 import inspect
 import itertools
+import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
@@ -39,7 +41,7 @@ import torch
 from autopipe.errors import FactoryArgumentError, ModelLoadError
 from autopipe.model.meta import SkipMetaFills
 from autopipe.model.spec import DEFAULT_FACTORY, ModelSpec, parse_kwargs
-from autopipe.model.usercode import display_path, exception_summary, exit_summary, first_line
+from autopipe.model.usercode import display_path, exception_summary, first_line, guarded
 
 __all__ = [
     "DEFAULT_FACTORY",
@@ -163,10 +165,7 @@ def _import_file(path: Path) -> ModuleType:
             f"{DEFAULT_FACTORY}() and example_inputs()"
         )
     resolved = path.resolve()
-    try:
-        source = resolved.read_bytes()
-    except OSError as e:
-        raise ModelLoadError(f"cannot read model file {shown}: {e.strerror or e}") from e
+    source = _read_source(resolved, shown)
     not_python = (
         f"{shown} is not Python source (a binary file?); a model file is a .py file "
         f"defining {DEFAULT_FACTORY}() and example_inputs()"
@@ -195,28 +194,54 @@ def _import_file(path: Path) -> ModuleType:
     folder = str(resolved.parent)
     sys.path.insert(0, folder)
     try:
-        exec(code, module.__dict__)
-    except SyntaxError as e:  # in a sibling module the file imports
+        with guarded(
+            f"importing {shown}",
+            path,
+            exited=lambda summary: f"{shown} {summary} while being imported; a model file must not exit",
+        ):
+            try:
+                exec(code, module.__dict__)
+            except SyntaxError as e:  # in a sibling module the file imports
+                where = display_path(e.filename or shown, path)
+                raise ModelLoadError(f"syntax error in {where}:{e.lineno}: {e.msg} (imported by {shown})") from e
+            except ImportError as e:
+                raise ModelLoadError(
+                    f"importing {shown} failed: {exception_summary(e, path)}; "
+                    "install the missing package or fix the import"
+                ) from e
+    except BaseException:
         sys.modules.pop(name, None)
-        where = display_path(e.filename or shown, path)
-        raise ModelLoadError(f"syntax error in {where}:{e.lineno}: {e.msg} (imported by {shown})") from e
-    except ImportError as e:
-        sys.modules.pop(name, None)
-        raise ModelLoadError(
-            f"importing {shown} failed: {exception_summary(e, path)}; install the missing package or fix the import"
-        ) from e
-    except Exception as e:
-        sys.modules.pop(name, None)
-        raise ModelLoadError(f"importing {shown} raised {exception_summary(e, path)}") from e
-    except SystemExit as e:
-        sys.modules.pop(name, None)
-        raise ModelLoadError(f"{shown} {exit_summary(e, path)} while being imported; a model file must not exit") from e
+        raise
     finally:
         if sys.path and sys.path[0] == folder:
             del sys.path[0]
         elif folder in sys.path:
             sys.path.remove(folder)
     return module
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"))
+
+
+def _read_source(resolved: Path, shown: str) -> bytes:
+    """The file's bytes, opened without blocking and refused in one line unless it is a regular
+    file: a FIFO would block the read for ever, a device never end."""
+    try:
+        fd = os.open(resolved, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise ModelLoadError(f"cannot read model file {shown}: {e.strerror or e}") from e
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((said for test, said in _KINDS if test(mode)), "not a regular file")
+            raise ModelLoadError(f"{shown} is {kind}, not a model file; name a regular .py file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    except OSError as e:
+        raise ModelLoadError(f"cannot read model file {shown}: {e.strerror or e}") from e
+    finally:
+        os.close(fd)
 
 
 def _optional(module: ModuleType, name: str, path: Path, hint: str) -> Callable[..., Any] | None:
@@ -275,15 +300,10 @@ def _bound(fn: Callable[..., Any], kwargs: Mapping[str, object]) -> dict[str, ob
     return {k: v for k, v in kwargs.items() if k != "batch_size" and (accepted is None or k in accepted)}
 
 
-def _call_user(fn: Callable[..., Any], name: str, path: Path, *args: object, **kwargs: object) -> Any:
-    try:
+def _call_user(fn: Callable[..., Any], name: str, path: Path, /, *args: object, **kwargs: object) -> Any:
+    """``fn(*args, **kwargs)`` under the guard (positional-only: a factory may take ``name=`` or ``path=``)."""
+    with guarded(name, path):
         return fn(*args, **kwargs)
-    except ModelLoadError:
-        raise
-    except Exception as e:
-        raise ModelLoadError(f"{name} raised {exception_summary(e, path)}") from e
-    except SystemExit as e:
-        raise ModelLoadError(f"{name} in {path} {exit_summary(e, path)}; return or raise instead of exiting") from e
 
 
 def _batch_maker(
@@ -321,7 +341,8 @@ def _batch_maker(
 
 def _user_loss(fn: Callable[..., Any], path: Path) -> Callable[[object, object], torch.Tensor]:
     def loss(output: object, targets: object) -> torch.Tensor:
-        value = _call_user(fn, "loss_fn", path, output, targets)
+        with guarded("loss_fn", path, timed=False):  # called each step: the run's timeout bounds it
+            value = fn(output, targets)
         if not isinstance(value, torch.Tensor):
             raise ModelLoadError(
                 f"loss_fn in {path} returned a {type(value).__name__}, not a Tensor; return a scalar tensor"
@@ -404,17 +425,15 @@ def check_model_runs(loaded: LoadedModel, batch_size: int) -> None:
     inputs = loaded.make_inputs(batch_size)
     targets = loaded.make_targets(batch_size) if loaded.make_targets is not None else None
     with torch.no_grad():
-        try:
+        with guarded(
+            "the model's forward",
+            path,
+            raised=lambda summary: (
+                f"the model rejected its example inputs (input shapes: {describe_inputs(inputs)}): {summary}"
+            ),
+            exited=lambda summary: f"the model's forward {summary}; return or raise instead of exiting",
+        ):
             output = call_model(loaded.model, inputs)
-        except Exception as e:
-            raise ModelLoadError(
-                f"the model rejected its example inputs (input shapes: {describe_inputs(inputs)}): "
-                f"{exception_summary(e, path)}"
-            ) from e
-        except SystemExit as e:
-            raise ModelLoadError(
-                f"the model's forward {exit_summary(e, path)}; return or raise instead of exiting"
-            ) from e
         value = loaded.loss_fn(output, targets)
     if value.numel() != 1:
         where = "loss_fn" if loaded.loss_fn is not default_loss else "the default loss"

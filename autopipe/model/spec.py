@@ -9,12 +9,14 @@ plan or a profile can name its model exactly. :mod:`autopipe.model.load` builds 
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
 from autopipe.errors import ModelLoadError
+from autopipe.units import check_path
 
 __all__ = ["DEFAULT_FACTORY", "ModelSpec", "parse_kwargs"]
 
@@ -79,6 +81,13 @@ class ModelSpec:
     @staticmethod
     def parse(text: str, kwargs: Mapping[str, object] | None = None) -> ModelSpec:
         """``"models/gpt.py:build_gpt"`` -> ModelSpec; the factory defaults to build_model."""
+        check_path(text, "model", "a model file, path/to/model.py[:factory]", error=ModelLoadError)
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise ModelLoadError(
+                f"kwargs must be a mapping of the factory's keyword arguments, like {{'depth': 3}} "
+                f"(got {kwargs!r:.60}, a {type(kwargs).__name__})"
+            )
+        text = os.fspath(text)
         path, factory = text, DEFAULT_FACTORY
         head, sep, tail = text.rpartition(":")
         if sep and not tail.endswith(".py") and ("/" not in tail and "\\" not in tail):

@@ -6,17 +6,57 @@ their functions failed, their own message, and the line of *their* file where it
 not a frame deep inside torch. These helpers find that frame and format the line; every caller
 that runs user code goes through them so all such messages read alike.
 
-Tests: tests/model/test_load.py.
+:func:`guarded` is the one guard every call into user code goes through: it turns *anything* the
+code raises -- an ``Exception``, ``SystemExit``, a ``BaseException`` subclass of the user's, an
+exception whose ``__str__`` itself fails, a ``KeyboardInterrupt`` the code raised rather than the
+user's Ctrl-C -- into one :class:`~autopipe.errors.ModelLoadError` line, and, in the main thread,
+ends a call that runs past the model-file time limit (:func:`load_timeout`, ``--load-timeout``)
+with a line naming the function and how to raise the limit. A real Ctrl-C (SIGINT while the code
+runs) still ends the command as an interrupt (exit 130). ``os._exit`` cannot be caught in the
+process that calls it: only the ranks of ``autopipe run`` (child processes) report it.
+
+Tests: tests/model/test_usercode.py (and tests/model/test_load.py).
 """
 
 from __future__ import annotations
 
+import math
 import os
+import signal
+import threading
+import time
 import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
+from typing import Any
 
-__all__ = ["display_path", "exception_summary", "exit_summary", "first_line", "user_location"]
+from autopipe.errors import AutopipeError, InputError, ModelLoadError
+
+__all__ = [
+    "DEFAULT_LOAD_TIMEOUT_S",
+    "LOAD_TIMEOUT_ENV",
+    "MAX_LOAD_TIMEOUT_S",
+    "check_load_timeout",
+    "current_load_timeout",
+    "display_path",
+    "env_load_timeout",
+    "exception_summary",
+    "exit_summary",
+    "first_line",
+    "guarded",
+    "load_timeout",
+    "user_location",
+]
+
+DEFAULT_LOAD_TIMEOUT_S = 300.0
+"""Seconds one model-file call (the import, ``build_model``, ``example_inputs``, ``train_data`` and its
+first batch, the check forward) may take by default; ``--load-timeout`` / :func:`load_timeout` change it."""
+MAX_LOAD_TIMEOUT_S = 7 * 24 * 3600.0  # a week; 0 means no limit
+LOAD_TIMEOUT_ENV = "AUTOPIPE_LOAD_TIMEOUT"  # the launcher's limit, for its ranks (seconds; 0: none)
+_LIMIT: ContextVar[float | None] = ContextVar("autopipe_load_timeout", default=DEFAULT_LOAD_TIMEOUT_S)
 
 _MAX_MESSAGE = 300  # characters of the user's message kept in a one-line error
 
@@ -59,9 +99,29 @@ def user_location(tb: TracebackType | None, path: Path) -> str | None:
     return None
 
 
+def _text(exc: BaseException) -> str:
+    """``str(exc)``, or a note saying why there is none: a user's ``__str__`` may raise or return a non-str."""
+    try:
+        text = str(exc)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        return f"<its message cannot be shown: str() raised {type(e).__name__}>"
+    return text
+
+
+def _repr(value: object) -> str:
+    try:
+        return repr(value)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        return f"<a {type(value).__name__} whose repr() raised {type(e).__name__}>"
+
+
 def first_line(exc: BaseException) -> str:
     """The first non-empty line of ``exc``'s message, shortened to stay readable."""
-    for line in str(exc).splitlines():
+    for line in _text(exc).splitlines():
         line = line.strip()
         if line:
             return line if len(line) <= _MAX_MESSAGE else line[: _MAX_MESSAGE - 1] + "…"
@@ -80,5 +140,157 @@ def exit_summary(exc: SystemExit, path: Path) -> str:
     """``"called sys.exit(5) (models/x.py:12)"``: user code that tried to end the process, which
     autopipe refuses (an exit from a model file would end autopipe silently with its code)."""
     where = user_location(exc.__traceback__, path)
-    text = f"called sys.exit({exc.code!r})" if exc.code is not None else "called sys.exit()"
+    text = f"called sys.exit({_repr(exc.code)})" if exc.code is not None else "called sys.exit()"
     return f"{text} ({where})" if where else text
+
+
+# ----------------------------------------------------------------------------- the guard
+
+
+def check_load_timeout(value: object, name: str = "load_timeout") -> float | None:
+    """``value`` as seconds (None or 0: no limit); InputError naming it as ``name`` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{name} must be a number of seconds (0: no limit), not a {type(value).__name__}")
+    if not math.isfinite(value) or not 0 <= value <= MAX_LOAD_TIMEOUT_S:
+        raise InputError(f"{name} must be from 0 (no limit) to {MAX_LOAD_TIMEOUT_S:g} seconds (got {value!r})")
+    return float(value) or None
+
+
+@contextmanager
+def load_timeout(seconds: float | None, name: str = "seconds") -> Iterator[None]:
+    """Within the block, each model-file call may run ``seconds`` (None or 0: no limit); the
+    default is :data:`DEFAULT_LOAD_TIMEOUT_S`. The CLI's ``--load-timeout`` sets it so (``name``:
+    how a bad value is named)."""
+    token = _LIMIT.set(check_load_timeout(seconds, name))
+    try:
+        yield
+    finally:
+        _LIMIT.reset(token)
+
+
+def current_load_timeout() -> float | None:
+    """The limit in force here (None: no limit), as ``autopipe run`` hands it to its ranks."""
+    return _LIMIT.get()
+
+
+def env_load_timeout(text: str | None) -> float | None:
+    """The limit a rank was given in :data:`LOAD_TIMEOUT_ENV` (the default when unset or unreadable)."""
+    try:
+        return check_load_timeout(float(text)) if text is not None else DEFAULT_LOAD_TIMEOUT_S
+    except (ValueError, InputError):
+        return DEFAULT_LOAD_TIMEOUT_S
+
+
+class _Expired(BaseException):
+    """The model-file time limit of the innermost timed guard ran out (raised by SIGALRM)."""
+
+
+class _Interrupted:
+    """Whether SIGINT arrived while user code ran (the user's Ctrl-C), as opposed to the code
+    raising ``KeyboardInterrupt`` itself."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+
+_Handler = Callable[[int, FrameType | None], Any] | int | None
+
+
+@contextmanager
+def _alarm(limit: float | None) -> Iterator[None]:
+    """SIGALRM after ``limit`` seconds raises :class:`_Expired` (main thread only; an outer timer,
+    a caller's included, gets its handler and its remaining time back, less the time spent)."""
+    if limit is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: FrameType | None) -> None:
+        raise _Expired()
+
+    previous: _Handler = signal.signal(signal.SIGALRM, expire)
+    started = time.monotonic()
+    outer, interval = signal.setitimer(signal.ITIMER_REAL, limit)
+    if outer and outer < limit:  # an outer timer ends first: keep its deadline
+        signal.setitimer(signal.ITIMER_REAL, outer)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 1e-3), interval)
+
+
+@contextmanager
+def _sigint_watch() -> Iterator[_Interrupted]:
+    current = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if isinstance(current, _Interrupted):  # an outer guard watches already
+        yield current
+        return
+    seen = _Interrupted()
+    installed = (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    )
+    if installed:
+        signal.signal(signal.SIGINT, seen)
+    else:
+        seen.seen = True  # the interrupt cannot be told apart here: take it for the user's
+    try:
+        yield seen
+    finally:
+        if installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@contextmanager
+def guarded(
+    what: str,
+    path: Path,
+    *,
+    raised: Callable[[str], str] | None = None,
+    exited: Callable[[str], str] | None = None,
+    timed: bool = True,
+) -> Iterator[None]:
+    """Run the block (a call into user code, ``what`` naming it: ``build_model``,
+    ``example_inputs(8)``) so that whatever it raises becomes one ModelLoadError line.
+
+    ``raised`` and ``exited`` word the line for an exception and for ``sys.exit`` from its summary
+    (default: ``"{what} raised {summary}"``, ``"{what} in {path} {summary}; return or raise instead
+    of exiting"``). An autopipe error passes unchanged; a real Ctrl-C stays
+    a ``KeyboardInterrupt``. ``timed``: the block gets the model-file time limit (tracing and
+    profiling, whose time grows with the model, are guarded untimed).
+    """
+    limit = _LIMIT.get() if timed else None
+    if raised is None:
+        raised = lambda summary: f"{what} raised {summary}"  # noqa: E731
+    if exited is None:
+        exited = lambda summary: f"{what} in {path} {summary}; return or raise instead of exiting"  # noqa: E731
+    try:
+        with _sigint_watch() as interrupt, _alarm(limit):
+            yield
+    except AutopipeError:
+        raise
+    except _Expired:
+        if limit is None:  # an outer guard's limit, inside this untimed block: the outer one says it
+            raise
+        where = what if str(path) in what else f"{what} in {path}"
+        raise ModelLoadError(
+            f"{where} did not finish within {limit:g} s, the time limit for model-file calls; "
+            "if it is only slow, raise the limit (--load-timeout SECONDS, 0 for none; "
+            "autopipe.load_timeout(SECONDS) in Python)"
+        ) from None
+    except SystemExit as e:
+        raise ModelLoadError(exited(exit_summary(e, path))) from e
+    except KeyboardInterrupt as e:
+        if interrupt.seen:
+            raise
+        raise ModelLoadError(raised(exception_summary(e, path))) from e
+    except BaseException as e:
+        raise ModelLoadError(raised(exception_summary(e, path))) from e

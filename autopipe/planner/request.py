@@ -32,7 +32,8 @@ from autopipe.planner.pricing import Decision
 from autopipe.plans import MAX_BATCH_SIZE, MAX_DEVICES, MAX_MICRO_BATCHES
 from autopipe.schedules import ScheduleSpec, schedule_names, schedule_spec, search_order
 from autopipe.schedules.targets import TARGETS, Target, target_spec
-from autopipe.units import format_bytes
+from autopipe.schedules.torch_limits import torch_refusal
+from autopipe.units import check_int, format_bytes
 
 __all__ = [
     "API_WORDS",
@@ -77,7 +78,16 @@ class Choices:
     recompute: Recompute = Recompute.AUTO  # which stages recompute their activations
     target: str = "autopipe"  # the framework that runs the plan: the search keeps to what it runs (TARGETS)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # types here (the API's values); ranges in validate, in the caller's words
+        for name in ("micro_batches", "virtual"):
+            if getattr(self, name) is not None:
+                check_int(getattr(self, name), name)
+        for name in ("schedule", "target"):
+            value = getattr(self, name)
+            if not (isinstance(value, str) or (name == "schedule" and value is None)):
+                raise PlanError(
+                    f"{name} must be a name (a str), like {'1f1b' if name == 'schedule' else 'megatron'}, not {value!r}"
+                )
         if isinstance(self.recompute, str) and self.recompute in Recompute._value2member_map_:
             object.__setattr__(
                 self, "recompute", Recompute(self.recompute)
@@ -92,6 +102,19 @@ class Link:
     bandwidth: float | None = None  # bytes/s, one direction
     latency_s: float | None = None  # seconds per message
     action_overhead_s: float | None = None  # the executor's own time per F, B or W action
+
+    def __post_init__(self) -> None:  # types here; ranges in validate, in the caller's words
+        for name, like in (
+            ("bandwidth", "25e9 for 25 GB/s"),
+            ("latency_s", "20e-6 for 20 us"),
+            ("action_overhead_s", "1e-3 for 1 ms"),
+        ):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                unit = "bytes per second" if name == "bandwidth" else "seconds"
+                raise PlanError(
+                    f"{name} must be a number of {unit}, like {like} (got {value!r}, a {type(value).__name__})"
+                )
 
 
 NO_CHOICES = Choices()  # every decision left to the search
@@ -171,8 +194,11 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
     S, n = req.devices, profile.num_blocks
     ms = [req.micro_batches] if req.micro_batches else divisors(req.batch_size)
     ms = [m for m in ms if _traceable(profile, req.batch_size // m)]
-    allowed = target_spec(req.target).schedules
+    target = target_spec(req.target)
+    allowed = target.schedules if req.recompute == "never" else target.recomputing()
     schedules = [req.schedule] if req.schedule else [s for s in SEARCH_SCHEDULES if s in allowed]
+    on_torch = req.target in ("torch", "torchtitan")  # torchtitan runs torch's schedule classes
+    torch_runs = (lambda name, m, v: torch_refusal(name, S, m, S * v) is None) if on_torch else None
     out = []
     for m in ms:
         for name in schedules:
@@ -184,6 +210,7 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
             for v in vs:
                 if spec.searchable(S, m, v) and S * v <= n:
                     out.append(Decision(name, v, m))
+    out = [d for d in out if torch_runs is None or torch_runs(d.schedule, d.micro_batches, d.virtual)]
     return out
 
 
@@ -278,7 +305,14 @@ def _check_micro_batches(profile: Profile, req: PlanRequest, words: Words) -> No
 
 
 def _check_target(req: PlanRequest, words: Words) -> None:
+    """:func:`check_target`, and a pinned micro-batch count torch's schedule classes take (torch, torchtitan)."""
     check_target(req.choices, words)
+    if req.target in ("torch", "torchtitan") and req.schedule in schedule_names() and req.micro_batches is not None:
+        spec = schedule_spec(req.schedule)
+        vs = [req.virtual] if req.virtual else list(spec.virtual_choices)
+        refusals = [torch_refusal(req.schedule, req.devices, req.micro_batches, req.devices * v) for v in vs]
+        if all(refusals):
+            raise PlanError(f"{words.said('target', req.target)}: {refusals[0]}")
 
 
 def check_target(choices: Choices, words: Words = API_WORDS) -> None:

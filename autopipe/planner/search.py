@@ -157,7 +157,10 @@ def plan_search(
     validated request); InfeasibleError when none fits (none faster than ``incumbent``: another search's
     time to beat). A target that recomputes every stage or none (``Target.uniform_recompute``) searches
     both ways, where the request leaves recomputation to the search."""
-    if request.recompute == "auto" and target_spec(request.target).uniform_recompute:
+    target = target_spec(request.target)
+    if request.recompute == "auto" and target.never_recomputes:
+        return _one_search(profile, replace(request, recompute=Recompute.NEVER), progress, incumbent)
+    if request.recompute == "auto" and target.uniform_recompute:
         return _uniform_search(profile, request, progress, incumbent)
     return _one_search(profile, request, progress, incumbent)
 

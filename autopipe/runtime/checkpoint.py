@@ -27,7 +27,6 @@ RuntimeFailure naming it.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import pickle
 import re
@@ -39,6 +38,7 @@ from typing import IO, Any, Protocol
 
 import torch
 
+from autopipe._io import read_json
 from autopipe.errors import RuntimeFailure
 
 __all__ = [
@@ -57,7 +57,6 @@ __all__ = [
 META = "meta.json"
 FILE_NAME = re.compile(r"(stage|rank)-(0|[1-9][0-9]{0,8})\.pt")  # the files a manifest may list
 FORMAT = 2  # meta.json's "format": 2 has the file list and the optimizer
-_MAX_META_BYTES = 1 << 24  # a manifest of millions of files is not a checkpoint of a plan
 _CHUNK = 1 << 20
 _AGAIN = "save the checkpoint again with --save-checkpoint"
 
@@ -77,24 +76,17 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
     """``meta.json`` of a checkpoint folder, checked: ``fingerprint`` (str), ``step`` and
     ``stages`` (ints), ``optimizer`` (``{"name", "lr", "args"}``) and ``files`` (name ->
     ``{"bytes", "sha256"}``, exactly ``stage-0.pt`` .. ``stage-{stages-1}.pt`` and
-    ``rank-0.pt`` .. ``rank-{R-1}.pt``)."""
+    ``rank-0.pt`` .. ``rank-{R-1}.pt``). Read by the one JSON reader
+    (:func:`autopipe._io.read_json`), never through a symbolic link."""
     path = Path(folder) / META
+    missing = f"no checkpoint in {folder} (no {META}); write one with --save-checkpoint {folder}"
     try:
         info = os.lstat(path)
     except OSError:
-        raise RuntimeFailure(
-            f"no checkpoint in {folder} (no {META}); write one with --save-checkpoint {folder}"
-        ) from None
-    if not stat.S_ISREG(info.st_mode):
-        raise RuntimeFailure(f"{path} is {_kind(info.st_mode)}, not a checkpoint file (not followed); {_AGAIN}")
-    with _open_regular(path) as f:
-        try:
-            data = f.read(_MAX_META_BYTES + 1)
-            if len(data) > _MAX_META_BYTES:
-                raise ValueError(f"larger than {_MAX_META_BYTES >> 20} MiB")
-            meta = json.loads(data)
-        except (OSError, ValueError, RecursionError) as e:  # unreadable, not UTF-8, not JSON, too deep
-            raise RuntimeFailure(f"{path} is not a valid checkpoint file ({_reason(e)}); {_AGAIN}") from None
+        raise RuntimeFailure(missing) from None
+    if stat.S_ISLNK(info.st_mode):
+        raise RuntimeFailure(f"{path} is a symbolic link, not a checkpoint file (not followed); {_AGAIN}")
+    meta = read_json(path, "a valid checkpoint file", RuntimeFailure, _AGAIN, missing=missing)
     problem = _meta_problem(meta)
     if problem:
         raise RuntimeFailure(f"{path} is not a valid checkpoint file ({problem}); {_AGAIN}")

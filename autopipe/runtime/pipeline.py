@@ -55,14 +55,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe.errors import PlanError, RuntimeFailure
+from autopipe.errors import PlanError, PlanFileError, RuntimeFailure
 from autopipe.graph.outputs import output_builder
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
 from autopipe.runtime.actions import action_seconds, plan_schedule, shared_groups
 from autopipe.runtime.comm import Comm, DistComm
 from autopipe.runtime.engine import IterationResult, PipelineEngine
-from autopipe.runtime.microbatch import flat_inputs, split_batch, split_flat
+from autopipe.runtime.microbatch import check_inputs, flat_inputs, input_specs, split_batch, split_flat
 from autopipe.runtime.order import message_order
 from autopipe.runtime.routing import make_routing
 from autopipe.runtime.shapes import value_specs
@@ -70,6 +70,7 @@ from autopipe.stages.agree import agreed_split
 from autopipe.stages.rebuild import rebuild_model, trace_for_plan
 from autopipe.stages.split import Split, StageModule, split_model
 from autopipe.stages.state import Slot, slot_tensor, state_slots
+from autopipe.units import check_kind, check_path
 
 __all__ = ["ENGINES", "CommFactory", "Pipeline", "pipeline"]
 
@@ -100,6 +101,9 @@ def pipeline(
     communicator (threads instead of processes); ``timeout_s``: every send, receive and
     collective.
     """
+    if not isinstance(plan, Plan):
+        check_path(plan, "plan", "a Plan or the path of its JSON", error=PlanFileError)
+    check_kind(model, nn.Module, "model", "the nn.Module the plan was made for (built the same on every rank)")
     return Pipeline(
         plan if isinstance(plan, Plan) else Plan.load(plan),
         model,
@@ -155,6 +159,7 @@ class Pipeline:
             self._init_torch(example_inputs)
         else:
             self._init_autopipe(example_inputs, traced, comm, timeout_s)
+        self._input_specs = input_specs(self._names, example_inputs) if self.needs_inputs else ()
 
     # ------------------------------------------------------------------ building
 
@@ -261,6 +266,8 @@ class Pipeline:
             raise RuntimeFailure(
                 f"rank {self.rank} runs stages that read the model's inputs; pass the batch to step() on this rank"
             )
+        if inputs is not None and self._input_specs:
+            check_inputs(self._input_specs, self._names, inputs, B, f"step {self.steps}'s inputs")
         flat = [_to(v, self.device) for v in flat_inputs(self._names, inputs)] if inputs is not None else None
         if flat is not None:
             _check_leading(

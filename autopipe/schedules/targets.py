@@ -1,9 +1,10 @@
 """The frameworks a plan is made for (``autopipe plan --target``) and what of the search each runs as priced.
 
 Megatron-LM runs 1F1B and interleaved 1F1B (config/megatron.py) with full recomputation on every
-stage or none; torchtitan the schedules torch has a class for (config/torchtitan.py), its
-activation checkpointing one mode for all stages; ``to_torch_pipelining`` (stages/export.py) every
-schedule, those without a class as a schedule CSV; autopipe's executor everything. The planner
+stage or none; torchtitan the schedules torch has a class for, its activation checkpointing one
+mode for all stages, and the others from a schedule CSV with nothing recomputed (config/titan_recipe.py);
+``to_torch_pipelining`` (stages/export.py) every schedule, those without a class as a schedule CSV,
+and no recomputation; autopipe's executor everything. The planner
 keeps its search to a target's (planner/request.py, planner/search.py); a plan records the target
 it was made for (``Plan.target``), and ``autopipe config`` says when a plan made for another target
 holds what the framework does not run (config/retarget.py).
@@ -30,14 +31,22 @@ class Target:
     label: str  # how messages name it: "Megatron-LM"
     schedules: tuple[str, ...]  # the schedules it runs (search order)
     uniform_recompute: bool  # it recomputes every stage or none (one mode for all stages)
+    no_recompute: tuple[str, ...] = ()  # of those, the ones it runs only with nothing recomputed
+    never_recomputes: bool = False  # it applies no recomputation at all
+
+    def recomputing(self) -> tuple[str, ...]:
+        """The schedules it runs with recomputation (none where it never recomputes)."""
+        return () if self.never_recomputes else tuple(s for s in self.schedules if s not in self.no_recompute)
 
     def restricts(self) -> bool:
         """Whether the target searches less than autopipe does."""
-        return self.uniform_recompute or set(self.schedules) != set(schedule_names())
+        return self.uniform_recompute or self.never_recomputes or set(self.schedules) != set(schedule_names())
 
     def runs(self, schedule: str, recompute: Sequence[bool]) -> bool:
         """Whether it runs ``schedule`` with stages recomputed as ``recompute`` says, as priced."""
         uneven = any(recompute) and not all(recompute)
+        if any(recompute) and schedule not in self.recomputing():
+            return False
         return schedule in self.schedules and not (self.uniform_recompute and uneven)
 
     def searched(self) -> str:
@@ -48,18 +57,25 @@ class Target:
             said = self.schedules[0]
         else:
             said = ", ".join(self.schedules[:-1]) + " or " + self.schedules[-1]
+        if self.never_recomputes:
+            return said + ", nothing recomputed"
+        if self.no_recompute:
+            said += f" ({', '.join(self.no_recompute)} with nothing recomputed)"
         return said + (", every stage recomputed or none" if self.uniform_recompute else "")
 
 
 def _targets() -> tuple[Target, ...]:
     every = tuple(s.name for s in search_order())
     megatron = tuple(s.name for s in search_order() if s.torch_class in ("Schedule1F1B", "ScheduleInterleaved1F1B"))
-    titan = tuple(s.name for s in search_order() if s.torch_class)
+    # torchtitan runs what torch has a class for, and the rest from a schedule CSV
+    # (pipeline_parallel_schedule_csv, config/titan_recipe.py), which has no recomputation action
+    csv = tuple(s.name for s in search_order() if not s.torch_class)
     return (
         Target("autopipe", "autopipe's executor", every, False),
         Target("megatron", "Megatron-LM", megatron, True),
-        Target("torchtitan", "torchtitan", titan, True),
-        Target("torch", "torch.distributed.pipelining", every, False),
+        Target("torchtitan", "torchtitan", every, True, no_recompute=csv),
+        # to_torch_pipelining builds torch's stages as traced: no activation checkpointing
+        Target("torch", "torch.distributed.pipelining", every, False, never_recomputes=True),
     )
 
 

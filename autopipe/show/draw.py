@@ -45,6 +45,7 @@ from autopipe.simulate.events import StageCost, Timeline
 __all__ = [
     "COLOURS",
     "IDLE_COLOUR",
+    "MAX_DRAWN_ACTIONS",
     "MAX_PX",
     "PAIR_COLOUR",
     "Canvas",
@@ -53,6 +54,7 @@ __all__ = [
     "plan_frame",
     "second_laps",
     "text_timeline",
+    "too_many_actions",
 ]
 
 COLOURS = {"F": "#59a14f", "B": "#4e79a7", "W": "#b07aa1", RECOMPUTE: "#f28e2b"}  # by kind
@@ -64,6 +66,21 @@ MIN_PX = 3.0  # narrowest drawn action
 _DPI = 100
 _MAX_LABELS = 1500
 _TIMES = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
+MAX_DRAWN_ACTIONS = 400_000
+"""The most actions a timeline is simulated for (a few seconds and a few hundred MB on a laptop core):
+a picture of more would take minutes and gigabytes to show what its numbers already say."""
+
+
+def too_many_actions(plan: Plan) -> str | None:
+    """Why ``plan``'s timeline is not drawn (its actions, at most three per chunk and micro-batch, beyond
+    :data:`MAX_DRAWN_ACTIONS`), or None when it is."""
+    actions = 3 * len(plan.stages) * plan.micro_batches
+    if actions <= MAX_DRAWN_ACTIONS:
+        return None
+    return (
+        f"the plan has up to {actions:,} actions ({len(plan.stages)} chunks x {plan.micro_batches} "
+        f"micro-batches x F, B, W), more than autopipe draws ({MAX_DRAWN_ACTIONS:,})"
+    )
 
 
 def check_times(plan: Plan, source: str = "the plan") -> None:

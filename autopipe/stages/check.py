@@ -16,7 +16,7 @@ from __future__ import annotations
 import shlex
 
 from autopipe.errors import PlanError
-from autopipe.graph.trace import TracedModel
+from autopipe.graph.trace import TracedModel, structure_hash
 from autopipe.plans import Plan
 
 IN_MEMORY = ("", "<model>")  # a recipe's model_file when the model was planned from Python (autopipe.plan(model, ...))
@@ -48,7 +48,20 @@ def check_plan(plan: Plan, traced: TracedModel) -> None:
             "with --tensor-parallel 1"
         )
     want = plan.recipe.fingerprint
-    if want and traced.fingerprint() != want:
+    if not want:  # every plan autopipe writes has one: an emptied one would skip the model's identity
+        raise PlanError(
+            f"the plan has no model fingerprint (recipe.fingerprint is empty), so it cannot be checked "
+            f"against the model; {again}"
+        )
+    if traced.fingerprint() != want:
+        priced = _priced_dtype(plan, traced)
+        if priced is not None:
+            raise PlanError(
+                f"the plan was priced for this model in {plan.precision} ({plan.profile_device}), and here it builds "
+                f"in {priced}: an analytic plan is for the devices it was counted on (train it there: 'autopipe "
+                f"config PLAN --for megatron' or '--for torchtitan'); to run it on this machine, "
+                f"{again.replace('plan again', 'plan it here', 1)}"
+            )
         raise PlanError(
             f"the plan was made for another model (fingerprint {want}, this model traces to "
             f"{traced.fingerprint()}); {again}"
@@ -118,3 +131,19 @@ def _check_nodes(plan: Plan, traced: TracedModel, index: int, again: str) -> Non
             f"a block cut in the middle; {again}"
         )
     raise PlanError(f"stage {index} lists its nodes twice or out of the model's order; {again}")
+
+
+_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32", "tf32": "torch.float32"}
+
+
+def _priced_dtype(plan: Plan, traced: TracedModel) -> str | None:
+    """The dtype ``traced``'s parameters have where the plan's fingerprint is of the same model in the
+    precision it was priced in (an analytic bf16 plan, run in fp32 here); None when more differs."""
+    if plan.precision is None:
+        return None
+    priced = _DTYPES[plan.precision]
+    params = [(n, tuple(p.shape), priced) for n, p in traced.gm.named_parameters(remove_duplicate=False)]
+    if structure_hash(traced.tracer, params, [(b.name, b.nodes) for b in traced.blocks]) != plan.recipe.fingerprint:
+        return None
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in traced.gm.parameters()})
+    return ", ".join(dtypes) or None

@@ -71,11 +71,13 @@ from autopipe.graph.outputs import output_builder
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
 from autopipe.schedules import SPECS, schedule_names, schedule_spec
+from autopipe.schedules.torch_limits import torch_refusal
 from autopipe.stages.agree import agreed_split
 from autopipe.stages.rebuild import trace_for_plan
 from autopipe.stages.schedule_csv import torch_rows
 from autopipe.stages.split import Split, StageModule, split_model
 from autopipe.stages.state import Slot, state_slots
+from autopipe.stages.torch_stage import SplitBackwardStage
 
 __all__ = [
     "SCHEDULE_CLASSES",
@@ -198,11 +200,12 @@ def to_torch_pipelining(
     divided twice, and gradients accumulated over several steps would be divided again.
     Every rank of ``group`` calls it: the ranks agree on their traces first (:func:`agreed_trace`).
     """
-    from torch.distributed import pipelining
-
     if not 0 <= rank < plan.devices:
         raise PlanError(f"rank {rank} is outside the plan's {plan.devices} pipeline ranks; use 0 to {plan.devices - 1}")
     _check_torch_schedule(plan)
+    refusal = torch_refusal(plan.schedule, plan.devices, plan.micro_batches, len(plan.stages))
+    if refusal is not None:
+        raise PlanError(refusal)  # before the ranks trace and talk: every rank raises it alike
     traced, split = agreed_trace(plan, model, example_inputs, rank, group)
     relays = relay_stages(split, {n.name: i for i, n in enumerate(traced.gm.graph.nodes)})
     _tie_info(relays, split, plan, traced.gm)
@@ -217,7 +220,7 @@ def to_torch_pipelining(
             continue
         relay.to(dev)
         stages.append(
-            pipelining.PipelineStage(
+            SplitBackwardStage(
                 relay,
                 relay.index,
                 n,

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from autopipe._io import read_json
 from autopipe.errors import EmitError
 from autopipe.model.usercode import first_line
 from autopipe.stages.emit import FORMAT, FORMAT_VERSION, MANIFEST
@@ -36,15 +37,25 @@ Where = tuple[str, str, list[int] | None, str | None]  # weights file, name in i
 def read_manifest(folder: str | Path) -> dict[str, Any]:
     """The manifest of an emitted folder (EmitError if it is missing, of another format, or
     lacks what merging needs)."""
-    path = Path(folder) / MANIFEST
-    if not path.is_file():
-        raise EmitError(f"{folder} has no {MANIFEST}; give a folder written by 'autopipe emit'")
-    try:
-        manifest: Any = json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise EmitError(f"{path} is not valid JSON ({first_line(e)}); emit the stages again") from None
-    except OSError as e:
-        raise EmitError(f"cannot read {path}: {e.strerror or e}") from None
+    root = Path(folder)
+    path = root / MANIFEST
+    if path.is_symlink():  # the weights are read only from inside the folder: so is the manifest
+        try:
+            inside = path.resolve().is_relative_to(root.resolve())
+        except (OSError, RuntimeError):  # a symlink loop
+            inside = False
+        if not inside:
+            raise EmitError(
+                f"{path} is a symbolic link out of the folder; merge reads only files inside {root}, "
+                "so copy the manifest into it (or give the folder autopipe emit wrote)"
+            )
+    manifest: Any = read_json(
+        path,
+        "a stage manifest",
+        EmitError,
+        "emit the stages again",
+        missing=f"{folder} has no {MANIFEST}; give a folder written by 'autopipe emit'",
+    )
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise EmitError(f"{path} is not an autopipe stage manifest; give a folder written by 'autopipe emit'")
     version = manifest.get("version")

@@ -104,6 +104,6 @@ def schedule_csv(plan: Plan) -> str:
 
 def write_schedule_csv(plan: Plan, path: str | Path, what: str = "--schedule-csv") -> Path:
     """Write :func:`schedule_csv` to ``path`` atomically; ``what`` names the path in errors."""
-    target = check_output_file(path, what)
+    target = check_output_file(path, what, example=f"{plan.schedule}.csv")
     atomic_write_text(target, schedule_csv(plan))
     return target

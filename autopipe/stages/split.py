@@ -119,7 +119,9 @@ def _local_sizes(seg: Segment, by_name: dict[str, torch.fx.Node], index: int) ->
     wanted = [name for name in seg.inputs if _is_size(by_name[name])]
     if not wanted:
         return seg
-    placeholders = {n.name: n for n in g.nodes if n.op == "placeholder"}
+    # extract made one placeholder per input, in the inputs' order; its name can differ from the
+    # value's where the graph already had that name (DeBERTa-v2: a value named like a module path)
+    placeholders = dict(zip(seg.inputs, [n for n in g.nodes if n.op == "placeholder"], strict=True))
     tensors = [
         (placeholders[n], by_name[n].meta["val"])
         for n in seg.inputs

@@ -63,7 +63,7 @@ def test_cli_errors_and_calibrate(tmp_path: Path, capsys: pytest.CaptureFixture[
         == 0
     )
     capsys.readouterr()
-    assert main(["calibrate", str(prof), "-o", str(tmp_path / "cal.json")]) == 0
+    assert main(["calibrate", str(prof), "--model", GPT, "-o", str(tmp_path / "cal.json")]) == 0
     assert "compute efficiency" in capsys.readouterr().out
     assert (
         main(

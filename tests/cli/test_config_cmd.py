@@ -49,7 +49,7 @@ def test_output_file_is_what_it_prints(tmp_path: Path, capsys: pytest.CaptureFix
         (
             ["config", MLP_PLAN, "--for", "deepspeed"],
             "--for 'deepspeed' is not a framework autopipe writes for; "
-            "use --for megatron, --for torchtitan or --for torchtitan-0.2",
+            "use --for megatron, --for torchtitan, --for torchtitan-main or --for torchtitan-0.2",
         ),
         (["config", MLP_PLAN], "the following arguments are required: --for"),
         (["config", MLP_PLAN, "--for", "megatron", "-o", "{tmp}/no/such/x.txt"], "folder {tmp}/no/such does not exist"),

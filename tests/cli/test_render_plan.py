@@ -119,3 +119,27 @@ def test_plan_strings_are_printed_as_text_never_as_markup_or_terminal_codes(
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out
     assert "x[/]\\x1b]0;pwned\\x07[bold]y.py:build_model" in out and "lay[/]ers\\x1b[31m.0" in out
+
+
+def test_a_timeline_too_big_to_draw_is_not_simulated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """8 devices x 20,000 micro-batches (within the plan reader's caps): show prints the plan and one
+    line instead of simulating 480,000 actions; --timeline is refused before any work."""
+    from tests.helpers import even_plan
+
+    raw = json.loads(even_plan("mlp.py", stages=2).to_json())
+    stages = [{**raw["stages"][0], "index": i, "rank": i, "blocks": [f"b{i}"], "block_indices": [i]} for i in range(8)]
+    raw.update(stages=stages, devices=8, micro_batches=20_000, batch_size=20_000, peak_memory_bytes=[0.0] * 8)
+    raw["micro_batch_size"] = 1
+    (tmp_path / "plan.json").write_text(json.dumps(raw))
+    reason = (
+        "the plan has up to 480,000 actions (8 chunks x 20000 micro-batches x F, B, W), "
+        "more than autopipe draws (400,000)"
+    )
+    assert main(["show", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    assert " ".join(out.split()).endswith(f"no timeline: {reason}")
+    assert main(["show", str(tmp_path / "plan.json"), "--timeline", str(tmp_path / "t.png")]) == 2
+    assert capsys.readouterr().err == (
+        f"autopipe: error: --timeline {tmp_path / 't.png'}: {reason}; show the plan without --timeline\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]

@@ -687,3 +687,15 @@ def test_a_model_without_token_inputs_gets_no_sequence_length() -> None:
     assert not any(line.startswith(("--seq-length", "--hidden-size")) for line in _arguments(text))
     assert "# not read from the model: --hidden-size; --num-attention-heads;" in text
     assert "--seq-length; --max-position-embeddings;" in text
+
+
+def test_strings_from_the_plan_stay_inside_their_comment_line(gpt_plans: dict[str, Path]) -> None:
+    """A newline in the plan's model name must not become an argument line through the README's
+    ``grep -v '^#' | xargs`` (it would add ``--save``), nor a control character reach the file."""
+    plan = dataclasses.replace(Plan.load(gpt_plans["uneven"]), model="x.py\n--save /tmp/pwned\x1b[2J")
+    text = megatron_args(plan)
+    assert not [a for a in _arguments(text) if a.startswith("--save")] and "\x1b" not in text
+    assert text.splitlines()[0].startswith(
+        "# Megatron-LM arguments for x.py\\n--save /tmp/pwned\\x1b[2J (autopipe plan"
+    )
+    assert all(line.startswith(("#", "--")) for line in text.splitlines())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from autopipe.config import torchtitan_recipe, torchtitan_toml
 from autopipe.config.megatron import megatron_args
-from autopipe.config.torchtitan import torchtitan_recipe, torchtitan_toml
 from autopipe.plans import Plan
 from tests.config.test_torchtitan import _gpt_like
 
@@ -37,16 +37,21 @@ def test_a_v_half_free_plan_says_what_to_plan_for_each_framework() -> None:
     assert lines.index(_lines(text, "# Megatron has no v-half schedule: it runs interleaved 1F1B")[0]) < lines.index(
         _lines(text)[0]
     )  # what Megatron runs instead, said once, above
-    for titan in (torchtitan_recipe(v_half), torchtitan_toml(v_half)):
+    for titan in (torchtitan_recipe(v_half), torchtitan_toml(v_half)):  # torchtitan runs it from a CSV
+        assert _lines(titan) == []
+        assert "# torch has no v-half schedule class: torchtitan runs the plan's exact order from " in titan
+    recomputed = dataclasses.replace(
+        v_half, stages=tuple(dataclasses.replace(s, recompute=True) for s in v_half.stages)
+    )
+    for titan in (torchtitan_recipe(recomputed), torchtitan_toml(recomputed)):  # which cannot say recomputation
         (line,) = _lines(titan)
         assert (
             line.startswith(
-                "# the plan was made with --target autopipe: torchtitan does not run its v-half schedule as priced "
-                "(what it runs instead: above); "
+                "# the plan was made with --target autopipe: torchtitan does not run its v-half schedule with "
+                "recomputation as priced (what it runs instead: above); "
             )
             and _TITAN in line
-        )
-        assert "# torch has no v-half schedule; torchtitan runs ZBVZeroBubble with these stages" in titan
+        ), line
 
 
 def test_recomputation_on_some_stages_only_is_said_and_a_runnable_plan_gets_no_line() -> None:

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from autopipe.config.megatron import megatron_args
-from autopipe.config.torchtitan import TORCH_SCHEDULES, torchtitan_recipe, torchtitan_schedule, torchtitan_toml
+from autopipe.config.titan_recipe import torchtitan_recipe
+from autopipe.config.torchtitan import TORCH_SCHEDULES, torchtitan_schedule, torchtitan_toml
 from autopipe.plans import Plan
 from autopipe.schedules.registry import schedule_names, schedule_spec
 
@@ -45,9 +46,12 @@ def test_every_schedule_has_a_name_torch_and_torchtitan_know(monkeypatch: pytest
     import autopipe.config.torchtitan as titan
 
     monkeypatch.setattr(titan, "torchtitan_schedule", lambda name: "NoSuchSchedule")  # a schedule torch lacks
-    text = torchtitan_toml(Plan.load(MLP_PLAN))
-    assert tomllib.loads(text)["parallelism"]["pipeline_parallel_schedule"] == "1F1B"
-    assert "# torch has no 1f1b schedule (NoSuchSchedule); torchtitan runs 1F1B with these stages" in text
+    text = torchtitan_toml(Plan.load(MLP_PLAN), plan_file="runs/p.json")
+    parallelism = tomllib.loads(text)["parallelism"]
+    assert parallelism["pipeline_parallel_schedule"] == "1F1B"  # placement only: the CSV runs
+    assert parallelism["pipeline_parallel_schedule_csv"] == "runs/p.schedule.csv"
+    assert "# torch has no 1f1b schedule class: torchtitan runs the plan's exact order from " in text
+    assert "\n# write the CSV first: autopipe emit runs/p.json --schedule-csv runs/p.schedule.csv\n" in text
 
 
 def test_a_plan_file_as_toml_parses_back_with_the_plans_numbers() -> None:
@@ -274,10 +278,30 @@ def test_merged_blocks_are_expanded_or_said() -> None:
 def test_v_shapes_dualpipe_v_and_the_head_spread() -> None:
     split = (("wte", "blocks.0"), ("blocks.1",), ("blocks.2", "blocks.3", "ln_f"), ("lm_head",))
     v_min = _gpt_like(split=split, schedule="v-min", virtual=2)
-    for text in (torchtitan_toml(v_min), torchtitan_recipe(v_min)):
+    for text in (torchtitan_toml(v_min, plan_file="vmin.json"), torchtitan_recipe(v_min, plan_file="vmin.json")):
         assert "the frameworks put it all" not in text  # torchtitan places ln_f and lm_head by name
-        assert "# torch has no v-min schedule; torchtitan runs ZBVZeroBubble with these stages\n" in text
-        assert "schedule ()" not in text
+        assert (
+            "# torch has no v-min schedule class: torchtitan runs the plan's exact order from "
+            "pipeline_parallel_schedule_csv (vmin.schedule.csv); pipeline_parallel_schedule = ZBVZeroBubble "
+            "only places the stages (in a V)\n" in text
+        )
+        assert "# write the CSV first: autopipe emit vmin.json --schedule-csv vmin.schedule.csv\n" in text
+        assert "schedule ()" not in text and "torchtitan places" not in text  # the plan's V is torchtitan's
+    assert tomllib.loads(torchtitan_toml(v_min))["parallelism"]["pipeline_parallel_schedule_csv"] == "plan.schedule.csv"
+    recomputed = dataclasses.replace(v_min, stages=tuple(dataclasses.replace(s, recompute=True) for s in v_min.stages))
+    text = torchtitan_toml(recomputed)  # the CSV cannot say recomputation: torchtitan's own class runs instead
+    assert "pipeline_parallel_schedule_csv" not in text
+    assert (
+        "# torch has no v-min schedule class and autopipe writes no schedule CSV for this plan (stage(s) 0-3 "
+        "recompute, and torch's schedule CSV has no recomputation action): torchtitan runs ZBVZeroBubble "
+        "with these stages\n" in text
+    )
+    from autopipe.errors import PlanError
+    from autopipe.stages.schedule_csv import schedule_csv
+
+    with pytest.raises(PlanError, match="recompute"):  # the same refusal as autopipe emit's
+        schedule_csv(recomputed)
+    schedule_csv(v_min)
     assert "the frameworks put it all on the last stage" in megatron_args(v_min)  # Megatron does
     dual = _gpt_like(split=split, schedule="dualpipe-v", virtual=2)
     par = tomllib.loads(torchtitan_toml(dual))["parallelism"]
@@ -395,7 +419,7 @@ def test_torchtitan_0_3_0_places_and_splits_as_the_plan(tmp_path: Path, monkeypa
         schedule = next(
             line.split('"')[1]
             for line in torchtitan_recipe(plan).splitlines()
-            if "pipeline_parallel_schedule =" in line
+            if line.startswith("    config.parallelism.pipeline_parallel_schedule =")
         )
         for rank in range(plan.devices):
             placed = tt_pp._get_pp_rank_to_stage_indices_mapping(rank, plan.devices, schedule, len(plan.stages))
@@ -410,3 +434,40 @@ def test_torchtitan_0_3_0_places_and_splits_as_the_plan(tmp_path: Path, monkeypa
             covered |= set(names)
             layers += len(part.blocks)
         assert layers == 4 and covered == {"wte", "wpe", "blocks", "ln_f", "lm_head"}, name  # the parts cover the model
+
+
+def _config_lines(text: str) -> set[str]:
+    return {line for line in text.splitlines() if line.startswith("    config.")}
+
+
+def test_the_main_recipe_counts_tokens_and_names_the_commit_it_was_checked_at(tmp_path: Path) -> None:
+    from autopipe.cli.main import main
+
+    from autopipe.config.titan_recipe import TORCHTITAN_MAIN_COMMIT
+    from autopipe.errors import ConfigError
+
+    plan = _gpt_like(data=2)  # 4 micro-batches of 2, 2 replicas
+    text = torchtitan_recipe(plan, version="main")
+    assert text.startswith(
+        f"# torchtitan main recipe (Trainer.Config, commit {TORCHTITAN_MAIN_COMMIT[:12]} of 2026-08-21)"
+    )
+    assert "    config.training.num_tokens_per_microbatch_per_dp_rank = 2 * seq\n" in text
+    assert "    config.training.num_tokens_per_train_step = 16 * seq\n" in text  # 4 x 2 samples x 2 replicas
+    assert "    config.parallelism.num_pp_microbatches = 4\n" in text
+    for gone in ("local_batch_size", "global_batch_size", "pipeline_parallel_microbatch_size", "seq_len"):
+        assert gone not in text, gone  # #4121 renamed them
+    assert _config_lines(text) - _config_lines(torchtitan_recipe(plan)) == {  # all else is 0.3.0's, line for line
+        "    config.training.num_tokens_per_microbatch_per_dp_rank = 2 * seq",
+        "    config.training.num_tokens_per_train_step = 16 * seq",
+        "    config.parallelism.num_pp_microbatches = 4",
+    }
+    whole = (("wte", "wpe", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "ln_f", "lm_head"),)
+    alone = torchtitan_recipe(_gpt_like(split=whole, micro_batches=2, micro_batch_size=16), version="main")
+    assert "num_tokens_per_microbatch_per_dp_rank = 16 * seq\n" in alone and "num_pp_microbatches = 1\n" in alone
+    assert "(num_tokens_per_train_step / num_tokens_per_microbatch_per_dp_rank / replicas)" in alone
+    with pytest.raises(ConfigError, match=r"torchtitan version '0\.4' has no recipe form in autopipe"):
+        torchtitan_recipe(plan, version="0.4")
+    out = tmp_path / "titan_main.py"
+    assert main(["config", str(MLP_PLAN), "--for", "torchtitan-main", "-o", str(out)]) == 0
+    want = torchtitan_recipe(Plan.load(MLP_PLAN), version="main", module="titan_main", plan_file=str(MLP_PLAN))
+    assert out.read_text() == want

@@ -84,7 +84,7 @@ def test_analytic_and_measured_profiles_agree_after_calibration(tmp_path: Path) 
         ),
     )
     synthetic.save(tmp_path / "profile.json")
-    cal = calibrate(Profile.load(tmp_path / "profile.json"))
+    cal = calibrate(Profile.load(tmp_path / "profile.json"), model=GPT)
     assert cal.max_error < 1e-9 and cal.observations == 2 * 2 * len([b for b in truth.blocks if b.forward_s(4) > 0])
     assert (cal.spec.compute_efficiency, cal.spec.op_overhead_s) == (known.compute_efficiency, known.op_overhead_s)
     save_calibration(cal)

@@ -40,13 +40,11 @@ def test_profile_file_errors(tmp_path: Path) -> None:
         Profile.load(bad)
     with pytest.raises(
         ProfileError,
-        match=f"^{tmp_path} is a directory, not a profile; give the profile JSON written by 'autopipe profile'$",
+        match=f"^{tmp_path} is a directory, not a profile; give a profile written by 'autopipe profile'$",
     ):
         Profile.load(tmp_path)
     bad.write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe binary")
-    with pytest.raises(
-        ProfileError, match=f"^{bad} is not a profile \\(binary, not UTF-8 JSON\\); give the profile JSON"
-    ):
+    with pytest.raises(ProfileError, match=f"^{bad} is not a profile \\(not UTF-8 text\\); give a profile written by"):
         Profile.load(bad)
 
 

@@ -41,7 +41,7 @@ def test_targets_run_what_their_frameworks_run() -> None:
 
     assert TARGETS[0] == "autopipe" and not target_spec("autopipe").restricts()
     assert target_spec("megatron").schedules == ("1f1b", "interleaved-1f1b")
-    assert set(target_spec("torchtitan").schedules) == {
+    assert set(target_spec("torchtitan").recomputing()) == {  # torch's classes; the rest from a CSV
         "gpipe",
         "1f1b",
         "interleaved-1f1b",
@@ -49,7 +49,9 @@ def test_targets_run_what_their_frameworks_run() -> None:
         "zb-v",
         "dualpipe-v",
     }
-    assert set(target_spec("torch").schedules) == set(schedule_names())
+    assert set(target_spec("torchtitan").schedules) == set(schedule_names())
+    assert set(target_spec("torchtitan").no_recompute) == {"v-half", "v-min", "zb-h2"}
+    assert set(target_spec("torch").schedules) == set(schedule_names()) and target_spec("torch").never_recomputes
     assert target_spec("megatron").uniform_recompute and target_spec("torchtitan").uniform_recompute
     assert not target_spec("torch").uniform_recompute
 

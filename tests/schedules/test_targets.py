@@ -16,15 +16,19 @@ def test_each_target_runs_its_schedules_and_recomputation() -> None:
     assert not megatron.runs("1f1b", [True, False])  # one recomputation mode for every stage
     assert not megatron.runs("v-half", [False] * 4) and not megatron.runs("zb-v", [False] * 4)
     assert titan.runs("zb-v", [True] * 4) and titan.runs("dualpipe-v", [False] * 4)
-    assert not titan.runs("v-half", [False] * 4) and not titan.runs("zb-h2", [False] * 2)
-    assert all(torch.runs(name, [True, False]) for name in schedule_names())
+    assert titan.runs("v-half", [False] * 4) and titan.runs("zb-h2", [False] * 2)  # from a schedule CSV
+    assert not titan.runs("v-half", [True] * 4) and not titan.runs("zb-h2", [True] * 2)  # which cannot recompute
+    assert all(torch.runs(name, [False, False]) for name in schedule_names())
+    assert not any(torch.runs(name, [True, True]) for name in schedule_names())  # torch's stages, as traced
     assert all(target_spec("autopipe").runs(name, [False, True]) for name in schedule_names())
 
 
 def test_what_each_target_searches_is_said_in_one_phrase() -> None:
     assert target_spec("megatron").searched() == "1f1b or interleaved-1f1b, every stage recomputed or none"
-    assert target_spec("torch").searched() == "any schedule" and not target_spec("torch").restricts()
-    assert target_spec("torchtitan").searched().endswith(", every stage recomputed or none")
+    assert target_spec("torch").searched() == "any schedule, nothing recomputed" and target_spec("torch").restricts()
+    assert target_spec("torchtitan").searched() == (
+        "any schedule (v-half, v-min, zb-h2 with nothing recomputed), every stage recomputed or none"
+    )
     assert target_spec("torchtitan").restricts() and target_spec("megatron").restricts()
 
 

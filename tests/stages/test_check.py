@@ -124,6 +124,13 @@ def test_the_good_plan_passes_and_another_models_plan_does_not() -> None:
     other = dataclasses.replace(plan, recipe=dataclasses.replace(plan.recipe, fingerprint="0123456789abcdef"))
     with pytest.raises(PlanError, match=r"made for another model \(fingerprint 0123456789abcdef, this model traces to"):
         check_plan(other, traced)
+    emptied = dataclasses.replace(plan, recipe=dataclasses.replace(plan.recipe, fingerprint=""))
+    with pytest.raises(PlanError) as info:  # no identity to check is not a pass
+        check_plan(emptied, traced)
+    assert str(info.value) == (
+        "the plan has no model fingerprint (recipe.fingerprint is empty), so it cannot be checked against the "
+        f"model; plan again with 'autopipe plan {MLP} -k depth=3'"
+    )
 
 
 def test_the_hint_stays_on_one_line() -> None:
@@ -170,3 +177,22 @@ def test_a_tensor_parallel_plan_is_handed_to_megatron_not_run() -> None:
     assert message.startswith("the plan splits each layer over 2 tensor-parallel devices")
     assert "autopipe config PLAN --for megatron" in message
     assert message.endswith("--tensor-parallel 1")
+
+
+def test_an_analytic_plan_run_in_another_dtype_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An H100 bf16 plan run on this machine's fp32 model: the same model in another precision,
+    not 'another model'."""
+    assert main(["plan", "models/mlp.py", "--device", "h100", "--stages", "2", "-o", str(tmp_path / "p.json")]) == 0
+    capsys.readouterr()
+    plan = Plan.load(tmp_path / "p.json")
+    assert plan.precision == "bf16" and even_plan(MLP).precision is None
+    with pytest.raises(PlanError) as info:
+        rebuild(plan)
+    assert str(info.value) == (
+        f"the plan was priced for this model in bf16 ({plan.profile_device}), and here it builds in float32: an "
+        "analytic plan is for the devices it was counted on (train it there: 'autopipe config PLAN --for megatron' "
+        "or '--for torchtitan'); to run it on this machine, plan it here with 'autopipe plan models/mlp.py'"
+    )
+    other = dataclasses.replace(plan, recipe=dataclasses.replace(plan.recipe, fingerprint="0123456789abcdef"))
+    with pytest.raises(PlanError, match="made for another model"):
+        rebuild(other)

@@ -52,6 +52,7 @@ def test_docstring_literal_round_trips(text: str) -> None:
 
 @pytest.mark.slow
 def test_plan_strings_never_run_when_stages_import(tmp_path: Path) -> None:
+    # docs/security.md: "Strings from a plan (the model name, block names) enter emitted source escaped"
     marker = tmp_path / "ran.txt"
     payload = "mlp " + " | ".join(p.replace("MARKER", repr(str(marker))) for p in PAYLOADS)
     plan = even_plan("mlp.py")

@@ -16,16 +16,31 @@ global RNG gets a new batch each step, one with its own fixed generator the same
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from autopipe.errors import ModelLoadError
 from autopipe.model.load import LoadedModel
+from autopipe.model.usercode import guarded
 
 __all__ = ["Batch", "BatchSource"]
 
 Batch = tuple[Any, Any]  # inputs as the model takes them, and targets (None without targets)
+
+
+_END = object()  # the iterator is exhausted
+
+
+def _next(it: Iterator[Any], what: str, path: Path) -> Any:
+    """``next(it)`` (user code: a generator, a DataLoader) under the guard and its time limit, so a
+    first batch that never comes is one line; ``_END`` when it is exhausted."""
+    with guarded(what, path):
+        try:
+            return next(it)
+        except StopIteration:
+            return _END
 
 
 class BatchSource:
@@ -64,7 +79,9 @@ class BatchSource:
     def _start(self) -> None:
         make = self.loaded.make_train_data
         assert make is not None
-        self._it = iter(make(self.batch_size))
+        data = make(self.batch_size)
+        with guarded(f"train_data({self.batch_size})", self.loaded.spec.path):
+            self._it = iter(data)
         self._in_epoch = 0
         self._state = torch.get_rng_state()
 
@@ -72,14 +89,13 @@ class BatchSource:
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(self._state)
             assert self._it is not None
-            try:
-                item = next(self._it)
-            except StopIteration:
+            item = _next(self._it, f"batch {self._next_step} of train_data()", self.loaded.spec.path)
+            if item is _END:
                 if self._in_epoch == 0:
                     raise ModelLoadError(
                         f"train_data({self.batch_size}) in {self.loaded.spec.path} yielded no batches; "
                         "yield at least one (inputs, targets) pair"
-                    ) from None
+                    )
                 if self._next_step == self._in_epoch:
                     self.note(f"train_data() ended after {self._in_epoch} batches; starting it again (cycling)")
                 self._start()

@@ -31,12 +31,17 @@ their ``--save-checkpoint`` left (:func:`autopipe.runtime.commit.clean_leftovers
 When the launcher dies without cleaning up (SIGKILL), its ranks die with it: a launched rank
 asks Linux for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``) and, on every platform,
 watches its standard input, a pipe only the launcher holds, and exits when it closes
-(:mod:`autopipe.runtime.run.rank`; never under torchrun).
+(:mod:`autopipe.runtime.run.rank`; never under torchrun). What the ranks started, and the run's
+temporary folders, go with them: at the end of every run the launcher kills each rank's whole
+process group (finished ranks' included), and a small reaper process of its own session
+(:mod:`autopipe.runtime.run.reaper`) does the same, and removes the folders, when the launcher dies
+before it could (SIGKILL, or SIGTERM's default action).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -53,9 +58,12 @@ from types import FrameType
 from typing import Any
 
 from autopipe.errors import RuntimeFailure
+from autopipe.model.usercode import LOAD_TIMEOUT_ENV, current_load_timeout
 from autopipe.plans import Plan
 from autopipe.runtime.run.options import LAUNCHER_ENV, RunOptions, check_launch, worker_arguments
 from autopipe.runtime.run.records import RunResult, rank_from_dict
+
+_log = logging.getLogger("autopipe")
 
 __all__ = ["free_port", "launch", "worker_arguments"]
 
@@ -83,6 +91,12 @@ def launch(plan: Plan | str | Path, options: RunOptions) -> RunResult:
             plan = Plan.load(plan_path)
         world = plan.devices
         check_launch(options, plan)
+        if plan.data_parallel > 1:
+            _log.warning(
+                f"the plan has {plan.data_parallel} data-parallel replicas; this run trains one of them "
+                f"({world} ranks, batch {plan.batch_size}) and no gradient all-reduce between replicas "
+                "(the whole layout: autopipe config PLAN --for megatron or --for torchtitan)"
+            )
         port = free_port()
         cmd = [
             sys.executable,
@@ -93,7 +107,8 @@ def launch(plan: Plan | str | Path, options: RunOptions) -> RunResult:
             tmp,
         ]
         procs: list[subprocess.Popen[bytes]] = []
-        with _Stopper(procs, lambda: _clean(options)) as stopper:
+        reaper = _start_reaper([tmp, *_progress_folder(options)])
+        with _Stopper(procs, reaper, lambda: _clean(options)) as stopper:
             for rank in range(world):
                 env = {
                     **os.environ,
@@ -105,6 +120,7 @@ def launch(plan: Plan | str | Path, options: RunOptions) -> RunResult:
                     "MASTER_PORT": str(port),
                     "OMP_NUM_THREADS": str(options.threads),
                     LAUNCHER_ENV: str(os.getpid()),
+                    LOAD_TIMEOUT_ENV: str(current_load_timeout() or 0),  # the ranks load the model file too
                 }
                 with open(Path(tmp) / f"log-{rank}.txt", "wb") as log, stopper.holding():
                     # stdin: a pipe only this process holds; the rank exits when it closes.
@@ -118,9 +134,54 @@ def launch(plan: Plan | str | Path, options: RunOptions) -> RunResult:
                             start_new_session=True,
                         )
                     )
+                    _tell(reaper, f"{procs[-1].pid}\n")
             _watch(procs, Path(tmp), options.timeout_s + _LATE_S)
         ranks = [json.loads((Path(tmp) / f"rank-{r}.json").read_text()) for r in range(world)]
     return RunResult(tuple(rank_from_dict(r) for r in ranks))
+
+
+_REAPER = Path(__file__).with_name("reaper.py")
+
+
+def _progress_folder(options: RunOptions) -> list[str]:
+    """The folder ``autopipe run`` made for the progress file (``autopipe-progress-*``), if that is where it is."""
+    if options.progress_file is None:
+        return []
+    folder = Path(options.progress_file).parent
+    return [str(folder)] if folder.name.startswith("autopipe-progress-") else []
+
+
+def _start_reaper(folders: list[str]) -> subprocess.Popen[bytes] | None:
+    """:mod:`autopipe.runtime.run.reaper` for this run's ``folders`` (None if it cannot start: the run
+    goes on, only a SIGKILL of the launcher would then leave them)."""
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-I", str(_REAPER), *folders],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError:
+        return None
+
+
+def _tell(reaper: subprocess.Popen[bytes] | None, line: str) -> None:
+    if reaper is not None and reaper.stdin is not None:
+        try:
+            reaper.stdin.write(line.encode())
+            reaper.stdin.flush()
+        except OSError:  # it died: nothing to tell
+            pass
+
+
+def _close(reaper: subprocess.Popen[bytes]) -> None:
+    try:
+        if reaper.stdin is not None:
+            reaper.stdin.close()
+        reaper.wait(timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        reaper.kill()
 
 
 class _Signalled(BaseException):
@@ -138,8 +199,14 @@ class _Stopper:
     block's duration, from the main thread). ``holding()`` defers a signal to the end of a
     step that must not be cut in two (starting a rank and recording it)."""
 
-    def __init__(self, procs: list[subprocess.Popen[bytes]], cleanup: Callable[[], object] = lambda: None) -> None:
+    def __init__(
+        self,
+        procs: list[subprocess.Popen[bytes]],
+        reaper: subprocess.Popen[bytes] | None = None,
+        cleanup: Callable[[], object] = lambda: None,
+    ) -> None:
         self.procs = procs
+        self.reaper = reaper
         self.cleanup = cleanup  # run once the ranks are dead, however the block ends
         self.signum: int | None = None
         self.held = False
@@ -170,6 +237,11 @@ class _Stopper:
         self.signum = self.signum or 0  # from here on a signal changes nothing
         _kill(self.procs)
         self.cleanup()
+        if self.reaper is not None:
+            dying = isinstance(error, _Signalled) and error.signum != signal.SIGINT
+            if not dying:  # the folders are removed as this returns: the reaper does nothing
+                _tell(self.reaper, "done\n")
+            _close(self.reaper)  # dying (SIGTERM's default action, below, skips every cleanup): the reaper's
         for s, handler in self.previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         if isinstance(error, _Signalled):
@@ -254,12 +326,13 @@ def _describe_exit(code: int | None, log: Path) -> str:
 
 
 def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGKILL each running rank's process group (the rank and anything it started); wait."""
+    """SIGKILL each rank's process group -- the rank if it still runs, and anything it started, whether
+    it failed or finished (a group outlives its leader while a member lives); wait."""
     for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except OSError:  # gone meanwhile, or not a group leader (never: start_new_session)
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except OSError:  # the whole group is gone (or never: not a group leader, start_new_session)
+            if p.poll() is None:
                 p.kill()
     for p in procs:
         try:

@@ -196,6 +196,12 @@ def check_options(o: RunOptions) -> None:
 def check_launch(o: RunOptions, plan: Plan) -> None:
     """:func:`check_options` and what needs the plan: a GPU per rank, a checkpoint of this plan."""
     check_options(o)  # --engine torch runs every schedule (those without a torch class as a schedule CSV)
+    if o.engine is Engine.TORCH:
+        from autopipe.schedules.torch_limits import torch_refusal
+
+        refusal = torch_refusal(plan.schedule, plan.devices, plan.micro_batches, len(plan.stages))
+        if refusal is not None:
+            raise RunOptionError(f"--engine torch: {refusal}")
     if o.device == "cuda":
         import torch
 
@@ -280,21 +286,45 @@ def _check_optimizer(o: RunOptions) -> None:
             fix = "give the learning rate with --lr" if key == "lr" else "autopipe passes the parameters"
             raise RunOptionError(f"--optimizer-arg {key}: {fix}")
         if key not in params and not takes_any:
-            known = ", ".join(k for k in params if k not in ("params", "lr"))
+            known = ", ".join(k for k in params if k not in ("params", "lr") and _numeric(params[k]))
             raise RunOptionError(f"--optimizer-arg {key}: {o.optimizer} takes no argument {key!r}; it takes {known}")
+        if key in params and not _numeric(params[key]):
+            default = params[key].default
+            raise RunOptionError(
+                f"--optimizer-arg {key}: {o.optimizer}'s {key} is a {type(default).__name__} (default {default!r}), "
+                "which --optimizer-arg (one number) cannot give; leave it at its default"
+            )
         if not math.isfinite(value):
             raise RunOptionError(f"--optimizer-arg {key}={value}: the value must be a finite number")
-    try:  # the optimizer's own checks (momentum >= 0, nesterov needs momentum...), on one tensor
+    if o.optimizer in _NO_PIPELINE:
+        raise RunOptionError(f"--optimizer {o.optimizer}: {_NO_PIPELINE[o.optimizer]}; use SGD, Adam or AdamW")
+    try:  # the optimizer's own checks (momentum >= 0, nesterov needs momentum...) and one step, on one tensor
         extra: dict[str, Any] = dict(o.optimizer_kwargs)
-        cls([torch.zeros(1, requires_grad=True)], lr=o.lr, **extra)  # type: ignore[call-arg]
+        device = o.device if o.device == "cpu" or torch.cuda.is_available() else "cpu"
+        param = torch.zeros(1, requires_grad=True, device=device)
+        optimizer = cls([param], lr=o.lr, **extra)  # type: ignore[call-arg]
+        param.grad = torch.zeros_like(param)
+        optimizer.step()  # capturable=1 on the CPU, for one, fails only here
     except Exception as e:
         from autopipe.model.usercode import first_line
 
         given = " ".join(f"{k}={v:g}" for k, v in o.optimizer_kwargs)
+        why = first_line(e).rstrip(".")
         raise RunOptionError(
-            f"--optimizer {o.optimizer} refuses --lr {o.lr:g}{' ' + given if given else ''}: {first_line(e)}; "
-            "fix the values"
+            f"--optimizer {o.optimizer} refuses --lr {o.lr:g}{' ' + given if given else ''}: {why}; fix the values"
         ) from None
+
+
+_NO_PIPELINE = {  # torch.optim classes whose step a pipeline cannot drive, and why
+    "LBFGS": "its step needs a closure that evaluates the loss again, which a pipeline step cannot give",
+    "SparseAdam": "it takes only sparse gradients (nn.Embedding(sparse=True)), and a pipeline's are dense",
+}
+
+
+def _numeric(param: inspect.Parameter) -> bool:
+    """Whether an optimizer argument takes one number (its default is one, or None/a bool flag)."""
+    default = param.default
+    return default is inspect.Parameter.empty or default is None or isinstance(default, (int, float))
 
 
 def _shown(text: str) -> str:

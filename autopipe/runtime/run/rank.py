@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     and the launcher's hidden ``--result-dir``."""
     p = argparse.ArgumentParser(prog="python -m autopipe.runtime", description="Run one rank of an autopipe plan.")
     add_run_arguments(p)
+    p.add_argument(  # as autopipe run's (cli/common.py); launched ranks get the launcher's in the environment
+        "--load-timeout",
+        default=None,
+        metavar="SECONDS",
+        help="seconds each call into the model file may take (default: 300; 0: no limit)",
+    )
     p.add_argument("--result-dir", default=None, help=argparse.SUPPRESS)
     return p
 
@@ -71,9 +77,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         options = run_options(args)
         torch.set_num_threads(options.threads)
+        from autopipe.model.usercode import LOAD_TIMEOUT_ENV, env_load_timeout, load_timeout
+
         plan = Plan.load(args.plan)
         model_file = Path(plan.recipe.model_file)
-        result = _run(plan, rank, options)
+        limit: float | None
+        if args.load_timeout is not None:
+            limit = _seconds(args.load_timeout)
+        else:  # autopipe run's --load-timeout, or the default
+            limit = env_load_timeout(os.environ.get(LOAD_TIMEOUT_ENV))
+        with load_timeout(limit, "--load-timeout"):
+            result = _run(plan, rank, options)
     except BaseException as e:  # report every failure as one line, then leave at once
         _fail(rank, e, model_file, out)
     from autopipe.runtime.run.records import rank_to_dict
@@ -86,6 +100,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BaseException as e:
             _fail(rank, e, model_file, out)
     os._exit(0)  # skip process-group teardown (a peer may already be gone)
+
+
+def _seconds(text: str) -> float:
+    from autopipe.errors import RunOptionError
+
+    try:
+        return float(text)
+    except ValueError:
+        said = f"--load-timeout must be a number of seconds, like 300 (0: no limit) (got {text!r})"
+        raise RunOptionError(said) from None
 
 
 def _run(plan: object, rank: int, options: RunOptions) -> RankResult:

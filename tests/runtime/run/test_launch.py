@@ -108,6 +108,8 @@ def _gloo_launch(ranks: int, root: Path) -> Path:
 def test_gloo_processes_equal_unsplit_training(
     job: tuple[str, int, str, int, tuple[int, ...]], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    # The ranks join with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT alone, no secret: torch.distributed as it is.
+    # docs/security.md: "Across machines, `torchrun ... -m autopipe.runtime` uses `torch.distributed` as it is"
     model, ranks = job[0], job[1]
     skip_without_transformers(model)
     out = _gloo_launch(ranks, _shared_dir(tmp_path_factory, ranks))
@@ -186,6 +188,18 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _rank_pids(launcher: int) -> list[int]:
+    """The launcher's children but its reaper (autopipe/runtime/run/reaper.py): the ranks."""
+    out = []
+    for pid in _children(launcher):
+        try:
+            if b"reaper.py" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -240,7 +254,7 @@ def test_a_rank_hung_in_the_last_backward_ends_the_run(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 240  # only a hang gets near it (15-20 s on an idle 2-core machine)
         while proc.poll() is None and time.monotonic() < deadline:
-            ranks.update(_children(proc.pid))
+            ranks.update(_rank_pids(proc.pid))
             saw_hang = saw_hang or hung.exists()
             time.sleep(0.1)
         ended_by_itself = proc.poll() is not None
@@ -299,23 +313,53 @@ def test_launch_checks_its_options_against_the_plan_before_any_rank_starts(
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
 def test_killing_the_launcher_kills_the_ranks(sig: signal.Signals, tmp_path: Path) -> None:
-    proc = _autopipe_run([str(_slow_plan(tmp_path)), "--steps", "1000000", "--timeout", "60"])
+    """Nothing of the run survives its launcher: the ranks, the processes they started, the
+    launcher's temporary folders (SIGKILL: removed by the reaper, autopipe/runtime/run/reaper.py)."""
+    temp, spawned = tmp_path / "tmp", tmp_path / "spawned"
+    temp.mkdir()
+    spawned.mkdir()
+    argv = [str(_slow_plan(tmp_path)), "--steps", "1000000", "--timeout", "60"]
+    proc = _autopipe_run(argv, TMPDIR=str(temp), AUTOPIPE_TEST_SPAWN=str(spawned))
     ranks: list[int] = []
+    children: list[int] = []
     try:
         ranks = _ranks_up(proc.pid, 2)
-        time.sleep(1)
-        assert all(_alive(r) for r in ranks)
+        deadline = time.monotonic() + 120
+        while len(list(spawned.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        children = [int(f.read_text()) for f in spawned.iterdir()]
+        assert all(_alive(p) for p in ranks + children) and len(children) == 2
+        assert sorted(f.name.split("-")[1] for f in temp.iterdir()) == ["progress", "run"]
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == -sig  # SIGTERM: the ranks killed, then the default action
         deadline = time.monotonic() + 60  # hang-only: a busy machine can take seconds to reap
-        while any(_alive(r) for r in ranks) and time.monotonic() < deadline:
+        while (any(_alive(p) for p in ranks + children) or list(temp.iterdir())) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not [r for r in ranks if _alive(r)]
+        assert not [p for p in ranks + children if _alive(p)]
+        assert list(temp.iterdir()) == []
     finally:
         proc.kill()
-        for r in ranks:
-            if _alive(r):
-                os.kill(r, signal.SIGKILL)
+        for p in ranks + children:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_finished_run_leaves_no_process_it_started(tmp_path: Path) -> None:
+    spawned = tmp_path / "spawned"
+    spawned.mkdir()
+    proc = _autopipe_run([str(_slow_plan(tmp_path)), "--steps", "1"], AUTOPIPE_TEST_SPAWN=str(spawned))
+    try:
+        assert proc.wait(timeout=120) == 0, proc.communicate()[1]
+    finally:
+        proc.kill()
+    children = [int(f.read_text()) for f in spawned.iterdir()]
+    assert len(children) == 2
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in children if _alive(p)]
 
 
 @pytest.mark.slow
@@ -402,3 +446,28 @@ def test_a_launched_rank_dies_with_its_parent_even_while_its_stdin_stays_open(tm
         for r in rank:
             if _alive(r):
                 os.kill(r, signal.SIGKILL)
+
+
+def test_a_data_parallel_plan_says_the_run_trains_one_replica(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import dataclasses
+    import logging
+
+    from autopipe.runtime.run import launch as launch_module
+
+    class Started(Exception):
+        pass
+
+    def no_ranks() -> int:
+        raise Started
+
+    monkeypatch.setattr(launch_module, "free_port", no_ranks)  # stop where the ranks would start
+    plan = dataclasses.replace(even_plan("mlp.py", stages=2), data_parallel=2)
+    with caplog.at_level(logging.WARNING, logger="autopipe"), pytest.raises(Started):
+        launch(plan, RunOptions())
+    assert [r.getMessage() for r in caplog.records] == [
+        f"the plan has 2 data-parallel replicas; this run trains one of them (2 ranks, batch {plan.batch_size}) "
+        "and no gradient all-reduce between replicas (the whole layout: autopipe config PLAN --for megatron or "
+        "--for torchtitan)"
+    ]

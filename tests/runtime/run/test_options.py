@@ -180,6 +180,22 @@ def _flag_cases(tmp: Path) -> list[tuple[list[str], str]]:
             "--optimizer-arg betas: SGD takes no argument 'betas'; it takes momentum, dampening",
         ),
         (["--optimizer-arg", "lr=0.1"], "--optimizer-arg lr: give the learning rate with --lr"),
+        (
+            ["--optimizer-arg", "betas=0.9"],
+            "--optimizer-arg betas: Adam's betas is a tuple (default (0.9, 0.999)), which --optimizer-arg "
+            "(one number) cannot give; leave it at its default",
+        ),
+        (
+            ["--optimizer", "LBFGS"],
+            "--optimizer LBFGS: its step needs a closure that evaluates the loss again, which a pipeline step "
+            "cannot give; use SGD, Adam or AdamW",
+        ),
+        (["--optimizer", "SparseAdam"], "--optimizer SparseAdam: it takes only sparse gradients"),
+        (
+            ["--optimizer-arg", "capturable=1", "--device", "cpu"],
+            "--optimizer Adam refuses --lr 0.001 capturable=1: If capturable=True, params and state_steps must "
+            "be on supported devices",
+        ),
         (["--optimizer-arg", "eps=1e400"], "--optimizer-arg eps=inf: the value must be a finite number"),
         (
             ["--optimizer", "SGD", "--optimizer-arg", "momentum=-1"],
@@ -199,7 +215,7 @@ def _flag_cases(tmp: Path) -> list[tuple[list[str], str]]:
         ),
         (
             ["--resume", str(tmp / "bad-meta")],
-            f"--resume: {tmp / 'bad-meta' / 'meta.json'} is not a valid checkpoint file (JSONDecodeError: ",
+            f"--resume: {tmp / 'bad-meta' / 'meta.json'} is not valid JSON (Expecting property name",
         ),
         (
             ["--resume", str(tmp / "ck"), "--seed", str(2**64 - 12)],
