@@ -13,8 +13,9 @@ the commit, :func:`recover`.)
 
 Nothing is left behind. Rank 0 removes the new folder when anything fails before the commit (a
 write error, a peer lost). The ``autopipe run`` launcher, once it has killed its ranks, removes
-the new folders of processes no longer running (:func:`clean_leftovers`), and so does the next
-save into ``DIR``: what a killed launcher leaves goes with the next run that saves there.
+the new folders of processes no longer running (:func:`clean_leftovers`); when the launcher is
+killed outright, its reaper (:mod:`autopipe.runtime.run.reaper`) removes those of its ranks
+(:func:`save_prefix`); and the next save into ``DIR`` removes any of a process gone.
 
 Tests: tests/runtime/test_commit.py.
 """
@@ -51,6 +52,7 @@ __all__ = [
     "publish",
     "recover",
     "save",
+    "save_prefix",
     "sibling",
     "target_of",
     "write_meta",
@@ -75,6 +77,12 @@ def target_of(folder: str | Path) -> Path:
     """The folder a save replaces: ``folder`` absolute, through symbolic links (a link to a
     checkpoint folder stays a link, to the new one)."""
     return Path(os.path.realpath(folder))
+
+
+def save_prefix(target: Path, kind: str = "new") -> str:
+    """``.NAME.new-HOST-`` beside ``target``: what a save's folder name starts with, on this
+    machine, before the pid of the process that saves."""
+    return str(target.parent / f".{target.name}.{kind}-{_host()}-")
 
 
 def sibling(target: Path, token: str, kind: str = "new") -> Path:

@@ -107,7 +107,7 @@ def launch(plan: Plan | str | Path, options: RunOptions) -> RunResult:
             tmp,
         ]
         procs: list[subprocess.Popen[bytes]] = []
-        reaper = _start_reaper([tmp, *_progress_folder(options)])
+        reaper = _start_reaper([tmp, *_progress_folder(options), *_checkpoint_leftovers(options)])
         with _Stopper(procs, reaper, lambda: _clean(options)) as stopper:
             for rank in range(world):
                 env = {
@@ -149,6 +149,19 @@ def _progress_folder(options: RunOptions) -> list[str]:
         return []
     folder = Path(options.progress_file).parent
     return [str(folder)] if folder.name.startswith("autopipe-progress-") else []
+
+
+def _checkpoint_leftovers(options: RunOptions) -> list[str]:
+    """What the reaper removes of the saves a killed launcher's ranks had begun: the new and old
+    folders beside ``--save-checkpoint``'s whose token is a rank's pid (rank 0's is the one)."""
+    if not options.save_checkpoint:
+        return []
+    import glob
+
+    from autopipe.runtime.commit import save_prefix, target_of
+
+    target = target_of(options.save_checkpoint)
+    return [f"after-pid:{glob.escape(save_prefix(target, kind))}" for kind in ("new", "old")]
 
 
 def _start_reaper(folders: list[str]) -> subprocess.Popen[bytes] | None:

@@ -7,12 +7,15 @@ launcher's own cleanup kills the groups and removes the folders, then writes ``d
 exits doing nothing. When its standard input closes without ``done`` -- the launcher died before its
 cleanup could run -- it kills every rank's process group (the ranks die with their launcher anyway;
 this takes what they started too) and removes the folders, so nothing of the run survives it.
+An argument ``after-pid:PREFIX`` stands for the folders ``PREFIX<pid>-*`` of each rank's pid (the
+unfinished new folders a ``--save-checkpoint`` of that rank left, :mod:`autopipe.runtime.commit`).
 
 Run as a file (``python -I reaper.py``), not a module: it imports nothing but the standard library.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import signal
@@ -34,7 +37,12 @@ def main(folders: list[str]) -> int:
         except OSError:  # gone already
             pass
     for folder in folders:
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder.startswith("after-pid:"):  # a glob prefix, escaped by the launcher
+            for group in groups:
+                for found in glob.glob(f"{folder[len('after-pid:') :]}{group}-*"):
+                    shutil.rmtree(found, ignore_errors=True)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 
