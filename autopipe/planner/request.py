@@ -195,8 +195,8 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
     ms = [req.micro_batches] if req.micro_batches else divisors(req.batch_size)
     ms = [m for m in ms if _traceable(profile, req.batch_size // m)]
     target = target_spec(req.target)
-    allowed = target.schedules if req.recompute == "never" else target.recomputing()
-    schedules = [req.schedule] if req.schedule else [s for s in SEARCH_SCHEDULES if s in allowed]
+    allowed = target.recomputing() if req.recompute == "always" else target.schedules  # auto: the search splits it
+    schedules = [s for s in ([req.schedule] if req.schedule else SEARCH_SCHEDULES) if s in allowed]
     on_torch = req.target in ("torch", "torchtitan")  # torchtitan runs torch's schedule classes
     torch_runs = (lambda name, m, v: torch_refusal(name, S, m, S * v) is None) if on_torch else None
     out = []
@@ -329,6 +329,14 @@ def check_target(choices: Choices, words: Words = API_WORDS) -> None:
         raise PlanError(
             f"{words.said('target', choices.target)} {words.said('schedule', choices.schedule)}: {target.label} runs "
             f"{runs}; drop {words.name('schedule')} or pick one of them"
+        )
+    if choices.schedule is not None and choices.recompute == "always" and choices.schedule not in target.recomputing():
+        why = (
+            "recomputes nothing" if target.never_recomputes else f"runs {choices.schedule} only with nothing recomputed"
+        )
+        raise PlanError(
+            f"{words.said('target', choices.target)} {words.said('schedule', choices.schedule)}: {target.label} "
+            f"{why}, and every stage was asked to recompute; drop one of the two"
         )
 
 

@@ -9,6 +9,8 @@ cleanup could run -- it kills every rank's process group (the ranks die with the
 this takes what they started too) and removes the folders, so nothing of the run survives it.
 
 Run as a file (``python -I reaper.py``), not a module: it imports nothing but the standard library.
+
+Tests: tests/runtime/run/test_launch.py.
 """
 
 from __future__ import annotations
