@@ -231,6 +231,13 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
         raise PlanError("link bandwidth must be positive and latency non-negative")
     if not req.action_overhead_s >= 0:
         raise PlanError(f"{w('action_overhead_s')} must be zero or more (got {req.action_overhead_s})")
+    timed = [c for b in profile.blocks for c in (b.forward_s, b.backward_s)]
+    if req.action_overhead_s == 0 and not any(c.intercept or c.slope for c in timed):
+        raise PlanError(  # every plan would take 0 s: infinitely fast, and no choice between them
+            "the profile's blocks take no time (every forward and backward 0 s) and nothing is charged per action; "
+            "profile the model again, or give the executor's time per action "
+            f"({said('action_overhead_s', '20us')})"
+        )
     if not decisions(profile, req):
         if least > 1 and B < least:
             raise PlanError(
