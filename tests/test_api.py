@@ -553,4 +553,5 @@ def test_a_target_is_a_choice_and_the_note_shows_both_plans() -> None:
     torch = autopipe.api.plan_profile(
         prof, devices=4, batch_size=8, memory=2**32, choices=autopipe.Choices(target="torch")
     )
-    assert torch.target == "torch" and torch.free_plan is None  # it runs every schedule: the free plan is the plan
+    assert torch.target == "torch" and torch.free_plan is not None  # every schedule, nothing recomputed
+    assert not any(s.recompute for s in torch.stages)

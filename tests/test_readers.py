@@ -245,8 +245,8 @@ def test_directories_missing_files_and_non_paths_are_one_line(tmp_path: Path) ->
         Plan.load(tmp_path)
     with pytest.raises(ProfileError, match=f"^profile file not found: {tmp_path}/none.json; make one with"):
         Profile.load(tmp_path / "none.json")
-    for bad in (None, 123):
-        expected = rf"^expected the path of a plan \(a str or Path\), got {type(bad).__name__}$"
+    for bad, said in ((None, "None"), (123, "an int")):
+        expected = rf"^Plan.load's path must be the path of a plan JSON \(a str or a Path\), not {said}$"
         with pytest.raises(PlanFileError, match=expected):
             Plan.load(bad)  # type: ignore[arg-type]
     if os.path.exists("/dev/null"):

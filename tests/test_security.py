@@ -187,6 +187,18 @@ def test_every_sentence_of_the_security_doc_is_backed_by_a_test() -> None:
     assert all(len(q.split()) >= 3 for q in cited), cited
 
 
+def test_the_readmes_security_section_says_only_what_the_doc_backs() -> None:
+    """Every sentence of the README's section (but its pointer to the doc) is a sentence of
+    docs/security.md, and so cited by a test above."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("## What runs code, and what is only data\n")
+    section = readme[start : readme.index("\n## ", start + 1)].split("\n", 1)[1]
+    said = [s for s in _sentences("- " + " ".join(section.split())) if not s.startswith("The whole account")]
+    assert len(said) >= 5, said
+    doc = _sentences(DOC.read_text())
+    assert [s for s in said if s not in doc] == []
+
+
 def test_the_sentence_splitter_keeps_code_and_links_whole() -> None:
     text = "- **Bold.** One `a.b` (see [x.md](x.md#y)), two. Three `..` and `-o`.\n- Four.\n"
     assert _sentences(text) == ["Bold.", "One `a.b` (see [x.md](x.md#y)), two.", "Three `..` and `-o`.", "Four."]

@@ -195,8 +195,8 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
     ms = [req.micro_batches] if req.micro_batches else divisors(req.batch_size)
     ms = [m for m in ms if _traceable(profile, req.batch_size // m)]
     target = target_spec(req.target)
-    allowed = target.schedules if req.recompute == "never" else target.recomputing()
-    schedules = [req.schedule] if req.schedule else [s for s in SEARCH_SCHEDULES if s in allowed]
+    allowed = target.recomputing() if req.recompute == "always" else target.schedules  # auto: the search splits it
+    schedules = [s for s in ([req.schedule] if req.schedule else SEARCH_SCHEDULES) if s in allowed]
     on_torch = req.target in ("torch", "torchtitan")  # torchtitan runs torch's schedule classes
     torch_runs = (lambda name, m, v: torch_refusal(name, S, m, S * v) is None) if on_torch else None
     out = []
@@ -231,6 +231,13 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
         raise PlanError("link bandwidth must be positive and latency non-negative")
     if not req.action_overhead_s >= 0:
         raise PlanError(f"{w('action_overhead_s')} must be zero or more (got {req.action_overhead_s})")
+    timed = [c for b in profile.blocks for c in (b.forward_s, b.backward_s)]
+    if req.action_overhead_s == 0 and not any(c.intercept or c.slope for c in timed):
+        raise PlanError(  # every plan would take 0 s: infinitely fast, and no choice between them
+            "the profile's blocks take no time (every forward and backward 0 s) and nothing is charged per action; "
+            "profile the model again, or give the executor's time per action "
+            f"({said('action_overhead_s', '20us')})"
+        )
     if not decisions(profile, req):
         if least > 1 and B < least:
             raise PlanError(
@@ -329,6 +336,14 @@ def check_target(choices: Choices, words: Words = API_WORDS) -> None:
         raise PlanError(
             f"{words.said('target', choices.target)} {words.said('schedule', choices.schedule)}: {target.label} runs "
             f"{runs}; drop {words.name('schedule')} or pick one of them"
+        )
+    if choices.schedule is not None and choices.recompute == "always" and choices.schedule not in target.recomputing():
+        why = (
+            "recomputes nothing" if target.never_recomputes else f"runs {choices.schedule} only with nothing recomputed"
+        )
+        raise PlanError(
+            f"{words.said('target', choices.target)} {words.said('schedule', choices.schedule)}: {target.label} "
+            f"{why}, and every stage was asked to recompute; drop one of the two"
         )
 
 

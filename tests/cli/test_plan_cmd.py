@@ -658,12 +658,10 @@ def test_a_target_shows_the_free_plan_beside_its_own(
     assert main(["show", str(out)]) == 0  # the plan file keeps both: show prints them again
     shown = " ".join(capsys.readouterr().out.split())
     assert target in shown and f"free plan (any schedule): {plan.free_plan.schedule}" in shown
-    assert main([*args, "--target", "torch"]) == 0  # every schedule: nothing to compare
+    assert main([*args, "--target", "torch"]) == 0  # every schedule, nothing recomputed: compared too
     printed = capsys.readouterr().out
-    assert (
-        "free plan" not in printed and "target torch (torch.distributed.pipelining): searched any schedule" in printed
-    )
-    assert Plan.load(out).target == "torch" and Plan.load(out).free_plan is None
+    assert "target torch (torch.distributed.pipelining): searched any schedule, nothing recomputed" in printed
+    assert Plan.load(out).target == "torch" and Plan.load(out).free_plan is not None
     assert main([*args, "--target", "autopipe"]) == 0
     with_flag = out.read_text()
     assert "target autopipe" not in capsys.readouterr().out
@@ -733,8 +731,13 @@ def test_a_target_keeps_to_its_framework_with_balance_and_gpus(
             "--target megatron --schedule v-half: Megatron-LM runs 1f1b and interleaved-1f1b; ",
         ),
         (
-            ["--target", "torchtitan", "--gpus", "4", "--schedule", "zb-h2"],
-            "--target torchtitan --schedule zb-h2: torchtitan runs ",
+            ["--target", "megatron", "--gpus", "4", "--schedule", "zb-h2"],
+            "--target megatron --schedule zb-h2: Megatron-LM runs ",
+        ),
+        (
+            ["--target", "torchtitan", "--schedule", "zb-h2", "--recompute-all"],
+            "--target torchtitan --schedule zb-h2: torchtitan runs zb-h2 only with nothing recomputed, and every "
+            "stage was asked to recompute; drop one of the two",
         ),
         (["--target", "nemo"], "--target nemo: use one of autopipe, megatron, torchtitan, torch"),
     ],

@@ -73,3 +73,31 @@ def test_a_pinned_schedule_the_target_does_not_run_is_one_line() -> None:
         validate(random_profile(6, 1), req, flags)
     with pytest.raises(PlanError, match=r"^unknown target 'nemo'; use one of autopipe, megatron, torchtitan, torch$"):
         validate(random_profile(6, 1), PlanRequest(devices=2, batch_size=4, memory_limit=2**34, target="nemo"))
+
+
+def test_a_profile_that_takes_no_time_is_one_line_not_an_infinite_throughput() -> None:
+    import dataclasses
+
+    from autopipe.costs.profile import Affine
+    from autopipe.errors import PlanError
+    from autopipe.planner.request import PlanRequest, validate
+    from tests.helpers import hand_profile
+
+    zero = Affine(0.0, 0.0)
+    prof = hand_profile()
+    timeless = dataclasses.replace(
+        prof,
+        blocks=tuple(
+            dataclasses.replace(b, forward_s=zero, backward_s=zero, backward_input_s=zero, backward_weight_s=zero)
+            for b in prof.blocks
+        ),
+    )
+    req = PlanRequest(devices=2, batch_size=4, memory_limit=2**34, action_overhead_s=0.0)
+    with pytest.raises(PlanError) as info:
+        validate(timeless, req)
+    assert str(info.value) == (
+        "the profile's blocks take no time (every forward and backward 0 s) and nothing is charged per action; "
+        "profile the model again, or give the executor's time per action (action_overhead_s=20us)"
+    )
+    validate(timeless, dataclasses.replace(req, action_overhead_s=2e-5))  # each action costs: plans compare
+    validate(prof, req)

@@ -106,7 +106,8 @@ def test_a_plan_for_target_torch_is_one_torch_runs(seed: int) -> None:
 
     rng = random.Random(seed)
     n = rng.randint(4, 12)
-    req = _request(devices=rng.randint(2, min(4, n)), batch_size=rng.choice([2, 4, 5, 8, 10, 12]))
+    # memory to spare: torch's stages recompute nothing (Target.never_recomputes), so neither plan needs to
+    req = _request(devices=rng.randint(2, min(4, n)), batch_size=rng.choice([2, 4, 5, 8, 10, 12]), memory_limit=2**40)
     prof = random_profile(n, seed)
     plan = plan_pipeline(prof, dataclasses.replace(req, target="torch"))
     assert torch_refusal(plan.schedule, plan.devices, plan.micro_batches, len(plan.stages)) is None
@@ -122,12 +123,12 @@ def test_target_torch_with_a_micro_batch_count_torch_refuses_is_one_line() -> No
     from tests.planner.test_search import _request, random_profile
 
     # the free plan of this profile is ZB-H1 with 5 micro-batches on 2 ranks, which torch's class refuses
-    free = plan_pipeline(random_profile(6, 0), _request(devices=2, batch_size=5))
+    free = plan_pipeline(random_profile(6, 0), _request(devices=2, batch_size=5, memory_limit=2**40))
     assert (free.schedule, free.micro_batches) == ("zb-h1", 5)
-    steered = plan_pipeline(random_profile(6, 0), _request(devices=2, batch_size=5, target="torch"))
+    steered = plan_pipeline(random_profile(6, 0), _request(devices=2, batch_size=5, memory_limit=2**40, target="torch"))
     assert torch_refusal(steered.schedule, 2, steered.micro_batches, len(steered.stages)) is None
     assert steered.iteration_time_s >= free.iteration_time_s * (1 - 1e-9)
-    req = _request(devices=2, batch_size=8, schedule="1f1b", micro_batches=1, target="torch")
+    req = _request(devices=2, batch_size=8, schedule="1f1b", micro_batches=1, memory_limit=2**40, target="torch")
     with pytest.raises(PlanError) as info:
         plan_pipeline(random_profile(6, 0), req)
     assert str(info.value) == (

@@ -282,6 +282,13 @@ def _watch(procs: list[subprocess.Popen[bytes]], folder: Path, late_s: float) ->
     finished_at: float | None = None
     while True:
         codes = [p.poll() for p in procs]
+        quit = [r for r, c in enumerate(codes) if c == 0 and not (folder / f"rank-{r}.json").is_file()]
+        if quit:  # exit status 0 but no result: it left the run (sys.exit(0), os._exit(0) in the model's code)
+            raise RuntimeFailure(
+                f"rank {quit[0]} failed: it exited with code 0 before its last step, without a result "
+                "(sys.exit(0) or os._exit(0) in the model's code?); its peers were stopped",
+                rank=quit[0],
+            )
         if any(c not in (None, 0) for c in codes):
             time.sleep(_GRACE_S)
             codes = [p.poll() for p in procs]

@@ -11,6 +11,8 @@ An argument ``after-pid:PREFIX`` stands for the folders ``PREFIX<pid>-*`` of eac
 unfinished new folders a ``--save-checkpoint`` of that rank left, :mod:`autopipe.runtime.commit`).
 
 Run as a file (``python -I reaper.py``), not a module: it imports nothing but the standard library.
+
+Tests: tests/runtime/run/test_launch.py.
 """
 
 from __future__ import annotations

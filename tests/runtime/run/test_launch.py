@@ -270,7 +270,22 @@ def test_a_rank_hung_in_the_last_backward_ends_the_run(tmp_path: Path) -> None:
     assert not [r for r in ranks if _alive(r)]
 
 
+def test_a_rank_that_exits_0_without_a_result_is_the_one_named(tmp_path: Path) -> None:
+    """sys.exit(0) in a rank's model code: that rank is the culprit, not the peer left waiting for it."""
+    procs = [subprocess.Popen(["sleep", "60"], start_new_session=True), subprocess.Popen(["sleep", "0"])]
+    try:
+        with pytest.raises(RuntimeFailure) as info:
+            _watch(procs, tmp_path, late_s=30)
+    finally:
+        _kill(procs)
+    assert info.value.rank == 1 and str(info.value) == (
+        "rank 1 failed: it exited with code 0 before its last step, without a result (sys.exit(0) or "
+        "os._exit(0) in the model's code?); its peers were stopped"
+    )
+
+
 def test_the_launcher_stops_waiting_for_a_rank_once_another_finished(tmp_path: Path) -> None:
+    (tmp_path / "rank-0.json").write_text("{}")  # rank 0 finished: its result is there
     procs = [subprocess.Popen(["sleep", "0"]), subprocess.Popen(["sleep", "60"], start_new_session=True)]
     start = time.monotonic()
     try:
