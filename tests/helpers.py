@@ -13,6 +13,7 @@ Import them as ``from tests.helpers import even_plan``: the repository root is o
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -229,3 +230,19 @@ class Net(nn.Module):
         for layer in self.layers:
             h = layer(h)
         return self.head(h)
+
+
+def wait_ranks(procs: list[subprocess.Popen[str]], timeout: float) -> list[str]:
+    """Each process's output once all have exited (killed if still running after ``timeout``: a hang);
+    AssertionError with the logs' tails if any exited non-zero."""
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    return logs

@@ -36,7 +36,7 @@ def _blocks(language: str) -> list[tuple[int, str, bool]]:
 
 def test_every_python_block_in_the_readme_parses() -> None:
     blocks = [(line, code) for line, code, _ in _blocks("python")]
-    assert len(blocks) >= 5  # the model-file convention and the scripts
+    assert len(blocks) >= 4  # the model-file convention and the scripts (chaining emitted stages: docs/outlets.md)
     for line, code in blocks:
         try:
             ast.parse(code)

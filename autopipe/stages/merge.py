@@ -39,16 +39,11 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
     lacks what merging needs)."""
     root = Path(folder)
     path = root / MANIFEST
-    if path.is_symlink():  # the weights are read only from inside the folder: so is the manifest
-        try:
-            inside = path.resolve().is_relative_to(root.resolve())
-        except (OSError, RuntimeError):  # a symlink loop
-            inside = False
-        if not inside:
-            raise EmitError(
-                f"{path} is a symbolic link out of the folder; merge reads only files inside {root}, "
-                "so copy the manifest into it (or give the folder autopipe emit wrote)"
-            )
+    if path.is_symlink() and not _resolves_inside(root, path):  # as the weights are, the manifest is read inside
+        raise EmitError(
+            f"{path} is a symbolic link out of the folder; merge reads only files inside {root}, "
+            "so copy the manifest into it (or give the folder autopipe emit wrote)"
+        )
     manifest: Any = read_json(
         path,
         "a stage manifest",
@@ -121,11 +116,7 @@ def _inside(root: Path, name: str) -> Path:
             f"{root / MANIFEST} names weights file {name!r} outside the folder; merge reads only files inside {root}"
         )
     path = root / name
-    try:
-        inside = path.resolve().is_relative_to(root.resolve())
-    except (OSError, RuntimeError):  # a symlink loop
-        inside = False
-    if not inside:
+    if not _resolves_inside(root, path):
         raise EmitError(
             f"{root / MANIFEST} names weights file {name!r} outside the folder; merge reads only files inside {root}"
         )
@@ -236,3 +227,11 @@ def _dicts(v: Any) -> bool:
 def _short(v: Any) -> str:
     text = json.dumps(v)
     return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _resolves_inside(root: Path, path: Path) -> bool:
+    """Whether ``path``, its symbolic links followed, lies inside ``root`` (False for a link loop)."""
+    try:
+        return path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError):
+        return False

@@ -20,7 +20,7 @@ from autopipe.model.load import load_model
 from autopipe.stages.agree import StageDigest, agreed_split, check_digests, stage_digests
 from autopipe.stages.split import split_model
 from tests.fixtures.hash_order import KINDS
-from tests.helpers import FIXTURES, even_plan, max_diff, reference_training
+from tests.helpers import FIXTURES, even_plan, max_diff, reference_training, wait_ranks
 from tests.stages.agree_worker import LR, MODEL, STEPS, pairs
 
 HERE = Path(__file__).resolve().parent
@@ -72,16 +72,7 @@ def run_ranks(plan_file: Path, seeds: list[int], out: Path, skew: str = "", time
                 [*cmd, *([skew] if skew else [])], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
         )
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    logs = wait_ranks(procs, timeout)
     return logs
 
 

@@ -20,7 +20,7 @@ from autopipe.stages import export
 from autopipe.stages.export import pipeline_inputs, relay_stages, to_torch_pipelining
 from autopipe.stages.rebuild import rebuild_model, trace_for_plan
 from autopipe.stages.split import split_model
-from tests.helpers import FIXTURES, even_plan, reference_training
+from tests.helpers import FIXTURES, even_plan, reference_training, wait_ranks
 from tests.stages import hf_export_worker, tied_worker
 from tests.stages.export_worker import CONFIGS, LR, STEPS, plan_for
 
@@ -63,16 +63,7 @@ def _run_ranks(worker: str, world: int, out: Path, *extra: str, timeout: float =
         )
         for r in range(world)
     ]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    wait_ranks(procs, timeout)
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(world)]
 
 

@@ -169,17 +169,9 @@ def run_ranks(paths: list[str], folder: Path, timeout: float) -> list[dict[str, 
         )
         for r in range(2)
     ]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    if any(p.returncode != 0 for p in procs):
-        raise RuntimeError("\n".join(log[-3000:] for log in logs))
+    from tests.helpers import wait_ranks
+
+    wait_ranks(procs, timeout)
     return [torch.load(folder / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
 
