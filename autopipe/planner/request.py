@@ -317,7 +317,11 @@ def _check_target(req: PlanRequest, words: Words) -> None:
     if req.target in ("torch", "torchtitan") and req.schedule in schedule_names() and req.micro_batches is not None:
         spec = schedule_spec(req.schedule)
         vs = [req.virtual] if req.virtual else list(spec.virtual_choices)
-        refusals = [torch_refusal(req.schedule, req.devices, req.micro_batches, req.devices * v) for v in vs]
+        instead = f"plan for {words.said('target', 'autopipe')} (autopipe's engine runs every micro-batch count)"
+        refusals = [
+            torch_refusal(req.schedule, req.devices, req.micro_batches, req.devices * v, instead, words.said)
+            for v in vs
+        ]
         if all(refusals):
             raise PlanError(f"{words.said('target', req.target)}: {refusals[0]}")
 

@@ -25,14 +25,28 @@ Tests: tests/stages/test_torch_limits.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from autopipe.schedules.registry import schedule_names, schedule_spec
 
 __all__ = ["torch_refusal"]
 
 
-def torch_refusal(schedule: str, devices: int, micro_batches: int, stages: int) -> str | None:
+def _flag(field: str, value: object) -> str:
+    return f"--{field.replace('_', '-')} {value}"
+
+
+def torch_refusal(
+    schedule: str,
+    devices: int,
+    micro_batches: int,
+    stages: int,
+    instead: str = "run with --engine autopipe",
+    said: Callable[[str, object], str] = _flag,
+) -> str | None:
     """Why torch's class for ``schedule`` refuses ``micro_batches`` over ``stages`` stages on
-    ``devices`` ranks (one line, with what to plan instead); None where it runs them."""
+    ``devices`` ranks (one line, with what to plan instead, or ``instead``); None where it runs them.
+    ``said(field, value)`` names a plan field as the caller's user writes it (a flag by default)."""
     if schedule not in schedule_names():
         return None  # to_torch_pipelining names the schedules it knows
     cls = schedule_spec(schedule).torch_class
@@ -40,14 +54,14 @@ def torch_refusal(schedule: str, devices: int, micro_batches: int, stages: int) 
     need = None
     if cls in ("Schedule1F1B", "ScheduleDualPipeV") and m < stages:
         need = f"at least as many micro-batches as stages ({stages}), and the plan has {m}"
-        fix = f"plan with --micro-batches {stages} or more"
+        fix = f"plan with {said('micro_batches', stages)} or more"
     elif cls in ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble") and m % max(1, m // devices):
         rounds = max(1, m // devices)
         need = f"micro-batches in whole rounds (a multiple of {rounds} for {m} on {devices} ranks)"
-        fix = f"plan with --micro-batches {m - m % rounds} or {devices * ((m + devices - 1) // devices)}"
+        fix = f"plan with {said('micro_batches', m - m % rounds)} or {devices * ((m + devices - 1) // devices)}"
     elif cls in ("ScheduleZBVZeroBubble", "ScheduleDualPipeV") and (per_rank != 2 or stages != 2 * devices):
         need = f"exactly 2 stages per rank, and the plan has {stages} on {devices} ranks"
-        fix = "plan with --virtual 2"
+        fix = f"plan with {said('virtual', 2)}"
     if need is None:
         return None
-    return f"torch's {cls} ({schedule}) needs {need}; {fix}, or run with --engine autopipe"
+    return f"torch's {cls} ({schedule}) needs {need}; {fix}, or {instead}"

@@ -203,7 +203,14 @@ def to_torch_pipelining(
     if not 0 <= rank < plan.devices:
         raise PlanError(f"rank {rank} is outside the plan's {plan.devices} pipeline ranks; use 0 to {plan.devices - 1}")
     _check_torch_schedule(plan)
-    refusal = torch_refusal(plan.schedule, plan.devices, plan.micro_batches, len(plan.stages))
+    refusal = torch_refusal(
+        plan.schedule,
+        plan.devices,
+        plan.micro_batches,
+        len(plan.stages),
+        "run it on autopipe's engine (autopipe.pipeline)",
+        lambda field, value: f"{field}={value}",  # the API's words: autopipe.plan(..., micro_batches=4)
+    )
     if refusal is not None:
         raise PlanError(refusal)  # before the ranks trace and talk: every rank raises it alike
     traced, split = agreed_trace(plan, model, example_inputs, rank, group)

@@ -133,6 +133,20 @@ def test_target_torch_with_a_micro_batch_count_torch_refuses_is_one_line() -> No
         plan_pipeline(random_profile(6, 0), req)
     assert str(info.value) == (
         "target=torch: torch's Schedule1F1B (1f1b) needs at least as many micro-batches as stages (2), and the "
-        "plan has 1; plan with --micro-batches 2 or more, or run with --engine autopipe"
+        "plan has 1; plan with micro_batches=2 or more, or plan for target=autopipe (autopipe's engine runs every "
+        "micro-batch count)"
     )
     assert plan_pipeline(random_profile(6, 0), dataclasses.replace(req, micro_batches=2)).micro_batches == 2
+
+
+def test_target_torchtitan_refusal_names_the_cli_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """From the CLI the refusal names flags, and the way out is another target, not another engine."""
+    from tests.helpers import ROOT
+
+    args = ["plan", str(ROOT / "models" / "mlp.py"), "--devices", "2", "--schedule", "1f1b", "--micro-batches", "1"]
+    assert main([*args, "--target", "torchtitan"]) == 2
+    assert capsys.readouterr().err == (
+        "autopipe: error: --target torchtitan: torch's Schedule1F1B (1f1b) needs at least as many micro-batches as "
+        "stages (2), and the plan has 1; plan with --micro-batches 2 or more, or plan for --target autopipe "
+        "(autopipe's engine runs every micro-batch count)\n"
+    )

@@ -35,7 +35,8 @@ def test_zero_bubble_schedules_train_hugging_face_models_on_torch_as_one_process
         if o.case == REFUSED:
             assert o.refused == (
                 "PlanError: torch's ScheduleInterleavedZeroBubble (zb-h1) needs micro-batches in whole rounds "
-                "(a multiple of 2 for 5 on 2 ranks); plan with --micro-batches 4 or 6, or run with --engine autopipe"
+                "(a multiple of 2 for 5 on 2 ranks); plan with micro_batches=4 or 6, or run it on autopipe's engine "
+                "(autopipe.pipeline)"
             )
             continue
         assert o.refused is None, o
