@@ -159,6 +159,7 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
     timeline = _timeline_path(args.timeline)
     if args.profile is None and args.model is None:
         raise UsageError("give a MODEL to profile or --profile profile.json")
+    _check_unused_measuring_flags(args)
     if args.dtype is not None and not wants_analytic(args.device, args.analytic):
         raise UsageError(f"--dtype {args.dtype} applies to analytic plans; add --device NAME (e.g. h100) or --analytic")
     gpus = _optional(args.gpus, positive_int, "--gpus")
@@ -273,6 +274,35 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
         words=cli_words(),
     )
     return plan, ""
+
+
+# the profiling flags and their defaults: given with a --profile (measured already) or to an
+# analytic plan (nothing timed), they would do nothing, so they are refused rather than ignored
+_MEASURING_FLAGS = (
+    ("--micro-batch-sizes", "micro_batch_sizes", None, True),
+    ("--tracer", "tracer", "auto", True),
+    ("--leaf", "leaf", None, True),
+    ("--blocks", "blocks", None, True),
+    ("--warmup", "warmup", "2", False),
+    ("--repeat", "repeat", "5", False),
+    ("--threads", "threads", "1", False),
+)  # flag, attribute, default, whether an analytic plan (which traces MODEL) uses it
+
+
+def _check_unused_measuring_flags(args: argparse.Namespace) -> None:
+    """UsageError for a flag that changes nothing in this plan (the user meant something by it)."""
+    analytic = wants_analytic(args.device, args.analytic)
+    for flag, attr, default, traced in _MEASURING_FLAGS:
+        if getattr(args, attr) == default:
+            continue
+        if args.profile is not None:
+            raise UsageError(
+                f"{flag} applies when MODEL is profiled; --profile {args.profile} is measured already: drop {flag}"
+            )
+        if analytic and not traced:
+            raise UsageError(f"{flag} applies to measured plans; an analytic plan times nothing: drop {flag}")
+    if args.profile is not None and args.model is None and args.load_timeout is not None:
+        raise UsageError("--load-timeout limits the model file's calls; with --profile alone none is imported: drop it")
 
 
 def _profile_for_plan(

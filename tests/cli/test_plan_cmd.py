@@ -757,3 +757,62 @@ def test_the_target_flag_names_the_library_targets() -> None:
     plan_parser = build_parser()._subparsers._group_actions[0].choices["plan"]  # type: ignore[union-attr]
     action = next(a for a in plan_parser._actions if "--target" in a.option_strings)
     assert action.metavar == "{" + ",".join(TARGETS) + "}" and action.default == TARGETS[0]
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (
+            ["--repeat", "3"],
+            "--repeat applies when MODEL is profiled; --profile {p} is measured already: drop --repeat",
+        ),
+        (
+            ["--warmup", "0"],
+            "--warmup applies when MODEL is profiled; --profile {p} is measured already: drop --warmup",
+        ),
+        (
+            ["--threads", "2"],
+            "--threads applies when MODEL is profiled; --profile {p} is measured already: drop --threads",
+        ),
+        (["--leaf", "Linear"], "--leaf applies when MODEL is profiled; --profile {p} is measured already: drop --leaf"),
+        (
+            ["--blocks", "2"],
+            "--blocks applies when MODEL is profiled; --profile {p} is measured already: drop --blocks",
+        ),
+        (
+            ["--load-timeout", "5"],
+            "--load-timeout limits the model file's calls; with --profile alone none is imported: drop it",
+        ),
+    ],
+)
+def test_plan_profile_refuses_flags_that_would_do_nothing(
+    extra: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A measuring flag beside a saved profile is refused, not ignored: the user meant it to change the plan."""
+    from tests.helpers import FIXTURES
+
+    profile = str(FIXTURES / "good_mlp_profile_v1.json")
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--profile", profile, "--devices", "2", "-o", str(out), *extra]) == 2
+    assert capsys.readouterr().err == f"autopipe: error: {said.format(p=profile)}\n"
+    assert not out.exists()
+    assert main(["plan", "--profile", profile, "--devices", "2", "-o", str(out)]) == 0  # the defaults pass
+
+
+def test_analytic_plan_refuses_timing_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.helpers import ROOT
+
+    args = [
+        "plan",
+        str(ROOT / "models" / "mlp.py"),
+        "--device",
+        "h100",
+        "--devices",
+        "2",
+        "-o",
+        str(tmp_path / "p.json"),
+    ]
+    assert main([*args, "--repeat", "3"]) == 2
+    assert capsys.readouterr().err == (
+        "autopipe: error: --repeat applies to measured plans; an analytic plan times nothing: drop --repeat\n"
+    )
