@@ -166,7 +166,18 @@ class Plan:
     # before it read as autopipe) and, where that target searches less, the free plan's prediction.
     target: str = "autopipe"
     free_plan: FreePlan | None = None
+    # How sure the prediction is (planner/noise.py): the iteration with every block at its median
+    # plus its measured spread, over iteration_time_s, less 1 (0: no spread known), and, where
+    # candidates were within that noise, which were tied and how the plan was chosen among them.
+    uncertainty: float = 0.0
+    noise_note: str = ""
     version: int = PLAN_VERSION
+
+    @property
+    def iteration_shown(self) -> str:
+        """The predicted iteration in milliseconds as people read it: ``92.9 ms ± 4%``."""
+        ms = f"{self.iteration_time_s * 1e3:.3f} ms"
+        return f"{ms} ± {self.uncertainty:.0%}" if self.uncertainty > 0 else ms
 
     @property
     def step_time_s(self) -> float:
@@ -214,8 +225,7 @@ class Plan:
         lines = [
             f"{self.model}: {self.devices} devices x {self.virtual} stage(s), {self.schedule}, "
             f"{self.micro_batches} micro-batch{'es' if self.micro_batches != 1 else ''} of {self.micro_batch_size}",
-            f"iteration {self.iteration_time_s * 1e3:.3f} ms, bubble {self.bubble_fraction:.1%}, "
-            f"{self.throughput:.1f} samples/s",
+            f"iteration {self.iteration_shown}, bubble {self.bubble_fraction:.1%}, {self.throughput:.1f} samples/s",
         ]
         for s in self.stages:
             first, last = s.blocks[0], s.blocks[-1]

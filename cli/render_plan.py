@@ -96,10 +96,14 @@ def print_plan(plan: Plan, console: Console, timeline_rows: list[str] | None = N
         + (f" (v={plan.virtual})" if plan.virtual > 1 else "")
         + f", {plan.micro_batches} micro-batch{'es' if plan.micro_batches != 1 else ''} of {plan.micro_batch_size} "
         f"(batch {plan.batch_size}); "
-        f"predicted iteration [bold]{_ms(plan.iteration_time_s)} ms[/], bubble {plan.bubble_fraction:.1%}, "
+        f"predicted iteration [bold]{_ms(plan.iteration_time_s)} ms[/]"
+        + (f" ± {plan.uncertainty:.0%}" if plan.uncertainty > 0 else "")
+        + f", bubble {plan.bubble_fraction:.1%}, "
         f"{plan.throughput:.1f} samples/s",
         markup=True,  # autopipe's own styles; the one string from the plan is escaped
     )
+    if plan.noise_note:
+        console.print(f"note: {plan.noise_note}", highlight=False, markup=False)
     if plan.data_parallel > 1 or plan.tensor_parallel > 1:
         console.print(layout_line(plan))
     for line in target_lines(plan):
@@ -165,6 +169,8 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "micro_batch_size": plan.micro_batch_size,
         "batch_size": plan.batch_size,
         "iteration_time_s": plan.iteration_time_s,
+        "uncertainty": plan.uncertainty,
+        "noise_note": plan.noise_note,
         "bubble_fraction": plan.bubble_fraction,
         "throughput": plan.throughput,
         "data_parallel": plan.data_parallel,

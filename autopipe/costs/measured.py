@@ -22,6 +22,7 @@ so the planner can price any micro-batch count.
 
 from __future__ import annotations
 
+import os
 import platform
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
+from autopipe.costs.profile import Affine, BlockCost, Profile, Spread, TensorCost
 from autopipe.costs.timing import (
     BlockMeasurement,
     measure_blocks,
@@ -58,6 +59,7 @@ __all__ = [
 
 Progress = Callable[[str, int, int], None]  # progress(what, done, total); total 0: not known
 _ZERO = Affine(0.0, 0.0)
+_NO_SPREAD = Spread()
 
 
 def profile_model(
@@ -109,6 +111,7 @@ def _profile(
     model.train()
     traces: list[TracedModel] = []
     measured: list[list[BlockMeasurement]] = []
+    load = [_load_average()]
     for u in list(sizes):
         if progress is not None:
             progress(f"tracing at micro-batch size {u}", 0, 0)
@@ -136,7 +139,17 @@ def _profile(
         targets = _to_device(loaded.make_targets(u), dev) if loaded.make_targets is not None else None
         loss = training_loss(loaded, traced, model, inputs, targets)
         measured.append(measure_blocks(traced, inputs, warmup=warmup, repeat=repeat, progress=report, loss=loss))
-    return _make_profile(loaded, traces, measured, sizes, dev, recipe)
+    load.append(_load_average())
+    profile = _make_profile(loaded, traces, measured, sizes, dev, recipe)
+    return replace(profile, load_average=tuple(x for x in load if x is not None))
+
+
+def _load_average() -> float | None:
+    """The machine's 1-minute load average (None where the system does not say)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def drop_export_one(traced: TracedModel, sizes: list[int]) -> bool:
@@ -200,6 +213,7 @@ def _make_profile(
             else None,
             saved_bytes=fit(lambda m: float(m.saved_bytes), i),
             shared=ref.shared_params,
+            spread=Spread(*(max(m[i].spread[k] for m in measured) for k in range(4))),
         )
         for i, b in enumerate(ref.blocks)
     ]
@@ -255,6 +269,7 @@ def block_cost(
     forward_flops: Affine = _ZERO,
     backward_flops: Affine = _ZERO,
     shared: Sequence[tuple[str, tuple[int, ...]]] = (),
+    spread: Spread = _NO_SPREAD,
 ) -> BlockCost:
     """A block's costs from its fits; parameters are the ones it owns in ``gm`` (plus, apart,
     the ``shared`` ones — ``TracedModel.shared_params`` — it uses but an earlier block owns);
@@ -280,6 +295,7 @@ def block_cost(
         forward_flops=forward_flops,
         backward_flops=backward_flops,
         shared_param_bytes=sum(p.numel() * p.element_size() for p in borrowed),
+        spread=spread,
     )
 
 

@@ -28,7 +28,7 @@ from autopipe._io import atomic_write_text, parse_json, read_json, shown
 from autopipe.errors import ProfileError
 from autopipe.graph.recipe import TraceRecipe
 
-__all__ = ["PROFILE_VERSION", "Affine", "BlockCost", "Profile", "TensorCost"]
+__all__ = ["PROFILE_VERSION", "Affine", "BlockCost", "Profile", "Spread", "TensorCost"]
 
 PROFILE_VERSION = 2
 _READS = (1, PROFILE_VERSION)  # version 1: the recipe's fields at the top level
@@ -71,6 +71,22 @@ class Affine:
 
 
 @dataclass(frozen=True)
+class Spread:
+    """How far a block's measured times scatter: the interquartile range of the timing rounds
+    over their median (``timing.relative_spread``), per kind of work, the largest over the
+    micro-batch sizes measured; 0 where not known (analytic profiles, profiles written before)."""
+
+    forward: float = 0.0
+    backward: float = 0.0
+    backward_input: float = 0.0
+    backward_weight: float = 0.0
+
+    @property
+    def widest(self) -> float:
+        return max(self.forward, self.backward, self.backward_input, self.backward_weight)
+
+
+@dataclass(frozen=True)
 class BlockCost:
     """One block: the unit the solver places on a stage (about one layer of the model)."""
 
@@ -88,6 +104,7 @@ class BlockCost:
     # Bytes of parameters it uses that an earlier block owns (a tied LM head): a stage without
     # their owner holds its own copy, with gradients and optimizer state, as the executor does.
     shared_param_bytes: int = 0
+    spread: Spread = Spread()  # the measured times' relative spread (0: not known)
 
 
 @dataclass(frozen=True)
@@ -116,7 +133,14 @@ class Profile:
     blocks: tuple[BlockCost, ...]
     tensors: tuple[TensorCost, ...]
     shared_params: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (name, blocks using it)
+    # The machine's 1-minute load average (os.getloadavg) before and after measuring; () not known.
+    load_average: tuple[float, ...] = ()
     version: int = PROFILE_VERSION
+
+    @property
+    def spread(self) -> float:
+        """The widest relative spread of any block's measured times (0: none known)."""
+        return max((b.spread.widest for b in self.blocks), default=0.0)
 
     @property
     def num_blocks(self) -> int:
@@ -171,6 +195,20 @@ def _affine(raw: Any) -> Affine:
     return Affine(float(raw["intercept"]), float(raw["slope"]))
 
 
+def _spread(raw: Any) -> Spread:
+    if raw is None:
+        return Spread()
+    if not isinstance(raw, dict):
+        raise TypeError(f"a spread is {type(raw).__name__}, not an object")
+    return Spread(**{k: float(raw.get(k, 0.0)) for k in ("forward", "backward", "backward_input", "backward_weight")})
+
+
+def _load(raw: Any) -> tuple[float, ...]:
+    if not isinstance(raw, list) or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in raw):
+        raise TypeError(f"load_average is {raw!r}, not a list of numbers")
+    return tuple(float(x) for x in raw)
+
+
 def _name(v: Any) -> str:
     if not isinstance(v, str):
         raise TypeError(f"a name is {type(v).__name__} {v!r}, not a string")
@@ -202,6 +240,7 @@ def _profile_from_dict(raw: Any, source: str = "profile") -> Profile:
                 forward_flops=_affine(b.get("forward_flops", {"intercept": 0, "slope": 0})),
                 backward_flops=_affine(b.get("backward_flops", {"intercept": 0, "slope": 0})),
                 shared_param_bytes=int(b.get("shared_param_bytes", 0)),
+                spread=_spread(b.get("spread")),
             )
             for b in raw["blocks"]
         )
@@ -227,6 +266,7 @@ def _profile_from_dict(raw: Any, source: str = "profile") -> Profile:
             blocks=blocks,
             tensors=tensors,
             shared_params=tuple((str(n), tuple(int(i) for i in bs)) for n, bs in raw.get("shared_params", ())),
+            load_average=_load(raw.get("load_average", [])),
             version=PROFILE_VERSION,  # read into this version's shape
         )
     except (KeyError, TypeError, ValueError) as e:
@@ -255,6 +295,12 @@ def _check(p: Profile, source: str) -> None:
                 raise ProfileError(
                     f"{source}: block {i} ({b.name!r}) has {field} {cost}; costs must be finite and >= 0, profile again"
                 )
+        for kind, v in asdict(b.spread).items():
+            if not (math.isfinite(v) and v >= 0):
+                raise ProfileError(
+                    f"{source}: block {i} ({b.name!r}) has spread.{kind} {v}; a spread must be finite and >= 0, "
+                    "profile again"
+                )
         if b.params < 0 or b.param_bytes < 0 or b.shared_param_bytes < 0:
             raise ProfileError(
                 f"{source}: block {i} ({b.name!r}) has a negative parameter count; profile the model again"
@@ -270,6 +316,12 @@ def _check(p: Profile, source: str) -> None:
             raise ProfileError(
                 f"{source}: tensor {t.name!r} has bytes {t.bytes}; sizes must be finite and >= 0, profile again"
             )
+    if len(p.load_average) > 2 or not all(math.isfinite(x) and x >= 0 for x in p.load_average):
+        raise ProfileError(
+            f"{source} has load_average {list(p.load_average)}; the load averages before and after measuring are "
+            "at most two "
+            "finite numbers >= 0, profile again"
+        )
     if not p.micro_batch_sizes or any(u < 1 for u in p.micro_batch_sizes):
         raise ProfileError(
             f"{source} has micro_batch_sizes {list(p.micro_batch_sizes)}; they must be positive, profile again"

@@ -8,6 +8,7 @@ excluded. :func:`measure_blocks` says how the rounds go.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +22,15 @@ from autopipe.graph.outputs import graph_outputs
 from autopipe.graph.segment import Segment, extract
 from autopipe.graph.trace import TracedModel
 
-__all__ = ["BlockMeasurement", "flat_inputs_of", "measure_blocks", "saved_bytes", "storage_key", "time_call"]
+__all__ = [
+    "BlockMeasurement",
+    "flat_inputs_of",
+    "measure_blocks",
+    "relative_spread",
+    "saved_bytes",
+    "storage_key",
+    "time_call",
+]
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,22 @@ class BlockMeasurement:
     backward_input_s: float
     saved_bytes: int
     backward_weight_s: float = -1.0  # measured W of a split backward; < 0: B - B_input
+    # The samples' spread (:func:`relative_spread`) of F, B, B input-gradient and W, each over its median.
+    spread: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+
+
+def relative_spread(samples: Sequence[float]) -> float:
+    """How far the median of ``samples`` may be off, as a fraction of it: the interquartile
+    range of the samples over the square root of their count (about the median's standard
+    error: 1.2533 σ/√n with σ ≈ IQR/1.349) over the median. 0 for fewer than two samples or a
+    zero median. Quartiles by linear interpolation (``statistics.quantiles``' ``inclusive``)."""
+    if len(samples) < 2:
+        return 0.0
+    mid = statistics.median(samples)
+    if mid <= 0:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return float(max(0.0, q3 - q1) / math.sqrt(len(samples)) / mid)
 
 
 def measure_blocks(
@@ -52,7 +77,8 @@ def measure_blocks(
 
     First the blocks run once in order, each on what the blocks before it made (its forward
     graph kept for the backward timings). Then the timing runs go round the blocks: each
-    round times every block once, and a block's figure is the median of its rounds. A burst of
+    round times every block once, and a block's figure is the median of its rounds (its spread:
+    how far that median may be off, :func:`relative_spread`). A burst of
     other work on a shared machine then slows one round of every block alike instead of all
     the samples of one block, so the blocks keep their true proportions. A forward round is a
     real forward (:func:`_forward_round`): a block alone on inputs it has seen before, its
@@ -106,7 +132,8 @@ def measure_blocks(
     for i, run in enumerate(runs):
         f, b, bi, w = (float(statistics.median(samples[k][i])) for k in _KINDS)
         extra = loss_run.saved if loss_run is not None and i == len(runs) - 1 else 0
-        out.append(BlockMeasurement(f, b, bi, run.saved + extra, w))
+        spread = tuple(relative_spread(samples[k][i]) for k in _KINDS)
+        out.append(BlockMeasurement(f, b, bi, run.saved + extra, w, (spread[0], spread[1], spread[2], spread[3])))
     return out
 
 

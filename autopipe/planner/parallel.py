@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from autopipe.costs.profile import Profile
 from autopipe.costs.tensor import TransformerShape, tensor_degrees, tensor_reason
 from autopipe.errors import InfeasibleError, PlanError
-from autopipe.planner.assemble import make_plan
+from autopipe.planner.noise import robust_plan
 from autopipe.planner.placement import Cluster, Layout, layouts, ring_allreduce_s
 from autopipe.planner.request import NO_CHOICES, Choices, divisors, validate
 from autopipe.planner.search import PlanRequest, Progress, plan_search
@@ -306,7 +306,7 @@ def _options(
                 told = None if progress is None else _labelled(progress, f"t={t} x S={S} x D={D}: ")
                 validate(profile, req)
                 fitting = plan_search(profile, req, told, incumbent)
-                plans[link] = make_plan(profile, req, fitting[0][0], fitting[0][1], fitting)
+                plans[link] = robust_plan(profile, req, fitting)
         except InfeasibleError as e:
             if target < math.inf:  # nothing fits faster than the incumbent: not this layout
                 plans[link] = None

@@ -64,7 +64,6 @@ from autopipe.partition.greedy import Memo, solve_fast
 from autopipe.partition.ilp import SolverUnavailable, solve_ilp
 from autopipe.partition.min_memory import min_memory_limit
 from autopipe.partition.problem import Partition, PartitionProblem, evaluate
-from autopipe.planner.assemble import make_plan
 from autopipe.planner.bounds import (
     PRUNE_TOLERANCE,
     Work,
@@ -76,6 +75,7 @@ from autopipe.planner.bounds import (
 from autopipe.planner.context import SearchContext, SizeContext
 from autopipe.planner.exact import SplitTable, split_table
 from autopipe.planner.moves import LazySplit, Split, bounded, improve, order, refine, sizes_of
+from autopipe.planner.noise import robust_plan, search_margin
 from autopipe.planner.pricing import BlockTimes, Decision, Priced, candidate, fits, price
 from autopipe.planner.request import (
     SEARCH_SCHEDULES,
@@ -143,11 +143,11 @@ def plan_pipeline(profile: Profile, request: PlanRequest, progress: Progress | N
     plan they can give (:func:`decision_bound`), candidates simulated in the order of a
     lower bound on their own iteration time (:func:`candidate_bound`); the search stops when
     no bound left is below the best simulated plan that fits. Nothing skipped can be faster.
+    Among the candidates within the profile's measured spread of the fastest, the plan is the
+    one :func:`~autopipe.planner.noise.robust_order` chooses (a profile without spreads: the fastest).
     """
     validate(profile, request)
-    fitting = plan_search(profile, request, progress)
-    best_candidate, timeline = fitting[0]
-    return make_plan(profile, request, best_candidate, timeline, fitting)
+    return robust_plan(profile, request, plan_search(profile, request, progress))
 
 
 def plan_search(
@@ -234,6 +234,8 @@ class _Search:
             tuple[str, int, int], tuple[int, ...]
         ] = {}  # the simple splits' sizes per (name, micro-batch size, chunks)
         self.params = tuple(float(b.params) for b in self.profile.blocks)
+        # Past the best plan by the profile's measured spread: the candidates tied with it are simulated too.
+        self.margin = (1 + PRUNE_TOLERANCE) * (1 + search_margin(self.profile))
 
     def push(self, bound: float, item: QueueItem) -> None:
         heapq.heappush(self.queue, (bound, next(self.counter), item))
@@ -250,11 +252,11 @@ class _Search:
             )
             if self.queue and self.queue[0][0] <= open_bound:
                 bound, _, item = heapq.heappop(self.queue)
-                if bound >= self.best * (1 + PRUNE_TOLERANCE):
+                if bound >= self.best * self.margin:
                     return
                 self.take(item)
                 continue
-            if open_bound >= self.best * (1 + PRUNE_TOLERANCE) or self.opened >= len(self.todo):
+            if open_bound >= self.best * self.margin or self.opened >= len(self.todo):
                 return
             decision = self.todo[self.opened]
             self.opened += 1

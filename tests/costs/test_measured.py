@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,10 @@ def test_profile_fits_costs_over_micro_batch_sizes_and_round_trips(tmp_path: Pat
     # Activation bytes are exactly linear in the micro-batch size here.
     assert layer.saved_bytes(4) == pytest.approx(4 * layer.saved_bytes(1), rel=1e-6)
     assert all(b.forward_s(4) > 0 for b in prof.blocks[1:])
+    # Error bars: each block's spread (>= 0, finite, one per kind of work) and the load before and after.
+    assert all(0 <= v < math.inf for b in prof.blocks for v in vars(b.spread).values())
+    assert prof.spread > 0  # three rounds of a real clock never agree to the nanosecond
+    assert len(prof.load_average) == 2 and all(x >= 0 for x in prof.load_average)
     # The tensors between blocks: the input ids (from the model input), then a chain.
     assert [(t.src, t.dsts) for t in prof.tensors] == [(-1, (0,)), (0, (1,)), (1, (2,)), (2, (3,))]
     assert prof.tensors[1].bytes(2) == 2 * 64 * 64 * 4
