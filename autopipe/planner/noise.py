@@ -1,7 +1,9 @@
 """Plans that hold on a noisy machine: the search's candidates ranked within the profile's spread.
 
-A measured profile records how far each block's timing rounds scatter (``BlockCost.spread``:
-the interquartile range over the median, per F, B, B input-gradient and W). A candidate's
+A measured profile records how far each block's median time may be off (``BlockCost.spread``:
+the timing rounds' interquartile range over the square root of their count, over the median --
+about the median's standard error, :func:`autopipe.costs.timing.relative_spread` -- per F, B,
+B input-gradient and W). A candidate's
 *worst case* is the simulator's iteration time with every block at its median plus that spread
 (conservative: every block slow at once; the executor's cost per action and the links as they
 are). Candidates whose predicted times overlap within the noise -- a median no later than the
