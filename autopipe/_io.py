@@ -50,6 +50,7 @@ __all__ = [
     "parse_json",
     "printable",
     "read_json",
+    "refused_pickle",
     "shown",
     "torch_save",
 ]
@@ -184,15 +185,36 @@ def check_output_file(path: str | Path, what: str, example: str = "out.json") ->
     return p
 
 
+_FOLDER_TEMP_EXTRA = len(".") + len(".12345678.tmp")  # emit builds ``.NAME.XXXXXXXX.tmp`` beside the folder
+
+
+def _exists(p: Path) -> bool:
+    try:
+        return p.exists()
+    except OSError:  # a name too long, a loop of links: not a folder to write in
+        return False
+
+
 def check_output_folder(path: str | Path, what: str) -> Path:
     """``path`` as a Path if a folder can be made there: it is no file, and the nearest folder
     that exists above it can be written in (the missing ones are made when writing)."""
     p = _check_name(path, what)
+    above = p.parent
+    while not _exists(above) and above != above.parent:
+        above = above.parent
+    try:
+        limit = os.pathconf(above, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    names = [len(os.fsencode(part)) for part in p.relative_to(above).parts]
+    longest = max([*names, len(os.fsencode(p.name)) + _FOLDER_TEMP_EXTRA])
+    if longest > limit:  # before exists(), which raises on such a name
+        raise OutputError(
+            f"{what} {shown(p)}: the name is too long ({longest} bytes with the temporary name; "
+            f"this file system takes {limit}); choose a shorter name"
+        )
     if p.exists() and not p.is_dir():
         raise OutputError(f"{what} {p} is a file, not a folder; name a new folder")
-    above = p.parent
-    while not above.exists() and above != above.parent:
-        above = above.parent
     _check_writable_folder(above, what, p)
     return p
 
@@ -273,6 +295,20 @@ _DROP = bytes(c for c in range(256) if c not in b'[]{}"')  # all but brackets an
 _STRING = re.compile(rb'"[^"]*(?:"|\Z)')
 _PAIR = re.compile(rb"\[\]|\{\}")
 _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+_REFUSED_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+?)(?: was | whose |\.?$)", re.M)
+_REFUSED_BUILD = re.compile(r"Can only (?:build|create new object for) .*?but got (\S+)")
+
+
+def refused_pickle(exc: BaseException) -> str | None:
+    """What ``torch.load(weights_only=True)`` refused to unpickle -- ``'posix.system'``, a class or a
+    function of the file's own: a file holding pickled Python objects or code, not a damaged one --
+    else None. torch words it two ways ("Unsupported global: GLOBAL x" and "Trying to load unsupported
+    GLOBAL x whose module m is blocked"); the readers of weights and checkpoints all ask here."""
+    text = str(exc)
+    found = _REFUSED_GLOBAL.search(text) or _REFUSED_BUILD.search(text)
+    return found.group(1).rstrip(".,") if found else None
 
 
 def _too_deep(data: bytes) -> bool:
