@@ -167,6 +167,7 @@ def check_output_file(path: str | Path, what: str, example: str = "out.json") ->
     """``path`` as a Path if a file can be written there (replacing one is fine), else
     OutputError naming ``what`` (the flag); a directory's message suggests ``example`` in it."""
     p = _check_name(path, what)
+    _check_parts(p, what, 0)  # the folders above it; its own name, with the temporary one:
     _check_length(p, what, p)
     if p.is_dir():
         raise OutputError(f"{what} {p} is a directory; name a file, e.g. {p / example}")
@@ -195,10 +196,10 @@ def _exists(p: Path) -> bool:
         return False
 
 
-def check_output_folder(path: str | Path, what: str) -> Path:
-    """``path`` as a Path if a folder can be made there: it is no file, and the nearest folder
-    that exists above it can be written in (the missing ones are made when writing)."""
-    p = _check_name(path, what)
+def _check_parts(p: Path, what: str, last: int) -> Path:
+    """Every folder name in ``p`` that does not exist yet, and its last name (``last`` bytes with the
+    temporary name), fit the file system: checked before ``exists()``, which raises on such a name.
+    Returns the nearest folder above ``p`` that exists."""
     above = p.parent
     while not _exists(above) and above != above.parent:
         above = above.parent
@@ -206,13 +207,21 @@ def check_output_folder(path: str | Path, what: str) -> Path:
         limit = os.pathconf(above, "PC_NAME_MAX")
     except (OSError, ValueError):
         limit = 255
-    names = [len(os.fsencode(part)) for part in p.relative_to(above).parts]
-    longest = max([*names, len(os.fsencode(p.name)) + _FOLDER_TEMP_EXTRA])
-    if longest > limit:  # before exists(), which raises on such a name
+    names = [len(os.fsencode(part)) for part in p.relative_to(above).parts[:-1]]
+    longest = max([*names, last])
+    if longest > limit:
         raise OutputError(
             f"{what} {shown(p)}: the name is too long ({longest} bytes with the temporary name; "
             f"this file system takes {limit}); choose a shorter name"
         )
+    return above
+
+
+def check_output_folder(path: str | Path, what: str) -> Path:
+    """``path`` as a Path if a folder can be made there: it is no file, and the nearest folder
+    that exists above it can be written in (the missing ones are made when writing)."""
+    p = _check_name(path, what)
+    above = _check_parts(p, what, len(os.fsencode(p.name)) + _FOLDER_TEMP_EXTRA)
     if p.exists() and not p.is_dir():
         raise OutputError(f"{what} {p} is a file, not a folder; name a new folder")
     _check_writable_folder(above, what, p)

@@ -114,7 +114,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     strings = dict(plan, model="m\n--save /tmp/owned\n[parallelism]\n\x1b]0;title\x07\x1b[31m[/]red")
     (bad / "plan-strings.json").write_text(json.dumps(strings))
     (bad / "profile-markup.json").write_text(json.dumps(dict(profile, model="[/] [bold]x[/bold]")))
-    for suffix in ("json", "png", "pt", "txt", "py"):  # a full disk: a link to /dev/full is written through
+    for suffix in ("json", "png", "pt", "txt", "csv"):  # a full disk: a link to /dev/full is written through
         (bad / f"full.{suffix}").symlink_to("/dev/full")
     return w
 
@@ -180,6 +180,16 @@ def output_cases(w: Path) -> Iterator[Case]:
     yield Case("long name", "run --trace", ["run", plan, "--steps", "1", "--trace", long + ".json"], "too long")
     yield Case("long name", "config -o", ["config", plan, "--for", "megatron", "-o", long + ".txt"], "too long")
     yield Case("a file for a folder", "emit -o", ["emit", plan, "-o", plan], "not a folder")
+    yield Case("long name", "emit --schedule-csv", ["emit", plan, "--schedule-csv", long + ".csv"], "too long")
+    yield Case("full disk", "emit --schedule-csv", ["emit", plan, "--schedule-csv", f"{full}.csv"], "No space left")
+    yield Case("long name", "profile -o", ["profile", str(MLP), "--batch-size", "2", "-o", long + ".json"], "too long")
+    yield Case(
+        "long name", "calibrate -o", ["calibrate", profile, "--model", str(MLP), "-o", long + ".json"], "too long"
+    )
+    for flag, suffix in (("--plot", ".png"), ("--save-checkpoint", "")):
+        argv = ["run", plan, "--steps", "1", flag, long + suffix]
+        yield Case("long name", f"run {flag}", argv, "too long" if flag == "--plot" else "longer than")
+        yield Case("long name inside", f"run {flag}", [*argv[:-1], long + "/x" + suffix], "long")
 
 
 _COUNT_FLAGS = {  # COUNT_BOUNDS's field -> the commands whose flag sets it
