@@ -444,3 +444,21 @@ def test_a_checkpoint_file_carrying_code_says_so(world: Path, name: str) -> None
         f"{path} is not a valid checkpoint file (it holds Python objects, not only tensors and numbers; "
         "not loaded, as that could run code); save the checkpoint again with --save-checkpoint"
     )
+
+
+@pytest.mark.slow
+def test_stdout_on_a_full_device_is_one_line(world: Path) -> None:
+    """A full disk under stdout (``> /dev/full``), for the commands that print their result: exit 1
+    (a fault, not bad input), one line, no traceback."""
+    plan = str(world / "plan.json")
+    for argv in (["show", plan, "--json"], ["config", plan, "--for", "megatron"]):
+        with open("/dev/full", "w") as full:
+            done = subprocess.run(
+                [sys.executable, "-m", "autopipe.cli.main", *argv],
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=120,
+            )
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, (argv, done.stderr)
+        assert done.stderr.startswith("autopipe: error: cannot write the output: No space left on device")
