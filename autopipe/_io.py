@@ -50,6 +50,7 @@ __all__ = [
     "parse_json",
     "printable",
     "read_json",
+    "refused_pickle",
     "shown",
     "torch_save",
 ]
@@ -166,6 +167,7 @@ def check_output_file(path: str | Path, what: str, example: str = "out.json") ->
     """``path`` as a Path if a file can be written there (replacing one is fine), else
     OutputError naming ``what`` (the flag); a directory's message suggests ``example`` in it."""
     p = _check_name(path, what)
+    _check_parts(p, what, 0)  # the folders above it; its own name, with the temporary one:
     _check_length(p, what, p)
     if p.is_dir():
         raise OutputError(f"{what} {p} is a directory; name a file, e.g. {p / example}")
@@ -184,15 +186,44 @@ def check_output_file(path: str | Path, what: str, example: str = "out.json") ->
     return p
 
 
+_FOLDER_TEMP_EXTRA = len(".") + len(".12345678.tmp")  # emit builds ``.NAME.XXXXXXXX.tmp`` beside the folder
+
+
+def _exists(p: Path) -> bool:
+    try:
+        return p.exists()
+    except OSError:  # a name too long, a loop of links: not a folder to write in
+        return False
+
+
+def _check_parts(p: Path, what: str, last: int) -> Path:
+    """Every folder name in ``p`` that does not exist yet, and its last name (``last`` bytes with the
+    temporary name), fit the file system: checked before ``exists()``, which raises on such a name.
+    Returns the nearest folder above ``p`` that exists."""
+    above = p.parent
+    while not _exists(above) and above != above.parent:
+        above = above.parent
+    try:
+        limit = os.pathconf(above, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    names = [len(os.fsencode(part)) for part in p.relative_to(above).parts[:-1]]
+    longest = max([*names, last])
+    if longest > limit:
+        raise OutputError(
+            f"{what} {shown(p)}: the name is too long ({longest} bytes with the temporary name; "
+            f"this file system takes {limit}); choose a shorter name"
+        )
+    return above
+
+
 def check_output_folder(path: str | Path, what: str) -> Path:
     """``path`` as a Path if a folder can be made there: it is no file, and the nearest folder
     that exists above it can be written in (the missing ones are made when writing)."""
     p = _check_name(path, what)
+    above = _check_parts(p, what, len(os.fsencode(p.name)) + _FOLDER_TEMP_EXTRA)
     if p.exists() and not p.is_dir():
         raise OutputError(f"{what} {p} is a file, not a folder; name a new folder")
-    above = p.parent
-    while not above.exists() and above != above.parent:
-        above = above.parent
     _check_writable_folder(above, what, p)
     return p
 
@@ -273,6 +304,20 @@ _DROP = bytes(c for c in range(256) if c not in b'[]{}"')  # all but brackets an
 _STRING = re.compile(rb'"[^"]*(?:"|\Z)')
 _PAIR = re.compile(rb"\[\]|\{\}")
 _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+_REFUSED_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+?)(?: was | whose |\.?$)", re.M)
+_REFUSED_BUILD = re.compile(r"Can only (?:build|create new object for) .*?but got (\S+)")
+
+
+def refused_pickle(exc: BaseException) -> str | None:
+    """What ``torch.load(weights_only=True)`` refused to unpickle -- ``'posix.system'``, a class or a
+    function of the file's own: a file holding pickled Python objects or code, not a damaged one --
+    else None. torch words it two ways ("Unsupported global: GLOBAL x" and "Trying to load unsupported
+    GLOBAL x whose module m is blocked"); the readers of weights and checkpoints all ask here."""
+    text = str(exc)
+    found = _REFUSED_GLOBAL.search(text) or _REFUSED_BUILD.search(text)
+    return found.group(1).rstrip(".,") if found else None
 
 
 def _too_deep(data: bytes) -> bool:

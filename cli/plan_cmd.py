@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from rich.console import Console
 
+from autopipe.errors import OutputError
 from autopipe.schedules import schedule_names
 from autopipe.units import format_bytes, parse_bytes, parse_duration, parse_rate
 
@@ -396,7 +397,12 @@ def _show(
     simulated = plan_timeline(plan) if wanted else None
     shown = plan_frame(plan, simulated) if simulated is not None else None  # what is drawn: bounded
     if timeline and simulated is not None:
-        draw_timeline(plan, simulated, timeline, plan_costs(plan), shown)
+        try:
+            draw_timeline(plan, simulated, timeline, plan_costs(plan), shown)
+        except OutputError as e:  # a full disk: the plan written before it stays, and the line says so
+            if wrote is None:
+                raise
+            raise OutputError(f"{wrote}, but {e}") from None
     if as_json:
         print(json.dumps(plan_json(plan), indent=1), file=out.file)
         return

@@ -6,6 +6,7 @@ Import them as ``from tests.helpers import even_plan``: the repository root is o
 - :func:`even_plan`: a Plan without profiling. Profiling takes seconds per model; tests of the
   executor, emit and export only need a valid cut, so they build the Plan straight from a
   trace (predictions are nominal: 1 ms forwards).
+- :func:`call`: ``autopipe ARGV`` in this process (the fuzz tests' runner), its :class:`Outcome`.
 - :func:`reference_training`, :func:`max_diff`: single-process training of the unsplit model,
   the reference the pipeline's losses and weights are compared with.
 """
@@ -13,11 +14,16 @@ Import them as ``from tests.helpers import even_plan``: the repository root is o
 from __future__ import annotations
 
 import dataclasses
+import io
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from autopipe.cli.main import main
 from torch import nn
 
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
@@ -246,3 +252,58 @@ def wait_ranks(procs: list[subprocess.Popen[str]], timeout: float) -> list[str]:
                 p.wait()
     assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
     return logs
+
+
+# ----------------------------------------------------------------------------- one command, in this process
+
+LIMIT_S = 60.0  # a hang, not a slow case: each takes well under a second, a busy machine adds time
+
+
+class Launched(Exception):
+    """``run`` got past every check and asked to start its ranks."""
+
+
+class _TimedOut(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Outcome:
+    code: int | str  # the exit code, or what escaped main
+    err: str
+    out: str = ""
+
+    def problem(self) -> str | None:
+        if isinstance(self.code, str):
+            return self.code
+        lines = self.err.strip("\n").split("\n") if self.err.strip() else []
+        if self.code == 2 and (len(lines) != 1 or not lines[0].startswith("autopipe: error: ")):
+            return f"exit 2 with {len(lines)} line(s) on stderr: {self.err[:300]!r}"
+        if self.code not in (0, 2):
+            return f"exit {self.code}: {self.err[:300]!r}"
+        return None
+
+
+def _on_alarm(signum: int, frame: object) -> None:
+    raise _TimedOut()
+
+
+def call(argv: list[str]) -> Outcome:
+    """``autopipe ARGV`` in this process, stdout and stderr captured, cut off after LIMIT_S."""
+    out, err = io.StringIO(), io.StringIO()
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, LIMIT_S)
+    code: int | str
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            code = main(argv)
+    except Launched:
+        code = 0
+    except _TimedOut:
+        code = f"still running after {LIMIT_S:.0f} s"
+    except BaseException as e:
+        code = f"{type(e).__name__} escaped main: {str(e)[:200]}"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    return Outcome(code, err.getvalue(), out.getvalue())

@@ -18,15 +18,12 @@ accepts as well (the same checks guard both). Real launches are tested in tests/
 from __future__ import annotations
 
 import copy
-import io
 import json
 import math
 import random
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,10 +32,9 @@ import pytest
 from autopipe.cli.main import main
 
 from autopipe.plans import Plan
-from tests.helpers import FIXTURES, ROOT
+from tests.helpers import FIXTURES, ROOT, Launched, call
 
 SEED = 20240611
-LIMIT_S = 60.0  # a hang, not a slow case: each takes well under a second, a busy machine adds time
 PLAN_V1 = FIXTURES / "good_mlp_plan_v1.json"
 PROFILE_V1 = FIXTURES / "good_mlp_profile_v1.json"
 BAD_VALUES: tuple[Any, ...] = (
@@ -61,55 +57,6 @@ BAD_VALUES: tuple[Any, ...] = (
     {},
     [1, "a"],
 )
-
-
-class _Launched(Exception):
-    """``run`` got past every check and asked to start its ranks."""
-
-
-class _TimedOut(Exception):
-    pass
-
-
-@dataclass(frozen=True)
-class Outcome:
-    code: int | str  # the exit code, or what escaped main
-    err: str
-
-    def problem(self) -> str | None:
-        if isinstance(self.code, str):
-            return self.code
-        lines = self.err.strip("\n").split("\n") if self.err.strip() else []
-        if self.code == 2 and (len(lines) != 1 or not lines[0].startswith("autopipe: error: ")):
-            return f"exit 2 with {len(lines)} line(s) on stderr: {self.err[:300]!r}"
-        if self.code not in (0, 2):
-            return f"exit {self.code}: {self.err[:300]!r}"
-        return None
-
-
-def _on_alarm(signum: int, frame: object) -> None:
-    raise _TimedOut()
-
-
-def call(argv: list[str]) -> Outcome:
-    """``autopipe ARGV`` in this process, stdout and stderr captured, cut off after LIMIT_S."""
-    out, err = io.StringIO(), io.StringIO()
-    previous = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, LIMIT_S)
-    code: int | str
-    try:
-        with redirect_stdout(out), redirect_stderr(err):
-            code = main(argv)
-    except _Launched:
-        code = 0
-    except _TimedOut:
-        code = f"still running after {LIMIT_S:.0f} s"
-    except BaseException as e:
-        code = f"{type(e).__name__} escaped main: {str(e)[:200]}"
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    return Outcome(code, err.getvalue())
 
 
 # ----------------------------------------------------------------------------- mutations
@@ -267,7 +214,7 @@ def check_cases(cases: list[Case], monkeypatch: pytest.MonkeyPatch) -> None:
     import autopipe.runtime.run.launch
 
     def launched(*args: object, **kwargs: object) -> None:
-        raise _Launched()
+        raise Launched()
 
     monkeypatch.setattr(autopipe.runtime.run.launch, "launch", launched)
     failures, accepted = [], {}
@@ -350,7 +297,7 @@ def test_fuzz_user_code_through_every_command(cause: str, tmp_path: Path, monkey
     from tests.model.test_usercode import CAUSES, write_model
 
     def launched(*args: object, **kwargs: object) -> None:
-        raise _Launched()
+        raise Launched()
 
     monkeypatch.setattr(autopipe.runtime.run.launch, "launch", launched)
     extra, said = CAUSES[cause]

@@ -27,6 +27,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from autopipe._io import one_line
 from autopipe.config.parts import Degrees, Parts, degrees, model_parts, plan_precision, stage_list
 from autopipe.config.retarget import retarget_notes
 from autopipe.plans import Plan
@@ -281,7 +282,7 @@ def titan_head(plan: Plan, job: _Job, what: str) -> list[str]:
     """The ``#`` lines every torchtitan output starts with: what it is, the plan, the notes."""
     deg = job.deg
     lines = [
-        f"# {what} for {plan.model}",
+        f"# {what} for {one_line(plan.model)}",  # a newline in it would start a TOML table
         f"# autopipe plan: {plan.schedule}, "
         f"t x p x d = {deg.tensor} x {deg.pipeline} x {deg.data} = {deg.world_size} GPUs, "
         f"{plan.micro_batches} micro-batch(es) of {plan.micro_batch_size}",
@@ -296,7 +297,7 @@ def titan_head(plan: Plan, job: _Job, what: str) -> list[str]:
             f"# no pipeline: each data-parallel rank runs {plan.micro_batches} micro-batches of "
             f"{plan.micro_batch_size} as gradient accumulation ({counted})"
         )
-    return lines + [f"# {n}" for n in job.notes]
+    return lines + [f"# {one_line(n)}" for n in job.notes]  # a note quoting the plan stays one comment
 
 
 def _toml_list(parts: list[list[str]]) -> str:
@@ -334,7 +335,7 @@ def torchtitan_toml(
         *head,
         "# [model] name/flavor and training.seq_len are the model's own: set them to the torchtitan model that is "
         "yours (the module names below are your model's)",
-        *[f"# {n}" for n in notes],
+        *[f"# {one_line(n)}" for n in notes],
         "",
         "[training]",
         f"local_batch_size = {job.local_batch}",

@@ -43,7 +43,7 @@ from autopipe.graph.blocks import Block, BlockEdge, ValueInfo, group_blocks
 from autopipe.graph.propagate import MetaShapes
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.training import follow_training
-from autopipe.model.usercode import guarded
+from autopipe.model.usercode import guarded, too_small_for_batchnorm
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -426,6 +426,9 @@ def _innermost_frame(e: BaseException, source: Path | None) -> str | None:
 
 
 def _trace_failure(errors: list[tuple[str, BaseException]], source: Path | None) -> TraceError:
+    for _, e in errors:  # the micro-batch, not the tracer: no --leaf helps
+        if (small := too_small_for_batchnorm(e)) is not None:
+            return TraceError(small)
     parts = [f"{name}: {_describe_failure(e, source)}" for name, e in errors]
     fx = [getattr(e, FAILED_IN) for name, e in errors if name == "fx" and hasattr(e, FAILED_IN)]
     if fx and len(errors) == 1:  # --tracer fx: say which module, and what to do about it

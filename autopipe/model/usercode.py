@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -48,6 +49,7 @@ __all__ = [
     "first_line",
     "guarded",
     "load_timeout",
+    "too_small_for_batchnorm",
     "user_location",
 ]
 
@@ -126,6 +128,25 @@ def first_line(exc: BaseException) -> str:
         if line:
             return line if len(line) <= _MAX_MESSAGE else line[: _MAX_MESSAGE - 1] + "…"
     return ""
+
+
+_BATCHNORM = re.compile(
+    r"Expected more than 1 value per channel when training, got input size (torch\.Size\()?(\[[^\]]*\])"
+)
+
+
+def too_small_for_batchnorm(exc: BaseException) -> str | None:
+    """The line for torch's ``Expected more than 1 value per channel when training`` (a training-mode
+    BatchNorm given one sample per channel: a micro-batch of 1), else None: the cause is the plan's
+    micro-batch size, not the model's code or its tracing, so the line says what to change."""
+    found = _BATCHNORM.search(_text(exc))
+    if found is None:
+        return None
+    return (
+        f"the micro-batch is too small for BatchNorm: in training mode it needs more than 1 value per channel, "
+        f"and got input size {found.group(2)}; plan with a larger micro-batch (fewer --micro-batches or a "
+        "larger --batch-size; micro_batches= / batch_size= in Python)"
+    )
 
 
 def exception_summary(exc: BaseException, path: Path) -> str:
@@ -293,4 +314,6 @@ def guarded(
             raise
         raise ModelLoadError(raised(exception_summary(e, path))) from e
     except BaseException as e:
+        if (small := too_small_for_batchnorm(e)) is not None:
+            raise ModelLoadError(small) from e
         raise ModelLoadError(raised(exception_summary(e, path))) from e

@@ -38,7 +38,7 @@ from typing import IO, Any, Protocol
 
 import torch
 
-from autopipe._io import read_json
+from autopipe._io import read_json, refused_pickle
 from autopipe.errors import RuntimeFailure
 
 __all__ = [
@@ -243,7 +243,7 @@ def load_file(path: Path, entry: Mapping[str, Any] | None = None) -> Any:
         except pickle.UnpicklingError as e:  # torch's weights-only unpickler refused it
             found = re.search(r"WeightsUnpickler error:\s*([^\n]*)", str(e))
             detail = found.group(1).strip() if found else ""
-            if "global" in detail.lower():  # a class or function: what a crafted file runs
+            if refused_pickle(e) is not None:  # a class, function or code: what a crafted file runs
                 reason = "it holds Python objects, not only tensors and numbers; not loaded, as that could run code"
             else:
                 reason = f"truncated or not written by torch.save: {(detail or 'not a pickle')[:80]}"

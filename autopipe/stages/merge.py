@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from autopipe._io import read_json
+from autopipe._io import read_json, refused_pickle
 from autopipe.errors import EmitError
 from autopipe.model.usercode import first_line
 from autopipe.stages.emit import FORMAT, FORMAT_VERSION, MANIFEST
@@ -137,7 +137,7 @@ def _load(path: Path) -> dict[str, torch.Tensor]:
     except EmitError:
         raise
     except pickle.UnpicklingError as e:
-        if "Unsupported global" not in str(e):  # garbage, not a refused object
+        if refused_pickle(e) is None:  # garbage, not a refused object
             raise EmitError(
                 f"weights file {path} is truncated or not a tensor file (unreadable pickle); emit the stages again"
             ) from None

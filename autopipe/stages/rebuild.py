@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autopipe._io import refused_pickle
 from autopipe.errors import (
     FactoryArgumentError,
     ModelLoadError,
@@ -126,6 +127,12 @@ def _load_weights(model: nn.Module, path: Path) -> None:
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a corrupt file, or a pickle of something other than tensors
+        if (refused := refused_pickle(e)) is not None:  # torch's advice (weights_only=False) would run it
+            raise ModelLoadError(
+                f"weights file {path} holds pickled Python objects or code ({refused}), not only tensors; "
+                "refused, as loading it could run code; give a state_dict saved with "
+                "torch.save(model.state_dict(), ...)"
+            ) from None
         raise ModelLoadError(
             f"cannot read weights from {path} ({type(e).__name__}: {str(e)[:120]}); "
             "save model.state_dict() with torch.save"

@@ -234,7 +234,16 @@ def _check_save_folder(folder: str) -> None:
     from autopipe.runtime.commit import MAX_NAME_BYTES, foreign_entry, target_of
 
     path = Path(folder)
-    if path.exists() and not path.is_dir():
+    if any(len(os.fsencode(part)) > MAX_NAME_BYTES for part in path.parts):  # before exists(), which raises on it
+        raise RunOptionError(
+            f"--save-checkpoint {_shown(folder)}: the name is longer than {MAX_NAME_BYTES} bytes "
+            "(a save writes a new folder of a longer name beside it); give a shorter name"
+        )
+    try:
+        is_file = path.exists() and not path.is_dir()
+    except OSError as e:  # a loop of links, a path too long in all
+        raise RunOptionError(f"--save-checkpoint {_shown(folder)}: cannot use it ({e.strerror})") from None
+    if is_file:
         raise RunOptionError(f"--save-checkpoint {_shown(folder)} is a file; give a folder (made if missing)")
     target = target_of(folder)
     if target == target.parent:
