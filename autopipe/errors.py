@@ -27,6 +27,7 @@ __all__ = [
     "RunOptionError",
     "RuntimeFailure",
     "ScheduleError",
+    "Terminated",
     "TraceError",
 ]
 
@@ -124,3 +125,9 @@ class RuntimeFailure(AutopipeError, RuntimeError):
 
 class CommunicationError(RuntimeFailure):
     """A send, receive or collective failed or timed out: usually a peer rank died or hung."""
+
+
+class Terminated(BaseException):  # a signal, like KeyboardInterrupt, not an error
+    """SIGTERM reached the ``autopipe`` command: raised by its handler where the process is, so
+    every ``finally`` runs (temporary files and folders removed, ranks ended) before it exits
+    143. A ``BaseException``, like ``KeyboardInterrupt``: the guard around user code lets it through."""

@@ -8,7 +8,8 @@ Each command lives in its own module (``profile_cmd``, ``plan_cmd``, ``emit_cmd`
   :class:`autopipe.errors.RuntimeFailure`, printed as one ``autopipe: error:`` line naming the rank;
 - 2 bad input: any :class:`autopipe.errors.AutopipeError` prints ``autopipe: error: <message>``
   (one line) to stderr; argparse usage errors exit 2 as well, also as one line;
-- 130 interrupted (Ctrl-C); 141 the output pipe closed (``| head``);
+- 130 interrupted (Ctrl-C); 143 terminated (SIGTERM: cleaned up, then one line); 141 the output
+  pipe closed (``| head``);
 - anything else is a bug in autopipe and propagates with its traceback.
 
 Usage::
@@ -22,9 +23,11 @@ import argparse
 import errno
 import os
 import re
+import signal
 import sys
-from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext, redirect_stdout
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext, redirect_stdout
 from typing import Any, NoReturn
 
 from rich.console import Console
@@ -32,7 +35,7 @@ from rich.text import Text
 
 from autopipe import __version__
 from autopipe._io import printable
-from autopipe.errors import AutopipeError, RuntimeFailure
+from autopipe.errors import AutopipeError, RuntimeFailure, Terminated
 
 from .analytic_cmd import add_calibrate_parser
 from .common import load_timeout_seconds
@@ -48,6 +51,7 @@ __all__ = ["build_parser", "main"]
 EXIT_FAILED_RUN = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a tool ended by a closed pipe
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)  # stdout on a device that takes no more
 
@@ -121,6 +125,25 @@ def _user_limits(args: argparse.Namespace) -> AbstractContextManager[object]:
     return load_timeout(seconds, "--load-timeout")
 
 
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises :class:`~autopipe.errors.Terminated` while the command runs, so what it was
+    writing is cleaned up as on any error; installed only over the default action, in the main
+    thread (a caller's own handler is left alone), and put back after."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def _raise(signum: int, frame: object) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``autopipe`` command line; returns the exit code."""
     parser = build_parser()
@@ -132,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = _Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 120)
     err = _Console(file=sys.stderr, highlight=False)
     try:
-        with library_notes():
+        with library_notes(), _sigterm_raises():
             with _user_limits(args), _stdout_kept_for_json(args):
                 code: int = args.func(args, out, err)
             sys.stdout.flush()  # here, so a full device is one line, not an error at exit
@@ -146,6 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autopipe: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated:
+        print("autopipe: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except BrokenPipeError:  # the reader went away (``autopipe show plan.json | head``): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so exiting flushes nowhere
         return EXIT_BROKEN_PIPE

@@ -34,7 +34,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-from autopipe.errors import AutopipeError, InputError, ModelLoadError
+from autopipe.errors import AutopipeError, InputError, ModelLoadError, Terminated
 
 __all__ = [
     "DEFAULT_LOAD_TIMEOUT_S",
@@ -307,6 +307,8 @@ def guarded(
             "if it is only slow, raise the limit (--load-timeout SECONDS, 0 for none; "
             "autopipe.load_timeout(SECONDS) in Python)"
         ) from None
+    except Terminated:  # SIGTERM to the command (cli/main.py's handler), not the user's code
+        raise
     except SystemExit as e:
         raise ModelLoadError(exited(exit_summary(e, path))) from e
     except KeyboardInterrupt as e:
