@@ -136,5 +136,6 @@ def test_a_plan_made_from_a_profile_carries_its_recipe(tmp_path: Path, capsys: p
     assert json.loads(outputs[0].read_text())["recipe"] == prof.recipe.to_dict() | {
         "model_kwargs": ["depth=3"],
         "leaf_modules": [],
+        "model_file": str(Path(prof.recipe.model_file).resolve()),  # outside the plan's folder: absolute
     }
     assert outputs[0].read_bytes() == outputs[1].read_bytes()  # byte-identical for the same input
