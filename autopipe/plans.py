@@ -22,8 +22,8 @@ from typing import Any
 
 from autopipe._io import atomic_write_text, parse_json, read_json, shown
 from autopipe.errors import PlanFileError
+from autopipe.graph.model_file import found, recorded
 from autopipe.graph.recipe import TraceRecipe
-from autopipe.model.where import found, recorded
 from autopipe.modes import Recompute
 from autopipe.schedules.registry import schedule_names, schedule_spec
 from autopipe.schedules.targets import TARGETS
@@ -195,7 +195,7 @@ class Plan:
 
     def save(self, path: str | Path) -> None:
         """Write the plan to ``path``; its model file is recorded relative to the plan file's
-        folder when under it, else absolute (:mod:`autopipe.model.where`)."""
+        folder when under it, else absolute (:mod:`autopipe.graph.model_file`)."""
         model_file = recorded(self.recipe.model_file, path)
         plan = self if model_file == self.recipe.model_file else self.with_model_file(model_file)
         atomic_write_text(path, plan.to_json())

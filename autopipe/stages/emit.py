@@ -269,17 +269,7 @@ def _write(
         stages.append(entry)
         if kept:
             whole[st.index] = kept
-    needs = None
-    if whole:
-        assert model_file is not None  # else stage_source refused the module
-        check_whole(model_file, {i: (split.stages[i].module, kept) for i, kept in whole.items()})
-        needs = {
-            "path": model_file.path,
-            "factory": model_file.factory,
-            "kwargs": list(model_file.kwargs),
-            "stages": sorted(whole),
-            "modules": {path: cls for kept in whole.values() for path, cls in kept.items()},
-        }
+    needs = _needs_model_file(model_file, split, whole)
 
     unused = [k for k in state_keys if k not in covered]
     if unused and weights:
@@ -386,6 +376,24 @@ def _write_stage(
         "outputs": outputs,
         "tensors": tensors,
     }, src.whole
+
+
+def _needs_model_file(
+    model_file: ModelFile | None, split: Split, whole: dict[int, dict[str, str]]
+) -> dict[str, Any] | None:
+    """The manifest's ``needs_model_file``, once the model file is checked to build the modules
+    the stages keep whole (``whole``: stage index -> path -> class); None when none does."""
+    if not whole:
+        return None
+    assert model_file is not None  # else stage_source refused the module
+    check_whole(model_file, {i: (split.stages[i].module, kept) for i, kept in whole.items()})
+    return {
+        "path": model_file.path,
+        "factory": model_file.factory,
+        "kwargs": list(model_file.kwargs),
+        "stages": sorted(whole),
+        "modules": {path: cls for kept in whole.values() for path, cls in kept.items()},
+    }
 
 
 def _docstring(

@@ -48,7 +48,7 @@ def rebuild_model(
 
     ``base`` is the folder of the plan file: a relative ``model_file`` is looked up there first,
     then from the working directory (where older plans recorded it;
-    :mod:`autopipe.model.where`). ``Plan.load`` has done so already for a plan it read.
+    :mod:`autopipe.graph.model_file`). ``Plan.load`` has done so already for a plan it read.
     """
     check_rebuildable(plan)
     model = plan.recipe.model_spec()

@@ -7,7 +7,7 @@ model together) still finds it, and **absolute** otherwise (:func:`recorded`). A
 (:func:`found`) looks a relative path up in the plan file's folder first and then from the
 current directory, where plans written before recorded it.
 
-Tests: tests/test_where_model.py.
+Tests: tests/graph/test_model_file.py.
 """
 
 from __future__ import annotations
@@ -33,20 +33,11 @@ def recorded(model_file: str, plan_path: str | Path) -> str:
 
 
 def found(model_file: str, plan_path: str | Path | None) -> str:
-    """The recorded ``model_file`` as a path from the current directory (relative when under it,
-    else absolute): a relative one that exists in the plan file's folder is joined to that
-    folder; else it is unchanged (an older plan's path from the current directory, or a file
-    that is missing)."""
-    if model_file in _IN_MEMORY or plan_path is None:
+    """The recorded ``model_file`` as a path from the current directory: a relative one that
+    exists in the plan file's folder is joined to that folder (as the plan's path was given);
+    else it is unchanged (an absolute path; an older plan's path from the current directory; a
+    file that is missing)."""
+    if model_file in _IN_MEMORY or plan_path is None or Path(model_file).is_absolute():
         return model_file
-    if Path(model_file).is_absolute():
-        return _from_here(model_file)
     beside = os.path.normpath(Path(plan_path).parent / model_file)
-    return _from_here(beside) if Path(beside).exists() else model_file
-
-
-def _from_here(path: str) -> str:
-    """``path`` relative to the current directory when under it (as it was typed, typically), else absolute."""
-    absolute = Path(os.path.abspath(path))
-    here = Path.cwd()
-    return absolute.relative_to(here).as_posix() if absolute.is_relative_to(here) else str(absolute)
+    return beside if Path(beside).exists() else model_file

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from autopipe.errors import ModelLoadError
-from autopipe.model.where import found, recorded
+from autopipe.graph.model_file import found, recorded
 from autopipe.plans import Plan
 from autopipe.stages.rebuild import rebuild_model
 from tests.helpers import FIXTURES, even_plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -47,7 +47,7 @@ def test_found_looks_in_the_plans_folder_first(tmp_path: Path, monkeypatch: pyte
     assert found("m.py", "B/plan.json") == "B/m.py"  # beside the plan wins over the current folder
     assert found("other.py", "B/plan.json") == "other.py"  # an older plan: from the current folder
     assert found("/abs/m.py", "B/plan.json") == "/abs/m.py"
-    assert found(str(tmp_path / "B" / "m.py"), "B/plan.json") == "B/m.py"  # absolute under here: as typed
+    assert found(str(tmp_path / "B" / "m.py"), "B/plan.json") == str(tmp_path / "B" / "m.py")
     assert found("m.py", None) == "m.py" and found("", "B/plan.json") == ""
 
 
