@@ -80,6 +80,7 @@ from autopipe.plans import FreePlan, Plan
 from autopipe.stages.emit import emit as emit_rebuilt
 from autopipe.stages.emit import emit_stages
 from autopipe.stages.rebuild import rebuild_model
+from autopipe.stages.whole import model_file_of
 from autopipe.units import check_count, check_int, check_kind, check_path, parse_bytes
 
 __all__ = [  # the functions, then what they take and give (the CLI imports these from here)
@@ -440,6 +441,7 @@ def emit(
         weights=weights,
         weights_format=weights_format,
         source=source_of(model),
+        model_file=model_file_of(plan),  # where a stage builds a module it keeps whole
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from autopipe._io import atomic_write_text, parse_json, read_json, shown
 from autopipe.errors import PlanFileError
+from autopipe.graph.model_file import found, recorded
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.modes import Recompute
 from autopipe.schedules.registry import schedule_names, schedule_spec
@@ -204,7 +205,15 @@ class Plan:
         return tuple(len(s.blocks) for s in self.stages)
 
     def save(self, path: str | Path) -> None:
-        atomic_write_text(path, self.to_json())
+        """Write the plan to ``path``; its model file is recorded relative to the plan file's
+        folder when under it, else absolute (:mod:`autopipe.graph.model_file`)."""
+        model_file = recorded(self.recipe.model_file, path)
+        plan = self if model_file == self.recipe.model_file else self.with_model_file(model_file)
+        atomic_write_text(path, plan.to_json())
+
+    def with_model_file(self, model_file: str) -> Plan:
+        """This plan naming ``model_file`` as its recipe's model file."""
+        return dataclasses.replace(self, recipe=dataclasses.replace(self.recipe, model_file=model_file))
 
     @staticmethod
     def load(path: str | Path) -> Plan:
@@ -212,7 +221,9 @@ class Plan:
         check_path(path, "Plan.load's path", "the path of a plan JSON", error=PlanFileError)
         named = shown(path)
         missing = f"plan file not found: {named}; make one with 'autopipe plan MODEL -o {named}'"
-        return _plan_from_raw(read_json(path, "a plan", PlanFileError, _WRITTEN, missing=missing), named)
+        plan = _plan_from_raw(read_json(path, "a plan", PlanFileError, _WRITTEN, missing=missing), named)
+        model_file = found(plan.recipe.model_file, path)  # from the plan's folder first, then from here
+        return plan if model_file == plan.recipe.model_file else plan.with_model_file(model_file)
 
     @staticmethod
     def from_json(text: str | bytes, source: str = "plan") -> Plan:

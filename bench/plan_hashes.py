@@ -33,8 +33,10 @@ from run to run, so nothing is measured here: a measuring plan (``autopipe plan 
 
 Normalised so that the same command gives the same bytes on another machine or checkout:
 
-- the subprocesses run in the repository root with relative paths, as a plan records its model
-  file (and a profile's) as given;
+- the subprocesses run in the repository root with relative paths; a plan file records its
+  model file relative to its own folder, or absolute when outside it (as every case's is: the
+  output folder holds no model file), so the files are hashed with the output folder read as
+  ``<out>`` and the repository root as ``<root>``, as stdout and stderr are;
 - every plan from a measured (CPU) profile gets ``--memory``: without it the limit is this
   host's RAM, and ``--stages`` everywhere but ``--gpus`` (the default is the visible GPUs);
 - the environment: ``CUDA_VISIBLE_DEVICES=""`` (no GPU changes a default),
@@ -43,14 +45,14 @@ Normalised so that the same command gives the same bytes on another machine or c
   cores, which give the same plans as their Python twins); ``PYTHONHASHSEED`` is left random,
   so a plan that hangs on hash order shows as a difference;
 - in stderr and stdout the output folder reads ``<out>`` and the repository root ``<root>``
-  (``bad-missing-model`` names the folder it looked in); a plan file holds neither (checked:
-  no file is rewritten). Plans from the CPU profiles say ``cpu: x86_64, 1 thread``: the
+  (``bad-missing-model`` names the folder it looked in). Plans from the CPU profiles say ``cpu: x86_64, 1 thread``: the
   fixture's device, not this machine's;
 - bytecode is cached in a folder of its own (``--pycache``, default under the temp folder;
   ``PYTHONPYCACHEPREFIX``, with ``PYTHONDONTWRITEBYTECODE`` off): importing torch from source
   every time costs ~10 s a case; it writes nothing in the repository and changes no plan.
 
-The plans carry no timestamp, host name, version of torch or of autopipe, or absolute path.
+The plans carry no timestamp, host name, version of torch or of autopipe, or absolute path
+but their model file's (normalised above).
 The baseline ``bench/results/plan_hashes-dd61e39.json`` was made on commit dd61e39 (against
 f516304's, only the config outlets differ: Megatron's model arguments, torchtitan's 0.3.0 recipe,
 the new ``torchtitan-0.2`` case) with torch
@@ -253,7 +255,8 @@ def run_case(case: Case, out: Path, env: dict[str, str]) -> dict[str, Any]:
         [sys.executable, "-m", "autopipe.cli", *args], cwd=ROOT, env=env, capture_output=True, timeout=600
     )
     seconds = time.perf_counter() - t0
-    written = target.read_bytes() if target.is_file() else None
+    raw = target.read_bytes() if target.is_file() else None
+    written = normalise(raw.decode(errors="replace"), out).encode() if raw is not None else None
     stdout = normalise(done.stdout.decode(errors="replace"), out)
     return {
         "command": ["python", "-m", "autopipe.cli", *case.args],

@@ -7,7 +7,8 @@ Layout (``S*v`` stages, ``j = 0 .. S*v-1``; interleaved plans place stage j on r
 
     stages/manifest.json        routing, shapes, parameter names, schedule (see below)
     stages/stagej/__init__.py   ``from .stage import StageJ, build, load``
-    stages/stagej/stage.py      the stage module's source: needs only torch
+    stages/stagej/stage.py      the stage module's source: needs only torch (and the model file,
+                                for a stage that keeps a module whole: ``needs_model_file`` below)
     stages/stagej/weights.pt    its parameters and buffers (absent with --no-weights)
     stages/unused.pt            state the model holds but no stage reads (only if there is any)
 
@@ -28,6 +29,10 @@ schedule, micro-batch count and size, and the model's state_dict keys in order. 
 export-traced model, ``symbolic_dims`` (model input -> dims the stages take at any size) and
 ``shapes_note`` (why shapes stayed static, if any did: the whole trace, or the dims the model
 fixes and the line that fixes each, as Mamba's scan fixes the sequence length): see ``retrace.py``.
+``needs_model_file`` (absent in older manifests): null when every stage needs only torch; else
+``{"path", "factory", "kwargs", "stages", "modules"}``: the model file (absolute) the listed
+stages import to build the modules they keep whole (``modules``: path -> class), as ``--leaf``
+classes or torch modules with submodules (``source.py``).
 
 The folder is built next to its destination and renamed into place, so a failure never leaves
 half an emit; a non-empty destination is replaced only with ``force``.
@@ -38,6 +43,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
@@ -48,13 +54,14 @@ import torch
 from torch import nn
 
 from autopipe._io import VERSION, check_output_folder, shown, torch_save
-from autopipe.errors import EmitError, OutputError
+from autopipe.errors import EmitError, OutputError, TraceError
 from autopipe.graph.trace import TracedModel
 from autopipe.plans import Plan
 from autopipe.stages.rebuild import SEED, rebuild_model, trace_for_plan
 from autopipe.stages.retrace import retrace_for_emit
-from autopipe.stages.source import docstring_literal, stage_source
+from autopipe.stages.source import ModelFile, docstring_literal, stage_source
 from autopipe.stages.split import OUTPUT, Split, StageModule, split_model
+from autopipe.stages.whole import check_whole
 
 __all__ = ["MANIFEST", "check_destination", "emit", "emit_stages"]
 
@@ -90,18 +97,31 @@ def emit(
     loaded = rebuild_model(plan, weights=state_dict, meta=not weights, base=base)
     inputs = loaded.make_inputs(plan.micro_batch_size)
     seed = None if state_dict is not None or not weights else SEED
-    return emit_stages(
-        plan,
-        loaded.model,
-        inputs,
-        folder,
-        force=force,
-        weights=weights,
-        weights_format=weights_format,
-        source=loaded.spec.path,
-        seed=seed,
-        progress=progress,
-    )
+    try:
+        return emit_stages(
+            plan,
+            loaded.model,
+            inputs,
+            folder,
+            force=force,
+            weights=weights,
+            weights_format=weights_format,
+            source=loaded.spec.path,
+            seed=seed,
+            progress=progress,
+            model_file=ModelFile(str(loaded.spec.path.resolve()), loaded.spec.factory, plan.recipe.model_kwargs),
+        )
+    except TraceError as e:
+        if weights or not plan.recipe.leaf_modules:
+            raise
+        # Tracing runs the kept-whole modules' own forward; on meta tensors a data-dependent one
+        # fails, and the trace's advice (--leaf, which the plan has) would send the user in a circle.
+        why = re.search(r"could not trace the model \((.*?)\); ", str(e))
+        raise EmitError(
+            f"without weights the model is built on the meta device, where the modules the plan keeps whole "
+            f"({', '.join(plan.recipe.leaf_modules)}) run while tracing, and"
+            f" {why.group(1) if why else 'one fails'}; emit with the weights (drop --no-weights, weights=False)"
+        ) from None
 
 
 def emit_stages(
@@ -116,8 +136,11 @@ def emit_stages(
     source: Path | None = None,
     seed: int | None = None,
     progress: Progress | None = None,
+    model_file: ModelFile | None = None,
 ) -> dict[str, Any]:
-    """Split ``model`` (traced on one micro-batch ``example_inputs``) by ``plan`` into ``folder``."""
+    """Split ``model`` (traced on one micro-batch ``example_inputs``) by ``plan`` into ``folder``.
+
+    ``model_file``: where stages that keep a module whole build it (None: such a stage is refused)."""
     tell = progress or _silent
     if weights_format not in WEIGHT_FORMATS:
         raise EmitError(f"unknown weights format {weights_format!r}; use one of: {', '.join(WEIGHT_FORMATS)}")
@@ -131,7 +154,7 @@ def emit_stages(
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     try:
-        manifest = _write(plan, model, traced, split, tmp, weights, weights_format, seed, tell)
+        manifest = _write(plan, model, traced, split, tmp, weights, weights_format, seed, tell, model_file)
         manifest.update(shapes)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         _publish(tmp, dest, force)
@@ -224,6 +247,7 @@ def _write(
     fmt: str,
     seed: int | None,
     tell: Progress,
+    model_file: ModelFile | None,
 ) -> dict[str, Any]:
     names_of: dict[int, list[str]] = {}
     for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
@@ -237,11 +261,15 @@ def _write(
 
     stages: list[dict[str, Any]] = []
     covered: set[str] = set()
+    whole: dict[int, dict[str, str]] = {}
     for st in split.stages:
         tell("writing stages", st.index, len(split.stages))
-        entry = _write_stage(plan, st, split, traced, out, weights, fmt, names_of, persistent, users)
+        entry, kept = _write_stage(plan, st, split, traced, out, weights, fmt, names_of, persistent, users, model_file)
         covered.update(o for t in entry["tensors"] for o in t["original"])
         stages.append(entry)
+        if kept:
+            whole[st.index] = kept
+    needs = _needs_model_file(model_file, split, whole)
 
     unused = [k for k in state_keys if k not in covered]
     if unused and weights:
@@ -276,6 +304,7 @@ def _write(
         ],
         "state_dict": state_keys,
         "unused": _unused(unused, model, fmt if weights else None) if unused else None,
+        "needs_model_file": needs,
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return manifest
@@ -292,7 +321,8 @@ def _write_stage(
     names_of: dict[int, list[str]],
     persistent: set[str],
     users: dict[int, set[int]],
-) -> dict[str, Any]:
+    model_file: ModelFile | None,
+) -> tuple[dict[str, Any], dict[str, str]]:
     package, cls = f"stage{st.index}", f"Stage{st.index}"
     weights_file = f"weights.{fmt}" if weights else None
     inputs = [{"name": n, **_value(traced, n), "from": src} for n, src in zip(st.inputs, st.sources, strict=True)]
@@ -302,7 +332,11 @@ def _write_stage(
     ]
     blocks = plan.stages[st.index].blocks
     src = stage_source(
-        st.module, cls, _docstring(plan, st, cls, package, blocks, inputs, outputs, weights_file), weights_file
+        st.module,
+        cls,
+        lambda whole: _docstring(plan, st, cls, package, blocks, inputs, outputs, weights_file, whole),
+        weights_file,
+        model_file,
     )
     folder = out / package
     folder.mkdir()
@@ -341,6 +375,24 @@ def _write_stage(
         "inputs": inputs,
         "outputs": outputs,
         "tensors": tensors,
+    }, src.whole
+
+
+def _needs_model_file(
+    model_file: ModelFile | None, split: Split, whole: dict[int, dict[str, str]]
+) -> dict[str, Any] | None:
+    """The manifest's ``needs_model_file``, once the model file is checked to build the modules
+    the stages keep whole (``whole``: stage index -> path -> class); None when none does."""
+    if not whole:
+        return None
+    assert model_file is not None  # else stage_source refused the module
+    check_whole(model_file, {i: (split.stages[i].module, kept) for i, kept in whole.items()})
+    return {
+        "path": model_file.path,
+        "factory": model_file.factory,
+        "kwargs": list(model_file.kwargs),
+        "stages": sorted(whole),
+        "modules": {path: cls for kept in whole.values() for path, cls in kept.items()},
     }
 
 
@@ -353,6 +405,7 @@ def _docstring(
     inputs: list[dict[str, Any]],
     outputs: list[dict[str, Any]],
     weights_file: str | None,
+    whole: dict[str, str],
 ) -> str:
     n = len(plan.stages)
     span = blocks[0] if len(blocks) == 1 else f"{blocks[0]} .. {blocks[-1]}"
@@ -372,7 +425,11 @@ def _docstring(
             f"Stage {st.index} of {n} (rank {st.rank}) of {plan.model}, emitted by autopipe {VERSION}.",
             "",
             f"Blocks: {span}. Plan: {plan.schedule}, {plan.micro_batches} micro-batches of {plan.micro_batch_size}.",
-            "Needs only torch. Shapes below are at the plan's micro-batch size.",
+            "Needs only torch. Shapes below are at the plan's micro-batch size."
+            if not whole
+            else "Needs torch and the model file MODEL_FILE, which builds the modules this stage keeps\n"
+            "whole: " + ", ".join(f"{path} ({c})" for path, c in whole.items()) + ".\n"
+            "Shapes below are at the plan's micro-batch size.",
             "",
             "Inputs (argument order):",
             *ins,

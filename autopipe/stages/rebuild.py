@@ -47,14 +47,22 @@ def rebuild_model(
 ) -> LoadedModel:
     """Build the plan's model again from its recipe's model file, factory and kwargs.
 
-    ``base`` is a folder to look for a relative ``model_file`` in when it is not found relative
-    to the working directory (the folder of the plan file, typically).
+    ``base`` is the folder of the plan file: a relative ``model_file`` is looked up there first,
+    then from the working directory (where older plans recorded it;
+    :mod:`autopipe.graph.model_file`). ``Plan.load`` has done so already for a plan it read.
     """
     check_rebuildable(plan)
     model = plan.recipe.model_spec()
     path = model.path
-    if not path.exists() and base is not None and (Path(base) / path).exists():
-        path = Path(base) / path
+    if base is not None and not path.is_absolute():
+        beside = Path(base) / path
+        if beside.exists():
+            path = beside
+        elif not path.exists():
+            raise ModelLoadError(
+                f"model file not found: {path} (looked in the plan's folder {base} and in {Path.cwd()}); "
+                "move it back beside the plan, or plan again"
+            )
     spec = f"{path}:{model.factory}"
     kwargs = dict(model.kwargs)
     if meta and weights is not None:

@@ -7,6 +7,11 @@ every module it cannot print; the file written here instead
   (``nn.Linear``, ``nn.Conv2d``, ...) are constructed from their ``repr`` -- checked at emit
   time to rebuild the same module (type, ``repr``, tensor names and shapes, plain attributes);
   loose parameters and buffers are ``torch.empty`` of the recorded shape and dtype;
+- keeps whole the modules it cannot write as torch source (a ``--leaf`` class of the model's own
+  code, a torch module with submodules such as ``nn.TransformerEncoderLayer``): the stage builds
+  the plan's model from its model file on the meta device (shapes only) and takes each such
+  module by its path (``get_submodule``), so only those stages import the model file
+  (``MODEL_FILE``, an absolute path; ``build``/``load`` take ``model_file=`` when it moved);
 - re-ties tensors that one stage reaches under two names (a tied embedding and LM head);
 - holds the fx-generated ``forward`` verbatim, with an import for every global it uses
   (torch and the standard library only; user code in the graph is refused);
@@ -26,6 +31,7 @@ import io
 import itertools
 import sys
 import tokenize
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +41,7 @@ from torch import nn
 
 from autopipe.errors import EmitError
 
-__all__ = ["StageSource", "docstring_literal", "stage_source"]
+__all__ = ["ModelFile", "StageSource", "docstring_literal", "stage_source"]
 
 _KNOWN_GLOBALS = {
     "torch": "import torch",
@@ -50,35 +56,78 @@ _INDENT = "    "
 
 
 @dataclass(frozen=True)
+class ModelFile:
+    """Where a stage builds the modules it keeps whole: the model file, its factory and kwargs."""
+
+    path: str  # absolute
+    factory: str
+    kwargs: tuple[str, ...]  # "key=value" words, as the plan records them
+
+
+@dataclass(frozen=True)
 class StageSource:
     """The file's text and the stage's tensors by name (each tensor once; ``ties`` are aliases)."""
 
     text: str
     tensors: dict[str, torch.Tensor]  # local name -> tensor, in module order
     ties: dict[str, str]  # alias -> the name it shares a tensor with
+    whole: dict[str, str]  # module path -> class name: modules taken whole from the model file
 
 
 def stage_source(
-    module: torch.fx.GraphModule, class_name: str, docstring: str, weights_file: str | None
+    module: torch.fx.GraphModule,
+    class_name: str,
+    docstring: str | Callable[[dict[str, str]], str],
+    weights_file: str | None,
+    model_file: ModelFile | None = None,
 ) -> StageSource:
-    """The Python source of ``module`` as class ``class_name`` with ``load()`` and ``build()``."""
+    """The Python source of ``module`` as class ``class_name`` with ``load()`` and ``build()``.
+
+    A module that cannot be written as torch source is kept whole, taken from the model
+    ``model_file`` builds; without one, EmitError. ``docstring`` may be a function of the modules
+    kept whole (path -> class name)."""
     init: list[str] = []
     tensors: dict[str, torch.Tensor] = {}
     ties: dict[str, str] = {}
     seen: dict[int, str] = {}
-    _walk(module, "", init, tensors, ties, seen)
+    whole: dict[str, str] = {}
+    _walk(module, "", init, tensors, ties, seen, whole, model_file)
     forward = _one_statement_a_line(module.code.strip("\n"))
-    parts = [
-        docstring_literal(docstring.strip() + "\n"),
-        "",
-        *_import_block(_imports(module, forward)),
-        "",
+    text = docstring(whole) if callable(docstring) else docstring
+    imports = _imports(module, forward)
+    head = [
         f"WEIGHTS = {weights_file!r}  # next to this file; None: emitted without weights",
         f"TIES = {ties!r}  # alias -> name: one tensor reached under both names",
+    ]
+    helpers = _HELPERS
+    if whole:
+        assert model_file is not None
+        imports += ["import ast", "import importlib.util", "import sys"]
+        head += [
+            f"MODEL_FILE = {model_file.path!r}  # builds the modules kept whole (WHOLE); or pass model_file=",
+            f"FACTORY = {model_file.factory!r}",
+            f"MODEL_KWARGS = {list(model_file.kwargs)!r}  # the factory's keyword arguments, key=value",
+            f"WHOLE = {whole!r}  # module path -> class: kept whole, taken from the model FACTORY builds",
+        ]
+        init = ["model = _whole_model(model_file)", *init]
+        helpers = (
+            _WHOLE_HELPERS
+            + "\n"
+            + _HELPERS.replace("CLASS()", "CLASS(model_file)")
+            .replace('device="cpu"):', 'device="cpu", model_file=None):')
+            .replace("path=None):", "path=None, model_file=None):")
+            .replace("module.load_state_dict(state, strict=True, assign=True)", "_load_state(module, state)")
+        )
+    parts = [
+        docstring_literal(text.strip() + "\n"),
+        "",
+        *_import_block(imports),
+        "",
+        *head,
         "",
         "",
         f"class {class_name}(torch.nn.Module):",
-        f"{_INDENT}def __init__(self):",
+        f"{_INDENT}def __init__(self{', model_file=None' if whole else ''}):",
         f"{_INDENT * 2}super().__init__()",
         *(f"{_INDENT * 2}{line}" for line in init),
         f"{_INDENT * 2}_tie(self)",
@@ -86,10 +135,10 @@ def stage_source(
         *(f"{_INDENT}{line}".rstrip() for line in forward.splitlines()),
         "",
         "",
-        _HELPERS.replace("CLASS", class_name).strip("\n"),
+        helpers.replace("CLASS", class_name).strip("\n"),
         "",
     ]
-    return StageSource("\n".join(parts), tensors, ties)
+    return StageSource("\n".join(parts), tensors, ties, whole)
 
 
 def docstring_literal(text: str) -> str:
@@ -117,6 +166,8 @@ def _walk(
     tensors: dict[str, torch.Tensor],
     ties: dict[str, str],
     seen: dict[int, str],
+    whole: dict[str, str],
+    model_file: ModelFile | None = None,
 ) -> None:
     for name, t in [*m._parameters.items(), *m._buffers.items()]:
         if t is None:
@@ -143,9 +194,15 @@ def _walk(
         full = f"{prefix}{name}"
         if type(child) is nn.Module:
             init.append(f"_module(self, {full!r}, torch.nn.Module())")
-            _walk(child, f"{full}.", init, tensors, ties, seen)
+            _walk(child, f"{full}.", init, tensors, ties, seen, whole, model_file)
             continue
-        init.append(f"_module(self, {full!r}, {_constructor(full, child)})")
+        expr = _constructor(full, child)
+        if expr is None:
+            whole[full] = type(child).__name__
+            if model_file is None:
+                raise EmitError(_no_model_file(full, child))
+            expr = f"_whole(model, {full!r}, {type(child).__name__!r})"
+        init.append(f"_module(self, {full!r}, {expr})")
         for sub, t in [*child.named_parameters(remove_duplicate=False), *child.named_buffers(remove_duplicate=False)]:
             local = f"{full}.{sub}"
             if id(t) in seen:
@@ -155,31 +212,31 @@ def _walk(
                 tensors[local] = t
 
 
-def _constructor(path: str, m: nn.Module) -> str:
-    """``torch.nn.Linear(in_features=4, ...)``, checked to rebuild a module like ``m``."""
+def _constructor(path: str, m: nn.Module) -> str | None:
+    """``torch.nn.Linear(in_features=4, ...)``, checked to rebuild a module like ``m``; None when
+    ``m`` cannot be written so (a class of the model's own code, a torch module with
+    submodules, one whose ``repr`` does not rebuild it): the stage keeps it whole."""
     cls = type(m)
     text = repr(m)
     if getattr(torch.nn, cls.__name__, None) is not cls or "\n" in text:
-        kind = (
-            "a module of the model's own code"
-            if getattr(torch.nn, cls.__name__, None) is not cls
-            else "a torch module with submodules"
-        )
-        raise EmitError(
-            f"module {path} ({cls.__name__}, {kind}) cannot be written as plain torch source; "
-            f"plan without --leaf {cls.__name__}, or with --tracer export, which records its operations instead"
-        )
+        return None
     expr = f"torch.nn.{text}"
     try:
         with torch.device("meta"):
             rebuilt = eval(expr, {"torch": torch})
-    except Exception as e:
-        raise EmitError(
-            f"module {path}: {expr} does not rebuild it ({type(e).__name__}: {e}); plan with --tracer export"
-        ) from None
-    if not _same_module(m, rebuilt):
-        raise EmitError(f"module {path}: {expr} does not rebuild the same module; plan with --tracer export")
-    return expr
+    except Exception:
+        return None
+    return expr if _same_module(m, rebuilt) else None
+
+
+def _no_model_file(path: str, m: nn.Module) -> str:
+    cls = type(m).__name__
+    kind = "a module of the model's own code" if getattr(torch.nn, cls, None) is not type(m) else "a torch module"
+    return (
+        f"module {path} ({cls}, {kind}) is kept whole on its stage, which then builds it from the plan's "
+        "model file, and this plan names none (it was planned from Python); plan a model file "
+        "(autopipe.plan('MODEL.py', ...)) and emit that plan"
+    )
 
 
 def _same_module(a: nn.Module, b: nn.Module) -> bool:
@@ -297,6 +354,66 @@ def _import_line(name: str, obj: Any) -> str:
         return f"from {mod} import {qual}" + ("" if qual == name else f" as {name}")
     return f"import {mod}\n{name} = {mod}.{qual}"
 
+
+_WHOLE_HELPERS = '''
+_IMPORTED = {}  # model file path -> its module, imported once per process
+
+
+def _whole_model(model_file=None):
+    """The model FACTORY in MODEL_FILE (or ``model_file``) builds, on the meta device: shapes only."""
+    path = os.path.abspath(MODEL_FILE if model_file is None else model_file)
+    module = _IMPORTED.get(path)
+    if module is None:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"this stage keeps {', '.join(WHOLE)} whole, built from the model file {path}, "
+                "which is not there; pass model_file= to build() or load()"
+            )
+        name = f"autopipe_stage_model_{len(_IMPORTED)}_{__name__.replace('.', '_')}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        folder = os.path.dirname(path)
+        sys.path.insert(0, folder)  # for the siblings the model file imports, while it runs only
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        finally:
+            if folder in sys.path:
+                sys.path.remove(folder)
+        _IMPORTED[path] = module
+    kwargs = {}
+    for item in MODEL_KWARGS:  # as autopipe read them: Python literals, else the raw string
+        key, _, raw = item.partition("=")
+        try:
+            kwargs[key.strip()] = ast.literal_eval(raw.strip())
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            kwargs[key.strip()] = raw
+    with torch.device("meta"):
+        return getattr(module, FACTORY)(**kwargs)
+
+
+def _whole(model, path, cls):
+    """The module at ``path`` of ``model``, checked to be a ``cls``, on the current device (empty)."""
+    module = model.get_submodule(path)
+    if type(module).__name__ != cls:
+        raise TypeError(f"the model file's module {path} is a {type(module).__name__}, not a {cls}; emit again")
+    return module.to_empty(device=torch.empty(0).device)
+
+
+def _load_state(module, state):
+    """``state`` into ``module`` by assignment; buffers kept out of state_dict are set as well."""
+    known = module.state_dict(keep_vars=True).keys()
+    module.load_state_dict({k: v for k, v in state.items() if k in known}, strict=True, assign=True)
+    for key in state.keys() - known:
+        parent, _, field = key.rpartition(".")
+        owner = module.get_submodule(parent) if parent else module
+        if field not in owner._buffers:
+            raise KeyError(f"the weights hold {key}, which this stage does not have")
+        owner._buffers[field] = state[key]
+'''
 
 _HELPERS = '''
 def build(device="cpu"):

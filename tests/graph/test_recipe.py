@@ -11,6 +11,7 @@ recipe became one value (the recipe's fields then sat at the top level of both f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -132,9 +133,11 @@ def test_a_plan_made_from_a_profile_carries_its_recipe(tmp_path: Path, capsys: p
     for out in outputs:
         assert main(["plan", "--profile", str(PROFILE_V1), "--stages", "2", "--batch-size", "8", "-o", str(out)]) == 0
     capsys.readouterr()
-    assert Plan.load(outputs[0]).recipe == prof.recipe
+    absolute = str(Path(prof.recipe.model_file).resolve())  # outside the plan's folder: recorded absolute
+    assert Plan.load(outputs[0]).recipe == dataclasses.replace(prof.recipe, model_file=absolute)
     assert json.loads(outputs[0].read_text())["recipe"] == prof.recipe.to_dict() | {
         "model_kwargs": ["depth=3"],
         "leaf_modules": [],
+        "model_file": absolute,
     }
     assert outputs[0].read_bytes() == outputs[1].read_bytes()  # byte-identical for the same input

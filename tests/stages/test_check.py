@@ -191,7 +191,8 @@ def test_an_analytic_plan_run_in_another_dtype_says_so(tmp_path: Path, capsys: p
     assert str(info.value) == (
         f"the plan was priced for this model in bf16 ({plan.profile_device}), and here it builds in float32: an "
         "analytic plan is for the devices it was counted on (train it there: 'autopipe config PLAN --for megatron' "
-        "or '--for torchtitan'); to run it on this machine, plan it here with 'autopipe plan models/mlp.py'"
+        "or '--for torchtitan'); to run it on this machine, plan it here with "
+        f"'autopipe plan {Path('models/mlp.py').resolve()}'"  # the plan file records it absolute
     )
     other = dataclasses.replace(plan, recipe=dataclasses.replace(plan.recipe, fingerprint="0123456789abcdef"))
     with pytest.raises(PlanError, match="made for another model"):

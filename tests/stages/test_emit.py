@@ -250,11 +250,15 @@ def test_write_failure_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monkey
     assert list(tmp_path.iterdir()) == []
 
 
-def test_user_leaf_module_is_refused(tmp_path: Path) -> None:
+def test_user_leaf_module_is_kept_whole(tmp_path: Path) -> None:
+    """More in test_emit_leaf.py (chained outputs, a moved model file)."""
     plan = even_plan("gpt.py", leaf_modules=("MLP",))
-    with pytest.raises(EmitError, match=r"module blocks\.0\.mlp \(MLP, a module of the model's own code\).*--leaf MLP"):
-        emit(plan, tmp_path / "stages")
-    assert list(tmp_path.iterdir()) == []
+    manifest = emit(plan, tmp_path / "stages")
+    need = manifest["needs_model_file"]
+    assert need["stages"] == [0, 1] and need["path"] == str(Path(plan.recipe.model_file).resolve())
+    assert {path: cls for path, cls in need["modules"].items() if cls == "MLP"} == {
+        f"blocks.{i}.mlp": "MLP" for i in range(4)
+    }
 
 
 HF_CHAIN = r"""
