@@ -63,7 +63,8 @@ def _change(ck: Path) -> str:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size: only its SHA-256 tells
     path.write_bytes(bytes(data))
-    return f"--resume: {path} does not match its SHA-256 in meta.json (changed since the save, or of another save); {_AGAIN}"
+    said = "does not match its SHA-256 in meta.json (changed since the save, or of another save)"
+    return f"--resume: {path} {said}; {_AGAIN}"
 
 
 def _remove(ck: Path) -> str:
