@@ -38,7 +38,7 @@ from autopipe.runtime.commit import leftovers
 from autopipe.runtime.run import launch
 from autopipe.runtime.run.options import RunOptions
 
-FLOATS = 12_000_000  # per rank: 48 MB of stage file, a save window of a few hundred ms
+FLOATS = 8_000_000  # per rank: 32 MB of stage file, a save window of a few hundred ms
 STEP_S = 0.05
 MAX_POINTS = 16
 VICTIMS = ("rank 0", "rank 1", "launcher SIGTERM", "launcher SIGKILL")
@@ -188,5 +188,6 @@ def test_a_save_killed_every_50ms_leaves_the_old_or_the_new_checkpoint(tmp_path:
                 step = now
     finally:
         torch.set_num_threads(before)
+    print(f"{len(moments)} moments {spacing * 1000:.0f} ms apart x {len(VICTIMS)} victims; window {window:.2f}s")
     assert kept[0] and kept[1], kept  # kills fell before the commit point and after it
     assert during >= len(VICTIMS) * 2, during  # and most of them inside the save
