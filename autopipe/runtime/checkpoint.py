@@ -51,6 +51,7 @@ __all__ = [
     "load_rank",
     "ranks_of",
     "read_meta",
+    "verify_files",
     "verify_folder",
 ]
 
@@ -190,6 +191,18 @@ def verify_folder(folder: str | Path, meta: Mapping[str, Any] | None = None, *, 
             with _open_regular(path) as f:
                 _check_digest(path, _digest(f), entry)
     return dict(meta)
+
+
+def verify_files(folder: str | Path, meta: Mapping[str, Any], names: Sequence[str]) -> None:
+    """RuntimeFailure unless each of ``names`` (files ``meta`` lists) is, in ``folder``, a
+    regular file of its SHA-256: a rank's own files, checked before it joins its peers."""
+    for name in names:
+        entry = meta["files"].get(name)
+        if entry is None:
+            raise RuntimeFailure(f"checkpoint {folder} has no {name}; it was saved with another plan")
+        path = Path(folder) / name
+        with _open_regular(path) as f:
+            _check_digest(path, _digest(f), entry)
 
 
 def _check_digest(path: Path, found: Mapping[str, Any], entry: Mapping[str, Any]) -> None:

@@ -33,9 +33,11 @@ asks Linux for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``) and, on every
 watches its standard input, a pipe only the launcher holds, and exits when it closes
 (:mod:`autopipe.runtime.run.rank`; never under torchrun). What the ranks started, and the run's
 temporary folders, go with them: at the end of every run the launcher kills each rank's whole
-process group (finished ranks' included), and a small reaper process of its own session
-(:mod:`autopipe.runtime.run.reaper`) does the same, and removes the folders, when the launcher dies
-before it could (SIGKILL, or SIGTERM's default action).
+process group (finished ranks' included) and, on Linux, every process that carries the run's
+marker in its environment (``AUTOPIPE_RUN_ID``, which all a rank starts inherits: a process that
+left the group with ``setsid`` goes too, :func:`autopipe.runtime.run.reaper.sweep`); a small
+reaper process of its own session (:mod:`autopipe.runtime.run.reaper`) does the same, and removes
+the folders, when the launcher dies before it could (SIGKILL, or SIGTERM's default action).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -61,6 +64,7 @@ from autopipe.errors import RuntimeFailure
 from autopipe.model.usercode import LOAD_TIMEOUT_ENV, current_load_timeout
 from autopipe.plans import Plan
 from autopipe.runtime.run.options import LAUNCHER_ENV, RunOptions, check_launch, worker_arguments
+from autopipe.runtime.run.reaper import RUN_ENV, sweep
 from autopipe.runtime.run.records import RunResult, rank_from_dict
 
 _log = logging.getLogger("autopipe")
@@ -107,8 +111,9 @@ def launch(plan: Plan | str | Path, options: RunOptions) -> RunResult:
             tmp,
         ]
         procs: list[subprocess.Popen[bytes]] = []
-        reaper = _start_reaper([tmp, *_progress_folder(options), *_checkpoint_leftovers(options)])
-        with _Stopper(procs, reaper, lambda: _clean(options)) as stopper:
+        run_id = f"{os.getpid()}-{secrets.token_hex(6)}"
+        reaper = _start_reaper([tmp, f"run:{run_id}", *_progress_folder(options), *_checkpoint_leftovers(options)])
+        with _Stopper(procs, reaper, lambda: _clean(options), run_id) as stopper:
             for rank in range(world):
                 env = {
                     **os.environ,
@@ -120,6 +125,7 @@ def launch(plan: Plan | str | Path, options: RunOptions) -> RunResult:
                     "MASTER_PORT": str(port),
                     "OMP_NUM_THREADS": str(options.threads),
                     LAUNCHER_ENV: str(os.getpid()),
+                    RUN_ENV: run_id,  # inherited by all a rank starts: what sweep() kills at the end
                     LOAD_TIMEOUT_ENV: str(current_load_timeout() or 0),  # the ranks load the model file too
                 }
                 with open(Path(tmp) / f"log-{rank}.txt", "wb") as log, stopper.holding():
@@ -217,8 +223,10 @@ class _Stopper:
         procs: list[subprocess.Popen[bytes]],
         reaper: subprocess.Popen[bytes] | None = None,
         cleanup: Callable[[], object] = lambda: None,
+        run_id: str | None = None,
     ) -> None:
         self.procs = procs
+        self.run_id = run_id  # its processes' environment marker (sweep), None: the groups only
         self.reaper = reaper
         self.cleanup = cleanup  # run once the ranks are dead, however the block ends
         self.signum: int | None = None
@@ -249,6 +257,8 @@ class _Stopper:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
         self.signum = self.signum or 0  # from here on a signal changes nothing
         _kill(self.procs)
+        if self.run_id is not None:  # what left the ranks' groups (setsid, daemons) goes too
+            sweep(self.run_id)
         self.cleanup()
         if self.reaper is not None:
             dying = isinstance(error, _Signalled) and error.signum != signal.SIGINT

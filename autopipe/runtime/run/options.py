@@ -20,6 +20,7 @@ import inspect
 import math
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ __all__ = [
     "add_run_arguments",
     "check_launch",
     "check_options",
+    "check_resume_plan",
     "run_options",
     "worker_arguments",
 ]
@@ -211,21 +213,28 @@ def check_launch(o: RunOptions, plan: Plan) -> None:
                 "plan for fewer devices or use --device cpu"
             )
     if o.resume is not None:
-        from autopipe.runtime.checkpoint import ranks_of
         from autopipe.runtime.run.resume import check_resume
 
-        meta = check_resume(o, MAX_SEED, hashes=True)
-        if meta["fingerprint"] != plan.recipe.fingerprint or meta["stages"] != len(plan.stages):
-            raise RunOptionError(
-                f"--resume {_shown(o.resume)}: the checkpoint was saved with another plan (model fingerprint "
-                f"{meta['fingerprint']}, {meta['stages']} stages; this plan: {plan.recipe.fingerprint}, "
-                f"{len(plan.stages)} stages); resume with the plan it was saved with"
-            )
-        if ranks_of(meta) != plan.devices:
-            raise RunOptionError(
-                f"--resume {_shown(o.resume)}: the checkpoint holds the optimizer state of {ranks_of(meta)} ranks, "
-                f"this plan has {plan.devices}; resume with the plan it was saved with"
-            )
+        check_resume_plan(o, plan, check_resume(o, MAX_SEED, hashes=True))
+
+
+def check_resume_plan(o: RunOptions, plan: Plan, meta: Mapping[str, Any]) -> None:
+    """RunOptionError unless the checkpoint ``meta`` (``--resume``'s manifest) is of ``plan``:
+    its model, its stages, its ranks."""
+    from autopipe.runtime.checkpoint import ranks_of
+
+    assert o.resume is not None
+    if meta["fingerprint"] != plan.recipe.fingerprint or meta["stages"] != len(plan.stages):
+        raise RunOptionError(
+            f"--resume {_shown(o.resume)}: the checkpoint was saved with another plan (model fingerprint "
+            f"{meta['fingerprint']}, {meta['stages']} stages; this plan: {plan.recipe.fingerprint}, "
+            f"{len(plan.stages)} stages); resume with the plan it was saved with"
+        )
+    if ranks_of(meta) != plan.devices:
+        raise RunOptionError(
+            f"--resume {_shown(o.resume)}: the checkpoint holds the optimizer state of {ranks_of(meta)} ranks, "
+            f"this plan has {plan.devices}; resume with the plan it was saved with"
+        )
 
 
 def _check_save_folder(folder: str) -> None:

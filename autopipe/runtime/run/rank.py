@@ -9,7 +9,10 @@ The torchrun entry point (reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MAST
 
 Rank 0 prints the measured-vs-predicted report. ``autopipe run`` starts the same entry point
 on this machine with ``--result-dir``, where each rank writes its result or its error.
-A failing rank prints ``autopipe: error: rank R failed: ...`` and exits 1.
+A failing rank prints ``autopipe: error: rank R failed: ...`` and exits 1; a bad flag or a
+``--resume`` folder that cannot be resumed is ``autopipe: error: ...`` and exit 2. Under torchrun
+(no launcher checked the folder) each rank hashes the checkpoint files it loads before its first
+step and the ranks agree: every rank refuses, with the first refusal's line.
 
 After its last step every rank passes an end-of-run barrier with the run's timeout (each rank
 tells rank 0 it is done, rank 0 answers all), so a rank that finished cannot leave while a peer
@@ -116,7 +119,7 @@ def _run(plan: object, rank: int, options: RunOptions) -> RankResult:
     import torch
     import torch.distributed as dist
 
-    from autopipe.errors import RuntimeFailure
+    from autopipe.errors import RunOptionError, RuntimeFailure
     from autopipe.plans import Plan
     from autopipe.runtime.comm import DistComm
     from autopipe.runtime.run.worker import train_rank
@@ -130,7 +133,15 @@ def _run(plan: object, rank: int, options: RunOptions) -> RankResult:
     if options.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     backend = "nccl" if options.device == "cuda" else "gloo"
+    launched = bool(os.environ.get(LAUNCHER_ENV))  # autopipe run checked the checkpoint whole before
+    refusal = _resume_refusal(plan, rank, options) if options.resume and not launched else None
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=options.timeout_s))
+    if options.resume and not launched:  # every rank refuses, with the first refusal's line
+        said: list[object] = [None] * world
+        dist.all_gather_object(said, refusal)
+        first = next((s for s in said if isinstance(s, str)), None)
+        if first is not None:
+            raise RunOptionError(first)
     holder: list[DistComm] = []
 
     def comm(groups: list[tuple[int, ...]]) -> DistComm:
@@ -141,6 +152,29 @@ def _run(plan: object, rank: int, options: RunOptions) -> RankResult:
     device = torch.device("cuda", torch.cuda.current_device()) if options.device == "cuda" else None
     _end_barrier(holder[0] if holder else DistComm(options.timeout_s), rank, world, device)
     return result
+
+
+def _resume_refusal(plan: object, rank: int, options: RunOptions) -> str | None:
+    """Why this rank cannot resume ``options.resume`` (None if it can): the checkpoint is of
+    another plan, or one of this rank's files does not match its SHA-256 (torchrun: no launcher
+    checked the folder; each rank hashes only the files it loads). The folder's listing, sizes
+    and links were checked with the flags (:func:`~autopipe.runtime.run.options.check_options`)."""
+    from autopipe.errors import RunOptionError, RuntimeFailure
+    from autopipe.plans import Plan
+    from autopipe.runtime.checkpoint import read_meta, verify_files
+    from autopipe.runtime.run.options import check_resume_plan
+
+    assert isinstance(plan, Plan) and options.resume is not None
+    own = [f"stage-{s.index}.pt" for s in plan.stages if s.rank == rank] + [f"rank-{rank}.pt"]
+    try:
+        meta = read_meta(options.resume)
+        check_resume_plan(options, plan, meta)
+        verify_files(options.resume, meta, own)
+    except RunOptionError as e:
+        return str(e)
+    except RuntimeFailure as e:
+        return f"--resume: {e}"
+    return None
 
 
 def _end_barrier(comm: DistComm, rank: int, world: int, device: torch.device | None = None) -> None:
@@ -209,7 +243,7 @@ def _report(plan: object, rank: int, result: object, trace: str | None) -> None:
 
 
 def _fail(rank: int, e: BaseException, model_file: Path, out: Path | None) -> None:
-    from autopipe.errors import AutopipeError, CommunicationError
+    from autopipe.errors import AutopipeError, CommunicationError, RunOptionError
     from autopipe.model.usercode import exception_summary
 
     if isinstance(e, AutopipeError):
@@ -221,6 +255,9 @@ def _fail(rank: int, e: BaseException, model_file: Path, out: Path | None) -> No
     kind = "comm" if isinstance(e, CommunicationError) or _looks_like_comm(e) else "user"
     if out is not None:
         atomic_write_text(out / f"error-{rank}.json", json.dumps({"kind": kind, "message": message}))
+    if isinstance(e, RunOptionError):  # bad input, refused before any step: as the CLI says it
+        print(f"autopipe: error: {e}", file=sys.stderr, flush=True)
+        os._exit(2)
     print(f"autopipe: error: rank {rank} failed: {message}", file=sys.stderr, flush=True)
     os._exit(1)
 

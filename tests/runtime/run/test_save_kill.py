@@ -1,7 +1,8 @@
 """Killing ``autopipe run --save-checkpoint DIR`` (the launcher, or a rank) at moments spread
 over its save leaves DIR the previous checkpoint or the new one, whole (its manifest's every
 file, sizes and SHA-256, nothing else), never a mix; nothing is left beside DIR once the
-cleanup has run (the launcher's after a rank died, its reaper's after the launcher died)."""
+cleanup has run (the launcher's after a rank died or it got SIGTERM, its reaper's after the
+launcher died). Every 50 ms of the save: tests/runtime/run/test_save_sweep.py."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ WIDTH = 2048  # 5 layers of 2048 x 2048: ~200 MB of weights and Adam state to wr
 # (seconds after the new folder appears, whom to kill): the save takes about 0.8 s on an idle
 # machine, each run about 10 s; the last kill comes after the run has ended (the new checkpoint
 # is the one there)
-KILLS = ((0.0, "launcher"), (0.1, 1), (0.3, 0), (0.6, "launcher"), (3.0, 1))
+KILLS = ((0.0, "launcher"), (0.1, 1), (0.3, 0), (0.45, "launcher SIGTERM"), (0.6, "launcher"), (3.0, 1))
 
 
 def _children(pid: int) -> dict[int | str, int]:
@@ -82,7 +83,10 @@ def test_a_save_killed_at_any_moment_leaves_one_whole_checkpoint(tmp_path: Path)
             ranks = _children(proc.pid)
             time.sleep(delay)
             try:
-                os.kill(proc.pid if victim == "launcher" else ranks[int(victim)], signal.SIGKILL)
+                if victim == "launcher SIGTERM":  # the launcher kills its ranks, then cleans up
+                    os.kill(proc.pid, signal.SIGTERM)
+                else:
+                    os.kill(proc.pid if victim == "launcher" else ranks[int(victim)], signal.SIGKILL)
             except ProcessLookupError:  # the run has ended by now
                 pass
             proc.wait(60)
