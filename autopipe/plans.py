@@ -186,7 +186,11 @@ class Plan:
         return self.iteration_time_s + self.allreduce_s
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
+        raw = asdict(self)
+        for field, default in (("uncertainty", 0.0), ("noise_note", "")):  # added later: left out at defaults
+            if raw[field] == default:
+                del raw[field]
+        return json.dumps(raw, indent=1, sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -10,7 +10,7 @@ from autopipe import errors
 from autopipe.costs.devices import DeviceError
 from cli.args import UsageError
 
-_ALL = [getattr(errors, n) for n in errors.__all__] + [DeviceError, UsageError]
+_ALL = [getattr(errors, n) for n in errors.__all__ if n != "Terminated"] + [DeviceError, UsageError]
 
 
 def test_autopipe_error_is_an_exception_but_neither_a_value_nor_a_runtime_error() -> None:
@@ -32,3 +32,8 @@ def test_a_dead_rank_is_not_a_value_error() -> None:
     with pytest.raises(RuntimeError):
         raise errors.CommunicationError("rank 1 failed: it died", rank=1)
     assert not isinstance(errors.RuntimeFailure("x"), ValueError)
+
+
+def test_terminated_is_a_signal_not_an_error() -> None:
+    """SIGTERM's exception passes every ``except Exception`` (and the user-code guard), like Ctrl-C's."""
+    assert issubclass(errors.Terminated, BaseException) and not issubclass(errors.Terminated, Exception)

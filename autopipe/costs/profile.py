@@ -147,7 +147,15 @@ class Profile:
         return len(self.blocks)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
+        raw = asdict(self)
+        # fields added since version 2 began, left out at their defaults: a profile without error
+        # bars (analytic, or written before) is written as it always was
+        if not raw["load_average"]:
+            del raw["load_average"]
+        for block in raw["blocks"]:
+            if not any(block["spread"].values()):
+                del block["spread"]
+        return json.dumps(raw, indent=1, sort_keys=True)
 
     @staticmethod
     def from_json(text: str | bytes, source: str = "profile") -> Profile:

@@ -235,7 +235,8 @@ class _Search:
         ] = {}  # the simple splits' sizes per (name, micro-batch size, chunks)
         self.params = tuple(float(b.params) for b in self.profile.blocks)
         # Past the best plan by the profile's measured spread: the candidates tied with it are simulated too.
-        self.margin = (1 + PRUNE_TOLERANCE) * (1 + search_margin(self.profile))
+        noise = 1 + search_margin(self.profile)  # simulate past the best by the profile's spread
+        self.margin = noise * (1 + PRUNE_TOLERANCE)
 
     def push(self, bound: float, item: QueueItem) -> None:
         heapq.heappush(self.queue, (bound, next(self.counter), item))
