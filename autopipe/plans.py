@@ -197,10 +197,10 @@ class Plan:
 
     @property
     def precision(self) -> str | None:
-        """The precision an analytic plan was priced in, ``bf16``, ``fp16``, ``tf32`` or ``fp32``, from
+        """The precision an analytic plan was priced in, ``bf16``, ``fp16``, ``fp8``, ``tf32`` or ``fp32``, from
         its profile's device line (``"h100: ... (analytic, bf16)"``); None for a measured one, which ran
         the model as it is (fp32 unless the model says otherwise) and does not record it."""
-        found = re.search(r"\(analytic, (fp32|tf32|bf16|fp16)\b", self.profile_device)
+        found = re.search(r"\(analytic, (fp32|tf32|bf16|fp16|fp8)\b", self.profile_device)
         return found.group(1) if found else None
 
     @property

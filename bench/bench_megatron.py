@@ -126,10 +126,10 @@ def main() -> int:
     t0 = time.process_time()
     cal = plan_row(args.calibrate_on, spec, free=False)
     published = ROWS[args.calibrate_on][-1]
-    spec = replace(spec, compute_efficiency=min(1.0, spec.compute_efficiency * published / cal["pinned_hw"]))
+    spec = spec.compute_scaled(published / cal["pinned_hw"])  # every efficiency, the curves' shapes kept
     print(
         f"calibrated on {args.calibrate_on}: {cal['pinned_hw']:.0f} -> compute efficiency "
-        f"{spec.compute_efficiency:.3f} (one step)"
+        f"{spec.plateau('bf16'):.3f} at large GEMMs (bf16 eff_max, one step)"
     )
     print(
         "| model | t | p | d | GPUs | published TFLOP/s | predicted (pinned, hardware) | error "

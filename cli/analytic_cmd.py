@@ -52,8 +52,9 @@ def add_analytic_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default=None,
-        choices=("fp32", "tf32", "bf16", "fp16"),
-        help="training precision, analytic mode (default: bf16 on a catalogue GPU, else fp32)",
+        choices=("fp32", "tf32", "bf16", "fp16", "fp8"),
+        help="training precision, analytic mode (default: bf16 on a catalogue GPU, else fp32); fp8: linear "
+        "layers at the device's FP8 peak as Transformer Engine runs them, the rest bf16",
     )
     p.add_argument(
         "--device-file",
@@ -196,8 +197,10 @@ def cmd_calibrate(args: argparse.Namespace, out: Console, err: Console) -> int:
     cal = calibrate(profile, model=args.model, device_files=args.device_file)
     path = save_calibration(cal, target)
     s = cal.spec
+    curves = "".join(f", {d} GEMMs {e:.3f} * s / (s + {h:g})" for d, e, h in s.compute_curve)
     out.print(
-        f"{s.name}: compute efficiency {s.compute_efficiency:.3f}, memory efficiency {s.memory_efficiency:.3f}, "
+        f"{s.name}: compute efficiency {s.compute_efficiency:.3f}{curves}, "
+        f"memory efficiency {s.memory_efficiency:.3f}, "
         f"op overhead {s.op_overhead_s * 1e6:.2f} us; {cal.observations} block times, median error "
         f"{cal.median_error:.1%}, worst {cal.max_error:.1%}; wrote {path}"
     )

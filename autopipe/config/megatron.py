@@ -261,7 +261,9 @@ def _launch(deg: Degrees, per_node: int | None) -> list[str]:
 
 def _precision(plan: Plan) -> tuple[list[str], list[str]]:
     """``--bf16`` / ``--fp16`` from the dtype an analytic plan was counted in (its profile device
-    says it: ``h100: ... (analytic, bf16)``); a note where the plan does not say."""
+    says it: ``h100: ... (analytic, bf16)``); a note where the plan does not say. ``fp8``:
+    ``--bf16 --fp8-format hybrid`` (Transformer Engine's FP8 linear layers, e4m3 forward and e5m2
+    gradients, bf16 elsewhere: what the plan priced; ``TransformerConfig.fp8``'s flag)."""
     dtype = plan.precision
     if dtype is None:
         return [], [
@@ -270,6 +272,11 @@ def _precision(plan: Plan) -> tuple[list[str], list[str]]:
         ]
     if dtype == "tf32":
         return [], ["precision: the plan is priced in tf32: Megatron trains in fp32 (TF32 matmuls are torch's setting)"]
+    if dtype == "fp8":
+        return ["--bf16", "--fp8-format", "hybrid"], [
+            "precision: fp8 runs through Transformer Engine (--transformer-impl transformer_engine, Megatron's "
+            "default) on an FP8 GPU (H100/H200); the scaling recipe is Megatron's default (--fp8-recipe delayed)"
+        ]
     return {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(dtype, []), []
 
 

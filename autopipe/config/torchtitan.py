@@ -230,6 +230,12 @@ def _schedule(plan: Plan, parts: Parts, csv_path: str, plan_file: str) -> tuple[
 
 def _precision(plan: Plan) -> tuple[str, list[str]]:
     priced = plan_precision(plan)
+    if priced == "fp8":
+        return "bfloat16", [
+            "the plan is priced in fp8 (linear layers in float8, the rest in bf16): torchtitan does that with "
+            'torchao\'s Float8 linear converter: 0.2.x TOML [model] converters = ["quantize.linear.float8"], '
+            "0.3.0 / main model_registry(..., converters=[Float8LinearConverter.Config()]) in the recipe"
+        ]
     if priced == "fp16":
         return "bfloat16", ["the plan is priced in fp16; torchtitan trains in bfloat16 or float32: bfloat16 here"]
     return ("bfloat16" if priced == "bf16" else "float32"), []
@@ -354,6 +360,8 @@ def torchtitan_toml(
     ]
     if job.schedule == "DualPipeV":  # its expert-overlap callback needs CUDA and an MoE; autopipe plans neither
         lines.append("pipeline_parallel_expert_parallel_overlap = false")
+    if plan_precision(plan) == "fp8":
+        lines += ["", "[model]", 'converters = ["quantize.linear.float8"]']
     lines += ["", "[activation_checkpoint]", f"mode = {json.dumps(job.recompute)}"]
     if job.recompute == "selective":
         lines.append('selective_ac_option = "op"')

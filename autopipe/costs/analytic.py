@@ -6,8 +6,11 @@ model and dtype), and every block's segment is run on meta inputs, forward and b
 under :mod:`autopipe.costs.counting`, at each micro-batch size. Identical blocks (a transformer's
 layers) are counted once. Per op, time is a roofline (Williams et al. 2009)::
 
-    t_op = max(flops / (peak[dtype] * compute_efficiency),
+    t_op = max(flops / (peak[dtype] * efficiency(dtype, size)),
                bytes / (memory_bandwidth * memory_efficiency)) + op_overhead_s
+
+where ``efficiency(dtype, size)`` is the device's saturating curve in the GEMM's size,
+``(M K N) ** (1/3)`` (``DeviceSpec.efficiency``; flat for ops that are not GEMMs)
 
 and a block's forward / backward / input-gradient time is the sum over its ops. Bytes saved
 for backward are counted by the measured profiler's ``saved_tensors_hooks`` path, so the two
@@ -16,7 +19,13 @@ profiles agree on them exactly; the result is a :class:`~autopipe.costs.profile.
 
 Precision. ``fp32``: fp32 weights, activations and matmuls. ``tf32``: the same with TF32
 matmuls. ``bf16`` / ``fp16`` (mixed precision, Micikevicius et al. 2018): weights and
-activations in 16 bits, fp32 master weights and Adam moments. Device memory per parameter,
+activations in 16 bits, fp32 master weights and Adam moments. ``fp8`` (Transformer Engine's
+recipe, Micikevicius et al. 2022, "FP8 formats for deep learning"): the linear layers' GEMMs
+(``mm`` / ``addmm``, forward and backward) at the device's FP8 peak; everything else, attention
+included (TE's fused attention runs in bf16 by default), at bf16. Memory as bf16 mixed precision:
+TE keeps bf16 weights with fp32 masters, so the 16 bytes below (its FP8 weight copies and
+transposes, about 2 bytes per parameter while cached, are not counted); activations are counted
+in bf16, conservatively, though TE saves a linear layer's input in FP8. Device memory per parameter,
 either way (:data:`BYTES_PER_PARAM`)::
 
     fp32:  4 weight + 4 grad + 4 Adam m + 4 Adam v                       = 16 bytes
@@ -75,10 +84,11 @@ __all__ = [
 class Precision:
     """How a model is stored and computed in training."""
 
-    name: str  # "fp32", "tf32", "bf16", "fp16"
+    name: str  # "fp32", "tf32", "bf16", "fp16", "fp8"
     dtype: torch.dtype  # weights and activations
-    compute: str  # the device peak that prices its matmuls
+    compute: str  # the device peak that prices its ops
     bytes_per_param: float  # device memory per parameter: weights, grads, master, Adam
+    linear: str = ""  # the peak that prices the linear layers' GEMMs instead ("": ``compute``)
 
 
 PRECISIONS = {
@@ -86,6 +96,7 @@ PRECISIONS = {
     "tf32": Precision("tf32", torch.float32, "tf32", 16.0),
     "bf16": Precision("bf16", torch.bfloat16, "bf16", 16.0),
     "fp16": Precision("fp16", torch.float16, "fp16", 16.0),
+    "fp8": Precision("fp8", torch.bfloat16, "bf16", 16.0, linear="fp8"),
 }
 BYTES_PER_PARAM = 16.0
 
@@ -316,17 +327,28 @@ def _describe(v: Any) -> Any:
 # --------------------------------------------------------------------------- time
 
 
-def op_time(op: OpCount, spec: DeviceSpec, peak: float) -> float:
-    """Roofline time of one op on ``spec`` (``peak``: FLOP/s of the op's compute dtype)."""
-    compute = op.flops / (peak * spec.compute_efficiency)
+def op_time(op: OpCount, spec: DeviceSpec, peak: float, dtype: str = "") -> float:
+    """Roofline time of one op on ``spec`` (``peak``: FLOP/s of the op's compute dtype ``dtype``,
+    whose efficiency curve prices a GEMM by its size)."""
+    compute = op.flops / (peak * spec.efficiency(dtype, op.size)) if op.flops else 0.0
     memory = op.bytes / (spec.memory_bandwidth * spec.memory_efficiency)
     return max(compute, memory) + spec.op_overhead_s
 
 
-def block_time(ops: Sequence[OpCount], spec: DeviceSpec, compute: str) -> float:
-    """Seconds for ``ops`` run one after another on ``spec``."""
-    peak = spec.peak(compute)
-    return sum(op_time(op, spec, peak) for op in ops)
+def op_dtype(op: OpCount, compute: str, linear: str = "") -> str:
+    """The compute dtype that prices ``op``: ``linear`` for a linear layer's GEMM, if given."""
+    return linear if linear and op.kind == "linear" else compute
+
+
+def block_time(ops: Sequence[OpCount], spec: DeviceSpec, compute: str, linear: str = "") -> float:
+    """Seconds for ``ops`` run one after another on ``spec``; ``linear``: the compute dtype of
+    the linear layers' GEMMs where it is not ``compute`` (fp8 training)."""
+    peaks = {d: spec.peak(d) for d in {compute, linear or compute}}
+    total = 0.0
+    for op in ops:
+        dtype = op_dtype(op, compute, linear)
+        total += op_time(op, spec, peaks[dtype], dtype)
+    return total
 
 
 def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSplit | None = None) -> Profile:
@@ -336,7 +358,7 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
     ref = counts.traces[0]
     gm = ref.gm
     xs = [float(u) for u in counts.sizes]
-    compute = counts.precision.compute
+    compute, linear = counts.precision.compute, counts.precision.linear
     elt = float(torch.empty((), dtype=counts.precision.dtype).element_size())
     kinds = block_kinds([b.name for b in ref.blocks], split.shape) if split else ("whole",) * len(ref.blocks)
     t, sp = (split.degree, split.sequence_parallel) if split else (1, False)
@@ -355,9 +377,9 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
     def times(i: int, c: BlockCount, u: float) -> tuple[float, float, float]:
         key = (id(c), kinds[i], u)  # identical blocks share one BlockCount (_count_blocks)
         if key not in memo:
-            f = block_time(ops(i, c.forward), spec, compute) + comm(i, u, False)
-            b = block_time(ops(i, c.backward), spec, compute) + comm(i, u, True)
-            bi = block_time(ops(i, c.backward_input), spec, compute) + comm(i, u, True)
+            f = block_time(ops(i, c.forward), spec, compute, linear) + comm(i, u, False)
+            b = block_time(ops(i, c.backward), spec, compute, linear) + comm(i, u, True)
+            bi = block_time(ops(i, c.backward_input), spec, compute, linear) + comm(i, u, True)
             memo[key] = (f, b, min(bi, b))
         return memo[key]
 

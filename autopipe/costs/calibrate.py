@@ -6,7 +6,12 @@ from is counted again on the meta device (same tracer, same blocks: the fingerpr
 match), and the compute efficiency ``ce``, memory efficiency ``me`` and per-op overhead ``o``
 are chosen to minimise the squared log error of every block's forward and backward time at
 every measured micro-batch size (a grid over ``ce`` and ``me``, the best ``o`` for each):
-relative errors, so small blocks count as much as large ones.
+relative errors, so small blocks count as much as large ones. ``ce`` is the profile dtype's
+``eff_max``: a GEMM runs at ``ce * s / (s + s_half)`` (``DeviceSpec.efficiency``), the curve's
+shape ``s_half`` kept from the device entry, unless the profile has enough to fit it too (at
+least :data:`CURVE_POINTS` block times whose GEMM sizes span a factor of 4 or more: then
+``s_half`` is chosen from :data:`S_HALVES` as well). The device's other dtypes scale by the
+same ratio, keeping their shapes.
 
 The result is stored as a device file entry (the shape of ``devices.json``, plus how it was
 fitted) under the calibration store (``$AUTOPIPE_CALIBRATION_DIR``, else
@@ -27,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from autopipe._io import atomic_write_text, shown
-from autopipe.costs.analytic import ModelCounts, count_model
+from autopipe.costs.analytic import ModelCounts, count_model, op_dtype
 from autopipe.costs.counting import OpCount
 from autopipe.costs.devices import DeviceSpec, device_spec, match_device, read_device_file
 from autopipe.costs.profile import Profile
@@ -38,6 +43,8 @@ __all__ = ["Calibration", "calibrate", "calibration_dir", "fit_efficiency", "sav
 _DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 _GRID = np.geomspace(0.02, 1.0, 40)
 _OVERHEADS = np.concatenate(([0.0], np.geomspace(1e-7, 1e-3, 61)))
+CURVE_POINTS = 16  # block times needed to fit the curve's s_half as well as eff_max
+S_HALVES = (0.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0)
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,7 @@ def calibrate(
                     measured.append(t)
     if not measured:
         raise ProfileError("the profile has no block times to calibrate with; profile the model again")
-    spec, errors = fit_efficiency(base, counts.precision.compute, ops, measured)
+    spec, errors = fit_efficiency(base, counts.precision.compute, ops, measured, counts.precision.linear)
     return Calibration(spec, profile.model, len(measured), float(np.median(errors)), float(np.max(errors)))
 
 
@@ -126,28 +133,48 @@ def _count(profile: Profile, model: str) -> ModelCounts:
 
 
 def fit_efficiency(
-    base: DeviceSpec, compute: str, ops: Sequence[Sequence[OpCount]], measured: Sequence[float]
+    base: DeviceSpec, compute: str, ops: Sequence[Sequence[OpCount]], measured: Sequence[float], linear: str = ""
 ) -> tuple[DeviceSpec, np.ndarray]:
-    """``base`` with the (ce, me, o) that minimise the squared log error; and the relative errors."""
-    peak, bw = base.peak(compute), base.memory_bandwidth
-    flat_c = np.array([op.flops / peak for seq in ops for op in seq])
-    flat_m = np.array([op.bytes / bw for seq in ops for op in seq])
+    """``base`` with the (ce, me, o) that minimise the squared log error, and ``s_half`` too
+    where the observations can tell it (module docstring); and the relative errors."""
+    flat = [op for seq in ops for op in seq]
+    sizes = [op.size for op in flat if op.size > 0 and op.flops > 0]
+    fit_shape = len(measured) >= CURVE_POINTS and bool(sizes) and max(sizes) >= 4 * min(sizes)
+    own = next((h for d, _, h in base.compute_curve if d == compute), None)
+    halves = sorted({*S_HALVES, *([own] if own is not None else [])}) if fit_shape else [own]
+    flat_m = np.array([op.bytes / base.memory_bandwidth for op in flat])
     owner = np.repeat(np.arange(len(ops)), [len(seq) for seq in ops])
     n_ops = np.array([len(seq) for seq in ops], dtype=float)
     y = np.log(np.asarray(measured))
-    best: tuple[float, float, float, float] = (math.inf, 1.0, 1.0, 0.0)
-    for ce in _GRID:
-        for me in _GRID:
-            work = np.bincount(owner, np.maximum(flat_c / ce, flat_m / me), minlength=len(ops))
-            pred = work[None, :] + _OVERHEADS[:, None] * n_ops[None, :]  # (overheads, observations)
-            loss = ((np.log(np.maximum(pred, 1e-12)) - y[None, :]) ** 2).sum(axis=1)
-            j = int(np.argmin(loss))
-            if loss[j] < best[0]:
-                best = (float(loss[j]), float(ce), float(me), float(_OVERHEADS[j]))
-    _, ce, me, o = best
-    spec = base.calibrated(ce, me, o)
+    best: tuple[float, float, float, float, DeviceSpec] = (math.inf, 1.0, 1.0, 0.0, base)
+    for s_half in halves:
+        shaped = base if s_half is None else base.with_curve(compute, base.plateau(compute), s_half)
+        flat_c = _compute_at_unit(shaped, compute, linear, flat)
+        for ce in _GRID:
+            for me in _GRID:
+                work = np.bincount(owner, np.maximum(flat_c / ce, flat_m / me), minlength=len(ops))
+                pred = work[None, :] + _OVERHEADS[:, None] * n_ops[None, :]  # (overheads, observations)
+                loss = ((np.log(np.maximum(pred, 1e-12)) - y[None, :]) ** 2).sum(axis=1)
+                j = int(np.argmin(loss))
+                if loss[j] < best[0]:
+                    best = (float(loss[j]), float(ce), float(me), float(_OVERHEADS[j]), shaped)
+    _, ce, me, o, shaped = best
+    spec = shaped.calibrated(ce, me, o, compute)
+    flat_c = _compute_at_unit(shaped, compute, linear, flat)
     fitted = np.bincount(owner, np.maximum(flat_c / ce, flat_m / me), minlength=len(ops)) + o * n_ops
     return spec, np.abs(fitted / np.asarray(measured) - 1.0)
+
+
+def _compute_at_unit(spec: DeviceSpec, compute: str, linear: str, ops: Sequence[OpCount]) -> np.ndarray:
+    """Each op's compute seconds on ``spec`` were ``compute``'s ``eff_max`` 1 (every efficiency
+    scaled by the same ratio): divided by a candidate ``ce``, its time at that ``eff_max``."""
+    unit = spec.plateau(compute)
+    peaks = {d: spec.peak(d) for d in {compute, linear or compute}}
+    out = []
+    for op in ops:
+        d = op_dtype(op, compute, linear)
+        out.append(op.flops / (peaks[d] * spec.efficiency(d, op.size)) * unit if op.flops else 0.0)
+    return np.array(out)
 
 
 def _entry(cal: Calibration) -> dict[str, Any]:
@@ -165,6 +192,7 @@ def _entry(cal: Calibration) -> dict[str, Any]:
             "devices_per_node": s.devices_per_node,
             "link_latency_s": s.link_latency_s,
             "compute_efficiency": s.compute_efficiency,
+            "compute_curve": {d: {"eff_max": e, "s_half": h} for d, e, h in s.compute_curve},
             "memory_efficiency": s.memory_efficiency,
             "op_overhead_s": s.op_overhead_s,
             "calibrated_from": cal.profile,
@@ -196,6 +224,7 @@ def stored_calibration(spec: DeviceSpec, path: str | Path | None = None) -> Devi
         return replace(
             spec,
             compute_efficiency=only.compute_efficiency,
+            compute_curve=only.compute_curve,
             memory_efficiency=only.memory_efficiency,
             op_overhead_s=only.op_overhead_s,
         )

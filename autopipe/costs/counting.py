@@ -24,6 +24,7 @@ formula (Dao et al. 2022, FlashAttention) includes: 2.5x the forward, not 2x.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,10 +49,23 @@ aten = torch.ops.aten
 
 @dataclass(frozen=True)
 class OpCount:
-    """One aten op: floating-point operations and bytes read plus written."""
+    """One aten op: floating-point operations and bytes read plus written; a GEMM also says
+    what it is (``kind``: ``"linear"`` for ``mm`` / ``addmm``, the linear layers' kernels, or
+    ``"bmm"`` for batched ones) and its ``dims`` (M, K, N), whose ``size`` prices its efficiency
+    (``DeviceSpec.efficiency``)."""
 
     flops: float
     bytes: float
+    kind: str = ""  # "linear", "bmm" or "" (not a GEMM)
+    dims: tuple[float, ...] = ()  # a GEMM's (M, K, N); () for any other op
+
+    @property
+    def size(self) -> float:
+        """The GEMM's size: the side of the square GEMM of as many FLOPs, ``(M K N) ** (1/3)``; 0 for
+        an op that is not a GEMM. Not the smallest dimension: a thin GEMM's low arithmetic
+        intensity is the roofline's memory term already; what the curve adds is the tile and
+        wave quantization of a small problem, which goes with its work."""
+        return float(math.prod(self.dims)) ** (1.0 / 3.0) if self.dims else 0.0
 
 
 @dataclass(frozen=True)
@@ -139,8 +153,25 @@ class _CountMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         formula = flop_registry.get(packet)
         flops = float(formula(*args, **kwargs, out_val=out)) if formula is not None else 0.0
         moved = 0.0 if func.is_view or packet in _ALIASES else _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
-        self.ops.append(OpCount(flops, moved))
+        kind, dims = _gemm_shape(packet, args)
+        self.ops.append(OpCount(flops, moved, kind, dims))
         return out
+
+
+_LINEAR = {aten.mm: 0, aten.addmm: 1}  # packet -> index of the first matrix operand
+_BATCHED = {aten.bmm: 0, aten.baddbmm: 1}
+
+
+def _gemm_shape(packet: Any, args: Any) -> tuple[str, tuple[float, ...]]:
+    """(kind, (M, K, N)) of a matmul op; ("", ()) for any other op."""
+    table, kind = (_LINEAR, "linear") if packet in _LINEAR else (_BATCHED, "bmm")
+    if packet not in table:
+        return "", ()
+    i = table[packet]
+    a, b = args[i], args[i + 1]
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() < 2 or b.dim() < 2:
+        return kind, ()
+    return kind, (float(a.shape[-2]), float(a.shape[-1]), float(b.shape[-1]))
 
 
 class _FusedAttention(TorchFunctionMode):

@@ -12,6 +12,19 @@ and bandwidth, the link to devices in the same node (NVLink) and to other nodes 
 share of the network, e.g. one 400 Gb/s InfiniBand NIC per GPU: 50 GB/s). The efficiencies
 and the per-op overhead say how close real kernels get to the peaks (the roofline of
 Williams et al. 2009, per op); ``autopipe calibrate`` fits them on the present device.
+
+A matmul's compute efficiency depends on its size: a GEMM with a small dimension fills few
+tiles and waves of the GPU (NVIDIA's *Matrix Multiplication Background User's Guide*: tile
+and wave quantization) and reaches less of the peak. Per compute dtype, an entry's
+``compute_curve`` gives ``{"eff_max": E, "s_half": S}``, and a GEMM of size
+``s = (M K N) ** (1/3)`` (the side of the square GEMM with its FLOPs; ``OpCount.size``) runs at::
+
+    efficiency(dtype, s) = E * s / (s + S)
+
+a saturating curve: ``E`` for large GEMMs, half of it at ``s = S``. Other ops that count FLOPs
+(fused attention, convolutions: no GEMM shape) and every op of a dtype without a curve run at
+the flat ``compute_efficiency``, so an old entry with only ``compute_efficiency`` means a flat
+curve, as before.
 """
 
 from __future__ import annotations
@@ -44,7 +57,7 @@ __all__ = [
 ]
 
 CATALOGUE_FILE = Path(__file__).with_name("devices.json")
-DTYPES = ("fp32", "tf32", "bf16", "fp16")  # compute dtypes a spec gives peaks for
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")  # compute dtypes a spec gives peaks for
 ENV_VAR = "AUTOPIPE_DEVICES"
 CLUSTER_KEYS = {  # --cluster FILE's keys -> (solve.parallel.Cluster field, what it is)
     "devices_per_node": ("devices_per_node", "devices joined by NVLink in one node"),
@@ -72,14 +85,33 @@ class DeviceSpec:
     network_bandwidth: float  # bytes/s to a device in another node
     devices_per_node: int
     link_latency_s: float = 10e-6
-    compute_efficiency: float = 0.6  # fraction of peak FLOP/s a matmul reaches
+    compute_efficiency: float = 0.6  # fraction of peak FLOP/s an op reaches (flat: dtypes without a curve)
     memory_efficiency: float = 0.7  # fraction of memory bandwidth a memory-bound op reaches
     op_overhead_s: float = 5e-6  # fixed cost per op (kernel launch, dispatch)
     match: tuple[str, ...] = ()  # substrings of torch's device name that mean this device
     aliases: tuple[str, ...] = ()
+    compute_curve: tuple[tuple[str, float, float], ...] = ()  # (dtype, eff_max, s_half), sorted by dtype
+
+    def efficiency(self, dtype: str, size: float = 0.0) -> float:
+        """Fraction of ``dtype``'s peak an op reaches: a GEMM of ``size`` (``OpCount.size``) on the
+        dtype's curve (module docstring); ``size`` 0 (not a GEMM) or no curve: the flat efficiency."""
+        for name, eff_max, s_half in self.compute_curve:
+            if name == dtype and size > 0:
+                return eff_max * size / (size + s_half) if s_half > 0 else eff_max
+        return self.compute_efficiency
+
+    def plateau(self, dtype: str) -> float:
+        """``dtype``'s ``eff_max`` (what its largest GEMMs reach); the flat efficiency without a curve."""
+        return next((e for d, e, _ in self.compute_curve if d == dtype), self.compute_efficiency)
+
+    def compute_scaled(self, factor: float) -> DeviceSpec:
+        """Every compute efficiency (flat and each curve's ``eff_max``) times ``factor``, at most 1;
+        the curves keep their shape (``s_half``)."""
+        curve = tuple((d, min(1.0, e * factor), h) for d, e, h in self.compute_curve)
+        return replace(self, compute_efficiency=min(1.0, self.compute_efficiency * factor), compute_curve=curve)
 
     def peak(self, dtype: str) -> float:
-        """Peak dense FLOP/s for compute dtype ``dtype`` (fp32, tf32, bf16, fp16)."""
+        """Peak dense FLOP/s for compute dtype ``dtype`` (fp32, tf32, bf16, fp16, fp8)."""
         table = dict(self.peak_flops)
         if dtype in table:
             return table[dtype]
@@ -87,21 +119,34 @@ class DeviceSpec:
             return table["fp32"]
         if dtype == "fp16" and "bf16" in table:
             return table["bf16"]
+        hint = " (fp8 needs an FP8 GPU: h100, h200)" if dtype == "fp8" else ""
         raise DeviceError(
-            f"device {self.name} gives no peak for {dtype}; add peak_flops.{dtype} to its entry "
+            f"device {self.name} gives no peak for {dtype}{hint}; add peak_flops.{dtype} to its entry "
             f"(it has: {', '.join(table)})"
         )
 
-    def calibrated(self, compute_efficiency: float, memory_efficiency: float, op_overhead_s: float) -> DeviceSpec:
+    def calibrated(
+        self, compute_efficiency: float, memory_efficiency: float, op_overhead_s: float, dtype: str = ""
+    ) -> DeviceSpec:
+        """The spec with fitted efficiencies: ``compute_efficiency`` is ``dtype``'s ``eff_max``
+        (its flat efficiency where it has no curve), and every other compute efficiency scales by
+        the same ratio, as one device-wide factor (curves keep their ``s_half``)."""
         return replace(
-            self,
-            compute_efficiency=compute_efficiency,
+            self.compute_scaled(compute_efficiency / self.plateau(dtype)),
             memory_efficiency=memory_efficiency,
             op_overhead_s=op_overhead_s,
         )
 
+    def with_curve(self, dtype: str, eff_max: float, s_half: float) -> DeviceSpec:
+        """The spec with ``dtype``'s curve set to (``eff_max``, ``s_half``)."""
+        rest = [c for c in self.compute_curve if c[0] != dtype]
+        return replace(self, compute_curve=tuple(sorted((*rest, (dtype, eff_max, s_half)))))
+
 
 def _spec(name: str, raw: Mapping[str, Any], source: str) -> DeviceSpec:
+    if not isinstance(raw, Mapping):
+        raise DeviceError(f"device {name!r} in {source} must be an object (see {CATALOGUE_FILE})")
+    curve = _curve(name, raw.get("compute_curve", {}), source)
     try:
         peaks = raw["peak_flops"]
         spec = DeviceSpec(
@@ -119,6 +164,7 @@ def _spec(name: str, raw: Mapping[str, Any], source: str) -> DeviceSpec:
             op_overhead_s=float(raw.get("op_overhead_s", 5e-6)),
             match=tuple(str(m) for m in raw.get("match", ())),
             aliases=tuple(str(a).lower() for a in raw.get("aliases", ())),
+            compute_curve=curve,
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise DeviceError(
@@ -136,6 +182,27 @@ def _spec(name: str, raw: Mapping[str, Any], source: str) -> DeviceSpec:
     ):
         raise DeviceError(f"device {name!r} in {source}: sizes and rates must be positive and efficiencies in (0, 1]")
     return spec
+
+
+def _curve(name: str, raw: Any, source: str) -> tuple[tuple[str, float, float], ...]:
+    """An entry's ``compute_curve``: ``{dtype: {"eff_max": E, "s_half": S}}`` (module docstring)."""
+    where = f"device {name!r} in {source}: compute_curve"
+    if not isinstance(raw, dict):
+        raise DeviceError(f'{where} must be an object like {{"bf16": {{"eff_max": 0.75, "s_half": 128}}}}')
+    out = []
+    for dtype, point in raw.items():
+        if dtype.startswith("_"):
+            continue
+        if dtype not in DTYPES:
+            raise DeviceError(f"{where} names dtype {dtype!r}; use one of: {', '.join(DTYPES)}")
+        if not isinstance(point, dict) or set(point) - {"eff_max", "s_half", "source"} or "eff_max" not in point:
+            raise DeviceError(f'{where}.{dtype} must be {{"eff_max": E, "s_half": S}} (got {point!r})')
+        e, h = point["eff_max"], point.get("s_half", 0.0)
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (e, h))
+        if not numbers or not 0 < e <= 1 or not 0 <= h < 1e12:
+            raise DeviceError(f"{where}.{dtype}: eff_max must be in (0, 1] and s_half >= 0 (got {e!r}, {h!r})")
+        out.append((str(dtype), float(e), float(h)))
+    return tuple(sorted(out))
 
 
 def read_device_file(path: Path, what: str = "device file", again: str = "") -> dict[str, DeviceSpec]:

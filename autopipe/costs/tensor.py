@@ -11,6 +11,10 @@ device. What this module prices, per block, from its counted ops (``costs.counti
   and the key/value heads, else that ``t`` is skipped with a reason). Ops that count FLOPs
   (matmuls, attention) run ``flops / t`` and move ``bytes / t``; the per-op overhead stays
   whole, so the roofline (``analytic.op_time``) prices the smaller matmuls' lost efficiency.
+  A GEMM's largest dimension is divided by ``t`` for the efficiency curve (its size,
+  ``(M K N) ** (1/3)``, prices it): Megatron shards each linear layer's larger weight dimension (``3h``,
+  ``4h``, the vocabulary; ``h`` of the square attention output), the largest of the GEMM's three
+  wherever the weight's dimensions exceed the micro-batch's tokens.
   Memory-bound ops (FLOPs 0) move ``bytes * (r + (1 - r) / t)`` where ``r = 10 / 34`` is
   the share of a layer's element-wise traffic outside the split regions without sequence
   parallelism (Korthikanti et al., section 4.2.2: 10 of the 34 ``sbh`` bytes), ``r = 0``
@@ -45,7 +49,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autopipe.costs.counting import OpCount
@@ -143,6 +147,14 @@ def block_kinds(names: Sequence[str], shape: TransformerShape) -> tuple[BlockKin
     )
 
 
+def _sharded(dims: tuple[float, ...], t: int) -> tuple[float, ...]:
+    """A GEMM's (M, K, N) on one of ``t`` devices: its largest dimension split (module docstring)."""
+    if not dims:
+        return dims
+    i = max(range(len(dims)), key=lambda j: dims[j])
+    return tuple(d / t if j == i else d for j, d in enumerate(dims))
+
+
 def split_ops(ops: Sequence[OpCount], kind: BlockKind, t: int, sequence_parallel: bool) -> tuple[OpCount, ...]:
     """One device's ops of a block of ``kind`` at degree ``t`` (see the module docstring)."""
     if t == 1 or kind == "whole":
@@ -151,7 +163,7 @@ def split_ops(ops: Sequence[OpCount], kind: BlockKind, t: int, sequence_parallel
     out = []
     for op in ops:
         if op.flops > 0:
-            out.append(OpCount(op.flops / t, op.bytes / t))
+            out.append(replace(op, flops=op.flops / t, bytes=op.bytes / t, dims=_sharded(op.dims, t)))
         elif kind == "layer":
             out.append(OpCount(0.0, op.bytes * (r + (1.0 - r) / t)))
         elif kind == "head":

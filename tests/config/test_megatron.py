@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--fp16", action="store_true")
+    p.add_argument("--fp8-format", choices=("e4m3", "hybrid"), default=None)  # TransformerConfig.fp8's Literal
     p.add_argument("--use-distributed-optimizer", action="store_true")
     return p
 
@@ -667,6 +668,7 @@ def test_hugging_face_configs_and_gpt2s_conv1d_are_read() -> None:
         ("a100: NVIDIA A100 (analytic, fp16, t=2 with sequence parallelism)", ["--fp16"], None),
         ("h100: NVIDIA H100 SXM5 80GB (analytic, fp32)", [], None),  # Megatron's default
         ("h100: NVIDIA H100 SXM5 80GB (analytic, tf32)", [], "precision: the plan is priced in tf32: Megatron"),
+        ("h100: NVIDIA H100 SXM5 80GB (analytic, fp8)", ["--bf16", "--fp8-format", "hybrid"], "precision: fp8 runs"),
         ("cpu (2 threads)", [], "precision: the plan was measured on cpu (2 threads) and does not record the dtype"),
     ],
 )
