@@ -108,8 +108,11 @@ def _run_with_progress(plan_path: str, options: Any, err: Console) -> Any:
         seen = 0
         while True:
             finished = done.is_set()
-            with open(options.progress_file) as f:
-                lines = f.readlines()
+            try:
+                with open(options.progress_file) as f:
+                    lines = f.readlines()
+            except FileNotFoundError:  # the launcher removed its folder: the run ended (a signal)
+                return
             for line in lines[seen:]:
                 if line.endswith("\n"):
                     kind, text = json.loads(line)

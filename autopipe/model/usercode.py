@@ -64,10 +64,11 @@ _MAX_MESSAGE = 300  # characters of the user's message kept in a one-line error
 
 
 def display_path(filename: str | Path, shown_as: Path | None = None) -> str:
-    """``filename`` as the user reads it: ``shown_as`` if it names the same file (the path they
-    typed), else relative to the working directory when below it, else absolute."""
+    """``filename`` as the user reads it: ``shown_as`` if it is a relative path naming the same
+    file (the path they typed), else relative to the working directory when below it (a plan
+    records an absolute path for a model file outside its folder), else absolute."""
     p = Path(filename)
-    if shown_as is not None and _same_file(p, shown_as):
+    if shown_as is not None and not shown_as.is_absolute() and _same_file(p, shown_as):
         return str(shown_as)
     try:
         return os.path.relpath(p.resolve()) if p.resolve().is_relative_to(Path.cwd()) else str(p)

@@ -153,8 +153,9 @@ def test_plan_beats_or_ties_every_simple_split(
         assert s["blocks"] and s["time_s"] > 0 and s["memory_bytes"] > 0
     names = {b["name"] for b in summary["baselines"]}
     assert names == {"even-layers", "by-params", "greedy-time"}
+    noise = summary["uncertainty"]  # within the profile's measured noise the plan may take the steadier one
     for b in summary["baselines"]:
-        assert summary["iteration_time_s"] <= b["iteration_time_s"] * (1 + 1e-9), b
+        assert summary["iteration_time_s"] <= b["iteration_time_s"] * (1 + noise + 1e-9), (b, noise)
     plan = Plan.load(plan_path)
     assert plan.iteration_time_s == summary["iteration_time_s"]
 
