@@ -1,8 +1,8 @@
-# Run: python bench/bench_lopsided.py [--rounds 3] [--steps 6] [-k n_layer=12 vocab_size=4096]
+# Run: python bench/bench_lopsided.py [--rounds 3] [--steps 6] [-k n_layer=12 vocab_size=8192]
 #   (repository root; ~3-5 min)
 """The plan against the even split by layer count on a lopsided decoder, as a user runs them.
 
-models/gpt.py with 12 layers of 128 and a heavy vocabulary head (4096 tokens, tied to the
+models/gpt.py with 12 layers of 128 and a heavy vocabulary head (8192 tokens, tied to the
 embedding; random init): the head and its loss cost several layers, so the split that counts
 layers puts most of the work on the last stage. Each round, through the command line:
 
@@ -30,7 +30,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = str(ROOT / "models" / "gpt.py")
-DEFAULT_K = ("n_layer=12", "n_embd=128", "n_head=4", "vocab_size=4096")
+DEFAULT_K = ("n_layer=12", "n_embd=128", "n_head=4", "vocab_size=8192")
 BATCH = 16
 
 
