@@ -10,7 +10,7 @@ layers puts most of the work on the last stage. Each round, through the command 
   autopipe plan --profile profile.json --devices 2 --schedule 1f1b --batch-size 16 -o plan.json
   autopipe plan --profile profile.json ... --micro-batches M --balance A,B -o even.json
       (A,B: the plan's own even-layers baseline; M: the plan's micro-batch count)
-  autopipe run plan.json / even.json --steps N --optimizer SGD --json   (twice each, alternating)
+  autopipe run plan.json / even.json --steps N --optimizer SGD --device cpu --json   (twice each, alternating)
 
 and prints the round's measured iterations (median of the steps after the first, best of the
 two runs of each) and even / plan, the measured gain, beside the predicted one. The load average
@@ -43,7 +43,9 @@ def cli(*args: str) -> str:
 
 
 def run_iteration(plan: Path, steps: int) -> float:
-    out: dict[str, Any] = json.loads(cli("run", str(plan), "--steps", str(steps), "--optimizer", "SGD", "--json"))
+    out: dict[str, Any] = json.loads(
+        cli("run", str(plan), "--steps", str(steps), "--optimizer", "SGD", "--device", "cpu", "--json")
+    )
     return float(out["iteration_time_s"])
 
 

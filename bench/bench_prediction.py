@@ -1,4 +1,5 @@
-# Run: PYTHONPATH=. python bench/bench_prediction.py [-k n_layer=8 n_embd=256] [--steps 10] [--repeat 9]
+# Run: PYTHONPATH=. python bench/bench_prediction.py [--model gpt|mlp] [-k n_layer=8 n_embd=256] [--batch 16]
+#   [--steps 10] [--repeat 9] [--cases 1f1b,zb-h1,interleaved-1f1b]
 #   (repository root; ~1 min)
 """Measured against predicted, per schedule, and where the difference goes.
 
@@ -58,23 +59,23 @@ CASES = (("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2))  # (schedule, virtu
 BATCH, MICRO_BATCHES, DEVICES = 16, 8, 2
 
 
-def profile(kwargs: list[str], repeat: int = 9, model: str = "gpt") -> Profile:
+def profile(kwargs: list[str], repeat: int = 9, model: str = "gpt", batch: int = BATCH) -> Profile:
     from autopipe.costs.measured import profile_model
     from autopipe.model.load import load_model, parse_kwargs
 
     torch.manual_seed(0)
     loaded = load_model(str(ROOT / "models" / f"{model}.py"), parse_kwargs(kwargs))
-    return profile_model(loaded, micro_batch_sizes=[BATCH // MICRO_BATCHES], warmup=min(3, repeat), repeat=repeat)
+    return profile_model(loaded, micro_batch_sizes=[batch // MICRO_BATCHES], warmup=min(3, repeat), repeat=repeat)
 
 
-def plan_of(prof: Profile, schedule: str, virtual: int) -> Plan:
+def plan_of(prof: Profile, schedule: str, virtual: int, batch: int = BATCH) -> Plan:
     from autopipe.planner.defaults import default_action_overhead, default_link
     from autopipe.planner.search import PlanRequest, plan_pipeline
 
     bw, lat = default_link(prof.device)
     req = PlanRequest(
         devices=DEVICES,
-        batch_size=BATCH,
+        batch_size=batch,
         memory_limit=2.0**34,
         micro_batches=MICRO_BATCHES,
         schedule=schedule,
@@ -225,6 +226,7 @@ def main() -> None:
     ap.add_argument("-k", nargs="*", default=[], help="the model file's factory kwargs, KEY=VALUE")
     ap.add_argument("--cases", default="1f1b,zb-h1,interleaved-1f1b", help="schedules to run, comma-separated")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=BATCH, help=f"samples per iteration (default {BATCH})")
     ap.add_argument("--repeat", type=int, default=9, help="profiling: timed runs per block (the median is kept)")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -234,15 +236,15 @@ def main() -> None:
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}; "
         f"{DEVICES} gloo ranks x 1 thread; {args.model} {' '.join(args.k) or '(default)'}; "
-        f"batch {BATCH}, m {MICRO_BATCHES}, "
+        f"batch {args.batch}, m {MICRO_BATCHES}, "
         f"{args.steps} steps (first is warm-up)"
     )
-    prof = profile(args.k, args.repeat, args.model)
+    prof = profile(args.k, args.repeat, args.model, args.batch)
     rows, parts = [], []
     for schedule, virtual in CASES:
         if schedule not in args.cases.split(","):
             continue
-        plan = plan_of(prof, schedule, virtual)
+        plan = plan_of(prof, schedule, virtual, args.batch)
         result = launch(plan, RunOptions(steps=args.steps, optimizer="SGD", timeout_s=120.0))
         rows.append((f"{schedule}/v{plan.virtual}", analyse(prof, plan, result)))
         where = breakdown(plan, result, range(1, result.steps))

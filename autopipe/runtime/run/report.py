@@ -168,17 +168,16 @@ def format_report(plan: Plan, result: RunResult) -> str:
 def format_breakdown(where: Breakdown) -> list[str]:
     """The slowest rank's iteration, predicted and measured, split into compute, messages, idle."""
     p, m, d = where.predicted, where.measured, where.difference()
-    total = d.total_s
     head = "where the iteration went (slowest rank)"
-    lines = [f"{head:<40}  {'predicted':>12}  {'measured':>12}  {'difference':>12}  {'share':>6}"]
+    lines = [f"{head:<40}  {'predicted':>12}  {'measured':>12}  {'difference':>12}  {'error':>8}"]
     for name, a, b, c in (
         ("compute (actions, executor between them)", p.compute_s, m.compute_s, d.compute_s),
         ("messages (sent, not yet arrived)", p.messages_s, m.messages_s, d.messages_s),
         ("idle (the peer still working)", p.idle_s, m.idle_s, d.idle_s),
-        ("iteration", p.total_s, m.total_s, total),
+        ("iteration", p.total_s, m.total_s, d.total_s),
     ):
-        share = f"{c / total:.0%}" if total else ""
-        lines.append(f"{name:<40}  {_fmt(a, 's'):>12}  {_fmt(b, 's'):>12}  {c * 1e3:>+9.3f} ms  {share:>6}")
+        share = f"{c / p.total_s:+.1%}" if p.total_s else ""  # of the predicted iteration: the parts sum to its error
+        lines.append(f"{name:<40}  {_fmt(a, 's'):>12}  {_fmt(b, 's'):>12}  {c * 1e3:>+9.3f} ms  {share:>8}")
     return lines
 
 

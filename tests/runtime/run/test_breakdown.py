@@ -54,7 +54,8 @@ def test_difference_sums_to_the_iteration() -> None:
     assert (d.compute_s, d.messages_s, d.idle_s) == (0.5, 0.25, -0.25)
     assert d.total_s == pytest.approx(b.measured.total_s - b.predicted.total_s)
     lines = format_breakdown(b)
-    assert lines[1].split()[-1] == "100%" and lines[-1].split()[-1] == "100%"  # +0.5 ms of +0.5 ms
+    assert lines[1].split()[-1] == "+28.6%" and lines[-1].split()[-1] == "+28.6%"  # +0.5 s of 1.75 s
+    assert lines[3].split()[-1] == "-14.3%"  # the parts sum to the iteration's error
     assert "+250.000 ms" in lines[2]
 
 
