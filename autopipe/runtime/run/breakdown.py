@@ -33,7 +33,7 @@ from autopipe.schedules.deps import dependencies
 from autopipe.simulate.events import StageCost
 from autopipe.simulate.replay import replay
 
-__all__ = ["Breakdown", "Span", "TimedAction", "breakdown", "measured_split", "predicted_split", "split"]
+__all__ = ["Breakdown", "Span", "TimedAction", "breakdown", "explain", "measured_split", "predicted_split", "split"]
 
 
 @dataclass(frozen=True)
@@ -146,3 +146,25 @@ def breakdown(plan: Plan, result: RunResult, steps: Iterable[int]) -> Breakdown 
     if not measured:
         return None
     return Breakdown(predicted_split(plan), mean_span(measured))
+
+
+def explain(where: Breakdown) -> str:
+    """One line for people: which part the difference mostly is, and what to do about it
+    (empty when the measured iteration is within 10% of the prediction)."""
+    p, m, d = where.predicted, where.measured, where.difference()
+    if not p.total_s or abs(d.total_s) <= 0.1 * p.total_s:
+        return ""
+    parts = {"compute": d.compute_s, "messages": d.messages_s, "idle": d.idle_s}
+    name = max(parts, key=lambda k: abs(parts[k]) if d.total_s < 0 else parts[k])
+    if name == "compute":
+        ratio = m.compute_s / p.compute_s if p.compute_s else float("inf")
+        return (
+            f"mostly compute: the slowest rank computed {ratio:.2f}x the profile's time (a host busier, or "
+            "sharing its cores differently, than when it was profiled: profile and run under the same load)"
+        )
+    if name == "messages":
+        return (
+            f"mostly messages: {m.messages_s * 1e3:.3f} ms waiting for messages in flight against "
+            f"{p.messages_s * 1e3:.3f} ms predicted (a slower link than planned for: plan with a larger --latency)"
+        )
+    return "mostly idle: one rank's work took other times than planned and the other rank waited for it"

@@ -26,7 +26,7 @@ from typing import Any
 
 from autopipe._io import atomic_write_text
 from autopipe.plans import Plan
-from autopipe.runtime.run.breakdown import Breakdown, breakdown
+from autopipe.runtime.run.breakdown import Breakdown, breakdown, explain
 from autopipe.runtime.run.records import RunResult
 from autopipe.schedules import Action
 
@@ -178,7 +178,8 @@ def format_breakdown(where: Breakdown) -> list[str]:
     ):
         share = f"{c / p.total_s:+.1%}" if p.total_s else ""  # of the predicted iteration: the parts sum to its error
         lines.append(f"{name:<40}  {_fmt(a, 's'):>12}  {_fmt(b, 's'):>12}  {c * 1e3:>+9.3f} ms  {share:>8}")
-    return lines
+    why = explain(where)
+    return [*lines, why] if why else lines
 
 
 def summary(plan: Plan, result: RunResult) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import pytest
 from autopipe.costs.profile import Profile
 from autopipe.modes import Recompute
 from autopipe.planner.search import PlanRequest, plan_pipeline
-from autopipe.runtime.run.breakdown import Breakdown, Span, TimedAction, predicted_split, split
+from autopipe.runtime.run.breakdown import Breakdown, Span, TimedAction, explain, predicted_split, split
 from autopipe.runtime.run.report import format_breakdown
 from autopipe.schedules import Action
 
@@ -54,9 +54,19 @@ def test_difference_sums_to_the_iteration() -> None:
     assert (d.compute_s, d.messages_s, d.idle_s) == (0.5, 0.25, -0.25)
     assert d.total_s == pytest.approx(b.measured.total_s - b.predicted.total_s)
     lines = format_breakdown(b)
-    assert lines[1].split()[-1] == "+28.6%" and lines[-1].split()[-1] == "+28.6%"  # +0.5 s of 1.75 s
+    assert lines[1].split()[-1] == "+28.6%" and lines[4].split()[-1] == "+28.6%"  # +0.5 s of 1.75 s
     assert lines[3].split()[-1] == "-14.3%"  # the parts sum to the iteration's error
+    assert lines[5].startswith("mostly compute")
     assert "+250.000 ms" in lines[2]
+
+
+def test_explain_names_the_largest_part() -> None:
+    assert explain(Breakdown(Span(1.0, 0.25, 0.5), Span(1.5, 0.5, 0.25))).startswith("mostly compute: ")
+    assert "computed 1.50x" in explain(Breakdown(Span(1.0, 0.25, 0.5), Span(1.5, 0.5, 0.25)))
+    assert explain(Breakdown(Span(1.0, 0.1, 0.5), Span(1.0, 0.6, 0.5))).startswith("mostly messages: 600.000 ms")
+    assert explain(Breakdown(Span(1.0, 0.1, 0.5), Span(1.1, 0.1, 0.9))).startswith("mostly idle")
+    assert explain(Breakdown(Span(1.0, 0.1, 0.5), Span(0.6, 0.1, 0.5))).startswith("mostly compute")  # faster
+    assert explain(Breakdown(Span(1.0, 0.1, 0.5), Span(1.1, 0.1, 0.5))) == ""  # within 10%
 
 
 @pytest.mark.parametrize("schedule,virtual", [("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2)])
