@@ -159,8 +159,8 @@ def explain(where: Breakdown) -> str:
     if name == "compute":
         ratio = m.compute_s / p.compute_s if p.compute_s else float("inf")
         return (
-            f"mostly compute: the slowest rank computed {ratio:.2f}x the profile's time (a host busier, or "
-            "sharing its cores differently, than when it was profiled: profile and run under the same load)"
+            f"mostly compute: the slowest rank computed {ratio:.2f}x the profile's time (the host busier or "
+            "quieter than when it was profiled, or its cores shared differently: profile and run under one load)"
         )
     if name == "messages":
         return (
