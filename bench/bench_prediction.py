@@ -1,12 +1,14 @@
-# Run: PYTHONPATH=. python bench/bench_prediction.py [-k n_layer=8 n_embd=256] [--steps 10] [--repeat 9]
+# Run: PYTHONPATH=. python bench/bench_prediction.py [--model gpt|mlp] [-k n_layer=8 n_embd=256] [--batch 16]
+#   [--steps 10] [--repeat 9] [--cases 1f1b,zb-h1,interleaved-1f1b]
 #   (repository root; ~1 min)
 """Measured against predicted, per schedule, and where the difference goes.
 
-models/gpt.py is profiled here with one thread (as each rank runs), then planned for 2 CPU
-ranks with the schedule and micro-batch count pinned (1F1B, and interleaved 1F1B with v = 2;
-m = 8, batch 16), with the link and per-action cost ``autopipe plan`` uses for CPU ranks
-(solve/defaults.py). Each plan is run with ``autopipe.runtime.run.launch`` (two gloo processes,
-one thread each, as ``autopipe run``) for ``--steps`` steps; the first is warm-up.
+models/gpt.py (or ``--model mlp``, models/mlp.py) is profiled here with one thread (as each
+rank runs), then planned for 2 CPU ranks with the schedule and micro-batch count pinned (1F1B,
+ZB-H1, interleaved 1F1B with v = 2; m = 8, batch 16), with the link and per-action cost
+``autopipe plan`` uses for CPU ranks (planner/defaults.py). Each plan is run with
+``autopipe.runtime.run.launch`` (two gloo processes, one thread each, as ``autopipe run``) for
+``--steps`` steps; the first is warm-up.
 
 From every action the executor records (start, when its messages had arrived, end; clocks
 of one host, so comparable across ranks) the script prints, per schedule:
@@ -20,6 +22,8 @@ of one host, so comparable across ranks) the script prints, per schedule:
   * the simulator replayed with what was measured: measured compute and the plan's links
     (``left``: the error compute does not explain), then measured compute and measured latency,
     and the one latency per message that makes the replay land on the measurement;
+  * the run report's split of the slowest rank's iteration (``runtime/run/breakdown.py``):
+    compute, messages in flight and idle, predicted and measured;
   * how many receives were postable only after their message was sent (the executor posts a
     pair's operations in one agreed order, ``runtime/order.py``, and gloo moves a message only
     once its receive is posted), and how long messages took with and without that, and with
@@ -41,7 +45,9 @@ from pathlib import Path
 import torch
 
 from autopipe.costs.profile import Profile
+from autopipe.modes import Recompute
 from autopipe.plans import Plan
+from autopipe.runtime.run.breakdown import breakdown
 from autopipe.runtime.run.records import RunResult
 from autopipe.schedules import schedule_spec
 from autopipe.schedules.action import Action, Kind
@@ -49,32 +55,32 @@ from autopipe.schedules.deps import dependencies
 from autopipe.simulate.events import StageCost, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = (("1f1b", 1), ("interleaved-1f1b", 2))  # (schedule, virtual)
+CASES = (("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2))  # (schedule, virtual)
 BATCH, MICRO_BATCHES, DEVICES = 16, 8, 2
 
 
-def profile(kwargs: list[str], repeat: int = 9) -> Profile:
+def profile(kwargs: list[str], repeat: int = 9, model: str = "gpt", batch: int = BATCH) -> Profile:
     from autopipe.costs.measured import profile_model
     from autopipe.model.load import load_model, parse_kwargs
 
     torch.manual_seed(0)
-    loaded = load_model(str(ROOT / "models" / "gpt.py"), parse_kwargs(kwargs))
-    return profile_model(loaded, micro_batch_sizes=[BATCH // MICRO_BATCHES], warmup=min(3, repeat), repeat=repeat)
+    loaded = load_model(str(ROOT / "models" / f"{model}.py"), parse_kwargs(kwargs))
+    return profile_model(loaded, micro_batch_sizes=[batch // MICRO_BATCHES], warmup=min(3, repeat), repeat=repeat)
 
 
-def plan_of(prof: Profile, schedule: str, virtual: int) -> Plan:
+def plan_of(prof: Profile, schedule: str, virtual: int, batch: int = BATCH) -> Plan:
     from autopipe.planner.defaults import default_action_overhead, default_link
     from autopipe.planner.search import PlanRequest, plan_pipeline
 
     bw, lat = default_link(prof.device)
     req = PlanRequest(
         devices=DEVICES,
-        batch_size=BATCH,
+        batch_size=batch,
         memory_limit=2.0**34,
         micro_batches=MICRO_BATCHES,
         schedule=schedule,
         virtual=virtual if virtual > 1 else None,
-        recompute="never",
+        recompute=Recompute.NEVER,
         link_bandwidth=bw,
         link_latency_s=lat,
         action_overhead_s=default_action_overhead(prof.device),
@@ -168,8 +174,10 @@ def analyse(prof: Profile, plan: Plan, result: RunResult) -> dict[str, float]:
     block_f = [sum(prof.blocks[i].forward_s(u) for i in s.block_indices) for s in plan.stages]
     block_b = [sum(prof.blocks[i].backward_s(u) for i in s.block_indices) for s in plan.stages]
     fwd, bwd = Kind.FORWARD.value, Kind.BACKWARD.value
-    residual = [med[(j, fwd)] - block_f[j] for j in range(n)] + [med[(j, bwd)] - block_b[j] for j in range(n)]
-    measured = [StageCost(med[(j, fwd)], med[(j, bwd)], med[(j, bwd)], 0.0, 0.0) for j in range(n)]
+    wgt = Kind.WEIGHT.value
+    w = [med.get((j, wgt), 0.0) for j in range(n)]  # zero-bubble schedules: B is the input's half
+    residual = [med[(j, fwd)] - block_f[j] for j in range(n)] + [med[(j, bwd)] + w[j] - block_b[j] for j in range(n)]
+    measured = [StageCost(med[(j, fwd)], med[(j, bwd)] + w[j], med[(j, bwd)], w[j], 0.0) for j in range(n)]
     schedule = spec.make(plan.devices, plan.micro_batches, plan.virtual)
 
     def replay(costs: list[StageCost], comm: list[float]) -> float:
@@ -207,15 +215,18 @@ def analyse(prof: Profile, plan: Plan, result: RunResult) -> dict[str, float]:
         "link": statistics.fmean(predicted_comm(plan)),
         "overhead": statistics.median(residual),
         "priced_overhead": plan.action_overhead_s,
-        "compute_measured": sum(med[(j, fwd)] + med[(j, bwd)] for j in range(n)) * plan.micro_batches,
+        "compute_measured": sum(med[(j, fwd)] + med[(j, bwd)] + w[j] for j in range(n)) * plan.micro_batches,
         "compute_predicted": sum(s.forward_s + s.backward_s for s in plan.stages) * plan.micro_batches,
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("-k", nargs="*", default=[], help="models/gpt.py factory kwargs, KEY=VALUE")
+    ap.add_argument("--model", choices=("gpt", "mlp"), default="gpt", help="models/NAME.py (default gpt)")
+    ap.add_argument("-k", nargs="*", default=[], help="the model file's factory kwargs, KEY=VALUE")
+    ap.add_argument("--cases", default="1f1b,zb-h1,interleaved-1f1b", help="schedules to run, comma-separated")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=BATCH, help=f"samples per iteration (default {BATCH})")
     ap.add_argument("--repeat", type=int, default=9, help="profiling: timed runs per block (the median is kept)")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -224,15 +235,21 @@ def main() -> None:
 
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}; "
-        f"{DEVICES} gloo ranks x 1 thread; gpt {' '.join(args.k) or '(default)'}; batch {BATCH}, m {MICRO_BATCHES}, "
+        f"{DEVICES} gloo ranks x 1 thread; {args.model} {' '.join(args.k) or '(default)'}; "
+        f"batch {args.batch}, m {MICRO_BATCHES}, "
         f"{args.steps} steps (first is warm-up)"
     )
-    prof = profile(args.k, args.repeat)
-    rows = []
+    prof = profile(args.k, args.repeat, args.model, args.batch)
+    rows, parts = [], []
     for schedule, virtual in CASES:
-        plan = plan_of(prof, schedule, virtual)
+        if schedule not in args.cases.split(","):
+            continue
+        plan = plan_of(prof, schedule, virtual, args.batch)
         result = launch(plan, RunOptions(steps=args.steps, optimizer="SGD", timeout_s=120.0))
         rows.append((f"{schedule}/v{plan.virtual}", analyse(prof, plan, result)))
+        where = breakdown(plan, result, range(1, result.steps))
+        assert where is not None
+        parts.append((f"{schedule}/v{plan.virtual}", where))
     ms = 1e3
     print(
         f"{'schedule':20} {'predicted':>9} {'measured':>9} {'error':>7} {'replay:compute':>14} {'left':>7} "
@@ -275,6 +292,15 @@ def main() -> None:
         print(
             f"{name}: compute per iteration, all ranks: measured {r['compute_measured'] * ms:.2f} ms, "
             f"predicted {r['compute_predicted'] * ms:.2f} ms"
+        )
+    print("the run report's split of the slowest rank's iteration, predicted -> measured (difference), ms:")
+    for name, where in parts:
+        p, m, d = where.predicted, where.measured, where.difference()
+        print(
+            f"  {name:20} compute {p.compute_s * ms:.2f} -> {m.compute_s * ms:.2f} ({d.compute_s * ms:+.2f}), "
+            f"messages {p.messages_s * ms:.2f} -> {m.messages_s * ms:.2f} ({d.messages_s * ms:+.2f}), "
+            f"idle {p.idle_s * ms:.2f} -> {m.idle_s * ms:.2f} ({d.idle_s * ms:+.2f}); "
+            f"iteration {p.total_s * ms:.2f} -> {m.total_s * ms:.2f} ({m.total_s / p.total_s - 1:+.1%})"
         )
     print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     sys.stdout.flush()

@@ -26,10 +26,20 @@ from typing import Any
 
 from autopipe._io import atomic_write_text
 from autopipe.plans import Plan
+from autopipe.runtime.run.breakdown import Breakdown, breakdown, explain
 from autopipe.runtime.run.records import RunResult
 from autopipe.schedules import Action
 
-__all__ = ["Row", "chrome_trace", "compare", "format_report", "summary", "write_chrome_trace", "write_loss_plot"]
+__all__ = [
+    "Row",
+    "chrome_trace",
+    "compare",
+    "format_breakdown",
+    "format_report",
+    "summary",
+    "write_chrome_trace",
+    "write_loss_plot",
+]
 
 
 @dataclass(frozen=True)
@@ -142,6 +152,9 @@ def format_report(plan: Plan, result: RunResult) -> str:
     for r in rows:
         err = "" if math.isnan(r.error_pct) else f"{r.error_pct:+.1f}%"
         lines.append(f"{r.what:<{width}}  {_fmt(r.predicted, r.unit):>12}  {_fmt(r.measured, r.unit):>12}  {err:>8}")
+    where = breakdown(plan, result, _measured_steps(result))
+    if where is not None:
+        lines.extend(format_breakdown(where))
     n = len(_measured_steps(result))
     lines.append(
         f"(means over {n} step(s){', first step left out as warm-up' if result.steps > 1 else ''}; "
@@ -150,6 +163,23 @@ def format_report(plan: Plan, result: RunResult) -> str:
     if result.losses:
         lines.append("loss per step: " + ", ".join(f"{x:.6g}" for x in result.losses))
     return "\n".join(lines)
+
+
+def format_breakdown(where: Breakdown) -> list[str]:
+    """The slowest rank's iteration, predicted and measured, split into compute, messages, idle."""
+    p, m, d = where.predicted, where.measured, where.difference()
+    head = "where the iteration went (slowest rank)"
+    lines = [f"{head:<40}  {'predicted':>12}  {'measured':>12}  {'difference':>12}  {'error':>8}"]
+    for name, a, b, c in (
+        ("compute (actions, executor between them)", p.compute_s, m.compute_s, d.compute_s),
+        ("messages (sent, not yet arrived)", p.messages_s, m.messages_s, d.messages_s),
+        ("idle (the peer still working)", p.idle_s, m.idle_s, d.idle_s),
+        ("iteration", p.total_s, m.total_s, d.total_s),
+    ):
+        share = f"{c / p.total_s:+.1%}" if p.total_s else ""  # of the predicted iteration: the parts sum to its error
+        lines.append(f"{name:<40}  {_fmt(a, 's'):>12}  {_fmt(b, 's'):>12}  {c * 1e3:>+9.3f} ms  {share:>8}")
+    why = explain(where)
+    return [*lines, why] if why else lines
 
 
 def summary(plan: Plan, result: RunResult) -> dict[str, Any]:
@@ -178,6 +208,17 @@ def summary(plan: Plan, result: RunResult) -> dict[str, Any]:
         "predicted_peak_memory_bytes": list(plan.peak_memory_bytes),
         "memory_kind": first.memory_kind,
         "rows": rows,
+        "breakdown": _breakdown_dict(breakdown(plan, result, steps)),
+    }
+
+
+def _breakdown_dict(where: Breakdown | None) -> dict[str, dict[str, float]] | None:
+    if where is None:
+        return None
+    parts = {"predicted": where.predicted, "measured": where.measured, "difference": where.difference()}
+    return {
+        k: {"compute_s": s.compute_s, "messages_s": s.messages_s, "idle_s": s.idle_s, "total_s": s.total_s}
+        for k, s in parts.items()
     }
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from autopipe.runtime import RunOptions, run_threads
+from autopipe.runtime.run.breakdown import breakdown
 from autopipe.runtime.run.records import RunResult
 from autopipe.runtime.run.report import chrome_trace, compare, format_report
 from tests.runtime.helpers import cached_plan
@@ -31,6 +32,9 @@ def test_report_and_chrome_trace(tmp_path: Path) -> None:
     assert all(r.measured > 0 for r in rows.values() if r.what != "bubble")
     assert rows["iteration"].error_pct == pytest.approx((rows["iteration"].measured / plan.iteration_time_s - 1) * 100)
     assert "predicted" in format_report(plan, result)
+    where = breakdown(plan, result, range(1, 2))
+    assert where is not None and where.measured.total_s == pytest.approx(rows["iteration"].measured)
+    assert where.predicted.messages_s == 0  # this plan's links are free (send_bytes 0)
     every = [e for e in chrome_trace(result)["traceEvents"] if e["ph"] == "X"]
     events = [e for e in every if e["cat"] != "wait"]
     assert len(events) == 2 * 3 * 4 * 2  # steps x (F, B, W) x micro-batches x stages
