@@ -172,6 +172,10 @@ class Plan:
     # candidates were within that noise, which were tied and how the plan was chosen among them.
     uncertainty: float = 0.0
     noise_note: str = ""
+    # CPU ranks sharing one host (planner/defaults.host_shared): every stage time above is the
+    # profile's times this many times (the contention measured beside the profile for this many
+    # ranks); 1: priced as profiled.
+    host_sharing: float = 1.0
     version: int = PLAN_VERSION
 
     @property
@@ -187,7 +191,7 @@ class Plan:
 
     def to_json(self) -> str:
         raw = asdict(self)
-        for field, default in (("uncertainty", 0.0), ("noise_note", "")):  # added later: left out at defaults
+        for field, default in (("uncertainty", 0.0), ("noise_note", ""), ("host_sharing", 1.0)):  # added later
             if raw[field] == default:
                 del raw[field]
         return json.dumps(raw, indent=1, sort_keys=True)

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autopipe.costs.contention import Probe
 from autopipe.costs.profile import Affine, BlockCost, Profile, Spread, TensorCost
 from autopipe.costs.timing import (
     BlockMeasurement,
@@ -60,6 +61,7 @@ __all__ = [
 Progress = Callable[[str, int, int], None]  # progress(what, done, total); total 0: not known
 _ZERO = Affine(0.0, 0.0)
 _NO_SPREAD = Spread()
+CONTENTION_ROUNDS = (1, 2)  # rounds of the host-sharing probe before and after the blocks are timed
 
 
 def profile_model(
@@ -72,6 +74,7 @@ def profile_model(
     device: str = "cpu",
     progress: Progress | None = None,
     threads: int | None = 1,
+    contention: bool = True,
 ) -> Profile:
     """Trace and measure ``loaded`` (a ``load.LoadedModel``) at each micro-batch size.
 
@@ -79,7 +82,8 @@ def profile_model(
     ``loaded``'s model file, factory and kwargs, the tracer that worked and the fingerprint.
     On the CPU the blocks run on ``threads`` threads (default 1: each pipeline rank of
     ``autopipe run`` runs on one thread, so that is what its stages will cost); ``None``
-    keeps torch's current setting.
+    keeps torch's current setting. ``contention``: on the CPU, also measure how ranks sharing this
+    host slow each other (:mod:`autopipe.costs.contention`), which the planner prices.
     """
     for field, value in (("warmup", warmup), ("repeat", repeat), ("threads", threads)):
         if value is not None:
@@ -89,7 +93,13 @@ def profile_model(
         torch.set_num_threads(threads)
     try:
         with guarded("the model's forward (profiling)", loaded.spec.path, timed=False):
-            return _profile(loaded, micro_batch_sizes, recipe, warmup, repeat, device, progress)
+            probe = Probe(threads=torch.get_num_threads()) if contention and not device.startswith("cuda") else None
+            if probe is None:
+                return _profile(loaded, micro_batch_sizes, recipe, warmup, repeat, device, progress)
+            with probe:  # its workers start while the model is traced
+                prof = _profile(loaded, micro_batch_sizes, recipe, warmup, repeat, device, progress, probe)
+                probe.measure(CONTENTION_ROUNDS[1])
+            return replace(prof, contention=probe.result())
     finally:
         torch.set_num_threads(before)
 
@@ -102,6 +112,7 @@ def _profile(
     repeat: int,
     device: str,
     progress: Progress | None,
+    probe: Probe | None = None,
 ) -> Profile:
     sizes = sorted(set(micro_batch_sizes))
     if not sizes or sizes[0] < 1:
@@ -138,6 +149,8 @@ def _profile(
 
         targets = _to_device(loaded.make_targets(u), dev) if loaded.make_targets is not None else None
         loss = training_loss(loaded, traced, model, inputs, targets)
+        if probe is not None and not measured:  # the host's sharing, before the first block is timed
+            probe.measure(CONTENTION_ROUNDS[0])
         measured.append(measure_blocks(traced, inputs, warmup=warmup, repeat=repeat, progress=report, loss=loss))
     load.append(_load_average())
     profile = _make_profile(loaded, traces, measured, sizes, dev, recipe)

@@ -17,10 +17,11 @@ version 1 files, with those fields at the top level, are read too.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from autopipe._io import atomic_write_text, parse_json, read_json, shown
 from autopipe.errors import ProfileError
 from autopipe.graph.recipe import TraceRecipe
 
-__all__ = ["PROFILE_VERSION", "Affine", "BlockCost", "Profile", "Spread", "TensorCost"]
+__all__ = ["PROFILE_VERSION", "Affine", "BlockCost", "Contention", "Profile", "Spread", "TensorCost"]
 
 PROFILE_VERSION = 2
 _READS = (1, PROFILE_VERSION)  # version 1: the recipe's fields at the top level
@@ -120,6 +121,53 @@ class TensorCost:
 
 
 @dataclass(frozen=True)
+class Contention:
+    """How much slower the host runs work when several single-thread workers run at once, as
+    measured beside the profile (:mod:`autopipe.costs.contention`): ``slowdown[i]`` is one of
+    ``workers[i]`` workers' time per unit of work over one worker's alone, ``spread[i]`` how far
+    that median may be off (relative). It holds the machine's own sharing (cores, caches, memory)
+    and whatever else was running: a CPU-bound process beside the profile makes two workers
+    about 1.5x slower on 2 cores. ``threads`` is the threads per rank the profile was measured on.
+    The planner prices S ranks of a CPU plan at :meth:`factor` (S) times the profiled compute."""
+
+    workers: tuple[int, ...] = ()  # ascending, the first 1 (slowdown 1 by definition)
+    slowdown: tuple[float, ...] = ()
+    spread: tuple[float, ...] = ()
+    cores: int = 0  # os.cpu_count() of the host measured
+    threads: int = 1  # threads per rank (the profile's)
+
+    def __bool__(self) -> bool:
+        return bool(self.workers)
+
+    def slowdown_at(self, workers: float) -> tuple[float, float]:
+        """(slowdown, spread) of ``workers`` at once: linear between the measured counts; past
+        the largest, that one's slowdown times the oversubscription (``workers / largest``) once
+        the largest filled the cores, else held."""
+        if not self.workers or workers <= 1:
+            return 1.0, 0.0
+        ks = self.workers
+        for i in range(1, len(ks)):
+            if workers <= ks[i]:
+                w = (workers - ks[i - 1]) / (ks[i] - ks[i - 1])
+                return (
+                    self.slowdown[i - 1] + w * (self.slowdown[i] - self.slowdown[i - 1]),
+                    max(self.spread[i - 1], self.spread[i]),
+                )
+        over = workers / ks[-1] if ks[-1] >= self.cores else 1.0
+        return self.slowdown[-1] * over, self.spread[-1]
+
+    def factor(self, ranks: int) -> tuple[float, float]:
+        """(compute factor, its relative spread) for ``ranks`` pipeline ranks of ``threads``
+        threads each sharing this host, against the profile's one rank: slowdown at
+        ``ranks x threads`` workers over slowdown at ``threads``; (1, 0) when not measured."""
+        if not self.workers:
+            return 1.0, 0.0
+        many, spread_many = self.slowdown_at(ranks * self.threads)
+        one, spread_one = self.slowdown_at(self.threads)
+        return max(1.0, many / one), spread_many + spread_one
+
+
+@dataclass(frozen=True)
 class Profile:
     """Per-block costs of one model on one device; the planner's input."""
 
@@ -135,6 +183,8 @@ class Profile:
     shared_params: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (name, blocks using it)
     # The machine's 1-minute load average (os.getloadavg) before and after measuring; () not known.
     load_average: tuple[float, ...] = ()
+    # Several ranks sharing this host, measured beside a CPU profile (Contention() where not).
+    contention: Contention = Contention()
     version: int = PROFILE_VERSION
 
     @property
@@ -146,12 +196,35 @@ class Profile:
     def num_blocks(self) -> int:
         return len(self.blocks)
 
+    def slowed(self, factor: float) -> Profile:
+        """This profile with every block's times ``factor`` times longer (ranks sharing a host,
+        :meth:`Contention.factor`); spreads (relative), memory, FLOPs and tensors as they are."""
+
+        def times(a: Affine) -> Affine:
+            return Affine(a.intercept * factor, a.slope * factor)
+
+        return replace(
+            self,
+            blocks=tuple(
+                replace(
+                    b,
+                    forward_s=times(b.forward_s),
+                    backward_s=times(b.backward_s),
+                    backward_input_s=times(b.backward_input_s),
+                    backward_weight_s=times(b.backward_weight_s),
+                )
+                for b in self.blocks
+            ),
+        )
+
     def to_json(self) -> str:
         raw = asdict(self)
         # fields added since version 2 began, left out at their defaults: a profile without error
         # bars (analytic, or written before) is written as it always was
         if not raw["load_average"]:
             del raw["load_average"]
+        if not self.contention:
+            del raw["contention"]
         for block in raw["blocks"]:
             if not any(block["spread"].values()):
                 del block["spread"]
@@ -217,6 +290,24 @@ def _load(raw: Any) -> tuple[float, ...]:
     return tuple(float(x) for x in raw)
 
 
+def _contention(raw: Any) -> Contention:
+    if raw is None:
+        return Contention()
+    if not isinstance(raw, dict):
+        raise TypeError(f"contention is {type(raw).__name__}, not an object")
+    lists = {k: raw.get(k, []) for k in ("workers", "slowdown", "spread")}
+    for k, v in lists.items():
+        if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in v):
+            raise TypeError(f"contention.{k} is {v!r}, not a list of numbers")
+    return Contention(
+        workers=tuple(int(x) for x in lists["workers"]),
+        slowdown=tuple(float(x) for x in lists["slowdown"]),
+        spread=tuple(float(x) for x in lists["spread"]),
+        cores=int(raw.get("cores", 0)),
+        threads=int(raw.get("threads", 1)),
+    )
+
+
 def _name(v: Any) -> str:
     if not isinstance(v, str):
         raise TypeError(f"a name is {type(v).__name__} {v!r}, not a string")
@@ -275,6 +366,7 @@ def _profile_from_dict(raw: Any, source: str = "profile") -> Profile:
             tensors=tensors,
             shared_params=tuple((str(n), tuple(int(i) for i in bs)) for n, bs in raw.get("shared_params", ())),
             load_average=_load(raw.get("load_average", [])),
+            contention=_contention(raw.get("contention")),
             version=PROFILE_VERSION,  # read into this version's shape
         )
     except (KeyError, TypeError, ValueError) as e:
@@ -330,7 +422,30 @@ def _check(p: Profile, source: str) -> None:
             "at most two "
             "finite numbers >= 0, profile again"
         )
+    _check_contention(p.contention, source)
     if not p.micro_batch_sizes or any(u < 1 for u in p.micro_batch_sizes):
         raise ProfileError(
             f"{source} has micro_batch_sizes {list(p.micro_batch_sizes)}; they must be positive, profile again"
+        )
+
+
+def _check_contention(c: Contention, source: str) -> None:
+    if not c:
+        return
+    n, ks = len(c.workers), c.workers
+    ok = (
+        len(c.slowdown) == n
+        and len(c.spread) == n
+        and ks[0] == 1
+        and all(a < b for a, b in itertools.pairwise(ks))
+        and all(math.isfinite(x) and 0 < x <= 1e6 for x in c.slowdown)
+        and all(math.isfinite(x) and 0 <= x <= 1e6 for x in c.spread)
+        and 1 <= c.cores <= 2**20
+        and 1 <= c.threads <= 2**20
+    )
+    if not ok:
+        raise ProfileError(
+            f"{source} has a bad contention object (workers {list(ks)[:8]}, slowdown {list(c.slowdown)[:8]}): "
+            "workers ascending from 1, one positive slowdown and one spread >= 0 per count, cores and threads >= 1; "
+            "profile again"
         )
