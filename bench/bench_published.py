@@ -1,4 +1,4 @@
-# Run: python bench/bench_published.py [--rows NAME,...] [--no-free] [--write-plans DIR]   (repository root)
+# Run: python bench/bench_published.py [--rows NAME,...] [--no-free] [--write-plans DIR] [--sources]   (repo root)
 """Published end-to-end training runs, planned: predicted against published throughput (issue 24, item 4).
 
 The runs are data (``bench/published_runs.py``: the model, cluster, layout, figure and source of
@@ -207,13 +207,21 @@ def _figure(run: Run, value: float) -> str:
     return f"{text} {run.unit}"
 
 
-def _free(free: Plan | None, pinned: Plan) -> str:
+def _free(free: Plan | None, pinned: Pinning) -> str:
     if free is None:
         return "none fits | -"
     recomputed = sum(s.recompute for s in free.stages)
     what = f"t{free.tensor_parallel} p{free.devices} d{free.data_parallel}, {free.schedule} v{free.virtual}"
-    ratio = free.step_time_s / pinned.step_time_s
-    return f"{what}, m {free.micro_batches}, {recomputed} of {len(free.stages)} recompute | {ratio:.2f}"
+    ratio = f"{free.step_time_s / pinned.plan.step_time_s:.2f}" + ("" if pinned.fits else " (pinned over memory)")
+    return f"{what}, m {free.micro_batches}, {recomputed} of {len(free.stages)} recompute | {ratio}"
+
+
+def _sources(runs: list[Run]) -> None:
+    for run in runs:
+        print(f"{run.name}: {run.source}")
+        for label, text in (("unpublished", run.unpublished), ("unverified", run.unverified)):
+            if text:
+                print(f"  {label}: {text}")
 
 
 def main() -> int:
@@ -221,12 +229,16 @@ def main() -> int:
     ap.add_argument("--rows", default="", help="run names or name prefixes, comma-separated (default: all)")
     ap.add_argument("--no-free", action="store_true", help="skip the free searches")
     ap.add_argument("--write-plans", metavar="DIR", help="write each pinned plan as DIR/NAME.json")
+    ap.add_argument("--sources", action="store_true", help="print each row's source and what it does not say, and stop")
     args = ap.parse_args()
     wanted = [w.strip() for w in args.rows.split(",") if w.strip()]
     runs = [r for r in RUNS if not wanted or any(r.name == w or r.name.startswith(w) for w in wanted)]
     if not runs:
         print(f"bench_published: no run matches --rows {args.rows!r}", file=sys.stderr)
         return 2
+    if args.sources:
+        _sources(runs)
+        return 0
     if hasattr(os, "sched_setaffinity"):  # one core
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     torch.set_num_threads(1)
@@ -262,7 +274,7 @@ def main() -> int:
             memory = f"**needs {format_bytes(pin.needs)} > {format_bytes(spec.memory_bytes)}**"
             over.append(run.name)
         free = plan_free(run, spec, layout_choices(run).shard_optimizer) if not args.no_free else None
-        free_cell = _free(free, pin.plan) if not args.no_free else "- | -"
+        free_cell = _free(free, pin) if not args.no_free else "- | -"
         convention = (
             f"{run.flops} FLOPs" if run.unit == TFLOPS else f"{run.unit} ({run.also})" if run.also else run.unit
         )
@@ -275,6 +287,9 @@ def main() -> int:
         if out is not None:
             (out / f"{run.name}.json").write_text(pin.plan.to_json())
     print()
+    for run in runs:
+        if layout_choices(run).approximated:
+            print(f"{run.name}: {'; '.join(layout_choices(run).approximated)}")
     for family, errs in sorted(held.items()):
         device, dtype = family
         print(f"{device} {dtype}: held out {len(errs)}, median |error| {_median(errs):.1%}, worst {_worst(errs):+.1%}")

@@ -197,13 +197,12 @@ BLOOM = Run(
         "bigscience-workshop/bigscience train/tr11-176B-ml/README.md (git 9e64edec): 48 nodes of 8 A100 80GB, "
         "TP 4 PP 12 DP 8 MBS 2, GBS 2048 x 2048 tokens, 70 layers of 14336, 112 heads, vocabulary 250,680 "
         "(250,880 padded), DeepSpeed activation checkpointing, ZeRO-1 (its BF16_Optimizer), 4 Omni-Path links per "
-        "node; iteration 85376: 104.70 s, 149.77 TFLOPs, counted 'with the 4*2 coefficient' (hardware); BLOOM "
-        "paper (Le Scao et al. 2022) the same layout"
+        "node; iteration 85376: 104.70 s, 149.77 TFLOPs, counted 'with the 4*2 coefficient' (hardware)"
     ),
-    unpublished="DeepSpeed's pipeline runs 1F1B (no interleaving): pinned",
+    unpublished="DeepSpeed's pipeline engine runs 1F1B (its TrainSchedule; no interleaving): pinned",
     unverified=(
         "the Omni-Path rate (100 Gb/s, the architecture's; the README gives the link count); ALiBi priced as a "
-        "learned position table (29 M parameters)"
+        "learned position table (29 M parameters); the BLOOM paper (Le Scao et al. 2022) not read here"
     ),
     also="104.70 s per step",
 )
