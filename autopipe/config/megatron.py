@@ -181,7 +181,7 @@ _UNREAD = {  # a ModelFacts field the model did not answer -> the argument(s) th
     "seq_length": "--seq-length",
     "max_positions": "--max-position-embeddings",
     "normalization": "--normalization",
-    "activation": "the activation (--swiglu, or gelu by default)",
+    "activation": "the activation (--swiglu, --squared-relu, or gelu by default)",
     "position": "--position-embedding-type",
     "tied": "tied embeddings (--untie-embeddings-and-output-weights)",
     "bias": "biases (--disable-bias-linear)",
@@ -211,6 +211,7 @@ def _definition(facts: ModelFacts | None, unbuilt: str) -> tuple[list[str], list
     if f.query_groups is not None and f.heads is not None and f.query_groups != f.heads:
         args += ["--group-query-attention", "--num-query-groups", str(f.query_groups)]
     args += ["--swiglu"] if f.activation == "swiglu" else []  # gelu is Megatron's default
+    args += ["--squared-relu"] if f.activation == "squared_relu" else []
     args += ["--untie-embeddings-and-output-weights"] if f.tied is False else []
     args += ["--disable-bias-linear"] if f.bias is False else []
     notes = []
