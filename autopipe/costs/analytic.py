@@ -404,21 +404,7 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
             backward_flops=fit(i, lambda c, u: sum(op.flops for op in ops(i, c.backward))),
             shared=ref.shared_params,
         )
-        experts = moe.expert_params[i] if moe is not None else 0
-        if (tsplit is None or kinds[i] == "whole") and not experts:
-            return cost
-        params, mine = device_params(cost.params, experts, kinds[i], d)
-        per = cost.param_bytes / cost.params if cost.params else elt
-        shared = float(cost.shared_param_bytes)
-        if tsplit is not None:
-            shared = split_params(round(shared / elt), kinds[i], d.t, tsplit.shape) * elt
-        return replace(
-            cost,
-            params=params,
-            param_bytes=round(params * per),
-            shared_param_bytes=round(shared),
-            expert_params=mine,
-        )
+        return _device_share(cost, moe.expert_params[i] if moe is not None else 0, kinds[i], d, elt)
 
     blocks = [one(i, b) for i, b in enumerate(ref.blocks)]
     loaded = counts.loaded
@@ -436,6 +422,20 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
         shared_params=ref.shared_params,
     )
     return deepen_profile(profile, counts.repeat) if counts.repeat is not None else profile
+
+
+def _device_share(cost: BlockCost, experts: int, kind: str, d: Degrees, elt: float) -> BlockCost:
+    """``cost``'s parameters as one device of ``d`` holds them (``experts``: the routed experts')."""
+    if (d.tensor is None or kind == "whole") and not experts:
+        return cost
+    params, mine = device_params(cost.params, experts, kind, d)
+    per = cost.param_bytes / cost.params if cost.params else elt
+    shared = float(cost.shared_param_bytes)
+    if d.tensor is not None:
+        shared = split_params(round(shared / elt), kind, d.t, d.tensor.shape) * elt
+    return replace(
+        cost, params=params, param_bytes=round(params * per), shared_param_bytes=round(shared), expert_params=mine
+    )
 
 
 def _attention_time(ops: Sequence[OpCount], spec: DeviceSpec, compute: str) -> float:

@@ -26,6 +26,8 @@ dimensions: its size ``(M K N) ** (1/3)`` shrinks by ``cp ** (1/3)``), and each 
 head_dim`` with grouped-query attention, ``heads * (qk_head_dim + v_head_dim)`` with
 multi-head latent attention (the up-projected keys and values travel, as in Megatron-Core).
 Pure apart from :func:`context_shape`, which reads a model's config.
+
+Tests: tests/costs/test_context_parallel.py.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ them None is degree 1. Per block, from its counted ops (``costs.counting``):
 
 ``costs.analytic.profile_from_counts`` prices these on a device into one device's Profile.
 Pure: no torch.
+
+Tests: tests/costs/test_experts.py.
+Tests: tests/costs/test_context_parallel.py.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ compute: ``options.alltoall(layout, u)`` is one MoE
 layer's (forward, backward) all-to-all at micro-batch size ``u``, already inside the profile's
 block times, and a block whose ``expert_params`` is not 0 holds one MoE layer (blocks follow
 the layers).
+
+Tests: tests/costs/test_experts.py.
 """
 
 from __future__ import annotations
