@@ -67,6 +67,7 @@ __all__ = [
     "expert_data_parallel",
     "expert_degrees",
     "expert_ops",
+    "expert_parameters",
     "expert_reason",
     "expert_storages",
     "moe_shape",
@@ -270,13 +271,19 @@ def _container(name: str) -> str:
     return name[: m.start()] if m is not None else name.rsplit(".", 1)[0]
 
 
+def expert_parameters(module: Any, experts: int) -> list[tuple[str, Any]]:
+    """``module``'s routed-expert weights, by name: grouped ones, ``(E, ., .)``, and those of a
+    list of exactly ``experts`` numbered experts (``...experts.0.w1.weight``)."""
+    named = list(module.named_parameters())
+    listed = _listed_prefixes([n for n, _ in named], experts)
+    return [(n, p) for n, p in named if _is_expert(n, p, experts, listed)]
+
+
 def expert_storages(module: Any, experts: int) -> frozenset[int]:
     """Storage keys (``timing.storage_key``) of ``module``'s routed-expert weights."""
     from autopipe.costs.timing import storage_key
 
-    named = list(module.named_parameters())
-    listed = _listed_prefixes([n for n, _ in named], experts)
-    return frozenset(storage_key(p) for n, p in named if _is_expert(n, p, experts, listed))
+    return frozenset(storage_key(p) for _, p in expert_parameters(module, experts))
 
 
 def moe_config(model: Any) -> tuple[int, int] | None:
