@@ -237,10 +237,11 @@ def _launch(deg: Degrees, per_node: int | None) -> list[str]:
     """The environment and the ``torchrun`` line, as notes; ``per_node``: GPUs per node, if known."""
     env = ""
     notes = []
-    if deg.tensor > 1:  # autopipe never writes --use-megatron-fsdp / --use-torch-fsdp2, which assert the opposite
+    if deg.tensor > 1 or deg.context > 1:  # autopipe never writes Megatron's FSDP flags, which assert the opposite
         env = "CUDA_DEVICE_MAX_CONNECTIONS=1 "
+        what = "tensor parallelism" if deg.context == 1 else "context parallelism" if deg.tensor == 1 else "both"
         notes.append(
-            "environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron asserts it for tensor parallelism on Hopper and "
+            f"environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron asserts it for {what} on Hopper and "
             "older GPUs; not with Megatron FSDP, which asserts the opposite)"
         )
     world = deg.world_size

@@ -102,6 +102,7 @@ def test_a_plan_of_the_tiny_moe_as_megatron_arguments(moe_plan: object) -> None:
     text = megatron_config(moe_plan)  # type: ignore[arg-type]
     lines = text.splitlines()
     assert "# world size t x cp x p x d = 1 x 2 x 2 x 4 = 16 GPUs" in lines
+    assert "# environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron asserts it for context parallelism" in text
     args = [line for line in lines if not line.startswith("#")]
     for want in (
         "--context-parallel-size 2",
