@@ -21,12 +21,12 @@ with t > 1) and context parallelism ``cp``, for a block counted whole on ``T`` t
   ops (casts and indexing of expert weights) scale as the pairs do.
 - **Imbalance**: routing is never even; the busiest device of the group runs ``imbalance``
   times the mean pairs and the others wait for it at the combine. Default
-  :data:`DEFAULT_IMBALANCE` = 1.25, the expert capacity factor Switch Transformers train at
-  (Fedus et al. 2022, Sec. 2.2: capacity 1.25 x the even share, set from their measured
-  overflow), i.e. what a well-balanced run provisions for its busiest expert; a device holding
-  ``E / ep`` experts averages over them and is usually more even. A parameter:
-  ``ExpertSplit.imbalance`` (1.0 for a perfectly balanced run; published layouts are pinned
-  at 1.0 unless their source says otherwise).
+  :data:`DEFAULT_IMBALANCE` = 1.25: the room above the even share that Switch Transformers
+  give each expert when they train (expert capacity factors 1.0 to 1.25 work best, Fedus et
+  al. 2022, Sec. 2.2), taken as the busiest device's load; an allowance, not a measurement of
+  any one run, and a device holding ``E / ep`` experts averages over them, so it is usually
+  more even. A parameter: ``ExpertSplit.imbalance`` (1.0: perfectly balanced; published
+  layouts are pinned at 1.0 unless their source says otherwise).
 - **Parameters and optimizer state**: the routed experts' parameters ``/ (ep etp)`` per
   device (``BlockCost.expert_params``); their gradients are reduced over the *expert
   data-parallel* group, ``t cp d / (ep etp)`` devices (:func:`expert_data_parallel`), and
@@ -73,7 +73,7 @@ __all__ = [
     "moe_shape",
 ]
 
-DEFAULT_IMBALANCE = 1.25  # Switch Transformers' training capacity factor (module docstring)
+DEFAULT_IMBALANCE = 1.25  # Switch Transformers' expert capacity in training (module docstring)
 
 _EXPERTS = ("n_routed_experts", "num_local_experts", "num_experts", "n_experts", "moe_num_experts")
 _TOP_K = ("num_experts_per_tok", "top_k", "moe_top_k", "moe_router_topk", "n_activated_experts")

@@ -22,11 +22,10 @@ gradients (``param_bytes - expert_params * bytes``) over ``d cp`` devices and th
 experts' (``BlockCost.expert_params``) over :func:`expert_gradient_group`; a distributed
 optimizer shards each part's state over its own group. Where the target overlaps the expert
 all-to-all (DualPipeV's paired forward and backward; Megatron's
-``--overlap-moe-expert-parallel-comm``), what may be hidden behind the other micro-batch's
-compute: ``options.alltoall(layout, u)`` is one MoE
-layer's (forward, backward) all-to-all at micro-batch size ``u``, already inside the profile's
-block times, and a block whose ``expert_params`` is not 0 holds one MoE layer (blocks follow
-the layers).
+``--overlap-moe-expert-parallel-comm``), ``options.alltoall(layout, u)`` is what may be hidden
+behind the other micro-batch's compute: one MoE layer's (forward, backward) all-to-all at
+micro-batch size ``u``, already inside the profile's block times; a block whose
+``expert_params`` is not 0 holds one MoE layer (blocks follow the layers).
 
 Tests: tests/costs/test_experts.py.
 """
