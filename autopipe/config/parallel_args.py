@@ -24,8 +24,9 @@ gets no line from here, so every output written before stays as it was.
   so a note says when ``ep`` does not divide them.
 
 The MoE facts come from the built model (:func:`read_moe`): E and k from its config, which
-layers hold routed experts and one expert's width from the expert weights
-(``costs.experts``), the shared experts from a ``shared*`` module beside them, sigmoid routing
+layers hold routed experts and one expert's width from the expert weights (grouped ``(E, ., .)``
+weights, or a list of E numbered experts: what ``costs.experts`` prices, read here again as
+config/ reads modules, not costs), the shared experts from a ``shared*`` module beside them, sigmoid routing
 from the config (``scoring_func``, ``score_func``) or a score-correction bias (Hugging Face's
 DeepSeek-V3), multi-token prediction from the model's own ``mtp`` modules (what the plan
 priced: Hugging Face's DeepSeek-V3 config names one its model never builds).
@@ -33,13 +34,13 @@ priced: Hugging Face's DeepSeek-V3 config names one its model never builds).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from autopipe.config.parts import Degrees
-from autopipe.costs.experts import expert_parameters, moe_config
 
 __all__ = ["MoEFacts", "layer_freq", "megatron_parallel_args", "read_moe", "titan_parallel_lines"]
 
@@ -60,8 +61,34 @@ class MoEFacts:
     qk_norm: bool = False
 
 
+_EXPERTS = ("n_routed_experts", "num_local_experts", "num_experts", "n_experts", "moe_num_experts")
+_TOP_K = ("num_experts_per_tok", "top_k", "moe_top_k", "moe_router_topk", "n_activated_experts")
+_LISTED = re.compile(r"(?:^|\.)experts\.(\d+)\.")  # experts kept as a ModuleList: experts.<i>.w1 ...
+
+
 def _get(config: Any, *names: str) -> Any:
     return next((getattr(config, n) for n in names if getattr(config, n, None) is not None), None)
+
+
+def _count(config: Any, names: tuple[str, ...]) -> int | None:
+    v = _get(config, *names)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def _expert_weights(layer: nn.Module, experts: int) -> list[nn.Parameter]:
+    """The layer's routed-expert weights: grouped ``(E, ., .)`` ones, or those of E numbered experts."""
+    named = list(layer.named_parameters())
+    found: dict[str, set[str]] = {}
+    for name, _ in named:
+        if m := _LISTED.search(name):
+            found.setdefault(name[: m.start()], set()).add(m.group(1))
+    listed = {prefix for prefix, ids in found.items() if len(ids) == experts}
+    out = []
+    for name, p in named:
+        m = _LISTED.search(name)
+        if (p.dim() >= 3 and p.shape[0] == experts) or (m is not None and name[: m.start()] in listed):
+            out.append(p)
+    return out
 
 
 def _shared_width(layer: nn.Module, hidden: int) -> int:
@@ -77,18 +104,17 @@ def _shared_width(layer: nn.Module, hidden: int) -> int:
 def read_moe(model: nn.Module, container: str) -> MoEFacts | None:
     """The MoE definition of ``model`` (layers in the module list ``container``); None for a
     model without routed experts."""
-    found = moe_config(model)
-    if found is None:
+    config = getattr(model, "config", None)
+    experts, k = _count(config, _EXPERTS), _count(config, _TOP_K)
+    if experts is None or k is None or experts < 2:
         return None
-    experts, k = found
     try:
         layers = list(model.get_submodule(container).children())
     except AttributeError:
         return None
-    config = getattr(model, "config", None)
     hidden = _get(config, "hidden_size", "n_embd", "dim")
-    per_layer = [expert_parameters(layer, experts) for layer in layers]
-    widths = [d for ps in per_layer for _, p in ps for d in p.shape[1:] if d != hidden]
+    per_layer = [_expert_weights(layer, experts) for layer in layers]
+    widths = [d for ps in per_layer for p in ps for d in p.shape[1:] if d != hidden]
     if not widths or not isinstance(hidden, int):
         return None
     moe_layers = tuple(bool(ps) for ps in per_layer)
