@@ -1,7 +1,7 @@
 """A mixture-of-experts decoder (DeepSeek-V3, Qwen3-MoE, Mixtral), as an autopipe model file.
 
     autopipe profile models/moe.py                              # the tiny default, on this CPU
-    autopipe plan models/moe.py -k preset=deepseek-v3 --device h800 --stages 16   # analytic: meta
+    autopipe plan models/moe.py -k preset=mixtral-8x7b --device h100 --gpus 32 --memory 80GB --batch-size 256
 
 Token embedding, ``n_layer`` pre-RMSNorm decoder layers in ``layers`` (the first
 ``n_dense_layers`` with a dense SwiGLU, the others a mixture of experts), a final RMSNorm, an
