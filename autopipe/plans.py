@@ -176,6 +176,12 @@ class Plan:
     # profile's times this many times (the contention measured beside the profile for this many
     # ranks); 1: priced as profiled.
     host_sharing: float = 1.0
+    # Expert and context parallelism (costs.experts, costs.context; Megatron-Core's folding):
+    # a stage's t x cp x d devices also form ep x etp-wide expert groups; the devices in all are
+    # t * context_parallel * devices * data_parallel. The executor and emitted stages refuse them.
+    expert_parallel: int = 1  # ep: devices sharing each MoE layer's routed experts
+    expert_tensor_parallel: int = 1  # etp: devices splitting each routed expert
+    context_parallel: int = 1  # cp: devices splitting every sample's sequence
     version: int = PLAN_VERSION
 
     @property
@@ -191,7 +197,8 @@ class Plan:
 
     def to_json(self) -> str:
         raw = asdict(self)
-        for field, default in (("uncertainty", 0.0), ("noise_note", ""), ("host_sharing", 1.0)):  # added later
+        later = (("uncertainty", 0.0), ("noise_note", ""), ("host_sharing", 1.0), *((f, 1) for f in _PARALLEL_LATER))
+        for field, default in later:  # added later: left out at defaults
             if raw[field] == default:
                 del raw[field]
         return json.dumps(raw, indent=1, sort_keys=True)
@@ -286,10 +293,14 @@ MAX_REPLICAS = 2**20  # data-parallel replicas
 MAX_VIRTUAL = 64  # chunks per device
 MAX_TENSOR_PARALLEL = 2**10  # devices in one tensor-parallel group (one node)
 _MAX_INT = 2**53  # any other count (parameters, indices)
+_PARALLEL_LATER = ("expert_parallel", "expert_tensor_parallel", "context_parallel")
 _COUNT_RANGES = {  # the plan's own counts (top-level fields), and what each may be
     "devices": (1, MAX_DEVICES),
     "data_parallel": (1, MAX_REPLICAS),
     "tensor_parallel": (1, MAX_TENSOR_PARALLEL),
+    "expert_parallel": (1, MAX_DEVICES),
+    "expert_tensor_parallel": (1, MAX_TENSOR_PARALLEL),
+    "context_parallel": (1, MAX_TENSOR_PARALLEL),
     "micro_batches": (1, MAX_MICRO_BATCHES),
     "micro_batch_size": (1, MAX_BATCH_SIZE),
     "batch_size": (1, MAX_BATCH_SIZE),
@@ -441,6 +452,9 @@ def check_plan_values(plan: Plan, source: str = "plan") -> None:
         ("devices", S, MAX_DEVICES),
         ("data_parallel", plan.data_parallel, MAX_REPLICAS),
         ("tensor_parallel", plan.tensor_parallel, MAX_TENSOR_PARALLEL),
+        ("expert_parallel", plan.expert_parallel, MAX_DEVICES),
+        ("expert_tensor_parallel", plan.expert_tensor_parallel, MAX_TENSOR_PARALLEL),
+        ("context_parallel", plan.context_parallel, MAX_TENSOR_PARALLEL),
         ("micro_batches", m, MAX_MICRO_BATCHES),
         ("micro_batch_size", plan.micro_batch_size, MAX_BATCH_SIZE),
         ("batch_size", plan.batch_size, MAX_BATCH_SIZE),
@@ -452,6 +466,13 @@ def check_plan_values(plan: Plan, source: str = "plan") -> None:
         raise bad(
             "sequence_parallel is true with tensor_parallel 1 (sequence parallelism "
             "splits a tensor-parallel group's work)"
+        )
+    experts = plan.expert_parallel * plan.expert_tensor_parallel
+    stage = plan.tensor_parallel * plan.context_parallel * plan.data_parallel
+    if stage % experts:
+        raise bad(
+            f"expert_parallel {plan.expert_parallel} x expert_tensor_parallel {plan.expert_tensor_parallel} does not "
+            f"divide a stage's tensor_parallel x context_parallel x data_parallel = {stage} devices"
         )
     if plan.hardware_flops < plan.model_flops:
         raise bad(

@@ -6,7 +6,8 @@ Megatron cannot do as the plan says and for what goes beside the arguments (the 
 (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``; the data-parallel size is
 what is left of the world size), the batch (``--micro-batch-size``, ``--global-batch-size`` =
 batch per pipeline x replicas), ``--num-layers``, the model's own arguments, ``--sequence-parallel``,
-``--use-distributed-optimizer`` (ZeRO-1), the recompute arguments and the split.
+``--use-distributed-optimizer`` (ZeRO-1), the recompute arguments and the split; context and
+expert parallelism and a MoE model's own arguments (:mod:`autopipe.config.parallel_args`).
 
 The model: given the plan's model (:func:`autopipe.api.megatron_config` rebuilds it on the meta
 device), the layers are counted from its layer list, since a merged block such as
@@ -60,6 +61,7 @@ from torch import nn
 
 from autopipe._io import one_line
 from autopipe.config.model_facts import ModelFacts, read_model
+from autopipe.config.parallel_args import megatron_parallel_args, read_moe
 from autopipe.config.parts import Degrees, Parts, degrees, model_parts, stage_list
 from autopipe.config.retarget import retarget_notes
 from autopipe.plans import Plan
@@ -236,10 +238,11 @@ def _launch(deg: Degrees, per_node: int | None) -> list[str]:
     """The environment and the ``torchrun`` line, as notes; ``per_node``: GPUs per node, if known."""
     env = ""
     notes = []
-    if deg.tensor > 1:  # autopipe never writes --use-megatron-fsdp / --use-torch-fsdp2, which assert the opposite
+    if deg.tensor > 1 or deg.context > 1:  # autopipe never writes Megatron's FSDP flags, which assert the opposite
         env = "CUDA_DEVICE_MAX_CONNECTIONS=1 "
+        what = "tensor parallelism" if deg.context == 1 else "context parallelism" if deg.tensor == 1 else "both"
         notes.append(
-            "environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron asserts it for tensor parallelism on Hopper and "
+            f"environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron asserts it for {what} on Hopper and "
             "older GPUs; not with Megatron FSDP, which asserts the opposite)"
         )
     world = deg.world_size
@@ -304,7 +307,7 @@ def megatron_args(
     lines = [
         f"# Megatron-LM arguments for {one_line(plan.model)} (autopipe plan: {plan.schedule}, "
         f"{plan.micro_batches} micro-batch(es) of {plan.micro_batch_size})",
-        f"# world size t x p x d = {deg.tensor} x {deg.pipeline} x {deg.data} = {deg.world_size} GPUs",
+        f"# world size {deg.sizes}",
     ]
     args = [
         "--tensor-model-parallel-size",
@@ -319,6 +322,9 @@ def megatron_args(
         str(parts.num_layers),
     ]
     definition, notes = _definition(facts, unbuilt)
+    parallel, parallel_notes = megatron_parallel_args(deg, read_moe(model, parts.container) if model else None)
+    definition += parallel
+    notes += parallel_notes
     if facts is None and any(".." in b for s in plan.stages for b in s.blocks):
         notes.append(
             f"--num-layers {parts.num_layers} counts the layers the block names show; a merged block "

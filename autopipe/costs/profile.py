@@ -106,6 +106,9 @@ class BlockCost:
     # their owner holds its own copy, with gradients and optimizer state, as the executor does.
     shared_param_bytes: int = 0
     spread: Spread = Spread()  # the measured times' relative spread (0: not known)
+    # Of ``params``, the routed experts' (priced under expert parallelism): their gradients are
+    # reduced over the expert data-parallel group, not the data-parallel one (costs.experts).
+    expert_params: int = 0
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,8 @@ class Profile:
         for block in raw["blocks"]:
             if not any(block["spread"].values()):
                 del block["spread"]
+            if not block["expert_params"]:
+                del block["expert_params"]
         return json.dumps(raw, indent=1, sort_keys=True)
 
     @staticmethod
@@ -308,6 +313,12 @@ def _contention(raw: Any) -> Contention:
     )
 
 
+def _count(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"a parameter count is {v!r}, not a whole number")
+    return v
+
+
 def _name(v: Any) -> str:
     if not isinstance(v, str):
         raise TypeError(f"a name is {type(v).__name__} {v!r}, not a string")
@@ -340,6 +351,7 @@ def _profile_from_dict(raw: Any, source: str = "profile") -> Profile:
                 backward_flops=_affine(b.get("backward_flops", {"intercept": 0, "slope": 0})),
                 shared_param_bytes=int(b.get("shared_param_bytes", 0)),
                 spread=_spread(b.get("spread")),
+                expert_params=_count(b.get("expert_params", 0)),
             )
             for b in raw["blocks"]
         )
@@ -404,6 +416,11 @@ def _check(p: Profile, source: str) -> None:
         if b.params < 0 or b.param_bytes < 0 or b.shared_param_bytes < 0:
             raise ProfileError(
                 f"{source}: block {i} ({b.name!r}) has a negative parameter count; profile the model again"
+            )
+        if not 0 <= b.expert_params <= b.params:
+            raise ProfileError(
+                f"{source}: block {i} ({b.name!r}) has expert_params {b.expert_params}, expected 0 to its "
+                f"{b.params} params; profile the model again"
             )
     for t in p.tensors:
         if not -1 <= t.src < n or any(not t.src < d < n for d in t.dsts):
