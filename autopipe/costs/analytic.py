@@ -55,6 +55,7 @@ from autopipe.costs.tensor import (
     TensorSplit,
     block_kinds,
     comm_s,
+    exposed,
     split_ops,
     split_params,
     split_saved,
@@ -377,9 +378,9 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
     def times(i: int, c: BlockCount, u: float) -> tuple[float, float, float]:
         key = (id(c), kinds[i], u)  # identical blocks share one BlockCount (_count_blocks)
         if key not in memo:
-            f = block_time(ops(i, c.forward), spec, compute, linear) + comm(i, u, False)
-            b = block_time(ops(i, c.backward), spec, compute, linear) + comm(i, u, True)
-            bi = block_time(ops(i, c.backward_input), spec, compute, linear) + comm(i, u, True)
+            f = exposed(block_time(ops(i, c.forward), spec, compute, linear), comm(i, u, False), split)
+            b = exposed(block_time(ops(i, c.backward), spec, compute, linear), comm(i, u, True), split)
+            bi = exposed(block_time(ops(i, c.backward_input), spec, compute, linear), comm(i, u, True), split)
             memo[key] = (f, b, min(bi, b))
         return memo[key]
 

@@ -13,6 +13,7 @@ from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.costs.tensor import TransformerShape
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.graph.recipe import TraceRecipe
+from autopipe.modes import Sharding
 from autopipe.planner.parallel import (
     Cluster,
     Layout,
@@ -128,8 +129,8 @@ def test_a_slow_network_pushes_toward_deeper_pipelines() -> None:
 def test_sharding_the_optimizer_lets_wider_data_parallelism_fit() -> None:
     profile = chain_profile(act=1e6)
     # 8 blocks x 1e8 params x 16 B = 12.8 GB; on 4 stages 3.2 GB per stage plus activations.
-    plain = ParallelRequest(CLUSTER, global_batch=64, memory_limit=3.0 * GB)
-    sharded = dataclasses.replace(plain, shard_optimizer=True)
+    plain = ParallelRequest(CLUSTER, global_batch=64, memory_limit=3.0 * GB, sharding=Sharding.NONE)
+    sharded = dataclasses.replace(plain, sharding=None, shard_optimizer=True)
     unfit_plain = {r.stages for r in plan_parallel(profile, plain).rejected}
     unfit_sharded = {r.stages for r in plan_parallel(profile, sharded).rejected}
     assert 4 in unfit_plain and unfit_sharded < unfit_plain  # S=4 x D=2 fits only sharded
@@ -299,7 +300,7 @@ def test_searching_against_the_runner_up_keeps_the_whole_plan(
     import autopipe.planner.parallel as parallel
 
     if worst_first:  # the best split is then searched against the others' runner-up
-        monkeypatch.setattr(parallel, "_estimate", lambda profile, request, S, D, bound: -bound)
+        monkeypatch.setattr(parallel, "_estimate", lambda profile, request, S, D, bound, *rest: -bound)
     profile = chain_profile(n=16, act=4e8)
     req = ParallelRequest(NODES, global_batch=64, memory_limit=64 * GB)
     free = plan_parallel(profile, req, tensor=_tensor(profile))
