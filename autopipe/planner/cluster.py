@@ -231,16 +231,20 @@ class _WithComm(Affine):
 
 
 def _with_comm(cost: Affine, gather: float, reduce: float, overlap: Overlap) -> Affine:
-    if gather == 0.0 and reduce == 0.0:
-        return cost
+    """``cost`` with ``gather`` and ``reduce`` per micro-batch; ``cost`` itself where they add
+    nothing (none, or hidden behind even a micro-batch of one)."""
     serial = (0.0 if overlap.param_gather else gather) + (0.0 if overlap.grad_reduce else reduce)
-    return _WithComm(cost.intercept, cost.slope, serial, gather + reduce - serial)
+    hidden = gather + reduce - serial
+    if serial == 0.0 and hidden <= cost(1.0):
+        return cost
+    return _WithComm(cost.intercept, cost.slope, serial, hidden)
 
 
 def sharded_profile(profile: Profile, kind: Sharding, group: DataGroup, overlap: Overlap) -> Profile:
     """``profile`` with each block's per-micro-batch collectives under ``kind`` in its times (zero3:
     the weights gathered in the forward and the input-gradient backward, the gradients
-    reduce-scattered after the weight-gradient one; zero2 that reduce-scatter only)."""
+    reduce-scattered after the weight-gradient one; zero2 that reduce-scatter only); ``profile``
+    itself where they change no block's time."""
 
     def one(b: BlockCost) -> BlockCost:
         gather, reduce = micro_comm(kind, group, b.param_bytes)
@@ -254,7 +258,10 @@ def sharded_profile(profile: Profile, kind: Sharding, group: DataGroup, overlap:
 
     if kind not in (Sharding.ZERO2, Sharding.ZERO3):
         return profile
-    return replace(profile, blocks=tuple(one(b) for b in profile.blocks))
+    blocks = tuple(one(b) for b in profile.blocks)
+    if all(b == a for a, b in zip(profile.blocks, blocks, strict=True)):
+        return profile  # every collective hidden: the blocks' times as profiled (the same object: searches share it)
+    return replace(profile, blocks=blocks)
 
 
 def least_step_comm(profile: Profile, stages: int, kind: Sharding, group: DataGroup, overlap: Overlap) -> float:

@@ -167,11 +167,8 @@ class _Split:
     options: tuple[ShardOption, ...]
     profile: Profile  # one device's at degree t
 
-    def key(self) -> tuple[bool, float, float, int, int, int, tuple[int, bool]]:
-        """Queue order: the shardings that keep the blocks' times first (the likeliest, and the cheapest
-        to search), then by estimate."""
-        per_micro_batch = not self.options[0].per_step
-        return per_micro_batch, self.estimate, self.bound, self.t, self.S, self.D, self.options[0].rank()
+    def key(self) -> tuple[float, float, int, int, int]:
+        return self.estimate, self.bound, self.t, self.S, self.D
 
 
 @dataclass(frozen=True)
@@ -221,18 +218,15 @@ def plan_parallel(
     candidates.sort(key=_Split.key)
     options: list[ParallelOption] = []
     pruned = 0
-    whole: set[tuple[int, int, int]] = set()  # splits whose once-a-step shardings fit with nothing recomputed
     for c in candidates:
         target = _runner_up_step(options)
-        if c.bound * (1 - 1e-9) >= target or _needless(c, request, whole):
+        if c.bound * (1 - 1e-9) >= target:
             pruned += 1
             continue
         beat = min([target] + [o.step_time_s for o in options if _key(o) == (c.t, c.S)])
         found_options = _options(c, ctx, rejected, beat)
         pruned += found_options is None
         options.extend(found_options or [])
-        if c.options[0].per_step and any(not any(s.recompute for s in o.plan.stages) for o in found_options or []):
-            whole.add((c.t, c.S, c.D))
     if not options:
         raise _no_layout(request, rejected)
     options = _simplest(options)
@@ -248,15 +242,6 @@ def plan_parallel(
     flops = model_flops(profile, best.plan)
     best = replace(best, plan=replace(best.plan, parallel_note=note, model_flops=flops[0], hardware_flops=flops[1]))
     return ParallelPlan(best, runner_up, tuple(rejected), pruned)
-
-
-def _needless(c: _Split, request: ParallelRequest, whole: set[tuple[int, int, int]]) -> bool:
-    """Whether the free search leaves out ``c``, a sharding whose blocks gather or reduce each
-    micro-batch on a pipeline: where a once-a-step sharding of the same split fits with nothing
-    recomputed, the memory it frees is not worth a collective per block and micro-batch (pinned,
-    or without a pipeline, it is searched)."""
-    pinned = request.sharding is not None or request.shard_optimizer
-    return not pinned and not c.options[0].per_step and c.S > 1 and (c.t, c.S, c.D) in whole
 
 
 def _degrees(request: ParallelRequest, tensor: TensorOptions | None) -> tuple[list[int], list[tuple[int, str]]]:
@@ -291,8 +276,8 @@ def _cannot(profile: Profile, request: ParallelRequest, S: int, D: int) -> str |
 
 
 def _splits(profile: Profile, ctx: _Context, t: int, S: int, D: int) -> tuple[list[_Split], str]:
-    """The queue items of (t, S, D): its shardings that keep the blocks' times, together, and each
-    other alone; and why there are none ('' when there are)."""
+    """The queue item of (t, S, D), its shardings whose state can fit, searched together; or why
+    there is none."""
     request = ctx.request
     why = _cannot(profile, request, S, D)
     if why is not None:
@@ -310,17 +295,11 @@ def _splits(profile: Profile, ctx: _Context, t: int, S: int, D: int) -> tuple[li
                 f"needs at least {format_bytes(need, round_up=True)} per device for weights, gradients and "
                 f"optimizer state{f' ({option.kind} over its replicas)' if D > 1 else ''}"
             )
-    out = []
-
-    def kept(o: ShardOption) -> float:  # the least state per parameter first: its plan may do for the others
-        return state_factor(profile, request.bytes_per_param, o.kind, _most_shards(o, lays))
-
-    together = tuple(sorted((o for o in fitting if o.per_step), key=kept))
-    for group in ([together] if together else []) + [(o,) for o in fitting if not o.per_step]:
-        bound = min(_bound(profile, ctx, t, S, D, o, lays) for o in group)
-        least = min(group, key=lambda o: _static_bound(profile, request, S, lays, o))
-        out.append(_Split(_estimate(profile, request, S, D, bound, lays, least), bound, t, S, D, group, profile))
-    return out, "" if out else why
+    if not fitting:
+        return [], why
+    bound = min(_bound(profile, ctx, t, S, D, o, lays) for o in fitting)
+    least = min(fitting, key=lambda o: _static_bound(profile, request, S, lays, o))
+    return [_Split(_estimate(profile, request, S, D, bound, lays, least), bound, t, S, D, tuple(fitting), profile)], ""
 
 
 def _most_shards(option: ShardOption, lays: Sequence[Layout]) -> int:
@@ -420,31 +399,33 @@ def _estimate(
 
 def _options(c: _Split, ctx: _Context, rejected: list[Rejected], beat: float) -> list[ParallelOption] | None:
     """The plans of ``c``, one per distinct layout and sharding; None when none is faster than
-    ``beat`` (a step to beat: the search then stops early, and says no more than that). A
-    sharding is not searched on a layout where its bound, or the pipeline of a sharding that
-    keeps less with the least its own collectives add, cannot beat the best so far."""
+    ``beat`` (a step to beat: the search then stops early, and says no more than that).
+
+    On each layout the shardings whose blocks keep their profiled times go first, the least state
+    first: a plan of one that fits another is that one's too (:func:`_reused`). A sharding is not
+    searched where its bound, or the pipeline of one that keeps less with the least its own
+    collectives add, cannot beat the best so far; nor, in the free search of a pipeline, one that
+    gathers or reduces per micro-batch where another fits with nothing recomputed (:func:`_needless`)."""
     request, cluster = ctx.request, ctx.request.cluster
     out: list[ParallelOption] = []
     plans: dict[tuple[object, ...], Plan | None] = {}  # (link, blocks' times, state, gathered) -> plan
     failed: dict[ShardOption, Exception] = {}
+    whole = False  # a sharding with the blocks' own times fits with nothing recomputed
     for lay in layouts(c.S, c.D, cluster, c.t):
         link = (lay.p2p_bandwidth, lay.p2p_latency_s)
-        for o in c.options:
-            group = group_of(o, lay, cluster)
-            if group is None or o in failed:
+        for o, group, prof, factor, extra in _in_order(c, ctx, lay):
+            if o in failed or _needless(o, c, prof, request, whole):
                 continue
-            factor = state_factor(c.profile, request.bytes_per_param, o.kind, group.shard)
-            extra = transient(c.profile, o.kind)
-            timed = (link,) if o.per_step else (link, o.kind, group)
+            timed = (link,) if prof is c.profile else (link, o.kind, group)
             key = (*timed, factor, extra)
             if key not in plans:
                 incumbent = min(beat, _best(out))
                 least = least_step_comm(c.profile, c.S, o.kind, group, ctx.overlap)
-                plan, searched = _reused(plans, timed, factor, request.memory_limit, incumbent - least)
+                plan, searched = _reused(plans, timed, factor, extra, request.memory_limit, incumbent - least)
                 searched = searched or _dominated(o, c.options, ctx.overlap)
                 if plan is None and not searched:
                     try:
-                        plan = _search(c, ctx, lay, o, group, factor, extra, incumbent, least)
+                        plan = _search(c, ctx, lay, prof, factor, extra, incumbent, least)
                     except (InfeasibleError, PlanError) as e:
                         if not isinstance(e, InfeasibleError) or incumbent == math.inf:
                             failed[o] = e  # no plan on any link: memory does not depend on it
@@ -458,6 +439,7 @@ def _options(c: _Split, ctx: _Context, rejected: list[Rejected], beat: float) ->
             plan = plans[key]
             if plan is not None:
                 out.append(ParallelOption(lay, _priced(c.profile, plan, lay, o, group, extra, ctx), o))
+                whole = whole or (prof is c.profile and not any(s.recompute for s in plan.stages))
     if not out and beat == math.inf and failed:
         lays = layouts(c.S, c.D, cluster, c.t)
         error = failed[min(failed, key=lambda o: _static_bound(c.profile, request, c.S, lays, o))]
@@ -466,25 +448,59 @@ def _options(c: _Split, ctx: _Context, rejected: list[Rejected], beat: float) ->
     return out if out or beat == math.inf else None
 
 
+def _in_order(c: _Split, ctx: _Context, lay: Layout) -> list[tuple[ShardOption, DataGroup, Profile, float, float]]:
+    """``c``'s shardings that apply on ``lay``, with their group, blocks, state factor and gathered
+    bytes: those that keep the blocks' times first, then by state per parameter and gathered bytes."""
+    request = ctx.request
+    out = []
+    for o in c.options:
+        group = group_of(o, lay, request.cluster)
+        if group is None:
+            continue
+        prof = sharded_profile(c.profile, o.kind, group, ctx.overlap)
+        factor = state_factor(c.profile, request.bytes_per_param, o.kind, group.shard)
+        out.append((o, group, prof, factor, transient(c.profile, o.kind)))
+    return sorted(out, key=lambda x: (x[2] is not c.profile, x[3], x[4]))
+
+
+def _needless(o: ShardOption, c: _Split, prof: Profile, request: ParallelRequest, whole: bool) -> bool:
+    """Whether the free search leaves out ``o``, a sharding whose blocks gather or reduce each
+    micro-batch (not hidden) on a pipeline, because one with the blocks' own times already fits with
+    nothing recomputed (``whole``): the memory it frees is not worth a collective per block and
+    micro-batch. (Pinned, or without a pipeline, it is searched.)"""
+    pinned = request.sharding is not None or request.shard_optimizer
+    if pinned or prof is c.profile or c.S == 1:
+        return False
+    return whole
+
+
 def _best(options: list[ParallelOption]) -> float:
     return min((o.step_time_s for o in options), default=math.inf)
 
 
 def _reused(
-    plans: dict[tuple[object, ...], Plan | None], timed: tuple[object, ...], factor: float, limit: float, beat: float
+    plans: dict[tuple[object, ...], Plan | None],
+    timed: tuple[object, ...],
+    factor: float,
+    extra: float,
+    limit: float,
+    beat: float,
 ) -> tuple[Plan | None, bool]:
     """(a plan, whether no search is needed) from the plans found on the same link and blocks'
-    times with less state per parameter: the first that also fits ``factor`` is its plan too, its
-    memory restamped (cluster.restamp); where none fits and one's pipeline alone is not below
-    ``beat`` (whose plans keep more state cannot be faster), none is needed."""
+    times with no more state per parameter and gathered bytes: the first that also fits ``factor``
+    and ``extra`` is its plan too, its memory restamped (cluster.restamp; whatever fits the one that
+    keeps more fits the one that keeps less); where none fits and one's pipeline alone is not below
+    ``beat``, none is needed (whose plans keep more state cannot be faster)."""
     for key, plan in plans.items():
-        had = key[-2]
-        if plan is None or key[: len(timed)] != timed or len(key) != len(timed) + 2 or key[-1] != 0.0:
+        if plan is None or key[: len(timed)] != timed or len(key) != len(timed) + 2:
             continue
-        assert isinstance(had, float)
-        if had <= factor and (again := restamp(plan, factor / had, limit)) is not None:
+        had, gathered = key[-2], key[-1]
+        assert isinstance(had, float) and isinstance(gathered, float)
+        if had > factor or gathered > extra:
+            continue
+        if (again := restamp(plan, factor / had, limit - extra)) is not None:
             return again, True
-        if had <= factor and plan.iteration_time_s * (1 - 1e-9) >= beat:
+        if plan.iteration_time_s * (1 - 1e-9) >= beat:
             return None, True
     return None, False
 
@@ -500,21 +516,12 @@ def _dominated(o: ShardOption, options: Sequence[ShardOption], overlap: Overlap)
 
 
 def _search(
-    c: _Split,
-    ctx: _Context,
-    lay: Layout,
-    o: ShardOption,
-    group: DataGroup,
-    factor: float,
-    extra: float,
-    incumbent: float,
-    least: float,
+    c: _Split, ctx: _Context, lay: Layout, profile: Profile, factor: float, extra: float, incumbent: float, least: float
 ) -> Plan:
-    """The pipeline plan of ``lay`` under ``o`` (``factor`` bytes of state per parameter byte,
-    ``extra`` bytes gathered on every device, its blocks' collectives); InfeasibleError where none
-    fits, or none whose step can beat ``incumbent`` (the collectives add at least ``least``)."""
+    """The pipeline plan of ``lay`` for ``profile`` (with its sharding's collectives), ``factor``
+    bytes of state per parameter byte and ``extra`` bytes gathered on every device; InfeasibleError
+    where none fits, or none whose step can beat ``incumbent`` (the collectives add at least ``least``)."""
     request = ctx.request
-    profile = sharded_profile(c.profile, o.kind, group, ctx.overlap)
     if _work_bound(profile, request, c.S, c.D) + least >= incumbent * (1 + 1e-9):
         raise InfeasibleError("no plan faster than the step to beat")
     req = PlanRequest(
