@@ -290,7 +290,7 @@ def _splits(profile: Profile, ctx: _Context, t: int, S: int, D: int) -> tuple[li
         need = _static_bound(profile, request, S, lays, option)
         if need <= request.memory_limit:
             fitting.append(option)
-        elif not why or option.kind == Sharding.ZERO3:
+        elif need < math.inf and (not why or option.kind == Sharding.ZERO3):
             why = (
                 f"needs at least {format_bytes(need, round_up=True)} per device for weights, gradients and "
                 f"optimizer state{f' ({option.kind} over its replicas)' if D > 1 else ''}"
@@ -593,6 +593,9 @@ def model_flops(profile: Profile, plan: Plan) -> tuple[float, float]:
 
 
 def _no_layout(request: ParallelRequest, rejected: list[Rejected]) -> PlanError:
+    pinned = next((r.reason for r in rejected if r.reason.startswith(("--sharding", "--shard-group"))), None)
+    if pinned is not None:  # the user's pin ruled the splits out: that is the line to read
+        return PlanError(f"{pinned}; pin another or leave it to the search")
     deepest = max(rejected, key=lambda r: r.stages, default=None)
     hint = f"; the deepest pipeline (S={deepest.stages}): {deepest.reason}" if deepest else ""
     return InfeasibleError(
