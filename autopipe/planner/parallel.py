@@ -213,7 +213,7 @@ def _bound(profile: Profile, ctx: Context, t: int, S: int, D: int, o: ShardOptio
     if not groups:
         return math.inf
     fastest = max(groups, key=lambda g: g.inner_bandwidth)
-    work = work_bound(sharded_profile(profile, o.kind, fastest, ctx.overlap), ctx.request, S, D)
+    work = work_bound(sharded_profile(profile, o.kind, fastest, ctx.overlap), ctx, S, D)
     return work + min(least_step_comm(profile, S, o.kind, g, ctx.overlap) for g in groups)
 
 

@@ -168,7 +168,7 @@ def _search(
     bytes of state per parameter byte and ``extra`` bytes gathered on every device; InfeasibleError
     where none fits, or none whose step can beat ``incumbent`` (the collectives add at least ``least``)."""
     request = ctx.request
-    if work_bound(profile, request, c.S, c.D) + least >= incumbent * (1 + 1e-9):
+    if work_bound(profile, ctx, c.S, c.D) + least >= incumbent * (1 + 1e-9):
         raise InfeasibleError("no plan faster than the step to beat")
     req = PlanRequest(
         devices=lay.stages,
@@ -240,11 +240,16 @@ def static_bound(profile: Profile, request: ParallelRequest, S: int, lays: Seque
     return max(sum(per_block) / S, max(per_block, default=0.0)) + transient(profile, o.kind)
 
 
-def work_bound(profile: Profile, request: ParallelRequest, S: int, D: int) -> float:
+def work_bound(profile: Profile, ctx: Context, S: int, D: int) -> float:
     """A lower bound on the pipeline of any plan of S stages for D replicas: for the best micro-batch
     count m (size u = U / m of the replica's share U), the larger of the busiest device's work, at
     least the average m (F + B)(u) / S, and micro-batch 0's chain forward through every block and
-    back (input gradients). Recomputation and hops only add."""
+    back (input gradients). Recomputation and hops only add. Kept per profile in ``ctx``."""
+    key = (id(profile), S, D)
+    hit = ctx.bounds.get(key)
+    if hit is not None and hit[0] is profile:
+        return hit[1]
+    request = ctx.request
     U = request.global_batch // D
     counts = (
         [request.choices.micro_batches]
@@ -257,6 +262,7 @@ def work_bound(profile: Profile, request: ParallelRequest, S: int, D: int) -> fl
         work = m * sum(b.forward_s(u) + b.backward_s(u) for b in profile.blocks) / S
         chain = sum(b.forward_s(u) for b in profile.blocks) + sum(b.backward_input_s(u) for b in profile.blocks[1:])
         best = min(best, max(work, chain))
+    ctx.bounds[key] = (profile, best)  # the profile kept alive with its id
     return best
 
 

@@ -4,7 +4,7 @@ search (:mod:`autopipe.planner.parallel`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autopipe.costs.profile import Profile
 from autopipe.modes import Sharding
@@ -113,3 +113,4 @@ class Context:
     progress: Progress | None
     partial: set[tuple[int, int, int, ShardOption]]  # (t, S, D, sharding) searched with a time to beat
     cuts: SharedCuts  # the pipeline searches' unlimited cuts, per profile and link
+    bounds: dict[tuple[int, int, int], tuple[Profile, float]] = field(default_factory=dict)  # work bounds kept
