@@ -1,5 +1,8 @@
 """The cluster's degrees: the pinned ones checked, the cluster's fields read, tensor parallelism
-priced per degree (``costs.tensor``) for the tensor x pipeline x data search."""
+priced per degree (``costs.tensor``) for the tensor x pipeline x data search.
+
+Tests: tests/planner/test_cluster.py.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
 """One (t, S, D) split searched with its shardings: on each layout, each sharding's pipeline
 search (its state per parameter, its gathered bytes, its blocks' collectives), a plan reused where
 one of a sharding that keeps less fits, and the step with its once-a-step collectives (past the
-pipeline, or overlapped on the simulated timeline: ``simulate.overlap``)."""
+pipeline, or overlapped on the simulated timeline: ``simulate.overlap``).
+
+Tests: tests/planner/test_parallel.py.
+"""
 
 from __future__ import annotations
 

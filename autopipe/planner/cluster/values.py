@@ -1,6 +1,9 @@
 """The values the tensor x pipeline x data search takes and gives: the request, a layout's plan
 (an option), a split with no plan and why, the result; and the queue item and context of one
-search (:mod:`autopipe.planner.parallel`)."""
+search (:mod:`autopipe.planner.parallel`).
+
+Tests: tests/planner/test_parallel.py.
+"""
 
 from __future__ import annotations
 
