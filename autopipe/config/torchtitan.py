@@ -154,7 +154,8 @@ def _data_parallel(deg: Degrees, version: str) -> tuple[int, int, str, list[str]
             g,
             "never" if deg.pipeline > 1 else "default",
             [
-                f"the plan's {deg.sharding} over {g} replicas is FSDP here (data_parallel_shard_degree): "
+                f"the plan's {'ZeRO-1' if deg.sharding == 'zero1' else 'ZeRO-2'} over {g} replicas is FSDP here "
+                "(data_parallel_shard_degree): "
                 "torchtitan has no ZeRO-1 or -2; the weights are sharded too, with more communication than planned"
             ],
         )
