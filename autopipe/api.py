@@ -49,10 +49,10 @@ from autopipe.model.given import (
 from autopipe.model.load import check_model_runs, load_model
 from autopipe.model.spec import parse_kwargs
 from autopipe.model.usercode import DEFAULT_LOAD_TIMEOUT_S, load_timeout
-from autopipe.modes import Recompute, Tracer
+from autopipe.modes import Recompute, Sharding, Tracer
 from autopipe.planner.assemble import plan_costs, plan_timeline
 from autopipe.planner.balance import plan_balance
-from autopipe.planner.cluster import check_degrees, cluster_fields, tensor_options
+from autopipe.planner.cluster import check_degrees, cluster_fields, target_overlap, tensor_options
 from autopipe.planner.defaults import (
     ANALYTIC_MICRO_BATCH_SIZES,
     default_dtype,
@@ -78,7 +78,8 @@ from autopipe.planner.request import (
     validate,
 )
 from autopipe.planner.search import plan_pipeline
-from autopipe.plans import FreePlan, Plan
+from autopipe.plans import FreePlan, Overlap, Plan
+from autopipe.schedules.targets import SHARDINGS
 from autopipe.stages.emit import emit as emit_rebuilt
 from autopipe.stages.emit import emit_stages
 from autopipe.stages.rebuild import rebuild_model
@@ -88,12 +89,14 @@ from autopipe.units import check_count, check_int, check_kind, check_path, parse
 __all__ = [  # the functions, then what they take and give (the CLI imports these from here)
     "API_WORDS",
     "DEFAULT_LOAD_TIMEOUT_S",
+    "SHARDINGS",
     "TARGETS",
     "Choices",
     "DeviceSpec",
     "FreePlan",
     "Link",
     "ModelCounts",
+    "Overlap",
     "ParallelPlan",
     "Plan",
     "Profile",
@@ -508,11 +511,17 @@ def search_cluster(
     device_files: Sequence[str | Path] = (),
     progress: Progress | None = None,
     words: Words = API_WORDS,
+    sharding: str | None = None,
+    shard_group: int | None = None,
+    overlap: Overlap | str | None = None,
 ) -> ParallelPlan:
     """The tensor x pipeline x data search over ``gpus`` devices for ``profile`` (``--gpus``):
-    the best layout, its runner-up and the splits with no plan. ``stages`` pins the pipeline
-    depth; tensor parallelism is searched when ``counts`` and ``device`` (what ``profile`` was
-    priced from) are given, else ``t = 1``."""
+    the best layout, its sharding, its runner-up and the splits with no plan. ``stages`` pins
+    the pipeline depth; tensor parallelism is searched when ``counts`` and ``device`` (what
+    ``profile`` was priced from) are given, else ``t = 1``. ``sharding`` pins how the state is
+    split over the replicas (``none``, ``zero1``, ``zero2``, ``zero3``, ``zero3-step``; ``zero1=True``
+    is ``sharding="zero1"``), ``shard_group`` over how many of them (hybrid); ``overlap`` what the
+    time model overlaps (an :class:`~autopipe.plans.Overlap` or its text; None: the target's)."""
     gpus = check_int(gpus, words.name("gpus"), ranged=False)
     batch_size = check_int(batch_size, words.name("batch_size"), ranged=False)
     check_degrees(
@@ -525,6 +534,8 @@ def search_cluster(
     )
     fields = cluster_fields(cluster)
     check_target(choices or Choices(), words)
+    pinned, group = _sharding(sharding, shard_group, zero1, words)
+    overlaps = target_overlap((choices or Choices()).target, _overlap(overlap, words))
     request = parallel_request(
         profile,
         gpus=gpus,
@@ -535,17 +546,43 @@ def search_cluster(
         link=link or Link(),
         device=device,
         device_files=device_files,
-        shard_optimizer=zero1,
+        sharding=pinned,
+        shard_group=group,
+        overlap=overlaps,
     )
     layout = replace(request.cluster, **fields)  # type: ignore[arg-type]
     request = replace(request, cluster=layout, tensor_parallel=tensor_parallel, data_parallel=data_parallel)
     tensor = (
-        tensor_options(counts, device, layout, sequence_parallel) if counts is not None and device is not None else None
+        tensor_options(counts, device, layout, sequence_parallel, overlaps.tp_comm)
+        if counts is not None and device is not None
+        else None
     )
     result = plan_parallel(profile, request, progress, tensor)
     free = replace(request, choices=replace(request.choices, target="autopipe"))
     plan = _with_free(result.plan, lambda: plan_parallel(profile, free, progress, tensor).plan)
     return replace(result, best=replace(result.best, plan=plan))
+
+
+def _sharding(sharding: object, shard_group: object, zero1: bool, words: Words) -> tuple[Sharding | None, int | None]:
+    """The pinned sharding and shard group, checked (``zero1=True``: ZeRO-1's older name)."""
+    if sharding is not None and sharding not in SHARDINGS:
+        raise PlanError(f"{words.name('sharding')} {sharding!r:.40}: use one of {', '.join(SHARDINGS)}")
+    if zero1 and sharding not in (None, "zero1"):
+        raise PlanError(f"{words.name('zero1')} and {words.said('sharding', sharding)} contradict each other; give one")
+    group = None if shard_group is None else check_int(shard_group, words.name("shard_group"), ranged=False)
+    if group is not None and group < 2:
+        raise PlanError(f"{words.said('shard_group', group)}: shard over 2 or more replicas (or leave it out)")
+    if group is not None and sharding in (None, "none") and not zero1:
+        raise PlanError(
+            f"{words.name('shard_group')} splits a sharding over fewer replicas; give {words.name('sharding')} too"
+        )
+    return (Sharding(sharding) if sharding is not None else Sharding.ZERO1 if zero1 else None), group
+
+
+def _overlap(overlap: object, words: Words) -> Overlap | None:
+    if overlap is None or isinstance(overlap, Overlap):
+        return overlap
+    return Overlap.parse(overlap, words.name("overlap"))  # type: ignore[arg-type]
 
 
 def plan_cluster(
@@ -568,6 +605,9 @@ def plan_cluster(
     device_files: Sequence[str | Path] = (),
     calibration: str | Path | None = None,
     progress: Progress | None = None,
+    sharding: str | None = None,
+    shard_group: int | None = None,
+    overlap: Overlap | str | None = None,
 ) -> Plan:
     """The plan ``autopipe plan MODEL --device DEVICE --gpus GPUS ...`` writes (same search, same
     plan), without allocating the model's weights: ``device`` a catalogue name (``h100``,
@@ -579,6 +619,8 @@ def plan_cluster(
     batch_size = check_int(batch_size, "batch_size", ranged=False)
     check_degrees(gpus, [("tensor_parallel", tensor_parallel), ("stages", stages), ("data_parallel", data_parallel)])
     cluster_fields(cluster)  # a bad cluster is one line before any counting
+    _sharding(sharding, shard_group, zero1, API_WORDS)
+    _overlap(overlap, API_WORDS)
     spec = catalogue_device(device, device_files, calibration)
     counts = count(model, kwargs, spec, dtype=dtype, progress=progress)
     return search_cluster(
@@ -598,6 +640,9 @@ def plan_cluster(
         counts=counts,
         device_files=device_files,
         progress=progress,
+        sharding=sharding,
+        shard_group=shard_group,
+        overlap=overlap,
     ).plan
 
 

@@ -1,4 +1,4 @@
-"""The modes a user picks by name: recomputation, the tracer, the run's engine.
+"""The modes a user picks by name: recomputation, the tracer, the run's engine, the sharding.
 
 Each is a ``str`` Enum, so it equals its text (``Recompute.NEVER == "never"``), prints as it
 (``f"{Recompute.NEVER}"`` is ``never``, ``{!r}`` ``'never'``) and is written to JSON as it: plan and profile files
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["Engine", "Recompute", "Tracer"]
+__all__ = ["Engine", "Recompute", "Sharding", "Tracer"]
 
 
 class _Mode(str, Enum):
@@ -46,3 +46,15 @@ class Engine(_Mode):
 
     AUTOPIPE = "autopipe"
     TORCH = "torch"
+
+
+class Sharding(_Mode):
+    """How the training state is split over a stage's data-parallel replicas (Rajbhandari et al.
+    2020, "ZeRO"; per parameter, with ``2 + 2 + K`` bytes of bf16 weights, bf16 gradients and K of
+    fp32 optimizer state and master weights, over a group of ``N`` replicas)."""
+
+    NONE = "none"  # every replica holds everything; gradients all-reduced (2 + 2 + K)
+    ZERO1 = "zero1"  # optimizer state and master weights split (2 + 2 + K / N): Megatron's distributed optimizer
+    ZERO2 = "zero2"  # and gradients, reduce-scattered each micro-batch (2 + (2 + K) / N)
+    ZERO3 = "zero3"  # and weights, all-gathered per use in each micro-batch's forward and backward ((2 + 2 + K) / N)
+    ZERO3_STEP = "zero3-step"  # ZeRO-3 gathered once per step and kept (FSDP without resharding): ZeRO-1's memory

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from autopipe._io import atomic_write_text, parse_json, read_json, shown
-from autopipe.errors import PlanFileError
+from autopipe.errors import PlanError, PlanFileError
 from autopipe.graph.model_file import found, recorded
 from autopipe.graph.recipe import TraceRecipe
-from autopipe.modes import Recompute
+from autopipe.modes import Recompute, Sharding
 from autopipe.schedules.registry import schedule_names, schedule_spec
 from autopipe.schedules.targets import TARGETS
 from autopipe.units import check_path
@@ -39,6 +39,7 @@ __all__ = [
     "Alternative",
     "Baseline",
     "FreePlan",
+    "Overlap",
     "Plan",
     "StagePlan",
     "check_plan_values",
@@ -127,6 +128,61 @@ class FreePlan:
 
 
 @dataclass(frozen=True)
+class Overlap:
+    """What the time model lets run beside the computation (planner/overlap.py prices it; a target's
+    default: schedules/targets.py). The defaults are what plans written before it were priced with:
+    data-parallel and tensor-parallel communication serial, pipeline sends asynchronous."""
+
+    grad_reduce: bool = False  # the gradients' reduction starts as each chunk's last backward runs
+    param_gather: bool = False  # the parameters' all-gather (sharded weights) runs under the forward
+    tp_comm: float = 0.0  # the share of the tensor-parallel collectives hidden behind the computation, 0 to 1
+    p2p: bool = True  # pipeline sends leave the sender free (False: it waits for the transfer)
+
+    @staticmethod
+    def parse(text: str, name: str = "overlap") -> Overlap:
+        """``grad_reduce,param_gather,p2p,tp_comm=0.5`` (what overlaps; ``none``: nothing) as an
+        Overlap; PlanError (one line, naming it as ``name``) for anything else."""
+        if not isinstance(text, str):
+            raise PlanError(f"{name} must be an Overlap or its text, like 'grad_reduce,p2p', not {text!r:.40}")
+        words = [w.strip() for w in text.split(",") if w.strip()]
+        if words == ["none"]:
+            return Overlap(p2p=False)
+        on: dict[str, Any] = {"p2p": False}
+        for word in words:
+            key, _, value = word.partition("=")
+            if key == "tp_comm" and value:
+                try:
+                    share = float(value)
+                except ValueError:
+                    share = math.nan
+                if not 0.0 <= share <= 1.0:
+                    raise PlanError(f"{name} {text!r}: tp_comm={value} is not a share from 0 to 1; use tp_comm=0.5")
+                on[key] = share
+            elif key in ("grad_reduce", "param_gather", "p2p") and not value:
+                on[key] = True
+            else:
+                raise PlanError(
+                    f"{name} {text!r}: {word!r} is not an overlap; use none, or any of grad_reduce, param_gather, "
+                    "p2p, tp_comm=SHARE (e.g. grad_reduce,param_gather,p2p)"
+                )
+        return Overlap(**on)
+
+    def text(self) -> str:
+        """What :meth:`parse` reads back: ``grad_reduce,param_gather,p2p`` (``none``: nothing)."""
+        said = [name for name in ("grad_reduce", "param_gather") if getattr(self, name)]
+        said += [f"tp_comm={self.tp_comm:g}"] if self.tp_comm > 0 else []
+        said += ["p2p"] if self.p2p else []
+        return ",".join(said) or "none"
+
+    def describe(self) -> str:
+        """``grad reduce, param gather, p2p`` (what overlaps), or ``nothing``."""
+        said = [name for name, on in (("grad reduce", self.grad_reduce), ("param gather", self.param_gather)) if on]
+        said += [f"tp comm {self.tp_comm:.0%}"] if self.tp_comm > 0 else []
+        said += ["p2p"] if self.p2p else []
+        return ", ".join(said) or "nothing"
+
+
+@dataclass(frozen=True)
 class Plan:
     """A pipeline plan and everything predicted about it."""
 
@@ -153,7 +209,7 @@ class Plan:
     # Data x pipeline parallel (solve.parallel): D replicas of this pipeline, each step ending
     # with a ring all-reduce of every stage's gradients; throughput then counts all D replicas.
     data_parallel: int = 1  # D; the devices in all are devices * data_parallel
-    allreduce_s: float = 0.0  # gradient all-reduce per iteration, after the pipeline flush
+    allreduce_s: float = 0.0  # data-parallel communication the step pays past the pipeline's end
     parallel_note: str = ""  # the (S, D) decision, its links and the runner-up, for people
     action_overhead_s: float = 0.0  # the executor's cost per action, in every stage time above
     # Tensor parallel (solve.parallel, costs.tensor): every stage runs on t devices of one node,
@@ -162,7 +218,15 @@ class Plan:
     sequence_parallel: bool = False  # Korthikanti et al. 2022 (only with t > 1)
     model_flops: float = 0.0  # per iteration, all devices: 3 x forward (0: not counted)
     hardware_flops: float = 0.0  # model_flops plus the forward of recomputed stages
-    shard_optimizer: bool = False  # ZeRO-1: optimizer state and master weights split over the D replicas
+    shard_optimizer: bool = False  # any sharding but none (plans before ``sharding``: ZeRO-1)
+    # How the state is split over the D replicas (modes.Sharding, priced by planner/placement.py) and
+    # over how many of them (0: all D; 1 < N < D: hybrid, N-way shards replicated D / N times); what the
+    # time model overlapped, and the data-parallel communication per step before overlap. Left out of
+    # the file at their defaults, which are what plans before them were priced with.
+    sharding: Sharding = Sharding.NONE
+    shard_group: int = 0
+    overlap: Overlap = Overlap()
+    dp_comm_s: float = 0.0
     # The framework the plan was made for (``--target``, schedules/targets.py; plans written
     # before it read as autopipe) and, where that target searches less, the free plan's prediction.
     target: str = "autopipe"
@@ -197,8 +261,7 @@ class Plan:
 
     def to_json(self) -> str:
         raw = asdict(self)
-        later = (("uncertainty", 0.0), ("noise_note", ""), ("host_sharing", 1.0), *((f, 1) for f in _PARALLEL_LATER))
-        for field, default in later:  # added later: left out at defaults
+        for field, default in _LATER.items():  # added later: left out at their defaults
             if raw[field] == default:
                 del raw[field]
         return json.dumps(raw, indent=1, sort_keys=True)
@@ -264,6 +327,18 @@ class Plan:
 
 
 _WRITTEN = "give a plan written by 'autopipe plan'"
+_LATER: dict[str, Any] = {  # fields added later, left out of the file at these defaults
+    "uncertainty": 0.0,
+    "noise_note": "",
+    "sharding": "none",
+    "shard_group": 0,
+    "overlap": asdict(Overlap()),
+    "dp_comm_s": 0.0,
+    "host_sharing": 1.0,
+    "expert_parallel": 1,
+    "expert_tensor_parallel": 1,
+    "context_parallel": 1,
+}
 
 
 def _plan_from_raw(raw: Any, source: str) -> Plan:
@@ -293,7 +368,6 @@ MAX_REPLICAS = 2**20  # data-parallel replicas
 MAX_VIRTUAL = 64  # chunks per device
 MAX_TENSOR_PARALLEL = 2**10  # devices in one tensor-parallel group (one node)
 _MAX_INT = 2**53  # any other count (parameters, indices)
-_PARALLEL_LATER = ("expert_parallel", "expert_tensor_parallel", "context_parallel")
 _COUNT_RANGES = {  # the plan's own counts (top-level fields), and what each may be
     "devices": (1, MAX_DEVICES),
     "data_parallel": (1, MAX_REPLICAS),
@@ -363,10 +437,11 @@ def _value(v: Any, kind: str, where: str, source: str) -> Any:
         except UnicodeEncodeError:
             raise _bad(source, where, v, "text (it holds a lone surrogate)") from None
         return v
-    if kind == "Recompute":
-        if v not in Recompute._value2member_map_:
-            raise _bad(source, where, v, f"one of {', '.join(m.value for m in Recompute)}")
-        return Recompute(v)
+    if kind in ("Recompute", "Sharding"):
+        mode = Recompute if kind == "Recompute" else Sharding
+        if v not in mode._value2member_map_:
+            raise _bad(source, where, v, f"one of {', '.join(m.value for m in mode)}")
+        return mode(v)
     raise AssertionError(f"no reader for a field of type {kind}")  # a new field type: add it above
 
 
@@ -416,10 +491,14 @@ def _plan_from_dict(raw: dict[str, Any], source: str = "plan") -> Plan:
         {k: v for k, v in raw.items() if k not in recipe_keys},
         "",
         source,
-        frozenset({"recipe", "version", "free_plan", *lists}),
+        frozenset({"recipe", "version", "free_plan", "overlap", *lists}),
     )
     free = raw.get("free_plan")
     top["free_plan"] = None if free is None else FreePlan(**_fields(FreePlan, free, "free_plan.", source))
+    if "overlap" in raw:
+        top["overlap"] = Overlap(**_fields(Overlap, raw["overlap"], "overlap.", source))
+    if "sharding" not in raw and top.get("shard_optimizer"):
+        top["sharding"] = Sharding.ZERO1  # written before the sharding field: shard_optimizer was ZeRO-1
     parts: dict[str, Any] = {}
     for key, cls in (("stages", StagePlan), ("alternatives", Alternative), ("baselines", Baseline)):
         if key not in raw:
@@ -430,6 +509,22 @@ def _plan_from_dict(raw: dict[str, Any], source: str = "plan") -> Plan:
     plan = Plan(**top, **parts, recipe=recipe, version=PLAN_VERSION)  # read into this version's shape
     check_plan_values(plan, source)
     return plan
+
+
+def _check_sharding(plan: Plan, bad: Any) -> None:
+    """The sharding fields against each other and the replicas; the overlap's share in range."""
+    D, g = plan.data_parallel, plan.shard_group
+    if plan.shard_optimizer != (plan.sharding != Sharding.NONE):
+        raise bad(f"shard_optimizer is {str(plan.shard_optimizer).lower()} with sharding {plan.sharding}")
+    if plan.sharding != Sharding.NONE and D == 1:
+        raise bad(f"sharding is {plan.sharding} with data_parallel 1 (sharding splits state over the replicas)")
+    if g and (plan.sharding == Sharding.NONE or not 1 < g < D or D % g):
+        raise bad(
+            f"shard_group is {g} with sharding {plan.sharding} and data_parallel {D}; "
+            "expected 0 (all replicas) or a divisor of data_parallel between 1 and it, with a sharding"
+        )
+    if not 0.0 <= plan.overlap.tp_comm <= 1.0:
+        raise bad(f"overlap.tp_comm is {plan.overlap.tp_comm:g}, expected a share from 0 to 1")
 
 
 def check_plan_values(plan: Plan, source: str = "plan") -> None:
@@ -474,6 +569,7 @@ def check_plan_values(plan: Plan, source: str = "plan") -> None:
             f"expert_parallel {plan.expert_parallel} x expert_tensor_parallel {plan.expert_tensor_parallel} does not "
             f"divide a stage's tensor_parallel x context_parallel x data_parallel = {stage} devices"
         )
+    _check_sharding(plan, bad)
     if plan.hardware_flops < plan.model_flops:
         raise bad(
             f"hardware_flops {plan.hardware_flops:g} is below model_flops {plan.model_flops:g} (it adds recomputation)"

@@ -7,13 +7,17 @@ The model is built on the meta device (no weights allocated), traced, counted bl
 (FLOPs, bytes, saved bytes; its identical layers as a copy with three, ``costs.deepen``) and
 priced in bf16 mixed precision; then the full 3D search:
 every tensor-parallel degree t (dividing the 8 GPUs of a node and the heads), pipeline depth S
-and data-parallel width D = G / (t S), each with cuts, micro-batches, schedule and
-recomputation, the gradient all-reduce priced, the tensor-parallel collectives over NVLink
-(``costs/tensor.py``, with sequence parallelism). For 175B it also runs today's S x D search
-(t = 1) in plain Adam and with ZeRO-1. Memory per device by the stated formula: 16 bytes per
-parameter held (2 bf16 weight + 2 bf16 grad + 4 fp32 master + 4 + 4 Adam; the last stage
-holds a copy of the embedding its LM head is tied to), or with ZeRO-1 4 + 12 / D, plus the
-activations the schedule holds (bf16).
+and data-parallel width D = G / (t S), each with the shardings of the state over the replicas
+(none, ZeRO-1, -2, -3, hybrid over a node's replicas: ``planner/placement.py``), cuts,
+micro-batches, schedule and recomputation, the data-parallel collectives priced, the
+tensor-parallel collectives over NVLink (``costs/tensor.py``, with sequence parallelism); once
+as autopipe's executor runs (nothing overlapped but the pipeline sends), once for Megatron-LM
+(1F1B and interleaved only, and its overlaps: gradient reduction and parameter gather under the
+backward and forward). For 175B it also runs the S x D search (t = 1) in plain Adam and with
+ZeRO-1 pinned. Memory per device by the ZeRO paper's formulas: 16 bytes per parameter held
+whole (2 bf16 weight + 2 bf16 grad + 4 fp32 master + 4 + 4 Adam; the last stage holds a copy of
+the embedding its LM head is tied to), ZeRO-1 4 + 12 / N, ZeRO-2 2 + 14 / N, ZeRO-3 16 / N over
+N replicas, plus the activations the schedule holds (bf16).
 
 One CPU core (pinned when the OS allows). Prints each phase's wall and CPU time (CPU time is
 what a quiet machine's wall time would be; the two differ on a shared one), each (t, S, D)
@@ -41,8 +45,11 @@ import torch  # noqa: E402
 from autopipe.costs.analytic import BYTES_PER_PARAM, count_model, profile_from_counts  # noqa: E402
 from autopipe.costs.devices import device_spec  # noqa: E402
 from autopipe.model.load import load_model  # noqa: E402
-from autopipe.planner.cluster import tensor_options  # noqa: E402
+from autopipe.modes import Sharding  # noqa: E402
+from autopipe.planner.cluster import target_overlap, tensor_options  # noqa: E402
 from autopipe.planner.parallel import Cluster, ParallelRequest, plan_parallel  # noqa: E402
+from autopipe.planner.placement import state_bytes  # noqa: E402
+from autopipe.planner.request import Choices  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT3 = {"preset": "gpt3-175b"}
@@ -94,24 +101,41 @@ def run(name: str, kwargs: dict[str, object], device: str, gpus: int, batch: int
     )
     print(f"  build on meta + trace + count + price: {t_count[0]:.2f} s wall, {t_count[1]:.2f} s CPU")
     cluster = Cluster.of(spec, gpus)
-    cases = [("3D search (t x S x D)", False, True)] + (
-        [("t = 1 only (S x D), plain Adam", False, False), ("t = 1 only, ZeRO-1", True, False)] if today else []
+    cases = [
+        ("3D search (t x S x D x sharding)", None, True, "autopipe"),
+        ("3D search for Megatron-LM (its schedules, its overlaps)", None, True, "megatron"),
+    ] + (
+        [
+            ("t = 1 only (S x D), plain Adam", Sharding.NONE, False, "autopipe"),
+            ("t = 1 only, ZeRO-1", Sharding.ZERO1, False, "autopipe"),
+        ]
+        if today
+        else []
     )
-    for label, zero1, with_tensor in cases:
-        request = ParallelRequest(cluster, batch, memory, bytes_per_param=BYTES_PER_PARAM, shard_optimizer=zero1)
+    for label, sharding, with_tensor, target in cases:
+        request = ParallelRequest(
+            cluster, batch, memory, bytes_per_param=BYTES_PER_PARAM, sharding=sharding, choices=Choices(target=target)
+        )
         clock.lap()
-        tensor = tensor_options(counts, spec, cluster, sequence_parallel=True) if with_tensor else None
+        overlap = target_overlap(target)
+        tensor = tensor_options(counts, spec, cluster, True, overlap.tp_comm) if with_tensor else None
         splits = PerSplit()
         result = plan_parallel(profile, request, tensor=tensor, progress=splits)
         t_plan = clock.lap()
         searched = splits.close()
         plan = result.plan
         D, t = plan.data_parallel, plan.tensor_parallel
-        per_param = BYTES_PER_PARAM if not zero1 else 4 + (BYTES_PER_PARAM - 4) / D
+        per_param = state_bytes(plan.sharding, plan.shard_group or D, BYTES_PER_PARAM, 2.0)
         ok = all(s.memory_bytes <= memory for s in plan.stages)
         gpu = plan.model_flops / plan.step_time_s / gpus / 1e12, plan.hardware_flops / plan.step_time_s / gpus / 1e12
         recomputed = sum(s.recompute for s in plan.stages)
-        print(f"  {label} ({per_param:.2f} bytes/parameter): planned in {t_plan[0]:.2f} s wall, {t_plan[1]:.2f} s CPU")
+        shards = f" over {plan.shard_group} of {D}" if plan.shard_group else ""
+        print(f"  {label}: planned in {t_plan[0]:.2f} s wall, {t_plan[1]:.2f} s CPU")
+        print(
+            f"    sharding {plan.sharding}{shards} ({per_param:.2f} bytes/parameter), overlapped: "
+            f"{plan.overlap.describe()}; data-parallel collectives {plan.dp_comm_s:.3f} s a step, "
+            f"{plan.allreduce_s:.3f} s past the pipeline"
+        )
         print(f"    {plan.parallel_note}")
         print(f"    pipeline searches (CPU, in the order opened): {searched}")
         print(
@@ -123,7 +147,7 @@ def run(name: str, kwargs: dict[str, object], device: str, gpus: int, batch: int
             f"{result.pruned} splits pruned "
             "(their bound, or their search against the runner-up)"
         )
-        if with_tensor:
+        if with_tensor and target == "autopipe":
             print(
                 f"  end to end (build, count, 3D plan): {t_count[0] + t_plan[0]:.2f} s wall, "
                 f"{t_count[1] + t_plan[1]:.2f} s CPU"

@@ -36,7 +36,7 @@ import torch
 from autopipe.costs.analytic import count_model, profile_from_counts
 from autopipe.costs.devices import DeviceSpec, device_spec
 from autopipe.model.load import load_model
-from autopipe.modes import Recompute
+from autopipe.modes import Recompute, Sharding
 from autopipe.planner.cluster import tensor_options
 from autopipe.planner.parallel import Cluster, ParallelRequest, plan_parallel
 from autopipe.planner.request import Choices
@@ -86,7 +86,13 @@ def plan_row(name: str, spec: DeviceSpec, free: bool) -> dict[str, float]:
         (
             plan_parallel(
                 profile,
-                replace(request, tensor_parallel=t, stages=p, choices=Choices(schedule=s, recompute=Recompute.ALWAYS)),
+                replace(
+                    request,
+                    tensor_parallel=t,
+                    stages=p,
+                    sharding=Sharding.NONE,  # as published: plain data parallelism (no distributed optimizer in 2021)
+                    choices=Choices(schedule=s, recompute=Recompute.ALWAYS),
+                ),
                 tensor=options,
             ).plan
             for s in MEGATRON_SCHEDULES

@@ -69,11 +69,7 @@ def add_analytic_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="efficiencies fitted by 'autopipe calibrate' (default: the stored one for the device, if any)",
     )
-    p.add_argument(
-        "--zero1",
-        action="store_true",
-        help="with --gpus: shard optimizer state and master weights across data-parallel replicas (ZeRO-1)",
-    )
+    _add_sharding_arguments(p)
     p.add_argument(
         "--tensor-parallel",
         default=None,
@@ -97,6 +93,38 @@ def add_analytic_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="with --gpus: JSON with devices_per_node, nvlink_bandwidth, network_bandwidth, nvlink_latency_s, "
         "network_latency_s (default: the device's)",
+    )
+
+
+def _add_sharding_arguments(p: argparse.ArgumentParser) -> None:
+    """The data-parallel state's sharding and what overlaps (with --gpus)."""
+    p.add_argument(
+        "--zero1",
+        action="store_true",
+        help="with --gpus: pin ZeRO-1, the optimizer state and master weights split over the data-parallel "
+        "replicas (--sharding zero1)",
+    )
+    p.add_argument(
+        "--sharding",
+        default=None,
+        metavar="NAME",
+        help="with --gpus: pin how the state is split over the data-parallel replicas: none, zero1, zero2 "
+        "(and gradients), zero3 (and weights, gathered per micro-batch) or zero3-step (gathered once a step); "
+        "default: searched",
+    )
+    p.add_argument(
+        "--shard-group",
+        default=None,
+        metavar="N",
+        help="with --gpus and --sharding: split it over N replicas, replicated across the rest (hybrid, HSDP); "
+        "default: all replicas, or a node's, searched",
+    )
+    p.add_argument(
+        "--overlap",
+        default=None,
+        metavar="SPEC",
+        help="with --gpus: what runs beside the computation: none, or any of grad_reduce, param_gather, p2p, "
+        "tp_comm=SHARE (default: what the --target runs; autopipe: p2p)",
     )
 
 

@@ -49,13 +49,17 @@ FLAGS = {  # the library's field -> the flag that sets it: how the CLI's errors 
     "micro_batch_sizes": "--micro-batch-sizes",
     "micro_batches": "--micro-batches",
     "repeat": "--repeat",
+    "overlap": "--overlap",
     "schedule": "--schedule",
+    "shard_group": "--shard-group",
+    "sharding": "--sharding",
     "stages": "--stages",
     "target": "--target",
     "tensor_parallel": "--tensor-parallel",
     "threads": "--threads",
     "virtual": "--virtual",
     "warmup": "--warmup",
+    "zero1": "--zero1",
 }
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from rich.console import Console
 
-from autopipe.errors import OutputError
+from autopipe.errors import OutputError, PlanError
 from autopipe.schedules import schedule_names
 from autopipe.units import format_bytes, parse_bytes, parse_duration, parse_rate
 
@@ -149,7 +149,7 @@ def _optional(text: str | None, parse: Callable[[str, str], _T], flag: str) -> _
 
 def plan_flags(args: argparse.Namespace) -> PlanFlags:
     """Parse and check the flags of ``autopipe plan`` (fast: before any profiling)."""
-    from autopipe.api import TARGETS, Choices, Link, Recompute, check_degrees, read_cluster_file
+    from autopipe.api import SHARDINGS, TARGETS, Choices, Link, Overlap, Recompute, check_degrees, read_cluster_file
 
     batch = positive_int(args.batch_size, "--batch-size")
     devices = _devices(args)
@@ -166,6 +166,22 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
     gpus = _optional(args.gpus, positive_int, "--gpus")
     if args.zero1 and gpus is None:
         raise UsageError("--zero1 shards optimizer state across data-parallel replicas; give --gpus G as well")
+    sharding_flags = (("--sharding", args.sharding), ("--shard-group", args.shard_group), ("--overlap", args.overlap))
+    for flag, given in sharding_flags:
+        if given is not None and gpus is None:
+            raise UsageError(f"{flag} applies to the data-parallel replicas of --gpus G; give --gpus as well")
+    if args.sharding is not None and args.sharding not in SHARDINGS:
+        raise UsageError(f"--sharding {args.sharding}: use one of {', '.join(SHARDINGS)}")
+    if args.zero1 and args.sharding not in (None, "zero1"):
+        raise UsageError(f"--zero1 and --sharding {args.sharding} contradict each other; give one")
+    shard_group = _optional(args.shard_group, positive_int, "--shard-group")
+    if shard_group is not None and args.sharding in (None, "none") and not args.zero1:
+        raise UsageError("--shard-group splits a sharding over fewer replicas; give --sharding NAME too")
+    if args.overlap is not None:
+        try:
+            Overlap.parse(args.overlap, "--overlap")
+        except PlanError as e:
+            raise UsageError(str(e)) from None
     if args.target not in TARGETS:
         raise UsageError(f"--target {args.target}: use one of {', '.join(TARGETS)}")
     recompute = Recompute.NEVER if args.no_recompute else Recompute.ALWAYS if args.recompute_all else Recompute.AUTO
@@ -252,6 +268,9 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
             choices=flags.choices,
             link=flags.link,
             zero1=args.zero1,
+            sharding=args.sharding,
+            shard_group=None if args.shard_group is None else positive_int(args.shard_group, "--shard-group"),
+            overlap=args.overlap,
             sequence_parallel=not args.no_sequence_parallel,
             cluster=dict(flags.cluster),
             device=spec,

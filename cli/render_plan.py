@@ -112,6 +112,7 @@ def print_plan(plan: Plan, console: Console, timeline_rows: list[str] | None = N
         )
     if plan.data_parallel > 1 or plan.tensor_parallel > 1:
         console.print(layout_line(plan))
+        console.print(data_parallel_line(plan), highlight=False)
     for line in target_lines(plan):
         console.print(line, highlight=False)
     if plan.alternatives:
@@ -156,6 +157,24 @@ def layout_line(plan: Plan) -> str:
     )
 
 
+def data_parallel_line(plan: Plan) -> str:
+    """The sharding and what the time model overlapped: ``data parallel: zero1 over 8 replicas;
+    collectives 0.412 s a step, 0.051 s past the pipeline; overlapped: grad reduce, param gather, p2p``."""
+    D = plan.data_parallel
+    shards = f"over {plan.shard_group} of {D} replicas (hybrid)" if plan.shard_group else f"over {D} replicas"
+    state = f"{plan.sharding} {shards}" if plan.sharding != "none" else f"none ({D} whole replicas)"
+    comm = (
+        f"; collectives {_seconds(plan.dp_comm_s)} a step, {_seconds(plan.allreduce_s)} past the pipeline"
+        if D > 1
+        else ""
+    )
+    return f"data parallel: {state}{comm}; overlapped: {plan.overlap.describe()}"
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.3f} s" if s >= 1.0 else f"{s * 1e3:.3f} ms"
+
+
 def tflops_per_gpu(plan: Plan) -> tuple[float, float]:
     """(model, hardware) TFLOP/s per device: FLOPs of one iteration / step time / devices."""
     gpus = plan.tensor_parallel * plan.devices * plan.data_parallel
@@ -187,6 +206,10 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "model_tflops_per_gpu": tflops_per_gpu(plan)[0],
         "hardware_tflops_per_gpu": tflops_per_gpu(plan)[1],
         "allreduce_s": plan.allreduce_s,
+        "sharding": str(plan.sharding),
+        "shard_group": plan.shard_group,
+        "dp_comm_s": plan.dp_comm_s,
+        "overlap": plan.overlap.text(),
         "step_time_s": plan.step_time_s,
         "memory_limit_bytes": plan.memory_limit_bytes,
         "peak_memory_bytes": list(plan.peak_memory_bytes),

@@ -25,6 +25,11 @@ def planned(**change: Any) -> Callable[[], object]:
     return lambda: autopipe.plan_profile(PROFILE, **{**GOOD, **change})
 
 
+def clustered(**change: Any) -> Callable[[], object]:
+    """The --gpus search of the fixture's profile (checked before any search)."""
+    return lambda: autopipe.api.search_cluster(PROFILE, gpus=4, batch_size=8, memory="1GiB", **change)
+
+
 def profiled(**change: Any) -> Callable[[], object]:
     return lambda: autopipe.plan(MODEL, **{**GOOD, **change})
 
@@ -89,6 +94,20 @@ CASES: dict[str, tuple[Callable[[], object], type[InputError], str]] = {
     "check_config(plan, None)": (
         lambda: autopipe.api.check_config(PLAN, None), ConfigError,  # type: ignore[arg-type]
         "model must be a model file, path/to/model.py[:factory] (a str or a Path), not None"),
+    "sharding='zero9'": (
+        clustered(sharding="zero9"), PlanError, "sharding 'zero9': use one of none, zero1, zero2, zero3, zero3-step"),
+    "zero1 and sharding='zero3'": (
+        clustered(zero1=True, sharding="zero3"), PlanError, "zero1 and sharding=zero3 contradict each other; give one"),
+    "shard_group='2'": (
+        clustered(sharding="zero1", shard_group="2"), PlanError,
+        "shard_group must be a positive integer (got '2', a str)"),
+    "shard_group=1": (
+        clustered(sharding="zero1", shard_group=1), PlanError,
+        "shard_group=1: shard over 2 or more replicas (or leave it out)"),
+    "shard_group alone": (
+        clustered(shard_group=2), PlanError, "shard_group splits a sharding over fewer replicas; give sharding too"),
+    "overlap=5": (
+        clustered(overlap=5), PlanError, "overlap must be an Overlap or its text, like 'grad_reduce,p2p', not 5"),
 }  # fmt: skip  # reason: one case per entry, its message whole
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,9 @@ from typing import Any
 import pytest
 from autopipe.cli.main import main
 
-from autopipe.errors import PlanFileError
-from autopipe.plans import MAX_MICRO_BATCHES, FreePlan, Plan
+from autopipe.errors import PlanError, PlanFileError
+from autopipe.modes import Sharding
+from autopipe.plans import MAX_MICRO_BATCHES, FreePlan, Overlap, Plan
 from tests.helpers import FIXTURES
 
 PLAN_V1 = FIXTURES / "good_mlp_plan_v1.json"
@@ -149,6 +151,26 @@ BAD: list[tuple[str, Mutation, str]] = [
         _set("free_plan", dict(_FREE, schedule="nope")),
         "free_plan.schedule 'nope' is unknown",
     ),
+    ("sharding unknown", _set("sharding", "zero4"), "sharding is 'zero4', expected one of none, zero1, zero2"),
+    (
+        "sharding without its flag",
+        lambda d: d.update(sharding="zero2", data_parallel=2),
+        "shard_optimizer is false with sharding zero2",
+    ),
+    (
+        "sharding one replica",
+        lambda d: d.update(sharding="zero1", shard_optimizer=True),
+        "sharding is zero1 with data_parallel 1",
+    ),
+    (
+        "shard group not a divisor",
+        lambda d: d.update(sharding="zero3", shard_optimizer=True, data_parallel=4, shard_group=3),
+        "shard_group is 3 with sharding zero3 and data_parallel 4",
+    ),
+    ("overlap a list", _set("overlap", []), "overlap is a list, expected an object"),
+    ("overlap unknown", _set("overlap", {"grad_reduce": True, "magic": 1}), "overlap.'magic' is not a field"),
+    ("overlap share", _set("overlap", {"tp_comm": 1.5}), "overlap.tp_comm is 1.5, expected a share from 0 to 1"),
+    ("overlap not a bool", _set("overlap", {"p2p": "yes"}), "overlap.p2p is 'yes', expected true or false"),
 ]
 
 
@@ -230,3 +252,50 @@ def test_show_emit_and_run_refuse_a_bad_plan_with_exit_2(tmp_path: Path, capsys:
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "stages[0].recompute is 'yes'" in err, argv
     assert not (tmp_path / "out").exists()
+
+
+def test_sharding_and_overlap_fields_are_left_out_at_their_defaults_and_old_zero1_reads_as_zero1() -> None:
+    raw = _v2()
+    assert not {"sharding", "shard_group", "overlap", "dp_comm_s"} & set(raw)  # written as before
+    old = Plan.from_json(json.dumps(raw))
+    assert (old.sharding, old.shard_group, old.overlap) == ("none", 0, Overlap())
+    raw.update(data_parallel=2, shard_optimizer=True)  # a ZeRO-1 plan written before the sharding field
+    assert Plan.from_json(json.dumps(raw)).sharding == Sharding.ZERO1
+    raw.update(
+        data_parallel=4,
+        sharding="zero3-step",
+        shard_group=2,
+        overlap={"grad_reduce": True, "tp_comm": 0.5},
+        dp_comm_s=2,
+    )
+    plan = Plan.from_json(json.dumps(raw))
+    assert (plan.sharding, plan.shard_group, plan.dp_comm_s) == (Sharding.ZERO3_STEP, 2, 2.0)
+    assert plan.overlap == Overlap(grad_reduce=True, tp_comm=0.5)  # p2p left out: its default, on
+    assert Plan.from_json(plan.to_json()) == plan and json.loads(plan.to_json())["sharding"] == "zero3-step"
+
+
+@pytest.mark.parametrize(
+    ("text", "overlap"),
+    [
+        ("none", Overlap(p2p=False)),
+        ("p2p", Overlap()),
+        ("grad_reduce,param_gather,p2p", Overlap(True, True, 0.0, True)),
+        ("tp_comm=0.25", Overlap(tp_comm=0.25, p2p=False)),
+    ],
+)
+def test_overlap_text_reads_and_writes_back(text: str, overlap: Overlap) -> None:
+    assert Overlap.parse(text) == overlap and Overlap.parse(overlap.text()) == overlap
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("magic", "overlap 'magic': 'magic' is not an overlap; use none, or any of grad_reduce"),
+        ("tp_comm=2", "overlap 'tp_comm=2': tp_comm=2 is not a share from 0 to 1"),
+        ("tp_comm=x", "tp_comm=x is not a share from 0 to 1"),
+        ("p2p=1", "'p2p=1' is not an overlap"),
+    ],
+)
+def test_bad_overlap_text_is_one_line(text: str, message: str) -> None:
+    with pytest.raises(PlanError, match=re.escape(message)):
+        Overlap.parse(text)

@@ -77,7 +77,25 @@ PLANS: dict[str, str] = {  # case -> autopipe plan arguments (model file first);
     "--target megatron p4": f"{GPT} -k n_layer=12 --stages 4 --target megatron",
     "gpt3-1.3b, docs/outlets.md's plan (16 GPUs)": f"{GPT} -k preset=gpt3-1.3b --gpus 16 --stages 4 "
     "--batch-size 512 --schedule interleaved-1f1b",
+    # issue 24: shardings and overlaps (Megatron's distributed optimizer, Megatron-FSDP, hybrid instances)
+    "zero1 overlapped p4 d4 (16 GPUs)": f"{GPT} -k n_layer=8 --gpus 16 --tensor-parallel 1 --stages 4 "
+    "--sharding zero1 --target megatron",
+    "zero1 hybrid 2 x 4 p2 d8 (16 GPUs)": f"{GPT} -k n_layer=8 --gpus 16 --tensor-parallel 1 --stages 2 "
+    "--sharding zero1 --shard-group 4 --target megatron",
+    "zero2 fsdp p2 d4 (8 GPUs)": f"{GPT} -k n_layer=8 --gpus 8 --tensor-parallel 1 --stages 2 "
+    "--sharding zero2 --target megatron",
+    "zero3 fsdp no pipeline d8 (8 GPUs)": f"{GPT} -k n_layer=4 --gpus 8 --tensor-parallel 1 --stages 1 "
+    "--sharding zero3 --target megatron",
+    "zero3 fsdp hybrid t2 d8 (16 GPUs)": f"{GPT} -k n_layer=4 --gpus 16 --tensor-parallel 2 --stages 1 "
+    "--sharding zero3 --shard-group 4 --target megatron",
+    "zero3-step as distributed optimizer p2 (8 GPUs)": f"{GPT} -k n_layer=8 --gpus 8 --tensor-parallel 1 --stages 2 "
+    "--sharding zero3-step",
+    "tp comm overlap t2 sp p2 d4 (16 GPUs)": f"{GPT} -k n_layer=8 --gpus 16 --tensor-parallel 2 --stages 2 "
+    "--sharding zero1 --overlap grad_reduce,param_gather,tp_comm=0.5,p2p --target megatron",
+    "interleaved p4 v2 sends not overlapped (8 GPUs)": f"{GPT} -k n_layer=8 --gpus 8 --tensor-parallel 1 --stages 4 "
+    "--schedule interleaved-1f1b --virtual 2 --overlap none",
 }
+_FSDP = {"zero2": "optim_grads", "zero3": "optim_grads_params"}  # --data-parallel-sharding-strategy
 
 
 def _slug(case: str) -> str:
@@ -165,8 +183,23 @@ def _case(case: str, plan_args: str, folder: Path, plan_path: Path | None = None
             "d": plan.data_parallel,
             "sequence_parallel": bool(plan.sequence_parallel and plan.tensor_parallel > 1),
             "distributed_optimizer": bool(plan.shard_optimizer),
+            **_data_parallel(plan),
         },
         "notes": [line[2:] for line in printed.splitlines() if line.startswith("# ")],
+    }
+
+
+def _data_parallel(plan: Any) -> dict[str, Any]:
+    """What Megatron must derive of the plan's sharding and overlaps (after validate_args)."""
+    D, over, p, v = plan.data_parallel, plan.overlap, plan.devices, plan.virtual
+    interleaved = p > 1 and v > 1
+    return {
+        "fsdp": _FSDP.get(str(plan.sharding)),
+        "instances": D // plan.shard_group if plan.shard_group else 1,
+        "overlap_grad_reduce": bool(over.grad_reduce and D > 1),
+        "overlap_param_gather": bool(over.param_gather and over.grad_reduce and D > 1 and plan.shard_optimizer),
+        "tp_comm_overlap": bool(over.tp_comm > 0 and plan.tensor_parallel > 1 and plan.sequence_parallel),
+        "overlap_p2p_comm": bool(interleaved and (over.p2p or p == 2)),  # Megatron overlaps two ranks' sends
     }
 
 
@@ -178,9 +211,9 @@ def _replace(argv: list[str], flag: str, new: list[str]) -> list[str]:
 
 def controls(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Outputs Megatron must refuse or misplace, so the check shows it can fail: a tensor-parallel
-    output without its launch line's environment, a p = 2, v = 2 uneven split in the first/last
-    form (what autopipe printed before), and a coarse plan's output with the 22 layers its block
-    names show."""
+    output without its launch line's environment, a Megatron-FSDP one with the environment tensor
+    parallelism alone wants, a p = 2, v = 2 uneven split in the first/last form (what autopipe
+    printed before), and a coarse plan's output with the 22 layers its block names show."""
     by = {c["case"]: c for c in cases}
     out = []
     if (c := by.get("t2 sp zero1 p4 (16 GPUs)")) is not None:
@@ -191,6 +224,9 @@ def controls(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         form += ["--num-virtual-stages-per-pipeline-rank", "2"]
         args = _replace(c["args"], "--pipeline-model-parallel-layout", form)
         out.append({**c, "case": "control: " + c["case"] + " as first/last", "args": args})
+    if (c := by.get("zero3 fsdp hybrid t2 d8 (16 GPUs)")) is not None:  # Megatron-FSDP asserts the opposite
+        env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+        out.append({**c, "case": "control: " + c["case"] + " with CUDA_DEVICE_MAX_CONNECTIONS=1", "env": env})
     if (c := by.get("coarse --blocks 8 p4 (recompute)")) is not None:
         args = _replace(c["args"], "--num-layers", ["--num-layers", "22"])
         out.append({**c, "case": "control: " + c["case"] + " with --num-layers 22", "args": args})
@@ -315,6 +351,12 @@ def _config(row: dict[str, Any]) -> str:
         return "-"
     words = [f"t={c['t']}", f"d={c['data_parallel']}"]
     words += [name for name, on in (("sp", c["sequence_parallel"]), ("dist-opt", c["distributed_optimizer"])) if on]
+    words += [f"fsdp {c['fsdp']}"] if c.get("fsdp") else []
+    words += [f"{c['instances']} instances"] if c.get("instances", 1) > 1 else []
+    overlaps = (("grad", "overlap_grad_reduce"), ("param", "overlap_param_gather"), ("tp", "tp_comm_overlap"))
+    overlaps += (("p2p", "overlap_p2p_comm"),)
+    said = [name for name, key in overlaps if c.get(key)]
+    words += ["overlap " + "+".join(said)] if said else []
     words += ["bf16"] if c["bf16"] else []
     words += ["/".join(str(x) for x in c["recompute"])] if c["recompute"][0] else []
     return " ".join(words)

@@ -145,12 +145,23 @@ def check(m: SimpleNamespace, case: dict[str, Any]) -> dict[str, Any]:
         "distributed_optimizer": bool(getattr(args, "use_distributed_optimizer", False)),
         "data_parallel": getattr(args, "data_parallel_size", None),
     }
+    fsdp = bool(getattr(args, "use_megatron_fsdp", False))
+    sharded = {  # the sharding and overlaps Megatron runs (issue 24)
+        "fsdp": getattr(args, "data_parallel_sharding_strategy", None) if fsdp else None,
+        "instances": getattr(args, "num_distributed_optimizer_instances", 1),
+        "overlap_grad_reduce": bool(getattr(args, "overlap_grad_reduce", False)),
+        "overlap_param_gather": bool(getattr(args, "overlap_param_gather", False)),
+        "tp_comm_overlap": bool(getattr(args, "tp_comm_overlap", False)),
+        "overlap_p2p_comm": bool(getattr(args, "overlap_p2p_comm", False)),
+    }
+    row["config"].update(sharded)
     derived = {
         "t": config.tensor_model_parallel_size,
         "p": config.pipeline_model_parallel_size,
         "d": row["config"]["data_parallel"],
         "sequence_parallel": bool(config.sequence_parallel),
         "distributed_optimizer": row["config"]["distributed_optimizer"],
+        **{k: v for k, v in sharded.items() if k in case["degrees"]},
     }
     if derived != case["degrees"]:
         row["placement"] = f"degrees: Megatron {derived} vs plan {case['degrees']}"

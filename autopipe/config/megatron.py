@@ -6,8 +6,12 @@ Megatron cannot do as the plan says and for what goes beside the arguments (the 
 (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``; the data-parallel size is
 what is left of the world size), the batch (``--micro-batch-size``, ``--global-batch-size`` =
 batch per pipeline x replicas), ``--num-layers``, the model's own arguments, ``--sequence-parallel``,
-``--use-distributed-optimizer`` (ZeRO-1), the recompute arguments and the split; context and
-expert parallelism and a MoE model's own arguments (:mod:`autopipe.config.parallel_args`).
+the sharding (:func:`data_parallel_args`: ``--use-distributed-optimizer`` for ZeRO-1, Megatron-FSDP's
+``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads|optim_grads_params`` for ZeRO-2
+and -3, ``--num-distributed-optimizer-instances`` for hybrid groups) and the overlaps the plan
+priced (``--overlap-grad-reduce``, ``--overlap-param-gather``, ``--tp-comm-overlap``), the recompute
+arguments and the split; context and expert parallelism and a MoE model's own arguments
+(:mod:`autopipe.config.parallel_args`).
 
 The model: given the plan's model (:func:`autopipe.api.megatron_config` rebuilds it on the meta
 device), the layers are counted from its layer list, since a merged block such as
@@ -48,9 +52,10 @@ Recomputation: Megatron's ``full`` granularity with ``uniform`` groups of N = th
 layers recomputes each stage as one piece, as the plan prices it (megatron/core/recompute.py
 clips a group at the stage's last layer, so N need not divide a stage); it applies to every
 stage, so a plan that recomputes only some gets a note. Tensor parallelism adds the environment
-``CUDA_DEVICE_MAX_CONNECTIONS=1`` (``validate_args`` asserts it on Hopper and older; autopipe
-never writes Megatron's FSDP flags, which assert the opposite) to the ``# launch: torchrun`` line,
-whose nodes are the plan's catalogue device's GPUs per node where the caller knows them.
+``CUDA_DEVICE_MAX_CONNECTIONS=1`` (``validate_args`` asserts it on Hopper and older; not with
+Megatron-FSDP, which asserts the opposite and with tensor parallelism only warns) to the
+``# launch: torchrun`` line, whose nodes are the plan's catalogue device's GPUs per node where
+the caller knows them.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ from autopipe.config.retarget import retarget_notes
 from autopipe.plans import Plan
 from autopipe.schedules.registry import schedule_spec
 
-__all__ = ["MEGATRON_SCHEDULES", "layout_string", "megatron_args", "megatron_split"]
+__all__ = ["MEGATRON_SCHEDULES", "data_parallel_args", "layout_string", "megatron_args", "megatron_split"]
 
 MEGATRON_SCHEDULES = ("Schedule1F1B", "ScheduleInterleaved1F1B")
 """The torch classes of the schedules Megatron itself runs (non-interleaved and interleaved 1F1B)."""
@@ -238,7 +243,12 @@ def _launch(deg: Degrees, per_node: int | None) -> list[str]:
     """The environment and the ``torchrun`` line, as notes; ``per_node``: GPUs per node, if known."""
     env = ""
     notes = []
-    if deg.tensor > 1 or deg.context > 1:  # autopipe never writes Megatron's FSDP flags, which assert the opposite
+    if (deg.tensor > 1 or deg.context > 1) and deg.sharding in _FSDP:  # Megatron-FSDP asserts it is not 1
+        notes.append(
+            "environment: CUDA_DEVICE_MAX_CONNECTIONS unset (Megatron-FSDP asserts it is not 1; with tensor or "
+            "context parallelism Megatron wants it 1: the two want different settings)"
+        )
+    elif deg.tensor > 1 or deg.context > 1:
         env = "CUDA_DEVICE_MAX_CONNECTIONS=1 "
         what = "tensor parallelism" if deg.context == 1 else "context parallelism" if deg.tensor == 1 else "both"
         notes.append(
@@ -332,8 +342,9 @@ def megatron_args(
         )
     precision, precision_notes = _precision(plan)
     notes += [*precision_notes, *parts.notes, *_schedule_notes(plan, parts), *_launch(deg, devices_per_node)]
-    if deg.zero1:
-        args.append("--use-distributed-optimizer")  # ZeRO-1: optimizer state split over the data-parallel ranks
+    sharded, sharded_notes = data_parallel_args(plan, deg)
+    args += sharded
+    notes += sharded_notes
     if deg.sequence_parallel and deg.tensor > 1:
         args.append("--sequence-parallel")
     elif deg.sequence_parallel:
@@ -345,6 +356,60 @@ def megatron_args(
     notes += recompute_notes + retarget_notes(plan, "megatron")
     lines += [f"# {one_line(n)}" for n in notes]  # a note quoting the plan stays one comment line
     return "\n".join(lines + _argument_lines(args + definition + precision + split + recompute)) + "\n"
+
+
+_FSDP = {"zero2": "optim_grads", "zero3": "optim_grads_params"}  # Megatron-FSDP's --data-parallel-sharding-strategy
+
+
+def data_parallel_args(plan: Plan, deg: Degrees) -> tuple[list[str], list[str]]:
+    """The sharding and overlap arguments, and notes: the distributed optimizer (ZeRO-1, and
+    ZeRO-3 gathered once a step, which prices the same), Megatron-FSDP for ZeRO-2 and -3
+    (``--data-parallel-sharding-strategy``), hybrid groups as distributed-optimizer instances,
+    the overlaps the plan assumed (``--overlap-grad-reduce``, ``--overlap-param-gather``,
+    ``--tp-comm-overlap``, interleaving's asynchronous sends)."""
+    args: list[str] = []
+    notes: list[str] = []
+    over, sharding = plan.overlap, deg.sharding
+    if sharding == "zero3-step":
+        notes.append(
+            "zero3-step (weights gathered once a step and kept) is ZeRO-1's state and collectives: "
+            "Megatron's distributed optimizer runs it"
+        )
+    if deg.zero1:
+        args.append("--use-distributed-optimizer")  # the optimizer state split over the data-parallel ranks
+    if sharding in _FSDP:
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", _FSDP[sharding]]
+        args += ["--ckpt-format", "fsdp_dtensor"]  # validate_args asserts it for Megatron-FSDP
+        notes.append(
+            f"{sharding}: Megatron-FSDP shards the {'gradients' if sharding == 'zero2' else 'weights and gradients'} "
+            "too; it needs CUDA_DEVICE_MAX_CONNECTIONS unset or above 1"
+        )
+    if deg.shard_group and deg.data > 1:
+        args += ["--num-distributed-optimizer-instances", str(deg.data // deg.shard_group)]
+    if deg.data > 1 and over.grad_reduce:
+        args.append("--overlap-grad-reduce")
+        if over.param_gather and deg.zero1:  # validate_args: only with the distributed optimizer or FSDP
+            args.append("--overlap-param-gather")
+    if over.tp_comm > 0 and deg.tensor > 1:
+        if deg.sequence_parallel:
+            args.append("--tp-comm-overlap")
+            notes.append(
+                f"--tp-comm-overlap: the plan hid {over.tp_comm:.0%} of the tensor-parallel collectives; "
+                "Megatron overlaps them through Transformer Engine's userbuffers (TE installed, its default impl)"
+            )
+        else:
+            notes.append("the plan overlaps tensor-parallel collectives: Megatron does only with --sequence-parallel")
+    if deg.pipeline > 1 and deg.virtual > 1 and not over.p2p:
+        if deg.pipeline > 2:
+            args.append("--no-overlap-p2p-communication")
+        else:
+            notes.append("two interleaved pipeline ranks: Megatron overlaps their sends (validate_args), the plan not")
+    elif deg.pipeline > 1 and deg.virtual == 1 and over.p2p:
+        notes.append(
+            "Megatron's 1F1B waits on its pipeline sends (validate_args turns overlap_p2p_comm off without "
+            "interleaving); the plan priced them asynchronous"
+        )
+    return args, notes
 
 
 def _layout_note(parts: Parts, deg: Degrees) -> str:

@@ -10,9 +10,10 @@ after the last (the head and loss part). Blocks that are neither, or a layer who
 on two stages, are reported as notes: the frameworks cannot place them as the plan does.
 
 :func:`degrees` reads the parallel degrees from the plan: pipeline ``S`` and virtual ``v``,
-data parallel ``D``, tensor parallel ``t``, sequence parallelism and ZeRO-1, context parallel
-``cp`` and expert parallel ``ep`` / ``etp`` (plans written before those fields load as 1 and
-off). Plans recompute whole stages; selective
+data parallel ``D``, tensor parallel ``t``, sequence parallelism, the sharding of the state
+over the replicas, context parallel ``cp`` and expert parallel ``ep`` / ``etp`` (plans written
+before those fields load as t = 1, off, none and 1; ZeRO-1 where they said ``shard_optimizer``).
+Plans recompute whole stages; selective
 recomputation is asked for by the ``selective_recompute`` argument. :func:`plan_precision` reads
 the precision the plan was priced in.
 """
@@ -39,7 +40,9 @@ class Degrees:
     virtual: int  # v: chunks (virtual stages) per pipeline rank
     sequence_parallel: bool  # Megatron-style sequence parallelism inside the tensor-parallel group
     selective_recompute: bool  # recompute attention only (Korthikanti et al.), not whole stages
-    zero1: bool = False  # optimizer state sharded over the data-parallel replicas (ZeRO-1)
+    zero1: bool = False  # some of the state sharded over the data-parallel replicas (any sharding but none)
+    sharding: str = "none"  # how (modes.Sharding's names: none, zero1, zero2, zero3, zero3-step)
+    shard_group: int = 0  # over how many replicas (0: all; else hybrid, replicated data / shard_group times)
     context: int = 1  # cp: context-parallel ranks splitting every sample's sequence
     expert: int = 1  # ep: expert-parallel ranks sharing each MoE layer's routed experts
     expert_tensor: int = 1  # etp: ranks splitting each routed expert
@@ -70,7 +73,7 @@ def degrees(
     t = plan.tensor_parallel if tensor_parallel is None else tensor_parallel
     sp = plan.sequence_parallel if sequence_parallel is None else sequence_parallel
     selective = bool(selective_recompute)
-    sharded = plan.shard_optimizer if zero1 is None else zero1
+    sharding = str(plan.sharding) if zero1 is None else "zero1" if zero1 else "none"
     if not isinstance(t, int) or isinstance(t, bool) or t < 1:
         raise ConfigError(f"tensor parallel degree is {t!r}, expected a whole number >= 1; plan again")
     return Degrees(
@@ -80,7 +83,9 @@ def degrees(
         virtual=plan.virtual,
         sequence_parallel=bool(sp),
         selective_recompute=bool(selective),
-        zero1=bool(sharded),
+        zero1=sharding != "none",
+        sharding=sharding if plan.data_parallel > 1 else "none",
+        shard_group=plan.shard_group if sharding == plan.sharding else 0,
         context=plan.context_parallel,
         expert=plan.expert_parallel,
         expert_tensor=plan.expert_tensor_parallel,

@@ -105,6 +105,11 @@ def torchtitan_recipe(
     body += [
         f"    config.parallelism.data_parallel_replicate_degree = {job.replicate}",
         f"    config.parallelism.data_parallel_shard_degree = {job.shard}",
+        *(
+            [f"    config.parallelism.fsdp_reshard_after_forward = {json.dumps(job.reshard)}"]
+            if job.reshard != "default"
+            else []
+        ),
         f"    config.parallelism.tensor_parallel_degree = {deg.tensor}",
         *([f"    config.parallelism.enable_sequence_parallel = {deg.sequence_parallel}"] if deg.tensor > 1 else []),
         f"    config.parallelism.pipeline_parallel_degree = {deg.pipeline}",

@@ -74,6 +74,7 @@ class _Job:
     version: str  # TORCHTITAN_VERSION, "main" or TORCHTITAN_TOML_VERSION
     replicate: int
     shard: int
+    reshard: str  # fsdp_reshard_after_forward: "default", "always" or "never"
     local_batch: int
     global_batch: int
     schedule: str  # pipeline_parallel_schedule: the schedule class, or only the placement when csv
@@ -129,28 +130,44 @@ def _not_item(name: str) -> bool:
     return "." in name and not name.split(".")[1].isdigit()
 
 
-def _data_parallel(deg: Degrees, version: str) -> tuple[int, int, list[str]]:
-    """(replicate degree, shard degree, notes): autopipe prices D replicas with a gradient
-    all-reduce (DDP), ZeRO-1 as the optimizer state split over them. torchtitan 0.3.0 replicates
-    through fully_shard's replicate dimension beside any parallelism; 0.2.x runs DDP only alone."""
-    if deg.data == 1:
-        return 1, 1, []
-    if deg.zero1:
+def _data_parallel(deg: Degrees, version: str) -> tuple[int, int, str, list[str]]:
+    """(replicate degree, shard degree, fsdp_reshard_after_forward, notes). torchtitan shards with
+    FSDP2 wherever ``data_parallel_shard_degree`` > 1 (weights, gradients and optimizer state: ZeRO-3)
+    and replicates (DDP, or fully_shard's replicate dimension in 0.3.0 beside any parallelism; 0.2.x
+    runs DDP only alone) the rest. So autopipe's zero3 is FSDP re-gathering per micro-batch
+    (``always``), zero3-step FSDP gathering once a step (``never``; torch's pipeline stages keep the
+    weights and gradients whole until the last backward), a hybrid group the shard degree with the
+    copies replicated (HSDP), and ZeRO-1 and -2, which torchtitan does not have, FSDP too."""
+    D, g = deg.data, deg.shard_group or deg.data
+    if D == 1:
+        return 1, 1, "default", []
+    if deg.sharding in ("zero3", "zero3-step"):
+        notes = []
+        if deg.sharding == "zero3" and deg.pipeline > 1:
+            notes.append(
+                "zero3 with a pipeline: torch's pipeline stages reduce the gradients once a step and keep them whole "
+                "until then, more memory than the plan priced (it reduces them each micro-batch)"
+            )
+        return D // g, g, "always" if deg.sharding == "zero3" else "never", notes
+    if deg.sharding != "none":
         return (
-            1,
-            deg.data,
+            D // g,
+            g,
+            "never" if deg.pipeline > 1 else "default",
             [
-                f"the plan's ZeRO-1 over {deg.data} replicas is FSDP here (data_parallel_shard_degree): "
-                "parameters and gradients are sharded too, with more communication than planned"
+                f"the plan's {'ZeRO-1' if deg.sharding == 'zero1' else 'ZeRO-2'} over {g} replicas is FSDP here "
+                "(data_parallel_shard_degree): "
+                "torchtitan has no ZeRO-1 or -2; the weights are sharded too, with more communication than planned"
             ],
         )
     if version != TORCHTITAN_TOML_VERSION or (deg.pipeline == 1 and deg.tensor == 1):
-        return deg.data, 1, []
+        return D, 1, "default", []
     return (
         1,
-        deg.data,
+        D,
+        "default",
         [
-            f"torchtitan {version} runs DDP only without other parallelism, so the plan's {deg.data} replicas "
+            f"torchtitan {version} runs DDP only without other parallelism, so the plan's {D} replicas "
             "are FSDP shards (data_parallel_shard_degree): less memory, more communication than planned"
         ],
     )
@@ -251,13 +268,18 @@ def titan_job(plan: Plan, version: str, overrides: Overrides, csv_path: str = ""
     schedule CSV goes (default: beside ``plan_file``, ``plan.schedule.csv``)."""
     deg = degrees(plan, *overrides)
     parts = model_parts(plan)
-    replicate, shard, dp_notes = _data_parallel(deg, version)
+    replicate, shard, reshard, dp_notes = _data_parallel(deg, version)
     fqns, fqn_notes = _fqns(plan, parts)
     csv_path = csv_path or schedule_csv_path(plan_file)
     schedule, csv, schedule_notes = _schedule(plan, parts, csv_path, plan_file)
     mode, recompute_notes = _recompute(plan, deg)
     precision, precision_notes = _precision(plan)
     notes = [n for n in parts.notes if n not in parts.layer_only] + dp_notes + fqn_notes + schedule_notes
+    if deg.tensor > 1 and plan.overlap.tp_comm > 0:
+        notes.append(
+            f"the plan hid {plan.overlap.tp_comm:.0%} of the tensor-parallel collectives: torchtitan overlaps them "
+            "with compile.enable_async_tensor_parallel (with compile.enable and the model compiled)"
+        )
     if deg.tensor > 1 and not deg.sequence_parallel and version == TORCHTITAN_TOML_VERSION:
         notes.append("torchtitan 0.2.x's tensor parallelism always shards the sequence too (sequence parallel)")
     pipelined = deg.pipeline > 1
@@ -266,6 +288,7 @@ def titan_job(plan: Plan, version: str, overrides: Overrides, csv_path: str = ""
         version=version,
         replicate=replicate,
         shard=shard,
+        reshard=reshard,
         local_batch=plan.batch_size if pipelined else plan.micro_batch_size,
         global_batch=plan.batch_size * deg.data,
         schedule=schedule,
@@ -354,6 +377,7 @@ def torchtitan_toml(
         "[parallelism]",
         f"data_parallel_replicate_degree = {job.replicate}",
         f"data_parallel_shard_degree = {job.shard}",
+        *([f"fsdp_reshard_after_forward = {json.dumps(job.reshard)}"] if job.reshard != "default" else []),
         f"tensor_parallel_degree = {deg.tensor}",
         f"pipeline_parallel_degree = {deg.pipeline}",
         f"pipeline_parallel_schedule = {json.dumps(job.schedule)}",

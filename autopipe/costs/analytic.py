@@ -53,7 +53,7 @@ from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.experts import expert_storages, moe_config
 from autopipe.costs.measured import Progress, block_cost, crossing_tensors, drop_export_one
 from autopipe.costs.profile import Affine, BlockCost, Profile
-from autopipe.costs.tensor import TensorSplit, block_kinds, split_params
+from autopipe.costs.tensor import TensorSplit, block_kinds, comm_s, exposed, split_params
 from autopipe.costs.timing import flat_inputs_of, storage_key
 from autopipe.errors import ModelLoadError, ProfileError
 from autopipe.graph.outputs import graph_outputs, training_loss
@@ -386,9 +386,11 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
             )
             layers = moe.moe_layers[i] if moe is not None else 0
             comm = device_comm(kinds[i], u, d, elt, layers, attention, att)
-            f = block_time(fwd, spec, compute, linear) + comm[0]
-            b = block_time(bwd, spec, compute, linear) + comm[1]
-            bi = block_time(bwd_in, spec, compute, linear) + comm[1]
+            # the tensor-parallel collectives may hide behind the GEMMs (TensorSplit.overlap); the rest is paid
+            tp = comm_s(kinds[i], u, d.tensor, elt) if d.tensor is not None else (0.0, 0.0)
+            f = exposed(block_time(fwd, spec, compute, linear), tp[0], d.tensor) + comm[0] - tp[0]
+            b = exposed(block_time(bwd, spec, compute, linear), tp[1], d.tensor) + comm[1] - tp[1]
+            bi = exposed(block_time(bwd_in, spec, compute, linear), tp[1], d.tensor) + comm[1] - tp[1]
             memo[key] = (f, b, min(bi, b))
         return memo[key]
 

@@ -22,7 +22,9 @@ device. What this module prices, per block, from its counted ops (``costs.counti
   biases whole: under 0.1% of a layer, counted as split). Communication per layer and
   micro-batch: two all-reduces of the ``b * s * h`` activation in the forward and two in the
   backward (input gradients), over the node's link; with sequence parallelism each becomes a
-  reduce-scatter plus an all-gather of the same volume, so the same time. Activations saved
+  reduce-scatter plus an all-gather of the same volume, so the same time. They add to the
+  block's time, less the share ``TensorSplit.overlap`` hides behind its computation
+  (:func:`exposed`; 0 by default: serial, as Megatron runs them without ``--tp-comm-overlap``). Activations saved
   for backward: ``saved * (r + (1 - r) / t)`` (Korthikanti's ``sbh (10 + 24 / t)`` without
   sequence parallelism, ``34 sbh / t`` with it; the ``5 a s / h`` attention-score term is not
   there at all: the counts price fused attention, which saves only q, k, v, the output and
@@ -61,6 +63,7 @@ __all__ = [
     "TransformerShape",
     "block_kinds",
     "comm_s",
+    "exposed",
     "shape_of",
     "split_ops",
     "split_params",
@@ -98,6 +101,7 @@ class TensorSplit:
     sequence_parallel: bool
     link_bandwidth: float  # bytes/s, one direction, per device (NVLink)
     link_latency_s: float
+    overlap: float = 0.0  # the share of the collectives hidden behind the block's computation (0: serial)
 
 
 def tensor_degrees(
@@ -193,6 +197,14 @@ def comm_s(kind: BlockKind, micro_batch_size: float, split: TensorSplit, element
     if kind == "embedding":
         return one, 0.0
     return 0.0, one  # head: the input gradient of a column-parallel matmul
+
+
+def exposed(compute_s: float, comm: float, split: TensorSplit | None) -> float:
+    """A block's time with its collectives: ``compute + comm - min(overlap x comm, compute)``; the
+    hidden share (``TensorSplit.overlap``, Megatron-LM's ``--tp-comm-overlap`` pipelines the
+    collectives with the GEMMs) cannot hide more than the block computes."""
+    hidden = min(split.overlap * comm, compute_s) if split is not None else 0.0
+    return compute_s + comm - hidden
 
 
 def split_saved(saved_bytes: float, kind: BlockKind, t: int, sequence_parallel: bool) -> float:

@@ -18,7 +18,7 @@ from autopipe.schedules import schedule_spec
 from autopipe.simulate.events import StageCost, Summary, Timeline
 from autopipe.simulate.replay import replay
 
-__all__ = ["make_plan", "plan_costs", "plan_timeline"]
+__all__ = ["make_plan", "plan_comm", "plan_costs", "plan_timeline"]
 
 
 def make_plan(
@@ -137,12 +137,20 @@ def plan_costs(plan: Plan) -> list[StageCost]:
     ]
 
 
+def plan_comm(plan: Plan) -> list[float]:
+    """Each stage boundary's link time as ``plan`` priced it (none where its sends block the sender:
+    its stage times hold them, ``pricing.with_sends``)."""
+    if not plan.overlap.p2p:
+        return []
+    return [
+        plan.link_latency_s + s.send_bytes / plan.link_bandwidth if s.send_bytes > 0 else 0.0 for s in plan.stages[:-1]
+    ]
+
+
 def plan_timeline(plan: Plan) -> Timeline:
     """Simulate ``plan`` again from its own numbers (what ``autopipe show`` draws)."""
     costs = plan_costs(plan)
-    comm = [
-        plan.link_latency_s + s.send_bytes / plan.link_bandwidth if s.send_bytes > 0 else 0.0 for s in plan.stages[:-1]
-    ]
+    comm = plan_comm(plan)
     spec = schedule_spec(plan.schedule)
     schedule = spec.create_schedule(plan.devices, plan.micro_batches, plan.virtual)
     return replay(

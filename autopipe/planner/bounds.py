@@ -63,7 +63,10 @@ def candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
     f = [x.forward_s for x in c.costs]
     b = [x.backward_input_s if split else x.backward_s for x in c.costs]
     w = [x.backward_weight_s if split else 0.0 for x in c.costs]
-    return _chunk_bound(req, c.decision, f, b, w, c.partition.comm_s, c.times.schedules)
+    comm = c.partition.comm_s
+    if c.decision.schedule in c.times.blocking_sends:  # the sends are in the senders' times (pricing.with_sends)
+        comm = (0.0,) * len(comm)
+    return _chunk_bound(req, c.decision, f, b, w, comm, c.times.schedules)
 
 
 def reach_bound(req: PlanRequest, d: Decision, sizes: Sequence[int], times: BlockTimes, shifts: int) -> float:

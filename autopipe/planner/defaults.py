@@ -35,7 +35,9 @@ from autopipe.plans import Plan
 
 if TYPE_CHECKING:
     from autopipe.costs.devices import DeviceSpec
+    from autopipe.modes import Sharding
     from autopipe.planner.parallel import ParallelRequest
+    from autopipe.plans import Overlap
 
 __all__ = [
     "DEFAULT_DEVICES_WITHOUT_GPUS",
@@ -102,6 +104,9 @@ def parallel_request(
     device: DeviceSpec | None = None,
     device_files: Sequence[str | Path] = (),
     shard_optimizer: bool = False,
+    sharding: Sharding | None = None,
+    shard_group: int | None = None,
+    overlap: Overlap | None = None,
 ) -> ParallelRequest:
     """The request for ``gpus`` devices split into S stages x D replicas (``--gpus``).
 
@@ -142,6 +147,9 @@ def parallel_request(
         stages=stages,
         choices=choices,
         action_overhead_s=_action_overhead(profile, link),
+        sharding=sharding,
+        shard_group=shard_group,
+        overlap=overlap,
     )
 
 

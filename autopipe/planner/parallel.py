@@ -7,44 +7,69 @@ priced by ``costs.tensor`` and handed here as one profile per ``t`` (:class:`Ten
 without it, ``t = 1``). For every ``t`` and pipeline depth S with ``t * S`` dividing G, and
 D = G / (t S), each replica trains ``global_batch / D`` samples per iteration; the pipeline
 planner (:func:`~autopipe.planner.search.plan_pipeline`) chooses cuts, micro-batches, schedule,
-virtual stages and recomputation for that share, and the step ends with each stage's ring
-all-reduce of its gradients among its D replicas (Patarasuk & Yuan 2009), each device of a
-group reducing its own 1/t shard over its own link::
+virtual stages and recomputation for that share. Where the ranks go and what their links and
+collectives cost: :mod:`autopipe.planner.placement`.
 
-    allreduce_s = 2 (D - 1) / D * gradient_bytes / bandwidth + 2 (D - 1) * latency
-    step_s      = simulated pipeline iteration + max over ranks of allreduce_s
+**Sharding** is searched with them (or pinned): for D > 1, every way the target runs of
+splitting the state over a stage's replicas (ZeRO-1, -2, -3, FSDP once a step), over all of
+them or, hybrid, over a node's (``placement``'s formulas for memory and collectives). Each
+changes the pipeline search's memory per parameter and, zero2 and zero3, its blocks' times
+(:mod:`autopipe.planner.cluster`); the step ends with the once-a-step collectives::
 
-(after the pipeline flush, no overlap: an upper bound). Where the ranks go and what the hops
-and the all-reduce cost: :mod:`autopipe.planner.placement`. Memory per device: ``bytes_per_param``
-per parameter (16 for Adam in mixed precision or fp32, see ``costs.analytic``), or with
-``shard_optimizer`` (ZeRO stage 1, Rajbhandari et al. 2020) the weights and gradients whole
-and the rest split D ways.
+    step_s = simulated pipeline iteration + what the data-parallel collectives add past it
 
-The search is exact and pruned. A (t, S, D) whose lower bound on the step (:func:`_bound`)
-is not below the runner-up so far is skipped; the others are searched with the runner-up as
-the time to beat (``plan_search``'s ``incumbent``, less the least all-reduce the split can
-have), so a pipeline search stops as soon as its own bounds say it cannot place second.
-Splits are opened likeliest first (:func:`_estimate`: the bound, plus a whole recomputation
-where even one stage's weights and 1F1B's in-flight activations cannot fit), so the runner-up
-comes early; the best is searched again in full when it was searched against an incumbent
-(its plan lists its own runners-up). The result is the best layout and the runner-up with
-another (t, S); pure: no torch, no I/O.
+serially (every device's reduction after its pipeline: Patarasuk & Yuan 2009's ring) or, where
+the request's :class:`~autopipe.plans.Overlap` says so (its target's by default), overlapped
+with each chunk's last backward and first forward on the simulated timeline
+(``simulate.overlap``). Where two shardings give the same step the less sharded is kept.
+
+The search is exact and pruned. A (t, S, D) and its shardings whose lower bound on the step
+(:func:`_bound`) is not below the runner-up so far is skipped; the others are searched with the
+best so far of the same (t, S), or else the runner-up, as the time to beat (``plan_search``'s
+``incumbent``, less the least the collectives can add), so a pipeline search stops as soon as
+its own bounds say it cannot place. The shardings that keep the blocks' times as profiled are
+searched together, the least memory first: where its plan fits a sharding that keeps more, it is
+that sharding's plan too (:func:`~autopipe.planner.cluster.restamp`). Splits are opened
+likeliest first (:func:`_estimate`: the bound, plus a whole recomputation where even one stage's
+state and 1F1B's in-flight activations cannot fit), so the runner-up comes early; the best is
+searched again in full when it was searched against an incumbent (its plan lists its own
+runners-up). The result is the best layout and the runner-up with another (t, S); pure: no
+torch, no I/O.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 
 from autopipe.costs.profile import Profile
-from autopipe.costs.tensor import TransformerShape, tensor_degrees, tensor_reason
+from autopipe.costs.tensor import tensor_degrees, tensor_reason
 from autopipe.errors import InfeasibleError, PlanError
-from autopipe.planner.noise import robust_plan
+from autopipe.modes import Sharding
+from autopipe.planner.cluster import (
+    ParallelOption,
+    ParallelPlan,
+    ParallelRequest,
+    Rejected,
+    ShardOption,
+    TensorOptions,
+    group_of,
+    least_step_comm,
+    shard_options,
+    sharded_profile,
+    split_options,
+    target_overlap,
+)
+from autopipe.planner.cluster.split import static_bound, work_bound
+from autopipe.planner.cluster.values import Context, Split
 from autopipe.planner.placement import Cluster, Layout, layouts, ring_allreduce_s
-from autopipe.planner.request import NO_CHOICES, Choices, divisors, validate
-from autopipe.planner.search import PlanRequest, Progress, plan_search
+from autopipe.planner.pricing import Schedules
+from autopipe.planner.request import divisors
+from autopipe.planner.search import Progress, SharedCuts
 from autopipe.plans import MAX_MICRO_BATCHES, MAX_REPLICAS, Plan
+from autopipe.schedules import schedule_names
+from autopipe.schedules.targets import target_spec
 from autopipe.units import format_bytes
 
 __all__ = [
@@ -62,81 +87,10 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class TensorOptions:
-    """Tensor parallelism for :func:`plan_parallel`: the model's structure and its profile
-    priced for one device of a t-wide group (``costs.analytic.profile_from_counts``)."""
-
-    shape: TransformerShape | None
-    price: Callable[[int], Profile]  # t -> one device's profile at degree t
-    sequence_parallel: bool = True
-
-
-@dataclass(frozen=True)
-class ParallelRequest:
-    """What to plan: the planner's own choices may be pinned as in ``PlanRequest``."""
-
-    cluster: Cluster
-    global_batch: int  # samples per iteration over all replicas
-    memory_limit: float  # bytes per device
-    bytes_per_param: float = 16.0  # weights + grads + optimizer state, per parameter
-    shard_optimizer: bool = False  # ZeRO-1: optimizer state (and master weights) split D ways
-    stages: int | None = None  # pin S, the pipeline depth
-    choices: Choices = NO_CHOICES  # pinned micro-batches (per replica), schedule, v, recomputation
-    alternatives: int = 5
-    action_overhead_s: float = 0.0  # the executor's cost per action (PlanRequest's)
-    tensor_parallel: int | None = None  # pin t
-    data_parallel: int | None = None  # pin D
-
-
-@dataclass(frozen=True)
-class ParallelOption:
-    layout: Layout
-    plan: Plan  # data_parallel and allreduce_s filled in
-
-    @property
-    def step_time_s(self) -> float:
-        return self.plan.step_time_s
-
-    def describe(self) -> str:
-        lay, p = self.layout, self.plan
-        return (
-            f"t={lay.tensor_parallel} x S={lay.stages} x D={lay.data_parallel} ({lay.placement}): "
-            f"{p.schedule}, m={p.micro_batches}, "
-            f"step {_seconds(p.step_time_s)} (pipeline {_seconds(p.iteration_time_s)} "
-            f"+ all-reduce {_seconds(p.allreduce_s)})"
-        )
-
-
-def _seconds(s: float) -> str:
-    return f"{s:.3f} s" if s >= 1.0 else f"{s * 1e3:.3f} ms"
-
-
-@dataclass(frozen=True)
-class Rejected:
-    stages: int
-    data_parallel: int
-    reason: str  # one line
-    min_memory_bytes: float | None = None  # the smallest limit that fits this (S, D), when known
-    tensor_parallel: int = 1
-
-
-@dataclass(frozen=True)
-class ParallelPlan:
-    best: ParallelOption
-    runner_up: ParallelOption | None  # the best with another (t, S)
-    rejected: tuple[Rejected, ...]  # the (t, S, D) with no plan, and why
-    pruned: int = 0  # (t, S, D) skipped because their bound could not beat the runner-up
-
-    @property
-    def plan(self) -> Plan:
-        return self.best.plan
-
-
 def plan_parallel(
     profile: Profile, request: ParallelRequest, progress: Progress | None = None, tensor: TensorOptions | None = None
 ) -> ParallelPlan:
-    """The (t, S, D) layout and pipeline plan with the shortest step that fits memory;
+    """The (t, S, D) layout, sharding and pipeline plan with the shortest step that fits memory;
     ``progress(what, done, total)`` is told each search (``plan_pipeline``'s), per layout.
     ``profile`` is the whole model on one device (t = 1); ``tensor`` prices t > 1."""
     G, B = request.cluster.devices, request.global_batch
@@ -144,9 +98,13 @@ def plan_parallel(
         raise PlanError(f"need at least one device and one sample (got {G} devices, batch {B})")
     if request.stages is not None and (request.stages < 1 or G % request.stages):
         raise PlanError(f"--stages {request.stages} does not divide {G} devices; use a divisor of {G}")
+    overlap = target_overlap(request.choices.target, request.overlap)
+    sync = schedule_names() if not overlap.p2p else target_spec(request.choices.target).blocking_p2p
+    sp = tensor is not None and tensor.sequence_parallel
+    ctx = Context(request, overlap, tuple(sync), sp, Schedules(), progress, set(), SharedCuts())
     degrees, skipped = _degrees(request, tensor)
     rejected = [Rejected(0, 0, why, tensor_parallel=t) for t, why in skipped]
-    candidates = []
+    candidates: list[Split] = []
     for t in degrees:
         prof = profile if t == 1 else tensor.price(t)  # type: ignore[union-attr]
         for S in [request.stages] if request.stages else divisors(G // t):
@@ -155,34 +113,31 @@ def plan_parallel(
                     Rejected(S, 0, f"{S} stages do not divide {G // t} = {G} devices / t={t}", tensor_parallel=t)
                 )
                 continue
-            D = G // (t * S)
-            why = _cannot(prof, request, t, S, D)
-            if why is not None:
-                rejected.append(Rejected(S, D, why, tensor_parallel=t))
-                continue
-            bound = _bound(prof, request, t, S, D)
-            candidates.append((_estimate(prof, request, S, D, bound), bound, t, S, D, prof))
-    candidates.sort(key=lambda c: c[:5])
+            found, why = _splits(prof, ctx, t, S, G // (t * S))
+            candidates += found
+            if why:
+                rejected.append(Rejected(S, G // (t * S), why, tensor_parallel=t))
+    candidates.sort(key=Split.key)
     options: list[ParallelOption] = []
-    pruned, against = 0, set()  # against: the (t, S) searched with a time to beat
-    sp = tensor is not None and tensor.sequence_parallel
-    for _, bound, t, S, D, prof in candidates:
+    pruned = 0
+    for c in candidates:
         target = _runner_up_step(options)
-        if bound * (1 - 1e-9) >= target:
+        if c.bound * (1 - 1e-9) >= target:
             pruned += 1
             continue
-        found = _options(prof, request, t, S, D, progress, rejected, sp, target)
-        pruned += found is None
-        options.extend(found or [])
-        against |= {(t, S)} if target < math.inf else set()
+        beat = min([target] + [o.step_time_s for o in options if _key(o) == (c.t, c.S)])
+        found_options = split_options(c, ctx, rejected, beat)
+        pruned += found_options is None
+        options.extend(found_options or [])
     if not options:
         raise _no_layout(request, rejected)
-    options.sort(key=_order)
-    if _key(options[0]) in against:  # searched against a time to beat: again in full, for its runners-up
-        t, S, D = options[0].layout.tensor_parallel, options[0].layout.stages, options[0].layout.data_parallel
-        prof = next(c[5] for c in candidates if c[2:5] == (t, S, D))
-        options = [o for o in options if _key(o) != (t, S)] + (_options(prof, request, t, S, D, None, [], sp) or [])
-        options.sort(key=_order)
+    options = _simplest(options)
+    best = options[0]
+    if (*_split_of(best), best.sharding) in ctx.partial:  # again, alone and in full, for the plan's runners-up
+        searched = next(c for c in candidates if (c.t, c.S, c.D) == _split_of(best) and best.sharding in c.options)
+        alone = replace(searched, options=(best.sharding,))
+        again = [o for o in split_options(alone, ctx, [], math.inf) or [] if o.layout == best.layout]
+        options = _simplest([o for o in options if o is not best] + again)
     best = options[0]
     runner_up = next((o for o in options if _key(o) != _key(best)), None)
     note = f"chose {best.describe()}; runner-up: {runner_up.describe() if runner_up else 'none fits'}"
@@ -208,8 +163,8 @@ def _degrees(request: ParallelRequest, tensor: TensorOptions | None) -> tuple[li
     return tensor_degrees(shape, cluster.devices_per_node, cluster.devices)
 
 
-def _cannot(profile: Profile, request: ParallelRequest, t: int, S: int, D: int) -> str | None:
-    """Why (t, S, D) has no plan before any search, or None."""
+def _cannot(profile: Profile, request: ParallelRequest, S: int, D: int) -> str | None:
+    """Why (t, S, D) has no plan whatever its sharding, or None."""
     B = request.global_batch
     if request.data_parallel is not None and D != request.data_parallel:
         return f"data-parallel width {D}, pinned to {request.data_parallel}"
@@ -219,45 +174,71 @@ def _cannot(profile: Profile, request: ParallelRequest, t: int, S: int, D: int) 
         return f"global batch {B} does not split into {D} equal replicas"
     if D > MAX_REPLICAS:
         return f"{D} replicas, more than autopipe plans (at most {MAX_REPLICAS} = 2**20)"
-    static = _static_bound(profile, request, S, D)
-    if static > request.memory_limit:
-        return (
-            f"needs at least {format_bytes(static, round_up=True)} per device "
-            "for weights, gradients and optimizer state"
-        )
     return None
 
 
-def _bound(profile: Profile, request: ParallelRequest, t: int, S: int, D: int) -> float:
-    """A lower bound on the step of any plan of (t, S, D), whatever its schedule and cuts: for
-    the best micro-batch count m (size u = U / m of the replica's share U), the larger of the
-    busiest device's work, at least the average m (F + B)(u) / S, and micro-batch 0's chain
-    forward through every block and back (input gradients); plus the average stage's gradient
-    all-reduce on the fastest link the layouts offer. Recomputation and hops only add."""
-    U = request.global_batch // D
-    counts = (
-        [request.choices.micro_batches]
-        if request.choices.micro_batches
-        else [m for m in divisors(U) if m <= MAX_MICRO_BATCHES]
-    )
-    best = math.inf
-    for m in counts:
-        u = U / m
-        work = m * sum(b.forward_s(u) + b.backward_s(u) for b in profile.blocks) / S
-        chain = sum(b.forward_s(u) for b in profile.blocks) + sum(b.backward_input_s(u) for b in profile.blocks[1:])
-        best = min(best, max(work, chain))
-    grads = sum(b.param_bytes for b in profile.blocks) / S
-    fastest = max(lay.allreduce_bandwidth for lay in layouts(S, D, request.cluster, t))
-    return best + ring_allreduce_s(grads, D, fastest)
+def _splits(profile: Profile, ctx: Context, t: int, S: int, D: int) -> tuple[list[Split], str]:
+    """The queue item of (t, S, D), its shardings whose state can fit, searched together; or why
+    there is none."""
+    request = ctx.request
+    why = _cannot(profile, request, S, D)
+    if why is not None:
+        return [], why
+    pinned = Sharding.ZERO1 if request.shard_optimizer and request.sharding is None else request.sharding
+    options, why = shard_options(request.choices.target, S, D, pinned, request.shard_group)
+    lays = layouts(S, D, request.cluster, t)
+    fitting = []
+    for option in options:
+        need = static_bound(profile, request, S, lays, option)
+        if need <= request.memory_limit:
+            fitting.append(option)
+        elif need < math.inf and (not why or option.kind == Sharding.ZERO3):
+            why = (
+                f"needs at least {format_bytes(need, round_up=True)} per device for weights, gradients and "
+                f"optimizer state{f' ({option.kind} over its replicas)' if D > 1 else ''}"
+            )
+    if not fitting:
+        return [], why
+    bound = min(_bound(profile, ctx, t, S, D, o, lays) for o in fitting)
+    least = min(fitting, key=lambda o: static_bound(profile, request, S, lays, o))
+    return [Split(_estimate(profile, request, S, D, bound, lays, least), bound, t, S, D, tuple(fitting), profile)], ""
+
+
+def _bound(profile: Profile, ctx: Context, t: int, S: int, D: int, o: ShardOption, lays: Sequence[Layout]) -> float:
+    """A lower bound on the step of any plan of (t, S, D) under ``o``, whatever its layout,
+    schedule and cuts: :func:`work_bound` of the blocks with the fastest link's collectives,
+    plus the least the once-a-step collectives add."""
+    cluster = ctx.request.cluster
+    groups = [g for lay in lays if (g := group_of(o, lay, cluster)) is not None]
+    if not groups:
+        return math.inf
+    fastest = max(groups, key=lambda g: g.inner_bandwidth)
+    work = work_bound(sharded_profile(profile, o.kind, fastest, ctx.overlap), ctx, S, D)
+    return work + min(least_step_comm(profile, S, o.kind, g, ctx.overlap) for g in groups)
 
 
 def _key(option: ParallelOption) -> tuple[int, int]:
     return option.layout.tensor_parallel, option.layout.stages
 
 
-def _order(option: ParallelOption) -> tuple[float, int, int, str]:
+def _split_of(option: ParallelOption) -> tuple[int, int, int]:
+    return option.layout.tensor_parallel, option.layout.stages, option.layout.data_parallel
+
+
+def _order(option: ParallelOption) -> tuple[float, int, int, str, tuple[int, bool]]:
     lay = option.layout
-    return option.step_time_s, lay.tensor_parallel, lay.stages, lay.placement
+    return option.step_time_s, lay.tensor_parallel, lay.stages, lay.placement, option.sharding.rank()
+
+
+def _simplest(options: list[ParallelOption]) -> list[ParallelOption]:
+    """``options`` fastest first, a sharding kept only where it beats (by more than rounding) every
+    less sharded one of its layout."""
+    kept = []
+    for o in options:
+        simpler = [x for x in options if x.layout == o.layout and x.sharding.rank() < o.sharding.rank()]
+        if all(o.step_time_s < x.step_time_s * (1 - 1e-9) for x in simpler):
+            kept.append(o)
+    return sorted(kept, key=_order)
 
 
 def _runner_up_step(options: list[ParallelOption]) -> float:
@@ -268,7 +249,9 @@ def _runner_up_step(options: list[ParallelOption]) -> float:
     return second.step_time_s if second is not None else math.inf
 
 
-def _estimate(profile: Profile, request: ParallelRequest, S: int, D: int, bound: float) -> float:
+def _estimate(
+    profile: Profile, request: ParallelRequest, S: int, D: int, bound: float, lays: Sequence[Layout], o: ShardOption
+) -> float:
     """Where to open (t, S, D) in the search (order only, never to skip): its ``bound``, plus
     the forward of every micro-batch again (whole recomputation) when the static bound and
     1F1B's in-flight activations of the smallest micro-batch, min(m, S) of them on a stage,
@@ -277,116 +260,9 @@ def _estimate(profile: Profile, request: ParallelRequest, S: int, D: int, bound:
     m = request.choices.micro_batches or min(U, MAX_MICRO_BATCHES)
     u = U / m
     saved = sum(b.saved_bytes(u) for b in profile.blocks) / S * min(m, S)
-    if _static_bound(profile, request, S, D) + saved <= request.memory_limit:
+    if static_bound(profile, request, S, lays, o) + saved <= request.memory_limit:
         return bound
     return bound + m * sum(b.forward_s(u) for b in profile.blocks) / S
-
-
-def _options(
-    profile: Profile,
-    request: ParallelRequest,
-    t: int,
-    S: int,
-    D: int,
-    progress: Progress | None,
-    rejected: list[Rejected],
-    sp: bool,
-    target: float = math.inf,
-) -> list[ParallelOption] | None:
-    """The plans of (t, S, D), one per distinct layout; None when none is faster than ``target``
-    (a step to beat: the search then stops early, and says no more than that)."""
-    out: list[ParallelOption] = []
-    plans: dict[tuple[float, float], Plan | None] = {}
-    for lay in layouts(S, D, request.cluster, t):
-        link = (lay.p2p_bandwidth, lay.p2p_latency_s)
-        req = _pipeline_request(profile, request, lay)
-        incumbent = target - _least_allreduce(profile, lay)
-        try:
-            if link not in plans:
-                told = None if progress is None else _labelled(progress, f"t={t} x S={S} x D={D}: ")
-                validate(profile, req)
-                fitting = plan_search(profile, req, told, incumbent)
-                plans[link] = robust_plan(profile, req, fitting)
-        except InfeasibleError as e:
-            if target < math.inf:  # nothing fits faster than the incumbent: not this layout
-                plans[link] = None
-                continue
-            rejected.append(Rejected(S, D, str(e), e.min_memory_bytes, t))
-            break
-        except PlanError as e:
-            rejected.append(Rejected(S, D, str(e), None, t))
-            break
-        plan = plans[link]
-        if plan is not None:
-            out.append(ParallelOption(lay, _with_allreduce(profile, plan, lay, request, sp)))
-    return out if out or target == math.inf else None
-
-
-def _least_allreduce(profile: Profile, lay: Layout) -> float:
-    """The all-reduce no cuts of ``lay``'s pipeline avoid: the average stage's gradients."""
-    grads = sum(b.param_bytes for b in profile.blocks) / lay.stages
-    return ring_allreduce_s(grads, lay.data_parallel, lay.allreduce_bandwidth, lay.allreduce_latency_s)
-
-
-def _labelled(progress: Progress, label: str) -> Progress:
-    return lambda what, done, total: progress(label + what, done, total)
-
-
-def _state_factor(profile: Profile, request: ParallelRequest, D: int) -> float:
-    params = sum(b.params for b in profile.blocks)
-    nbytes = sum(b.param_bytes for b in profile.blocks)
-    elt = nbytes / params if params else 4.0
-    per_param = request.bytes_per_param
-    if request.shard_optimizer:
-        per_param = 2 * elt + (per_param - 2 * elt) / D  # weights and grads whole, the rest split
-    return per_param / elt
-
-
-def _static_bound(profile: Profile, request: ParallelRequest, S: int, D: int) -> float:
-    """Bytes some device of an S-stage pipeline holds at least, before any activation."""
-    factor = _state_factor(profile, request, D)
-    per_block = [(b.param_bytes + b.shared_param_bytes) * factor for b in profile.blocks]
-    return max(sum(per_block) / S, max(per_block, default=0.0))
-
-
-def _pipeline_request(profile: Profile, request: ParallelRequest, lay: Layout) -> PlanRequest:
-    return PlanRequest(
-        devices=lay.stages,
-        batch_size=request.global_batch // lay.data_parallel,
-        memory_limit=request.memory_limit,
-        micro_batches=request.choices.micro_batches,
-        schedule=request.choices.schedule,
-        virtual=request.choices.virtual,
-        recompute=request.choices.recompute,
-        target=request.choices.target,
-        link_bandwidth=lay.p2p_bandwidth,
-        link_latency_s=lay.p2p_latency_s,
-        state_factor=_state_factor(profile, request, lay.data_parallel),
-        alternatives=request.alternatives,
-        action_overhead_s=request.action_overhead_s,
-    )
-
-
-def _with_allreduce(profile: Profile, plan: Plan, lay: Layout, request: ParallelRequest, sp: bool) -> Plan:
-    params = sum(b.params for b in profile.blocks)
-    elt = sum(b.param_bytes for b in profile.blocks) / params if params else 4.0
-    per_rank = [0.0] * lay.stages
-    for s in plan.stages:
-        per_rank[s.rank] += s.params * elt  # gradients in the parameters' dtype
-    allreduce = max(
-        ring_allreduce_s(g, lay.data_parallel, lay.allreduce_bandwidth, lay.allreduce_latency_s) for g in per_rank
-    )
-    step = plan.iteration_time_s + allreduce
-    return replace(
-        plan,
-        data_parallel=lay.data_parallel,
-        allreduce_s=allreduce,
-        throughput=request.global_batch / step if step > 0 else math.inf,
-        link_bandwidth=lay.p2p_bandwidth,
-        tensor_parallel=lay.tensor_parallel,
-        sequence_parallel=sp and lay.tensor_parallel > 1,
-        shard_optimizer=request.shard_optimizer and lay.data_parallel > 1,
-    )
 
 
 def model_flops(profile: Profile, plan: Plan) -> tuple[float, float]:
@@ -402,6 +278,9 @@ def model_flops(profile: Profile, plan: Plan) -> tuple[float, float]:
 
 
 def _no_layout(request: ParallelRequest, rejected: list[Rejected]) -> PlanError:
+    pinned = next((r.reason for r in rejected if r.reason.startswith(("--sharding", "--shard-group"))), None)
+    if pinned is not None:  # the user's pin ruled the splits out: that is the line to read
+        return PlanError(f"{pinned}; pin another or leave it to the search")
     deepest = max(rejected, key=lambda r: r.stages, default=None)
     hint = f"; the deepest pipeline (S={deepest.stages}): {deepest.reason}" if deepest else ""
     return InfeasibleError(

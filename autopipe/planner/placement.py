@@ -14,6 +14,33 @@ shorter step):
 (one node: every link is NVLink). Between stages each of the t devices sends its 1/t of the
 activation, so a hop moves at t links' bandwidth; a stage's gradients are ring all-reduced
 among its D replicas (Patarasuk & Yuan 2009), each device of a group its own 1/t shard.
+
+**Sharding** (Rajbhandari et al. 2020, "ZeRO"; ``modes.Sharding``) splits a stage's training
+state over ``N`` of its D replicas: N = D, or, *hybrid* (HSDP), N = the stage's replicas on one
+node (``Layout.node_replicas``), the shards then replicated D / N times across nodes. Per
+parameter, of ``b = 2 + 2 + K`` bytes (bf16 weights and gradients, K of fp32 master weights and
+Adam state; ``e`` bytes per stored element in general), a device holds (:func:`state_bytes`)::
+
+    none         b                    zero2   e + (b - e) / N
+    zero1        2e + (b - 2e) / N    zero3   b / N
+    zero3-step   as zero1 (the weights are gathered once a step and kept, their gradients whole)
+
+plus, while a block runs, its gathered weights and gradients (:func:`transient_bytes`: zero2
+one block's gradients before their reduce-scatter; zero3 the block's weights, the next block's
+prefetched and the block's gradients, three of the largest block). The communication, in
+ring collectives of a chunk's P bytes (a reduce-scatter or an all-gather moves (N - 1) / N P
+per device, an all-reduce twice that; :func:`step_comm`, :func:`micro_comm`):
+
+    none         per step: all-reduce of P over the D replicas
+    zero1        per step: reduce-scatter of P and all-gather of P over N (Megatron's distributed
+                 optimizer: an all-reduce's volume), plus, hybrid, an all-reduce of P / N over D / N
+    zero3-step   as zero1 (FSDP without resharding, as torch's pipeline stages run it)
+    zero2        per micro-batch: reduce-scatter of each block's gradients; per step: all-gather
+                 of P (and the hybrid all-reduce)
+    zero3        per micro-batch: all-gather of each block's weights in the forward and again in
+                 the backward, reduce-scatter of its gradients; per step: the hybrid all-reduce
+
+Within a shard group of one node the collectives take NVLink, across nodes the network.
 """
 
 from __future__ import annotations
@@ -21,8 +48,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autopipe.costs.devices import DeviceSpec
+from autopipe.modes import Sharding
 
-__all__ = ["Cluster", "Layout", "layouts", "ring_allreduce_s"]
+__all__ = [
+    "Cluster",
+    "DataGroup",
+    "Layout",
+    "data_group",
+    "layouts",
+    "micro_comm",
+    "reduce_scatter_s",
+    "ring_allreduce_s",
+    "state_bytes",
+    "step_comm",
+    "transient_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -58,6 +98,7 @@ class Layout:
     tensor_parallel: int = 1  # t
     p2p_latency_s: float = 10e-6
     allreduce_latency_s: float = 10e-6
+    node_replicas: int = 1  # a stage's replicas on one node, consecutive in its data-parallel group
 
 
 def ring_allreduce_s(nbytes: float, group: int, bandwidth: float, latency_s: float = 0.0) -> float:
@@ -67,6 +108,87 @@ def ring_allreduce_s(nbytes: float, group: int, bandwidth: float, latency_s: flo
     return 2.0 * (group - 1) / group * nbytes / bandwidth + 2.0 * (group - 1) * latency_s
 
 
+def reduce_scatter_s(nbytes: float, group: int, bandwidth: float, latency_s: float = 0.0) -> float:
+    """Ring reduce-scatter (or all-gather) of ``nbytes`` among ``group`` devices: (N-1)/N * bytes / bandwidth."""
+    if group <= 1 or nbytes <= 0:
+        return 0.0
+    return (group - 1) / group * nbytes / bandwidth + (group - 1) * latency_s
+
+
+@dataclass(frozen=True)
+class DataGroup:
+    """A stage's ``replicas`` as a sharding sees them: shards of ``shard`` replicas (all of them,
+    or hybrid: fewer, within a node), each shard's ``replicas / shard`` copies across nodes."""
+
+    replicas: int  # D
+    shard: int  # N
+    inner_bandwidth: float  # within a shard group, per device
+    inner_latency_s: float
+    outer_bandwidth: float  # between the copies of a shard (hybrid only)
+    outer_latency_s: float
+
+    @property
+    def copies(self) -> int:
+        return self.replicas // self.shard
+
+
+def data_group(lay: Layout, cluster: Cluster, shard: int | None = None) -> DataGroup | None:
+    """The data-parallel group of ``lay`` sharded ``shard`` ways (None: over all D replicas); None
+    when ``shard`` does not divide D. A shard group within a node (``shard`` divides the stage's
+    replicas on one node) talks over NVLink, else over the network; so do the copies."""
+    D = lay.data_parallel
+    n = D if shard is None else shard
+    if n < 1 or D % n:
+        return None
+    if n == D:
+        return DataGroup(D, D, lay.allreduce_bandwidth, lay.allreduce_latency_s, lay.allreduce_bandwidth, 0.0)
+    nv, net = (cluster.nvlink_bandwidth, cluster.link_latency_s), (cluster.network_bandwidth, cluster.net_latency_s)
+    inner = nv if lay.node_replicas % n == 0 else net
+    outer = nv if lay.node_replicas % D == 0 else net
+    return DataGroup(D, n, inner[0], inner[1], outer[0], outer[1])
+
+
+def state_bytes(kind: Sharding, shard: int, bytes_per_param: float, element_bytes: float) -> float:
+    """Bytes a device holds per parameter under ``kind`` over ``shard`` replicas (module docstring)."""
+    b, e, n = bytes_per_param, element_bytes, max(shard, 1)
+    if kind == Sharding.NONE:
+        return b
+    if kind in (Sharding.ZERO1, Sharding.ZERO3_STEP):
+        return 2 * e + (b - 2 * e) / n
+    if kind == Sharding.ZERO2:
+        return e + (b - e) / n
+    return b / n
+
+
+def transient_bytes(kind: Sharding, largest_block_bytes: float) -> float:
+    """Bytes gathered or not yet reduced while a block runs (module docstring), beside the state."""
+    return {Sharding.ZERO2: 1.0, Sharding.ZERO3: 3.0}.get(kind, 0.0) * largest_block_bytes
+
+
+def step_comm(kind: Sharding, group: DataGroup, nbytes: float) -> tuple[float, float]:
+    """(reduce, gather) seconds per step of a chunk of ``nbytes`` of parameters on one device: its
+    gradients reduced after (or under) its last backward, its weights gathered before (or under)
+    its first forward."""
+    g, bw, lat = group.shard, group.inner_bandwidth, group.inner_latency_s
+    if kind == Sharding.NONE:
+        return ring_allreduce_s(nbytes, group.replicas, bw, lat), 0.0
+    hybrid = ring_allreduce_s(nbytes / g, group.copies, group.outer_bandwidth, group.outer_latency_s)
+    gather = reduce_scatter_s(nbytes, g, bw, lat)
+    if kind in (Sharding.ZERO1, Sharding.ZERO3_STEP):
+        return reduce_scatter_s(nbytes, g, bw, lat) + hybrid, gather
+    return hybrid, gather if kind == Sharding.ZERO2 else 0.0
+
+
+def micro_comm(kind: Sharding, group: DataGroup, nbytes: float) -> tuple[float, float]:
+    """(gather, reduce) seconds per micro-batch of a block of ``nbytes`` of parameters on one device:
+    zero3 gathers its weights once in the forward and once in the backward, zero2 and zero3
+    reduce-scatter its gradients in the backward; the others nothing."""
+    g, bw, lat = group.shard, group.inner_bandwidth, group.inner_latency_s
+    gather = reduce_scatter_s(nbytes, g, bw, lat) if kind == Sharding.ZERO3 else 0.0
+    reduce = reduce_scatter_s(nbytes, g, bw, lat) if kind in (Sharding.ZERO2, Sharding.ZERO3) else 0.0
+    return gather, reduce
+
+
 def layouts(stages: int, data_parallel: int, cluster: Cluster, tensor_parallel: int = 1) -> list[Layout]:
     """The distinct ways to place t x S x D ranks on the cluster's nodes (see the module docstring)."""
     t = tensor_parallel
@@ -74,7 +196,8 @@ def layouts(stages: int, data_parallel: int, cluster: Cluster, tensor_parallel: 
     lat, nlat = cluster.link_latency_s, cluster.net_latency_s
     S, D = stages, data_parallel
     if S * D <= n:
-        return [Layout(S, D, "one node", nv * t, nv, t, lat, lat)]
+        return [Layout(S, D, "one node", nv * t, nv, t, lat, lat, D)]
+    per_pipeline_node = n // S if n % S == 0 else 1  # replicas of a stage on a node that holds whole pipelines
     inner, replicas_inner = n % S == 0, n % D == 0
     across = (
         "pipeline and data-parallel across nodes"
@@ -93,6 +216,7 @@ def layouts(stages: int, data_parallel: int, cluster: Cluster, tensor_parallel: 
             t,
             nlat,
             lat if replicas_inner else nlat,
+            D if replicas_inner else n if D % n == 0 else 1,
         ),
         Layout(
             S,
@@ -103,11 +227,13 @@ def layouts(stages: int, data_parallel: int, cluster: Cluster, tensor_parallel: 
             t,
             lat if inner else nlat,
             nlat,
+            per_pipeline_node if D % per_pipeline_node == 0 else 1,
         ),
     ]
     if S == 1 or D == 1:  # no hops, or no all-reduce: one of the two is moot
         out = [out[0] if S == 1 else out[1]]
-    unique: dict[tuple[float, float], Layout] = {}
+    unique: dict[tuple[float, float, int], Layout] = {}
     for lay in out:
-        unique.setdefault((lay.p2p_bandwidth if S > 1 else 0.0, lay.allreduce_bandwidth if D > 1 else 0.0), lay)
+        key = (lay.p2p_bandwidth if S > 1 else 0.0, lay.allreduce_bandwidth if D > 1 else 0.0, lay.node_replicas)
+        unique.setdefault(key, lay)
     return list(unique.values())

@@ -5,14 +5,16 @@ A :class:`Candidate` is a decision (schedule, virtual stages, micro-batches) wit
 recomputed stage pays one more forward in its backward and keeps only its inputs per
 micro-batch in flight, plus one micro-batch's activations while it recomputes; split in B and
 W, the first stage's backward is all W, as the executor runs it; every action also pays the
-executor's fixed cost per action, ``PlanRequest.action_overhead_s``), and
-:func:`price` runs the compiled schedule (:func:`autopipe.simulate.events.simulate_summary`).
+executor's fixed cost per action, ``PlanRequest.action_overhead_s``; where the schedule's sends
+block the sender (``PlanRequest.blocking_sends``), a forward or backward also pays sending its
+output, which then arrives as it ends), and :func:`price` runs the compiled schedule
+(:func:`autopipe.simulate.events.simulate_summary`).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,6 +44,7 @@ __all__ = [
     "fits",
     "micro_batch_size",
     "price",
+    "with_sends",
 ]
 
 
@@ -81,7 +84,25 @@ class Priced(NamedTuple):
 def candidate(
     decision: Decision, source: str, problem: PartitionProblem, part: Partition, times: BlockTimes
 ) -> Candidate:
-    return Candidate(decision, source, problem, part, costs_of(problem, part, times), times)
+    costs = costs_of(problem, part, times)
+    if decision.schedule in times.blocking_sends:
+        costs = with_sends(costs, part.comm_s)
+    return Candidate(decision, source, problem, part, costs, times)
+
+
+def with_sends(costs: list[StageCost], comm_s: tuple[float, ...]) -> list[StageCost]:
+    """``costs`` where a send blocks its sender: each stage's forward pays sending its output to
+    the next stage, its backward (its input-gradient part) the gradient to the previous one."""
+    out = []
+    for s, c in enumerate(costs):
+        down = comm_s[s] if s < len(comm_s) else 0.0
+        up = comm_s[s - 1] if s > 0 else 0.0
+        out.append(
+            replace(
+                c, forward_s=c.forward_s + down, backward_s=c.backward_s + up, backward_input_s=c.backward_input_s + up
+            )
+        )
+    return out
 
 
 class Schedules:
@@ -116,12 +137,19 @@ class BlockTimes:
     w: tuple[float, ...]
     action_s: float = 0.0  # the executor's own cost per action (F, B or W), whatever its size
     u: int = 0  # the micro-batch size (0: not known)
+    blocking_sends: tuple[str, ...] = ()  # the schedules whose sends block the sender (PlanRequest's)
     schedules: Schedules = field(default_factory=Schedules, compare=False, repr=False)  # the search's
     # The last few costs_of answers (the search bounds a split, then prices it: the same sums).
     costs: Recent[list[StageCost]] = field(default_factory=lambda: Recent(8), compare=False, repr=False)
 
     @staticmethod
-    def of(profile: Profile, u: int, action_s: float = 0.0, schedules: Schedules | None = None) -> BlockTimes:
+    def of(
+        profile: Profile,
+        u: int,
+        action_s: float = 0.0,
+        schedules: Schedules | None = None,
+        blocking_sends: tuple[str, ...] = (),
+    ) -> BlockTimes:
         bs = profile.blocks
         return BlockTimes(
             tuple(x.forward_s(u) for x in bs),
@@ -130,6 +158,7 @@ class BlockTimes:
             tuple(x.backward_weight_s(u) for x in bs),
             action_s,
             u,
+            blocking_sends,
             Schedules() if schedules is None else schedules,
         )
 
@@ -190,7 +219,8 @@ def price(c: Candidate, devices: int) -> Summary:
     """Simulate candidate ``c`` on ``devices`` devices (iteration, bubble, peak memory)."""
     d = c.decision
     schedule = c.times.schedules.compiled(d.schedule, devices, d.micro_batches, d.virtual)
-    return simulate_summary(schedule, c.costs, c.partition.comm_s)
+    blocked = d.schedule in c.times.blocking_sends  # the sends are in the senders' times (with_sends)
+    return simulate_summary(schedule, c.costs, () if blocked else c.partition.comm_s)
 
 
 def fits(t: Summary, memory_limit: float) -> bool:

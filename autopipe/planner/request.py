@@ -162,6 +162,7 @@ class PlanRequest:
     action_overhead_s: float = 0.0  # the executor's fixed cost per F, B or W (default_action_overhead)
     state_factor: float = 4.0  # bytes kept per parameter byte: weights, grads, Adam m and v
     alternatives: int = 5
+    blocking_sends: tuple[str, ...] = ()  # schedules whose pipeline sends block the sender (Overlap.p2p off)
 
     @property
     def choices(self) -> Choices:

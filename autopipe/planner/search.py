@@ -93,6 +93,7 @@ __all__ = [
     "SEARCH_SCHEDULES",
     "PlanRequest",
     "Progress",
+    "SharedCuts",
     "Solvers",
     "choose_solvers",
     "lower_bound",
@@ -151,22 +152,43 @@ def plan_pipeline(profile: Profile, request: PlanRequest, progress: Progress | N
 
 
 def plan_search(
-    profile: Profile, request: PlanRequest, progress: Progress | None = None, incumbent: float = math.inf
+    profile: Profile,
+    request: PlanRequest,
+    progress: Progress | None = None,
+    incumbent: float = math.inf,
+    shared: SharedCuts | None = None,
 ) -> list[Priced]:
     """Every simulated candidate that fits, fastest first (the branch and bound of :func:`plan_pipeline`, for a
     validated request); InfeasibleError when none fits (none faster than ``incumbent``: another search's
     time to beat). A target that recomputes every stage or none (``Target.uniform_recompute``) searches
-    both ways, where the request leaves recomputation to the search."""
+    both ways, where the request leaves recomputation to the search. ``shared``: the unlimited cuts
+    kept across the searches of one profile (they do not depend on memory)."""
     target = target_spec(request.target)
     if request.recompute == "auto" and target.never_recomputes:
-        return _one_search(profile, replace(request, recompute=Recompute.NEVER), progress, incumbent)
+        return _one_search(profile, replace(request, recompute=Recompute.NEVER), progress, incumbent, shared)
     if request.recompute == "auto" and target.uniform_recompute:
-        return _uniform_search(profile, request, progress, incumbent)
-    return _one_search(profile, request, progress, incumbent)
+        return _uniform_search(profile, request, progress, incumbent, shared)
+    return _one_search(profile, request, progress, incumbent, shared)
+
+
+class SharedCuts:
+    """The min-bottleneck cuts with no memory limit (``_Search.free_cuts``) of one profile and link,
+    kept across searches that differ only in memory (the cluster search's shardings)."""
+
+    def __init__(self) -> None:
+        self._by: dict[tuple[int, float, float, float], tuple[Profile, dict[tuple[int, int], tuple[int, ...]]]] = {}
+
+    def of(self, profile: Profile, req: PlanRequest) -> dict[tuple[int, int], tuple[int, ...]]:
+        """The cuts kept for ``profile`` (this very object) on ``req``'s link, per (micro-batch size, chunks)."""
+        key = (id(profile), req.link_bandwidth, req.link_latency_s, req.action_overhead_s)
+        hit = self._by.get(key)
+        if hit is None or hit[0] is not profile:
+            hit = self._by[key] = (profile, {})
+        return hit[1]
 
 
 def _uniform_search(
-    profile: Profile, request: PlanRequest, progress: Progress | None, incumbent: float
+    profile: Profile, request: PlanRequest, progress: Progress | None, incumbent: float, shared: SharedCuts | None
 ) -> list[Priced]:
     """Nothing recomputed and every stage recomputed, each searched, their plans merged fastest first;
     InfeasibleError (recomputing everything: the least memory) when neither fits."""
@@ -174,7 +196,7 @@ def _uniform_search(
     error: InfeasibleError | None = None
     for mode in (Recompute.NEVER, Recompute.ALWAYS):
         try:
-            found += _one_search(profile, replace(request, recompute=mode), progress, incumbent)
+            found += _one_search(profile, replace(request, recompute=mode), progress, incumbent, shared)
         except InfeasibleError as e:
             error = e
     if not found:
@@ -184,10 +206,16 @@ def _uniform_search(
 
 
 def _one_search(
-    profile: Profile, request: PlanRequest, progress: Progress | None = None, incumbent: float = math.inf
+    profile: Profile,
+    request: PlanRequest,
+    progress: Progress | None = None,
+    incumbent: float = math.inf,
+    shared: SharedCuts | None = None,
 ) -> list[Priced]:
     """:func:`plan_search` for one recompute mode."""
     search = _Search(SearchContext(profile, request), progress or (lambda what, done, total: None), incumbent)
+    if shared is not None:
+        search.free = shared.of(profile, request)
     search.run()
     fitting = search.fitting()
     search.report("searching", len(search.todo), len(search.todo))  # the rest could not win

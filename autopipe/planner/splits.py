@@ -141,7 +141,9 @@ def price_split(
     context at its micro-batch size: ``planner.context``)."""
     p = problem_of(profile, req, decision) if problem is None else problem
     t = (
-        BlockTimes.of(profile, micro_batch_size(req.batch_size, decision), req.action_overhead_s)
+        BlockTimes.of(
+            profile, micro_batch_size(req.batch_size, decision), req.action_overhead_s, None, req.blocking_sends
+        )
         if times is None
         else times
     )

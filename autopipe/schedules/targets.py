@@ -4,7 +4,14 @@ Megatron-LM runs 1F1B and interleaved 1F1B (config/megatron.py) with full recomp
 stage or none; torchtitan the schedules torch has a class for, its activation checkpointing one
 mode for all stages, and the others from a schedule CSV with nothing recomputed (config/titan_recipe.py);
 ``to_torch_pipelining`` (stages/export.py) every schedule, those without a class as a schedule CSV,
-and no recomputation; autopipe's executor everything. The planner
+and no recomputation; autopipe's executor everything. Each also says how it may split the
+training state over data-parallel replicas (``modes.Sharding``'s names: Megatron-LM its
+distributed optimizer and Megatron-FSDP; torchtitan and torch FSDP2, which with a pipeline
+gathers the weights once a step, torch's pipeline stages keeping them until the last backward)
+and what it runs beside the computation by default (``plans.Overlap``'s fields: Megatron-LM with
+``--overlap-grad-reduce``, ``--overlap-param-gather`` and, interleaved only, asynchronous pipeline
+sends; FSDP2 and DDP overlap their collectives; autopipe's executor posts its sends ahead and runs
+no data or tensor parallelism). The planner
 keeps its search to a target's (planner/request.py, planner/search.py); a plan records the target
 it was made for (``Plan.target``), and ``autopipe config`` says when a plan made for another target
 holds what the framework does not run (config/retarget.py).
@@ -20,7 +27,9 @@ from dataclasses import dataclass
 from autopipe.errors import PlanError
 from autopipe.schedules.registry import schedule_names, search_order
 
-__all__ = ["TARGETS", "Target", "target_spec"]
+__all__ = ["SHARDINGS", "TARGETS", "Target", "target_spec"]
+
+SHARDINGS = ("none", "zero1", "zero2", "zero3", "zero3-step")  # modes.Sharding's values, in preference order
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,14 @@ class Target:
     uniform_recompute: bool  # it recomputes every stage or none (one mode for all stages)
     no_recompute: tuple[str, ...] = ()  # of those, the ones it runs only with nothing recomputed
     never_recomputes: bool = False  # it applies no recomputation at all
+    shardings: tuple[str, ...] = SHARDINGS  # how it may split state over the replicas, with a pipeline
+    shardings_alone: tuple[str, ...] | None = None  # ... and without one (one stage); None: the same
+    overlaps: tuple[str, ...] = ("p2p",)  # what it overlaps with the computation (plans.Overlap's switches)
+    blocking_p2p: tuple[str, ...] = ()  # of its schedules, those whose pipeline sends block the sender
+
+    def sharding_choices(self, stages: int) -> tuple[str, ...]:
+        """The shardings it runs on a pipeline of ``stages`` devices."""
+        return self.shardings if stages > 1 or self.shardings_alone is None else self.shardings_alone
 
     def recomputing(self) -> tuple[str, ...]:
         """The schedules it runs with recomputation (none where it never recomputes)."""
@@ -70,12 +87,24 @@ def _targets() -> tuple[Target, ...]:
     # torchtitan runs what torch has a class for, and the rest from a schedule CSV
     # (pipeline_parallel_schedule_csv, config/titan_recipe.py), which has no recomputation action
     csv = tuple(s.name for s in search_order() if not s.torch_class)
+    # FSDP2 (torchtitan's data_parallel_shard_degree, or the user's fully_shard around torch's stages)
+    # reshards per micro-batch without a pipeline and gathers once a step with one
+    fsdp, alone = ("none", "zero3-step"), ("none", "zero3")
+    overlapping = ("grad_reduce", "param_gather", "p2p")
     return (
         Target("autopipe", "autopipe's executor", every, False),
-        Target("megatron", "Megatron-LM", megatron, True),
-        Target("torchtitan", "torchtitan", every, True, no_recompute=csv),
+        Target(
+            "megatron",
+            "Megatron-LM",
+            megatron,
+            True,
+            shardings=("none", "zero1", "zero2", "zero3"),
+            overlaps=overlapping,
+            blocking_p2p=("1f1b",),  # validate_args turns overlap_p2p_comm off without interleaving
+        ),
+        Target("torchtitan", "torchtitan", every, True, csv, False, fsdp, alone, overlapping),
         # to_torch_pipelining builds torch's stages as traced: no activation checkpointing
-        Target("torch", "torch.distributed.pipelining", every, False, never_recomputes=True),
+        Target("torch", "torch.distributed.pipelining", every, False, (), True, fsdp, alone, overlapping),
     )
 
 

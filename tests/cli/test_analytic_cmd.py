@@ -144,3 +144,57 @@ def test_a_split_whose_stages_exceed_the_devices_left_by_t_names_no_data_paralle
     assert _split_name(Rejected(4, 0, "4 stages do not divide 2 = 16 devices / t=8", tensor_parallel=8)) == "t=8 x S=4"
     assert _split_name(Rejected(4, 2, "needs more memory", tensor_parallel=2)) == "t=2 x S=4 x D=2"
     assert _split_name(Rejected(0, 0, "8 does not divide the 4 attention heads", tensor_parallel=8)) == "t=8"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--sharding", "zero3"], "--sharding applies to the data-parallel replicas of --gpus G; give --gpus as well"),
+        (["--overlap", "p2p"], "--overlap applies to the data-parallel replicas of --gpus G"),
+        (["--gpus", "8", "--sharding", "zero9"], "--sharding zero9: use one of none, zero1, zero2, zero3, zero3-step"),
+        (["--gpus", "8", "--zero1", "--sharding", "zero2"], "--zero1 and --sharding zero2 contradict each other"),
+        (["--gpus", "8", "--shard-group", "2"], "--shard-group splits a sharding over fewer replicas; give --sharding"),
+        (["--gpus", "8", "--sharding", "zero1", "--shard-group", "0"], "--shard-group must be"),
+        (["--gpus", "8", "--overlap", "grad_reduce,fast"], "--overlap 'grad_reduce,fast': 'fast' is not an overlap"),
+        (
+            ["--gpus", "8", "--stages", "2", "--data-parallel", "4", "--sharding", "zero1", "--target", "torchtitan"],
+            "--sharding zero1: torchtitan runs none or zero3-step with a pipeline",
+        ),
+    ],
+)
+def test_sharding_and_overlap_flags_are_checked_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    out = tmp_path / "x.json"
+    code = main(["plan", GPT, "-k", "n_layer=2", "--device", "h100", "--batch-size", "16", *flags, "-o", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not out.exists()
+
+
+def test_a_pinned_sharding_and_overlap_are_in_the_plan_and_show(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "p.json"
+    argv = ["plan", GPT, "-k", "n_layer=4", "--device", "h100", "--gpus", "8", "--stages", "2", "--batch-size", "16"]
+    argv += [
+        "--sharding",
+        "zero3-step",
+        "--shard-group",
+        "2",
+        "--overlap",
+        "grad_reduce,param_gather,p2p",
+        "-o",
+        str(out),
+    ]
+    assert main(argv) == 0, capsys.readouterr().err
+    from autopipe.plans import Overlap, Plan
+
+    plan = Plan.load(out)
+    assert (plan.data_parallel, plan.sharding, plan.shard_group) == (4, "zero3-step", 2)
+    assert plan.overlap == Overlap(grad_reduce=True, param_gather=True, p2p=True)
+    capsys.readouterr()
+    assert main(["show", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "data parallel: zero3-step over 2 of 4 replicas (hybrid); collectives" in text
+    assert "overlapped: grad reduce, param gather, p2p" in text

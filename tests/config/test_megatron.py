@@ -16,11 +16,13 @@ import shlex
 from pathlib import Path
 
 import pytest
+from test_torchtitan import _gpt_like, _sharded  # the same synthetic GPT plans
 
 from autopipe.config.megatron import megatron_args, megatron_split
 from autopipe.config.parts import Chunk, Parts, model_parts
 from autopipe.errors import ConfigError
-from autopipe.plans import Plan
+from autopipe.modes import Sharding
+from autopipe.plans import Overlap, Plan
 
 
 class MegatronRejects(AssertionError):
@@ -715,3 +717,69 @@ def test_strings_from_the_plan_stay_inside_their_comment_line(gpt_plans: dict[st
         "# Megatron-LM arguments for x.py\\n--save /tmp/pwned\\x1b[2J (autopipe plan"
     )
     assert all(line.startswith(("#", "--")) for line in text.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("kind", "group", "overlap", "present", "absent"),
+    [
+        (
+            Sharding.NONE,
+            0,
+            Overlap(grad_reduce=True, param_gather=True),
+            ["--overlap-grad-reduce"],
+            ["--use-distributed-optimizer", "--overlap-param-gather"],
+        ),  # param gather needs the distributed optimizer
+        (
+            Sharding.ZERO1,
+            0,
+            Overlap(grad_reduce=True, param_gather=True),
+            ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"],
+            ["--use-megatron-fsdp"],
+        ),
+        (
+            Sharding.ZERO1,
+            2,
+            Overlap(),
+            ["--use-distributed-optimizer", "--num-distributed-optimizer-instances 2"],
+            ["--overlap-grad-reduce"],
+        ),
+        (
+            Sharding.ZERO2,
+            0,
+            Overlap(grad_reduce=True),
+            ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads", "--ckpt-format fsdp_dtensor"],
+            [],
+        ),
+        (
+            Sharding.ZERO3,
+            2,
+            Overlap(),
+            ["--data-parallel-sharding-strategy optim_grads_params", "--num-distributed-optimizer-instances 2"],
+            [],
+        ),
+        (Sharding.ZERO3_STEP, 0, Overlap(), ["--use-distributed-optimizer"], ["--use-megatron-fsdp"]),
+    ],
+)
+def test_shardings_and_overlaps_become_megatrons_flags(
+    kind: Sharding, group: int, overlap: Overlap, present: list[str], absent: list[str]
+) -> None:
+    plan = dataclasses.replace(_gpt_like(data=4), overlap=overlap)
+    if kind != Sharding.NONE:
+        plan = _sharded(plan, kind, group)
+    text = megatron_args(plan)
+    lines = text.splitlines()
+    assert all(flag in lines for flag in present), text
+    assert not any(line.split(" ")[0] in absent for line in lines), text
+    if kind == Sharding.ZERO3_STEP:
+        assert "# zero3-step (weights gathered once a step and kept) is ZeRO-1's state and collectives" in text
+
+
+def test_overlaps_megatron_cannot_run_as_priced_are_said() -> None:
+    plan = dataclasses.replace(_gpt_like(data=2), overlap=Overlap(tp_comm=0.5, p2p=True), tensor_parallel=2)
+    text = megatron_args(plan)  # 1F1B: Megatron's sends block; tensor parallelism without sequence parallelism
+    assert "# Megatron's 1F1B waits on its pipeline sends" in text
+    assert "# the plan overlaps tensor-parallel collectives: Megatron does only with --sequence-parallel" in text
+    tp = megatron_args(dataclasses.replace(plan, sequence_parallel=True))
+    assert "--tp-comm-overlap" in tp.splitlines() and "Transformer Engine's userbuffers" in tp
+    fsdp = megatron_args(_sharded(dataclasses.replace(plan, sequence_parallel=True), Sharding.ZERO3))
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun" not in fsdp and "CUDA_DEVICE_MAX_CONNECTIONS unset" in fsdp

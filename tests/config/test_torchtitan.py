@@ -11,6 +11,7 @@ import pytest
 from autopipe.config.megatron import megatron_args
 from autopipe.config.titan_recipe import torchtitan_recipe
 from autopipe.config.torchtitan import TORCH_SCHEDULES, torchtitan_schedule, torchtitan_toml
+from autopipe.modes import Sharding
 from autopipe.plans import Plan
 from autopipe.schedules.registry import schedule_names, schedule_spec
 
@@ -328,7 +329,46 @@ def _loader_plans() -> dict[str, Plan]:
         "recompute": _gpt_like(recompute=True, dtype="fp32"),
         "no-pipeline": _gpt_like(split=whole, micro_batches=2, micro_batch_size=16, data=2),
         "tensor-2": dataclasses.replace(_gpt_like(data=2), tensor_parallel=2, sequence_parallel=True),
+        "fsdp-step-hybrid": _sharded(_gpt_like(data=4), Sharding.ZERO3_STEP, 2),
+        "fsdp-alone": _sharded(_gpt_like(split=whole, micro_batches=2, micro_batch_size=16, data=4), Sharding.ZERO3),
     }
+
+
+_RESHARD = {"fsdp-step-hybrid": "never", "fsdp-alone": "always"}  # the loader plans' fsdp_reshard_after_forward
+
+
+def _sharded(plan: Plan, kind: Sharding, group: int = 0) -> Plan:
+    return dataclasses.replace(plan, sharding=kind, shard_optimizer=True, shard_group=group)
+
+
+@pytest.mark.parametrize(
+    ("kind", "group", "stages", "degrees", "reshard", "note"),
+    [
+        (Sharding.NONE, 0, 2, (4, 1), "default", None),  # replicas: DDP (fully_shard's replicate dimension)
+        (Sharding.ZERO3_STEP, 0, 2, (1, 4), "never", None),  # FSDP2 gathering once a step
+        (Sharding.ZERO3_STEP, 2, 2, (2, 2), "never", None),  # HSDP: 2-way shards, each twice
+        (Sharding.ZERO3, 0, 1, (1, 4), "always", None),  # FSDP2 resharding after each forward
+        (Sharding.ZERO3, 0, 2, (1, 4), "always", "torch's pipeline stages reduce the gradients once a step"),
+        (Sharding.ZERO1, 0, 2, (1, 4), "never", "torchtitan has no ZeRO-1 or -2"),
+    ],
+)
+def test_shardings_are_fsdp_and_hsdp_degrees(
+    kind: Sharding, group: int, stages: int, degrees: tuple[int, int], reshard: str, note: str | None
+) -> None:
+    whole = (("wte", "wpe", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "ln_f", "lm_head"),)
+    base = _gpt_like(data=4) if stages == 2 else _gpt_like(split=whole, micro_batches=2, micro_batch_size=16, data=4)
+    plan = _sharded(base, kind, group) if kind != Sharding.NONE else base
+    recipe = torchtitan_recipe(plan)  # 0.3.0
+    said = [f"data_parallel_replicate_degree = {degrees[0]}\n", f"data_parallel_shard_degree = {degrees[1]}\n"]
+    assert all(line in recipe for line in said)
+    assert (f'fsdp_reshard_after_forward = "{reshard}"' in recipe) == (reshard != "default")
+    par = tomllib.loads(torchtitan_toml(plan))["parallelism"]  # 0.2.x: DDP only alone, so replicas are shards there
+    ddp_alone = kind == Sharding.NONE and stages > 1
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (
+        (1, 4) if ddp_alone else degrees
+    )
+    assert par.get("fsdp_reshard_after_forward", "default") == reshard
+    assert (note is None) or note in recipe
 
 
 def _torchtitan_version(prefix: str) -> None:
@@ -351,6 +391,7 @@ def test_torchtitan_0_2_loads_every_toml(tmp_path: Path) -> None:
         par, training = config.parallelism, config.training
         assert par.module_fqns_per_model_part == [list(s.blocks) for s in plan.stages], name
         assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == plan.data_parallel, name
+        assert par.fsdp_reshard_after_forward == _RESHARD.get(name, "default"), name
         assert training.global_batch_size == plan.batch_size * plan.data_parallel, name
         assert par.pipeline_parallel_expert_parallel_overlap == (name != "dualpipe-v"), name
         assert config.activation_checkpoint.mode == ("full" if name == "recompute" else "none"), name
@@ -376,6 +417,7 @@ def test_torchtitan_0_3_0_loads_every_recipe(tmp_path: Path, monkeypatch: pytest
         par, training = config.parallelism, config.training
         assert par.pipeline_parallel_degree == plan.devices and par.tensor_parallel_degree == plan.tensor_parallel, name
         assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == plan.data_parallel, name
+        assert par.fsdp_reshard_after_forward == _RESHARD.get(name, "default"), name
         assert par.module_fqns_per_model_part == [list(s.blocks) for s in plan.stages], name
         assert par.pipeline_parallel_microbatch_size == plan.micro_batch_size, name
         assert training.global_batch_size == plan.batch_size * plan.data_parallel, name

@@ -16,6 +16,7 @@ from autopipe.costs.tensor import (
     TensorSplit,
     TransformerShape,
     comm_s,
+    exposed,
     shape_of,
     split_ops,
     split_params,
@@ -76,6 +77,23 @@ def test_collectives_memory_and_params_by_hand() -> None:
     assert split_params(198_272, "layer", 2, SHAPE) == 99_136
     assert split_params(65_536, "embedding", 4, SHAPE) == 16_384  # the (512, 128) table, vocabulary-parallel
     assert split_params(8_192, "embedding", 4, SHAPE) == 8_192  # smaller than the table: not it
+
+
+def test_an_overlap_share_hides_collectives_up_to_the_computation() -> None:
+    serial, half = TensorSplit(SHAPE, 2, True, NV, LAT), TensorSplit(SHAPE, 2, True, NV, LAT, overlap=0.5)
+    assert exposed(10.0, 4.0, serial) == 14.0 and exposed(10.0, 4.0, None) == 14.0
+    assert exposed(10.0, 4.0, half) == 12.0  # half of 4 s hidden
+    assert exposed(1.0, 4.0, replace(half, overlap=1.0)) == 4.0  # at most the 1 s it computes
+
+
+def test_the_overlap_share_lowers_each_blocks_time(counts: ModelCounts) -> None:
+    spec = device_spec("h100")
+    serial = profile_from_counts(counts, spec, TensorSplit(SHAPE, 2, True, NV, LAT))
+    hidden = profile_from_counts(counts, spec, TensorSplit(SHAPE, 2, True, NV, LAT, overlap=1.0))
+    layer = [b.name for b in serial.blocks].index("blocks.0")
+    comm = 2 * (2 * 64 * 128 * 2 / NV + 2 * LAT)  # two all-reduces at t = 2, u = 2 (as above)
+    compute = serial.blocks[layer].forward_s(2) - comm
+    assert hidden.blocks[layer].forward_s(2) == pytest.approx(max(compute, comm), rel=1e-9)  # the longer of the two
 
 
 def test_degrees_stay_in_a_node_and_divide_the_heads() -> None:

@@ -105,3 +105,33 @@ def test_an_unknown_device_is_one_line() -> None:
 def test_plan_cluster_is_a_plan_error_type() -> None:
     with pytest.raises(PlanError):
         autopipe.plan_cluster(GPT, device="h100", gpus=16, batch_size=32, stages=3)
+
+
+LLAMA_405B = {  # Llama 3.1 405B's shape (Dubey et al. 2024, Table 3): 126 layers, width 16,384, 8,192 tokens
+    "preset": "llama2-70b",
+    "n_layer": 126,
+    "n_embd": 16384,
+    "n_head": 128,
+    "n_kv_head": 8,
+    "intermediate_size": 53248,
+    "vocab_size": 128256,
+    "block_size": 8192,
+}
+
+
+@pytest.mark.slow  # counts a 405B model on the meta device (about 8 s)
+def test_a_405b_model_at_t8_p16_fits_with_zero1_found_without_a_flag() -> None:
+    """The published layout pinned (t = 8, p = 16, here d = 8) on 80 GB H100s: without sharding every
+    stage recomputes; the free search shards the optimizer state by itself and recomputes none."""
+    from autopipe import api
+
+    spec = api.catalogue_device("h100")
+    counts = api.count(str(ROOT / "models" / "llama.py"), LLAMA_405B, spec)
+    profile = api.price(counts, spec)
+    pinned = {"gpus": 1024, "batch_size": 1024, "tensor_parallel": 8, "stages": 16, "device": spec, "counts": counts}
+    whole = api.search_cluster(profile, sharding="none", **pinned).plan  # type: ignore[arg-type]
+    assert whole.sharding == "none" and all(s.recompute for s in whole.stages)
+    free = api.search_cluster(profile, **pinned).plan  # type: ignore[arg-type]
+    assert free.sharding != "none" and free.shard_optimizer and not any(s.recompute for s in free.stages)
+    assert free.step_time_s < whole.step_time_s
+    assert all(m <= 80e9 for m in (*whole.peak_memory_bytes, *free.peak_memory_bytes))

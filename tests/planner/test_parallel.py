@@ -13,17 +13,20 @@ from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.costs.tensor import TransformerShape
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.graph.recipe import TraceRecipe
+from autopipe.modes import Sharding
 from autopipe.planner.parallel import (
     Cluster,
     Layout,
+    ParallelPlan,
     ParallelRequest,
     TensorOptions,
     layouts,
     plan_parallel,
     ring_allreduce_s,
 )
+from autopipe.planner.request import Choices
 from autopipe.planner.search import PlanRequest, plan_pipeline
-from autopipe.plans import Plan
+from autopipe.plans import Overlap, Plan
 
 GB = 1e9
 
@@ -128,8 +131,8 @@ def test_a_slow_network_pushes_toward_deeper_pipelines() -> None:
 def test_sharding_the_optimizer_lets_wider_data_parallelism_fit() -> None:
     profile = chain_profile(act=1e6)
     # 8 blocks x 1e8 params x 16 B = 12.8 GB; on 4 stages 3.2 GB per stage plus activations.
-    plain = ParallelRequest(CLUSTER, global_batch=64, memory_limit=3.0 * GB)
-    sharded = dataclasses.replace(plain, shard_optimizer=True)
+    plain = ParallelRequest(CLUSTER, global_batch=64, memory_limit=3.0 * GB, sharding=Sharding.NONE)
+    sharded = dataclasses.replace(plain, sharding=None, shard_optimizer=True)
     unfit_plain = {r.stages for r in plan_parallel(profile, plain).rejected}
     unfit_sharded = {r.stages for r in plan_parallel(profile, sharded).rejected}
     assert 4 in unfit_plain and unfit_sharded < unfit_plain  # S=4 x D=2 fits only sharded
@@ -299,7 +302,7 @@ def test_searching_against_the_runner_up_keeps_the_whole_plan(
     import autopipe.planner.parallel as parallel
 
     if worst_first:  # the best split is then searched against the others' runner-up
-        monkeypatch.setattr(parallel, "_estimate", lambda profile, request, S, D, bound: -bound)
+        monkeypatch.setattr(parallel, "_estimate", lambda profile, request, S, D, bound, *rest: -bound)
     profile = chain_profile(n=16, act=4e8)
     req = ParallelRequest(NODES, global_batch=64, memory_limit=64 * GB)
     free = plan_parallel(profile, req, tensor=_tensor(profile))
@@ -311,3 +314,116 @@ def test_searching_against_the_runner_up_keeps_the_whole_plan(
     )
     assert dataclasses.replace(free.plan, parallel_note="") == dataclasses.replace(alone.plan, parallel_note="")
     assert free.runner_up is not None and (free.pruned > 0 or worst_first)
+
+
+# --------------------------------------------------------------------------- sharding
+
+
+def _pinned(profile: Profile, req: ParallelRequest, **kw: object) -> ParallelPlan | None:
+    try:
+        return plan_parallel(profile, dataclasses.replace(req, **kw))  # type: ignore[arg-type]
+    except InfeasibleError:
+        return None
+
+
+@pytest.mark.parametrize("memory", [64 * GB, 3.0 * GB, 2.2 * GB])
+def test_the_free_sharding_is_the_best_pinned_one_and_fits(memory: float) -> None:
+    """Every sharding pinned in turn (over all replicas, and over a node's): the free search's
+    step is the least of them, and every plan it returns fits the limit."""
+    profile = chain_profile(act=1e6)
+    req = ParallelRequest(CLUSTER, global_batch=64, memory_limit=memory)
+    free = plan_parallel(profile, req)
+    pinned = {}
+    for kind in Sharding:
+        for group in (None, 2):
+            if kind == Sharding.NONE and group is not None:
+                continue
+            got = _pinned(profile, req, sharding=kind, shard_group=group)
+            if got is not None:
+                pinned[kind, group] = got.best.step_time_s
+                assert all(m <= memory * (1 + 1e-9) for m in got.plan.peak_memory_bytes)
+                assert got.plan.sharding in (kind, Sharding.NONE) and got.plan.shard_group in (0, group or 0)
+    assert free.best.step_time_s == pytest.approx(min(pinned.values()), rel=1e-9)
+    assert all(m <= memory * (1 + 1e-9) for m in free.plan.peak_memory_bytes)
+    assert Plan.from_json(free.plan.to_json()) == free.plan
+
+
+def test_sharding_is_found_without_a_pin_where_memory_needs_it() -> None:
+    profile = chain_profile(act=1e6)
+    tight = ParallelRequest(CLUSTER, global_batch=64, memory_limit=2.6 * GB, stages=4)  # 3.2 GB whole, 2.4 ZeRO-1
+    plain = _pinned(profile, tight, sharding=Sharding.NONE)
+    found = plan_parallel(profile, tight).plan
+    assert plain is None or plain.best.layout.data_parallel == 1  # 4 stages x 2 replicas do not fit whole
+    assert found.data_parallel == 2 and found.sharding != Sharding.NONE and found.shard_optimizer
+    loose = plan_parallel(profile, dataclasses.replace(tight, memory_limit=64 * GB)).plan
+    assert loose.sharding == Sharding.NONE  # ties go to the least sharded: none needs no flag
+
+
+def test_a_pinned_sharding_and_group_are_kept() -> None:
+    profile = chain_profile(act=1e6)
+    req = ParallelRequest(CLUSTER, global_batch=64, memory_limit=64 * GB, stages=2)
+    for kind in (Sharding.ZERO2, Sharding.ZERO3, Sharding.ZERO3_STEP):
+        plan = plan_parallel(profile, dataclasses.replace(req, sharding=kind)).plan
+        assert (plan.data_parallel, plan.sharding, plan.shard_group) == (4, kind, 0)
+        hybrid = plan_parallel(profile, dataclasses.replace(req, sharding=kind, shard_group=2)).plan
+        assert (hybrid.sharding, hybrid.shard_group) == (kind, 2)
+    with pytest.raises(PlanError, match=r"--shard-group 3 does not divide 4 replicas"):
+        plan_parallel(profile, dataclasses.replace(req, sharding=Sharding.ZERO1, shard_group=3))
+
+
+def test_targets_search_only_the_shardings_they_run() -> None:
+    profile = chain_profile(act=1e6)
+    req = ParallelRequest(CLUSTER, global_batch=64, memory_limit=2.6 * GB, stages=4)
+    titan = plan_parallel(profile, dataclasses.replace(req, choices=Choices(target="torchtitan"))).plan
+    assert titan.sharding in (Sharding.NONE, Sharding.ZERO3_STEP)  # FSDP2 with a pipeline gathers once a step
+    with pytest.raises(PlanError, match=r"--sharding zero1: torchtitan runs none or zero3-step with a pipeline"):
+        plan_parallel(profile, dataclasses.replace(req, sharding=Sharding.ZERO1, choices=Choices(target="torchtitan")))
+
+
+def _one_block(f: float, params: int) -> Profile:
+    """One block, forward ``f`` and backward ``2 f`` seconds per micro-batch whatever its size."""
+    block = dataclasses.replace(
+        chain_profile(n=1).blocks[0],
+        params=params,
+        param_bytes=4 * params,
+        forward_s=Affine(f, 0.0),
+        backward_s=Affine(2 * f, 0.0),
+        backward_input_s=Affine(f, 0.0),
+        backward_weight_s=Affine(f, 0.0),
+        saved_bytes=Affine(0.0, 0.0),
+    )
+    return dataclasses.replace(chain_profile(n=1), blocks=(block,), tensors=())
+
+
+@pytest.mark.parametrize(("f", "hidden"), [(1.0, True), (0.01, False)])
+def test_the_all_reduce_hides_behind_the_last_backward(f: float, hidden: bool) -> None:
+    """One stage, 2 replicas on NVLink (100 GB/s), one micro-batch: F [0, f], B [f, 3f]; 8 GB of
+    gradients all-reduce in 2 x 1/2 x 8 GB / 100 GB/s = 80 ms: behind a 2 s backward, hidden;
+    behind a 20 ms one, 60 ms stick out. Serial, all 80 ms come after the pipeline."""
+    profile = _one_block(f, 2 * 10**9)
+    two = dataclasses.replace(CLUSTER, devices=2)  # one node: NVLink
+    req = ParallelRequest(
+        two, global_batch=2, memory_limit=1e15, stages=1, sharding=Sharding.NONE, choices=Choices(micro_batches=1)
+    )
+    serial = plan_parallel(profile, req).plan
+    assert serial.iteration_time_s == pytest.approx(3 * f) and serial.allreduce_s == pytest.approx(0.08)
+    overlapped = plan_parallel(profile, dataclasses.replace(req, overlap=Overlap(grad_reduce=True))).plan
+    assert overlapped.dp_comm_s == pytest.approx(0.08) and overlapped.overlap.grad_reduce
+    assert overlapped.allreduce_s == pytest.approx(0.0 if hidden else 0.08 - 2 * f)
+
+
+def test_zero3_blocks_gather_their_weights_each_micro_batch() -> None:
+    """ZeRO-3 over 2 replicas on NVLink: the 8 GB block gathers half of it in the forward and again in
+    the backward, and reduce-scatters its gradients: 40 ms each, serial, on every micro-batch."""
+    profile = _one_block(1.0, 2 * 10**9)
+    two = dataclasses.replace(CLUSTER, devices=2)  # one node: NVLink
+    req = ParallelRequest(
+        two, global_batch=4, memory_limit=1e15, stages=1, sharding=Sharding.ZERO3, choices=Choices(micro_batches=2)
+    )
+    plan = plan_parallel(profile, req).plan
+    stage = plan.stages[0]
+    assert stage.forward_s == pytest.approx(1.0 + 0.04) and stage.backward_s == pytest.approx(2.0 + 0.08)
+    assert plan.iteration_time_s == pytest.approx(2 * 3.12) and plan.allreduce_s == 0.0
+    assert stage.static_bytes == pytest.approx(16 * 2e9 / 2)  # 16 bytes a parameter, halved
+    hidden = plan_parallel(profile, dataclasses.replace(req, overlap=Overlap(grad_reduce=True, param_gather=True)))
+    assert hidden.plan.stages[0].forward_s == pytest.approx(1.0)  # 40 ms under a 1 s forward

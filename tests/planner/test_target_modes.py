@@ -13,6 +13,7 @@ import pytest
 
 import autopipe.api as api
 from autopipe.errors import InfeasibleError
+from autopipe.planner.cluster import target_overlap
 from autopipe.schedules.targets import target_spec
 from tests.planner.test_search import random_profile
 
@@ -42,11 +43,14 @@ def _case(seed: int) -> tuple[str, str, dict[str, object]]:
     return mode, target, kw
 
 
-def _planned(mode: str, target: str, kw: dict[str, object]) -> api.Plan:
+def _planned(mode: str, target: str, kw: dict[str, object], priced_for: str | None = None) -> api.Plan:
+    """The plan for ``target``; with ``--gpus``, priced with ``priced_for``'s overlaps (a targeted
+    plan's free plan keeps its target's: what the framework overlaps is no choice of the search)."""
     kw = dict(kw, choices=api.Choices(target=target))
     prof = kw.pop("profile")
     if mode == "gpus":
-        return api.search_cluster(prof, **kw).plan  # type: ignore[arg-type]
+        overlap = target_overlap(priced_for or target)
+        return api.search_cluster(prof, overlap=overlap, **kw).plan  # type: ignore[arg-type]
     return api.plan_profile(prof, **kw)  # type: ignore[arg-type]
 
 
@@ -62,7 +66,7 @@ def test_every_targeted_plan_runs_on_its_target_in_every_mode(seed: int) -> None
     assert spec.runs(plan.schedule, [s.recompute for s in plan.stages]), (mode, plan.schedule)
     assert plan.schedule in spec.schedules and len({s.recompute for s in plan.stages}) == 1
     assert plan.target == target and plan.free_plan is not None
-    free = _planned(mode, "autopipe", kw)
+    free = _planned(mode, "autopipe", kw, priced_for=target)
     assert free.target == "autopipe" and free.free_plan is None
     assert plan.free_plan.schedule == free.schedule and plan.free_plan.step_time_s == free.step_time_s
     assert plan.step_time_s >= free.step_time_s * (1 - 1e-9)
@@ -114,8 +118,9 @@ def test_megatron_plans_of_real_models_run_on_megatron(
 
     def planned(target: str) -> api.Plan:
         choices = api.Choices(target=target)
-        if mode == "gpus":
-            return api.search_cluster(prof, choices=choices, **kw).plan  # type: ignore[arg-type]
+        if mode == "gpus":  # priced with Megatron's overlaps, as the targeted plan's free plan is
+            overlap = target_overlap("megatron")
+            return api.search_cluster(prof, choices=choices, overlap=overlap, **kw).plan  # type: ignore[arg-type]
         return api.plan_profile(prof, choices=choices, **kw)  # type: ignore[arg-type]
 
     plan = planned("megatron")  # every case fits (64 GiB or more per H100, 4 or more stages)

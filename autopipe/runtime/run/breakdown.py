@@ -102,8 +102,9 @@ def predicted_split(plan: Plan) -> Span:
     spec = schedule_spec(plan.schedule)
     schedule = spec.create_schedule(plan.devices, plan.micro_batches, plan.virtual)
     costs = [StageCost(s.forward_s, s.backward_s, s.backward_input_s, s.backward_weight_s, 0.0) for s in plan.stages]
-    comm = [
-        plan.link_latency_s + s.send_bytes / plan.link_bandwidth if s.send_bytes > 0 else 0.0 for s in plan.stages[:-1]
+    comm = [  # none where the plan's sends block the sender: its stage times hold them
+        plan.link_latency_s + s.send_bytes / plan.link_bandwidth if s.send_bytes > 0 and plan.overlap.p2p else 0.0
+        for s in plan.stages[:-1]
     ]
     timeline = replay(schedule, costs, comm, devices=plan.devices, virtual=plan.virtual, placement=spec.placement)
     prev: dict[int, float] = {}

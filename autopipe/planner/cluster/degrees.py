@@ -1,37 +1,47 @@
-"""The pure parts of planning for a cluster: the pinned degrees checked, the cluster's fields
-read, tensor parallelism priced per degree. :func:`autopipe.api.plan_cluster` composes them
-(model file -> counts -> the tensor x pipeline x data-parallel search), as ``autopipe plan
-MODEL --device NAME --gpus G`` does:
+"""The cluster's degrees: the pinned ones checked, the cluster's fields read, tensor parallelism
+priced per degree (``costs.tensor``) for the tensor x pipeline x data search.
 
-    import autopipe
-    plan = autopipe.plan_cluster("models/gpt.py", kwargs={"preset": "gpt3-175b"}, device="h100",
-                                 gpus=64, batch_size=1536, memory="80GB")
-    plan.tensor_parallel, plan.devices, plan.data_parallel      # t, p, d
+Tests: tests/planner/test_cluster.py.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autopipe.costs.profile import Profile
+from autopipe.costs.tensor import TransformerShape
 from autopipe.errors import PlanError
-from autopipe.planner.parallel import TensorOptions
 from autopipe.planner.placement import Cluster
 
 if TYPE_CHECKING:
     from autopipe.costs.analytic import ModelCounts
     from autopipe.costs.devices import DeviceSpec
-    from autopipe.costs.profile import Profile
 
-__all__ = ["check_degrees", "cluster_fields", "tensor_options"]
+__all__ = ["TensorOptions", "check_degrees", "cluster_fields", "tensor_options"]
 
 
-def tensor_options(counts: ModelCounts, spec: DeviceSpec, cluster: Cluster, sequence_parallel: bool) -> TensorOptions:
+@dataclass(frozen=True)
+class TensorOptions:
+    """Tensor parallelism for :func:`~autopipe.planner.parallel.plan_parallel`: the model's
+    structure and its profile priced for one device of a t-wide group
+    (``costs.analytic.profile_from_counts``)."""
+
+    shape: TransformerShape | None
+    price: Callable[[int], Profile]  # t -> one device's profile at degree t
+    sequence_parallel: bool = True
+
+
+def tensor_options(
+    counts: ModelCounts, spec: DeviceSpec, cluster: Cluster, sequence_parallel: bool, overlap: float = 0.0
+) -> TensorOptions:
     """Tensor parallelism for ``counts``: its transformer structure, priced per degree t on
-    ``spec`` with the collectives over ``cluster``'s NVLink."""
+    ``spec`` with the collectives over ``cluster``'s NVLink, ``overlap`` of them hidden behind
+    the computation (``Overlap.tp_comm``)."""
     from autopipe.costs.analytic import profile_from_counts
     from autopipe.costs.tensor import TensorSplit, shape_of
 
@@ -41,7 +51,7 @@ def tensor_options(counts: ModelCounts, spec: DeviceSpec, cluster: Cluster, sequ
         split = (
             None
             if shape is None or t == 1
-            else TensorSplit(shape, t, sequence_parallel, cluster.nvlink_bandwidth, cluster.link_latency_s)
+            else TensorSplit(shape, t, sequence_parallel, cluster.nvlink_bandwidth, cluster.link_latency_s, overlap)
         )
         return profile_from_counts(counts, spec, split)
 

@@ -1,0 +1,60 @@
+"""What a sharding makes of a pipeline search (planner/cluster/sharding.py), and a plan restamped
+for a sharding that keeps more (planner/cluster/split.py's restamp)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopipe.modes import Sharding
+from autopipe.planner.cluster import ShardOption, restamp, shard_options, sharded_profile, target_overlap
+from autopipe.planner.placement import DataGroup
+from autopipe.plans import Overlap
+from tests.planner.test_parallel import _one_block
+
+
+@pytest.mark.parametrize(
+    ("target", "stages", "kinds"),
+    [
+        ("autopipe", 4, ["none", "zero1", "zero2", "zero3"]),  # zero3-step prices as zero1: not searched beside it
+        ("megatron", 4, ["none", "zero1", "zero2", "zero3"]),
+        ("torchtitan", 4, ["none", "zero3-step"]),  # FSDP2 with a pipeline gathers once a step
+        ("torchtitan", 1, ["none", "zero3"]),
+        ("torch", 2, ["none", "zero3-step"]),
+    ],
+)
+def test_each_target_searches_the_shardings_it_runs(target: str, stages: int, kinds: list[str]) -> None:
+    options, why = shard_options(target, stages, 8, None, None)
+    assert not why and [o.kind for o in options if not o.node] == kinds
+    assert [o.kind for o in options if o.node] == kinds[1:]  # hybrid: each sharding over a node's replicas
+    assert shard_options(target, stages, 1, None, None) == ([ShardOption(Sharding.NONE)], "")
+
+
+def test_overlaps_default_to_the_targets() -> None:
+    assert target_overlap("autopipe") == Overlap()  # the executor posts its sends ahead, and nothing else
+    assert target_overlap("megatron") == Overlap(grad_reduce=True, param_gather=True, p2p=True)
+    assert target_overlap("megatron", Overlap(p2p=False)) == Overlap(p2p=False)
+
+
+def test_hidden_collectives_leave_the_blocks_as_they_are() -> None:
+    profile = _one_block(1.0, 10**8)  # 400 MB of weights, a 1 s forward
+    group = DataGroup(2, 2, 100e9, 0.0, 100e9, 0.0)  # 2 ms to gather half of it
+    overlapped = Overlap(grad_reduce=True, param_gather=True)
+    assert sharded_profile(profile, Sharding.ZERO3, group, overlapped) is profile
+    assert sharded_profile(profile, Sharding.ZERO1, group, Overlap()) is profile
+    serial = sharded_profile(profile, Sharding.ZERO3, group, Overlap()).blocks[0]
+    assert serial.forward_s(1) == pytest.approx(1.002) and serial.backward_s(1) == pytest.approx(2.004)
+    slow = DataGroup(2, 2, 0.1e9, 0.0, 0.1e9, 0.0)  # 2 s to gather: outlasts the 1 s forward
+    assert sharded_profile(profile, Sharding.ZERO3, slow, overlapped).blocks[0].forward_s(1) == pytest.approx(2.0)
+
+
+def test_restamping_a_plan_for_more_state_keeps_its_cuts_or_says_it_does_not_fit() -> None:
+    from autopipe.planner.parallel import Cluster, ParallelRequest, plan_parallel
+
+    profile = _one_block(1.0, 10**8)
+    cluster = Cluster(devices=2, devices_per_node=2, nvlink_bandwidth=100e9, network_bandwidth=10e9)
+    plan = plan_parallel(profile, ParallelRequest(cluster, 2, 1e12, sharding=Sharding.ZERO1)).plan
+    static = plan.stages[0].static_bytes
+    more = restamp(plan, 2.0, 1e12)
+    assert more is not None and more.stages[0].static_bytes == 2 * static
+    assert more.peak_memory_bytes[0] == pytest.approx(plan.peak_memory_bytes[0] + static)
+    assert restamp(plan, 2.0, plan.peak_memory_bytes[0] + static / 2) is None

@@ -1,0 +1,55 @@
+"""What data-parallel collectives add past a pipeline: timelines small enough to work out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopipe.schedules import schedule_spec
+from autopipe.simulate.events import StageCost, compile_lists
+from autopipe.simulate.overlap import ChunkWindows, chunk_windows, exposed_s
+
+
+def _windows(name: str, devices: int, micro_batches: int, f: float, b: float, w: float = 0.0) -> ChunkWindows:
+    spec = schedule_spec(name)
+    compiled = compile_lists(spec.lists(devices, micro_batches, 1), devices, 1, spec.placement)
+    cost = StageCost(forward_s=f, backward_s=b + w, backward_input_s=b, backward_weight_s=w, activation_bytes=0.0)
+    return chunk_windows(compiled, [cost] * devices)
+
+
+def test_one_stage_hides_a_reduction_shorter_than_its_backward() -> None:
+    """F [0, 1], B [1, 3]: the gradients go out during B; 1.5 s of reduction ends with B, 3 s ends 1 s
+    past it; serial, all 3 s come after."""
+    w = _windows("1f1b", 1, 1, f=1.0, b=2.0)
+    assert (w.first_forward, w.last_backward, w.iteration_s) == (((0.0, 1.0),), ((1.0, 3.0),), 3.0)
+    assert exposed_s(w, [1.5], [0.0], overlap_reduce=True, overlap_gather=False) == 0.0
+    assert exposed_s(w, [3.0], [0.0], overlap_reduce=True, overlap_gather=False) == pytest.approx(1.0)
+    assert exposed_s(w, [3.0], [0.0], overlap_reduce=False, overlap_gather=False) == pytest.approx(3.0)
+
+
+def test_the_weight_gradients_come_from_w_where_the_backward_is_split() -> None:
+    """ZB-H1 on one device: F [0, 1], B [1, 2], W [2, 3]; the reduction waits for W."""
+    w = _windows("zb-h1", 1, 1, f=1.0, b=1.0, w=1.0)
+    assert w.last_backward == ((2.0, 3.0),)
+    assert exposed_s(w, [1.5], [0.0], overlap_reduce=True, overlap_gather=False) == pytest.approx(0.5)
+
+
+def test_two_stages_the_last_to_finish_pays() -> None:
+    """1F1B, 2 stages, 1 micro-batch: F0 [0, 1], F1 [1, 2], B1 [2, 4], B0 [4, 6]. With 3 s of
+    reduction each, stage 1's ends at 5 (hidden), stage 0's at 7: 1 s past the end."""
+    w = _windows("1f1b", 2, 1, f=1.0, b=2.0)
+    assert w.iteration_s == 6.0 and w.last_backward == ((4.0, 6.0), (2.0, 4.0))
+    assert exposed_s(w, [3.0, 3.0], [0.0, 0.0], overlap_reduce=True, overlap_gather=False) == pytest.approx(1.0)
+    # the gathers run from the step's start: stage 0's 1.5 s outlast its first forward [0, 1] by 0.5 s,
+    # stage 1's end before its first forward [1, 2] does
+    assert exposed_s(w, [0.0, 0.0], [1.5, 1.5], overlap_reduce=False, overlap_gather=True) == pytest.approx(0.5)
+    assert exposed_s(w, [0.0, 0.0], [1.5, 1.5], overlap_reduce=False, overlap_gather=False) == pytest.approx(1.5)
+
+
+def test_a_devices_chunks_share_one_stream() -> None:
+    """Two chunks on one device, last backwards [2, 4] and [4, 6]: 3 s of reduction each, one after
+    the other: the first from 2 to 5, the second from 5 (not 4) to 8, 2 s past the end at 6."""
+    w = ChunkWindows(
+        device=(0, 0), first_forward=((0.0, 1.0), (1.0, 2.0)), last_backward=((4.0, 6.0), (2.0, 4.0)), iteration_s=6.0
+    )
+    assert exposed_s(w, [3.0, 3.0], [0.0, 0.0], overlap_reduce=True, overlap_gather=False) == pytest.approx(2.0)
+    assert exposed_s(w, [3.0, 3.0], [0.0, 0.0], overlap_reduce=False, overlap_gather=False) == pytest.approx(6.0)
