@@ -39,18 +39,20 @@ from __future__ import annotations
 
 import copy
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from autopipe.costs.counting import BlockCount, OpCount, count_block, count_loss
+from autopipe.costs.anatomy import Anatomy, anatomy_of
+from autopipe.costs.counting import BlockCount, OpCount, count_block, count_loss, leaf
 from autopipe.costs.deepen import Repeat, deepen_profile, repeat_of
 from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.measured import Progress, block_cost, crossing_tensors, drop_export_one
-from autopipe.costs.profile import Affine, BlockCost, Profile
+from autopipe.costs.memory import layer_options
+from autopipe.costs.profile import Affine, BlockCost, MemoryOption, Profile
 from autopipe.costs.tensor import (
     TensorSplit,
     block_kinds,
@@ -61,11 +63,13 @@ from autopipe.costs.tensor import (
 )
 from autopipe.costs.timing import flat_inputs_of, storage_key
 from autopipe.errors import ModelLoadError, ProfileError
+from autopipe.graph.kinds import OFFLOAD_KINDS, RECOMPUTE_KINDS
 from autopipe.graph.outputs import graph_outputs, training_loss
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.segment import extract
 from autopipe.graph.shallow import repeated_layers, shallow_copy
 from autopipe.graph.trace import TracedModel, fx_node_names, trace_model
+from autopipe.graph.units import node_units
 
 __all__ = [
     "BYTES_PER_PARAM",
@@ -124,6 +128,8 @@ class ModelCounts:
     precision: Precision
     recipe: TraceRecipe = DEFAULT_RECIPE  # how it was asked to be traced
     repeat: Repeat | None = None  # counted on a shallow copy: how its profile is deepened
+    # [size][block]: what each layer's parts save (costs/anatomy.py); None for a block that is no layer
+    anatomies: tuple[tuple[Anatomy | None, ...], ...] = ()
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -154,6 +160,7 @@ def count_model(
     shallow_model = shallow_copy(model, layers) if layers is not None else model
     traces: list[TracedModel] = []
     counts: list[tuple[BlockCount, ...]] = []
+    anatomies: list[tuple[Anatomy | None, ...]] = []
     report = progress or _silent
     for u in list(sizes):
         report(f"tracing at micro-batch size {u}", 0, 0)
@@ -178,7 +185,10 @@ def count_model(
         traces.append(traced)
         targets = _meta_inputs(loaded.make_targets(u), prec.dtype) if loaded.make_targets is not None else None
         loss = training_loss(loaded, traced, shallow_model, inputs, targets)
-        counts.append(_count_blocks(traced, inputs, loss, _step(report, f"counting at micro-batch size {u}")))
+        units = node_units(traced.gm, shallow_model, [b.nodes for b in traced.blocks])
+        counted = _count_blocks(traced, inputs, loss, _step(report, f"counting at micro-batch size {u}"), units)
+        counts.append(tuple(c for c, _ in counted))
+        anatomies.append(tuple(a for _, a in counted))
     repeat = (
         repeat_of(
             traces[0],
@@ -191,7 +201,7 @@ def count_model(
     )
     if layers is not None and repeat is None:  # the copy does not prove the whole: count it all
         return count_model(loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe, progress=progress)
-    return ModelCounts(tuple(traces), tuple(counts), loaded, prec, recipe, repeat)
+    return ModelCounts(tuple(traces), tuple(counts), loaded, prec, recipe, repeat, tuple(anatomies))
 
 
 def _on_meta(model: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -224,9 +234,11 @@ def _count_blocks(
     inputs: Any,
     loss: Callable[[list[Any]], torch.Tensor] | None = None,
     progress: Callable[[int, int], None] | None = None,
-) -> tuple[BlockCount, ...]:
+    units: Mapping[str, str] | None = None,
+) -> tuple[tuple[BlockCount, Anatomy | None], ...]:
     """Count each block on the values the blocks before it produced; a block that computes
     what an earlier one did (same ops, same shapes) reuses its count and its outputs' layout.
+    A block with units (``graph.units``: a transformer layer) also gets its anatomy.
 
     The training loss (computed on the last stage, after the last block) is counted in the
     last block, as the measured profiler does; a loss that cannot run on meta tensors (one
@@ -235,23 +247,28 @@ def _count_blocks(
     gm = traced.gm
     exclude = {storage_key(p) for p in gm.parameters()}
     env: dict[str, Any] = dict(zip(traced.input_names, flat_inputs_of(traced, inputs), strict=True))
-    seen: dict[tuple[Any, ...], tuple[BlockCount, tuple[Any, ...]]] = {}
+    seen: dict[tuple[Any, ...], tuple[BlockCount, tuple[Any, ...], Anatomy | None]] = {}
     by_name = {n.name: n for n in gm.graph.nodes}
-    out = []
+    units = units or {}
+    out: list[tuple[BlockCount, Anatomy | None]] = []
     for i, block in enumerate(traced.blocks):
         if progress is not None:
             progress(i, len(traced.blocks))
         nodes = [by_name[name] for name in block.nodes]
         key, _inputs, output_names = _signature(gm, nodes, env)
         if key in seen:
-            count, outs = seen[key]
+            count, outs, anatomy = seen[key]
             outs = _fresh_like(outs)
         else:
             seg = extract(gm, block.nodes)
-            count, outs = count_block(seg.module, [env[name] for name in seg.inputs], exclude)
-            seen[key] = (count, outs)
+            args = [env[name] for name in seg.inputs]
+            count, outs = count_block(seg.module, args, exclude)
+            anatomy = None
+            if any(n in units for n in block.nodes):
+                anatomy = anatomy_of(seg.module, [leaf(a) for a in args], units, exclude)
+            seen[key] = (count, outs, anatomy)
         env.update(zip(output_names, outs, strict=True))
-        out.append(count)
+        out.append((count, anatomy))
     if progress is not None:
         progress(len(out), len(out))
     if loss is not None and out:
@@ -260,12 +277,15 @@ def _count_blocks(
             extra = count_loss(loss, [env[n] if n is not None else None for n in names], exclude)
         except ModelLoadError:
             return tuple(out)
-        last = out[-1]
-        out[-1] = BlockCount(
-            last.forward + extra.forward,
-            last.backward + extra.backward,
-            last.backward_input + extra.backward_input,
-            last.saved_bytes + extra.saved_bytes,
+        last, _ = out[-1]
+        out[-1] = (
+            BlockCount(
+                last.forward + extra.forward,
+                last.backward + extra.backward,
+                last.backward_input + extra.backward_input,
+                last.saved_bytes + extra.saved_bytes,
+            ),
+            None,  # the loss is no layer's part: the last block offers nothing
         )
     return tuple(out)
 
@@ -361,6 +381,7 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
     compute, linear = counts.precision.compute, counts.precision.linear
     elt = float(torch.empty((), dtype=counts.precision.dtype).element_size())
     kinds = block_kinds([b.name for b in ref.blocks], split.shape) if split else ("whole",) * len(ref.blocks)
+    kinds_of = kinds
     t, sp = (split.degree, split.sequence_parallel) if split else (1, False)
 
     def fit(i: int, what: Callable[[BlockCount, float], float]) -> Affine:
@@ -383,6 +404,33 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
             memo[key] = (f, b, min(bi, b))
         return memo[key]
 
+    def options(i: int) -> tuple[MemoryOption, ...]:
+        found = [a[i] for a in counts.anatomies] if counts.anatomies else []
+        if not found or any(a is None for a in found):
+            return ()
+        by_size = dict(zip(xs, zip(found, (c[i] for c in counts.counts), strict=True), strict=True))
+
+        def held(kinds: tuple[str, ...], u: float) -> float:  # the count's saved bytes, less what the kinds free
+            a, c = by_size[u]
+            assert a is not None
+            return split_saved(max(0.0, c.saved_bytes - a.saved() + a.held(kinds)), kinds_of[i], t, sp)
+
+        def recomputed(kinds: tuple[str, ...], u: float) -> tuple[float, float]:
+            a = by_size[u][0]
+            assert a is not None
+            again = ops(i, a.recomputed(kinds))
+            return block_time(again, spec, compute, linear), float(sum(op.flops for op in again))
+
+        def offloaded(kinds: tuple[str, ...], u: float) -> float:
+            a = by_size[u][0]
+            assert a is not None
+            return split_saved(float(a.offloaded(kinds)), kinds_of[i], t, sp)
+
+        def has(kinds: tuple[str, ...], offload: bool) -> bool:
+            return all(a is not None and a.has(kinds, OFFLOAD_KINDS if offload else RECOMPUTE_KINDS) for a in found)
+
+        return layer_options(held, recomputed, offloaded, has, xs)
+
     def one(i: int, b: Any) -> BlockCost:
         cost = block_cost(
             b,
@@ -395,6 +443,8 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
             backward_flops=fit(i, lambda c, u: sum(op.flops for op in ops(i, c.backward))),
             shared=ref.shared_params,
         )
+        memory = options(i)
+        cost = replace(cost, layer=bool(memory) or cost.layer, memory=memory)
         if split is None or kinds[i] == "whole":
             return cost
         params = split_params(cost.params, kinds[i], t, split.shape)

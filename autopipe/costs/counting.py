@@ -42,7 +42,7 @@ from torch.utils.flop_counter import (
 
 from autopipe.costs.timing import saved_bytes
 
-__all__ = ["BlockCount", "OpCount", "count_block", "count_loss", "fused_attention"]
+__all__ = ["BlockCount", "OpCount", "count_block", "count_loss", "count_ops", "fused_attention", "leaf"]
 
 aten = torch.ops.aten
 
@@ -158,6 +158,14 @@ class _CountMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return out
 
 
+@contextlib.contextmanager
+def count_ops() -> Iterator[Callable[[], tuple[OpCount, ...]]]:
+    """Count the aten ops dispatched within: ``with count_ops() as ops: ...; ops()`` is their counts."""
+    mode = _CountMode()
+    with mode:
+        yield lambda: tuple(mode.ops)
+
+
 _LINEAR = {aten.mm: 0, aten.addmm: 1}  # packet -> index of the first matrix operand
 _BATCHED = {aten.bmm: 0, aten.baddbmm: 1}
 
@@ -216,7 +224,7 @@ def count_block(
     ``args`` are meta tensors (floating ones become fresh autograd leaves, as in the measured
     profiler); ``exclude`` holds the storage keys of parameters (``profile.storage_key``).
     """
-    leaves = [_leaf(a) for a in args]
+    leaves = [leaf(a) for a in args]
 
     def forward() -> Any:
         with fused_attention():
@@ -249,7 +257,7 @@ def count_loss(
 ) -> BlockCount:
     """Count the training loss on the model's flat outputs (meta tensors, made leaves), as
     :func:`count_block` counts a block: its backward has no weights, so B = full backward."""
-    leaves = [_leaf(o) for o in outputs]
+    leaves = [leaf(o) for o in outputs]
     nbytes = saved_bytes(lambda: loss(leaves), exclude=set(exclude))
     fwd = _CountMode()
     with fwd:
@@ -261,7 +269,8 @@ def count_loss(
     return BlockCount(tuple(fwd.ops), tuple(bwd.ops), tuple(bwd.ops), nbytes)
 
 
-def _leaf(v: Any) -> Any:
+def leaf(v: Any) -> Any:
+    """``v`` as a fresh autograd leaf (a floating tensor), so a block's backward stops at it."""
     if isinstance(v, torch.Tensor) and v.is_floating_point():
         return v.detach().requires_grad_(True)
     return v

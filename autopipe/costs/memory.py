@@ -1,0 +1,234 @@
+"""Memory choices between keeping every activation and recomputing whole stages, as profiles.
+
+Megatron-LM's ways to keep fewer activations than all of them (Korthikanti et al. 2022;
+Megatron-Core's fine-grained activation offloading; PipeOffload, Wan et al. 2025), each uniform
+over the model's layers, the forms Megatron-LM can express:
+
+- **selective recomputation** of module kinds (``--recompute-granularity selective
+  --recompute-modules core_attn mlp layernorm``): each layer keeps what
+  :meth:`~autopipe.costs.anatomy.Anatomy.held` says and runs the kinds' forward again in its
+  backward;
+- **activation offload** of module kinds (``--fine-grained-activation-offloading
+  --offload-modules ...``): each layer keeps its saved bytes less what goes to the host, and the
+  copy to the host (forward) and back (backward) runs on the host link beside the compute;
+- **recomputing the first k layers of each stage** whole (``--recompute-granularity full
+  --recompute-method block --recompute-num-layers k``): depends on the cuts, so it is the
+  partition problem's (``partition/layers.py``), not a profile's.
+
+A layer's options (:class:`~autopipe.costs.profile.MemoryOption`) are counted from its own ops
+(:func:`layer_options`); the planner searches each choice (:class:`MemoryChoice`) as a profile
+(:func:`apply`): every layer's held bytes and backward time under it, searched as the profile
+itself is. Which selective choices are worth searching is :func:`choices`: the ones no other
+choice beats in both the bytes it keeps and the time it adds (summed over the layers).
+
+The offload's time (an assumption, stated): the copy engine moves a layer's offloaded bytes
+while the layer computes, so its forward takes ``max(F, x / host_bandwidth)`` and its backward
+``max(B, x / host_bandwidth)`` (the prefetch of the next layer back overlapping this one);
+a stage also holds one micro-batch's offloaded bytes at once (the one being copied), as a
+staging buffer (``BlockCost.staging_bytes``). Tests: tests/costs/test_memory.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from autopipe.costs.profile import Affine, BlockCost, MemoryOption, Profile
+from autopipe.errors import PlanError
+from autopipe.graph.kinds import OFFLOAD_KINDS, RECOMPUTE_KINDS
+
+__all__ = [
+    "NO_CHOICE",
+    "RECOMPUTE_SETS",
+    "MemoryChoice",
+    "apply",
+    "choices",
+    "layer_options",
+]
+
+RECOMPUTE_SETS: tuple[tuple[str, ...], ...] = tuple(
+    kinds
+    for r in range(1, len(RECOMPUTE_KINDS) + 1)
+    for kinds in itertools.combinations(sorted(RECOMPUTE_KINDS), r)
+    if not {"mlp", "mlp_act"} <= set(kinds)  # the MLP whole holds its activation already
+)
+"""Every set of module kinds that may be recomputed together (11: the four kinds, mlp and
+mlp_act not both)."""
+
+
+@dataclass(frozen=True)
+class MemoryChoice:
+    """One uniform way to keep fewer activations: the plan's ``recompute_modules``,
+    ``recompute_layers`` or ``offload_modules`` (at most one of them; none of them: every
+    activation kept, or stages recomputed whole)."""
+
+    recompute: tuple[str, ...] = ()  # module kinds recomputed in every layer
+    offload: tuple[str, ...] = ()  # module kinds whose saved inputs go to the host in every layer
+    layers: int = 0  # the first k layers of each stage recomputed whole (the block method)
+
+    def __post_init__(self) -> None:
+        if sum(map(bool, (self.recompute, self.offload, self.layers))) > 1:
+            raise PlanError("recompute modules, offload modules and recomputed layers are one choice; give one of them")
+
+    @property
+    def none(self) -> bool:
+        return not (self.recompute or self.offload or self.layers)
+
+    @property
+    def said(self) -> str:
+        """``recompute core_attn+mlp``, ``offload qkv_linear``, ``recompute 2 layers per stage`` or ``none``."""
+        if self.recompute:
+            return "recompute " + "+".join(self.recompute)
+        if self.offload:
+            return "offload " + "+".join(self.offload)
+        if self.layers:
+            return f"recompute {self.layers} layer{'s' if self.layers != 1 else ''} per stage"
+        return "none"
+
+
+NO_CHOICE = MemoryChoice()
+
+
+def layer_options(
+    held: Callable[[tuple[str, ...], float], float],
+    recomputed: Callable[[tuple[str, ...], float], tuple[float, float]],
+    offloaded: Callable[[tuple[str, ...], float], float],
+    has: Callable[[tuple[str, ...], bool], bool],
+    sizes: Sequence[float],
+) -> tuple[MemoryOption, ...]:
+    """A layer's options at the micro-batch sizes ``sizes`` (fitted as every cost is): every
+    recompute set it has regions for (``has(kinds, False)``; ``held(kinds, u)`` bytes kept,
+    ``recomputed(kinds, u)`` its (seconds, FLOPs)) and every single offload kind it has
+    (``has((kind,), True)``; ``offloaded(kinds, u)`` bytes moved), those that keep less than all."""
+    xs = list(sizes)
+
+    def fit(f: Callable[[float], float]) -> Affine:
+        return Affine.fit(xs, [f(u) for u in xs])
+
+    everything = fit(lambda u: held((), u))
+    out: list[MemoryOption] = []
+    for kinds in RECOMPUTE_SETS:
+        if has(kinds, False):
+            kept = fit(lambda u, k=kinds: held(k, u))  # type: ignore[misc]
+            if kept(xs[-1]) < everything(xs[-1]):
+                out.append(
+                    MemoryOption(
+                        recompute=kinds,
+                        saved_bytes=kept,
+                        recompute_s=fit(lambda u, k=kinds: recomputed(k, u)[0]),  # type: ignore[misc]
+                        recompute_flops=fit(lambda u, k=kinds: recomputed(k, u)[1]),  # type: ignore[misc]
+                    )
+                )
+    for kind in OFFLOAD_KINDS:
+        moved = fit(lambda u, k=kind: offloaded((k,), u))  # type: ignore[misc]
+        if has((kind,), True) and moved(xs[-1]) > 0:
+            out.append(
+                MemoryOption(
+                    offload=(kind,),
+                    saved_bytes=Affine(
+                        max(0.0, everything.intercept - moved.intercept), max(0.0, everything.slope - moved.slope)
+                    ),
+                    offload_bytes=moved,
+                )
+            )
+    return tuple(out)
+
+
+def _option(block: BlockCost, choice: MemoryChoice) -> MemoryOption | None:
+    """``block``'s option for a selective recompute or an offload choice (None: it has none)."""
+    if choice.recompute:
+        return next((o for o in block.memory if o.recompute == choice.recompute), None)
+    moved = [o for o in block.memory if o.offload and o.offload[0] in choice.offload]
+    if not moved:
+        return None
+    total = Affine(sum(o.offload_bytes.intercept for o in moved), sum(o.offload_bytes.slope for o in moved))
+    saved = block.saved_bytes
+    return MemoryOption(
+        offload=choice.offload,
+        saved_bytes=Affine(max(0.0, saved.intercept - total.intercept), max(0.0, saved.slope - total.slope)),
+        offload_bytes=total,
+    )
+
+
+def apply(profile: Profile, choice: MemoryChoice, host_bandwidth: float = 0.0) -> Profile:
+    """``profile`` with every layer priced under ``choice`` (a selective recompute or an offload;
+    the block method and none leave it as it is): held bytes, backward time (the recomputed
+    forward, or the copy back where it is slower), forward time (the copy out where it is
+    slower) and, for an offload, the staging buffer. Times that take a max are priced at the
+    profile's micro-batch sizes and fitted, as the profile's own costs are."""
+    if not (choice.recompute or choice.offload):
+        return profile
+    if choice.offload and not host_bandwidth > 0:
+        raise PlanError(
+            "activation offload needs the device's host link bandwidth (host_bandwidth in the device catalogue)"
+        )
+    xs = [float(u) for u in profile.micro_batch_sizes]
+    blocks = []
+    for b in profile.blocks:
+        option = _option(b, choice)
+        if option is None:
+            blocks.append(b)
+            continue
+        if choice.recompute:
+            blocks.append(
+                replace(
+                    b,
+                    saved_bytes=option.saved_bytes,
+                    backward_s=_plus(b.backward_s, option.recompute_s),
+                    backward_input_s=_plus(b.backward_input_s, option.recompute_s),
+                )
+            )
+            continue
+        copy = Affine(option.offload_bytes.intercept / host_bandwidth, option.offload_bytes.slope / host_bandwidth)
+
+        def slower(cost: Affine, copy: Affine = copy) -> Affine:
+            return Affine.fit(xs, [max(cost(u), copy(u)) for u in xs]) if xs else cost
+
+        blocks.append(
+            replace(
+                b,
+                saved_bytes=option.saved_bytes,
+                forward_s=slower(b.forward_s),
+                backward_s=slower(b.backward_s),
+                backward_input_s=slower(b.backward_input_s),
+                staging_bytes=option.offload_bytes,
+            )
+        )
+    return replace(profile, blocks=tuple(blocks))
+
+
+def _plus(a: Affine, b: Affine) -> Affine:
+    return Affine(a.intercept + b.intercept, a.slope + b.slope)
+
+
+def choices(profile: Profile, u: float, host_bandwidth: float = 0.0) -> tuple[MemoryChoice, ...]:
+    """The selective and offload choices worth searching for ``profile`` at micro-batch size
+    ``u``: a recompute set is kept unless another keeps no more bytes for no more time (summed
+    over the layers that have both; ties to the smaller set); offloads (where the device has a
+    host link) as a ladder: the kinds that move the most first, one more at a time."""
+    layers = [b for b in profile.blocks if b.memory]
+    if not layers:
+        return ()
+    points: dict[tuple[str, ...], tuple[float, float]] = {}
+    for kinds in RECOMPUTE_SETS:
+        found = [o for b in layers for o in b.memory if o.recompute == kinds]
+        if len(found) == len(layers):
+            points[kinds] = (sum(o.saved_bytes(u) for o in found), sum(o.recompute_s(u) for o in found))
+
+    def beats(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+        """``a`` keeps no more and adds no more than ``b``, and is better somewhere (or smaller)."""
+        (ha, ta), (hb, tb) = points[a], points[b]
+        return ha <= hb and ta <= tb and (ha, ta, len(a), a) < (hb, tb, len(b), b)
+
+    kept = [k for k in points if not any(beats(other, k) for other in points if other != k)]
+    out = [MemoryChoice(recompute=k) for k in sorted(kept, key=lambda k: (points[k][1], k))]
+    if host_bandwidth > 0:
+        moved: dict[str, float] = {}
+        for b in layers:
+            for o in b.memory:
+                if o.offload:
+                    moved[o.offload[0]] = moved.get(o.offload[0], 0.0) + o.offload_bytes(u)
+        ladder = sorted(moved, key=lambda k: (-moved[k], k))
+        out += [MemoryChoice(offload=tuple(sorted(ladder[:i]))) for i in range(1, len(ladder) + 1)]
+    return tuple(out)
