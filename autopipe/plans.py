@@ -22,6 +22,7 @@ from typing import Any
 
 from autopipe._io import atomic_write_text, parse_json, read_json, shown
 from autopipe.errors import PlanFileError
+from autopipe.graph.kinds import OFFLOAD_KINDS, RECOMPUTE_KINDS
 from autopipe.graph.model_file import found, recorded
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.modes import Recompute
@@ -68,6 +69,9 @@ class StagePlan:
     activation_bytes: float  # saved for backward, one micro-batch
     held_bytes: float  # kept per micro-batch in flight: activations, or only inputs if recomputed
     send_bytes: float  # bytes sent to the next stage per micro-batch (0 for the last)
+    # held again, once, while a backward recomputes (the plan's recompute_layers: the largest of the
+    # stage's recomputed layers' activations; 0 otherwise, a whole-stage recompute holding activation_bytes)
+    transient_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class Alternative:
     bubble_fraction: float
     peak_memory_bytes: float
     partition: str  # "solver" or the baseline name that produced the cuts
+    memory: str = ""  # its uniform memory choice in words (Plan.memory_choice), "" for none
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,7 @@ class FreePlan:
     tensor_parallel: int = 1
     devices: int = 1  # pipeline depth
     data_parallel: int = 1
+    memory: str = ""  # its uniform memory choice in words (Plan.memory_choice), "" for none
 
     @staticmethod
     def of(plan: Plan) -> FreePlan:
@@ -123,6 +129,7 @@ class FreePlan:
             plan.tensor_parallel,
             plan.devices,
             plan.data_parallel,
+            plan.memory_choice,
         )
 
 
@@ -172,6 +179,14 @@ class Plan:
     # candidates were within that noise, which were tied and how the plan was chosen among them.
     uncertainty: float = 0.0
     noise_note: str = ""
+    # The uniform memory choice (costs/memory.py; at most one, Megatron-LM's forms): module kinds
+    # recomputed in every layer (--recompute-granularity selective --recompute-modules), the first
+    # k layers of each stage recomputed whole (--recompute-method block --recompute-num-layers k),
+    # module kinds' saved inputs offloaded to the host (--offload-modules). stages[].recompute
+    # stays the whole-stage recomputation alone. Plans written before them read as none.
+    recompute_modules: tuple[str, ...] = ()
+    recompute_layers: int = 0
+    offload_modules: tuple[str, ...] = ()
     version: int = PLAN_VERSION
 
     @property
@@ -185,11 +200,36 @@ class Plan:
         """Iteration time including the data-parallel gradient all-reduce."""
         return self.iteration_time_s + self.allreduce_s
 
+    @property
+    def memory_choice(self) -> str:
+        """The uniform memory choice in words: ``recompute core_attn+mlp``, ``recompute 2 layers per
+        stage``, ``offload qkv_linear`` ("" for none)."""
+        if self.recompute_modules:
+            return "recompute " + "+".join(self.recompute_modules)
+        if self.recompute_layers:
+            return f"recompute {self.recompute_layers} layer{'s' if self.recompute_layers != 1 else ''} per stage"
+        if self.offload_modules:
+            return "offload " + "+".join(self.offload_modules)
+        return ""
+
     def to_json(self) -> str:
         raw = asdict(self)
-        for field, default in (("uncertainty", 0.0), ("noise_note", "")):  # added later: left out at defaults
+        later = (  # added later: left out at their defaults, so plans without them are written as before
+            ("uncertainty", 0.0),
+            ("noise_note", ""),
+            ("recompute_modules", ()),
+            ("recompute_layers", 0),
+            ("offload_modules", ()),
+        )
+        for field, default in later:
             if raw[field] == default:
                 del raw[field]
+        for stage in raw["stages"]:
+            if stage["transient_bytes"] == 0.0:
+                del stage["transient_bytes"]
+        for part in [*raw["alternatives"], *([raw["free_plan"]] if raw["free_plan"] is not None else [])]:
+            if not part["memory"]:
+                del part["memory"]
         return json.dumps(raw, indent=1, sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:
@@ -249,6 +289,8 @@ class Plan:
                 f"  stage {s.index} (device {s.rank}): {span} [{len(s.blocks)} blocks]"
                 f"{' recompute' if s.recompute else ''}"
             )
+        if self.memory_choice:
+            lines.append(f"  every layer: {self.memory_choice}")
         return "\n".join(lines)
 
 
@@ -449,6 +491,7 @@ def check_plan_values(plan: Plan, source: str = "plan") -> None:
             "sequence_parallel is true with tensor_parallel 1 (sequence parallelism "
             "splits a tensor-parallel group's work)"
         )
+    _check_memory_choice(plan, bad)
     if plan.hardware_flops < plan.model_flops:
         raise bad(
             f"hardware_flops {plan.hardware_flops:g} is below model_flops {plan.model_flops:g} (it adds recomputation)"
@@ -485,3 +528,23 @@ def check_plan_values(plan: Plan, source: str = "plan") -> None:
     for i, b in enumerate(plan.baselines):
         if not b.peak_memory_bytes:
             raise bad(f"baselines[{i}].peak_memory_bytes is empty, expected one value per device")
+
+
+def _check_memory_choice(plan: Plan, bad: Any) -> None:
+    """The uniform memory choice: known module kinds, each once, at most one of the three, and
+    no stage recomputed whole beside it."""
+    for field, kinds in (("recompute_modules", RECOMPUTE_KINDS), ("offload_modules", OFFLOAD_KINDS)):
+        names = getattr(plan, field)
+        wrong = [k for k in names if k not in kinds]
+        if wrong or len(set(names)) != len(names):
+            raise bad(
+                f"{field} {list(names)} names {_shown(wrong[0]) if wrong else 'a kind twice'} "
+                f"(known: {', '.join(kinds)})"
+            )
+    given = [f for f in ("recompute_modules", "recompute_layers", "offload_modules") if getattr(plan, f)]
+    if len(given) > 1:
+        raise bad(f"{' and '.join(given)} are both given; a plan makes one uniform memory choice")
+    if given and any(s.recompute for s in plan.stages):
+        raise bad(f"{given[0]} is given and stages recompute whole too; a plan makes one of the two choices")
+    if given and given[0] != "recompute_layers" and any(s.transient_bytes for s in plan.stages):
+        raise bad("stages hold transient_bytes, which only recompute_layers gives")

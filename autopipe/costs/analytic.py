@@ -46,12 +46,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe.costs.anatomy import Anatomy, anatomy_of
-from autopipe.costs.counting import BlockCount, OpCount, count_block, count_loss, leaf
+from autopipe.costs.anatomy import Anatomy, anatomy_of, options_of
+from autopipe.costs.counting import (
+    BlockCount,
+    OpCount,
+    block_time,
+    count_block,
+    count_loss,
+    leaf,
+)
 from autopipe.costs.deepen import Repeat, deepen_profile, repeat_of
 from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.measured import Progress, block_cost, crossing_tensors, drop_export_one
-from autopipe.costs.memory import layer_options
 from autopipe.costs.profile import Affine, BlockCost, MemoryOption, Profile
 from autopipe.costs.tensor import (
     TensorSplit,
@@ -63,7 +69,6 @@ from autopipe.costs.tensor import (
 )
 from autopipe.costs.timing import flat_inputs_of, storage_key
 from autopipe.errors import ModelLoadError, ProfileError
-from autopipe.graph.kinds import OFFLOAD_KINDS, RECOMPUTE_KINDS
 from autopipe.graph.outputs import graph_outputs, training_loss
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.segment import extract
@@ -77,7 +82,6 @@ __all__ = [
     "ModelCounts",
     "Precision",
     "analytic_profile",
-    "block_time",
     "count_model",
     "profile_from_counts",
     "state_factor",
@@ -347,30 +351,6 @@ def _describe(v: Any) -> Any:
 # --------------------------------------------------------------------------- time
 
 
-def op_time(op: OpCount, spec: DeviceSpec, peak: float, dtype: str = "") -> float:
-    """Roofline time of one op on ``spec`` (``peak``: FLOP/s of the op's compute dtype ``dtype``,
-    whose efficiency curve prices a GEMM by its size)."""
-    compute = op.flops / (peak * spec.efficiency(dtype, op.size)) if op.flops else 0.0
-    memory = op.bytes / (spec.memory_bandwidth * spec.memory_efficiency)
-    return max(compute, memory) + spec.op_overhead_s
-
-
-def op_dtype(op: OpCount, compute: str, linear: str = "") -> str:
-    """The compute dtype that prices ``op``: ``linear`` for a linear layer's GEMM, if given."""
-    return linear if linear and op.kind == "linear" else compute
-
-
-def block_time(ops: Sequence[OpCount], spec: DeviceSpec, compute: str, linear: str = "") -> float:
-    """Seconds for ``ops`` run one after another on ``spec``; ``linear``: the compute dtype of
-    the linear layers' GEMMs where it is not ``compute`` (fp8 training)."""
-    peaks = {d: spec.peak(d) for d in {compute, linear or compute}}
-    total = 0.0
-    for op in ops:
-        dtype = op_dtype(op, compute, linear)
-        total += op_time(op, spec, peaks[dtype], dtype)
-    return total
-
-
 def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSplit | None = None) -> Profile:
     """Price ``counts`` on ``spec``: the analytic Profile; with ``split``, one device's share
     of each block at its tensor-parallel degree (``costs.tensor``: ops, collectives, saved
@@ -381,7 +361,6 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
     compute, linear = counts.precision.compute, counts.precision.linear
     elt = float(torch.empty((), dtype=counts.precision.dtype).element_size())
     kinds = block_kinds([b.name for b in ref.blocks], split.shape) if split else ("whole",) * len(ref.blocks)
-    kinds_of = kinds
     t, sp = (split.degree, split.sequence_parallel) if split else (1, False)
 
     def fit(i: int, what: Callable[[BlockCount, float], float]) -> Affine:
@@ -408,28 +387,13 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
         found = [a[i] for a in counts.anatomies] if counts.anatomies else []
         if not found or any(a is None for a in found):
             return ()
-        by_size = dict(zip(xs, zip(found, (c[i] for c in counts.counts), strict=True), strict=True))
-
-        def held(kinds: tuple[str, ...], u: float) -> float:  # the count's saved bytes, less what the kinds free
-            a, c = by_size[u]
-            assert a is not None
-            return split_saved(max(0.0, c.saved_bytes - a.saved() + a.held(kinds)), kinds_of[i], t, sp)
-
-        def recomputed(kinds: tuple[str, ...], u: float) -> tuple[float, float]:
-            a = by_size[u][0]
-            assert a is not None
-            again = ops(i, a.recomputed(kinds))
-            return block_time(again, spec, compute, linear), float(sum(op.flops for op in again))
-
-        def offloaded(kinds: tuple[str, ...], u: float) -> float:
-            a = by_size[u][0]
-            assert a is not None
-            return split_saved(float(a.offloaded(kinds)), kinds_of[i], t, sp)
-
-        def has(kinds: tuple[str, ...], offload: bool) -> bool:
-            return all(a is not None and a.has(kinds, OFFLOAD_KINDS if offload else RECOMPUTE_KINDS) for a in found)
-
-        return layer_options(held, recomputed, offloaded, has, xs)
+        by_size = {u: (a, float(c[i].saved_bytes)) for u, a, c in zip(xs, found, counts.counts, strict=True) if a}
+        return options_of(
+            by_size,
+            lambda again, u: block_time(ops(i, again), spec, compute, linear),
+            lambda again: float(sum(op.flops for op in ops(i, again))),
+            lambda saved: split_saved(saved, kinds[i], t, sp),
+        )
 
     def one(i: int, b: Any) -> BlockCost:
         cost = block_cost(

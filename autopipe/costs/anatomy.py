@@ -26,7 +26,7 @@ With nothing recomputed, :meth:`Anatomy.held` is the block's saved bytes (the sa
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,11 +34,16 @@ import torch
 import torch.fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autopipe.costs.counting import OpCount, count_ops, fused_attention
-from autopipe.costs.timing import storage_key
+from autopipe.costs.counting import OpCount, count_ops, fused_attention, leaf
+from autopipe.costs.memory import layer_options
+from autopipe.costs.profile import MemoryOption
+from autopipe.costs.timing import flat_inputs_of, storage_key
 from autopipe.graph.kinds import DISCARDING, OFFLOAD_KINDS, RECOMPUTE_KINDS
+from autopipe.graph.segment import extract
+from autopipe.graph.trace import TracedModel
+from autopipe.graph.units import node_units
 
-__all__ = ["Anatomy", "NodeFacts", "anatomy_of"]
+__all__ = ["Anatomy", "NodeFacts", "anatomy_of", "layer_anatomies", "options_of"]
 
 
 @dataclass(frozen=True)
@@ -170,10 +175,67 @@ class _Recorder(torch.fx.Interpreter):
 def anatomy_of(
     module: torch.fx.GraphModule, args: Sequence[Any], units: Mapping[str, str], exclude: Collection[int] = ()
 ) -> Anatomy:
-    """Run ``module(*args)`` (a block's segment, on meta tensors made autograd leaves by the
-    caller) node by node and record its :class:`Anatomy`; ``units``: node name -> unit
+    """Run ``module(*args)`` (a block's segment, on tensors made autograd leaves by the caller)
+    node by node and record its :class:`Anatomy`; ``units``: node name -> unit
     (``graph.units.node_units``); ``exclude``: storage keys of parameters."""
+    return _run(module, args, units, exclude)[0]
+
+
+def _run(
+    module: torch.fx.GraphModule, args: Sequence[Any], units: Mapping[str, str], exclude: Collection[int]
+) -> tuple[Anatomy, Any]:
     recorder = _Recorder(module, units, exclude)
     with fused_attention(), torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
-        recorder.run(*args)
-    return Anatomy(tuple(recorder.facts), dict(recorder.nbytes))
+        out = recorder.run(*args)
+    return Anatomy(tuple(recorder.facts), dict(recorder.nbytes)), out
+
+
+def layer_anatomies(traced: TracedModel, model: torch.nn.Module, inputs: Any) -> tuple[Anatomy | None, ...]:
+    """Each block's :class:`Anatomy` (None for a block that is no layer), running the traced model
+    block by block on ``inputs`` (real tensors: the measured profiler's; nothing else is kept)."""
+    gm = traced.gm
+    units = node_units(gm, model, [b.nodes for b in traced.blocks])
+    exclude = {storage_key(p) for p in gm.parameters()}
+    env: dict[str, Any] = dict(zip(traced.input_names, flat_inputs_of(traced, inputs), strict=True))
+    out: list[Anatomy | None] = []
+    for block in traced.blocks:
+        seg = extract(gm, block.nodes)
+        args = [env[name] for name in seg.inputs]
+        if any(n in units for n in block.nodes):
+            anatomy, outs = _run(seg.module, [leaf(a) for a in args], units, exclude)
+        else:
+            anatomy = None
+            with torch.no_grad():
+                outs = seg.module(*args)
+        env.update(zip(seg.outputs, (o.detach() if isinstance(o, torch.Tensor) else o for o in outs), strict=True))
+        out.append(anatomy)
+    return tuple(out)
+
+
+def options_of(
+    found: Mapping[float, tuple[Anatomy, float]],
+    seconds: Callable[[Sequence[OpCount], float], float],
+    flops: Callable[[Sequence[OpCount]], float],
+    scaled: Callable[[float], float] = float,
+) -> tuple[MemoryOption, ...]:
+    """A layer's :class:`~autopipe.costs.profile.MemoryOption` s (``costs.memory.layer_options``)
+    from its anatomy and saved bytes at each micro-batch size (``found``: size -> both):
+    the bytes a choice keeps are the block's saved bytes less what the anatomy says it frees;
+    ``seconds(ops, u)`` prices recomputed ops, ``flops(ops)`` counts them, ``scaled`` maps bytes
+    to one device's share (tensor parallelism)."""
+
+    def held(kinds: tuple[str, ...], u: float) -> float:
+        a, saved = found[u]
+        return scaled(max(0.0, saved - a.saved() + a.held(kinds)))
+
+    def recomputed(kinds: tuple[str, ...], u: float) -> tuple[float, float]:
+        again = found[u][0].recomputed(kinds)
+        return seconds(again, u), flops(again)
+
+    def offloaded(kinds: tuple[str, ...], u: float) -> float:
+        return scaled(float(found[u][0].offloaded(kinds)))
+
+    def has(kinds: tuple[str, ...], offload: bool) -> bool:
+        return all(a.has(kinds, OFFLOAD_KINDS if offload else RECOMPUTE_KINDS) for a, _ in found.values())
+
+    return layer_options(held, recomputed, offloaded, has, sorted(found))

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from autopipe._io import atomic_write_text, shown
-from autopipe.costs.analytic import ModelCounts, count_model, op_dtype
-from autopipe.costs.counting import OpCount
+from autopipe.costs.analytic import ModelCounts, count_model
+from autopipe.costs.counting import OpCount, op_dtype
 from autopipe.costs.devices import DeviceSpec, device_spec, match_device, read_device_file
 from autopipe.costs.profile import Profile
 from autopipe.errors import ProfileError

@@ -40,9 +40,21 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
+from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.timing import saved_bytes
 
-__all__ = ["BlockCount", "OpCount", "count_block", "count_loss", "count_ops", "fused_attention", "leaf"]
+__all__ = [
+    "BlockCount",
+    "OpCount",
+    "block_time",
+    "count_block",
+    "count_loss",
+    "count_ops",
+    "fused_attention",
+    "leaf",
+    "op_dtype",
+    "op_time",
+]
 
 aten = torch.ops.aten
 
@@ -279,3 +291,30 @@ def leaf(v: Any) -> Any:
 def total(ops: Sequence[OpCount], cost: Callable[[OpCount], float]) -> float:
     """Sum of ``cost(op)`` over ``ops``."""
     return sum(cost(op) for op in ops)
+
+
+# --------------------------------------------------------------------------- time
+
+
+def op_time(op: OpCount, spec: DeviceSpec, peak: float, dtype: str = "") -> float:
+    """Roofline time of one op on ``spec`` (``peak``: FLOP/s of the op's compute dtype ``dtype``,
+    whose efficiency curve prices a GEMM by its size)."""
+    compute = op.flops / (peak * spec.efficiency(dtype, op.size)) if op.flops else 0.0
+    memory = op.bytes / (spec.memory_bandwidth * spec.memory_efficiency)
+    return max(compute, memory) + spec.op_overhead_s
+
+
+def op_dtype(op: OpCount, compute: str, linear: str = "") -> str:
+    """The compute dtype that prices ``op``: ``linear`` for a linear layer's GEMM, if given."""
+    return linear if linear and op.kind == "linear" else compute
+
+
+def block_time(ops: Sequence[OpCount], spec: DeviceSpec, compute: str, linear: str = "") -> float:
+    """Seconds for ``ops`` run one after another on ``spec``; ``linear``: the compute dtype of
+    the linear layers' GEMMs where it is not ``compute`` (fp8 training)."""
+    peaks = {d: spec.peak(d) for d in {compute, linear or compute}}
+    total = 0.0
+    for op in ops:
+        dtype = op_dtype(op, compute, linear)
+        total += op_time(op, spec, peaks[dtype], dtype)
+    return total

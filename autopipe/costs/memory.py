@@ -70,10 +70,29 @@ class MemoryChoice:
     def __post_init__(self) -> None:
         if sum(map(bool, (self.recompute, self.offload, self.layers))) > 1:
             raise PlanError("recompute modules, offload modules and recomputed layers are one choice; give one of them")
+        for what, kinds, known in (
+            ("recompute", self.recompute, RECOMPUTE_KINDS),
+            ("offload", self.offload, OFFLOAD_KINDS),
+        ):
+            if not isinstance(kinds, tuple) or any(k not in known for k in kinds) or len(set(kinds)) != len(kinds):
+                raise PlanError(f"{what} modules {list(kinds)!r}: name each once, among {', '.join(known)}")
+            object.__setattr__(self, what, tuple(sorted(kinds)))
+        if {"mlp", "mlp_act"} <= set(self.recompute):
+            raise PlanError(
+                "recompute modules mlp and mlp_act: mlp recomputes the whole MLP, its activation included; give one"
+            )
+        if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 0:
+            raise PlanError(f"recomputed layers must be a whole number >= 0, not {self.layers!r}")
 
     @property
     def none(self) -> bool:
         return not (self.recompute or self.offload or self.layers)
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """The order among choices that tie: none first, then offload, selective, the block method."""
+        kind = 0 if self.none else 1 if self.offload else 2 if self.recompute else 3
+        return (kind, self.layers, len(self.offload), self.offload, len(self.recompute), self.recompute)
 
     @property
     def said(self) -> str:

@@ -57,15 +57,15 @@ def make_plan(
                 activation_bytes=stats.act[s],
                 held_bytes=stats.in_bytes[s] if rc else stats.act[s],
                 send_bytes=part.cut_bytes[s] if s < len(part.cut_bytes) else 0.0,
+                transient_bytes=stats.layer_peak[s] if stats.layer_peak and not rc else 0.0,
             )
         )
-    seen = {(d.schedule, d.virtual, d.micro_batches)}
+    seen = {d}
     alternatives: list[Alternative] = []
     for c, t in fitting[1:]:
-        key = (c.decision.schedule, c.decision.virtual, c.decision.micro_batches)
-        if key in seen or len(alternatives) >= req.alternatives:
+        if c.decision in seen or len(alternatives) >= req.alternatives:
             continue
-        seen.add(key)
+        seen.add(c.decision)
         alternatives.append(
             Alternative(
                 c.decision.schedule,
@@ -75,6 +75,7 @@ def make_plan(
                 t.bubble_fraction,
                 max(t.peak_memory_bytes),
                 c.source,
+                "" if c.decision.memory.none else c.decision.memory.said,
             )
         )
     return Plan(
@@ -100,6 +101,9 @@ def make_plan(
         alternatives=tuple(alternatives),
         baselines=tuple(_baselines(profile, req, best)),
         target=req.target,
+        recompute_modules=d.memory.recompute,
+        recompute_layers=d.memory.layers,
+        offload_modules=d.memory.offload,
     )
 
 
@@ -130,7 +134,7 @@ def plan_costs(plan: Plan) -> list[StageCost]:
             backward_weight_s=s.backward_weight_s,
             activation_bytes=s.held_bytes,
             weight_grad_bytes=s.held_bytes,
-            transient_bytes=s.activation_bytes if s.recompute else 0.0,
+            transient_bytes=s.activation_bytes if s.recompute else s.transient_bytes,
             static_bytes=s.static_bytes,
         )
         for s in plan.stages

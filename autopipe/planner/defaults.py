@@ -42,6 +42,7 @@ __all__ = [
     "default_micro_batch_sizes",
     "device_memory",
     "element_size",
+    "host_bandwidth_of",
     "parallel_request",
     "plan_micro_batch_sizes",
     "plan_request",
@@ -81,6 +82,10 @@ def plan_request(
         link_latency_s=latency if link.latency_s is None else link.latency_s,
         action_overhead_s=_action_overhead(profile, link),
         state_factor=state_factor_of(profile),
+        recompute_modules=choices.recompute_modules,
+        recompute_layers=choices.recompute_layers,
+        offload_modules=choices.offload_modules,
+        host_bandwidth=host_bandwidth_of(profile, device),
     )
 
 
@@ -136,7 +141,20 @@ def parallel_request(
         stages=stages,
         choices=choices,
         action_overhead_s=_action_overhead(profile, link),
+        host_bandwidth=spec.host_bandwidth if spec is not None else 0.0,
     )
+
+
+def host_bandwidth_of(profile: Profile, device: DeviceSpec | None, device_files: Sequence[str | Path] = ()) -> float:
+    """Bytes/s from a device to its host (what activation offload moves over): the analytic
+    device's, else the catalogue's for the GPU the profile was measured on; 0 when unknown
+    (a CPU: nothing to offload to), and then nothing is offloaded."""
+    if device is not None:
+        return device.host_bandwidth
+    from autopipe.costs.devices import device_spec, match_device
+
+    name = match_device(profile.device, device_files) if profile.device.startswith("cuda") else None
+    return device_spec(name, device_files).host_bandwidth if name is not None else 0.0
 
 
 def default_devices() -> int:

@@ -87,6 +87,7 @@ class ParallelRequest:
     action_overhead_s: float = 0.0  # the executor's cost per action (PlanRequest's)
     tensor_parallel: int | None = None  # pin t
     data_parallel: int | None = None  # pin D
+    host_bandwidth: float = 0.0  # bytes/s to the host per device (activation offload; PlanRequest's)
 
 
 @dataclass(frozen=True)
@@ -364,6 +365,10 @@ def _pipeline_request(profile: Profile, request: ParallelRequest, lay: Layout) -
         state_factor=_state_factor(profile, request, lay.data_parallel),
         alternatives=request.alternatives,
         action_overhead_s=request.action_overhead_s,
+        recompute_modules=request.choices.recompute_modules,
+        recompute_layers=request.choices.recompute_layers,
+        offload_modules=request.choices.offload_modules,
+        host_bandwidth=request.host_bandwidth,
     )
 
 

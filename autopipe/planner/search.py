@@ -55,6 +55,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from autopipe.costs.memory import NO_CHOICE, MemoryChoice, apply, choices
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.modes import Recompute
@@ -123,13 +124,16 @@ def choose_solvers(problem: PartitionProblem) -> Solvers:
     """The one place that chooses the partition kernels, by the problem's size and shape:
 
     - the cuts: the exact chain DP (:func:`~autopipe.partition.chain.solve_chain`) while
-      n² · S is at most 4,000,000, else the bisection solver
+      n² · S is at most 4,000,000 or the stages recompute their first layers (the block
+      method, which only it prices), else the bisection solver
       (:func:`~autopipe.partition.greedy.solve_fast`, within :data:`SOLVER_TOLERANCE`);
     - free placement: on a DAG (a tensor skips a block) of at most 48 blocks, the ILP
       (:func:`~autopipe.partition.ilp.solve_ilp`) also places blocks in any order monotone
       along the edges, for the best two decisions, kept where the simulator says faster.
     """
     n = problem.blocks
+    if problem.recompute_layers:  # the block method: only the chain DP prices it (partition/layers.py)
+        return Solvers("chain", False)
     cuts = "chain" if n * n * problem.stages <= _EXACT_DP_LIMIT else "bisection"
     dag = n <= _ILP_MAX_BLOCKS and any(t.src >= 0 and any(d != t.src + 1 for d in t.dsts) for t in problem.tensors)
     return Solvers(cuts, dag)
@@ -156,44 +160,140 @@ def plan_search(
     """Every simulated candidate that fits, fastest first (the branch and bound of :func:`plan_pipeline`, for a
     validated request); InfeasibleError when none fits (none faster than ``incumbent``: another search's
     time to beat). A target that recomputes every stage or none (``Target.uniform_recompute``) searches
-    both ways, where the request leaves recomputation to the search."""
+    both ways, where the request leaves recomputation to the search.
+
+    Where the request leaves the memory choice to the search (``PlanRequest.memory_pin`` None), each
+    uniform choice the target runs (:func:`memory_choices`: selective recomputation and offload as
+    profiles, ``costs.memory.apply``; the first k layers of each stage as the partition
+    problem's) is searched after the plain one, against the fastest plan so far, and only on the
+    decisions where memory bound the plain search (:class:`_Found`'s ``tight``): where every split
+    fitted with nothing recomputed, no choice that only adds time can beat it. The block method's
+    k grows while a decision stays tight."""
     target = target_spec(request.target)
     if request.recompute == "auto" and target.never_recomputes:
-        return _one_search(profile, replace(request, recompute=Recompute.NEVER), progress, incumbent)
-    if request.recompute == "auto" and target.uniform_recompute:
-        return _uniform_search(profile, request, progress, incumbent)
-    return _one_search(profile, request, progress, incumbent)
-
-
-def _uniform_search(
-    profile: Profile, request: PlanRequest, progress: Progress | None, incumbent: float
-) -> list[Priced]:
-    """Nothing recomputed and every stage recomputed, each searched, their plans merged fastest first;
-    InfeasibleError (recomputing everything: the least memory) when neither fits."""
-    found: list[Priced] = []
-    error: InfeasibleError | None = None
-    for mode in (Recompute.NEVER, Recompute.ALWAYS):
-        try:
-            found += _one_search(profile, replace(request, recompute=mode), progress, incumbent)
-        except InfeasibleError as e:
-            error = e
+        request = replace(request, recompute=Recompute.NEVER)
+    pin = request.memory_pin
+    if pin is not None:
+        return _raise_or(_choice_search(profile, request, pin, progress, incumbent, None))
+    plain = _modes_search(profile, request.pinned_to(NO_CHOICE), progress, incumbent)
+    found, errors = list(plain.priced), [plain.error]
+    best = min([incumbent] + [x.summary.iteration_s for x in found])
+    tight, tight_layers = plain.tight, plain.tight
+    for choice in memory_choices(profile, request):
+        only = tight_layers if choice.layers else tight
+        if not only:
+            continue
+        got = _choice_search(profile, request, choice, progress, best, only)
+        found += got.priced
+        errors.append(got.error)
+        best = min([best] + [x.summary.iteration_s for x in got.priced])
+        if choice.layers:
+            tight_layers = got.tight
     if not found:
-        assert error is not None
-        raise error
+        raise min((e for e in errors if e is not None), key=_need)
     return sorted(found, key=lambda ct: (ct.summary.iteration_s, order(ct.candidate)))
 
 
+def _need(e: InfeasibleError) -> float:
+    return e.min_memory_bytes if e.min_memory_bytes is not None else math.inf
+
+
+def _raise_or(found: _Found) -> list[Priced]:
+    if found.error is not None:
+        raise found.error
+    return found.priced
+
+
+def memory_choices(profile: Profile, request: PlanRequest) -> list[MemoryChoice]:
+    """The uniform memory choices the search tries for ``request`` besides none, in order:
+    selective recomputation (``costs.memory.choices``: those no other beats in both bytes and
+    time), offload (where the device has a host link), then the first k layers of each stage for
+    k = 1 up to the most layers a stage can hold, less one (all of them: ``--recompute-all``'s
+    territory); each only where the target runs it, the recomputation mode allows and the
+    request does not rule its form out (``recompute_modules=()`` and so on)."""
+    target = target_spec(request.target)
+    if request.recompute == "always":
+        return []
+    u = max(profile.micro_batch_sizes)
+    out = [
+        c
+        for c in choices(profile, u, request.host_bandwidth)
+        if (c.offload and target.offloads(c.offload) and request.offload_modules is None)
+        or (c.recompute and target.recomputes(c.recompute) and request.recompute_modules is None)
+    ]
+    if request.recompute == "never":
+        return [c for c in out if c.offload]
+    layers = sum(b.layer for b in profile.blocks)
+    if target.block_layers and layers > 1 and request.recompute_layers is None:
+        out += [MemoryChoice(layers=k) for k in range(1, -(-layers // request.devices))]
+    return out
+
+
+@dataclass(frozen=True)
+class _Found:
+    """What one search found: the candidates that fit (fastest first), the error where none did,
+    and the decisions (schedule, v, m) where memory bound it (:attr:`_Search.tight`)."""
+
+    priced: list[Priced]
+    error: InfeasibleError | None
+    tight: frozenset[tuple[str, int, int]]
+
+
+def _choice_search(
+    profile: Profile,
+    request: PlanRequest,
+    choice: MemoryChoice,
+    progress: Progress | None,
+    incumbent: float,
+    only: frozenset[tuple[str, int, int]] | None,
+) -> _Found:
+    """The search with the memory choice ``choice`` pinned: none searches the recompute modes; any
+    other is one search with nothing recomputed whole, on its profile (``costs.memory.apply``)."""
+    if choice.none:
+        return _modes_search(profile, request.pinned_to(choice), progress, incumbent, only)
+    priced = apply(profile, choice, request.host_bandwidth)
+    pinned = replace(request.pinned_to(choice), recompute=Recompute.NEVER)
+    return _one_search(priced, pinned, progress, incumbent, only)
+
+
+def _modes_search(
+    profile: Profile,
+    request: PlanRequest,
+    progress: Progress | None,
+    incumbent: float,
+    only: frozenset[tuple[str, int, int]] | None = None,
+) -> _Found:
+    """The search in the request's recompute mode; for a target that recomputes every stage or
+    none, nothing recomputed and every stage recomputed, each searched, merged fastest first
+    (the error, where neither fits: recomputing everything's, the least memory)."""
+    if not (request.recompute == "auto" and target_spec(request.target).uniform_recompute):
+        return _one_search(profile, request, progress, incumbent, only)
+    never = _one_search(profile, replace(request, recompute=Recompute.NEVER), progress, incumbent, only)
+    always = _one_search(profile, replace(request, recompute=Recompute.ALWAYS), progress, incumbent, only)
+    found = sorted(never.priced + always.priced, key=lambda ct: (ct.summary.iteration_s, order(ct.candidate)))
+    return _Found(found, None if found else always.error or never.error, never.tight)
+
+
 def _one_search(
-    profile: Profile, request: PlanRequest, progress: Progress | None = None, incumbent: float = math.inf
-) -> list[Priced]:
-    """:func:`plan_search` for one recompute mode."""
-    search = _Search(SearchContext(profile, request), progress or (lambda what, done, total: None), incumbent)
+    profile: Profile,
+    request: PlanRequest,
+    progress: Progress | None = None,
+    incumbent: float = math.inf,
+    only: frozenset[tuple[str, int, int]] | None = None,
+) -> _Found:
+    """:func:`plan_search` for one recompute mode and memory choice (``only``: these decisions)."""
+    search = _Search(SearchContext(profile, request), progress or (lambda what, done, total: None), incumbent, only)
     search.run()
-    fitting = search.fitting()
+    try:
+        fitting = search.fitting()
+    except InfeasibleError as e:
+        return _Found([], e, frozenset(search.tight))
     search.report("searching", len(search.todo), len(search.todo))  # the rest could not win
     fitting = _refine_with_ilp(profile, request, fitting, search.report)
     pending = [(bound, item) for bound, _, item in sorted(search.queue) if isinstance(item, Split | LazySplit)]
-    return improve(profile, request, fitting, set(search.tables), pending, search.prepared)
+    return _Found(
+        improve(profile, request, fitting, set(search.tables), pending, search.prepared), None, frozenset(search.tight)
+    )
 
 
 @dataclass(frozen=True)
@@ -214,13 +314,22 @@ class _Search:
     """The branch and bound's state: the decisions in bound order, the queue, what each opened
     decision keeps, and the best simulated time that fits."""
 
-    def __init__(self, ctx: SearchContext, report: Progress, incumbent: float) -> None:
+    def __init__(
+        self,
+        ctx: SearchContext,
+        report: Progress,
+        incumbent: float,
+        only: frozenset[tuple[str, int, int]] | None = None,
+    ) -> None:
         self.ctx, self.report, self.best = ctx, report, incumbent
         self.profile, self.req = ctx.profile, ctx.request
         self.work: Work = work_table(self.profile, self.req.devices)
         self.todo = sorted(
-            decisions(self.profile, self.req), key=lambda d: (decision_bound(self.work, self.req, d), _order_key(d))
+            (d for d in decisions(self.profile, self.req) if only is None or _plain(d) in only),
+            key=lambda d: (decision_bound(self.work, self.req, d), _order_key(d)),
         )
+        # the opened decisions where memory bound: a split left out or recomputed (plan_search)
+        self.tight: set[tuple[str, int, int]] = set()
         self.simulated: list[Priced] = []
         self.queue: list[tuple[float, int, QueueItem]] = []  # (bound, tie-break, item)
         self.counter = itertools.count()
@@ -289,6 +398,8 @@ class _Search:
         self.simulated.append(x)
         if fits(x.summary, req.memory_limit):
             self.best = min(self.best, x.summary.iteration_s)
+        if not fits(x.summary, req.memory_limit) or any(x.candidate.partition.recompute):
+            self.tight.add(_plain(x.candidate.decision))
 
     def open(self, decision: Decision) -> None:
         """Queue a decision's candidates: all its splits in bound order where few enough,
@@ -299,6 +410,8 @@ class _Search:
         enumerated = split_table(problem, times, decision, req.devices, req.memory_limit)
         if enumerated is not None:
             self.need = min(self.need, enumerated.need)
+            if enumerated.tight:
+                self.tight.add(_plain(decision))
             if len(enumerated.sizes):  # few enough splits: all that fit, in bound order
                 self.tables[decision] = (problem, times, enumerated)
                 self.push(float(enumerated.bounds[0]), TableRow(decision, 0))
@@ -307,6 +420,8 @@ class _Search:
             return
         self.prepared[decision] = (problem, times)
         free = self.free_cuts(problem, size.u)
+        if free is None or not free.fits:
+            self.tight.add(_plain(decision))
         if free is not None and not free.fits:  # the chunk rule says no, the simulated peak may say yes
             bound, split = bounded(self.profile, req, candidate(decision, "solver", problem, free, times), times, False)
             if bound < math.inf:
@@ -379,6 +494,11 @@ class _Search:
 
 def _order_key(d: Decision) -> tuple[int, int, int]:
     return (schedule_spec(d.schedule).preference, d.virtual, d.micro_batches)
+
+
+def _plain(d: Decision) -> tuple[str, int, int]:
+    """A decision without its memory choice: what the choices' searches are limited to."""
+    return (d.schedule, d.virtual, d.micro_batches)
 
 
 def _refine_with_ilp(profile: Profile, req: PlanRequest, fitting: list[Priced], report: Progress) -> list[Priced]:

@@ -1,8 +1,10 @@
 """The frameworks a plan is made for (``autopipe plan --target``) and what of the search each runs as priced.
 
 Megatron-LM runs 1F1B and interleaved 1F1B (config/megatron.py) with full recomputation on every
-stage or none; torchtitan the schedules torch has a class for, its activation checkpointing one
-mode for all stages, and the others from a schedule CSV with nothing recomputed (config/titan_recipe.py);
+stage or none, selective recomputation of module kinds, the first k layers of each stage
+recomputed or module kinds' activations offloaded (uniform over the layers); torchtitan the
+schedules torch has a class for, its activation checkpointing one mode for all stages, and the
+others from a schedule CSV with nothing recomputed (config/titan_recipe.py);
 ``to_torch_pipelining`` (stages/export.py) every schedule, those without a class as a schedule CSV,
 and no recomputation; autopipe's executor everything. The planner
 keeps its search to a target's (planner/request.py, planner/search.py); a plan records the target
@@ -33,6 +35,19 @@ class Target:
     uniform_recompute: bool  # it recomputes every stage or none (one mode for all stages)
     no_recompute: tuple[str, ...] = ()  # of those, the ones it runs only with nothing recomputed
     never_recomputes: bool = False  # it applies no recomputation at all
+    # The uniform memory choices it runs (costs/memory.py; the names are graph/kinds.py's): module
+    # kinds it recomputes in every layer, module kinds it offloads, the first k layers of each stage.
+    recompute_modules: tuple[str, ...] = ()
+    offload_modules: tuple[str, ...] = ()
+    block_layers: bool = False
+
+    def recomputes(self, kinds: Sequence[str]) -> bool:
+        """Whether it recomputes the module kinds ``kinds`` in every layer (selective recomputation)."""
+        return bool(kinds) and set(kinds) <= set(self.recompute_modules)
+
+    def offloads(self, kinds: Sequence[str]) -> bool:
+        """Whether it offloads the inputs of the module kinds ``kinds`` in every layer."""
+        return bool(kinds) and set(kinds) <= set(self.offload_modules)
 
     def recomputing(self) -> tuple[str, ...]:
         """The schedules it runs with recomputation (none where it never recomputes)."""
@@ -61,7 +76,16 @@ class Target:
             return said + ", nothing recomputed"
         if self.no_recompute:
             said += f" ({', '.join(self.no_recompute)} with nothing recomputed)"
-        return said + (", every stage recomputed or none" if self.uniform_recompute else "")
+        said += ", every stage recomputed or none" if self.uniform_recompute else ""
+        if self.recompute_modules and not self.uniform_recompute:
+            return said
+        forms = [
+            "module kinds recomputed" if self.recompute_modules else "",
+            "offloaded" if self.offload_modules else "",
+            "the first k layers of each stage recomputed" if self.block_layers else "",
+        ]
+        named = [f for f in forms if f]
+        return said + (", or " + " or ".join(named) if named else "")
 
 
 def _targets() -> tuple[Target, ...]:
@@ -70,9 +94,29 @@ def _targets() -> tuple[Target, ...]:
     # torchtitan runs what torch has a class for, and the rest from a schedule CSV
     # (pipeline_parallel_schedule_csv, config/titan_recipe.py), which has no recomputation action
     csv = tuple(s.name for s in search_order() if not s.torch_class)
+    # Megatron-LM's --recompute-modules for a dense layer (moe_act is an MoE expert's activation, not
+    # the dense mlp_act) and Megatron-Core's --offload-modules (arguments.py, transformer_config.py)
+    selective = ("core_attn", "layernorm", "mlp")
+    offload = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm")
     return (
-        Target("autopipe", "autopipe's executor", every, False),
-        Target("megatron", "Megatron-LM", megatron, True),
+        Target(
+            "autopipe",
+            "autopipe's executor",
+            every,
+            False,
+            recompute_modules=(*selective, "mlp_act"),
+            offload_modules=offload,
+            block_layers=True,
+        ),
+        Target(
+            "megatron",
+            "Megatron-LM",
+            megatron,
+            True,
+            recompute_modules=selective,
+            offload_modules=offload,
+            block_layers=True,
+        ),
         Target("torchtitan", "torchtitan", every, True, no_recompute=csv),
         # to_torch_pipelining builds torch's stages as traced: no activation checkpointing
         Target("torch", "torch.distributed.pipelining", every, False, never_recomputes=True),

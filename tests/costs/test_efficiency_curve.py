@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from autopipe.costs.analytic import PRECISIONS, block_time, count_model, op_time, profile_from_counts
+from autopipe.costs.analytic import PRECISIONS, count_model, profile_from_counts
+from autopipe.costs.counting import block_time, op_time
 from autopipe.costs.calibrate import (
     _GRID,
     CURVE_POINTS,
