@@ -98,7 +98,14 @@ def run(name: str, kwargs: dict[str, object], device: str, gpus: int, batch: int
         [("t = 1 only (S x D), plain Adam", False, False), ("t = 1 only, ZeRO-1", True, False)] if today else []
     )
     for label, zero1, with_tensor in cases:
-        request = ParallelRequest(cluster, batch, memory, bytes_per_param=BYTES_PER_PARAM, shard_optimizer=zero1)
+        request = ParallelRequest(
+            cluster,
+            batch,
+            memory,
+            bytes_per_param=BYTES_PER_PARAM,
+            shard_optimizer=zero1,
+            host_bandwidth=spec.host_bandwidth,
+        )
         clock.lap()
         tensor = tensor_options(counts, spec, cluster, sequence_parallel=True) if with_tensor else None
         splits = PerSplit()
@@ -116,7 +123,8 @@ def run(name: str, kwargs: dict[str, object], device: str, gpus: int, batch: int
         print(f"    pipeline searches (CPU, in the order opened): {searched}")
         print(
             f"    t={t} p={plan.devices} d={D} vpp={plan.virtual} micro-batch {plan.micro_batch_size}; "
-            f"{recomputed}/{len(plan.stages)} stages recompute; step {plan.step_time_s:.1f} s, "
+            f"{recomputed}/{len(plan.stages)} stages recompute"
+            f"{f', every layer: {plan.memory_choice}' if plan.memory_choice else ''}; step {plan.step_time_s:.1f} s, "
             f"bubble {plan.bubble_fraction:.1%}; {gpu[0]:.0f} model TFLOP/s per GPU "
             f"({gpu[1]:.0f} hardware); peak memory {max(plan.peak_memory_bytes) / 1e9:.1f} GB of "
             f"{memory / 1e9:.0f} GB, within the limit: {'yes' if ok else 'NO'}; "

@@ -195,6 +195,7 @@ def _entry(cal: Calibration) -> dict[str, Any]:
             "compute_curve": {d: {"eff_max": e, "s_half": h} for d, e, h in s.compute_curve},
             "memory_efficiency": s.memory_efficiency,
             "op_overhead_s": s.op_overhead_s,
+            "host_bandwidth": s.host_bandwidth,
             "calibrated_from": cal.profile,
             "observations": cal.observations,
             "median_error": cal.median_error,

@@ -108,6 +108,11 @@ class MemoryChoice:
 
 NO_CHOICE = MemoryChoice()
 
+NEGLIGIBLE = 0.01
+"""A recompute set that keeps less than this share of the layers' saved bytes below a faster
+one is not searched (recomputing fused attention frees its log-sum-exp alone: 0.4% of a GPT-3
+layer's bytes, for the attention's whole forward again)."""
+
 
 def layer_options(
     held: Callable[[tuple[str, ...], float], float],
@@ -222,26 +227,25 @@ def _plus(a: Affine, b: Affine) -> Affine:
 
 
 def choices(profile: Profile, u: float, host_bandwidth: float = 0.0) -> tuple[MemoryChoice, ...]:
-    """The selective and offload choices worth searching for ``profile`` at micro-batch size
-    ``u``: a recompute set is kept unless another keeps no more bytes for no more time (summed
-    over the layers that have both; ties to the smaller set); offloads (where the device has a
-    host link) as a ladder: the kinds that move the most first, one more at a time."""
+    """The selective recomputation and offload choices worth searching for ``profile`` at
+    micro-batch size ``u``, fastest first: every recompute set all layers have, and (where the
+    device has a host link) an offload ladder, the kinds that move the most first, one more at a
+    time; of these, each that no other beats in both the bytes the layers keep (up to
+    :data:`NEGLIGIBLE` of them) and the time it adds to them (the recomputed forward; an
+    offload's copies where they outlast the compute beside them), summed over the layers (ties
+    to the smaller set). With enough host bandwidth an offload adds no time, so the ladder's
+    top, which keeps least, beats its rungs below."""
     layers = [b for b in profile.blocks if b.memory]
     if not layers:
         return ()
-    points: dict[tuple[str, ...], tuple[float, float]] = {}
+    points: dict[MemoryChoice, tuple[float, float]] = {}
     for kinds in RECOMPUTE_SETS:
         found = [o for b in layers for o in b.memory if o.recompute == kinds]
         if len(found) == len(layers):
-            points[kinds] = (sum(o.saved_bytes(u) for o in found), sum(o.recompute_s(u) for o in found))
-
-    def beats(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-        """``a`` keeps no more and adds no more than ``b``, and is better somewhere (or smaller)."""
-        (ha, ta), (hb, tb) = points[a], points[b]
-        return ha <= hb and ta <= tb and (ha, ta, len(a), a) < (hb, tb, len(b), b)
-
-    kept = [k for k in points if not any(beats(other, k) for other in points if other != k)]
-    out = [MemoryChoice(recompute=k) for k in sorted(kept, key=lambda k: (points[k][1], k))]
+            points[MemoryChoice(recompute=kinds)] = (
+                sum(o.saved_bytes(u) for o in found),
+                sum(o.recompute_s(u) for o in found),
+            )
     if host_bandwidth > 0:
         moved: dict[str, float] = {}
         for b in layers:
@@ -249,5 +253,24 @@ def choices(profile: Profile, u: float, host_bandwidth: float = 0.0) -> tuple[Me
                 if o.offload:
                     moved[o.offload[0]] = moved.get(o.offload[0], 0.0) + o.offload_bytes(u)
         ladder = sorted(moved, key=lambda k: (-moved[k], k))
-        out += [MemoryChoice(offload=tuple(sorted(ladder[:i]))) for i in range(1, len(ladder) + 1)]
-    return tuple(out)
+        for i in range(1, len(ladder) + 1):
+            choice = MemoryChoice(offload=tuple(sorted(ladder[:i])))
+            priced = apply(profile, choice, host_bandwidth)
+            points[choice] = (
+                sum(b.saved_bytes(u) for b in priced.blocks if b.memory),
+                sum(
+                    p.forward_s(u) + p.backward_s(u) - b.forward_s(u) - b.backward_s(u)
+                    for p, b in zip(priced.blocks, profile.blocks, strict=True)
+                    if b.memory
+                ),
+            )
+    everything = sum(b.saved_bytes(u) for b in layers)
+
+    def beats(a: MemoryChoice, b: MemoryChoice) -> bool:
+        """``a`` adds no more time than ``b`` and keeps no more than :data:`NEGLIGIBLE` of the
+        layers' bytes above it, and is better somewhere (or first in the choices' order)."""
+        (ha, ta), (hb, tb) = points[a], points[b]
+        return ha <= hb + NEGLIGIBLE * everything and ta <= tb and (ta, ha, a.key) < (tb, hb, b.key)
+
+    kept = [c for c in points if not any(beats(other, c) for other in points if other != c)]
+    return tuple(sorted(kept, key=lambda c: (points[c][1], points[c][0], c.key)))

@@ -51,7 +51,7 @@ import itertools
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -69,6 +69,7 @@ from autopipe.planner.bounds import (
     PRUNE_TOLERANCE,
     Work,
     decision_bound,
+    layer_work,
     lower_bound,
     split_bound,
     work_table,
@@ -178,20 +179,46 @@ def plan_search(
     plain = _modes_search(profile, request.pinned_to(NO_CHOICE), progress, incumbent)
     found, errors = list(plain.priced), [plain.error]
     best = min([incumbent] + [x.summary.iteration_s for x in found])
-    tight, tight_layers = plain.tight, plain.tight
+    tight: dict[str, frozenset[tuple[str, int, int]]] = {}  # per ladder: where memory still binds
+    previous: dict[str, MemoryChoice] = {}
     for choice in memory_choices(profile, request):
-        only = tight_layers if choice.layers else tight
+        ladder = "layers" if choice.layers else "offload" if choice.offload else "recompute"
+        before = previous.get(ladder)
+        only = (
+            tight.get(ladder, plain.tight) if before is not None and _slower(profile, choice, before) else plain.tight
+        )
         if not only:
             continue
-        got = _choice_search(profile, request, choice, progress, best, only)
+        got = _choice_search(profile, request, choice, progress, best, only, plain)
         found += got.priced
         errors.append(got.error)
         best = min([best] + [x.summary.iteration_s for x in got.priced])
-        if choice.layers:
-            tight_layers = got.tight
-    if not found:
+        tight[ladder], previous[ladder] = got.tight, choice
+    if not found:  # nothing fits: each choice's smallest limit that would (worked out only now)
+        for choice in memory_choices(profile, request):
+            errors.append(_choice_search(profile, request, choice, progress, incumbent, plain.tight, plain, True).error)
         raise min((e for e in errors if e is not None), key=_need)
     return sorted(found, key=lambda ct: (ct.summary.iteration_s, order(ct.candidate)))
+
+
+def _slower(profile: Profile, choice: MemoryChoice, before: MemoryChoice) -> bool:
+    """Whether ``choice`` keeps no more than ``before`` and costs every layer at least its time,
+    so a decision where every split fitted under ``before`` cannot gain from it (its ladder's
+    searches then keep to where ``before`` was tight): the block method's larger k, an offload
+    of more kinds, a recompute set whose every layer's recomputation is no shorter."""
+    if choice.layers:
+        return choice.layers > before.layers
+    if choice.offload:
+        return set(before.offload) <= set(choice.offload)
+    u = max(profile.micro_batch_sizes)
+    for b in profile.blocks:
+        mine = next((o for o in b.memory if o.recompute == choice.recompute), None)
+        theirs = next((o for o in b.memory if o.recompute == before.recompute), None)
+        if mine is None or theirs is None:
+            continue
+        if mine.recompute_s(u) < theirs.recompute_s(u) or mine.saved_bytes(u) > theirs.saved_bytes(u):
+            return False
+    return True
 
 
 def _need(e: InfeasibleError) -> float:
@@ -232,11 +259,14 @@ def memory_choices(profile: Profile, request: PlanRequest) -> list[MemoryChoice]
 @dataclass(frozen=True)
 class _Found:
     """What one search found: the candidates that fit (fastest first), the error where none did,
-    and the decisions (schedule, v, m) where memory bound it (:attr:`_Search.tight`)."""
+    the decisions (schedule, v, m) where memory bound it (:attr:`_Search.tight`) and its
+    unlimited cuts (``_Search.free``: the choices' searches start from them too)."""
 
     priced: list[Priced]
     error: InfeasibleError | None
     tight: frozenset[tuple[str, int, int]]
+    free: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict, compare=False)
+    context: SearchContext | None = field(default=None, compare=False)  # what the choices' searches share
 
 
 def _choice_search(
@@ -246,14 +276,21 @@ def _choice_search(
     progress: Progress | None,
     incumbent: float,
     only: frozenset[tuple[str, int, int]] | None,
+    plain: _Found | None = None,
+    explain: bool = False,
 ) -> _Found:
     """The search with the memory choice ``choice`` pinned: none searches the recompute modes; any
-    other is one search with nothing recomputed whole, on its profile (``costs.memory.apply``)."""
+    other is one search with nothing recomputed whole, on its profile (``costs.memory.apply``).
+    ``plain``: the plain search, whose unlimited cuts (candidates under any choice) and context
+    (compiled schedules, and the block numbers where the profile is the same) it starts from;
+    ``explain``: work out the smallest limit that fits where nothing does (else left out)."""
     if choice.none:
         return _modes_search(profile, request.pinned_to(choice), progress, incumbent, only)
     priced = apply(profile, choice, request.host_bandwidth)
     pinned = replace(request.pinned_to(choice), recompute=Recompute.NEVER)
-    return _one_search(priced, pinned, progress, incumbent, only)
+    ctx = plain.context.sharing(priced, pinned) if plain is not None and plain.context is not None else None
+    free = dict(plain.free) if plain is not None else None
+    return _one_search(priced, pinned, progress, incumbent, only, free, ctx, explain)
 
 
 def _modes_search(
@@ -271,7 +308,7 @@ def _modes_search(
     never = _one_search(profile, replace(request, recompute=Recompute.NEVER), progress, incumbent, only)
     always = _one_search(profile, replace(request, recompute=Recompute.ALWAYS), progress, incumbent, only)
     found = sorted(never.priced + always.priced, key=lambda ct: (ct.summary.iteration_s, order(ct.candidate)))
-    return _Found(found, None if found else always.error or never.error, never.tight)
+    return _Found(found, None if found else always.error or never.error, never.tight, never.free, never.context)
 
 
 def _one_search(
@@ -280,20 +317,26 @@ def _one_search(
     progress: Progress | None = None,
     incumbent: float = math.inf,
     only: frozenset[tuple[str, int, int]] | None = None,
+    free: dict[tuple[int, int], tuple[int, ...]] | None = None,
+    ctx: SearchContext | None = None,
+    explain: bool = True,
 ) -> _Found:
-    """:func:`plan_search` for one recompute mode and memory choice (``only``: these decisions)."""
-    search = _Search(SearchContext(profile, request), progress or (lambda what, done, total: None), incumbent, only)
+    """:func:`plan_search` for one recompute mode and memory choice (``only``: these decisions;
+    ``free``: unlimited cuts to start from, as :meth:`_Search.free_cuts` keeps them; ``ctx``: a
+    context shared with another search; ``explain``: as :meth:`_Search.fitting`)."""
+    report = progress or (lambda what, done, total: None)
+    ctx = SearchContext(profile, request) if ctx is None else ctx
+    search = _Search(ctx, report, incumbent, only, free)
     search.run()
     try:
-        fitting = search.fitting()
+        fitting = search.fitting(explain)
     except InfeasibleError as e:
-        return _Found([], e, frozenset(search.tight))
+        return _Found([], e, frozenset(search.tight), search.free, ctx)
     search.report("searching", len(search.todo), len(search.todo))  # the rest could not win
     fitting = _refine_with_ilp(profile, request, fitting, search.report)
     pending = [(bound, item) for bound, _, item in sorted(search.queue) if isinstance(item, Split | LazySplit)]
-    return _Found(
-        improve(profile, request, fitting, set(search.tables), pending, search.prepared), None, frozenset(search.tight)
-    )
+    found = improve(profile, request, fitting, set(search.tables), pending, search.prepared)
+    return _Found(found, None, frozenset(search.tight), search.free, ctx)
 
 
 @dataclass(frozen=True)
@@ -320,16 +363,20 @@ class _Search:
         report: Progress,
         incumbent: float,
         only: frozenset[tuple[str, int, int]] | None = None,
+        free: dict[tuple[int, int], tuple[int, ...]] | None = None,
     ) -> None:
         self.ctx, self.report, self.best = ctx, report, incumbent
         self.profile, self.req = ctx.profile, ctx.request
         self.work: Work = work_table(self.profile, self.req.devices)
+        self.layers = layer_work(self.profile)  # the block method's share of the bound
         self.todo = sorted(
             (d for d in decisions(self.profile, self.req) if only is None or _plain(d) in only),
-            key=lambda d: (decision_bound(self.work, self.req, d), _order_key(d)),
+            key=lambda d: (decision_bound(self.work, self.req, d, self.layers), _order_key(d)),
         )
-        # the opened decisions where memory bound: a split left out or recomputed (plan_search)
+        # the opened decisions where memory bound (plan_search): a split left out or recomputed, or
+        # the unlimited cuts (their sizes per decision) did not fit with nothing recomputed
         self.tight: set[tuple[str, int, int]] = set()
+        self.free_sizes: dict[Decision, tuple[int, ...]] = {}
         self.simulated: list[Priced] = []
         self.queue: list[tuple[float, int, QueueItem]] = []  # (bound, tie-break, item)
         self.counter = itertools.count()
@@ -338,7 +385,8 @@ class _Search:
         self.opened = 0
         self.prepared: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
         self.tables: dict[Decision, tuple[PartitionProblem, BlockTimes, SplitTable]] = {}
-        self.free: dict[tuple[int, int], tuple[int, ...]] = {}  # unlimited cuts per (micro-batch size, chunks)
+        # unlimited cuts per (micro-batch size, chunks)
+        self.free: dict[tuple[int, int], tuple[int, ...]] = {} if free is None else free
         self.simple: dict[
             tuple[str, int, int], tuple[int, ...]
         ] = {}  # the simple splits' sizes per (name, micro-batch size, chunks)
@@ -356,7 +404,7 @@ class _Search:
         self.report("searching", 0, len(self.todo))
         while True:
             open_bound = (
-                decision_bound(self.work, self.req, self.todo[self.opened])
+                decision_bound(self.work, self.req, self.todo[self.opened], self.layers)
                 if self.opened < len(self.todo)
                 else math.inf
             )
@@ -398,8 +446,11 @@ class _Search:
         self.simulated.append(x)
         if fits(x.summary, req.memory_limit):
             self.best = min(self.best, x.summary.iteration_s)
-        if not fits(x.summary, req.memory_limit) or any(x.candidate.partition.recompute):
-            self.tight.add(_plain(x.candidate.decision))
+        d = x.candidate.decision
+        if self.free_sizes.get(d) == sizes_of(x.candidate.partition, x.candidate.problem.stages):
+            # the unlimited cuts as simulated: memory binds d unless they fit with nothing recomputed
+            plain = fits(x.summary, req.memory_limit) and not any(x.candidate.partition.recompute)
+            (self.tight.discard if plain else self.tight.add)(_plain(d))
 
     def open(self, decision: Decision) -> None:
         """Queue a decision's candidates: all its splits in bound order where few enough,
@@ -421,7 +472,9 @@ class _Search:
         self.prepared[decision] = (problem, times)
         free = self.free_cuts(problem, size.u)
         if free is None or not free.fits:
-            self.tight.add(_plain(decision))
+            self.tight.add(_plain(decision))  # until the unlimited cuts, simulated, say otherwise (take)
+        if free is not None:
+            self.free_sizes[decision] = sizes_of(free, problem.stages)
         if free is not None and not free.fits:  # the chunk rule says no, the simulated peak may say yes
             bound, split = bounded(self.profile, req, candidate(decision, "solver", problem, free, times), times, False)
             if bound < math.inf:
@@ -474,10 +527,12 @@ class _Search:
         if decision.micro_batches > self.infeasible.get(key, (0, problem))[0]:
             self.infeasible[key] = (decision.micro_batches, problem)
 
-    def fitting(self) -> list[Priced]:
+    def fitting(self, explain: bool = True) -> list[Priced]:
         """The simulated candidates that fit, fastest first; InfeasibleError (with the smallest
-        limit that would fit) when none does."""
+        limit that would fit, unless ``explain`` is False) when none does."""
         req = self.req
+        if not self.simulated and not explain:
+            raise InfeasibleError("nothing fits")
         if not self.simulated:
             smallest_fit = self.need
             for (_, v), (_, problem) in self.infeasible.items():

@@ -80,12 +80,12 @@ class Target:
         if self.recompute_modules and not self.uniform_recompute:
             return said
         forms = [
-            "module kinds recomputed" if self.recompute_modules else "",
-            "offloaded" if self.offload_modules else "",
-            "the first k layers of each stage recomputed" if self.block_layers else "",
+            "selective recomputation" if self.recompute_modules else "",
+            "the block method" if self.block_layers else "",
+            "activation offload" if self.offload_modules else "",
         ]
         named = [f for f in forms if f]
-        return said + (", or " + " or ".join(named) if named else "")
+        return said + (", or " + ", ".join(named[:-1]) + " or " + named[-1] if len(named) > 1 else "")
 
 
 def _targets() -> tuple[Target, ...]:

@@ -689,6 +689,7 @@ def test_a_targets_json_has_both_predictions(
         "virtual",
         "micro_batches",
         "recomputed_stages",
+        "memory",
         "iteration_time_s",
         "step_time_s",
         "tensor_parallel",
