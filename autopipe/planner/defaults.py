@@ -151,9 +151,13 @@ def host_bandwidth_of(profile: Profile, device: DeviceSpec | None, device_files:
     (a CPU: nothing to offload to), and then nothing is offloaded."""
     if device is not None:
         return device.host_bandwidth
-    from autopipe.costs.devices import device_spec, match_device
+    from autopipe.costs.devices import device_spec, known_devices, match_device
 
-    name = match_device(profile.device, device_files) if profile.device.startswith("cuda") else None
+    if "(analytic" in profile.device:  # "h100: NVIDIA H100 SXM5 80GB (analytic, bf16)": the catalogue's name first
+        name: str | None = profile.device.split(":")[0]
+        name = name if name in known_devices(device_files) else None
+    else:
+        name = match_device(profile.device, device_files) if profile.device.startswith("cuda") else None
     return device_spec(name, device_files).host_bandwidth if name is not None else 0.0
 
 

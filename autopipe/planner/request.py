@@ -109,7 +109,7 @@ class Choices:
             if value is not None:
                 object.__setattr__(self, name, tuple(value))
         if self.recompute_layers is not None:
-            check_int(self.recompute_layers, "recompute_layers")
+            check_int(self.recompute_layers, "recompute_layers", low=0)
         if isinstance(self.recompute, str) and self.recompute in Recompute._value2member_map_:
             object.__setattr__(
                 self, "recompute", Recompute(self.recompute)

@@ -175,7 +175,7 @@ def plan_search(
         request = replace(request, recompute=Recompute.NEVER)
     pin = request.memory_pin
     if pin is not None:
-        return _raise_or(_choice_search(profile, request, pin, progress, incumbent, None))
+        return _raise_or(_choice_search(profile, request, pin, progress, incumbent, None, explain=True))
     plain = _modes_search(profile, request.pinned_to(NO_CHOICE), progress, incumbent)
     found, errors = list(plain.priced), [plain.error]
     best = min([incumbent] + [x.summary.iteration_s for x in found])
