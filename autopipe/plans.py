@@ -546,5 +546,5 @@ def _check_memory_choice(plan: Plan, bad: Any) -> None:
         raise bad(f"{' and '.join(given)} are both given; a plan makes one uniform memory choice")
     if given and any(s.recompute for s in plan.stages):
         raise bad(f"{given[0]} is given and stages recompute whole too; a plan makes one of the two choices")
-    if given and given[0] != "recompute_layers" and any(s.transient_bytes for s in plan.stages):
+    if not plan.recompute_layers and any(s.transient_bytes for s in plan.stages):
         raise bad("stages hold transient_bytes, which only recompute_layers gives")

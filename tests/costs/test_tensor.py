@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from autopipe.costs.analytic import ModelCounts, count_model, profile_from_counts
-from autopipe.costs.counting import block_time
-from autopipe.costs.counting import OpCount
+from autopipe.costs.counting import OpCount, block_time
 from autopipe.costs.devices import device_spec
 from autopipe.costs.tensor import (
     REPLICATED_SHARE,

@@ -5,7 +5,6 @@ the pins and their one-line errors."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from autopipe import api
 from autopipe.costs.devices import device_spec
-from autopipe.costs.profile import Profile
+from autopipe.costs.profile import BlockCost, Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.plans import Plan
 
@@ -44,8 +43,8 @@ def _plan(profile: Profile, memory: float, choices: api.Choices) -> Plan:
 
 def test_selective_recomputation_is_found_where_whole_stages_are_the_only_other_way(gpt: Profile) -> None:
     nothing = replace(PLAIN, recompute_modules=(), recompute_layers=0, offload_modules=())  # no uniform choice
-    plain = _need(gpt, replace(nothing, recompute="never"))
-    whole = _need(gpt, replace(nothing, recompute="always"))
+    plain = _need(gpt, replace(nothing, recompute=api.Recompute.NEVER))
+    whole = _need(gpt, replace(nothing, recompute=api.Recompute.ALWAYS))
     # what the set that keeps least needs (every layer's norms, attention core and MLP again)
     selective = _need(gpt, replace(PLAIN, recompute_modules=("core_attn", "layernorm", "mlp")))
     assert whole < selective < plain  # it keeps less than all, more than recomputing every stage
@@ -64,7 +63,9 @@ def test_selective_recomputation_is_found_where_whole_stages_are_the_only_other_
     for s in plan.stages:
         blocks = [gpt.blocks[i] for i in s.block_indices]
         options = [next((o for o in b.memory if o.recompute == plan.recompute_modules), None) for b in blocks]
-        held = sum(o.saved_bytes(u) if o is not None else b.saved_bytes(u) for b, o in zip(blocks, options))
+        held = sum(
+            o.saved_bytes(u) if o is not None else b.saved_bytes(u) for b, o in zip(blocks, options, strict=True)
+        )
         again = sum(o.recompute_s(u) for o in options if o is not None)
         assert s.held_bytes == pytest.approx(held, rel=1e-12)
         assert s.backward_s == pytest.approx(sum(b.backward_s(u) for b in blocks) + again, rel=1e-12)
@@ -111,11 +112,8 @@ def test_offload_moves_bytes_over_the_host_link(gpt: Profile) -> None:
         assert s.forward_s == pytest.approx(f, rel=1e-6)
 
 
-def _moved(layers: list[object], kinds: tuple[str, ...], u: int) -> list[tuple[object, float]]:
-    return [
-        (b, sum(o.offload_bytes(u) for o in b.memory if o.offload and o.offload[0] in kinds))  # type: ignore[attr-defined]
-        for b in layers
-    ]
+def _moved(layers: list[BlockCost], kinds: tuple[str, ...], u: int) -> list[tuple[BlockCost, float]]:
+    return [(b, sum(o.offload_bytes(u) for o in b.memory if o.offload and o.offload[0] in kinds)) for b in layers]
 
 
 @pytest.mark.parametrize(
@@ -126,8 +124,8 @@ def _moved(layers: list[object], kinds: tuple[str, ...], u: int) -> list[tuple[o
             api.Choices(recompute_modules=("mlp",), recompute_layers=2),
             r"recompute modules, offload modules and recomputed layers are one choice",
         ),
-        (api.Choices(recompute_modules=("mlp",), recompute="always"), r"contradict each other"),
-        (api.Choices(recompute_layers=1, recompute="never"), r"contradict each other"),
+        (api.Choices(recompute_modules=("mlp",), recompute=api.Recompute.ALWAYS), r"contradict each other"),
+        (api.Choices(recompute_layers=1, recompute=api.Recompute.NEVER), r"contradict each other"),
         (api.Choices(recompute_modules=("mlp_act",), target="megatron"), r"Megatron-LM does not run it"),
     ],
 )
@@ -154,6 +152,6 @@ def test_a_profile_without_layer_parts_offers_no_choice(gpt: Profile) -> None:
     bare = replace(gpt, blocks=tuple(replace(b, layer=False, memory=()) for b in gpt.blocks))
     with pytest.raises(PlanError, match=r"the profile has no transformer layer whose parts it knows"):
         api.plan_profile(bare, stages=4, batch_size=16, choices=api.Choices(recompute_modules=("mlp",)))
-    tight = _need(bare, replace(PLAIN, recompute="never")) * 0.9
+    tight = _need(bare, replace(PLAIN, recompute=api.Recompute.NEVER)) * 0.9
     plan = api.plan_profile(bare, stages=4, batch_size=16, memory=tight, choices=PLAIN)
     assert not plan.memory_choice and any(s.recompute for s in plan.stages)
