@@ -76,6 +76,20 @@ PLANS: dict[str, str] = {  # case -> autopipe plan arguments (model file first);
     "--target megatron p4": f"{GPT} -k n_layer=12 --stages 4 --target megatron",
     "gpt3-1.3b, docs/outlets.md's plan (16 GPUs)": f"{GPT} -k preset=gpt3-1.3b --gpus 16 --stages 4 "
     "--batch-size 512 --schedule interleaved-1f1b",
+    # the uniform memory choices (issue 24): selective recomputation, the block method, offload
+    "selective p4": f"{GPT} -k n_layer=8 --stages 4 --schedule 1f1b --recompute-modules core_attn,layernorm,mlp",
+    "selective mlp_act as mlp, interleaved p2 v2": f"{GPT} -k n_layer=8 --stages 2 --schedule interleaved-1f1b "
+    "--virtual 2 --recompute-modules layernorm,mlp_act",
+    "selective t2 sp p4 (8 GPUs)": f"{GPT} -k n_layer=8 --gpus 8 --tensor-parallel 2 --stages 4 --schedule 1f1b "
+    "--recompute-modules core_attn,mlp",
+    "llama selective p2": f"{LLAMA} --stages 2 --schedule 1f1b --recompute-modules layernorm,mlp",
+    "block k=2 p4": f"{GPT} -k n_layer=12 --stages 4 --schedule 1f1b --recompute-layers 2",
+    "block k=1 interleaved p2 v2": f"{GPT} -k n_layer=8 --stages 2 --schedule interleaved-1f1b --virtual 2 "
+    "--recompute-layers 1",
+    "offload p4": f"{GPT} -k n_layer=8 --stages 4 --schedule 1f1b "
+    "--offload-modules attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm",
+    "offload t2 interleaved p2 v2 (4 GPUs)": f"{GPT} -k n_layer=8 --gpus 4 --tensor-parallel 2 --stages 2 "
+    "--schedule interleaved-1f1b --virtual 2 --offload-modules core_attn,qkv_linear",
 }
 
 
@@ -163,6 +177,11 @@ def _case(case: str, plan_args: str, folder: Path) -> dict[str, Any]:
             "distributed_optimizer": bool(plan.shard_optimizer),
         },
         "notes": [line[2:] for line in printed.splitlines() if line.startswith("# ")],
+        "memory": {  # the plan's uniform memory choice in Megatron's names (a dense mlp_act runs as the mlp)
+            "recompute_modules": sorted({"mlp" if k == "mlp_act" else k for k in plan.recompute_modules}),
+            "recompute_layers": plan.recompute_layers,
+            "offload_modules": sorted(plan.offload_modules),
+        },
     }
 
 
@@ -175,8 +194,8 @@ def _replace(argv: list[str], flag: str, new: list[str]) -> list[str]:
 def controls(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Outputs Megatron must refuse or misplace, so the check shows it can fail: a tensor-parallel
     output without its launch line's environment, a p = 2, v = 2 uneven split in the first/last
-    form (what autopipe printed before), and a coarse plan's output with the 22 layers its block
-    names show."""
+    form (what autopipe printed before), the dense MLP's activation named as autopipe names it,
+    and a coarse plan's output with the 22 layers its block names show."""
     by = {c["case"]: c for c in cases}
     out = []
     if (c := by.get("t2 sp zero1 p4 (16 GPUs)")) is not None:
@@ -187,6 +206,10 @@ def controls(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         form += ["--num-virtual-stages-per-pipeline-rank", "2"]
         args = _replace(c["args"], "--pipeline-model-parallel-layout", form)
         out.append({**c, "case": "control: " + c["case"] + " as first/last", "args": args})
+    if (c := by.get("selective mlp_act as mlp, interleaved p2 v2")) is not None:  # Megatron has no dense mlp_act
+        i = c["args"].index("--recompute-modules")
+        args = [*c["args"][: i + 1], "layernorm", "mlp_act", *c["args"][i + 3 :]]
+        out.append({**c, "case": "control: " + c["case"] + " with mlp_act as printed before", "args": args})
     if (c := by.get("coarse --blocks 8 p4 (recompute)")) is not None:
         args = _replace(c["args"], "--num-layers", ["--num-layers", "22"])
         out.append({**c, "case": "control: " + c["case"] + " with --num-layers 22", "args": args})
@@ -305,6 +328,8 @@ def _config(row: dict[str, Any]) -> str:
     words += [name for name, on in (("sp", c["sequence_parallel"]), ("dist-opt", c["distributed_optimizer"])) if on]
     words += ["bf16"] if c["bf16"] else []
     words += ["/".join(str(x) for x in c["recompute"])] if c["recompute"][0] else []
+    words += [f"modules {'+'.join(c['recompute_modules'])}"] if c.get("recompute_modules") else []
+    words += [f"offload {'+'.join(c['offload_modules'])}"] if c.get("offload_modules") else []
     return " ".join(words)
 
 

@@ -123,8 +123,8 @@ def layer_options(
 ) -> tuple[MemoryOption, ...]:
     """A layer's options at the micro-batch sizes ``sizes`` (fitted as every cost is): every
     recompute set it has regions for (``has(kinds, False)``; ``held(kinds, u)`` bytes kept,
-    ``recomputed(kinds, u)`` its (seconds, FLOPs)) and every single offload kind it has
-    (``has((kind,), True)``; ``offloaded(kinds, u)`` bytes moved), those that keep less than all."""
+    ``recomputed(kinds, u)`` its (seconds, FLOPs)) that keeps less than all, and every single
+    offload kind it has (``has((kind,), True)``; ``offloaded(kinds, u)`` bytes moved, maybe none)."""
     xs = list(sizes)
 
     def fit(f: Callable[[float], float]) -> Affine:
@@ -144,9 +144,9 @@ def layer_options(
                         recompute_flops=fit(lambda u, k=kinds: recomputed(k, u)[1]),  # type: ignore[misc]
                     )
                 )
-    for kind in OFFLOAD_KINDS:
+    for kind in OFFLOAD_KINDS:  # every kind the layer has, even one whose inputs another kind saves too
         moved = fit(lambda u, k=kind: offloaded((k,), u))  # type: ignore[misc]
-        if has((kind,), True) and moved(xs[-1]) > 0:
+        if has((kind,), True):
             out.append(
                 MemoryOption(
                     offload=(kind,),
@@ -252,7 +252,7 @@ def choices(profile: Profile, u: float, host_bandwidth: float = 0.0) -> tuple[Me
             for o in b.memory:
                 if o.offload:
                     moved[o.offload[0]] = moved.get(o.offload[0], 0.0) + o.offload_bytes(u)
-        ladder = sorted(moved, key=lambda k: (-moved[k], k))
+        ladder = sorted((k for k in moved if moved[k] > 0), key=lambda k: (-moved[k], k))
         for i in range(1, len(ladder) + 1):
             choice = MemoryChoice(offload=tuple(sorted(ladder[:i])))
             priced = apply(profile, choice, host_bandwidth)
