@@ -93,27 +93,7 @@ def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
     )
     p.add_argument("--no-recompute", action="store_true", help="never recompute activations")
     p.add_argument("--recompute-all", action="store_true", help="recompute activations on every stage")
-    p.add_argument(
-        "--recompute-modules",
-        default=None,
-        metavar="KINDS",
-        help="recompute these module kinds in every layer (selective recomputation: core_attn, layernorm, "
-        "mlp, mlp_act, comma-separated), or none; default: searched",
-    )
-    p.add_argument(
-        "--recompute-layers",
-        default=None,
-        metavar="K",
-        help="recompute the first K layers of each stage whole (Megatron's block method), 0 for none; "
-        "default: searched",
-    )
-    p.add_argument(
-        "--offload-modules",
-        default=None,
-        metavar="KINDS",
-        help="offload these module kinds' saved inputs to the host in every layer (attn_norm, qkv_linear, "
-        "core_attn, attn_proj, mlp_norm), or none; default: searched where the device has a host link",
-    )
+    _memory_flags(p)
     p.add_argument("--bandwidth", default=None, help="link bandwidth, like 25GB/s (default: by device type)")
     p.add_argument("--latency", default=None, help="link latency, like 20us (default: by device type)")
     p.add_argument(
@@ -166,6 +146,31 @@ class PlanFlags:
 
 def _optional(text: str | None, parse: Callable[[str, str], _T], flag: str) -> _T | None:
     return parse(text, flag) if text is not None else None
+
+
+def _memory_flags(p: argparse.ArgumentParser) -> None:
+    """The uniform memory choice's pins (``Choices.recompute_modules``, ``recompute_layers``, ``offload_modules``)."""
+    p.add_argument(
+        "--recompute-modules",
+        default=None,
+        metavar="KINDS",
+        help="recompute these module kinds in every layer (selective recomputation: core_attn, layernorm, "
+        "mlp, mlp_act, comma-separated), or none; default: searched",
+    )
+    p.add_argument(
+        "--recompute-layers",
+        default=None,
+        metavar="K",
+        help="recompute the first K layers of each stage whole (Megatron's block method), 0 for none; "
+        "default: searched",
+    )
+    p.add_argument(
+        "--offload-modules",
+        default=None,
+        metavar="KINDS",
+        help="offload these module kinds' saved inputs to the host in every layer (attn_norm, qkv_linear, "
+        "core_attn, attn_proj, mlp_norm), or none; default: searched where the device has a host link",
+    )
 
 
 def plan_flags(args: argparse.Namespace) -> PlanFlags:

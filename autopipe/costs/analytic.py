@@ -384,15 +384,12 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
         return memo[key]
 
     def options(i: int) -> tuple[MemoryOption, ...]:
-        found = [a[i] for a in counts.anatomies] if counts.anatomies else []
-        if not found or any(a is None for a in found):
-            return ()
-        by_size = {u: (a, float(c[i].saved_bytes)) for u, a, c in zip(xs, found, counts.counts, strict=True) if a}
-        return options_of(
-            by_size,
-            lambda again, u: block_time(ops(i, again), spec, compute, linear),
-            lambda again: float(sum(op.flops for op in ops(i, again))),
+        return _options(
+            counts,
+            i,
+            lambda again: block_time(ops(i, again), spec, compute, linear),
             lambda saved: split_saved(saved, kinds[i], t, sp),
+            lambda again: float(sum(op.flops for op in ops(i, again))),
         )
 
     def one(i: int, b: Any) -> BlockCost:
@@ -432,6 +429,24 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
         shared_params=ref.shared_params,
     )
     return deepen_profile(profile, counts.repeat) if counts.repeat is not None else profile
+
+
+def _options(
+    counts: ModelCounts,
+    i: int,
+    seconds: Callable[[Sequence[OpCount]], float],
+    scaled: Callable[[float], float],
+    flops: Callable[[Sequence[OpCount]], float],
+) -> tuple[MemoryOption, ...]:
+    """Block ``i``'s memory options (``costs.anatomy.options_of``) from its anatomy at every size
+    counted: () for a block that is no layer; ``seconds``, ``flops`` and ``scaled`` price one
+    device's share of recomputed ops and saved bytes."""
+    found = [a[i] for a in counts.anatomies] if counts.anatomies else []
+    if not found or any(a is None for a in found):
+        return ()
+    xs = [float(u) for u in counts.sizes]
+    by_size = {u: (a, float(c[i].saved_bytes)) for u, a, c in zip(xs, found, counts.counts, strict=True) if a}
+    return options_of(by_size, lambda again, u: seconds(again), flops, scaled)
 
 
 def analytic_profile(

@@ -4,6 +4,8 @@ kinds that recompute or offload them (torch-free, so plans and profiles read the
 A *unit* is a part of a transformer layer (``graph/units.py`` finds each fx node's); a *module
 kind* is what a user (and Megatron-LM) names: ``--recompute-modules core_attn mlp layernorm``,
 ``--offload-modules attn_norm qkv_linear core_attn attn_proj mlp_norm``.
+
+Tests: tests/graph/test_layer_parts.py.
 """
 
 from __future__ import annotations

@@ -24,7 +24,9 @@ name ends in ``Norm``) and the ops (``linear``/``addmm``/``mm``, ``layer_norm``,
 matmul, attention). A block without an attention core (an embedding, a head, a convolution),
 or one holding more than one attention core (two layers, a cross-attention) gets no units, and
 nothing is offered for it: no guess; an MLP that routes tokens to experts (``topk``) gets none
-of the MLP's. Tests: tests/graph/test_units.py.
+of the MLP's.
+
+Tests: tests/graph/test_layer_parts.py.
 """
 
 from __future__ import annotations

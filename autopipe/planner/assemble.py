@@ -11,7 +11,7 @@ import math
 from autopipe.costs.profile import Profile
 from autopipe.partition.baselines import BASELINES, baseline_assignment
 from autopipe.partition.problem import evaluate, stage_stats
-from autopipe.planner.pricing import Candidate, Priced, candidate, fits, price
+from autopipe.planner.pricing import Candidate, Decision, Priced, candidate, fits, price
 from autopipe.planner.request import PlanRequest
 from autopipe.plans import Alternative, Baseline, Plan, StagePlan
 from autopipe.schedules import schedule_spec
@@ -60,24 +60,7 @@ def make_plan(
                 transient_bytes=stats.layer_peak[s] if stats.layer_peak and not rc else 0.0,
             )
         )
-    seen = {d}
-    alternatives: list[Alternative] = []
-    for c, t in fitting[1:]:
-        if c.decision in seen or len(alternatives) >= req.alternatives:
-            continue
-        seen.add(c.decision)
-        alternatives.append(
-            Alternative(
-                c.decision.schedule,
-                c.decision.virtual,
-                c.decision.micro_batches,
-                t.iteration_s,
-                t.bubble_fraction,
-                max(t.peak_memory_bytes),
-                c.source,
-                "" if c.decision.memory.none else c.decision.memory.said,
-            )
-        )
+    alternatives = _alternatives(req, d, fitting)
     return Plan(
         model=profile.model,
         recipe=profile.recipe,
@@ -98,13 +81,36 @@ def make_plan(
         bubble_fraction=timeline.bubble_fraction,
         throughput=req.batch_size / timeline.iteration_s if timeline.iteration_s > 0 else math.inf,
         peak_memory_bytes=timeline.peak_memory_bytes,
-        alternatives=tuple(alternatives),
+        alternatives=alternatives,
         baselines=tuple(_baselines(profile, req, best)),
         target=req.target,
         recompute_modules=d.memory.recompute,
         recompute_layers=d.memory.layers,
         offload_modules=d.memory.offload,
     )
+
+
+def _alternatives(req: PlanRequest, chosen: Decision, fitting: list[Priced]) -> tuple[Alternative, ...]:
+    """The best candidate of each other decision (memory choice included), fastest first."""
+    seen = {chosen}
+    alternatives: list[Alternative] = []
+    for c, t in fitting[1:]:
+        if c.decision in seen or len(alternatives) >= req.alternatives:
+            continue
+        seen.add(c.decision)
+        alternatives.append(
+            Alternative(
+                c.decision.schedule,
+                c.decision.virtual,
+                c.decision.micro_batches,
+                t.iteration_s,
+                t.bubble_fraction,
+                max(t.peak_memory_bytes),
+                c.source,
+                "" if c.decision.memory.none else c.decision.memory.said,
+            )
+        )
+    return tuple(alternatives)
 
 
 def _baselines(profile: Profile, req: PlanRequest, best: Candidate) -> list[Baseline]:
