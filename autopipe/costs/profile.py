@@ -190,6 +190,9 @@ class Profile:
             for field in ("layer", "memory"):  # left out where not known (measured before, no layers)
                 if not block[field]:
                     del block[field]
+            for option in block.get("memory", ()):  # each option keeps what it says: a recompute no copies
+                for key in [k for k, v in option.items() if not v or (isinstance(v, dict) and not any(v.values()))]:
+                    del option[key]
             if not any(block["staging_bytes"].values()):
                 del block["staging_bytes"]
         return json.dumps(raw, indent=1, sort_keys=True)
@@ -248,6 +251,9 @@ def _spread(raw: Any) -> Spread:
     return Spread(**{k: float(raw.get(k, 0.0)) for k in ("forward", "backward", "backward_input", "backward_weight")})
 
 
+_ZERO = {"intercept": 0.0, "slope": 0.0}
+
+
 def _flag(raw: Any) -> bool:
     if not isinstance(raw, bool):
         raise TypeError(f"layer is {raw!r}, not true or false")
@@ -266,7 +272,7 @@ def _option(raw: Any) -> MemoryOption:
     option = MemoryOption(
         recompute=_kinds(raw.get("recompute", []), tuple(RECOMPUTE_KINDS), "memory.recompute"),
         offload=_kinds(raw.get("offload", []), tuple(OFFLOAD_KINDS), "memory.offload"),
-        **{k: _affine(raw[k]) for k in ("saved_bytes", "recompute_s", "recompute_flops", "offload_bytes")},
+        **{k: _affine(raw.get(k, _ZERO)) for k in ("saved_bytes", "recompute_s", "recompute_flops", "offload_bytes")},
     )
     if bool(option.recompute) == bool(option.offload):
         raise ValueError(
