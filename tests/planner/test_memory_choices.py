@@ -155,3 +155,15 @@ def test_a_profile_without_layer_parts_offers_no_choice(gpt: Profile) -> None:
     tight = _need(bare, replace(PLAIN, recompute=api.Recompute.NEVER)) * 0.9
     plan = api.plan_profile(bare, stages=4, batch_size=16, memory=tight, choices=PLAIN)
     assert not plan.memory_choice and any(s.recompute for s in plan.stages)
+
+
+def test_a_users_split_is_priced_under_a_pinned_choice(gpt: Profile) -> None:
+    n = gpt.num_blocks
+    balance = [n // 4] * 3 + [n - 3 * (n // 4)]
+    choices = replace(PLAIN, recompute_modules=("mlp",))
+    plan = api.plan_profile(gpt, stages=4, batch_size=16, memory=2**40, choices=choices, balance=balance)
+    assert plan.balance == tuple(balance) and plan.recompute_modules == ("mlp",)
+    u = plan.micro_batch_size
+    for s in plan.stages:
+        again = sum(o.recompute_s(u) for i in s.block_indices for o in gpt.blocks[i].memory if o.recompute == ("mlp",))
+        assert s.backward_s == pytest.approx(sum(gpt.blocks[i].backward_s(u) for i in s.block_indices) + again)
