@@ -57,9 +57,11 @@ from autopipe.planner.defaults import (
     ANALYTIC_MICRO_BATCH_SIZES,
     default_dtype,
     default_micro_batch_sizes,
+    host_shared,
     parallel_request,
     plan_micro_batch_sizes,
     plan_request,
+    with_host_sharing,
 )
 from autopipe.planner.parallel import ParallelPlan, Rejected, plan_parallel
 from autopipe.planner.request import (
@@ -378,11 +380,14 @@ def plan_profile(
         device=device,
     )
     validate(prof, request, words)
+    prof, request, sharing, sharing_spread = host_shared(prof, request)
 
     def planned(req: PlanRequest) -> Plan:
         if balance is None:
-            return plan_pipeline(prof, req, progress)
-        return plan_balance(prof, req, balance, flag=words.name("balance"))
+            plan = plan_pipeline(prof, req, progress)
+        else:
+            plan = plan_balance(prof, req, balance, flag=words.name("balance"))
+        return with_host_sharing(plan, sharing, sharing_spread)
 
     return _with_free(planned(request), lambda: planned(replace(request, target="autopipe")))
 

@@ -179,7 +179,17 @@ class Plan:
     # candidates were within that noise, which were tied and how the plan was chosen among them.
     uncertainty: float = 0.0
     noise_note: str = ""
-    # The uniform memory choice (costs/memory.py; at most one, Megatron-LM's forms): module kinds
+    # CPU ranks sharing one host (planner/defaults.host_shared): every stage time above is the
+    # profile's times this many times (the contention measured beside the profile for this many
+    # ranks); 1: priced as profiled.
+    host_sharing: float = 1.0
+    # Expert and context parallelism (costs.experts, costs.context; Megatron-Core's folding):
+    # a stage's t x cp x d devices also form ep x etp-wide expert groups; the devices in all are
+    # t * context_parallel * devices * data_parallel. The executor and emitted stages refuse them.
+    expert_parallel: int = 1  # ep: devices sharing each MoE layer's routed experts
+    expert_tensor_parallel: int = 1  # etp: devices splitting each routed expert
+    context_parallel: int = 1  # cp: devices splitting every sample's sequence
+    # The uniform memory choice (costs/activations/choices.py; at most one, Megatron-LM's forms): module kinds
     # recomputed in every layer (--recompute-granularity selective --recompute-modules), the first
     # k layers of each stage recomputed whole (--recompute-method block --recompute-num-layers k),
     # module kinds' saved inputs offloaded to the host (--offload-modules). stages[].recompute
@@ -217,6 +227,8 @@ class Plan:
         later = (  # added later: left out at their defaults, so plans without them are written as before
             ("uncertainty", 0.0),
             ("noise_note", ""),
+            ("host_sharing", 1.0),
+            *((f, 1) for f in _PARALLEL_LATER),
             ("recompute_modules", ()),
             ("recompute_layers", 0),
             ("offload_modules", ()),
@@ -324,10 +336,14 @@ MAX_REPLICAS = 2**20  # data-parallel replicas
 MAX_VIRTUAL = 64  # chunks per device
 MAX_TENSOR_PARALLEL = 2**10  # devices in one tensor-parallel group (one node)
 _MAX_INT = 2**53  # any other count (parameters, indices)
+_PARALLEL_LATER = ("expert_parallel", "expert_tensor_parallel", "context_parallel")
 _COUNT_RANGES = {  # the plan's own counts (top-level fields), and what each may be
     "devices": (1, MAX_DEVICES),
     "data_parallel": (1, MAX_REPLICAS),
     "tensor_parallel": (1, MAX_TENSOR_PARALLEL),
+    "expert_parallel": (1, MAX_DEVICES),
+    "expert_tensor_parallel": (1, MAX_TENSOR_PARALLEL),
+    "context_parallel": (1, MAX_TENSOR_PARALLEL),
     "micro_batches": (1, MAX_MICRO_BATCHES),
     "micro_batch_size": (1, MAX_BATCH_SIZE),
     "batch_size": (1, MAX_BATCH_SIZE),
@@ -479,6 +495,9 @@ def check_plan_values(plan: Plan, source: str = "plan") -> None:
         ("devices", S, MAX_DEVICES),
         ("data_parallel", plan.data_parallel, MAX_REPLICAS),
         ("tensor_parallel", plan.tensor_parallel, MAX_TENSOR_PARALLEL),
+        ("expert_parallel", plan.expert_parallel, MAX_DEVICES),
+        ("expert_tensor_parallel", plan.expert_tensor_parallel, MAX_TENSOR_PARALLEL),
+        ("context_parallel", plan.context_parallel, MAX_TENSOR_PARALLEL),
         ("micro_batches", m, MAX_MICRO_BATCHES),
         ("micro_batch_size", plan.micro_batch_size, MAX_BATCH_SIZE),
         ("batch_size", plan.batch_size, MAX_BATCH_SIZE),
@@ -492,6 +511,13 @@ def check_plan_values(plan: Plan, source: str = "plan") -> None:
             "splits a tensor-parallel group's work)"
         )
     _check_memory_choice(plan, bad)
+    experts = plan.expert_parallel * plan.expert_tensor_parallel
+    stage = plan.tensor_parallel * plan.context_parallel * plan.data_parallel
+    if stage % experts:
+        raise bad(
+            f"expert_parallel {plan.expert_parallel} x expert_tensor_parallel {plan.expert_tensor_parallel} does not "
+            f"divide a stage's tensor_parallel x context_parallel x data_parallel = {stage} devices"
+        )
     if plan.hardware_flops < plan.model_flops:
         raise bad(
             f"hardware_flops {plan.hardware_flops:g} is below model_flops {plan.model_flops:g} (it adds recomputation)"

@@ -24,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["n_layer=2", "n_embd=8", "vocab_size=16", "block_size=4"]
 BATCH, MICRO_BATCHES, STEPS = 64, 16, 12
+SCHEDULES = ("1f1b", "zb-h1", "interleaved-1f1b")
 
 
 def main() -> None:
@@ -44,7 +45,7 @@ def main() -> None:
     print(f"gpt {' '.join(TINY)}; batch {BATCH}, m {MICRO_BATCHES}, {STEPS} steps (first is warm-up)")
     extra: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for schedule in ("1f1b", "zb-h1"):
+        for schedule in SCHEDULES:
             request = PlanRequest(
                 devices=2,
                 batch_size=BATCH,

@@ -69,7 +69,7 @@ def profile(kwargs: list[str], repeat: int = 9, model: str = "gpt", batch: int =
 
 
 def plan_of(prof: Profile, schedule: str, virtual: int, batch: int = BATCH) -> Plan:
-    from autopipe.planner.defaults import default_action_overhead, default_link
+    from autopipe.planner.defaults import default_action_overhead, default_link, host_shared, with_host_sharing
     from autopipe.planner.search import PlanRequest, plan_pipeline
 
     bw, lat = default_link(prof.device)
@@ -85,7 +85,8 @@ def plan_of(prof: Profile, schedule: str, virtual: int, batch: int = BATCH) -> P
         link_latency_s=lat,
         action_overhead_s=default_action_overhead(prof.device),
     )
-    return plan_pipeline(prof, req)
+    shared, req, factor, spread = host_shared(prof, req)  # the ranks sharing this host, as autopipe plan prices them
+    return with_host_sharing(plan_pipeline(shared, req), factor, spread)
 
 
 def predicted_costs(plan: Plan) -> list[StageCost]:
@@ -171,8 +172,9 @@ def analyse(prof: Profile, plan: Plan, result: RunResult) -> dict[str, float]:
                 (after_late if posted > sent else after_early).append(ready - max(sent, posted))
     med = {key: statistics.median(v) for key, v in compute.items()}
     u = plan.micro_batch_size
-    block_f = [sum(prof.blocks[i].forward_s(u) for i in s.block_indices) for s in plan.stages]
-    block_b = [sum(prof.blocks[i].backward_s(u) for i in s.block_indices) for s in plan.stages]
+    share = plan.host_sharing  # the block times as the plan priced them for its ranks sharing this host
+    block_f = [share * sum(prof.blocks[i].forward_s(u) for i in s.block_indices) for s in plan.stages]
+    block_b = [share * sum(prof.blocks[i].backward_s(u) for i in s.block_indices) for s in plan.stages]
     fwd, bwd = Kind.FORWARD.value, Kind.BACKWARD.value
     wgt = Kind.WEIGHT.value
     w = [med.get((j, wgt), 0.0) for j in range(n)]  # zero-bubble schedules: B is the input's half
@@ -240,11 +242,12 @@ def main() -> None:
         f"{args.steps} steps (first is warm-up)"
     )
     prof = profile(args.k, args.repeat, args.model, args.batch)
-    rows, parts = [], []
+    rows, parts, plans = [], [], []
     for schedule, virtual in CASES:
         if schedule not in args.cases.split(","):
             continue
         plan = plan_of(prof, schedule, virtual, args.batch)
+        plans.append(plan)
         result = launch(plan, RunOptions(steps=args.steps, optimizer="SGD", timeout_s=120.0))
         rows.append((f"{schedule}/v{plan.virtual}", analyse(prof, plan, result)))
         where = breakdown(plan, result, range(1, result.steps))
@@ -302,6 +305,11 @@ def main() -> None:
             f"idle {p.idle_s * ms:.2f} -> {m.idle_s * ms:.2f} ({d.idle_s * ms:+.2f}); "
             f"iteration {p.total_s * ms:.2f} -> {m.total_s * ms:.2f} ({m.total_s / p.total_s - 1:+.1%})"
         )
+    print(
+        f"host sharing priced: compute x{plans[0].host_sharing:.3f} for {DEVICES} ranks "
+        f"(profile's contention: {prof.contention.workers} workers -> slowdown {prof.contention.slowdown}); "
+        f"printed uncertainty ±{plans[0].uncertainty:.0%}"
+    )
     print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     sys.stdout.flush()
 

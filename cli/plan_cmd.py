@@ -106,7 +106,7 @@ def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument("--timeline", default=None, metavar="FILE", help="draw the schedule as a Gantt chart (.png or .svg)")
     add_profiling_arguments(
         p,
-        MEASURE_DEVICE_HELP + "; or a catalogue device (h100, h200, a100-80gb, a100-40gb, or your "
+        MEASURE_DEVICE_HELP + "; or a catalogue device (h100, h800, h200, a100-80gb, a100-40gb, or your "
         "--device-file's) to plan analytically on the meta device",
     )
     add_analytic_arguments(p)

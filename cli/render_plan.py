@@ -106,6 +106,12 @@ def print_plan(plan: Plan, console: Console, timeline_rows: list[str] | None = N
         console.print(f"activations: {memory_words(plan)}", highlight=False, markup=False)
     if plan.noise_note:
         console.print(f"note: {plan.noise_note}", highlight=False, markup=False)
+    if plan.host_sharing != 1.0:
+        console.print(
+            f"{plan.devices} ranks sharing this host: compute priced x{plan.host_sharing:.2f} "
+            "(the contention measured beside the profile)",
+            highlight=False,
+        )
     if plan.data_parallel > 1 or plan.tensor_parallel > 1:
         console.print(layout_line(plan))
     for line in target_lines(plan):
@@ -192,6 +198,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "iteration_time_s": plan.iteration_time_s,
         "uncertainty": plan.uncertainty,
         "noise_note": plan.noise_note,
+        "host_sharing": plan.host_sharing,
         "bubble_fraction": plan.bubble_fraction,
         "throughput": plan.throughput,
         "data_parallel": plan.data_parallel,

@@ -7,7 +7,8 @@ Token + learned position embedding, ``n_layer`` pre-LayerNorm blocks (causal sel
 4x GELU MLP) in ``blocks``, a final LayerNorm and an LM head tied to the token embedding
 (Radford et al. 2019, "Language Models are Unsupervised Multitask Learners"; the sizes of the
 GPT-3 presets are from Brown et al. 2020, Table 2.1). GPT-3's alternating sparse attention
-is not modelled: every layer is dense.
+is not modelled: every layer is dense. ``-k tie_embeddings=False`` gives the LM head its own
+weight (Megatron-LM's ``--untie-embeddings-and-output-weights``).
 
 Presets (``-k preset=NAME``; explicit kwargs override its fields):
 
@@ -22,7 +23,7 @@ Presets (``-k preset=NAME``; explicit kwargs override its fields):
 (Table 2.1 lists 24 heads of size 128 for GPT-3 1.3B, which does not multiply to its
 d_model = 2048; this file uses 16 heads of 128.)
 
-Parameter counts count the tied embedding / LM-head matrix once.
+Parameter counts count the tied embedding / LM-head matrix once (twice when untied).
 """
 
 import math
@@ -42,6 +43,7 @@ class GPTConfig:
     vocab_size: int = 512  # token vocabulary V
     block_size: int = 64  # sequence length T (size of the position table and of example batches)
     dropout: float = 0.0  # dropout on embeddings, attention probabilities and residual branches
+    tie_embeddings: bool = True  # the LM head shares the token embedding's (V, C) weight
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size"):
@@ -55,6 +57,8 @@ class GPTConfig:
             )
         if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be a number in [0, 1) (got {self.dropout!r})")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(f"tie_embeddings must be True or False (got {self.tie_embeddings!r})")
 
 
 PRESETS: dict[str, GPTConfig] = {
@@ -76,6 +80,7 @@ def make_config(
     vocab_size: int | None = None,
     block_size: int | None = None,
     dropout: float | None = None,
+    tie_embeddings: bool | None = None,
 ) -> GPTConfig:
     """The preset's config with every argument that is not None put in its place."""
     if preset not in PRESETS:
@@ -87,6 +92,7 @@ def make_config(
         "vocab_size": vocab_size,
         "block_size": block_size,
         "dropout": dropout,
+        "tie_embeddings": tie_embeddings,
     }
     return replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
 
@@ -153,7 +159,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # tied: one (V, C) parameter
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # tied: one (V, C) parameter
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -185,9 +192,10 @@ def build_model(
     vocab_size: int | None = None,
     block_size: int | None = None,
     dropout: float | None = None,
+    tie_embeddings: bool | None = None,
 ) -> GPT:
     """A randomly initialised GPT; any argument left None comes from the preset."""
-    return GPT(make_config(preset, n_layer, n_head, n_embd, vocab_size, block_size, dropout))
+    return GPT(make_config(preset, n_layer, n_head, n_embd, vocab_size, block_size, dropout, tie_embeddings))
 
 
 def _tokens(batch_size: int, preset: str, vocab_size: int | None, block_size: int | None) -> Tensor:

@@ -14,12 +14,24 @@ The SwiGLU width follows Meta's reference code unless ``intermediate_size`` is g
 
 which gives 11008 (7B), 13824 (13B) and 28672 (70B: multiple_of 4096, multiplier 1.3).
 
+``-k mlp=relu2`` replaces SwiGLU by a two-matrix MLP with squared-ReLU activation (So et al.
+2021, "Primer"), as Nemotron-4 has; ``intermediate_size`` is then its width.
+
 Presets (``-k preset=NAME``; explicit kwargs override its fields):
 
-    tiny        4 layers,  128 wide,  4 heads,  2 kv heads,   64 tokens, vocab   512  (default)
-    llama2-7b  32 layers, 4096 wide, 32 heads, 32 kv heads, 4096 tokens, vocab 32000   6,738,415,616
-    llama2-13b 40 layers, 5120 wide, 40 heads, 40 kv heads, 4096 tokens, vocab 32000  13,015,864,320
-    llama2-70b 80 layers, 8192 wide, 64 heads,  8 kv heads, 4096 tokens, vocab 32000  68,976,648,192
+    tiny           4 layers,   128 wide,   4 heads,  2 kv heads,   64 tokens, vocab    512  (default)
+    llama2-7b     32 layers,  4096 wide,  32 heads, 32 kv heads, 4096 tokens, vocab  32000    6,738,415,616
+    llama2-13b    40 layers,  5120 wide,  40 heads, 40 kv heads, 4096 tokens, vocab  32000   13,015,864,320
+    llama2-70b    80 layers,  8192 wide,  64 heads,  8 kv heads, 4096 tokens, vocab  32000   68,976,648,192
+    llama3-8b     32 layers,  4096 wide,  32 heads,  8 kv heads, 8192 tokens, vocab 128256    8,030,261,248
+    llama3-70b    80 layers,  8192 wide,  64 heads,  8 kv heads, 8192 tokens, vocab 128256   70,553,706,496
+    llama3.1-405b 126 layers, 16384 wide, 128 heads,  8 kv heads, 8192 tokens, vocab 128256 405,853,388,800
+    nemotron4-340b 96 layers, 18432 wide,  96 heads,  8 kv heads, 4096 tokens, vocab 256000 341,025,638,400
+
+Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models", Table 3): SwiGLU widths 14336,
+28672 and 53248, RoPE base 500,000. Nemotron-4 340B (NVIDIA 2024, "Nemotron-4 340B Technical
+Report", Table 1): squared-ReLU MLP of width 73728, untied embeddings, no biases, RoPE; its
+LayerNorm is an RMSNorm here (the same parameters less a bias per norm, no FLOPs either way).
 
 The rotary tables are computed once, at construction, and registered as non-persistent buffers
 (shared by every layer, so each layer maps x to x alone). A model built on the meta device has
@@ -47,6 +59,7 @@ class LlamaConfig:
     ffn_dim_multiplier: float | None = None  # the rule scales 8/3 * n_embd by this first
     norm_eps: float = 1e-5  # RMSNorm epsilon
     rope_theta: float = 10000.0  # rotary base frequency
+    mlp: str = "swiglu"  # "swiglu" (gate, up, down) or "relu2" (up, squared ReLU, down: Nemotron-4)
 
     def __post_init__(self) -> None:
         ints = ("n_layer", "n_head", "n_kv_head", "n_embd", "vocab_size", "block_size", "multiple_of")
@@ -59,6 +72,8 @@ class LlamaConfig:
                 f"n_embd must be n_head times an even head size (n_embd: {self.n_embd}, "
                 f"n_head: {self.n_head}); change one of them"
             )
+        if self.mlp not in MLPS:
+            raise ValueError(f"mlp must be one of {', '.join(MLPS)} (got {self.mlp!r}); pass e.g. -k mlp=swiglu")
         if self.n_head % self.n_kv_head:
             raise ValueError(
                 f"n_kv_head must divide n_head (n_head: {self.n_head}, n_kv_head: {self.n_kv_head}); change one of them"
@@ -67,6 +82,11 @@ class LlamaConfig:
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def hidden_act(self) -> str:
+        """The MLP's activation as Hugging Face configs name it (``silu`` gates SwiGLU)."""
+        return "silu" if self.mlp == "swiglu" else "relu2"
 
     @property
     def ffn_hidden(self) -> int:
@@ -79,12 +99,16 @@ class LlamaConfig:
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
 
 
+MLPS = ("swiglu", "relu2")
+
+
 def _check_positive_int(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer (got {value!r}); pass e.g. -k {name}=8")
 
 
 _LLAMA2 = LlamaConfig(vocab_size=32000, block_size=4096, multiple_of=256)
+_LLAMA3 = LlamaConfig(n_head=8, n_kv_head=8, vocab_size=128256, block_size=8192, rope_theta=500000.0)
 PRESETS: dict[str, LlamaConfig] = {
     "tiny": LlamaConfig(),
     "llama2-7b": replace(_LLAMA2, n_layer=32, n_head=32, n_kv_head=32, n_embd=4096),
@@ -97,6 +121,19 @@ PRESETS: dict[str, LlamaConfig] = {
         n_embd=8192,
         multiple_of=4096,
         ffn_dim_multiplier=1.3,
+    ),
+    "llama3-8b": replace(_LLAMA3, n_layer=32, n_head=32, n_embd=4096, intermediate_size=14336),
+    "llama3-70b": replace(_LLAMA3, n_layer=80, n_head=64, n_embd=8192, intermediate_size=28672),
+    "llama3.1-405b": replace(_LLAMA3, n_layer=126, n_head=128, n_embd=16384, intermediate_size=53248),
+    "nemotron4-340b": LlamaConfig(
+        n_layer=96,
+        n_head=96,
+        n_kv_head=8,
+        n_embd=18432,
+        vocab_size=256000,
+        block_size=4096,
+        intermediate_size=73728,
+        mlp="relu2",
     ),
 }
 
@@ -114,6 +151,7 @@ def make_config(
     ffn_dim_multiplier: float | None = None,
     norm_eps: float | None = None,
     rope_theta: float | None = None,
+    mlp: str | None = None,
 ) -> LlamaConfig:
     """The preset's config with every argument that is not None put in its place."""
     if preset not in PRESETS:
@@ -130,6 +168,7 @@ def make_config(
         "ffn_dim_multiplier": ffn_dim_multiplier,
         "norm_eps": norm_eps,
         "rope_theta": rope_theta,
+        "mlp": mlp,
     }
     return replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
 
@@ -206,6 +245,19 @@ class SwiGLU(nn.Module):
         return out  # (B, T, C)
 
 
+class SquaredReLU(nn.Module):
+    """up, relu(.)**2, down: the MLP of Nemotron-4 (and Primer)."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.up_proj = nn.Linear(cfg.n_embd, cfg.ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn_hidden, cfg.n_embd, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:  # x: (B, T, C)
+        out: Tensor = self.down_proj(F.relu(self.up_proj(x)).square())
+        return out  # (B, T, C)
+
+
 class DecoderLayer(nn.Module):
     """x + attn(norm(x)), then x + mlp(norm(x))."""
 
@@ -214,7 +266,7 @@ class DecoderLayer(nn.Module):
         self.attn_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
         self.attn = Attention(cfg, cos, sin)
         self.mlp_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
-        self.mlp = SwiGLU(cfg)
+        self.mlp = SwiGLU(cfg) if cfg.mlp == "swiglu" else SquaredReLU(cfg)
 
     def forward(self, x: Tensor) -> Tensor:  # x: (B, T, C)
         x = x + self.attn(self.attn_norm(x))
@@ -256,6 +308,7 @@ def build_model(
     ffn_dim_multiplier: float | None = None,
     norm_eps: float | None = None,
     rope_theta: float | None = None,
+    mlp: str | None = None,
 ) -> Llama:
     """A randomly initialised Llama; any argument left None comes from the preset."""
     cfg = make_config(
@@ -271,6 +324,7 @@ def build_model(
         ffn_dim_multiplier,
         norm_eps,
         rope_theta,
+        mlp,
     )
     return Llama(cfg)
 

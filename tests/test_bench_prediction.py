@@ -34,13 +34,17 @@ def test_small_run_reports_measured_against_predicted_per_schedule() -> None:
         if fields and fields[0] in ("1f1b/v1", "interleaved-1f1b/v2"):
             rows.setdefault(fields[0], fields)  # the first table: the split below repeats the names
     assert set(rows) == {"1f1b/v1", "interleaved-1f1b/v2"}, out.stdout
+    shared = re.search(r"^host sharing priced: compute x([0-9.]+) for 2 ranks", out.stdout, re.M)
+    assert shared is not None, out.stdout
+    sharing = float(shared[1])  # the ranks sharing this host, as measured beside the profile
+    assert sharing >= 1.0
     for name, chunks in (("1f1b/v1", 2), ("interleaved-1f1b/v2", 4)):
         predicted, measured, error = float(rows[name][1]), float(rows[name][2]), rows[name][3]
         assert predicted > 0 and measured > 0
         assert abs(float(error.rstrip("%")) - (measured / predicted - 1) * 100) < 0.1
         assert int(rows[name][7]) == 2 * chunks * M  # every F and B of every chunk
         assert int(rows[name][8]) == 2 * (chunks - 1) * M  # every boundary crosses the ranks
-        assert float(rows[name][14]) == 0.3  # the priced cost per action on CPU ranks
+        assert float(rows[name][14]) == pytest.approx(0.3 * sharing, abs=1e-3)  # CPU ranks' cost per action
         late = re.search(rf"^{re.escape(name)}: ([0-9.]+) of (\d+) messages", out.stdout, re.M)
         assert late is not None and 0 <= float(late[1]) <= int(late[2]) == 2 * (chunks - 1) * M
     assert out.stdout.startswith("machine: ")

@@ -44,6 +44,17 @@ def n_params(model: torch.nn.Module) -> int:
         ("llama", {"preset": "llama2-7b"}, 6_738_415_616, 0.0),
         ("llama", {"preset": "llama2-13b"}, 13_015_864_320, 0.0),
         ("llama", {"preset": "llama2-70b"}, 68_976_648_192, 0.0),
+        ("llama", {"preset": "llama3-8b"}, 8_030_261_248, 0.0),  # meta-llama/Meta-Llama-3-8B
+        ("llama", {"preset": "llama3-70b"}, 70_553_706_496, 0.0),  # meta-llama/Meta-Llama-3-70B
+        ("llama", {"preset": "llama3.1-405b"}, 405_853_388_800, 0.0),  # meta-llama/Llama-3.1-405B
+        # Nemotron-4 340B by hand: 96 x (2 h^2 + 2 h 1536 + 2 h 73728 + 2 h) + 2 V h + h, h = 18432
+        (
+            "llama",
+            {"preset": "nemotron4-340b"},
+            96 * (2 * 18432**2 + 2 * 18432 * 1536 + 2 * 18432 * 73728 + 2 * 18432) + 2 * 256000 * 18432 + 18432,
+            0.0,
+        ),
+        ("gpt", {"preset": "gpt2", "tie_embeddings": False}, 124_439_808 + 50257 * 768, 0.0),  # the head's own (V, C)
         ("resnet", {"width": 64, "num_classes": 1000, "image_size": 224}, 25_557_032, 0.0),
     ],
 )
@@ -59,9 +70,24 @@ def test_published_parameter_counts_on_meta(
 def test_gpt_lm_head_is_tied_and_llama_is_not() -> None:
     with torch.device("meta"):
         gpt = load("gpt").build_model()
+        untied = load("gpt").build_model(tie_embeddings=False)
         llama = load("llama").build_model()
     assert gpt.lm_head.weight is gpt.wte.weight
+    assert untied.lm_head.weight is not untied.wte.weight
     assert llama.lm_head.weight is not llama.embed_tokens.weight
+
+
+def test_llama_squared_relu_mlp_is_two_matrices_and_trains() -> None:
+    m = load("llama")
+    torch.manual_seed(0)
+    model = m.build_model(mlp="relu2", intermediate_size=96)
+    mlp = model.layers[0].mlp
+    assert [n for n, _ in mlp.named_children()] == ["up_proj", "down_proj"]
+    x = torch.randn(2, 3, 128)
+    assert torch.allclose(mlp(x), mlp.down_proj(torch.relu(mlp.up_proj(x)) ** 2))
+    loss = m.loss_fn(model(m.example_inputs(2)), m.example_targets(2))
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -161,6 +187,8 @@ def test_unknown_kwarg_raises_type_error(name: str) -> None:
         ("gpt", {"dropout": 1.5}, "dropout"),
         ("llama", {"n_head": 4, "n_kv_head": 3}, "n_kv_head must divide n_head"),
         ("llama", {"preset": "llama3"}, "unknown preset"),
+        ("llama", {"mlp": "gelu"}, "mlp must be one of swiglu, relu2"),
+        ("gpt", {"tie_embeddings": "no"}, "tie_embeddings must be True or False"),
         ("resnet", {"layers": "3,x"}, "comma-separated integers"),
         ("resnet", {"layers": (3, 0)}, "layers must be positive"),
         ("unet", {"image_size": 60}, r"multiple of 2\*\*depth"),

@@ -130,6 +130,14 @@ BAD: list[tuple[str, Mutation, str]] = [
         _set("target", "nemo"),
         "target 'nemo' is unknown (known: autopipe, megatron, torchtitan, torch)",
     ),
+    ("expert parallel 0", _set("expert_parallel", 0), "expert_parallel is 0, expected 1 to 4096"),
+    ("context parallel string", _set("context_parallel", "2"), "context_parallel is '2', expected a whole number"),
+    (
+        "experts beyond the stage",
+        _set("expert_parallel", 2),
+        "expert_parallel 2 x expert_tensor_parallel 1 does not divide a stage's tensor_parallel x "
+        "context_parallel x data_parallel = 1 devices",
+    ),
     ("free plan a list", _set("free_plan", []), "free_plan is a list, expected an object"),
     (
         "free plan missing a field",
@@ -221,6 +229,16 @@ def test_a_memory_choice_is_kept_and_left_out_of_the_file_at_none() -> None:
     block = Plan.from_json(json.dumps(raw))
     assert block.memory_choice == "recompute 2 layers per stage" and block.stages[0].transient_bytes == 64.0
     assert Plan.from_json(block.to_json()) == block
+
+
+def test_expert_and_context_parallel_fields_are_written_only_when_used() -> None:
+    plan = Plan.load(PLAN_V1)
+    assert (plan.expert_parallel, plan.expert_tensor_parallel, plan.context_parallel) == (1, 1, 1)
+    assert not {"expert_parallel", "expert_tensor_parallel", "context_parallel"} & set(json.loads(plan.to_json()))
+    raw = _v2()
+    raw.update(data_parallel=4, context_parallel=2, expert_parallel=8)  # a stage of 1 x 2 x 4 devices, EP 8
+    used = Plan.from_json(json.dumps(raw))
+    assert (used.expert_parallel, used.context_parallel) == (8, 2) and Plan.from_json(used.to_json()) == used
 
 
 def test_huge_numbers_and_deep_nesting_are_one_line() -> None:

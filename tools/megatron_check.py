@@ -1,4 +1,5 @@
 # Run: .venv/bin/python tools/megatron_check.py env && .venv/bin/python tools/megatron_check.py run   (repo root)
+#      (published runs: python bench/bench_published.py --no-free --write-plans DIR, then run --published DIR)
 """autopipe's ``config --for megatron`` checked by Megatron-LM's own code (issue 22, item 6).
 
 Not part of the test suite: it needs Python 3.12 (megatron-core >= 0.17 does) and downloads.
@@ -134,10 +135,13 @@ def plan_layers(plan_path: Path) -> list[int]:
     return counts
 
 
-def _case(case: str, plan_args: str, folder: Path) -> dict[str, Any]:
+def _case(case: str, plan_args: str, folder: Path, plan_path: Path | None = None) -> dict[str, Any]:
+    """One case: ``plan_path`` (planned from ``plan_args`` into ``folder`` when not given) and its
+    Megatron arguments, written to ``folder``."""
     from autopipe.plans import Plan
 
-    plan_path, out_path = folder / f"{_slug(case)}.json", folder / f"{_slug(case)}.megatron.txt"
+    plan_path = plan_path or folder / f"{_slug(case)}.json"
+    out_path = folder / f"{_slug(case)}.megatron.txt"
     if not plan_path.exists():
         code, text = _autopipe(["plan", *H100, *shlex.split(plan_args), "-o", str(plan_path)])
         if code:
@@ -272,10 +276,18 @@ def _versions(venv: Path) -> str:
 def run(a: argparse.Namespace) -> int:
     folder = Path(a.work)
     folder.mkdir(parents=True, exist_ok=True)
-    chosen = [c for c in PLANS if not a.only or any(o in c for o in a.only)]
+    if a.published:  # plan files written by bench/bench_published.py --write-plans DIR
+        given = sorted(Path(a.published).glob("*.json"))
+        if not given:
+            raise SystemExit(
+                f"no plan files in {a.published}: write them with bench/bench_published.py --write-plans DIR"
+            )
+        planned = [(p.stem, "", p) for p in given if not a.only or any(o in p.stem for o in a.only)]
+    else:
+        planned = [(c, PLANS[c], None) for c in PLANS if not a.only or any(o in c for o in a.only)]
     cases = []
-    for case in chosen:
-        cases.append(_case(case, PLANS[case], folder))
+    for case, plan_args, plan_path in planned:
+        cases.append(_case(case, plan_args, folder, plan_path))
         print(f"planned: {case}: {cases[-1]['plan']}, layers {cases[-1]['layers']}", flush=True)
     cases += controls(cases)
     cases_file = folder / "cases.json"
@@ -363,6 +375,9 @@ def main() -> int:
     parser.add_argument("--megatron-git", help="a git directory of NVIDIA/Megatron-LM (env: unpack its HEAD)")
     parser.add_argument("--work", default=str(WORK / "plans"), help="plans, configs and results")
     parser.add_argument("--only", action="append", help="cases whose name contains this (repeatable)")
+    parser.add_argument(
+        "--published", metavar="DIR", help="check the plans bench/bench_published.py --write-plans DIR wrote instead"
+    )
     a = parser.parse_args()
     return build_env(a) if a.step == "env" else run(a)
 

@@ -6,7 +6,8 @@ Megatron cannot do as the plan says and for what goes beside the arguments (the 
 (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``; the data-parallel size is
 what is left of the world size), the batch (``--micro-batch-size``, ``--global-batch-size`` =
 batch per pipeline x replicas), ``--num-layers``, the model's own arguments, ``--sequence-parallel``,
-``--use-distributed-optimizer`` (ZeRO-1), the recompute arguments and the split.
+``--use-distributed-optimizer`` (ZeRO-1), the recompute arguments and the split; context and
+expert parallelism and a MoE model's own arguments (:mod:`autopipe.config.parallel_args`).
 
 The model: given the plan's model (:func:`autopipe.api.megatron_config` rebuilds it on the meta
 device), the layers are counted from its layer list, since a merged block such as
@@ -65,6 +66,7 @@ from torch import nn
 
 from autopipe._io import one_line
 from autopipe.config.model_facts import ModelFacts, read_model
+from autopipe.config.parallel_args import megatron_parallel_args, read_moe
 from autopipe.config.parts import Degrees, Parts, degrees, model_parts, stage_list
 from autopipe.config.retarget import retarget_notes
 from autopipe.plans import Plan
@@ -229,7 +231,7 @@ _UNREAD = {  # a ModelFacts field the model did not answer -> the argument(s) th
     "seq_length": "--seq-length",
     "max_positions": "--max-position-embeddings",
     "normalization": "--normalization",
-    "activation": "the activation (--swiglu, or gelu by default)",
+    "activation": "the activation (--swiglu, --squared-relu, or gelu by default)",
     "position": "--position-embedding-type",
     "tied": "tied embeddings (--untie-embeddings-and-output-weights)",
     "bias": "biases (--disable-bias-linear)",
@@ -259,6 +261,7 @@ def _definition(facts: ModelFacts | None, unbuilt: str) -> tuple[list[str], list
     if f.query_groups is not None and f.heads is not None and f.query_groups != f.heads:
         args += ["--group-query-attention", "--num-query-groups", str(f.query_groups)]
     args += ["--swiglu"] if f.activation == "swiglu" else []  # gelu is Megatron's default
+    args += ["--squared-relu"] if f.activation == "squared_relu" else []
     args += ["--untie-embeddings-and-output-weights"] if f.tied is False else []
     args += ["--disable-bias-linear"] if f.bias is False else []
     notes = []
@@ -284,10 +287,11 @@ def _launch(deg: Degrees, per_node: int | None, offload: bool = False) -> list[s
     ``offload``: the plan offloads activations (Transformer Engine 2.10+ asks NVTE_CPU_OFFLOAD_V1=1)."""
     env = "NVTE_CPU_OFFLOAD_V1=1 " if offload else ""
     notes = []
-    if deg.tensor > 1:  # autopipe never writes --use-megatron-fsdp / --use-torch-fsdp2, which assert the opposite
+    if deg.tensor > 1 or deg.context > 1:  # autopipe never writes Megatron's FSDP flags, which assert the opposite
         env += "CUDA_DEVICE_MAX_CONNECTIONS=1 "
+        what = "tensor parallelism" if deg.context == 1 else "context parallelism" if deg.tensor == 1 else "both"
         notes.append(
-            "environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron asserts it for tensor parallelism on Hopper and "
+            f"environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron asserts it for {what} on Hopper and "
             "older GPUs; not with Megatron FSDP, which asserts the opposite)"
         )
     world = deg.world_size
@@ -352,7 +356,7 @@ def megatron_args(
     lines = [
         f"# Megatron-LM arguments for {one_line(plan.model)} (autopipe plan: {plan.schedule}, "
         f"{plan.micro_batches} micro-batch(es) of {plan.micro_batch_size})",
-        f"# world size t x p x d = {deg.tensor} x {deg.pipeline} x {deg.data} = {deg.world_size} GPUs",
+        f"# world size {deg.sizes}",
     ]
     args = [
         "--tensor-model-parallel-size",
@@ -367,6 +371,9 @@ def megatron_args(
         str(parts.num_layers),
     ]
     definition, notes = _definition(facts, unbuilt)
+    parallel, parallel_notes = megatron_parallel_args(deg, read_moe(model, parts.container) if model else None)
+    definition += parallel
+    notes += parallel_notes
     if facts is None and any(".." in b for s in plan.stages for b in s.blocks):
         notes.append(
             f"--num-layers {parts.num_layers} counts the layers the block names show; a merged block "

@@ -46,7 +46,7 @@ class ModelFacts:
     seq_length: int | None = None
     max_positions: int | None = None
     normalization: str | None = None  # "LayerNorm" or "RMSNorm"
-    activation: str | None = None  # "gelu" or "swiglu"
+    activation: str | None = None  # "gelu", "swiglu" or "squared_relu"
     position: str | None = None  # "learned_absolute" or "rope"
     tied: bool | None = None  # the output layer shares the token embedding's weight
     bias: bool | None = None  # the layers' linear layers have biases
@@ -135,6 +135,8 @@ def read_model(model: nn.Module, container: str, seq_length: int | None = None) 
         found["activation"] = "swiglu"
     elif act.startswith("gelu"):
         found["activation"] = "gelu"
+    elif act in ("relu2", "squared_relu") and not found.get("activation"):
+        found["activation"] = "squared_relu"  # Nemotron-4's: relu(x) ** 2 between two projections
     rope = any(getattr(config, n, None) is not None for n in ("rope_theta", "rotary_dim", "rope_scaling"))
     pos = "learned_absolute" if position is not None else "rope" if rope else None
     heads = _config_int(config, "heads")

@@ -10,8 +10,9 @@ after the last (the head and loss part). Blocks that are neither, or a layer who
 on two stages, are reported as notes: the frameworks cannot place them as the plan does.
 
 :func:`degrees` reads the parallel degrees from the plan: pipeline ``S`` and virtual ``v``,
-data parallel ``D``, tensor parallel ``t``, sequence parallelism and ZeRO-1 (plans written
-before those fields load as t = 1 and off). Plans recompute whole stages; selective
+data parallel ``D``, tensor parallel ``t``, sequence parallelism and ZeRO-1, context parallel
+``cp`` and expert parallel ``ep`` / ``etp`` (plans written before those fields load as 1 and
+off). Plans recompute whole stages; selective
 recomputation is asked for by the ``selective_recompute`` argument. :func:`plan_precision` reads
 the precision the plan was priced in.
 """
@@ -39,10 +40,22 @@ class Degrees:
     sequence_parallel: bool  # Megatron-style sequence parallelism inside the tensor-parallel group
     selective_recompute: bool  # recompute attention only (Korthikanti et al.), not whole stages
     zero1: bool = False  # optimizer state sharded over the data-parallel replicas (ZeRO-1)
+    context: int = 1  # cp: context-parallel ranks splitting every sample's sequence
+    expert: int = 1  # ep: expert-parallel ranks sharing each MoE layer's routed experts
+    expert_tensor: int = 1  # etp: ranks splitting each routed expert
 
     @property
     def world_size(self) -> int:
-        return self.tensor * self.pipeline * self.data
+        return self.tensor * self.context * self.pipeline * self.data
+
+    @property
+    def sizes(self) -> str:
+        """``t x p x d = 2 x 4 x 8 = 64 GPUs`` (``t x cp x p x d`` with context parallelism)."""
+        if self.context > 1:
+            named = f"t x cp x p x d = {self.tensor} x {self.context} x {self.pipeline} x {self.data}"
+        else:
+            named = f"t x p x d = {self.tensor} x {self.pipeline} x {self.data}"
+        return f"{named} = {self.world_size} GPUs"
 
 
 def degrees(
@@ -68,6 +81,9 @@ def degrees(
         sequence_parallel=bool(sp),
         selective_recompute=bool(selective),
         zero1=bool(sharded),
+        context=plan.context_parallel,
+        expert=plan.expert_parallel,
+        expert_tensor=plan.expert_tensor_parallel,
     )
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autopipe._io import one_line
+from autopipe.config.parallel_args import titan_parallel_lines
 from autopipe.config.parts import Degrees, Parts, degrees, model_parts, plan_precision, stage_list
 from autopipe.config.retarget import retarget_notes
 from autopipe.plans import Plan
@@ -302,7 +303,7 @@ def titan_head(plan: Plan, job: _Job, what: str) -> list[str]:
     lines = [
         f"# {what} for {one_line(plan.model)}",  # a newline in it would start a TOML table
         f"# autopipe plan: {plan.schedule}, "
-        f"t x p x d = {deg.tensor} x {deg.pipeline} x {deg.data} = {deg.world_size} GPUs, "
+        f"{deg.sizes}, "
         f"{plan.micro_batches} micro-batch(es) of {plan.micro_batch_size}",
     ]
     if deg.pipeline == 1 and plan.micro_batches > 1:
@@ -347,6 +348,8 @@ def torchtitan_toml(
             'tensor parallelism and no shards it trains in fp32: dtype = "bfloat16" trains in bf16 throughout '
             "(weights, gradients and optimizer state too: less memory than the plan's fp32 master weights)"
         )
+    parallel, parallel_notes = titan_parallel_lines(deg, job.shard)  # none at cp = ep = 1
+    notes += parallel_notes
     title = f"torchtitan {TORCHTITAN_TOML_VERSION} job config (the fields of torchtitan/config/job_config.py, v0.2.1-2)"
     head = titan_head(plan, job, title)
     lines = [
@@ -369,6 +372,7 @@ def torchtitan_toml(
         *([f"pipeline_parallel_schedule_csv = {json.dumps(job.csv_path)}"] if job.csv else []),
         f"pipeline_parallel_microbatch_size = {plan.micro_batch_size}",
         f"module_fqns_per_model_part = {_toml_list(job.parts)}",
+        *parallel,
     ]
     if job.schedule == "DualPipeV":  # its expert-overlap callback needs CUDA and an MoE; autopipe plans neither
         lines.append("pipeline_parallel_expert_parallel_overlap = false")

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe.costs.anatomy import Anatomy, anatomy_of, options_of
+from autopipe.costs.activations.anatomy import Anatomy, anatomy_of, options_of
 from autopipe.costs.counting import (
     BlockCount,
     OpCount,
@@ -54,19 +54,16 @@ from autopipe.costs.counting import (
     count_block,
     count_loss,
     leaf,
+    op_dtype,
+    op_time,
 )
 from autopipe.costs.deepen import Repeat, deepen_profile, repeat_of
+from autopipe.costs.degrees import Degrees, device_comm, device_ops, device_params, device_saved
 from autopipe.costs.devices import DeviceSpec
+from autopipe.costs.experts import expert_storages, moe_config
 from autopipe.costs.measured import Progress, block_cost, crossing_tensors, drop_export_one
 from autopipe.costs.profile import Affine, BlockCost, MemoryOption, Profile
-from autopipe.costs.tensor import (
-    TensorSplit,
-    block_kinds,
-    comm_s,
-    split_ops,
-    split_params,
-    split_saved,
-)
+from autopipe.costs.tensor import TensorSplit, block_kinds, split_params
 from autopipe.costs.timing import flat_inputs_of, storage_key
 from autopipe.errors import ModelLoadError, ProfileError
 from autopipe.graph.outputs import graph_outputs, training_loss
@@ -82,7 +79,10 @@ __all__ = [
     "ModelCounts",
     "Precision",
     "analytic_profile",
+    "block_time",
     "count_model",
+    "op_dtype",
+    "op_time",
     "profile_from_counts",
     "state_factor",
 ]
@@ -132,7 +132,7 @@ class ModelCounts:
     precision: Precision
     recipe: TraceRecipe = DEFAULT_RECIPE  # how it was asked to be traced
     repeat: Repeat | None = None  # counted on a shallow copy: how its profile is deepened
-    # [size][block]: what each layer's parts save (costs/anatomy.py); None for a block that is no layer
+    # [size][block]: what each layer's parts save (costs/activations/anatomy.py); None for a block that is no layer
     anatomies: tuple[tuple[Anatomy | None, ...], ...] = ()
 
     @property
@@ -189,8 +189,11 @@ def count_model(
         traces.append(traced)
         targets = _meta_inputs(loaded.make_targets(u), prec.dtype) if loaded.make_targets is not None else None
         loss = training_loss(loaded, traced, shallow_model, inputs, targets)
+        found = moe_config(model)
+        experts = expert_storages(traced.gm, found[0]) if found is not None else frozenset()
         units = node_units(traced.gm, shallow_model, [b.nodes for b in traced.blocks])
-        counted = _count_blocks(traced, inputs, loss, _step(report, f"counting at micro-batch size {u}"), units)
+        step = _step(report, f"counting at micro-batch size {u}")
+        counted = _count_blocks(traced, inputs, loss, step, experts, units)
         counts.append(tuple(c for c, _ in counted))
         anatomies.append(tuple(a for _, a in counted))
     repeat = (
@@ -238,12 +241,14 @@ def _count_blocks(
     inputs: Any,
     loss: Callable[[list[Any]], torch.Tensor] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    experts: frozenset[int] = frozenset(),
     units: Mapping[str, str] | None = None,
 ) -> tuple[tuple[BlockCount, Anatomy | None], ...]:
     """Count each block on the values the blocks before it produced; a block that computes
     what an earlier one did (same ops, same shapes) reuses its count and its outputs' layout.
     A block with units (``graph.units``: a transformer layer) also gets its anatomy.
 
+    ``experts``: storage keys of routed-expert weights, whose ops are marked (``counting``).
     The training loss (computed on the last stage, after the last block) is counted in the
     last block, as the measured profiler does; a loss that cannot run on meta tensors (one
     that reads values, say) is left out and costs nothing.
@@ -266,7 +271,7 @@ def _count_blocks(
         else:
             seg = extract(gm, block.nodes)
             args = [env[name] for name in seg.inputs]
-            count, outs = count_block(seg.module, args, exclude)
+            count, outs = count_block(seg.module, args, exclude, experts)
             anatomy = None
             if any(n in units for n in block.nodes):
                 anatomy = anatomy_of(seg.module, [leaf(a) for a in args], units, exclude)
@@ -351,46 +356,47 @@ def _describe(v: Any) -> Any:
 # --------------------------------------------------------------------------- time
 
 
-def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSplit | None = None) -> Profile:
+def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSplit | Degrees | None = None) -> Profile:
     """Price ``counts`` on ``spec``: the analytic Profile; with ``split``, one device's share
-    of each block at its tensor-parallel degree (``costs.tensor``: ops, collectives, saved
-    bytes and parameters per device; FLOPs per device too)."""
+    of each block at its parallel degrees (a ``TensorSplit``: tensor parallelism alone; a
+    ``costs.degrees.Degrees``: tensor, context and expert parallelism): ops, communication,
+    saved bytes and parameters per device (FLOPs per device too), ``BlockCost.expert_params``
+    the routed experts' share of the parameters."""
+    d = split if isinstance(split, Degrees) else Degrees(tensor=split)
     ref = counts.traces[0]
     gm = ref.gm
     xs = [float(u) for u in counts.sizes]
     compute, linear = counts.precision.compute, counts.precision.linear
     elt = float(torch.empty((), dtype=counts.precision.dtype).element_size())
-    kinds = block_kinds([b.name for b in ref.blocks], split.shape) if split else ("whole",) * len(ref.blocks)
-    t, sp = (split.degree, split.sequence_parallel) if split else (1, False)
+    tsplit = d.tensor
+    kinds = block_kinds([b.name for b in ref.blocks], tsplit.shape) if tsplit else ("whole",) * len(ref.blocks)
+    moe = d.experts.shape if d.experts is not None else None
 
     def fit(i: int, what: Callable[[BlockCount, float], float]) -> Affine:
         return Affine.fit(xs, [float(what(c[i], u)) for c, u in zip(counts.counts, xs, strict=True)])
 
     def ops(i: int, seq: Sequence[OpCount]) -> Sequence[OpCount]:
-        return split_ops(seq, kinds[i], t, sp)
-
-    def comm(i: int, u: float, backward: bool) -> float:
-        return comm_s(kinds[i], u, split, elt)[int(backward)] if split else 0.0
+        return device_ops(seq, kinds[i], d)
 
     memo: dict[tuple[int, str, float], tuple[float, float, float]] = {}
 
     def times(i: int, c: BlockCount, u: float) -> tuple[float, float, float]:
         key = (id(c), kinds[i], u)  # identical blocks share one BlockCount (_count_blocks)
+        if moe is not None:
+            key = (*key, moe.moe_layers[i])  # type: ignore[assignment]
         if key not in memo:
-            f = block_time(ops(i, c.forward), spec, compute, linear) + comm(i, u, False)
-            b = block_time(ops(i, c.backward), spec, compute, linear) + comm(i, u, True)
-            bi = block_time(ops(i, c.backward_input), spec, compute, linear) + comm(i, u, True)
+            fwd, bwd, bwd_in = ops(i, c.forward), ops(i, c.backward), ops(i, c.backward_input)
+            attention = sum(op.kind == "attention" for op in c.forward) if d.cp > 1 else 0
+            att = (
+                (_attention_time(fwd, spec, compute), _attention_time(bwd, spec, compute)) if attention else (0.0, 0.0)
+            )
+            layers = moe.moe_layers[i] if moe is not None else 0
+            comm = device_comm(kinds[i], u, d, elt, layers, attention, att)
+            f = block_time(fwd, spec, compute, linear) + comm[0]
+            b = block_time(bwd, spec, compute, linear) + comm[1]
+            bi = block_time(bwd_in, spec, compute, linear) + comm[1]
             memo[key] = (f, b, min(bi, b))
         return memo[key]
-
-    def options(i: int) -> tuple[MemoryOption, ...]:
-        return _options(
-            counts,
-            i,
-            lambda again: block_time(ops(i, again), spec, compute, linear),
-            lambda saved: split_saved(saved, kinds[i], t, sp),
-            lambda again: float(sum(op.flops for op in ops(i, again))),
-        )
 
     def one(i: int, b: Any) -> BlockCost:
         cost = block_cost(
@@ -399,27 +405,27 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
             forward=fit(i, lambda c, u: times(i, c, u)[0]),
             backward=fit(i, lambda c, u: times(i, c, u)[1]),
             backward_input=fit(i, lambda c, u: times(i, c, u)[2]),
-            saved_bytes=fit(i, lambda c, u: split_saved(c.saved_bytes, kinds[i], t, sp)),
+            saved_bytes=fit(i, lambda c, u: device_saved(c.saved_bytes, kinds[i], d)),
             forward_flops=fit(i, lambda c, u: sum(op.flops for op in ops(i, c.forward))),
             backward_flops=fit(i, lambda c, u: sum(op.flops for op in ops(i, c.backward))),
             shared=ref.shared_params,
         )
-        memory = options(i)
+        on = (
+            lambda a: ops(i, a),
+            lambda a: block_time(a, spec, compute, linear),
+            lambda x: device_saved(x, kinds[i], d),
+        )
+        memory = _options(counts, i, *on)  # a layer's parts on one device
         cost = replace(cost, layer=bool(memory) or cost.layer, memory=memory)
-        if split is None or kinds[i] == "whole":
-            return cost
-        params = split_params(cost.params, kinds[i], t, split.shape)
-        per = cost.param_bytes / cost.params if cost.params else elt
-        shared = split_params(round(cost.shared_param_bytes / elt), kinds[i], t, split.shape) * elt
-        return replace(cost, params=params, param_bytes=round(params * per), shared_param_bytes=round(shared))
+        return _device_share(cost, moe.expert_params[i] if moe is not None else 0, kinds[i], d, elt)
 
     blocks = [one(i, b) for i, b in enumerate(ref.blocks)]
     loaded = counts.loaded
-    where = f", t={t}{' with sequence parallelism' if sp else ''}" if t > 1 else ""
+    where = d.describe()
     profile = Profile(
         model=str(loaded.spec),
         recipe=counts.recipe.traced(loaded.spec, ref.tracer, ref.fingerprint()),
-        device=f"{spec.name}: {spec.description} (analytic, {counts.precision.name}{where})",
+        device=f"{spec.name}: {spec.description} (analytic, {counts.precision.name}{', ' + where if where else ''})",
         torch_version=torch.__version__,
         dtype=str(counts.precision.dtype).removeprefix("torch."),
         micro_batch_sizes=counts.sizes,
@@ -431,22 +437,44 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
     return deepen_profile(profile, counts.repeat) if counts.repeat is not None else profile
 
 
+def _device_share(cost: BlockCost, experts: int, kind: str, d: Degrees, elt: float) -> BlockCost:
+    """``cost``'s parameters as one device of ``d`` holds them (``experts``: the routed experts')."""
+    if (d.tensor is None or kind == "whole") and not experts:
+        return cost
+    params, mine = device_params(cost.params, experts, kind, d)
+    per = cost.param_bytes / cost.params if cost.params else elt
+    shared = float(cost.shared_param_bytes)
+    if d.tensor is not None:
+        shared = split_params(round(shared / elt), kind, d.t, d.tensor.shape) * elt
+    return replace(
+        cost, params=params, param_bytes=round(params * per), shared_param_bytes=round(shared), expert_params=mine
+    )
+
+
 def _options(
     counts: ModelCounts,
     i: int,
+    device: Callable[[Sequence[OpCount]], Sequence[OpCount]],
     seconds: Callable[[Sequence[OpCount]], float],
     scaled: Callable[[float], float],
-    flops: Callable[[Sequence[OpCount]], float],
 ) -> tuple[MemoryOption, ...]:
-    """Block ``i``'s memory options (``costs.anatomy.options_of``) from its anatomy at every size
-    counted: () for a block that is no layer; ``seconds``, ``flops`` and ``scaled`` price one
-    device's share of recomputed ops and saved bytes."""
+    """Block ``i``'s memory options (``costs.activations.anatomy.options_of``) from its anatomy
+    at every size counted: () for a block that is no layer; ``device`` gives one device's share
+    of ops, ``seconds`` prices them, ``scaled`` gives one device's share of saved bytes."""
     found = [a[i] for a in counts.anatomies] if counts.anatomies else []
     if not found or any(a is None for a in found):
         return ()
     xs = [float(u) for u in counts.sizes]
     by_size = {u: (a, float(c[i].saved_bytes)) for u, a, c in zip(xs, found, counts.counts, strict=True) if a}
-    return options_of(by_size, lambda again, u: seconds(again), flops, scaled)
+
+    def flops(again: Sequence[OpCount]) -> float:
+        return float(sum(op.flops for op in device(again)))
+
+    return options_of(by_size, lambda again, u: seconds(device(again)), flops, scaled)
+
+
+def _attention_time(ops: Sequence[OpCount], spec: DeviceSpec, compute: str) -> float:
+    return block_time([op for op in ops if op.kind == "attention"], spec, compute)
 
 
 def analytic_profile(

@@ -18,14 +18,26 @@ Attention: on the meta device ``scaled_dot_product_attention`` would take the un
 path and save the (T x T) attention matrix; the fused kernels a GPU (and this CPU) run save
 only q, k, v, the output and the log-sum-exp. :func:`fused_attention` routes it to the fused
 op so meta counts match real runs; the fused backward recomputes the scores, which its FLOP
-formula (Dao et al. 2022, FlashAttention) includes: 2.5x the forward, not 2x.
+formula (Dao et al. 2022, FlashAttention) includes: 2.5x the forward, not 2x. Values of
+another head size than the queries' (multi-head latent attention: 192 vs 128) take the
+memory-efficient kernel's op, whose meta kernel gives the output that size.
+
+Mixtures of experts: grouped GEMMs (``aten._grouped_mm``, and the fallback op Hugging Face's
+MoE layers use where it cannot run) count ``2 M K N`` over the rows they are given -- the
+(token, expert) pairs the router chose, so the top-k experts' work, not every expert's --
+where torch's registry has no formula for them (their FLOPs were 0). Ops on a block's
+routed-expert weights are marked ``expert`` (:class:`OpCount`) when ``count_block`` is told
+which parameter storages those are: a forward op that reads one (or a tensor made from them
+alone: a transpose, an index, a cast), a backward op run by an autograd node whose input
+chain leads to one (the expert GEMMs' input and weight gradients), so ``costs.experts``
+can price them under expert parallelism.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +53,7 @@ from torch.utils.flop_counter import (
 )
 
 from autopipe.costs.devices import DeviceSpec
-from autopipe.costs.timing import saved_bytes
+from autopipe.costs.timing import saved_bytes, storage_key
 
 __all__ = [
     "BlockCount",
@@ -68,8 +80,9 @@ class OpCount:
 
     flops: float
     bytes: float
-    kind: str = ""  # "linear", "bmm" or "" (not a GEMM)
-    dims: tuple[float, ...] = ()  # a GEMM's (M, K, N); () for any other op
+    kind: str = ""  # "linear", "bmm", "grouped" (GEMMs), "attention" (fused attention) or ""
+    dims: tuple[float, ...] = ()  # a GEMM's (M, K, N) (grouped: per group, on average); () for any other op
+    expert: bool = False  # reads or computes the gradient of a routed expert's weights
 
     @property
     def size(self) -> float:
@@ -113,6 +126,42 @@ if _CPU_FLASH not in flop_registry:
     register_flop_formula(_CPU_FLASH)(_cpu_flash_flops)
 if _CPU_FLASH_BACKWARD not in flop_registry:
     register_flop_formula(_CPU_FLASH_BACKWARD)(_cpu_flash_backward_flops)
+_EFFICIENT = aten._scaled_dot_product_efficient_attention
+
+
+def grouped_mm_flops(a_shape: Sequence[int], b_shape: Sequence[int]) -> int:
+    """FLOPs of a grouped GEMM of operands shaped ``a_shape`` and ``b_shape`` (``offs`` splits one
+    dimension into groups): (S, K) x (G, K, N) is 2 S K N (each of S rows times its group's
+    matrix), (M, S) x (S, N) into (G, M, N) is 2 M S N (a weight gradient: S split), (G, M, K)
+    x (K, S) into (M, S) is 2 M K S (S split), (G, M, K) x (G, K, N) is 2 G M K N."""
+    if len(a_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[-1]
+    if len(b_shape) == 2:
+        return 2 * a_shape[1] * a_shape[2] * b_shape[1]
+    return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[-1]
+
+
+def _shape(t: Any) -> tuple[int, ...]:
+    return tuple(getattr(t, "shape", t))  # torch's registry hands formulas shapes, not tensors
+
+
+def _grouped_flops(a: Any, b: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    return grouped_mm_flops(_shape(a), _shape(b))
+
+
+def _fallback_backward_flops(a: Any, b: Any, offs: Any, grad: Any, *args: Any, **kwargs: Any) -> int:
+    return 2 * grouped_mm_flops(_shape(a), _shape(b))  # the input and the weight gradients
+
+
+_GROUPED = aten._grouped_mm
+if _GROUPED not in flop_registry:
+    register_flop_formula(_GROUPED)(_grouped_flops)
+# Hugging Face's grouped-GEMM fallback (transformers.integrations.moe), registered by name: the
+# op exists only once transformers has loaded it.
+_NAMED_FLOPS: dict[str, Callable[..., int]] = {
+    "transformers::grouped_mm_fallback": _grouped_flops,
+    "transformers::grouped_mm_fallback_backward": _fallback_backward_flops,
+}
 
 _QUERIES = {
     aten.sym_is_contiguous.default,
@@ -144,11 +193,35 @@ def _tensor_bytes(tree: Any) -> float:
 
 
 class _CountMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Records (FLOPs, bytes) of every aten op dispatched while active."""
+    """Records (FLOPs, bytes) of every aten op dispatched while active; ``experts``: storage
+    keys of routed-expert weights (forward ops reading them are marked), ``nodes``: the ids of
+    the autograd nodes whose backward ops are marked (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, experts: frozenset[int] = frozenset(), nodes: Mapping[int, Any] | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.ops: list[OpCount] = []
+        self.experts = set(experts)  # grows by the tensors made from expert weights alone
+        self.nodes = nodes or {}
+        self.keep: list[torch.Tensor] = []  # those tensors, alive so no storage key is reused
+
+    def _expert(self, args: Any, kwargs: Any, out: Any) -> bool:
+        if self.nodes:
+            node = torch._C._current_autograd_node()
+            if node is not None:
+                return id(node) in self.nodes
+        if not self.experts:
+            return False
+        floats = [
+            t
+            for t in torch.utils._pytree.tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor) and t.is_floating_point()
+        ]
+        keys = [storage_key(t) for t in floats]
+        if floats and all(k in self.experts for k in keys):  # W.t(), W[idx], W.to(bf16): still the weights
+            made = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+            self.experts.update(storage_key(t) for t in made)
+            self.keep.extend(made)
+        return any(k in self.experts for k in keys)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -162,11 +235,13 @@ class _CountMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if r is not NotImplemented:
                 return r
         out = func(*args, **kwargs)
-        formula = flop_registry.get(packet)
+        formula = flop_registry.get(packet) or _NAMED_FLOPS.get(str(func._schema.name))
         flops = float(formula(*args, **kwargs, out_val=out)) if formula is not None else 0.0
         moved = 0.0 if func.is_view or packet in _ALIASES else _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
         kind, dims = _gemm_shape(packet, args)
-        self.ops.append(OpCount(flops, moved, kind, dims))
+        if not kind and str(func._schema.name) in _NAMED_FLOPS:
+            kind, dims = "grouped", _grouped_dims(args)
+        self.ops.append(OpCount(flops, moved, kind, dims, self._expert(args, kwargs, out)))
         return out
 
 
@@ -182,8 +257,49 @@ _LINEAR = {aten.mm: 0, aten.addmm: 1}  # packet -> index of the first matrix ope
 _BATCHED = {aten.bmm: 0, aten.baddbmm: 1}
 
 
+def _grouped_dims(args: Any) -> tuple[float, ...]:
+    """A grouped GEMM's (M, K, N) per group, on average (groups: the leading dim of its 3-D
+    operand, or of its output for the weight gradient)."""
+    a, b = args[0], args[1]
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return ()
+    if a.dim() == 2 and b.dim() == 3:  # (S, K) x (G, K, N)
+        return (a.shape[0] / max(1, b.shape[0]), float(a.shape[1]), float(b.shape[2]))
+    if a.dim() == 3 and b.dim() == 2:  # (G, M, K) x (K, S): S split
+        return (float(a.shape[1]), float(a.shape[2]), b.shape[1] / max(1, a.shape[0]))
+    if a.dim() == 3:
+        return (float(a.shape[1]), float(a.shape[2]), float(b.shape[-1]))
+    offs = args[2] if len(args) > 2 and isinstance(args[2], torch.Tensor) else None
+    groups = max(1, offs.shape[0]) if offs is not None else 1
+    return (float(a.shape[0]), a.shape[1] / groups, float(b.shape[1]))  # (M, S) x (S, N) per group
+
+
+_ATTENTION = {
+    getattr(aten, name)
+    for name in (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_backward",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_efficient_attention_backward",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_cudnn_attention_backward",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+        "_flash_attention_forward",
+        "_flash_attention_backward",
+        "_efficient_attention_forward",
+        "_efficient_attention_backward",
+    )
+    if hasattr(aten, name)
+}
+
+
 def _gemm_shape(packet: Any, args: Any) -> tuple[str, tuple[float, ...]]:
-    """(kind, (M, K, N)) of a matmul op; ("", ()) for any other op."""
+    """(kind, (M, K, N)) of a matmul op; ("attention", ()) of fused attention; ("", ()) for any other op."""
+    if packet in _ATTENTION:
+        return "attention", ()
+    if packet is _GROUPED:
+        return "grouped", _grouped_dims(args)
     table, kind = (_LINEAR, "linear") if packet in _LINEAR else (_BATCHED, "bmm")
     if packet not in table:
         return "", ()
@@ -218,6 +334,8 @@ def _fused_sdpa(
         return None
     if attn_mask is not None and is_causal:
         return None
+    if v.shape[-1] != q.shape[-1]:  # the flash op's meta kernel gives the output q's head size
+        return _EFFICIENT(q, k, v, attn_mask, True, dropout_p, is_causal, scale=scale)[0]
     return _CPU_FLASH(q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
 
 
@@ -229,12 +347,16 @@ def fused_attention() -> Iterator[None]:
 
 
 def count_block(
-    module: nn.Module, args: Sequence[Any], exclude: set[int] | frozenset[int] = frozenset()
+    module: nn.Module,
+    args: Sequence[Any],
+    exclude: set[int] | frozenset[int] = frozenset(),
+    experts: frozenset[int] = frozenset(),
 ) -> tuple[BlockCount, tuple[Any, ...]]:
     """Count ``module(*args)`` forward and backward on meta tensors; also return its outputs.
 
     ``args`` are meta tensors (floating ones become fresh autograd leaves, as in the measured
-    profiler); ``exclude`` holds the storage keys of parameters (``profile.storage_key``).
+    profiler); ``exclude`` holds the storage keys of parameters (``profile.storage_key``),
+    ``experts`` those of routed-expert weights, whose ops are marked (module docstring).
     """
     leaves = [leaf(a) for a in args]
 
@@ -244,17 +366,18 @@ def count_block(
 
     with fused_attention():
         nbytes = saved_bytes(forward, exclude=set(exclude))
-    fwd = _CountMode()
+    fwd = _CountMode(experts)
     with fwd:
         outs = tuple(forward())
     diff = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
     grads = [torch.ones_like(o) for o in diff]
     inputs = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
-    bwd_in = _CountMode()
+    nodes = _expert_nodes(diff, experts)
+    bwd_in = _CountMode(nodes=nodes)
     if diff and inputs:
         with bwd_in:
             torch.autograd.grad(diff, inputs, grads, retain_graph=True, allow_unused=True)
-    bwd = _CountMode()
+    bwd = _CountMode(nodes=nodes)
     if diff:
         with bwd:
             torch.autograd.backward(diff, grads)
@@ -262,6 +385,51 @@ def count_block(
         p.grad = None
     detached = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outs)
     return BlockCount(tuple(fwd.ops), tuple(bwd.ops), tuple(bwd_in.ops), nbytes), detached
+
+
+def _expert_nodes(outputs: Sequence[torch.Tensor], experts: frozenset[int]) -> dict[int, Any]:
+    """The autograd nodes behind ``outputs`` (by id) whose backward computes an expert weight's
+    gradient: an input of theirs leads, through nodes of one input each (views, casts, indexing
+    of the weight), to the accumulation of a weight in ``experts``. The dict holds the nodes'
+    Python objects, so each keeps its id (the one ``_current_autograd_node`` returns)."""
+    if not experts:
+        return {}
+    leads: dict[int, bool] = {}
+    alive: list[Any] = []  # every node looked at, so no id is reused while this runs
+
+    def to_expert(fn: Any) -> bool:
+        chain = []
+        while fn is not None and id(fn) not in leads:
+            chain.append(fn)
+            variable = getattr(fn, "variable", None)
+            if isinstance(variable, torch.Tensor):
+                leads[id(fn)] = storage_key(variable) in experts
+                break
+            nexts = [f for f, _ in fn.next_functions if f is not None]
+            if len(nexts) != 1:
+                leads[id(fn)] = False
+                break
+            fn = nexts[0]
+        answer = leads.get(id(fn), False) if fn is not None else False
+        for f in chain:
+            leads[id(f)] = answer
+        alive.extend(chain)
+        return answer
+
+    marked: dict[int, Any] = {}
+    seen: set[int] = set()
+    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
+    while stack:
+        fn = stack.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        alive.append(fn)
+        nexts = [f for f, _ in fn.next_functions if f is not None]
+        if any(to_expert(f) for f in nexts):
+            marked[id(fn)] = fn
+        stack.extend(nexts)
+    return marked
 
 
 def count_loss(

@@ -1,12 +1,14 @@
 """A deep model's profile from the count of a shallow copy of it (``count_model(shallow=True)``).
 
-The shallow copy (``graph.shallow``) holds the model's first layer, one middle layer and its
-last; its profile becomes the deep model's by repeating the middle layer's block ``L - 2``
-times, under the names the deep trace gives its nodes, with every tensor between two layers
+The shallow copy (``graph.shallow``) holds the model's leading layers (those not alike the
+rest: none, or DeepSeek's dense ones) and the repeated run's first layer, one middle layer and
+its last; its profile becomes the deep model's by repeating the middle layer's block
+``run - 2`` times, under the names the deep trace gives its nodes, with every tensor between two layers
 repeated between every two. It stands for the full count only when its structure proves it
 (:func:`repeat_of`), else the caller counts the model in full:
 
-- the three layers are three consecutive blocks named ``prefix.0``, ``.1``, ``.2``;
+- the run's three layers are three consecutive blocks named ``prefix.<start>`` and the next two,
+  and no block after them is a layer (the leading layers are blocks before them, counted whole);
 - the middle and the last layer's counts are one count (the counter found their computation,
   constants and input shapes identical), so every layer after the first computes the same
   thing on the same shapes, by induction;
@@ -39,13 +41,13 @@ class Repeat:
     """How a shallow count stands for the deep model."""
 
     layers: Layers
-    first: int  # block index of the first layer, in both
+    first: int  # block index of the repeated run's first layer, in both
     names: Mapping[str, tuple[str, ...]]  # shallow node name -> deep names (graph.shallow.deep_names)
     fingerprint: str  # the deep trace's
 
     @property
     def grow(self) -> int:
-        return self.layers.count - SHALLOW
+        return self.layers.run - SHALLOW
 
     def index(self, i: int) -> int:
         """Deep block index of shallow block ``i`` (a layer's: its first copy)."""
@@ -53,7 +55,7 @@ class Repeat:
             return i
         if i >= self.first + SHALLOW:
             return i + self.grow
-        return self.first + self.layers.copies(i - self.first)[0]
+        return self.first + self.layers.copies(self.layers.start + i - self.first)[0] - self.layers.start
 
     def name(self, node: str, j: int | None = None) -> str:
         """Deep name of shallow node ``node`` (``j``: in deep layer ``j``, for a layer's node)."""
@@ -68,12 +70,13 @@ def repeat_of(
     structure does not prove the deep count (see the module docstring); ``full``: the names
     fx gives the deep model's nodes (``graph.trace.fx_node_names``)."""
     names = [b.name for b in traced.blocks]
-    wanted = [f"{layers.prefix}.{s}" for s in range(SHALLOW)]
+    wanted = [f"{layers.prefix}.{s}" for s in range(layers.start, layers.kept)]
     if traced.tracer != "fx" or CREATED not in traced.gm.meta or wanted[0] not in names:
         return None
     first = names.index(wanted[0])
     if names[first : first + SHALLOW] != wanted or any(
-        layers.layer_of(n) is not None for n in names[:first] + names[first + SHALLOW :]
+        (layers.layer_of(n) or 0) >= layers.start and layers.layer_of(n) is not None
+        for n in names[:first] + names[first + SHALLOW :]
     ):
         return None
     if any(c[first + 1] is not c[first + 2] for c in counts):
@@ -109,7 +112,7 @@ def _deep_blocks(blocks: Sequence[tuple[str, tuple[str, ...]]], rep: Repeat) -> 
     for i, (name, nodes) in enumerate(blocks):
         s = i - rep.first
         if 0 <= s < SHALLOW:
-            for j in rep.layers.copies(s):
+            for j in rep.layers.copies(rep.layers.start + s):
                 out.append((f"{rep.layers.prefix}.{j}", tuple(rep.name(n, j) for n in nodes), i))
         else:
             out.append((rep.name(name) if name in nodes else name, tuple(rep.name(n) for n in nodes), i))
@@ -118,7 +121,7 @@ def _deep_blocks(blocks: Sequence[tuple[str, tuple[str, ...]]], rep: Repeat) -> 
 
 def _deep_tensors(tensors: Sequence[TensorCost], rep: Repeat) -> list[TensorCost] | None:
     """The deep model's crossing tensors, in graph order; None when they do not form a chain."""
-    first, last, count = rep.first, rep.first + SHALLOW - 1, rep.layers.count
+    first, last, run, start = rep.first, rep.first + SHALLOW - 1, rep.layers.run, rep.layers.start
     before: list[TensorCost] = []
     within: list[list[TensorCost]] = [[] for _ in range(SHALLOW)]
     after: list[TensorCost] = []
@@ -128,7 +131,7 @@ def _deep_tensors(tensors: Sequence[TensorCost], rep: Repeat) -> list[TensorCost
         if t.src < first:
             if into not in (set(), {0}, set(range(SHALLOW))):
                 return None
-            layers = () if not into else (first,) if into == {0} else tuple(range(first, first + count))
+            layers = () if not into else (first,) if into == {0} else tuple(range(first, first + run))
             before.append(replace(t, name=rep.name(t.name), dsts=tuple(sorted((*outside, *layers)))))
         elif t.src > last:
             if into:
@@ -140,9 +143,10 @@ def _deep_tensors(tensors: Sequence[TensorCost], rep: Repeat) -> list[TensorCost
                 return None
             within[s].append(t)
     out = before
-    for j in range(count):
-        s = rep.layers.source(j)
+    for j in range(start, start + run):  # deep layer j is block first + j - start
+        s = rep.layers.source(j) - start
+        k = first + j - start
         for t in within[s]:
-            dsts = tuple(first + j + 1 for d in t.dsts if d <= last) + tuple(rep.index(d) for d in t.dsts if d > last)
-            out.append(replace(t, name=rep.name(t.name, j), src=first + j, dsts=dsts))
+            dsts = tuple(k + 1 for d in t.dsts if d <= last) + tuple(rep.index(d) for d in t.dsts if d > last)
+            out.append(replace(t, name=rep.name(t.name, j), src=k, dsts=dsts))
     return out + after

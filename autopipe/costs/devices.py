@@ -1,6 +1,6 @@
 """Accelerator specs: what the analytic cost model prices a block's FLOPs and bytes with.
 
-The catalogue is a data file, ``autopipe/costs/devices.json`` (A100 40/80 GB, H100 SXM, H200;
+The catalogue is a data file, ``autopipe/costs/devices.json`` (A100 40/80 GB, H100 SXM, H800, H200;
 figures from NVIDIA's datasheets, dense, no sparsity), which users extend with entries of the
 same shape in their own file: ``--device-file my.json`` or ``AUTOPIPE_DEVICES=my.json``
 (several files joined by ``os.pathsep``); a user entry with a catalogue name replaces it.
@@ -120,7 +120,7 @@ class DeviceSpec:
             return table["fp32"]
         if dtype == "fp16" and "bf16" in table:
             return table["bf16"]
-        hint = " (fp8 needs an FP8 GPU: h100, h200)" if dtype == "fp8" else ""
+        hint = " (fp8 needs an FP8 GPU: h100, h800, h200)" if dtype == "fp8" else ""
         raise DeviceError(
             f"device {self.name} gives no peak for {dtype}{hint}; add peak_flops.{dtype} to its entry "
             f"(it has: {', '.join(table)})"

@@ -31,7 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopipe.costs.anatomy import Anatomy, layer_anatomies, options_of
+from autopipe.costs.activations.anatomy import Anatomy, layer_anatomies, options_of
+from autopipe.costs.contention import Probe
 from autopipe.costs.counting import OpCount, block_time
 from autopipe.costs.devices import DeviceSpec, device_spec, match_device, measure_cpu
 from autopipe.costs.profile import Affine, BlockCost, Profile, Spread, TensorCost
@@ -63,6 +64,7 @@ __all__ = [
 Progress = Callable[[str, int, int], None]  # progress(what, done, total); total 0: not known
 _ZERO = Affine(0.0, 0.0)
 _NO_SPREAD = Spread()
+CONTENTION_ROUNDS = (1, 2)  # rounds of the host-sharing probe before and after the blocks are timed
 
 
 def profile_model(
@@ -75,6 +77,7 @@ def profile_model(
     device: str = "cpu",
     progress: Progress | None = None,
     threads: int | None = 1,
+    contention: bool = True,
 ) -> Profile:
     """Trace and measure ``loaded`` (a ``load.LoadedModel``) at each micro-batch size.
 
@@ -82,7 +85,8 @@ def profile_model(
     ``loaded``'s model file, factory and kwargs, the tracer that worked and the fingerprint.
     On the CPU the blocks run on ``threads`` threads (default 1: each pipeline rank of
     ``autopipe run`` runs on one thread, so that is what its stages will cost); ``None``
-    keeps torch's current setting.
+    keeps torch's current setting. ``contention``: on the CPU, also measure how ranks sharing this
+    host slow each other (:mod:`autopipe.costs.contention`), which the planner prices.
     """
     for field, value in (("warmup", warmup), ("repeat", repeat), ("threads", threads)):
         if value is not None:
@@ -92,7 +96,13 @@ def profile_model(
         torch.set_num_threads(threads)
     try:
         with guarded("the model's forward (profiling)", loaded.spec.path, timed=False):
-            return _profile(loaded, micro_batch_sizes, recipe, warmup, repeat, device, progress)
+            probe = Probe(threads=torch.get_num_threads()) if contention and not device.startswith("cuda") else None
+            if probe is None:
+                return _profile(loaded, micro_batch_sizes, recipe, warmup, repeat, device, progress)
+            with probe:  # its workers start while the model is traced
+                prof = _profile(loaded, micro_batch_sizes, recipe, warmup, repeat, device, progress, probe)
+                probe.measure(CONTENTION_ROUNDS[1])
+            return replace(prof, contention=probe.result())
     finally:
         torch.set_num_threads(before)
 
@@ -105,6 +115,7 @@ def _profile(
     repeat: int,
     device: str,
     progress: Progress | None,
+    probe: Probe | None = None,
 ) -> Profile:
     sizes = sorted(set(micro_batch_sizes))
     if not sizes or sizes[0] < 1:
@@ -142,6 +153,8 @@ def _profile(
 
         targets = _to_device(loaded.make_targets(u), dev) if loaded.make_targets is not None else None
         loss = training_loss(loaded, traced, model, inputs, targets)
+        if probe is not None and not measured:  # the host's sharing, before the first block is timed
+            probe.measure(CONTENTION_ROUNDS[0])
         measured.append(measure_blocks(traced, inputs, warmup=warmup, repeat=repeat, progress=report, loss=loss))
         anatomies.append(layer_anatomies(traced, model, inputs))
     load.append(_load_average())
@@ -156,7 +169,7 @@ def with_options(
     measured: Sequence[Sequence[BlockMeasurement]],
     dev: torch.device,
 ) -> Profile:
-    """``profile`` with each layer's memory options (``costs.anatomy.options_of``): the bytes as
+    """``profile`` with each layer's memory options (``costs.activations.anatomy.options_of``): the bytes as
     counted (the same ``saved_tensors_hooks`` storages as measured), and a recomputed part's time
     as its counted ops' share of the layer's measured forward, the share priced by a roofline of
     ``dev`` (the catalogue GPU it is, or this CPU measured: ``devices.measure_cpu``). Not measured

@@ -17,10 +17,11 @@ version 1 files, with those fields at the top level, are read too.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from autopipe.errors import ProfileError
 from autopipe.graph.kinds import OFFLOAD_KINDS, RECOMPUTE_KINDS
 from autopipe.graph.recipe import TraceRecipe
 
-__all__ = ["PROFILE_VERSION", "Affine", "BlockCost", "MemoryOption", "Profile", "Spread", "TensorCost"]
+__all__ = ["PROFILE_VERSION", "Affine", "BlockCost", "Contention", "MemoryOption", "Profile", "Spread", "TensorCost"]
 
 PROFILE_VERSION = 2
 _READS = (1, PROFILE_VERSION)  # version 1: the recipe's fields at the top level
@@ -92,7 +93,7 @@ _NONE = Affine(0.0, 0.0)
 
 @dataclass(frozen=True)
 class MemoryOption:
-    """One way for a layer to keep fewer activations (``costs/memory.py``): the module kinds it
+    """One way for a layer to keep fewer activations (``costs/activations/choices.py``): the module kinds it
     recomputes in the backward or offloads to the host (Megatron-LM's ``--recompute-modules``,
     ``--offload-modules``; ``graph/units.py``), counted from the layer's own ops."""
 
@@ -130,12 +131,15 @@ class BlockCost:
     # their owner holds its own copy, with gradients and optimizer state, as the executor does.
     shared_param_bytes: int = 0
     spread: Spread = Spread()  # the measured times' relative spread (0: not known)
+    # Of ``params``, the routed experts' (priced under expert parallelism): their gradients are
+    # reduced over the expert data-parallel group, not the data-parallel one (costs.experts).
+    expert_params: int = 0
     # A transformer layer (an attention core, graph/units.py): what Megatron-LM's "first k layers
     # of each stage" counts, and the ways it can keep fewer activations ((): none known).
     layer: bool = False
     memory: tuple[MemoryOption, ...] = ()
     # Bytes a stage holding this block keeps once, whatever the micro-batches in flight: an
-    # offload's staging buffer (costs/memory.py sets it on the profile a choice makes; 0 else).
+    # offload's staging buffer (costs/activations/choices.py sets it on the profile a choice makes; 0 else).
     staging_bytes: Affine = _NONE
 
 
@@ -149,6 +153,53 @@ class TensorCost:
     bytes: Affine  # size at micro-batch size u
     dtype: str = "float32"
     shape: tuple[int, ...] = ()  # shape at micro-batch size 1 (batch dimension first)
+
+
+@dataclass(frozen=True)
+class Contention:
+    """How much slower the host runs work when several single-thread workers run at once, as
+    measured beside the profile (:mod:`autopipe.costs.contention`): ``slowdown[i]`` is one of
+    ``workers[i]`` workers' time per unit of work over one worker's alone, ``spread[i]`` how far
+    that median may be off (relative). It holds the machine's own sharing (cores, caches, memory)
+    and whatever else was running: a CPU-bound process beside the profile makes two workers
+    about 1.5x slower on 2 cores. ``threads`` is the threads per rank the profile was measured on.
+    The planner prices S ranks of a CPU plan at :meth:`factor` (S) times the profiled compute."""
+
+    workers: tuple[int, ...] = ()  # ascending, the first 1 (slowdown 1 by definition)
+    slowdown: tuple[float, ...] = ()
+    spread: tuple[float, ...] = ()
+    cores: int = 0  # os.cpu_count() of the host measured
+    threads: int = 1  # threads per rank (the profile's)
+
+    def __bool__(self) -> bool:
+        return bool(self.workers)
+
+    def slowdown_at(self, workers: float) -> tuple[float, float]:
+        """(slowdown, spread) of ``workers`` at once: linear between the measured counts; past
+        the largest, that one's slowdown times the oversubscription (``workers / largest``) once
+        the largest filled the cores, else held."""
+        if not self.workers or workers <= 1:
+            return 1.0, 0.0
+        ks = self.workers
+        for i in range(1, len(ks)):
+            if workers <= ks[i]:
+                w = (workers - ks[i - 1]) / (ks[i] - ks[i - 1])
+                return (
+                    self.slowdown[i - 1] + w * (self.slowdown[i] - self.slowdown[i - 1]),
+                    max(self.spread[i - 1], self.spread[i]),
+                )
+        over = workers / ks[-1] if ks[-1] >= self.cores else 1.0
+        return self.slowdown[-1] * over, self.spread[-1]
+
+    def factor(self, ranks: int) -> tuple[float, float]:
+        """(compute factor, its relative spread) for ``ranks`` pipeline ranks of ``threads``
+        threads each sharing this host, against the profile's one rank: slowdown at
+        ``ranks x threads`` workers over slowdown at ``threads``; (1, 0) when not measured."""
+        if not self.workers:
+            return 1.0, 0.0
+        many, spread_many = self.slowdown_at(ranks * self.threads)
+        one, spread_one = self.slowdown_at(self.threads)
+        return max(1.0, many / one), spread_many + spread_one
 
 
 @dataclass(frozen=True)
@@ -167,6 +218,8 @@ class Profile:
     shared_params: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (name, blocks using it)
     # The machine's 1-minute load average (os.getloadavg) before and after measuring; () not known.
     load_average: tuple[float, ...] = ()
+    # Several ranks sharing this host, measured beside a CPU profile (Contention() where not).
+    contention: Contention = Contention()
     version: int = PROFILE_VERSION
 
     @property
@@ -178,15 +231,42 @@ class Profile:
     def num_blocks(self) -> int:
         return len(self.blocks)
 
+    def slowed(self, factor: float) -> Profile:
+        """This profile with every block's times ``factor`` times longer (ranks sharing a host,
+        :meth:`Contention.factor`), a recomputed part's with them; spreads (relative), memory, FLOPs and
+        tensors as they are."""
+
+        def times(a: Affine) -> Affine:
+            return Affine(a.intercept * factor, a.slope * factor)
+
+        return replace(
+            self,
+            blocks=tuple(
+                replace(
+                    b,
+                    forward_s=times(b.forward_s),
+                    backward_s=times(b.backward_s),
+                    backward_input_s=times(b.backward_input_s),
+                    backward_weight_s=times(b.backward_weight_s),
+                    memory=tuple(replace(o, recompute_s=times(o.recompute_s)) for o in b.memory),
+                )
+                for b in self.blocks
+            ),
+        )
+
     def to_json(self) -> str:
         raw = asdict(self)
         # fields added since version 2 began, left out at their defaults: a profile without error
         # bars (analytic, or written before) is written as it always was
         if not raw["load_average"]:
             del raw["load_average"]
+        if not self.contention:
+            del raw["contention"]
         for block in raw["blocks"]:
             if not any(block["spread"].values()):
                 del block["spread"]
+            if not block["expert_params"]:
+                del block["expert_params"]
             for field in ("layer", "memory"):  # left out where not known (measured before, no layers)
                 if not block[field]:
                     del block[field]
@@ -288,6 +368,30 @@ def _load(raw: Any) -> tuple[float, ...]:
     return tuple(float(x) for x in raw)
 
 
+def _contention(raw: Any) -> Contention:
+    if raw is None:
+        return Contention()
+    if not isinstance(raw, dict):
+        raise TypeError(f"contention is {type(raw).__name__}, not an object")
+    lists = {k: raw.get(k, []) for k in ("workers", "slowdown", "spread")}
+    for k, v in lists.items():
+        if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in v):
+            raise TypeError(f"contention.{k} is {v!r}, not a list of numbers")
+    return Contention(
+        workers=tuple(int(x) for x in lists["workers"]),
+        slowdown=tuple(float(x) for x in lists["slowdown"]),
+        spread=tuple(float(x) for x in lists["spread"]),
+        cores=int(raw.get("cores", 0)),
+        threads=int(raw.get("threads", 1)),
+    )
+
+
+def _count(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"a parameter count is {v!r}, not a whole number")
+    return v
+
+
 def _name(v: Any) -> str:
     if not isinstance(v, str):
         raise TypeError(f"a name is {type(v).__name__} {v!r}, not a string")
@@ -320,6 +424,7 @@ def _profile_from_dict(raw: Any, source: str = "profile") -> Profile:
                 backward_flops=_affine(b.get("backward_flops", {"intercept": 0, "slope": 0})),
                 shared_param_bytes=int(b.get("shared_param_bytes", 0)),
                 spread=_spread(b.get("spread")),
+                expert_params=_count(b.get("expert_params", 0)),
                 layer=_flag(b.get("layer", False)),
                 memory=tuple(_option(o) for o in b.get("memory", ())),
                 staging_bytes=_affine(b.get("staging_bytes", {"intercept": 0, "slope": 0})),
@@ -349,6 +454,7 @@ def _profile_from_dict(raw: Any, source: str = "profile") -> Profile:
             tensors=tensors,
             shared_params=tuple((str(n), tuple(int(i) for i in bs)) for n, bs in raw.get("shared_params", ())),
             load_average=_load(raw.get("load_average", [])),
+            contention=_contention(raw.get("contention")),
             version=PROFILE_VERSION,  # read into this version's shape
         )
     except (KeyError, TypeError, ValueError) as e:
@@ -402,6 +508,11 @@ def _check(p: Profile, source: str) -> None:
             raise ProfileError(
                 f"{source}: block {i} ({b.name!r}) has a negative parameter count; profile the model again"
             )
+        if not 0 <= b.expert_params <= b.params:
+            raise ProfileError(
+                f"{source}: block {i} ({b.name!r}) has expert_params {b.expert_params}, expected 0 to its "
+                f"{b.params} params; profile the model again"
+            )
     for t in p.tensors:
         if not -1 <= t.src < n or any(not t.src < d < n for d in t.dsts):
             raise ProfileError(
@@ -419,7 +530,30 @@ def _check(p: Profile, source: str) -> None:
             "at most two "
             "finite numbers >= 0, profile again"
         )
+    _check_contention(p.contention, source)
     if not p.micro_batch_sizes or any(u < 1 for u in p.micro_batch_sizes):
         raise ProfileError(
             f"{source} has micro_batch_sizes {list(p.micro_batch_sizes)}; they must be positive, profile again"
+        )
+
+
+def _check_contention(c: Contention, source: str) -> None:
+    if not c:
+        return
+    n, ks = len(c.workers), c.workers
+    ok = (
+        len(c.slowdown) == n
+        and len(c.spread) == n
+        and ks[0] == 1
+        and all(a < b for a, b in itertools.pairwise(ks))
+        and all(math.isfinite(x) and 0 < x <= 1e6 for x in c.slowdown)
+        and all(math.isfinite(x) and 0 <= x <= 1e6 for x in c.spread)
+        and 1 <= c.cores <= 2**20
+        and 1 <= c.threads <= 2**20
+    )
+    if not ok:
+        raise ProfileError(
+            f"{source} has a bad contention object (workers {list(ks)[:8]}, slowdown {list(c.slowdown)[:8]}): "
+            "workers ascending from 1, one positive slowdown and one spread >= 0 per count, cores and threads >= 1; "
+            "profile again"
         )

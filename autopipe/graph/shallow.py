@@ -4,19 +4,21 @@ A transformer's cost is its layer's cost again and again: GPT-3 175B traces 96 c
 layer (2,000+ nodes, shape propagation of each) to count one. When the model's longest
 ``nn.ModuleList`` holds :data:`MIN_LAYERS` or more layers that are provably alike
 (:func:`repeated_layers`: same class, same parameter and buffer shapes, dtypes and flags, same
-plain attributes, no hooks, module by module), :func:`shallow_copy` is the same model with
-the list cut to its first :data:`SHALLOW` layers (weights shared, nothing copied): the first
-layer, one middle layer and the last. The shallow trace stands for the deep one when its
-structure says so (:func:`deep_names`: the nodes the fx tracer created are the model's own
-nodes before the layers, then each layer's in turn, then the ones after), and the deep graph's
-node names are what the fx tracer would give them: its namer replayed (torch's own
-``_Namespace``) over the deep sequence of node names it was asked for -- before the layers,
-layer 0, the middle layer's ``L - 2`` times with its module paths renumbered, the last layer,
-after -- a replay checked to give the shallow trace's names back first, and its result
-checked against the names fx gives the deep model's nodes (a symbolic trace at full depth,
-with no shapes run: a tenth of a second for GPT-3 175B), so a forward that does not call
-every layer in turn is caught. Anything else
-(torch.export traces, a block limit, nodes made after tracing) is counted in full by the caller.
+plain attributes, no hooks, module by module) -- all of them, or all from some ``start`` on
+(DeepSeek-V3's 58 MoE layers after its 3 dense ones) --, :func:`shallow_copy` is the same
+model with the list cut to the layers before ``start`` and the run's first :data:`SHALLOW`
+(weights shared, nothing copied): the run's first layer, one middle layer and its last. The
+shallow trace stands for the deep one when its structure says so (:func:`deep_names`: the
+nodes the fx tracer created are the model's own nodes before the layers, then each layer's in
+turn, then the ones after), and the deep graph's node names are what the fx tracer would give
+them: its namer replayed (torch's own ``_Namespace``) over the deep sequence of node names it
+was asked for -- before the layers, the leading layers, the run's first, the middle layer's
+``L - start - 2`` times with its module paths renumbered, the last layer, after -- a replay
+checked to give the shallow trace's names back first, and its result checked against the
+names fx gives the deep model's nodes (a symbolic trace at full depth, with no shapes run: a
+tenth of a second for GPT-3 175B), so a forward that does not call every layer in turn is
+caught. Anything else (torch.export traces, a block limit, nodes made after tracing) is
+counted in full by the caller.
 """
 
 from __future__ import annotations
@@ -48,24 +50,34 @@ _PRIVATE = ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"
 
 @dataclass(frozen=True)
 class Layers:
-    """The model's repeated layers: ``prefix.0`` .. ``prefix.{count-1}``."""
+    """The model's layers ``prefix.0`` .. ``prefix.{count-1}``, alike from ``prefix.{start}`` on
+    (the first ``start`` ones, DeepSeek's dense layers before its MoE ones, are traced as they are)."""
 
     prefix: str  # module path of the nn.ModuleList, e.g. "blocks", "model.layers"
     count: int  # layers in the model
+    start: int = 0  # the repeated run's first layer
+
+    @property
+    def run(self) -> int:
+        """Layers in the repeated run."""
+        return self.count - self.start
+
+    @property
+    def kept(self) -> int:
+        """Layers the shallow copy holds: the leading ones, then the run's first, a middle one, its last."""
+        return self.start + SHALLOW
 
     def source(self, j: int) -> int:
         """The shallow layer that stands for deep layer ``j``."""
-        return 0 if j == 0 else SHALLOW - 1 if j == self.count - 1 else 1
+        if j <= self.start:
+            return j
+        return self.kept - 1 if j == self.count - 1 else self.start + 1
 
     def copies(self, s: int) -> range:
         """The deep layers shallow layer ``s`` stands for."""
-        return (
-            range(0, 1)
-            if s == 0
-            else range(self.count - 1, self.count)
-            if s == SHALLOW - 1
-            else range(1, self.count - 1)
-        )
+        if s <= self.start:
+            return range(s, s + 1)
+        return range(self.count - 1, self.count) if s == self.kept - 1 else range(self.start + 1, self.count - 1)
 
     def layer_of(self, path: str) -> int | None:
         """The layer index of a module path inside the list (``blocks.3.attn`` -> 3), else None."""
@@ -87,18 +99,24 @@ class Layers:
 
 
 def repeated_layers(model: nn.Module) -> Layers | None:
-    """The longest ``nn.ModuleList`` of ``model`` when it has at least :data:`MIN_LAYERS`
-    layers alike in every way a trace can see (see the module docstring), else None."""
+    """The longest ``nn.ModuleList`` of ``model`` when its layers from some ``start`` on, at
+    least :data:`MIN_LAYERS` of them, are alike in every way a trace can see (see the module
+    docstring; ``start`` is 0 when all are), else None."""
     lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and name]
     if not lists:
         return None
     prefix, longest = max(lists, key=lambda x: len(x[1]))
     if len(longest) < MIN_LAYERS or list(longest._modules) != [str(i) for i in range(len(longest))]:
         return None
-    first = _state(longest[0])
-    if first is None or any(_state(layer) != first for layer in list(longest)[1:]):
+    last = _state(longest[-1])
+    if last is None:
         return None
-    return Layers(prefix, len(longest))
+    start = len(longest) - 1
+    while start > 0 and _state(longest[start - 1]) == last:
+        start -= 1
+    if len(longest) - start < MIN_LAYERS:
+        return None
+    return Layers(prefix, len(longest), start)
 
 
 def _state(layer: nn.Module) -> tuple[object, ...] | None:
@@ -133,8 +151,9 @@ def _plain(value: object) -> bool:
 
 
 def shallow_copy(model: nn.Module, layers: Layers) -> nn.Module:
-    """``model`` with its layer list cut to the first :data:`SHALLOW` layers; the modules on
-    the way to the list are copied (their child tables only), everything else is shared."""
+    """``model`` with its layer list cut to its leading layers and the run's first :data:`SHALLOW`
+    (``Layers.kept``); the modules on the way to the list are copied (their child tables only),
+    everything else is shared."""
     parts = layers.prefix.split(".")
     root = copy.copy(model)
     node = root
@@ -143,7 +162,7 @@ def shallow_copy(model: nn.Module, layers: Layers) -> nn.Module:
         node._modules = {**node._modules, part: child}
         node = child
     full = node.get_submodule(parts[-1])
-    node._modules = {**node._modules, parts[-1]: nn.ModuleList(list(full.children())[:SHALLOW])}
+    node._modules = {**node._modules, parts[-1]: nn.ModuleList(list(full.children())[: layers.kept])}
     return root
 
 
@@ -159,13 +178,15 @@ def deep_names(
     runs: list[int | None] = [layers.layer_of(path) for _, path, _ in created]
     order = [r for i, r in enumerate(runs) if r is not None and (i == 0 or runs[i - 1] != r)]
     inside = [i for i, r in enumerate(runs) if r is not None]
-    if order != list(range(SHALLOW)) or not inside or any(runs[i] is None for i in range(inside[0], inside[-1] + 1)):
+    if order != list(range(layers.kept)) or not inside:
+        return None
+    if any(runs[i] is None for i in range(inside[0], inside[-1] + 1)):
         return None
     if not set(survivors) <= {name for _, _, name in created} or not _replays(created):
         return None
     before = created[: inside[0]]
     after = created[inside[-1] + 1 :]
-    by_layer = [[c for c, r in zip(created, runs, strict=True) if r == s] for s in range(SHALLOW)]
+    by_layer = [[c for c, r in zip(created, runs, strict=True) if r == s] for s in range(layers.kept)]
     deep: list[tuple[str, str]] = [(c, n) for c, _, n in before]
     for j in range(layers.count):
         s = layers.source(j)
@@ -199,10 +220,10 @@ def deep_fingerprint(
     deep: list[tuple[str, tuple[int, ...], str]] = []
     for name, shape, dtype in params:
         s = layers.layer_of(name)
-        if s is None:
+        if s is None or s < layers.start:
             deep.append((name, shape, dtype))
-        elif s == 0:
-            deep += [(layers.renumber(name, 0, j), shape, dtype) for j in range(layers.count)]
+        elif s == layers.start:
+            deep += [(layers.renumber(name, s, j), shape, dtype) for j in range(s, layers.count)]
     return structure_hash(tracer, deep, blocks)
 
 

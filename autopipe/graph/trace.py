@@ -221,8 +221,40 @@ def _fx_graph(
     created: list[tuple[str, str, str]] = []
 
     class _Tracer(torch.fx.Tracer):
+        names: tuple[dict[int, str], dict[int, str]] | None = None  # id -> name of parameters, buffers
+
         def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
             return type(m).__name__ in leaves or super().is_leaf_module(m, qualname)
+
+        def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
+            """fx's own, with the name of a parameter or buffer looked up in a table made once:
+            fx walks every module of the model for each tensor attribute a forward reads, which
+            takes seconds for a deep model that reads its weights as attributes (a norm's
+            ``self.weight``, a MoE layer's grouped experts). The first name of each tensor, as fx
+            finds it; the proxies and their cache are fx's."""
+            if not isinstance(attr_val, torch.Tensor):
+                return super().getattr(attr, attr_val, parameter_proxy_cache)
+            if self.names is None:
+                params: dict[int, str] = {}
+                buffers: dict[int, str] = {}
+                for n, p in self.root.named_parameters():
+                    params.setdefault(id(p), n)
+                for n, b in self.root.named_buffers():
+                    buffers.setdefault(id(b), n)
+                self.names = (params, buffers)
+            name = self.names[0].get(id(attr_val)) if isinstance(attr_val, nn.Parameter) else None
+            if name is None and self.proxy_buffer_attributes:
+                name = self.names[1].get(id(attr_val))
+            if name is None:
+                return attr_val
+            if name not in parameter_proxy_cache:
+                factory = (
+                    None
+                    if not self.param_shapes_constant
+                    else lambda node: torch.fx.proxy.ParameterProxy(self, node, name, attr_val)  # type: ignore[arg-type]
+                )
+                parameter_proxy_cache[name] = self.create_proxy("get_attr", name, (), {}, proxy_factory_fn=factory)
+            return parameter_proxy_cache[name]
 
         def call_module(self, m: nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
             try:

@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from autopipe.costs.memory import apply
+from autopipe.costs.activations.choices import apply
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.modes import Recompute
@@ -39,7 +39,7 @@ def plan_balance(profile: Profile, request: PlanRequest, balance: Sequence[int],
     v = check_balance(balance, profile.num_blocks, request.devices, request.schedule, request.virtual, flag)
     sizes = [int(x) for x in balance]
     priced: list[Priced] = []
-    pin = request.memory_pin  # a pinned memory choice prices the split under it (costs.memory)
+    pin = request.memory_pin  # a pinned memory choice prices the split under it (costs.activations.choices)
     chosen = apply(profile, pin, request.host_bandwidth) if pin is not None else profile
     modes = _modes(request) if pin is None or pin.none else [replace(request, recompute=Recompute.NEVER)]
     for req in modes:  # a target that recomputes every stage or none: both

@@ -10,6 +10,8 @@ here and the two cannot drift:
 - link: the analytic device's NVLink bandwidth and latency, else by the profile's device
   (:func:`default_link`);
 - the executor's cost per action, by the profile's device (:func:`default_action_overhead`);
+- a measured CPU profile's ranks sharing this host: the compute of S ranks priced at the
+  profile's measured contention factor for S (:func:`host_shared`);
 - bytes kept per parameter byte: 16 bytes per parameter for an analytic profile (mixed
   precision + Adam, :mod:`autopipe.costs.analytic`), else ``PlanRequest.state_factor``
   (:func:`state_factor_of`);
@@ -23,11 +25,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autopipe.costs.profile import Profile
 from autopipe.planner.request import DEFAULT_LINK, NO_CHOICES, Choices, Link, PlanRequest
+from autopipe.plans import Plan
 
 if TYPE_CHECKING:
     from autopipe.costs.devices import DeviceSpec
@@ -43,10 +47,12 @@ __all__ = [
     "device_memory",
     "element_size",
     "host_bandwidth_of",
+    "host_shared",
     "parallel_request",
     "plan_micro_batch_sizes",
     "plan_request",
     "state_factor_of",
+    "with_host_sharing",
 ]
 
 DEFAULT_DEVICES_WITHOUT_GPUS = 4
@@ -159,6 +165,37 @@ def host_bandwidth_of(profile: Profile, device: DeviceSpec | None, device_files:
     else:
         name = match_device(profile.device, device_files) if profile.device.startswith("cuda") else None
     return device_spec(name, device_files).host_bandwidth if name is not None else 0.0
+
+
+def host_shared(profile: Profile, request: PlanRequest) -> tuple[Profile, PlanRequest, float, float]:
+    """``profile`` and ``request`` priced for ``request.devices`` ranks sharing this host, the
+    factor and its relative spread: a measured CPU profile with a contention measurement
+    (``Profile.contention``, :mod:`autopipe.costs.contention`) has its block times and the
+    executor's cost per action multiplied by ``Contention.factor(devices)``; any other profile
+    is returned as it is, with factor 1 and spread 0. The factor is the same for every
+    candidate of the request, so it moves no choice; its spread belongs in the plan's
+    uncertainty (:func:`with_host_sharing`), not among the blocks' (which rank candidates)."""
+    if profile.method != "measured" or not profile.device.startswith("cpu") or not profile.contention:
+        return profile, request, 1.0, 0.0
+    factor, spread = profile.contention.factor(request.devices)
+    if factor == 1.0:
+        return profile, request, 1.0, spread
+    factor = round(factor, 4)
+    return (
+        profile.slowed(factor),
+        replace(request, action_overhead_s=request.action_overhead_s * factor),
+        factor,
+        spread,
+    )
+
+
+def with_host_sharing(plan: Plan, factor: float, spread: float) -> Plan:
+    """``plan`` recording the host-sharing ``factor`` its times include and its uncertainty
+    widened by the factor's ``spread``: (1 + u)(1 + spread) - 1."""
+    if factor == 1.0 and spread == 0.0:
+        return plan
+    u = plan.uncertainty
+    return replace(plan, host_sharing=factor, uncertainty=u + spread + u * spread)
 
 
 def default_devices() -> int:

@@ -409,7 +409,7 @@ def model_flops(profile: Profile, plan: Plan) -> tuple[float, float]:
 def recomputed_flops(profile: Profile, plan: Plan) -> float:
     """FLOPs per sample that ``plan``'s uniform memory choice runs again: the counted forward of
     the recomputed module kinds in every layer, or of the first ``recompute_layers`` layers of
-    each stage (``costs.memory``)."""
+    each stage (``costs.activations.choices``)."""
     u = float(plan.micro_batch_size)
     if plan.recompute_modules:
         kinds = tuple(plan.recompute_modules)

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from autopipe.costs.memory import NO_CHOICE, MemoryChoice
+from autopipe.costs.activations.choices import NO_CHOICE, MemoryChoice
 from autopipe.costs.profile import Profile
 from autopipe.partition.memo import Recent
 from autopipe.partition.problem import Partition, PartitionProblem, memory_fits, stage_stats
@@ -51,7 +51,7 @@ __all__ = [
 @dataclass(frozen=True)
 class Decision:
     """A pipeline decision the search prices: schedule, virtual stages, micro-batches, and the
-    uniform memory choice (selective recomputation, offload or the block method; costs/memory.py)."""
+    uniform memory choice (selective recomputation, offload or the block method; costs/activations/choices.py)."""
 
     schedule: str
     virtual: int

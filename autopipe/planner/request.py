@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
-from autopipe.costs.memory import NO_CHOICE, MemoryChoice
+from autopipe.costs.activations.choices import NO_CHOICE, MemoryChoice
 from autopipe.costs.profile import MemoryOption, Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.modes import Recompute
@@ -79,7 +79,7 @@ class Choices:
     virtual: int | None = None  # v: stages per device, for the interleaved and V schedules
     recompute: Recompute = Recompute.AUTO  # which stages recompute their activations
     target: str = "autopipe"  # the framework that runs the plan: the search keeps to what it runs (TARGETS)
-    # The uniform memory choice (costs/memory.py; the plan's fields of the same names): module
+    # The uniform memory choice (costs/activations/choices.py; the plan's fields of the same names): module
     # kinds recomputed in every layer, the first k layers of each stage recomputed, module kinds
     # offloaded. None leaves the form to the search; () or 0 rules it out; a value pins it (and
     # rules the other two out).

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from autopipe.costs.memory import NO_CHOICE, MemoryChoice, apply, choices
+from autopipe.costs.activations.choices import NO_CHOICE, MemoryChoice, apply, choices
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.modes import Recompute
@@ -165,7 +165,7 @@ def plan_search(
 
     Where the request leaves the memory choice to the search (``PlanRequest.memory_pin`` None), each
     uniform choice the target runs (:func:`memory_choices`: selective recomputation and offload as
-    profiles, ``costs.memory.apply``; the first k layers of each stage as the partition
+    profiles, ``costs.activations.choices.apply``; the first k layers of each stage as the partition
     problem's) is searched after the plain one, against the fastest plan so far, and only on the
     decisions where memory bound the plain search (:class:`_Found`'s ``tight``): where every split
     fitted with nothing recomputed, no choice that only adds time can beat it. The block method's
@@ -233,7 +233,7 @@ def _raise_or(found: _Found) -> list[Priced]:
 
 def memory_choices(profile: Profile, request: PlanRequest) -> list[MemoryChoice]:
     """The uniform memory choices the search tries for ``request`` besides none, in order:
-    selective recomputation (``costs.memory.choices``: those no other beats in both bytes and
+    selective recomputation (``costs.activations.choices.choices``: those no other beats in both bytes and
     time), offload (where the device has a host link), then the first k layers of each stage for
     k = 1 up to the most layers a stage can hold, less one (all of them: ``--recompute-all``'s
     territory); each only where the target runs it, the recomputation mode allows and the
@@ -280,7 +280,7 @@ def _choice_search(
     explain: bool = False,
 ) -> _Found:
     """The search with the memory choice ``choice`` pinned: none searches the recompute modes; any
-    other is one search with nothing recomputed whole, on its profile (``costs.memory.apply``).
+    other is one search with nothing recomputed whole, on its profile (``costs.activations.choices.apply``).
     ``plain``: the plain search, whose unlimited cuts (candidates under any choice) and context
     (compiled schedules, and the block numbers where the profile is the same) it starts from;
     ``explain``: work out the smallest limit that fits where nothing does (else left out)."""

@@ -35,7 +35,7 @@ class Target:
     uniform_recompute: bool  # it recomputes every stage or none (one mode for all stages)
     no_recompute: tuple[str, ...] = ()  # of those, the ones it runs only with nothing recomputed
     never_recomputes: bool = False  # it applies no recomputation at all
-    # The uniform memory choices it runs (costs/memory.py; the names are graph/kinds.py's): module
+    # The uniform memory choices it runs (costs/activations/choices.py; the names are graph/kinds.py's): module
     # kinds it recomputes in every layer, module kinds it offloads, the first k layers of each stage.
     recompute_modules: tuple[str, ...] = ()
     offload_modules: tuple[str, ...] = ()

@@ -47,6 +47,14 @@ def check_plan(plan: Plan, traced: TracedModel) -> None:
             "Megatron-LM or torchtitan ('autopipe config PLAN --for megatron'), or plan it again "
             "with --tensor-parallel 1"
         )
+    if plan.expert_parallel > 1 or plan.expert_tensor_parallel > 1 or plan.context_parallel > 1:
+        raise PlanError(
+            f"the plan shards the experts over {plan.expert_parallel} x {plan.expert_tensor_parallel} expert-parallel "
+            f"devices and the sequence over {plan.context_parallel} context-parallel devices, which autopipe's "
+            "executor and emitted stages do not do (they hold whole layers and whole samples); train it with "
+            "Megatron-LM or torchtitan ('autopipe config PLAN --for megatron'), or plan it again without expert "
+            "and context parallelism"
+        )
     want = plan.recipe.fingerprint
     if not want:  # every plan autopipe writes has one: an emptied one would skip the model's identity
         raise PlanError(

@@ -594,6 +594,20 @@ def test_the_bundled_models_definitions_are_read_from_their_modules() -> None:
     assert len(notes) == 2 and notes[0].startswith("vocabulary 512: ") and notes[1].startswith("rope: ")
 
 
+def test_nemotron4s_squared_relu_mlp_is_read_and_written_as_megatron_names_it() -> None:
+    from autopipe.config.megatron import _definition
+    from autopipe.config.model_facts import read_model
+    from autopipe.model.load import load_model
+
+    models = Path(__file__).resolve().parents[2] / "models"
+    kwargs = {"mlp": "relu2", "intermediate_size": 96}
+    model = load_model(f"{models / 'llama.py'}:build_model", kwargs, device="meta").model
+    facts = read_model(model, "layers", 64)
+    assert (facts.activation, facts.ffn) == ("squared_relu", 96)
+    args, _ = _definition(facts, "")
+    assert "--squared-relu" in args and "--swiglu" not in args
+
+
 def test_what_a_model_does_not_say_is_named_in_one_line() -> None:
     from torch import nn
 
@@ -610,7 +624,7 @@ def test_what_a_model_does_not_say_is_named_in_one_line() -> None:
     assert args == ["--hidden-size", "16"]
     assert notes[-1] == (
         "not read from the model: --num-attention-heads; --num-query-groups; --ffn-hidden-size; --seq-length; "
-        "--max-position-embeddings; --normalization; the activation (--swiglu, or gelu by default); "
+        "--max-position-embeddings; --normalization; the activation (--swiglu, --squared-relu, or gelu by default); "
         "--position-embedding-type; tied embeddings (--untie-embeddings-and-output-weights); "
         "add them as your model has them"
     )

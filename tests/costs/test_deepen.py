@@ -13,7 +13,7 @@ from autopipe.costs.profile import Profile
 from autopipe.model.load import load_model
 
 ROOT = Path(__file__).resolve().parents[2]
-GPT, LLAMA, MLP = (str(ROOT / "models" / f"{m}.py") for m in ("gpt", "llama", "mlp"))
+GPT, LLAMA, MLP, MOE = (str(ROOT / "models" / f"{m}.py") for m in ("gpt", "llama", "mlp", "moe"))
 
 SKIPS = """
 import torch
@@ -77,6 +77,23 @@ def test_gpt_counted_shallow_equals_the_full_count() -> None:
 def test_llama_counted_shallow_equals_the_full_count() -> None:
     full, shallow, repeated = _both(LLAMA, {"n_layer": 5}, (2,))
     assert repeated and shallow == full
+
+
+def test_a_moe_with_leading_dense_layers_counted_shallow_equals_the_full_count() -> None:
+    """DeepSeek-V3's shape: 2 dense layers kept whole, 5 MoE layers traced as 3; expert
+    parallelism priced on either count gives one profile."""
+    from autopipe.costs.options import Layout, Links, parallel_options
+
+    kwargs = {"n_layer": 7, "n_dense_layers": 2, "block_size": 16}
+    full, shallow, repeated = _both(MOE, kwargs, (2,))
+    assert repeated and shallow == full
+    spec, links = device_spec("h100"), Links(8, 450e9, 50e9)
+    counts = [
+        count_model(load_model(MOE, kwargs, device="meta"), micro_batch_sizes=(2,), dtype="bf16", shallow=deep)
+        for deep in (False, True)
+    ]
+    full_ep, shallow_ep = (parallel_options(c, spec, links).price(Layout(ep=4)) for c in counts)
+    assert shallow_ep == full_ep and sum(b.expert_params for b in full_ep.blocks) > 0
 
 
 EXPORT = SKIPS.replace(

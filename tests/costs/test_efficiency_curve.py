@@ -169,7 +169,7 @@ def test_calibration_files_keep_the_curve_and_old_ones_still_load(tmp_path: Path
 def test_cli_refuses_fp8_on_a_gpu_without_it_and_unknown_dtypes(tmp_path: Path) -> None:
     base = [sys.executable, "-m", "autopipe.cli", "plan", str(ROOT / "models" / "mlp.py"), "--device"]
     done = subprocess.run([*base, "a100", "--dtype", "fp8"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "gives no peak for fp8 (fp8 needs an FP8 GPU: h100, h200)" in done.stderr
+    assert done.returncode == 2 and "gives no peak for fp8 (fp8 needs an FP8 GPU: h100, h800, h200)" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     bad = subprocess.run([*base, "h100", "--dtype", "fp9"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "invalid choice: 'fp9'" in bad.stderr

@@ -122,7 +122,7 @@ def test_a_measured_profile_prices_a_layers_parts_from_its_counts() -> None:
     """Selective recomputation needs the counts: a measured layer's options keep the bytes its
     anatomy counts (the same saved_tensors_hooks storages as measured) and take a recomputed
     part's time as its counted ops' share of the layer's measured forward."""
-    from autopipe.costs.memory import MemoryChoice, apply
+    from autopipe.costs.activations.choices import MemoryChoice, apply
 
     loaded = load_model("models/gpt.py", {"n_layer": 2})
     prof = profile_model(loaded, micro_batch_sizes=[2, 4], warmup=0, repeat=1)

@@ -9,6 +9,7 @@ from autopipe.graph.trace import CREATED, fx_node_names, trace_model
 from autopipe.model.load import load_model
 
 GPT = str(Path(__file__).resolve().parents[2] / "models" / "gpt.py")
+MOE = str(Path(__file__).resolve().parents[2] / "models" / "moe.py")
 
 
 def _gpt(layers: int):  # type: ignore[no-untyped-def]
@@ -46,3 +47,16 @@ def test_deep_names_are_the_names_a_full_trace_gives() -> None:
     assert [[names[n][k] for n in middle] for k in range(5)] == [list(full.blocks[3 + k].nodes) for k in range(5)]
     six = _gpt(6)  # a deep model that is not these layers repeated seven times: refused
     assert deep_names(created, survivors, Layers("blocks", 7), fx_node_names(six.model, six.make_inputs(2))) is None
+
+
+def test_a_run_of_alike_layers_after_leading_ones() -> None:
+    """DeepSeek-V3's shape: dense layers first, then MoE layers alike; the leading ones are kept whole."""
+    model = load_model(MOE, {"n_layer": 8, "n_dense_layers": 2, "mtp_depth": 0}, device="meta").model
+    layers = repeated_layers(model)
+    assert layers == Layers("layers", 8, 2) and (layers.run, layers.kept) == (6, 5)
+    assert [layers.source(j) for j in range(8)] == [0, 1, 2, 3, 3, 3, 3, 4]
+    assert [layers.copies(s) for s in range(5)] == [range(0, 1), range(1, 2), range(2, 3), range(3, 7), range(7, 8)]
+    short = shallow_copy(model, layers)
+    assert len(short.layers) == 5 and short.layers[4] is model.layers[4]
+    few = load_model(MOE, {"n_layer": 6, "n_dense_layers": 2, "mtp_depth": 0}, device="meta").model
+    assert repeated_layers(few) is None  # a run of 4: too few

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 import autopipe
-from autopipe.costs.memory import MemoryChoice
+from autopipe.costs.activations.choices import MemoryChoice
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import InfeasibleError
 from autopipe.graph.recipe import TraceRecipe

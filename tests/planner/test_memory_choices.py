@@ -1,4 +1,4 @@
-"""The uniform memory choices in the search (planner/search.py, costs/memory.py): selective
+"""The uniform memory choices in the search (planner/search.py, costs/activations/choices.py): selective
 recomputation found with no flag where it fits and whole-stage recomputation is the only other
 way, priced as the counted ops say; the block method and offload priced from their own numbers;
 the pins and their one-line errors."""

@@ -179,6 +179,39 @@ def test_a_tensor_parallel_plan_is_handed_to_megatron_not_run() -> None:
     assert message.endswith("--tensor-parallel 1")
 
 
+@pytest.mark.parametrize(
+    "fields", [{"expert_parallel": 2, "data_parallel": 2}, {"context_parallel": 2}, {"expert_tensor_parallel": 1}]
+)
+def test_expert_and_context_parallel_plans_are_handed_to_the_frameworks(fields: dict[str, int]) -> None:
+    plan, traced = _base()
+    changed = dataclasses.replace(plan, **fields)
+    if changed.expert_parallel == changed.context_parallel == 1:  # degree 1 everywhere: runs as before
+        check_plan(changed, traced)
+        return
+    with pytest.raises(PlanError) as info:
+        check_plan(changed, traced)
+    message = str(info.value)
+    assert "\n" not in message and "autopipe config PLAN --for megatron" in message
+    assert message.startswith(
+        f"the plan shards the experts over {changed.expert_parallel} x 1 expert-parallel devices and the sequence "
+        f"over {changed.context_parallel} context-parallel devices, which autopipe's executor and emitted stages "
+        "do not do"
+    )
+
+
+def test_to_torch_pipelining_refuses_an_expert_parallel_plan() -> None:
+    import torch
+
+    from autopipe.stages.export import to_torch_pipelining
+    from tests.fixtures import good_mlp
+
+    plan = dataclasses.replace(even_plan(MLP, {"depth": 3}, stages=2), expert_parallel=2, data_parallel=2)
+    with pytest.raises(PlanError, match="the plan shards the experts over 2 x 1 expert-parallel devices"):
+        to_torch_pipelining(
+            plan, good_mlp.build_model(depth=3), 0, example_inputs=torch.randn(plan.micro_batch_size, 16)
+        )
+
+
 def test_an_analytic_plan_run_in_another_dtype_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An H100 bf16 plan run on this machine's fp32 model: the same model in another precision,
     not 'another model'."""

@@ -21,7 +21,9 @@ while it runs (``saved_tensors_hooks``) and its ops' counts. :class:`Anatomy` ho
   O's regions saved (Megatron-Core's fine-grained offload: "offload the input of the module").
 
 With nothing recomputed, :meth:`Anatomy.held` is the block's saved bytes (the same storages
-``timing.saved_bytes`` counts). Tests: tests/costs/test_anatomy.py (against hand-counted bytes).
+``timing.saved_bytes`` counts).
+
+Tests: tests/costs/activations/test_anatomy.py.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ import torch
 import torch.fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from autopipe.costs.activations.choices import layer_options
 from autopipe.costs.counting import OpCount, count_ops, fused_attention, leaf
-from autopipe.costs.memory import layer_options
 from autopipe.costs.profile import MemoryOption
 from autopipe.costs.timing import flat_inputs_of, storage_key
 from autopipe.graph.kinds import DISCARDING, OFFLOAD_KINDS, RECOMPUTE_KINDS
@@ -218,7 +220,7 @@ def options_of(
     flops: Callable[[Sequence[OpCount]], float],
     scaled: Callable[[float], float] = float,
 ) -> tuple[MemoryOption, ...]:
-    """A layer's :class:`~autopipe.costs.profile.MemoryOption` s (``costs.memory.layer_options``)
+    """A layer's :class:`~autopipe.costs.profile.MemoryOption` s (``costs.activations.choices.layer_options``)
     from its anatomy and saved bytes at each micro-batch size (``found``: size -> both):
     the bytes a choice keeps are the block's saved bytes less what the anatomy says it frees;
     ``seconds(ops, u)`` prices recomputed ops, ``flops(ops)`` counts them, ``scaled`` maps bytes

@@ -1,4 +1,4 @@
-"""What a layer's parts save, and what recomputing or offloading them keeps (``costs/anatomy.py``),
+"""What a layer's parts save, and what recomputing or offloading them keeps (``costs/activations/anatomy.py``),
 against bytes counted by hand for the bundled GPT layer.
 
 The textbook count is Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from autopipe.costs.activations.anatomy import Anatomy, anatomy_of
 from autopipe.costs.analytic import _meta_inputs, count_model
-from autopipe.costs.anatomy import Anatomy, anatomy_of
 from autopipe.costs.counting import count_block, leaf
 from autopipe.costs.timing import flat_inputs_of, storage_key
 from autopipe.graph.segment import extract
 from autopipe.graph.units import node_units
 from autopipe.model.load import load_model
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 B, S, H, A = 2, 64, 128, 4  # micro-batch, sequence, width, heads of the tiny GPT
 SBH = S * B * H  # elements of one (s, b, h) tensor; Korthikanti's "s b h" bytes count 2 bytes each
 

@@ -1,4 +1,4 @@
-"""Memory choices as profiles (costs/memory.py): the menu the search tries, a choice applied to a
+"""Memory choices as profiles (costs/activations/choices.py): the menu the search tries, a choice applied to a
 profile, and layer options kept in and read back from profile files."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from autopipe.costs.memory import NO_CHOICE, RECOMPUTE_SETS, MemoryChoice, apply, choices
+from autopipe.costs.activations.choices import NO_CHOICE, RECOMPUTE_SETS, MemoryChoice, apply, choices
 from autopipe.costs.profile import Affine, BlockCost, MemoryOption, Profile
 from autopipe.errors import PlanError, ProfileError
 from autopipe.graph.recipe import DEFAULT_RECIPE

@@ -6,7 +6,7 @@ over the model's layers, the forms Megatron-LM can express:
 
 - **selective recomputation** of module kinds (``--recompute-granularity selective
   --recompute-modules core_attn mlp layernorm``): each layer keeps what
-  :meth:`~autopipe.costs.anatomy.Anatomy.held` says and runs the kinds' forward again in its
+  :meth:`~autopipe.costs.activations.anatomy.Anatomy.held` says and runs the kinds' forward again in its
   backward;
 - **activation offload** of module kinds (``--fine-grained-activation-offloading
   --offload-modules ...``): each layer keeps its saved bytes less what goes to the host, and the
@@ -25,7 +25,9 @@ The offload's time (an assumption, stated): the copy engine moves a layer's offl
 while the layer computes, so its forward takes ``max(F, x / host_bandwidth)`` and its backward
 ``max(B, x / host_bandwidth)`` (the prefetch of the next layer back overlapping this one);
 a stage also holds one micro-batch's offloaded bytes at once (the one being copied), as a
-staging buffer (``BlockCost.staging_bytes``). Tests: tests/costs/test_memory.py.
+staging buffer (``BlockCost.staging_bytes``).
+
+Tests: tests/costs/activations/test_choices.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,315 @@
+# Run: python bench/bench_published.py [--rows NAME,...] [--no-free] [--write-plans DIR] [--sources]   (repo root)
+"""Published end-to-end training runs, planned: predicted against published throughput (issue 24, item 4).
+
+The runs are data (``bench/published_runs.py``: the model, cluster, layout, figure and source of
+each). Each row's model is built from a bundled model file on the meta device, counted once in
+the run's dtype and priced analytically on the catalogue device with the run's inter-node link,
+then planned twice:
+
+- *pinned*: the published layout in the words the planner has today (:func:`layout_choices`:
+  t, p, d, the micro-batch count where the micro-batch size is published, virtual stages where
+  published, full or no recomputation, ZeRO-1 for any sharding, sequence parallelism; Megatron-LM's
+  own schedules, 1F1B and interleaved 1F1B, with uniform recomputation), whatever is not
+  published searched. Its predicted throughput, in the source's own unit and FLOP count (model
+  or hardware FLOPs as the source counts them; tokens/s; seconds per step), against the
+  published figure: ``error`` = predicted throughput / published - 1.
+- *free*: the full t x p x d search over every schedule, recomputation chosen, with the run's
+  GPUs, batch and device memory (and its sharding flag: the search cannot choose sharding yet);
+  its step against the pinned one.
+
+Calibration: one row per device type and dtype (``published_runs.CALIBRATION``) scales that
+device's compute efficiencies once (``DeviceSpec.compute_scaled``, one step, not iterated) so that
+its pinned prediction meets its figure; every other row is held out, and the last line gives the
+held-out rows' median and worst |error| (rows whose figures could not be verified are printed
+but left out). Memory: each row prints the pinned plan's predicted peak per device; a published
+run fitted, so a layout that does not fit the device as predicted is planned again without the
+limit, its time still predicted, and named. One CPU core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from published_runs import CALIBRATION, HW, LINKS, RUNS, STEP, TFLOPS, TOKENS, Run, by_name
+
+from autopipe.costs.analytic import ModelCounts, count_model, profile_from_counts
+from autopipe.costs.devices import DeviceSpec, device_spec
+from autopipe.errors import InfeasibleError
+from autopipe.model.load import load_model
+from autopipe.modes import Recompute
+from autopipe.planner.cluster import tensor_options
+from autopipe.planner.parallel import Cluster, ParallelRequest, plan_parallel
+from autopipe.planner.request import Choices
+from autopipe.plans import Plan
+from autopipe.units import format_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+UNBOUNDED = 1e15  # bytes: the memory limit of a layout planned again after it did not fit
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A run's published layout as the planner is told it (:func:`layout_choices`)."""
+
+    tensor_parallel: int
+    stages: int
+    data_parallel: int
+    choices: Choices  # micro-batches, schedule, virtual stages, recomputation; target Megatron-LM
+    shard_optimizer: bool  # ZeRO-1
+    sequence_parallel: bool
+    approximated: tuple[str, ...]  # published choices priced as something else, and as what
+
+
+def layout_choices(run: Run) -> Pinned:
+    """What of ``run``'s published layout the planner can express, and how the rest is priced.
+
+    Expressed: t, p, d; ``mbs`` as m = global batch / (d mbs); ``vp`` > 1 as interleaved 1F1B with
+    v = vp, ``vp`` = 1 (or p = 1) as 1F1B, None left to the search among Megatron's two; full
+    recomputation as every stage recomputed, none as none, unknown left to the search (uniform,
+    as Megatron runs it); ZeRO-1 as ``shard_optimizer``; sequence parallelism. Approximated (named
+    in ``approximated``): selective recomputation as none (the counts price fused attention, which
+    keeps what Megatron's selective recomputation keeps), ZeRO-2 and FSDP as ZeRO-1 (weights and
+    gradients whole). Each new planner choice (sharding stage, selective or partial recomputation,
+    offload, overlap) is one more field here, read from the run's own fields."""
+    approximated = []
+    recompute = {"full": Recompute.ALWAYS, "none": Recompute.NEVER, "selective": Recompute.NEVER}.get(
+        run.recompute, Recompute.AUTO
+    )
+    if run.recompute == "selective":
+        approximated.append("selective recomputation priced as none (fused attention keeps what it keeps)")
+    if run.sharding in ("zero2", "fsdp"):
+        approximated.append(f"{run.sharding} priced as ZeRO-1 (weights and gradients whole)")
+    if run.p == 1 or run.vp == 1:
+        schedule, virtual = "1f1b", None
+    elif run.vp is not None:
+        schedule, virtual = "interleaved-1f1b", run.vp
+    else:
+        schedule, virtual = None, None
+    micro_batches = run.global_batch // (run.d * run.mbs) if run.mbs else None
+    choices = Choices(micro_batches, schedule, virtual, recompute, target="megatron")
+    shard = run.sharding in ("zero1", "zero2", "fsdp")
+    return Pinned(run.t, run.p, run.d, choices, shard, run.sequence_parallel and run.t > 1, tuple(approximated))
+
+
+@functools.cache
+def _counts(model: str, kwargs: tuple[tuple[str, object], ...], dtype: str) -> ModelCounts:
+    loaded = load_model(str(ROOT / "models" / f"{model}.py"), dict(kwargs), device="meta")
+    return count_model(loaded, micro_batch_sizes=(1, 2), dtype=dtype, shallow=True)
+
+
+def counts_of(run: Run) -> ModelCounts:
+    return _counts(run.model, run.kwargs, run.dtype)
+
+
+def cluster_of(run: Run, spec: DeviceSpec) -> Cluster:
+    return replace(Cluster.of(spec, run.gpus), network_bandwidth=LINKS[run.link].network_bandwidth)
+
+
+def predicted_figure(run: Run, plan: Plan) -> float:
+    """The plan's throughput in the run's unit and FLOP count."""
+    step = plan.step_time_s
+    if run.unit == STEP:
+        return step
+    if run.unit == TOKENS:
+        return run.global_batch * run.seq / step / run.gpus
+    flops = plan.hardware_flops if run.flops == HW else plan.model_flops
+    return flops / step / run.gpus / 1e12
+
+
+def error(run: Run, predicted: float) -> float:
+    """Predicted throughput over published, less 1 (a step time: published over predicted)."""
+    return run.figure / predicted - 1 if run.unit == STEP else predicted / run.figure - 1
+
+
+@dataclass(frozen=True)
+class Pinning:
+    plan: Plan
+    fits: bool  # within the device's memory as predicted
+    needs: float  # the predicted peak per device, bytes (over the limit where it does not fit)
+
+
+def plan_pinned(run: Run, spec: DeviceSpec) -> Pinning:
+    counts, pin = counts_of(run), layout_choices(run)
+    cluster = cluster_of(run, spec)
+    request = ParallelRequest(
+        cluster,
+        run.global_batch,
+        spec.memory_bytes,
+        shard_optimizer=pin.shard_optimizer,
+        stages=pin.stages,
+        choices=pin.choices,
+        tensor_parallel=pin.tensor_parallel,
+        data_parallel=pin.data_parallel,
+    )
+    profile = profile_from_counts(counts, spec)
+    tensor = tensor_options(counts, spec, cluster, sequence_parallel=pin.sequence_parallel)
+    try:
+        plan = plan_parallel(profile, request, tensor=tensor).plan
+        return Pinning(plan, True, max(plan.peak_memory_bytes))
+    except InfeasibleError:  # the run fitted: the memory model is off; price the layout all the same
+        recompute = Recompute.ALWAYS if pin.choices.recompute == Recompute.AUTO else pin.choices.recompute
+        again = replace(request, memory_limit=UNBOUNDED, choices=replace(pin.choices, recompute=recompute))
+        plan = plan_parallel(profile, again, tensor=tensor).plan
+        return Pinning(plan, False, max(plan.peak_memory_bytes))
+
+
+def plan_free(run: Run, spec: DeviceSpec, shard_optimizer: bool) -> Plan | None:
+    counts, cluster = counts_of(run), cluster_of(run, spec)
+    request = ParallelRequest(cluster, run.global_batch, spec.memory_bytes, shard_optimizer=shard_optimizer)
+    tensor = tensor_options(counts, spec, cluster, sequence_parallel=True)
+    try:
+        return plan_parallel(profile_from_counts(counts, spec), request, tensor=tensor).plan
+    except InfeasibleError:
+        return None
+
+
+def calibrated(runs: list[Run]) -> tuple[dict[tuple[str, str], DeviceSpec], list[str]]:
+    """Each family's device spec, scaled once on its calibration row; and a line per calibration."""
+    specs, lines = {}, []
+    for family in sorted({r.family for r in runs}):
+        spec = device_spec(family[0])
+        name = CALIBRATION.get(family)
+        if name is not None:
+            run = by_name(name)
+            before = predicted_figure(run, plan_pinned(run, spec).plan)
+            factor = 1.0 / (1.0 + error(run, before))
+            spec = spec.compute_scaled(factor)
+            lines.append(
+                f"calibrated {family[0]} {family[1]} on {name}: x{factor:.3f}, {family[1]} GEMM eff_max "
+                f"{spec.plateau(family[1]):.3f}"
+            )
+        else:
+            lines.append(f"{family[0]} {family[1]}: no calibration row, the catalogue's efficiencies")
+        specs[family] = spec
+    return specs, lines
+
+
+def _layout(run: Run) -> str:
+    words = [f"t{run.t} p{run.p} d{run.d}"]
+    words += [f"cp{run.cp}"] if run.cp > 1 else []
+    words += [f"v{run.vp}" if run.vp else "v?", f"mbs {run.mbs}" if run.mbs else "mbs ?"]
+    words += [f"{run.global_batch}x{run.seq}", f"recompute {run.recompute}", run.sharding]
+    words += ["sp"] if run.sequence_parallel else []
+    return ", ".join(words)
+
+
+def _figure(run: Run, value: float) -> str:
+    text = f"{value:.2f}" if run.unit == STEP else f"{value:.0f}" if run.unit == TOKENS else f"{value:.1f}"
+    return f"{text} {run.unit}"
+
+
+def _free(free: Plan | None, pinned: Pinning) -> str:
+    if free is None:
+        return "none fits | -"
+    recomputed = sum(s.recompute for s in free.stages)
+    what = f"t{free.tensor_parallel} p{free.devices} d{free.data_parallel}, {free.schedule} v{free.virtual}"
+    ratio = f"{free.step_time_s / pinned.plan.step_time_s:.2f}" + ("" if pinned.fits else " (pinned over memory)")
+    return f"{what}, m {free.micro_batches}, {recomputed} of {len(free.stages)} recompute | {ratio}"
+
+
+def _sources(runs: list[Run]) -> None:
+    for run in runs:
+        print(f"{run.name}: {run.source}")
+        for label, text in (("unpublished", run.unpublished), ("unverified", run.unverified)):
+            if text:
+                print(f"  {label}: {text}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="", help="run names or name prefixes, comma-separated (default: all)")
+    ap.add_argument("--no-free", action="store_true", help="skip the free searches")
+    ap.add_argument("--write-plans", metavar="DIR", help="write each pinned plan as DIR/NAME.json")
+    ap.add_argument("--sources", action="store_true", help="print each row's source and what it does not say, and stop")
+    args = ap.parse_args()
+    wanted = [w.strip() for w in args.rows.split(",") if w.strip()]
+    runs = [r for r in RUNS if not wanted or any(r.name == w or r.name.startswith(w) for w in wanted)]
+    if not runs:
+        print(f"bench_published: no run matches --rows {args.rows!r}", file=sys.stderr)
+        return 2
+    if args.sources:
+        _sources(runs)
+        return 0
+    if hasattr(os, "sched_setaffinity"):  # one core
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    torch.set_num_threads(1)
+    out = Path(args.write_plans) if args.write_plans else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    t0 = time.process_time()
+    specs, lines = calibrated(runs)
+    print("\n".join(lines))
+    print(
+        "\n| run | GPUs, device, dtype | inter-node link | published layout | published | predicted (pinned) | error "
+        "| role, FLOPs | peak memory, pinned | free search: t p d, schedule, m, recompute | free / pinned step |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    held: dict[tuple[str, str], list[float]] = {}
+    over: list[str] = []
+    for run in runs:
+        spec = specs[run.family]
+        pin = plan_pinned(run, spec)
+        value = predicted_figure(run, pin.plan)
+        err = error(run, value)
+        role = (
+            "calibration"
+            if CALIBRATION.get(run.family) == run.name
+            else "held out"
+            if run.verified
+            else "not verified (out of the statistics)"
+        )
+        if role == "held out":
+            held.setdefault(run.family, []).append(err)
+        memory = f"{format_bytes(pin.needs)} of {format_bytes(spec.memory_bytes)}"
+        if not pin.fits:
+            memory = f"**needs {format_bytes(pin.needs)} > {format_bytes(spec.memory_bytes)}**"
+            over.append(run.name)
+        free = plan_free(run, spec, layout_choices(run).shard_optimizer) if not args.no_free else None
+        free_cell = _free(free, pin) if not args.no_free else "- | -"
+        convention = (
+            f"{run.flops} FLOPs" if run.unit == TFLOPS else f"{run.unit} ({run.also})" if run.also else run.unit
+        )
+        print(
+            f"| {run.name} | {run.gpus} {run.device} {run.dtype} | {LINKS[run.link].name} | {_layout(run)} "
+            f"| {_figure(run, run.figure)} | {_figure(run, value)} | {err:+.1%} | {role}, {convention} | {memory} "
+            f"| {free_cell} |",
+            flush=True,
+        )
+        if out is not None:
+            (out / f"{run.name}.json").write_text(pin.plan.to_json())
+    print()
+    for run in runs:
+        if layout_choices(run).approximated:
+            print(f"{run.name}: {'; '.join(layout_choices(run).approximated)}")
+    for family, errs in sorted(held.items()):
+        device, dtype = family
+        print(f"{device} {dtype}: held out {len(errs)}, median |error| {_median(errs):.1%}, worst {_worst(errs):+.1%}")
+    if over:
+        print(f"pinned layouts that do not fit the device as predicted: {', '.join(over)}")
+    else:
+        print("every pinned published layout fits the device's memory as predicted")
+    print(f"CPU {time.process_time() - t0:.1f} s")
+    errs = [e for v in held.values() for e in v]
+    print(f"held-out rows: {len(errs)}, median |error| {_median(errs):.1%}, worst {_worst(errs):+.1%}")
+    return 0
+
+
+def _median(errs: list[float]) -> float:
+    return statistics.median(abs(e) for e in errs) if errs else math.nan
+
+
+def _worst(errs: list[float]) -> float:
+    return max(errs, key=abs) if errs else math.nan
+
+
+if __name__ == "__main__":
+    sys.exit(main())

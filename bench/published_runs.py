@@ -1,0 +1,469 @@
+"""Published end-to-end training runs, as data (issue 24, item 4; read by bench/bench_published.py).
+
+Each :class:`Run` is one published figure: the model (a bundled model file and its kwargs), the
+cluster (catalogue device, GPU count, the network between nodes), the layout the run used
+(t x p x d, virtual stages, context parallelism, micro-batch, global batch, sequence,
+recomputation, sharding, dtype) and the throughput it published, in the source's own unit, with
+the source beside it. ``unpublished`` says what the source does not give (the planner searches
+it or the row assumes it, as written); ``unverified`` what could not be checked against a stored
+copy of the source. A row with ``verified=False`` is printed but left out of the error statistics.
+
+Runs the planner cannot price yet (context parallelism > 1, mixture of experts; issue 25), with
+their sources, for later:
+
+- Llama 3 405B, 16,384 H100, TP 8 CP 16 PP 16 DP 8, sequence 131,072, 16M tokens per batch,
+  380 TFLOP/s per GPU (Grattafiori et al. 2024, Table 4, via Balaji's SC'24 slide quoted at
+  glennklockwood.com/garden/llama-3.1).
+- NeMo 24.07 FP8 on DGX-H100 (NVIDIA/NeMo docs/source/performance/performance_summary.md, git
+  d31653f7): LLAMA3-8B 8 GPUs, GBS 128, MBS 1, 8192 tokens, TP 1 PP 1 CP 2: 12,036 tokens/s per
+  GPU (697 TFLOP/s); LLAMA3-70B 64 GPUs, GBS 128, TP 4 PP 4 CP 2 VP 5: 1,533 (738).
+- Megatron-Bridge 26.04.01 FP8 on DGX-H100 (NVIDIA-NeMo/Megatron-Bridge
+  docs/performance-summary-archive.md, git 067f987d): LLAMA3.1_405B 1,024 GPUs, GBS 1536, MBS 1,
+  8192 tokens, TP 8 PP 8 CP 2 VP 8: 328 tokens/s per GPU (827 TFLOP/s).
+- Mixture of experts on DGX-H100, same archive: DeepSeekV3 1,024 GPUs (25.09: TP 2 PP 8 VP 4
+  EP 64, 1,297 tokens/s per GPU), Qwen3_235B_a22B 256 GPUs (26.04.01: TP 2 PP 8 VP 4 EP 32,
+  1,712), Qwen3_30B_a3B 16 GPUs (EP 16, 8,960), GPT OSS 120B 64 GPUs (BF16, EP 8, 5,824).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CALIBRATION", "LINKS", "RUNS", "Link", "Run", "by_name"]
+
+HW, MODEL = "hardware", "model"  # the source's FLOP count: with recomputation (hardware) or without
+TFLOPS, TOKENS, STEP = "TFLOP/s per GPU", "tokens/s per GPU", "s per step"  # the published figure's unit
+RECOMPUTE = ("full", "selective", "none", "unknown")
+SHARDING = ("none", "zero1", "zero2", "fsdp", "unknown")
+
+
+@dataclass(frozen=True)
+class Link:
+    """The network between a cluster's nodes, as the planner prices it: one device's share."""
+
+    name: str  # as the source (or the system's datasheet) says it
+    network_bandwidth: float  # bytes/s per device, one direction (planner Cluster.network_bandwidth)
+
+
+LINKS = {
+    "selene": Link("InfiniBand HDR 200 Gb/s x 8 per node (Selene)", 25e9),
+    "jean-zay": Link("Omni-Path 100 Gb/s x 4 per node (Jean Zay)", 6.25e9),
+    "dgx-h100": Link("InfiniBand NDR 400 Gb/s x 8 per node (DGX H100)", 50e9),
+    "meta-roce": Link("RoCE 400 Gb/s per GPU (Meta's 24K H100 cluster)", 50e9),
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published run: its model, cluster, layout and figure, and where they come from."""
+
+    name: str  # short and unique: the --rows name and the written plan's file name
+    model: str  # a bundled model file: "gpt" (models/gpt.py) or "llama" (models/llama.py)
+    kwargs: tuple[tuple[str, object], ...]  # its build_model keywords
+    device: str  # catalogue name (autopipe/costs/devices.json)
+    dtype: str  # "bf16" or "fp8" (Transformer Engine's FP8 linear layers)
+    link: str  # a key of LINKS
+    gpus: int
+    t: int  # tensor-parallel degree
+    p: int  # pipeline depth
+    d: int  # data-parallel replicas
+    vp: int | None  # virtual stages per pipeline rank (1: no interleaving; None: not published)
+    mbs: int | None  # micro-batch size (None: not published)
+    global_batch: int  # sequences per step
+    seq: int  # tokens per sequence
+    recompute: str  # RECOMPUTE: what the run recomputed
+    sharding: str  # SHARDING: optimizer / gradient / weight sharding over the data-parallel group
+    sequence_parallel: bool  # Korthikanti et al. 2022, with t > 1
+    figure: float  # the published throughput, in ``unit``
+    unit: str  # TFLOPS, TOKENS or STEP
+    flops: str  # HW or MODEL: what the source's FLOP figures count ("" for none)
+    source: str  # where every figure above was read
+    unpublished: str = ""  # what the source does not say, and what the row does instead
+    unverified: str = ""  # what could not be checked against a stored copy of the source
+    verified: bool = True  # the figure and the layout were checked (False: out of the statistics)
+    cp: int = 1  # context-parallel degree (> 1: not priced yet, issue 25)
+    also: str = ""  # the source's other figures for the same run (for people)
+
+    def __post_init__(self) -> None:
+        if self.t * self.p * self.d * self.cp != self.gpus:
+            raise ValueError(f"{self.name}: t x p x d x cp = {self.t * self.p * self.d * self.cp}, not {self.gpus}")
+        if self.global_batch % self.d or (self.mbs and (self.global_batch // self.d) % self.mbs):
+            raise ValueError(f"{self.name}: batch {self.global_batch} does not split into {self.d} x {self.mbs}")
+        if self.recompute not in RECOMPUTE or self.sharding not in SHARDING or self.link not in LINKS:
+            raise ValueError(f"{self.name}: recompute, sharding or link not one of the known words")
+        if self.unit not in (TFLOPS, TOKENS, STEP) or (self.unit == TFLOPS and self.flops not in (HW, MODEL)):
+            raise ValueError(f"{self.name}: unit {self.unit!r} with FLOP count {self.flops!r}")
+
+    @property
+    def model_kwargs(self) -> dict[str, object]:
+        return dict(self.kwargs)
+
+    @property
+    def family(self) -> tuple[str, str]:
+        """What one calibration covers: the device type and dtype."""
+        return self.device, self.dtype
+
+
+def by_name(name: str) -> Run:
+    found = [r for r in RUNS if r.name == name]
+    if not found:
+        raise KeyError(f"no published run {name!r}; the runs: {', '.join(r.name for r in RUNS)}")
+    return found[0]
+
+
+def _gpt(
+    layers: int, hidden: int, heads: int, vocab: int, seq: int, tied: bool = True
+) -> tuple[tuple[str, object], ...]:
+    kwargs: dict[str, object] = {"n_layer": layers, "n_embd": hidden, "n_head": heads}
+    kwargs |= {"vocab_size": vocab, "block_size": seq}
+    return tuple(kwargs.items()) + (() if tied else (("tie_embeddings", False),))
+
+
+# --- Megatron-LM 2021: GPT on A100-80GB (Selene) ---------------------------------------------
+
+M21 = (
+    "Narayanan et al. 2021 (SC'21), Table 1, read from Megatron-LM's README table "
+    "images/cases_april2021.png (git 50a4b5fa, 2021-04-08): hidden size, layers, t x p, GPUs, batch, TFLOP/s "
+    "(counted with recomputation); vocabulary 51,200, 2,048 tokens, 8 A100 80GB per node; t = 8 where t x p > 8 "
+    "(README, git 2d767f48)"
+)
+
+
+def _m21(name: str, heads: int, hidden: int, layers: int, t: int, p: int, gpus: int, batch: int, tf: float) -> Run:
+    return Run(
+        name=f"m21-{name}",
+        model="gpt",
+        kwargs=_gpt(layers, hidden, heads, 51200, 2048),
+        device="a100-80gb",
+        dtype="bf16",
+        link="selene",
+        gpus=gpus,
+        t=t,
+        p=p,
+        d=gpus // (t * p),
+        vp=None,
+        mbs=None,
+        global_batch=batch,
+        seq=2048,
+        recompute="full",
+        sharding="none",
+        sequence_parallel=False,
+        figure=tf,
+        unit=TFLOPS,
+        flops=HW,
+        source=M21,
+        unpublished="micro-batch and interleaving: searched (1F1B or interleaved 1F1B)",
+        unverified="attention heads (the paper's Table 1; not in the README image; no effect on the FLOP count)",
+    )
+
+
+MEGATRON_2021 = (
+    _m21("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137.0),
+    _m21("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138.0),
+    _m21("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142.0),
+    _m21("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135.0),
+    _m21("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138.0),
+    _m21("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140.0),
+    _m21("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148.0),
+    _m21("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155.0),
+    _m21("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163.0),
+    _m21("1T", 160, 25600, 128, 8, 64, 3072, 3072, 163.0),
+)
+
+# --- BLOOM-176B on A100-80GB (Jean Zay) ------------------------------------------------------
+
+BLOOM = Run(
+    name="bloom-176B",
+    model="gpt",
+    kwargs=_gpt(70, 14336, 112, 250880, 2048),
+    device="a100-80gb",
+    dtype="bf16",
+    link="jean-zay",
+    gpus=384,
+    t=4,
+    p=12,
+    d=8,
+    vp=1,
+    mbs=2,
+    global_batch=2048,
+    seq=2048,
+    recompute="full",
+    sharding="zero1",
+    sequence_parallel=False,
+    figure=149.77,
+    unit=TFLOPS,
+    flops=HW,
+    source=(
+        "bigscience-workshop/bigscience train/tr11-176B-ml/README.md (git 9e64edec): 48 nodes of 8 A100 80GB, "
+        "TP 4 PP 12 DP 8 MBS 2, GBS 2048 x 2048 tokens, 70 layers of 14336, 112 heads, vocabulary 250,680 "
+        "(250,880 padded), DeepSpeed activation checkpointing, ZeRO-1 (its BF16_Optimizer), 4 Omni-Path links per "
+        "node; iteration 85376: 104.70 s, 149.77 TFLOPs, counted 'with the 4*2 coefficient' (hardware)"
+    ),
+    unpublished="DeepSpeed's pipeline engine runs 1F1B (its TrainSchedule; no interleaving): pinned",
+    unverified=(
+        "the Omni-Path rate (100 Gb/s, the architecture's; the README gives the link count); ALiBi priced as a "
+        "learned position table (29 M parameters); the BLOOM paper (Le Scao et al. 2022) not read here"
+    ),
+    also="104.70 s per step",
+)
+
+# --- Megatron-Core r0.8.0 on H100 (Megatron-LM README) ---------------------------------------
+
+MCORE = (
+    "Megatron-LM README, Performance Benchmarking, images/model_table.png (git d98e8a64; Megatron-Core r0.8.0 as "
+    "its scaling figures say): heads, hidden size, layers, t, p, d, GPUs, batch, TFLOP/s and MFU per GPU; "
+    "vocabulary 131,072, 4,096 tokens; --overlap-grad-reduce, --overlap-param-gather, --tp-comm-overlap"
+)
+MCORE_UNVERIFIED = (
+    "bf16 (MFU = TFLOP/s / 989); untied embeddings (from the parameter counts); the distributed optimizer "
+    "(--overlap-param-gather needs it) and sequence parallelism (--tp-comm-overlap needs it); the cluster's "
+    "network (NDR 400 Gb/s x 8 assumed: 'H100 clusters')"
+)
+
+
+def _mcore(name: str, heads: int, hidden: int, layers: int, t: int, p: int, gpus: int, batch: int, tf: float) -> Run:
+    return Run(
+        name=f"mcore-{name}",
+        model="gpt",
+        kwargs=_gpt(layers, hidden, heads, 131072, 4096, tied=False),
+        device="h100",
+        dtype="bf16",
+        link="dgx-h100",
+        gpus=gpus,
+        t=t,
+        p=p,
+        d=48,
+        vp=None,
+        mbs=None,
+        global_batch=batch,
+        seq=4096,
+        recompute="unknown",
+        sharding="zero1",
+        sequence_parallel=t > 1,
+        figure=tf,
+        unit=TFLOPS,
+        flops=MODEL,
+        source=MCORE,
+        unpublished="micro-batch, interleaving and recomputation: searched (Megatron's schedules, uniform recompute)",
+        unverified=MCORE_UNVERIFIED,
+    )
+
+
+MEGATRON_CORE = (
+    _mcore("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8),
+    _mcore("7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9),
+    _mcore("16B", 48, 6144, 32, 4, 1, 192, 192, 489.1),
+    _mcore("32B", 56, 7168, 48, 8, 1, 384, 192, 459.6),
+    _mcore("70B", 64, 8192, 84, 8, 2, 768, 384, 419.7),
+    _mcore("119B", 80, 10240, 92, 8, 4, 1536, 768, 420.5),
+    _mcore("177B", 96, 12288, 96, 8, 6, 2304, 1152, 432.8),
+    _mcore("314B", 128, 16384, 96, 8, 8, 3072, 1536, 474.4),
+    _mcore("462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9),
+)
+
+# --- Nemotron-4 340B on H100 (its technical report) ------------------------------------------
+
+NEMOTRON4 = (
+    "Nemotron-4 340B Technical Report (NVIDIA 2024, arXiv 2406.11704), Table 2, read through Epoch AI's note "
+    "(aiportalx.com/nvidia/nemotron-4-340b: 6,144 H100, batch 2304, 8.0 s per iteration, MFU 41-42%), the model "
+    "card (batch 2304 x 4096 tokens) and a summary (8-way TP, 12-way PP with interleaving, DP; 768 DGX H100 nodes)"
+)
+NEMOTRON4_UNPUBLISHED = "micro-batch, virtual stages and recomputation: searched (interleaved 1F1B)"
+NEMOTRON4_UNVERIFIED = (
+    "bf16 (MFU against 989 TFLOP/s, Epoch AI's reading); the distributed optimizer (recalled, not found stored); "
+    "sequence parallelism assumed; the 400 Gb/s x 8 InfiniBand of its DGX H100 nodes (recalled)"
+)
+
+
+def _nemotron4(d: int, batch: int, step: float, mfu: float, verified: bool) -> Run:
+    ramp = "" if verified else "; this ramp-up row (d, batch, step, MFU) as the issue gives it: not in a stored copy"
+    return Run(
+        name=f"nemotron4-340B-{96 * d}",
+        model="llama",
+        kwargs=(("preset", "nemotron4-340b"),),
+        device="h100",
+        dtype="bf16",
+        link="dgx-h100",
+        gpus=96 * d,
+        t=8,
+        p=12,
+        d=d,
+        vp=None,
+        mbs=None,
+        global_batch=batch,
+        seq=4096,
+        recompute="unknown",
+        sharding="zero1",
+        sequence_parallel=True,
+        figure=step,
+        unit=STEP,
+        flops=MODEL,
+        source=NEMOTRON4,
+        unpublished=NEMOTRON4_UNPUBLISHED,
+        unverified=NEMOTRON4_UNVERIFIED + ramp,
+        verified=verified,
+        also=f"MFU {mfu}% (model FLOPs)",
+    )
+
+
+NEMOTRON4_340B = (
+    _nemotron4(16, 768, 10.3, 42.4, verified=False),
+    _nemotron4(32, 1536, 10.3, 42.3, verified=False),
+    _nemotron4(64, 2304, 8.0, 41.0, verified=True),
+)
+
+# --- Llama 3 405B on H100 (Meta) -------------------------------------------------------------
+
+LLAMA3 = (
+    "Grattafiori et al. 2024, 'The Llama 3 Herd of Models', Table 4, as Balaji's SC'24 slide shows it (quoted at "
+    "glennklockwood.com/garden/llama-3.1): GPUs, TP 8, CP 1, PP 16, 16M tokens per batch, TFLOP/s per GPU; "
+    "8K-token pre-training; RoCE at 400 Gb/s between GPUs (ai-papers.xuzou.cn/papers/llama3_2024); d = GPUs / 128"
+)
+
+
+def _llama3(gpus: int, tf: float, mfu: int) -> Run:
+    return Run(
+        name=f"llama3-405B-{gpus}",
+        model="llama",
+        kwargs=(("preset", "llama3.1-405b"),),
+        device="h100",
+        dtype="bf16",
+        link="meta-roce",
+        gpus=gpus,
+        t=8,
+        p=16,
+        d=gpus // 128,
+        vp=None,
+        mbs=None,
+        global_batch=2048,
+        seq=8192,
+        recompute="unknown",
+        sharding="zero2",
+        sequence_parallel=True,
+        figure=tf,
+        unit=TFLOPS,
+        flops=MODEL,
+        source=LLAMA3,
+        unpublished="micro-batch, interleaving and recomputation: searched; sequence parallelism assumed",
+        unverified=(
+            f"BF16 MFU {mfu}% and batch per replica (the paper's Table 4 as recalled; d x batch x 8192 = 16M agrees); "
+            "FSDP sharding optimizer state and gradients but not weights (recalled)"
+        ),
+        also=f"BF16 MFU {mfu}%",
+    )
+
+
+LLAMA3_405B = (_llama3(8192, 430.0, 43), _llama3(16384, 400.0, 41))
+
+# --- NeMo and Megatron-Bridge performance summaries on DGX-H100 (FP8) ------------------------
+
+NEMO = (
+    "NVIDIA/NeMo docs/source/performance/performance_summary.md (git d31653f7; NeMo 24.07 container, DGX-H100, FP8): "
+    "#GPUs, GBS, MBS, sequence, TP, PP, CP, VP, tokens/s and model TFLOP/s per GPU"
+)
+NEMO_CSV = (
+    "recomputation none, as NeMo's scripts/performance/recommended_model_configs/model_configs_h100.csv (git "
+    "8cfedd72, a later NeMo) has for this layout; "
+)
+NEMO_ASSUMED = "the distributed optimizer and sequence parallelism: NeMo's performance recipes' defaults, assumed"
+
+
+def _nemo(
+    name: str,
+    preset: str,
+    gpus: int,
+    gbs: int,
+    mbs: int,
+    seq: int,
+    t: int,
+    p: int,
+    vp: int,
+    tokens: float,
+    tf: float,
+    recompute: str,
+    source: str = NEMO,
+    sharding: str = "zero1",
+) -> Run:
+    return Run(
+        name=name,
+        model="gpt" if preset.startswith("gpt") else "llama",
+        kwargs=(("preset", preset),),
+        device="h100",
+        dtype="fp8",
+        link="dgx-h100",
+        gpus=gpus,
+        t=t,
+        p=p,
+        d=gpus // (t * p),
+        vp=vp,
+        mbs=mbs,
+        global_batch=gbs,
+        seq=seq,
+        recompute=recompute,
+        sharding=sharding,
+        sequence_parallel=t > 1,
+        figure=tokens,
+        unit=TOKENS,
+        flops=MODEL,
+        source=source,
+        unpublished=(NEMO_CSV if recompute == "none" else "recomputation: searched; ") + NEMO_ASSUMED,
+        also=f"{tf:.0f} model TFLOP/s per GPU",
+    )
+
+
+BRIDGE = (
+    "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md (git 067f987d), DGX-H100, FP8 (current "
+    "scaling): #GPUs, GBS, MBS, sequence, FSDP, TP, PP, CP, VP, tokens/s and model TFLOP/s per GPU"
+)
+GPT3 = "gpt3-175b"
+NEMO_FP8 = (
+    _nemo("nemo-gpt3-175B-128", GPT3, 128, 256, 1, 2048, 4, 8, 6, 726, 782, "none"),
+    _nemo("nemo-gpt3-175B-512", GPT3, 512, 2048, 2, 2048, 4, 8, 6, 782, 842, "none"),
+    _nemo("nemo-llama2-70B-64", "llama2-70b", 64, 128, 1, 4096, 4, 4, 20, 1707, 759, "unknown"),
+    _nemo("nemo-llama2-13B-16", "llama2-13b", 16, 128, 1, 4096, 1, 4, 10, 8646, 754, "unknown"),
+    _nemo("nemo-llama2-7B-8", "llama2-7b", 8, 128, 1, 4096, 1, 1, 1, 16847, 776, "unknown"),
+    _nemo("nemo-nemotron4-340B-128", "nemotron4-340b", 128, 32, 1, 4096, 8, 8, 12, 322, 678, "none"),
+    _nemo(
+        "bridge-llama3-70B-64",
+        "llama3-70b",
+        64,
+        256,
+        1,
+        8192,
+        4,
+        8,
+        5,
+        1664,
+        731,
+        "none",
+        BRIDGE + " (26.04.01 container)",
+    ),
+    _nemo(
+        "bridge-llama3-8B-8",
+        "llama3-8b",
+        8,
+        128,
+        1,
+        8192,
+        1,
+        1,
+        1,
+        14451,
+        744,
+        "none",
+        BRIDGE + " (25.11 container; FSDP over the 8 GPUs)",
+        sharding="fsdp",
+    ),
+)
+
+RUNS: tuple[Run, ...] = (*MEGATRON_2021, BLOOM, *MEGATRON_CORE, *NEMOTRON4_340B, *LLAMA3_405B, *NEMO_FP8)
+
+# One row per device type and dtype sets its compute efficiency (DeviceSpec.compute_scaled, one step);
+# chosen before any prediction was seen: the middle row of the first table of that device and dtype
+# (Megatron-LM 2021's 39.1B, as bench_megatron.py; Megatron-Core's 70B, 5th of 9), and for FP8 the
+# project's reference case, GPT-3 175B (NeMo's first large FP8 row). Every other row is held out.
+CALIBRATION = {
+    ("a100-80gb", "bf16"): "m21-39.1B",
+    ("h100", "bf16"): "mcore-70B",
+    ("h100", "fp8"): "nemo-gpt3-175B-128",
+}

@@ -1,0 +1,139 @@
+"""bench/bench_published.py and its rows (bench/published_runs.py): the rows are consistent with
+their own models, the published layout maps onto the planner's choices as documented, figures
+are compared in the source's unit, and a small run prints a row and the statistics line."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from autopipe.modes import Recompute
+from autopipe.plans import Plan
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "bench_published.py"
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, ModuleType]:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # the bench imports its rows as a sibling
+    import bench_published
+    import published_runs
+
+    return bench_published, published_runs
+
+
+def test_every_row_names_a_model_config_at_its_sequence_and_its_source(bench: tuple[ModuleType, ModuleType]) -> None:
+    _, rows = bench
+    assert len({r.name for r in rows.RUNS}) == len(rows.RUNS)
+    for run in rows.RUNS:
+        config = _model_file(run.model).make_config(**run.model_kwargs)  # the model file's own checks
+        assert config.block_size == run.seq, run.name
+        assert run.source and run.link in rows.LINKS and run.gpus == run.t * run.p * run.d * run.cp
+        assert run.cp == 1, f"{run.name}: context parallelism is for later (issue 25), listed in the docstring"
+
+
+@functools.cache
+def _model_file(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_published_{name}", ROOT / "models" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_one_calibration_row_per_device_and_dtype(bench: tuple[ModuleType, ModuleType]) -> None:
+    _, rows = bench
+    for (device, dtype), name in rows.CALIBRATION.items():
+        run = rows.by_name(name)
+        assert (run.device, run.dtype) == (device, dtype) and run.verified
+    families = {r.family for r in rows.RUNS}
+    assert set(rows.CALIBRATION) <= families
+
+
+def test_a_bad_row_is_one_line(bench: tuple[ModuleType, ModuleType]) -> None:
+    _, rows = bench
+    run = rows.by_name("bloom-176B")
+    with pytest.raises(ValueError, match=r"bloom-176B: t x p x d x cp = 384, not 385"):
+        dataclasses.replace(run, gpus=385)
+    with pytest.raises(ValueError, match="does not split into 8 x 3"):
+        dataclasses.replace(run, mbs=3)
+    with pytest.raises(KeyError, match="no published run 'gpt-5'"):
+        rows.by_name("gpt-5")
+
+
+def test_layout_choices_say_what_the_planner_is_told(bench: tuple[ModuleType, ModuleType]) -> None:
+    b, rows = bench
+    bloom = b.layout_choices(rows.by_name("bloom-176B"))  # vp 1, mbs 2, full, ZeRO-1, no SP
+    assert (bloom.tensor_parallel, bloom.stages, bloom.data_parallel) == (4, 12, 8)
+    assert bloom.choices.schedule == "1f1b" and bloom.choices.micro_batches == 2048 // (8 * 2)
+    assert bloom.choices.recompute == Recompute.ALWAYS and bloom.shard_optimizer and not bloom.sequence_parallel
+    assert bloom.choices.target == "megatron" and bloom.approximated == ()
+    gpt3 = b.layout_choices(rows.by_name("nemo-gpt3-175B-128"))  # vp 6: interleaved, none recomputed
+    assert (gpt3.choices.schedule, gpt3.choices.virtual, gpt3.choices.recompute) == (
+        "interleaved-1f1b",
+        6,
+        Recompute.NEVER,
+    )
+    llama = b.layout_choices(rows.by_name("llama3-405B-8192"))  # unpublished: searched; zero2 approximated
+    assert (llama.choices.schedule, llama.choices.micro_batches, llama.choices.recompute) == (
+        None,
+        None,
+        Recompute.AUTO,
+    )
+    assert llama.shard_optimizer and llama.approximated == ("zero2 priced as ZeRO-1 (weights and gradients whole)",)
+    selective = b.layout_choices(dataclasses.replace(rows.by_name("m21-1T"), recompute="selective", sharding="fsdp"))
+    assert selective.choices.recompute == Recompute.NEVER and len(selective.approximated) == 2
+
+
+def test_figures_are_compared_in_the_sources_unit(bench: tuple[ModuleType, ModuleType]) -> None:
+    b, rows = bench
+    plan = Plan.load(ROOT / "tests" / "fixtures" / "good_mlp_plan_v1.json")
+    plan = dataclasses.replace(plan, iteration_time_s=2.0, allreduce_s=0.0, model_flops=6e18, hardware_flops=8e18)
+    bloom = dataclasses.replace(rows.by_name("bloom-176B"), figure=100.0)  # hardware TFLOP/s, 384 GPUs
+    assert b.predicted_figure(bloom, plan) == pytest.approx(8e18 / 2.0 / 384 / 1e12)
+    assert b.error(bloom, 110.0) == pytest.approx(0.10)
+    nemotron = rows.by_name("nemotron4-340B-6144")  # 8.0 s per step: a slower prediction is an under-prediction
+    assert b.predicted_figure(nemotron, plan) == 2.0 and b.error(nemotron, 10.0) == pytest.approx(-0.2)
+    gpt3 = rows.by_name("nemo-gpt3-175B-128")  # tokens/s per GPU: 256 x 2048 tokens over 128 GPUs
+    assert b.predicted_figure(gpt3, plan) == pytest.approx(256 * 2048 / 2.0 / 128)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_small_run_prints_its_row_and_the_statistics(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--rows", "m21-1.7B", "--no-free", "--write-plans", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=290,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("calibrated a100-80gb bf16 on m21-39.1B: x")
+    row = next(line for line in lines if line.startswith("| m21-1.7B |"))
+    assert "| 137.0 TFLOP/s per GPU |" in row and "held out, hardware FLOPs" in row and "(Selene)" in row
+    assert re.fullmatch(r"held-out rows: 1, median \|error\| \d+\.\d%, worst [+-]\d+\.\d%", lines[-1])
+    plan = Plan.load(tmp_path / "m21-1.7B.json")
+    assert (plan.tensor_parallel, plan.devices, plan.data_parallel) == (1, 1, 32)
+    assert all(s.recompute for s in plan.stages)
+
+
+def test_no_matching_row_is_one_line(
+    bench: tuple[ModuleType, ModuleType], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    b, _ = bench
+    monkeypatch.setattr(sys, "argv", ["bench_published.py", "--rows", "gpt-5"])
+    assert b.main() == 2
+    assert capsys.readouterr().err == "bench_published: no run matches --rows 'gpt-5'\n"
