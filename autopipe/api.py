@@ -265,6 +265,7 @@ def _decided(plan: FreePlan, cluster: bool) -> str:
         + (f" v={plan.virtual}" if plan.virtual > 1 else "")
         + f", {plan.micro_batches} micro-batches"
         + (f", recomputing {said}" if rc else "")
+        + (f", {plan.memory} in every layer" if plan.memory else "")
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from autopipe._io import atomic_write_text, parse_json, read_json, shown
 from autopipe.errors import PlanError, PlanFileError
+from autopipe.graph.kinds import OFFLOAD_KINDS, RECOMPUTE_KINDS
 from autopipe.graph.model_file import found, recorded
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.modes import Recompute, Sharding
@@ -69,6 +70,9 @@ class StagePlan:
     activation_bytes: float  # saved for backward, one micro-batch
     held_bytes: float  # kept per micro-batch in flight: activations, or only inputs if recomputed
     send_bytes: float  # bytes sent to the next stage per micro-batch (0 for the last)
+    # held again, once, while a backward recomputes (the plan's recompute_layers: the largest of the
+    # stage's recomputed layers' activations; 0 otherwise, a whole-stage recompute holding activation_bytes)
+    transient_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class Alternative:
     bubble_fraction: float
     peak_memory_bytes: float
     partition: str  # "solver" or the baseline name that produced the cuts
+    memory: str = ""  # its uniform memory choice in words (Plan.memory_choice), "" for none
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,7 @@ class FreePlan:
     tensor_parallel: int = 1
     devices: int = 1  # pipeline depth
     data_parallel: int = 1
+    memory: str = ""  # its uniform memory choice in words (Plan.memory_choice), "" for none
 
     @staticmethod
     def of(plan: Plan) -> FreePlan:
@@ -124,6 +130,7 @@ class FreePlan:
             plan.tensor_parallel,
             plan.devices,
             plan.data_parallel,
+            plan.memory_choice,
         )
 
 
@@ -246,6 +253,14 @@ class Plan:
     expert_parallel: int = 1  # ep: devices sharing each MoE layer's routed experts
     expert_tensor_parallel: int = 1  # etp: devices splitting each routed expert
     context_parallel: int = 1  # cp: devices splitting every sample's sequence
+    # The uniform memory choice (costs/activations/choices.py; at most one, Megatron-LM's forms): module kinds
+    # recomputed in every layer (--recompute-granularity selective --recompute-modules), the first
+    # k layers of each stage recomputed whole (--recompute-method block --recompute-num-layers k),
+    # module kinds' saved inputs offloaded to the host (--offload-modules). stages[].recompute
+    # stays the whole-stage recomputation alone. Plans written before them read as none.
+    recompute_modules: tuple[str, ...] = ()
+    recompute_layers: int = 0
+    offload_modules: tuple[str, ...] = ()
     version: int = PLAN_VERSION
 
     @property
@@ -259,11 +274,29 @@ class Plan:
         """Iteration time including the data-parallel gradient all-reduce."""
         return self.iteration_time_s + self.allreduce_s
 
+    @property
+    def memory_choice(self) -> str:
+        """The uniform memory choice in words: ``recompute core_attn+mlp``, ``recompute 2 layers per
+        stage``, ``offload qkv_linear`` ("" for none)."""
+        if self.recompute_modules:
+            return "recompute " + "+".join(self.recompute_modules)
+        if self.recompute_layers:
+            return f"recompute {self.recompute_layers} layer{'s' if self.recompute_layers != 1 else ''} per stage"
+        if self.offload_modules:
+            return "offload " + "+".join(self.offload_modules)
+        return ""
+
     def to_json(self) -> str:
         raw = asdict(self)
         for field, default in _LATER.items():  # added later: left out at their defaults
             if raw[field] == default:
                 del raw[field]
+        for stage in raw["stages"]:
+            if stage["transient_bytes"] == 0.0:
+                del stage["transient_bytes"]
+        for part in [*raw["alternatives"], *([raw["free_plan"]] if raw["free_plan"] is not None else [])]:
+            if not part["memory"]:
+                del part["memory"]
         return json.dumps(raw, indent=1, sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:
@@ -323,6 +356,8 @@ class Plan:
                 f"  stage {s.index} (device {s.rank}): {span} [{len(s.blocks)} blocks]"
                 f"{' recompute' if s.recompute else ''}"
             )
+        if self.memory_choice:
+            lines.append(f"  every layer: {self.memory_choice}")
         return "\n".join(lines)
 
 
@@ -338,6 +373,9 @@ _LATER: dict[str, Any] = {  # fields added later, left out of the file at these 
     "expert_parallel": 1,
     "expert_tensor_parallel": 1,
     "context_parallel": 1,
+    "recompute_modules": (),
+    "recompute_layers": 0,
+    "offload_modules": (),
 }
 
 
@@ -562,6 +600,7 @@ def check_plan_values(plan: Plan, source: str = "plan") -> None:
             "sequence_parallel is true with tensor_parallel 1 (sequence parallelism "
             "splits a tensor-parallel group's work)"
         )
+    _check_memory_choice(plan, bad)
     experts = plan.expert_parallel * plan.expert_tensor_parallel
     stage = plan.tensor_parallel * plan.context_parallel * plan.data_parallel
     if stage % experts:
@@ -606,3 +645,23 @@ def check_plan_values(plan: Plan, source: str = "plan") -> None:
     for i, b in enumerate(plan.baselines):
         if not b.peak_memory_bytes:
             raise bad(f"baselines[{i}].peak_memory_bytes is empty, expected one value per device")
+
+
+def _check_memory_choice(plan: Plan, bad: Any) -> None:
+    """The uniform memory choice: known module kinds, each once, at most one of the three, and
+    no stage recomputed whole beside it."""
+    for field, kinds in (("recompute_modules", RECOMPUTE_KINDS), ("offload_modules", OFFLOAD_KINDS)):
+        names = getattr(plan, field)
+        wrong = [k for k in names if k not in kinds]
+        if wrong or len(set(names)) != len(names):
+            raise bad(
+                f"{field} {list(names)} names {_shown(wrong[0]) if wrong else 'a kind twice'} "
+                f"(known: {', '.join(kinds)})"
+            )
+    given = [f for f in ("recompute_modules", "recompute_layers", "offload_modules") if getattr(plan, f)]
+    if len(given) > 1:
+        raise bad(f"{' and '.join(given)} are both given; a plan makes one uniform memory choice")
+    if given and any(s.recompute for s in plan.stages):
+        raise bad(f"{given[0]} is given and stages recompute whole too; a plan makes one of the two choices")
+    if not plan.recompute_layers and any(s.transient_bytes for s in plan.stages):
+        raise bad("stages hold transient_bytes, which only recompute_layers gives")

@@ -114,7 +114,13 @@ def run(name: str, kwargs: dict[str, object], device: str, gpus: int, batch: int
     )
     for label, sharding, with_tensor, target in cases:
         request = ParallelRequest(
-            cluster, batch, memory, bytes_per_param=BYTES_PER_PARAM, sharding=sharding, choices=Choices(target=target)
+            cluster,
+            batch,
+            memory,
+            bytes_per_param=BYTES_PER_PARAM,
+            sharding=sharding,
+            choices=Choices(target=target),
+            host_bandwidth=spec.host_bandwidth,
         )
         clock.lap()
         overlap = target_overlap(target)
@@ -140,7 +146,8 @@ def run(name: str, kwargs: dict[str, object], device: str, gpus: int, batch: int
         print(f"    pipeline searches (CPU, in the order opened): {searched}")
         print(
             f"    t={t} p={plan.devices} d={D} vpp={plan.virtual} micro-batch {plan.micro_batch_size}; "
-            f"{recomputed}/{len(plan.stages)} stages recompute; step {plan.step_time_s:.1f} s, "
+            f"{recomputed}/{len(plan.stages)} stages recompute"
+            f"{f', every layer: {plan.memory_choice}' if plan.memory_choice else ''}; step {plan.step_time_s:.1f} s, "
             f"bubble {plan.bubble_fraction:.1%}; {gpu[0]:.0f} model TFLOP/s per GPU "
             f"({gpu[1]:.0f} hardware); peak memory {max(plan.peak_memory_bytes) / 1e9:.1f} GB of "
             f"{memory / 1e9:.0f} GB, within the limit: {'yes' if ok else 'NO'}; "

@@ -48,6 +48,9 @@ FLAGS = {  # the library's field -> the flag that sets it: how the CLI's errors 
     "memory": "--memory",
     "micro_batch_sizes": "--micro-batch-sizes",
     "micro_batches": "--micro-batches",
+    "offload_modules": "--offload-modules",
+    "recompute_layers": "--recompute-layers",
+    "recompute_modules": "--recompute-modules",
     "repeat": "--repeat",
     "overlap": "--overlap",
     "schedule": "--schedule",
@@ -89,6 +92,16 @@ def positive_int(text: str, flag: str) -> int:
     if value < 1:
         raise UsageError(f"{flag} must be a positive integer (got {value})")
     return value
+
+
+def kinds_list(text: str, flag: str) -> tuple[str, ...]:
+    """``"core_attn,mlp"`` -> ("core_attn", "mlp"); ``"none"`` -> () (the library checks the names)."""
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    if not kinds or len(text) > 200:
+        raise UsageError(
+            f"{flag} must be module kinds separated by commas, like core_attn,mlp, or none (got {text[:100]!r})"
+        )
+    return () if kinds == ("none",) else kinds
 
 
 def non_negative_int(text: str, flag: str) -> int:

@@ -27,7 +27,7 @@ from .analytic_cmd import (
     device_for,
     wants_analytic,
 )
-from .args import UsageError, balance_list, cli_words, output_path, positive_int
+from .args import UsageError, balance_list, cli_words, kinds_list, non_negative_int, output_path, positive_int
 from .common import MEASURE_DEVICE_HELP, add_load_timeout_argument, add_profiling_arguments, profiling_options
 from .profile_cmd import measure
 from .progress import ProgressCallback, progress_bar
@@ -93,6 +93,7 @@ def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
     )
     p.add_argument("--no-recompute", action="store_true", help="never recompute activations")
     p.add_argument("--recompute-all", action="store_true", help="recompute activations on every stage")
+    _memory_flags(p)
     p.add_argument("--bandwidth", default=None, help="link bandwidth, like 25GB/s (default: by device type)")
     p.add_argument("--latency", default=None, help="link latency, like 20us (default: by device type)")
     p.add_argument(
@@ -147,6 +148,31 @@ def _optional(text: str | None, parse: Callable[[str, str], _T], flag: str) -> _
     return parse(text, flag) if text is not None else None
 
 
+def _memory_flags(p: argparse.ArgumentParser) -> None:
+    """The uniform memory choice's pins (``Choices.recompute_modules``, ``recompute_layers``, ``offload_modules``)."""
+    p.add_argument(
+        "--recompute-modules",
+        default=None,
+        metavar="KINDS",
+        help="recompute these module kinds in every layer (selective recomputation: core_attn, layernorm, "
+        "mlp, mlp_act, comma-separated), or none; default: searched",
+    )
+    p.add_argument(
+        "--recompute-layers",
+        default=None,
+        metavar="K",
+        help="recompute the first K layers of each stage whole (Megatron's block method), 0 for none; "
+        "default: searched",
+    )
+    p.add_argument(
+        "--offload-modules",
+        default=None,
+        metavar="KINDS",
+        help="offload these module kinds' saved inputs to the host in every layer (attn_norm, qkv_linear, "
+        "core_attn, attn_proj, mlp_norm), or none; default: searched where the device has a host link",
+    )
+
+
 def plan_flags(args: argparse.Namespace) -> PlanFlags:
     """Parse and check the flags of ``autopipe plan`` (fast: before any profiling)."""
     from autopipe.api import SHARDINGS, TARGETS, Choices, Link, Overlap, Recompute, check_degrees, read_cluster_file
@@ -191,6 +217,9 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
         _optional(args.virtual, positive_int, "--virtual"),
         recompute,
         args.target,
+        _optional(args.recompute_modules, kinds_list, "--recompute-modules"),
+        _optional(args.recompute_layers, non_negative_int, "--recompute-layers"),
+        _optional(args.offload_modules, kinds_list, "--offload-modules"),
     )
     link = Link(
         _optional(args.bandwidth, parse_rate, "--bandwidth"),

@@ -102,6 +102,8 @@ def print_plan(plan: Plan, console: Console, timeline_rows: list[str] | None = N
         f"{plan.throughput:.1f} samples/s",
         markup=True,  # autopipe's own styles; the one string from the plan is escaped
     )
+    if plan.memory_choice:
+        console.print(f"activations: {memory_words(plan)}", highlight=False, markup=False)
     if plan.noise_note:
         console.print(f"note: {plan.noise_note}", highlight=False, markup=False)
     if plan.host_sharing != 1.0:
@@ -117,7 +119,8 @@ def print_plan(plan: Plan, console: Console, timeline_rows: list[str] | None = N
         console.print(line, highlight=False)
     if plan.alternatives:
         alt = ", ".join(
-            f"{a.schedule}{f'/v{a.virtual}' if a.virtual > 1 else ''} m={a.micro_batches}: {_ms(a.iteration_time_s)} ms"
+            f"{a.schedule}{f'/v{a.virtual}' if a.virtual > 1 else ''} m={a.micro_batches}"
+            f"{f' ({a.memory})' if a.memory else ''}: {_ms(a.iteration_time_s)} ms"
             for a in plan.alternatives[:3]
         )
         console.print(f"runners-up: {alt}")
@@ -144,10 +147,28 @@ def target_lines(plan: Plan) -> list[str]:
     return lines + ([note] if note else [])
 
 
+def memory_words(plan: Plan) -> str:
+    """The plan's uniform memory choice for people: ``recompute core_attn+mlp in every layer
+    (selective recomputation)``, ``recompute the first 2 layers of each stage whole``, ``offload
+    qkv_linear in every layer (its saved inputs to the host and back)``."""
+    if plan.recompute_modules:
+        return f"{plan.memory_choice} in every layer (selective recomputation)"
+    if plan.recompute_layers:
+        k = plan.recompute_layers
+        return f"recompute the first {k} layer{'s' if k != 1 else ''} of each stage whole"
+    return f"{plan.memory_choice} in every layer (its saved inputs to the host and back)"
+
+
 def layout_line(plan: Plan) -> str:
     """The parallel layout in Megatron-LM's words: t, p, d, vpp, micro-batch size, recompute."""
     recomputed = sum(s.recompute for s in plan.stages)
     recompute = "none" if not recomputed else f"full on {recomputed}/{len(plan.stages)} stages"
+    if plan.recompute_modules:
+        recompute = f"selective ({' '.join(plan.recompute_modules)})"
+    elif plan.recompute_layers:
+        recompute = f"block, {plan.recompute_layers} layer{'s' if plan.recompute_layers != 1 else ''} per stage"
+    elif plan.offload_modules:
+        recompute += f", offload ({' '.join(plan.offload_modules)})"
     tflops = tflops_per_gpu(plan)
     return (
         f"layout: t={plan.tensor_parallel} (tensor{', sequence parallel' if plan.sequence_parallel else ''}), "
@@ -213,6 +234,9 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "step_time_s": plan.step_time_s,
         "memory_limit_bytes": plan.memory_limit_bytes,
         "peak_memory_bytes": list(plan.peak_memory_bytes),
+        "recompute_modules": list(plan.recompute_modules),
+        "recompute_layers": plan.recompute_layers,
+        "offload_modules": list(plan.offload_modules),
         "stages": [
             {
                 "index": s.index,
@@ -243,6 +267,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
                 "virtual": a.virtual,
                 "micro_batches": a.micro_batches,
                 "iteration_time_s": a.iteration_time_s,
+                "memory": a.memory,
             }
             for a in plan.alternatives
         ],
@@ -259,6 +284,7 @@ def _free_json(plan: Plan, free: FreePlan) -> dict[str, Any]:
         "virtual": free.virtual,
         "micro_batches": free.micro_batches,
         "recomputed_stages": list(free.recomputed),
+        "memory": free.memory,
         "iteration_time_s": free.iteration_time_s,
         "step_time_s": free.step_time_s,
         "tensor_parallel": free.tensor_parallel,

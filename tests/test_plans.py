@@ -171,6 +171,29 @@ BAD: list[tuple[str, Mutation, str]] = [
     ("overlap unknown", _set("overlap", {"grad_reduce": True, "magic": 1}), "overlap.'magic' is not a field"),
     ("overlap share", _set("overlap", {"tp_comm": 1.5}), "overlap.tp_comm is 1.5, expected a share from 0 to 1"),
     ("overlap not a bool", _set("overlap", {"p2p": "yes"}), "overlap.p2p is 'yes', expected true or false"),
+    (
+        "recompute module unknown",
+        _set("recompute_modules", ["core_attn", "qkv"]),
+        "recompute_modules ['core_attn', 'qkv'] names 'qkv' (known: core_attn, layernorm, mlp, mlp_act)",
+    ),
+    ("recompute modules a string", _set("recompute_modules", "mlp"), "recompute_modules is 'mlp', expected a list"),
+    (
+        "offload module twice",
+        _set("offload_modules", ["core_attn"] * 2),
+        "offload_modules ['core_attn', 'core_attn'] names a kind twice",
+    ),
+    ("recompute layers negative", _set("recompute_layers", -1), "recompute_layers is -1, expected a whole number"),
+    (
+        "two memory choices",
+        lambda d: d.update(recompute_modules=["mlp"], recompute_layers=2),
+        "recompute_modules and recompute_layers are both given; a plan makes one uniform memory choice",
+    ),
+    (
+        "a memory choice beside whole stages",
+        lambda d: (d.update(offload_modules=["core_attn"]), d["stages"][0].update(recompute=True)),
+        "offload_modules is given and stages recompute whole too",
+    ),
+    ("transient without layers", _set("transient_bytes", 5.0, 0), "stages hold transient_bytes"),
 ]
 
 
@@ -210,6 +233,24 @@ def test_a_plan_keeps_its_target_and_the_free_plan_and_older_plans_read_as_autop
     assert plan.target == "megatron" and plan.free_plan == FreePlan("zb-h1", 1, 1, (), 0.5, 0.5, 1, 2, 1)
     assert Plan.from_json(plan.to_json()) == plan
     assert json.loads(plan.to_json())["free_plan"]["recomputed"] == []
+
+
+def test_a_memory_choice_is_kept_and_left_out_of_the_file_at_none() -> None:
+    plain = Plan.load(PLAN_V1)
+    raw = json.loads(plain.to_json())
+    assert not {"recompute_modules", "recompute_layers", "offload_modules"} & set(raw)
+    assert not any("transient_bytes" in s for s in raw["stages"]) and plain.memory_choice == ""
+    raw.update(recompute_modules=["core_attn", "mlp"])
+    selective = Plan.from_json(json.dumps(raw))
+    assert selective.recompute_modules == ("core_attn", "mlp")
+    assert selective.memory_choice == "recompute core_attn+mlp" and "every layer: recompute" in selective.summary()
+    assert Plan.from_json(selective.to_json()) == selective
+    del raw["recompute_modules"]
+    raw.update(recompute_layers=2)
+    raw["stages"][0]["transient_bytes"] = 64.0
+    block = Plan.from_json(json.dumps(raw))
+    assert block.memory_choice == "recompute 2 layers per stage" and block.stages[0].transient_bytes == 64.0
+    assert Plan.from_json(block.to_json()) == block
 
 
 def test_expert_and_context_parallel_fields_are_written_only_when_used() -> None:

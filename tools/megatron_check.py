@@ -94,6 +94,20 @@ PLANS: dict[str, str] = {  # case -> autopipe plan arguments (model file first);
     "--sharding zero1 --overlap grad_reduce,param_gather,tp_comm=0.5,p2p --target megatron",
     "interleaved p4 v2 sends not overlapped (8 GPUs)": f"{GPT} -k n_layer=8 --gpus 8 --tensor-parallel 1 --stages 4 "
     "--schedule interleaved-1f1b --virtual 2 --overlap none",
+    # the uniform memory choices (issue 24): selective recomputation, the block method, offload
+    "selective p4": f"{GPT} -k n_layer=8 --stages 4 --schedule 1f1b --recompute-modules core_attn,layernorm,mlp",
+    "selective mlp_act as mlp, interleaved p2 v2": f"{GPT} -k n_layer=8 --stages 2 --schedule interleaved-1f1b "
+    "--virtual 2 --recompute-modules layernorm,mlp_act",
+    "selective t2 sp p4 (8 GPUs)": f"{GPT} -k n_layer=8 --gpus 8 --tensor-parallel 2 --stages 4 --schedule 1f1b "
+    "--recompute-modules core_attn,mlp",
+    "llama selective p2": f"{LLAMA} --stages 2 --schedule 1f1b --recompute-modules layernorm,mlp",
+    "block k=2 p4": f"{GPT} -k n_layer=12 --stages 4 --schedule 1f1b --recompute-layers 2",
+    "block k=1 interleaved p2 v2": f"{GPT} -k n_layer=8 --stages 2 --schedule interleaved-1f1b --virtual 2 "
+    "--recompute-layers 1",
+    "offload p4": f"{GPT} -k n_layer=8 --stages 4 --schedule 1f1b "
+    "--offload-modules attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm",
+    "offload t2 interleaved p2 v2 (4 GPUs)": f"{GPT} -k n_layer=8 --gpus 4 --tensor-parallel 2 --stages 2 "
+    "--schedule interleaved-1f1b --virtual 2 --offload-modules core_attn,qkv_linear",
 }
 _FSDP = {"zero2": "optim_grads", "zero3": "optim_grads_params"}  # --data-parallel-sharding-strategy
 
@@ -186,6 +200,11 @@ def _case(case: str, plan_args: str, folder: Path, plan_path: Path | None = None
             **_data_parallel(plan),
         },
         "notes": [line[2:] for line in printed.splitlines() if line.startswith("# ")],
+        "memory": {  # the plan's uniform memory choice in Megatron's names (a dense mlp_act runs as the mlp)
+            "recompute_modules": sorted({"mlp" if k == "mlp_act" else k for k in plan.recompute_modules}),
+            "recompute_layers": plan.recompute_layers,
+            "offload_modules": sorted(plan.offload_modules),
+        },
     }
 
 
@@ -213,7 +232,8 @@ def controls(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Outputs Megatron must refuse or misplace, so the check shows it can fail: a tensor-parallel
     output without its launch line's environment, a Megatron-FSDP one with the environment tensor
     parallelism alone wants, a p = 2, v = 2 uneven split in the first/last form (what autopipe
-    printed before), and a coarse plan's output with the 22 layers its block names show."""
+    printed before), the dense MLP's activation named as autopipe names it, and a coarse plan's
+    output with the 22 layers its block names show."""
     by = {c["case"]: c for c in cases}
     out = []
     if (c := by.get("t2 sp zero1 p4 (16 GPUs)")) is not None:
@@ -227,6 +247,10 @@ def controls(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if (c := by.get("zero3 fsdp hybrid t2 d8 (16 GPUs)")) is not None:  # Megatron-FSDP asserts the opposite
         env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
         out.append({**c, "case": "control: " + c["case"] + " with CUDA_DEVICE_MAX_CONNECTIONS=1", "env": env})
+    if (c := by.get("selective mlp_act as mlp, interleaved p2 v2")) is not None:  # Megatron has no dense mlp_act
+        i = c["args"].index("--recompute-modules")
+        args = [*c["args"][: i + 1], "layernorm", "mlp_act", *c["args"][i + 3 :]]
+        out.append({**c, "case": "control: " + c["case"] + " with mlp_act as printed before", "args": args})
     if (c := by.get("coarse --blocks 8 p4 (recompute)")) is not None:
         args = _replace(c["args"], "--num-layers", ["--num-layers", "22"])
         out.append({**c, "case": "control: " + c["case"] + " with --num-layers 22", "args": args})
@@ -359,6 +383,8 @@ def _config(row: dict[str, Any]) -> str:
     words += ["overlap " + "+".join(said)] if said else []
     words += ["bf16"] if c["bf16"] else []
     words += ["/".join(str(x) for x in c["recompute"])] if c["recompute"][0] else []
+    words += [f"modules {'+'.join(c['recompute_modules'])}"] if c.get("recompute_modules") else []
+    words += [f"offload {'+'.join(c['offload_modules'])}"] if c.get("offload_modules") else []
     return " ".join(words)
 
 

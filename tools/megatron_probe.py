@@ -141,6 +141,12 @@ def check(m: SimpleNamespace, case: dict[str, Any]) -> dict[str, Any]:
         "t": config.tensor_model_parallel_size,
         "sequence_parallel": config.sequence_parallel,
         "recompute": [config.recompute_granularity, config.recompute_method, config.recompute_num_layers],
+        "recompute_modules": sorted(config.recompute_modules or [])
+        if config.recompute_granularity == "selective"
+        else [],
+        "offload_modules": sorted(config.offload_modules or [])
+        if getattr(config, "fine_grained_activation_offloading", False)
+        else [],
         "bf16": config.bf16,
         "distributed_optimizer": bool(getattr(args, "use_distributed_optimizer", False)),
         "data_parallel": getattr(args, "data_parallel_size", None),
@@ -165,6 +171,14 @@ def check(m: SimpleNamespace, case: dict[str, Any]) -> dict[str, Any]:
     }
     if derived != case["degrees"]:
         row["placement"] = f"degrees: Megatron {derived} vs plan {case['degrees']}"
+        return row
+    memory = {  # the plan's uniform memory choice, as Megatron's config holds it
+        "recompute_modules": row["config"]["recompute_modules"],
+        "recompute_layers": config.recompute_num_layers if config.recompute_method == "block" else 0,
+        "offload_modules": row["config"]["offload_modules"],
+    }
+    if memory != case.get("memory", memory):
+        row["placement"] = f"memory: Megatron {memory} vs plan {case['memory']}"
         return row
     try:
         built = _placement(m, config)

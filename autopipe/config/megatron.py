@@ -48,7 +48,12 @@ megatron/core/transformer/transformer_config.py allow exactly one):
 
 Megatron runs 1F1B, or interleaved 1F1B when a rank holds several chunks, placing chunk ``j`` on
 rank ``j % p``; a plan with another schedule gets a note saying what Megatron runs instead.
-Recomputation: Megatron's ``full`` granularity with ``uniform`` groups of N = the largest stage's
+A plan's uniform memory choice is Megatron's own (``Plan.memory_choice``): ``--recompute-granularity
+selective --recompute-modules`` (a dense MLP's activation alone, autopipe's ``mlp_act``, becomes the
+whole ``mlp``, with a note), ``--recompute-granularity full --recompute-method block
+--recompute-num-layers k``, ``--fine-grained-activation-offloading --offload-modules`` (with
+Transformer Engine's ``NVTE_CPU_OFFLOAD_V1=1`` on the launch line).
+Whole-stage recomputation: Megatron's ``full`` granularity with ``uniform`` groups of N = the largest stage's
 layers recomputes each stage as one piece, as the plan prices it (megatron/core/recompute.py
 clips a group at the stage's last layer, so N need not divide a stage); it applies to every
 stage, so a plan that recomputes only some gets a note. Tensor parallelism adds the environment
@@ -127,9 +132,52 @@ def megatron_split(parts: Parts, p: int, v: int) -> list[str]:
     return ["--pipeline-model-parallel-layout", layout_string(parts)]
 
 
+MEGATRON_RECOMPUTE = {"core_attn": "core_attn", "layernorm": "layernorm", "mlp": "mlp"}
+"""The plan's recompute module kinds Megatron-LM names for a dense layer (``--recompute-modules``);
+the dense MLP's activation alone (``mlp_act``) it recomputes only in MoE experts (``moe_act``)."""
+
+
+def _memory_choice(plan: Plan, deg: Degrees) -> tuple[list[str], list[str]]:
+    """The arguments and notes of the plan's uniform memory choice (``Plan.memory_choice``):
+    selective recomputation, the block method, fine-grained activation offloading."""
+    if plan.recompute_layers:
+        k = plan.recompute_layers
+        return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(k)], [
+            f"recompute: the first {k} layer(s) of each stage (each model chunk) whole, as the plan prices it"
+        ]
+    if plan.offload_modules:
+        return ["--fine-grained-activation-offloading", "--offload-modules", *plan.offload_modules], [
+            "offload: the saved inputs of "
+            + ", ".join(plan.offload_modules)
+            + " go to the host in every layer (Transformer Engine's layers, --transformer-impl transformer_engine, "
+            "Megatron's default; environment NVTE_CPU_OFFLOAD_V1=1 for Transformer Engine 2.10 and later)"
+        ]
+    kinds = [MEGATRON_RECOMPUTE.get(k, "mlp") for k in plan.recompute_modules]
+    if deg.selective_recompute:
+        kinds.append("core_attn")
+    kinds = sorted(set(kinds), key=["core_attn", "layernorm", "mlp"].index)
+    notes = []
+    if "mlp_act" in plan.recompute_modules:
+        notes.append(
+            "the plan recomputes the MLP's activation alone (mlp_act), which Megatron-LM recomputes only in MoE "
+            "experts (moe_act): these arguments recompute the whole MLP (mlp) instead, less memory than priced "
+            "and its linear layers' forward again besides"
+        )
+    args = ["--recompute-granularity", "selective", "--recompute-modules", *kinds]
+    if "layernorm" in kinds and plan.precision == "fp8":
+        args += ["--fp8-recipe", "tensorwise"]
+        notes.append(
+            "fp8 with layernorm recomputation: Megatron refuses delayed scaling there, so --fp8-recipe tensorwise "
+            "(current scaling; Transformer Engine 2.6 or later)"
+        )
+    return args, notes
+
+
 def _recompute(plan: Plan, deg: Degrees, parts: Parts) -> tuple[list[str], list[str]]:
     """The recompute arguments and notes."""
     chosen = [s.index for s in plan.stages if s.recompute]
+    if plan.memory_choice:
+        return _memory_choice(plan, deg)
     if not chosen:
         if deg.selective_recompute:
             return ["--recompute-granularity", "selective"], []
@@ -239,9 +287,10 @@ def _definition(facts: ModelFacts | None, unbuilt: str) -> tuple[list[str], list
     return args, notes
 
 
-def _launch(deg: Degrees, per_node: int | None) -> list[str]:
-    """The environment and the ``torchrun`` line, as notes; ``per_node``: GPUs per node, if known."""
-    env = ""
+def _launch(deg: Degrees, per_node: int | None, offload: bool = False) -> list[str]:
+    """The environment and the ``torchrun`` line, as notes; ``per_node``: GPUs per node, if known;
+    ``offload``: the plan offloads activations (Transformer Engine 2.10+ asks NVTE_CPU_OFFLOAD_V1=1)."""
+    env = "NVTE_CPU_OFFLOAD_V1=1 " if offload else ""
     notes = []
     if (deg.tensor > 1 or deg.context > 1) and deg.sharding in _FSDP:  # Megatron-FSDP asserts it is not 1
         notes.append(
@@ -249,7 +298,7 @@ def _launch(deg: Degrees, per_node: int | None) -> list[str]:
             "context parallelism Megatron wants it 1: the two want different settings)"
         )
     elif deg.tensor > 1 or deg.context > 1:
-        env = "CUDA_DEVICE_MAX_CONNECTIONS=1 "
+        env += "CUDA_DEVICE_MAX_CONNECTIONS=1 "
         what = "tensor parallelism" if deg.context == 1 else "context parallelism" if deg.tensor == 1 else "both"
         notes.append(
             f"environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron asserts it for {what} on Hopper and "
@@ -341,7 +390,8 @@ def megatron_args(
             "(a name with '..') may hide layers after the last one named: check it against the model"
         )
     precision, precision_notes = _precision(plan)
-    notes += [*precision_notes, *parts.notes, *_schedule_notes(plan, parts), *_launch(deg, devices_per_node)]
+    notes += [*precision_notes, *parts.notes, *_schedule_notes(plan, parts)]
+    notes += _launch(deg, devices_per_node, bool(plan.offload_modules))
     sharded, sharded_notes = data_parallel_args(plan, deg)
     args += sharded
     notes += sharded_notes

@@ -175,6 +175,18 @@ def _data_parallel(deg: Degrees, version: str) -> tuple[int, int, str, list[str]
 
 def _recompute(plan: Plan, deg: Degrees) -> tuple[str, list[str]]:
     chosen = [s.index for s in plan.stages if s.recompute]
+    if plan.memory_choice:  # torchtitan's modes are none, full, its per-op selective policy and a compiled budget
+        form = (
+            "activation offload"
+            if plan.offload_modules
+            else "recomputation of some layers of a stage"
+            if plan.recompute_layers
+            else "recomputation by module kind"
+        )
+        return "full", [
+            f"torchtitan has no {form} (the plan's {plan.memory_choice} in every layer): full, each layer "
+            "recomputed whole instead, less memory and more time than the plan priced"
+        ]
     if not chosen:
         if deg.selective_recompute:
             return "selective", [

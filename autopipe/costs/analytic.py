@@ -39,20 +39,30 @@ from __future__ import annotations
 
 import copy
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from autopipe.costs.counting import BlockCount, OpCount, count_block, count_loss
+from autopipe.costs.activations.anatomy import Anatomy, anatomy_of, options_of
+from autopipe.costs.counting import (
+    BlockCount,
+    OpCount,
+    block_time,
+    count_block,
+    count_loss,
+    leaf,
+    op_dtype,
+    op_time,
+)
 from autopipe.costs.deepen import Repeat, deepen_profile, repeat_of
 from autopipe.costs.degrees import Degrees, device_comm, device_ops, device_params, device_saved
 from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.experts import expert_storages, moe_config
 from autopipe.costs.measured import Progress, block_cost, crossing_tensors, drop_export_one
-from autopipe.costs.profile import Affine, BlockCost, Profile
+from autopipe.costs.profile import Affine, BlockCost, MemoryOption, Profile
 from autopipe.costs.tensor import TensorSplit, block_kinds, comm_s, exposed, split_params
 from autopipe.costs.timing import flat_inputs_of, storage_key
 from autopipe.errors import ModelLoadError, ProfileError
@@ -61,6 +71,7 @@ from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
 from autopipe.graph.segment import extract
 from autopipe.graph.shallow import repeated_layers, shallow_copy
 from autopipe.graph.trace import TracedModel, fx_node_names, trace_model
+from autopipe.graph.units import node_units
 
 __all__ = [
     "BYTES_PER_PARAM",
@@ -70,6 +81,8 @@ __all__ = [
     "analytic_profile",
     "block_time",
     "count_model",
+    "op_dtype",
+    "op_time",
     "profile_from_counts",
     "state_factor",
 ]
@@ -119,6 +132,8 @@ class ModelCounts:
     precision: Precision
     recipe: TraceRecipe = DEFAULT_RECIPE  # how it was asked to be traced
     repeat: Repeat | None = None  # counted on a shallow copy: how its profile is deepened
+    # [size][block]: what each layer's parts save (costs/activations/anatomy.py); None for a block that is no layer
+    anatomies: tuple[tuple[Anatomy | None, ...], ...] = ()
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -149,6 +164,7 @@ def count_model(
     shallow_model = shallow_copy(model, layers) if layers is not None else model
     traces: list[TracedModel] = []
     counts: list[tuple[BlockCount, ...]] = []
+    anatomies: list[tuple[Anatomy | None, ...]] = []
     report = progress or _silent
     for u in list(sizes):
         report(f"tracing at micro-batch size {u}", 0, 0)
@@ -175,7 +191,11 @@ def count_model(
         loss = training_loss(loaded, traced, shallow_model, inputs, targets)
         found = moe_config(model)
         experts = expert_storages(traced.gm, found[0]) if found is not None else frozenset()
-        counts.append(_count_blocks(traced, inputs, loss, _step(report, f"counting at micro-batch size {u}"), experts))
+        units = node_units(traced.gm, shallow_model, [b.nodes for b in traced.blocks])
+        step = _step(report, f"counting at micro-batch size {u}")
+        counted = _count_blocks(traced, inputs, loss, step, experts, units)
+        counts.append(tuple(c for c, _ in counted))
+        anatomies.append(tuple(a for _, a in counted))
     repeat = (
         repeat_of(
             traces[0],
@@ -188,7 +208,7 @@ def count_model(
     )
     if layers is not None and repeat is None:  # the copy does not prove the whole: count it all
         return count_model(loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe, progress=progress)
-    return ModelCounts(tuple(traces), tuple(counts), loaded, prec, recipe, repeat)
+    return ModelCounts(tuple(traces), tuple(counts), loaded, prec, recipe, repeat, tuple(anatomies))
 
 
 def _on_meta(model: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -222,9 +242,11 @@ def _count_blocks(
     loss: Callable[[list[Any]], torch.Tensor] | None = None,
     progress: Callable[[int, int], None] | None = None,
     experts: frozenset[int] = frozenset(),
-) -> tuple[BlockCount, ...]:
+    units: Mapping[str, str] | None = None,
+) -> tuple[tuple[BlockCount, Anatomy | None], ...]:
     """Count each block on the values the blocks before it produced; a block that computes
     what an earlier one did (same ops, same shapes) reuses its count and its outputs' layout.
+    A block with units (``graph.units``: a transformer layer) also gets its anatomy.
 
     ``experts``: storage keys of routed-expert weights, whose ops are marked (``counting``).
     The training loss (computed on the last stage, after the last block) is counted in the
@@ -234,23 +256,28 @@ def _count_blocks(
     gm = traced.gm
     exclude = {storage_key(p) for p in gm.parameters()}
     env: dict[str, Any] = dict(zip(traced.input_names, flat_inputs_of(traced, inputs), strict=True))
-    seen: dict[tuple[Any, ...], tuple[BlockCount, tuple[Any, ...]]] = {}
+    seen: dict[tuple[Any, ...], tuple[BlockCount, tuple[Any, ...], Anatomy | None]] = {}
     by_name = {n.name: n for n in gm.graph.nodes}
-    out = []
+    units = units or {}
+    out: list[tuple[BlockCount, Anatomy | None]] = []
     for i, block in enumerate(traced.blocks):
         if progress is not None:
             progress(i, len(traced.blocks))
         nodes = [by_name[name] for name in block.nodes]
         key, _inputs, output_names = _signature(gm, nodes, env)
         if key in seen:
-            count, outs = seen[key]
+            count, outs, anatomy = seen[key]
             outs = _fresh_like(outs)
         else:
             seg = extract(gm, block.nodes)
-            count, outs = count_block(seg.module, [env[name] for name in seg.inputs], exclude, experts)
-            seen[key] = (count, outs)
+            args = [env[name] for name in seg.inputs]
+            count, outs = count_block(seg.module, args, exclude, experts)
+            anatomy = None
+            if any(n in units for n in block.nodes):
+                anatomy = anatomy_of(seg.module, [leaf(a) for a in args], units, exclude)
+            seen[key] = (count, outs, anatomy)
         env.update(zip(output_names, outs, strict=True))
-        out.append(count)
+        out.append((count, anatomy))
     if progress is not None:
         progress(len(out), len(out))
     if loss is not None and out:
@@ -259,12 +286,15 @@ def _count_blocks(
             extra = count_loss(loss, [env[n] if n is not None else None for n in names], exclude)
         except ModelLoadError:
             return tuple(out)
-        last = out[-1]
-        out[-1] = BlockCount(
-            last.forward + extra.forward,
-            last.backward + extra.backward,
-            last.backward_input + extra.backward_input,
-            last.saved_bytes + extra.saved_bytes,
+        last, _ = out[-1]
+        out[-1] = (
+            BlockCount(
+                last.forward + extra.forward,
+                last.backward + extra.backward,
+                last.backward_input + extra.backward_input,
+                last.saved_bytes + extra.saved_bytes,
+            ),
+            None,  # the loss is no layer's part: the last block offers nothing
         )
     return tuple(out)
 
@@ -326,30 +356,6 @@ def _describe(v: Any) -> Any:
 # --------------------------------------------------------------------------- time
 
 
-def op_time(op: OpCount, spec: DeviceSpec, peak: float, dtype: str = "") -> float:
-    """Roofline time of one op on ``spec`` (``peak``: FLOP/s of the op's compute dtype ``dtype``,
-    whose efficiency curve prices a GEMM by its size)."""
-    compute = op.flops / (peak * spec.efficiency(dtype, op.size)) if op.flops else 0.0
-    memory = op.bytes / (spec.memory_bandwidth * spec.memory_efficiency)
-    return max(compute, memory) + spec.op_overhead_s
-
-
-def op_dtype(op: OpCount, compute: str, linear: str = "") -> str:
-    """The compute dtype that prices ``op``: ``linear`` for a linear layer's GEMM, if given."""
-    return linear if linear and op.kind == "linear" else compute
-
-
-def block_time(ops: Sequence[OpCount], spec: DeviceSpec, compute: str, linear: str = "") -> float:
-    """Seconds for ``ops`` run one after another on ``spec``; ``linear``: the compute dtype of
-    the linear layers' GEMMs where it is not ``compute`` (fp8 training)."""
-    peaks = {d: spec.peak(d) for d in {compute, linear or compute}}
-    total = 0.0
-    for op in ops:
-        dtype = op_dtype(op, compute, linear)
-        total += op_time(op, spec, peaks[dtype], dtype)
-    return total
-
-
 def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSplit | Degrees | None = None) -> Profile:
     """Price ``counts`` on ``spec``: the analytic Profile; with ``split``, one device's share
     of each block at its parallel degrees (a ``TensorSplit``: tensor parallelism alone; a
@@ -406,6 +412,13 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
             backward_flops=fit(i, lambda c, u: sum(op.flops for op in ops(i, c.backward))),
             shared=ref.shared_params,
         )
+        on = (
+            lambda a: ops(i, a),
+            lambda a: block_time(a, spec, compute, linear),
+            lambda x: device_saved(x, kinds[i], d),
+        )
+        memory = _options(counts, i, *on)  # a layer's parts on one device
+        cost = replace(cost, layer=bool(memory) or cost.layer, memory=memory)
         return _device_share(cost, moe.expert_params[i] if moe is not None else 0, kinds[i], d, elt)
 
     blocks = [one(i, b) for i, b in enumerate(ref.blocks)]
@@ -438,6 +451,28 @@ def _device_share(cost: BlockCost, experts: int, kind: str, d: Degrees, elt: flo
     return replace(
         cost, params=params, param_bytes=round(params * per), shared_param_bytes=round(shared), expert_params=mine
     )
+
+
+def _options(
+    counts: ModelCounts,
+    i: int,
+    device: Callable[[Sequence[OpCount]], Sequence[OpCount]],
+    seconds: Callable[[Sequence[OpCount]], float],
+    scaled: Callable[[float], float],
+) -> tuple[MemoryOption, ...]:
+    """Block ``i``'s memory options (``costs.activations.anatomy.options_of``) from its anatomy
+    at every size counted: () for a block that is no layer; ``device`` gives one device's share
+    of ops, ``seconds`` prices them, ``scaled`` gives one device's share of saved bytes."""
+    found = [a[i] for a in counts.anatomies] if counts.anatomies else []
+    if not found or any(a is None for a in found):
+        return ()
+    xs = [float(u) for u in counts.sizes]
+    by_size = {u: (a, float(c[i].saved_bytes)) for u, a, c in zip(xs, found, counts.counts, strict=True) if a}
+
+    def flops(again: Sequence[OpCount]) -> float:
+        return float(sum(op.flops for op in device(again)))
+
+    return options_of(by_size, lambda again, u: seconds(device(again)), flops, scaled)
 
 
 def _attention_time(ops: Sequence[OpCount], spec: DeviceSpec, compute: str) -> float:

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from autopipe._io import atomic_write_text, shown
-from autopipe.costs.analytic import ModelCounts, count_model, op_dtype
-from autopipe.costs.counting import OpCount
+from autopipe.costs.analytic import ModelCounts, count_model
+from autopipe.costs.counting import OpCount, op_dtype
 from autopipe.costs.devices import DeviceSpec, device_spec, match_device, read_device_file
 from autopipe.costs.profile import Profile
 from autopipe.errors import ProfileError
@@ -195,6 +195,7 @@ def _entry(cal: Calibration) -> dict[str, Any]:
             "compute_curve": {d: {"eff_max": e, "s_half": h} for d, e, h in s.compute_curve},
             "memory_efficiency": s.memory_efficiency,
             "op_overhead_s": s.op_overhead_s,
+            "host_bandwidth": s.host_bandwidth,
             "calibrated_from": cal.profile,
             "observations": cal.observations,
             "median_error": cal.median_error,

@@ -52,9 +52,21 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
+from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.timing import saved_bytes, storage_key
 
-__all__ = ["BlockCount", "OpCount", "count_block", "count_loss", "fused_attention"]
+__all__ = [
+    "BlockCount",
+    "OpCount",
+    "block_time",
+    "count_block",
+    "count_loss",
+    "count_ops",
+    "fused_attention",
+    "leaf",
+    "op_dtype",
+    "op_time",
+]
 
 aten = torch.ops.aten
 
@@ -233,6 +245,14 @@ class _CountMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return out
 
 
+@contextlib.contextmanager
+def count_ops() -> Iterator[Callable[[], tuple[OpCount, ...]]]:
+    """Count the aten ops dispatched within: ``with count_ops() as ops: ...; ops()`` is their counts."""
+    mode = _CountMode()
+    with mode:
+        yield lambda: tuple(mode.ops)
+
+
 _LINEAR = {aten.mm: 0, aten.addmm: 1}  # packet -> index of the first matrix operand
 _BATCHED = {aten.bmm: 0, aten.baddbmm: 1}
 
@@ -338,7 +358,7 @@ def count_block(
     profiler); ``exclude`` holds the storage keys of parameters (``profile.storage_key``),
     ``experts`` those of routed-expert weights, whose ops are marked (module docstring).
     """
-    leaves = [_leaf(a) for a in args]
+    leaves = [leaf(a) for a in args]
 
     def forward() -> Any:
         with fused_attention():
@@ -417,7 +437,7 @@ def count_loss(
 ) -> BlockCount:
     """Count the training loss on the model's flat outputs (meta tensors, made leaves), as
     :func:`count_block` counts a block: its backward has no weights, so B = full backward."""
-    leaves = [_leaf(o) for o in outputs]
+    leaves = [leaf(o) for o in outputs]
     nbytes = saved_bytes(lambda: loss(leaves), exclude=set(exclude))
     fwd = _CountMode()
     with fwd:
@@ -429,7 +449,8 @@ def count_loss(
     return BlockCount(tuple(fwd.ops), tuple(bwd.ops), tuple(bwd.ops), nbytes)
 
 
-def _leaf(v: Any) -> Any:
+def leaf(v: Any) -> Any:
+    """``v`` as a fresh autograd leaf (a floating tensor), so a block's backward stops at it."""
     if isinstance(v, torch.Tensor) and v.is_floating_point():
         return v.detach().requires_grad_(True)
     return v
@@ -438,3 +459,30 @@ def _leaf(v: Any) -> Any:
 def total(ops: Sequence[OpCount], cost: Callable[[OpCount], float]) -> float:
     """Sum of ``cost(op)`` over ``ops``."""
     return sum(cost(op) for op in ops)
+
+
+# --------------------------------------------------------------------------- time
+
+
+def op_time(op: OpCount, spec: DeviceSpec, peak: float, dtype: str = "") -> float:
+    """Roofline time of one op on ``spec`` (``peak``: FLOP/s of the op's compute dtype ``dtype``,
+    whose efficiency curve prices a GEMM by its size)."""
+    compute = op.flops / (peak * spec.efficiency(dtype, op.size)) if op.flops else 0.0
+    memory = op.bytes / (spec.memory_bandwidth * spec.memory_efficiency)
+    return max(compute, memory) + spec.op_overhead_s
+
+
+def op_dtype(op: OpCount, compute: str, linear: str = "") -> str:
+    """The compute dtype that prices ``op``: ``linear`` for a linear layer's GEMM, if given."""
+    return linear if linear and op.kind == "linear" else compute
+
+
+def block_time(ops: Sequence[OpCount], spec: DeviceSpec, compute: str, linear: str = "") -> float:
+    """Seconds for ``ops`` run one after another on ``spec``; ``linear``: the compute dtype of
+    the linear layers' GEMMs where it is not ``compute`` (fp8 training)."""
+    peaks = {d: spec.peak(d) for d in {compute, linear or compute}}
+    total = 0.0
+    for op in ops:
+        dtype = op_dtype(op, compute, linear)
+        total += op_time(op, spec, peaks[dtype], dtype)
+    return total

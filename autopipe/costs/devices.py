@@ -91,6 +91,7 @@ class DeviceSpec:
     match: tuple[str, ...] = ()  # substrings of torch's device name that mean this device
     aliases: tuple[str, ...] = ()
     compute_curve: tuple[tuple[str, float, float], ...] = ()  # (dtype, eff_max, s_half), sorted by dtype
+    host_bandwidth: float = 0.0  # bytes/s to the host's memory, one direction (activation offload; 0: unknown)
 
     def efficiency(self, dtype: str, size: float = 0.0) -> float:
         """Fraction of ``dtype``'s peak an op reaches: a GEMM of ``size`` (``OpCount.size``) on the
@@ -165,6 +166,7 @@ def _spec(name: str, raw: Mapping[str, Any], source: str) -> DeviceSpec:
             match=tuple(str(m) for m in raw.get("match", ())),
             aliases=tuple(str(a).lower() for a in raw.get("aliases", ())),
             compute_curve=curve,
+            host_bandwidth=float(raw.get("host_bandwidth", 0.0)),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise DeviceError(
@@ -179,6 +181,7 @@ def _spec(name: str, raw: Mapping[str, Any], source: str) -> DeviceSpec:
         or any(v <= 0 for _, v in spec.peak_flops)
         or spec.devices_per_node < 1
         or not all(0 < e <= 1 for e in effs)
+        or not 0 <= spec.host_bandwidth < float("inf")
     ):
         raise DeviceError(f"device {name!r} in {source}: sizes and rates must be positive and efficiencies in (0, 1]")
     return spec

@@ -31,7 +31,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from autopipe.costs.activations.anatomy import Anatomy, layer_anatomies, options_of
 from autopipe.costs.contention import Probe
+from autopipe.costs.counting import OpCount, block_time
+from autopipe.costs.devices import DeviceSpec, device_spec, match_device, measure_cpu
 from autopipe.costs.profile import Affine, BlockCost, Profile, Spread, TensorCost
 from autopipe.costs.timing import (
     BlockMeasurement,
@@ -122,6 +125,7 @@ def _profile(
     model.train()
     traces: list[TracedModel] = []
     measured: list[list[BlockMeasurement]] = []
+    anatomies: list[tuple[Anatomy | None, ...]] = []
     load = [_load_average()]
     for u in list(sizes):
         if progress is not None:
@@ -152,9 +156,56 @@ def _profile(
         if probe is not None and not measured:  # the host's sharing, before the first block is timed
             probe.measure(CONTENTION_ROUNDS[0])
         measured.append(measure_blocks(traced, inputs, warmup=warmup, repeat=repeat, progress=report, loss=loss))
+        anatomies.append(layer_anatomies(traced, model, inputs))
     load.append(_load_average())
     profile = _make_profile(loaded, traces, measured, sizes, dev, recipe)
+    profile = with_options(profile, anatomies, measured, dev)
     return replace(profile, load_average=tuple(x for x in load if x is not None))
+
+
+def with_options(
+    profile: Profile,
+    anatomies: Sequence[Sequence[Anatomy | None]],
+    measured: Sequence[Sequence[BlockMeasurement]],
+    dev: torch.device,
+) -> Profile:
+    """``profile`` with each layer's memory options (``costs.activations.anatomy.options_of``): the bytes as
+    counted (the same ``saved_tensors_hooks`` storages as measured), and a recomputed part's time
+    as its counted ops' share of the layer's measured forward, the share priced by a roofline of
+    ``dev`` (the catalogue GPU it is, or this CPU measured: ``devices.measure_cpu``). Not measured
+    per part: a part's kernels are too short to time alone on their own."""
+    xs = [float(u) for u in profile.micro_batch_sizes]
+    layers = [i for i in range(profile.num_blocks) if all(a[i] is not None for a in anatomies)]
+    if not layers:
+        return profile
+    spec = _reference_spec(dev)
+    dtype = "bf16" if profile.dtype in ("bfloat16", "float16") else "fp32"
+    blocks = list(profile.blocks)
+    for i in layers:
+        found: dict[float, tuple[Anatomy, float]] = {}
+        whole: dict[float, tuple[float, float]] = {}  # size -> (measured forward, its ops' roofline time)
+        for u, a, m in zip(xs, anatomies, measured, strict=True):
+            anatomy = a[i]
+            assert anatomy is not None
+            found[u] = (anatomy, float(m[i].saved_bytes))
+            whole[u] = (m[i].forward_s, block_time([op for n in anatomy.nodes for op in n.ops], spec, dtype))
+
+        def seconds(ops: Sequence[OpCount], u: float, whole: dict[float, tuple[float, float]] = whole) -> float:
+            measured_s, counted_s = whole[u]
+            return measured_s * block_time(ops, spec, dtype) / counted_s if counted_s > 0 else 0.0
+
+        memory = options_of(found, seconds, lambda ops: float(sum(op.flops for op in ops)))
+        blocks[i] = replace(blocks[i], layer=True, memory=memory)
+    return replace(profile, blocks=tuple(blocks))
+
+
+def _reference_spec(dev: torch.device) -> DeviceSpec:
+    """The roofline that splits a measured forward among its parts: the catalogue's entry for
+    this GPU (an H100's where it has none), or this CPU measured."""
+    if dev.type == "cuda":
+        name = match_device(_device_name(dev))
+        return device_spec(name if name is not None else "h100")
+    return measure_cpu()
 
 
 def _load_average() -> float | None:

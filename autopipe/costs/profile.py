@@ -27,9 +27,10 @@ from typing import Any
 
 from autopipe._io import atomic_write_text, parse_json, read_json, shown
 from autopipe.errors import ProfileError
+from autopipe.graph.kinds import OFFLOAD_KINDS, RECOMPUTE_KINDS
 from autopipe.graph.recipe import TraceRecipe
 
-__all__ = ["PROFILE_VERSION", "Affine", "BlockCost", "Contention", "Profile", "Spread", "TensorCost"]
+__all__ = ["PROFILE_VERSION", "Affine", "BlockCost", "Contention", "MemoryOption", "Profile", "Spread", "TensorCost"]
 
 PROFILE_VERSION = 2
 _READS = (1, PROFILE_VERSION)  # version 1: the recipe's fields at the top level
@@ -87,6 +88,30 @@ class Spread:
         return max(self.forward, self.backward, self.backward_input, self.backward_weight)
 
 
+_NONE = Affine(0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class MemoryOption:
+    """One way for a layer to keep fewer activations (``costs/activations/choices.py``): the module kinds it
+    recomputes in the backward or offloads to the host (Megatron-LM's ``--recompute-modules``,
+    ``--offload-modules``; ``graph/units.py``), counted from the layer's own ops."""
+
+    recompute: tuple[str, ...] = ()  # module kinds recomputed (graph.units.RECOMPUTE_KINDS)
+    offload: tuple[str, ...] = ()  # module kinds whose saved inputs go to the host (OFFLOAD_KINDS)
+    saved_bytes: Affine = _NONE  # kept on the device per micro-batch under it
+    recompute_s: Affine = _NONE  # the forward time run again in the backward
+    recompute_flops: Affine = _NONE  # its FLOPs
+    offload_bytes: Affine = _NONE  # copied to the host in the forward and back in the backward
+
+    @property
+    def name(self) -> str:
+        """``recompute core_attn+mlp`` or ``offload qkv_linear``."""
+        if self.recompute:
+            return "recompute " + "+".join(self.recompute)
+        return "offload " + "+".join(self.offload)
+
+
 @dataclass(frozen=True)
 class BlockCost:
     """One block: the unit the solver places on a stage (about one layer of the model)."""
@@ -109,6 +134,13 @@ class BlockCost:
     # Of ``params``, the routed experts' (priced under expert parallelism): their gradients are
     # reduced over the expert data-parallel group, not the data-parallel one (costs.experts).
     expert_params: int = 0
+    # A transformer layer (an attention core, graph/units.py): what Megatron-LM's "first k layers
+    # of each stage" counts, and the ways it can keep fewer activations ((): none known).
+    layer: bool = False
+    memory: tuple[MemoryOption, ...] = ()
+    # Bytes a stage holding this block keeps once, whatever the micro-batches in flight: an
+    # offload's staging buffer (costs/activations/choices.py sets it on the profile a choice makes; 0 else).
+    staging_bytes: Affine = _NONE
 
 
 @dataclass(frozen=True)
@@ -201,7 +233,8 @@ class Profile:
 
     def slowed(self, factor: float) -> Profile:
         """This profile with every block's times ``factor`` times longer (ranks sharing a host,
-        :meth:`Contention.factor`); spreads (relative), memory, FLOPs and tensors as they are."""
+        :meth:`Contention.factor`), a recomputed part's with them; spreads (relative), memory, FLOPs and
+        tensors as they are."""
 
         def times(a: Affine) -> Affine:
             return Affine(a.intercept * factor, a.slope * factor)
@@ -215,6 +248,7 @@ class Profile:
                     backward_s=times(b.backward_s),
                     backward_input_s=times(b.backward_input_s),
                     backward_weight_s=times(b.backward_weight_s),
+                    memory=tuple(replace(o, recompute_s=times(o.recompute_s)) for o in b.memory),
                 )
                 for b in self.blocks
             ),
@@ -233,6 +267,14 @@ class Profile:
                 del block["spread"]
             if not block["expert_params"]:
                 del block["expert_params"]
+            for field in ("layer", "memory"):  # left out where not known (measured before, no layers)
+                if not block[field]:
+                    del block[field]
+            for option in block.get("memory", ()):  # each option keeps what it says: a recompute no copies
+                for key in [k for k, v in option.items() if not v or (isinstance(v, dict) and not any(v.values()))]:
+                    del option[key]
+            if not any(block["staging_bytes"].values()):
+                del block["staging_bytes"]
         return json.dumps(raw, indent=1, sort_keys=True)
 
     @staticmethod
@@ -287,6 +329,37 @@ def _spread(raw: Any) -> Spread:
     if not isinstance(raw, dict):
         raise TypeError(f"a spread is {type(raw).__name__}, not an object")
     return Spread(**{k: float(raw.get(k, 0.0)) for k in ("forward", "backward", "backward_input", "backward_weight")})
+
+
+_ZERO = {"intercept": 0.0, "slope": 0.0}
+
+
+def _flag(raw: Any) -> bool:
+    if not isinstance(raw, bool):
+        raise TypeError(f"layer is {raw!r}, not true or false")
+    return raw
+
+
+def _kinds(raw: Any, known: Sequence[str], what: str) -> tuple[str, ...]:
+    if not isinstance(raw, list) or any(not isinstance(k, str) or k not in known for k in raw):
+        raise ValueError(f"{what} is {raw!r}, not a list of module kinds among {', '.join(known)}")
+    return tuple(raw)
+
+
+def _option(raw: Any) -> MemoryOption:
+    if not isinstance(raw, dict):
+        raise TypeError(f"a memory option is {type(raw).__name__}, not an object")
+    option = MemoryOption(
+        recompute=_kinds(raw.get("recompute", []), tuple(RECOMPUTE_KINDS), "memory.recompute"),
+        offload=_kinds(raw.get("offload", []), tuple(OFFLOAD_KINDS), "memory.offload"),
+        **{k: _affine(raw.get(k, _ZERO)) for k in ("saved_bytes", "recompute_s", "recompute_flops", "offload_bytes")},
+    )
+    if bool(option.recompute) == bool(option.offload):
+        raise ValueError(
+            f"a memory option names {raw.get('recompute')} recomputed and {raw.get('offload')} offloaded; "
+            "it is one or the other"
+        )
+    return option
 
 
 def _load(raw: Any) -> tuple[float, ...]:
@@ -352,6 +425,9 @@ def _profile_from_dict(raw: Any, source: str = "profile") -> Profile:
                 shared_param_bytes=int(b.get("shared_param_bytes", 0)),
                 spread=_spread(b.get("spread")),
                 expert_params=_count(b.get("expert_params", 0)),
+                layer=_flag(b.get("layer", False)),
+                memory=tuple(_option(o) for o in b.get("memory", ())),
+                staging_bytes=_affine(b.get("staging_bytes", {"intercept": 0, "slope": 0})),
             )
             for b in raw["blocks"]
         )
@@ -401,12 +477,27 @@ def _check(p: Profile, source: str) -> None:
                     f"{source}: node {node!r} is in blocks {seen[node]} and {i}; profile the model again"
                 )
             seen[node] = i
-        for field in ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "saved_bytes"):
+        for field in (
+            "forward_s",
+            "backward_s",
+            "backward_input_s",
+            "backward_weight_s",
+            "saved_bytes",
+            "staging_bytes",
+        ):
             cost: Affine = getattr(b, field)
             if not all(math.isfinite(v) and v >= 0 for v in (cost.intercept, cost.slope)):
                 raise ProfileError(
                     f"{source}: block {i} ({b.name!r}) has {field} {cost}; costs must be finite and >= 0, profile again"
                 )
+        for option in b.memory:
+            for field in ("saved_bytes", "recompute_s", "recompute_flops", "offload_bytes"):
+                cost = getattr(option, field)
+                if not all(math.isfinite(v) and v >= 0 for v in (cost.intercept, cost.slope)):
+                    raise ProfileError(
+                        f"{source}: block {i} ({b.name!r}) has {option.name} {field} {cost}; costs must be finite "
+                        "and >= 0, profile again"
+                    )
         for kind, v in asdict(b.spread).items():
             if not (math.isfinite(v) and v >= 0):
                 raise ProfileError(

@@ -23,7 +23,7 @@ import torch
 import torch.fx
 from torch import nn
 
-__all__ = ["Block", "BlockEdge", "Grouping", "ValueInfo", "block_edges", "group_blocks"]
+__all__ = ["Block", "BlockEdge", "Grouping", "ValueInfo", "block_edges", "group_blocks", "module_path"]
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 _COMPUTE_OPS = ("call_module", "call_function", "call_method")
@@ -104,7 +104,8 @@ def hint_int(size: int | torch.SymInt) -> int:
 # --------------------------------------------------------------------------- blocks
 
 
-def _module_path(node: torch.fx.Node) -> list[str]:
+def module_path(node: torch.fx.Node) -> list[str]:
+    """The module paths a node runs in, outermost first (its ``nn_module_stack``; a module call: its own path last)."""
     stack = node.meta.get("nn_module_stack") or {}
     path = []
     for v in stack.values():
@@ -131,7 +132,7 @@ def _node_keys(gm: torch.fx.GraphModule, model: nn.Module, leaves: set[str]) -> 
         if n.op not in _COMPUTE_OPS:
             continue
         key = None
-        for p in _module_path(n):
+        for p in module_path(n):
             m = modules.get(p)
             if m is None:
                 continue

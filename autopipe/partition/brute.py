@@ -68,7 +68,7 @@ def solve_brute(problem: PartitionProblem) -> Partition:
         for rc in choices:
             if not all(memory_fits(st.memory(p, s, rc[s]), p.stage_memory_limit[s]) for s in range(p.stages)):
                 continue
-            times = [st.time[s] + (st.extra[s] if rc[s] else 0.0) for s in range(p.stages)]
+            times = [st.time_of(s, rc[s]) for s in range(p.stages)]
             z = max(max(times), max(st.comm, default=0.0))
             found.append((z, sum(times) + sum(st.comm), sum(rc), assign, rc))
     if not found:

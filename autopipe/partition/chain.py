@@ -2,7 +2,8 @@
 
 The classic linear-partition DP (as in torchgpipe's balance-by-time, after Kakaobrain 2020,
 and PipeDream's planner, Narayanan et al. 2019), extended with per-stage memory limits, a
-per-stage recompute choice, and the comm of every cut including carried skip tensors. Stages
+per-stage recompute choice (or the block method's first k layers of every stage,
+``partition/layers.py``), and the comm of every cut including carried skip tensors. Stages
 are contiguous ranges ``[i, j)`` of the given block order, so on a DAG the answer is the best
 *contiguous* partition (monotone along every tensor, since the order is topological).
 
@@ -32,6 +33,7 @@ from numpy.typing import NDArray
 
 from autopipe.errors import InfeasibleError
 from autopipe.partition._intervals import Floats, in_bytes_diff, position_comm, prefix, stage_kinds
+from autopipe.partition.layers import range_terms
 from autopipe.partition.min_memory import infeasible_error
 from autopipe.partition.problem import (
     EPS,
@@ -73,6 +75,10 @@ class _Band:
         self.extra = band(p.recompute_s)
         self.static = band(p.static_bytes)
         self.act = band(p.activation_bytes)
+        self.peak = np.zeros_like(self.act)  # the block method's (partition/layers.py): one layer again
+        if p.recompute_layers:
+            extra, saving, peak = (np.asarray(x[rows, cols], dtype=np.float64) for x in range_terms(p, w))
+            self.time, self.act, self.peak = self.time + extra, self.act - saving, peak
         self.inb: Floats | None = None
         if inb_diff is not None:  # in_bytes(i, j): the diff row of start i summed from column i
             pad = np.zeros((n + 1, n + 2 + w))
@@ -91,7 +97,7 @@ class _Band:
             k = np.asarray([kc[0] for kc in new])[:, None, None]
             cap = np.asarray([kc[1] for kc in new])[:, None, None]
             time, extra, static, act = self.time, self.extra, self.static, self.act
-            fits_plain = (static + k * act <= cap) & self.valid
+            fits_plain = (static + k * act + self.peak <= cap) & self.valid
             if self.inb is None:
                 fits_rc = np.zeros_like(fits_plain)
             else:
@@ -118,6 +124,7 @@ class _Blocks:
         self.time = prefix(p.time_s)
         self.static, self.act = prefix(p.static_bytes), prefix(p.activation_bytes)
         self.inb_diff = in_bytes_diff(p) if p.recompute != "never" else None
+        self.layers = p.recompute_layers  # the block method's k: its bands are its own
         self.bands: dict[int, _Band] = {}
         # answers by (stages, in-flight counts, limits, mode); None: nothing fits
         self.answers: dict[tuple[object, ...], Partition | None] = {}
@@ -128,7 +135,8 @@ class _Blocks:
         meets: ``share`` = min(1, least in-flight count), ``cap`` the largest stage's)."""
         n = p.blocks
         width, start = n, np.arange(n + 1)
-        for pre, most in ((self.time, bound), (self.static + share * self.act, cap)):
+        held = self.static if self.layers else self.static + share * self.act  # the block method keeps less
+        for pre, most in ((self.time, bound), (held, cap)):
             if most < np.inf:
                 reach = np.searchsorted(pre, pre + most, side="right") - 1
                 width = min(width, int((reach - start).max()) + 2)
@@ -138,7 +146,7 @@ class _Blocks:
             if band is None:
                 band = self.bands[width] = _Band(p, width, self.inb_diff)
             # the longest ranges must be out wherever they are ranges (sums only grow)
-            longest = (band.time[0] <= bound) & (band.static[0] + share * band.act[0] <= cap)
+            longest = (band.time[0] <= bound) & (band.static[0] + share * band.act[0] + band.peak[0] <= cap)
             if width == n or not longest[band.valid[0]].any():
                 return band
             width = min(n, 2 * width)
@@ -149,7 +157,7 @@ def _blocks_of(p: PartitionProblem) -> _Blocks:
     serve every problem on the same blocks and links)."""
     if p.memo is None or not p.memo.owns(p):
         return _Blocks(p)
-    rest = (p.link_latency_s, p.link_bandwidth, p.recompute != "never")
+    rest = (p.link_latency_s, p.link_bandwidth, p.recompute != "never", p.recompute_layers)
     hit: _Blocks | None = p.memo.chain.get(rest)
     if hit is None:
         hit = p.memo.chain[rest] = _Blocks(p)

@@ -60,7 +60,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from autopipe import native
-from autopipe.errors import InfeasibleError
+from autopipe.errors import InfeasibleError, PlanError
 from autopipe.partition._intervals import Floats, InBytes, position_comm, prefix, stage_kinds
 from autopipe.partition._intervals import stage_caps as caps
 from autopipe.partition.min_memory import infeasible_error
@@ -404,6 +404,8 @@ def solve_fast(
     memory (with the smallest limit that would, unless ``explain=False``).
     """
     p = problem
+    if p.recompute_layers:
+        raise PlanError("the bisection solver does not price the block method (recompute_layers); use solve_chain")
     probes = _Probes(p, memo)
     lower = _lower(p, float(probes.pt[-1]))
     if _NATIVE is not None and native.enabled():

@@ -252,6 +252,8 @@ def solve_ilp(problem: PartitionProblem, time_limit_s: float = 60.0) -> Partitio
     :class:`PlanError`. Raises :class:`~autopipe.errors.InfeasibleError` (with the smallest
     limit under which some monotone assignment fits) when nothing fits.
     """
+    if problem.recompute_layers:
+        raise PlanError("the ILP does not price the block method (recompute_layers); use solve_chain")
     with _quiet():
         return _solve_ilp(problem, time_limit_s)
 

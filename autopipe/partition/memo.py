@@ -65,7 +65,9 @@ class BlockMemo:
         self.checked = False  # the per-block numbers passed the problem's check
         # Each slot is typed where it is read (this module imports none of its readers: no circle).
         self.flat: Any = None  # stage_sums.Flat: the blocks' arrays
-        self.chain: dict[tuple[float, float, bool], Any] = {}  # chain._Blocks: solve_chain's sums, by link and mode
+        self.chain: dict[
+            tuple[float, float, bool, int], Any
+        ] = {}  # chain._Blocks: solve_chain's sums, by link, mode and the block method's k
         self.stats: Recent[Any] = Recent(8)  # problem.StageStats of the last few (problem, assignment)
         self.memory_prefix: Any = None  # planner.bounds: static and activation prefix sums
 

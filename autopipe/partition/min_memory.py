@@ -15,6 +15,7 @@ import numpy as np
 
 from autopipe.errors import InfeasibleError
 from autopipe.partition._intervals import in_bytes_matrix, range_sums
+from autopipe.partition.layers import range_terms
 from autopipe.partition.problem import PartitionProblem
 from autopipe.units import format_bytes
 
@@ -28,13 +29,19 @@ def min_memory_limit(problem: PartitionProblem) -> float:
     n = p.blocks
     static = range_sums(p.static_bytes)
     act = range_sums(p.activation_bytes)
+    peak = np.zeros_like(act)
+    if p.recompute_layers:  # the block method (partition/layers.py): [i, j) is row i, column j - i - 1
+        _, saving, top = range_terms(p, n)
+        i, j = np.triu_indices(n + 1, 1)
+        act[i, j] -= saving[i, j - i - 1]
+        peak[i, j] = top[i, j - i - 1]
     inb = in_bytes_matrix(p) if p.recompute != "never" else None
     empty = np.tri(n + 1, dtype=bool)
     f = np.full(n + 1, np.inf)
     f[0] = 0.0
     for s in range(p.stages):
         k = p.inflight[s]
-        plain = static + k * act
+        plain = static + k * act + peak
         if inb is None:
             mem = plain
         elif p.recompute == "always":

@@ -18,6 +18,10 @@ micro-batch). Definitions, exactly as every solver and test uses them:
 - stage memory without recompute: sum static + inflight[s] * sum activation; with recompute:
   sum static + inflight[s] * in_bytes(s) + sum activation (one micro-batch re-materialised in
   its backward).
+- the block method (``recompute_layers`` k > 0, mode "never"): the first k blocks flagged in
+  ``layers`` of every stage are recomputed whole (``partition/layers.py``): the stage's time
+  gains their recompute_s, its activations lose what they no longer keep (activation less
+  their own inputs) and its memory gains the largest of their activations once.
 - feasible: memory_s <= stage_memory_limit[s] for all s (relative epsilon :data:`EPS` = 1e-9:
   ``memory <= memory_cap(limit) = limit * (1 + EPS)``, :func:`memory_fits`; the one rule
   every solver, screen and the simulator's check use, each with a named tolerance).
@@ -37,13 +41,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from autopipe.errors import PlanError
+from autopipe.partition.layers import stage_terms
 from autopipe.partition.memo import BlockMemo
 from autopipe.partition.stage_sums import Flat, flat_of, stage_sums
 
@@ -104,6 +109,10 @@ class PartitionProblem:
     link_latency_s: float = 0.0
     link_bandwidth: float = math.inf  # bytes/s
     recompute: str = "auto"  # "never" | "always" | "auto" (choose per stage)
+    # The block method (partition/layers.py): the blocks that are layers, and how many of each
+    # stage's first layers are recomputed whole (0: none; then recompute is "never").
+    layers: tuple[bool, ...] = ()
+    recompute_layers: int = 0
     # What the kernels may keep of these blocks across problems on the same tuples (the
     # planner makes one per micro-batch size; None: nothing kept). Not part of the problem.
     memo: BlockMemo | None = field(default=None, compare=False, repr=False)
@@ -153,6 +162,13 @@ def _validate(p: PartitionProblem) -> None:
         raise PlanError(f"link_bandwidth must be > 0 bytes/s (inf allowed), got {p.link_bandwidth!r}")
     if p.recompute not in RECOMPUTE_MODES:
         raise PlanError(f"recompute must be 'never', 'always' or 'auto', got {p.recompute!r}")
+    if isinstance(p.recompute_layers, bool) or not isinstance(p.recompute_layers, int) or p.recompute_layers < 0:
+        raise PlanError(f"recompute_layers must be a whole number >= 0, got {p.recompute_layers!r}")
+    if p.recompute_layers and (len(p.layers) != n or p.recompute != "never"):
+        raise PlanError(
+            f"recompute_layers {p.recompute_layers} needs one layers flag per block ({len(p.layers)} for {n}) "
+            f"and recompute 'never' (got {p.recompute!r}): the block method is the stages' one recomputation"
+        )
 
 
 def _check_blocks(p: PartitionProblem) -> None:
@@ -211,11 +227,22 @@ class StageStats:
     in_bytes: tuple[float, ...]
     cut_bytes: tuple[float, ...]
     comm: tuple[float, ...]
+    # the block method (partition/layers.py), zero without it: per stage the recomputed layers'
+    # forward and the largest of their activations (``act`` already keeps only their inputs)
+    layer_extra: tuple[float, ...] = ()
+    layer_peak: tuple[float, ...] = ()
 
     def memory(self, p: PartitionProblem, s: int, recompute: bool) -> float:
         if recompute:
             return self.static[s] + p.inflight[s] * self.in_bytes[s] + self.act[s]
-        return self.static[s] + p.inflight[s] * self.act[s]
+        peak = self.layer_peak[s] if self.layer_peak else 0.0
+        return self.static[s] + p.inflight[s] * self.act[s] + peak
+
+    def time_of(self, s: int, recompute: bool) -> float:
+        """Stage s's time: its blocks', plus the forward it recomputes (whole, or its first layers)."""
+        if recompute:
+            return self.time[s] + self.extra[s]
+        return self.time[s] + self.layer_extra[s] if self.layer_extra else self.time[s]
 
 
 def comm_time(p: PartitionProblem, cut_bytes: float) -> float:
@@ -244,6 +271,20 @@ def _stage_stats(p: PartitionProblem, stage_of_block: tuple[int, ...]) -> StageS
         raise PlanError(
             f"the assignment has {len(stage_of_block)} entries but there are {n} blocks; give one stage per block"
         )
+    if p.recompute_layers:
+        return _with_layers(p, stage_of_block, _plain_stats(p, stage_of_block))
+    return _plain_stats(p, stage_of_block)
+
+
+def _with_layers(p: PartitionProblem, stage_of_block: tuple[int, ...], st: StageStats) -> StageStats:
+    """``st`` with the block method's terms (partition/layers.py)."""
+    extra, saving, peak = stage_terms(p, stage_of_block, p.stages)
+    act = tuple(a - x for a, x in zip(st.act, saving, strict=True))
+    return replace(st, act=act, layer_extra=tuple(extra), layer_peak=tuple(peak))
+
+
+def _plain_stats(p: PartitionProblem, stage_of_block: tuple[int, ...]) -> StageStats:
+    n = p.blocks
     if n < _VECTOR_FROM:
         return _stage_stats_py(p, stage_of_block)
     blocks = (p.time_s, p.recompute_s, p.static_bytes, p.activation_bytes)
@@ -328,7 +369,7 @@ def evaluate(
             raise PlanError(f"recompute has {len(rc)} entries but there are {p.stages} stages")
         if (p.recompute == "never" and any(rc)) or (p.recompute == "always" and not all(rc)):
             raise PlanError(f"recompute {rc} contradicts the problem's mode {p.recompute!r}")
-    times = tuple(st.time[s] + (st.extra[s] if rc[s] else 0.0) for s in range(p.stages))
+    times = tuple(st.time_of(s, rc[s]) for s in range(p.stages))
     memory = tuple(st.memory(p, s, rc[s]) for s in range(p.stages))
     return Partition(
         stage_of_block=tuple(int(s) for s in stage_of_block),

@@ -11,7 +11,7 @@ import math
 from autopipe.costs.profile import Profile
 from autopipe.partition.baselines import BASELINES, baseline_assignment
 from autopipe.partition.problem import evaluate, stage_stats
-from autopipe.planner.pricing import Candidate, Priced, candidate, fits, price
+from autopipe.planner.pricing import Candidate, Decision, Priced, candidate, fits, price
 from autopipe.planner.request import PlanRequest
 from autopipe.plans import Alternative, Baseline, Plan, StagePlan
 from autopipe.schedules import schedule_spec
@@ -57,26 +57,10 @@ def make_plan(
                 activation_bytes=stats.act[s],
                 held_bytes=stats.in_bytes[s] if rc else stats.act[s],
                 send_bytes=part.cut_bytes[s] if s < len(part.cut_bytes) else 0.0,
+                transient_bytes=stats.layer_peak[s] if stats.layer_peak and not rc else 0.0,
             )
         )
-    seen = {(d.schedule, d.virtual, d.micro_batches)}
-    alternatives: list[Alternative] = []
-    for c, t in fitting[1:]:
-        key = (c.decision.schedule, c.decision.virtual, c.decision.micro_batches)
-        if key in seen or len(alternatives) >= req.alternatives:
-            continue
-        seen.add(key)
-        alternatives.append(
-            Alternative(
-                c.decision.schedule,
-                c.decision.virtual,
-                c.decision.micro_batches,
-                t.iteration_s,
-                t.bubble_fraction,
-                max(t.peak_memory_bytes),
-                c.source,
-            )
-        )
+    alternatives = _alternatives(req, d, fitting)
     return Plan(
         model=profile.model,
         recipe=profile.recipe,
@@ -97,10 +81,36 @@ def make_plan(
         bubble_fraction=timeline.bubble_fraction,
         throughput=req.batch_size / timeline.iteration_s if timeline.iteration_s > 0 else math.inf,
         peak_memory_bytes=timeline.peak_memory_bytes,
-        alternatives=tuple(alternatives),
+        alternatives=alternatives,
         baselines=tuple(_baselines(profile, req, best)),
         target=req.target,
+        recompute_modules=d.memory.recompute,
+        recompute_layers=d.memory.layers,
+        offload_modules=d.memory.offload,
     )
+
+
+def _alternatives(req: PlanRequest, chosen: Decision, fitting: list[Priced]) -> tuple[Alternative, ...]:
+    """The best candidate of each other decision (memory choice included), fastest first."""
+    seen = {chosen}
+    alternatives: list[Alternative] = []
+    for c, t in fitting[1:]:
+        if c.decision in seen or len(alternatives) >= req.alternatives:
+            continue
+        seen.add(c.decision)
+        alternatives.append(
+            Alternative(
+                c.decision.schedule,
+                c.decision.virtual,
+                c.decision.micro_batches,
+                t.iteration_s,
+                t.bubble_fraction,
+                max(t.peak_memory_bytes),
+                c.source,
+                "" if c.decision.memory.none else c.decision.memory.said,
+            )
+        )
+    return tuple(alternatives)
 
 
 def _baselines(profile: Profile, req: PlanRequest, best: Candidate) -> list[Baseline]:
@@ -130,7 +140,7 @@ def plan_costs(plan: Plan) -> list[StageCost]:
             backward_weight_s=s.backward_weight_s,
             activation_bytes=s.held_bytes,
             weight_grad_bytes=s.held_bytes,
-            transient_bytes=s.activation_bytes if s.recompute else 0.0,
+            transient_bytes=s.activation_bytes if s.recompute else s.transient_bytes,
             static_bytes=s.static_bytes,
         )
         for s in plan.stages

@@ -4,7 +4,8 @@
 interleaved and V schedules, which then need the schedule named). It is priced with
 :func:`~autopipe.planner.splits.price_split`, the function the search prices every split with,
 under each decision the request allows (S entries and no schedule: the one-chunk schedules
-only); the fastest that fits is the plan. autopipe's own best plan for the same request is
+only; a pinned memory choice, ``--recompute-modules`` and the like, on every layer); the fastest
+that fits is the plan. autopipe's own best plan for the same request is
 recorded beside it, as the baseline named ``autopipe`` (with its schedule and m when they differ).
 """
 
@@ -14,6 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
+from autopipe.costs.activations.choices import apply
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.modes import Recompute
@@ -37,14 +39,17 @@ def plan_balance(profile: Profile, request: PlanRequest, balance: Sequence[int],
     v = check_balance(balance, profile.num_blocks, request.devices, request.schedule, request.virtual, flag)
     sizes = [int(x) for x in balance]
     priced: list[Priced] = []
-    for req in _modes(request):  # a target that recomputes every stage or none: both
-        ctx = SearchContext(profile, req)
-        for d in decisions(profile, req):
+    pin = request.memory_pin  # a pinned memory choice prices the split under it (costs.activations.choices)
+    chosen = apply(profile, pin, request.host_bandwidth) if pin is not None else profile
+    modes = _modes(request) if pin is None or pin.none else [replace(request, recompute=Recompute.NEVER)]
+    for req in modes:  # a target that recomputes every stage or none: both
+        ctx = SearchContext(chosen, req)
+        for d in decisions(chosen, req):
             if d.virtual != v:
                 continue
             size = ctx.size(d)
-            problem = problem_of(profile, req, d, size.numbers)
-            priced.append(price_split(profile, req, d, sizes, problem=problem, times=size.times, source="balance"))
+            problem = problem_of(chosen, req, d, size.numbers)
+            priced.append(price_split(chosen, req, d, sizes, problem=problem, times=size.times, source="balance"))
     if not priced:
         raise PlanError(
             f"no schedule asked runs {v} chunk{'s' if v > 1 else ''} per device for {flag} "

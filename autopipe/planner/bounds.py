@@ -33,6 +33,7 @@ __all__ = [
     "Work",
     "candidate_bound",
     "decision_bound",
+    "layer_work",
     "lower_bound",
     "reach_bound",
     "split_bound",
@@ -47,8 +48,8 @@ simulated times are sums of the same floats in other orders, so exact ties diffe
 def lower_bound(profile: Profile, request: PlanRequest) -> float:
     """A time no plan of ``request`` can beat (the least decision bound): the gap of a plan
     found by local moves, on decisions too large to enumerate, is measured against it."""
-    work = work_table(profile, request.devices)
-    return min((decision_bound(work, request, d) for d in decisions(profile, request)), default=math.inf)
+    work, layers = work_table(profile, request.devices), layer_work(profile)
+    return min((decision_bound(work, request, d, layers) for d in decisions(profile, request)), default=math.inf)
 
 
 def candidate_bound(profile: Profile, req: PlanRequest, c: Candidate) -> float:
@@ -212,7 +213,7 @@ def _placement_of(schedule: str, devices: int, virtual: int) -> tuple[npt.NDArra
     return placed, order, first
 
 
-def decision_bound(work: Work, req: PlanRequest, d: Decision) -> float:
+def decision_bound(work: Work, req: PlanRequest, d: Decision, layers: LayerWork | None = None) -> float:
     """A time no plan of decision ``d`` can beat, whatever its cuts (so the search may skip it).
 
     Micro-batch 0 runs forward through every stage and back, one action after another, so
@@ -225,9 +226,19 @@ def decision_bound(work: Work, req: PlanRequest, d: Decision) -> float:
     share of a block's work on that path (1 with the backward, f / (f + b) without). The
     cuts that make these equal for every r give the bound ``a T / (1 - (1 - a / m)^S)``
     (blocks cannot be cut finer, and communication and recomputation only add).
+
+    With the block method (``d.memory.layers`` k, ``layers``: :func:`layer_work`), the work gains
+    the layers every split recomputes at least: of the S·v chunks, all but the N blocks that are
+    no layer hold a layer, and each recomputes min(k, its layers): at least (S v - N - 1) + min(k,
+    L - (S v - N - 1)) of the L layers, each at least the cheapest layer's forward.
     """
     u = micro_batch_size(req.batch_size, d)
     total, chain, share = work(u, schedule_spec(d.schedule).splits_backward)
+    if layers is not None and d.memory.layers:
+        cheapest, count, others = layers(u)
+        holding = req.devices * d.virtual - others  # chunks that hold a layer, at least
+        if holding > 0 and count >= holding:
+            total += cheapest * ((holding - 1) + min(d.memory.layers, count - (holding - 1)))
     bound = max(chain, d.micro_batches * total / req.devices)
     if d.virtual == 1 and share > 0:
         m, S = d.micro_batches, req.devices
@@ -237,6 +248,20 @@ def decision_bound(work: Work, req: PlanRequest, d: Decision) -> float:
 
 
 Work = Callable[[int, bool], tuple[float, float, float]]
+LayerWork = Callable[[int], tuple[float, int, int]]
+
+
+def layer_work(profile: Profile) -> LayerWork:
+    """``layers(u)``: (the cheapest layer's forward, the layers, the blocks that are no layer) at
+    micro-batch size ``u``: what the block method's bound reads (:func:`decision_bound`)."""
+    flagged = [b for b in profile.blocks if b.layer]
+
+    @functools.cache
+    def layers(u: int) -> tuple[float, int, int]:
+        cheapest = min((b.forward_s(u) for b in flagged), default=0.0)
+        return cheapest, len(flagged), len(profile.blocks) - len(flagged)
+
+    return layers
 
 
 def work_table(profile: Profile, devices: int) -> Work:

@@ -40,6 +40,16 @@ class SearchContext:
         self.schedules = Schedules()
         self._sizes: dict[int, SizeContext] = {}
 
+    def sharing(self, profile: Profile, request: PlanRequest) -> SearchContext:
+        """A context for another search of the same planning (a memory choice's, planner/search.py):
+        the compiled schedules shared, and the sizes' numbers too where the profile is this one's
+        (the request's batch, costs per action and state factor must be this one's)."""
+        other = SearchContext(profile, request)
+        other.schedules = self.schedules
+        if profile is self.profile:
+            other._sizes = self._sizes
+        return other
+
     def size(self, decision: Decision) -> SizeContext:
         """The context of ``decision``'s micro-batch size (made on first use)."""
         req = self.request

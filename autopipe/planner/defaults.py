@@ -48,6 +48,7 @@ __all__ = [
     "default_micro_batch_sizes",
     "device_memory",
     "element_size",
+    "host_bandwidth_of",
     "host_shared",
     "parallel_request",
     "plan_micro_batch_sizes",
@@ -89,6 +90,10 @@ def plan_request(
         link_latency_s=latency if link.latency_s is None else link.latency_s,
         action_overhead_s=_action_overhead(profile, link),
         state_factor=state_factor_of(profile),
+        recompute_modules=choices.recompute_modules,
+        recompute_layers=choices.recompute_layers,
+        offload_modules=choices.offload_modules,
+        host_bandwidth=host_bandwidth_of(profile, device),
     )
 
 
@@ -150,7 +155,24 @@ def parallel_request(
         sharding=sharding,
         shard_group=shard_group,
         overlap=overlap,
+        host_bandwidth=spec.host_bandwidth if spec is not None else 0.0,
     )
+
+
+def host_bandwidth_of(profile: Profile, device: DeviceSpec | None, device_files: Sequence[str | Path] = ()) -> float:
+    """Bytes/s from a device to its host (what activation offload moves over): the analytic
+    device's, else the catalogue's for the GPU the profile was measured on; 0 when unknown
+    (a CPU: nothing to offload to), and then nothing is offloaded."""
+    if device is not None:
+        return device.host_bandwidth
+    from autopipe.costs.devices import device_spec, known_devices, match_device
+
+    if "(analytic" in profile.device:  # "h100: NVIDIA H100 SXM5 80GB (analytic, bf16)": the catalogue's name first
+        name: str | None = profile.device.split(":")[0]
+        name = name if name in known_devices(device_files) else None
+    else:
+        name = match_device(profile.device, device_files) if profile.device.startswith("cuda") else None
+    return device_spec(name, device_files).host_bandwidth if name is not None else 0.0
 
 
 def host_shared(profile: Profile, request: PlanRequest) -> tuple[Profile, PlanRequest, float, float]:

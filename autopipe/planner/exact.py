@@ -7,7 +7,8 @@ once with numpy — no simulation — in two exact-or-bounding ways:
 - **memory, exactly.** A device's peak in the simulator depends only on the order of its
   actions, not on their times: after each action it holds its chunks' static bytes plus
   ``count_j × held_j`` (a forward adds a micro-batch of chunk j, a backward — or the W of a split
-  backward — drops it), and a backward momentarily adds the recomputed chunk's activations. The
+  backward — drops it), and a backward momentarily adds the recomputed chunk's activations (or,
+  with the block method, the largest of its recomputed layers', ``partition/layers.py``). The
   count rows are read once per compiled schedule (:func:`memory_rows`, any placement: V, zigzag,
   round-robin), so every split's per-device peak is a few matrix products, with the same
   recomputation rule as :func:`~autopipe.partition.problem.evaluate`. Splits whose peak exceeds
@@ -36,6 +37,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from autopipe.partition._intervals import InBytes, position_comm, prefix
+from autopipe.partition.layers import range_terms
 from autopipe.partition.problem import SCREEN_SLACK, PartitionProblem, memory_cap
 from autopipe.planner.pricing import BlockTimes, Decision, Schedules
 from autopipe.schedules import schedule_spec
@@ -64,6 +66,7 @@ class SplitTable:
     sizes: Ints  # (N, K) blocks per chunk
     bounds: Floats  # (N,) lower bounds on the simulated iteration, ascending
     need: float  # the smallest per-device limit any split of this decision fits (inf: none)
+    tight: bool = True  # some split does not fit with nothing recomputed (memory binds this decision)
 
 
 @dataclass(frozen=True)
@@ -157,10 +160,15 @@ def split_table(
         return np.asarray(np.maximum(pre[ends] - pre[starts], 0.0), dtype=np.float64)
 
     static, act = chunk(p.static_bytes), chunk(p.activation_bytes)
+    layer_extra, layer_peak = np.zeros_like(act), np.zeros_like(act)
+    if p.recompute_layers:  # the block method (partition/layers.py): each chunk's first layers
+        extra, saving, peak = range_terms(p, n)
+        at = (starts, ends - starts - 1)
+        act, layer_extra, layer_peak = act - saving[at], extra[at], peak[at]
     inb = InBytes(p).at(starts, ends) if p.recompute != "never" else np.zeros_like(act)
     k = np.asarray(p.inflight)[None, :]
     cap = memory_cap(np.asarray(p.stage_memory_limit, dtype=np.float64)[None, :])
-    fits_plain = static + k * act <= cap
+    fits_plain = static + k * act + layer_peak <= cap
     fits_rc = static + k * inb + act <= cap
     rc = np.full_like(fits_plain, p.recompute == "always") if p.recompute != "auto" else ~fits_plain & fits_rc
     zero = np.zeros_like(act)
@@ -175,17 +183,19 @@ def split_table(
     rows = memory_rows(d.schedule, devices, m, d.virtual, times.schedules)
     if rows is None:
         return None
-    worst = _peaks(rows, static, np.where(rc, inb, act), np.where(rc, act, 0.0), devices).max(axis=1)
+    worst = _peaks(rows, static, np.where(rc, inb, act), np.where(rc, act, layer_peak), devices).max(axis=1)
+    tight = p.recompute == "always" or bool((worst > slack).any())
     if p.recompute == "auto":  # as price_split: nothing recomputed when every device fits without it
         plain = _peaks(rows, static, act, zero, devices).max(axis=1)
         rc &= (plain > slack)[:, None]  # near the limit: as if not, to keep the time bound below
         worst = np.where(plain <= slack, np.minimum(plain, worst), worst)
+        tight = bool((plain > slack).any())
     need = float(worst.min()) if N else math.inf
     ok = worst <= slack
-    bounds = _time_bounds(p, times, spec_of(d).splits_backward, placed, m, starts, ends, rc)
+    bounds = _time_bounds(p, times, spec_of(d).splits_backward, placed, m, starts, ends, rc, layer_extra)
     order = np.flatnonzero(ok)
     order = order[np.argsort(bounds[order], kind="stable")]
-    return SplitTable(ends[order] - starts[order], bounds[order] * (1.0 - BOUND_SLACK), need)
+    return SplitTable(ends[order] - starts[order], bounds[order] * (1.0 - BOUND_SLACK), need, tight)
 
 
 def spec_of(d: Decision) -> ScheduleSpec:
@@ -214,8 +224,10 @@ def _time_bounds(
     starts: Ints,
     ends: Ints,
     rc: NDArray[np.bool_],
+    layer_extra: Floats,
 ) -> Floats:
-    """The module docstring's lower bound on each split's simulated iteration, shape (N,)."""
+    """The module docstring's lower bound on each split's simulated iteration, shape (N,)
+    (``layer_extra``: the block method's recomputed forward per chunk)."""
     N, K = starts.shape
 
     def chunk(values: tuple[float, ...]) -> Floats:
@@ -224,7 +236,7 @@ def _time_bounds(
 
     o = t.action_s
     f, b = chunk(t.f), chunk(t.b)
-    extra = np.where(rc, f, 0.0)
+    extra = np.where(rc, f, layer_extra)
     fc = f + o
     if split:
         bc = chunk(t.bi) + extra + o

@@ -112,7 +112,7 @@ def improve(
     return sorted(fitting + priced + found, key=_rank)
 
 
-def _rank(ct: Priced) -> tuple[float, tuple[int, int, int, int]]:
+def _rank(ct: Priced) -> tuple[float, tuple[object, ...]]:
     return ct.summary.iteration_s, order(ct.candidate)
 
 
@@ -213,10 +213,10 @@ def local_moves(profile: Profile, req: PlanRequest, c: Candidate, t: Summary, ti
     return found
 
 
-def order(c: Candidate) -> tuple[int, int, int, int]:
+def order(c: Candidate) -> tuple[object, ...]:
     d = c.decision
     sources = ("solver", "ilp", *BASELINES)
-    return (schedule_spec(d.schedule).preference, d.virtual, d.micro_batches, sources.index(c.source))
+    return (schedule_spec(d.schedule).preference, d.virtual, d.micro_batches, d.memory.key, sources.index(c.source))
 
 
 def sizes_of(part: Partition, chunks: int) -> tuple[int, ...]:

@@ -174,8 +174,10 @@ def describe(c: Candidate) -> str:
     d = c.decision
     sizes = "/".join(str(n) for n in sizes_of(c.partition, c.problem.stages))
     recomputed = [str(s) for s, r in enumerate(c.partition.recompute) if r]
-    return f"{d.schedule}{f'/v{d.virtual}' if d.virtual > 1 else ''} m={d.micro_batches} split {sizes}" + (
-        f" recompute {','.join(recomputed)}" if recomputed else ""
+    return (
+        f"{d.schedule}{f'/v{d.virtual}' if d.virtual > 1 else ''} m={d.micro_batches} split {sizes}"
+        + (f" recompute {','.join(recomputed)}" if recomputed else "")
+        + ("" if d.memory.none else f" ({d.memory.said})")
     )
 
 
@@ -186,7 +188,7 @@ def _listed(words: tuple[str, ...], most: int = 12) -> str:
 
 def _identity(c: Candidate) -> tuple[object, ...]:
     d = c.decision
-    return (d.schedule, d.virtual, d.micro_batches, c.partition.stage_of_block, c.partition.recompute)
+    return (d.schedule, d.virtual, d.micro_batches, d.memory, c.partition.stage_of_block, c.partition.recompute)
 
 
 def _key(x: Priced) -> tuple[object, ...]:
@@ -202,6 +204,7 @@ def _key(x: Priced) -> tuple[object, ...]:
         max(x.summary.peak_memory_bytes),
         sizes_of(c.partition, c.problem.stages),
         c.partition.recompute,
+        d.memory.key,
         c.source != "solver",
         c.source,
     )

@@ -274,7 +274,21 @@ def model_flops(profile: Profile, plan: Plan) -> tuple[float, float]:
     batch = plan.batch_size * plan.data_parallel
     model = 3.0 * sum(per_sample) * batch
     again = sum(per_sample[i] for s in plan.stages if s.recompute for i in s.block_indices) * batch
-    return model, model + again
+    return model, model + again + recomputed_flops(profile, plan) * batch
+
+
+def recomputed_flops(profile: Profile, plan: Plan) -> float:
+    """FLOPs per sample that ``plan``'s uniform memory choice runs again: the counted forward of
+    the recomputed module kinds in every layer, or of the first ``recompute_layers`` layers of
+    each stage (``costs.activations.choices``)."""
+    u = float(plan.micro_batch_size)
+    if plan.recompute_modules:
+        kinds = tuple(plan.recompute_modules)
+        return sum(o.recompute_flops(u) / u for b in profile.blocks for o in b.memory if o.recompute == kinds)
+    if plan.recompute_layers:
+        firsts = ([i for i in s.block_indices if profile.blocks[i].layer][: plan.recompute_layers] for s in plan.stages)
+        return sum(profile.blocks[i].forward_flops(u) / u for first in firsts for i in first)
+    return 0.0
 
 
 def _no_layout(request: ParallelRequest, rejected: list[Rejected]) -> PlanError:

@@ -3,7 +3,9 @@
 A :class:`Candidate` is a decision (schedule, virtual stages, micro-batches) with its cuts;
 :func:`costs_of` turns the blocks on each stage into the simulator's per-stage costs (a
 recomputed stage pays one more forward in its backward and keeps only its inputs per
-micro-batch in flight, plus one micro-batch's activations while it recomputes; split in B and
+micro-batch in flight, plus one micro-batch's activations while it recomputes; one that
+recomputes its first layers, ``partition/layers.py``, pays their forward and holds one of them
+again; split in B and
 W, the first stage's backward is all W, as the executor runs it; every action also pays the
 executor's fixed cost per action, ``PlanRequest.action_overhead_s``; where the schedule's sends
 block the sender (``PlanRequest.blocking_sends``), a forward or backward also pays sending its
@@ -20,6 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from autopipe.costs.activations.choices import NO_CHOICE, MemoryChoice
 from autopipe.costs.profile import Profile
 from autopipe.partition.memo import Recent
 from autopipe.partition.problem import Partition, PartitionProblem, memory_fits, stage_stats
@@ -50,11 +53,13 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Decision:
-    """A pipeline decision the search prices: schedule, virtual stages, micro-batches."""
+    """A pipeline decision the search prices: schedule, virtual stages, micro-batches, and the
+    uniform memory choice (selective recomputation, offload or the block method; costs/activations/choices.py)."""
 
     schedule: str
     virtual: int
     micro_batches: int
+    memory: MemoryChoice = NO_CHOICE
 
 
 def micro_batch_size(batch_size: int, d: Decision) -> int:
@@ -186,10 +191,12 @@ def _costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list
         bi[s] += t.bi[i]
         w[s] += t.w[i]
     costs = []
+    layer_extra = stats.layer_extra or (0.0,) * n  # the block method's first layers (partition/layers.py)
+    layer_peak = stats.layer_peak or (0.0,) * n
     for s in range(n):
         rc = part.recompute[s]
         held = stats.in_bytes[s] if rc else stats.act[s]
-        extra = f[s] if rc else 0.0
+        extra = f[s] if rc else layer_extra[s]
         # The first stage's inputs are the batch: no gradient to pass back, so a split
         # backward's B has nothing to compute and W is all of it (recomputation included).
         first, o = s == 0, t.action_s
@@ -201,7 +208,7 @@ def _costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list
                 backward_weight_s=b[s] + extra + o if first else w[s] + o,
                 activation_bytes=held,
                 weight_grad_bytes=held,
-                transient_bytes=stats.act[s] if rc else 0.0,
+                transient_bytes=stats.act[s] if rc else layer_peak[s],
                 static_bytes=stats.static[s],
             )
         )

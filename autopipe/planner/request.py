@@ -23,9 +23,11 @@ Words (the glossary; every module, flag and keyword uses them so):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
 
-from autopipe.costs.profile import Profile
+from autopipe.costs.activations.choices import NO_CHOICE, MemoryChoice
+from autopipe.costs.profile import MemoryOption, Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.modes import Recompute
 from autopipe.planner.pricing import Decision
@@ -77,6 +79,13 @@ class Choices:
     virtual: int | None = None  # v: stages per device, for the interleaved and V schedules
     recompute: Recompute = Recompute.AUTO  # which stages recompute their activations
     target: str = "autopipe"  # the framework that runs the plan: the search keeps to what it runs (TARGETS)
+    # The uniform memory choice (costs/activations/choices.py; the plan's fields of the same names): module
+    # kinds recomputed in every layer, the first k layers of each stage recomputed, module kinds
+    # offloaded. None leaves the form to the search; () or 0 rules it out; a value pins it (and
+    # rules the other two out).
+    recompute_modules: tuple[str, ...] | None = None
+    recompute_layers: int | None = None
+    offload_modules: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:  # types here (the API's values); ranges in validate, in the caller's words
         for name in ("micro_batches", "virtual"):
@@ -88,6 +97,19 @@ class Choices:
                 raise PlanError(
                     f"{name} must be a name (a str), like {'1f1b' if name == 'schedule' else 'megatron'}, not {value!r}"
                 )
+        for name in ("recompute_modules", "offload_modules"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                value = tuple(v for v in value.replace(",", " ").split() if v != "none")
+                object.__setattr__(self, name, value)
+            if value is not None and (
+                not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value)
+            ):
+                raise PlanError(f"{name} must be module kinds (strs), like ('core_attn', 'mlp'), not {value!r}")
+            if value is not None:
+                object.__setattr__(self, name, tuple(value))
+        if self.recompute_layers is not None:
+            check_int(self.recompute_layers, "recompute_layers", low=0)
         if isinstance(self.recompute, str) and self.recompute in Recompute._value2member_map_:
             object.__setattr__(
                 self, "recompute", Recompute(self.recompute)
@@ -163,14 +185,53 @@ class PlanRequest:
     state_factor: float = 4.0  # bytes kept per parameter byte: weights, grads, Adam m and v
     alternatives: int = 5
     blocking_sends: tuple[str, ...] = ()  # schedules whose pipeline sends block the sender (Overlap.p2p off)
+    recompute_modules: tuple[str, ...] | None = None  # the uniform memory choice, as Choices says
+    recompute_layers: int | None = None
+    offload_modules: tuple[str, ...] | None = None
+    host_bandwidth: float = 0.0  # bytes/s to the host, one direction (offload; 0: no host link known)
 
     @property
     def choices(self) -> Choices:
-        return Choices(self.micro_batches, self.schedule, self.virtual, self.recompute, self.target)
+        return Choices(
+            self.micro_batches,
+            self.schedule,
+            self.virtual,
+            self.recompute,
+            self.target,
+            self.recompute_modules,
+            self.recompute_layers,
+            self.offload_modules,
+        )
 
     @property
     def link(self) -> Link:
         return Link(self.link_bandwidth, self.link_latency_s, self.action_overhead_s)
+
+    @property
+    def memory_pin(self) -> MemoryChoice | None:
+        """The memory choice the request pins (none of the three forms when each is ruled out),
+        or None where it leaves one to the search."""
+        return pin_of(self.recompute_modules, self.recompute_layers, self.offload_modules)
+
+    def pinned_to(self, choice: MemoryChoice) -> PlanRequest:
+        """This request with the memory choice pinned to ``choice`` (how the search tries each)."""
+        return replace(
+            self, recompute_modules=choice.recompute, recompute_layers=choice.layers, offload_modules=choice.offload
+        )
+
+
+def pin_of(
+    recompute_modules: tuple[str, ...] | None, recompute_layers: int | None, offload_modules: tuple[str, ...] | None
+) -> MemoryChoice | None:
+    """The :class:`MemoryChoice` the three fields pin (a value pins its form and rules the others
+    out; all three ruled out pins none), or None where some form is left to the search;
+    PlanError (one line) for two forms pinned at once or unknown module kinds."""
+    given = [x for x in (recompute_modules, recompute_layers, offload_modules) if x]
+    if given:
+        return MemoryChoice(recompute_modules or (), offload_modules or (), recompute_layers or 0)
+    if None in (recompute_modules, recompute_layers, offload_modules):
+        return None
+    return NO_CHOICE
 
 
 def divisors(n: int, at_most: int = MAX_MICRO_BATCHES) -> list[int]:
@@ -201,16 +262,17 @@ def decisions(profile: Profile, req: PlanRequest) -> list[Decision]:
     on_torch = req.target in ("torch", "torchtitan")  # torchtitan runs torch's schedule classes
     torch_runs = (lambda name, m, v: torch_refusal(name, S, m, S * v) is None) if on_torch else None
     out = []
+    memory = req.memory_pin or NO_CHOICE  # the search pins each choice it tries (planner/search.py)
     for m in ms:
         for name in schedules:
             spec = schedule_spec(name)
             if not spec.takes_virtual:
-                out.append(Decision(name, 1, m))
+                out.append(Decision(name, 1, m, memory))
                 continue
             vs = [req.virtual] if req.virtual else list(spec.virtual_choices)
             for v in vs:
                 if spec.searchable(S, m, v) and S * v <= n:
-                    out.append(Decision(name, v, m))
+                    out.append(Decision(name, v, m, memory))
     out = [d for d in out if torch_runs is None or torch_runs(d.schedule, d.micro_batches, d.virtual)]
     return out
 
@@ -223,6 +285,7 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
     _check_sizes(profile, req, words)
     _check_micro_batches(profile, req, words)
     _check_target(req, words)
+    _check_memory(profile, req, words)
     spec, least = _check_schedule(profile, req, words)
     n, S, B = profile.num_blocks, req.devices, req.batch_size
     w, said = words.name, words.said
@@ -310,6 +373,62 @@ def _check_micro_batches(profile: Profile, req: PlanRequest, words: Words) -> No
             "torch.export traced this model, and it traces a micro-batch of 1 with another graph than this "
             f"profile's; use {said('batch_size', 2)} or more"
         )
+
+
+def _check_memory(profile: Profile, req: PlanRequest, words: Words) -> None:
+    """A pinned memory choice the recomputation mode, the target, the device and the profile allow."""
+    w, said = words.name, words.said
+    if req.recompute_layers is not None and req.recompute_layers < 0:
+        raise PlanError(f"{w('recompute_layers')} must be 0 or more (got {req.recompute_layers})")
+    pin = req.memory_pin
+    if pin is None or pin.none:
+        return
+    recomputes = bool(pin.recompute or pin.layers)
+    field = "recompute_modules" if pin.recompute else "recompute_layers" if pin.layers else "offload_modules"
+    value = pin.layers if pin.layers else ",".join(pin.recompute or pin.offload)
+    if recomputes and req.recompute != "auto":
+        mode = "recompute=always" if req.recompute == "always" else "recompute=never"
+        raise PlanError(
+            f"{said(field, value)} and {w(mode)} contradict each other: a plan recomputes whole stages, "
+            "some layers or some modules, one of them; give one"
+        )
+    target = target_spec(req.target)
+    runs = (
+        target.recomputes(pin.recompute)
+        if pin.recompute
+        else target.block_layers
+        if pin.layers
+        else target.offloads(pin.offload)
+    )
+    if not runs:
+        raise PlanError(
+            f"{said('target', req.target)} {said(field, value)}: {target.label} does not run it as priced "
+            f"({target.searched()}); drop {w(field)} or plan for {said('target', 'autopipe')}"
+        )
+    layers = [b for b in profile.blocks if b.layer]
+    if not layers:
+        raise PlanError(
+            f"{said(field, value)}: the profile has no transformer layer whose parts it knows (an attention core, "
+            "graph/units.py); profile it again with this autopipe, or drop it"
+        )
+    if pin.offload and not req.host_bandwidth > 0:
+        raise PlanError(
+            f"{said(field, value)}: offloading needs the device's host link bandwidth (host_bandwidth in the "
+            "device catalogue); plan for a catalogue GPU (--device h100) or drop it"
+        )
+    kinds = pin.recompute or pin.offload
+    lacking = [b.name for b in layers if not _has(b.memory, pin.recompute, pin.offload)] if kinds else []
+    if lacking:
+        raise PlanError(
+            f"{said(field, value)}: layer {lacking[0]} has no such module kind (its parts: graph/units.py); "
+            "pick others or drop it"
+        )
+
+
+def _has(options: Sequence[MemoryOption], recompute: tuple[str, ...], offload: tuple[str, ...]) -> bool:
+    if recompute:
+        return any(o.recompute == recompute for o in options)
+    return set(offload) <= {o.offload[0] for o in options if o.offload}
 
 
 def _check_target(req: PlanRequest, words: Words) -> None:

@@ -51,10 +51,11 @@ import itertools
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from autopipe.costs.activations.choices import NO_CHOICE, MemoryChoice, apply, choices
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.modes import Recompute
@@ -68,6 +69,7 @@ from autopipe.planner.bounds import (
     PRUNE_TOLERANCE,
     Work,
     decision_bound,
+    layer_work,
     lower_bound,
     split_bound,
     work_table,
@@ -124,13 +126,16 @@ def choose_solvers(problem: PartitionProblem) -> Solvers:
     """The one place that chooses the partition kernels, by the problem's size and shape:
 
     - the cuts: the exact chain DP (:func:`~autopipe.partition.chain.solve_chain`) while
-      n² · S is at most 4,000,000, else the bisection solver
+      n² · S is at most 4,000,000 or the stages recompute their first layers (the block
+      method, which only it prices), else the bisection solver
       (:func:`~autopipe.partition.greedy.solve_fast`, within :data:`SOLVER_TOLERANCE`);
     - free placement: on a DAG (a tensor skips a block) of at most 48 blocks, the ILP
       (:func:`~autopipe.partition.ilp.solve_ilp`) also places blocks in any order monotone
       along the edges, for the best two decisions, kept where the simulator says faster.
     """
     n = problem.blocks
+    if problem.recompute_layers:  # the block method: only the chain DP prices it (partition/layers.py)
+        return Solvers("chain", False)
     cuts = "chain" if n * n * problem.stages <= _EXACT_DP_LIMIT else "bisection"
     dag = n <= _ILP_MAX_BLOCKS and any(t.src >= 0 and any(d != t.src + 1 for d in t.dsts) for t in problem.tensors)
     return Solvers(cuts, dag)
@@ -162,13 +167,46 @@ def plan_search(
     validated request); InfeasibleError when none fits (none faster than ``incumbent``: another search's
     time to beat). A target that recomputes every stage or none (``Target.uniform_recompute``) searches
     both ways, where the request leaves recomputation to the search. ``shared``: the unlimited cuts
-    kept across the searches of one profile (they do not depend on memory)."""
+    kept across the searches of one profile (they do not depend on memory: the cluster search's
+    shardings).
+
+    Where the request leaves the memory choice to the search (``PlanRequest.memory_pin`` None), each
+    uniform choice the target runs (:func:`memory_choices`: selective recomputation and offload as
+    profiles, ``costs.activations.choices.apply``; the first k layers of each stage as the partition
+    problem's) is searched after the plain one, against the fastest plan so far, and only on the
+    decisions where memory bound the plain search (:class:`_Found`'s ``tight``): where every split
+    fitted with nothing recomputed, no choice that only adds time can beat it. The block method's
+    k grows while a decision stays tight."""
     target = target_spec(request.target)
     if request.recompute == "auto" and target.never_recomputes:
-        return _one_search(profile, replace(request, recompute=Recompute.NEVER), progress, incumbent, shared)
-    if request.recompute == "auto" and target.uniform_recompute:
-        return _uniform_search(profile, request, progress, incumbent, shared)
-    return _one_search(profile, request, progress, incumbent, shared)
+        request = replace(request, recompute=Recompute.NEVER)
+    free = shared.of(profile, request) if shared is not None else None
+    pin = request.memory_pin
+    if pin is not None:
+        return _raise_or(_choice_search(profile, request, pin, progress, incumbent, None, explain=True, free=free))
+    plain = _modes_search(profile, request.pinned_to(NO_CHOICE), progress, incumbent, free=free)
+    found, errors = list(plain.priced), [plain.error]
+    best = min([incumbent] + [x.summary.iteration_s for x in found])
+    tight: dict[str, frozenset[tuple[str, int, int]]] = {}  # per ladder: where memory still binds
+    previous: dict[str, MemoryChoice] = {}
+    for choice in memory_choices(profile, request):
+        ladder = "layers" if choice.layers else "offload" if choice.offload else "recompute"
+        before = previous.get(ladder)
+        only = (
+            tight.get(ladder, plain.tight) if before is not None and _slower(profile, choice, before) else plain.tight
+        )
+        if not only:
+            continue
+        got = _choice_search(profile, request, choice, progress, best, only, plain)
+        found += got.priced
+        errors.append(got.error)
+        best = min([best] + [x.summary.iteration_s for x in got.priced])
+        tight[ladder], previous[ladder] = got.tight, choice
+    if not found:  # nothing fits: each choice's smallest limit that would (worked out only now)
+        for choice in memory_choices(profile, request):
+            errors.append(_choice_search(profile, request, choice, progress, incumbent, plain.tight, plain, True).error)
+        raise min((e for e in errors if e is not None), key=_need)
+    return sorted(found, key=lambda ct: (ct.summary.iteration_s, order(ct.candidate)))
 
 
 class SharedCuts:
@@ -187,22 +225,120 @@ class SharedCuts:
         return hit[1]
 
 
-def _uniform_search(
-    profile: Profile, request: PlanRequest, progress: Progress | None, incumbent: float, shared: SharedCuts | None
-) -> list[Priced]:
-    """Nothing recomputed and every stage recomputed, each searched, their plans merged fastest first;
-    InfeasibleError (recomputing everything: the least memory) when neither fits."""
-    found: list[Priced] = []
-    error: InfeasibleError | None = None
-    for mode in (Recompute.NEVER, Recompute.ALWAYS):
-        try:
-            found += _one_search(profile, replace(request, recompute=mode), progress, incumbent, shared)
-        except InfeasibleError as e:
-            error = e
-    if not found:
-        assert error is not None
-        raise error
-    return sorted(found, key=lambda ct: (ct.summary.iteration_s, order(ct.candidate)))
+def _slower(profile: Profile, choice: MemoryChoice, before: MemoryChoice) -> bool:
+    """Whether ``choice`` keeps no more than ``before`` and costs every layer at least its time,
+    so a decision where every split fitted under ``before`` cannot gain from it (its ladder's
+    searches then keep to where ``before`` was tight): the block method's larger k, an offload
+    of more kinds, a recompute set whose every layer's recomputation is no shorter."""
+    if choice.layers:
+        return choice.layers > before.layers
+    if choice.offload:
+        return set(before.offload) <= set(choice.offload)
+    u = max(profile.micro_batch_sizes)
+    for b in profile.blocks:
+        mine = next((o for o in b.memory if o.recompute == choice.recompute), None)
+        theirs = next((o for o in b.memory if o.recompute == before.recompute), None)
+        if mine is None or theirs is None:
+            continue
+        if mine.recompute_s(u) < theirs.recompute_s(u) or mine.saved_bytes(u) > theirs.saved_bytes(u):
+            return False
+    return True
+
+
+def _need(e: InfeasibleError) -> float:
+    return e.min_memory_bytes if e.min_memory_bytes is not None else math.inf
+
+
+def _raise_or(found: _Found) -> list[Priced]:
+    if found.error is not None:
+        raise found.error
+    return found.priced
+
+
+def memory_choices(profile: Profile, request: PlanRequest) -> list[MemoryChoice]:
+    """The uniform memory choices the search tries for ``request`` besides none, in order:
+    selective recomputation (``costs.activations.choices.choices``: those no other beats in both bytes and
+    time), offload (where the device has a host link), then the first k layers of each stage for
+    k = 1 up to the most layers a stage can hold, less one (all of them: ``--recompute-all``'s
+    territory); each only where the target runs it, the recomputation mode allows and the
+    request does not rule its form out (``recompute_modules=()`` and so on)."""
+    target = target_spec(request.target)
+    if request.recompute == "always":
+        return []
+    u = max(profile.micro_batch_sizes)
+    out = [
+        c
+        for c in choices(profile, u, request.host_bandwidth)
+        if (c.offload and target.offloads(c.offload) and request.offload_modules is None)
+        or (c.recompute and target.recomputes(c.recompute) and request.recompute_modules is None)
+    ]
+    if request.recompute == "never":
+        return [c for c in out if c.offload]
+    layers = sum(b.layer for b in profile.blocks)
+    if target.block_layers and layers > 1 and request.recompute_layers is None:
+        out += [MemoryChoice(layers=k) for k in range(1, -(-layers // request.devices))]
+    return out
+
+
+@dataclass(frozen=True)
+class _Found:
+    """What one search found: the candidates that fit (fastest first), the error where none did,
+    the decisions (schedule, v, m) where memory bound it (:attr:`_Search.tight`) and its
+    unlimited cuts (``_Search.free``: the choices' searches start from them too)."""
+
+    priced: list[Priced]
+    error: InfeasibleError | None
+    tight: frozenset[tuple[str, int, int]]
+    free: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict, compare=False)
+    context: SearchContext | None = field(default=None, compare=False)  # what the choices' searches share
+
+
+def _choice_search(
+    profile: Profile,
+    request: PlanRequest,
+    choice: MemoryChoice,
+    progress: Progress | None,
+    incumbent: float,
+    only: frozenset[tuple[str, int, int]] | None,
+    plain: _Found | None = None,
+    explain: bool = False,
+    free: dict[tuple[int, int], tuple[int, ...]] | None = None,
+) -> _Found:
+    """The search with the memory choice ``choice`` pinned: none searches the recompute modes; any
+    other is one search with nothing recomputed whole, on its profile (``costs.activations.choices.apply``).
+    ``plain``: the plain search, whose unlimited cuts (candidates under any choice) and context
+    (compiled schedules, and the block numbers where the profile is the same) it starts from;
+    ``explain``: work out the smallest limit that fits where nothing does (else left out)."""
+    if choice.none:
+        return _modes_search(profile, request.pinned_to(choice), progress, incumbent, only, free)
+    priced = apply(profile, choice, request.host_bandwidth)
+    pinned = replace(request.pinned_to(choice), recompute=Recompute.NEVER)
+    ctx = plain.context.sharing(priced, pinned) if plain is not None and plain.context is not None else None
+    if plain is not None:
+        free = dict(plain.free)
+    elif free is not None:
+        free = dict(free)  # the profile's unlimited cuts: candidates under any choice
+    return _one_search(priced, pinned, progress, incumbent, only, free, ctx, explain)
+
+
+def _modes_search(
+    profile: Profile,
+    request: PlanRequest,
+    progress: Progress | None,
+    incumbent: float,
+    only: frozenset[tuple[str, int, int]] | None = None,
+    free: dict[tuple[int, int], tuple[int, ...]] | None = None,
+) -> _Found:
+    """The search in the request's recompute mode; for a target that recomputes every stage or
+    none, nothing recomputed and every stage recomputed, each searched, merged fastest first
+    (the error, where neither fits: recomputing everything's, the least memory). ``free``: the
+    unlimited cuts to start from (and keep what they find in)."""
+    if not (request.recompute == "auto" and target_spec(request.target).uniform_recompute):
+        return _one_search(profile, request, progress, incumbent, only, free)
+    never = _one_search(profile, replace(request, recompute=Recompute.NEVER), progress, incumbent, only, free)
+    always = _one_search(profile, replace(request, recompute=Recompute.ALWAYS), progress, incumbent, only)  # own cuts
+    found = sorted(never.priced + always.priced, key=lambda ct: (ct.summary.iteration_s, order(ct.candidate)))
+    return _Found(found, None if found else always.error or never.error, never.tight, never.free, never.context)
 
 
 def _one_search(
@@ -210,18 +346,27 @@ def _one_search(
     request: PlanRequest,
     progress: Progress | None = None,
     incumbent: float = math.inf,
-    shared: SharedCuts | None = None,
-) -> list[Priced]:
-    """:func:`plan_search` for one recompute mode."""
-    search = _Search(SearchContext(profile, request), progress or (lambda what, done, total: None), incumbent)
-    if shared is not None:
-        search.free = shared.of(profile, request)
+    only: frozenset[tuple[str, int, int]] | None = None,
+    free: dict[tuple[int, int], tuple[int, ...]] | None = None,
+    ctx: SearchContext | None = None,
+    explain: bool = True,
+) -> _Found:
+    """:func:`plan_search` for one recompute mode and memory choice (``only``: these decisions;
+    ``free``: unlimited cuts to start from, as :meth:`_Search.free_cuts` keeps them; ``ctx``: a
+    context shared with another search; ``explain``: as :meth:`_Search.fitting`)."""
+    report = progress or (lambda what, done, total: None)
+    ctx = SearchContext(profile, request) if ctx is None else ctx
+    search = _Search(ctx, report, incumbent, only, free)
     search.run()
-    fitting = search.fitting()
+    try:
+        fitting = search.fitting(explain)
+    except InfeasibleError as e:
+        return _Found([], e, frozenset(search.tight), search.free, ctx)
     search.report("searching", len(search.todo), len(search.todo))  # the rest could not win
     fitting = _refine_with_ilp(profile, request, fitting, search.report)
     pending = [(bound, item) for bound, _, item in sorted(search.queue) if isinstance(item, Split | LazySplit)]
-    return improve(profile, request, fitting, set(search.tables), pending, search.prepared)
+    found = improve(profile, request, fitting, set(search.tables), pending, search.prepared)
+    return _Found(found, None, frozenset(search.tight), search.free, ctx)
 
 
 @dataclass(frozen=True)
@@ -242,13 +387,26 @@ class _Search:
     """The branch and bound's state: the decisions in bound order, the queue, what each opened
     decision keeps, and the best simulated time that fits."""
 
-    def __init__(self, ctx: SearchContext, report: Progress, incumbent: float) -> None:
+    def __init__(
+        self,
+        ctx: SearchContext,
+        report: Progress,
+        incumbent: float,
+        only: frozenset[tuple[str, int, int]] | None = None,
+        free: dict[tuple[int, int], tuple[int, ...]] | None = None,
+    ) -> None:
         self.ctx, self.report, self.best = ctx, report, incumbent
         self.profile, self.req = ctx.profile, ctx.request
         self.work: Work = work_table(self.profile, self.req.devices)
+        self.layers = layer_work(self.profile)  # the block method's share of the bound
         self.todo = sorted(
-            decisions(self.profile, self.req), key=lambda d: (decision_bound(self.work, self.req, d), _order_key(d))
+            (d for d in decisions(self.profile, self.req) if only is None or _plain(d) in only),
+            key=lambda d: (decision_bound(self.work, self.req, d, self.layers), _order_key(d)),
         )
+        # the opened decisions where memory bound (plan_search): a split left out or recomputed, or
+        # the unlimited cuts (their sizes per decision) did not fit with nothing recomputed
+        self.tight: set[tuple[str, int, int]] = set()
+        self.free_sizes: dict[Decision, tuple[int, ...]] = {}
         self.simulated: list[Priced] = []
         self.queue: list[tuple[float, int, QueueItem]] = []  # (bound, tie-break, item)
         self.counter = itertools.count()
@@ -257,7 +415,8 @@ class _Search:
         self.opened = 0
         self.prepared: dict[Decision, tuple[PartitionProblem, BlockTimes]] = {}
         self.tables: dict[Decision, tuple[PartitionProblem, BlockTimes, SplitTable]] = {}
-        self.free: dict[tuple[int, int], tuple[int, ...]] = {}  # unlimited cuts per (micro-batch size, chunks)
+        # unlimited cuts per (micro-batch size, chunks)
+        self.free: dict[tuple[int, int], tuple[int, ...]] = {} if free is None else free
         self.simple: dict[
             tuple[str, int, int], tuple[int, ...]
         ] = {}  # the simple splits' sizes per (name, micro-batch size, chunks)
@@ -275,7 +434,7 @@ class _Search:
         self.report("searching", 0, len(self.todo))
         while True:
             open_bound = (
-                decision_bound(self.work, self.req, self.todo[self.opened])
+                decision_bound(self.work, self.req, self.todo[self.opened], self.layers)
                 if self.opened < len(self.todo)
                 else math.inf
             )
@@ -317,6 +476,11 @@ class _Search:
         self.simulated.append(x)
         if fits(x.summary, req.memory_limit):
             self.best = min(self.best, x.summary.iteration_s)
+        d = x.candidate.decision
+        if self.free_sizes.get(d) == sizes_of(x.candidate.partition, x.candidate.problem.stages):
+            # the unlimited cuts as simulated: memory binds d unless they fit with nothing recomputed
+            plain = fits(x.summary, req.memory_limit) and not any(x.candidate.partition.recompute)
+            (self.tight.discard if plain else self.tight.add)(_plain(d))
 
     def open(self, decision: Decision) -> None:
         """Queue a decision's candidates: all its splits in bound order where few enough,
@@ -327,6 +491,8 @@ class _Search:
         enumerated = split_table(problem, times, decision, req.devices, req.memory_limit)
         if enumerated is not None:
             self.need = min(self.need, enumerated.need)
+            if enumerated.tight:
+                self.tight.add(_plain(decision))
             if len(enumerated.sizes):  # few enough splits: all that fit, in bound order
                 self.tables[decision] = (problem, times, enumerated)
                 self.push(float(enumerated.bounds[0]), TableRow(decision, 0))
@@ -335,6 +501,10 @@ class _Search:
             return
         self.prepared[decision] = (problem, times)
         free = self.free_cuts(problem, size.u)
+        if free is None or not free.fits:
+            self.tight.add(_plain(decision))  # until the unlimited cuts, simulated, say otherwise (take)
+        if free is not None:
+            self.free_sizes[decision] = sizes_of(free, problem.stages)
         if free is not None and not free.fits:  # the chunk rule says no, the simulated peak may say yes
             bound, split = bounded(self.profile, req, candidate(decision, "solver", problem, free, times), times, False)
             if bound < math.inf:
@@ -387,10 +557,12 @@ class _Search:
         if decision.micro_batches > self.infeasible.get(key, (0, problem))[0]:
             self.infeasible[key] = (decision.micro_batches, problem)
 
-    def fitting(self) -> list[Priced]:
+    def fitting(self, explain: bool = True) -> list[Priced]:
         """The simulated candidates that fit, fastest first; InfeasibleError (with the smallest
-        limit that would fit) when none does."""
+        limit that would fit, unless ``explain`` is False) when none does."""
         req = self.req
+        if not self.simulated and not explain:
+            raise InfeasibleError("nothing fits")
         if not self.simulated:
             smallest_fit = self.need
             for (_, v), (_, problem) in self.infeasible.items():
@@ -407,6 +579,11 @@ class _Search:
 
 def _order_key(d: Decision) -> tuple[int, int, int]:
     return (schedule_spec(d.schedule).preference, d.virtual, d.micro_batches)
+
+
+def _plain(d: Decision) -> tuple[str, int, int]:
+    """A decision without its memory choice: what the choices' searches are limited to."""
+    return (d.schedule, d.virtual, d.micro_batches)
 
 
 def _refine_with_ilp(profile: Profile, req: PlanRequest, fitting: list[Priced], report: Progress) -> list[Priced]:

@@ -86,7 +86,8 @@ class BlockNumbers:
         return BlockNumbers(
             tuple(b.forward_s(u) + b.backward_s(u) for b in blocks),
             tuple(b.forward_s(u) for b in blocks),
-            tuple((b.param_bytes + b.shared_param_bytes) * state_factor for b in blocks),
+            # parameters with their gradients and optimizer state, and an offload's staging buffer
+            tuple((b.param_bytes + b.shared_param_bytes) * state_factor + b.staging_bytes(u) for b in blocks),
             tuple(b.saved_bytes(u) for b in blocks),
             tuple(Edge(t.src, t.dsts, t.bytes(u)) for t in profile.tensors if t.dsts),
         )
@@ -112,8 +113,10 @@ def problem_of(
         stage_memory_limit=(chunk_limit(req.memory_limit, decision.virtual),) * chunks,  # a device's v stages share it
         link_latency_s=req.link_latency_s,
         link_bandwidth=req.link_bandwidth,
-        recompute=req.recompute,
+        recompute="never" if decision.memory.layers else req.recompute,
         memo=b.memo,
+        layers=tuple(x.layer for x in profile.blocks) if decision.memory.layers else (),
+        recompute_layers=decision.memory.layers,
     )
 
 

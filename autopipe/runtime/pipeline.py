@@ -117,6 +117,27 @@ def pipeline(
     )
 
 
+def executor_refusal(plan: Plan) -> str | None:
+    """Why autopipe's executor does not run ``plan`` as priced, in one line (None: it does). It
+    recomputes whole stages; a plan's uniform memory choice (``Plan.memory_choice``: Megatron-LM's
+    selective recomputation, block method or activation offload) is for Megatron-LM to run."""
+    if not plan.memory_choice:
+        return None
+    field = (
+        "recompute_modules"
+        if plan.recompute_modules
+        else "recompute_layers"
+        if plan.recompute_layers
+        else "offload_modules"
+    )
+    flag = "--" + field.replace("_", "-") + (" 0" if field == "recompute_layers" else " none")
+    return (
+        f"the plan makes a uniform memory choice ({plan.memory_choice}: {field}), which autopipe's executor "
+        f"does not run (it recomputes whole stages); plan again with {flag} to run it here, or run it with "
+        "Megatron-LM (autopipe config PLAN --for megatron)"
+    )
+
+
 class Pipeline:
     """One rank's stages of a plan: :meth:`parameters` for the optimizer, :meth:`step` per batch."""
 
@@ -141,6 +162,9 @@ class Pipeline:
             raise RuntimeFailure(
                 "the torch engine runs on torch.distributed processes; comm= serves the autopipe engine only"
             )
+        refusal = executor_refusal(plan)
+        if refusal is not None:
+            raise PlanError(refusal)
         self.plan, self.engine_name = plan, engine
         self.device = _device(device)
         if example_inputs is None or loss_fn is None:

@@ -1,8 +1,10 @@
 """The frameworks a plan is made for (``autopipe plan --target``) and what of the search each runs as priced.
 
 Megatron-LM runs 1F1B and interleaved 1F1B (config/megatron.py) with full recomputation on every
-stage or none; torchtitan the schedules torch has a class for, its activation checkpointing one
-mode for all stages, and the others from a schedule CSV with nothing recomputed (config/titan_recipe.py);
+stage or none, selective recomputation of module kinds, the first k layers of each stage
+recomputed or module kinds' activations offloaded (uniform over the layers); torchtitan the
+schedules torch has a class for, its activation checkpointing one mode for all stages, and the
+others from a schedule CSV with nothing recomputed (config/titan_recipe.py);
 ``to_torch_pipelining`` (stages/export.py) every schedule, those without a class as a schedule CSV,
 and no recomputation; autopipe's executor everything. Each also says how it may split the
 training state over data-parallel replicas (``modes.Sharding``'s names: Megatron-LM its
@@ -46,6 +48,19 @@ class Target:
     shardings_alone: tuple[str, ...] | None = None  # ... and without one (one stage); None: the same
     overlaps: tuple[str, ...] = ("p2p",)  # what it overlaps with the computation (plans.Overlap's switches)
     blocking_p2p: tuple[str, ...] = ()  # of its schedules, those whose pipeline sends block the sender
+    # The uniform memory choices it runs (costs/activations/choices.py; the names are graph/kinds.py's): module
+    # kinds it recomputes in every layer, module kinds it offloads, the first k layers of each stage.
+    recompute_modules: tuple[str, ...] = ()
+    offload_modules: tuple[str, ...] = ()
+    block_layers: bool = False
+
+    def recomputes(self, kinds: Sequence[str]) -> bool:
+        """Whether it recomputes the module kinds ``kinds`` in every layer (selective recomputation)."""
+        return bool(kinds) and set(kinds) <= set(self.recompute_modules)
+
+    def offloads(self, kinds: Sequence[str]) -> bool:
+        """Whether it offloads the inputs of the module kinds ``kinds`` in every layer."""
+        return bool(kinds) and set(kinds) <= set(self.offload_modules)
 
     def sharding_choices(self, stages: int) -> tuple[str, ...]:
         """The shardings it runs on a pipeline of ``stages`` devices."""
@@ -78,7 +93,16 @@ class Target:
             return said + ", nothing recomputed"
         if self.no_recompute:
             said += f" ({', '.join(self.no_recompute)} with nothing recomputed)"
-        return said + (", every stage recomputed or none" if self.uniform_recompute else "")
+        said += ", every stage recomputed or none" if self.uniform_recompute else ""
+        if self.recompute_modules and not self.uniform_recompute:
+            return said
+        forms = [
+            "selective recomputation" if self.recompute_modules else "",
+            "the block method" if self.block_layers else "",
+            "activation offload" if self.offload_modules else "",
+        ]
+        named = [f for f in forms if f]
+        return said + (", or " + ", ".join(named[:-1]) + " or " + named[-1] if len(named) > 1 else "")
 
 
 def _targets() -> tuple[Target, ...]:
@@ -91,8 +115,20 @@ def _targets() -> tuple[Target, ...]:
     # reshards per micro-batch without a pipeline and gathers once a step with one
     fsdp, alone = ("none", "zero3-step"), ("none", "zero3")
     overlapping = ("grad_reduce", "param_gather", "p2p")
+    # Megatron-LM's --recompute-modules for a dense layer (moe_act is an MoE expert's activation, not
+    # the dense mlp_act) and Megatron-Core's --offload-modules (arguments.py, transformer_config.py)
+    selective = ("core_attn", "layernorm", "mlp")
+    offload = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm")
     return (
-        Target("autopipe", "autopipe's executor", every, False),
+        Target(
+            "autopipe",
+            "autopipe's executor",
+            every,
+            False,
+            recompute_modules=(*selective, "mlp_act"),
+            offload_modules=offload,
+            block_layers=True,
+        ),
         Target(
             "megatron",
             "Megatron-LM",
@@ -101,10 +137,31 @@ def _targets() -> tuple[Target, ...]:
             shardings=("none", "zero1", "zero2", "zero3"),
             overlaps=overlapping,
             blocking_p2p=("1f1b",),  # validate_args turns overlap_p2p_comm off without interleaving
+            recompute_modules=selective,
+            offload_modules=offload,
+            block_layers=True,
         ),
-        Target("torchtitan", "torchtitan", every, True, csv, False, fsdp, alone, overlapping),
+        Target(
+            "torchtitan",
+            "torchtitan",
+            every,
+            True,
+            no_recompute=csv,
+            shardings=fsdp,
+            shardings_alone=alone,
+            overlaps=overlapping,
+        ),
         # to_torch_pipelining builds torch's stages as traced: no activation checkpointing
-        Target("torch", "torch.distributed.pipelining", every, False, (), True, fsdp, alone, overlapping),
+        Target(
+            "torch",
+            "torch.distributed.pipelining",
+            every,
+            False,
+            never_recomputes=True,
+            shardings=fsdp,
+            shardings_alone=alone,
+            overlaps=overlapping,
+        ),
     )
 
 

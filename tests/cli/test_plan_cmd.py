@@ -689,6 +689,7 @@ def test_a_targets_json_has_both_predictions(
         "virtual",
         "micro_batches",
         "recomputed_stages",
+        "memory",
         "iteration_time_s",
         "step_time_s",
         "tensor_parallel",
@@ -817,3 +818,34 @@ def test_analytic_plan_refuses_timing_flags(tmp_path: Path, capsys: pytest.Captu
     assert capsys.readouterr().err == (
         "autopipe: error: --repeat applies to measured plans; an analytic plan times nothing: drop --repeat\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--recompute-modules", "core_attn,bogus"], "name each once, among core_attn, layernorm, mlp, mlp_act"),
+        (["--recompute-modules", ","], "--recompute-modules must be module kinds separated by commas"),
+        (["--recompute-layers", "-1"], "--recompute-layers must be an integer >= 0"),
+        (["--recompute-layers", "2", "--recompute-all"], "--recompute-layers 2 and recompute=always contradict"),
+        (["--recompute-modules", "mlp"], "--recompute-modules mlp: the profile has no transformer layer"),
+        (["--offload-modules", "core_attn", "--target", "torch"], "torch.distributed.pipelining does not run it"),
+    ],
+)
+def test_memory_choice_flags_that_cannot_be_planned_are_one_line(
+    chain_profile: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    out = tmp_path / "p.json"
+    args = ["plan", "--profile", str(chain_profile), "--stages", "2", "--batch-size", "8", "-o", str(out), *flags]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not out.exists()
+
+
+def test_none_rules_the_memory_choices_out(chain_profile: Path, tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    none = ["--recompute-modules", "none", "--recompute-layers", "0", "--offload-modules", "none"]
+    assert (
+        main(["plan", "--profile", str(chain_profile), "--stages", "2", "--batch-size", "8", "-o", str(out), *none])
+        == 0
+    )
+    assert Plan.load(out).memory_choice == ""

@@ -143,3 +143,29 @@ def test_a_timeline_too_big_to_draw_is_not_simulated(tmp_path: Path, capsys: pyt
         f"autopipe: error: --timeline {tmp_path / 't.png'}: {reason}; show the plan without --timeline\n"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+def test_a_memory_choice_is_shown_and_in_the_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import dataclasses
+
+    from autopipe.cli.render_plan import layout_line, plan_json
+
+    plan, _ = planned(tmp_path, capsys, 2)
+    choices = {
+        "recompute_modules": "activations: recompute core_attn+mlp in every layer (selective recomputation)",
+        "recompute_layers": "activations: recompute the first 2 layers of each stage whole",
+        "offload_modules": "activations: offload qkv_linear in every layer (its saved inputs to the host and back)",
+    }
+    values: dict[str, object] = {
+        "recompute_modules": ("core_attn", "mlp"),
+        "recompute_layers": 2,
+        "offload_modules": ("qkv_linear",),
+    }
+    for field, line in choices.items():
+        chosen = dataclasses.replace(plan, **{field: values[field]})  # type: ignore[arg-type]
+        assert line in printed(chosen)
+        assert plan_json(chosen)[field] == (list(values[field]) if field != "recompute_layers" else 2)  # type: ignore[call-overload]
+    assert "recompute selective (core_attn mlp)" in layout_line(
+        dataclasses.replace(plan, recompute_modules=("core_attn", "mlp"))
+    )
+    assert not any(line.startswith("activations:") for line in printed(plan))

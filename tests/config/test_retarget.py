@@ -12,7 +12,8 @@ from tests.config.test_torchtitan import _gpt_like
 _SPLIT = (("wte", "blocks.0"), ("blocks.1",), ("blocks.2", "blocks.3", "ln_f"), ("lm_head",))
 _MEGATRON = (
     "'autopipe plan ... --target megatron' plans the best Megatron-LM runs "
-    "(1f1b or interleaved-1f1b, every stage recomputed or none)"
+    "(1f1b or interleaved-1f1b, every stage recomputed or none, or selective recomputation, the block method or "
+    "activation offload)"
 )
 _TITAN = "'autopipe plan ... --target torchtitan' plans the best torchtitan runs ("
 

@@ -9,11 +9,10 @@ import torch
 
 from autopipe.costs.analytic import (
     count_model,
-    op_time,
     profile_from_counts,
     state_factor,
 )
-from autopipe.costs.counting import OpCount
+from autopipe.costs.counting import OpCount, op_time
 from autopipe.costs.devices import DeviceSpec, device_spec
 from autopipe.model.load import load_model
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from autopipe.costs.analytic import PRECISIONS, block_time, count_model, op_time, profile_from_counts
+from autopipe.costs.analytic import PRECISIONS, count_model, profile_from_counts
 from autopipe.costs.calibrate import (
     _GRID,
     CURVE_POINTS,
@@ -22,7 +22,7 @@ from autopipe.costs.calibrate import (
     save_calibration,
     stored_calibration,
 )
-from autopipe.costs.counting import OpCount, count_block
+from autopipe.costs.counting import OpCount, block_time, count_block, op_time
 from autopipe.costs.devices import DeviceError, device_spec, read_device_file
 from autopipe.costs.tensor import split_ops
 from autopipe.model.load import load_model

@@ -12,7 +12,7 @@ from torch import nn
 from autopipe.costs.measured import profile_model
 from autopipe.costs.profile import Profile
 from autopipe.errors import ProfileError
-from autopipe.model.load import LoadedModel, ModelSpec, default_loss
+from autopipe.model.load import LoadedModel, ModelSpec, default_loss, load_model
 from tests.helpers import Net
 
 
@@ -116,3 +116,27 @@ def test_profiling_uses_the_asked_threads_and_restores_them() -> None:
             assert str(info.value) == message
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_measured_profile_prices_a_layers_parts_from_its_counts() -> None:
+    """Selective recomputation needs the counts: a measured layer's options keep the bytes its
+    anatomy counts (the same saved_tensors_hooks storages as measured) and take a recomputed
+    part's time as its counted ops' share of the layer's measured forward."""
+    from autopipe.costs.activations.choices import MemoryChoice, apply
+
+    loaded = load_model("models/gpt.py", {"n_layer": 2})
+    prof = profile_model(loaded, micro_batch_sizes=[2, 4], warmup=0, repeat=1)
+    layers = [b for b in prof.blocks if b.layer]
+    assert [b.name for b in layers] == ["blocks.0", "blocks.1"] and not any(
+        b.memory for b in prof.blocks if not b.layer
+    )
+    for b in layers:
+        mlp = next(o for o in b.memory if o.recompute == ("mlp",))
+        for u in (2, 4):
+            # GELU's input and output (4 h each per token, fp32) no longer kept: 2 x 4 x 128 x 64 x u x 4 bytes
+            assert b.saved_bytes(u) - mlp.saved_bytes(u) == pytest.approx(2 * 4 * 128 * 64 * u * 4)
+            assert 0 < mlp.recompute_s(u) < b.forward_s(u)
+    again = apply(prof, MemoryChoice(recompute=("mlp",)))
+    b = again.blocks[prof.blocks.index(layers[0])]
+    mlp = next(o for o in layers[0].memory if o.recompute == ("mlp",))
+    assert b.backward_s(4) == pytest.approx(layers[0].backward_s(4) + mlp.recompute_s(4))

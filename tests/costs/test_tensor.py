@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from autopipe.costs.analytic import ModelCounts, block_time, count_model, profile_from_counts
-from autopipe.costs.counting import OpCount
+from autopipe.costs.analytic import ModelCounts, count_model, profile_from_counts
+from autopipe.costs.counting import OpCount, block_time
 from autopipe.costs.devices import device_spec
 from autopipe.costs.tensor import (
     REPLICATED_SHARE,

@@ -11,9 +11,11 @@ from dataclasses import replace
 import pytest
 
 import autopipe
+from autopipe.costs.activations.choices import MemoryChoice
 from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import InfeasibleError
 from autopipe.graph.recipe import TraceRecipe
+from autopipe.modes import Recompute
 from autopipe.planner.exact import split_table
 from autopipe.planner.pricing import BlockTimes, Decision, fits
 from autopipe.planner.request import CHOICE_FIELDS, PlanRequest, decisions
@@ -234,3 +236,67 @@ def test_local_moves_only_improve_a_decision_too_large_to_enumerate(monkeypatch:
         ) * (1 + 1e-9)  # type: ignore[arg-type]
         improved += with_moves.iteration_time_s < without.iteration_time_s
     assert improved >= 3
+
+
+def _layered(n: int, seed: int) -> Profile:
+    """:func:`chain` whose blocks but the first and the last are layers (the block method's)."""
+    prof = chain(n, seed)
+    return replace(prof, blocks=tuple(replace(b, layer=0 < i < n - 1) for i, b in enumerate(prof.blocks)))
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "dualpipe-v"])
+def test_the_block_methods_bounds_are_below_and_memory_is_the_simulators(name: str) -> None:
+    """As above with every chunk recomputing its first layer (``partition/layers.py``)."""
+    prof = _layered(9, 7)
+    S, v = 3, CHUNKED.get(name, 1)
+    d = Decision(name, v, 6, MemoryChoice(layers=1))
+    t = BlockTimes.of(prof, 1, 1e-4)
+    loose = PlanRequest(
+        devices=S,
+        batch_size=6,
+        memory_limit=math.inf,
+        micro_batches=6,
+        schedule=name,
+        action_overhead_s=1e-4,
+        recompute=Recompute.NEVER,
+        recompute_layers=1,
+    )
+    peaks = sorted(max(price_split(prof, loose, d, x)[1].peak_memory_bytes) for x in _splits(9, S * v))
+    req = replace(loose, memory_limit=peaks[len(peaks) // 3])
+    p = problem_of(prof, req, d)
+    assert p.recompute_layers == 1
+    every, kept = split_table(p, t, d, S, math.inf), split_table(p, t, d, S, req.memory_limit)
+    assert every is not None and kept is not None
+    inside = {tuple(x) for x in kept.sizes.tolist()}
+    assert 0 < len(inside) < len(every.sizes)
+    for sizes, bound in zip(every.sizes.tolist(), every.bounds, strict=True):
+        _, s = price_split(prof, req, d, sizes, problem=p, times=t)
+        assert bound <= s.iteration_s
+        assert fits(s, req.memory_limit) == (tuple(sizes) in inside), sizes
+    assert kept.need == pytest.approx(peaks[0], rel=1e-9)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_pinned_block_method_finds_the_best_split(k: int) -> None:
+    for seed in range(20):
+        prof, kw = case(seed, max_blocks=9)
+        prof = _layered(prof.num_blocks, seed)
+        kw = dict(kw, recompute="auto", recompute_layers=k)  # the block method is the one recomputation
+        req = PlanRequest(
+            devices=int(kw["stages"]),  # type: ignore[call-overload]
+            batch_size=int(kw["batch_size"]),  # type: ignore[call-overload]
+            memory_limit=float(kw["memory"]),  # type: ignore[arg-type]
+            micro_batches=int(kw["micro_batches"]),  # type: ignore[call-overload]
+            schedule=str(kw["schedule"]),
+            recompute=Recompute.NEVER,
+            link_bandwidth=4e9,
+            link_latency_s=120e-6,
+            action_overhead_s=3e-4,
+            recompute_layers=k,
+        )
+        want = best_split(prof, req, decisions(prof, req))
+        try:
+            got = _plan_profile(prof, kw).iteration_time_s
+        except InfeasibleError:
+            got = math.inf
+        assert got == want or abs(got - want) <= 1e-9 * want, (seed, kw, got, want)

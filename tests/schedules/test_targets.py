@@ -24,7 +24,10 @@ def test_each_target_runs_its_schedules_and_recomputation() -> None:
 
 
 def test_what_each_target_searches_is_said_in_one_phrase() -> None:
-    assert target_spec("megatron").searched() == "1f1b or interleaved-1f1b, every stage recomputed or none"
+    assert target_spec("megatron").searched() == (
+        "1f1b or interleaved-1f1b, every stage recomputed or none, or selective recomputation, the block method or "
+        "activation offload"
+    )
     assert target_spec("torch").searched() == "any schedule, nothing recomputed" and target_spec("torch").restricts()
     assert target_spec("torchtitan").searched() == (
         "any schedule (v-half, v-min, zb-h2 with nothing recomputed), every stage recomputed or none"

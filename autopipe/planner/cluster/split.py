@@ -188,6 +188,10 @@ def _search(
         alternatives=request.alternatives,
         action_overhead_s=request.action_overhead_s,
         blocking_sends=ctx.blocking,
+        recompute_modules=request.choices.recompute_modules,
+        recompute_layers=request.choices.recompute_layers,
+        offload_modules=request.choices.offload_modules,
+        host_bandwidth=request.host_bandwidth,
     )
     if req.memory_limit <= 0:
         raise InfeasibleError(f"the gathered weights and gradients alone take {format_bytes(extra)} per device")

@@ -39,6 +39,7 @@ class ParallelRequest:
     sharding: Sharding | None = None  # pin how the state is split over the replicas (None: searched)
     shard_group: int | None = None  # pin the replicas it is split over (hybrid; None: all, or searched)
     overlap: Overlap | None = None  # what the time model overlaps (None: the target's, cluster.target_overlap)
+    host_bandwidth: float = 0.0  # bytes/s to the host per device (activation offload; PlanRequest's)
 
 
 @dataclass(frozen=True)

@@ -198,6 +198,11 @@ def check_options(o: RunOptions) -> None:
 def check_launch(o: RunOptions, plan: Plan) -> None:
     """:func:`check_options` and what needs the plan: a GPU per rank, a checkpoint of this plan."""
     check_options(o)  # --engine torch runs every schedule (those without a torch class as a schedule CSV)
+    from autopipe.runtime.pipeline import executor_refusal
+
+    refusal = executor_refusal(plan)
+    if refusal is not None:
+        raise RunOptionError(refusal)
     if o.engine is Engine.TORCH:
         from autopipe.schedules.torch_limits import torch_refusal
 

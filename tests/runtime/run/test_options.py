@@ -308,3 +308,25 @@ def test_engine_torch_takes_a_schedule_torch_has_no_class_for() -> None:
 
     # torch runs it from the plan's schedule CSV (autopipe/stages/schedule_csv.py): nothing to refuse
     check_launch(RunOptions(engine=Engine.TORCH), cached_plan("skip", 2, "v-min", 2, (0, 3)))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "flag"),
+    [
+        ("recompute_modules", ("core_attn",), "--recompute-modules none"),
+        ("recompute_layers", 2, "--recompute-layers 0"),
+        ("offload_modules", ("qkv_linear",), "--offload-modules none"),
+    ],
+)
+def test_a_plan_with_a_memory_choice_is_refused_before_any_rank_starts(field: str, value: object, flag: str) -> None:
+    """autopipe's executor recomputes whole stages; Megatron-LM's uniform choices are Megatron's to run."""
+    from autopipe.plans import Plan
+    from autopipe.runtime.pipeline import executor_refusal
+    from tests.helpers import FIXTURES
+
+    plan = dataclasses.replace(Plan.load(FIXTURES / "good_mlp_plan_v1.json"), **{field: value})  # type: ignore[arg-type]
+    assert executor_refusal(dataclasses.replace(plan, **{field: type(value)()})) is None  # type: ignore[arg-type]
+    with pytest.raises(RunOptionError) as got:
+        check_launch(RunOptions(), plan)
+    said = str(got.value)
+    assert "\n" not in said and f"plan again with {flag} to run it here" in said and "--for megatron" in said
