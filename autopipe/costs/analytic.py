@@ -385,19 +385,10 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
         if moe is not None:
             key = (*key, moe.moe_layers[i])  # type: ignore[assignment]
         if key not in memo:
-            fwd, bwd, bwd_in = ops(i, c.forward), ops(i, c.backward), ops(i, c.backward_input)
-            attention = sum(op.kind == "attention" for op in c.forward) if d.cp > 1 else 0
-            att = (
-                (_attention_time(fwd, spec, compute), _attention_time(bwd, spec, compute)) if attention else (0.0, 0.0)
-            )
+            work = ops(i, c.forward), ops(i, c.backward), ops(i, c.backward_input)
             layers = moe.moe_layers[i] if moe is not None else 0
-            comm = device_comm(kinds[i], u, d, elt, layers, attention, att)
-            # the tensor-parallel collectives may hide behind the GEMMs (TensorSplit.overlap); the rest is paid
-            tp = comm_s(kinds[i], u, d.tensor, elt) if d.tensor is not None else (0.0, 0.0)
-            f = exposed(block_time(fwd, spec, compute, linear), tp[0], d.tensor) + comm[0] - tp[0]
-            b = exposed(block_time(bwd, spec, compute, linear), tp[1], d.tensor) + comm[1] - tp[1]
-            bi = exposed(block_time(bwd_in, spec, compute, linear), tp[1], d.tensor) + comm[1] - tp[1]
-            memo[key] = (f, b, min(bi, b))
+            attention = sum(op.kind == "attention" for op in c.forward) if d.cp > 1 else 0  # layers that attend
+            memo[key] = _work_times(work, kinds[i], u, d, elt, (layers, attention), spec, (compute, linear))
         return memo[key]
 
     def one(i: int, b: Any) -> BlockCost:
@@ -437,6 +428,33 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
         shared_params=ref.shared_params,
     )
     return deepen_profile(profile, counts.repeat) if counts.repeat is not None else profile
+
+
+def _work_times(
+    work: tuple[Sequence[OpCount], Sequence[OpCount], Sequence[OpCount]],
+    kind: str,
+    u: float,
+    d: Degrees,
+    elt: float,
+    layers: tuple[int, int],
+    spec: DeviceSpec,
+    dtypes: tuple[str, str],
+) -> tuple[float, float, float]:
+    """(forward, backward, input-gradient) seconds of one device's share of a block (its ops
+    ``work``, forward / backward / input-gradient) with its communication: the tensor-parallel
+    collectives may hide behind the GEMMs (``TensorSplit.overlap``, ``tensor.exposed``); the
+    context ring and the expert all-to-all (``degrees.device_comm``) are paid as priced there;
+    ``layers``: how many of the block's layers are MoE layers and how many attend (under CP)."""
+    compute, linear = dtypes
+    fwd, bwd, bwd_in = work
+    moe_layers, attention = layers
+    att = (_attention_time(fwd, spec, compute), _attention_time(bwd, spec, compute)) if attention else (0.0, 0.0)
+    comm = device_comm(kind, u, d, elt, moe_layers, attention, att)
+    tp = comm_s(kind, u, d.tensor, elt) if d.tensor is not None else (0.0, 0.0)
+    f = exposed(block_time(fwd, spec, compute, linear), tp[0], d.tensor) + comm[0] - tp[0]
+    b = exposed(block_time(bwd, spec, compute, linear), tp[1], d.tensor) + comm[1] - tp[1]
+    bi = exposed(block_time(bwd_in, spec, compute, linear), tp[1], d.tensor) + comm[1] - tp[1]
+    return f, b, min(bi, b)
 
 
 def _device_share(cost: BlockCost, experts: int, kind: str, d: Degrees, elt: float) -> BlockCost:

@@ -261,9 +261,12 @@ def memory_choices(profile: Profile, request: PlanRequest) -> list[MemoryChoice]
     time), offload (where the device has a host link), then the first k layers of each stage for
     k = 1 up to the most layers a stage can hold, less one (all of them: ``--recompute-all``'s
     territory); each only where the target runs it, the recomputation mode allows and the
-    request does not rule its form out (``recompute_modules=()`` and so on)."""
+    request does not rule its form out (``recompute_modules=()`` and so on). None, unpinned, for a
+    measured profile planned for autopipe's own executor, which recomputes whole stages only
+    (``runtime.pipeline`` refuses the rest): such a plan is for ``autopipe run`` on the hardware
+    measured, and a choice it cannot run would only be refused there (pin one to see its price)."""
     target = target_spec(request.target)
-    if request.recompute == "always":
+    if request.recompute == "always" or (profile.method == "measured" and target.name == "autopipe"):
         return []
     u = max(profile.micro_batch_sizes)
     out = [
