@@ -122,7 +122,9 @@ LLAMA_405B = {  # Llama 3.1 405B's shape (Dubey et al. 2024, Table 3): 126 layer
 @pytest.mark.slow  # counts a 405B model on the meta device (about 8 s)
 def test_a_405b_model_at_t8_p16_fits_with_zero1_found_without_a_flag() -> None:
     """The published layout pinned (t = 8, p = 16, here d = 8) on 80 GB H100s: without sharding every
-    stage recomputes; the free search shards the optimizer state by itself and recomputes none."""
+    stage recomputes (whole stages, or the modules the memory choice names: the layout does not fit
+    otherwise); the free search shards the optimizer state by itself and recomputes no whole stage (it may
+    still recompute the cheap modules, norms and the MLP activation, where that buys a better schedule)."""
     from autopipe import api
 
     spec = api.catalogue_device("h100")
@@ -130,7 +132,8 @@ def test_a_405b_model_at_t8_p16_fits_with_zero1_found_without_a_flag() -> None:
     profile = api.price(counts, spec)
     pinned = {"gpus": 1024, "batch_size": 1024, "tensor_parallel": 8, "stages": 16, "device": spec, "counts": counts}
     whole = api.search_cluster(profile, sharding="none", **pinned).plan  # type: ignore[arg-type]
-    assert whole.sharding == "none" and all(s.recompute for s in whole.stages)
+    assert whole.sharding == "none"
+    assert all(s.recompute for s in whole.stages) or whole.recompute_modules or whole.recompute_layers
     free = api.search_cluster(profile, **pinned).plan  # type: ignore[arg-type]
     assert free.sharding != "none" and free.shard_optimizer and not any(s.recompute for s in free.stages)
     assert free.step_time_s < whole.step_time_s
