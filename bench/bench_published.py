@@ -46,10 +46,11 @@ from autopipe.costs.devices import DeviceSpec, device_spec
 from autopipe.errors import InfeasibleError
 from autopipe.model.load import load_model
 from autopipe.modes import Recompute
-from autopipe.planner.cluster import tensor_options
+from autopipe.planner.cluster import target_overlap, tensor_options
 from autopipe.planner.parallel import Cluster, ParallelRequest, plan_parallel
 from autopipe.planner.request import Choices
-from autopipe.plans import Plan
+from autopipe.plans import Overlap, Plan
+from autopipe.schedules.targets import target_spec
 from autopipe.units import format_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,14 +101,27 @@ def layout_choices(run: Run) -> Pinned:
     return Pinned(run.t, run.p, run.d, choices, shard, run.sequence_parallel and run.t > 1, tuple(approximated))
 
 
+FUSED = target_spec("megatron").fused_kernels  # every row ran Megatron-LM's (or Megatron-DeepSpeed's) fused kernels
+
+
 @functools.cache
-def _counts(model: str, kwargs: tuple[tuple[str, object], ...], dtype: str) -> ModelCounts:
+def _counts(model: str, kwargs: tuple[tuple[str, object], ...], dtype: str, attention: str) -> ModelCounts:
     loaded = load_model(str(ROOT / "models" / f"{model}.py"), dict(kwargs), device="meta")
-    return count_model(loaded, micro_batch_sizes=(1, 2), dtype=dtype, shallow=True)
+    return count_model(loaded, micro_batch_sizes=(1, 2), dtype=dtype, shallow=True, attention=attention)
 
 
 def counts_of(run: Run) -> ModelCounts:
-    return _counts(run.model, run.kwargs, run.dtype)
+    return _counts(run.model, run.kwargs, run.dtype, run.attention)
+
+
+def overlap_of(run: Run) -> Overlap:
+    """What the run overlapped, as the time model prices it: Megatron-LM's defaults (the target's:
+    gradient reduction and parameter gather, asynchronous sends when interleaved) and, where the
+    source says it ran ``--tp-comm-overlap``, the tensor-parallel collectives pipelined with the
+    GEMMs: Transformer Engine splits each all-gather / reduce-scatter GEMM into t chunks and moves
+    one chunk while it multiplies another, so all but one chunk's transfer, (t - 1) / t, is hidden."""
+    base = target_overlap("megatron")
+    return replace(base, tp_comm=(run.t - 1) / run.t) if run.tp_comm_overlap and run.t > 1 else base
 
 
 def cluster_of(run: Run, spec: DeviceSpec) -> Cluster:
@@ -149,9 +163,12 @@ def plan_pinned(run: Run, spec: DeviceSpec) -> Pinning:
         choices=pin.choices,
         tensor_parallel=pin.tensor_parallel,
         data_parallel=pin.data_parallel,
+        overlap=overlap_of(run),
     )
-    profile = profile_from_counts(counts, spec)
-    tensor = tensor_options(counts, spec, cluster, sequence_parallel=pin.sequence_parallel)
+    profile = profile_from_counts(counts, spec, fused=FUSED)
+    tensor = tensor_options(
+        counts, spec, cluster, sequence_parallel=pin.sequence_parallel, overlap=overlap_of(run).tp_comm, fused=FUSED
+    )
     try:
         plan = plan_parallel(profile, request, tensor=tensor).plan
         return Pinning(plan, True, max(plan.peak_memory_bytes))
@@ -164,10 +181,12 @@ def plan_pinned(run: Run, spec: DeviceSpec) -> Pinning:
 
 def plan_free(run: Run, spec: DeviceSpec, shard_optimizer: bool) -> Plan | None:
     counts, cluster = counts_of(run), cluster_of(run, spec)
-    request = ParallelRequest(cluster, run.global_batch, spec.memory_bytes, shard_optimizer=shard_optimizer)
-    tensor = tensor_options(counts, spec, cluster, sequence_parallel=True)
+    request = ParallelRequest(
+        cluster, run.global_batch, spec.memory_bytes, shard_optimizer=shard_optimizer, overlap=overlap_of(run)
+    )
+    tensor = tensor_options(counts, spec, cluster, sequence_parallel=True, overlap=overlap_of(run).tp_comm, fused=FUSED)
     try:
-        return plan_parallel(profile_from_counts(counts, spec), request, tensor=tensor).plan
+        return plan_parallel(profile_from_counts(counts, spec, fused=FUSED), request, tensor=tensor).plan
     except InfeasibleError:
         return None
 

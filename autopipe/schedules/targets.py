@@ -53,6 +53,9 @@ class Target:
     recompute_modules: tuple[str, ...] = ()
     offload_modules: tuple[str, ...] = ()
     block_layers: bool = False
+    # It runs the memory-bound ops between two GEMMs as one fused kernel (costs/fusion.py prices them so):
+    # Megatron-LM's fused norms, bias-activations, bias-dropout-add, rotary embedding, softmax and cross entropy.
+    fused_kernels: bool = False
 
     def recomputes(self, kinds: Sequence[str]) -> bool:
         """Whether it recomputes the module kinds ``kinds`` in every layer (selective recomputation)."""
@@ -140,6 +143,7 @@ def _targets() -> tuple[Target, ...]:
             recompute_modules=selective,
             offload_modules=offload,
             block_layers=True,
+            fused_kernels=True,  # megatron/core/fusions/ and Transformer Engine's fused modules
         ),
         Target(
             "torchtitan",
