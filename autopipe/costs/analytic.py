@@ -6,11 +6,12 @@ model and dtype), and every block's segment is run on meta inputs, forward and b
 under :mod:`autopipe.costs.counting`, at each micro-batch size. Identical blocks (a transformer's
 layers) are counted once. Per op, time is a roofline (Williams et al. 2009)::
 
-    t_op = max(flops / (peak[dtype] * efficiency(dtype, size)),
+    t_op = max(flops * work / (peak[dtype] * efficiency(dtype, size)),
                bytes / (memory_bandwidth * memory_efficiency)) + op_overhead_s
 
 where ``efficiency(dtype, size)`` is the device's saturating curve in the GEMM's size,
-``(M K N) ** (1/3)`` (``DeviceSpec.efficiency``; flat for ops that are not GEMMs)
+``(M K N) ** (1/3)`` (``DeviceSpec.efficiency``; flat for ops that are not GEMMs) and ``work``
+the share of its counted FLOPs the kernel runs (``OpCount.work``: half for causal fused attention)
 
 and a block's forward / backward / input-gradient time is the sum over its ops. Bytes saved
 for backward are counted by the measured profiler's ``saved_tensors_hooks`` path, so the two
