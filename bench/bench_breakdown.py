@@ -100,7 +100,8 @@ def main() -> int:
             f"  step {step:.3f} s: pipeline busy {busy / step:.1%}, bubble {bubble / step:.1%}"
             f" ({pin.schedule} v{pin.virtual}, m {pin.micro_batches}, micro-batch {pin.micro_batch_size}, "
             f"{sum(s.recompute for s in pin.stages)} of {len(pin.stages)} recompute), data-parallel past the pipeline "
-            f"{pin.allreduce_s / step:.1%} ({pin.sharding}, overlap {pin.overlap.text()})"
+            f"{pin.allreduce_s / step:.1%} of {pin.dp_comm_s / step:.1%} in all ({pin.sharding}, overlap "
+            f"{pin.overlap.text()})"
         )
     return 0
 

@@ -10,9 +10,12 @@ then planned twice:
   t, p, d, the micro-batch count where the micro-batch size is published, virtual stages where
   published, full or no recomputation, ZeRO-1 for any sharding, sequence parallelism; Megatron-LM's
   own schedules, 1F1B and interleaved 1F1B, with uniform recomputation), whatever is not
-  published searched. Its predicted throughput, in the source's own unit and FLOP count (model
-  or hardware FLOPs as the source counts them; tokens/s; seconds per step), against the
-  published figure: ``error`` = predicted throughput / published - 1.
+  published searched (unpublished virtual stages: 1F1B and each v Megatron-LM runs, :func:`virtuals`).
+  Priced as the run ran: Megatron-LM's fused kernels (``Target.fused_kernels``, ``costs.fusion``),
+  attention as the row says (``Run.attention``: the fused kernel, or the scores materialised before
+  FlashAttention), the overlaps the source names (:func:`overlap_of`). Its predicted throughput,
+  in the source's own unit and FLOP count (model or hardware FLOPs as the source counts them;
+  tokens/s; seconds per step), against the published figure: ``error`` = predicted / published - 1.
 - *free*: the full t x p x d search over every schedule, recomputation chosen, with the run's
   GPUs, batch and device memory (and its sharding flag: the search cannot choose sharding yet);
   its step against the pinned one.
@@ -151,6 +154,25 @@ class Pinning:
     needs: float  # the predicted peak per device, bytes (over the limit where it does not fit)
 
 
+INTERLEAVED = "interleaved-1f1b"
+MAX_VIRTUAL = 8  # the most virtual stages tried where the run does not publish them (planning time)
+
+
+def virtuals(run: Run) -> tuple[int, ...]:
+    """Where a pipelined run does not publish its virtual stages: the v's Megatron-LM runs
+    (``--num-layers-per-virtual-pipeline-stage``: each of the p x v chunks an equal whole number of
+    layers, so v divides layers / p), up to :data:`MAX_VIRTUAL`, searched beside 1F1B in place of
+    the planner's own interleaved choices (2 and 4, which need not divide); () where vp is published
+    or layers / p is no whole number (the planner's search then)."""
+    if run.vp is not None or run.p == 1:
+        return ()
+    layers = int(getattr(counts_of(run).loaded.model.config, "n_layer", 0))
+    if not layers or layers % run.p:
+        return ()
+    per = layers // run.p
+    return tuple(v for v in range(2, min(per, MAX_VIRTUAL) + 1) if per % v == 0)
+
+
 def plan_pinned(run: Run, spec: DeviceSpec) -> Pinning:
     counts, pin = counts_of(run), layout_choices(run)
     cluster = cluster_of(run, spec)
@@ -169,10 +191,18 @@ def plan_pinned(run: Run, spec: DeviceSpec) -> Pinning:
     tensor = tensor_options(
         counts, spec, cluster, sequence_parallel=pin.sequence_parallel, overlap=overlap_of(run).tp_comm, fused=FUSED
     )
-    try:
-        plan = plan_parallel(profile, request, tensor=tensor).plan
+    plans = []
+    valid = virtuals(run)
+    pinned = [replace(pin.choices, schedule="1f1b", virtual=None)] if valid else [pin.choices]
+    for choices in (*pinned, *(replace(pin.choices, schedule=INTERLEAVED, virtual=v) for v in valid)):
+        try:
+            plans.append(plan_parallel(profile, replace(request, choices=choices), tensor=tensor).plan)
+        except InfeasibleError:
+            continue
+    if plans:
+        plan = min(plans, key=lambda p: p.step_time_s)
         return Pinning(plan, True, max(plan.peak_memory_bytes))
-    except InfeasibleError:  # the run fitted: the memory model is off; price the layout all the same
+    else:  # the run fitted: the memory model is off; price the layout all the same
         recompute = Recompute.ALWAYS if pin.choices.recompute == Recompute.AUTO else pin.choices.recompute
         again = replace(request, memory_limit=UNBOUNDED, choices=replace(pin.choices, recompute=recompute))
         plan = plan_parallel(profile, again, tensor=tensor).plan
