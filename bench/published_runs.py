@@ -85,6 +85,7 @@ class Run:
     also: str = ""  # the source's other figures for the same run (for people)
     attention: str = "flash"  # "flash": a fused attention kernel; "unfused": the scores materialised (before 2022)
     tp_comm_overlap: bool = False  # the source says it ran Megatron's --tp-comm-overlap
+    dp_overlap: bool = True  # the gradients reduced (and weights gathered) under the computation, as Megatron-Core
 
     def __post_init__(self) -> None:
         if self.t * self.p * self.d * self.cp != self.gpus:
@@ -129,6 +130,9 @@ def _gpt(
 # of the scores, FusedScaleMaskSoftmax, dropout, bmm; megatron/model/transformer.py) and Megatron-DeepSpeed
 # for BLOOM (the same module) materialise the (s x s) scores of every head.
 UNFUSED = "unfused"
+# Nor did they overlap the data-parallel gradient reduction: Megatron-LM in 2021 all-reduced the gradients
+# after the pipeline's flush (--overlap-grad-reduce came with its distributed optimizer's rework, 2023), and
+# DeepSpeed's pipeline engine reduces them after the last micro-batch (PipelineEngine's ReduceGrads step).
 
 M21 = (
     "Narayanan et al. 2021 (SC'21), Table 1, read from Megatron-LM's README table "
@@ -164,6 +168,7 @@ def _m21(name: str, heads: int, hidden: int, layers: int, t: int, p: int, gpus: 
         unpublished="micro-batch and interleaving: searched (1F1B or interleaved 1F1B)",
         unverified="attention heads (the paper's Table 1; not in the README image; no effect on the FLOP count)",
         attention=UNFUSED,
+        dp_overlap=False,
     )
 
 
@@ -216,6 +221,7 @@ BLOOM = Run(
     ),
     also="104.70 s per step",
     attention=UNFUSED,
+    dp_overlap=False,
 )
 
 # --- Megatron-Core r0.8.0 on H100 (Megatron-LM README) ---------------------------------------
