@@ -3,13 +3,19 @@ the unfused attention of costs/counting.py that the pre-FlashAttention rows are 
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autopipe.costs.analytic import count_model
 from autopipe.costs.counting import OpCount, count_block, numbered
 from autopipe.costs.fusion import fuse, memory_bound
 from autopipe.costs.tensor import split_ops
+from autopipe.errors import ProfileError
+from autopipe.model.load import load_model
 
 
 def _op(reads: dict[int, float], writes: dict[int, float], flops: float = 0.0, kind: str = "") -> OpCount:
@@ -94,3 +100,9 @@ def test_numbering_is_the_order_of_first_use() -> None:
     two, _ = count_block(_Pointwise(), [torch.empty(4, 256, device="meta")])
     assert one == two  # other storages, other addresses: the same numbers
     assert numbered(one, 10).forward[0].reads[0][0] == 10
+
+
+def test_an_unknown_attention_is_one_line() -> None:
+    loaded = load_model(str(Path(__file__).resolve().parents[2] / "models" / "gpt.py"), {}, device="meta")
+    with pytest.raises(ProfileError, match=r"^unknown attention 'sdpa'; use one of: flash, unfused$"):
+        count_model(loaded, attention="sdpa")
