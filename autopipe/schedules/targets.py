@@ -13,7 +13,8 @@ gathers the weights once a step, torch's pipeline stages keeping them until the 
 and what it runs beside the computation by default (``plans.Overlap``'s fields: Megatron-LM with
 ``--overlap-grad-reduce``, ``--overlap-param-gather`` and, interleaved only, asynchronous pipeline
 sends; FSDP2 and DDP overlap their collectives; autopipe's executor posts its sends ahead and runs
-no data or tensor parallelism). The planner
+no data or tensor parallelism), and whether it fuses the memory-bound ops between GEMMs into one
+kernel (``fused_kernels``: Megatron-LM; costs/fusion.py prices it so). The planner
 keeps its search to a target's (planner/request.py, planner/search.py); a plan records the target
 it was made for (``Plan.target``), and ``autopipe config`` says when a plan made for another target
 holds what the framework does not run (config/retarget.py).
