@@ -10,9 +10,12 @@ then planned twice:
   t, p, d, the micro-batch count where the micro-batch size is published, virtual stages where
   published, full or no recomputation, ZeRO-1 for any sharding, sequence parallelism; Megatron-LM's
   own schedules, 1F1B and interleaved 1F1B, with uniform recomputation), whatever is not
-  published searched. Its predicted throughput, in the source's own unit and FLOP count (model
-  or hardware FLOPs as the source counts them; tokens/s; seconds per step), against the
-  published figure: ``error`` = predicted throughput / published - 1.
+  published searched (unpublished virtual stages: 1F1B and each v Megatron-LM runs, :func:`virtuals`).
+  Priced as the run ran: Megatron-LM's fused kernels (``Target.fused_kernels``, ``costs.fusion``),
+  attention as the row says (``Run.attention``: the fused kernel, or the scores materialised before
+  FlashAttention), the overlaps the source names (:func:`overlap_of`). Its predicted throughput,
+  in the source's own unit and FLOP count (model or hardware FLOPs as the source counts them;
+  tokens/s; seconds per step), against the published figure: ``error`` = predicted / published - 1.
 - *free*: the full t x p x d search over every schedule, recomputation chosen, with the run's
   GPUs, batch and device memory (and its sharding flag: the search cannot choose sharding yet);
   its step against the pinned one.
@@ -46,10 +49,11 @@ from autopipe.costs.devices import DeviceSpec, device_spec
 from autopipe.errors import InfeasibleError
 from autopipe.model.load import load_model
 from autopipe.modes import Recompute
-from autopipe.planner.cluster import tensor_options
+from autopipe.planner.cluster import target_overlap, tensor_options
 from autopipe.planner.parallel import Cluster, ParallelRequest, plan_parallel
 from autopipe.planner.request import Choices
-from autopipe.plans import Plan
+from autopipe.plans import Overlap, Plan
+from autopipe.schedules.targets import target_spec
 from autopipe.units import format_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,14 +104,30 @@ def layout_choices(run: Run) -> Pinned:
     return Pinned(run.t, run.p, run.d, choices, shard, run.sequence_parallel and run.t > 1, tuple(approximated))
 
 
+FUSED = target_spec("megatron").fused_kernels  # every row ran Megatron-LM's (or Megatron-DeepSpeed's) fused kernels
+
+
 @functools.cache
-def _counts(model: str, kwargs: tuple[tuple[str, object], ...], dtype: str) -> ModelCounts:
+def _counts(model: str, kwargs: tuple[tuple[str, object], ...], dtype: str, attention: str) -> ModelCounts:
     loaded = load_model(str(ROOT / "models" / f"{model}.py"), dict(kwargs), device="meta")
-    return count_model(loaded, micro_batch_sizes=(1, 2), dtype=dtype, shallow=True)
+    return count_model(loaded, micro_batch_sizes=(1, 2), dtype=dtype, shallow=True, attention=attention)
 
 
 def counts_of(run: Run) -> ModelCounts:
-    return _counts(run.model, run.kwargs, run.dtype)
+    return _counts(run.model, run.kwargs, run.dtype, run.attention)
+
+
+def overlap_of(run: Run) -> Overlap:
+    """What the run overlapped, as the time model prices it: Megatron-LM's defaults (the target's:
+    gradient reduction and parameter gather, asynchronous sends when interleaved; the first two
+    not where the run's framework reduced after the pipeline, ``Run.dp_overlap``) and, where the
+    source says it ran ``--tp-comm-overlap``, the tensor-parallel collectives pipelined with the
+    GEMMs: Transformer Engine splits each all-gather / reduce-scatter GEMM into t chunks and moves
+    one chunk while it multiplies another, so all but one chunk's transfer, (t - 1) / t, is hidden."""
+    base = target_overlap("megatron")
+    if not run.dp_overlap:
+        base = replace(base, grad_reduce=False, param_gather=False)
+    return replace(base, tp_comm=(run.t - 1) / run.t) if run.tp_comm_overlap and run.t > 1 else base
 
 
 def cluster_of(run: Run, spec: DeviceSpec) -> Cluster:
@@ -137,6 +157,25 @@ class Pinning:
     needs: float  # the predicted peak per device, bytes (over the limit where it does not fit)
 
 
+INTERLEAVED = "interleaved-1f1b"
+MAX_VIRTUAL = 8  # the most virtual stages tried where the run does not publish them (planning time)
+
+
+def virtuals(run: Run) -> tuple[int, ...]:
+    """Where a pipelined run does not publish its virtual stages: the v's Megatron-LM runs
+    (``--num-layers-per-virtual-pipeline-stage``: each of the p x v chunks an equal whole number of
+    layers, so v divides layers / p), up to :data:`MAX_VIRTUAL`, searched beside 1F1B in place of
+    the planner's own interleaved choices (2 and 4, which need not divide); () where vp is published
+    or layers / p is no whole number (the planner's search then)."""
+    if run.vp is not None or run.p == 1:
+        return ()
+    layers = int(getattr(counts_of(run).loaded.model.config, "n_layer", 0))
+    if not layers or layers % run.p:
+        return ()
+    per = layers // run.p
+    return tuple(v for v in range(2, min(per, MAX_VIRTUAL) + 1) if per % v == 0)
+
+
 def plan_pinned(run: Run, spec: DeviceSpec) -> Pinning:
     counts, pin = counts_of(run), layout_choices(run)
     cluster = cluster_of(run, spec)
@@ -149,13 +188,24 @@ def plan_pinned(run: Run, spec: DeviceSpec) -> Pinning:
         choices=pin.choices,
         tensor_parallel=pin.tensor_parallel,
         data_parallel=pin.data_parallel,
+        overlap=overlap_of(run),
     )
-    profile = profile_from_counts(counts, spec)
-    tensor = tensor_options(counts, spec, cluster, sequence_parallel=pin.sequence_parallel)
-    try:
-        plan = plan_parallel(profile, request, tensor=tensor).plan
+    profile = profile_from_counts(counts, spec, fused=FUSED)
+    tensor = tensor_options(
+        counts, spec, cluster, sequence_parallel=pin.sequence_parallel, overlap=overlap_of(run).tp_comm, fused=FUSED
+    )
+    plans = []
+    valid = virtuals(run)
+    pinned = [replace(pin.choices, schedule="1f1b", virtual=None)] if valid else [pin.choices]
+    for choices in (*pinned, *(replace(pin.choices, schedule=INTERLEAVED, virtual=v) for v in valid)):
+        try:
+            plans.append(plan_parallel(profile, replace(request, choices=choices), tensor=tensor).plan)
+        except InfeasibleError:
+            continue
+    if plans:
+        plan = min(plans, key=lambda p: p.step_time_s)
         return Pinning(plan, True, max(plan.peak_memory_bytes))
-    except InfeasibleError:  # the run fitted: the memory model is off; price the layout all the same
+    else:  # the run fitted: the memory model is off; price the layout all the same
         recompute = Recompute.ALWAYS if pin.choices.recompute == Recompute.AUTO else pin.choices.recompute
         again = replace(request, memory_limit=UNBOUNDED, choices=replace(pin.choices, recompute=recompute))
         plan = plan_parallel(profile, again, tensor=tensor).plan
@@ -164,10 +214,12 @@ def plan_pinned(run: Run, spec: DeviceSpec) -> Pinning:
 
 def plan_free(run: Run, spec: DeviceSpec, shard_optimizer: bool) -> Plan | None:
     counts, cluster = counts_of(run), cluster_of(run, spec)
-    request = ParallelRequest(cluster, run.global_batch, spec.memory_bytes, shard_optimizer=shard_optimizer)
-    tensor = tensor_options(counts, spec, cluster, sequence_parallel=True)
+    request = ParallelRequest(
+        cluster, run.global_batch, spec.memory_bytes, shard_optimizer=shard_optimizer, overlap=overlap_of(run)
+    )
+    tensor = tensor_options(counts, spec, cluster, sequence_parallel=True, overlap=overlap_of(run).tp_comm, fused=FUSED)
     try:
-        return plan_parallel(profile_from_counts(counts, spec), request, tensor=tensor).plan
+        return plan_parallel(profile_from_counts(counts, spec, fused=FUSED), request, tensor=tensor).plan
     except InfeasibleError:
         return None
 

@@ -83,6 +83,9 @@ class Run:
     verified: bool = True  # the figure and the layout were checked (False: out of the statistics)
     cp: int = 1  # context-parallel degree (> 1: not priced yet, issue 25)
     also: str = ""  # the source's other figures for the same run (for people)
+    attention: str = "flash"  # "flash": a fused attention kernel; "unfused": the scores materialised (before 2022)
+    tp_comm_overlap: bool = False  # the source says it ran Megatron's --tp-comm-overlap
+    dp_overlap: bool = True  # the gradients reduced (and weights gathered) under the computation, as Megatron-Core
 
     def __post_init__(self) -> None:
         if self.t * self.p * self.d * self.cp != self.gpus:
@@ -91,6 +94,8 @@ class Run:
             raise ValueError(f"{self.name}: batch {self.global_batch} does not split into {self.d} x {self.mbs}")
         if self.recompute not in RECOMPUTE or self.sharding not in SHARDING or self.link not in LINKS:
             raise ValueError(f"{self.name}: recompute, sharding or link not one of the known words")
+        if self.attention not in ("flash", "unfused"):
+            raise ValueError(f"{self.name}: attention {self.attention!r} is neither flash nor unfused")
         if self.unit not in (TFLOPS, TOKENS, STEP) or (self.unit == TFLOPS and self.flops not in (HW, MODEL)):
             raise ValueError(f"{self.name}: unit {self.unit!r} with FLOP count {self.flops!r}")
 
@@ -120,6 +125,14 @@ def _gpt(
 
 
 # --- Megatron-LM 2021: GPT on A100-80GB (Selene) ---------------------------------------------
+
+# Attention before FlashAttention (Dao et al. 2022): Megatron-LM in April 2021 (its CoreAttention: baddbmm
+# of the scores, FusedScaleMaskSoftmax, dropout, bmm; megatron/model/transformer.py) and Megatron-DeepSpeed
+# for BLOOM (the same module) materialise the (s x s) scores of every head.
+UNFUSED = "unfused"
+# Nor did they overlap the data-parallel gradient reduction: Megatron-LM in 2021 all-reduced the gradients
+# after the pipeline's flush (--overlap-grad-reduce came with its distributed optimizer's rework, 2023), and
+# DeepSpeed's pipeline engine reduces them after the last micro-batch (PipelineEngine's ReduceGrads step).
 
 M21 = (
     "Narayanan et al. 2021 (SC'21), Table 1, read from Megatron-LM's README table "
@@ -154,6 +167,8 @@ def _m21(name: str, heads: int, hidden: int, layers: int, t: int, p: int, gpus: 
         source=M21,
         unpublished="micro-batch and interleaving: searched (1F1B or interleaved 1F1B)",
         unverified="attention heads (the paper's Table 1; not in the README image; no effect on the FLOP count)",
+        attention=UNFUSED,
+        dp_overlap=False,
     )
 
 
@@ -205,6 +220,8 @@ BLOOM = Run(
         "learned position table (29 M parameters); the BLOOM paper (Le Scao et al. 2022) not read here"
     ),
     also="104.70 s per step",
+    attention=UNFUSED,
+    dp_overlap=False,
 )
 
 # --- Megatron-Core r0.8.0 on H100 (Megatron-LM README) ---------------------------------------
@@ -246,6 +263,7 @@ def _mcore(name: str, heads: int, hidden: int, layers: int, t: int, p: int, gpus
         source=MCORE,
         unpublished="micro-batch, interleaving and recomputation: searched (Megatron's schedules, uniform recompute)",
         unverified=MCORE_UNVERIFIED,
+        tp_comm_overlap=True,
     )
 
 

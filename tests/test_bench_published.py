@@ -95,6 +95,31 @@ def test_layout_choices_say_what_the_planner_is_told(bench: tuple[ModuleType, Mo
     assert selective.choices.recompute == Recompute.NEVER and len(selective.approximated) == 2
 
 
+def test_the_run_says_how_it_attended_and_what_it_overlapped(bench: tuple[ModuleType, ModuleType]) -> None:
+    b, rows = bench
+    assert {r.attention for r in rows.RUNS if r.name.startswith(("m21-", "bloom"))} == {"unfused"}
+    assert {r.attention for r in rows.RUNS if not r.name.startswith(("m21-", "bloom"))} == {"flash"}
+    assert b.FUSED  # every row ran Megatron-LM's fused kernels: the megatron target's
+    mcore = b.overlap_of(rows.by_name("mcore-70B"))  # --tp-comm-overlap at t = 8: 7 of 8 chunks hidden
+    assert (mcore.tp_comm, mcore.grad_reduce, mcore.param_gather) == (0.875, True, True)
+    assert b.overlap_of(rows.by_name("mcore-1.7B")).tp_comm == 0.0  # t = 1: nothing to hide
+    assert b.overlap_of(rows.by_name("llama3-405B-8192")).tp_comm == 0.0  # the source does not say
+    for name in ("m21-39.1B", "bloom-176B"):  # the gradients all-reduced after the pipeline, in 2021 and 2022
+        serial = b.overlap_of(rows.by_name(name))
+        assert not (serial.grad_reduce or serial.param_gather or serial.tp_comm), name
+    with pytest.raises(ValueError, match="attention 'sdpa' is neither flash nor unfused"):
+        dataclasses.replace(rows.by_name("m21-1T"), attention="sdpa")
+
+
+def test_unpublished_virtual_stages_are_the_ones_megatron_runs(bench: tuple[ModuleType, ModuleType]) -> None:
+    b, rows = bench
+    assert b.virtuals(rows.by_name("m21-529.6B")) == (3,)  # 105 layers / 35 stages: 3 a device
+    assert b.virtuals(rows.by_name("nemotron4-340B-6144")) == (2, 4, 8)  # 96 / 12 = 8, at most MAX_VIRTUAL
+    assert b.virtuals(rows.by_name("llama3-405B-8192")) == ()  # 126 / 16 is no whole number: the planner's own
+    assert b.virtuals(rows.by_name("nemo-gpt3-175B-128")) == ()  # published (vp 6)
+    assert b.virtuals(rows.by_name("mcore-1.7B")) == ()  # no pipeline
+
+
 def test_figures_are_compared_in_the_sources_unit(bench: tuple[ModuleType, ModuleType]) -> None:
     b, rows = bench
     plan = Plan.load(ROOT / "tests" / "fixtures" / "good_mlp_plan_v1.json")

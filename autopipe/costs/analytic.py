@@ -6,11 +6,12 @@ model and dtype), and every block's segment is run on meta inputs, forward and b
 under :mod:`autopipe.costs.counting`, at each micro-batch size. Identical blocks (a transformer's
 layers) are counted once. Per op, time is a roofline (Williams et al. 2009)::
 
-    t_op = max(flops / (peak[dtype] * efficiency(dtype, size)),
+    t_op = max(flops * work / (peak[dtype] * efficiency(dtype, size)),
                bytes / (memory_bandwidth * memory_efficiency)) + op_overhead_s
 
 where ``efficiency(dtype, size)`` is the device's saturating curve in the GEMM's size,
-``(M K N) ** (1/3)`` (``DeviceSpec.efficiency``; flat for ops that are not GEMMs)
+``(M K N) ** (1/3)`` (``DeviceSpec.efficiency``; flat for ops that are not GEMMs) and ``work``
+the share of its counted FLOPs the kernel runs (``OpCount.work``: half for causal fused attention)
 
 and a block's forward / backward / input-gradient time is the sum over its ops. Bytes saved
 for backward are counted by the measured profiler's ``saved_tensors_hooks`` path, so the two
@@ -38,6 +39,7 @@ profile's parameter bytes (:func:`state_factor`); activations are counted in the
 from __future__ import annotations
 
 import copy
+import functools
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -53,7 +55,9 @@ from autopipe.costs.counting import (
     block_time,
     count_block,
     count_loss,
+    keys_of,
     leaf,
+    numbered,
     op_dtype,
     op_time,
 )
@@ -61,6 +65,7 @@ from autopipe.costs.deepen import Repeat, deepen_profile, repeat_of
 from autopipe.costs.degrees import Degrees, device_comm, device_ops, device_params, device_saved
 from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.experts import expert_storages, moe_config
+from autopipe.costs.fusion import fuse
 from autopipe.costs.measured import Progress, block_cost, crossing_tensors, drop_export_one
 from autopipe.costs.profile import Affine, BlockCost, MemoryOption, Profile
 from autopipe.costs.tensor import TensorSplit, block_kinds, comm_s, exposed, split_params
@@ -74,6 +79,7 @@ from autopipe.graph.trace import TracedModel, fx_node_names, trace_model
 from autopipe.graph.units import node_units
 
 __all__ = [
+    "ATTENTION",
     "BYTES_PER_PARAM",
     "PRECISIONS",
     "ModelCounts",
@@ -107,6 +113,7 @@ PRECISIONS = {
     "fp8": Precision("fp8", torch.bfloat16, "bf16", 16.0, linear="fp8"),
 }
 BYTES_PER_PARAM = 16.0
+ATTENTION = ("flash", "unfused")  # how attention runs: a fused (FlashAttention) kernel, or scores materialised
 
 
 def precision(name: str) -> Precision:
@@ -134,6 +141,7 @@ class ModelCounts:
     repeat: Repeat | None = None  # counted on a shallow copy: how its profile is deepened
     # [size][block]: what each layer's parts save (costs/activations/anatomy.py); None for a block that is no layer
     anatomies: tuple[tuple[Anatomy | None, ...], ...] = ()
+    attention: str = "flash"  # ATTENTION: how attention was counted (flash: the fused kernel; unfused: scores kept)
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -148,13 +156,26 @@ def count_model(
     recipe: TraceRecipe = DEFAULT_RECIPE,
     progress: Progress | None = None,
     shallow: bool = False,
+    attention: str = "flash",
 ) -> ModelCounts:
     """Trace ``loaded`` (a ``load.LoadedModel``, ideally built on meta) as ``recipe`` says
     (tracer, leaf modules, block limit) and count every block; ``progress(what, done, total)``
     is told each trace and each block counted. ``shallow``: a model of identical layers is
     traced and counted as a copy with three of them (``costs.deepen``); its traces and counts
-    are the copy's, and :func:`profile_from_counts` prices the whole model, exactly."""
+    are the copy's, and :func:`profile_from_counts` prices the whole model, exactly. ``attention``: ``flash``
+    (the fused kernel) or ``unfused`` (scores materialised, as before FlashAttention: ``counting.fused_attention``)."""
+    if attention not in ATTENTION:
+        raise ProfileError(f"unknown attention {attention!r}; use one of: {', '.join(ATTENTION)}")
     prec = precision(dtype)
+    whole = functools.partial(  # the model counted whole: where a shallow copy cannot stand for it
+        count_model,
+        loaded,
+        micro_batch_sizes=micro_batch_sizes,
+        dtype=dtype,
+        recipe=recipe,
+        progress=progress,
+        attention=attention,
+    )
     sizes = sorted(set(micro_batch_sizes))
     if not sizes or sizes[0] < 1:
         raise ProfileError(f"micro-batch sizes must be positive integers (got {list(micro_batch_sizes)})")
@@ -177,9 +198,7 @@ def count_model(
             source=loaded.spec.path,
         )
         if layers is not None and traced.tracer != "fx":  # only fx names a deeper graph: count it all
-            return count_model(
-                loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe, progress=progress
-            )
+            return whole()
         if drop_export_one(traced, sizes):
             continue
         if traces and [b.nodes for b in traced.blocks] != [b.nodes for b in traces[0].blocks]:
@@ -193,7 +212,7 @@ def count_model(
         experts = expert_storages(traced.gm, found[0]) if found is not None else frozenset()
         units = node_units(traced.gm, shallow_model, [b.nodes for b in traced.blocks])
         step = _step(report, f"counting at micro-batch size {u}")
-        counted = _count_blocks(traced, inputs, loss, step, experts, units)
+        counted = _count_blocks(traced, inputs, loss, step, experts, units, attention == "flash")
         counts.append(tuple(c for c, _ in counted))
         anatomies.append(tuple(a for _, a in counted))
     repeat = (
@@ -207,8 +226,8 @@ def count_model(
         else None
     )
     if layers is not None and repeat is None:  # the copy does not prove the whole: count it all
-        return count_model(loaded, micro_batch_sizes=micro_batch_sizes, dtype=dtype, recipe=recipe, progress=progress)
-    return ModelCounts(tuple(traces), tuple(counts), loaded, prec, recipe, repeat, tuple(anatomies))
+        return whole()
+    return ModelCounts(tuple(traces), tuple(counts), loaded, prec, recipe, repeat, tuple(anatomies), attention)
 
 
 def _on_meta(model: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -243,6 +262,7 @@ def _count_blocks(
     progress: Callable[[int, int], None] | None = None,
     experts: frozenset[int] = frozenset(),
     units: Mapping[str, str] | None = None,
+    flash: bool = True,
 ) -> tuple[tuple[BlockCount, Anatomy | None], ...]:
     """Count each block on the values the blocks before it produced; a block that computes
     what an earlier one did (same ops, same shapes) reuses its count and its outputs' layout.
@@ -271,7 +291,7 @@ def _count_blocks(
         else:
             seg = extract(gm, block.nodes)
             args = [env[name] for name in seg.inputs]
-            count, outs = count_block(seg.module, args, exclude, experts)
+            count, outs = count_block(seg.module, args, exclude, experts, flash)
             anatomy = None
             if any(n in units for n in block.nodes):
                 anatomy = anatomy_of(seg.module, [leaf(a) for a in args], units, exclude)
@@ -287,12 +307,15 @@ def _count_blocks(
         except ModelLoadError:
             return tuple(out)
         last, _ = out[-1]
+        extra = numbered(extra, keys_of(last))  # the loss's storages numbered after the block's
         out[-1] = (
             BlockCount(
                 last.forward + extra.forward,
                 last.backward + extra.backward,
                 last.backward_input + extra.backward_input,
                 last.saved_bytes + extra.saved_bytes,
+                last.escapes | extra.escapes,
+                last.grads | extra.grads,
             ),
             None,  # the loss is no layer's part: the last block offers nothing
         )
@@ -356,12 +379,16 @@ def _describe(v: Any) -> Any:
 # --------------------------------------------------------------------------- time
 
 
-def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSplit | Degrees | None = None) -> Profile:
+def profile_from_counts(
+    counts: ModelCounts, spec: DeviceSpec, split: TensorSplit | Degrees | None = None, fused: bool = False
+) -> Profile:
     """Price ``counts`` on ``spec``: the analytic Profile; with ``split``, one device's share
     of each block at its parallel degrees (a ``TensorSplit``: tensor parallelism alone; a
     ``costs.degrees.Degrees``: tensor, context and expert parallelism): ops, communication,
     saved bytes and parameters per device (FLOPs per device too), ``BlockCost.expert_params``
-    the routed experts' share of the parameters."""
+    the routed experts' share of the parameters. ``fused``: the memory-bound ops between two
+    GEMMs or attention kernels run as one fused kernel (``costs.fusion``; ``Target.fused_kernels``:
+    what the framework that runs the plan does), else one kernel each, as eager PyTorch."""
     d = split if isinstance(split, Degrees) else Degrees(tensor=split)
     ref = counts.traces[0]
     gm = ref.gm
@@ -385,7 +412,8 @@ def profile_from_counts(counts: ModelCounts, spec: DeviceSpec, split: TensorSpli
         if moe is not None:
             key = (*key, moe.moe_layers[i])  # type: ignore[assignment]
         if key not in memo:
-            work = ops(i, c.forward), ops(i, c.backward), ops(i, c.backward_input)
+            f, b, bi = (fuse(a, c.escapes, c.grads) if fused else a for a in (c.forward, c.backward, c.backward_input))
+            work = ops(i, f), ops(i, b), ops(i, bi)
             layers = moe.moe_layers[i] if moe is not None else 0
             attention = sum(op.kind == "attention" for op in c.forward) if d.cp > 1 else 0  # layers that attend
             memo[key] = _work_times(work, kinds[i], u, d, elt, (layers, attention), spec, (compute, linear))

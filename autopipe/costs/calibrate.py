@@ -173,7 +173,7 @@ def _compute_at_unit(spec: DeviceSpec, compute: str, linear: str, ops: Sequence[
     out = []
     for op in ops:
         d = op_dtype(op, compute, linear)
-        out.append(op.flops / (peaks[d] * spec.efficiency(d, op.size)) * unit if op.flops else 0.0)
+        out.append(op.flops * op.work / (peaks[d] * spec.efficiency(d, op.size)) * unit if op.flops else 0.0)
     return np.array(out)
 
 

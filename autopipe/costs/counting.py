@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -63,7 +63,9 @@ __all__ = [
     "count_loss",
     "count_ops",
     "fused_attention",
+    "keys_of",
     "leaf",
+    "numbered",
     "op_dtype",
     "op_time",
 ]
@@ -80,9 +82,17 @@ class OpCount:
 
     flops: float
     bytes: float
-    kind: str = ""  # "linear", "bmm", "grouped" (GEMMs), "attention" (fused attention) or ""
+    kind: str = ""  # "linear", "bmm", "grouped" (GEMMs), "attention" (fused attention), "heads" (costs.fusion) or ""
     dims: tuple[float, ...] = ()  # a GEMM's (M, K, N) (grouped: per group, on average); () for any other op
     expert: bool = False  # reads or computes the gradient of a routed expert's weights
+    # What it reads and writes, as (storage key, bytes) per storage (``costs.fusion`` prices a run of
+    # memory-bound ops as one kernel from them); () for views and ops made by pricing, not counting.
+    reads: tuple[tuple[int, float], ...] = ()
+    writes: tuple[tuple[int, float], ...] = ()
+    # The share of ``flops`` the kernel runs: 0.5 for causal fused attention over a square score matrix,
+    # whose masked half FlashAttention skips (Dao 2023, FlashAttention-2, sec. 3.1.1: "around 1.7-1.8x
+    # speedup" from skipping it); ``flops`` stays the full count, the convention model FLOPs are quoted in.
+    work: float = 1.0
 
     @property
     def size(self) -> float:
@@ -101,6 +111,10 @@ class BlockCount:
     backward: tuple[OpCount, ...]  # full backward: input and weight gradients
     backward_input: tuple[OpCount, ...]  # input gradients only (zero-bubble "B")
     saved_bytes: int  # saved for backward, parameters excluded
+    # Storage keys (``OpCount.reads``) of what leaves the block: its outputs, and the gradients its
+    # backward hands back (inputs' and parameters'); a fused kernel must write these (``costs.fusion``).
+    escapes: frozenset[int] = frozenset()
+    grads: frozenset[int] = frozenset()  # of those, the parameters' gradients
 
     @property
     def forward_flops(self) -> float:
@@ -184,6 +198,20 @@ _QUERIES = {
 _ALIASES = {aten._unsafe_view, aten.detach, aten.alias, aten.lift_fresh}
 
 
+def _storages(tree: Any) -> tuple[tuple[int, float], ...]:
+    """(storage key, bytes) of each storage the tensors in ``tree`` lie in, once each (the bytes of
+    its largest tensor there, at most the storage's size, as :func:`_tensor_bytes`), in the order
+    the tensors come: never sorted by key, an address that differs from run to run (:func:`numbered`)."""
+    found: dict[int, float] = {}
+    for t in torch.utils._pytree.tree_leaves(tree):
+        if isinstance(t, torch.Tensor):
+            key = storage_key(t)
+            found[key] = max(
+                found.get(key, 0.0), float(min(t.numel() * t.element_size(), t.untyped_storage().nbytes()))
+            )
+    return tuple(found.items())
+
+
 def _tensor_bytes(tree: Any) -> float:
     total = 0.0
     for t in torch.utils._pytree.tree_leaves(tree):
@@ -203,6 +231,7 @@ class _CountMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.experts = set(experts)  # grows by the tensors made from expert weights alone
         self.nodes = nodes or {}
         self.keep: list[torch.Tensor] = []  # those tensors, alive so no storage key is reused
+        self.alive: list[Any] = []  # every op's outputs, alive so no two storages share a key while counting
 
     def _expert(self, args: Any, kwargs: Any, out: Any) -> bool:
         if self.nodes:
@@ -237,11 +266,15 @@ class _CountMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         out = func(*args, **kwargs)
         formula = flop_registry.get(packet) or _NAMED_FLOPS.get(str(func._schema.name))
         flops = float(formula(*args, **kwargs, out_val=out)) if formula is not None else 0.0
-        moved = 0.0 if func.is_view or packet in _ALIASES else _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
+        aliasing = func.is_view or packet in _ALIASES
+        moved = 0.0 if aliasing else _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
         kind, dims = _gemm_shape(packet, args)
         if not kind and str(func._schema.name) in _NAMED_FLOPS:
             kind, dims = "grouped", _grouped_dims(args)
-        self.ops.append(OpCount(flops, moved, kind, dims, self._expert(args, kwargs, out)))
+        reads, writes = ((), ()) if aliasing else (_storages((args, kwargs)), _storages(out))
+        self.alive.append(out)
+        work = 0.5 if kind == "attention" and _causal_square(func, args, kwargs) else 1.0
+        self.ops.append(OpCount(flops, moved, kind, dims, self._expert(args, kwargs, out), reads, writes, work))
         return out
 
 
@@ -294,6 +327,17 @@ _ATTENTION = {
 }
 
 
+def _causal_square(func: Any, args: Any, kwargs: Any) -> bool:
+    """Whether an attention op is causal over as many keys as queries (its ``is_causal`` argument)."""
+    names = [a.name for a in func._schema.arguments]
+    if "is_causal" not in names:
+        return False
+    i = names.index("is_causal")
+    causal = kwargs.get("is_causal", args[i] if i < len(args) else False)
+    q, k = args[names.index("query")], args[names.index("key")]
+    return bool(causal) and isinstance(q, torch.Tensor) and q.shape[-2] == k.shape[-2]
+
+
 def _gemm_shape(packet: Any, args: Any) -> tuple[str, tuple[float, ...]]:
     """(kind, (M, K, N)) of a matmul op; ("attention", ()) of fused attention; ("", ()) for any other op."""
     if packet in _ATTENTION:
@@ -311,13 +355,48 @@ def _gemm_shape(packet: Any, args: Any) -> tuple[str, tuple[float, ...]]:
 
 
 class _FusedAttention(TorchFunctionMode):
+    def __init__(self, flash: bool = True) -> None:
+        super().__init__()
+        self.flash = flash
+
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func in (torch.nn.functional.scaled_dot_product_attention, aten.scaled_dot_product_attention.default):
-            fused = _fused_sdpa(*args, **kwargs)
+            fused = _fused_sdpa(*args, **kwargs) if self.flash else _unfused_sdpa(*args, **kwargs)
             if fused is not None:
                 return fused
         return func(*args, **kwargs)
+
+
+def _unfused_sdpa(
+    q: Any,
+    k: Any,
+    v: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
+    """Attention as Megatron-LM's CoreAttention ran it before FlashAttention (megatron/model/transformer.py,
+    2021): the scores ``q k^T`` in the input's dtype, scaled, masked and soft-maxed (its
+    FusedScaleMaskSoftmax), dropped out, times ``v``. torch's own math path computes bf16 in fp32."""
+    if not all(isinstance(t, torch.Tensor) and t.is_meta and t.dim() == 4 for t in (q, k, v)) or enable_gqa:
+        return None
+    if attn_mask is not None and is_causal:
+        return None
+    scores = torch.matmul(q, k.transpose(-2, -1)) * (
+        scale if scale is not None else q.shape[-1] ** -0.5
+    )  # (B, nh, T, S)
+    if is_causal:
+        above = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)  # (T, S)
+        scores = scores.masked_fill(above, float("-inf"))
+    elif attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    probs = torch.softmax(scores, dim=-1)
+    if dropout_p > 0:
+        probs = torch.nn.functional.dropout(probs, dropout_p)
+    return torch.matmul(probs, v)  # (B, nh, T, hd)
 
 
 def _fused_sdpa(
@@ -340,9 +419,12 @@ def _fused_sdpa(
 
 
 @contextlib.contextmanager
-def fused_attention() -> Iterator[None]:
-    """Within this context, attention on meta tensors takes the fused (flash) kernel's path."""
-    with _FusedAttention():
+def fused_attention(flash: bool = True) -> Iterator[None]:
+    """Within this context, attention on meta tensors takes the fused (flash) kernel's path;
+    ``flash=False``: torch's math path, as attention ran before fused kernels (Megatron-LM 2021,
+    BLOOM): the (T x T) scores materialised, scaled, masked, soft-maxed and dropped out by
+    kernels of their own, saved for backward, and every score computed, the masked half too."""
+    with _FusedAttention(flash):
         yield
 
 
@@ -351,20 +433,22 @@ def count_block(
     args: Sequence[Any],
     exclude: set[int] | frozenset[int] = frozenset(),
     experts: frozenset[int] = frozenset(),
+    flash: bool = True,
 ) -> tuple[BlockCount, tuple[Any, ...]]:
     """Count ``module(*args)`` forward and backward on meta tensors; also return its outputs.
 
     ``args`` are meta tensors (floating ones become fresh autograd leaves, as in the measured
     profiler); ``exclude`` holds the storage keys of parameters (``profile.storage_key``),
-    ``experts`` those of routed-expert weights, whose ops are marked (module docstring).
+    ``experts`` those of routed-expert weights, whose ops are marked (module docstring);
+    ``flash``: attention as the fused kernel (else unfused: :func:`fused_attention`).
     """
     leaves = [leaf(a) for a in args]
 
     def forward() -> Any:
-        with fused_attention():
+        with fused_attention(flash):
             return module(*leaves)
 
-    with fused_attention():
+    with fused_attention(flash):
         nbytes = saved_bytes(forward, exclude=set(exclude))
     fwd = _CountMode(experts)
     with fwd:
@@ -374,17 +458,24 @@ def count_block(
     inputs = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
     nodes = _expert_nodes(diff, experts)
     bwd_in = _CountMode(nodes=nodes)
+    handed: list[Any] = list(outs)  # what leaves the block: outputs, then the gradients handed back
     if diff and inputs:
         with bwd_in:
-            torch.autograd.grad(diff, inputs, grads, retain_graph=True, allow_unused=True)
+            handed += torch.autograd.grad(diff, inputs, grads, retain_graph=True, allow_unused=True)
     bwd = _CountMode(nodes=nodes)
     if diff:
         with bwd:
             torch.autograd.backward(diff, grads)
+    weights = [p.grad for p in module.parameters() if p.grad is not None]
+    handed += [*(t.grad for t in inputs), *weights]
+    escapes = frozenset(storage_key(t) for t in handed if isinstance(t, torch.Tensor))
+    weight_grads = frozenset(storage_key(t) for t in weights)
     for p in module.parameters():
         p.grad = None
     detached = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outs)
-    return BlockCount(tuple(fwd.ops), tuple(bwd.ops), tuple(bwd_in.ops), nbytes), detached
+    count = numbered(BlockCount(tuple(fwd.ops), tuple(bwd.ops), tuple(bwd_in.ops), nbytes, escapes, weight_grads))
+    del handed, weights, fwd, bwd, bwd_in  # the storages stay alive up to here, so every key above is one storage's
+    return count, detached
 
 
 def _expert_nodes(outputs: Sequence[torch.Tensor], experts: frozenset[int]) -> dict[int, Any]:
@@ -446,7 +537,47 @@ def count_loss(
     if value.requires_grad:
         with bwd:
             torch.autograd.backward([value])
-    return BlockCount(tuple(fwd.ops), tuple(bwd.ops), tuple(bwd.ops), nbytes)
+    handed = [value, *(t.grad for t in leaves if isinstance(t, torch.Tensor))]
+    escapes = frozenset(storage_key(t) for t in handed if isinstance(t, torch.Tensor))
+    return numbered(BlockCount(tuple(fwd.ops), tuple(bwd.ops), tuple(bwd.ops), nbytes, escapes))
+
+
+def numbered(count: BlockCount, start: int = 0) -> BlockCount:
+    """``count`` with its storage keys renamed ``start``, ``start + 1``, ... in the order they first
+    appear (forward, input-gradient, full backward ops, then what escapes): a storage's address is
+    the allocator's choice and may differ from one run to the next, its number here does not, so
+    identical blocks count identically and two counts joined (a block and its loss) share no key."""
+    names: dict[int, int] = {}
+
+    def name(key: int) -> int:
+        return names.setdefault(key, start + len(names))
+
+    def ops(seq: Sequence[OpCount]) -> tuple[OpCount, ...]:
+        return tuple(
+            replace(
+                op,
+                reads=tuple((name(k), b) for k, b in op.reads),
+                writes=tuple((name(k), b) for k, b in op.writes),
+            )
+            if op.reads or op.writes
+            else op
+            for op in seq
+        )
+
+    fwd, bwd_in, bwd = ops(count.forward), ops(count.backward_input), ops(count.backward)
+    escapes = frozenset(name(k) for k in sorted(count.escapes, key=lambda k: names.get(k, len(names) + k)))
+    return BlockCount(fwd, bwd, bwd_in, count.saved_bytes, escapes, frozenset(name(k) for k in count.grads))
+
+
+def keys_of(count: BlockCount) -> int:
+    """One past the largest storage number in ``count`` (:func:`numbered`); 0 for none."""
+    found = [
+        k
+        for seq in (count.forward, count.backward, count.backward_input)
+        for op in seq
+        for k, _ in op.reads + op.writes
+    ]
+    return max([*found, *count.escapes], default=-1) + 1
 
 
 def leaf(v: Any) -> Any:
@@ -467,7 +598,7 @@ def total(ops: Sequence[OpCount], cost: Callable[[OpCount], float]) -> float:
 def op_time(op: OpCount, spec: DeviceSpec, peak: float, dtype: str = "") -> float:
     """Roofline time of one op on ``spec`` (``peak``: FLOP/s of the op's compute dtype ``dtype``,
     whose efficiency curve prices a GEMM by its size)."""
-    compute = op.flops / (peak * spec.efficiency(dtype, op.size)) if op.flops else 0.0
+    compute = op.flops * op.work / (peak * spec.efficiency(dtype, op.size)) if op.flops else 0.0
     memory = op.bytes / (spec.memory_bandwidth * spec.memory_efficiency)
     return max(compute, memory) + spec.op_overhead_s
 

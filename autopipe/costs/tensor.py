@@ -15,7 +15,8 @@ device. What this module prices, per block, from its counted ops (``costs.counti
   ``(M K N) ** (1/3)``, prices it): Megatron shards each linear layer's larger weight dimension (``3h``,
   ``4h``, the vocabulary; ``h`` of the square attention output), the largest of the GEMM's three
   wherever the weight's dimensions exceed the micro-batch's tokens.
-  Memory-bound ops (FLOPs 0) move ``bytes * (r + (1 - r) / t)`` where ``r = 10 / 34`` is
+  A fused kernel of attention's core (``costs.fusion``: ``kind`` ``"heads"``) moves ``bytes / t``.
+  Other memory-bound ops (FLOPs 0) move ``bytes * (r + (1 - r) / t)`` where ``r = 10 / 34`` is
   the share of a layer's element-wise traffic outside the split regions without sequence
   parallelism (Korthikanti et al., section 4.2.2: 10 of the 34 ``sbh`` bytes), ``r = 0``
   with it. Parameters: ``params / t`` (Megatron keeps the layer norms and the row-parallel
@@ -168,6 +169,8 @@ def split_ops(ops: Sequence[OpCount], kind: BlockKind, t: int, sequence_parallel
     for op in ops:
         if op.flops > 0:
             out.append(replace(op, flops=op.flops / t, bytes=op.bytes / t, dims=_sharded(op.dims, t)))
+        elif op.kind == "heads":
+            out.append(replace(op, bytes=op.bytes / t))  # a fused kernel of attention's core: the device's heads
         elif kind == "layer":
             out.append(OpCount(0.0, op.bytes * (r + (1.0 - r) / t)))
         elif kind == "head":

@@ -13,7 +13,8 @@ gathers the weights once a step, torch's pipeline stages keeping them until the 
 and what it runs beside the computation by default (``plans.Overlap``'s fields: Megatron-LM with
 ``--overlap-grad-reduce``, ``--overlap-param-gather`` and, interleaved only, asynchronous pipeline
 sends; FSDP2 and DDP overlap their collectives; autopipe's executor posts its sends ahead and runs
-no data or tensor parallelism). The planner
+no data or tensor parallelism), and whether it fuses the memory-bound ops between GEMMs into one
+kernel (``fused_kernels``: Megatron-LM; costs/fusion.py prices it so). The planner
 keeps its search to a target's (planner/request.py, planner/search.py); a plan records the target
 it was made for (``Plan.target``), and ``autopipe config`` says when a plan made for another target
 holds what the framework does not run (config/retarget.py).
@@ -53,6 +54,9 @@ class Target:
     recompute_modules: tuple[str, ...] = ()
     offload_modules: tuple[str, ...] = ()
     block_layers: bool = False
+    # It runs the memory-bound ops between two GEMMs as one fused kernel (costs/fusion.py prices them so):
+    # Megatron-LM's fused norms, bias-activations, bias-dropout-add, rotary embedding, softmax and cross entropy.
+    fused_kernels: bool = False
 
     def recomputes(self, kinds: Sequence[str]) -> bool:
         """Whether it recomputes the module kinds ``kinds`` in every layer (selective recomputation)."""
@@ -140,6 +144,7 @@ def _targets() -> tuple[Target, ...]:
             recompute_modules=selective,
             offload_modules=offload,
             block_layers=True,
+            fused_kernels=True,  # megatron/core/fusions/ and Transformer Engine's fused modules
         ),
         Target(
             "torchtitan",

@@ -9,7 +9,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from autopipe.costs.analytic import count_model
-from autopipe.costs.counting import count_block
+from autopipe.costs.counting import count_block, op_time
 from autopipe.costs.measured import storage_key
 from autopipe.graph.segment import extract
 from autopipe.model.load import load_model
@@ -42,3 +42,32 @@ def test_counting_agrees_with_flop_counter_mode() -> None:
         out.backward(torch.ones_like(out))
     assert count.forward_flops + count.backward_flops == fc.get_total_flops()
     assert count == counts.counts[0][block.index]  # identical layers are counted once, same result
+
+
+def test_causal_fused_attention_runs_half_its_counted_flops() -> None:
+    from torch.nn import functional as F
+
+    from autopipe.costs.devices import device_spec
+
+    class Attend(torch.nn.Module):
+        def __init__(self, causal: bool) -> None:
+            super().__init__()
+            self.causal = causal
+
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+    qkv = [torch.empty(1, 2, 1024, 32, device="meta") for _ in range(3)]  # compute-bound on an H100
+    causal, _ = count_block(Attend(True), qkv)
+    full, _ = count_block(Attend(False), qkv)
+    ops = [op for op in (*causal.forward, *causal.backward) if op.kind == "attention"]
+    assert len(ops) == 2 and all(op.work == 0.5 for op in ops)
+    assert all(op.work == 1.0 for op in (*full.forward, *full.backward))
+    assert causal.forward_flops == full.forward_flops  # the count keeps the convention: every score
+    h100 = device_spec("h100")
+    peak = h100.peak("fp32")
+    f_causal = next(op for op in causal.forward if op.kind == "attention")
+    f_full = next(op for op in full.forward if op.kind == "attention")
+    compute = f_full.flops / (peak * h100.efficiency("fp32"))
+    assert op_time(f_full, h100, peak, "fp32") == pytest.approx(compute + h100.op_overhead_s)
+    assert op_time(f_causal, h100, peak, "fp32") == pytest.approx(compute / 2 + h100.op_overhead_s)

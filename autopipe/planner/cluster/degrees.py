@@ -37,11 +37,17 @@ class TensorOptions:
 
 
 def tensor_options(
-    counts: ModelCounts, spec: DeviceSpec, cluster: Cluster, sequence_parallel: bool, overlap: float = 0.0
+    counts: ModelCounts,
+    spec: DeviceSpec,
+    cluster: Cluster,
+    sequence_parallel: bool,
+    overlap: float = 0.0,
+    fused: bool = False,
 ) -> TensorOptions:
     """Tensor parallelism for ``counts``: its transformer structure, priced per degree t on
     ``spec`` with the collectives over ``cluster``'s NVLink, ``overlap`` of them hidden behind
-    the computation (``Overlap.tp_comm``)."""
+    the computation (``Overlap.tp_comm``); ``fused``: memory-bound ops fused as the target
+    framework runs them (``Target.fused_kernels``, ``costs.fusion``)."""
     from autopipe.costs.analytic import profile_from_counts
     from autopipe.costs.tensor import TensorSplit, shape_of
 
@@ -53,7 +59,7 @@ def tensor_options(
             if shape is None or t == 1
             else TensorSplit(shape, t, sequence_parallel, cluster.nvlink_bandwidth, cluster.link_latency_s, overlap)
         )
-        return profile_from_counts(counts, spec, split)
+        return profile_from_counts(counts, spec, split, fused)
 
     return TensorOptions(shape, price, sequence_parallel)
 
