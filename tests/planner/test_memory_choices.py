@@ -167,3 +167,13 @@ def test_a_users_split_is_priced_under_a_pinned_choice(gpt: Profile) -> None:
     for s in plan.stages:
         again = sum(o.recompute_s(u) for i in s.block_indices for o in gpt.blocks[i].memory if o.recompute == ("mlp",))
         assert s.backward_s == pytest.approx(sum(gpt.blocks[i].backward_s(u) for i in s.block_indices) + again)
+
+
+def test_the_block_ladder_tries_every_k_to_4_then_steps_by_a_third_and_ends_at_the_most() -> None:
+    from autopipe.planner.search import block_ladder
+
+    assert block_ladder(0) == [] and block_ladder(1) == [1] and block_ladder(4) == [1, 2, 3, 4]
+    assert block_ladder(11) == [1, 2, 3, 4, 5, 7, 9, 11]
+    ks = block_ladder(47)
+    assert ks[-1] == 47 and ks == sorted(set(ks)) and len(ks) == 13
+    assert all(b <= a * 4 / 3 + 1 for a, b in zip(ks, ks[1:]))  # a k between two tried ones: at most a quarter fewer
