@@ -170,10 +170,12 @@ def test_a_users_split_is_priced_under_a_pinned_choice(gpt: Profile) -> None:
 
 
 def test_the_block_ladder_tries_every_k_to_4_then_steps_by_a_third_and_ends_at_the_most() -> None:
+    from itertools import pairwise
+
     from autopipe.planner.search import block_ladder
 
     assert block_ladder(0) == [] and block_ladder(1) == [1] and block_ladder(4) == [1, 2, 3, 4]
     assert block_ladder(11) == [1, 2, 3, 4, 5, 7, 9, 11]
     ks = block_ladder(47)
     assert ks[-1] == 47 and ks == sorted(set(ks)) and len(ks) == 13
-    assert all(b <= a * 4 / 3 + 1 for a, b in zip(ks, ks[1:]))  # a k between two tried ones: at most a quarter fewer
+    assert all(b <= a * 4 / 3 + 1 for a, b in pairwise(ks))  # a k between two tried ones: at most a quarter fewer
