@@ -23,8 +23,9 @@ after :meth:`PipelineEngine.forward_backward` (``autopipe.pipeline`` leaves that
 
 Sends and receives between two ranks are posted in one order both agree on
 (``autopipe.runtime.order``: NCCL matches them by position, not tag); receives as early as
-that order allows, sends as soon as their tensor is made; sends are waited on at the end of
-the iteration: transfers overlap compute. Stages marked for recomputation run
+that order allows, sends as soon as their tensor is made; a send that has finished is let go
+after each action (its tensor need not outlive it), the others are waited on at the end of the
+iteration: transfers overlap compute. Stages marked for recomputation run
 under ``torch.utils.checkpoint`` (non-reentrant); buffers it would update twice (batch-norm
 running statistics) are restored after the recomputation, so numbers equal a plain run.
 """
@@ -173,11 +174,12 @@ class PipelineEngine:
         self.mb_inputs = [dict(zip(self.input_names, mb, strict=True)) for mb in inputs]
         self.mb_targets = list(targets)
         self.m = len(self.mb_inputs)
-        self.posted: dict[MessageKey, tuple[torch.Tensor, Work]] = {}
+        self.posted: dict[MessageKey, tuple[torch.Tensor, Work, int]] = {}  # buffer, work, place in the order
         self.made: dict[MessageKey, torch.Tensor] = {}  # sends waiting for their turn
         self.cursor: dict[int, int] = {}  # peer -> operations posted
         self.local: dict[tuple[Any, ...], torch.Tensor] = {}
-        self.sends: list[tuple[Work, torch.Tensor]] = []
+        self.sends: list[tuple[Work, torch.Tensor, int, int]] = []  # work, tensor, peer, place in the order
+        self.heard: dict[int, int] = {}  # peer -> the latest place in the order of a receive completed
         self.saved: dict[tuple[int, int], _Saved] = {}
         self.held: dict[tuple[int, int], int] = {}
         self.peak_held = 0
@@ -189,6 +191,7 @@ class PipelineEngine:
         for a in self.actions:
             with self.timer.time(a):
                 getattr(self, f"_{a.kind.lower()}")(a.stage, a.microbatch)
+            self._let_go()
         for peer in self.order:
             self._pump(peer)
         if self.made or self.posted:
@@ -196,7 +199,7 @@ class PipelineEngine:
                 f"internal error: rank {self.comm.rank} ended the iteration with messages "
                 f"not sent or not read ({sorted(self.made)[:3]}, {sorted(self.posted)[:3]})"
             )
-        for work, _ in self.sends:
+        for work, *_ in self.sends:
             work.wait()
         records = tuple(ActionRecord(str(a), s, r, e) for a, s, r, e in self.timer.results())
         makespan = max((r.end_s for r in records), default=0.0)
@@ -229,11 +232,11 @@ class PipelineEngine:
                 if key not in self.made:
                     break
                 t = self.made.pop(key)
-                self.sends.append((self.comm.isend(t, peer, tag), t))
+                self.sends.append((self.comm.isend(t, peer, tag), t, peer, k))
             else:
                 spec = self.specs[name]
                 buf = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
-                self.posted[key] = (buf, self.comm.irecv(buf, peer, tag))
+                self.posted[key] = (buf, self.comm.irecv(buf, peer, tag), k)
             k += 1
         self.cursor[peer] = k
 
@@ -247,10 +250,27 @@ class PipelineEngine:
                 f"internal error: rank {self.comm.rank} needs message {key} before the agreed "
                 "message order lets it post the receive; please report this with the plan"
             )
-        buf, work = self.posted.pop(key)
+        buf, work, place = self.posted.pop(key)
         work.wait()
+        peer = self._peer(key)
+        self.heard[peer] = max(self.heard.get(peer, -1), place)
         self.timer.ready()
         return buf
+
+    def _let_go(self) -> None:
+        """Finish the sends whose receive the peer has posted, and drop them: their tensors are
+        freed once nothing else holds them, not at the iteration's end. A peer posts its
+        operations with us in the agreed order, so once a receive of ours at place n in that
+        order has completed, every receive the peer matches to our sends before n is posted:
+        waiting on those sends cannot wait on us (gloo finishes a send only in its wait)."""
+        pending = []
+        for entry in self.sends:
+            work, _, peer, place = entry
+            if work.done() or place < self.heard.get(peer, -1):
+                work.wait()  # a failed send raises here
+            else:
+                pending.append(entry)
+        self.sends = pending
 
     def _peer(self, key: MessageKey) -> int:
         direction, producer, _, reader, _ = key

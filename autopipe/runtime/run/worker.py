@@ -17,6 +17,7 @@ the notes to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import sys
@@ -35,7 +36,7 @@ from autopipe.runtime import checkpoint, commit
 from autopipe.runtime.actions import plan_schedule, shared_groups
 from autopipe.runtime.comm import Comm
 from autopipe.runtime.engine import IterationResult
-from autopipe.runtime.meters import PeakMemory, state_bytes
+from autopipe.runtime.meters import CudaPeak, PeakMemory, TensorBytes, state_bytes, tensor_bytes_meter
 from autopipe.runtime.pipeline import Pipeline
 from autopipe.runtime.run.data import Batch, BatchSource
 from autopipe.runtime.run.options import RunOptions
@@ -66,6 +67,8 @@ class RankResult:
     static_bytes: int  # parameters + gradients + optimizer state of the rank's stages
     peak_memory_bytes: int
     memory_kind: str  # how peak_memory_bytes was measured
+    peak_tensor_bytes: int  # live tensor bytes at their peak over step ``tensor_step`` (meters.TensorBytes)
+    tensor_step: int  # the step counted (an index into ``iterations``); its times are slowed by counting
     steps_done: int  # including those of a resumed checkpoint
     engine: str = "autopipe"  # "autopipe" or "torch"
     data: str = "example_inputs"  # "train_data" or "example_inputs"
@@ -144,13 +147,20 @@ def train_rank(
             progress("note")(note)
     pipe.steps = done
     iterations = []
+    counted = tensor_step(options.steps)
     meter = PeakMemory(device)
     meter.start()
+    tensors: TensorBytes | CudaPeak | None = None
     for k in range(done, done + options.steps):
         inputs, targets = batches(k) if batches is not None else source.batch(k)  # type: ignore[union-attr]
-        loss = pipe.step(inputs, targets)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        guard: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if k - done == counted:  # counted as they are held before it, the batch not counted
+            held = [*pipe.tensors(), *optimizer_tensors(optimizer)]
+            guard = tensors = tensor_bytes_meter(device, held, ignore=_leaves((inputs, targets)))
+        with guard:
+            loss = pipe.step(inputs, targets)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         it = pipe.last
         assert it is not None
         iterations.append(replace(it, step_s=time.perf_counter() - it.start_time))
@@ -173,10 +183,27 @@ def train_rank(
         static,
         peak,
         kind,
-        done + options.steps,
-        options.engine,
-        data,
+        peak_tensor_bytes=tensors.peak if tensors is not None else 0,
+        tensor_step=counted,
+        steps_done=done + options.steps,
+        engine=options.engine,
+        data=data,
     )
+
+
+def tensor_step(steps: int) -> int:
+    """The step whose live tensor bytes a run counts: the second (the optimizer's state made by
+    the first, as in every later step), or the only one."""
+    return 1 if steps > 1 else 0
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The tensors of the optimizer's state (Adam's moments, its step counters)."""
+    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+def _leaves(value: object) -> list[torch.Tensor]:
+    return [t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 def _peak(
