@@ -94,9 +94,18 @@ def optimizer_class(options: RunOptions) -> type[torch.optim.Optimizer]:
     return cls
 
 
+# Fused kernels step in place: the for-loop Adam makes two temporaries the size of each parameter
+# (the step's peak, on a model whose parameters outweigh its activations), which the planner's
+# four bytes per parameter byte (weights, gradients, two moments) do not count.
+_FUSED = ("Adam", "AdamW")
+
+
 def make_optimizer(params: list[torch.nn.Parameter], options: RunOptions) -> torch.optim.Optimizer:
+    """The run's optimizer; Adam and AdamW fused unless ``--optimizer-arg`` says foreach or fused."""
     cls = optimizer_class(options)
     extra: dict[str, Any] = dict(options.optimizer_kwargs)
+    if options.optimizer in _FUSED and not {"fused", "foreach"} & set(extra) and params:
+        extra["fused"] = True
     opt: torch.optim.Optimizer = cls(params, lr=options.lr, **extra)  # type: ignore[call-arg]
     return opt
 
