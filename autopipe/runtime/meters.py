@@ -33,19 +33,16 @@ Tests: tests/runtime/test_meters.py.
 
 from __future__ import annotations
 
-import functools
 import resource
 import sys
-import threading
 import time
-import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+from autopipe.graph.live_bytes import TensorBytes
 
 __all__ = ["ActionTimer", "CudaPeak", "PeakMemory", "SavedBytes", "TensorBytes", "state_bytes", "tensor_bytes_meter"]
 
@@ -186,67 +183,6 @@ class PeakMemory:
             how = "cpu: the process's lifetime peak resident memory (getrusage; could not reset the peak)"
         grown = max(0, peak - self.rss_before)
         return grown + param_bytes, f"{how} minus resident memory before it, plus the rank's parameter bytes"
-
-
-def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
-    """The storage under ``t``; None for what has none (sparse, meta, a subclass without data)."""
-    if t.device.type == "meta" or t.layout != torch.strided:
-        return None
-    try:
-        return t.untyped_storage()
-    except (RuntimeError, NotImplementedError, TypeError):
-        return None
-
-
-class TensorBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Live tensor bytes while active, and their peak (``with TensorBytes(held): ...``).
-
-    ``held``: tensors alive before that count from the start (parameters, gradients, optimizer
-    state); ``ignore``: tensors never counted, nor their views (the caller's batch). Each storage
-    counts once, at its current size (an op that resizes one is followed). Thread-safe: a
-    storage made on one thread may be freed on another.
-    """
-
-    def __init__(self, held: Iterable[torch.Tensor] = (), ignore: Iterable[torch.Tensor] = ()) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self._lock = threading.Lock()
-        self._sizes: dict[int, tuple[weakref.ref[torch.UntypedStorage], int]] = {}
-        self._ignored = {id(s): s for s in map(_storage, ignore) if s is not None}  # kept: their ids stay theirs
-        self.live = 0
-        for t in held:
-            self._see(t)
-        self.peak = self.live
-
-    def _see(self, t: torch.Tensor) -> None:
-        s = _storage(t)
-        if s is None or id(s) in self._ignored:
-            return
-        key, n = id(s), s.nbytes()
-        with self._lock:
-            known = self._sizes.get(key)
-            if known is None:
-                self._sizes[key] = (weakref.ref(s, functools.partial(self._freed, key)), n)
-                self.live += n
-            elif known[1] != n:  # resized
-                self._sizes[key] = (known[0], n)
-                self.live += n - known[1]
-
-    def _freed(self, key: int, _: object) -> None:
-        with self._lock:
-            known = self._sizes.pop(key, None)
-            if known is not None:
-                self.live -= known[1]
-
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self._see(t)
-        if self.live > self.peak:
-            self.peak = self.live
-        return out
 
 
 class CudaPeak:

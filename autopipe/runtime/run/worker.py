@@ -155,25 +155,10 @@ def train_rank(
         if note:
             progress("note")(note)
     pipe.steps = done
-    iterations = []
-    counted = tensor_step(options.steps)
     meter = PeakMemory(device)
     meter.start()
-    tensors: TensorBytes | CudaPeak | None = None
-    for k in range(done, done + options.steps):
-        inputs, targets = batches(k) if batches is not None else source.batch(k)  # type: ignore[union-attr]
-        guard: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-        if k - done == counted:  # counted as they are held before it, the batch not counted
-            held = [*pipe.tensors(), *optimizer_tensors(optimizer)]
-            guard = tensors = tensor_bytes_meter(device, held, ignore=_leaves((inputs, targets)))
-        with guard:
-            loss = pipe.step(inputs, targets)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        it = pipe.last
-        assert it is not None
-        iterations.append(replace(it, step_s=time.perf_counter() - it.start_time))
-        progress("step")(f"{k} {loss!r}")
+    draw = batches if batches is not None else source.batch  # type: ignore[union-attr]
+    iterations, tensors = _train(pipe, optimizer, range(done, done + options.steps), draw, progress("step"))
     static = state_bytes(params, optimizer)
     peak, kind = _peak(meter, params, static, iterations, process_memory or device.type == "cuda")
     if options.save_checkpoint:
@@ -192,12 +177,42 @@ def train_rank(
         static,
         peak,
         kind,
-        peak_tensor_bytes=tensors.peak if tensors is not None else 0,
-        tensor_step=counted,
+        peak_tensor_bytes=tensors,
+        tensor_step=tensor_step(options.steps),
         steps_done=done + options.steps,
         engine=options.engine,
         data=data,
     )
+
+
+def _train(
+    pipe: Pipeline,
+    optimizer: torch.optim.Optimizer,
+    steps: range,
+    draw: Callable[[int], Batch],
+    say: Callable[[str], None],
+) -> tuple[list[IterationResult], int]:
+    """Train ``steps``; their measurements and the peak live tensor bytes of the step counted
+    (:func:`tensor_step`: counted as they are held before it, the batch not counted)."""
+    iterations, counted, peak = [], tensor_step(len(steps)), 0
+    for n, k in enumerate(steps):
+        inputs, targets = draw(k)
+        guard: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        meter: TensorBytes | CudaPeak | None = None
+        if n == counted:
+            held = [*pipe.tensors(), *optimizer_tensors(optimizer)]
+            guard = meter = tensor_bytes_meter(pipe.device, held, ignore=_leaves((inputs, targets)))
+        with guard:
+            loss = pipe.step(inputs, targets)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if meter is not None:
+            peak = meter.peak
+        it = pipe.last
+        assert it is not None
+        iterations.append(replace(it, step_s=time.perf_counter() - it.start_time))
+        say(f"{k} {loss!r}")
+    return iterations, peak
 
 
 def tensor_step(steps: int) -> int:
