@@ -40,7 +40,9 @@ def main() -> None:
             if only - set(MODELS) and schedule not in only:
                 continue
             for recompute in (autopipe.Recompute.NEVER, autopipe.Recompute.ALWAYS):
-                choices = autopipe.Choices(schedule=schedule, virtual=virtual, micro_batches=4, recompute=recompute)
+                choices = autopipe.Choices(
+                    schedule=schedule, virtual=virtual if virtual > 1 else None, micro_batches=4, recompute=recompute
+                )
                 plan = autopipe.plan_profile(profile, stages=2, batch_size=8, memory="1GiB", choices=choices)
                 result = launch(plan, RunOptions(steps=2, device="cpu", timeout_s=120))
                 for r in result.ranks:

@@ -59,7 +59,7 @@ def make_plan(
                 held_bytes=stats.in_bytes[s] if rc else stats.act[s],
                 send_bytes=part.cut_bytes[s] if s < len(part.cut_bytes) else 0.0,
                 transient_bytes=stats.layer_peak[s] if stats.layer_peak and not rc else 0.0,
-                kept_bytes=kept[s],
+                kept_bytes=0.0 if rc else kept[s],
                 backward_bytes=made[s],
             )
         )

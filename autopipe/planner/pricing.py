@@ -5,11 +5,11 @@ A :class:`Candidate` is a decision (schedule, virtual stages, micro-batches) wit
 recomputed stage pays one more forward in its backward and keeps only its inputs per
 micro-batch in flight, plus one micro-batch's activations while it recomputes; one that
 recomputes its first layers, ``partition/layers.py``, pays their forward and holds one of them
-again; split in B and
-W, the first stage's backward is all W, as the executor runs it; every action also pays the
-executor's fixed cost per action, ``PlanRequest.action_overhead_s``; where the schedule's sends
-block the sender (``PlanRequest.blocking_sends``), a forward or backward also pays sending its
-output, which then arrives as it ends), and :func:`price` runs the compiled schedule
+again; split in B and W, the first stage's backward is all W and a recomputed stage's all B,
+as the executor runs it; every action also pays the executor's fixed cost per action,
+``PlanRequest.action_overhead_s``; where the schedule's sends block the sender
+(``PlanRequest.blocking_sends``), a forward or backward also pays sending its output, which
+then arrives as it ends), and :func:`price` runs the compiled schedule
 (:func:`autopipe.simulate.events.simulate_summary`).
 """
 
@@ -205,16 +205,18 @@ def _costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list
         held = stats.in_bytes[s] if rc else stats.act[s]
         extra = f[s] if rc else layer_extra[s]
         # The first stage's inputs are the batch: no gradient to pass back, so a split
-        # backward's B has nothing to compute and W is all of it (recomputation included).
-        first, o = s == 0, t.action_s
+        # backward's B has nothing to compute and W is all of it. A recomputed stage's B is
+        # whole and its W nothing (runtime/engine.py: W's calls would each recompute).
+        first, o = s == 0 and not rc, t.action_s
+        bi_s, w_s = (b[s] + extra, 0.0) if rc else (0.0, b[s] + extra) if first else (bi[s] + extra, w[s])
         costs.append(
             StageCost(
                 forward_s=f[s] + o,
                 backward_s=b[s] + extra + o,
-                backward_input_s=o if first else bi[s] + extra + o,
-                backward_weight_s=b[s] + extra + o if first else w[s] + o,
+                backward_input_s=bi_s + o,
+                backward_weight_s=w_s + o,
                 activation_bytes=held,
-                weight_grad_bytes=held + kept[s],
+                weight_grad_bytes=held + (0.0 if rc else kept[s]),  # a recomputed stage's B keeps nothing
                 transient_bytes=(stats.act[s] if rc else layer_peak[s]) + made[s],
                 static_bytes=stats.static[s],
             )

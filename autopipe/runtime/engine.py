@@ -11,7 +11,8 @@ For each action of the rank's list (``autopipe.schedules``), in order::
              W; with W (zero-bubble, Qi et al. 2023) only the input gradients, keeping the
              gradients that flow into the weight-gradient part of the graph for ...
     W(j, i)  ... the parameter gradients, restarted from those kept gradients: W runs only
-             the weight-gradient kernels (``autopipe.graph.split_backward``).
+             the weight-gradient kernels (``autopipe.graph.split_backward``). A recomputed
+             stage's B is whole (one recomputation) and its W does nothing.
 
 Gradients accumulate in ``.grad`` over the m micro-batches (each loss scaled by 1/m: the mean
 over equal micro-batches is the batch mean), then parameters used by stages on several ranks
@@ -357,10 +358,10 @@ class PipelineEngine:
                 sv.grads.append(total)
         names = list(sv.leaves)
         grads: list[torch.Tensor | None] = []
-        if self.split_backward:
+        if self.split_backward and j not in self.recompute:
             if sv.roots:
                 grads, sv.weight = backward_input(sv.roots, sv.grads, [sv.leaves[n] for n in names], self.params[j])
-        else:
+        else:  # whole: a recomputed stage's B recomputes once and does its W's work too (see _w)
             if sv.roots:
                 torch.autograd.backward(sv.roots, sv.grads)
             grads = [sv.leaves[n].grad for n in names]
@@ -376,7 +377,13 @@ class PipelineEngine:
             self._send((BACKWARD, sources[n], n, j, i), torch.zeros_like(sv.leaves[n]), sources[n])
 
     def _w(self, j: int, i: int) -> None:
-        sv = self.saved[(j, i)]
+        """The weight gradients B left; nothing for a recomputed stage, whose B did them: every
+        autograd call into a checkpointed graph recomputes its forward and keeps what that call
+        did not use until the graph is freed, so W's call per group of weights would hold the
+        stage's activations once per group."""
+        sv = self.saved.get((j, i))
+        if sv is None:
+            return
         if sv.weight is not None:
             sv.weight.run()
         self._free(j, i)
