@@ -16,17 +16,14 @@ workspaces). Elsewhere the lifetime peak (``getrusage``), which may predate the 
 excluded; for a recomputed stage the bytes of its inputs), kept as the run's
 ``peak_activation_bytes`` beside the measurement.
 
-Live tensor bytes (:class:`TensorBytes`), what the planner's memory model predicts: a
-``TorchDispatchMode`` sees every op's outputs; each storage is counted once, from the op that
-made it (or the first op that returned a view of it) until it is freed (a weak reference to
-the storage, whose Python object torch keeps as long as the storage lives), and the tensors
-held before (the rank's parameters, buffers, gradients and optimizer state) are counted from
-the start. Its peak is the most bytes alive at once, read after every op (an op's inputs and
-outputs are alive together then): parameters, gradients, optimizer state, saved activations,
-the gradients backward makes, messages being sent or received. Not counted: what an op makes
-and frees inside itself (a kernel's workspace) and the caller's batch. Every op pays a Python
-call, so a run counts one step (``autopipe.runtime.run.worker``). On a GPU the same figure is
-``torch.cuda.max_memory_allocated`` (:func:`tensor_bytes_meter`).
+Live tensor bytes, what the planner's memory model predicts (:func:`tensor_bytes_meter`): on
+the CPU :class:`~autopipe.graph.live_bytes.TensorBytes` (every storage an op makes, once, until
+it is freed; the tensors held before -- the rank's parameters, buffers, gradients and
+optimizer state -- from the start; its peak read after every op): parameters, gradients,
+optimizer state, saved activations, the gradients backward makes, messages being sent or
+received; not a kernel's own workspace, nor the caller's batch. Every op pays a Python call,
+so a run counts one step (``autopipe.runtime.run.worker``). On a GPU the same figure is
+``torch.cuda.max_memory_allocated`` over that step.
 
 Tests: tests/runtime/test_meters.py.
 """

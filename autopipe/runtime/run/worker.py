@@ -67,7 +67,7 @@ class RankResult:
     static_bytes: int  # parameters + gradients + optimizer state of the rank's stages
     peak_memory_bytes: int
     memory_kind: str  # how peak_memory_bytes was measured
-    peak_tensor_bytes: int  # live tensor bytes at their peak over step ``tensor_step`` (meters.TensorBytes)
+    peak_tensor_bytes: int  # live tensor bytes at their peak over step ``tensor_step`` (graph/live_bytes.py)
     tensor_step: int  # the step counted (an index into ``iterations``); its times are slowed by counting
     steps_done: int  # including those of a resumed checkpoint
     engine: str = "autopipe"  # "autopipe" or "torch"
