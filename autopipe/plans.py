@@ -73,6 +73,11 @@ class StagePlan:
     # held again, once, while a backward recomputes (the plan's recompute_layers: the largest of the
     # stage's recomputed layers' activations; 0 otherwise, a whole-stage recompute holding activation_bytes)
     transient_bytes: float = 0.0
+    # What autopipe's executor holds besides the saved tensors (measured profiles; 0 otherwise):
+    # per micro-batch from B to W, the gradients a split backward keeps for W; and, once while a
+    # backward runs, what it makes and frees (the gradients flowing through it).
+    kept_bytes: float = 0.0
+    backward_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -292,8 +297,9 @@ class Plan:
             if raw[field] == default:
                 del raw[field]
         for stage in raw["stages"]:
-            if stage["transient_bytes"] == 0.0:
-                del stage["transient_bytes"]
+            for field in ("transient_bytes", "kept_bytes", "backward_bytes"):  # 0: left out
+                if stage[field] == 0.0:
+                    del stage[field]
         for part in [*raw["alternatives"], *([raw["free_plan"]] if raw["free_plan"] is not None else [])]:
             if not part["memory"]:
                 del part["memory"]

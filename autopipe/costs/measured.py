@@ -276,6 +276,8 @@ def _make_profile(
             if all(m[i].backward_weight_s >= 0 for m in measured)
             else None,
             saved_bytes=fit(lambda m: float(m.saved_bytes), i),
+            kept_bytes=fit(lambda m: float(m.kept_bytes), i),
+            backward_bytes=fit(lambda m: float(m.backward_bytes), i),
             shared=ref.shared_params,
             spread=Spread(*(max(m[i].spread[k] for m in measured) for k in range(4))),
         )
@@ -334,6 +336,8 @@ def block_cost(
     backward_flops: Affine = _ZERO,
     shared: Sequence[tuple[str, tuple[int, ...]]] = (),
     spread: Spread = _NO_SPREAD,
+    kept_bytes: Affine = _ZERO,
+    backward_bytes: Affine = _ZERO,
 ) -> BlockCost:
     """A block's costs from its fits; parameters are the ones it owns in ``gm`` (plus, apart,
     the ``shared`` ones — ``TracedModel.shared_params`` — it uses but an earlier block owns);
@@ -360,7 +364,14 @@ def block_cost(
         backward_flops=backward_flops,
         shared_param_bytes=sum(p.numel() * p.element_size() for p in borrowed),
         spread=spread,
+        kept_bytes=_floor(kept_bytes),
+        backward_bytes=_floor(backward_bytes),
     )
+
+
+def _floor(fit: Affine) -> Affine:
+    """A fit of bytes kept >= 0 at every micro-batch size (a fit through noise can dip below)."""
+    return Affine(max(0.0, fit.intercept), max(0.0, fit.slope))
 
 
 def _crossing_values(traced: TracedModel) -> list[str]:

@@ -141,6 +141,11 @@ class BlockCost:
     # Bytes a stage holding this block keeps once, whatever the micro-batches in flight: an
     # offload's staging buffer (costs/activations/choices.py sets it on the profile a choice makes; 0 else).
     staging_bytes: Affine = _NONE
+    # What autopipe's executor holds besides the saved tensors, measured (0: not known, analytic):
+    # the bytes a split backward's B keeps for W per micro-batch (the gradients at the weight ops'
+    # outputs), and the bytes a backward makes at its peak and frees (gradients flowing through).
+    kept_bytes: Affine = _NONE
+    backward_bytes: Affine = _NONE
 
 
 @dataclass(frozen=True)
@@ -273,8 +278,9 @@ class Profile:
             for option in block.get("memory", ()):  # each option keeps what it says: a recompute no copies
                 for key in [k for k, v in option.items() if not v or (isinstance(v, dict) and not any(v.values()))]:
                     del option[key]
-            if not any(block["staging_bytes"].values()):
-                del block["staging_bytes"]
+            for field in ("staging_bytes", "kept_bytes", "backward_bytes"):  # 0: left out
+                if not any(block[field].values()):
+                    del block[field]
         return json.dumps(raw, indent=1, sort_keys=True)
 
     @staticmethod
@@ -428,6 +434,8 @@ def _profile_from_dict(raw: Any, source: str = "profile") -> Profile:
                 layer=_flag(b.get("layer", False)),
                 memory=tuple(_option(o) for o in b.get("memory", ())),
                 staging_bytes=_affine(b.get("staging_bytes", {"intercept": 0, "slope": 0})),
+                kept_bytes=_affine(b.get("kept_bytes", {"intercept": 0, "slope": 0})),
+                backward_bytes=_affine(b.get("backward_bytes", {"intercept": 0, "slope": 0})),
             )
             for b in raw["blocks"]
         )
@@ -484,6 +492,8 @@ def _check(p: Profile, source: str) -> None:
             "backward_weight_s",
             "saved_bytes",
             "staging_bytes",
+            "kept_bytes",
+            "backward_bytes",
         ):
             cost: Affine = getattr(b, field)
             if not all(math.isfinite(v) and v >= 0 for v in (cost.intercept, cost.slope)):

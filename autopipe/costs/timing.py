@@ -18,12 +18,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from autopipe.graph.live_bytes import TensorBytes
 from autopipe.graph.outputs import graph_outputs
 from autopipe.graph.segment import Segment, extract
 from autopipe.graph.trace import TracedModel
 
 __all__ = [
     "BlockMeasurement",
+    "backward_bytes",
     "flat_inputs_of",
     "measure_blocks",
     "relative_spread",
@@ -44,6 +46,8 @@ class BlockMeasurement:
     backward_weight_s: float = -1.0  # measured W of a split backward; < 0: B - B_input
     # The samples' spread (:func:`relative_spread`) of F, B, B input-gradient and W, each over its median.
     spread: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    kept_bytes: int = 0  # what a split backward's B keeps for W besides the saved tensors (TensorBytes)
+    backward_bytes: int = 0  # what a whole backward makes at its peak besides them (TensorBytes)
 
 
 def relative_spread(samples: Sequence[float]) -> float:
@@ -126,6 +130,7 @@ def measure_blocks(
             done += 1
             if progress is not None:
                 progress(done * len(runs) // total, len(runs))
+    kept, made = _held_bytes(runs, loss_run)
     for p in gm.parameters():
         p.grad = None
     out = []
@@ -133,11 +138,25 @@ def measure_blocks(
         f, b, bi, w = (float(statistics.median(samples[k][i])) for k in _KINDS)
         extra = loss_run.saved if loss_run is not None and i == len(runs) - 1 else 0
         spread = tuple(relative_spread(samples[k][i]) for k in _KINDS)
-        out.append(BlockMeasurement(f, b, bi, run.saved + extra, w, (spread[0], spread[1], spread[2], spread[3])))
+        out.append(
+            BlockMeasurement(
+                f, b, bi, run.saved + extra, w, (spread[0], spread[1], spread[2], spread[3]), kept[i], made[i]
+            )
+        )
     return out
 
 
 _KINDS = ("forward", "backward", "backward_input", "backward_weight")
+
+
+def _held_bytes(runs: Sequence[_BlockRun], loss_run: _LossRun | None) -> tuple[list[int], list[int]]:
+    """Per block, what a split backward's B keeps for W and what a backward adds at its peak
+    (the loss's, which runs first in the last block's backward, counted there)."""
+    kept = [run.kept_bytes() for run in runs]
+    made = [run.backward_bytes() for run in runs]
+    if loss_run is not None and runs:
+        made[-1] = max(made[-1], loss_run.backward_bytes())
+    return kept, made
 
 
 def _forward_round(
@@ -192,6 +211,26 @@ class _BlockRun:
     def backward(self) -> None:
         torch.autograd.backward(self.diff, self.grads, retain_graph=True)
 
+    def backward_bytes(self) -> int:
+        """What the block's backward adds at its peak (:func:`backward_bytes`)."""
+        return backward_bytes(lambda: tuple(self.module(*self.args))) if self.diff else 0
+
+    def kept_bytes(self) -> int:
+        """Bytes the executor's B (``graph.split_backward``) keeps for W besides the saved tensors:
+        the gradients at the weight ops' outputs; the input gradients it returns are sent on."""
+        if not self.diff:
+            return 0
+        from autopipe.graph.split_backward import backward_input
+
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        counter = TensorBytes()
+        with counter:
+            grads, weight = backward_input(self.diff, self.grads, self.grad_inputs, params)
+        del grads
+        kept = counter.live
+        del weight
+        return kept
+
     def time_split(self) -> tuple[float, float]:
         """Seconds of B (input gradients; nothing without inputs that need one) and of W
         (the weight gradients B left), by the executor's own split (runtime.zerobubble)."""
@@ -212,16 +251,37 @@ class _LossRun:
 
     value: torch.Tensor
     saved: int
+    again: Callable[[], torch.Tensor]  # the loss computed anew (a graph of its own)
 
     @staticmethod
     def start(loss: Callable[[list[Any]], torch.Tensor], outputs: list[Any], exclude: set[int]) -> _LossRun:
         leaves = [_leaf(o) for o in outputs]
         saved = saved_bytes(lambda: loss(leaves), exclude=exclude)
-        return _LossRun(loss(leaves), saved)
+        return _LossRun(loss(leaves), saved, lambda: loss(leaves))
 
     def backward(self) -> None:
         if self.value.requires_grad:
             torch.autograd.backward([self.value], retain_graph=True)
+
+    def backward_bytes(self) -> int:
+        """What the loss's backward adds at its peak (:func:`backward_bytes`)."""
+        return backward_bytes(lambda: (self.again(),))
+
+
+def backward_bytes(forward: Callable[[], Sequence[Any]]) -> int:
+    """Live bytes a training backward adds at its peak over what its forward left: the gradients
+    flowing through, a weight's gradient before it is added into ``.grad`` (counted after a
+    first backward made ``.grad``, as every micro-batch's but the first), less the saved tensors
+    it frees on the way. ``forward()`` runs anew (a graph of its own) and gives the outputs."""
+    counter = TensorBytes()
+    with counter:
+        diff = [o for o in forward() if isinstance(o, torch.Tensor) and o.requires_grad]
+        if not diff:
+            return 0
+        seeds = [torch.ones_like(o) for o in diff]  # the received gradients: there before B
+        base = counter.peak = counter.live
+        torch.autograd.backward(diff, seeds)
+    return max(0, counter.peak - base)
 
 
 def time_call(fn: Callable[[], object], warmup: int = 2, repeat: int = 5) -> float:

@@ -112,21 +112,11 @@ class WeightGrad:
             if not outputs:
                 continue
             hooks = [n.register_prehook(_replace_with(g.kept[n])) for n in g.boundary if n in g.kept]
-            try:
-                grads = torch.autograd.grad(outputs, g.params, seeds, retain_graph=True, allow_unused=True)
+            try:  # into .grad as each is made (not all of the group's at once, then added)
+                torch.autograd.backward(outputs, seeds, retain_graph=True, inputs=g.params)
             finally:
                 for h in hooks:
                     h.remove()
-            with torch.no_grad():
-                for p, grad in zip(g.params, grads, strict=True):
-                    if grad is None:
-                        continue
-                    if p.grad is None:  # adopt a fresh result; copy a view or a seed
-                        fresh = grad._base is None and grad.is_contiguous()
-                        fresh = fresh and all(grad is not s for s in seeds)
-                        p.grad = grad.detach() if fresh else grad.detach().clone()
-                    else:
-                        p.grad.add_(grad)
         self.groups = []
 
 

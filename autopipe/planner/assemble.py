@@ -11,7 +11,7 @@ import math
 from autopipe.costs.profile import Profile
 from autopipe.partition.baselines import BASELINES, baseline_assignment
 from autopipe.partition.problem import evaluate, stage_stats
-from autopipe.planner.pricing import Candidate, Decision, Priced, candidate, fits, price
+from autopipe.planner.pricing import Candidate, Decision, Priced, candidate, executor_bytes, fits, price
 from autopipe.planner.request import PlanRequest
 from autopipe.plans import Alternative, Baseline, Plan, StagePlan
 from autopipe.schedules import schedule_spec
@@ -34,6 +34,7 @@ def make_plan(
     u = best.times.u
     part = best.partition
     stats = stage_stats(best.problem, part.stage_of_block)
+    kept, made = executor_bytes(part.stage_of_block, best.problem.stages, best.times)
     placed = schedule_spec(d.schedule).devices_of(req.devices, d.virtual)
     stages = []
     for s in range(best.problem.stages):
@@ -58,6 +59,8 @@ def make_plan(
                 held_bytes=stats.in_bytes[s] if rc else stats.act[s],
                 send_bytes=part.cut_bytes[s] if s < len(part.cut_bytes) else 0.0,
                 transient_bytes=stats.layer_peak[s] if stats.layer_peak and not rc else 0.0,
+                kept_bytes=0.0 if rc else kept[s],
+                backward_bytes=made[s],
             )
         )
     alternatives = _alternatives(req, d, fitting)
@@ -139,8 +142,8 @@ def plan_costs(plan: Plan) -> list[StageCost]:
             backward_input_s=s.backward_input_s,
             backward_weight_s=s.backward_weight_s,
             activation_bytes=s.held_bytes,
-            weight_grad_bytes=s.held_bytes,
-            transient_bytes=s.activation_bytes if s.recompute else s.transient_bytes,
+            weight_grad_bytes=s.held_bytes + s.kept_bytes,
+            transient_bytes=(s.activation_bytes if s.recompute else s.transient_bytes) + s.backward_bytes,
             static_bytes=s.static_bytes,
         )
         for s in plan.stages

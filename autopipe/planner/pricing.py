@@ -5,11 +5,11 @@ A :class:`Candidate` is a decision (schedule, virtual stages, micro-batches) wit
 recomputed stage pays one more forward in its backward and keeps only its inputs per
 micro-batch in flight, plus one micro-batch's activations while it recomputes; one that
 recomputes its first layers, ``partition/layers.py``, pays their forward and holds one of them
-again; split in B and
-W, the first stage's backward is all W, as the executor runs it; every action also pays the
-executor's fixed cost per action, ``PlanRequest.action_overhead_s``; where the schedule's sends
-block the sender (``PlanRequest.blocking_sends``), a forward or backward also pays sending its
-output, which then arrives as it ends), and :func:`price` runs the compiled schedule
+again; split in B and W, the first stage's backward is all W and a recomputed stage's all B,
+as the executor runs it; every action also pays the executor's fixed cost per action,
+``PlanRequest.action_overhead_s``; where the schedule's sends block the sender
+(``PlanRequest.blocking_sends``), a forward or backward also pays sending its output, which
+then arrives as it ends), and :func:`price` runs the compiled schedule
 (:func:`autopipe.simulate.events.simulate_summary`).
 """
 
@@ -146,6 +146,10 @@ class BlockTimes:
     schedules: Schedules = field(default_factory=Schedules, compare=False, repr=False)  # the search's
     # The last few costs_of answers (the search bounds a split, then prices it: the same sums).
     costs: Recent[list[StageCost]] = field(default_factory=lambda: Recent(8), compare=False, repr=False)
+    # What the executor holds besides the saved tensors, per block (BlockCost's, measured; () none):
+    # bytes B keeps for W per micro-batch, bytes a backward makes at its peak.
+    kept: tuple[float, ...] = ()
+    made: tuple[float, ...] = ()
 
     @staticmethod
     def of(
@@ -165,6 +169,8 @@ class BlockTimes:
             u,
             blocking_sends,
             Schedules() if schedules is None else schedules,
+            kept=tuple(x.kept_bytes(u) for x in bs) if any(x.kept_bytes for x in bs) else (),
+            made=tuple(x.backward_bytes(u) for x in bs) if any(x.backward_bytes for x in bs) else (),
         )
 
     @functools.cached_property
@@ -193,26 +199,42 @@ def _costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list
     costs = []
     layer_extra = stats.layer_extra or (0.0,) * n  # the block method's first layers (partition/layers.py)
     layer_peak = stats.layer_peak or (0.0,) * n
+    kept, made = executor_bytes(part.stage_of_block, n, t)
     for s in range(n):
         rc = part.recompute[s]
         held = stats.in_bytes[s] if rc else stats.act[s]
         extra = f[s] if rc else layer_extra[s]
         # The first stage's inputs are the batch: no gradient to pass back, so a split
-        # backward's B has nothing to compute and W is all of it (recomputation included).
-        first, o = s == 0, t.action_s
+        # backward's B has nothing to compute and W is all of it. A recomputed stage's B is
+        # whole and its W nothing (runtime/engine.py: W's calls would each recompute).
+        first, o = s == 0 and not rc, t.action_s
+        bi_s, w_s = (b[s] + extra, 0.0) if rc else (0.0, b[s] + extra) if first else (bi[s] + extra, w[s])
         costs.append(
             StageCost(
                 forward_s=f[s] + o,
                 backward_s=b[s] + extra + o,
-                backward_input_s=o if first else bi[s] + extra + o,
-                backward_weight_s=b[s] + extra + o if first else w[s] + o,
+                backward_input_s=bi_s + o,
+                backward_weight_s=w_s + o,
                 activation_bytes=held,
-                weight_grad_bytes=held,
-                transient_bytes=stats.act[s] if rc else layer_peak[s],
+                weight_grad_bytes=held + (0.0 if rc else kept[s]),  # a recomputed stage's B keeps nothing
+                transient_bytes=(stats.act[s] if rc else layer_peak[s]) + made[s],
                 static_bytes=stats.static[s],
             )
         )
     return costs
+
+
+def executor_bytes(stage_of_block: tuple[int, ...], n: int, t: BlockTimes) -> tuple[list[float], list[float]]:
+    """Per stage, what the executor holds besides the saved tensors: the bytes B keeps for W per
+    micro-batch (the stage's blocks' sum: held from B to W) and the bytes its backward makes at
+    its peak (the largest block's: the backward runs one block after another)."""
+    kept, made = [0.0] * n, [0.0] * n
+    for i, s in enumerate(stage_of_block):
+        if t.kept:
+            kept[s] += t.kept[i]
+        if t.made:
+            made[s] = max(made[s], t.made[i])
+    return kept, made
 
 
 def compiled(name: str, devices: int, micro_batches: int, virtual: int) -> CompiledSchedule:

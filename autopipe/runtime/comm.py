@@ -38,6 +38,8 @@ __all__ = ["Comm", "DistComm", "ThreadComm", "ThreadHub", "Work"]
 class Work(Protocol):
     def wait(self) -> None: ...
 
+    def done(self) -> bool: ...  # finished (wait() returns at once, raising if it failed)
+
 
 class Comm(Protocol):
     """What the engine needs from the transport."""
@@ -77,6 +79,9 @@ class _DistWork:
             raise CommunicationError(f"{self.what} failed: {_reason(e)}") from e
         if ok is False:
             raise CommunicationError(f"{self.what} timed out after {self.timeout.total_seconds():g}s")
+
+    def done(self) -> bool:
+        return bool(self.work.is_completed())
 
 
 class DistComm:
@@ -171,6 +176,9 @@ class _Done:
     def wait(self) -> None:
         return None
 
+    def done(self) -> bool:
+        return True
+
 
 @dataclass
 class _ThreadRecv:
@@ -192,6 +200,10 @@ class _ThreadRecv:
                 "(the ranks post their operations in different orders)"
             )
         self.buffer.copy_(value)
+
+    def done(self) -> bool:
+        with self.hub.cond:
+            return len(self.hub.sent.get(self.pair, ())) > self.index
 
 
 class ThreadComm:

@@ -11,7 +11,8 @@ For each action of the rank's list (``autopipe.schedules``), in order::
              W; with W (zero-bubble, Qi et al. 2023) only the input gradients, keeping the
              gradients that flow into the weight-gradient part of the graph for ...
     W(j, i)  ... the parameter gradients, restarted from those kept gradients: W runs only
-             the weight-gradient kernels (``autopipe.graph.split_backward``).
+             the weight-gradient kernels (``autopipe.graph.split_backward``). A recomputed
+             stage's B is whole (one recomputation) and its W does nothing.
 
 Gradients accumulate in ``.grad`` over the m micro-batches (each loss scaled by 1/m: the mean
 over equal micro-batches is the batch mean), then parameters used by stages on several ranks
@@ -23,8 +24,9 @@ after :meth:`PipelineEngine.forward_backward` (``autopipe.pipeline`` leaves that
 
 Sends and receives between two ranks are posted in one order both agree on
 (``autopipe.runtime.order``: NCCL matches them by position, not tag); receives as early as
-that order allows, sends as soon as their tensor is made; sends are waited on at the end of
-the iteration: transfers overlap compute. Stages marked for recomputation run
+that order allows, sends as soon as their tensor is made; a send that has finished is let go
+after each action (its tensor need not outlive it), the others are waited on at the end of the
+iteration: transfers overlap compute. Stages marked for recomputation run
 under ``torch.utils.checkpoint`` (non-reentrant); buffers it would update twice (batch-norm
 running statistics) are restored after the recomputation, so numbers equal a plain run.
 """
@@ -173,11 +175,12 @@ class PipelineEngine:
         self.mb_inputs = [dict(zip(self.input_names, mb, strict=True)) for mb in inputs]
         self.mb_targets = list(targets)
         self.m = len(self.mb_inputs)
-        self.posted: dict[MessageKey, tuple[torch.Tensor, Work]] = {}
+        self.posted: dict[MessageKey, tuple[torch.Tensor, Work, int]] = {}  # buffer, work, place in the order
         self.made: dict[MessageKey, torch.Tensor] = {}  # sends waiting for their turn
         self.cursor: dict[int, int] = {}  # peer -> operations posted
         self.local: dict[tuple[Any, ...], torch.Tensor] = {}
-        self.sends: list[tuple[Work, torch.Tensor]] = []
+        self.sends: list[tuple[Work, torch.Tensor, int, int]] = []  # work, tensor, peer, place in the order
+        self.heard: dict[int, int] = {}  # peer -> the latest place in the order of a receive completed
         self.saved: dict[tuple[int, int], _Saved] = {}
         self.held: dict[tuple[int, int], int] = {}
         self.peak_held = 0
@@ -189,6 +192,7 @@ class PipelineEngine:
         for a in self.actions:
             with self.timer.time(a):
                 getattr(self, f"_{a.kind.lower()}")(a.stage, a.microbatch)
+            self._let_go()
         for peer in self.order:
             self._pump(peer)
         if self.made or self.posted:
@@ -196,7 +200,7 @@ class PipelineEngine:
                 f"internal error: rank {self.comm.rank} ended the iteration with messages "
                 f"not sent or not read ({sorted(self.made)[:3]}, {sorted(self.posted)[:3]})"
             )
-        for work, _ in self.sends:
+        for work, *_ in self.sends:
             work.wait()
         records = tuple(ActionRecord(str(a), s, r, e) for a, s, r, e in self.timer.results())
         makespan = max((r.end_s for r in records), default=0.0)
@@ -229,11 +233,11 @@ class PipelineEngine:
                 if key not in self.made:
                     break
                 t = self.made.pop(key)
-                self.sends.append((self.comm.isend(t, peer, tag), t))
+                self.sends.append((self.comm.isend(t, peer, tag), t, peer, k))
             else:
                 spec = self.specs[name]
                 buf = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
-                self.posted[key] = (buf, self.comm.irecv(buf, peer, tag))
+                self.posted[key] = (buf, self.comm.irecv(buf, peer, tag), k)
             k += 1
         self.cursor[peer] = k
 
@@ -247,10 +251,27 @@ class PipelineEngine:
                 f"internal error: rank {self.comm.rank} needs message {key} before the agreed "
                 "message order lets it post the receive; please report this with the plan"
             )
-        buf, work = self.posted.pop(key)
+        buf, work, place = self.posted.pop(key)
         work.wait()
+        peer = self._peer(key)
+        self.heard[peer] = max(self.heard.get(peer, -1), place)
         self.timer.ready()
         return buf
+
+    def _let_go(self) -> None:
+        """Finish the sends whose receive the peer has posted, and drop them: their tensors are
+        freed once nothing else holds them, not at the iteration's end. A peer posts its
+        operations with us in the agreed order, so once a receive of ours at place n in that
+        order has completed, every receive the peer matches to our sends before n is posted:
+        waiting on those sends cannot wait on us (gloo finishes a send only in its wait)."""
+        pending = []
+        for entry in self.sends:
+            work, _, peer, place = entry
+            if work.done() or place < self.heard.get(peer, -1):
+                work.wait()  # a failed send raises here
+            else:
+                pending.append(entry)
+        self.sends = pending
 
     def _peer(self, key: MessageKey) -> int:
         direction, producer, _, reader, _ = key
@@ -337,10 +358,10 @@ class PipelineEngine:
                 sv.grads.append(total)
         names = list(sv.leaves)
         grads: list[torch.Tensor | None] = []
-        if self.split_backward:
+        if self.split_backward and j not in self.recompute:
             if sv.roots:
                 grads, sv.weight = backward_input(sv.roots, sv.grads, [sv.leaves[n] for n in names], self.params[j])
-        else:
+        else:  # whole: a recomputed stage's B recomputes once and does its W's work too (see _w)
             if sv.roots:
                 torch.autograd.backward(sv.roots, sv.grads)
             grads = [sv.leaves[n].grad for n in names]
@@ -356,7 +377,13 @@ class PipelineEngine:
             self._send((BACKWARD, sources[n], n, j, i), torch.zeros_like(sv.leaves[n]), sources[n])
 
     def _w(self, j: int, i: int) -> None:
-        sv = self.saved[(j, i)]
+        """The weight gradients B left; nothing for a recomputed stage, whose B did them: every
+        autograd call into a checkpointed graph recomputes its forward and keeps what that call
+        did not use until the graph is freed, so W's call per group of weights would hold the
+        stage's activations once per group."""
+        sv = self.saved.get((j, i))
+        if sv is None:
+            return
         if sv.weight is not None:
             sv.weight.run()
         self._free(j, i)

@@ -15,6 +15,17 @@ workspaces). Elsewhere the lifetime peak (``getrusage``), which may predate the 
 (:class:`SavedBytes`: bytes saved for backward by each forward, every storage once, parameters
 excluded; for a recomputed stage the bytes of its inputs), kept as the run's
 ``peak_activation_bytes`` beside the measurement.
+
+Live tensor bytes, what the planner's memory model predicts (:func:`tensor_bytes_meter`): on
+the CPU :class:`~autopipe.graph.live_bytes.TensorBytes` (every storage an op makes, once, until
+it is freed; the tensors held before -- the rank's parameters, buffers, gradients and
+optimizer state -- from the start; its peak read after every op): parameters, gradients,
+optimizer state, saved activations, the gradients backward makes, messages being sent or
+received; not a kernel's own workspace, nor the caller's batch. Every op pays a Python call,
+so a run counts one step (``autopipe.runtime.run.worker``). On a GPU the same figure is
+``torch.cuda.max_memory_allocated`` over that step.
+
+Tests: tests/runtime/test_meters.py.
 """
 
 from __future__ import annotations
@@ -22,13 +33,15 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-__all__ = ["ActionTimer", "PeakMemory", "SavedBytes", "state_bytes"]
+from autopipe.graph.live_bytes import TensorBytes
+
+__all__ = ["ActionTimer", "CudaPeak", "PeakMemory", "SavedBytes", "TensorBytes", "state_bytes", "tensor_bytes_meter"]
 
 
 class ActionTimer:
@@ -167,3 +180,28 @@ class PeakMemory:
             how = "cpu: the process's lifetime peak resident memory (getrusage; could not reset the peak)"
         grown = max(0, peak - self.rss_before)
         return grown + param_bytes, f"{how} minus resident memory before it, plus the rank's parameter bytes"
+
+
+class CudaPeak:
+    """On a GPU: ``torch.cuda.max_memory_allocated`` over the block (every tensor the rank holds)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.peak = device, 0
+
+    def __enter__(self) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.cuda.synchronize(self.device)
+        self.peak = int(torch.cuda.max_memory_allocated(self.device))
+
+
+def tensor_bytes_meter(
+    device: torch.device, held: Iterable[torch.Tensor] = (), ignore: Iterable[torch.Tensor] = ()
+) -> TensorBytes | CudaPeak:
+    """The peak live tensor bytes of the block it guards, read from ``.peak`` after it:
+    :class:`TensorBytes` on the CPU, CUDA's allocator statistics on a GPU."""
+    if device.type == "cuda":
+        return CudaPeak(device)
+    return TensorBytes(held, ignore)

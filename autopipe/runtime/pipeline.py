@@ -277,6 +277,13 @@ class Pipeline:
         seen = dict.fromkeys(p for m in self._modules for p in m.parameters() if p.requires_grad)
         return iter(list(seen))
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every parameter and buffer of this rank's stages and every gradient they hold, each
+        once: what the rank keeps between steps besides its optimizer's state."""
+        held = dict.fromkeys(t for m in self._modules for t in [*m.parameters(), *m.buffers()])
+        grads = [p.grad for p in held if isinstance(p, nn.Parameter) and p.grad is not None]
+        return [*held, *grads]
+
     def step(self, inputs: Any = None, targets: Any = None) -> float:
         """Forward and backward of one batch (``plan.batch_size`` samples); its mean loss.
 

@@ -256,7 +256,7 @@ done:
  * Per candidate and rank, in the rank's own order (rows, offsets as for order): held bytes start
  * at the static bytes of the rank's stages (home) and move with each action, F + activation,
  * B - (activation - weight_grad if the backward is split), W - weight_grad; the peak also sees
- * held + transient while a B runs. costs is (K, n, 8) float64, per stage StageCost's fields in
+ * held + transient while a B or a W runs. costs is (K, n, 8) float64, per stage StageCost's fields in
  * order (forward, backward, backward_input, backward_weight, activation, weight_grad, transient,
  * static); peak is (K, ranks). */
 static PyObject *
@@ -300,6 +300,8 @@ sc_memory(PyObject *self, PyObject *args)
                         top = held + st[6];
                     held -= st[4] - (has_w ? st[5] : 0.0);
                 } else {
+                    if (held + st[6] > top)
+                        top = held + st[6];
                     held -= st[5];
                 }
                 if (held > top)

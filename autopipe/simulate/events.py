@@ -17,7 +17,8 @@ only delays the consumer).
 Memory is counted per rank, in the order the rank runs its list (no two actions of one rank
 overlap): the static bytes of its stages, plus ``activation_bytes`` from the end of each F
 until the end of its B (non-split) or, for a split backward, until B frees all but
-``weight_grad_bytes``, which W frees; plus ``transient_bytes`` while a B runs.
+``weight_grad_bytes``, which W frees; plus ``transient_bytes`` while a B or a W runs (what the
+backward makes and frees: the gradients flowing through, recomputed activations).
 
 With equal stage times the simulated bubble equals each schedule's textbook value
 (``ScheduleSpec.bubble``): ``(S-1)/(m+S-1)`` for GPipe and 1F1B (Huang et al. 2019; Narayanan
@@ -208,6 +209,7 @@ def _memory(
                 held -= c.activation_bytes - kept
                 inflight[a.stage] -= 1
             else:
+                peak = max(peak, held + c.transient_bytes)
                 held -= c.weight_grad_bytes
             peak = max(peak, held)
         peak_memory.append(peak)

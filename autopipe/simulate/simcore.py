@@ -231,7 +231,7 @@ def memory(rows: Ints, offsets: Ints, home: Ints, has_w: bool, costs: Floats) ->
     activation, weight-grad, transient and static bytes). Walking each rank's rows (as for
     :func:`order`) in order from the static bytes of its stages (``home``): F holds the
     activation, B frees it (all but the weight-grad part when the backward is split, which W
-    frees); the peak also sees held + transient while a B runs."""
+    frees); the peak also sees held + transient while a B or a W runs."""
     k, ranks = len(costs), len(offsets) - 1
     peak = np.empty((k, ranks), np.float64)
     if _C is not None and native.enabled():
@@ -252,6 +252,8 @@ def memory(rows: Ints, offsets: Ints, home: Ints, has_w: bool, costs: Floats) ->
                         top = held + tr[j]
                     held -= freed[j]
                 else:
+                    if held + tr[j] > top:
+                        top = held + tr[j]
                     held -= wg[j]
                 if held > top:
                     top = held

@@ -207,16 +207,20 @@ def test_bad_requests_get_one_clear_line(change: dict[str, object], message: str
     assert "\n" not in str(err.value)
 
 
-def test_the_first_stage_of_a_split_backward_is_all_w() -> None:
+def test_the_first_stage_of_a_split_backward_is_all_w_a_recomputed_one_all_b() -> None:
     """The first stage's inputs are the batch: its B has no gradient to compute, so the plan
-    (and the simulator) put its whole backward, recomputation included, in W."""
+    (and the simulator) put its whole backward in W. A recomputed stage's backward is all B, as
+    the executor runs it (one recomputation; W's calls per group of weights would each recompute)."""
     prof = random_profile(8, seed=3)
-    for recompute in ("never", "always"):
-        plan = plan_pipeline(prof, _request(schedule="zb-h1", micro_batches=8, recompute=recompute))
-        first, *rest = plan.stages
-        assert first.backward_input_s == 0.0
-        assert first.backward_weight_s == pytest.approx(first.backward_s)
-        assert all(st.backward_input_s > 0 for st in rest)
+    plan = plan_pipeline(prof, _request(schedule="zb-h1", micro_batches=8, recompute="never"))
+    first, *rest = plan.stages
+    assert first.backward_input_s == 0.0
+    assert first.backward_weight_s == pytest.approx(first.backward_s)
+    assert all(st.backward_input_s > 0 for st in rest)
+    plan = plan_pipeline(prof, _request(schedule="zb-h1", micro_batches=8, recompute="always"))
+    for st in plan.stages:
+        assert st.recompute and st.backward_weight_s == 0.0
+        assert st.backward_input_s == pytest.approx(st.backward_s)
 
 
 def test_action_overhead_is_paid_by_every_action() -> None:

@@ -3,7 +3,8 @@
 The same engine and worker as ``autopipe run``, with in-memory mailboxes
 (:class:`~autopipe.runtime.comm.ThreadHub`): for tests, and for debugging a plan in a
 debugger. The first rank to raise makes the others fail fast (their waits see the failure);
-its exception is raised again here. Timings are not meaningful (threads share the GIL).
+its exception is raised again here. Timings are not meaningful (threads share the GIL), and
+a rank's ``peak_tensor_bytes`` also counts the copies its sends leave in the mailboxes.
 
 The threads share torch's global RNG, which a recomputed stage sets and restores during its
 backward: so every step's batch is drawn here, before the threads start, and each rank gets

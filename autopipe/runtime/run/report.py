@@ -5,8 +5,10 @@ schedules), from when the action's messages had arrived to its end (waiting is n
 for the pipeline: iteration time (the schedule's makespan, from the barrier that starts each
 iteration to the last action's end on the slowest rank), bubble fraction
 (``1 - busy / (S * makespan)`` with busy the actions' work, as the simulator defines it) and
-per-rank peak memory (measured: see :mod:`autopipe.runtime.meters`; ``memory_kind`` says how).
-The first step is a warm-up and is left out when there are more. The torch engine records no
+per-rank peak memory (measured: see :mod:`autopipe.runtime.meters`; ``memory_kind`` says how) and
+per-rank peak live tensor bytes (counted over one step, :func:`~autopipe.runtime.run.worker.tensor_step`),
+both beside the plan's predicted peak. The first step is a warm-up and is left out when there are
+more, and so is the step whose tensors were counted (counting slows it) when others remain. The torch engine records no
 actions: its stage rows are blank and its iteration is the whole step. :func:`summary` is
 ``autopipe run --json``'s object; :func:`write_loss_plot` draws the losses (matplotlib). ``chrome_trace``
 writes what happened as a Chrome / Perfetto
@@ -20,6 +22,7 @@ import math
 import os
 import statistics
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,11 +58,15 @@ class Row:
         return (self.measured - self.predicted) / self.predicted * 100 if self.predicted else math.nan
 
 
-def _measured_steps(result: RunResult) -> range:
-    return range(1 if result.steps > 1 else 0, result.steps)
+def _measured_steps(result: RunResult) -> tuple[int, ...]:
+    """The steps whose times count: not the warm-up, nor the step counted by the tensor counter,
+    unless nothing else is left."""
+    steps = range(1 if result.steps > 1 else 0, result.steps)
+    counted = {r.tensor_step for r in result.ranks}
+    return tuple(k for k in steps if k not in counted) or tuple(steps)
 
 
-def _durations(result: RunResult, steps: range) -> dict[tuple[int, str], list[float]]:
+def _durations(result: RunResult, steps: Sequence[int]) -> dict[tuple[int, str], list[float]]:
     out: dict[tuple[int, str], list[float]] = {}
     for r in result.ranks:
         for k in steps:
@@ -128,6 +135,7 @@ def compare(plan: Plan, result: RunResult) -> list[Row]:
     for r in result.ranks:
         pred = plan.peak_memory_bytes[r.rank] if r.rank < len(plan.peak_memory_bytes) else 0.0
         rows.append(Row(f"peak memory rank {r.rank}", pred, float(r.peak_memory_bytes), "bytes"))
+        rows.append(Row(f"tensor bytes rank {r.rank}", pred, float(r.peak_tensor_bytes), "bytes"))
     return rows
 
 
@@ -155,10 +163,11 @@ def format_report(plan: Plan, result: RunResult) -> str:
     where = breakdown(plan, result, _measured_steps(result))
     if where is not None:
         lines.extend(format_breakdown(where))
-    n = len(_measured_steps(result))
+    timed = _measured_steps(result)
+    left = [f"step {k + 1}" for k in range(result.steps) if k not in timed]
     lines.append(
-        f"(means over {n} step(s){', first step left out as warm-up' if result.steps > 1 else ''}; "
-        f"memory: {result.ranks[0].memory_kind})"
+        f"(times: means over {len(timed)} step(s){', ' + ' and '.join(left) + ' left out' if left else ''}; "
+        f"peak memory: {result.ranks[0].memory_kind}; tensor bytes: {tensor_kind(result)})"
     )
     if result.losses:
         lines.append("loss per step: " + ", ".join(f"{x:.6g}" for x in result.losses))
@@ -207,9 +216,19 @@ def summary(plan: Plan, result: RunResult) -> dict[str, Any]:
         "peak_memory_bytes": [r.peak_memory_bytes for r in result.ranks],
         "predicted_peak_memory_bytes": list(plan.peak_memory_bytes),
         "memory_kind": first.memory_kind,
+        "peak_tensor_bytes": [r.peak_tensor_bytes for r in result.ranks],
+        "tensor_step": first.tensor_step,
         "rows": rows,
         "breakdown": _breakdown_dict(breakdown(plan, result, steps)),
     }
+
+
+def tensor_kind(result: RunResult) -> str:
+    """How ``peak_tensor_bytes`` were found, in words (which step, which meter)."""
+    step = result.ranks[0].tensor_step + 1 if result.ranks else 1
+    cuda = bool(result.ranks) and result.ranks[0].memory_kind.startswith("cuda")
+    how = "torch.cuda.max_memory_allocated" if cuda else "live tensor storages"
+    return f"{how} at their peak over step {step} (weights, gradients, optimizer state, activations, messages)"
 
 
 def _breakdown_dict(where: Breakdown | None) -> dict[str, dict[str, float]] | None:

@@ -17,6 +17,7 @@ the notes to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import sys
@@ -35,7 +36,7 @@ from autopipe.runtime import checkpoint, commit
 from autopipe.runtime.actions import plan_schedule, shared_groups
 from autopipe.runtime.comm import Comm
 from autopipe.runtime.engine import IterationResult
-from autopipe.runtime.meters import PeakMemory, state_bytes
+from autopipe.runtime.meters import CudaPeak, PeakMemory, TensorBytes, state_bytes, tensor_bytes_meter
 from autopipe.runtime.pipeline import Pipeline
 from autopipe.runtime.run.data import Batch, BatchSource
 from autopipe.runtime.run.options import RunOptions
@@ -66,6 +67,8 @@ class RankResult:
     static_bytes: int  # parameters + gradients + optimizer state of the rank's stages
     peak_memory_bytes: int
     memory_kind: str  # how peak_memory_bytes was measured
+    peak_tensor_bytes: int  # live tensor bytes at their peak over step ``tensor_step`` (graph/live_bytes.py)
+    tensor_step: int  # the step counted (an index into ``iterations``); its times are slowed by counting
     steps_done: int  # including those of a resumed checkpoint
     engine: str = "autopipe"  # "autopipe" or "torch"
     data: str = "example_inputs"  # "train_data" or "example_inputs"
@@ -91,9 +94,18 @@ def optimizer_class(options: RunOptions) -> type[torch.optim.Optimizer]:
     return cls
 
 
+# Fused kernels step in place: the for-loop Adam makes two temporaries the size of each parameter
+# (the step's peak, on a model whose parameters outweigh its activations), which the planner's
+# four bytes per parameter byte (weights, gradients, two moments) do not count.
+_FUSED = ("Adam", "AdamW")
+
+
 def make_optimizer(params: list[torch.nn.Parameter], options: RunOptions) -> torch.optim.Optimizer:
+    """The run's optimizer; Adam and AdamW fused unless ``--optimizer-arg`` says foreach or fused."""
     cls = optimizer_class(options)
     extra: dict[str, Any] = dict(options.optimizer_kwargs)
+    if options.optimizer in _FUSED and not {"fused", "foreach"} & set(extra) and params:
+        extra["fused"] = True
     opt: torch.optim.Optimizer = cls(params, lr=options.lr, **extra)  # type: ignore[call-arg]
     return opt
 
@@ -143,18 +155,10 @@ def train_rank(
         if note:
             progress("note")(note)
     pipe.steps = done
-    iterations = []
     meter = PeakMemory(device)
     meter.start()
-    for k in range(done, done + options.steps):
-        inputs, targets = batches(k) if batches is not None else source.batch(k)  # type: ignore[union-attr]
-        loss = pipe.step(inputs, targets)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        it = pipe.last
-        assert it is not None
-        iterations.append(replace(it, step_s=time.perf_counter() - it.start_time))
-        progress("step")(f"{k} {loss!r}")
+    draw = batches if batches is not None else source.batch  # type: ignore[union-attr]
+    iterations, tensors = _train(pipe, optimizer, range(done, done + options.steps), draw, progress("step"))
     static = state_bytes(params, optimizer)
     peak, kind = _peak(meter, params, static, iterations, process_memory or device.type == "cuda")
     if options.save_checkpoint:
@@ -173,10 +177,57 @@ def train_rank(
         static,
         peak,
         kind,
-        done + options.steps,
-        options.engine,
-        data,
+        peak_tensor_bytes=tensors,
+        tensor_step=tensor_step(options.steps),
+        steps_done=done + options.steps,
+        engine=options.engine,
+        data=data,
     )
+
+
+def _train(
+    pipe: Pipeline,
+    optimizer: torch.optim.Optimizer,
+    steps: range,
+    draw: Callable[[int], Batch],
+    say: Callable[[str], None],
+) -> tuple[list[IterationResult], int]:
+    """Train ``steps``; their measurements and the peak live tensor bytes of the step counted
+    (:func:`tensor_step`: counted as they are held before it, the batch not counted)."""
+    iterations, counted, peak = [], tensor_step(len(steps)), 0
+    for n, k in enumerate(steps):
+        inputs, targets = draw(k)
+        guard: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        meter: TensorBytes | CudaPeak | None = None
+        if n == counted:
+            held = [*pipe.tensors(), *optimizer_tensors(optimizer)]
+            guard = meter = tensor_bytes_meter(pipe.device, held, ignore=_leaves((inputs, targets)))
+        with guard:
+            loss = pipe.step(inputs, targets)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if meter is not None:
+            peak = meter.peak
+        it = pipe.last
+        assert it is not None
+        iterations.append(replace(it, step_s=time.perf_counter() - it.start_time))
+        say(f"{k} {loss!r}")
+    return iterations, peak
+
+
+def tensor_step(steps: int) -> int:
+    """The step whose live tensor bytes a run counts: the second (the optimizer's state made by
+    the first, as in every later step), or the only one."""
+    return 1 if steps > 1 else 0
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The tensors of the optimizer's state (Adam's moments, its step counters)."""
+    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+def _leaves(value: object) -> list[torch.Tensor]:
+    return [t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 def _peak(
