@@ -142,6 +142,9 @@ class PlanFlags:
     data_parallel: int | None = None  # pin D (with gpus)
     cluster: tuple[tuple[str, float], ...] = ()  # --cluster FILE: Cluster field -> value
     balance: tuple[int, ...] | None = None  # blocks per chunk, in chunk order (--balance)
+    context_parallel: int | None = None  # pin cp (with gpus)
+    expert_parallel: int | None = None  # pin ep (with gpus)
+    expert_tensor_parallel: int | None = None  # pin etp (with gpus)
 
 
 def _optional(text: str | None, parse: Callable[[str, str], _T], flag: str) -> _T | None:
@@ -231,9 +234,15 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
         raise UsageError("--balance prices one pipeline's split and --gpus searches data x pipeline layouts; give one")
     tensor = _optional(args.tensor_parallel, positive_int, "--tensor-parallel")
     data = _optional(args.data_parallel, positive_int, "--data-parallel")
+    cp = _optional(args.context_parallel, positive_int, "--context-parallel")
+    ep = _optional(args.expert_parallel, positive_int, "--expert-parallel")
+    etp = _optional(args.expert_tensor_parallel, positive_int, "--expert-tensor-parallel")
     for flag, given in (
         ("--tensor-parallel", tensor),
         ("--data-parallel", data),
+        ("--context-parallel", cp),
+        ("--expert-parallel", ep),
+        ("--expert-tensor-parallel", etp),
         ("--cluster", args.cluster),
         ("--no-sequence-parallel", args.no_sequence_parallel or None),
     ):
@@ -244,9 +253,17 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
             raise UsageError(
                 "--devices counts one pipeline's devices; with --gpus G pin the pipeline depth with --stages"
             )
-        check_degrees(gpus, [("--tensor-parallel", tensor), ("--stages", devices), ("--data-parallel", data)], "--gpus")
+        pinned = [
+            ("--tensor-parallel", tensor),
+            ("--stages", devices),
+            ("--data-parallel", data),
+            ("--context-parallel", cp),
+        ]
+        check_degrees(gpus, pinned, "--gpus")
     cluster = tuple(read_cluster_file(args.cluster).items()) if args.cluster is not None else ()
-    return PlanFlags(batch, devices, memory, choices, link, gpus, output, timeline, tensor, data, cluster, balance)
+    return PlanFlags(
+        batch, devices, memory, choices, link, gpus, output, timeline, tensor, data, cluster, balance, cp, ep, etp
+    )
 
 
 def _devices(args: argparse.Namespace) -> int | None:
@@ -294,6 +311,9 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
             tensor_parallel=flags.tensor_parallel,
             stages=flags.devices,
             data_parallel=flags.data_parallel,
+            context_parallel=flags.context_parallel,
+            expert_parallel=flags.expert_parallel,
+            expert_tensor_parallel=flags.expert_tensor_parallel,
             choices=flags.choices,
             link=flags.link,
             zero1=args.zero1,

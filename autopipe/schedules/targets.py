@@ -53,6 +53,9 @@ class Target:
     recompute_modules: tuple[str, ...] = ()
     offload_modules: tuple[str, ...] = ()
     block_layers: bool = False
+    # The schedules with which it runs each MoE layer's all-to-all beside another micro-batch's
+    # computation (DualPipeV's pairs; Megatron-Core's --overlap-moe-expert-parallel-comm, interleaved)
+    hides_expert_comm: tuple[str, ...] = ()
 
     def recomputes(self, kinds: Sequence[str]) -> bool:
         """Whether it recomputes the module kinds ``kinds`` in every layer (selective recomputation)."""
@@ -128,6 +131,7 @@ def _targets() -> tuple[Target, ...]:
             recompute_modules=(*selective, "mlp_act"),
             offload_modules=offload,
             block_layers=True,
+            hides_expert_comm=("dualpipe-v",),
         ),
         Target(
             "megatron",
@@ -140,6 +144,7 @@ def _targets() -> tuple[Target, ...]:
             recompute_modules=selective,
             offload_modules=offload,
             block_layers=True,
+            hides_expert_comm=("interleaved-1f1b",),
         ),
         Target(
             "torchtitan",
@@ -150,6 +155,7 @@ def _targets() -> tuple[Target, ...]:
             shardings=fsdp,
             shardings_alone=alone,
             overlaps=overlapping,
+            hides_expert_comm=("dualpipe-v",),
         ),
         # to_torch_pipelining builds torch's stages as traced: no activation checkpointing
         Target(
