@@ -63,7 +63,13 @@ from autopipe.planner.cluster import (
     split_options,
     target_overlap,
 )
-from autopipe.planner.cluster.experts import context_degrees, expert_degrees, hidden_profile, hiding_choices
+from autopipe.planner.cluster.experts import (
+    check_expert_pins,
+    context_degrees,
+    expert_degrees,
+    hidden_profile,
+    hiding_choices,
+)
 from autopipe.planner.cluster.split import static_bound, work_bound
 from autopipe.planner.cluster.values import Context, Split
 from autopipe.planner.placement import Cluster, Layout, layouts, ring_allreduce_s
@@ -112,12 +118,12 @@ def plan_parallel(
     ctx = Context(request, overlap, tuple(sync), sp, Schedules(), progress, set(), SharedCuts())
     if parallel is not None:
         tensor = TensorOptions(parallel.tensor, lambda t: parallel.price(Degrees(t)), parallel.sequence_parallel)
+    check_expert_pins(parallel, request.expert_parallel, request.expert_tensor_parallel)
     degrees, skipped = _degrees(request, tensor)
     rejected = [Rejected(0, 0, why, tensor_parallel=t) for t, why in skipped]
     candidates: list[Split] = []
     for t in degrees:
-        cps, skipped_cp = context_degrees(parallel, G, t, request.context_parallel)
-        rejected += [Rejected(0, 0, f"cp={cp}: {why}", tensor_parallel=t) for cp, why in skipped_cp]
+        cps, _ = context_degrees(parallel, G, t, request.context_parallel)  # the skipped ones: not said per plan
         for cp in cps:
             for S in [request.stages] if request.stages else divisors(G // (t * cp)):
                 if (G // (t * cp)) % S:

@@ -53,6 +53,7 @@ from autopipe.schedules.targets import target_spec
 
 __all__ = [
     "MIN_CONTEXT_TOKENS",
+    "check_expert_pins",
     "context_degrees",
     "expert_degrees",
     "hidden_profile",
@@ -95,6 +96,19 @@ def _context_reason(parallel: ParallelOptions | None, devices: int, t: int, cp: 
     if devices % (t * cp):
         return f"t={t} x cp={cp} does not divide {devices} devices"
     return layout_reason(parallel, Degrees(t, cp), devices)
+
+
+def check_expert_pins(parallel: ParallelOptions | None, ep: int | None, etp: int | None) -> None:
+    """PlanError (one line) for a pinned ep or etp the model cannot take, whatever the layout."""
+    for flag, value in (("--expert-parallel", ep), ("--expert-tensor-parallel", etp)):
+        if value is not None and value > 1 and (parallel is None or parallel.experts is None):
+            raise PlanError(
+                f"{flag} {value}: the model has no routed experts autopipe can find "
+                "(expert parallelism needs an analytic plan of a MoE); drop it"
+            )
+    if ep is not None and parallel is not None and parallel.experts is not None and parallel.experts.experts % ep:
+        E = parallel.experts.experts
+        raise PlanError(f"--expert-parallel {ep} does not divide the {E} experts; use a divisor of {E}")
 
 
 def expert_degrees(
