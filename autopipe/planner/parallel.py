@@ -66,6 +66,7 @@ from autopipe.planner.cluster import (
 from autopipe.planner.cluster.experts import (
     check_expert_pins,
     context_degrees,
+    dominated,
     expert_degrees,
     hidden_profile,
     hiding_choices,
@@ -142,16 +143,14 @@ def plan_parallel(
                 if not experts:
                     why = _expert_reason(parallel, t, cp, t * cp * D, pinned)
                     rejected.append(Rejected(S, D, why, tensor_parallel=t))
+                priced = []
                 for ep, etp in experts:
                     lay = Degrees(t, cp, ep, etp)
                     if parallel is not None and (parallel.experts is not None or lay != Degrees(t)):
-                        prof = parallel.price(lay)
+                        priced.append((lay, parallel.price(lay)))
                     else:
-                        prof = profile if t == 1 else tensor.price(t)  # type: ignore[union-attr]
-                    found, why = _splits(prof, ctx, lay, S, D)
-                    candidates += found + _hiding(found, ctx, parallel)
-                    if why:
-                        rejected.append(Rejected(S, D, why, tensor_parallel=t))
+                        priced.append((lay, profile if t == 1 else tensor.price(t)))  # type: ignore[union-attr]
+                candidates += _expert_splits(priced, ctx, parallel, S, D, rejected)
     candidates.sort(key=Split.key)
     options: list[ParallelOption] = []
     pruned = 0
@@ -179,6 +178,41 @@ def plan_parallel(
     flops = model_flops(profile, best.plan)
     best = replace(best, plan=replace(best.plan, parallel_note=note, model_flops=flops[0], hardware_flops=flops[1]))
     return ParallelPlan(best, runner_up, tuple(rejected), pruned)
+
+
+def _expert_splits(
+    priced: list[tuple[Degrees, Profile]],
+    ctx: Context,
+    parallel: ParallelOptions | None,
+    S: int,
+    D: int,
+    rejected: list[Rejected],
+) -> list[Split]:
+    """The queue items of one (t, cp, S, D) with each priced (ep, etp), open and, where the target
+    hides it, with the all-to-all hidden; those another ep dominates left out (``dominated``)."""
+    sizes = _sizes(ctx.request, D)
+    opened: list[Split] = []
+    hidden: list[Split] = []
+    for lay, prof in priced:
+        found, why = _splits(prof, ctx, lay, S, D)
+        if why:
+            rejected.append(Rejected(S, D, why, tensor_parallel=lay.t))
+        opened += found
+        hidden += _hiding(found, ctx, parallel)
+    if len(priced) < 2:
+        return opened + hidden
+    out = []
+    for group in (opened, hidden):
+        pairs = [(c.degrees, c.hidden or c.profile) for c in group]
+        out += [c for i, c in enumerate(group) if i not in dominated(pairs, sizes)]
+    return out
+
+
+def _sizes(request: ParallelRequest, D: int) -> list[float]:
+    """The micro-batch sizes a replica's share of ``request``'s batch can be split into."""
+    U = request.global_batch // D
+    m = request.choices.micro_batches
+    return [U / m] if m else [U / k for k in divisors(U) if k <= MAX_MICRO_BATCHES]
 
 
 def _expert_reason(

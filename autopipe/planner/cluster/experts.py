@@ -21,6 +21,12 @@ that one factor prices both::
 
     static bytes of a block = (dense + expert x f_expert / f_dense) x f_dense
 
+**Dominance** (:func:`dominated`): on the same stage, a larger ep holds fewer expert parameters
+(less state, less to reduce each step) and the same activations; where its blocks also take no
+longer at any micro-batch size the search can use, the smaller ep cannot give a faster plan and
+is not searched (an exact pruning: within a node the fuller expert GEMMs of a larger ep usually
+win; across nodes its all-to-all usually costs more, and both are searched).
+
 **The all-to-all hidden** (:func:`hidden_profile`): DualPipeV runs the forward chunk of one
 micro-batch beside the backward chunk of another (DeepSeek-V3, Sec. 3.2.1), and Megatron-Core's
 ``--overlap-moe-expert-parallel-comm`` does the same within interleaved 1F1B (pipeline depth > 1,
@@ -39,7 +45,7 @@ Tests: tests/planner/cluster/test_experts.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from autopipe.costs.options import Layout as Degrees
@@ -55,6 +61,7 @@ __all__ = [
     "MIN_CONTEXT_TOKENS",
     "check_expert_pins",
     "context_degrees",
+    "dominated",
     "expert_degrees",
     "hidden_profile",
     "hiding_choices",
@@ -208,3 +215,26 @@ def hiding_choices(choices: Choices, stages: int) -> Choices | None:
             return None
         return replace(choices, schedule=schedule, recompute=Recompute.NEVER)
     return replace(choices, schedule=schedule)
+
+
+def dominated(priced: Sequence[tuple[Degrees, Profile]], sizes: Sequence[float]) -> set[int]:
+    """Indices of ``priced`` (one stage's layouts, same t and cp) whose blocks no layout with a
+    larger ep and the same etp beats at none of ``sizes``: each is dominated by that one (module
+    docstring)."""
+    out = set()
+    for i, (a, pa) in enumerate(priced):
+        for b, pb in priced:
+            if b.ep > a.ep and b.etp == a.etp and _no_slower(pb, pa, sizes):
+                out.add(i)
+                break
+    return out
+
+
+def _no_slower(fast: Profile, slow: Profile, sizes: Sequence[float]) -> bool:
+    """Whether every block of ``fast`` takes no longer and saves no more than ``slow``'s at ``sizes``."""
+    for x, y in zip(fast.blocks, slow.blocks, strict=True):
+        for u in sizes:
+            for f in ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "saved_bytes"):
+                if getattr(x, f)(u) > getattr(y, f)(u) * (1 + 1e-12):
+                    return False
+    return True

@@ -14,12 +14,13 @@ import pytest
 from autopipe.costs.context import ContextShape
 from autopipe.costs.experts import MoEShape
 from autopipe.costs.options import Layout, Links, ParallelOptions
-from autopipe.costs.profile import Profile
+from autopipe.costs.profile import Affine, Profile
 from autopipe.errors import PlanError
 from autopipe.modes import Recompute, Sharding
 from autopipe.planner.cluster.experts import (
     MIN_CONTEXT_TOKENS,
     context_degrees,
+    dominated,
     expert_degrees,
     hidden_profile,
     hiding_choices,
@@ -193,3 +194,14 @@ def test_the_cli_pins_expert_and_context_parallelism(tmp_path: Path, capsys: pyt
     gpt = ["plan", str(ROOT / "models" / "gpt.py"), "--device", "h100", "--batch-size", "8", "-o", out]
     assert main([*gpt, "--expert-parallel", "2"]) == 2
     assert "--expert-parallel applies to the devices of --gpus G" in capsys.readouterr().err
+
+
+def test_a_larger_ep_no_slower_at_any_size_dominates() -> None:
+    two, four = _moe_profile(2), _moe_profile(4)
+    slower = replace(four, blocks=tuple(replace(b, forward_s=Affine(1e-4, 1e-3)) for b in four.blocks))
+    steeper = replace(four, blocks=tuple(replace(b, forward_s=Affine(-1e-4, 1.05e-3)) for b in four.blocks))
+    assert dominated([(Layout(ep=2), two), (Layout(ep=4), four)], [1.0, 8.0]) == {0}  # same times, less state
+    assert dominated([(Layout(ep=2), two), (Layout(ep=4), slower)], [1.0, 8.0]) == set()
+    assert dominated([(Layout(ep=2), two), (Layout(ep=4), steeper)], [1.0]) == {0}  # faster at 1 sample
+    assert dominated([(Layout(ep=2), two), (Layout(ep=4), steeper)], [1.0, 8.0]) == set()  # slower at 8
+    assert dominated([(Layout(ep=2), two), (Layout(ep=4, etp=2), four)], [1.0]) == set()  # another etp
