@@ -10,6 +10,13 @@ planner (:func:`~autopipe.planner.search.plan_pipeline`) chooses cuts, micro-bat
 virtual stages and recomputation for that share. Where the ranks go and what their links and
 collectives cost: :mod:`autopipe.planner.placement`.
 
+**Context and expert parallelism** (given ``costs.options.ParallelOptions``): each ``t`` is
+tried with context parallelism ``cp`` (D = G / (t cp S)) and, for a mixture of experts, each
+expert-parallel degree ``ep`` of a stage's t cp D devices, every layout priced once
+(``options.price``); the routed experts' state is sharded over their own group, the all-to-all
+hidden where the target's schedule hides it, and an ep no faster than a larger one is not
+searched (:mod:`autopipe.planner.cluster.experts`). The runner-up differs in the degrees or S.
+
 **Sharding** is searched with them (or pinned): for D > 1, every way the target runs of
 splitting the state over a stage's replicas (ZeRO-1, -2, -3, FSDP once a step), over all of
 them or, hybrid, over a node's (``placement``'s formulas for memory and collectives). Each
@@ -234,15 +241,14 @@ def _hiding(found: list[Split], ctx: Context, parallel: ParallelOptions | None) 
     choices = hiding_choices(ctx.request.choices, c.S)
     if choices is None:
         return []
-    key = (id(c.profile), "hidden", 0, 0)
-    if key not in ctx.states:
+    key = (id(c.profile), "hidden", 0, 0)  # one hidden profile per priced one, kept with it
+    if key not in ctx.states or ctx.states[key][0] is not c.profile:
         lay = c.degrees
         hidden = hidden_profile(c.profile, lambda u: parallel.alltoall(lay, u))
         ctx.states[key] = (c.profile, hidden or c.profile, 0.0)
     kept, hidden, _ = ctx.states[key]
     if hidden is kept:
         return []
-    ctx.bounds.pop((id(hidden), c.S, c.D), None)
     bound = min(_bound(hidden, ctx, c.t, c.S, c.D, o, c.lays(ctx)) for o in c.options)
     return [replace(c, bound=bound, estimate=c.estimate - c.bound + bound, hidden=hidden, hidden_choices=choices)]
 
