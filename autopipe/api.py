@@ -532,23 +532,9 @@ def search_cluster(
     ``planner.cluster.experts``); the profile is then priced per degrees (``costs.options``)."""
     gpus = check_int(gpus, words.name("gpus"), ranged=False)
     batch_size = check_int(batch_size, words.name("batch_size"), ranged=False)
-    check_degrees(
-        gpus,
-        [
-            (words.name(k), v)
-            for k, v in (
-                ("tensor_parallel", tensor_parallel),
-                ("stages", stages),
-                ("data_parallel", data_parallel),
-                ("context_parallel", context_parallel),
-            )
-        ],
-        words.name("gpus"),
-        [
-            (words.name("expert_parallel"), expert_parallel),
-            (words.name("expert_tensor_parallel"), expert_tensor_parallel),
-        ],
-    )
+    pins = {"context_parallel": context_parallel, "expert_parallel": expert_parallel}
+    pins["expert_tensor_parallel"] = expert_tensor_parallel
+    _check_pins(gpus, words, tensor_parallel, stages, data_parallel, pins, counts is not None and device is not None)
     fields = cluster_fields(cluster)
     check_target(choices or Choices(), words)
     pinned, group = _sharding(sharding, shard_group, zero1, words)
@@ -584,15 +570,30 @@ def search_cluster(
         parallel = parallel_options(
             counts, device, links, sequence_parallel=sequence_parallel, tensor_overlap=overlaps.tp_comm
         )
-    elif (context_parallel or 1) * (expert_parallel or 1) * (expert_tensor_parallel or 1) > 1:
-        raise PlanError(
-            f"{words.name('context_parallel')}, {words.name('expert_parallel')} and "
-            f"{words.name('expert_tensor_parallel')} need an analytic plan (a model file and a device)"
-        )
     result = plan_parallel(profile, request, progress, tensor, parallel)
     free = replace(request, choices=replace(request.choices, target="autopipe"))
     plan = _with_free(result.plan, lambda: plan_parallel(profile, free, progress, tensor, parallel).plan)
     return replace(result, best=replace(result.best, plan=plan))
+
+
+def _check_pins(
+    gpus: int,
+    words: Words,
+    tensor_parallel: int | None,
+    stages: int | None,
+    data_parallel: int | None,
+    pins: Mapping[str, int | None],
+    analytic: bool = True,
+) -> None:
+    """The pinned degrees against ``gpus`` (``check_degrees``, named as ``words`` says); cp, ep
+    and etp, which only an analytic plan prices, refused without one."""
+    degrees = [("tensor_parallel", tensor_parallel), ("stages", stages), ("data_parallel", data_parallel)]
+    degrees.append(("context_parallel", pins["context_parallel"]))
+    others = [(words.name(k), pins[k]) for k in ("expert_parallel", "expert_tensor_parallel")]
+    check_degrees(gpus, [(words.name(k), v) for k, v in degrees], words.name("gpus"), others)
+    if not analytic and any((v or 1) > 1 for v in pins.values()):
+        said = ", ".join(words.name(k) for k in pins)
+        raise PlanError(f"{said} need an analytic plan (a model file and a device)")
 
 
 def _sharding(sharding: object, shard_group: object, zero1: bool, words: Words) -> tuple[Sharding | None, int | None]:

@@ -178,7 +178,7 @@ def _memory_flags(p: argparse.ArgumentParser) -> None:
 
 def plan_flags(args: argparse.Namespace) -> PlanFlags:
     """Parse and check the flags of ``autopipe plan`` (fast: before any profiling)."""
-    from autopipe.api import SHARDINGS, TARGETS, Choices, Link, Overlap, Recompute, check_degrees, read_cluster_file
+    from autopipe.api import SHARDINGS, TARGETS, Choices, Link, Overlap, Recompute, read_cluster_file
 
     batch = positive_int(args.batch_size, "--batch-size")
     devices = _devices(args)
@@ -232,6 +232,20 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
     balance = _optional(args.balance, balance_list, "--balance")
     if balance is not None and gpus is not None:
         raise UsageError("--balance prices one pipeline's split and --gpus searches data x pipeline layouts; give one")
+    tensor, data, cp, ep, etp = _cluster_degrees(args, gpus, devices)
+    cluster = tuple(read_cluster_file(args.cluster).items()) if args.cluster is not None else ()
+    return PlanFlags(
+        batch, devices, memory, choices, link, gpus, output, timeline, tensor, data, cluster, balance, cp, ep, etp
+    )
+
+
+def _cluster_degrees(
+    args: argparse.Namespace, gpus: int | None, devices: int | None
+) -> tuple[int | None, int | None, int | None, int | None, int | None]:
+    """--tensor-parallel, --data-parallel, --context-parallel, --expert-parallel and
+    --expert-tensor-parallel, checked: each only with --gpus, the degrees dividing it."""
+    from autopipe.api import check_degrees
+
     tensor = _optional(args.tensor_parallel, positive_int, "--tensor-parallel")
     data = _optional(args.data_parallel, positive_int, "--data-parallel")
     cp = _optional(args.context_parallel, positive_int, "--context-parallel")
@@ -253,17 +267,9 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
             raise UsageError(
                 "--devices counts one pipeline's devices; with --gpus G pin the pipeline depth with --stages"
             )
-        pinned = [
-            ("--tensor-parallel", tensor),
-            ("--stages", devices),
-            ("--data-parallel", data),
-            ("--context-parallel", cp),
-        ]
-        check_degrees(gpus, pinned, "--gpus")
-    cluster = tuple(read_cluster_file(args.cluster).items()) if args.cluster is not None else ()
-    return PlanFlags(
-        batch, devices, memory, choices, link, gpus, output, timeline, tensor, data, cluster, balance, cp, ep, etp
-    )
+        pinned = [("--tensor-parallel", tensor), ("--stages", devices), ("--data-parallel", data)]
+        check_degrees(gpus, [*pinned, ("--context-parallel", cp)], "--gpus")
+    return tensor, data, cp, ep, etp
 
 
 def _devices(args: argparse.Namespace) -> int | None:

@@ -129,35 +129,7 @@ def plan_parallel(
     check_expert_pins(parallel, request.expert_parallel, request.expert_tensor_parallel)
     degrees, skipped = _degrees(request, tensor)
     rejected = [Rejected(0, 0, why, tensor_parallel=t) for t, why in skipped]
-    candidates: list[Split] = []
-    for t in degrees:
-        cps, _ = context_degrees(parallel, G, t, request.context_parallel)  # the skipped ones: not said per plan
-        for cp in cps:
-            for S in [request.stages] if request.stages else divisors(G // (t * cp)):
-                if (G // (t * cp)) % S:
-                    rejected.append(
-                        Rejected(
-                            S,
-                            0,
-                            f"{S} stages do not divide {G // (t * cp)} = {G} devices / (t={t} x cp={cp})",
-                            tensor_parallel=t,
-                        )
-                    )
-                    continue
-                D = G // (t * cp * S)
-                pinned = (request.expert_parallel, request.expert_tensor_parallel)
-                experts = expert_degrees(parallel, t, cp, t * cp * D, pinned)
-                if not experts:
-                    why = _expert_reason(parallel, t, cp, t * cp * D, pinned)
-                    rejected.append(Rejected(S, D, why, tensor_parallel=t))
-                priced = []
-                for ep, etp in experts:
-                    lay = Degrees(t, cp, ep, etp)
-                    if parallel is not None and (parallel.experts is not None or lay != Degrees(t)):
-                        priced.append((lay, parallel.price(lay)))
-                    else:
-                        priced.append((lay, profile if t == 1 else tensor.price(t)))  # type: ignore[union-attr]
-                candidates += _expert_splits(priced, ctx, parallel, S, D, rejected)
+    candidates = _candidates(profile, ctx, degrees, tensor, parallel, rejected)
     candidates.sort(key=Split.key)
     options: list[ParallelOption] = []
     pruned = 0
@@ -185,6 +157,43 @@ def plan_parallel(
     flops = model_flops(profile, best.plan)
     best = replace(best, plan=replace(best.plan, parallel_note=note, model_flops=flops[0], hardware_flops=flops[1]))
     return ParallelPlan(best, runner_up, tuple(rejected), pruned)
+
+
+def _candidates(
+    profile: Profile,
+    ctx: Context,
+    degrees: list[int],
+    tensor: TensorOptions | None,
+    parallel: ParallelOptions | None,
+    rejected: list[Rejected],
+) -> list[Split]:
+    """The queue: every (t, cp, S, D, ep, etp) split whose state can fit, each layout priced once;
+    the splits with no plan told in ``rejected``."""
+    request, G = ctx.request, ctx.request.cluster.devices
+    out: list[Split] = []
+    for t in degrees:
+        cps, _ = context_degrees(parallel, G, t, request.context_parallel)  # the skipped ones: not said per plan
+        for cp in cps:
+            width = G // (t * cp)
+            for S in [request.stages] if request.stages else divisors(width):
+                if width % S:
+                    by = f"t={t}" if cp == 1 else f"(t={t} x cp={cp})"
+                    rejected.append(Rejected(S, 0, f"{S} stages do not divide {width} = {G} devices / {by}", None, t))
+                    continue
+                D = width // S
+                pinned = (request.expert_parallel, request.expert_tensor_parallel)
+                experts = expert_degrees(parallel, t, cp, t * cp * D, pinned)
+                if not experts:
+                    rejected.append(Rejected(S, D, _expert_reason(parallel, t, cp, t * cp * D, pinned), None, t))
+                priced = []
+                for ep, etp in experts:
+                    lay = Degrees(t, cp, ep, etp)
+                    if parallel is not None and (parallel.experts is not None or lay != Degrees(t)):
+                        priced.append((lay, parallel.price(lay)))
+                    else:
+                        priced.append((lay, profile if t == 1 else tensor.price(t)))  # type: ignore[union-attr]
+                out += _expert_splits(priced, ctx, parallel, S, D, rejected)
+    return out
 
 
 def _expert_splits(
