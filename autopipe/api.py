@@ -34,6 +34,7 @@ from autopipe.costs.calibrate import calibrate, save_calibration, stored_calibra
 from autopipe.costs.devices import DeviceSpec, device_spec, read_cluster_file
 from autopipe.costs.match import check_profile_of, fingerprint_of
 from autopipe.costs.measured import Progress, profile_model
+from autopipe.costs.options import Links, parallel_options
 from autopipe.costs.profile import Profile
 from autopipe.errors import AutopipeError, ConfigError, EmitError, InfeasibleError, PlanError
 from autopipe.graph.recipe import TraceRecipe
@@ -515,6 +516,9 @@ def search_cluster(
     sharding: str | None = None,
     shard_group: int | None = None,
     overlap: Overlap | str | None = None,
+    context_parallel: int | None = None,
+    expert_parallel: int | None = None,
+    expert_tensor_parallel: int | None = None,
 ) -> ParallelPlan:
     """The tensor x pipeline x data search over ``gpus`` devices for ``profile`` (``--gpus``):
     the best layout, its sharding, its runner-up and the splits with no plan. ``stages`` pins
@@ -522,17 +526,15 @@ def search_cluster(
     ``profile`` was priced from) are given, else ``t = 1``. ``sharding`` pins how the state is
     split over the replicas (``none``, ``zero1``, ``zero2``, ``zero3``, ``zero3-step``; ``zero1=True``
     is ``sharding="zero1"``), ``shard_group`` over how many of them (hybrid); ``overlap`` what the
-    time model overlaps (an :class:`~autopipe.plans.Overlap` or its text; None: the target's)."""
+    time model overlaps (an :class:`~autopipe.plans.Overlap` or its text; None: the target's).
+    ``context_parallel``, ``expert_parallel`` and ``expert_tensor_parallel`` pin cp, ep and etp
+    (searched where the model has attention over a long sequence, or routed experts:
+    ``planner.cluster.experts``); the profile is then priced per degrees (``costs.options``)."""
     gpus = check_int(gpus, words.name("gpus"), ranged=False)
     batch_size = check_int(batch_size, words.name("batch_size"), ranged=False)
-    check_degrees(
-        gpus,
-        [
-            (words.name(k), v)
-            for k, v in (("tensor_parallel", tensor_parallel), ("stages", stages), ("data_parallel", data_parallel))
-        ],
-        words.name("gpus"),
-    )
+    pins = {"context_parallel": context_parallel, "expert_parallel": expert_parallel}
+    pins["expert_tensor_parallel"] = expert_tensor_parallel
+    _check_pins(gpus, words, tensor_parallel, stages, data_parallel, pins, counts is not None and device is not None)
     fields = cluster_fields(cluster)
     check_target(choices or Choices(), words)
     pinned, group = _sharding(sharding, shard_group, zero1, words)
@@ -552,16 +554,46 @@ def search_cluster(
         overlap=overlaps,
     )
     layout = replace(request.cluster, **fields)  # type: ignore[arg-type]
-    request = replace(request, cluster=layout, tensor_parallel=tensor_parallel, data_parallel=data_parallel)
-    tensor = (
-        tensor_options(counts, device, layout, sequence_parallel, overlaps.tp_comm)
-        if counts is not None and device is not None
-        else None
+    request = replace(
+        request,
+        cluster=layout,
+        tensor_parallel=tensor_parallel,
+        data_parallel=data_parallel,
+        context_parallel=context_parallel,
+        expert_parallel=expert_parallel,
+        expert_tensor_parallel=expert_tensor_parallel,
     )
-    result = plan_parallel(profile, request, progress, tensor)
+    tensor, parallel = None, None
+    if counts is not None and device is not None:
+        tensor = tensor_options(counts, device, layout, sequence_parallel, overlaps.tp_comm)
+        links = Links.of(layout)
+        parallel = parallel_options(
+            counts, device, links, sequence_parallel=sequence_parallel, tensor_overlap=overlaps.tp_comm
+        )
+    result = plan_parallel(profile, request, progress, tensor, parallel)
     free = replace(request, choices=replace(request.choices, target="autopipe"))
-    plan = _with_free(result.plan, lambda: plan_parallel(profile, free, progress, tensor).plan)
+    plan = _with_free(result.plan, lambda: plan_parallel(profile, free, progress, tensor, parallel).plan)
     return replace(result, best=replace(result.best, plan=plan))
+
+
+def _check_pins(
+    gpus: int,
+    words: Words,
+    tensor_parallel: int | None,
+    stages: int | None,
+    data_parallel: int | None,
+    pins: Mapping[str, int | None],
+    analytic: bool = True,
+) -> None:
+    """The pinned degrees against ``gpus`` (``check_degrees``, named as ``words`` says); cp, ep
+    and etp, which only an analytic plan prices, refused without one."""
+    degrees = [("tensor_parallel", tensor_parallel), ("stages", stages), ("data_parallel", data_parallel)]
+    degrees.append(("context_parallel", pins["context_parallel"]))
+    others = [(words.name(k), pins[k]) for k in ("expert_parallel", "expert_tensor_parallel")]
+    check_degrees(gpus, [(words.name(k), v) for k, v in degrees], words.name("gpus"), others)
+    if not analytic and any((v or 1) > 1 for v in pins.values()):
+        said = ", ".join(words.name(k) for k in pins)
+        raise PlanError(f"{said} need an analytic plan (a model file and a device)")
 
 
 def _sharding(sharding: object, shard_group: object, zero1: bool, words: Words) -> tuple[Sharding | None, int | None]:
@@ -609,16 +641,29 @@ def plan_cluster(
     sharding: str | None = None,
     shard_group: int | None = None,
     overlap: Overlap | str | None = None,
+    context_parallel: int | None = None,
+    expert_parallel: int | None = None,
+    expert_tensor_parallel: int | None = None,
 ) -> Plan:
     """The plan ``autopipe plan MODEL --device DEVICE --gpus GPUS ...`` writes (same search, same
     plan), without allocating the model's weights: ``device`` a catalogue name (``h100``,
     ``a100-80gb``, ...), ``memory`` per device (default: the device's), ``batch_size`` the global
     batch, ``stages`` the pipeline depth; ``cluster`` overrides the device's nodes and links (a
     ``--cluster`` JSON file, or its fields as a mapping). PlanError (one line) for pinned
-    degrees that cannot split ``gpus`` or a request nothing fits."""
+    degrees that cannot split ``gpus`` or a request nothing fits; ``context_parallel``,
+    ``expert_parallel`` and ``expert_tensor_parallel`` pin cp, ep and etp (else searched)."""
     gpus = check_int(gpus, "gpus", ranged=False)
     batch_size = check_int(batch_size, "batch_size", ranged=False)
-    check_degrees(gpus, [("tensor_parallel", tensor_parallel), ("stages", stages), ("data_parallel", data_parallel)])
+    check_degrees(
+        gpus,
+        [
+            ("tensor_parallel", tensor_parallel),
+            ("stages", stages),
+            ("data_parallel", data_parallel),
+            ("context_parallel", context_parallel),
+        ],
+        others=[("expert_parallel", expert_parallel), ("expert_tensor_parallel", expert_tensor_parallel)],
+    )
     cluster_fields(cluster)  # a bad cluster is one line before any counting
     _sharding(sharding, shard_group, zero1, API_WORDS)
     _overlap(overlap, API_WORDS)
@@ -644,6 +689,9 @@ def plan_cluster(
         sharding=sharding,
         shard_group=shard_group,
         overlap=overlap,
+        context_parallel=context_parallel,
+        expert_parallel=expert_parallel,
+        expert_tensor_parallel=expert_tensor_parallel,
     ).plan
 
 

@@ -149,6 +149,9 @@ class Overlap:
     param_gather: bool = False  # the parameters' all-gather (sharded weights) runs under the forward
     tp_comm: float = 0.0  # the share of the tensor-parallel collectives hidden behind the computation, 0 to 1
     p2p: bool = True  # pipeline sends leave the sender free (False: it waits for the transfer)
+    # each MoE layer's all-to-all runs beside another micro-batch's computation (DualPipeV's pairs,
+    # Megatron's --overlap-moe-expert-parallel-comm); the cluster search sets it where it priced so
+    expert_comm: bool = False
 
     @staticmethod
     def parse(text: str, name: str = "overlap") -> Overlap:
@@ -170,12 +173,12 @@ class Overlap:
                 if not 0.0 <= share <= 1.0:
                     raise PlanError(f"{name} {text!r}: tp_comm={value} is not a share from 0 to 1; use tp_comm=0.5")
                 on[key] = share
-            elif key in ("grad_reduce", "param_gather", "p2p") and not value:
+            elif key in ("grad_reduce", "param_gather", "p2p", "expert_comm") and not value:
                 on[key] = True
             else:
                 raise PlanError(
                     f"{name} {text!r}: {word!r} is not an overlap; use none, or any of grad_reduce, param_gather, "
-                    "p2p, tp_comm=SHARE (e.g. grad_reduce,param_gather,p2p)"
+                    "p2p, expert_comm, tp_comm=SHARE (e.g. grad_reduce,param_gather,p2p)"
                 )
         return Overlap(**on)
 
@@ -184,6 +187,7 @@ class Overlap:
         said = [name for name in ("grad_reduce", "param_gather") if getattr(self, name)]
         said += [f"tp_comm={self.tp_comm:g}"] if self.tp_comm > 0 else []
         said += ["p2p"] if self.p2p else []
+        said += ["expert_comm"] if self.expert_comm else []
         return ",".join(said) or "none"
 
     def describe(self) -> str:
@@ -191,6 +195,7 @@ class Overlap:
         said = [name for name, on in (("grad reduce", self.grad_reduce), ("param gather", self.param_gather)) if on]
         said += [f"tp comm {self.tp_comm:.0%}"] if self.tp_comm > 0 else []
         said += ["p2p"] if self.p2p else []
+        said += ["expert all-to-all"] if self.expert_comm else []
         return ", ".join(said) or "nothing"
 
 
@@ -296,6 +301,8 @@ class Plan:
         for field, default in _LATER.items():  # added later: left out at their defaults
             if raw[field] == default:
                 del raw[field]
+        if "overlap" in raw and not raw["overlap"]["expert_comm"]:
+            del raw["overlap"]["expert_comm"]  # added later: left out when off
         for stage in raw["stages"]:
             for field in ("transient_bytes", "kept_bytes", "backward_bytes"):  # 0: left out
                 if stage[field] == 0.0:

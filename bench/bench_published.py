@@ -1,4 +1,5 @@
 # Run: python bench/bench_published.py [--rows NAME,...] [--no-free] [--write-plans DIR] [--sources]   (repo root)
+#      python bench/bench_published.py --deepseek-h800 [--no-free]   (the DeepSeek-V3 report below)
 """Published end-to-end training runs, planned: predicted against published throughput (issue 24, item 4).
 
 The runs are data (``bench/published_runs.py``: the model, cluster, layout, figure and source of
@@ -20,6 +21,17 @@ then planned twice:
   GPUs, batch and device memory (and its sharding flag: the search cannot choose sharding yet);
   its step against the pinned one.
 
+Mixture-of-experts rows (``Run.ep`` > 1) are priced per layout by ``costs.options`` at the row's
+imbalance (1.0: the source force-balances the routing), ep pinned in the pinned plan and searched
+with cp in the free one; the expert all-to-all is hidden where the target's schedule hides it
+(``planner.cluster.experts``).
+
+``--deepseek-h800``: DeepSeek-V3 as DeepSeek trained it (Sec. 3 of the technical report: 2,048
+H800s, PP 16 x EP 64 x ZeRO-1 data parallelism over 128, no tensor parallelism, DualPipe, 15,360
+sequences of 4,096 tokens, FP8, the dispatch in FP8 and deduplicated per node, each token's
+experts on at most 4 nodes; no throughput published): the pinned layout against the free search's
+choice, and the predicted gain.
+
 Calibration: one row per device type and dtype (``published_runs.CALIBRATION``) scales that
 device's compute efficiencies once (``DeviceSpec.compute_scaled``, one step, not iterated) so that
 its pinned prediction meets its figure; every other row is held out, and the last line gives the
@@ -40,12 +52,14 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from published_runs import CALIBRATION, HW, LINKS, RUNS, STEP, TFLOPS, TOKENS, Run, by_name
 
 from autopipe.costs.analytic import ModelCounts, count_model, profile_from_counts
 from autopipe.costs.devices import DeviceSpec, device_spec
+from autopipe.costs.options import Links, ParallelOptions, parallel_options
 from autopipe.errors import InfeasibleError
 from autopipe.model.load import load_model
 from autopipe.modes import Recompute
@@ -189,17 +203,21 @@ def plan_pinned(run: Run, spec: DeviceSpec) -> Pinning:
         tensor_parallel=pin.tensor_parallel,
         data_parallel=pin.data_parallel,
         overlap=overlap_of(run),
+        context_parallel=run.cp,
+        expert_parallel=run.ep if run.model == "moe" else None,
+        expert_tensor_parallel=1 if run.model == "moe" else None,
     )
     profile = profile_from_counts(counts, spec, fused=FUSED)
     tensor = tensor_options(
         counts, spec, cluster, sequence_parallel=pin.sequence_parallel, overlap=overlap_of(run).tp_comm, fused=FUSED
     )
+    parallel = options_of(run, spec, pin.sequence_parallel)
     plans = []
     valid = virtuals(run)
     pinned = [replace(pin.choices, schedule="1f1b", virtual=None)] if valid else [pin.choices]
     for choices in (*pinned, *(replace(pin.choices, schedule=INTERLEAVED, virtual=v) for v in valid)):
         try:
-            plans.append(plan_parallel(profile, replace(request, choices=choices), tensor=tensor).plan)
+            plans.append(plan_parallel(profile, replace(request, choices=choices), None, tensor, parallel).plan)
         except InfeasibleError:
             continue
     if plans:
@@ -208,8 +226,23 @@ def plan_pinned(run: Run, spec: DeviceSpec) -> Pinning:
     else:  # the run fitted: the memory model is off; price the layout all the same
         recompute = Recompute.ALWAYS if pin.choices.recompute == Recompute.AUTO else pin.choices.recompute
         again = replace(request, memory_limit=UNBOUNDED, choices=replace(pin.choices, recompute=recompute))
-        plan = plan_parallel(profile, again, tensor=tensor).plan
+        plan = plan_parallel(profile, again, None, tensor, parallel).plan
         return Pinning(plan, False, max(plan.peak_memory_bytes))
+
+
+def options_of(run: Run, spec: DeviceSpec, sequence_parallel: bool, **extra: Any) -> ParallelOptions:
+    """Context and expert parallelism for ``run`` (its imbalance; ``extra``: parallel_options' keywords)."""
+    links = Links.of(cluster_of(run, spec))
+    return parallel_options(
+        counts_of(run),
+        spec,
+        links,
+        sequence_parallel=sequence_parallel,
+        imbalance=run.imbalance,
+        tensor_overlap=overlap_of(run).tp_comm,
+        fused=FUSED,
+        **extra,
+    )
 
 
 def plan_free(run: Run, spec: DeviceSpec, shard_optimizer: bool) -> Plan | None:
@@ -218,8 +251,9 @@ def plan_free(run: Run, spec: DeviceSpec, shard_optimizer: bool) -> Plan | None:
         cluster, run.global_batch, spec.memory_bytes, shard_optimizer=shard_optimizer, overlap=overlap_of(run)
     )
     tensor = tensor_options(counts, spec, cluster, sequence_parallel=True, overlap=overlap_of(run).tp_comm, fused=FUSED)
+    parallel = options_of(run, spec, True)
     try:
-        return plan_parallel(profile_from_counts(counts, spec, fused=FUSED), request, tensor=tensor).plan
+        return plan_parallel(profile_from_counts(counts, spec, fused=FUSED), request, None, tensor, parallel).plan
     except InfeasibleError:
         return None
 
@@ -248,6 +282,7 @@ def calibrated(runs: list[Run]) -> tuple[dict[tuple[str, str], DeviceSpec], list
 def _layout(run: Run) -> str:
     words = [f"t{run.t} p{run.p} d{run.d}"]
     words += [f"cp{run.cp}"] if run.cp > 1 else []
+    words += [f"ep{run.ep}"] if run.ep > 1 else []
     words += [f"v{run.vp}" if run.vp else "v?", f"mbs {run.mbs}" if run.mbs else "mbs ?"]
     words += [f"{run.global_batch}x{run.seq}", f"recompute {run.recompute}", run.sharding]
     words += ["sp"] if run.sequence_parallel else []
@@ -263,7 +298,11 @@ def _free(free: Plan | None, pinned: Pinning) -> str:
     if free is None:
         return "none fits | -"
     recomputed = sum(s.recompute for s in free.stages)
-    what = f"t{free.tensor_parallel} p{free.devices} d{free.data_parallel}, {free.schedule} v{free.virtual}"
+    what = f"t{free.tensor_parallel} p{free.devices} d{free.data_parallel}"
+    what += f" cp{free.context_parallel}" if free.context_parallel > 1 else ""
+    what += f" ep{free.expert_parallel}" if free.expert_parallel > 1 else ""
+    what += " (all-to-all hidden)" if free.overlap.expert_comm else ""
+    what += f", {free.schedule} v{free.virtual}"
     ratio = f"{free.step_time_s / pinned.plan.step_time_s:.2f}" + ("" if pinned.fits else " (pinned over memory)")
     return f"{what}, m {free.micro_batches}, {recomputed} of {len(free.stages)} recompute | {ratio}"
 
@@ -282,7 +321,10 @@ def main() -> int:
     ap.add_argument("--no-free", action="store_true", help="skip the free searches")
     ap.add_argument("--write-plans", metavar="DIR", help="write each pinned plan as DIR/NAME.json")
     ap.add_argument("--sources", action="store_true", help="print each row's source and what it does not say, and stop")
+    ap.add_argument("--deepseek-h800", action="store_true", help="DeepSeek-V3 on 2,048 H800s: pinned against free")
     args = ap.parse_args()
+    if args.deepseek_h800:
+        return deepseek_h800(not args.no_free)
     wanted = [w.strip() for w in args.rows.split(",") if w.strip()]
     runs = [r for r in RUNS if not wanted or any(r.name == w or r.name.startswith(w) for w in wanted)]
     if not runs:
@@ -352,6 +394,72 @@ def main() -> int:
     print(f"CPU {time.process_time() - t0:.1f} s")
     errs = [e for v in held.values() for e in v]
     print(f"held-out rows: {len(errs)}, median |error| {_median(errs):.1%}, worst {_worst(errs):+.1%}")
+    return 0
+
+
+DEEPSEEK_H800 = Run(
+    name="deepseek-v3-h800-2048",
+    model="moe",
+    kwargs=(("preset", "deepseek-v3"),),
+    device="h800",
+    dtype="fp8",
+    link="deepseek-ib",
+    gpus=2048,
+    t=1,
+    p=16,
+    d=128,
+    vp=None,
+    mbs=None,
+    global_batch=15360,
+    seq=4096,
+    recompute="selective",
+    sharding="zero1",
+    sequence_parallel=False,
+    figure=1.0,
+    unit=STEP,
+    flops="",
+    source="DeepSeek-AI, DeepSeek-V3 Technical Report (arXiv 2412.19437), Sec. 3.1-3.2 and 4.2",
+    unpublished="throughput; the micro-batch size",
+    verified=False,
+    ep=64,
+)
+
+
+def deepseek_h800(free_search: bool) -> int:
+    """The published DeepSeek-V3 layout on 2,048 H800s, pinned (DualPipeV, ep 64, no t), against
+    the free search's choice over t x cp x p x d x ep; the predicted gain, explained by the plans."""
+    run, spec = DEEPSEEK_H800, device_spec("h800")
+    cluster = cluster_of(run, spec)
+    counts = counts_of(run)
+    profile = profile_from_counts(counts, spec)
+    parallel = options_of(run, spec, False, dispatch_bytes=1.0, deduplicate=True, max_nodes=4)
+    tensor = tensor_options(counts, spec, cluster, sequence_parallel=False)
+    t0 = time.process_time()
+    pinned_request = ParallelRequest(
+        cluster,
+        run.global_batch,
+        spec.memory_bytes,
+        shard_optimizer=True,
+        stages=run.p,
+        choices=Choices(schedule="dualpipe-v"),
+        tensor_parallel=1,
+        data_parallel=run.d,
+        expert_parallel=run.ep,
+        expert_tensor_parallel=1,
+    )
+    pinned = plan_parallel(profile, pinned_request, None, tensor, parallel)
+    print(f"pinned (PP 16 x EP 64, DualPipeV, ZeRO-1): {pinned.best.describe()}")
+    print(f"  memory choice: {pinned.plan.memory_choice or 'none'}; CPU {time.process_time() - t0:.1f} s", flush=True)
+    if not free_search:
+        return 0
+    free_request = ParallelRequest(cluster, run.global_batch, spec.memory_bytes, shard_optimizer=True)
+    free = plan_parallel(profile, free_request, None, tensor, parallel)
+    gain = pinned.plan.step_time_s / free.plan.step_time_s - 1
+    print(f"free: {free.best.describe()}")
+    second = free.runner_up.describe() if free.runner_up else "none"
+    print(f"  memory choice: {free.plan.memory_choice or 'none'}; runner-up: {second}")
+    cpu = time.process_time() - t0
+    print(f"predicted gain of the free choice over the published layout: {gain:+.1%}; CPU {cpu:.1f} s")
     return 0
 
 

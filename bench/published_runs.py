@@ -8,8 +8,11 @@ the source beside it. ``unpublished`` says what the source does not give (the pl
 it or the row assumes it, as written); ``unverified`` what could not be checked against a stored
 copy of the source. A row with ``verified=False`` is printed but left out of the error statistics.
 
-Runs the planner cannot price yet (context parallelism > 1, mixture of experts; issue 25), with
-their sources, for later:
+Mixture-of-experts rows (issue 25): ``model="moe"`` (models/moe.py's presets), ``ep`` the
+expert-parallel degree, ``imbalance`` the routing skew the planner prices (1.0 where the source
+force-balances the tokens, as Megatron-Bridge's MoE benchmarks say they do).
+
+Runs the planner does not price here, with their sources, for later:
 
 - Llama 3 405B, 16,384 H100, TP 8 CP 16 PP 16 DP 8, sequence 131,072, 16M tokens per batch,
   380 TFLOP/s per GPU (Grattafiori et al. 2024, Table 4, via Balaji's SC'24 slide quoted at
@@ -20,9 +23,8 @@ their sources, for later:
 - Megatron-Bridge 26.04.01 FP8 on DGX-H100 (NVIDIA-NeMo/Megatron-Bridge
   docs/performance-summary-archive.md, git 067f987d): LLAMA3.1_405B 1,024 GPUs, GBS 1536, MBS 1,
   8192 tokens, TP 8 PP 8 CP 2 VP 8: 328 tokens/s per GPU (827 TFLOP/s).
-- Mixture of experts on DGX-H100, same archive: DeepSeekV3 1,024 GPUs (25.09: TP 2 PP 8 VP 4
-  EP 64, 1,297 tokens/s per GPU), Qwen3_235B_a22B 256 GPUs (26.04.01: TP 2 PP 8 VP 4 EP 32,
-  1,712), Qwen3_30B_a3B 16 GPUs (EP 16, 8,960), GPT OSS 120B 64 GPUs (BF16, EP 8, 5,824).
+- Mixture of experts on DGX-H100, same archive: Qwen3_30B_a3B 16 GPUs (EP 8), GPT OSS 120B
+  64 GPUs (BF16, EP 8): no bundled preset.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ LINKS = {
     "jean-zay": Link("Omni-Path 100 Gb/s x 4 per node (Jean Zay)", 6.25e9),
     "dgx-h100": Link("InfiniBand NDR 400 Gb/s x 8 per node (DGX H100)", 50e9),
     "meta-roce": Link("RoCE 400 Gb/s per GPU (Meta's 24K H100 cluster)", 50e9),
+    "deepseek-ib": Link("InfiniBand 400 Gb/s per GPU (DeepSeek-V3's H800 cluster, Sec. 3.1: 50 GB/s)", 50e9),
 }
 
 
@@ -81,11 +84,13 @@ class Run:
     unpublished: str = ""  # what the source does not say, and what the row does instead
     unverified: str = ""  # what could not be checked against a stored copy of the source
     verified: bool = True  # the figure and the layout were checked (False: out of the statistics)
-    cp: int = 1  # context-parallel degree (> 1: not priced yet, issue 25)
+    cp: int = 1  # context-parallel degree
     also: str = ""  # the source's other figures for the same run (for people)
     attention: str = "flash"  # "flash": a fused attention kernel; "unfused": the scores materialised (before 2022)
     tp_comm_overlap: bool = False  # the source says it ran Megatron's --tp-comm-overlap
     dp_overlap: bool = True  # the gradients reduced (and weights gathered) under the computation, as Megatron-Core
+    ep: int = 1  # expert-parallel degree (a MoE's routed experts over ep devices)
+    imbalance: float = 1.0  # the routing skew the planner prices (costs.experts), for a MoE
 
     def __post_init__(self) -> None:
         if self.t * self.p * self.d * self.cp != self.gpus:
@@ -474,7 +479,66 @@ NEMO_FP8 = (
     ),
 )
 
-RUNS: tuple[Run, ...] = (*MEGATRON_2021, BLOOM, *MEGATRON_CORE, *NEMOTRON4_340B, *LLAMA3_405B, *NEMO_FP8)
+BRIDGE_MOE = (
+    "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md (stored copy at git 0a25f911), "
+    "DGX-H100: #GPUs, GBS, MBS, sequence, FSDP 0, TP, PP, CP, VP, EP, GA, tokens/s and model TFLOP/s per GPU; "
+    "'we force-balance the token distribution among experts and all benchmarks are token-dropless'"
+)
+BRIDGE_MOE_ASSUMED = (
+    "recomputation (the recipes' selective modules): searched; the distributed optimizer (ZeRO-1) and "
+    "Megatron's overlaps assumed; the MoE all-to-all overlap searched (Megatron's interleaved overlap)"
+)
+
+
+def _bridge_moe(
+    name: str, preset: str, gpus: int, gbs: int, t: int, p: int, vp: int, ep: int, tokens: float, tf: float, src: str
+) -> Run:
+    return Run(
+        name=name,
+        model="moe",
+        kwargs=(("preset", preset),),
+        device="h100",
+        dtype="fp8",
+        link="dgx-h100",
+        gpus=gpus,
+        t=t,
+        p=p,
+        d=gpus // (t * p),
+        vp=vp,
+        mbs=1,
+        global_batch=gbs,
+        seq=4096,
+        recompute="unknown",
+        sharding="zero1",
+        sequence_parallel=t > 1,
+        figure=tokens,
+        unit=TOKENS,
+        flops=MODEL,
+        source=f"{BRIDGE_MOE} ({src})",
+        unpublished=BRIDGE_MOE_ASSUMED,
+        also=f"{tf:.0f} model TFLOP/s per GPU",
+        ep=ep,
+    )
+
+
+MOE = (
+    # 25.09 container, 'DeepSeekV3 (dropless)': 1,024 GPUs, GBS 8192, MBS 1, 4096 tokens, TP 2 PP 8 CP 1
+    # VP 4 EP 64, GA 128: 1,297 tokens/s and 338 (330 with DeepSeek's 128x128 FP8 blocks) TFLOP/s per GPU
+    _bridge_moe("bridge-deepseek-v3-1024", "deepseek-v3", 1024, 8192, 2, 8, 4, 64, 1297, 338, "25.09 container"),
+    # 26.02 container, FP8: 256 GPUs, GBS 8192, MBS 1, 4096 tokens, TP 2 PP 8 CP 1 VP 4 EP 32: 1,633
+    # tokens/s and 242 TFLOP/s per GPU (the issue's 'about 253', 26.04.01, is not in the stored copy)
+    _bridge_moe("bridge-qwen3-235B-256", "qwen3-235b-a22b", 256, 8192, 2, 8, 4, 32, 1633, 242, "26.02 container"),
+)
+
+RUNS: tuple[Run, ...] = (
+    *MEGATRON_2021,
+    BLOOM,
+    *MEGATRON_CORE,
+    *NEMOTRON4_340B,
+    *LLAMA3_405B,
+    *NEMO_FP8,
+    *MOE,
+)
 
 # One row per device type and dtype sets its compute efficiency (DeviceSpec.compute_scaled, one step);
 # chosen before any prediction was seen: the middle row of the first table of that device and dtype

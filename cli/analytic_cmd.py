@@ -83,6 +83,26 @@ def add_analytic_arguments(p: argparse.ArgumentParser) -> None:
         help="with --gpus: pin the data-parallel width (default: searched)",
     )
     p.add_argument(
+        "--context-parallel",
+        default=None,
+        metavar="CP",
+        help="with --gpus: pin the context-parallel degree (the sequence split over CP devices; default: "
+        "searched for sequences of 8192 tokens and more)",
+    )
+    p.add_argument(
+        "--expert-parallel",
+        default=None,
+        metavar="EP",
+        help="with --gpus: pin the expert-parallel degree (each MoE layer's routed experts over EP devices; "
+        "it divides the experts; default: searched)",
+    )
+    p.add_argument(
+        "--expert-tensor-parallel",
+        default=None,
+        metavar="ETP",
+        help="with --gpus: pin the expert tensor-parallel degree (default: 1)",
+    )
+    p.add_argument(
         "--no-sequence-parallel",
         action="store_true",
         help="with --gpus: tensor parallelism without Megatron's sequence parallelism",

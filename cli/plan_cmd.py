@@ -142,6 +142,9 @@ class PlanFlags:
     data_parallel: int | None = None  # pin D (with gpus)
     cluster: tuple[tuple[str, float], ...] = ()  # --cluster FILE: Cluster field -> value
     balance: tuple[int, ...] | None = None  # blocks per chunk, in chunk order (--balance)
+    context_parallel: int | None = None  # pin cp (with gpus)
+    expert_parallel: int | None = None  # pin ep (with gpus)
+    expert_tensor_parallel: int | None = None  # pin etp (with gpus)
 
 
 def _optional(text: str | None, parse: Callable[[str, str], _T], flag: str) -> _T | None:
@@ -175,7 +178,7 @@ def _memory_flags(p: argparse.ArgumentParser) -> None:
 
 def plan_flags(args: argparse.Namespace) -> PlanFlags:
     """Parse and check the flags of ``autopipe plan`` (fast: before any profiling)."""
-    from autopipe.api import SHARDINGS, TARGETS, Choices, Link, Overlap, Recompute, check_degrees, read_cluster_file
+    from autopipe.api import SHARDINGS, TARGETS, Choices, Link, Overlap, Recompute, read_cluster_file
 
     batch = positive_int(args.batch_size, "--batch-size")
     devices = _devices(args)
@@ -229,11 +232,31 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
     balance = _optional(args.balance, balance_list, "--balance")
     if balance is not None and gpus is not None:
         raise UsageError("--balance prices one pipeline's split and --gpus searches data x pipeline layouts; give one")
+    tensor, data, cp, ep, etp = _cluster_degrees(args, gpus, devices)
+    cluster = tuple(read_cluster_file(args.cluster).items()) if args.cluster is not None else ()
+    return PlanFlags(
+        batch, devices, memory, choices, link, gpus, output, timeline, tensor, data, cluster, balance, cp, ep, etp
+    )
+
+
+def _cluster_degrees(
+    args: argparse.Namespace, gpus: int | None, devices: int | None
+) -> tuple[int | None, int | None, int | None, int | None, int | None]:
+    """--tensor-parallel, --data-parallel, --context-parallel, --expert-parallel and
+    --expert-tensor-parallel, checked: each only with --gpus, the degrees dividing it."""
+    from autopipe.api import check_degrees
+
     tensor = _optional(args.tensor_parallel, positive_int, "--tensor-parallel")
     data = _optional(args.data_parallel, positive_int, "--data-parallel")
+    cp = _optional(args.context_parallel, positive_int, "--context-parallel")
+    ep = _optional(args.expert_parallel, positive_int, "--expert-parallel")
+    etp = _optional(args.expert_tensor_parallel, positive_int, "--expert-tensor-parallel")
     for flag, given in (
         ("--tensor-parallel", tensor),
         ("--data-parallel", data),
+        ("--context-parallel", cp),
+        ("--expert-parallel", ep),
+        ("--expert-tensor-parallel", etp),
         ("--cluster", args.cluster),
         ("--no-sequence-parallel", args.no_sequence_parallel or None),
     ):
@@ -244,9 +267,9 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
             raise UsageError(
                 "--devices counts one pipeline's devices; with --gpus G pin the pipeline depth with --stages"
             )
-        check_degrees(gpus, [("--tensor-parallel", tensor), ("--stages", devices), ("--data-parallel", data)], "--gpus")
-    cluster = tuple(read_cluster_file(args.cluster).items()) if args.cluster is not None else ()
-    return PlanFlags(batch, devices, memory, choices, link, gpus, output, timeline, tensor, data, cluster, balance)
+        pinned = [("--tensor-parallel", tensor), ("--stages", devices), ("--data-parallel", data)]
+        check_degrees(gpus, [*pinned, ("--context-parallel", cp)], "--gpus")
+    return tensor, data, cp, ep, etp
 
 
 def _devices(args: argparse.Namespace) -> int | None:
@@ -294,6 +317,9 @@ def _make_plan(args: argparse.Namespace, flags: PlanFlags, progress: ProgressCal
             tensor_parallel=flags.tensor_parallel,
             stages=flags.devices,
             data_parallel=flags.data_parallel,
+            context_parallel=flags.context_parallel,
+            expert_parallel=flags.expert_parallel,
+            expert_tensor_parallel=flags.expert_tensor_parallel,
             choices=flags.choices,
             link=flags.link,
             zero1=args.zero1,

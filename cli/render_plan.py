@@ -170,9 +170,14 @@ def layout_line(plan: Plan) -> str:
     elif plan.offload_modules:
         recompute += f", offload ({' '.join(plan.offload_modules)})"
     tflops = tflops_per_gpu(plan)
+    cp = f"cp={plan.context_parallel} (context), " if plan.context_parallel > 1 else ""
+    ep = ""
+    if plan.expert_parallel * plan.expert_tensor_parallel > 1:
+        hidden = ", all-to-all hidden" if plan.overlap.expert_comm else ""
+        ep = f"ep={plan.expert_parallel} x etp={plan.expert_tensor_parallel} (experts{hidden}), "
     return (
         f"layout: t={plan.tensor_parallel} (tensor{', sequence parallel' if plan.sequence_parallel else ''}), "
-        f"p={plan.devices} (pipeline), d={plan.data_parallel} (data), vpp={plan.virtual}, micro-batch size "
+        f"{cp}p={plan.devices} (pipeline), d={plan.data_parallel} (data), {ep}vpp={plan.virtual}, micro-batch size "
         f"{plan.micro_batch_size}, recompute {recompute}"
         + (f"; {tflops[0]:.0f} model TFLOP/s per GPU ({tflops[1]:.0f} with recomputation)" if plan.model_flops else "")
     )
@@ -198,7 +203,7 @@ def _seconds(s: float) -> str:
 
 def tflops_per_gpu(plan: Plan) -> tuple[float, float]:
     """(model, hardware) TFLOP/s per device: FLOPs of one iteration / step time / devices."""
-    gpus = plan.tensor_parallel * plan.devices * plan.data_parallel
+    gpus = plan.tensor_parallel * plan.context_parallel * plan.devices * plan.data_parallel
     step = plan.step_time_s
     if step <= 0:
         return 0.0, 0.0
@@ -223,6 +228,9 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "data_parallel": plan.data_parallel,
         "tensor_parallel": plan.tensor_parallel,
         "pipeline_parallel": plan.devices,
+        "context_parallel": plan.context_parallel,
+        "expert_parallel": plan.expert_parallel,
+        "expert_tensor_parallel": plan.expert_tensor_parallel,
         "sequence_parallel": plan.sequence_parallel,
         "model_tflops_per_gpu": tflops_per_gpu(plan)[0],
         "hardware_tflops_per_gpu": tflops_per_gpu(plan)[1],

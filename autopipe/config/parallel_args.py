@@ -8,7 +8,8 @@ gets no line from here, so every output written before stays as it was.
 
 - **Megatron-LM** (Megatron-Core's MoE and context parallelism, ``megatron/training/arguments.py``):
   ``--context-parallel-size`` with ``--cp-comm-type p2p`` (the ring autopipe prices); for a
-  model with routed experts ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
+  model with routed experts ``--num-experts``, ``--overlap-moe-expert-parallel-comm`` where the plan
+  hides the all-to-all (``Overlap.expert_comm``, interleaved 1F1B), ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
   ``--expert-model-parallel-size``, ``--expert-tensor-parallel-size`` (Megatron's default is t;
   the plan's is written), ``--moe-layer-freq`` where some layers are dense (a Python list
   expression, ``([0]*3+[1]*58)``), ``--moe-shared-expert-intermediate-size`` for shared
@@ -198,6 +199,8 @@ def megatron_parallel_args(deg: Degrees, facts: MoEFacts | None) -> tuple[list[s
         args += ["--context-parallel-size", str(deg.context), "--cp-comm-type", "p2p"]
     if facts is not None:
         args += _moe_args(facts, deg)
+        if deg.expert_overlap:  # priced with the all-to-all under the other micro-batch (interleaved 1F1B)
+            args.append("--overlap-moe-expert-parallel-comm")
         if deg.tensor > 1 and not deg.sequence_parallel:
             notes.append("Megatron-Core needs --sequence-parallel for MoE layers with tensor parallelism (t > 1)")
     elif deg.expert > 1 or deg.expert_tensor > 1:

@@ -46,6 +46,7 @@ class Degrees:
     context: int = 1  # cp: context-parallel ranks splitting every sample's sequence
     expert: int = 1  # ep: expert-parallel ranks sharing each MoE layer's routed experts
     expert_tensor: int = 1  # etp: ranks splitting each routed expert
+    expert_overlap: bool = False  # each MoE layer's all-to-all beside another micro-batch's compute (priced so)
 
     @property
     def world_size(self) -> int:
@@ -88,6 +89,7 @@ def degrees(
         shard_group=plan.shard_group if sharding == plan.sharding else 0,
         context=plan.context_parallel,
         expert=plan.expert_parallel,
+        expert_overlap=plan.overlap.expert_comm,
         expert_tensor=plan.expert_tensor_parallel,
     )
 

@@ -398,8 +398,8 @@ def torchtitan_toml(
         f"module_fqns_per_model_part = {_toml_list(job.parts)}",
         *parallel,
     ]
-    if job.schedule == "DualPipeV":  # its expert-overlap callback needs CUDA and an MoE; autopipe plans neither
-        lines.append("pipeline_parallel_expert_parallel_overlap = false")
+    if job.schedule == "DualPipeV" and not plan.overlap.expert_comm:  # its expert-overlap callback needs CUDA and
+        lines.append("pipeline_parallel_expert_parallel_overlap = false")  # an MoE: on where the plan priced it
     if plan_precision(plan) == "fp8":
         lines += ["", "[model]", 'converters = ["quantize.linear.float8"]']
     lines += ["", "[activation_checkpoint]", f"mode = {json.dumps(job.recompute)}"]

@@ -121,7 +121,14 @@ def _degrees(options: ParallelOptions, layout: Layout, extras: dict[str, Any]) -
     links, t, cp = options.links, layout.t, layout.cp
     n = links.devices_per_node
     tensor = (
-        TensorSplit(options.tensor, t, options.sequence_parallel, links.nvlink_bandwidth, links.link_latency_s)
+        TensorSplit(
+            options.tensor,
+            t,
+            options.sequence_parallel,
+            links.nvlink_bandwidth,
+            links.link_latency_s,
+            extras.get("tensor_overlap", 0.0),
+        )
         if options.tensor is not None and t > 1
         else None
     )
@@ -165,10 +172,14 @@ def parallel_options(
     dispatch_bytes: float = 0.0,
     deduplicate: bool = False,
     max_nodes: int = 0,
+    tensor_overlap: float = 0.0,
+    fused: bool = False,
 ) -> ParallelOptions:
     """The parallel structure of ``counts`` and its pricing on ``spec`` over ``links`` (the
     device's own when None); ``imbalance``, ``balanced`` (CP's 2 cp chunks), ``dispatch_bytes``,
-    ``deduplicate`` and ``max_nodes`` as ``ExpertSplit`` and ``ContextSplit`` take them."""
+    ``deduplicate`` and ``max_nodes`` as ``ExpertSplit`` and ``ContextSplit`` take them,
+    ``tensor_overlap`` as ``TensorSplit.overlap`` (``Overlap.tp_comm``); ``fused``: memory-bound
+    ops fused as the target framework runs them (``Target.fused_kernels``, ``costs.fusion``)."""
     from autopipe.costs.analytic import profile_from_counts
 
     if not (imbalance >= 1.0 and imbalance < float("inf")):
@@ -184,6 +195,7 @@ def parallel_options(
         "dispatch_bytes": dispatch_bytes,
         "deduplicate": deduplicate,
         "max_nodes": max_nodes,
+        "tensor_overlap": tensor_overlap,
     }
     chosen = links or Links.of(spec)
     cache: dict[Layout, Profile] = {}
@@ -195,7 +207,7 @@ def parallel_options(
     def price(layout: Layout) -> Profile:
         if layout not in cache:
             d = _degrees(options(), layout, extras)
-            cache[layout] = profile_from_counts(counts, spec, d if d != Degrees() else None)
+            cache[layout] = profile_from_counts(counts, spec, d if d != Degrees() else None, fused)
         return cache[layout]
 
     def alltoall(layout: Layout, u: float) -> tuple[float, float]:

@@ -10,6 +10,13 @@ planner (:func:`~autopipe.planner.search.plan_pipeline`) chooses cuts, micro-bat
 virtual stages and recomputation for that share. Where the ranks go and what their links and
 collectives cost: :mod:`autopipe.planner.placement`.
 
+**Context and expert parallelism** (given ``costs.options.ParallelOptions``): each ``t`` is
+tried with context parallelism ``cp`` (D = G / (t cp S)) and, for a mixture of experts, each
+expert-parallel degree ``ep`` of a stage's t cp D devices, every layout priced once
+(``options.price``); the routed experts' state is sharded over their own group, the all-to-all
+hidden where the target's schedule hides it, and an ep no faster than a larger one is not
+searched (:mod:`autopipe.planner.cluster.experts`). The runner-up differs in the degrees or S.
+
 **Sharding** is searched with them (or pinned): for D > 1, every way the target runs of
 splitting the state over a stage's replicas (ZeRO-1, -2, -3, FSDP once a step), over all of
 them or, hybrid, over a node's (``placement``'s formulas for memory and collectives). Each
@@ -43,6 +50,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
+from autopipe.costs.options import Layout as Degrees
+from autopipe.costs.options import ParallelOptions, layout_reason
 from autopipe.costs.profile import Profile
 from autopipe.costs.tensor import tensor_degrees, tensor_reason
 from autopipe.errors import InfeasibleError, PlanError
@@ -60,6 +69,14 @@ from autopipe.planner.cluster import (
     sharded_profile,
     split_options,
     target_overlap,
+)
+from autopipe.planner.cluster.experts import (
+    check_expert_pins,
+    context_degrees,
+    dominated,
+    expert_degrees,
+    hidden_profile,
+    hiding_choices,
 )
 from autopipe.planner.cluster.split import static_bound, work_bound
 from autopipe.planner.cluster.values import Context, Split
@@ -88,11 +105,16 @@ __all__ = [
 
 
 def plan_parallel(
-    profile: Profile, request: ParallelRequest, progress: Progress | None = None, tensor: TensorOptions | None = None
+    profile: Profile,
+    request: ParallelRequest,
+    progress: Progress | None = None,
+    tensor: TensorOptions | None = None,
+    parallel: ParallelOptions | None = None,
 ) -> ParallelPlan:
-    """The (t, S, D) layout, sharding and pipeline plan with the shortest step that fits memory;
-    ``progress(what, done, total)`` is told each search (``plan_pipeline``'s), per layout.
-    ``profile`` is the whole model on one device (t = 1); ``tensor`` prices t > 1."""
+    """The (t, cp, S, D, ep) layout, sharding and pipeline plan with the shortest step that fits
+    memory; ``progress(what, done, total)`` is told each search (``plan_pipeline``'s), per layout.
+    ``profile`` is the whole model on one device (t = 1); ``tensor`` prices t > 1, ``parallel``
+    (``costs.options``) t, cp, ep and etp together (and, given, takes the place of ``tensor``)."""
     G, B = request.cluster.devices, request.global_batch
     if G < 1 or B < 1:
         raise PlanError(f"need at least one device and one sample (got {G} devices, batch {B})")
@@ -100,23 +122,14 @@ def plan_parallel(
         raise PlanError(f"--stages {request.stages} does not divide {G} devices; use a divisor of {G}")
     overlap = target_overlap(request.choices.target, request.overlap)
     sync = schedule_names() if not overlap.p2p else target_spec(request.choices.target).blocking_p2p
-    sp = tensor is not None and tensor.sequence_parallel
+    sp = parallel.sequence_parallel if parallel is not None else tensor is not None and tensor.sequence_parallel
     ctx = Context(request, overlap, tuple(sync), sp, Schedules(), progress, set(), SharedCuts())
+    if parallel is not None:
+        tensor = TensorOptions(parallel.tensor, lambda t: parallel.price(Degrees(t)), parallel.sequence_parallel)
+    check_expert_pins(parallel, request.expert_parallel, request.expert_tensor_parallel)
     degrees, skipped = _degrees(request, tensor)
     rejected = [Rejected(0, 0, why, tensor_parallel=t) for t, why in skipped]
-    candidates: list[Split] = []
-    for t in degrees:
-        prof = profile if t == 1 else tensor.price(t)  # type: ignore[union-attr]
-        for S in [request.stages] if request.stages else divisors(G // t):
-            if (G // t) % S:
-                rejected.append(
-                    Rejected(S, 0, f"{S} stages do not divide {G // t} = {G} devices / t={t}", tensor_parallel=t)
-                )
-                continue
-            found, why = _splits(prof, ctx, t, S, G // (t * S))
-            candidates += found
-            if why:
-                rejected.append(Rejected(S, G // (t * S), why, tensor_parallel=t))
+    candidates = _candidates(profile, ctx, degrees, tensor, parallel, rejected)
     candidates.sort(key=Split.key)
     options: list[ParallelOption] = []
     pruned = 0
@@ -125,7 +138,7 @@ def plan_parallel(
         if c.bound * (1 - 1e-9) >= target:
             pruned += 1
             continue
-        beat = min([target] + [o.step_time_s for o in options if _key(o) == (c.t, c.S)])
+        beat = min([target] + [o.step_time_s for o in options if _key(o) == _split_key(c)])
         found_options = split_options(c, ctx, rejected, beat)
         pruned += found_options is None
         options.extend(found_options or [])
@@ -133,8 +146,8 @@ def plan_parallel(
         raise _no_layout(request, rejected)
     options = _simplest(options)
     best = options[0]
-    if (*_split_of(best), best.sharding) in ctx.partial:  # again, alone and in full, for the plan's runners-up
-        searched = next(c for c in candidates if (c.t, c.S, c.D) == _split_of(best) and best.sharding in c.options)
+    if (_split_of(best), best.sharding) in ctx.partial:  # again, alone and in full, for the plan's runners-up
+        searched = next(c for c in candidates if c.name == _split_of(best) and best.sharding in c.options)
         alone = replace(searched, options=(best.sharding,))
         again = [o for o in split_options(alone, ctx, [], math.inf) or [] if o.layout == best.layout]
         options = _simplest([o for o in options if o is not best] + again)
@@ -144,6 +157,109 @@ def plan_parallel(
     flops = model_flops(profile, best.plan)
     best = replace(best, plan=replace(best.plan, parallel_note=note, model_flops=flops[0], hardware_flops=flops[1]))
     return ParallelPlan(best, runner_up, tuple(rejected), pruned)
+
+
+def _candidates(
+    profile: Profile,
+    ctx: Context,
+    degrees: list[int],
+    tensor: TensorOptions | None,
+    parallel: ParallelOptions | None,
+    rejected: list[Rejected],
+) -> list[Split]:
+    """The queue: every (t, cp, S, D, ep, etp) split whose state can fit, each layout priced once;
+    the splits with no plan told in ``rejected``."""
+    request, G = ctx.request, ctx.request.cluster.devices
+    out: list[Split] = []
+    for t in degrees:
+        cps, _ = context_degrees(parallel, G, t, request.context_parallel)  # the skipped ones: not said per plan
+        for cp in cps:
+            width = G // (t * cp)
+            for S in [request.stages] if request.stages else divisors(width):
+                if width % S:
+                    by = f"t={t}" if cp == 1 else f"(t={t} x cp={cp})"
+                    rejected.append(Rejected(S, 0, f"{S} stages do not divide {width} = {G} devices / {by}", None, t))
+                    continue
+                D = width // S
+                pinned = (request.expert_parallel, request.expert_tensor_parallel)
+                experts = expert_degrees(parallel, t, cp, t * cp * D, pinned)
+                if not experts:
+                    rejected.append(Rejected(S, D, _expert_reason(parallel, t, cp, t * cp * D, pinned), None, t))
+                priced = []
+                for ep, etp in experts:
+                    lay = Degrees(t, cp, ep, etp)
+                    if parallel is not None and (parallel.experts is not None or lay != Degrees(t)):
+                        priced.append((lay, parallel.price(lay)))
+                    else:
+                        priced.append((lay, profile if t == 1 else tensor.price(t)))  # type: ignore[union-attr]
+                out += _expert_splits(priced, ctx, parallel, S, D, rejected)
+    return out
+
+
+def _expert_splits(
+    priced: list[tuple[Degrees, Profile]],
+    ctx: Context,
+    parallel: ParallelOptions | None,
+    S: int,
+    D: int,
+    rejected: list[Rejected],
+) -> list[Split]:
+    """The queue items of one (t, cp, S, D) with each priced (ep, etp), open and, where the target
+    hides it, with the all-to-all hidden; those another ep dominates left out (``dominated``)."""
+    sizes = _sizes(ctx.request, D)
+    opened: list[Split] = []
+    hidden: list[Split] = []
+    for lay, prof in priced:
+        found, why = _splits(prof, ctx, lay, S, D)
+        if why:
+            rejected.append(Rejected(S, D, why, tensor_parallel=lay.t))
+        opened += found
+        hidden += _hiding(found, ctx, parallel)
+    if len(priced) < 2:
+        return opened + hidden
+    out = []
+    for group in (opened, hidden):
+        pairs = [(c.degrees, c.hidden or c.profile) for c in group]
+        out += [c for i, c in enumerate(group) if i not in dominated(pairs, sizes)]
+    return out
+
+
+def _sizes(request: ParallelRequest, D: int) -> list[float]:
+    """The micro-batch sizes a replica's share of ``request``'s batch can be split into."""
+    U = request.global_batch // D
+    m = request.choices.micro_batches
+    return [U / m] if m else [U / k for k in divisors(U) if k <= MAX_MICRO_BATCHES]
+
+
+def _expert_reason(
+    parallel: ParallelOptions | None, t: int, cp: int, stage: int, pinned: tuple[int | None, int | None]
+) -> str:
+    """Why no (ep, etp) applies to a stage of ``stage`` devices (the pinned ones' reason)."""
+    ep, etp = pinned[0] or 1, pinned[1] or 1
+    if parallel is None:
+        return "--expert-parallel needs an analytic plan of a model with routed experts"
+    why = layout_reason(parallel, Degrees(t, cp, ep, etp), stage)
+    return f"--expert-parallel {ep} x --expert-tensor-parallel {etp}: {why or 'no degree applies'}"
+
+
+def _hiding(found: list[Split], ctx: Context, parallel: ParallelOptions | None) -> list[Split]:
+    """``found``'s split again with the expert all-to-all hidden, where the target hides it."""
+    if parallel is None or not found or found[0].degrees.ep * found[0].degrees.etp == 1:
+        return []
+    c = found[0]
+    choices = hiding_choices(ctx.request.choices, c.S)
+    if choices is None:
+        return []
+    key = (id(c.profile), "hidden", 0, 0)  # one hidden profile per priced one, kept with it
+    if key not in ctx.states or ctx.states[key][0] is not c.profile:
+        lay = c.degrees
+        hidden = hidden_profile(c.profile, lambda u: parallel.alltoall(lay, u))
+        ctx.states[key] = (c.profile, hidden or c.profile, 0.0)
+    kept, hidden, _ = ctx.states[key]
+    if hidden is kept:
+        return []
+    bound = min(_bound(hidden, ctx, c.t, c.S, c.D, o, c.lays(ctx)) for o in c.options)
+    return [replace(c, bound=bound, estimate=c.estimate - c.bound + bound, hidden=hidden, hidden_choices=choices)]
 
 
 def _degrees(request: ParallelRequest, tensor: TensorOptions | None) -> tuple[list[int], list[tuple[int, str]]]:
@@ -177,19 +293,20 @@ def _cannot(profile: Profile, request: ParallelRequest, S: int, D: int) -> str |
     return None
 
 
-def _splits(profile: Profile, ctx: Context, t: int, S: int, D: int) -> tuple[list[Split], str]:
-    """The queue item of (t, S, D), its shardings whose state can fit, searched together; or why
-    there is none."""
+def _splits(profile: Profile, ctx: Context, deg: Degrees, S: int, D: int) -> tuple[list[Split], str]:
+    """The queue item of (t, cp, S, D, ep, etp), its shardings whose state can fit, searched
+    together; or why there is none."""
     request = ctx.request
     why = _cannot(profile, request, S, D)
     if why is not None:
         return [], why
     pinned = Sharding.ZERO1 if request.shard_optimizer and request.sharding is None else request.sharding
     options, why = shard_options(request.choices.target, S, D, pinned, request.shard_group)
-    lays = layouts(S, D, request.cluster, t)
+    t = deg.t
+    lays = layouts(S, D, request.cluster, t, deg.cp)
     fitting = []
     for option in options:
-        need = static_bound(profile, request, S, lays, option)
+        need = static_bound(profile, request, S, lays, option, deg, ctx)
         if need <= request.memory_limit:
             fitting.append(option)
         elif need < math.inf and (not why or option.kind == Sharding.ZERO3):
@@ -200,8 +317,9 @@ def _splits(profile: Profile, ctx: Context, t: int, S: int, D: int) -> tuple[lis
     if not fitting:
         return [], why
     bound = min(_bound(profile, ctx, t, S, D, o, lays) for o in fitting)
-    least = min(fitting, key=lambda o: static_bound(profile, request, S, lays, o))
-    return [Split(_estimate(profile, request, S, D, bound, lays, least), bound, t, S, D, tuple(fitting), profile)], ""
+    least = min(fitting, key=lambda o: static_bound(profile, request, S, lays, o, deg, ctx))
+    estimate = _estimate(profile, ctx, S, D, bound, lays, least, deg)
+    return [Split(estimate, bound, t, S, D, tuple(fitting), profile, deg)], ""
 
 
 def _bound(profile: Profile, ctx: Context, t: int, S: int, D: int, o: ShardOption, lays: Sequence[Layout]) -> float:
@@ -217,17 +335,37 @@ def _bound(profile: Profile, ctx: Context, t: int, S: int, D: int, o: ShardOptio
     return work + min(least_step_comm(profile, S, o.kind, g, ctx.overlap) for g in groups)
 
 
-def _key(option: ParallelOption) -> tuple[int, int]:
-    return option.layout.tensor_parallel, option.layout.stages
-
-
-def _split_of(option: ParallelOption) -> tuple[int, int, int]:
-    return option.layout.tensor_parallel, option.layout.stages, option.layout.data_parallel
-
-
-def _order(option: ParallelOption) -> tuple[float, int, int, str, tuple[int, bool]]:
+def _degrees_of(option: ParallelOption) -> Degrees:
     lay = option.layout
-    return option.step_time_s, lay.tensor_parallel, lay.stages, lay.placement, option.sharding.rank()
+    return Degrees(lay.tensor_parallel, lay.context_parallel, lay.expert_parallel, lay.expert_tensor_parallel)
+
+
+def _key(option: ParallelOption) -> tuple[Degrees, int]:
+    """What a runner-up differs in: the degrees or the pipeline depth."""
+    return _degrees_of(option), option.layout.stages
+
+
+def _split_key(c: Split) -> tuple[Degrees, int]:
+    return c.degrees, c.S
+
+
+def _split_of(option: ParallelOption) -> tuple[Degrees, int, int, bool]:
+    """The :attr:`Split.name` of the split ``option`` came from."""
+    return _degrees_of(option), option.layout.stages, option.layout.data_parallel, option.plan.overlap.expert_comm
+
+
+def _order(option: ParallelOption) -> tuple[float, int, int, int, int, int, str, tuple[int, bool]]:
+    lay = option.layout
+    return (
+        option.step_time_s,
+        lay.tensor_parallel,
+        lay.context_parallel,
+        lay.expert_parallel,
+        lay.expert_tensor_parallel,
+        lay.stages,
+        lay.placement,
+        option.sharding.rank(),
+    )
 
 
 def _simplest(options: list[ParallelOption]) -> list[ParallelOption]:
@@ -242,7 +380,7 @@ def _simplest(options: list[ParallelOption]) -> list[ParallelOption]:
 
 
 def _runner_up_step(options: list[ParallelOption]) -> float:
-    """The step of the best plan of another (t, S) than the best's so far (inf: none yet): a
+    """The step of the best plan of another (t, cp, ep, etp, S) than the best's so far (inf: none yet): a
     split that cannot beat it can be neither the best nor the runner-up."""
     ranked = sorted(options, key=_order)
     second = next((o for o in ranked if _key(o) != _key(ranked[0])), None)
@@ -250,17 +388,25 @@ def _runner_up_step(options: list[ParallelOption]) -> float:
 
 
 def _estimate(
-    profile: Profile, request: ParallelRequest, S: int, D: int, bound: float, lays: Sequence[Layout], o: ShardOption
+    profile: Profile,
+    ctx: Context,
+    S: int,
+    D: int,
+    bound: float,
+    lays: Sequence[Layout],
+    o: ShardOption,
+    deg: Degrees,
 ) -> float:
     """Where to open (t, S, D) in the search (order only, never to skip): its ``bound``, plus
     the forward of every micro-batch again (whole recomputation) when the static bound and
     1F1B's in-flight activations of the smallest micro-batch, min(m, S) of them on a stage,
     exceed the memory limit."""
+    request = ctx.request
     U = request.global_batch // D
     m = request.choices.micro_batches or min(U, MAX_MICRO_BATCHES)
     u = U / m
     saved = sum(b.saved_bytes(u) for b in profile.blocks) / S * min(m, S)
-    if static_bound(profile, request, S, lays, o) + saved <= request.memory_limit:
+    if static_bound(profile, request, S, lays, o, deg, ctx) + saved <= request.memory_limit:
         return bound
     return bound + m * sum(b.forward_s(u) for b in profile.blocks) / S
 

@@ -1,6 +1,8 @@
 """Where the ranks of t x S x D go on a cluster's nodes, and what their links cost.
 
-Ranks are placed tensor-parallel innermost (t consecutive devices of a node), then one of two
+Ranks are placed tensor-parallel innermost (t consecutive devices of a node; with context
+parallelism, Megatron-Core's order, the t cp ranks of a (tensor, context) group, which take the
+place of t below, and cross nodes together when wider than one), then one of two
 ways over a node's n / t remaining slots (``layouts``; the search keeps whichever gives the
 shorter step):
 
@@ -45,7 +47,7 @@ Within a shard group of one node the collectives take NVLink, across nodes the n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autopipe.costs.devices import DeviceSpec
 from autopipe.modes import Sharding
@@ -99,6 +101,9 @@ class Layout:
     p2p_latency_s: float = 10e-6
     allreduce_latency_s: float = 10e-6
     node_replicas: int = 1  # a stage's replicas on one node, consecutive in its data-parallel group
+    context_parallel: int = 1  # cp: ranks splitting each sample's sequence, beside the t ones
+    expert_parallel: int = 1  # ep: ranks sharing each MoE layer's routed experts
+    expert_tensor_parallel: int = 1  # etp: ranks splitting each routed expert
 
 
 def ring_allreduce_s(nbytes: float, group: int, bandwidth: float, latency_s: float = 0.0) -> float:
@@ -189,8 +194,28 @@ def micro_comm(kind: Sharding, group: DataGroup, nbytes: float) -> tuple[float, 
     return gather, reduce
 
 
-def layouts(stages: int, data_parallel: int, cluster: Cluster, tensor_parallel: int = 1) -> list[Layout]:
-    """The distinct ways to place t x S x D ranks on the cluster's nodes (see the module docstring)."""
+def layouts(
+    stages: int, data_parallel: int, cluster: Cluster, tensor_parallel: int = 1, context_parallel: int = 1
+) -> list[Layout]:
+    """The distinct ways to place t x cp x S x D ranks on the cluster's nodes (see the module
+    docstring): the t cp ranks of a (tensor, context) group are consecutive, a hop moving at t cp
+    links' bandwidth; a group wider than a node puts every hop and all-reduce on the network."""
+    width = tensor_parallel * context_parallel
+    if width > cluster.devices_per_node:
+        net, nlat = cluster.network_bandwidth, cluster.net_latency_s
+        S, D = stages, data_parallel
+        where = "context-parallel across nodes"
+        one = Layout(S, D, where, net * width, net, tensor_parallel, nlat, nlat, 1, context_parallel)
+        return [one]
+    if context_parallel == 1:
+        return _layouts(stages, data_parallel, cluster, tensor_parallel)
+    return [
+        replace(lay, tensor_parallel=tensor_parallel, context_parallel=context_parallel)
+        for lay in _layouts(stages, data_parallel, cluster, width)
+    ]
+
+
+def _layouts(stages: int, data_parallel: int, cluster: Cluster, tensor_parallel: int) -> list[Layout]:
     t = tensor_parallel
     n, nv, net = cluster.devices_per_node // t, cluster.nvlink_bandwidth, cluster.network_bandwidth
     lat, nlat = cluster.link_latency_s, cluster.net_latency_s

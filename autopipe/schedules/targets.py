@@ -57,6 +57,9 @@ class Target:
     # It runs the memory-bound ops between two GEMMs as one fused kernel (costs/fusion.py prices them so):
     # Megatron-LM's fused norms, bias-activations, bias-dropout-add, rotary embedding, softmax and cross entropy.
     fused_kernels: bool = False
+    # The schedules with which it runs each MoE layer's all-to-all beside another micro-batch's
+    # computation (DualPipeV's pairs; Megatron-Core's --overlap-moe-expert-parallel-comm, interleaved)
+    hides_expert_comm: tuple[str, ...] = ()
 
     def recomputes(self, kinds: Sequence[str]) -> bool:
         """Whether it recomputes the module kinds ``kinds`` in every layer (selective recomputation)."""
@@ -132,6 +135,7 @@ def _targets() -> tuple[Target, ...]:
             recompute_modules=(*selective, "mlp_act"),
             offload_modules=offload,
             block_layers=True,
+            hides_expert_comm=("dualpipe-v",),
         ),
         Target(
             "megatron",
@@ -145,6 +149,7 @@ def _targets() -> tuple[Target, ...]:
             offload_modules=offload,
             block_layers=True,
             fused_kernels=True,  # megatron/core/fusions/ and Transformer Engine's fused modules
+            hides_expert_comm=("interleaved-1f1b",),
         ),
         Target(
             "torchtitan",
@@ -155,6 +160,7 @@ def _targets() -> tuple[Target, ...]:
             shardings=fsdp,
             shardings_alone=alone,
             overlaps=overlapping,
+            hides_expert_comm=("dualpipe-v",),
         ),
         # to_torch_pipelining builds torch's stages as traced: no activation checkpointing
         Target(

@@ -439,8 +439,8 @@ def test_coarse_blocks_count_the_models_layers_not_the_names(coarse_plan: Path) 
 
     plan = Plan.load(coarse_plan)
     assert plan.stages[-1].blocks[-1] == "blocks.21..lm_head"
-    assert [c.layers for c in model_parts(plan).chunks] == [3, 4, 10, 5]  # by the names: 22 layers
-    assert [c.layers for c in model_parts(plan, 24).chunks] == [3, 4, 10, 7]  # the merged block takes 21-23
+    assert [c.layers for c in model_parts(plan).chunks] == [11, 6, 2, 3]  # by the names: 22 layers
+    assert [c.layers for c in model_parts(plan, 24).chunks] == [11, 6, 2, 5]  # the merged block takes 21-23
     text = megatron_config(plan, base=coarse_plan.parent)
     assert _arguments(text) == [
         "--tensor-model-parallel-size 1",
@@ -456,16 +456,16 @@ def test_coarse_blocks_count_the_models_layers_not_the_names(coarse_plan: Path) 
         "--normalization LayerNorm",
         "--position-embedding-type learned_absolute",
         "--bf16",  # the plan is counted in bf16 (its profile device says "(analytic, bf16)")
-        "--pipeline-model-parallel-layout 'Ettt|tttt|t*10|t*7L'",
+        "--pipeline-model-parallel-layout 'Et*11|t*6|tt|t*5L'",
         "--recompute-granularity full",
         "--recompute-method uniform",
-        "--recompute-num-layers 10",
+        "--recompute-num-layers 11",
     ]
-    assert megatron_rules(text, 4, model=True) == [3, 4, 10, 7]
-    assert recompute_pieces(text, [3, 4, 10, 7]) == [[3], [4], [10], [7]]  # each stage one piece, as priced
+    assert megatron_rules(text, 4, model=True) == [11, 6, 2, 5]
+    assert recompute_pieces(text, [11, 6, 2, 5]) == [[11], [6], [2], [5]]  # each stage one piece, as priced
     assert (
-        "# recompute: each stage (3, 4, 10, 7 layers) is recomputed as one piece, as the plan prices it: "
-        "Megatron's uniform groups of 10 end at the stage's last layer\n"
+        "# recompute: each stage (11, 6, 2, 5 layers) is recomputed as one piece, as the plan prices it: "
+        "Megatron's uniform groups of 11 end at the stage's last layer\n"
     ) in text
     assert "# vocabulary 512: Megatron takes it from the tokenizer (--tokenizer-type NullTokenizer" in text
     assert "not read from the model" not in text

@@ -5,6 +5,7 @@ a plan of the tiny MoE through ``autopipe.api.megatron_config`` and the torchtit
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 import tomllib
@@ -125,3 +126,17 @@ def test_a_plan_of_the_tiny_moe_as_torchtitan_toml(moe_plan: object) -> None:
     assert (parallelism["context_parallel_degree"], parallelism["expert_parallel_degree"]) == (2, 8)
     plain = dataclasses.replace(moe_plan, context_parallel=1, expert_parallel=1)  # type: ignore[type-var]
     assert "expert_parallel_degree" not in torchtitan_toml(plain)  # degree 1: written as before
+
+
+def test_a_plan_that_hides_the_expert_all_to_all_says_so_to_both_frameworks(moe_plan: object) -> None:
+    from autopipe.api import megatron_config
+
+    plan: Any = moe_plan
+    hidden = dataclasses.replace(plan, overlap=dataclasses.replace(plan.overlap, expert_comm=True))
+    assert "--overlap-moe-expert-parallel-comm" in megatron_config(hidden).split()
+    assert "--overlap-moe-expert-parallel-comm" not in megatron_config(plan).split()
+    dualpipe = dataclasses.replace(hidden, schedule="dualpipe-v")
+    assert "pipeline_parallel_expert_parallel_overlap" not in torchtitan_toml(dualpipe)  # torchtitan's default: on
+    assert "pipeline_parallel_expert_parallel_overlap = false" in torchtitan_toml(
+        dataclasses.replace(dualpipe, overlap=plan.overlap)
+    )

@@ -321,7 +321,9 @@ V_SEARCHED = ("v-half", "v-min", "dualpipe-v")
 def test_the_search_covers_the_v_schedules_above_the_enumeration_limit(gib: float) -> None:
     """v-half, v-min and dualpipe-v are searched like the others on a model too large to
     enumerate (64 blocks on 8 devices): the unpinned plan is never slower than any of them
-    pinned, nor than pinned zb-v (here zb-v or dualpipe-v wins, as its pinned plan)."""
+    pinned, nor than pinned zb-v; where a V-shape wins, it is its pinned plan (at 1 GiB every stage
+    recomputes, so a zero-bubble schedule's B does the whole backward, as the executor runs it, and
+    1F1B may win instead)."""
     prof = random_profile(64, seed=3)
     req = _request(devices=8, batch_size=32, memory_limit=gib * 2**30)
     plan = plan_pipeline(prof, req)
@@ -330,7 +332,9 @@ def test_the_search_covers_the_v_schedules_above_the_enumeration_limit(gib: floa
         for name in (*V_SEARCHED, "zb-v")
     }
     assert plan.iteration_time_s <= min(pinned.values()) * (1 + 1e-12), (plan.schedule, plan.iteration_time_s, pinned)
-    assert plan.schedule in ("zb-v", "dualpipe-v") and plan.iteration_time_s == pinned[plan.schedule]
+    assert plan.schedule not in pinned or plan.iteration_time_s == pinned[plan.schedule]
+    if gib == 3.0:  # room to keep activations: the V-shapes' bubble wins
+        assert plan.schedule in ("zb-v", "dualpipe-v")
 
 
 @pytest.mark.slow

@@ -10,9 +10,10 @@ data-parallel search, :mod:`autopipe.planner.parallel`), as ``autopipe plan MODE
     plan.tensor_parallel, plan.devices, plan.data_parallel, plan.sharding   # t, p, d, ZeRO
 
 Its modules: :mod:`.degrees` (the pinned degrees, the cluster's fields, tensor parallelism per
-degree), :mod:`.sharding` (the shardings a target runs, and what each does to a search's memory
-and blocks), :mod:`.values` (the search's request and result), :mod:`.split` (one split searched
-with its shardings).
+degree), :mod:`.experts` (context and expert parallelism: the degrees searched, the experts'
+state over their own group, the all-to-all hidden), :mod:`.sharding` (the shardings a target
+runs, and what each does to a search's memory and blocks), :mod:`.values` (the search's request
+and result), :mod:`.split` (one split searched with its shardings).
 
 A sharding (``planner.placement``'s formulas) changes a pipeline search in three ways: the state
 each device keeps per parameter (the search's ``state_factor``), what a block gathers or reduces

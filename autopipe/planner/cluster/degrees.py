@@ -64,20 +64,26 @@ def tensor_options(
     return TensorOptions(shape, price, sequence_parallel)
 
 
-def check_degrees(gpus: int, pinned: Sequence[tuple[str, int | None]], gpus_name: str = "gpus") -> None:
-    """The pinned degrees (``(name, value or None)``: t, S, D) must multiply into a divisor of
-    ``gpus`` (into ``gpus`` itself when all three are pinned); PlanError naming them as given
-    (keywords here, flags on the command line)."""
-    for name, value in [(gpus_name, gpus), *pinned]:
+def check_degrees(
+    gpus: int,
+    pinned: Sequence[tuple[str, int | None]],
+    gpus_name: str = "gpus",
+    others: Sequence[tuple[str, int | None]] = (),
+) -> None:
+    """The pinned degrees (``(name, value or None)``: t, S, D, then optionally cp) must multiply
+    into a divisor of ``gpus`` (into ``gpus`` itself when t, S and D are all pinned); ``others``
+    (ep, etp: they fold into the same devices) must be whole numbers >= 1; PlanError naming them
+    as given (keywords here, flags on the command line)."""
+    for name, value in [(gpus_name, gpus), *pinned, *others]:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise PlanError(f"{name} must be a whole number >= 1, not {value!r}")
     given = [(name, v) for name, v in pinned if v is not None]
+    whole = all(v is not None for _, v in pinned[:3])
     product = math.prod(v for _, v in given)
-    if gpus % product or (len(given) == 3 and product != gpus):
+    if gpus % product or (whole and product != gpus):
         said = " x ".join(f"{name} {v}" for name, v in given) + (f" = {product}" if len(given) > 1 else "")
         raise PlanError(
-            f"{said} does not {'equal' if len(given) == 3 else 'divide'} {gpus_name} {gpus}; "
-            "pin degrees whose product divides it"
+            f"{said} does not {'equal' if whole else 'divide'} {gpus_name} {gpus}; pin degrees whose product divides it"
         )
 
 

@@ -12,22 +12,24 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
+from autopipe.costs.options import Layout as Degrees
+from autopipe.costs.options import expert_gradient_group
 from autopipe.costs.profile import Profile
 from autopipe.errors import InfeasibleError, PlanError
 from autopipe.modes import Sharding
 from autopipe.planner.assemble import plan_comm, plan_costs
+from autopipe.planner.cluster.experts import state_profile
 from autopipe.planner.cluster.sharding import (
     ShardOption,
     element_bytes,
     group_of,
     least_step_comm,
     sharded_profile,
-    state_factor,
     transient,
 )
-from autopipe.planner.cluster.values import Context, ParallelOption, ParallelRequest, Rejected, Split
+from autopipe.planner.cluster.values import ONE, Context, ParallelOption, ParallelRequest, Rejected, Split
 from autopipe.planner.noise import robust_plan
-from autopipe.planner.placement import DataGroup, Layout, layouts, step_comm
+from autopipe.planner.placement import DataGroup, Layout, step_comm
 from autopipe.planner.pricing import Schedules
 from autopipe.planner.request import divisors, validate
 from autopipe.planner.search import PlanRequest, Progress, plan_search
@@ -55,17 +57,19 @@ def split_options(c: Split, ctx: Context, rejected: list[Rejected], beat: float)
     searched where its bound, or the pipeline of one that keeps less with the least its own
     collectives add, cannot beat the best so far; nor, in the free search of a pipeline, one that
     gathers or reduces per micro-batch where another fits with nothing recomputed (:func:`_needless`)."""
-    request, cluster = ctx.request, ctx.request.cluster
+    request = ctx.request
     out: list[ParallelOption] = []
     plans: dict[tuple[object, ...], Plan | None] = {}  # (link, blocks' times, state, gathered) -> plan
     failed: dict[ShardOption, Exception] = {}
     whole = False  # a sharding with the blocks' own times fits with nothing recomputed
-    for lay in layouts(c.S, c.D, cluster, c.t):
+    base = c.hidden or c.profile
+    for lay in c.lays(ctx):
+        lay = replace(lay, expert_parallel=c.degrees.ep, expert_tensor_parallel=c.degrees.etp)
         link = (lay.p2p_bandwidth, lay.p2p_latency_s)
-        for o, group, prof, factor, extra in _in_order(c, ctx, lay):
-            if o in failed or _needless(o, c, prof, request, whole):
+        for o, group, prof, factor, extra, own in _in_order(c, ctx, lay):
+            if o in failed or _needless(o, c, own, request, whole):
                 continue
-            timed = (link,) if prof is c.profile else (link, o.kind, group)
+            timed = (link,) if prof is base else (link, o.kind, group)
             key = (*timed, factor, extra)
             if key not in plans:
                 incumbent = min(beat, _best(out))
@@ -81,44 +85,63 @@ def split_options(c: Split, ctx: Context, rejected: list[Rejected], beat: float)
                         plans[key] = None  # or none faster than the step to beat
                         continue
                     if incumbent < math.inf:
-                        ctx.partial.add((c.t, c.S, c.D, o))
+                        ctx.partial.add((c.name, o))
                 elif plan is not None:
-                    ctx.partial.add((c.t, c.S, c.D, o))  # its runners-up are another search's
+                    ctx.partial.add((c.name, o))  # its runners-up are another search's
                 plans[key] = plan
             plan = plans[key]
             if plan is not None:
-                out.append(ParallelOption(lay, _priced(c.profile, plan, lay, o, group, extra, ctx), o))
-                whole = whole or (prof is c.profile and not any(s.recompute for s in plan.stages))
+                priced = _priced(c.profile, plan, lay, o, group, extra, ctx, c.hidden is not None)
+                out.append(ParallelOption(lay, priced, o))
+                whole = whole or (own and not any(s.recompute for s in plan.stages))
     if not out and beat == math.inf and failed:
-        lays = layouts(c.S, c.D, cluster, c.t)
-        error = failed[min(failed, key=lambda o: static_bound(c.profile, request, c.S, lays, o))]
+        lays = c.lays(ctx)
+        error = failed[min(failed, key=lambda o: static_bound(c.profile, request, c.S, lays, o, c.degrees, ctx))]
         need = error.min_memory_bytes if isinstance(error, InfeasibleError) else None
         rejected.append(Rejected(c.S, c.D, str(error), need, c.t))
     return out if out or beat == math.inf else None
 
 
-def _in_order(c: Split, ctx: Context, lay: Layout) -> list[tuple[ShardOption, DataGroup, Profile, float, float]]:
-    """``c``'s shardings that apply on ``lay``, with their group, blocks, state factor and gathered
-    bytes: those that keep the blocks' times first, then by state per parameter and gathered bytes."""
+def _in_order(c: Split, ctx: Context, lay: Layout) -> list[tuple[ShardOption, DataGroup, Profile, float, float, bool]]:
+    """``c``'s shardings that apply on ``lay``, with their group, blocks, state factor, gathered
+    bytes and whether the blocks keep their times (the experts' bytes may be weighted,
+    ``cluster.experts.state_profile``): those that keep them first, then by state per parameter
+    and gathered bytes."""
     request = ctx.request
+    base = c.hidden or c.profile
     out = []
     for o in c.options:
         group = group_of(o, lay, request.cluster)
         if group is None:
             continue
-        prof = sharded_profile(c.profile, o.kind, group, ctx.overlap)
-        factor = state_factor(c.profile, request.bytes_per_param, o.kind, group.shard)
-        out.append((o, group, prof, factor, transient(c.profile, o.kind)))
-    return sorted(out, key=lambda x: (x[2] is not c.profile, x[3], x[4]))
+        timed = sharded_profile(base, o.kind, group, ctx.overlap)
+        own = timed is base
+        keep = ctx if own else None  # the sharded blocks are new each time: not kept
+        prof, factor = _state(timed, c.degrees, c.D, o.kind, group.shard, request.bytes_per_param, keep)
+        out.append((o, group, prof, factor, transient(c.profile, o.kind), own))
+    return sorted(out, key=lambda x: (not x[5], x[3], x[4]))
 
 
-def _needless(o: ShardOption, c: Split, prof: Profile, request: ParallelRequest, whole: bool) -> bool:
+def _state(
+    profile: Profile, deg: Degrees, D: int, kind: Sharding, shards: int, bytes_per_param: float, ctx: Context | None
+) -> tuple[Profile, float]:
+    """``state_profile``, kept in ``ctx`` per profile, sharding and group sizes."""
+    if ctx is None:
+        return state_profile(profile, deg, D, kind, shards, bytes_per_param)
+    key = (id(profile), kind.value, shards * deg.cp, expert_gradient_group(deg, D))
+    hit = ctx.states.get(key)
+    if hit is None or hit[0] is not profile:
+        hit = ctx.states[key] = (profile, *state_profile(profile, deg, D, kind, shards, bytes_per_param))
+    return hit[1], hit[2]
+
+
+def _needless(o: ShardOption, c: Split, own: bool, request: ParallelRequest, whole: bool) -> bool:
     """Whether the free search leaves out ``o``, a sharding whose blocks gather or reduce each
     micro-batch (not hidden) on a pipeline, because one with the blocks' own times already fits with
     nothing recomputed (``whole``): the memory it frees is not worth a collective per block and
     micro-batch. (Pinned, or without a pipeline, it is searched.)"""
     pinned = request.sharding is not None or request.shard_optimizer
-    if pinned or prof is c.profile or c.S == 1:
+    if pinned or own or c.S == 1:
         return False
     return whole
 
@@ -171,32 +194,36 @@ def _search(
     bytes of state per parameter byte and ``extra`` bytes gathered on every device; InfeasibleError
     where none fits, or none whose step can beat ``incumbent`` (the collectives add at least ``least``)."""
     request = ctx.request
+    choices = c.hidden_choices or request.choices
     if work_bound(profile, ctx, c.S, c.D) + least >= incumbent * (1 + 1e-9):
         raise InfeasibleError("no plan faster than the step to beat")
     req = PlanRequest(
         devices=lay.stages,
         batch_size=request.global_batch // lay.data_parallel,
         memory_limit=request.memory_limit - extra,
-        micro_batches=request.choices.micro_batches,
-        schedule=request.choices.schedule,
-        virtual=request.choices.virtual,
-        recompute=request.choices.recompute,
-        target=request.choices.target,
+        micro_batches=choices.micro_batches,
+        schedule=choices.schedule,
+        virtual=choices.virtual,
+        recompute=choices.recompute,
+        target=choices.target,
         link_bandwidth=lay.p2p_bandwidth,
         link_latency_s=lay.p2p_latency_s,
         state_factor=factor,
         alternatives=request.alternatives,
         action_overhead_s=request.action_overhead_s,
         blocking_sends=ctx.blocking,
-        recompute_modules=request.choices.recompute_modules,
-        recompute_layers=request.choices.recompute_layers,
-        offload_modules=request.choices.offload_modules,
+        recompute_modules=choices.recompute_modules,
+        recompute_layers=choices.recompute_layers,
+        offload_modules=choices.offload_modules,
         host_bandwidth=request.host_bandwidth,
     )
     if req.memory_limit <= 0:
         raise InfeasibleError(f"the gathered weights and gradients alone take {format_bytes(extra)} per device")
     progress = ctx.progress
-    told = None if progress is None else _labelled(progress, f"t={c.t} x S={c.S} x D={c.D}: ")
+    d = c.degrees
+    said = f"t={c.t}{f' x cp={d.cp}' if d.cp > 1 else ''} x S={c.S} x D={c.D}"
+    said += f" x ep={d.ep}{f' x etp={d.etp}' if d.etp > 1 else ''}" if d.ep * d.etp > 1 else ""
+    told = None if progress is None else _labelled(progress, f"{said}: ")
     validate(profile, req)
     return robust_plan(profile, req, plan_search(profile, req, told, incumbent - least, ctx.cuts))
 
@@ -206,7 +233,14 @@ def _labelled(progress: Progress, label: str) -> Progress:
 
 
 def _priced(
-    profile: Profile, plan: Plan, lay: Layout, o: ShardOption, group: DataGroup, extra: float, ctx: Context
+    profile: Profile,
+    plan: Plan,
+    lay: Layout,
+    o: ShardOption,
+    group: DataGroup,
+    extra: float,
+    ctx: Context,
+    hidden: bool = False,
 ) -> Plan:
     """``plan`` as one of D replicas: the gathered state back in its memory, the once-a-step
     collectives in its step, the sharding and overlaps it was priced with."""
@@ -214,7 +248,7 @@ def _priced(
     sharded = o.kind if D > 1 else Sharding.NONE
     plan = replace(
         with_transient(plan, extra, request.memory_limit),
-        overlap=replace(ctx.overlap, p2p=plan.schedule not in ctx.blocking),
+        overlap=replace(ctx.overlap, p2p=plan.schedule not in ctx.blocking, expert_comm=hidden),
     )
     exposed, whole = data_parallel_s(plan, sharded, group, element_bytes(profile), ctx.overlap, ctx.schedules)
     step = plan.iteration_time_s + exposed
@@ -230,6 +264,9 @@ def _priced(
         shard_optimizer=sharded != Sharding.NONE,
         sharding=sharded,
         shard_group=group.shard if group.shard < D else 0,
+        context_parallel=lay.context_parallel,
+        expert_parallel=lay.expert_parallel,
+        expert_tensor_parallel=lay.expert_tensor_parallel,
     )
 
 
@@ -237,13 +274,23 @@ def most_shards(option: ShardOption, lays: Sequence[Layout]) -> int:
     return max((n for lay in lays if (n := option.shards(lay)) is not None), default=0)
 
 
-def static_bound(profile: Profile, request: ParallelRequest, S: int, lays: Sequence[Layout], o: ShardOption) -> float:
-    """Bytes some device of an S-stage pipeline holds at least under ``o``, before any activation."""
+def static_bound(
+    profile: Profile,
+    request: ParallelRequest,
+    S: int,
+    lays: Sequence[Layout],
+    o: ShardOption,
+    deg: Degrees = ONE,
+    ctx: Context | None = None,
+) -> float:
+    """Bytes some device of an S-stage pipeline holds at least under ``o``, before any activation
+    (the routed experts' state over their own group: ``cluster.experts.state_profile``)."""
     shards = most_shards(o, lays)
     if not shards:
         return math.inf
-    factor = state_factor(profile, request.bytes_per_param, o.kind, shards)
-    per_block = [(b.param_bytes + b.shared_param_bytes) * factor for b in profile.blocks]
+    D = lays[0].data_parallel
+    state, factor = _state(profile, deg, D, o.kind, shards, request.bytes_per_param, ctx)
+    per_block = [(b.param_bytes + b.shared_param_bytes) * factor for b in state.blocks]
     return max(sum(per_block) / S, max(per_block, default=0.0)) + transient(profile, o.kind)
 
 

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autopipe.costs.options import Layout as Degrees
 from autopipe.costs.profile import Profile
 from autopipe.modes import Sharding
 from autopipe.planner.cluster.sharding import NO_SHARDING, ShardOption
-from autopipe.planner.placement import Cluster, Layout
+from autopipe.planner.placement import Cluster, Layout, layouts
 from autopipe.planner.pricing import Schedules
 from autopipe.planner.request import NO_CHOICES, Choices
 from autopipe.planner.search import Progress, SharedCuts
 from autopipe.plans import Overlap, Plan
 
-__all__ = ["Context", "ParallelOption", "ParallelPlan", "ParallelRequest", "Rejected", "Split"]
+__all__ = ["ONE", "Context", "ParallelOption", "ParallelPlan", "ParallelRequest", "Rejected", "Split"]
+
+ONE = Degrees()  # degree 1 everywhere
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,9 @@ class ParallelRequest:
     shard_group: int | None = None  # pin the replicas it is split over (hybrid; None: all, or searched)
     overlap: Overlap | None = None  # what the time model overlaps (None: the target's, cluster.target_overlap)
     host_bandwidth: float = 0.0  # bytes/s to the host per device (activation offload; PlanRequest's)
+    context_parallel: int | None = None  # pin cp
+    expert_parallel: int | None = None  # pin ep
+    expert_tensor_parallel: int | None = None  # pin etp (None: 1)
 
 
 @dataclass(frozen=True)
@@ -56,8 +62,13 @@ class ParallelOption:
         lay, p = self.layout, self.plan
         shards = f" over {p.shard_group}" if p.shard_group else ""
         state = f", {p.sharding}{shards}" if p.data_parallel > 1 else ""
+        cp = f" x cp={lay.context_parallel}" if lay.context_parallel > 1 else ""
+        etp = f" x etp={lay.expert_tensor_parallel}" if lay.expert_tensor_parallel > 1 else ""
+        ep = f", ep={lay.expert_parallel}{etp}" if lay.expert_parallel * lay.expert_tensor_parallel > 1 else ""
+        hidden = ", all-to-all hidden" if p.overlap.expert_comm else ""
         return (
-            f"t={lay.tensor_parallel} x S={lay.stages} x D={lay.data_parallel} ({lay.placement}{state}): "
+            f"t={lay.tensor_parallel}{cp} x S={lay.stages} x D={lay.data_parallel}{ep} "
+            f"({lay.placement}{state}{hidden}): "
             f"{p.schedule}, m={p.micro_batches}, "
             f"step {_seconds(p.step_time_s)} (pipeline {_seconds(p.iteration_time_s)} "
             f"+ data-parallel {_seconds(p.allreduce_s)})"
@@ -80,8 +91,8 @@ class Rejected:
 @dataclass(frozen=True)
 class ParallelPlan:
     best: ParallelOption
-    runner_up: ParallelOption | None  # the best with another (t, S)
-    rejected: tuple[Rejected, ...]  # the (t, S, D) with no plan, and why
+    runner_up: ParallelOption | None  # the best with another (t, cp, ep, etp, S)
+    rejected: tuple[Rejected, ...]  # the (t, cp, S, D, ep) with no plan, and why
     pruned: int = 0  # (t, S, D) shardings skipped because their bound could not beat the runner-up
 
     @property
@@ -91,7 +102,7 @@ class ParallelPlan:
 
 @dataclass(frozen=True)
 class Split:
-    """A (t, S, D) with shardings to search together, and where it stands in the queue."""
+    """A (t, cp, S, D, ep, etp) with shardings to search together, and where it stands in the queue."""
 
     estimate: float
     bound: float
@@ -99,10 +110,23 @@ class Split:
     S: int
     D: int
     options: tuple[ShardOption, ...]
-    profile: Profile  # one device's at degree t
+    profile: Profile  # one device's at its degrees
+    degrees: Degrees = ONE  # t, cp, ep, etp (t as above)
+    hidden: Profile | None = None  # the profile with the expert all-to-all hidden, where the target can
+    hidden_choices: Choices | None = None  # the choices that hide it (the schedule, no full recomputation)
 
-    def key(self) -> tuple[float, float, int, int, int]:
-        return self.estimate, self.bound, self.t, self.S, self.D
+    def key(self) -> tuple[float, float, int, int, int, int, int, int, bool]:
+        d = self.degrees
+        return self.estimate, self.bound, self.t, d.cp, self.S, self.D, d.ep, d.etp, self.hidden is not None
+
+    def lays(self, ctx: Context) -> list[Layout]:
+        """The ways its ranks can be placed on the cluster (``placement.layouts``)."""
+        return layouts(self.S, self.D, ctx.request.cluster, self.t, self.degrees.cp)
+
+    @property
+    def name(self) -> tuple[Degrees, int, int, bool]:
+        """What identifies it among the splits: degrees, S, D, and whether the all-to-all is hidden."""
+        return self.degrees, self.S, self.D, self.hidden is not None
 
 
 @dataclass(frozen=True)
@@ -115,6 +139,11 @@ class Context:
     sequence_parallel: bool
     schedules: Schedules
     progress: Progress | None
-    partial: set[tuple[int, int, int, ShardOption]]  # (t, S, D, sharding) searched with a time to beat
+    partial: set[
+        tuple[tuple[Degrees, int, int, bool], ShardOption]
+    ]  # (Split.name, sharding) searched with a time to beat
     cuts: SharedCuts  # the pipeline searches' unlimited cuts, per profile and link
     bounds: dict[tuple[int, int, int], tuple[Profile, float]] = field(default_factory=dict)  # work bounds kept
+    states: dict[tuple[int, str, int, int], tuple[Profile, Profile, float]] = field(
+        default_factory=dict
+    )  # state-weighted profiles kept (cluster.experts.state_profile)

@@ -1,0 +1,207 @@
+"""Expert and context parallelism in the cluster search (planner/cluster/experts.py and its use in
+planner/parallel.py): the degrees searched, Megatron-Core's divisibility rules, the state of a
+layout sharded over two groups, the all-to-all hidden, and the search's choices on small cases
+checked by hand."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from autopipe.costs.context import ContextShape
+from autopipe.costs.experts import MoEShape
+from autopipe.costs.options import Layout, Links, ParallelOptions
+from autopipe.costs.profile import Affine, Profile
+from autopipe.errors import PlanError
+from autopipe.modes import Recompute, Sharding
+from autopipe.planner.cluster.experts import (
+    MIN_CONTEXT_TOKENS,
+    context_degrees,
+    dominated,
+    expert_degrees,
+    hidden_profile,
+    hiding_choices,
+    state_profile,
+)
+from autopipe.planner.parallel import Cluster, ParallelRequest, plan_parallel
+from autopipe.planner.request import Choices
+from tests.helpers import ROOT
+from tests.planner.test_parallel import chain_profile
+
+GB = 1e9
+DENSE, EXPERT = 10**8, 8 * 10**8  # parameters per block: the dense ones and all the routed experts'
+CLUSTER = Cluster(devices=8, devices_per_node=8, nvlink_bandwidth=100 * GB, network_bandwidth=10 * GB)
+
+
+def _moe_profile(ep: int) -> Profile:
+    """4 blocks of a MoE on one device of an ep-wide expert group: ``DENSE`` + ``EXPERT / ep``
+    fp32 parameters each, the experts' marked; times as chain_profile's, whatever ep."""
+    base = chain_profile(4, DENSE)
+    mine = EXPERT // ep
+    blocks = tuple(
+        replace(b, params=DENSE + mine, param_bytes=4 * (DENSE + mine), expert_params=mine) for b in base.blocks
+    )
+    return replace(base, blocks=blocks)
+
+
+def _options(experts: int = 4, seq: int = 64) -> ParallelOptions:
+    shape = MoEShape(experts, 1, 16, seq, (EXPERT,) * 4, (1,) * 4)
+    return ParallelOptions(
+        None,
+        ContextShape(32, seq),
+        shape,
+        Links(8, 100 * GB, 10 * GB),
+        lambda lay: _moe_profile(lay.ep),
+        lambda lay, u: (0.0, 0.0),
+    )
+
+
+def test_context_parallel_is_searched_where_each_rank_keeps_enough_tokens() -> None:
+    long = _options(seq=4 * MIN_CONTEXT_TOKENS)
+    ok, skipped = context_degrees(long, 16, 1, None)
+    assert ok == [1, 2, 4]  # 16384 tokens: 4096 per rank at cp 4, the least searched
+    assert dict(skipped)[8] == f"leaves 2048 tokens per rank, under {MIN_CONTEXT_TOKENS} (pin it to search it)"
+    assert context_degrees(long, 16, 1, 8) == ([8], [])  # pinned: searched all the same
+    assert context_degrees(_options(seq=64), 16, 1, None)[0] == [1]  # a short sequence: never split
+    with pytest.raises(PlanError, match=r"^--context-parallel 3: t=1 x cp=3 does not divide 16 devices; pick"):
+        context_degrees(long, 16, 1, 3)
+    with pytest.raises(PlanError, match=r"sequence of 16384 tokens does not split into 2 x 3 equal chunks"):
+        context_degrees(long, 12, 1, 3)  # Megatron's 2 cp chunks
+
+
+def test_expert_degrees_follow_megatron_cores_divisibility_rules() -> None:
+    options = _options(experts=6)
+    # E = 6 experts on a stage of 16 devices: ep divides both, so 1 and 2 only (3, 6 do not divide 16)
+    assert expert_degrees(options, 1, 1, 16, (None, None)) == [(1, 1), (2, 1)]
+    assert expert_degrees(_options(experts=8), 1, 1, 8, (None, None)) == [(1, 1), (2, 1), (4, 1), (8, 1)]
+    # etp x ep must divide the stage's t cp d devices: etp 2 leaves 4 slots for ep
+    assert expert_degrees(_options(experts=8), 1, 1, 8, (None, 2)) == [(1, 2), (2, 2), (4, 2)]
+    assert expert_degrees(_options(experts=8), 1, 1, 8, (8, 2)) == []  # 8 x 2 = 16 > 8 devices
+    dense = replace(options, experts=None)
+    assert expert_degrees(dense, 1, 1, 16, (None, None)) == [(1, 1)]
+
+
+def test_state_profile_shards_dense_and_expert_state_over_their_own_groups() -> None:
+    # ZeRO-1 over d cp = 8 devices (dense) and t cp d / (ep etp) = 8 / 2 = 4 (experts): per stored
+    # parameter of e = 4 bytes and b = 16 bytes of state, 2e + (b - 2e) / N bytes: 9 and 10
+    profile = _moe_profile(2)
+    state, factor = state_profile(profile, Layout(ep=2), 8, Sharding.ZERO1, 8, 16.0)
+    assert factor == pytest.approx(9.0 / 4.0)
+    dense_bytes, expert_bytes = 4 * DENSE, 4 * EXPERT // 2
+    for b in state.blocks:
+        assert b.param_bytes * factor == pytest.approx(dense_bytes * 9 / 4 + expert_bytes * 10 / 4, rel=1e-9)
+        assert b.params == DENSE + EXPERT // 2  # the parameters themselves as they were
+    # without sharding, or with no experts, the profile itself
+    assert state_profile(profile, Layout(ep=2), 8, Sharding.NONE, 8, 16.0) == (profile, 4.0)
+    assert state_profile(chain_profile(4), Layout(cp=2), 4, Sharding.ZERO1, 4, 16.0)[1] == pytest.approx(
+        (8 + 8 / 8) / 4
+    )  # the dense state over d cp = 8 devices
+
+
+def test_the_hidden_all_to_all_hides_behind_the_other_micro_batchs_compute() -> None:
+    profile = _moe_profile(2)  # forward 1 ms per sample, backward 2 ms, input-gradient 1 ms
+    hidden = hidden_profile(profile, lambda u: (0.2e-3 * u, 0.3e-3 * u))
+    assert hidden is not None
+    b = hidden.blocks[0]
+    # forward 1.0 - min(0.2, backward compute 2.0 - 0.3) = 0.8 ms; backward 2.0 - min(0.3, 1.0 - 0.2) = 1.7 ms
+    assert (b.forward_s(1.0), b.backward_s(1.0), b.backward_input_s(1.0)) == pytest.approx((0.8e-3, 1.7e-3, 0.7e-3))
+    # more all-to-all than the other's compute: only that much hides
+    big = hidden_profile(profile, lambda u: (0.9e-3 * u, 1.5e-3 * u))
+    assert big is not None and big.blocks[0].forward_s(2.0) == pytest.approx(2e-3 - 2 * 0.5e-3)
+    assert hidden_profile(profile, lambda u: (0.0, 0.0)) is None
+
+
+def test_the_targets_that_hide_the_all_to_all() -> None:
+    assert hiding_choices(Choices(target="autopipe"), 4) == Choices(target="autopipe", schedule="dualpipe-v")
+    megatron = hiding_choices(Choices(target="megatron"), 4)
+    assert megatron == Choices(target="megatron", schedule="interleaved-1f1b", recompute=Recompute.NEVER)
+    assert hiding_choices(Choices(target="megatron"), 1) is None  # Megatron's overlap needs p > 1
+    assert hiding_choices(Choices(target="megatron", recompute=Recompute.ALWAYS), 4) is None  # nor full recompute
+    assert hiding_choices(Choices(target="autopipe", schedule="1f1b"), 4) is None
+    assert hiding_choices(Choices(target="torch"), 4) is None
+
+
+def _request(**pins: object) -> ParallelRequest:
+    return ParallelRequest(CLUSTER, 8, 40 * GB, stages=1, sharding=Sharding.NONE, **pins)  # type: ignore[arg-type]
+
+
+def test_the_search_takes_the_expert_degree_that_fits_and_reduces_least() -> None:
+    # One stage on 8 devices, no sharding: 16 bytes per fp32 parameter, 4 blocks of 1e8 dense + 8e8 / ep:
+    # ep 1 holds 57.6 GB (over 40), ep 2 32 GB, ep 4 19.2 GB (E = 4: no ep 8). Same times; ep 4
+    # all-reduces the fewest parameters each step, so it is chosen.
+    options = _options(experts=4)
+    result = plan_parallel(_moe_profile(1), _request(), None, None, options)
+    plan = result.plan
+    assert (plan.expert_parallel, plan.expert_tensor_parallel, plan.data_parallel) == (4, 1, 8)
+    assert plan.stages[0].static_bytes == pytest.approx(16 * 4 * (DENSE + EXPERT // 4))
+    assert [r.reason for r in result.rejected] == [  # ep 1: 57.6e9 bytes
+        "needs at least 53.7 GiB per device for weights, gradients and optimizer state (none over its replicas)"
+    ]
+    pinned = plan_parallel(_moe_profile(1), _request(expert_parallel=2), None, None, options).plan
+    assert pinned.expert_parallel == 2 and pinned.step_time_s > plan.step_time_s
+    with pytest.raises(PlanError, match=r"^--expert-parallel 3 does not divide the 4 experts; use a divisor of 4$"):
+        plan_parallel(_moe_profile(1), _request(expert_parallel=3), None, None, options)
+    with pytest.raises(PlanError, match=r"^--expert-parallel 2: the model has no routed experts"):
+        plan_parallel(chain_profile(4), _request(expert_parallel=2), None, None, replace(options, experts=None))
+
+
+def test_the_search_shards_expert_state_over_the_expert_data_parallel_group() -> None:
+    # ZeRO-1 with ep 2 on 8 devices: the dense state over 8 devices, 9 bytes per parameter; the
+    # experts' over 8 / 2 = 4, 10 bytes per parameter
+    request = replace(_request(expert_parallel=2), sharding=Sharding.ZERO1)
+    plan = plan_parallel(_moe_profile(1), request, None, None, _options(experts=4)).plan
+    assert plan.sharding == Sharding.ZERO1 and plan.expert_parallel == 2
+    assert plan.stages[0].static_bytes == pytest.approx(4 * 4 * (DENSE * 9 / 4 + EXPERT // 2 * 10 / 4))
+
+
+MOE = str(ROOT / "models" / "moe.py")
+
+
+def test_a_small_moe_planned_from_its_model_file_with_expert_parallelism() -> None:
+    import autopipe
+
+    plan = autopipe.plan_cluster(
+        MOE, device="h100", gpus=8, batch_size=16, memory="80GB", stages=2, tensor_parallel=1, expert_parallel=4
+    )
+    assert (plan.expert_parallel, plan.devices, plan.data_parallel) == (4, 2, 4)
+    assert "ep=4" in plan.parallel_note
+    with pytest.raises(PlanError, match=r"^--expert-parallel 3 does not divide the 8 experts; use a divisor of 8$"):
+        autopipe.plan_cluster(MOE, device="h100", gpus=8, batch_size=16, stages=2, expert_parallel=3)
+
+
+def test_the_cli_pins_expert_and_context_parallelism(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from autopipe.cli.main import main
+
+    out = str(tmp_path / "p.json")
+    base = ["plan", MOE, "--device", "h100", "--gpus", "8", "--batch-size", "16", "--stages", "2", "-o", out]
+    assert main([*base, "--tensor-parallel", "1", "--expert-parallel", "2", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["expert_parallel"], got["expert_tensor_parallel"], got["context_parallel"]) == (2, 1, 1)
+    assert main([*base, "--tensor-parallel", "1", "--context-parallel", "2", "--json"]) == 0  # 64 tokens: 2 x 2 chunks
+    got = json.loads(capsys.readouterr().out)
+    assert (got["context_parallel"], got["pipeline_parallel"], got["data_parallel"]) == (2, 2, 2)
+    for flags, said in [
+        (["--expert-parallel", "3"], "--expert-parallel 3 does not divide the 8 experts; use a divisor of 8"),
+        (["--expert-parallel", "0"], "--expert-parallel"),
+        (["--context-parallel", "3"], "--stages 2 x --context-parallel 3 = 6 does not divide --gpus 8"),
+    ]:
+        assert main([*base, *flags]) == 2, flags
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], (flags, err)
+    gpt = ["plan", str(ROOT / "models" / "gpt.py"), "--device", "h100", "--batch-size", "8", "-o", out]
+    assert main([*gpt, "--expert-parallel", "2"]) == 2
+    assert "--expert-parallel applies to the devices of --gpus G" in capsys.readouterr().err
+
+
+def test_a_larger_ep_no_slower_at_any_size_dominates() -> None:
+    two, four = _moe_profile(2), _moe_profile(4)
+    slower = replace(four, blocks=tuple(replace(b, forward_s=Affine(1e-4, 1e-3)) for b in four.blocks))
+    steeper = replace(four, blocks=tuple(replace(b, forward_s=Affine(-1e-4, 1.05e-3)) for b in four.blocks))
+    assert dominated([(Layout(ep=2), two), (Layout(ep=4), four)], [1.0, 8.0]) == {0}  # same times, less state
+    assert dominated([(Layout(ep=2), two), (Layout(ep=4), slower)], [1.0, 8.0]) == set()
+    assert dominated([(Layout(ep=2), two), (Layout(ep=4), steeper)], [1.0]) == {0}  # faster at 1 sample
+    assert dominated([(Layout(ep=2), two), (Layout(ep=4), steeper)], [1.0, 8.0]) == set()  # slower at 8
+    assert dominated([(Layout(ep=2), two), (Layout(ep=4, etp=2), four)], [1.0]) == set()  # another etp
