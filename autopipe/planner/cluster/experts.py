@@ -40,7 +40,7 @@ backward; ``options.alltoall``) and ``c_f, c_b`` its computation (its times less
 hides it (:func:`hiding_choices`; ``Target.hides_expert_comm``); elsewhere the all-to-all is
 paid in the open, as the profile prices it.
 
-Tests: tests/planner/cluster/test_experts.py.
+Tests: tests/planner/cluster/test_expert_search.py.
 """
 
 from __future__ import annotations
