@@ -206,6 +206,7 @@ def plan_pinned(run: Run, spec: DeviceSpec) -> Pinning:
         context_parallel=run.cp,
         expert_parallel=run.ep if run.model == "moe" else None,
         expert_tensor_parallel=1 if run.model == "moe" else None,
+        grad_reduce_fp32=run.grad_reduce_fp32,
     )
     profile = profile_from_counts(counts, spec, fused=FUSED)
     tensor = tensor_options(
@@ -248,7 +249,12 @@ def options_of(run: Run, spec: DeviceSpec, sequence_parallel: bool, **extra: Any
 def plan_free(run: Run, spec: DeviceSpec, shard_optimizer: bool) -> Plan | None:
     counts, cluster = counts_of(run), cluster_of(run, spec)
     request = ParallelRequest(
-        cluster, run.global_batch, spec.memory_bytes, shard_optimizer=shard_optimizer, overlap=overlap_of(run)
+        cluster,
+        run.global_batch,
+        spec.memory_bytes,
+        shard_optimizer=shard_optimizer,
+        overlap=overlap_of(run),
+        grad_reduce_fp32=run.grad_reduce_fp32,
     )
     tensor = tensor_options(counts, spec, cluster, sequence_parallel=True, overlap=overlap_of(run).tp_comm, fused=FUSED)
     parallel = options_of(run, spec, True)

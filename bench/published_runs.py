@@ -91,6 +91,9 @@ class Run:
     dp_overlap: bool = True  # the gradients reduced (and weights gathered) under the computation, as Megatron-Core
     ep: int = 1  # expert-parallel degree (a MoE's routed experts over ep devices)
     imbalance: float = 1.0  # the routing skew the planner prices (costs.experts), for a MoE
+    # the gradients reduced in fp32 (4 bytes per parameter over the data-parallel group; False: in the
+    # weights' 2-byte dtype): the note above the Megatron-LM 2021 rows says where each row's answer comes from
+    grad_reduce_fp32: bool = True
 
     def __post_init__(self) -> None:
         if self.t * self.p * self.d * self.cp != self.gpus:
@@ -135,6 +138,16 @@ def _gpt(
 # of the scores, FusedScaleMaskSoftmax, dropout, bmm; megatron/model/transformer.py) and Megatron-DeepSpeed
 # for BLOOM (the same module) materialise the (s x s) scores of every head.
 UNFUSED = "unfused"
+# Gradients reduced in fp32 (the planner's megatron target: planner/placement.py) where the framework does:
+# Megatron-LM turns accumulate_allreduce_grads_in_fp32 on for --bf16 (megatron/arguments.py since 2021, git
+# 50a4b5fa l.139-142; training/arguments.py of core_r0.8.0, the Megatron-Core table's version, l.302-305: "bfloat16
+# requires gradient accumulation and all-reduce to be done in fp32"), and its DDP then reduces the fp32
+# main_grad buffer (core/distributed: grad_reduce_in_fp32); DeepSpeed's BF16_Optimizer (BLOOM) reduces its
+# fp32_groups_gradients_flat (get_grads_for_reduction); Meta's Llama 3 reduce-scatters its gradients in FP32
+# (the paper, Sec. 3.3.2, recalled). Not: the Megatron-LM 2021 runs, fp16 (README git 50a4b5fa: "half
+# precision"; its examples pass --fp16, for which the reduction stays in fp16), and the FP8 rows: NeMo's
+# performance scripts set grad_reduce_in_fp32 = False with FP8 (NeMo 2.0 scripts/performance; the 24.07 and
+# Megatron-Bridge rows' own configs not stored: assumed the same).
 # Nor did they overlap the data-parallel gradient reduction: Megatron-LM in 2021 all-reduced the gradients
 # after the pipeline's flush (--overlap-grad-reduce came with its distributed optimizer's rework, 2023), and
 # DeepSpeed's pipeline engine reduces them after the last micro-batch (PipelineEngine's ReduceGrads step).
@@ -174,6 +187,7 @@ def _m21(name: str, heads: int, hidden: int, layers: int, t: int, p: int, gpus: 
         unverified="attention heads (the paper's Table 1; not in the README image; no effect on the FLOP count)",
         attention=UNFUSED,
         dp_overlap=False,
+        grad_reduce_fp32=False,
     )
 
 
@@ -388,7 +402,10 @@ NEMO_CSV = (
     "recomputation none, as NeMo's scripts/performance/recommended_model_configs/model_configs_h100.csv (git "
     "8cfedd72, a later NeMo) has for this layout; "
 )
-NEMO_ASSUMED = "the distributed optimizer and sequence parallelism: NeMo's performance recipes' defaults, assumed"
+NEMO_ASSUMED = (
+    "the distributed optimizer and sequence parallelism: NeMo's performance recipes' defaults, assumed; the "
+    "gradients reduced in bf16 (NeMo 2.0's performance scripts with FP8: grad_reduce_in_fp32 = False), assumed"
+)
 
 
 def _nemo(
@@ -431,6 +448,7 @@ def _nemo(
         source=source,
         unpublished=(NEMO_CSV if recompute == "none" else "recomputation: searched; ") + NEMO_ASSUMED,
         also=f"{tf:.0f} model TFLOP/s per GPU",
+        grad_reduce_fp32=False,
     )
 
 
@@ -518,6 +536,7 @@ def _bridge_moe(
         unpublished=BRIDGE_MOE_ASSUMED,
         also=f"{tf:.0f} model TFLOP/s per GPU",
         ep=ep,
+        grad_reduce_fp32=False,
     )
 
 

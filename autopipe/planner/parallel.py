@@ -63,6 +63,7 @@ from autopipe.planner.cluster import (
     Rejected,
     ShardOption,
     TensorOptions,
+    element_bytes,
     group_of,
     least_step_comm,
     shard_options,
@@ -80,7 +81,7 @@ from autopipe.planner.cluster.experts import (
 )
 from autopipe.planner.cluster.split import static_bound, work_bound
 from autopipe.planner.cluster.values import Context, Split
-from autopipe.planner.placement import Cluster, Layout, layouts, ring_allreduce_s
+from autopipe.planner.placement import Cluster, Layout, layouts, reduce_ratio, ring_allreduce_s
 from autopipe.planner.pricing import Schedules
 from autopipe.planner.request import divisors
 from autopipe.planner.search import Progress, SharedCuts
@@ -123,7 +124,13 @@ def plan_parallel(
     overlap = target_overlap(request.choices.target, request.overlap)
     sync = schedule_names() if not overlap.p2p else target_spec(request.choices.target).blocking_p2p
     sp = parallel.sequence_parallel if parallel is not None else tensor is not None and tensor.sequence_parallel
-    ctx = Context(request, overlap, tuple(sync), sp, Schedules(), progress, set(), SharedCuts())
+    fp32 = (
+        target_spec(request.choices.target).grad_reduce_fp32
+        if request.grad_reduce_fp32 is None
+        else request.grad_reduce_fp32
+    )
+    ratio = reduce_ratio(element_bytes(profile), fp32)
+    ctx = Context(request, overlap, tuple(sync), sp, Schedules(), progress, set(), SharedCuts(), reduce_ratio=ratio)
     if parallel is not None:
         tensor = TensorOptions(parallel.tensor, lambda t: parallel.price(Degrees(t)), parallel.sequence_parallel)
     check_expert_pins(parallel, request.expert_parallel, request.expert_tensor_parallel)
@@ -327,7 +334,7 @@ def _bound(profile: Profile, ctx: Context, t: int, S: int, D: int, o: ShardOptio
     schedule and cuts: :func:`work_bound` of the blocks with the fastest link's collectives,
     plus the least the once-a-step collectives add."""
     cluster = ctx.request.cluster
-    groups = [g for lay in lays if (g := group_of(o, lay, cluster)) is not None]
+    groups = [g for lay in lays if (g := group_of(o, lay, cluster, ctx.reduce_ratio)) is not None]
     if not groups:
         return math.inf
     fastest = max(groups, key=lambda g: g.inner_bandwidth)

@@ -43,6 +43,15 @@ per device, an all-reduce twice that; :func:`step_comm`, :func:`micro_comm`):
                  the backward, reduce-scatter of its gradients; per step: the hybrid all-reduce
 
 Within a shard group of one node the collectives take NVLink, across nodes the network.
+
+**Gradients in fp32.** Where the framework reduces the gradients of bf16 weights in fp32
+(Megatron-LM: ``arguments.py`` sets ``accumulate_allreduce_grads_in_fp32`` for ``--bf16`` unless
+``--grad-reduce-in-bf16``, and its DDP reduces the fp32 ``main_grad`` buffer; torchtitan's FSDP2
+``mixed_precision_reduce = "float32"``), every collective that reduces gradients moves
+``DataGroup.reduce_ratio`` = 4 / 2 = 2 bytes per parameter byte; the weights' all-gathers stay in
+the weights' dtype::
+
+    zero1, bf16 weights reduced in fp32:  reduce-scatter (N-1)/N 2P, all-gather (N-1)/N P
 """
 
 from __future__ import annotations
@@ -59,6 +68,7 @@ __all__ = [
     "data_group",
     "layouts",
     "micro_comm",
+    "reduce_ratio",
     "reduce_scatter_s",
     "ring_allreduce_s",
     "state_bytes",
@@ -113,6 +123,12 @@ def ring_allreduce_s(nbytes: float, group: int, bandwidth: float, latency_s: flo
     return 2.0 * (group - 1) / group * nbytes / bandwidth + 2.0 * (group - 1) * latency_s
 
 
+def reduce_ratio(element_bytes: float, fp32: bool) -> float:
+    """Bytes a gradient reduction moves per parameter byte: 4 / ``element_bytes`` where the
+    framework reduces in fp32 (``fp32``) weights stored narrower, else 1 (module docstring)."""
+    return max(1.0, 4.0 / element_bytes) if fp32 and element_bytes > 0 else 1.0
+
+
 def reduce_scatter_s(nbytes: float, group: int, bandwidth: float, latency_s: float = 0.0) -> float:
     """Ring reduce-scatter (or all-gather) of ``nbytes`` among ``group`` devices: (N-1)/N * bytes / bandwidth."""
     if group <= 1 or nbytes <= 0:
@@ -131,26 +147,29 @@ class DataGroup:
     inner_latency_s: float
     outer_bandwidth: float  # between the copies of a shard (hybrid only)
     outer_latency_s: float
+    reduce_ratio: float = 1.0  # bytes a gradient reduction moves per parameter byte (2: bf16 weights, fp32 grads)
 
     @property
     def copies(self) -> int:
         return self.replicas // self.shard
 
 
-def data_group(lay: Layout, cluster: Cluster, shard: int | None = None) -> DataGroup | None:
+def data_group(lay: Layout, cluster: Cluster, shard: int | None = None, reduce_ratio: float = 1.0) -> DataGroup | None:
     """The data-parallel group of ``lay`` sharded ``shard`` ways (None: over all D replicas); None
     when ``shard`` does not divide D. A shard group within a node (``shard`` divides the stage's
-    replicas on one node) talks over NVLink, else over the network; so do the copies."""
+    replicas on one node) talks over NVLink, else over the network; so do the copies. Its
+    gradient reductions move ``reduce_ratio`` bytes per parameter byte (module docstring)."""
     D = lay.data_parallel
     n = D if shard is None else shard
     if n < 1 or D % n:
         return None
     if n == D:
-        return DataGroup(D, D, lay.allreduce_bandwidth, lay.allreduce_latency_s, lay.allreduce_bandwidth, 0.0)
+        bw, lat = lay.allreduce_bandwidth, lay.allreduce_latency_s
+        return DataGroup(D, D, bw, lat, bw, 0.0, reduce_ratio)
     nv, net = (cluster.nvlink_bandwidth, cluster.link_latency_s), (cluster.network_bandwidth, cluster.net_latency_s)
     inner = nv if lay.node_replicas % n == 0 else net
     outer = nv if lay.node_replicas % D == 0 else net
-    return DataGroup(D, n, inner[0], inner[1], outer[0], outer[1])
+    return DataGroup(D, n, inner[0], inner[1], outer[0], outer[1], reduce_ratio)
 
 
 def state_bytes(kind: Sharding, shard: int, bytes_per_param: float, element_bytes: float) -> float:
@@ -173,14 +192,15 @@ def transient_bytes(kind: Sharding, largest_block_bytes: float) -> float:
 def step_comm(kind: Sharding, group: DataGroup, nbytes: float) -> tuple[float, float]:
     """(reduce, gather) seconds per step of a chunk of ``nbytes`` of parameters on one device: its
     gradients reduced after (or under) its last backward, its weights gathered before (or under)
-    its first forward."""
+    its first forward (the gradients' collectives on ``group.reduce_ratio`` times the bytes)."""
     g, bw, lat = group.shard, group.inner_bandwidth, group.inner_latency_s
+    grads = nbytes * group.reduce_ratio
     if kind == Sharding.NONE:
-        return ring_allreduce_s(nbytes, group.replicas, bw, lat), 0.0
-    hybrid = ring_allreduce_s(nbytes / g, group.copies, group.outer_bandwidth, group.outer_latency_s)
+        return ring_allreduce_s(grads, group.replicas, bw, lat), 0.0
+    hybrid = ring_allreduce_s(grads / g, group.copies, group.outer_bandwidth, group.outer_latency_s)
     gather = reduce_scatter_s(nbytes, g, bw, lat)
     if kind in (Sharding.ZERO1, Sharding.ZERO3_STEP):
-        return reduce_scatter_s(nbytes, g, bw, lat) + hybrid, gather
+        return reduce_scatter_s(grads, g, bw, lat) + hybrid, gather
     return hybrid, gather if kind == Sharding.ZERO2 else 0.0
 
 
@@ -190,7 +210,8 @@ def micro_comm(kind: Sharding, group: DataGroup, nbytes: float) -> tuple[float, 
     reduce-scatter its gradients in the backward; the others nothing."""
     g, bw, lat = group.shard, group.inner_bandwidth, group.inner_latency_s
     gather = reduce_scatter_s(nbytes, g, bw, lat) if kind == Sharding.ZERO3 else 0.0
-    reduce = reduce_scatter_s(nbytes, g, bw, lat) if kind in (Sharding.ZERO2, Sharding.ZERO3) else 0.0
+    grads = nbytes * group.reduce_ratio
+    reduce = reduce_scatter_s(grads, g, bw, lat) if kind in (Sharding.ZERO2, Sharding.ZERO3) else 0.0
     return gather, reduce
 
 

@@ -24,15 +24,52 @@ Tests: tests/schedules/test_targets.py (and tests/planner/test_target_modes.py, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autopipe.errors import PlanError
 from autopipe.schedules.registry import schedule_names, search_order
 
-__all__ = ["SHARDINGS", "TARGETS", "Target", "target_spec"]
+__all__ = ["SHARDINGS", "TARGETS", "DdpBuckets", "Target", "target_spec"]
 
 SHARDINGS = ("none", "zero1", "zero2", "zero3", "zero3-step")  # modes.Sharding's values, in preference order
+
+
+@dataclass(frozen=True)
+class DdpBuckets:
+    """How a framework cuts each chunk's once-a-step gradient reduction and weight all-gather into
+    buckets and when it launches them (simulate/overlap.py prices them, ``Buckets``).
+
+    Megatron-LM (Megatron-Core's DDP and distributed optimizer, as at the H100 table's commit
+    f2e5db40 and still): a bucket holds ``max(min_params, params_per_replica x D)`` parameters
+    (``DistributedDataParallel.__init__``: "make buckets larger ... at very large dp_sizes"), but only
+    the first pipeline rank's first chunk is cut (``bucket_size = None`` where the pipeline rank is
+    above 0, and ``disable_bucketing`` for model chunks after the first: "communication ... not on the
+    critical path"); every other chunk is one bucket. Its reduction is launched by the bucket's
+    gradient hooks during the chunk's last backward only on the first pipeline rank without
+    interleaving (``enable_grad_sync`` there); elsewhere, with the default ``delay_grad_reduce``, as a
+    whole after that backward (``grad_sync_func``, "Launch any remaining grad reductions"). The
+    distributed optimizer's all-gathers run bucket by bucket in forward order, the first launched
+    before the forward, each next one when the one before is waited on in the forward pre-hook
+    (``_finish_param_sync_helper``: "we can't pre-launch all-gathers for all buckets at once")."""
+
+    min_params: int = 40_000_000
+    params_per_replica: int = 1_000_000
+    hooks_interleaved: bool = False  # the first rank's first chunk reduces by hooks under interleaving too
+
+    def counts(
+        self, params: Sequence[float], ranks: Sequence[int], replicas: int, interleaved: bool
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(reduce, gather) buckets per chunk of ``params`` parameters on devices ``ranks`` (in chunk
+        order), for ``replicas`` data-parallel replicas."""
+        size = max(self.min_params, self.params_per_replica * replicas)
+        first = {r: j for j, r in reversed(list(enumerate(ranks)))}  # each device's first chunk
+        cut = [ranks[j] == 0 and first[0] == j for j in range(len(ranks))]
+        gather = tuple(max(1, math.ceil(p / size)) if c else 1 for p, c in zip(params, cut, strict=True))
+        hooks = not interleaved or self.hooks_interleaved
+        reduce = tuple(g if hooks else 1 for g in gather)
+        return reduce, gather
 
 
 @dataclass(frozen=True)
@@ -60,6 +97,14 @@ class Target:
     # The schedules with which it runs each MoE layer's all-to-all beside another micro-batch's
     # computation (DualPipeV's pairs; Megatron-Core's --overlap-moe-expert-parallel-comm, interleaved)
     hides_expert_comm: tuple[str, ...] = ()
+    # It reduces the gradients of bf16 (or fp16) weights in fp32 (planner/placement.py prices the bytes):
+    # Megatron-LM turns accumulate_allreduce_grads_in_fp32 on for --bf16 unless --grad-reduce-in-bf16
+    # (training/arguments.py; its DDP reduces the fp32 main_grad buffer); torchtitan's FSDP2 reduces in
+    # its mixed_precision_reduce, "float32" (the only value its config takes).
+    grad_reduce_fp32: bool = False
+    # How it buckets and launches the once-a-step collectives it overlaps (None: they stream with the
+    # gradients and weights layer by layer, as FSDP2 reduces and gathers each module's)
+    ddp_buckets: DdpBuckets | None = None
 
     def recomputes(self, kinds: Sequence[str]) -> bool:
         """Whether it recomputes the module kinds ``kinds`` in every layer (selective recomputation)."""
@@ -150,6 +195,8 @@ def _targets() -> tuple[Target, ...]:
             block_layers=True,
             fused_kernels=True,  # megatron/core/fusions/ and Transformer Engine's fused modules
             hides_expert_comm=("interleaved-1f1b",),
+            grad_reduce_fp32=True,
+            ddp_buckets=DdpBuckets(),
         ),
         Target(
             "torchtitan",
@@ -161,6 +208,7 @@ def _targets() -> tuple[Target, ...]:
             shardings_alone=alone,
             overlaps=overlapping,
             hides_expert_comm=("dualpipe-v",),
+            grad_reduce_fp32=True,
         ),
         # to_torch_pipelining builds torch's stages as traced: no activation checkpointing
         Target(

@@ -18,6 +18,22 @@ collectives run one at a time (one stream), in the order they become possible; `
 The step pays, past the iteration T (the pipeline's makespan), the most any device adds:
 ``max over devices of max(0, reductions' end - T) + the gathers' hold`` (serial: the sums).
 
+**Buckets** (``Buckets``, where the framework says how it cuts and launches them; Megatron-LM's
+DDP and distributed optimizer, ``schedules.targets.DdpBuckets``): chunk j's collectives in
+``n_j`` equal buckets. A reduce bucket k is ready when the last backward has made its share of
+the gradients, ``s_j + (k + 1) / n_j (e_j - s_j)``, one bucket (n_j = 1) when that backward has
+ended; the buckets go out one at a time. A gather bucket k is needed when the first forward
+reaches its layers, ``a_j + k / n_j (z_j - a_j)`` (one bucket: at the forward's start); chained,
+the next bucket's all-gather is dispatched only when this one is waited on (Megatron's forward
+pre-hook), the first at the step's start; a bucket that ends after it is needed holds the
+device's timeline back by the difference, which every later need then waits for::
+
+    one chunk, F [0, 1], B [1, 3], R = 1.5 in 1 bucket:   reduce [3, 4.5]: 1.5 s past T
+                                         in 3 buckets:   ready 1.67, 2.33, 3: ends 3 + 0.5 = 3.5
+    G = 0.6 in 3 buckets, chained:  bucket 0 [0, .2], needed at 0: holds the forward .2;
+                                    bucket 1 [.2, .4] before its need 1/3 + .2; bucket 2,
+                                    dispatched then, [.53, .73] before 2/3 + .2: hold .2
+
     one chunk, one micro-batch:  F [0, 1]  B [1, 3]  T = 3
     R = 1.5, overlapped:         reduce [1, 3]: max(3, 1 + 1.5) = 3, nothing sticks out
     R = 3,   overlapped:         reduce [1, 4]: 1 s past T
@@ -34,7 +50,7 @@ import numpy as np
 from autopipe.simulate import simcore
 from autopipe.simulate.events import CompiledSchedule, StageCost, cost_arrays
 
-__all__ = ["ChunkWindows", "chunk_windows", "exposed_s"]
+__all__ = ["Buckets", "ChunkWindows", "chunk_windows", "exposed_s"]
 
 _F, _B, _W = 0, 1, 2  # CompiledSchedule.kind
 
@@ -47,6 +63,15 @@ class ChunkWindows:
     first_forward: tuple[tuple[float, float], ...]  # per chunk: (start, end)
     last_backward: tuple[tuple[float, float], ...]  # per chunk: (start, end)
     iteration_s: float  # the makespan
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """How each chunk's once-a-step collectives are cut and launched (module docstring)."""
+
+    reduce: tuple[int, ...]  # per chunk: buckets of its reduction (1: launched as its last backward ends)
+    gather: tuple[int, ...]  # per chunk: buckets of its all-gather
+    chained: bool = True  # each all-gather dispatched when the one before is waited on (Megatron's pre-hook)
 
 
 def chunk_windows(c: CompiledSchedule, costs: Sequence[StageCost], comm_s: Sequence[float] = ()) -> ChunkWindows:
@@ -82,23 +107,28 @@ def exposed_s(
     *,
     overlap_reduce: bool,
     overlap_gather: bool,
+    buckets: Buckets | None = None,
 ) -> float:
     """Seconds the step pays past the iteration for each chunk's ``reduce_s`` and ``gather_s``
-    (module docstring): the most any device adds."""
+    (module docstring): the most any device adds; ``buckets`` None: the collectives stream with
+    the gradients and weights layer by layer, the gathers queued from the step's start."""
     worst = 0.0
     for d in sorted(set(w.device)):
         mine = [j for j, x in enumerate(w.device) if x == d]
         if overlap_reduce:
-            free = 0.0
-            for j in sorted(mine, key=lambda j: w.last_backward[j][1]):
+            by_end = sorted(mine, key=lambda j: w.last_backward[j][1])
+            free = _reduced(w, reduce_s, by_end, buckets) if buckets is not None else 0.0
+            for j in by_end if buckets is None else ():
                 s, e = w.last_backward[j]
                 free = max(e, max(free, s) + reduce_s[j])
             out = max(0.0, free - w.iteration_s)
         else:
             out = sum(reduce_s[j] for j in mine)
         if overlap_gather:
+            by_start = sorted(mine, key=lambda j: w.first_forward[j][0])
+            out += _chained(w, gather_s, by_start, buckets) if buckets is not None and buckets.chained else 0.0
             free, hold = 0.0, 0.0
-            for j in sorted(mine, key=lambda j: w.first_forward[j][0]):
+            for j in by_start if buckets is None or not buckets.chained else ():
                 free += gather_s[j]
                 hold = max(hold, free - w.first_forward[j][1])
             out += hold
@@ -106,3 +136,29 @@ def exposed_s(
             out += sum(gather_s[j] for j in mine)
         worst = max(worst, out)
     return worst
+
+
+def _reduced(w: ChunkWindows, reduce_s: Sequence[float], chunks: Sequence[int], buckets: Buckets) -> float:
+    """When one device's reductions end, bucket by bucket (module docstring), ``chunks`` in order."""
+    free = 0.0
+    for j in chunks:
+        s, e = w.last_backward[j]
+        n = max(buckets.reduce[j], 1)
+        for k in range(n):
+            free = max(free, s + (k + 1) / n * (e - s)) + reduce_s[j] / n
+    return free
+
+
+def _chained(w: ChunkWindows, gather_s: Sequence[float], chunks: Sequence[int], buckets: Buckets) -> float:
+    """How long one device's chained all-gathers hold its timeline back (module docstring)."""
+    hold, dispatch = 0.0, 0.0
+    for j in chunks:
+        a, z = w.first_forward[j]
+        n = max(buckets.gather[j], 1)
+        for k in range(n):
+            end = dispatch + gather_s[j] / n
+            need = a + k / n * (z - a) + hold
+            if end > need:
+                hold, need = hold + end - need, end
+            dispatch = need
+    return hold

@@ -48,6 +48,7 @@ from autopipe.planner.placement import (  # noqa: E402
     Layout,
     data_group,
     micro_comm,
+    reduce_ratio,
     reduce_scatter_s,
     state_bytes,
     step_comm,
@@ -133,3 +134,23 @@ def test_hybrid_groups_shard_within_a_node_and_all_reduce_across() -> None:
 )
 def test_layouts_say_how_many_replicas_share_a_node(S: int, D: int, expected: set[tuple[str, int]]) -> None:
     assert {(lay.placement, lay.node_replicas) for lay in layouts(S, D, CLUSTER)} == expected
+
+
+def test_gradients_reduced_in_fp32_move_twice_the_bytes_of_bf16_weights() -> None:
+    """Megatron-LM reduces bf16 weights' gradients in fp32 (arguments.py; DDP's fp32 main_grad
+    buffer): 1 GB of bf16 weights on a ring of 4 at 10 GB/s is a 2 GB reduce-scatter, 3/4 x 2 GB /
+    10 GB/s = 150 ms, beside the weights' own 75 ms all-gather; an all-reduce 300 ms; ZeRO-2's
+    per-micro-batch reduce-scatter 150 ms, its gathers the weights' 75 ms."""
+    psi, N, bw = 1e9, 4, 10 * GB
+    assert reduce_ratio(2.0, fp32=True) == 2.0 and reduce_ratio(4.0, fp32=True) == 1.0
+    assert reduce_ratio(1.0, fp32=True) == 4.0 and reduce_ratio(2.0, fp32=False) == 1.0
+    group = data_group(_lay(N, 1, bw), CLUSTER, reduce_ratio=2.0)
+    assert group is not None and group.reduce_ratio == 2.0
+    assert step_comm(Sharding.ZERO1, group, psi) == pytest.approx((0.150, 0.075))
+    assert step_comm(Sharding.NONE, group, psi) == pytest.approx((0.300, 0.0))
+    assert micro_comm(Sharding.ZERO2, group, psi) == pytest.approx((0.0, 0.150))
+    assert micro_comm(Sharding.ZERO3, group, psi) == pytest.approx((0.075, 0.150))
+    hybrid = data_group(_lay(8, 4), CLUSTER, 4, reduce_ratio=2.0)  # 4 on NVLink, 2 copies over 10 GB/s
+    assert hybrid is not None
+    inner, across = 3 / 4 * 2 * psi / (100 * GB), 2 * (1 / 2) * (2 * psi / 4) / (10 * GB)
+    assert step_comm(Sharding.ZERO1, hybrid, psi) == pytest.approx((inner + across, 3 / 4 * psi / (100 * GB)))

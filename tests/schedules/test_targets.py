@@ -39,3 +39,18 @@ def test_an_unknown_target_is_one_line_and_a_plan_field_defaults_to_autopipe() -
     with pytest.raises(PlanError, match=r"^unknown target 'nemo'; use one of autopipe, megatron, torchtitan, torch$"):
         target_spec("nemo")
     assert TARGETS[0] == "autopipe" and Plan.__dataclass_fields__["target"].default == TARGETS[0]
+
+
+def test_megatron_cuts_only_the_first_ranks_first_chunk_into_buckets() -> None:
+    """Megatron-LM's DDP: buckets of max(40M, 1M x D) parameters on the first pipeline rank's first
+    chunk, one bucket elsewhere; its gradient hooks reduce bucket by bucket only without
+    interleaving (delay_grad_reduce launches every chunk's reduction after its last backward)."""
+    rule = target_spec("megatron").ddp_buckets
+    assert rule is not None and target_spec("megatron").grad_reduce_fp32
+    assert target_spec("autopipe").ddp_buckets is None and not target_spec("autopipe").grad_reduce_fp32
+    assert target_spec("torchtitan").grad_reduce_fp32  # FSDP2's mixed_precision_reduce "float32"
+    params = [100e6, 100e6, 100e6, 100e6]  # interleaved: p = 2, v = 2, chunks on devices 0, 1, 0, 1
+    assert rule.counts(params, [0, 1, 0, 1], 48, interleaved=True) == ((1, 1, 1, 1), (3, 1, 1, 1))  # 48M a bucket
+    assert rule.counts(params[:2], [0, 1], 48, interleaved=False) == ((3, 1), (3, 1))
+    assert rule.counts([50e6], [0], 8, interleaved=False) == ((2,), (2,))  # 40M a bucket
+    assert rule.counts([50e6], [0], 64, interleaved=False) == ((1,), (1,))  # 64M a bucket

@@ -6,7 +6,7 @@ import pytest
 
 from autopipe.schedules import schedule_spec
 from autopipe.simulate.events import StageCost, compile_lists
-from autopipe.simulate.overlap import ChunkWindows, chunk_windows, exposed_s
+from autopipe.simulate.overlap import Buckets, ChunkWindows, chunk_windows, exposed_s
 
 
 def _windows(name: str, devices: int, micro_batches: int, f: float, b: float, w: float = 0.0) -> ChunkWindows:
@@ -53,3 +53,45 @@ def test_a_devices_chunks_share_one_stream() -> None:
     )
     assert exposed_s(w, [3.0, 3.0], [0.0, 0.0], overlap_reduce=True, overlap_gather=False) == pytest.approx(2.0)
     assert exposed_s(w, [3.0, 3.0], [0.0, 0.0], overlap_reduce=False, overlap_gather=False) == pytest.approx(6.0)
+
+
+def test_a_reduction_in_buckets_waits_for_each_buckets_gradients() -> None:
+    """F [0, 1], B [1, 3], R = 1.5 s: in one bucket (Megatron-LM past the first pipeline rank) it
+    starts as B ends, 1.5 s past it; in 3 buckets, ready at 1 + 2/3, 1 + 4/3 and 3, of 0.5 s
+    each, it ends at 3.5: the last bucket's 0.5 s past the end."""
+    w = _windows("1f1b", 1, 1, f=1.0, b=2.0)
+    one, three = Buckets((1,), (1,)), Buckets((3,), (3,))
+    assert exposed_s(w, [1.5], [0.0], overlap_reduce=True, overlap_gather=False, buckets=one) == pytest.approx(1.5)
+    assert exposed_s(w, [1.5], [0.0], overlap_reduce=True, overlap_gather=False, buckets=three) == pytest.approx(0.5)
+    # a slow reduction: 3 s in 3 buckets runs back to back from 1 + 2/3, ends at 4 + 2/3
+    assert exposed_s(w, [3.0], [0.0], overlap_reduce=True, overlap_gather=False, buckets=three) == pytest.approx(5 / 3)
+
+
+def test_chained_gathers_hold_the_forward_bucket_by_bucket() -> None:
+    """F [0, 1], G = 0.6 s in 3 buckets, chained (each dispatched when the one before is waited on):
+    bucket 0 [0, 0.2] is needed at 0, a 0.2 s hold; bucket 1 [0.2, 0.4] is there before its layers
+    (1/3 + 0.2); bucket 2 [0.53, 0.73] before 2/3 + 0.2. In one bucket all 0.6 s hold it. Streamed
+    (no buckets), the gather only has to end with the forward: nothing."""
+    w = _windows("1f1b", 1, 1, f=1.0, b=2.0)
+    for n, hold in ((3, 0.2), (1, 0.6)):
+        buckets = Buckets((1,), (n,))
+        assert exposed_s(w, [0.0], [0.6], overlap_reduce=False, overlap_gather=True, buckets=buckets) == pytest.approx(
+            hold
+        )
+    assert exposed_s(w, [0.0], [0.6], overlap_reduce=False, overlap_gather=True) == 0.0
+
+
+def test_a_chained_gather_starts_when_the_chunk_before_is_waited_on() -> None:
+    """Two chunks on one device, first forwards [0, 1] and [1, 2], 1.5 s of gather each in one
+    bucket: chunk 0's [0, 1.5] holds its forward 1.5 s; chunk 1's, dispatched then, [1.5, 3], is
+    needed at 1 + 1.5: 0.5 s more, 2 s in all. Queued from the step's start instead (no buckets),
+    they end at 1.5 and 3 against forwards ending at 1 and 2: 1 s."""
+    w = ChunkWindows(
+        device=(0, 0), first_forward=((0.0, 1.0), (1.0, 2.0)), last_backward=((4.0, 6.0), (2.0, 4.0)), iteration_s=6.0
+    )
+    chained = Buckets((1, 1), (1, 1))
+    gather = [1.5, 1.5]
+    assert exposed_s(w, [0, 0], gather, overlap_reduce=False, overlap_gather=True, buckets=chained) == pytest.approx(
+        2.0
+    )
+    assert exposed_s(w, [0, 0], gather, overlap_reduce=False, overlap_gather=True) == pytest.approx(1.0)

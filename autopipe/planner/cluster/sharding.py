@@ -2,7 +2,8 @@
 which shardings a target runs, the state each device keeps per parameter (the search's
 ``state_factor``), what is gathered beside it while a block runs, and what a block gathers and
 reduces each micro-batch (zero2, zero3), added to its times as far as the overlap leaves them
-showing; the defaults of what overlaps, by target."""
+showing; the defaults of what overlaps, by target, and the buckets its once-a-step collectives
+go out in (``ddp_buckets``)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ from autopipe.planner.placement import (
     step_comm,
     transient_bytes,
 )
-from autopipe.plans import Overlap
+from autopipe.plans import Overlap, Plan
 from autopipe.schedules.targets import SHARDINGS, target_spec
+from autopipe.simulate.overlap import Buckets
 
 __all__ = [
     "NO_SHARDING",
     "ShardOption",
+    "ddp_buckets",
     "element_bytes",
     "group_of",
     "least_step_comm",
@@ -169,7 +172,19 @@ def least_step_comm(profile: Profile, stages: int, kind: Sharding, group: DataGr
     return (0.0 if overlap.grad_reduce else reduce) + (0.0 if overlap.param_gather else gather)
 
 
-def group_of(option: ShardOption, lay: Layout, cluster: Cluster) -> DataGroup | None:
-    """The data-parallel group ``option`` shards on ``lay``; None where it does not apply."""
+def group_of(option: ShardOption, lay: Layout, cluster: Cluster, reduce_ratio: float = 1.0) -> DataGroup | None:
+    """The data-parallel group ``option`` shards on ``lay`` (its gradients reduced at
+    ``reduce_ratio`` bytes per parameter byte); None where it does not apply."""
     n = option.shards(lay)
-    return None if n is None else data_group(lay, cluster, n)
+    return None if n is None else data_group(lay, cluster, n, reduce_ratio)
+
+
+def ddp_buckets(plan: Plan, kind: Sharding, replicas: int) -> Buckets | None:
+    """The buckets ``plan``'s target cuts its DDP or distributed-optimizer collectives into
+    (``Target.ddp_buckets``); None where they stream (or the sharding is another)."""
+    rule = target_spec(plan.target).ddp_buckets
+    if rule is None or kind not in (Sharding.NONE, Sharding.ZERO1):
+        return None
+    params, ranks = [s.params for s in plan.stages], [s.rank for s in plan.stages]
+    reduce, gather = rule.counts(params, ranks, replicas, plan.virtual > 1)
+    return Buckets(reduce, gather)

@@ -21,6 +21,7 @@ from autopipe.planner.assemble import plan_comm, plan_costs
 from autopipe.planner.cluster.experts import state_profile
 from autopipe.planner.cluster.sharding import (
     ShardOption,
+    ddp_buckets,
     element_bytes,
     group_of,
     least_step_comm,
@@ -111,7 +112,7 @@ def _in_order(c: Split, ctx: Context, lay: Layout) -> list[tuple[ShardOption, Da
     base = c.hidden or c.profile
     out = []
     for o in c.options:
-        group = group_of(o, lay, request.cluster)
+        group = group_of(o, lay, request.cluster, ctx.reduce_ratio)
         if group is None:
             continue
         timed = sharded_profile(base, o.kind, group, ctx.overlap)
@@ -338,7 +339,14 @@ def data_parallel_s(
     compiled = schedules.compiled(plan.schedule, plan.devices, plan.micro_batches, plan.virtual)
     windows = chunk_windows(compiled, plan_costs(plan), plan_comm(plan))
     reduce, gather = [c[0] for c in chunks], [c[1] for c in chunks]
-    out = exposed_s(windows, reduce, gather, overlap_reduce=overlap.grad_reduce, overlap_gather=overlap.param_gather)
+    out = exposed_s(
+        windows,
+        reduce,
+        gather,
+        overlap_reduce=overlap.grad_reduce,
+        overlap_gather=overlap.param_gather,
+        buckets=ddp_buckets(plan, kind, group.replicas),
+    )
     if not overlap.grad_reduce:  # the serial part as one collective per device, as above
         out = max(out, max(step_comm(kind, group, nbytes)[0] for nbytes in per_device.values()))
     return out, whole

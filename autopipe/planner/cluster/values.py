@@ -46,6 +46,7 @@ class ParallelRequest:
     context_parallel: int | None = None  # pin cp
     expert_parallel: int | None = None  # pin ep
     expert_tensor_parallel: int | None = None  # pin etp (None: 1)
+    grad_reduce_fp32: bool | None = None  # reduce bf16 weights' gradients in fp32 (None: as the target does)
 
 
 @dataclass(frozen=True)
@@ -147,3 +148,4 @@ class Context:
     states: dict[tuple[int, str, int, int], tuple[Profile, Profile, float]] = field(
         default_factory=dict
     )  # state-weighted profiles kept (cluster.experts.state_profile)
+    reduce_ratio: float = 1.0  # bytes a gradient reduction moves per parameter byte (placement.reduce_ratio)

@@ -3,13 +3,18 @@ for a sharding that keeps more (planner/cluster/split.py's restamp)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from autopipe.costs.profile import Profile
 from autopipe.modes import Sharding
 from autopipe.planner.cluster import ShardOption, restamp, shard_options, sharded_profile, target_overlap
+from autopipe.planner.parallel import ParallelRequest, plan_parallel
 from autopipe.planner.placement import DataGroup
+from autopipe.planner.request import Choices
 from autopipe.plans import Overlap
-from tests.planner.test_parallel import _one_block
+from tests.planner.test_parallel import CLUSTER, _one_block
 
 
 @pytest.mark.parametrize(
@@ -58,3 +63,30 @@ def test_restamping_a_plan_for_more_state_keeps_its_cuts_or_says_it_does_not_fit
     assert more is not None and more.stages[0].static_bytes == 2 * static
     assert more.peak_memory_bytes[0] == pytest.approx(plan.peak_memory_bytes[0] + static)
     assert restamp(plan, 2.0, plan.peak_memory_bytes[0] + static / 2) is None
+
+
+def _bf16_block(f: float, params: int) -> Profile:
+    """``_one_block`` with bf16 weights: 2 bytes a parameter."""
+    block = _one_block(f, params)
+    return dataclasses.replace(block, blocks=(dataclasses.replace(block.blocks[0], param_bytes=2 * params),))
+
+
+def test_megatron_prices_fp32_gradients_and_its_buckets() -> None:
+    """One stage of 2e9 bf16 parameters (4 GB), 2 replicas on NVLink (100 GB/s), ZeRO-1, one
+    micro-batch, F [0, 0.01], B [0.01, 0.03]. Megatron-LM reduces in fp32: the reduce-scatter moves
+    1/2 x 8 GB / 100 GB/s = 40 ms, the all-gather 1/2 x 4 GB = 20 ms (60 ms in all; 40 ms reduced
+    in bf16). Overlapped in its 50 buckets of 40M parameters: the reduction starts with the first
+    bucket's gradients, at 0.01 + 0.02 / 50, and runs 40 ms, 20.4 ms past the backward; the
+    chained gathers, 0.4 ms a bucket against 0.2 ms of forward a bucket, hold the forward
+    0.4 + 49 x 0.2 = 10.2 ms."""
+    profile = _bf16_block(0.01, 2 * 10**9)
+    two = dataclasses.replace(CLUSTER, devices=2)
+    choices = Choices(micro_batches=1, target="megatron")
+    req = ParallelRequest(two, 2, 1e15, stages=1, sharding=Sharding.ZERO1, choices=choices, overlap=Overlap(p2p=False))
+    serial = plan_parallel(profile, req).plan
+    assert serial.dp_comm_s == pytest.approx(0.060) and serial.allreduce_s == pytest.approx(0.060)
+    bf16 = plan_parallel(profile, dataclasses.replace(req, grad_reduce_fp32=False)).plan
+    assert bf16.dp_comm_s == pytest.approx(0.040)
+    overlapped = plan_parallel(profile, dataclasses.replace(req, overlap=None)).plan  # Megatron's own overlaps
+    assert overlapped.overlap.grad_reduce and overlapped.overlap.param_gather
+    assert overlapped.allreduce_s == pytest.approx(0.0204 + 0.0102)
