@@ -9,9 +9,10 @@ then planned twice:
 
 - *pinned*: the published layout in the words the planner has today (:func:`layout_choices`:
   t, p, d, the micro-batch count where the micro-batch size is published, virtual stages where
-  published, full or no recomputation, ZeRO-1 for any sharding, sequence parallelism; Megatron-LM's
-  own schedules, 1F1B and interleaved 1F1B, with uniform recomputation), whatever is not
-  published searched (unpublished virtual stages: 1F1B and each v Megatron-LM runs, :func:`virtuals`).
+  published, full or no recomputation, the sharding as published (ZeRO-1, ZeRO-2, FSDP as ZeRO-3),
+  sequence parallelism; Megatron-LM's own schedules, 1F1B and interleaved 1F1B, with uniform
+  recomputation), whatever is not published searched (unpublished virtual stages: 1F1B and each v
+  Megatron-LM runs, :func:`virtuals`).
   Priced as the run ran: Megatron-LM's fused kernels (``Target.fused_kernels``, ``costs.fusion``),
   attention as the row says (``Run.attention``: the fused kernel, or the scores materialised before
   FlashAttention), the overlaps the source names (:func:`overlap_of`). Its predicted throughput,
@@ -62,7 +63,7 @@ from autopipe.costs.devices import DeviceSpec, device_spec
 from autopipe.costs.options import Links, ParallelOptions, parallel_options
 from autopipe.errors import InfeasibleError
 from autopipe.model.load import load_model
-from autopipe.modes import Recompute
+from autopipe.modes import Recompute, Sharding
 from autopipe.planner.cluster import target_overlap, tensor_options
 from autopipe.planner.parallel import Cluster, ParallelRequest, plan_parallel
 from autopipe.planner.request import Choices
@@ -82,7 +83,8 @@ class Pinned:
     stages: int
     data_parallel: int
     choices: Choices  # micro-batches, schedule, virtual stages, recomputation; target Megatron-LM
-    shard_optimizer: bool  # ZeRO-1
+    shard_optimizer: bool  # the state sharded over the replicas (the free search's flag)
+    sharding: Sharding | None  # how: ZeRO-1 (distributed optimizer), ZeRO-2, ZeRO-3 (FSDP); None: not
     sequence_parallel: bool
     approximated: tuple[str, ...]  # published choices priced as something else, and as what
 
@@ -93,19 +95,18 @@ def layout_choices(run: Run) -> Pinned:
     Expressed: t, p, d; ``mbs`` as m = global batch / (d mbs); ``vp`` > 1 as interleaved 1F1B with
     v = vp, ``vp`` = 1 (or p = 1) as 1F1B, None left to the search among Megatron's two; full
     recomputation as every stage recomputed, none as none, unknown left to the search (uniform,
-    as Megatron runs it); ZeRO-1 as ``shard_optimizer``; sequence parallelism. Approximated (named
-    in ``approximated``): selective recomputation as none (the counts price fused attention, which
-    keeps what Megatron's selective recomputation keeps), ZeRO-2 and FSDP as ZeRO-1 (weights and
-    gradients whole). Each new planner choice (sharding stage, selective or partial recomputation,
-    offload, overlap) is one more field here, read from the run's own fields."""
+    as Megatron runs it); the sharding as the run's (zero1: Megatron's distributed optimizer;
+    zero2: optimizer state and gradients sharded, the gradients reduce-scattered each micro-batch;
+    fsdp: ZeRO-3, the weights gathered per use); sequence parallelism. Approximated (named in
+    ``approximated``): selective recomputation as none (the counts price fused attention, which
+    keeps what Megatron's selective recomputation keeps). Each new planner choice (selective or
+    partial recomputation, offload, overlap) is one more field here, read from the run's own fields."""
     approximated = []
     recompute = {"full": Recompute.ALWAYS, "none": Recompute.NEVER, "selective": Recompute.NEVER}.get(
         run.recompute, Recompute.AUTO
     )
     if run.recompute == "selective":
         approximated.append("selective recomputation priced as none (fused attention keeps what it keeps)")
-    if run.sharding in ("zero2", "fsdp"):
-        approximated.append(f"{run.sharding} priced as ZeRO-1 (weights and gradients whole)")
     if run.p == 1 or run.vp == 1:
         schedule, virtual = "1f1b", None
     elif run.vp is not None:
@@ -114,8 +115,9 @@ def layout_choices(run: Run) -> Pinned:
         schedule, virtual = None, None
     micro_batches = run.global_batch // (run.d * run.mbs) if run.mbs else None
     choices = Choices(micro_batches, schedule, virtual, recompute, target="megatron")
-    shard = run.sharding in ("zero1", "zero2", "fsdp")
-    return Pinned(run.t, run.p, run.d, choices, shard, run.sequence_parallel and run.t > 1, tuple(approximated))
+    sharding = {"zero1": Sharding.ZERO1, "zero2": Sharding.ZERO2, "fsdp": Sharding.ZERO3}.get(run.sharding)
+    sp = run.sequence_parallel and run.t > 1
+    return Pinned(run.t, run.p, run.d, choices, sharding is not None, sharding, sp, tuple(approximated))
 
 
 FUSED = target_spec("megatron").fused_kernels  # every row ran Megatron-LM's (or Megatron-DeepSpeed's) fused kernels
@@ -198,6 +200,7 @@ def plan_pinned(run: Run, spec: DeviceSpec) -> Pinning:
         run.global_batch,
         spec.memory_bytes,
         shard_optimizer=pin.shard_optimizer,
+        sharding=pin.sharding,
         stages=pin.stages,
         choices=pin.choices,
         tensor_parallel=pin.tensor_parallel,

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from autopipe.modes import Recompute
+from autopipe.modes import Recompute, Sharding
 from autopipe.plans import Plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,15 +84,27 @@ def test_layout_choices_say_what_the_planner_is_told(bench: tuple[ModuleType, Mo
         6,
         Recompute.NEVER,
     )
-    llama = b.layout_choices(rows.by_name("llama3-405B-8192"))  # unpublished: searched; zero2 approximated
+    llama = b.layout_choices(rows.by_name("llama3-405B-8192"))  # unpublished: searched; ZeRO-2 as Meta ran it
     assert (llama.choices.schedule, llama.choices.micro_batches, llama.choices.recompute) == (
         None,
         None,
         Recompute.AUTO,
     )
-    assert llama.shard_optimizer and llama.approximated == ("zero2 priced as ZeRO-1 (weights and gradients whole)",)
+    assert llama.shard_optimizer and llama.sharding == Sharding.ZERO2 and llama.approximated == ()
+    assert bloom.sharding == Sharding.ZERO1 and b.layout_choices(rows.by_name("m21-1T")).sharding is None
+    assert b.layout_choices(rows.by_name("bridge-llama3-8B-8")).sharding == Sharding.ZERO3  # FSDP
     selective = b.layout_choices(dataclasses.replace(rows.by_name("m21-1T"), recompute="selective", sharding="fsdp"))
-    assert selective.choices.recompute == Recompute.NEVER and len(selective.approximated) == 2
+    assert selective.choices.recompute == Recompute.NEVER and len(selective.approximated) == 1
+    assert selective.sharding == Sharding.ZERO3
+
+
+def test_rows_say_whether_they_reduced_their_gradients_in_fp32(bench: tuple[ModuleType, ModuleType]) -> None:
+    """Megatron-LM with --bf16 (the Megatron-Core table, Nemotron-4), DeepSpeed's BF16_Optimizer (BLOOM) and
+    Meta (Llama 3) reduce in fp32; the fp16 2021 runs and NeMo's FP8 recipes in the weights' dtype."""
+    _, rows = bench
+    fp32 = {r.name for r in rows.RUNS if r.grad_reduce_fp32}
+    assert {"mcore-70B", "bloom-176B", "nemotron4-340B-6144", "llama3-405B-8192"} <= fp32
+    assert not fp32 & {r.name for r in rows.RUNS if r.name.startswith("m21-") or r.dtype == "fp8"}
 
 
 def test_the_run_says_how_it_attended_and_what_it_overlapped(bench: tuple[ModuleType, ModuleType]) -> None:
