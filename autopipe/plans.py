@@ -244,6 +244,9 @@ class Plan:
     shard_group: int = 0
     overlap: Overlap = Overlap()
     dp_comm_s: float = 0.0
+    # Bytes its gradient reductions moved per parameter byte (planner/placement.py's reduce_ratio): 2
+    # where bf16 weights' gradients were reduced in fp32 (Megatron-LM's default), 1 in their own dtype.
+    grad_reduce_ratio: float = 1.0
     # The framework the plan was made for (``--target``, schedules/targets.py; plans written
     # before it read as autopipe) and, where that target searches less, the free plan's prediction.
     target: str = "autopipe"
@@ -382,6 +385,7 @@ _LATER: dict[str, Any] = {  # fields added later, left out of the file at these 
     "shard_group": 0,
     "overlap": asdict(Overlap()),
     "dp_comm_s": 0.0,
+    "grad_reduce_ratio": 1.0,
     "host_sharing": 1.0,
     "expert_parallel": 1,
     "expert_tensor_parallel": 1,

@@ -436,6 +436,10 @@ def data_parallel_args(plan: Plan, deg: Degrees) -> tuple[list[str], list[str]]:
         )
     if deg.shard_group and deg.data > 1:
         args += ["--num-distributed-optimizer-instances", str(deg.data // deg.shard_group)]
+    if deg.data > 1 and plan.precision in ("bf16", "fp8") and plan.grad_reduce_ratio == 1.0:
+        # Megatron reduces bf16 gradients in fp32 (accumulate_allreduce_grads_in_fp32) unless told;
+        # the plan priced them in bf16
+        args.append("--grad-reduce-in-bf16")
     if deg.data > 1 and over.grad_reduce:
         args.append("--overlap-grad-reduce")
         if over.param_gather and deg.zero1:  # validate_args: only with the distributed optimizer or FSDP

@@ -124,11 +124,10 @@ def plan_parallel(
     overlap = target_overlap(request.choices.target, request.overlap)
     sync = schedule_names() if not overlap.p2p else target_spec(request.choices.target).blocking_p2p
     sp = parallel.sequence_parallel if parallel is not None else tensor is not None and tensor.sequence_parallel
-    fp32 = (
-        target_spec(request.choices.target).grad_reduce_fp32
-        if request.grad_reduce_fp32 is None
-        else request.grad_reduce_fp32
-    )
+    # the target's reduction dtype for bf16 weights (Target.grad_reduce_fp32), unless the request pins it
+    fp32 = request.grad_reduce_fp32
+    if fp32 is None:
+        fp32 = target_spec(request.choices.target).grad_reduce_fp32 and profile.dtype == "bfloat16"
     ratio = reduce_ratio(element_bytes(profile), fp32)
     ctx = Context(request, overlap, tuple(sync), sp, Schedules(), progress, set(), SharedCuts(), reduce_ratio=ratio)
     if parallel is not None:

@@ -97,7 +97,7 @@ class Target:
     # The schedules with which it runs each MoE layer's all-to-all beside another micro-batch's
     # computation (DualPipeV's pairs; Megatron-Core's --overlap-moe-expert-parallel-comm, interleaved)
     hides_expert_comm: tuple[str, ...] = ()
-    # It reduces the gradients of bf16 (or fp16) weights in fp32 (planner/placement.py prices the bytes):
+    # It reduces the gradients of bf16 weights in fp32 (planner/placement.py prices the bytes):
     # Megatron-LM turns accumulate_allreduce_grads_in_fp32 on for --bf16 unless --grad-reduce-in-bf16
     # (training/arguments.py; its DDP reduces the fp32 main_grad buffer); torchtitan's FSDP2 reduces in
     # its mixed_precision_reduce, "float32" (the only value its config takes).

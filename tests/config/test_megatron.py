@@ -69,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--fp8-format", choices=("e4m3", "hybrid"), default=None)  # TransformerConfig.fp8's Literal
     p.add_argument("--use-distributed-optimizer", action="store_true")
+    p.add_argument("--grad-reduce-in-bf16", action="store_true")  # arguments.py's mixed-precision group
     return p
 
 
@@ -783,3 +784,17 @@ def test_overlaps_megatron_cannot_run_as_priced_are_said() -> None:
     assert "--tp-comm-overlap" in tp.splitlines() and "Transformer Engine's userbuffers" in tp
     fsdp = megatron_args(_sharded(dataclasses.replace(plan, sequence_parallel=True), Sharding.ZERO3))
     assert "CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun" not in fsdp and "CUDA_DEVICE_MAX_CONNECTIONS unset" in fsdp
+
+
+def test_gradients_priced_in_bf16_tell_megatron_to_reduce_them_so() -> None:
+    """Megatron-LM reduces bf16 gradients in fp32 unless ``--grad-reduce-in-bf16``: a plan priced with
+    them in bf16 (``grad_reduce_ratio`` 1, as plans before it and other targets' were) says so; one
+    priced in fp32 (2), or without data parallelism, or in fp16 (reduced in fp16 already), does not."""
+    bf16 = dataclasses.replace(_gpt_like(data=4), overlap=Overlap(grad_reduce=True))
+    assert "--grad-reduce-in-bf16" in megatron_args(bf16).splitlines()
+    for plan in (
+        dataclasses.replace(bf16, grad_reduce_ratio=2.0),
+        dataclasses.replace(_gpt_like(data=1), overlap=Overlap(grad_reduce=True)),
+        dataclasses.replace(_gpt_like(data=4, dtype="fp16"), overlap=Overlap(grad_reduce=True)),
+    ):
+        assert "--grad-reduce-in-bf16" not in megatron_args(plan).splitlines()

@@ -258,6 +258,7 @@ def _priced(
         data_parallel=D,
         allreduce_s=exposed,
         dp_comm_s=whole,
+        grad_reduce_ratio=group.reduce_ratio if D > 1 else 1.0,
         throughput=request.global_batch / step if step > 0 else math.inf,
         link_bandwidth=lay.p2p_bandwidth,
         tensor_parallel=lay.tensor_parallel,

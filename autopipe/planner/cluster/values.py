@@ -46,7 +46,7 @@ class ParallelRequest:
     context_parallel: int | None = None  # pin cp
     expert_parallel: int | None = None  # pin ep
     expert_tensor_parallel: int | None = None  # pin etp (None: 1)
-    grad_reduce_fp32: bool | None = None  # reduce bf16 weights' gradients in fp32 (None: as the target does)
+    grad_reduce_fp32: bool | None = None  # reduce the gradients in fp32 (None: as the target does bf16 weights')
 
 
 @dataclass(frozen=True)

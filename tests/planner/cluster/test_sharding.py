@@ -68,7 +68,8 @@ def test_restamping_a_plan_for_more_state_keeps_its_cuts_or_says_it_does_not_fit
 def _bf16_block(f: float, params: int) -> Profile:
     """``_one_block`` with bf16 weights: 2 bytes a parameter."""
     block = _one_block(f, params)
-    return dataclasses.replace(block, blocks=(dataclasses.replace(block.blocks[0], param_bytes=2 * params),))
+    bf16 = dataclasses.replace(block.blocks[0], param_bytes=2 * params)
+    return dataclasses.replace(block, blocks=(bf16,), dtype="bfloat16")
 
 
 def test_megatron_prices_fp32_gradients_and_its_buckets() -> None:
@@ -90,3 +91,6 @@ def test_megatron_prices_fp32_gradients_and_its_buckets() -> None:
     overlapped = plan_parallel(profile, dataclasses.replace(req, overlap=None)).plan  # Megatron's own overlaps
     assert overlapped.overlap.grad_reduce and overlapped.overlap.param_gather
     assert overlapped.allreduce_s == pytest.approx(0.0204 + 0.0102)
+    assert overlapped.grad_reduce_ratio == 2.0 and bf16.grad_reduce_ratio == 1.0  # what config tells Megatron
+    fp32_weights = plan_parallel(dataclasses.replace(profile, dtype="float32"), req).plan  # Megatron: bf16 only
+    assert fp32_weights.dp_comm_s == pytest.approx(0.040)
