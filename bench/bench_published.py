@@ -60,6 +60,7 @@ from published_runs import CALIBRATION, HW, LINKS, RUNS, STEP, TFLOPS, TOKENS, R
 
 from autopipe.costs.analytic import ModelCounts, count_model, profile_from_counts
 from autopipe.costs.devices import DeviceSpec, device_spec
+from autopipe.costs.losses import megatron_cross_entropy
 from autopipe.costs.options import Links, ParallelOptions, parallel_options
 from autopipe.errors import InfeasibleError
 from autopipe.model.load import load_model
@@ -124,13 +125,20 @@ FUSED = target_spec("megatron").fused_kernels  # every row ran Megatron-LM's (or
 
 
 @functools.cache
-def _counts(model: str, kwargs: tuple[tuple[str, object], ...], dtype: str, attention: str) -> ModelCounts:
+def _counts(
+    model: str, kwargs: tuple[tuple[str, object], ...], dtype: str, attention: str, loss_fusion: bool
+) -> ModelCounts:
     loaded = load_model(str(ROOT / "models" / f"{model}.py"), dict(kwargs), device="meta")
-    return count_model(loaded, micro_batch_sizes=(1, 2), dtype=dtype, shallow=True, attention=attention)
+    if not loss_fusion:  # the loss as Megatron-LM computes it unfused, its kernels kept apart
+        loaded = replace(loaded, loss_fn=megatron_cross_entropy)
+    sizes = (1, 2)
+    return count_model(
+        loaded, micro_batch_sizes=sizes, dtype=dtype, shallow=True, attention=attention, eager_loss=not loss_fusion
+    )
 
 
 def counts_of(run: Run) -> ModelCounts:
-    return _counts(run.model, run.kwargs, run.dtype, run.attention)
+    return _counts(run.model, run.kwargs, run.dtype, run.attention, run.loss_fusion)
 
 
 def overlap_of(run: Run) -> Overlap:

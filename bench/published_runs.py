@@ -94,6 +94,9 @@ class Run:
     # the gradients reduced in fp32 (4 bytes per parameter over the data-parallel group; False: in the
     # weights' 2-byte dtype): the note above the Megatron-LM 2021 rows says where each row's answer comes from
     grad_reduce_fp32: bool = True
+    # the loss computed by a fused cross-entropy kernel (False: Megatron-LM's unfused
+    # vocab_parallel_cross_entropy, costs/losses.py): the note above the Megatron-LM 2021 rows says which
+    loss_fusion: bool = True
 
     def __post_init__(self) -> None:
         if self.t * self.p * self.d * self.cp != self.gpus:
@@ -148,6 +151,10 @@ UNFUSED = "unfused"
 # precision"; its examples pass --fp16, for which the reduction stays in fp16), and the FP8 rows: NeMo's
 # performance scripts set grad_reduce_in_fp32 = False with FP8 (NeMo 2.0 scripts/performance; the 24.07 and
 # Megatron-Bridge rows' own configs not stored: assumed the same).
+# The loss: Megatron-LM computed it unfused (vocab_parallel_cross_entropy, costs/losses.py) in 2021 (no fused
+# cross entropy existed; Megatron-DeepSpeed for BLOOM the same module) and in core_r0.8.0, the Megatron-Core
+# table's version, unless --cross-entropy-loss-fusion (opt-in, arguments.py; the table names its overlap
+# flags, not this one). The other rows keep the fused kernel (NeMo's and Meta's settings not stored).
 # Nor did they overlap the data-parallel gradient reduction: Megatron-LM in 2021 all-reduced the gradients
 # after the pipeline's flush (--overlap-grad-reduce came with its distributed optimizer's rework, 2023), and
 # DeepSpeed's pipeline engine reduces them after the last micro-batch (PipelineEngine's ReduceGrads step).
@@ -188,6 +195,7 @@ def _m21(name: str, heads: int, hidden: int, layers: int, t: int, p: int, gpus: 
         attention=UNFUSED,
         dp_overlap=False,
         grad_reduce_fp32=False,
+        loss_fusion=False,
     )
 
 
@@ -241,6 +249,7 @@ BLOOM = Run(
     also="104.70 s per step",
     attention=UNFUSED,
     dp_overlap=False,
+    loss_fusion=False,
 )
 
 # --- Megatron-Core r0.8.0 on H100 (Megatron-LM README) ---------------------------------------
@@ -251,7 +260,8 @@ MCORE = (
     "vocabulary 131,072, 4,096 tokens; --overlap-grad-reduce, --overlap-param-gather, --tp-comm-overlap"
 )
 MCORE_UNVERIFIED = (
-    "bf16 (MFU = TFLOP/s / 989); untied embeddings (from the parameter counts); the distributed optimizer "
+    "bf16 (MFU = TFLOP/s / 989); untied embeddings (from the parameter counts); the loss unfused (r0.8.0's "
+    "default; --cross-entropy-loss-fusion not named); the distributed optimizer "
     "(--overlap-param-gather needs it) and sequence parallelism (--tp-comm-overlap needs it); the cluster's "
     "network (NDR 400 Gb/s x 8 assumed: 'H100 clusters')"
 )
@@ -283,6 +293,7 @@ def _mcore(name: str, heads: int, hidden: int, layers: int, t: int, p: int, gpus
         unpublished="micro-batch, interleaving and recomputation: searched (Megatron's schedules, uniform recompute)",
         unverified=MCORE_UNVERIFIED,
         tp_comm_overlap=True,
+        loss_fusion=False,
     )
 
 

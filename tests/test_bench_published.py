@@ -174,3 +174,18 @@ def test_no_matching_row_is_one_line(
     monkeypatch.setattr(sys, "argv", ["bench_published.py", "--rows", "gpt-5"])
     assert b.main() == 2
     assert capsys.readouterr().err == "bench_published: no run matches --rows 'gpt-5'\n"
+
+
+def test_megatrons_unfused_loss_is_counted_where_it_ran(bench: tuple[ModuleType, ModuleType]) -> None:
+    """Megatron-LM 2021, Megatron-DeepSpeed (BLOOM) and Megatron-Core r0.8.0 computed the loss with the
+    unfused vocab_parallel_cross_entropy (--cross-entropy-loss-fusion is opt-in); the others keep the
+    fused kernel. Counted so, the loss's kernels are marked eager and its fp32 softmax is saved."""
+    b, rows = bench
+    unfused = {r.name for r in rows.RUNS if not r.loss_fusion}
+    assert unfused == {r.name for r in rows.RUNS if r.name.startswith(("m21-", "bloom", "mcore-"))}
+    counts = b.counts_of(rows.by_name("mcore-1.7B"))
+    last = counts.counts[0][-1]
+    assert any(op.kind == "eager" for op in last.forward)
+    fused = b.counts_of(dataclasses.replace(rows.by_name("mcore-1.7B"), loss_fusion=True)).counts[0][-1]
+    assert not any(op.kind == "eager" for op in fused.forward)
+    assert last.saved_bytes > fused.saved_bytes  # 4 bytes a logit (fp32) where torch's saves 2

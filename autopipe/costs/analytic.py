@@ -157,13 +157,16 @@ def count_model(
     progress: Progress | None = None,
     shallow: bool = False,
     attention: str = "flash",
+    eager_loss: bool = False,
 ) -> ModelCounts:
     """Trace ``loaded`` (a ``load.LoadedModel``, ideally built on meta) as ``recipe`` says
     (tracer, leaf modules, block limit) and count every block; ``progress(what, done, total)``
     is told each trace and each block counted. ``shallow``: a model of identical layers is
     traced and counted as a copy with three of them (``costs.deepen``); its traces and counts
     are the copy's, and :func:`profile_from_counts` prices the whole model, exactly. ``attention``: ``flash``
-    (the fused kernel) or ``unfused`` (scores materialised, as before FlashAttention: ``counting.fused_attention``)."""
+    (the fused kernel) or ``unfused`` (scores materialised, as before FlashAttention: ``counting.fused_attention``).
+    ``eager_loss``: the loss's memory-bound kernels kept apart where kernels are fused (``counting.count_loss``;
+    a framework's unfused loss, ``costs.losses``, given as ``loaded``'s ``loss_fn``)."""
     if attention not in ATTENTION:
         raise ProfileError(f"unknown attention {attention!r}; use one of: {', '.join(ATTENTION)}")
     prec = precision(dtype)
@@ -175,6 +178,7 @@ def count_model(
         recipe=recipe,
         progress=progress,
         attention=attention,
+        eager_loss=eager_loss,
     )
     sizes = sorted(set(micro_batch_sizes))
     if not sizes or sizes[0] < 1:
@@ -212,7 +216,7 @@ def count_model(
         experts = expert_storages(traced.gm, found[0]) if found is not None else frozenset()
         units = node_units(traced.gm, shallow_model, [b.nodes for b in traced.blocks])
         step = _step(report, f"counting at micro-batch size {u}")
-        counted = _count_blocks(traced, inputs, loss, step, experts, units, attention == "flash")
+        counted = _count_blocks(traced, inputs, loss, step, experts, units, attention == "flash", eager_loss)
         counts.append(tuple(c for c, _ in counted))
         anatomies.append(tuple(a for _, a in counted))
     repeat = (
@@ -263,6 +267,7 @@ def _count_blocks(
     experts: frozenset[int] = frozenset(),
     units: Mapping[str, str] | None = None,
     flash: bool = True,
+    eager_loss: bool = False,
 ) -> tuple[tuple[BlockCount, Anatomy | None], ...]:
     """Count each block on the values the blocks before it produced; a block that computes
     what an earlier one did (same ops, same shapes) reuses its count and its outputs' layout.
@@ -303,7 +308,7 @@ def _count_blocks(
     if loss is not None and out:
         names, _ = graph_outputs(gm)
         try:
-            extra = count_loss(loss, [env[n] if n is not None else None for n in names], exclude)
+            extra = count_loss(loss, [env[n] if n is not None else None for n in names], exclude, eager_loss)
         except ModelLoadError:
             return tuple(out)
         last, _ = out[-1]

@@ -82,7 +82,9 @@ class OpCount:
 
     flops: float
     bytes: float
-    kind: str = ""  # "linear", "bmm", "grouped" (GEMMs), "attention" (fused attention), "heads" (costs.fusion) or ""
+    # "linear", "bmm", "grouped" (GEMMs), "attention" (fused attention), "heads" (costs.fusion), "eager" (a
+    # memory-bound op run as its own kernel even by a fusing framework: count_loss) or ""
+    kind: str = ""
     dims: tuple[float, ...] = ()  # a GEMM's (M, K, N) (grouped: per group, on average); () for any other op
     expert: bool = False  # reads or computes the gradient of a routed expert's weights
     # What it reads and writes, as (storage key, bytes) per storage (``costs.fusion`` prices a run of
@@ -524,10 +526,15 @@ def _expert_nodes(outputs: Sequence[torch.Tensor], experts: frozenset[int]) -> d
 
 
 def count_loss(
-    loss: Callable[[list[Any]], torch.Tensor], outputs: Sequence[Any], exclude: set[int] | frozenset[int] = frozenset()
+    loss: Callable[[list[Any]], torch.Tensor],
+    outputs: Sequence[Any],
+    exclude: set[int] | frozenset[int] = frozenset(),
+    eager: bool = False,
 ) -> BlockCount:
     """Count the training loss on the model's flat outputs (meta tensors, made leaves), as
-    :func:`count_block` counts a block: its backward has no weights, so B = full backward."""
+    :func:`count_block` counts a block: its backward has no weights, so B = full backward.
+    ``eager``: its memory-bound ops marked ``kind`` ``"eager"``, each its own kernel where a fusing
+    framework would merge them (``costs.fusion``; Megatron-LM's unfused cross entropy, ``costs.losses``)."""
     leaves = [leaf(o) for o in outputs]
     nbytes = saved_bytes(lambda: loss(leaves), exclude=set(exclude))
     fwd = _CountMode()
@@ -539,7 +546,15 @@ def count_loss(
             torch.autograd.backward([value])
     handed = [value, *(t.grad for t in leaves if isinstance(t, torch.Tensor))]
     escapes = frozenset(storage_key(t) for t in handed if isinstance(t, torch.Tensor))
-    return numbered(BlockCount(tuple(fwd.ops), tuple(bwd.ops), tuple(bwd.ops), nbytes, escapes))
+    forward, backward = tuple(fwd.ops), tuple(bwd.ops)
+    if eager:
+        forward, backward = _eager(forward), _eager(backward)
+    return numbered(BlockCount(forward, backward, backward, nbytes, escapes))
+
+
+def _eager(ops: Sequence[OpCount]) -> tuple[OpCount, ...]:
+    """``ops`` with the memory-bound ones (no FLOPs, no kernel kind) marked ``"eager"``."""
+    return tuple(replace(op, kind="eager") if op.flops == 0 and not op.kind else op for op in ops)
 
 
 def numbered(count: BlockCount, start: int = 0) -> BlockCount:
