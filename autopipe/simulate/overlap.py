@@ -139,26 +139,30 @@ def exposed_s(
 
 
 def _reduced(w: ChunkWindows, reduce_s: Sequence[float], chunks: Sequence[int], buckets: Buckets) -> float:
-    """When one device's reductions end, bucket by bucket (module docstring), ``chunks`` in order."""
+    """When one device's reductions end, bucket by bucket (module docstring), ``chunks`` in order.
+    A chunk's n buckets of R / n, ready at s + (k + 1)(e - s) / n, one after another from ``free``,
+    end at the latest of free + R (never waiting), s + (e - s) / n + R (waiting for the first
+    only) and e + R / n (for the last): the readiness grows linearly in k, so the k between do
+    not bind, and the n buckets cost one step."""
     free = 0.0
     for j in chunks:
         s, e = w.last_backward[j]
-        n = max(buckets.reduce[j], 1)
-        for k in range(n):
-            free = max(free, s + (k + 1) / n * (e - s)) + reduce_s[j] / n
+        n, r = max(buckets.reduce[j], 1), reduce_s[j]
+        free = max(free + r, s + (e - s) / n + r, e + r / n)
     return free
 
 
 def _chained(w: ChunkWindows, gather_s: Sequence[float], chunks: Sequence[int], buckets: Buckets) -> float:
-    """How long one device's chained all-gathers hold its timeline back (module docstring)."""
+    """How long one device's chained all-gathers hold its timeline back (module docstring). In a
+    chunk's n buckets of g = G / n against f = (z - a) / n of forward each: the first, dispatched
+    when the one before was waited on, holds the forward until it ends; each later one is
+    dispatched as its predecessor's layers start and needed f later, so it adds g - f where the
+    gather is the slower. The next chunk's first is dispatched as this chunk's last layers start."""
     hold, dispatch = 0.0, 0.0
     for j in chunks:
         a, z = w.first_forward[j]
         n = max(buckets.gather[j], 1)
-        for k in range(n):
-            end = dispatch + gather_s[j] / n
-            need = a + k / n * (z - a) + hold
-            if end > need:
-                hold, need = hold + end - need, end
-            dispatch = need
+        g, f = gather_s[j] / n, (z - a) / n
+        hold = max(hold, dispatch + g - a) + (n - 1) * max(0.0, g - f)
+        dispatch = a + (n - 1) * f + hold
     return hold

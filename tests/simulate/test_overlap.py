@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from autopipe.schedules import schedule_spec
@@ -95,3 +97,50 @@ def test_a_chained_gather_starts_when_the_chunk_before_is_waited_on() -> None:
         2.0
     )
     assert exposed_s(w, [0, 0], gather, overlap_reduce=False, overlap_gather=True) == pytest.approx(1.0)
+
+
+def _bucket_by_bucket(w: ChunkWindows, reduce_s: list[float], gather_s: list[float], buckets: Buckets) -> float:
+    """The module docstring's buckets, one at a time (what the closed forms of exposed_s sum up)."""
+    worst = 0.0
+    for d in sorted(set(w.device)):
+        mine = [j for j, x in enumerate(w.device) if x == d]
+        free = 0.0
+        for j in sorted(mine, key=lambda j: w.last_backward[j][1]):
+            s, e = w.last_backward[j]
+            n = buckets.reduce[j]
+            for k in range(n):
+                free = max(free, s + (k + 1) / n * (e - s)) + reduce_s[j] / n
+        hold, dispatch = 0.0, 0.0
+        for j in sorted(mine, key=lambda j: w.first_forward[j][0]):
+            a, z = w.first_forward[j]
+            n = buckets.gather[j]
+            for k in range(n):
+                end = dispatch + gather_s[j] / n
+                need = a + k / n * (z - a) + hold
+                if end > need:
+                    hold, need = hold + end - need, end
+                dispatch = need
+        worst = max(worst, max(0.0, free - w.iteration_s) + hold)
+    return worst
+
+
+def test_the_closed_forms_agree_with_bucket_by_bucket_on_random_timelines() -> None:
+    """Seeded random devices, chunks, windows, collectives and bucket counts."""
+    rng = random.Random(0)
+    for _ in range(200):
+        chunks = rng.randint(1, 6)
+        device = tuple(rng.randint(0, 2) for _ in range(chunks))
+        first, last = [], []
+        for _ in range(chunks):
+            a = rng.uniform(0.0, 5.0)
+            first.append((a, a + rng.uniform(0.0, 2.0)))
+            s = rng.uniform(3.0, 9.0)
+            last.append((s, s + rng.uniform(0.0, 2.0)))
+        w = ChunkWindows(device, tuple(first), tuple(last), max(e for _, e in last) + rng.uniform(0.0, 1.0))
+        reduce = [rng.uniform(0.0, 3.0) for _ in range(chunks)]
+        gather = [rng.uniform(0.0, 3.0) for _ in range(chunks)]
+        buckets = Buckets(
+            tuple(rng.randint(1, 9) for _ in range(chunks)), tuple(rng.randint(1, 9) for _ in range(chunks))
+        )
+        got = exposed_s(w, reduce, gather, overlap_reduce=True, overlap_gather=True, buckets=buckets)
+        assert got == pytest.approx(_bucket_by_bucket(w, reduce, gather, buckets))
