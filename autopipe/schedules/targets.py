@@ -49,7 +49,9 @@ class DdpBuckets:
     critical path"); every other chunk is one bucket. Its reduction is launched by the bucket's
     gradient hooks during the chunk's last backward only on the first pipeline rank without
     interleaving (``enable_grad_sync`` there); elsewhere, with the default ``delay_grad_reduce``, as a
-    whole after that backward (``grad_sync_func``, "Launch any remaining grad reductions"). The
+    whole after that backward (``grad_sync_func``, "Launch any remaining grad reductions"; interleaved,
+    pipeline rank r launches it r backwards later still, to launch with the first rank: not priced,
+    so the reductions of the ranks past the first may start earlier here than they do). The
     distributed optimizer's all-gathers run bucket by bucket in forward order, the first launched
     before the forward, each next one when the one before is waited on in the forward pre-hook
     (``_finish_param_sync_helper``: "we can't pre-launch all-gathers for all buckets at once")."""
