@@ -99,7 +99,14 @@ def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument(
         "--action-overhead",
         default=None,
-        help="the executor's own time per F, B or W action, like 0.2ms (default: by device type)",
+        help="the executor's own time per F, B or W action, like 0.2ms "
+        "(default: the profile's measured, else by device type)",
+    )
+    p.add_argument(
+        "--send-overhead",
+        default=None,
+        help="the executor's time per action that sends to another rank, on top of --action-overhead, like 0.4ms "
+        "(default: the profile's measured, else by device type)",
     )
     p.add_argument("-o", "--output", default="plan.json", help="plan file to write (default: plan.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -134,7 +141,7 @@ class PlanFlags:
     devices: int | None  # --devices/--stages: pipeline devices; with gpus, the pipeline depth
     memory_limit: float | None  # bytes per device
     choices: Choices  # --micro-batches, --schedule, --virtual, --no-recompute / --recompute-all
-    link: Link  # --bandwidth, --latency, --action-overhead
+    link: Link  # --bandwidth, --latency, --action-overhead, --send-overhead
     gpus: int | None
     output: str
     timeline: str | None
@@ -228,6 +235,7 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
         _optional(args.bandwidth, parse_rate, "--bandwidth"),
         _optional(args.latency, parse_duration, "--latency"),
         _optional(args.action_overhead, parse_duration, "--action-overhead"),
+        _optional(args.send_overhead, parse_duration, "--send-overhead"),
     )
     balance = _optional(args.balance, balance_list, "--balance")
     if balance is not None and gpus is not None:

@@ -101,7 +101,8 @@ def test_nothing_given_the_api_and_the_cli_take_the_same_defaults(
     assert api == cli
     assert api.devices == default_devices() and api.memory_limit == device_memory(profile.device)
     assert (api.link_bandwidth, api.link_latency_s) == default_link(profile.device)
-    assert api.action_overhead_s == 3e-4 and api.state_factor == PlanRequest.state_factor
+    assert api.action_overhead_s == 1.5e-4 and api.send_overhead_s == 4.5e-4  # bench_overhead, quiet (issue 28)
+    assert api.state_factor == PlanRequest.state_factor
 
 
 def test_everything_given_the_api_and_the_cli_ask_the_same(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
