@@ -21,8 +21,10 @@ micro-batch, :data:`MICRO_BATCHES` micro-batches), one thread::
 Rounds alternate a local and a remote iteration (after one warm-up of each), so a change in the
 host's load reaches both; each round gives one estimate of each cost, and :func:`measure_executor`
 returns them all (``api.py`` keeps their median and spread in the profile,
-``costs.profile.ExecutorCost``). The peer waits in gloo most of the time, so it takes little
-from the thread measured; a real peer rank computes meanwhile, which ``Contention`` prices.
+``costs.profile.ExecutorCost``). Throughout, a neighbour thread keeps one core busy with matrix
+products (torch lets go of the GIL while it multiplies), as the other rank of a run computes
+meanwhile: gloo's threads then find the cores taken, as they do in ``autopipe run``, and the
+bare, local and remote timings all share that neighbour, so it cancels out of both differences.
 Anything that fails (no gloo, a timeout) returns None and logs why: the planner then takes its
 defaults. Tests: tests/runtime/test_probe.py.
 """
@@ -60,6 +62,7 @@ ROWS = 16  # rows of a micro-batch: a 16 KiB message
 MICRO_BATCHES = 8  # per iteration
 ROUNDS = 5  # estimates of each cost (one local and one remote iteration each)
 TIMEOUT_S = 10.0  # a gloo operation that has not finished by then fails the probe
+NEIGHBOUR = 384  # the neighbour's square matrices (a product takes a few milliseconds on one core)
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,28 @@ def _peer(group: Any, ops: Sequence[tuple[int, MessageKey]], routing: Routing, i
 # ----------------------------------------------------------------------------- timing
 
 
+class _Neighbour:
+    """A thread multiplying matrices until stopped: the other rank's compute, on another core."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        a = torch.randn(NEIGHBOUR, NEIGHBOUR)
+        out = torch.empty_like(a)
+        while not self.stop.is_set():
+            torch.mm(a, a, out=out)
+
+    def __enter__(self) -> _Neighbour:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(TIMEOUT_S)
+
+
 def _bare(stages: Sequence[StageModule], x: torch.Tensor, repeat: int) -> dict[tuple[int, str], float]:
     """Median seconds of each stage's forward and backward called bare, as the profiler times a
     block (the last stage's with the loss)."""
@@ -269,20 +294,35 @@ def _measure(rounds: int) -> ExecutorSamples:
     peer = threading.Thread(target=_peer, args=(groups[1], order[1][0], routing, rounds + 1), daemon=True)
     peer.start()
     try:
-        action, send = [], []
-        for step in range(rounds + 1):
-            here = _work(local.forward_backward(inputs, targets, step))
-            there = _work(remote.forward_backward(inputs, targets, step))
-            bare = _bare(local_stages, inputs[0][0], 3)
-            for st in (*local_stages, *remote_stages):
-                for p in st.module.parameters():
-                    p.grad = None
-            if step == 0:  # the warm-up
-                continue
-            action.append(max(0.0, statistics.fmean(here[k] - bare[k] for k in bare)))
-            send.append(max(0.0, there[(0, "F")] - here[(0, "F")]))
+        with _Neighbour():
+            return _rounds(rounds, inputs, targets, local, remote, local_stages, remote_stages)
     finally:
         peer.join(TIMEOUT_S)
-    if peer.is_alive():
-        raise TimeoutError("the probe's peer did not finish")
+        if peer.is_alive():
+            raise TimeoutError("the probe's peer did not finish")
+
+
+def _rounds(
+    rounds: int,
+    inputs: list[list[torch.Tensor]],
+    targets: list[object],
+    local: PipelineEngine,
+    remote: PipelineEngine,
+    local_stages: Sequence[StageModule],
+    remote_stages: Sequence[StageModule],
+) -> ExecutorSamples:
+    """A warm-up, then ``rounds`` rounds of a local and a remote iteration and the bare timings:
+    one estimate of each cost per round."""
+    action, send = [], []
+    for step in range(rounds + 1):
+        here = _work(local.forward_backward(inputs, targets, step))
+        there = _work(remote.forward_backward(inputs, targets, step))
+        bare = _bare(local_stages, inputs[0][0], 3)
+        for st in (*local_stages, *remote_stages):
+            for p in st.module.parameters():
+                p.grad = None
+        if step == 0:  # the warm-up
+            continue
+        action.append(max(0.0, statistics.fmean(here[k] - bare[k] for k in bare)))
+        send.append(max(0.0, there[(0, "F")] - here[(0, "F")]))
     return ExecutorSamples(tuple(action), tuple(send))
