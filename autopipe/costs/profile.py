@@ -586,17 +586,20 @@ def _check(p: Profile, source: str) -> None:
             "finite numbers >= 0, profile again"
         )
     _check_contention(p.contention, source)
-    e = p.executor
+    _check_executor(p.executor, source)
+    if not p.micro_batch_sizes or any(u < 1 for u in p.micro_batch_sizes):
+        raise ProfileError(
+            f"{source} has micro_batch_sizes {list(p.micro_batch_sizes)}; they must be positive, profile again"
+        )
+
+
+def _check_executor(e: ExecutorCost, source: str) -> None:
     if not all(math.isfinite(x) and 0 <= x <= 1.0 for x in (e.action_s, e.send_s)) or not all(
         math.isfinite(x) and 0 <= x <= 1e6 for x in (e.action_spread, e.send_spread)
     ):
         raise ProfileError(
             f"{source} has a bad executor object (action_s {e.action_s!r}, send_s {e.send_s!r}, spreads "
             f"{e.action_spread!r}, {e.send_spread!r}): seconds from 0 to 1 and spreads >= 0; profile again"
-        )
-    if not p.micro_batch_sizes or any(u < 1 for u in p.micro_batch_sizes):
-        raise ProfileError(
-            f"{source} has micro_batch_sizes {list(p.micro_batch_sizes)}; they must be positive, profile again"
         )
 
 

@@ -176,7 +176,8 @@ def explain(where: Breakdown) -> str:
         )
     if name == "messages":
         return (
-            f"mostly messages: {m.messages_s * 1e3:.3f} ms waiting for messages in flight against "
-            f"{p.messages_s * 1e3:.3f} ms predicted (a slower link than planned for: plan with a larger --latency)"
+            f"mostly messages: {m.messages_s * 1e3:.3f} ms sending and waiting for messages in flight against "
+            f"{p.messages_s * 1e3:.3f} ms predicted (a slower link or costlier sends than planned for: "
+            "plan with a larger --latency or --send-overhead)"
         )
     return "mostly idle: one rank's work took other times than planned and the other rank waited for it"
