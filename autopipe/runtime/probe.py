@@ -192,7 +192,15 @@ def _gloo_pair() -> list[Any]:
 
 def _peer(group: Any, ops: Sequence[tuple[int, MessageKey]], routing: Routing, iterations: int) -> None:
     """Rank 1 of the remote runs: per iteration, the barrier, then its operations with rank 0
-    in the agreed order (a received activation answered by a gradient of ones)."""
+    in the agreed order (a received activation answered by a gradient of ones). A failure ends
+    it quietly: rank 0 then times out waiting for it and reports that."""
+    try:
+        _answer(group, ops, routing, iterations)
+    except Exception as e:
+        log.debug("the executor probe's peer stopped: %s", e)
+
+
+def _answer(group: Any, ops: Sequence[tuple[int, MessageKey]], routing: Routing, iterations: int) -> None:
     buf = torch.empty(_SPECS["h"].shape)
     grad = torch.ones(_SPECS["h"].shape)
     for step in range(iterations):
