@@ -594,12 +594,12 @@ def _check(p: Profile, source: str) -> None:
 
 
 def _check_executor(e: ExecutorCost, source: str) -> None:
-    if not all(math.isfinite(x) and 0 <= x <= 1.0 for x in (e.action_s, e.send_s)) or not all(
+    if not all(math.isfinite(x) and 0 <= x <= 10.0 for x in (e.action_s, e.send_s)) or not all(
         math.isfinite(x) and 0 <= x <= 1e6 for x in (e.action_spread, e.send_spread)
     ):
         raise ProfileError(
             f"{source} has a bad executor object (action_s {e.action_s!r}, send_s {e.send_s!r}, spreads "
-            f"{e.action_spread!r}, {e.send_spread!r}): seconds from 0 to 1 and spreads >= 0; profile again"
+            f"{e.action_spread!r}, {e.send_spread!r}): seconds from 0 to 10 and spreads >= 0; profile again"
         )
 
 

@@ -107,7 +107,7 @@ def _good() -> Profile:
         (lambda r: r.update(micro_batch_sizes=[0]), " has micro_batch_sizes [0]; they must be positive"),
         (
             lambda r: r.update(executor={"action_s": 1e-4, "send_s": -1.0}),
-            " has a bad executor object (action_s 0.0001, send_s -1.0, spreads 0.0, 0.0): seconds from 0 to 1",
+            " has a bad executor object (action_s 0.0001, send_s -1.0, spreads 0.0, 0.0): seconds from 0 to 10",
         ),
     ],
 )
