@@ -115,6 +115,7 @@ __all__ = [  # the functions, then what they take and give (the CLI imports thes
     "count",
     "default_micro_batch_sizes",
     "emit",
+    "executor_probe",
     "fingerprint_of",
     "load_timeout",
     "megatron_config",
@@ -175,10 +176,20 @@ def profile(
         device=device,
         progress=progress,
         threads=threads,
+        executor=executor_probe,
     )
     if isinstance(model, nn.Module):  # nothing to rebuild it from: the recipe names no file
         prof = replace(prof, model=f"{type(model).__name__} (in memory)", recipe=replace(prof.recipe, model_file=""))
     return prof
+
+
+def executor_probe() -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """The executor's cost per action and per send to another rank, estimated per round on this
+    host (``runtime/probe.py``), as ``profile_model(executor=...)`` takes them."""
+    from autopipe.runtime.probe import measure_executor
+
+    samples = measure_executor()
+    return None if samples is None else (samples.action_s, samples.send_s)
 
 
 def plan(
@@ -291,7 +302,7 @@ def _check_profile_options(options: Mapping[str, object]) -> None:
         if name in LINK_FIELDS or name.startswith("link_"):
             raise PlanError(
                 f"{name} describes the link: pass link=Link(...) "
-                "(autopipe.api.Link: bandwidth, latency_s, action_overhead_s)"
+                "(autopipe.api.Link: bandwidth, latency_s, action_overhead_s, send_overhead_s)"
             )
 
 

@@ -229,6 +229,7 @@ class Plan:
     allreduce_s: float = 0.0  # data-parallel communication the step pays past the pipeline's end
     parallel_note: str = ""  # the (S, D) decision, its links and the runner-up, for people
     action_overhead_s: float = 0.0  # the executor's cost per action, in every stage time above
+    send_overhead_s: float = 0.0  # and per F or B that sends to another rank, in those stage times too
     # Tensor parallel (solve.parallel, costs.tensor): every stage runs on t devices of one node,
     # Megatron-style; the stage times, memory and params above are one device's share.
     tensor_parallel: int = 1  # t; the devices in all are t * devices * data_parallel
@@ -387,6 +388,7 @@ _LATER: dict[str, Any] = {  # fields added later, left out of the file at these 
     "dp_comm_s": 0.0,
     "grad_reduce_ratio": 1.0,
     "host_sharing": 1.0,
+    "send_overhead_s": 0.0,
     "expert_parallel": 1,
     "expert_tensor_parallel": 1,
     "context_parallel": 1,

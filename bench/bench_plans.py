@@ -20,7 +20,7 @@ import torch
 
 from autopipe.costs.measured import profile_model
 from autopipe.model.load import check_model_runs, load_model
-from autopipe.planner.defaults import default_action_overhead, default_link
+from autopipe.planner.defaults import default_action_overhead, default_link, default_send_overhead
 from autopipe.planner.search import PlanRequest, plan_pipeline
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
@@ -60,6 +60,7 @@ def main() -> None:
                 link_bandwidth=bw,
                 link_latency_s=lat,
                 action_overhead_s=default_action_overhead(prof.device),
+                send_overhead_s=default_send_overhead(prof.device),
             )
             plan = plan_pipeline(prof, req)
             ratio = {b.name: b.iteration_time_s / plan.iteration_time_s for b in plan.baselines}

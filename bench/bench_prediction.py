@@ -1,12 +1,14 @@
 # Run: PYTHONPATH=. python bench/bench_prediction.py [--model gpt|mlp] [-k n_layer=8 n_embd=256] [--batch 16]
-#   [--steps 10] [--repeat 9] [--cases 1f1b,zb-h1,interleaved-1f1b]
+#   [--steps 10] [--repeat 9] [--cases 1f1b,zb-h1,interleaved-1f1b] [--executor measured|defaults]
 #   (repository root; ~1 min)
 """Measured against predicted, per schedule, and where the difference goes.
 
 models/gpt.py (or ``--model mlp``, models/mlp.py) is profiled here with one thread (as each
 rank runs), then planned for 2 CPU ranks with the schedule and micro-batch count pinned (1F1B,
-ZB-H1, interleaved 1F1B with v = 2; m = 8, batch 16), with the link and per-action cost
-``autopipe plan`` uses for CPU ranks (planner/defaults.py). Each plan is run with
+ZB-H1, interleaved 1F1B with v = 2; m = 8, batch 16), with the link and the executor's costs
+per action and per send to another rank that ``autopipe plan`` uses for CPU ranks
+(planner/defaults.py: the profile's probe, ``runtime/probe.py``; ``--executor defaults`` prices
+bench_overhead's quiet figures instead). Each plan is run with
 ``autopipe.runtime.run.launch`` (two gloo processes, one thread each, as ``autopipe run``) for
 ``--steps`` steps; the first is warm-up.
 
@@ -16,7 +18,8 @@ of one host, so comparable across ranks) the script prints, per schedule:
   * measured makespan (median over steps, slowest rank) against the plan's prediction;
   * per action kind and stage: measured compute against the plan's stage time, and the
     residual per action over the profile's block times (the executor's fixed cost per
-    action, which the plan prices as ``action_overhead_s``);
+    action, which the plan prices as ``action_overhead_s``, and per send to another rank on
+    top, ``send_overhead_s``), for the actions that send and for those that do not;
   * messages between ranks per iteration and their measured latency (a consumer that waited:
     arrival minus the producer's end), against the plan's link (latency + bytes / bandwidth);
   * the simulator replayed with what was measured: measured compute and the plan's links
@@ -53,38 +56,42 @@ from autopipe.schedules import schedule_spec
 from autopipe.schedules.action import Action, Kind
 from autopipe.schedules.deps import dependencies
 from autopipe.simulate.events import StageCost, simulate
+from autopipe.simulate.sends import sends_of
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = (("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2))  # (schedule, virtual)
 BATCH, MICRO_BATCHES, DEVICES = 16, 8, 2
 
 
-def profile(kwargs: list[str], repeat: int = 9, model: str = "gpt", batch: int = BATCH) -> Profile:
+def profile(
+    kwargs: list[str], repeat: int = 9, model: str = "gpt", batch: int = BATCH, executor: bool = True
+) -> Profile:
+    """The model profiled as ``autopipe profile`` does (``executor``: with the executor's probe)."""
+    from autopipe.api import executor_probe
     from autopipe.costs.measured import profile_model
     from autopipe.model.load import load_model, parse_kwargs
 
     torch.manual_seed(0)
     loaded = load_model(str(ROOT / "models" / f"{model}.py"), parse_kwargs(kwargs))
-    return profile_model(loaded, micro_batch_sizes=[batch // MICRO_BATCHES], warmup=min(3, repeat), repeat=repeat)
+    return profile_model(
+        loaded,
+        micro_batch_sizes=[batch // MICRO_BATCHES],
+        warmup=min(3, repeat),
+        repeat=repeat,
+        executor=executor_probe if executor else None,
+    )
 
 
 def plan_of(prof: Profile, schedule: str, virtual: int, batch: int = BATCH) -> Plan:
-    from autopipe.planner.defaults import default_action_overhead, default_link, host_shared, with_host_sharing
-    from autopipe.planner.search import PlanRequest, plan_pipeline
+    """The plan ``autopipe plan --profile`` makes with the schedule, m and recomputation pinned:
+    its link, costs per action and per send (the profile's measured, else the defaults) and
+    host sharing."""
+    from autopipe.planner.defaults import host_shared, plan_request, with_host_sharing
+    from autopipe.planner.request import Choices
+    from autopipe.planner.search import plan_pipeline
 
-    bw, lat = default_link(prof.device)
-    req = PlanRequest(
-        devices=DEVICES,
-        batch_size=batch,
-        memory_limit=2.0**34,
-        micro_batches=MICRO_BATCHES,
-        schedule=schedule,
-        virtual=virtual if virtual > 1 else None,
-        recompute=Recompute.NEVER,
-        link_bandwidth=bw,
-        link_latency_s=lat,
-        action_overhead_s=default_action_overhead(prof.device),
-    )
+    choices = Choices(MICRO_BATCHES, schedule, virtual if virtual > 1 else None, Recompute.NEVER)
+    req = plan_request(prof, devices=DEVICES, batch_size=batch, memory_limit=2.0**34, choices=choices)
     shared, req, factor, spread = host_shared(prof, req)  # the ranks sharing this host, as autopipe plan prices them
     return with_host_sharing(plan_pipeline(shared, req), factor, spread)
 
@@ -179,6 +186,10 @@ def analyse(prof: Profile, plan: Plan, result: RunResult) -> dict[str, float]:
     wgt = Kind.WEIGHT.value
     w = [med.get((j, wgt), 0.0) for j in range(n)]  # zero-bubble schedules: B is the input's half
     residual = [med[(j, fwd)] - block_f[j] for j in range(n)] + [med[(j, bwd)] + w[j] - block_b[j] for j in range(n)]
+    forward, backward = sends_of([s.rank for s in plan.stages])
+    sending = [*forward, *backward]  # which of the residuals above are of actions that send to another rank
+    with_send = [x for x, s in zip(residual, sending, strict=True) if s]
+    without = [x for x, s in zip(residual, sending, strict=True) if not s]
     measured = [StageCost(med[(j, fwd)], med[(j, bwd)] + w[j], med[(j, bwd)], w[j], 0.0) for j in range(n)]
     schedule = spec.make(plan.devices, plan.micro_batches, plan.virtual)
 
@@ -216,7 +227,10 @@ def analyse(prof: Profile, plan: Plan, result: RunResult) -> dict[str, float]:
         "latency": lat,
         "link": statistics.fmean(predicted_comm(plan)),
         "overhead": statistics.median(residual),
+        "overhead_send": statistics.median(with_send) if with_send else float("nan"),
+        "overhead_other": statistics.median(without) if without else float("nan"),
         "priced_overhead": plan.action_overhead_s,
+        "priced_send": plan.send_overhead_s,
         "compute_measured": sum(med[(j, fwd)] + med[(j, bwd)] + w[j] for j in range(n)) * plan.micro_batches,
         "compute_predicted": sum(s.forward_s + s.backward_s for s in plan.stages) * plan.micro_batches,
     }
@@ -230,6 +244,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--batch", type=int, default=BATCH, help=f"samples per iteration (default {BATCH})")
     ap.add_argument("--repeat", type=int, default=9, help="profiling: timed runs per block (the median is kept)")
+    ap.add_argument(
+        "--executor",
+        choices=("measured", "defaults"),
+        default="measured",
+        help="the executor's costs per action and per send: the profile's probe (default) or planner/defaults.py's",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     from autopipe.runtime.run.launch import launch
@@ -241,7 +261,7 @@ def main() -> None:
         f"batch {args.batch}, m {MICRO_BATCHES}, "
         f"{args.steps} steps (first is warm-up)"
     )
-    prof = profile(args.k, args.repeat, args.model, args.batch)
+    prof = profile(args.k, args.repeat, args.model, args.batch, executor=args.executor == "measured")
     rows, parts, plans = [], [], []
     for schedule, virtual in CASES:
         if schedule not in args.cases.split(","):
@@ -257,7 +277,7 @@ def main() -> None:
     print(
         f"{'schedule':20} {'predicted':>9} {'measured':>9} {'error':>7} {'replay:compute':>14} {'left':>7} "
         f"{'replay:all':>10} {'actions':>7} {'messages':>8} {'hops':>5} {'latency':>8} {'fitted':>7} {'link':>7} "
-        f"{'overhead':>8} {'priced':>7}"
+        f"{'overhead':>8} {'priced':>7} {'send':>7} {'o:send':>7} {'o:other':>7}"
     )
     for name, r in rows:
         print(
@@ -266,15 +286,17 @@ def main() -> None:
             f"{r['replay_compute'] * ms:>14.2f} {r['measured'] / r['replay_compute'] - 1:>+7.1%} "
             f"{r['replay_all'] * ms:>10.2f} {r['actions']:>7.0f} {r['messages']:>8.0f} {r['hops']:>5.1f} "
             f"{r['latency'] * ms:>8.3f} {r['fitted_latency'] * ms:>7.3f} {r['link'] * ms:>7.3f} "
-            f"{r['overhead'] * ms:>8.3f} {r['priced_overhead'] * ms:>7.3f}"
+            f"{r['overhead'] * ms:>8.3f} {r['priced_overhead'] * ms:>7.3f} {r['priced_send'] * ms:>7.3f} "
+            f"{r['overhead_send'] * ms:>7.3f} {r['overhead_other'] * ms:>7.3f}"
         )
     print(
         "(ms. error = measured / predicted - 1. replay = the simulator with the compute measured per stage and kind, "
         "and the plan's link (:compute) or the median latency of the messages waited for (:all); left = measured / "
         "replay:compute - 1, the error compute does not explain. hops = messages on the critical path (the replay's "
         "slope in the latency per message); fitted = the latency per message at which replay:compute equals the "
-        "measurement; link = the plan's. overhead = median measured action minus the profile's block time; priced = "
-        "the plan's action_overhead_s)"
+        "measurement; link = the plan's. overhead = median measured action minus the profile's block time (B with "
+        "its W); priced = the plan's action_overhead_s, send = its send_overhead_s (both with host sharing); "
+        "o:send / o:other = the overhead of the actions that send to another rank / of the others)"
     )
     for name, r in rows:
         print(
@@ -309,6 +331,17 @@ def main() -> None:
         f"host sharing priced: compute x{plans[0].host_sharing:.3f} for {DEVICES} ranks "
         f"(profile's contention: {prof.contention.workers} workers -> slowdown {prof.contention.slowdown}); "
         f"printed uncertainty ±{plans[0].uncertainty:.0%}"
+    )
+    e = prof.executor
+    said = (
+        f"the profile's probe: {e.action_s * ms:.3f} ms ±{e.action_spread:.0%} / {e.send_s * ms:.3f} ms "
+        f"±{e.send_spread:.0%}"
+        if e
+        else "planner/defaults.py's"
+    )
+    print(
+        f"executor priced: {plans[0].action_overhead_s * ms:.3f} ms per action, "
+        f"{plans[0].send_overhead_s * ms:.3f} ms per send on top (x{plans[0].host_sharing:.3f} host sharing; {said})"
     )
     print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     sys.stdout.flush()

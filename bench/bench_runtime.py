@@ -47,10 +47,10 @@ def plan_all(
     kwargs: list[str], folder: Path, schedules: tuple[str, ...] = SCHEDULES, micro_batches: int = MICRO_BATCHES
 ) -> list[Path]:
     """models/gpt.py (factory ``kwargs``) profiled with one thread and planned for 2 CPU ranks per
-    schedule, m pinned, with the planner's default link and cost per action; the saved plans."""
+    schedule, m pinned, with the planner's default link and costs per action and per send; the saved plans."""
     from autopipe.costs.measured import profile_model
     from autopipe.model.load import load_model, parse_kwargs
-    from autopipe.planner.defaults import default_action_overhead, default_link
+    from autopipe.planner.defaults import default_action_overhead, default_link, default_send_overhead
     from autopipe.planner.search import PlanRequest, plan_pipeline
 
     torch.manual_seed(0)
@@ -69,6 +69,7 @@ def plan_all(
             link_bandwidth=bw,
             link_latency_s=lat,
             action_overhead_s=default_action_overhead(prof.device),
+            send_overhead_s=default_send_overhead(prof.device),
         )
         plan = plan_pipeline(prof, req)
         path = folder / f"plan-{schedule}.json"

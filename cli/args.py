@@ -39,6 +39,7 @@ class UsageError(InputError):
 
 FLAGS = {  # the library's field -> the flag that sets it: how the CLI's errors name it
     "action_overhead_s": "--action-overhead",
+    "send_overhead_s": "--send-overhead",
     "balance": "--balance",
     "batch_size": "--batch-size",
     "data_parallel": "--data-parallel",

@@ -94,13 +94,7 @@ def add_plan_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument("--no-recompute", action="store_true", help="never recompute activations")
     p.add_argument("--recompute-all", action="store_true", help="recompute activations on every stage")
     _memory_flags(p)
-    p.add_argument("--bandwidth", default=None, help="link bandwidth, like 25GB/s (default: by device type)")
-    p.add_argument("--latency", default=None, help="link latency, like 20us (default: by device type)")
-    p.add_argument(
-        "--action-overhead",
-        default=None,
-        help="the executor's own time per F, B or W action, like 0.2ms (default: by device type)",
-    )
+    _link_flags(p)
     p.add_argument("-o", "--output", default="plan.json", help="plan file to write (default: plan.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--timeline", default=None, metavar="FILE", help="draw the schedule as a Gantt chart (.png or .svg)")
@@ -134,7 +128,7 @@ class PlanFlags:
     devices: int | None  # --devices/--stages: pipeline devices; with gpus, the pipeline depth
     memory_limit: float | None  # bytes per device
     choices: Choices  # --micro-batches, --schedule, --virtual, --no-recompute / --recompute-all
-    link: Link  # --bandwidth, --latency, --action-overhead
+    link: Link  # --bandwidth, --latency, --action-overhead, --send-overhead
     gpus: int | None
     output: str
     timeline: str | None
@@ -149,6 +143,24 @@ class PlanFlags:
 
 def _optional(text: str | None, parse: Callable[[str, str], _T], flag: str) -> _T | None:
     return parse(text, flag) if text is not None else None
+
+
+def _link_flags(p: argparse.ArgumentParser) -> None:
+    """--bandwidth, --latency, --action-overhead, --send-overhead: what the link and the executor cost."""
+    p.add_argument("--bandwidth", default=None, help="link bandwidth, like 25GB/s (default: by device type)")
+    p.add_argument("--latency", default=None, help="link latency, like 20us (default: by device type)")
+    p.add_argument(
+        "--action-overhead",
+        default=None,
+        help="the executor's own time per F, B or W action, like 0.2ms "
+        "(default: the profile's measured, else by device type)",
+    )
+    p.add_argument(
+        "--send-overhead",
+        default=None,
+        help="the executor's time per action that sends to another rank, on top of --action-overhead, like 0.4ms "
+        "(default: the profile's measured, else by device type)",
+    )
 
 
 def _memory_flags(p: argparse.ArgumentParser) -> None:
@@ -228,6 +240,7 @@ def plan_flags(args: argparse.Namespace) -> PlanFlags:
         _optional(args.bandwidth, parse_rate, "--bandwidth"),
         _optional(args.latency, parse_duration, "--latency"),
         _optional(args.action_overhead, parse_duration, "--action-overhead"),
+        _optional(args.send_overhead, parse_duration, "--send-overhead"),
     )
     balance = _optional(args.balance, balance_list, "--balance")
     if balance is not None and gpus is not None:

@@ -387,7 +387,10 @@ def test_an_in_memory_plan_trains_in_your_own_loop_as_the_unsplit_module() -> No
 ENTRY_POINTS = {"plan": autopipe.plan, "plan_profile": autopipe.plan_profile, "plan_cluster": autopipe.plan_cluster}
 PINNED = autopipe.Choices(micro_batches=4, schedule="1f1b", recompute=autopipe.Recompute.NEVER)
 PRICED = autopipe.Link(
-    bandwidth=parse_rate("25GB/s"), latency_s=parse_duration("20us"), action_overhead_s=parse_duration("0.1ms")
+    bandwidth=parse_rate("25GB/s"),
+    latency_s=parse_duration("20us"),
+    action_overhead_s=parse_duration("0.1ms"),
+    send_overhead_s=parse_duration("0.4ms"),
 )
 PINNED_FLAGS = [
     "--micro-batches",
@@ -401,6 +404,8 @@ PINNED_FLAGS = [
     "20us",
     "--action-overhead",
     "0.1ms",
+    "--send-overhead",
+    "0.4ms",
 ]
 
 

@@ -17,13 +17,17 @@ own module (``graph/segment.py``) and run on the values the blocks before it pro
 - parameter bytes of the parameters each block owns, and bytes of every tensor on every edge.
 
 Times and bytes are then fitted as affine functions of the micro-batch size (``costs.Affine``)
-so the planner can price any micro-batch count.
+so the planner can price any micro-batch count. On the CPU the profile also measures how ranks
+sharing the host slow each other (``costs.contention``) and, where the caller gives the probe
+(``api.py``: ``runtime/probe.py``, the executor's own pieces), the executor's cost per action and
+per send to another rank (:func:`executor_cost`, ``Profile.executor``).
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -35,10 +39,11 @@ from autopipe.costs.activations.anatomy import Anatomy, layer_anatomies, options
 from autopipe.costs.contention import Probe
 from autopipe.costs.counting import OpCount, block_time
 from autopipe.costs.devices import DeviceSpec, device_spec, match_device, measure_cpu
-from autopipe.costs.profile import Affine, BlockCost, Profile, Spread, TensorCost
+from autopipe.costs.profile import Affine, BlockCost, ExecutorCost, Profile, Spread, TensorCost
 from autopipe.costs.timing import (
     BlockMeasurement,
     measure_blocks,
+    relative_spread,
     saved_bytes,
     storage_key,
     time_call,
@@ -52,8 +57,10 @@ from autopipe.units import check_count
 
 __all__ = [
     "BlockMeasurement",
+    "ExecutorProbe",
     "Progress",
     "crossing_tensors",
+    "executor_cost",
     "measure_blocks",
     "profile_model",
     "saved_bytes",
@@ -62,6 +69,9 @@ __all__ = [
 ]
 
 Progress = Callable[[str, int, int], None]  # progress(what, done, total); total 0: not known
+# The executor's probe (runtime/probe.py, passed in by api.py): per round, an estimate of its cost
+# per action and one of its cost per send to another rank, in seconds; None where it could not run.
+ExecutorProbe = Callable[[], tuple[Sequence[float], Sequence[float]] | None]
 _ZERO = Affine(0.0, 0.0)
 _NO_SPREAD = Spread()
 CONTENTION_ROUNDS = (1, 2)  # rounds of the host-sharing probe before and after the blocks are timed
@@ -78,6 +88,7 @@ def profile_model(
     progress: Progress | None = None,
     threads: int | None = 1,
     contention: bool = True,
+    executor: ExecutorProbe | None = None,
 ) -> Profile:
     """Trace and measure ``loaded`` (a ``load.LoadedModel``) at each micro-batch size.
 
@@ -87,6 +98,8 @@ def profile_model(
     ``autopipe run`` runs on one thread, so that is what its stages will cost); ``None``
     keeps torch's current setting. ``contention``: on the CPU, also measure how ranks sharing this
     host slow each other (:mod:`autopipe.costs.contention`), which the planner prices.
+    ``executor``: on the CPU, the probe of the executor's own costs, run after the blocks on the
+    same threads (:func:`executor_cost`; ``api.profile`` passes ``runtime/probe.py``'s).
     """
     for field, value in (("warmup", warmup), ("repeat", repeat), ("threads", threads)):
         if value is not None:
@@ -96,15 +109,38 @@ def profile_model(
         torch.set_num_threads(threads)
     try:
         with guarded("the model's forward (profiling)", loaded.spec.path, timed=False):
-            probe = Probe(threads=torch.get_num_threads()) if contention and not device.startswith("cuda") else None
+            cpu = not device.startswith("cuda")
+            probe = Probe(threads=torch.get_num_threads()) if contention and cpu else None
             if probe is None:
-                return _profile(loaded, micro_batch_sizes, recipe, warmup, repeat, device, progress)
-            with probe:  # its workers start while the model is traced
-                prof = _profile(loaded, micro_batch_sizes, recipe, warmup, repeat, device, progress, probe)
-                probe.measure(CONTENTION_ROUNDS[1])
-            return replace(prof, contention=probe.result())
+                prof = _profile(loaded, micro_batch_sizes, recipe, warmup, repeat, device, progress)
+            else:
+                with probe:  # its workers start while the model is traced
+                    prof = _profile(loaded, micro_batch_sizes, recipe, warmup, repeat, device, progress, probe)
+                    probe.measure(CONTENTION_ROUNDS[1])
+                prof = replace(prof, contention=probe.result())
+        if executor is not None and cpu:
+            if progress is not None:
+                progress("the executor's cost per action and per send", 0, 0)
+            prof = replace(prof, executor=executor_cost(executor()))
+        return prof
     finally:
         torch.set_num_threads(before)
+
+
+def executor_cost(samples: tuple[Sequence[float], Sequence[float]] | None) -> ExecutorCost:
+    """The probe's per-round estimates (cost per action, cost per send) as the profile keeps
+    them: medians and their relative spreads (:func:`~autopipe.costs.timing.relative_spread`);
+    not measured (falsy) where the probe gave none."""
+    if samples is None or not samples[0] or not samples[1]:
+        return ExecutorCost()
+    action, send = samples
+    return ExecutorCost(
+        action_s=float(statistics.median(action)),
+        send_s=float(statistics.median(send)),
+        action_spread=relative_spread(action),
+        send_spread=relative_spread(send),
+        measured=True,
+    )
 
 
 def _profile(

@@ -30,7 +30,17 @@ from autopipe.errors import ProfileError
 from autopipe.graph.kinds import OFFLOAD_KINDS, RECOMPUTE_KINDS
 from autopipe.graph.recipe import TraceRecipe
 
-__all__ = ["PROFILE_VERSION", "Affine", "BlockCost", "Contention", "MemoryOption", "Profile", "Spread", "TensorCost"]
+__all__ = [
+    "PROFILE_VERSION",
+    "Affine",
+    "BlockCost",
+    "Contention",
+    "ExecutorCost",
+    "MemoryOption",
+    "Profile",
+    "Spread",
+    "TensorCost",
+]
 
 PROFILE_VERSION = 2
 _READS = (1, PROFILE_VERSION)  # version 1: the recipe's fields at the top level
@@ -208,6 +218,24 @@ class Contention:
 
 
 @dataclass(frozen=True)
+class ExecutorCost:
+    """What autopipe's executor spends besides the blocks' compute, measured beside a CPU profile
+    (:mod:`autopipe.costs.executor`): ``action_s`` per F, B or W action, ``send_s`` on top per
+    action that posts a send to another rank (:mod:`autopipe.simulate.sends`), each with its
+    relative spread. Falsy where not measured; the planner then takes its defaults by device
+    (``planner/defaults.py``)."""
+
+    action_s: float = 0.0
+    send_s: float = 0.0
+    action_spread: float = 0.0
+    send_spread: float = 0.0
+    measured: bool = False
+
+    def __bool__(self) -> bool:
+        return self.measured
+
+
+@dataclass(frozen=True)
 class Profile:
     """Per-block costs of one model on one device; the planner's input."""
 
@@ -225,6 +253,8 @@ class Profile:
     load_average: tuple[float, ...] = ()
     # Several ranks sharing this host, measured beside a CPU profile (Contention() where not).
     contention: Contention = Contention()
+    # The executor's own cost per action and per remote send, measured beside a CPU profile (falsy where not).
+    executor: ExecutorCost = ExecutorCost()
     version: int = PROFILE_VERSION
 
     @property
@@ -267,6 +297,8 @@ class Profile:
             del raw["load_average"]
         if not self.contention:
             del raw["contention"]
+        if not self.executor:
+            del raw["executor"]
         for block in raw["blocks"]:
             if not any(block["spread"].values()):
                 del block["spread"]
@@ -392,6 +424,18 @@ def _contention(raw: Any) -> Contention:
     )
 
 
+def _executor(raw: Any) -> ExecutorCost:
+    if raw is None:
+        return ExecutorCost()
+    if not isinstance(raw, dict):
+        raise TypeError(f"executor is {type(raw).__name__}, not an object")
+    values = {k: raw.get(k, 0.0) for k in ("action_s", "send_s", "action_spread", "send_spread")}
+    for k, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"executor.{k} is {v!r}, not a number")
+    return ExecutorCost(**{k: float(v) for k, v in values.items()}, measured=bool(raw.get("measured", True)))
+
+
 def _count(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError(f"a parameter count is {v!r}, not a whole number")
@@ -463,6 +507,7 @@ def _profile_from_dict(raw: Any, source: str = "profile") -> Profile:
             shared_params=tuple((str(n), tuple(int(i) for i in bs)) for n, bs in raw.get("shared_params", ())),
             load_average=_load(raw.get("load_average", [])),
             contention=_contention(raw.get("contention")),
+            executor=_executor(raw.get("executor")),
             version=PROFILE_VERSION,  # read into this version's shape
         )
     except (KeyError, TypeError, ValueError) as e:
@@ -541,9 +586,20 @@ def _check(p: Profile, source: str) -> None:
             "finite numbers >= 0, profile again"
         )
     _check_contention(p.contention, source)
+    _check_executor(p.executor, source)
     if not p.micro_batch_sizes or any(u < 1 for u in p.micro_batch_sizes):
         raise ProfileError(
             f"{source} has micro_batch_sizes {list(p.micro_batch_sizes)}; they must be positive, profile again"
+        )
+
+
+def _check_executor(e: ExecutorCost, source: str) -> None:
+    if not all(math.isfinite(x) and 0 <= x <= 10.0 for x in (e.action_s, e.send_s)) or not all(
+        math.isfinite(x) and 0 <= x <= 1e6 for x in (e.action_spread, e.send_spread)
+    ):
+        raise ProfileError(
+            f"{source} has a bad executor object (action_s {e.action_s!r}, send_s {e.send_s!r}, spreads "
+            f"{e.action_spread!r}, {e.send_spread!r}): seconds from 0 to 10 and spreads >= 0; profile again"
         )
 
 

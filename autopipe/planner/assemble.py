@@ -78,6 +78,7 @@ def make_plan(
         link_bandwidth=req.link_bandwidth,
         link_latency_s=req.link_latency_s,
         action_overhead_s=req.action_overhead_s,
+        send_overhead_s=req.send_overhead_s,
         recompute_policy=req.recompute,
         stages=tuple(stages),
         iteration_time_s=timeline.iteration_s,

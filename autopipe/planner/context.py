@@ -56,6 +56,8 @@ class SearchContext:
         u = micro_batch_size(req.batch_size, decision)
         hit = self._sizes.get(u)
         if hit is None:
-            times = BlockTimes.of(self.profile, u, req.action_overhead_s, self.schedules, req.blocking_sends)
+            times = BlockTimes.of(
+                self.profile, u, req.action_overhead_s, self.schedules, req.blocking_sends, req.send_overhead_s
+            )
             hit = self._sizes[u] = SizeContext(u, times, BlockNumbers.of(self.profile, u, req.state_factor))
         return hit

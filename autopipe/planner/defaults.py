@@ -9,7 +9,9 @@ here and the two cannot drift:
   first GPU's, or this host's RAM; :func:`device_memory`);
 - link: the analytic device's NVLink bandwidth and latency, else by the profile's device
   (:func:`default_link`);
-- the executor's cost per action, by the profile's device (:func:`default_action_overhead`);
+- the executor's cost per action and, on top, per action that sends to another rank: the
+  profile's measured (``Profile.executor``, :mod:`autopipe.costs.executor`), else by the
+  profile's device (:func:`default_action_overhead`, :func:`default_send_overhead`);
 - a measured CPU profile's ranks sharing this host: the compute of S ranks priced at the
   profile's measured contention factor for S (:func:`host_shared`);
 - bytes kept per parameter byte: 16 bytes per parameter for an analytic profile (mixed
@@ -46,6 +48,7 @@ __all__ = [
     "default_dtype",
     "default_link",
     "default_micro_batch_sizes",
+    "default_send_overhead",
     "device_memory",
     "element_size",
     "host_bandwidth_of",
@@ -89,6 +92,7 @@ def plan_request(
         link_bandwidth=bandwidth if link.bandwidth is None else link.bandwidth,
         link_latency_s=latency if link.latency_s is None else link.latency_s,
         action_overhead_s=_action_overhead(profile, link),
+        send_overhead_s=_send_overhead(profile, link),
         state_factor=state_factor_of(profile),
         recompute_modules=choices.recompute_modules,
         recompute_layers=choices.recompute_layers,
@@ -152,6 +156,7 @@ def parallel_request(
         stages=stages,
         choices=choices,
         action_overhead_s=_action_overhead(profile, link),
+        send_overhead_s=_send_overhead(profile, link),
         sharding=sharding,
         shard_group=shard_group,
         overlap=overlap,
@@ -179,7 +184,7 @@ def host_shared(profile: Profile, request: PlanRequest) -> tuple[Profile, PlanRe
     """``profile`` and ``request`` priced for ``request.devices`` ranks sharing this host, the
     factor and its relative spread: a measured CPU profile with a contention measurement
     (``Profile.contention``, :mod:`autopipe.costs.contention`) has its block times and the
-    executor's cost per action multiplied by ``Contention.factor(devices)``; any other profile
+    executor's costs per action and per send multiplied by ``Contention.factor(devices)``; any other profile
     is returned as it is, with factor 1 and spread 0. The factor is the same for every
     candidate of the request, so it moves no choice; its spread belongs in the plan's
     uncertainty (:func:`with_host_sharing`), not among the blocks' (which rank candidates)."""
@@ -191,7 +196,11 @@ def host_shared(profile: Profile, request: PlanRequest) -> tuple[Profile, PlanRe
     factor = round(factor, 4)
     return (
         profile.slowed(factor),
-        replace(request, action_overhead_s=request.action_overhead_s * factor),
+        replace(
+            request,
+            action_overhead_s=request.action_overhead_s * factor,
+            send_overhead_s=request.send_overhead_s * factor,
+        ),
         factor,
         spread,
     )
@@ -224,15 +233,29 @@ def device_memory(device: str) -> float:
 
 
 def default_action_overhead(device: str) -> float:
-    """Seconds the executor spends on an action besides its computation (Python, posting its
-    sends, starting an autograd call), by the profile's device.
+    """Seconds the executor spends on an action besides its computation and its sends (Python,
+    starting an autograd call), by the profile's device, where the profile did not measure it.
 
-    CPU ranks: 0.3 ms, as ``bench/bench_overhead.py`` measured on the development machine
-    (0.37-0.43 ms per F and per B, 0.10-0.22 ms per W, medians 0.22-0.34 ms over three runs).
-    GPUs: 0 until measured there (host work mostly overlaps the kernels); pass
-    ``--action-overhead``.
+    CPU ranks: 0.15 ms, as ``bench/bench_overhead.py`` measured on a quiet development machine
+    for the actions that post no send to another rank (0.03-0.29 ms beyond their compute; 1F1B's
+    stage 0 B +0.09 ms). GPUs: 0 until measured there (host work mostly overlaps the kernels);
+    pass ``--action-overhead``.
     """
-    return 3e-4 if device.startswith("cpu") else 0.0
+    return 1.5e-4 if device.startswith("cpu") else 0.0
+
+
+def default_send_overhead(device: str) -> float:
+    """Seconds an action that posts a send to another rank costs on top of
+    :func:`default_action_overhead` (copying the tensor out, handing it to the transport, the
+    transport's threads taking the core), by the profile's device, where the profile did not
+    measure it.
+
+    CPU ranks over gloo: 0.45 ms, as ``bench/bench_overhead.py`` measured on a quiet development
+    machine (actions that send 0.44-0.90 ms beyond their compute, against 0.03-0.29 ms for those
+    that do not: 1F1B's stage 0 F +0.63 ms, its B +0.09 ms). GPUs: 0 until measured there (NCCL
+    posts from the host while the kernels run); pass ``--send-overhead``.
+    """
+    return 4.5e-4 if device.startswith("cpu") else 0.0
 
 
 def default_link(device: str) -> tuple[float, float]:
@@ -288,7 +311,15 @@ def _memory_limit(profile: Profile, device: DeviceSpec | None) -> float:
 
 
 def _action_overhead(profile: Profile, link: Link) -> float:
-    return default_action_overhead(profile.device) if link.action_overhead_s is None else link.action_overhead_s
+    if link.action_overhead_s is not None:
+        return link.action_overhead_s
+    return profile.executor.action_s if profile.executor else default_action_overhead(profile.device)
+
+
+def _send_overhead(profile: Profile, link: Link) -> float:
+    if link.send_overhead_s is not None:
+        return link.send_overhead_s
+    return profile.executor.send_s if profile.executor else default_send_overhead(profile.device)
 
 
 def _link(profile: Profile, device: DeviceSpec | None) -> tuple[float, float]:

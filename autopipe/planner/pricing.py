@@ -7,7 +7,9 @@ micro-batch in flight, plus one micro-batch's activations while it recomputes; o
 recomputes its first layers, ``partition/layers.py``, pays their forward and holds one of them
 again; split in B and W, the first stage's backward is all W and a recomputed stage's all B,
 as the executor runs it; every action also pays the executor's fixed cost per action,
-``PlanRequest.action_overhead_s``; where the schedule's sends block the sender
+``PlanRequest.action_overhead_s``, and an F or B that posts a send to another rank (by the
+compiled schedule's placement) its cost per send on top, ``PlanRequest.send_overhead_s``
+(:func:`autopipe.simulate.sends.with_send_cost`); where the schedule's sends block the sender
 (``PlanRequest.blocking_sends``), a forward or backward also pays sending its output, which
 then arrives as it ends), and :func:`price` runs the compiled schedule
 (:func:`autopipe.simulate.events.simulate_summary`).
@@ -34,6 +36,7 @@ from autopipe.simulate.events import (
     compile_lists,
     simulate_summary,
 )
+from autopipe.simulate.sends import with_send_cost
 
 __all__ = [
     "BlockTimes",
@@ -92,6 +95,10 @@ def candidate(
     costs = costs_of(problem, part, times)
     if decision.schedule in times.blocking_sends:
         costs = with_sends(costs, part.comm_s)
+    if times.send_s:
+        devices = problem.stages // decision.virtual
+        schedule = times.schedules.compiled(decision.schedule, devices, decision.micro_batches, decision.virtual)
+        costs = with_send_cost(costs, schedule.home, times.send_s)
     return Candidate(decision, source, problem, part, costs, times)
 
 
@@ -141,6 +148,7 @@ class BlockTimes:
     bi: tuple[float, ...]
     w: tuple[float, ...]
     action_s: float = 0.0  # the executor's own cost per action (F, B or W), whatever its size
+    send_s: float = 0.0  # and per action that posts a send to another rank, on top (candidate)
     u: int = 0  # the micro-batch size (0: not known)
     blocking_sends: tuple[str, ...] = ()  # the schedules whose sends block the sender (PlanRequest's)
     schedules: Schedules = field(default_factory=Schedules, compare=False, repr=False)  # the search's
@@ -158,6 +166,7 @@ class BlockTimes:
         action_s: float = 0.0,
         schedules: Schedules | None = None,
         blocking_sends: tuple[str, ...] = (),
+        send_s: float = 0.0,
     ) -> BlockTimes:
         bs = profile.blocks
         return BlockTimes(
@@ -166,6 +175,7 @@ class BlockTimes:
             tuple(x.backward_input_s(u) for x in bs),
             tuple(x.backward_weight_s(u) for x in bs),
             action_s,
+            send_s,
             u,
             blocking_sends,
             Schedules() if schedules is None else schedules,

@@ -124,12 +124,14 @@ class Link:
     bandwidth: float | None = None  # bytes/s, one direction
     latency_s: float | None = None  # seconds per message
     action_overhead_s: float | None = None  # the executor's own time per F, B or W action
+    send_overhead_s: float | None = None  # and per action that posts a send to another rank, on top
 
     def __post_init__(self) -> None:  # types here; ranges in validate, in the caller's words
         for name, like in (
             ("bandwidth", "25e9 for 25 GB/s"),
             ("latency_s", "20e-6 for 20 us"),
             ("action_overhead_s", "1e-3 for 1 ms"),
+            ("send_overhead_s", "5e-4 for 0.5 ms"),
         ):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -182,6 +184,7 @@ class PlanRequest:
     link_bandwidth: float = 10e9  # bytes/s between neighbouring devices
     link_latency_s: float = 20e-6
     action_overhead_s: float = 0.0  # the executor's fixed cost per F, B or W (default_action_overhead)
+    send_overhead_s: float = 0.0  # and per F or B that sends to another rank, on top (default_send_overhead)
     state_factor: float = 4.0  # bytes kept per parameter byte: weights, grads, Adam m and v
     alternatives: int = 5
     blocking_sends: tuple[str, ...] = ()  # schedules whose pipeline sends block the sender (Overlap.p2p off)
@@ -205,7 +208,7 @@ class PlanRequest:
 
     @property
     def link(self) -> Link:
-        return Link(self.link_bandwidth, self.link_latency_s, self.action_overhead_s)
+        return Link(self.link_bandwidth, self.link_latency_s, self.action_overhead_s, self.send_overhead_s)
 
     @property
     def memory_pin(self) -> MemoryChoice | None:
@@ -295,6 +298,8 @@ def validate(profile: Profile, req: PlanRequest, words: Words = API_WORDS) -> No
         raise PlanError("link bandwidth must be positive and latency non-negative")
     if not req.action_overhead_s >= 0:
         raise PlanError(f"{w('action_overhead_s')} must be zero or more (got {req.action_overhead_s})")
+    if not req.send_overhead_s >= 0:
+        raise PlanError(f"{w('send_overhead_s')} must be zero or more (got {req.send_overhead_s})")
     timed = [c for b in profile.blocks for c in (b.forward_s, b.backward_s)]
     if req.action_overhead_s == 0 and not any(c.intercept or c.slope for c in timed):
         raise PlanError(  # every plan would take 0 s: infinitely fast, and no choice between them

@@ -145,7 +145,12 @@ def price_split(
     p = problem_of(profile, req, decision) if problem is None else problem
     t = (
         BlockTimes.of(
-            profile, micro_batch_size(req.batch_size, decision), req.action_overhead_s, None, req.blocking_sends
+            profile,
+            micro_batch_size(req.batch_size, decision),
+            req.action_overhead_s,
+            None,
+            req.blocking_sends,
+            req.send_overhead_s,
         )
         if times is None
         else times

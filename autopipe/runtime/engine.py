@@ -62,12 +62,15 @@ class ActionRecord:
 
     ``ready_s``: when the messages it needed had arrived (its start when it needed none);
     the time before that is spent waiting, after it computing (and posting its sends).
+    ``send_s``: of the time after, what handing its messages to another rank took (copying
+    them out, posting them to the transport; the run report counts it under messages).
     """
 
     action: str  # "1F0"
     start_s: float
     ready_s: float
     end_s: float
+    send_s: float = 0.0
 
     @property
     def wait_s(self) -> float:
@@ -202,7 +205,7 @@ class PipelineEngine:
             )
         for work, *_ in self.sends:
             work.wait()
-        records = tuple(ActionRecord(str(a), s, r, e) for a, s, r, e in self.timer.results())
+        records = tuple(ActionRecord(str(a), s, r, e, p) for a, s, r, e, p in self.timer.results())
         makespan = max((r.end_s for r in records), default=0.0)
         self._sync_shared(kept)
         if self.device.type == "cuda":
@@ -282,8 +285,9 @@ class PipelineEngine:
         if dst == self.comm.rank:
             self.local[key] = value
             return
-        self.made[key] = value.detach().contiguous()
-        self._pump(dst)
+        with self.timer.sending():
+            self.made[key] = value.detach().contiguous()
+            self._pump(dst)
 
     # ------------------------------------------------------------------ actions
 

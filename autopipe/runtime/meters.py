@@ -49,6 +49,8 @@ class ActionTimer:
 
     :meth:`ready` marks the moment an action's received messages are in (call it after each
     wait; the last call counts): the time before is waiting, the time after is work.
+    :meth:`sending` times the part of the work spent handing messages to another rank (host
+    time, ``perf_counter``, on a GPU too: posting is the host's work).
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -56,12 +58,14 @@ class ActionTimer:
         self.t0 = 0.0
         self._events: list[tuple[Any, Any, Any, Any]] = []
         self._cpu: list[tuple[Any, float, float, float]] = []
+        self._sent: list[float] = []  # per action, in order: seconds spent in sending()
         self._origin: Any = None
         self._ready: Any = None
+        self._sending = 0.0
 
     def reset(self) -> float:
         """Start a new iteration; returns its absolute start (``perf_counter``)."""
-        self._events, self._cpu = [], []
+        self._events, self._cpu, self._sent = [], [], []
         if self.cuda:
             self._origin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             self._origin.record()
@@ -76,8 +80,17 @@ class ActionTimer:
             self._ready = time.perf_counter() - self.t0
 
     @contextmanager
+    def sending(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sending += time.perf_counter() - t0
+
+    @contextmanager
     def time(self, key: Any) -> Iterator[None]:
         self._ready = None
+        self._sending = 0.0
         if self.cuda:
             start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
@@ -85,19 +98,24 @@ class ActionTimer:
             yield
             end.record()
             self._events.append((key, start, start if self._ready is None else self._ready, end))
+            self._sent.append(self._sending)
         else:
             start_s = time.perf_counter() - self.t0
             yield
             ready = start_s if self._ready is None else self._ready
             self._cpu.append((key, start_s, ready, time.perf_counter() - self.t0))
+            self._sent.append(self._sending)
 
-    def results(self) -> list[tuple[Any, float, float, float]]:
-        """``(key, start, ready, end)`` of every action of the iteration, in order."""
+    def results(self) -> list[tuple[Any, float, float, float, float]]:
+        """``(key, start, ready, end, sending)`` of every action of the iteration, in order."""
         if not self.cuda:
-            return list(self._cpu)
+            return [(*x, p) for x, p in zip(self._cpu, self._sent, strict=True)]
         torch.cuda.synchronize()
         at = self._origin.elapsed_time
-        return [(k, at(s) / 1e3, at(r) / 1e3, at(e) / 1e3) for k, s, r, e in self._events]
+        return [
+            (k, at(s) / 1e3, at(r) / 1e3, at(e) / 1e3, p)
+            for (k, s, r, e), p in zip(self._events, self._sent, strict=True)
+        ]
 
 
 class SavedBytes:

@@ -93,7 +93,7 @@ def check_times(plan: Plan, source: str = "the plan") -> None:
                 raise PlanFileError(
                     f"{source}: stage {st.index} has {name} {value!r}; times must be zero or more, plan again"
                 )
-    for name in ("link_latency_s", "action_overhead_s"):
+    for name in ("link_latency_s", "action_overhead_s", "send_overhead_s"):
         value = getattr(plan, name)
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise PlanFileError(f"{source} has {name} {value!r}; times must be zero or more, plan again")

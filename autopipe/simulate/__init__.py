@@ -4,7 +4,9 @@
   (:mod:`.events`);
 - :func:`compile_schedule` / :func:`simulate_many`: compile once, price many candidates on flat
   arrays (:mod:`.simcore`, the hot loops in C with a Python twin);
-- :func:`replay`: the full :class:`Timeline` of a compiled schedule, fast (:mod:`.replay`).
+- :func:`replay`: the full :class:`Timeline` of a compiled schedule, fast (:mod:`.replay`);
+- :func:`with_send_cost`: the executor's cost per send, on the actions that send to another
+  rank (:mod:`.sends`).
 
 No torch here.
 """
@@ -22,6 +24,7 @@ from autopipe.simulate.events import (
     simulate_summary,
 )
 from autopipe.simulate.replay import replay
+from autopipe.simulate.sends import sends_of, with_send_cost
 
 __all__ = [
     "ActionTiming",
@@ -32,7 +35,9 @@ __all__ = [
     "compile_lists",
     "compile_schedule",
     "replay",
+    "sends_of",
     "simulate",
     "simulate_many",
     "simulate_summary",
+    "with_send_cost",
 ]

@@ -166,8 +166,10 @@ def fake_profiler(monkeypatch: pytest.MonkeyPatch) -> list[ProfilingOptions]:
         device: str,
         progress: object,
         threads: int,
+        executor: object,
     ) -> Profile:
         assert isinstance(loaded, LoadedModel)
+        assert executor is autopipe.api.executor_probe  # the executor's costs measured too (issue 28)
         calls.append(
             ProfilingOptions(
                 micro_batch_sizes,

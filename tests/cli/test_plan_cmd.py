@@ -253,6 +253,8 @@ def test_plan_profiles_a_model_itself(tmp_path: Path, capsys: pytest.CaptureFixt
         (["--timeline", "t.gif"], "use a .png or .svg file name"),
         (["--action-overhead", "fast"], "--action-overhead must be a number with a unit, like 20us or 1ms"),
         (["--action-overhead=-1ms"], "--action-overhead must be zero or more (got '-1ms')"),
+        (["--send-overhead", "slow"], "--send-overhead must be a number with a unit, like 20us or 1ms"),
+        (["--send-overhead=-1ms"], "--send-overhead must be zero or more (got '-1ms')"),
     ],
 )
 def test_bad_plan_input_is_one_line_and_exit_2(

@@ -89,6 +89,7 @@ REQUEST = PlanRequest(  # no link time, so the factor scales the whole iteration
     micro_batches=4,
     schedule="1f1b",
     action_overhead_s=1e-4,
+    send_overhead_s=2e-4,
     link_bandwidth=1e30,
     link_latency_s=0.0,
 )
@@ -99,7 +100,7 @@ def test_host_shared_prices_the_ranks_at_the_measured_factor() -> None:
     shared = dataclasses.replace(plain, contention=SHARED)
     prof, req, factor, spread = host_shared(shared, REQUEST)
     assert (factor, spread) == (1.5, 0.04)
-    assert req.action_overhead_s == pytest.approx(1.5e-4)
+    assert req.action_overhead_s == pytest.approx(1.5e-4) and req.send_overhead_s == pytest.approx(3e-4)
     for a, b in zip(prof.blocks, plain.blocks, strict=True):
         assert a.forward_s(2) == pytest.approx(1.5 * b.forward_s(2))
         assert a.backward_weight_s(2) == pytest.approx(1.5 * b.backward_weight_s(2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from autopipe.costs.profile import Affine, Profile
+from autopipe.costs.profile import Affine, ExecutorCost, Profile
 from autopipe.errors import ProfileError
 
 
@@ -104,6 +105,10 @@ def _good() -> Profile:
         ),
         (lambda r: r["blocks"][0]["saved_bytes"].update(slope=float("inf")), ": block 0 ('layers.0') has saved_bytes"),
         (lambda r: r.update(micro_batch_sizes=[0]), " has micro_batch_sizes [0]; they must be positive"),
+        (
+            lambda r: r.update(executor={"action_s": 1e-4, "send_s": -1.0}),
+            " has a bad executor object (action_s 0.0001, send_s -1.0, spreads 0.0, 0.0): seconds from 0 to 10",
+        ),
     ],
 )
 def test_a_profile_that_cannot_be_planned_is_refused_on_load(
@@ -146,3 +151,15 @@ def test_affine_fit(xs: list[float], ys: list[float], expected: Affine) -> None:
     got = Affine.fit(xs, ys)
     assert got.intercept == pytest.approx(expected.intercept)
     assert got.slope == pytest.approx(expected.slope)
+
+
+def test_the_executors_costs_are_kept_and_read_back() -> None:
+    """Measured (issue 28): the cost per action and per send to another rank, with their spreads;
+    a profile without them is written as before."""
+    plain = _good()
+    assert not plain.executor and "executor" not in json.loads(plain.to_json())
+    cost = ExecutorCost(action_s=1.2e-4, send_s=4.4e-4, action_spread=0.05, send_spread=0.1, measured=True)
+    again = Profile.from_json(dataclasses.replace(plain, executor=cost).to_json())
+    assert again.executor == cost and again.executor
+    with pytest.raises(ProfileError, match=r"corrupt \(TypeError: executor.send_s is '1ms', not a number\)"):
+        Profile.from_json(json.dumps({**json.loads(plain.to_json()), "executor": {"send_s": "1ms"}}))

@@ -101,7 +101,8 @@ def test_nothing_given_the_api_and_the_cli_take_the_same_defaults(
     assert api == cli
     assert api.devices == default_devices() and api.memory_limit == device_memory(profile.device)
     assert (api.link_bandwidth, api.link_latency_s) == default_link(profile.device)
-    assert api.action_overhead_s == 3e-4 and api.state_factor == PlanRequest.state_factor
+    assert api.action_overhead_s == 1.5e-4 and api.send_overhead_s == 4.5e-4  # bench_overhead, quiet (issue 28)
+    assert api.state_factor == PlanRequest.state_factor
 
 
 def test_everything_given_the_api_and_the_cli_ask_the_same(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -189,3 +190,20 @@ def test_parallel_request_defaults() -> None:
     assert req.bytes_per_param == PlanRequest.state_factor * 4 and req.action_overhead_s == 0.0
     slow = parallel_request(profile, gpus=8, batch_size=64, memory_limit=2.0**30, link=Link(bandwidth=1e9), device=None)
     assert (slow.cluster.nvlink_bandwidth, slow.cluster.network_bandwidth, slow.memory_limit) == (1e9, 1e9, 2.0**30)
+
+
+def test_the_profiles_measured_executor_costs_are_the_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A profile that measured the executor (issue 28) is priced at its figures; a flag or a
+    Link still wins; a GPU profile without them costs nothing per action or send."""
+    from autopipe.costs.profile import ExecutorCost
+
+    measured = dataclasses.replace(chain(), executor=ExecutorCost(1e-4, 6e-4, 0.1, 0.2, measured=True))
+    api = asked_by_api(monkeypatch, measured, batch_size=32)
+    assert (api.action_overhead_s, api.send_overhead_s) == (1e-4, 6e-4)
+    assert asked_by_cli(monkeypatch, measured, tmp_path, "--batch-size", "32") == api
+    given = asked_by_cli(monkeypatch, measured, tmp_path, "--batch-size", "32", "--send-overhead", "0.2ms")
+    assert (given.action_overhead_s, given.send_overhead_s) == (1e-4, pytest.approx(2e-4))
+    linked = asked_by_api(monkeypatch, measured, batch_size=32, link=autopipe.Link(action_overhead_s=0.0))
+    assert (linked.action_overhead_s, linked.send_overhead_s) == (0.0, 6e-4)
+    gpu = plan_request(chain(device="cuda: NVIDIA H100"), devices=2, batch_size=8, memory_limit=2.0**30)
+    assert (gpu.action_overhead_s, gpu.send_overhead_s) == (0.0, 0.0)

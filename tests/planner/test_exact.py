@@ -16,6 +16,7 @@ from autopipe.costs.profile import Affine, BlockCost, Profile, TensorCost
 from autopipe.errors import InfeasibleError
 from autopipe.graph.recipe import TraceRecipe
 from autopipe.modes import Recompute
+from autopipe.planner.defaults import default_action_overhead, default_send_overhead
 from autopipe.planner.exact import split_table
 from autopipe.planner.pricing import BlockTimes, Decision, fits
 from autopipe.planner.request import CHOICE_FIELDS, PlanRequest, decisions
@@ -56,7 +57,8 @@ def best_split(prof: Profile, req: PlanRequest, ds: list[Decision]) -> float:
     """The least simulated time of any contiguous split of any decision that fits (brute force)."""
     n, best = prof.num_blocks, math.inf
     for d in ds:
-        p, t = problem_of(prof, req, d), BlockTimes.of(prof, req.batch_size // d.micro_batches, req.action_overhead_s)
+        u = req.batch_size // d.micro_batches
+        p, t = problem_of(prof, req, d), BlockTimes.of(prof, u, req.action_overhead_s, send_s=req.send_overhead_s)
         k = req.devices * d.virtual
         for cuts in itertools.combinations(range(1, n), k - 1):
             edges = (0, *cuts, n)
@@ -104,7 +106,8 @@ def check_pinned(seed: int, max_blocks: int) -> None:
         recompute=str(kw["recompute"]),  # type: ignore[call-overload]
         link_bandwidth=4e9,
         link_latency_s=120e-6,
-        action_overhead_s=3e-4,
+        action_overhead_s=default_action_overhead("cpu"),
+        send_overhead_s=default_send_overhead("cpu"),
     )  # plan_profile's defaults for a CPU profile
     want = best_split(prof, req, decisions(prof, req))
     try:
@@ -143,7 +146,8 @@ def test_unpinned_search_equals_the_best_over_its_decisions() -> None:
             memory_limit=kw["memory"],
             link_bandwidth=4e9,
             link_latency_s=120e-6,
-            action_overhead_s=3e-4,
+            action_overhead_s=default_action_overhead("cpu"),
+            send_overhead_s=default_send_overhead("cpu"),
         )
         want = best_split(prof, req, decisions(prof, req))
         try:
@@ -291,7 +295,8 @@ def test_a_pinned_block_method_finds_the_best_split(k: int) -> None:
             recompute=Recompute.NEVER,
             link_bandwidth=4e9,
             link_latency_s=120e-6,
-            action_overhead_s=3e-4,
+            action_overhead_s=default_action_overhead("cpu"),
+            send_overhead_s=default_send_overhead("cpu"),
             recompute_layers=k,
         )
         want = best_split(prof, req, decisions(prof, req))

@@ -111,3 +111,21 @@ def test_planned_state_bytes_are_what_each_rank_holds() -> None:
     options = RunOptions(steps=1, optimizer="SGD", lr=1e-3, optimizer_kwargs=(("momentum", 0.9),))
     for r in run_threads(plan, options):
         assert r.static_bytes == sum(s.static_bytes for s in plan.stages if s.rank == r.rank)
+
+
+@pytest.mark.parametrize(("schedule", "virtual"), [("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_the_engine_records_what_each_action_spent_sending(schedule: str, virtual: int) -> None:
+    """Issue 28: an action that sends to another rank records its sending (part of its work),
+    one that does not records none: the actions simulate/sends.py charges, and only those."""
+    from autopipe.schedules import Action
+    from autopipe.simulate import sends_of
+
+    plan = cached_plan("gpt4", 2, schedule, virtual)
+    forward, backward = sends_of([s.rank for s in plan.stages])
+    for r in run_threads(plan, RunOptions(steps=1)):
+        for rec in r.iterations[0].records:
+            a = Action.parse(rec.action)
+            assert a is not None
+            sends = forward[a.stage] if a.kind == "F" else backward[a.stage] if a.kind == "B" else False
+            assert (rec.send_s > 0) == sends, rec
+            assert 0.0 <= rec.send_s <= rec.compute_s

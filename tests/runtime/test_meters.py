@@ -23,9 +23,12 @@ def test_action_times_split_waiting_from_work() -> None:
         time.sleep(0.01)  # the stage computes
     with timer.time("0F1"):  # needed no message
         time.sleep(0.01)
-    (_, s0, r0, e0), (_, s1, r1, e1) = timer.results()
+        with timer.sending():  # hands its output to another rank
+            time.sleep(0.005)
+    (_, s0, r0, e0, p0), (_, s1, r1, e1, p1) = timer.results()
     assert r0 - s0 >= 0.02 and e0 - r0 >= 0.01  # sleeps last at least that long
-    assert r1 == s1 and e1 - r1 >= 0.01
+    assert r1 == s1 and e1 - r1 >= 0.015
+    assert p0 == 0.0 and 0.005 <= p1 <= e1 - r1 - 0.01  # the sending is part of the work
     rec = ActionRecord("1F0", s0, r0, e0)
     assert rec.wait_s + rec.compute_s == pytest.approx(e0 - s0)
 

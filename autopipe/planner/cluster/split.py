@@ -212,6 +212,7 @@ def _search(
         state_factor=factor,
         alternatives=request.alternatives,
         action_overhead_s=request.action_overhead_s,
+        send_overhead_s=request.send_overhead_s,
         blocking_sends=ctx.blocking,
         recompute_modules=choices.recompute_modules,
         recompute_layers=choices.recompute_layers,

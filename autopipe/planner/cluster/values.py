@@ -37,6 +37,7 @@ class ParallelRequest:
     choices: Choices = NO_CHOICES  # pinned micro-batches (per replica), schedule, v, recomputation
     alternatives: int = 5
     action_overhead_s: float = 0.0  # the executor's cost per action (PlanRequest's)
+    send_overhead_s: float = 0.0  # and per action that sends to another rank (PlanRequest's)
     tensor_parallel: int | None = None  # pin t
     data_parallel: int | None = None  # pin D
     sharding: Sharding | None = None  # pin how the state is split over the replicas (None: searched)

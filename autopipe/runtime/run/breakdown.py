@@ -9,6 +9,10 @@ timeline and for what the run recorded:
   arrived (``ActionRecord.ready_s``; the simulator's start);
 * of the waiting, **idle** is the part before the producers on the other ranks had finished
   (the peer was still working), **messages** the part after (sent, not yet arrived);
+* **messages** also holds what the actions spent handing their messages to another rank: in
+  the plan, ``send_overhead_s`` for each F or B that sends to another rank (priced inside its
+  stage time, :mod:`autopipe.simulate.sends`); in a run, what the executor recorded
+  (``ActionRecord.send_s``);
 * **compute** is the rest: the actions' work, and in a measured run the executor's own time
   between actions (the plan prices it as ``action_overhead_s`` inside every stage time).
 
@@ -32,6 +36,7 @@ from autopipe.schedules import Action, schedule_spec
 from autopipe.schedules.deps import dependencies
 from autopipe.simulate.events import StageCost
 from autopipe.simulate.replay import replay
+from autopipe.simulate.sends import sends_of
 
 __all__ = ["Breakdown", "Span", "TimedAction", "breakdown", "explain", "measured_split", "predicted_split", "split"]
 
@@ -45,6 +50,7 @@ class TimedAction:
     begin_s: float  # it could start on its rank (previous action's end, or the executor began it)
     ready_s: float  # its messages had arrived
     end_s: float
+    send_s: float = 0.0  # of its work, handing its messages to another rank
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,8 @@ class Breakdown:
 
 def split(actions: Iterable[TimedAction], num_stages: int, origin: dict[int, float]) -> dict[int, Span]:
     """Per rank, its span from ``origin[rank]`` (its iteration start) to its last action's end:
-    the waiting of each action split at its latest producer's end on another rank."""
+    the waiting of each action split at its latest producer's end on another rank, and its
+    sending counted with the messages."""
     acts = list(actions)
     ends = {t.action: t.end_s for t in acts}
     rank_of = {t.action: t.rank for t in acts}
@@ -88,7 +95,7 @@ def split(actions: Iterable[TimedAction], num_stages: int, origin: dict[int, flo
         remote = [ends[d] for d in dependencies(t.action, num_stages) if d in ends and rank_of[d] != t.rank]
         sent = max(remote, default=t.begin_s)
         idle = min(waiting, max(0.0, sent - t.begin_s))
-        w[0] += waiting - idle
+        w[0] += waiting - idle + t.send_s
         w[1] += idle
     return {r: Span(last[r] - origin[r] - msg - idle, msg, idle) for r, (msg, idle) in sorted(waits.items())}
 
@@ -107,10 +114,14 @@ def predicted_split(plan: Plan) -> Span:
         for s in plan.stages[:-1]
     ]
     timeline = replay(schedule, costs, comm, devices=plan.devices, virtual=plan.virtual, placement=spec.placement)
+    forward, backward = sends_of([s.rank for s in plan.stages])
     prev: dict[int, float] = {}
     acts = []
     for t in timeline.actions:  # by rank, in its order
-        acts.append(TimedAction(t.action, t.rank, prev.get(t.rank, 0.0), t.start_s, t.end_s))
+        a = t.action
+        sends = forward[a.stage] if a.kind == "F" else backward[a.stage] if a.kind == "B" else False
+        sending = plan.send_overhead_s if sends else 0.0
+        acts.append(TimedAction(a, t.rank, prev.get(t.rank, 0.0), t.start_s, t.end_s, sending))
         prev[t.rank] = t.end_s
     return _critical(split(acts, len(plan.stages), {r: 0.0 for r in range(plan.devices)}))
 
@@ -125,7 +136,7 @@ def measured_split(result: RunResult, num_stages: int, step: int) -> Span | None
             a = Action.parse(rec.action)
             if a is not None:
                 t0 = it.start_time
-                acts.append(TimedAction(a, r.rank, t0 + rec.start_s, t0 + rec.ready_s, t0 + rec.end_s))
+                acts.append(TimedAction(a, r.rank, t0 + rec.start_s, t0 + rec.ready_s, t0 + rec.end_s, rec.send_s))
     if not acts:
         return None
     spans = split(acts, num_stages, origin)
@@ -165,7 +176,8 @@ def explain(where: Breakdown) -> str:
         )
     if name == "messages":
         return (
-            f"mostly messages: {m.messages_s * 1e3:.3f} ms waiting for messages in flight against "
-            f"{p.messages_s * 1e3:.3f} ms predicted (a slower link than planned for: plan with a larger --latency)"
+            f"mostly messages: {m.messages_s * 1e3:.3f} ms sending and waiting for messages in flight against "
+            f"{p.messages_s * 1e3:.3f} ms predicted (a slower link or costlier sends than planned for: "
+            "plan with a larger --latency or --send-overhead)"
         )
     return "mostly idle: one rank's work took other times than planned and the other rank waited for it"

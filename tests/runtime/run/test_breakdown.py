@@ -12,6 +12,7 @@ from autopipe.planner.search import PlanRequest, plan_pipeline
 from autopipe.runtime.run.breakdown import Breakdown, Span, TimedAction, explain, predicted_split, split
 from autopipe.runtime.run.report import format_breakdown
 from autopipe.schedules import Action
+from autopipe.simulate import sends_of
 
 FIXTURES = Path(__file__).resolve().parents[3] / "bench" / "fixtures"
 
@@ -90,3 +91,45 @@ def test_predicted_split_is_the_plans_iteration(schedule: str, virtual: int) -> 
     assert span.messages_s > 0 and span.compute_s > 0
     busy = sum(s.forward_s + s.backward_s for s in plan.stages) * plan.micro_batches / 2
     assert span.compute_s <= busy * 1.5  # one rank's work, not the whole pipeline's
+
+
+def test_a_send_counts_with_the_messages() -> None:
+    # rank 0: F of stage 0 [0, 1.5], 0.5 of it handing its output to rank 1; B of stage 0 [4, 5]
+    acts = [
+        TimedAction(_a("0F0"), 0, 0.0, 0.0, 1.5, 0.5),
+        TimedAction(_a("0B0"), 0, 1.5, 4.0, 5.0),
+        TimedAction(_a("1F0"), 1, 0.0, 1.5, 2.5),
+        TimedAction(_a("1B0"), 1, 2.5, 2.5, 4.0, 0.5),
+    ]
+    spans = split(acts, 2, {0: 0.0, 1: 0.0})
+    assert spans[0] == Span(pytest.approx(2.0), pytest.approx(0.5), pytest.approx(2.5))  # type: ignore[arg-type]
+    assert spans[1] == Span(pytest.approx(2.0), pytest.approx(0.5), pytest.approx(1.5))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("schedule,virtual", [("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2)])
+def test_the_plans_sends_are_predicted_as_messages(schedule: str, virtual: int) -> None:
+    """With a free link, the predicted messages are the slowest rank's sends: m per F or B of
+    its stages that sends to another rank, each ``send_overhead_s``."""
+    prof = Profile.load(FIXTURES / "gpt_profile.json")
+    req = PlanRequest(
+        devices=2,
+        batch_size=16,
+        memory_limit=2.0**34,
+        micro_batches=8,
+        schedule=schedule,
+        virtual=virtual if virtual > 1 else None,
+        recompute=Recompute.NEVER,
+        link_bandwidth=1e15,
+        link_latency_s=0.0,
+        action_overhead_s=2e-4,
+        send_overhead_s=5e-4,
+    )
+    plan = plan_pipeline(prof, req)
+    span = predicted_split(plan)
+    assert span.total_s == pytest.approx(plan.iteration_time_s)
+    forward, backward = sends_of([s.rank for s in plan.stages])
+    per_rank = {r: sum(8 * (forward[s.index] + backward[s.index]) for s in plan.stages if s.rank == r) for r in (0, 1)}
+    assert span.messages_s == pytest.approx(5e-4 * per_rank[0], rel=1e-6) or span.messages_s == pytest.approx(
+        5e-4 * per_rank[1], rel=1e-6
+    )
+    assert per_rank == ({0: 8, 1: 8} if virtual == 1 else {0: 24, 1: 24})
