@@ -380,7 +380,7 @@ LLAMA3 = (
 # - "we could pre-train Llama 3 on sequences of 8K tokens without activation checkpointing": no recomputation;
 # - FSDP "shards the optimizer states and gradients, but for model shards we do not reshard after forward
 #   computation", with "FP32 gradient accumulation during backward computation over multiple micro-batches"
-#   and the gradients "reduce-scattered in FP32": the weights gathered once a step and kept, the gradients
+#   and to "reduce-scatter gradients in FP32": the weights gathered once a step and kept, the gradients
 #   accumulated whole and reduce-scattered once a step (SHARDING's "fsdp-step"), not each micro-batch (zero2).
 
 
