@@ -100,8 +100,11 @@ def layout_choices(run: Run) -> Pinned:
     zero2: optimizer state and gradients sharded, the gradients reduce-scattered each micro-batch;
     fsdp: ZeRO-3, the weights gathered per use); sequence parallelism. Approximated (named in
     ``approximated``): selective recomputation as none (the counts price fused attention, which
-    keeps what Megatron's selective recomputation keeps). Each new planner choice (selective or
-    partial recomputation, offload, overlap) is one more field here, read from the run's own fields."""
+    keeps what Megatron's selective recomputation keeps); fsdp-step (FSDP gathering the weights
+    once a step, the gradients reduce-scattered once: zero3-step, which Megatron-LM does not run)
+    as ZeRO-1, whose state and collectives the planner prices the same. Each new planner choice
+    (selective or partial recomputation, offload, overlap) is one more field here, read from the
+    run's own fields."""
     approximated = []
     recompute = {"full": Recompute.ALWAYS, "none": Recompute.NEVER, "selective": Recompute.NEVER}.get(
         run.recompute, Recompute.AUTO
@@ -117,6 +120,12 @@ def layout_choices(run: Run) -> Pinned:
     micro_batches = run.global_batch // (run.d * run.mbs) if run.mbs else None
     choices = Choices(micro_batches, schedule, virtual, recompute, target="megatron")
     sharding = {"zero1": Sharding.ZERO1, "zero2": Sharding.ZERO2, "fsdp": Sharding.ZERO3}.get(run.sharding)
+    if run.sharding == "fsdp-step":  # Megatron-LM has no zero3-step; the planner prices zero3-step as zero1
+        sharding = Sharding.ZERO1
+        approximated.append(
+            "FSDP gathering once a step priced as the distributed optimizer (ZeRO-1: the same state and collectives, "
+            "planner/placement.py's zero3-step; its reductions in Megatron's buckets)"
+        )
     sp = run.sequence_parallel and run.t > 1
     return Pinned(run.t, run.p, run.d, choices, sharding is not None, sharding, sp, tuple(approximated))
 

@@ -36,7 +36,9 @@ __all__ = ["CALIBRATION", "LINKS", "RUNS", "Link", "Run", "by_name"]
 HW, MODEL = "hardware", "model"  # the source's FLOP count: with recomputation (hardware) or without
 TFLOPS, TOKENS, STEP = "TFLOP/s per GPU", "tokens/s per GPU", "s per step"  # the published figure's unit
 RECOMPUTE = ("full", "selective", "none", "unknown")
-SHARDING = ("none", "zero1", "zero2", "fsdp", "unknown")
+# fsdp: ZeRO-3, the weights gathered per use; fsdp-step: FSDP gathering the weights once a step and keeping them,
+# the gradients accumulated whole and reduce-scattered once (planner/placement.py's zero3-step)
+SHARDING = ("none", "zero1", "zero2", "fsdp", "fsdp-step", "unknown")
 
 
 @dataclass(frozen=True)
@@ -365,8 +367,21 @@ NEMOTRON4_340B = (
 LLAMA3 = (
     "Grattafiori et al. 2024, 'The Llama 3 Herd of Models', Table 4, as Balaji's SC'24 slide shows it (quoted at "
     "glennklockwood.com/garden/llama-3.1): GPUs, TP 8, CP 1, PP 16, 16M tokens per batch, TFLOP/s per GPU; "
-    "8K-token pre-training; RoCE at 400 Gb/s between GPUs (ai-papers.xuzou.cn/papers/llama3_2024); d = GPUs / 128"
+    "8K-token pre-training; RoCE at 400 Gb/s between GPUs (ai-papers.xuzou.cn/papers/llama3_2024); d = GPUs / 128; "
+    "Sec. 3.3.2 (as recalled: no stored copy of its text was found) for the pipeline and the sharding, below"
 )
+# What Sec. 3.3.2 of the paper says of the 8K-token pre-training, as the rows below pin it (recalled; the
+# stored pages hold the paper's opening and Table 4's figures, not this section's text):
+# - "we reduce one Transformer layer each from the first and the last stages ... the first model chunk on the
+#   first stage has only the embedding, and the last model chunk on the last stage has only output projection
+#   and loss calculation", with an interleaved schedule of V chunks a rank ("bubble ratio (PP - 1) / (V M)"):
+#   each stage owns V one-layer chunks but the two ends, so 16 V - 2 = 126 layers, V = 8 (with chunks of two
+#   layers or more, removing one layer would not leave the first chunk the embedding alone);
+# - "we could pre-train Llama 3 on sequences of 8K tokens without activation checkpointing": no recomputation;
+# - FSDP "shards the optimizer states and gradients, but for model shards we do not reshard after forward
+#   computation", with "FP32 gradient accumulation during backward computation over multiple micro-batches"
+#   and to "reduce-scatter gradients in FP32": the weights gathered once a step and kept, the gradients
+#   accumulated whole and reduce-scattered once a step (SHARDING's "fsdp-step"), not each micro-batch (zero2).
 
 
 def _llama3(gpus: int, tf: float, mfu: int) -> Run:
@@ -381,21 +396,26 @@ def _llama3(gpus: int, tf: float, mfu: int) -> Run:
         t=8,
         p=16,
         d=gpus // 128,
-        vp=None,
+        vp=8,  # Sec. 3.3.2's balanced ends: 16 x 8 chunks, one layer each but the embedding's and the head's
         mbs=None,
         global_batch=2048,
         seq=8192,
-        recompute="unknown",
-        sharding="zero2",
+        recompute="none",  # Sec. 3.3.2: 8K tokens "without activation checkpointing"
+        sharding="fsdp-step",  # Sec. 3.3.2: weights not resharded, fp32 gradients reduce-scattered after accumulating
         sequence_parallel=True,
         figure=tf,
         unit=TFLOPS,
         flops=MODEL,
         source=LLAMA3,
-        unpublished="micro-batch, interleaving and recomputation: searched; sequence parallelism assumed",
+        unpublished=(
+            "micro-batch: searched; V not given as a number (8 from Sec. 3.3.2's balance: 16 V - 2 = 126 layers); "
+            "sequence parallelism assumed; Meta's schedule (tunable N contiguous micro-batches) priced as Megatron's "
+            "interleaved 1F1B, whose bubble is the paper's (PP - 1) / (V M)"
+        ),
         unverified=(
             f"BF16 MFU {mfu}% and batch per replica (the paper's Table 4 as recalled; d x batch x 8192 = 16M agrees); "
-            "FSDP sharding optimizer state and gradients but not weights (recalled)"
+            "Sec. 3.3.2 as recalled: the balanced first and last stages, no activation checkpointing at 8K, FSDP "
+            "sharding optimizer state and gradients but not resharding weights, fp32 accumulation and reduce-scatter"
         ),
         also=f"BF16 MFU {mfu}%",
     )
