@@ -32,8 +32,8 @@ from autopipe.config.parts import model_parts
 from autopipe.costs.analytic import ModelCounts, count_model, profile_from_counts
 from autopipe.costs.calibrate import calibrate, save_calibration, stored_calibration
 from autopipe.costs.devices import DeviceSpec, device_spec, read_cluster_file
-from autopipe.costs.match import check_profile_of, fingerprint_of
-from autopipe.costs.measured import Progress, profile_model
+from autopipe.costs.measure.match import check_profile_of, fingerprint_of
+from autopipe.costs.measure.measured import Progress, profile_model
 from autopipe.costs.options import Links, parallel_options
 from autopipe.costs.profile import Profile
 from autopipe.errors import AutopipeError, ConfigError, EmitError, InfeasibleError, PlanError

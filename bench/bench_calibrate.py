@@ -21,10 +21,11 @@ from pathlib import Path
 
 import torch
 
-from autopipe.costs import devices, timing
+from autopipe.costs import devices
 from autopipe.costs.analytic import analytic_profile
 from autopipe.costs.calibrate import calibrate
-from autopipe.costs.measured import profile_model
+from autopipe.costs.measure import timing
+from autopipe.costs.measure.measured import profile_model
 from autopipe.costs.profile import Affine, Profile
 from autopipe.model.load import load_model
 

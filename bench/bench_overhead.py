@@ -34,7 +34,7 @@ SCHEDULES = ("1f1b", "zb-h1", "interleaved-1f1b")
 
 def main() -> None:
     from autopipe.api import executor_probe
-    from autopipe.costs.measured import profile_model
+    from autopipe.costs.measure.measured import profile_model
     from autopipe.model.load import load_model, parse_kwargs
     from autopipe.planner.defaults import default_link
     from autopipe.planner.search import PlanRequest, plan_pipeline

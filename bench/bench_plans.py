@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from autopipe.costs.measured import profile_model
+from autopipe.costs.measure.measured import profile_model
 from autopipe.model.load import check_model_runs, load_model
 from autopipe.planner.defaults import default_action_overhead, default_link, default_send_overhead
 from autopipe.planner.search import PlanRequest, plan_pipeline

@@ -68,7 +68,7 @@ def profile(
 ) -> Profile:
     """The model profiled as ``autopipe profile`` does (``executor``: with the executor's probe)."""
     from autopipe.api import executor_probe
-    from autopipe.costs.measured import profile_model
+    from autopipe.costs.measure.measured import profile_model
     from autopipe.model.load import load_model, parse_kwargs
 
     torch.manual_seed(0)

@@ -1,6 +1,6 @@
 # Run: python bench/bench_profile.py [--model models/gpt.py] [--batch 4] [--rounds 8]   (repository root; ~10 s)
 """The profiler's blocks against the whole model: does the sum of the blocks' forward times,
-each block run alone (``autopipe.costs.timing.measure_blocks``), come to the whole model's forward?
+each block run alone (``autopipe.costs.measure.timing.measure_blocks``), come to the whole model's forward?
 
 A bundled model (``--model``, default ``models/gpt.py``: embedding, 4 transformer layers of
 128, head; batch ``--batch``) is traced and timed with one thread: ``--rounds`` rounds, each timing every block
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from autopipe.costs.timing import measure_blocks, time_call
+from autopipe.costs.measure.timing import measure_blocks, time_call
 from autopipe.graph.trace import trace_model
 from autopipe.model.load import call_model, load_model
 

@@ -48,7 +48,7 @@ def plan_all(
 ) -> list[Path]:
     """models/gpt.py (factory ``kwargs``) profiled with one thread and planned for 2 CPU ranks per
     schedule, m pinned, with the planner's default link and costs per action and per send; the saved plans."""
-    from autopipe.costs.measured import profile_model
+    from autopipe.costs.measure.measured import profile_model
     from autopipe.model.load import load_model, parse_kwargs
     from autopipe.planner.defaults import default_action_overhead, default_link, default_send_overhead
     from autopipe.planner.search import PlanRequest, plan_pipeline

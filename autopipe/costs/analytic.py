@@ -66,10 +66,10 @@ from autopipe.costs.degrees import Degrees, device_comm, device_ops, device_para
 from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.experts import expert_storages, moe_config
 from autopipe.costs.fusion import fuse
-from autopipe.costs.measured import Progress, block_cost, crossing_tensors, drop_export_one
+from autopipe.costs.measure.measured import Progress, block_cost, crossing_tensors, drop_export_one
+from autopipe.costs.measure.timing import flat_inputs_of, storage_key
 from autopipe.costs.profile import Affine, BlockCost, MemoryOption, Profile
 from autopipe.costs.tensor import TensorSplit, block_kinds, comm_s, exposed, split_params
-from autopipe.costs.timing import flat_inputs_of, storage_key
 from autopipe.errors import ModelLoadError, ProfileError
 from autopipe.graph.outputs import graph_outputs, training_loss
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
@@ -210,13 +210,8 @@ def count_model(
                 f"the model's graph changes with the micro-batch size ({sizes[0]} vs {u}); count one size only"
             )
         traces.append(traced)
-        targets = _meta_inputs(loaded.make_targets(u), prec.dtype) if loaded.make_targets is not None else None
-        loss = training_loss(loaded, traced, shallow_model, inputs, targets)
-        found = moe_config(model)
-        experts = expert_storages(traced.gm, found[0]) if found is not None else frozenset()
-        units = node_units(traced.gm, shallow_model, [b.nodes for b in traced.blocks])
         step = _step(report, f"counting at micro-batch size {u}")
-        counted = _count_blocks(traced, inputs, loss, step, experts, units, attention == "flash", eager_loss)
+        counted = _count_traced(loaded, (model, shallow_model), traced, inputs, prec, step, (attention, eager_loss))
         counts.append(tuple(c for c, _ in counted))
         anatomies.append(tuple(a for _, a in counted))
     repeat = (
@@ -257,6 +252,28 @@ def _silent(what: str, done: int, total: int) -> None:
 
 def _step(report: Progress, what: str) -> Callable[[int, int], None]:
     return lambda done, total: report(what, done, total)
+
+
+def _count_traced(
+    loaded: Any,
+    models: tuple[nn.Module, nn.Module],
+    traced: TracedModel,
+    inputs: Any,
+    prec: Precision,
+    step: Callable[[int, int], None],
+    how: tuple[str, bool],
+) -> tuple[tuple[BlockCount, Anatomy | None], ...]:
+    """One micro-batch size's counts of ``traced`` (``models``: the model and the copy traced):
+    its training loss, the MoE experts' storages and the graph's units found, then every block
+    (``how``: the attention kind and ``eager_loss``, as :func:`count_model` takes them)."""
+    model, shallow_model = models
+    u = traced.micro_batch_size
+    targets = _meta_inputs(loaded.make_targets(u), prec.dtype) if loaded.make_targets is not None else None
+    loss = training_loss(loaded, traced, shallow_model, inputs, targets)
+    found = moe_config(model)
+    experts = expert_storages(traced.gm, found[0]) if found is not None else frozenset()
+    units = node_units(traced.gm, shallow_model, [b.nodes for b in traced.blocks])
+    return _count_blocks(traced, inputs, loss, step, experts, units, how[0] == "flash", how[1])
 
 
 def _count_blocks(

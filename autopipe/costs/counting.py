@@ -53,7 +53,7 @@ from torch.utils.flop_counter import (
 )
 
 from autopipe.costs.devices import DeviceSpec
-from autopipe.costs.timing import saved_bytes, storage_key
+from autopipe.costs.measure.timing import saved_bytes, storage_key
 
 __all__ = [
     "BlockCount",

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from autopipe.costs.counting import BlockCount
-from autopipe.costs.measured import crossing_tensors
+from autopipe.costs.measure.measured import crossing_tensors
 from autopipe.costs.profile import Profile, TensorCost
 from autopipe.graph.shallow import SHALLOW, Layers, deep_fingerprint, deep_names
 from autopipe.graph.trace import CREATED, TracedModel

@@ -281,7 +281,7 @@ def expert_parameters(module: Any, experts: int) -> list[tuple[str, Any]]:
 
 def expert_storages(module: Any, experts: int) -> frozenset[int]:
     """Storage keys (``timing.storage_key``) of ``module``'s routed-expert weights."""
-    from autopipe.costs.timing import storage_key
+    from autopipe.costs.measure.timing import storage_key
 
     return frozenset(storage_key(p) for _, p in expert_parameters(module, experts))
 

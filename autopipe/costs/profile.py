@@ -173,7 +173,7 @@ class TensorCost:
 @dataclass(frozen=True)
 class Contention:
     """How much slower the host runs work when several single-thread workers run at once, as
-    measured beside the profile (:mod:`autopipe.costs.contention`): ``slowdown[i]`` is one of
+    measured beside the profile (:mod:`autopipe.costs.measure.contention`): ``slowdown[i]`` is one of
     ``workers[i]`` workers' time per unit of work over one worker's alone, ``spread[i]`` how far
     that median may be off (relative). It holds the machine's own sharing (cores, caches, memory)
     and whatever else was running: a CPU-bound process beside the profile makes two workers

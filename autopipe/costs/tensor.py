@@ -291,7 +291,7 @@ def transformer_shape(
 def shape_of(traced: Any, model: Any) -> TransformerShape | None:
     """The structure of ``model`` traced as ``traced`` (a ``TracedModel``): the sequence is the
     first layer's input at micro-batch size 1, ``(1, s, h)``."""
-    from autopipe.costs.measured import crossing_tensors
+    from autopipe.costs.measure.measured import crossing_tensors
 
     names = [b.name for b in traced.blocks]
     probe = transformer_shape(model, names, (1, 1, _first(getattr(model, "config", None), _HIDDEN) or 0))

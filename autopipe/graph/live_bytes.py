@@ -4,7 +4,7 @@ A ``TorchDispatchMode`` sees every op's outputs; each storage is counted once, f
 made it until it is freed (a weak reference to the storage, whose Python object torch keeps as
 long as the storage lives), at its current size. What the planner's memory model predicts is
 what it counts: ``autopipe run`` counts one step per rank with it (``runtime/meters.py``), the
-profiler what a block's backward adds and what a split backward keeps for W (``costs/timing.py``).
+profiler what a block's backward adds and what a split backward keeps for W (``costs/measure/timing.py``).
 Not counted: what an op makes and frees inside itself (a kernel's workspace).
 
 Tests: tests/graph/test_live_bytes.py (the counter), tests/runtime/run/test_tensor_bytes.py (a run).

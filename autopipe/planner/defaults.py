@@ -183,7 +183,7 @@ def host_bandwidth_of(profile: Profile, device: DeviceSpec | None, device_files:
 def host_shared(profile: Profile, request: PlanRequest) -> tuple[Profile, PlanRequest, float, float]:
     """``profile`` and ``request`` priced for ``request.devices`` ranks sharing this host, the
     factor and its relative spread: a measured CPU profile with a contention measurement
-    (``Profile.contention``, :mod:`autopipe.costs.contention`) has its block times and the
+    (``Profile.contention``, :mod:`autopipe.costs.measure.contention`) has its block times and the
     executor's costs per action and per send multiplied by ``Contention.factor(devices)``; any other profile
     is returned as it is, with factor 1 and spread 0. The factor is the same for every
     candidate of the request, so it moves no choice; its spread belongs in the plan's

@@ -2,7 +2,7 @@
 
 A measured profile records how far each block's median time may be off (``BlockCost.spread``:
 the timing rounds' interquartile range over the square root of their count, over the median --
-about the median's standard error, :func:`autopipe.costs.timing.relative_spread` -- per F, B,
+about the median's standard error, :func:`autopipe.costs.measure.timing.relative_spread` -- per F, B,
 B input-gradient and W). A candidate's
 *worst case* is the simulator's iteration time with every block at its median plus that spread
 (conservative: every block slow at once; the executor's cost per action and the links as they

@@ -248,7 +248,7 @@ def _traceable(profile: Profile, u: int) -> bool:
 
     ``torch.export`` specialises dimensions of size 1, so it traces a micro-batch of 1 with
     another graph than larger ones: an export profile plans u = 1 only if it was measured at
-    1 (alone, costs/measured.py), and u > 1 only if it was not.
+    1 (alone, costs/measure/measured.py), and u > 1 only if it was not.
     """
     if profile.recipe.tracer != "export":
         return True

@@ -111,7 +111,7 @@ _ILP_DECISIONS = 2
 _ILP_TIME_LIMIT_S = 10.0
 
 
-Progress = Callable[[str, int, int], None]  # progress(what, done, total), as costs.measured's
+Progress = Callable[[str, int, int], None]  # progress(what, done, total), as costs.measure.measured's
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ MANIFEST = "manifest.json"
 FORMAT = "autopipe-stages"
 FORMAT_VERSION = 2  # 2: unused state lists each tensor's shape and dtype, as stages do
 WEIGHT_FORMATS = ("pt", "safetensors")
-Progress = Callable[[str, int, int], None]  # progress(what, done, total), as costs.measured's
+Progress = Callable[[str, int, int], None]  # progress(what, done, total), as costs.measure.measured's
 
 
 def _silent(what: str, done: int, total: int) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autopipe.costs import devices, timing
+from autopipe.costs import devices
 from autopipe.costs.analytic import analytic_profile
 from autopipe.costs.calibrate import (
     _GRID,
@@ -20,7 +20,8 @@ from autopipe.costs.calibrate import (
     stored_calibration,
 )
 from autopipe.costs.devices import device_spec
-from autopipe.costs.measured import profile_model
+from autopipe.costs.measure import timing
+from autopipe.costs.measure.measured import profile_model
 from autopipe.costs.profile import Profile
 from autopipe.model.load import load_model
 

@@ -1,4 +1,4 @@
-"""Ranks sharing a host: the probe (costs/contention.py), the Contention value and how the planner prices it."""
+"""Ranks sharing a host: the probe (costs/measure/contention.py), the Contention value and how the planner prices it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import logging
 import pytest
 
 from autopipe import api
-from autopipe.costs import contention
-from autopipe.costs.contention import Probe, counts_for, slowdowns
+from autopipe.costs.measure import contention
+from autopipe.costs.measure.contention import Probe, counts_for, slowdowns
 from autopipe.costs.profile import Contention, Profile
 from autopipe.errors import ProfileError
 from autopipe.planner.defaults import host_shared, with_host_sharing

@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from autopipe.costs.analytic import count_model
 from autopipe.costs.counting import count_block, op_time
-from autopipe.costs.measured import storage_key
+from autopipe.costs.measure.measured import storage_key
 from autopipe.graph.segment import extract
 from autopipe.model.load import load_model
 

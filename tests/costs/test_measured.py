@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from autopipe.costs.measured import profile_model
+from autopipe.costs.measure.measured import profile_model
 from autopipe.costs.profile import Profile
 from autopipe.errors import ProfileError
 from autopipe.model.load import LoadedModel, ModelSpec, default_loss, load_model
@@ -21,7 +21,7 @@ from tests.helpers import Net
 def test_an_export_profile_leaves_a_micro_batch_of_one_out(tmp_path: Path) -> None:
     """torch.export specialises size-1 dimensions, so the profile keeps the sizes that share a
     graph (2 and 4 here) and the executor's trace at the plan's size matches it."""
-    from autopipe.costs.measured import profile_model
+    from autopipe.costs.measure.measured import profile_model
     from autopipe.model.load import load_model
     from autopipe.planner.search import PlanRequest, plan_pipeline
     from autopipe.runtime import RunOptions, run_threads

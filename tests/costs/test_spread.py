@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from autopipe.costs.measure.timing import relative_spread
 from autopipe.costs.profile import Profile, Spread
-from autopipe.costs.timing import relative_spread
 from autopipe.errors import ProfileError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from autopipe.costs.measured import (
+from autopipe.costs.measure.measured import (
     measure_blocks,
     saved_bytes,
     storage_key,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from autopipe.api import executor_probe
-from autopipe.costs.measured import executor_cost, profile_model
+from autopipe.costs.measure.measured import executor_cost, profile_model
 from autopipe.costs.profile import Profile
 from autopipe.runtime import probe
 from tests.costs.test_measured import _loaded

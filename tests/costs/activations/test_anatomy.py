@@ -18,7 +18,7 @@ import torch
 from autopipe.costs.activations.anatomy import Anatomy, anatomy_of
 from autopipe.costs.analytic import _meta_inputs, count_model
 from autopipe.costs.counting import count_block, leaf
-from autopipe.costs.timing import flat_inputs_of, storage_key
+from autopipe.costs.measure.timing import flat_inputs_of, storage_key
 from autopipe.graph.segment import extract
 from autopipe.graph.units import node_units
 from autopipe.model.load import load_model

@@ -1,6 +1,6 @@
 """Run each block of a traced model alone and measure it: time, and bytes saved for backward.
 
-The measuring half of the profiler (:mod:`autopipe.costs.measured` traces, fits and assembles the
+The measuring half of the profiler (:mod:`autopipe.costs.measure.measured` traces, fits and assembles the
 Profile). Times: CUDA events with synchronisation on a GPU, ``time.perf_counter`` on the CPU;
 saved bytes: ``torch.autograd.graph.saved_tensors_hooks``, every storage once, parameters
 excluded. :func:`measure_blocks` says how the rounds go.

@@ -15,7 +15,7 @@ host does at the time, so it is measured like the blocks are, and kept in the pr
 
 over ``rounds`` rounds that alternate the counts (k = 1, 2, 4, ... up to twice the cores, at
 most :data:`MAX_WORKERS`), half before the blocks are timed and half after; each count's
-median over the rounds is kept, with its spread (:func:`~autopipe.costs.timing.relative_spread`).
+median over the rounds is kept, with its spread (:func:`~autopipe.costs.measure.timing.relative_spread`).
 The workers are plain Python processes with numpy (a dependency), started once and told
 when to run over a pipe; they never import the user's model or torch. Anything that goes wrong
 (no process can start, a worker does not answer within :data:`ANSWER_S`) leaves the profile
@@ -34,8 +34,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autopipe.costs.measure.timing import relative_spread
 from autopipe.costs.profile import Contention
-from autopipe.costs.timing import relative_spread
 
 __all__ = ["ANSWER_S", "MAX_WORKERS", "Probe", "counts_for", "slowdowns"]
 

@@ -18,7 +18,7 @@ own module (``graph/segment.py``) and run on the values the blocks before it pro
 
 Times and bytes are then fitted as affine functions of the micro-batch size (``costs.Affine``)
 so the planner can price any micro-batch count. On the CPU the profile also measures how ranks
-sharing the host slow each other (``costs.contention``) and, where the caller gives the probe
+sharing the host slow each other (``costs.measure.contention``) and, where the caller gives the probe
 (``api.py``: ``runtime/probe.py``, the executor's own pieces), the executor's cost per action and
 per send to another rank (:func:`executor_cost`, ``Profile.executor``).
 """
@@ -36,11 +36,10 @@ import torch
 from torch import nn
 
 from autopipe.costs.activations.anatomy import Anatomy, layer_anatomies, options_of
-from autopipe.costs.contention import Probe
 from autopipe.costs.counting import OpCount, block_time
 from autopipe.costs.devices import DeviceSpec, device_spec, match_device, measure_cpu
-from autopipe.costs.profile import Affine, BlockCost, ExecutorCost, Profile, Spread, TensorCost
-from autopipe.costs.timing import (
+from autopipe.costs.measure.contention import Probe
+from autopipe.costs.measure.timing import (
     BlockMeasurement,
     measure_blocks,
     relative_spread,
@@ -48,6 +47,7 @@ from autopipe.costs.timing import (
     storage_key,
     time_call,
 )
+from autopipe.costs.profile import Affine, BlockCost, ExecutorCost, Profile, Spread, TensorCost
 from autopipe.errors import ProfileError
 from autopipe.graph.outputs import training_loss
 from autopipe.graph.recipe import DEFAULT_RECIPE, TraceRecipe
@@ -97,7 +97,7 @@ def profile_model(
     On the CPU the blocks run on ``threads`` threads (default 1: each pipeline rank of
     ``autopipe run`` runs on one thread, so that is what its stages will cost); ``None``
     keeps torch's current setting. ``contention``: on the CPU, also measure how ranks sharing this
-    host slow each other (:mod:`autopipe.costs.contention`), which the planner prices.
+    host slow each other (:mod:`autopipe.costs.measure.contention`), which the planner prices.
     ``executor``: on the CPU, the probe of the executor's own costs, run after the blocks on the
     same threads (:func:`executor_cost`; ``api.profile`` passes ``runtime/probe.py``'s).
     """
@@ -129,7 +129,7 @@ def profile_model(
 
 def executor_cost(samples: tuple[Sequence[float], Sequence[float]] | None) -> ExecutorCost:
     """The probe's per-round estimates (cost per action, cost per send) as the profile keeps
-    them: medians and their relative spreads (:func:`~autopipe.costs.timing.relative_spread`);
+    them: medians and their relative spreads (:func:`~autopipe.costs.measure.timing.relative_spread`);
     not measured (falsy) where the probe gave none."""
     if samples is None or not samples[0] or not samples[1]:
         return ExecutorCost()
