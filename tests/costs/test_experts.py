@@ -1,9 +1,11 @@
 """Mixture-of-experts costs (costs/experts.py, the expert marks of costs/counting.py): a small
-MoE counted on the meta device, its expert FLOPs, bytes and all-to-all volume against the
-hand-computed values; the same for Hugging Face's Mixtral, Qwen3-MoE and DeepSeek-V3."""
+MoE counted on the meta device, its expert FLOPs, bytes, saved activations per device and
+all-to-all volume against the hand-computed values; the same for Hugging Face's Mixtral,
+Qwen3-MoE and DeepSeek-V3."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import pytest
@@ -25,6 +27,7 @@ from autopipe.costs.experts import (
 )
 from autopipe.costs.options import Layout, Links, expert_gradient_group, layout_reason, parallel_options
 from autopipe.costs.profile import Profile
+from autopipe.costs.timing import saved_bytes, storage_key
 from autopipe.errors import ProfileError
 from autopipe.model.load import load_model
 from tests.helpers import ROOT
@@ -166,6 +169,46 @@ def test_a_small_moe_priced_under_expert_parallelism(tiny: ModelCounts) -> None:
     added = skewed.blocks[i].forward_flops(2) - options.price(Layout(ep=2)).blocks[i].forward_flops(2)
     assert added == pytest.approx(0.5 * 6 * 2 * T * K * H * F)  # the busiest device: 1.5 x the pairs
     assert "ep=2 (imbalance 1.5)" in skewed.device
+
+
+def test_the_experts_keep_what_megatron_cores_grouped_experts_keep() -> None:
+    # Per routed (token, expert) pair, as Megatron-Core's alltoall dispatcher and grouped experts
+    # hold it: the expert's input (h, the first grouped GEMM's), the fused weighted SwiGLU's input
+    # (2f) and the pair's probability (1), the second GEMM's input (f), in bf16; the dispatch, the
+    # probabilities' gather and the combine keep one int64 index per pair each (the first with one
+    # more slot: the dropped pairs' zero row). Not the expert outputs (h) or SiLU's output (f)
+    # the unfused form keeps: 2 h + 4 f per pair.
+    model = load_model(MOE, {}, device="meta").model
+    moe = sys.modules[type(model).__module__]  # the model file, as loaded
+    cfg = moe.make_config()
+    with torch.device("meta"):
+        experts = moe.Experts(cfg).to(torch.bfloat16)
+    weights = {storage_key(p) for p in experts.parameters()}
+    for n in (64, 128):  # tokens
+        x = torch.empty(n, H, device="meta", dtype=torch.bfloat16, requires_grad=True)
+        probs = torch.empty(n, K, device="meta", dtype=torch.bfloat16, requires_grad=True)
+        chosen = torch.zeros(n, K, device="meta", dtype=torch.int64)
+        pairs = n * K
+        got = saved_bytes(lambda x=x, probs=probs, chosen=chosen: experts(x, probs, chosen), exclude=weights)
+        assert got == pairs * (H + 2 * F + 1 + F) * 2 + (3 * pairs + 1) * 8
+
+
+def test_saved_activations_per_device_under_expert_parallelism(tiny: ModelCounts) -> None:
+    # A device keeps its own tokens' activations whatever ep: its T / (t cp) tokens send k pairs
+    # each, and on average (balanced routing) as many pairs land on its E / ep experts, so the
+    # MoE layer's saved bytes per device are the same at ep 1, 2, 4, 8 (each expert's pairs are
+    # not on every device: that would be ep times more); sequence parallelism (t) and context
+    # parallelism (cp) divide them, each device holding 1 / t (1 / cp) of the sequence.
+    options = parallel_options(tiny, device_spec("h100"), Links(8, NV, NET), imbalance=1.0)
+    names = [b.name for b in tiny.traces[0].blocks]
+    i = names.index("layers.1")
+    whole = options.price(Layout()).blocks[i].saved_bytes
+    for u, counts in zip((2, 4), tiny.counts, strict=True):
+        assert whole(u) == pytest.approx(counts[i].saved_bytes)
+        for ep in (2, 4, 8):
+            assert options.price(Layout(ep=ep)).blocks[i].saved_bytes(u) == pytest.approx(whole(u))
+        assert options.price(Layout(t=2, ep=4)).blocks[i].saved_bytes(u) == pytest.approx(whole(u) / 2)
+        assert options.price(Layout(t=2, cp=2, ep=4)).blocks[i].saved_bytes(u) == pytest.approx(whole(u) / 4)
 
 
 def test_layout_rules(tiny: ModelCounts) -> None:

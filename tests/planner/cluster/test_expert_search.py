@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -205,3 +206,34 @@ def test_a_larger_ep_no_slower_at_any_size_dominates() -> None:
     assert dominated([(Layout(ep=2), two), (Layout(ep=4), steeper)], [1.0]) == {0}  # faster at 1 sample
     assert dominated([(Layout(ep=2), two), (Layout(ep=4), steeper)], [1.0, 8.0]) == set()  # slower at 8
     assert dominated([(Layout(ep=2), two), (Layout(ep=4, etp=2), four)], [1.0]) == set()  # another etp
+
+
+def test_a_layout_that_fits_by_the_experts_count_is_planned_without_recomputation() -> None:
+    # The tiny MoE (h 128, expert width f 64, top-2) on 8 devices, 2 stages, ep 4, m pinned: what it
+    # needs with every activation kept is the limit, plus half of what the unfused experts' count
+    # kept more for one micro-batch of one MoE layer on a device: (h + f - 1) bf16 elements per
+    # routed pair (the expert outputs and SiLU's output, less the probability Megatron-Core's fused
+    # weighted SwiGLU keeps). Every stage holds a MoE layer, so under that count no stage fitted
+    # without recomputation; under Megatron-Core's it fits, and the search recomputes nothing.
+    import autopipe
+
+    h, f, k, seq = 128, 64, 2, 256
+    common: dict[str, Any] = {
+        "device": "h100",
+        "gpus": 8,
+        "batch_size": 16,
+        "kwargs": {"block_size": seq},
+        "stages": 2,
+        "tensor_parallel": 1,
+        "expert_parallel": 4,
+    }
+    kept = autopipe.plan_cluster(
+        MOE, memory="80GB", choices=Choices(micro_batches=2, recompute=Recompute.NEVER), **common
+    )
+    u = 16 // (kept.data_parallel * kept.micro_batches)  # samples per micro-batch
+    unfused = u * seq * k * (h + f - 1) * 2
+    limit = max(kept.peak_memory_bytes) + unfused / 2
+    plan = autopipe.plan_cluster(MOE, memory=limit, choices=Choices(micro_batches=2), **common)
+    assert (plan.expert_parallel, plan.micro_batches) == (4, 2)
+    assert not any(s.recompute for s in plan.stages) and not plan.memory_choice
+    assert max(plan.peak_memory_bytes) <= limit < max(kept.peak_memory_bytes) + unfused
