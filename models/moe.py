@@ -214,6 +214,37 @@ def make_config(preset: str = "tiny", **overrides: Any) -> MoEConfig:
     return replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
 
 
+class FusedRMSNorm(torch.autograd.Function):
+    """``x / rms(x) * weight``, computed in fp32, saving for backward only its input and the fp32
+    reciprocal of each row's RMS: Transformer Engine's RMSNorm, which Megatron-Core runs
+    (``TENorm``; ``transformer_engine/pytorch/module/rmsnorm.py`` saves ``inp, weight, rsigma``),
+    not eager autograd's fp32 copies of the input and the normalised rows."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        x32 = x.float()
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x32 * rstd).type_as(x) * weight
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.float() * rstd
+        g = grad.float() * weight.float()
+        dx = rstd * (g - normed * (g * normed).mean(-1, keepdim=True))
+        dweight = (grad.float() * normed).flatten(0, -2).sum(0)
+        return dx.type_as(x), dweight.type_as(weight), None
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    out: Tensor = FusedRMSNorm.apply(x, weight, eps)
+    return out
+
+
+torch.fx.wrap("rms_norm")  # one node in a symbolic trace: the fused kernel, not its parts
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -221,8 +252,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:  # x: (..., C)
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rotary_tables(dim: int, length: int, theta: float) -> tuple[Tensor, Tensor]:
