@@ -55,7 +55,7 @@ RECOMPUTE_SETS: tuple[tuple[str, ...], ...] = tuple(
     for kinds in itertools.combinations(sorted(RECOMPUTE_KINDS), r)
     if not {"mlp", "mlp_act"} <= set(kinds)  # the MLP whole holds its activation already
 )
-"""Every set of module kinds that may be recomputed together (11: the four kinds, mlp and
+"""Every set of module kinds that may be recomputed together (23: the five kinds, mlp and
 mlp_act not both)."""
 
 
