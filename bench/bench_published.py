@@ -93,16 +93,18 @@ def layout_choices(run: Run) -> Pinned:
     Expressed: t, p, d; ``mbs`` as m = global batch / (d mbs); ``vp`` > 1 as interleaved 1F1B with
     v = vp, ``vp`` = 1 (or p = 1) as 1F1B, None left to the search among Megatron's two; full
     recomputation as every stage recomputed, none as none, unknown left to the search (uniform,
-    as Megatron runs it); ZeRO-1 as ``shard_optimizer``; sequence parallelism. Approximated (named
-    in ``approximated``): selective recomputation as none (the counts price fused attention, which
-    keeps what Megatron's selective recomputation keeps), ZeRO-2 and FSDP as ZeRO-1 (weights and
+    as Megatron runs it); selective recomputation of the source's modules (``Run.recompute_modules``)
+    as those module kinds recomputed in every layer that has them; ZeRO-1 as ``shard_optimizer``;
+    sequence parallelism. Approximated (named in ``approximated``): selective recomputation without
+    its modules as none (the counts price fused attention, which keeps what Megatron's default
+    selective recomputation, core_attn, keeps), ZeRO-2 and FSDP as ZeRO-1 (weights and
     gradients whole). Each new planner choice (sharding stage, selective or partial recomputation,
     offload, overlap) is one more field here, read from the run's own fields."""
     approximated = []
     recompute = {"full": Recompute.ALWAYS, "none": Recompute.NEVER, "selective": Recompute.NEVER}.get(
         run.recompute, Recompute.AUTO
     )
-    if run.recompute == "selective":
+    if run.recompute == "selective" and not run.recompute_modules:
         approximated.append("selective recomputation priced as none (fused attention keeps what it keeps)")
     if run.sharding in ("zero2", "fsdp"):
         approximated.append(f"{run.sharding} priced as ZeRO-1 (weights and gradients whole)")
@@ -113,7 +115,10 @@ def layout_choices(run: Run) -> Pinned:
     else:
         schedule, virtual = None, None
     micro_batches = run.global_batch // (run.d * run.mbs) if run.mbs else None
-    choices = Choices(micro_batches, schedule, virtual, recompute, target="megatron")
+    modules = run.recompute_modules or None  # the source's modules, recomputed in every layer that has them
+    if modules:  # selective recomputation: no stage is recomputed whole (the planner's one memory choice)
+        recompute = Recompute.AUTO
+    choices = Choices(micro_batches, schedule, virtual, recompute, target="megatron", recompute_modules=modules)
     shard = run.sharding in ("zero1", "zero2", "fsdp")
     return Pinned(run.t, run.p, run.d, choices, shard, run.sequence_parallel and run.t > 1, tuple(approximated))
 
@@ -284,7 +289,8 @@ def _layout(run: Run) -> str:
     words += [f"cp{run.cp}"] if run.cp > 1 else []
     words += [f"ep{run.ep}"] if run.ep > 1 else []
     words += [f"v{run.vp}" if run.vp else "v?", f"mbs {run.mbs}" if run.mbs else "mbs ?"]
-    words += [f"{run.global_batch}x{run.seq}", f"recompute {run.recompute}", run.sharding]
+    modules = f" ({'+'.join(run.recompute_modules)})" if run.recompute_modules else ""
+    words += [f"{run.global_batch}x{run.seq}", f"recompute {run.recompute}{modules}", run.sharding]
     words += ["sp"] if run.sequence_parallel else []
     return ", ".join(words)
 

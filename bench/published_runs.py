@@ -91,6 +91,7 @@ class Run:
     dp_overlap: bool = True  # the gradients reduced (and weights gathered) under the computation, as Megatron-Core
     ep: int = 1  # expert-parallel degree (a MoE's routed experts over ep devices)
     imbalance: float = 1.0  # the routing skew the planner prices (costs.experts), for a MoE
+    recompute_modules: tuple[str, ...] = ()  # with recompute "selective": the source's --recompute-modules
 
     def __post_init__(self) -> None:
         if self.t * self.p * self.d * self.cp != self.gpus:
@@ -99,6 +100,10 @@ class Run:
             raise ValueError(f"{self.name}: batch {self.global_batch} does not split into {self.d} x {self.mbs}")
         if self.recompute not in RECOMPUTE or self.sharding not in SHARDING or self.link not in LINKS:
             raise ValueError(f"{self.name}: recompute, sharding or link not one of the known words")
+        if self.recompute_modules and self.recompute != "selective":
+            raise ValueError(
+                f"{self.name}: recompute modules {self.recompute_modules} with recompute {self.recompute!r}"
+            )
         if self.attention not in ("flash", "unfused"):
             raise ValueError(f"{self.name}: attention {self.attention!r} is neither flash nor unfused")
         if self.unit not in (TFLOPS, TOKENS, STEP) or (self.unit == TFLOPS and self.flops not in (HW, MODEL)):
@@ -485,13 +490,35 @@ BRIDGE_MOE = (
     "'we force-balance the token distribution among experts and all benchmarks are token-dropless'"
 )
 BRIDGE_MOE_ASSUMED = (
-    "recomputation (the recipes' selective modules): searched; the distributed optimizer (ZeRO-1) and "
-    "Megatron's overlaps assumed; the MoE all-to-all overlap searched (Megatron's interleaved overlap)"
+    "the distributed optimizer (ZeRO-1) and Megatron's overlaps assumed; the MoE all-to-all overlap searched "
+    "(Megatron's interleaved overlap, which the recipes turn on: overlap_moe_expert_parallel_comm)"
 )
+# The recomputation each published run ran, from the performance scripts of the Megatron-Bridge
+# release that published its figure (github.com/NVIDIA-NeMo/Megatron-Bridge):
+# - DeepSeek-V3, 25.09 container (v0.1.0rc4, whose docs/performance-summary.md has the 1,297 row):
+#   scripts/performance/configs/deepseek/deepseek_v3_llm_pretrain.yaml sets recompute_granularity
+#   "selective" and scripts/performance/run_script.py, for the H100, recompute_modules
+#   ["mla_up_proj", "mlp"] (Megatron-Core recomputes mlp in the dense layers only, not in MoE layers).
+# - Qwen3-235B-A22B, 26.02 container (v0.3.0, whose performance summary has the 1,633 row):
+#   scripts/performance/configs/qwen/qwen3_llm_pretrain.py, set_qwen3_common_configs, sets
+#   recompute_granularity None: nothing recomputed.
+DEEPSEEK_RECOMPUTE = ("selective", ("mla_up_proj", "mlp"))
+QWEN3_RECOMPUTE = ("none", ())
 
 
 def _bridge_moe(
-    name: str, preset: str, gpus: int, gbs: int, t: int, p: int, vp: int, ep: int, tokens: float, tf: float, src: str
+    name: str,
+    preset: str,
+    gpus: int,
+    gbs: int,
+    t: int,
+    p: int,
+    vp: int,
+    ep: int,
+    tokens: float,
+    tf: float,
+    src: str,
+    recompute: tuple[str, tuple[str, ...]],
 ) -> Run:
     return Run(
         name=name,
@@ -508,7 +535,7 @@ def _bridge_moe(
         mbs=1,
         global_batch=gbs,
         seq=4096,
-        recompute="unknown",
+        recompute=recompute[0],
         sharding="zero1",
         sequence_parallel=t > 1,
         figure=tokens,
@@ -518,16 +545,43 @@ def _bridge_moe(
         unpublished=BRIDGE_MOE_ASSUMED,
         also=f"{tf:.0f} model TFLOP/s per GPU",
         ep=ep,
+        recompute_modules=recompute[1],
     )
 
 
 MOE = (
     # 25.09 container, 'DeepSeekV3 (dropless)': 1,024 GPUs, GBS 8192, MBS 1, 4096 tokens, TP 2 PP 8 CP 1
     # VP 4 EP 64, GA 128: 1,297 tokens/s and 338 (330 with DeepSeek's 128x128 FP8 blocks) TFLOP/s per GPU
-    _bridge_moe("bridge-deepseek-v3-1024", "deepseek-v3", 1024, 8192, 2, 8, 4, 64, 1297, 338, "25.09 container"),
+    _bridge_moe(
+        "bridge-deepseek-v3-1024",
+        "deepseek-v3",
+        1024,
+        8192,
+        2,
+        8,
+        4,
+        64,
+        1297,
+        338,
+        "25.09 container",
+        DEEPSEEK_RECOMPUTE,
+    ),
     # 26.02 container, FP8: 256 GPUs, GBS 8192, MBS 1, 4096 tokens, TP 2 PP 8 CP 1 VP 4 EP 32: 1,633
     # tokens/s and 242 TFLOP/s per GPU (the issue's 'about 253', 26.04.01, is not in the stored copy)
-    _bridge_moe("bridge-qwen3-235B-256", "qwen3-235b-a22b", 256, 8192, 2, 8, 4, 32, 1633, 242, "26.02 container"),
+    _bridge_moe(
+        "bridge-qwen3-235B-256",
+        "qwen3-235b-a22b",
+        256,
+        8192,
+        2,
+        8,
+        4,
+        32,
+        1633,
+        242,
+        "26.02 container",
+        QWEN3_RECOMPUTE,
+    ),
 )
 
 RUNS: tuple[Run, ...] = (

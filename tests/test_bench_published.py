@@ -93,6 +93,14 @@ def test_layout_choices_say_what_the_planner_is_told(bench: tuple[ModuleType, Mo
     assert llama.shard_optimizer and llama.approximated == ("zero2 priced as ZeRO-1 (weights and gradients whole)",)
     selective = b.layout_choices(dataclasses.replace(rows.by_name("m21-1T"), recompute="selective", sharding="fsdp"))
     assert selective.choices.recompute == Recompute.NEVER and len(selective.approximated) == 2
+    # the MoE rows' recomputation as their recipes ran it: DeepSeek-V3's modules pinned, Qwen3's none
+    deepseek = b.layout_choices(rows.by_name("bridge-deepseek-v3-1024"))
+    assert deepseek.choices.recompute_modules == ("mla_up_proj", "mlp") and deepseek.approximated == ()
+    assert deepseek.choices.recompute == Recompute.AUTO  # selective: no stage recomputed whole
+    qwen3 = b.layout_choices(rows.by_name("bridge-qwen3-235B-256"))
+    assert (qwen3.choices.recompute, qwen3.choices.recompute_modules) == (Recompute.NEVER, None)
+    with pytest.raises(ValueError, match="recompute modules"):
+        dataclasses.replace(rows.by_name("bloom-176B"), recompute_modules=("mlp",))
 
 
 def test_the_run_says_how_it_attended_and_what_it_overlapped(bench: tuple[ModuleType, ModuleType]) -> None:

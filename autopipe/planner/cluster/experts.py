@@ -205,14 +205,17 @@ def hidden_profile(profile: Profile, alltoall: Callable[[float], tuple[float, fl
 def hiding_choices(choices: Choices, stages: int) -> Choices | None:
     """``choices`` with the schedule of the target that hides the expert all-to-all
     (``Target.hides_expert_comm``), or None where it cannot: the schedule or recomputation pinned
-    otherwise; Megatron's interleaved 1F1B on one stage, or with every stage recomputed."""
+    otherwise; Megatron's interleaved 1F1B on one stage, or with every stage (or the first layers
+    of each, the block method) recomputed whole; selective recomputation pinned stays."""
     hides = target_spec(choices.target).hides_expert_comm
     if not hides or stages < 2 or (choices.schedule is not None and choices.schedule not in hides):
         return None
     schedule = choices.schedule or hides[0]
     if schedule == "interleaved-1f1b":  # Megatron-Core refuses the overlap with full recomputation
-        if choices.recompute == Recompute.ALWAYS:
+        if choices.recompute == Recompute.ALWAYS or choices.recompute_layers:
             return None
+        if choices.recompute_modules:  # selective: no stage recomputed whole already (Megatron-Bridge's
+            return replace(choices, schedule=schedule)  # DeepSeek-V3 H100 recipe runs it with the overlap)
         return replace(choices, schedule=schedule, recompute=Recompute.NEVER)
     return replace(choices, schedule=schedule)
 

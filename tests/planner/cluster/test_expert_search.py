@@ -121,6 +121,10 @@ def test_the_targets_that_hide_the_all_to_all() -> None:
     assert megatron == Choices(target="megatron", schedule="interleaved-1f1b", recompute=Recompute.NEVER)
     assert hiding_choices(Choices(target="megatron"), 1) is None  # Megatron's overlap needs p > 1
     assert hiding_choices(Choices(target="megatron", recompute=Recompute.ALWAYS), 4) is None  # nor full recompute
+    assert hiding_choices(Choices(target="megatron", recompute_layers=2), 4) is None  # the block method is full
+    # selective recomputation stays (Megatron-Bridge's DeepSeek-V3 H100 recipe: mla_up_proj, mlp, the overlap on)
+    selective = Choices(target="megatron", recompute_modules=("mla_up_proj", "mlp"))
+    assert hiding_choices(selective, 4) == replace(selective, schedule="interleaved-1f1b")
     assert hiding_choices(Choices(target="autopipe", schedule="1f1b"), 4) is None
     assert hiding_choices(Choices(target="torch"), 4) is None
 
