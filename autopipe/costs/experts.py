@@ -42,6 +42,12 @@ with t > 1) and context parallelism ``cp``, for a block counted whole on ``T`` t
   is forwarded within that node over NVLink. Forward: dispatch + combine; backward: the same
   two, for the gradients. ``dispatch_bytes`` prices an FP8 dispatch (DeepSeek-V3: 1 byte).
 - **Shared experts** are ordinary dense ops, priced as the layer's other ops.
+- **Activations saved for backward** are the block's counted ones (``saved_tensors_hooks`` on
+  the meta device, as a dense layer's), one device's share ``1 / (t cp)`` of them whatever ep
+  (``degrees.device_saved``): the device's ``T / (t cp)`` tokens send ``T k / (t cp)`` pairs
+  and, balanced, as many land on its ``E / ep`` experts. What a pair keeps is what the model's
+  ops keep; the bundled ``models/moe.py`` keeps Megatron-Core's ``h + 3 f + 1`` elements (its
+  grouped experts' inputs, the fused weighted SwiGLU's input and probability).
 
 Not modelled: the busiest device's extra activations (saved bytes are the balanced count), the
 permutation kernels' cost beyond the counted gathers, token dropping beyond the model's own.
