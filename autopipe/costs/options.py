@@ -23,9 +23,10 @@ experts' (``BlockCost.expert_params``) over :func:`expert_gradient_group`; a dis
 optimizer shards each part's state over its own group. Where the target overlaps the expert
 all-to-all (DualPipeV's paired forward and backward; Megatron's
 ``--overlap-moe-expert-parallel-comm``), ``options.alltoall(layout, u)`` is what may be hidden
-behind the other micro-batch's compute: one MoE layer's (forward, backward) all-to-all at
-micro-batch size ``u``, already inside the profile's block times; a block whose
-``expert_params`` is not 0 holds one MoE layer (blocks follow the layers).
+behind the other micro-batch's compute: one MoE layer's forward (dispatch, combine) all-to-alls
+at micro-batch size ``u`` (each backward one takes the combine's time; ``experts.alltoall_parts``),
+already inside the profile's block times; a block whose ``expert_params`` is not 0 holds one
+MoE layer (blocks follow the layers).
 
 Tests: tests/costs/test_experts.py.
 """
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from autopipe.costs.context import ContextShape, ContextSplit, context_reason, context_shape
 from autopipe.costs.degrees import Degrees
-from autopipe.costs.experts import DEFAULT_IMBALANCE, ExpertSplit, MoEShape, alltoall_s, expert_reason, moe_shape
+from autopipe.costs.experts import DEFAULT_IMBALANCE, ExpertSplit, MoEShape, alltoall_parts, expert_reason, moe_shape
 from autopipe.costs.tensor import TensorSplit, TransformerShape, shape_of, tensor_reason
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ class ParallelOptions:
     experts: MoEShape | None  # None: no routed experts (ep = 1)
     links: Links
     price: Callable[[Layout], Profile]
-    alltoall: Callable[[Layout, float], tuple[float, float]]  # (layout, u) -> one MoE layer's a2a (fwd, bwd) s
+    alltoall: Callable[[Layout, float], tuple[float, float]]  # (layout, u) -> one MoE layer's (dispatch, combine) s
     sequence_parallel: bool = True
     imbalance: float = DEFAULT_IMBALANCE
 
@@ -214,6 +215,6 @@ def parallel_options(
         d = _degrees(options(), layout, extras)
         if d.experts is None or experts is None:
             return 0.0, 0.0
-        return alltoall_s(d.experts, u * experts.seq / (layout.t * layout.cp), elt)
+        return alltoall_parts(d.experts, u * experts.seq / (layout.t * layout.cp), elt)
 
     return options()

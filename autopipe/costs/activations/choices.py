@@ -225,7 +225,7 @@ def apply(profile: Profile, choice: MemoryChoice, host_bandwidth: float = 0.0) -
 
 
 def _plus(a: Affine, b: Affine) -> Affine:
-    return Affine(a.intercept + b.intercept, a.slope + b.slope)
+    return a.plus(b)  # an all-to-all hidden (planner.cluster.experts) stays hidden
 
 
 def choices(profile: Profile, u: float, host_bandwidth: float = 0.0) -> tuple[MemoryChoice, ...]:
