@@ -95,6 +95,9 @@ class ParallelOptions:
     alltoall: Callable[[Layout, float], tuple[float, float]]  # (layout, u) -> one MoE layer's (dispatch, combine) s
     sequence_parallel: bool = True
     imbalance: float = DEFAULT_IMBALANCE
+    # Of the device's SMs, those the all-to-all kernels hold while they run beside compute (0: not
+    # known; Megatron-Core's DeepEP dispatcher: 20, ``moe_flex_dispatcher_num_sms``' default)
+    alltoall_share: float = 0.0
 
 
 def layout_reason(options: ParallelOptions, layout: Layout, devices: int, stages: int = 1) -> str:
@@ -175,16 +178,20 @@ def parallel_options(
     max_nodes: int = 0,
     tensor_overlap: float = 0.0,
     fused: bool = False,
+    alltoall_share: float = 0.0,
 ) -> ParallelOptions:
     """The parallel structure of ``counts`` and its pricing on ``spec`` over ``links`` (the
     device's own when None); ``imbalance``, ``balanced`` (CP's 2 cp chunks), ``dispatch_bytes``,
     ``deduplicate`` and ``max_nodes`` as ``ExpertSplit`` and ``ContextSplit`` take them,
     ``tensor_overlap`` as ``TensorSplit.overlap`` (``Overlap.tp_comm``); ``fused``: memory-bound
-    ops fused as the target framework runs them (``Target.fused_kernels``, ``costs.fusion``)."""
+    ops fused as the target framework runs them (``Target.fused_kernels``, ``costs.fusion``);
+    ``alltoall_share``: of the device's SMs, the all-to-all kernels' (``ParallelOptions``)."""
     from autopipe.costs.analytic import profile_from_counts
 
     if not (imbalance >= 1.0 and imbalance < float("inf")):
         raise ValueError(f"imbalance must be a number >= 1 (got {imbalance!r}); 1.0 is a perfectly even routing")
+    if not 0.0 <= alltoall_share < 1.0:
+        raise ValueError(f"alltoall_share must be in [0, 1) (got {alltoall_share!r}); 0 where not known")
     traced, model = counts.traces[0], counts.loaded.model
     tensor = shape_of(traced, model)
     seq = tensor.seq if tensor is not None else 0
@@ -203,7 +210,9 @@ def parallel_options(
     elt = float(counts.precision.dtype.itemsize)
 
     def options() -> ParallelOptions:
-        return ParallelOptions(tensor, context, experts, chosen, price, alltoall, sequence_parallel, imbalance)
+        return ParallelOptions(
+            tensor, context, experts, chosen, price, alltoall, sequence_parallel, imbalance, alltoall_share
+        )
 
     def price(layout: Layout) -> Profile:
         if layout not in cache:

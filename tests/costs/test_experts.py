@@ -236,6 +236,9 @@ def test_layout_rules(tiny: ModelCounts) -> None:
     assert "does not divide 12 devices" in layout_reason(options, Layout(t=2, cp=2, ep=2), 12, 2)
     with pytest.raises(ValueError, match="imbalance must be a number >= 1"):
         parallel_options(tiny, device_spec("h100"), imbalance=0.5)
+    with pytest.raises(ValueError, match=r"alltoall_share must be in \[0, 1\) \(got 1.5\); 0 where not known"):
+        parallel_options(tiny, device_spec("h100"), alltoall_share=1.5)
+    assert parallel_options(tiny, device_spec("h100"), alltoall_share=20 / 132).alltoall_share == 20 / 132
 
 
 def test_expert_params_in_the_profile_file(tiny: ModelCounts) -> None:

@@ -67,6 +67,7 @@ Tests: tests/planner/cluster/test_expert_search.py.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -197,23 +198,62 @@ class Pair:
     combine_grad: float  # the combine's backward, first of the backward layer
 
 
-def exposed(pair: Pair) -> tuple[float, float]:
-    """(forward, backward) seconds the compute stream waits on ``pair``'s all-to-alls, as
-    Megatron-Core's ``TransformerLayerSchedulePlan.run`` orders the two streams (each in order;
-    an all-to-all needs its own micro-batch's compute before it, the compute after it needs it)::
+_COMPUTE = ("attention", "experts_grad", "experts_wgrad", "experts", "attention_grad")  # the compute stream, in order
+_COMM = ("combine_grad", "dispatch", "dispatch_grad", "combine")  # the communication stream, in order
+_NEEDS = {  # what each sub-module waits for: its own micro-batch's one before it
+    "experts_grad": "combine_grad",
+    "dispatch": "attention",
+    "experts": "dispatch",
+    "dispatch_grad": "experts_grad",
+    "attention_grad": "dispatch_grad",
+    "combine": "experts",
+}
+
+
+def exposed(pair: Pair, share: float = 0.0) -> tuple[float, float]:
+    """(forward, backward) seconds ``pair``'s all-to-alls add to its compute, as Megatron-Core's
+    ``TransformerLayerSchedulePlan.run`` orders the two streams (each in order; an all-to-all
+    needs its own micro-batch's compute before it, the compute after it needs it)::
 
         compute  | attention F   | experts dgrad B, wgrad B | experts F   | attention B |
         comm     | combine B     | dispatch F, dispatch B   |             | combine F   |
 
-    the dispatch's backward starting once the experts' input gradients are done. The forward's
-    waits are for its dispatch and combine, the backward's for its combine and dispatch."""
-    p = pair
-    combine_grad = max(0.0, p.combine_grad - p.attention)
-    dispatch = max(0.0, p.dispatch - p.experts_grad - p.experts_wgrad)
-    experts_done = max(p.experts_grad + p.experts_wgrad, p.dispatch) + p.experts
-    dispatch_grad = max(0.0, max(p.dispatch, p.experts_grad) + p.dispatch_grad - experts_done)
-    combine = max(0.0, p.combine - p.attention_grad)
-    return dispatch + combine, combine_grad + dispatch_grad
+    the dispatch's backward starting once the experts' input gradients are done. What the
+    compute stream waits is charged to the all-to-all it waits for (the forward's: its dispatch
+    and combine). ``share``: of the device's SMs, those the all-to-all kernels hold while they
+    run; the compute beside one runs at ``1 - share`` of its speed, the time lost charged to it."""
+    comp, comm = list(_COMPUTE), list(_COMM)
+    done: set[str] = set()
+    charged = dict.fromkeys(_COMM, 0.0)
+    run_c: str | None = None
+    run_m: str | None = None
+    left_c = left_m = 0.0
+    while comp or comm or run_c or run_m:
+        if run_c is None and comp and _NEEDS.get(comp[0], "") in (done | {""}):
+            run_c = comp.pop(0)
+            left_c = max(0.0, getattr(pair, run_c))
+        if run_m is None and comm and _NEEDS.get(comm[0], "") in (done | {""}):
+            run_m = comm.pop(0)
+            left_m = max(0.0, getattr(pair, run_m))
+        if run_c is None and run_m is None:  # cannot happen in this order; never loop forever
+            raise RuntimeError(f"the paired sub-modules wait on each other: {comp} and {comm}")
+        rate = 1.0 - share if run_m is not None else 1.0
+        until_c = left_c / rate if run_c is not None else math.inf
+        until_m = left_m if run_m is not None else math.inf
+        dt = min(until_c, until_m)
+        if run_m is not None:  # the compute waits on it, or runs slower beside it
+            charged[run_m] += dt if run_c is None else share * dt
+        if run_c is not None:
+            left_c = 0.0 if dt == until_c else left_c - rate * dt
+            if left_c == 0.0:
+                done.add(run_c)
+                run_c = None
+        if run_m is not None:
+            left_m = 0.0 if dt == until_m else left_m - dt
+            if left_m == 0.0:
+                done.add(run_m)
+                run_m = None
+    return charged["dispatch"] + charged["combine"], charged["combine_grad"] + charged["dispatch_grad"]
 
 
 @dataclass(frozen=True)
@@ -255,17 +295,20 @@ class _Hidden(Affine):
     open: Affine
     pieces: _Pieces
     side: int
+    share: float = 0.0  # of the SMs, the all-to-all kernels' (``exposed``)
 
     def __call__(self, u: float) -> float:
         whole = self.intercept + self.slope * u
-        return whole - self.open(u) + exposed(self.pieces.at(u))[self.side]
+        return whole - self.open(u) + exposed(self.pieces.at(u), self.share)[self.side]
 
     def plus(self, other: Affine) -> Affine:
         """With ``other`` added: a recomputed forward, which Megatron-Core runs in the backward of
         the sub-module it belongs to; a MoE layer's routed experts have no module kind to
         recompute (``graph/units.py``), so it joins the backward before the dispatch."""
         pieces = replace(self.pieces, attention_grad=self.pieces.attention_grad.plus(other))
-        return _Hidden(self.intercept + other.intercept, self.slope + other.slope, self.open, pieces, self.side)
+        return _Hidden(
+            self.intercept + other.intercept, self.slope + other.slope, self.open, pieces, self.side, self.share
+        )
 
 
 def _affine(f: Callable[[float], float]) -> Affine:
@@ -278,11 +321,16 @@ def _less(a: Affine, *others: Affine) -> Affine:
     return Affine(a.intercept - sum(b.intercept for b in others), a.slope - sum(b.slope for b in others))
 
 
-def hidden_profile(profile: Profile, alltoall: Callable[[float], tuple[float, float]]) -> Profile | None:
+def hidden_profile(
+    profile: Profile, alltoall: Callable[[float], tuple[float, float]], share: float = 0.0
+) -> Profile | None:
     """``profile`` with each MoE block's all-to-alls (``alltoall(u)``: one MoE layer's forward
     (dispatch, combine) seconds, each backward one the combine's) hidden behind the paired
-    micro-batch's sub-modules as :func:`exposed` says, its compute split by
-    ``BlockCost.experts_s`` (module docstring); None where there is none to hide."""
+    micro-batch's sub-modules as :func:`exposed` says (``share``: of the SMs, the all-to-all
+    kernels'), its compute split by ``BlockCost.experts_s`` (module docstring); None where there
+    is none to hide."""
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"the all-to-all's share of the SMs must be in [0, 1) (got {share!r})")
     dispatch = _affine(lambda u: alltoall(u)[0])
     combine = _affine(lambda u: alltoall(u)[1])
     if dispatch(1.0) <= 0.0 and combine(1.0) <= 0.0:
@@ -306,9 +354,9 @@ def hidden_profile(profile: Profile, alltoall: Callable[[float], tuple[float, fl
         inputs = replace(whole, attention_grad=_less(bi, bwd, e.backward_input), experts_wgrad=Affine(0.0, 0.0))
         return replace(
             b,
-            forward_s=_Hidden(f.intercept, f.slope, fwd, whole, 0),
-            backward_s=_Hidden(bw.intercept, bw.slope, bwd, whole, 1),
-            backward_input_s=_Hidden(bi.intercept, bi.slope, bwd, inputs, 1),
+            forward_s=_Hidden(f.intercept, f.slope, fwd, whole, 0, share),
+            backward_s=_Hidden(bw.intercept, bw.slope, bwd, whole, 1, share),
+            backward_input_s=_Hidden(bi.intercept, bi.slope, bwd, inputs, 1, share),
         )
 
     return replace(profile, blocks=tuple(one(b) for b in profile.blocks))

@@ -142,6 +142,11 @@ def test_exposed_pairs_each_all_to_all_with_the_sub_module_beside_it() -> None:
     late = Pair(1.0, 0.5, 1.0, 2.0, 0.5, dispatch=1.0, combine=0.5, dispatch_grad=3.0, combine_grad=1.0)
     assert exposed(late) == pytest.approx((0.0, 2.0))
     assert exposed(Pair(1.0, 1.0, 2.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5)) == (0.0, 0.0)  # every one hidden
+    # the all-to-all kernels holding a quarter of the SMs: attention F (1) beside combine B (2) runs at
+    # 0.75, done at 1.33, waits to 2: 1 charged; attention F of 3 does 1.5 in those 2, 1.5 after: 0.5
+    assert exposed(Pair(1.0, 0, 0, 0, 0, 0, 0, 0, combine_grad=2.0), share=0.25) == pytest.approx((0.0, 1.0))
+    assert exposed(Pair(3.0, 0, 0, 0, 0, 0, 0, 0, combine_grad=2.0), share=0.25) == pytest.approx((0.0, 0.5))
+    assert sum(exposed(pair, share=0.25)) > sum(exposed(pair))
     pieces = (pair, late, Pair(0.1, 0.2, 0.3, 0.4, 0.0, 0.9, 0.1, 0.2, 0.8))
     for p in pieces:  # a list schedule of the two streams agrees
         computed = p.attention + p.experts + p.attention_grad + p.experts_grad + p.experts_wgrad
@@ -174,6 +179,8 @@ def test_the_hidden_all_to_all_hides_behind_the_paired_sub_modules() -> None:
     assert unknown is not None
     assert (unknown.blocks[0].forward_s(1.0), unknown.blocks[0].backward_s(1.0)) == pytest.approx((0.7e-3, 1.7e-3))
     assert hidden_profile(profile, lambda u: (0.0, 0.0)) is None
+    with pytest.raises(ValueError, match=r"the all-to-all's share of the SMs must be in \[0, 1\) \(got 1.0\)"):
+        hidden_profile(profile, lambda u: (0.2e-3 * u, 0.3e-3 * u), share=1.0)
 
 
 def test_the_targets_that_hide_the_all_to_all() -> None:
