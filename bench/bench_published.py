@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from published_runs import CALIBRATION, HW, LINKS, RUNS, STEP, TFLOPS, TOKENS, Run, by_name
+from published_runs import CALIBRATION, DEEPEP_SMS, DEVICE_SMS, HW, LINKS, RUNS, STEP, TFLOPS, TOKENS, Run, by_name
 
 from autopipe.costs.analytic import ModelCounts, count_model, profile_from_counts
 from autopipe.costs.devices import DeviceSpec, device_spec
@@ -236,8 +236,12 @@ def plan_pinned(run: Run, spec: DeviceSpec) -> Pinning:
 
 
 def options_of(run: Run, spec: DeviceSpec, sequence_parallel: bool, **extra: Any) -> ParallelOptions:
-    """Context and expert parallelism for ``run`` (its imbalance; ``extra``: parallel_options' keywords)."""
+    """Context and expert parallelism for ``run`` (its imbalance, its dispatcher; ``extra``:
+    parallel_options' keywords, over the dispatcher's)."""
     links = Links.of(cluster_of(run, spec))
+    if run.deepep:  # a token to a node once, to at most max_nodes; DeepEP's kernels hold some of the SMs
+        share = DEEPEP_SMS / DEVICE_SMS[run.device]
+        extra = {"deduplicate": True, "max_nodes": run.max_nodes, "alltoall_share": share, **extra}
     return parallel_options(
         counts_of(run),
         spec,

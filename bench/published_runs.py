@@ -92,6 +92,11 @@ class Run:
     ep: int = 1  # expert-parallel degree (a MoE's routed experts over ep devices)
     imbalance: float = 1.0  # the routing skew the planner prices (costs.experts), for a MoE
     recompute_modules: tuple[str, ...] = ()  # with recompute "selective": the source's --recompute-modules
+    # The source ran DeepEP (Megatron-Core's flex dispatcher, --moe-enable-deepep): a token crosses to a
+    # node once, to at most ``max_nodes`` nodes (the model's group-limited routing; 0: no limit), and its
+    # kernels hold ``DEEPEP_SMS`` of the device's SMs while they run (costs.experts, planner.cluster.experts)
+    deepep: bool = False
+    max_nodes: int = 0
 
     def __post_init__(self) -> None:
         if self.t * self.p * self.d * self.cp != self.gpus:
@@ -502,6 +507,16 @@ BRIDGE_MOE_ASSUMED = (
 # - Qwen3-235B-A22B, 26.02 container (v0.3.0, whose performance summary has the 1,633 row):
 #   scripts/performance/configs/qwen/qwen3_llm_pretrain.py, set_qwen3_common_configs, sets
 #   recompute_granularity None: nothing recomputed.
+# The dispatcher: scripts/performance/run_script.py (25.09, v0.1.0rc4) turns DeepEP on for DeepSeek-V3 on
+# the H100 (enable_deepep, with overlap_moe_expert_parallel_comm and delay_wgrad_compute); its model,
+# DeepSeekV3Provider, routes each token to moe_router_group_topk 4 of moe_router_num_groups 8 groups of
+# 32 experts, one group per node at EP 64 (4 experts per rank, 8 ranks per node): at most 4 nodes. The
+# Qwen3 H100 recipe (26.02) sets no flex dispatcher: Megatron-Core's all-to-all (NCCL), no SM figure.
+# DeepEP's kernels hold 20 SMs in Megatron-Core (megatron/core/transformer/moe/token_dispatcher.py:
+# "None -> 20 (DeepEP's historical mcore default when moe_flex_dispatcher_num_sms is unset)") of the
+# H100 SXM's 132 (NVIDIA H100 Tensor Core GPU Architecture whitepaper).
+DEEPEP_SMS = 20
+DEVICE_SMS = {"h100": 132}
 DEEPSEEK_RECOMPUTE = ("selective", ("mla_up_proj", "mlp"))
 QWEN3_RECOMPUTE = ("none", ())
 
@@ -519,6 +534,7 @@ def _bridge_moe(
     tf: float,
     src: str,
     recompute: tuple[str, tuple[str, ...]],
+    deepep_nodes: int | None = None,
 ) -> Run:
     return Run(
         name=name,
@@ -546,6 +562,8 @@ def _bridge_moe(
         also=f"{tf:.0f} model TFLOP/s per GPU",
         ep=ep,
         recompute_modules=recompute[1],
+        deepep=deepep_nodes is not None,
+        max_nodes=deepep_nodes or 0,
     )
 
 
@@ -565,6 +583,7 @@ MOE = (
         338,
         "25.09 container",
         DEEPSEEK_RECOMPUTE,
+        deepep_nodes=4,
     ),
     # 26.02 container, FP8: 256 GPUs, GBS 8192, MBS 1, 4096 tokens, TP 2 PP 8 CP 1 VP 4 EP 32: 1,633
     # tokens/s and 242 TFLOP/s per GPU (the 'about 253', 26.04.01, is not in the stored copy)
