@@ -119,6 +119,21 @@ def test_the_run_says_how_it_attended_and_what_it_overlapped(bench: tuple[Module
         dataclasses.replace(rows.by_name("m21-1T"), attention="sdpa")
 
 
+def test_the_moe_rows_price_the_dispatcher_their_recipes_ran(
+    bench: tuple[ModuleType, ModuleType], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b, rows = bench
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(b, "counts_of", lambda run: None)
+    monkeypatch.setattr(b, "parallel_options", lambda counts, spec, links, **kw: seen.update(kw))
+    spec = b.device_spec("h100")
+    b.options_of(rows.by_name("bridge-deepseek-v3-1024"), spec, True)  # DeepEP on the H100 (v0.1.0rc4)
+    assert (seen["deduplicate"], seen["max_nodes"], seen["alltoall_share"]) == (True, 4, 20 / 132)
+    seen.clear()
+    b.options_of(rows.by_name("bridge-qwen3-235B-256"), spec, True)  # Megatron-Core's all-to-all: no figure
+    assert "alltoall_share" not in seen and "deduplicate" not in seen
+
+
 def test_unpublished_virtual_stages_are_the_ones_megatron_runs(bench: tuple[ModuleType, ModuleType]) -> None:
     b, rows = bench
     assert b.virtuals(rows.by_name("m21-529.6B")) == (3,)  # 105 layers / 35 stages: 3 a device
