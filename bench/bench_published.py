@@ -55,7 +55,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from published_runs import CALIBRATION, DEEPEP_SMS, DEVICE_SMS, HW, LINKS, RUNS, STEP, TFLOPS, TOKENS, Run, by_name
+from published_runs import (
+    CALIBRATION,
+    DEEPEP_SMS,
+    DEEPSEEK_SMS,
+    DEVICE_SMS,
+    HW,
+    LINKS,
+    RUNS,
+    STEP,
+    TFLOPS,
+    TOKENS,
+    Run,
+    by_name,
+)
 
 from autopipe.costs.analytic import ModelCounts, count_model, profile_from_counts
 from autopipe.costs.devices import DeviceSpec, device_spec
@@ -442,7 +455,8 @@ def deepseek_h800(free_search: bool) -> int:
     cluster = cluster_of(run, spec)
     counts = counts_of(run)
     profile = profile_from_counts(counts, spec)
-    parallel = options_of(run, spec, False, dispatch_bytes=1.0, deduplicate=True, max_nodes=4)
+    share = DEEPSEEK_SMS / DEVICE_SMS["h800"]  # its all-to-all kernels' SMs beside the compute (Sec. 3.2.2)
+    parallel = options_of(run, spec, False, dispatch_bytes=1.0, deduplicate=True, max_nodes=4, alltoall_share=share)
     tensor = tensor_options(counts, spec, cluster, sequence_parallel=False)
     t0 = time.process_time()
     pinned_request = ParallelRequest(

@@ -516,7 +516,10 @@ BRIDGE_MOE_ASSUMED = (
 # "None -> 20 (DeepEP's historical mcore default when moe_flex_dispatcher_num_sms is unset)") of the
 # H100 SXM's 132 (NVIDIA H100 Tensor Core GPU Architecture whitepaper).
 DEEPEP_SMS = 20
-DEVICE_SMS = {"h100": 132}
+# DeepSeek-V3's own all-to-all kernels beside DualPipe's computation: "only 20 SMs are sufficient to fully
+# utilize the bandwidths of IB and NVLink" (technical report, Sec. 3.2.2), of the H800's 132
+DEEPSEEK_SMS = 20
+DEVICE_SMS = {"h100": 132, "h800": 132}
 DEEPSEEK_RECOMPUTE = ("selective", ("mla_up_proj", "mlp"))
 QWEN3_RECOMPUTE = ("none", ())
 
