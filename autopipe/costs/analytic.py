@@ -405,10 +405,9 @@ def profile_from_counts(
     def ops(i: int, seq: Sequence[OpCount]) -> Sequence[OpCount]:
         return device_ops(seq, kinds[i], d)
 
-    memo: dict[tuple[int, str, float], tuple[float, ...]] = {}
+    memo: dict[tuple[int, str, float], tuple[float, ...]] = {}  # forward, backward, input-gradient; the experts'
 
     def times(i: int, c: BlockCount, u: float) -> tuple[float, ...]:
-        """(forward, backward, input-gradient) seconds of block ``i``, then its routed experts' share of each."""
         key = (id(c), kinds[i], u)  # identical blocks share one BlockCount (_count_blocks)
         if moe is not None:
             key = (*key, moe.moe_layers[i])  # type: ignore[assignment]
