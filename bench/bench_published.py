@@ -56,7 +56,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from published_runs import CALIBRATION, HW, LINKS, RUNS, STEP, TFLOPS, TOKENS, Run, by_name
+from published_runs import (
+    CALIBRATION,
+    DEEPEP_SMS,
+    DEEPSEEK_SMS,
+    DEVICE_SMS,
+    HW,
+    LINKS,
+    RUNS,
+    STEP,
+    TFLOPS,
+    TOKENS,
+    Run,
+    by_name,
+)
 
 from autopipe.costs.analytic import ModelCounts, count_model, profile_from_counts
 from autopipe.costs.devices import DeviceSpec, device_spec
@@ -96,20 +109,21 @@ def layout_choices(run: Run) -> Pinned:
     Expressed: t, p, d; ``mbs`` as m = global batch / (d mbs); ``vp`` > 1 as interleaved 1F1B with
     v = vp, ``vp`` = 1 (or p = 1) as 1F1B, None left to the search among Megatron's two; full
     recomputation as every stage recomputed, none as none, unknown left to the search (uniform,
-    as Megatron runs it); the sharding as the run's (zero1: Megatron's distributed optimizer;
-    zero2: optimizer state and gradients sharded, the gradients reduce-scattered each micro-batch;
-    fsdp: ZeRO-3, the weights gathered per use); sequence parallelism. Approximated (named in
-    ``approximated``): selective recomputation as none (the counts price fused attention, which
-    keeps what Megatron's selective recomputation keeps); fsdp-step (FSDP gathering the weights
-    once a step, the gradients reduce-scattered once: zero3-step, which Megatron-LM does not run)
-    as ZeRO-1, whose state and collectives the planner prices the same. Each new planner choice
-    (selective or partial recomputation, offload, overlap) is one more field here, read from the
-    run's own fields."""
+    as Megatron runs it); selective recomputation of the source's modules (``Run.recompute_modules``)
+    as those module kinds recomputed in every layer that has them; the sharding as the run's (zero1:
+    Megatron's distributed optimizer; zero2: optimizer state and gradients sharded, the gradients
+    reduce-scattered each micro-batch; fsdp: ZeRO-3, the weights gathered per use); sequence
+    parallelism. Approximated (named in ``approximated``): selective recomputation without its
+    modules as none (the counts price fused attention, which keeps what Megatron's default
+    selective recomputation, core_attn, keeps); fsdp-step (FSDP gathering the weights once a step,
+    the gradients reduce-scattered once: zero3-step, which Megatron-LM does not run) as ZeRO-1,
+    whose state and collectives the planner prices the same. Each new planner choice (selective or
+    partial recomputation, offload, overlap) is one more field here, read from the run's own fields."""
     approximated = []
     recompute = {"full": Recompute.ALWAYS, "none": Recompute.NEVER, "selective": Recompute.NEVER}.get(
         run.recompute, Recompute.AUTO
     )
-    if run.recompute == "selective":
+    if run.recompute == "selective" and not run.recompute_modules:
         approximated.append("selective recomputation priced as none (fused attention keeps what it keeps)")
     if run.p == 1 or run.vp == 1:
         schedule, virtual = "1f1b", None
@@ -118,7 +132,10 @@ def layout_choices(run: Run) -> Pinned:
     else:
         schedule, virtual = None, None
     micro_batches = run.global_batch // (run.d * run.mbs) if run.mbs else None
-    choices = Choices(micro_batches, schedule, virtual, recompute, target="megatron")
+    modules = run.recompute_modules or None  # the source's modules, recomputed in every layer that has them
+    if modules:  # selective recomputation: no stage is recomputed whole (the planner's one memory choice)
+        recompute = Recompute.AUTO
+    choices = Choices(micro_batches, schedule, virtual, recompute, target="megatron", recompute_modules=modules)
     sharding = {"zero1": Sharding.ZERO1, "zero2": Sharding.ZERO2, "fsdp": Sharding.ZERO3}.get(run.sharding)
     if run.sharding == "fsdp-step":  # Megatron-LM has no zero3-step; the planner prices zero3-step as zero1
         sharding = Sharding.ZERO1
@@ -252,8 +269,12 @@ def plan_pinned(run: Run, spec: DeviceSpec) -> Pinning:
 
 
 def options_of(run: Run, spec: DeviceSpec, sequence_parallel: bool, **extra: Any) -> ParallelOptions:
-    """Context and expert parallelism for ``run`` (its imbalance; ``extra``: parallel_options' keywords)."""
+    """Context and expert parallelism for ``run`` (its imbalance, its dispatcher; ``extra``:
+    parallel_options' keywords, over the dispatcher's)."""
     links = Links.of(cluster_of(run, spec))
+    if run.deepep:  # a token to a node once, to at most max_nodes; DeepEP's kernels hold some of the SMs
+        share = DEEPEP_SMS / DEVICE_SMS[run.device]
+        extra = {"deduplicate": True, "max_nodes": run.max_nodes, "alltoall_share": share, **extra}
     return parallel_options(
         counts_of(run),
         spec,
@@ -310,7 +331,8 @@ def _layout(run: Run) -> str:
     words += [f"cp{run.cp}"] if run.cp > 1 else []
     words += [f"ep{run.ep}"] if run.ep > 1 else []
     words += [f"v{run.vp}" if run.vp else "v?", f"mbs {run.mbs}" if run.mbs else "mbs ?"]
-    words += [f"{run.global_batch}x{run.seq}", f"recompute {run.recompute}", run.sharding]
+    modules = f" ({'+'.join(run.recompute_modules)})" if run.recompute_modules else ""
+    words += [f"{run.global_batch}x{run.seq}", f"recompute {run.recompute}{modules}", run.sharding]
     words += ["sp"] if run.sequence_parallel else []
     return ", ".join(words)
 
@@ -458,7 +480,8 @@ def deepseek_h800(free_search: bool) -> int:
     cluster = cluster_of(run, spec)
     counts = counts_of(run)
     profile = profile_from_counts(counts, spec)
-    parallel = options_of(run, spec, False, dispatch_bytes=1.0, deduplicate=True, max_nodes=4)
+    share = DEEPSEEK_SMS / DEVICE_SMS["h800"]  # its all-to-all kernels' SMs beside the compute (Sec. 3.2.2)
+    parallel = options_of(run, spec, False, dispatch_bytes=1.0, deduplicate=True, max_nodes=4, alltoall_share=share)
     tensor = tensor_options(counts, spec, cluster, sequence_parallel=False)
     t0 = time.process_time()
     pinned_request = ParallelRequest(

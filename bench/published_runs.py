@@ -99,6 +99,12 @@ class Run:
     # the loss computed by a fused cross-entropy kernel (False: Megatron-LM's unfused
     # vocab_parallel_cross_entropy, costs/losses.py): the note above the Megatron-LM 2021 rows says which
     loss_fusion: bool = True
+    recompute_modules: tuple[str, ...] = ()  # with recompute "selective": the source's --recompute-modules
+    # The source ran DeepEP (Megatron-Core's flex dispatcher, --moe-enable-deepep): a token crosses to a
+    # node once, to at most ``max_nodes`` nodes (the model's group-limited routing; 0: no limit), and its
+    # kernels hold ``DEEPEP_SMS`` of the device's SMs while they run (costs.experts, planner.cluster.experts)
+    deepep: bool = False
+    max_nodes: int = 0
 
     def __post_init__(self) -> None:
         if self.t * self.p * self.d * self.cp != self.gpus:
@@ -107,6 +113,10 @@ class Run:
             raise ValueError(f"{self.name}: batch {self.global_batch} does not split into {self.d} x {self.mbs}")
         if self.recompute not in RECOMPUTE or self.sharding not in SHARDING or self.link not in LINKS:
             raise ValueError(f"{self.name}: recompute, sharding or link not one of the known words")
+        if self.recompute_modules and self.recompute != "selective":
+            raise ValueError(
+                f"{self.name}: recompute modules {self.recompute_modules} with recompute {self.recompute!r}"
+            )
         if self.attention not in ("flash", "unfused"):
             raise ValueError(f"{self.name}: attention {self.attention!r} is neither flash nor unfused")
         if self.unit not in (TFLOPS, TOKENS, STEP) or (self.unit == TFLOPS and self.flops not in (HW, MODEL)):
@@ -534,13 +544,49 @@ BRIDGE_MOE = (
     "'we force-balance the token distribution among experts and all benchmarks are token-dropless'"
 )
 BRIDGE_MOE_ASSUMED = (
-    "recomputation (the recipes' selective modules): searched; the distributed optimizer (ZeRO-1) and "
-    "Megatron's overlaps assumed; the MoE all-to-all overlap searched (Megatron's interleaved overlap)"
+    "the distributed optimizer (ZeRO-1) and Megatron's overlaps assumed; the MoE all-to-all overlap searched "
+    "(Megatron's interleaved overlap, which the recipes turn on: overlap_moe_expert_parallel_comm)"
 )
+# The recomputation each published run ran, from the performance scripts of the Megatron-Bridge
+# release that published its figure (github.com/NVIDIA-NeMo/Megatron-Bridge):
+# - DeepSeek-V3, 25.09 container (v0.1.0rc4, whose docs/performance-summary.md has the 1,297 row):
+#   scripts/performance/configs/deepseek/deepseek_v3_llm_pretrain.yaml sets recompute_granularity
+#   "selective" and scripts/performance/run_script.py, for the H100, recompute_modules
+#   ["mla_up_proj", "mlp"] (Megatron-Core recomputes mlp in the dense layers only, not in MoE layers).
+# - Qwen3-235B-A22B, 26.02 container (v0.3.0, whose performance summary has the 1,633 row):
+#   scripts/performance/configs/qwen/qwen3_llm_pretrain.py, set_qwen3_common_configs, sets
+#   recompute_granularity None: nothing recomputed.
+# The dispatcher: scripts/performance/run_script.py (25.09, v0.1.0rc4) turns DeepEP on for DeepSeek-V3 on
+# the H100 (enable_deepep, with overlap_moe_expert_parallel_comm and delay_wgrad_compute); its model,
+# DeepSeekV3Provider, routes each token to moe_router_group_topk 4 of moe_router_num_groups 8 groups of
+# 32 experts, one group per node at EP 64 (4 experts per rank, 8 ranks per node): at most 4 nodes. The
+# Qwen3 H100 recipe (26.02) sets no flex dispatcher: Megatron-Core's all-to-all (NCCL), no SM figure.
+# DeepEP's kernels hold 20 SMs in Megatron-Core (megatron/core/transformer/moe/token_dispatcher.py:
+# "None -> 20 (DeepEP's historical mcore default when moe_flex_dispatcher_num_sms is unset)") of the
+# H100 SXM's 132 (NVIDIA H100 Tensor Core GPU Architecture whitepaper).
+DEEPEP_SMS = 20
+# DeepSeek-V3's own all-to-all kernels beside DualPipe's computation: "only 20 SMs are sufficient to fully
+# utilize the bandwidths of IB and NVLink" (technical report, Sec. 3.2.2), of the H800's 132
+DEEPSEEK_SMS = 20
+DEVICE_SMS = {"h100": 132, "h800": 132}
+DEEPSEEK_RECOMPUTE = ("selective", ("mla_up_proj", "mlp"))
+QWEN3_RECOMPUTE = ("none", ())
 
 
 def _bridge_moe(
-    name: str, preset: str, gpus: int, gbs: int, t: int, p: int, vp: int, ep: int, tokens: float, tf: float, src: str
+    name: str,
+    preset: str,
+    gpus: int,
+    gbs: int,
+    t: int,
+    p: int,
+    vp: int,
+    ep: int,
+    tokens: float,
+    tf: float,
+    src: str,
+    recompute: tuple[str, tuple[str, ...]],
+    deepep_nodes: int | None = None,
 ) -> Run:
     return Run(
         name=name,
@@ -557,7 +603,7 @@ def _bridge_moe(
         mbs=1,
         global_batch=gbs,
         seq=4096,
-        recompute="unknown",
+        recompute=recompute[0],
         sharding="zero1",
         sequence_parallel=t > 1,
         figure=tokens,
@@ -568,16 +614,46 @@ def _bridge_moe(
         also=f"{tf:.0f} model TFLOP/s per GPU",
         ep=ep,
         grad_reduce_fp32=False,
+        recompute_modules=recompute[1],
+        deepep=deepep_nodes is not None,
+        max_nodes=deepep_nodes or 0,
     )
 
 
 MOE = (
     # 25.09 container, 'DeepSeekV3 (dropless)': 1,024 GPUs, GBS 8192, MBS 1, 4096 tokens, TP 2 PP 8 CP 1
     # VP 4 EP 64, GA 128: 1,297 tokens/s and 338 (330 with DeepSeek's 128x128 FP8 blocks) TFLOP/s per GPU
-    _bridge_moe("bridge-deepseek-v3-1024", "deepseek-v3", 1024, 8192, 2, 8, 4, 64, 1297, 338, "25.09 container"),
+    _bridge_moe(
+        "bridge-deepseek-v3-1024",
+        "deepseek-v3",
+        1024,
+        8192,
+        2,
+        8,
+        4,
+        64,
+        1297,
+        338,
+        "25.09 container",
+        DEEPSEEK_RECOMPUTE,
+        deepep_nodes=4,
+    ),
     # 26.02 container, FP8: 256 GPUs, GBS 8192, MBS 1, 4096 tokens, TP 2 PP 8 CP 1 VP 4 EP 32: 1,633
     # tokens/s and 242 TFLOP/s per GPU (the issue's 'about 253', 26.04.01, is not in the stored copy)
-    _bridge_moe("bridge-qwen3-235B-256", "qwen3-235b-a22b", 256, 8192, 2, 8, 4, 32, 1633, 242, "26.02 container"),
+    _bridge_moe(
+        "bridge-qwen3-235B-256",
+        "qwen3-235b-a22b",
+        256,
+        8192,
+        2,
+        8,
+        4,
+        32,
+        1633,
+        242,
+        "26.02 container",
+        QWEN3_RECOMPUTE,
+    ),
 )
 
 RUNS: tuple[Run, ...] = (

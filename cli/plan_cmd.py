@@ -170,7 +170,7 @@ def _memory_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="KINDS",
         help="recompute these module kinds in every layer (selective recomputation: core_attn, layernorm, "
-        "mlp, mlp_act, comma-separated), or none; default: searched",
+        "mla_up_proj, mlp, mlp_act, comma-separated), or none; default: searched",
     )
     p.add_argument(
         "--recompute-layers",

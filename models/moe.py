@@ -24,11 +24,13 @@ untied LM head, and optionally ``mtp_depth`` multi-token-prediction modules in `
   by expert, each expert takes up to ``capacity = ceil(capacity_factor * tokens * top_k / E)``
   of them in token order (GShard's capacity; later pairs are dropped, their output zero), its
   tokens are gathered into an (E, capacity, h) batch, one ``bmm`` per weight runs every expert
-  at once, and the outputs are gathered back and weighted. So the counted FLOPs are the
-  top-k experts' work, ``6 h f`` per routed pair (with ``capacity_factor`` 1 and
-  ``tokens * top_k`` a multiple of E, exactly), never all experts', and the meta device
-  counts them as it counts a dense layer (``autopipe/costs/experts.py`` prices them under
-  expert parallelism).
+  at once with the routing weights applied inside the activation (Megatron-Core's fused
+  weighted SwiGLU, :class:`WeightedSwiGLU`), and the outputs are gathered back and summed. So
+  the counted FLOPs are the top-k experts' work, ``6 h f`` per routed pair (with
+  ``capacity_factor`` 1 and ``tokens * top_k`` a multiple of E, exactly), never all experts',
+  and the bytes saved for backward are Megatron-Core's, ``h + 3 f + 1`` elements per pair
+  (:class:`Experts`); the meta device counts them as it counts a dense layer
+  (``autopipe/costs/experts.py`` prices them under expert parallelism).
 - **Multi-token prediction** (DeepSeek-V3, Sec. 2.2): module k (1..``mtp_depth``) joins the
   previous depth's hidden state at position i with the embedding of token i + k (RMSNorm
   both, concatenate, project), runs one more decoder layer (the MoE kind) and the shared LM
@@ -212,6 +214,37 @@ def make_config(preset: str = "tiny", **overrides: Any) -> MoEConfig:
     return replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
 
 
+class FusedRMSNorm(torch.autograd.Function):
+    """``x / rms(x) * weight``, computed in fp32, saving for backward only its input and the fp32
+    reciprocal of each row's RMS: Transformer Engine's RMSNorm, which Megatron-Core runs
+    (``TENorm``; ``transformer_engine/pytorch/module/rmsnorm.py`` saves ``inp, weight, rsigma``),
+    not eager autograd's fp32 copies of the input and the normalised rows."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        x32 = x.float()
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x32 * rstd).type_as(x) * weight
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.float() * rstd
+        g = grad.float() * weight.float()
+        dx = rstd * (g - normed * (g * normed).mean(-1, keepdim=True))
+        dweight = (grad.float() * normed).flatten(0, -2).sum(0)
+        return dx.type_as(x), dweight.type_as(weight), None
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    out: Tensor = FusedRMSNorm.apply(x, weight, eps)
+    return out
+
+
+torch.fx.wrap("rms_norm")  # one node in a symbolic trace: the fused kernel, not its parts
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -219,8 +252,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:  # x: (..., C)
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rotary_tables(dim: int, length: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -354,8 +386,48 @@ class Router(nn.Module):
         return weights.type_as(x), experts
 
 
+class WeightedSwiGLU(torch.autograd.Function):
+    """``silu(gate) * up * probs`` of ``x = [gate, up]`` (..., 2f) and the routing ``probs`` (..., 1),
+    saving only its two inputs for backward and recomputing the rest there: Megatron-Core's fused
+    ``weighted_bias_swiglu_impl`` (``megatron/core/fusions/fused_bias_swiglu.py``,
+    ``WeightedSwiGLUFunction``), which its grouped experts run with the routing probabilities
+    applied inside the activation (``moe_apply_probs_on_input`` off, the default), so the combine
+    after them is a plain un-permute that keeps nothing but indices."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, probs: Tensor) -> Tensor:
+        ctx.save_for_backward(x, probs)
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up * probs
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:
+        x, probs = ctx.saved_tensors
+        gate, up = x.chunk(2, dim=-1)
+        sig = torch.sigmoid(gate)
+        silu = gate * sig
+        weighted = grad * probs
+        d_gate = weighted * up * sig * (1 + gate * (1 - sig))
+        d_probs = (grad * silu * up).sum(dim=-1, keepdim=True)
+        return torch.cat((d_gate, weighted * silu), dim=-1), d_probs
+
+
+def weighted_swiglu(x: Tensor, probs: Tensor) -> Tensor:  # x: (..., 2f), probs: (..., 1)
+    out: Tensor = WeightedSwiGLU.apply(x, probs)
+    return out
+
+
+torch.fx.wrap("weighted_swiglu")  # one node in a symbolic trace: the fused kernel, not its parts
+
+
 class Experts(nn.Module):
-    """E SwiGLU experts as grouped weights, each run on the tokens routed to it (module docstring)."""
+    """E SwiGLU experts as grouped weights, each run on the tokens routed to it (module docstring).
+
+    What it keeps for backward is what Megatron-Core's alltoall dispatcher and grouped experts
+    keep (``megatron/core/transformer/moe/token_dispatcher.py``, ``experts.py``): per routed
+    (token, expert) pair the expert's input (h, saved by the first grouped GEMM), the activation's
+    input (2f) and the pair's routing probability (the fused weighted SwiGLU), the second GEMM's
+    input (f); the dispatch and combine are index gathers, which keep only their indices."""
 
     def __init__(self, cfg: MoEConfig) -> None:
         super().__init__()
@@ -375,14 +447,16 @@ class Experts(nn.Module):
         starts = counts.cumsum(0) - counts  # (E,) first sorted pair of each expert
         pos = torch.arange(n * k, device=x.device) - starts[chosen]  # place in its expert's queue
         slot = torch.where(pos < cap, chosen * cap + pos, E * cap)  # E * cap: dropped
-        token = torch.full((E * cap + 1,), n, dtype=flat.dtype, device=x.device)  # n: the zero row
-        token = token.scatter(0, slot, torch.div(order, k, rounding_mode="floor"))[: E * cap]
+        pair = torch.full((E * cap + 1,), n * k, dtype=flat.dtype, device=x.device)  # n k: the zero row
+        pair = pair.scatter(0, slot, order)[: E * cap]  # (E C,) the pair in each slot
+        token = torch.where(pair < n * k, torch.div(pair, k, rounding_mode="floor"), n)  # n: the zero row
         rows = torch.cat((x, x.new_zeros(1, h)))[token].view(E, cap, h)  # (E, C, h) dispatch
-        gate, up = torch.bmm(rows, self.w_gate_up).chunk(2, dim=-1)  # (E, C, f) each
-        out = torch.bmm(F.silu(gate) * up, self.w_down).view(E * cap, h)  # (E C, h)
+        probs = torch.cat((weights.flatten(), weights.new_zeros(1)))[pair].view(E, cap, 1)  # (E, C, 1)
+        act = weighted_swiglu(torch.bmm(rows, self.w_gate_up), probs)  # (E, C, f)
+        out = torch.bmm(act, self.w_down).view(E * cap, h)  # (E C, h)
         pair_slot = torch.empty_like(slot).scatter(0, order, slot)  # (N k,) slot of each pair
-        back = torch.cat((out, out.new_zeros(1, h)))[pair_slot]  # (N k, h) combine
-        return (back * weights.reshape(-1, 1)).view(n, k, h).sum(dim=1)  # (N, h)
+        back = torch.cat((out, out.new_zeros(1, h)))[pair_slot]  # (N k, h) combine: un-permute
+        return back.view(n, k, h).sum(dim=1)  # (N, h)
 
 
 class MoE(nn.Module):

@@ -104,6 +104,14 @@ def test_layout_choices_say_what_the_planner_is_told(bench: tuple[ModuleType, Mo
     selective = b.layout_choices(dataclasses.replace(rows.by_name("m21-1T"), recompute="selective", sharding="fsdp"))
     assert selective.choices.recompute == Recompute.NEVER and len(selective.approximated) == 1
     assert selective.sharding == Sharding.ZERO3
+    # the MoE rows' recomputation as their recipes ran it: DeepSeek-V3's modules pinned, Qwen3's none
+    deepseek = b.layout_choices(rows.by_name("bridge-deepseek-v3-1024"))
+    assert deepseek.choices.recompute_modules == ("mla_up_proj", "mlp") and deepseek.approximated == ()
+    assert deepseek.choices.recompute == Recompute.AUTO  # selective: no stage recomputed whole
+    qwen3 = b.layout_choices(rows.by_name("bridge-qwen3-235B-256"))
+    assert (qwen3.choices.recompute, qwen3.choices.recompute_modules) == (Recompute.NEVER, None)
+    with pytest.raises(ValueError, match="recompute modules"):
+        dataclasses.replace(rows.by_name("bloom-176B"), recompute_modules=("mlp",))
 
 
 def test_rows_say_whether_they_reduced_their_gradients_in_fp32(bench: tuple[ModuleType, ModuleType]) -> None:
@@ -129,6 +137,21 @@ def test_the_run_says_how_it_attended_and_what_it_overlapped(bench: tuple[Module
         assert not (serial.grad_reduce or serial.param_gather or serial.tp_comm), name
     with pytest.raises(ValueError, match="attention 'sdpa' is neither flash nor unfused"):
         dataclasses.replace(rows.by_name("m21-1T"), attention="sdpa")
+
+
+def test_the_moe_rows_price_the_dispatcher_their_recipes_ran(
+    bench: tuple[ModuleType, ModuleType], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b, rows = bench
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(b, "counts_of", lambda run: None)
+    monkeypatch.setattr(b, "parallel_options", lambda counts, spec, links, **kw: seen.update(kw))
+    spec = b.device_spec("h100")
+    b.options_of(rows.by_name("bridge-deepseek-v3-1024"), spec, True)  # DeepEP on the H100 (v0.1.0rc4)
+    assert (seen["deduplicate"], seen["max_nodes"], seen["alltoall_share"]) == (True, 4, 20 / 132)
+    seen.clear()
+    b.options_of(rows.by_name("bridge-qwen3-235B-256"), spec, True)  # Megatron-Core's all-to-all: no figure
+    assert "alltoall_share" not in seen and "deduplicate" not in seen
 
 
 def test_unpublished_virtual_stages_are_the_ones_megatron_runs(bench: tuple[ModuleType, ModuleType]) -> None:

@@ -174,7 +174,7 @@ BAD: list[tuple[str, Mutation, str]] = [
     (
         "recompute module unknown",
         _set("recompute_modules", ["core_attn", "qkv"]),
-        "recompute_modules ['core_attn', 'qkv'] names 'qkv' (known: core_attn, layernorm, mlp, mlp_act)",
+        "recompute_modules ['core_attn', 'qkv'] names 'qkv' (known: core_attn, layernorm, mla_up_proj, mlp, mlp_act)",
     ),
     ("recompute modules a string", _set("recompute_modules", "mlp"), "recompute_modules is 'mlp', expected a list"),
     (

@@ -132,7 +132,7 @@ def megatron_split(parts: Parts, p: int, v: int) -> list[str]:
     return ["--pipeline-model-parallel-layout", layout_string(parts)]
 
 
-MEGATRON_RECOMPUTE = {"core_attn": "core_attn", "layernorm": "layernorm", "mlp": "mlp"}
+MEGATRON_RECOMPUTE = {"core_attn": "core_attn", "layernorm": "layernorm", "mla_up_proj": "mla_up_proj", "mlp": "mlp"}
 """The plan's recompute module kinds Megatron-LM names for a dense layer (``--recompute-modules``);
 the dense MLP's activation alone (``mlp_act``) it recomputes only in MoE experts (``moe_act``)."""
 
@@ -155,7 +155,7 @@ def _memory_choice(plan: Plan, deg: Degrees) -> tuple[list[str], list[str]]:
     kinds = [MEGATRON_RECOMPUTE.get(k, "mlp") for k in plan.recompute_modules]
     if deg.selective_recompute:
         kinds.append("core_attn")
-    kinds = sorted(set(kinds), key=["core_attn", "layernorm", "mlp"].index)
+    kinds = sorted(set(kinds), key=["core_attn", "layernorm", "mla_up_proj", "mlp"].index)
     notes = []
     if "mlp_act" in plan.recompute_modules:
         notes.append(

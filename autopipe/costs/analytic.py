@@ -68,7 +68,7 @@ from autopipe.costs.experts import expert_storages, moe_config
 from autopipe.costs.fusion import fuse
 from autopipe.costs.measure.measured import Progress, block_cost, crossing_tensors, drop_export_one
 from autopipe.costs.measure.timing import flat_inputs_of, storage_key
-from autopipe.costs.profile import Affine, BlockCost, MemoryOption, Profile
+from autopipe.costs.profile import Affine, BlockCost, ExpertTimes, MemoryOption, Profile
 from autopipe.costs.tensor import TensorSplit, block_kinds, comm_s, exposed, split_params
 from autopipe.errors import ModelLoadError, ProfileError
 from autopipe.graph.outputs import graph_outputs, training_loss
@@ -427,9 +427,9 @@ def profile_from_counts(
     def ops(i: int, seq: Sequence[OpCount]) -> Sequence[OpCount]:
         return device_ops(seq, kinds[i], d)
 
-    memo: dict[tuple[int, str, float], tuple[float, float, float]] = {}
+    memo: dict[tuple[int, str, float], tuple[float, ...]] = {}  # forward, backward, input-gradient; the experts'
 
-    def times(i: int, c: BlockCount, u: float) -> tuple[float, float, float]:
+    def times(i: int, c: BlockCount, u: float) -> tuple[float, ...]:
         key = (id(c), kinds[i], u)  # identical blocks share one BlockCount (_count_blocks)
         if moe is not None:
             key = (*key, moe.moe_layers[i])  # type: ignore[assignment]
@@ -438,7 +438,9 @@ def profile_from_counts(
             work = ops(i, f), ops(i, b), ops(i, bi)
             layers = moe.moe_layers[i] if moe is not None else 0
             attention = sum(op.kind == "attention" for op in c.forward) if d.cp > 1 else 0  # layers that attend
-            memo[key] = _work_times(work, kinds[i], u, d, elt, (layers, attention), spec, (compute, linear))
+            whole = _work_times(work, kinds[i], u, d, elt, (layers, attention), spec, (compute, linear))
+            routed = [block_time([op for op in w if op.expert], spec, compute, linear) if layers else 0.0 for w in work]
+            memo[key] = (*whole, *routed)
         return memo[key]
 
     def one(i: int, b: Any) -> BlockCost:
@@ -459,7 +461,8 @@ def profile_from_counts(
             lambda x: device_saved(x, kinds[i], d),
         )
         memory = _options(counts, i, *on)  # a layer's parts on one device
-        cost = replace(cost, layer=bool(memory) or cost.layer, memory=memory)
+        routed = ExpertTimes(*(fit(i, _nth(times, i, k)) for k in (3, 4, 5)))
+        cost = replace(cost, layer=bool(memory) or cost.layer, memory=memory, experts_s=routed)
         return _device_share(cost, moe.expert_params[i] if moe is not None else 0, kinds[i], d, elt)
 
     blocks = [one(i, b) for i, b in enumerate(ref.blocks)]
@@ -478,6 +481,13 @@ def profile_from_counts(
         shared_params=ref.shared_params,
     )
     return deepen_profile(profile, counts.repeat) if counts.repeat is not None else profile
+
+
+def _nth(
+    times: Callable[[int, BlockCount, float], tuple[float, ...]], i: int, k: int
+) -> Callable[[BlockCount, float], float]:
+    """The ``k``-th of block ``i``'s ``times``, as ``fit`` takes it."""
+    return lambda c, u: times(i, c, u)[k]
 
 
 def _work_times(

@@ -42,6 +42,12 @@ with t > 1) and context parallelism ``cp``, for a block counted whole on ``T`` t
   is forwarded within that node over NVLink. Forward: dispatch + combine; backward: the same
   two, for the gradients. ``dispatch_bytes`` prices an FP8 dispatch (DeepSeek-V3: 1 byte).
 - **Shared experts** are ordinary dense ops, priced as the layer's other ops.
+- **Activations saved for backward** are the block's counted ones (``saved_tensors_hooks`` on
+  the meta device, as a dense layer's), one device's share ``1 / (t cp)`` of them whatever ep
+  (``degrees.device_saved``): the device's ``T / (t cp)`` tokens send ``T k / (t cp)`` pairs
+  and, balanced, as many land on its ``E / ep`` experts. What a pair keeps is what the model's
+  ops keep; the bundled ``models/moe.py`` keeps Megatron-Core's ``h + 3 f + 1`` elements (its
+  grouped experts' inputs, the fused weighted SwiGLU's input and probability).
 
 Not modelled: the busiest device's extra activations (saved bytes are the balanced count), the
 permutation kernels' cost beyond the counted gathers, token dropping beyond the model's own.
@@ -63,6 +69,7 @@ __all__ = [
     "ExpertSplit",
     "MoEShape",
     "alltoall_bytes",
+    "alltoall_parts",
     "alltoall_s",
     "expert_data_parallel",
     "expert_degrees",
@@ -215,9 +222,10 @@ def alltoall_bytes(split: ExpertSplit, tokens: float, element_bytes: float) -> t
     return intra + (remote - network), network  # the rest forwarded inside the far node
 
 
-def alltoall_s(split: ExpertSplit, tokens: float, element_bytes: float) -> tuple[float, float]:
-    """(forward, backward) seconds of one MoE layer's all-to-alls for ``tokens`` tokens on a
-    device: dispatch + combine forward, their gradients backward (module docstring)."""
+def alltoall_parts(split: ExpertSplit, tokens: float, element_bytes: float) -> tuple[float, float]:
+    """(dispatch, combine) seconds of one MoE layer's forward all-to-alls for ``tokens`` tokens
+    on a device; each backward one (the combine's gradient dispatched, the dispatch's combined)
+    moves the activations' dtype as the combine does, so takes the combine's time."""
     if split.degree <= 1 or tokens <= 0:
         return 0.0, 0.0
 
@@ -226,8 +234,13 @@ def alltoall_s(split: ExpertSplit, tokens: float, element_bytes: float) -> tuple
         latency = (split.link_latency_s if intra else 0.0) + (split.network_latency_s if network else 0.0)
         return max(intra / split.nvlink_bandwidth, network / split.network_bandwidth) + latency
 
-    dispatch = once(split.dispatch_bytes or element_bytes)
-    combine = once(element_bytes)
+    return once(split.dispatch_bytes or element_bytes), once(element_bytes)
+
+
+def alltoall_s(split: ExpertSplit, tokens: float, element_bytes: float) -> tuple[float, float]:
+    """(forward, backward) seconds of one MoE layer's all-to-alls for ``tokens`` tokens on a
+    device: dispatch + combine forward, their gradients backward (module docstring)."""
+    dispatch, combine = alltoall_parts(split, tokens, element_bytes)
     return dispatch + combine, 2.0 * combine
 
 

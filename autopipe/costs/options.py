@@ -23,9 +23,10 @@ experts' (``BlockCost.expert_params``) over :func:`expert_gradient_group`; a dis
 optimizer shards each part's state over its own group. Where the target overlaps the expert
 all-to-all (DualPipeV's paired forward and backward; Megatron's
 ``--overlap-moe-expert-parallel-comm``), ``options.alltoall(layout, u)`` is what may be hidden
-behind the other micro-batch's compute: one MoE layer's (forward, backward) all-to-all at
-micro-batch size ``u``, already inside the profile's block times; a block whose
-``expert_params`` is not 0 holds one MoE layer (blocks follow the layers).
+behind the other micro-batch's compute: one MoE layer's forward (dispatch, combine) all-to-alls
+at micro-batch size ``u`` (each backward one takes the combine's time; ``experts.alltoall_parts``),
+already inside the profile's block times; a block whose ``expert_params`` is not 0 holds one
+MoE layer (blocks follow the layers).
 
 Tests: tests/costs/test_experts.py.
 """
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from autopipe.costs.context import ContextShape, ContextSplit, context_reason, context_shape
 from autopipe.costs.degrees import Degrees
-from autopipe.costs.experts import DEFAULT_IMBALANCE, ExpertSplit, MoEShape, alltoall_s, expert_reason, moe_shape
+from autopipe.costs.experts import DEFAULT_IMBALANCE, ExpertSplit, MoEShape, alltoall_parts, expert_reason, moe_shape
 from autopipe.costs.tensor import TensorSplit, TransformerShape, shape_of, tensor_reason
 
 if TYPE_CHECKING:
@@ -91,9 +92,12 @@ class ParallelOptions:
     experts: MoEShape | None  # None: no routed experts (ep = 1)
     links: Links
     price: Callable[[Layout], Profile]
-    alltoall: Callable[[Layout, float], tuple[float, float]]  # (layout, u) -> one MoE layer's a2a (fwd, bwd) s
+    alltoall: Callable[[Layout, float], tuple[float, float]]  # (layout, u) -> one MoE layer's (dispatch, combine) s
     sequence_parallel: bool = True
     imbalance: float = DEFAULT_IMBALANCE
+    # Of the device's SMs, those the all-to-all kernels hold while they run beside compute (0: not
+    # known; Megatron-Core's DeepEP dispatcher: 20, ``moe_flex_dispatcher_num_sms``' default)
+    alltoall_share: float = 0.0
 
 
 def layout_reason(options: ParallelOptions, layout: Layout, devices: int, stages: int = 1) -> str:
@@ -174,16 +178,20 @@ def parallel_options(
     max_nodes: int = 0,
     tensor_overlap: float = 0.0,
     fused: bool = False,
+    alltoall_share: float = 0.0,
 ) -> ParallelOptions:
     """The parallel structure of ``counts`` and its pricing on ``spec`` over ``links`` (the
     device's own when None); ``imbalance``, ``balanced`` (CP's 2 cp chunks), ``dispatch_bytes``,
     ``deduplicate`` and ``max_nodes`` as ``ExpertSplit`` and ``ContextSplit`` take them,
     ``tensor_overlap`` as ``TensorSplit.overlap`` (``Overlap.tp_comm``); ``fused``: memory-bound
-    ops fused as the target framework runs them (``Target.fused_kernels``, ``costs.fusion``)."""
+    ops fused as the target framework runs them (``Target.fused_kernels``, ``costs.fusion``);
+    ``alltoall_share``: of the device's SMs, the all-to-all kernels' (``ParallelOptions``)."""
     from autopipe.costs.analytic import profile_from_counts
 
     if not (imbalance >= 1.0 and imbalance < float("inf")):
         raise ValueError(f"imbalance must be a number >= 1 (got {imbalance!r}); 1.0 is a perfectly even routing")
+    if not 0.0 <= alltoall_share < 1.0:
+        raise ValueError(f"alltoall_share must be in [0, 1) (got {alltoall_share!r}); 0 where not known")
     traced, model = counts.traces[0], counts.loaded.model
     tensor = shape_of(traced, model)
     seq = tensor.seq if tensor is not None else 0
@@ -202,7 +210,9 @@ def parallel_options(
     elt = float(counts.precision.dtype.itemsize)
 
     def options() -> ParallelOptions:
-        return ParallelOptions(tensor, context, experts, chosen, price, alltoall, sequence_parallel, imbalance)
+        return ParallelOptions(
+            tensor, context, experts, chosen, price, alltoall, sequence_parallel, imbalance, alltoall_share
+        )
 
     def price(layout: Layout) -> Profile:
         if layout not in cache:
@@ -214,6 +224,6 @@ def parallel_options(
         d = _degrees(options(), layout, extras)
         if d.experts is None or experts is None:
             return 0.0, 0.0
-        return alltoall_s(d.experts, u * experts.seq / (layout.t * layout.cp), elt)
+        return alltoall_parts(d.experts, u * experts.seq / (layout.t * layout.cp), elt)
 
     return options()

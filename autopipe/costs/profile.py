@@ -36,6 +36,7 @@ __all__ = [
     "BlockCost",
     "Contention",
     "ExecutorCost",
+    "ExpertTimes",
     "MemoryOption",
     "Profile",
     "Spread",
@@ -56,6 +57,11 @@ class Affine:
 
     def __call__(self, u: float) -> float:
         return self.intercept + self.slope * u
+
+    def plus(self, other: Affine) -> Affine:
+        """This cost with ``other`` added (a recomputed forward in a backward); a cost that is
+        more than a line (``planner.cluster.experts``' hidden all-to-all) keeps its shape."""
+        return Affine(self.intercept + other.intercept, self.slope + other.slope)
 
     @staticmethod
     def fit(xs: Sequence[float], ys: Sequence[float]) -> Affine:
@@ -123,6 +129,22 @@ class MemoryOption:
 
 
 @dataclass(frozen=True)
+class ExpertTimes:
+    """Of a MoE block's times, its routed experts' compute (the ops ``costs.experts`` marks,
+    the grouped GEMMs): what Megatron-Core's fine-grained schedule runs as the ``mlp``
+    sub-module between the dispatch and the combine, the rest of the layer's compute running
+    before the dispatch (``planner.cluster.experts.hidden_profile`` pairs the all-to-alls with
+    them). Zero where not known (measured profiles, blocks without routed experts)."""
+
+    forward: Affine = _NONE
+    backward: Affine = _NONE  # input and weight gradients
+    backward_input: Affine = _NONE  # input gradients (``--delay-wgrad-compute`` runs the weights' apart)
+
+    def __bool__(self) -> bool:
+        return any(a.intercept or a.slope for a in (self.forward, self.backward, self.backward_input))
+
+
+@dataclass(frozen=True)
 class BlockCost:
     """One block: the unit the solver places on a stage (about one layer of the model)."""
 
@@ -144,6 +166,7 @@ class BlockCost:
     # Of ``params``, the routed experts' (priced under expert parallelism): their gradients are
     # reduced over the expert data-parallel group, not the data-parallel one (costs.experts).
     expert_params: int = 0
+    experts_s: ExpertTimes = ExpertTimes()  # the routed experts' compute within the times above
     # A transformer layer (an attention core, graph/units.py): what Megatron-LM's "first k layers
     # of each stage" counts, and the ways it can keep fewer activations ((): none known).
     layer: bool = False
@@ -283,6 +306,9 @@ class Profile:
                     backward_s=times(b.backward_s),
                     backward_input_s=times(b.backward_input_s),
                     backward_weight_s=times(b.backward_weight_s),
+                    experts_s=ExpertTimes(
+                        *map(times, (b.experts_s.forward, b.experts_s.backward, b.experts_s.backward_input))
+                    ),
                     memory=tuple(replace(o, recompute_s=times(o.recompute_s)) for o in b.memory),
                 )
                 for b in self.blocks
@@ -304,6 +330,8 @@ class Profile:
                 del block["spread"]
             if not block["expert_params"]:
                 del block["expert_params"]
+            if not any(any(a.values()) for a in block["experts_s"].values()):
+                del block["experts_s"]
             for field in ("layer", "memory"):  # left out where not known (measured before, no layers)
                 if not block[field]:
                     del block[field]
@@ -448,6 +476,12 @@ def _name(v: Any) -> str:
     return v
 
 
+def _experts(raw: Any) -> ExpertTimes:
+    if raw is None:
+        return ExpertTimes()
+    return ExpertTimes(_affine(raw["forward"]), _affine(raw["backward"]), _affine(raw["backward_input"]))
+
+
 def _profile_from_dict(raw: Any, source: str = "profile") -> Profile:
     if not isinstance(raw, dict) or "version" not in raw:
         raise ProfileError(
@@ -475,6 +509,7 @@ def _profile_from_dict(raw: Any, source: str = "profile") -> Profile:
                 shared_param_bytes=int(b.get("shared_param_bytes", 0)),
                 spread=_spread(b.get("spread")),
                 expert_params=_count(b.get("expert_params", 0)),
+                experts_s=_experts(b.get("experts_s")),
                 layer=_flag(b.get("layer", False)),
                 memory=tuple(_option(o) for o in b.get("memory", ())),
                 staging_bytes=_affine(b.get("staging_bytes", {"intercept": 0, "slope": 0})),

@@ -15,6 +15,7 @@ __all__ = ["DISCARDING", "OFFLOAD_KINDS", "RECOMPUTE_KINDS", "UNITS"]
 UNITS = (
     "attn_norm",
     "qkv_linear",
+    "mla_up",
     "core_attn",
     "attn_proj",
     "mlp_norm",
@@ -30,12 +31,15 @@ RECOMPUTE_KINDS: dict[str, tuple[str, ...]] = {
     # recomputes an activation only in MoE experts, moe_act)
     "core_attn": ("core_attn",),
     "layernorm": ("attn_norm", "mlp_norm"),
+    # multi-head latent attention's up-projections and rotary embedding, from the latents to the
+    # queries, keys and values (Megatron-Core's multi_latent_attention.py, recompute_up_proj)
+    "mla_up_proj": ("mla_up",),
     "mlp": ("mlp_fc1", "mlp_act", "mlp_fc2", "mlp_other"),
     "mlp_act": ("mlp_act",),
 }
 """Module kinds that can be recomputed, and the units each is."""
 
-DISCARDING = frozenset({"layernorm", "mlp_act"})
+DISCARDING = frozenset({"layernorm", "mla_up_proj", "mlp_act"})
 """Kinds recomputed with their output discarded too (Megatron's ``CheckpointWithoutOutput``): the
 tensor the next module saved is freed and made again; the others keep their output (``checkpoint``)."""
 

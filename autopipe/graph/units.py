@@ -12,6 +12,12 @@ layer block, which of these parts it belongs to (:data:`UNITS`):
   with the values (scaling, masking and dropout included);
 - ``qkv_linear`` / ``attn_proj``: the linear layers of the attention module (the deepest module
   around the core that holds a linear layer) before the core / after it;
+- ``mla_up``: in multi-head latent attention (a linear layer of the attention module runs after
+  one of its norms and feeds the core: DeepSeek-V2's up-projections from the normed latents),
+  every node of the attention module that feeds the core from the latent norms on: the
+  up-projections, the split into heads, the rotary embedding and the concatenation (what
+  Megatron-Core's ``mla_up_proj`` recomputes, ``qkv_up_proj_and_rope_apply``), in place of
+  ``qkv_linear`` there;
 - ``attn_norm`` / ``mlp_norm``: a norm module of the layer (outside the attention module)
   before the core / after it and before the MLP's first linear layer;
 - ``mlp_fc1``, ``mlp_act``, ``mlp_fc2``, ``mlp_other``: the MLP, the linear layers after the core
@@ -112,6 +118,8 @@ def block_units(nodes: Sequence[torch.fx.Node], modules: Mapping[str, nn.Module]
             units.update(dict.fromkeys(group, name) if name else {})
         elif side(group) != "before":
             rest.append(group)
+    if attn:
+        units.update(dict.fromkeys(_latent_up(nodes, inside, paths, modules, attn, before), "mla_up"))
     layer = _common_module([paths[n] for n in nodes])
     fc1 = _mlp(rest, nodes, inside, paths, units, layer)  # none for experts routed by top-k: the rest stands
     for group in _groups(nodes, paths, modules, _is_norm):
@@ -122,6 +130,28 @@ def block_units(nodes: Sequence[torch.fx.Node], modules: Mapping[str, nn.Module]
         elif fc1 & _descendants(set(group), inside):
             units.update(dict.fromkeys(group, "mlp_norm"))
     return {n.name: u for n, u in units.items()}
+
+
+def _latent_up(
+    nodes: Sequence[torch.fx.Node],
+    inside: set[torch.fx.Node],
+    paths: Mapping[torch.fx.Node, list[str]],
+    modules: Mapping[str, nn.Module],
+    attn: str,
+    before: set[torch.fx.Node],
+) -> set[torch.fx.Node]:
+    """Multi-head latent attention's up-projection (the ``mla_up`` unit, module docstring): the
+    attention module's nodes that feed the core, less its norms and what feeds them; empty where
+    no linear layer of the module runs after one of its norms (not latent attention)."""
+    mine = [n for n in nodes if attn in paths[n]]
+    norms = {n for g in _groups(mine, paths, modules, _is_norm) for n in g}
+    if not norms:
+        return set()
+    after_norm = _descendants(norms, inside)
+    if not any(set(g) & before & after_norm for g in _groups(mine, paths, modules, _is_linear)):
+        return set()
+    upstream = _ancestors(norms, inside) | norms
+    return {n for n in mine if n in before and n not in upstream}
 
 
 def _mlp(

@@ -259,7 +259,7 @@ def _hiding(found: list[Split], ctx: Context, parallel: ParallelOptions | None) 
     key = (id(c.profile), "hidden", 0, 0)  # one hidden profile per priced one, kept with it
     if key not in ctx.states or ctx.states[key][0] is not c.profile:
         lay = c.degrees
-        hidden = hidden_profile(c.profile, lambda u: parallel.alltoall(lay, u))
+        hidden = hidden_profile(c.profile, lambda u: parallel.alltoall(lay, u), parallel.alltoall_share)
         ctx.states[key] = (c.profile, hidden or c.profile, 0.0)
     kept, hidden, _ = ctx.states[key]
     if hidden is kept:

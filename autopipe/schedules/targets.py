@@ -192,7 +192,7 @@ def _targets() -> tuple[Target, ...]:
             shardings=("none", "zero1", "zero2", "zero3"),
             overlaps=overlapping,
             blocking_p2p=("1f1b",),  # validate_args turns overlap_p2p_comm off without interleaving
-            recompute_modules=selective,
+            recompute_modules=(*selective, "mla_up_proj"),  # and MLA's up-projections (recompute_up_proj)
             offload_modules=offload,
             block_layers=True,
             fused_kernels=True,  # megatron/core/fusions/ and Transformer Engine's fused modules

@@ -825,7 +825,10 @@ def test_analytic_plan_refuses_timing_flags(tmp_path: Path, capsys: pytest.Captu
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--recompute-modules", "core_attn,bogus"], "name each once, among core_attn, layernorm, mlp, mlp_act"),
+        (
+            ["--recompute-modules", "core_attn,bogus"],
+            "name each once, among core_attn, layernorm, mla_up_proj, mlp, mlp_act",
+        ),
         (["--recompute-modules", ","], "--recompute-modules must be module kinds separated by commas"),
         (["--recompute-layers", "-1"], "--recompute-layers must be an integer >= 0"),
         (["--recompute-layers", "2", "--recompute-all"], "--recompute-layers 2 and recompute=always contradict"),

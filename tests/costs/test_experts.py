@@ -1,9 +1,11 @@
 """Mixture-of-experts costs (costs/experts.py, the expert marks of costs/counting.py): a small
-MoE counted on the meta device, its expert FLOPs, bytes and all-to-all volume against the
-hand-computed values; the same for Hugging Face's Mixtral, Qwen3-MoE and DeepSeek-V3."""
+MoE counted on the meta device, its expert FLOPs, bytes, saved activations per device and
+all-to-all volume against the hand-computed values; the same for Hugging Face's Mixtral,
+Qwen3-MoE and DeepSeek-V3."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import pytest
@@ -17,14 +19,16 @@ from autopipe.costs.experts import (
     ExpertSplit,
     MoEShape,
     alltoall_bytes,
+    alltoall_parts,
     alltoall_s,
     expert_data_parallel,
     expert_degrees,
     expert_ops,
     expert_reason,
 )
+from autopipe.costs.measure.timing import saved_bytes, storage_key
 from autopipe.costs.options import Layout, Links, expert_gradient_group, layout_reason, parallel_options
-from autopipe.costs.profile import Profile
+from autopipe.costs.profile import ExpertTimes, Profile
 from autopipe.errors import ProfileError
 from autopipe.model.load import load_model
 from tests.helpers import ROOT
@@ -110,8 +114,12 @@ def test_all_to_all_volume_by_hand() -> None:
     assert intra == pytest.approx(pairs * 7 / 64) and net == pytest.approx(pairs * 56 / 64)
     once = max(intra / NV, net / NET) + 2 * 10e-6
     assert alltoall_s(split, tokens, 2.0) == pytest.approx((2 * once, 2 * once))  # dispatch + combine, twice
+    assert alltoall_parts(split, tokens, 2.0) == pytest.approx((once, once))
     fp8 = ExpertSplit(SHAPE, 64, NV, NET, ranks_per_node=8, dispatch_bytes=1.0)
     assert alltoall_s(fp8, tokens, 2.0)[0] == pytest.approx(max(intra / 2 / NV, net / 2 / NET) + 2e-5 + once)
+    # the FP8 dispatch alone is smaller; its gradient, and the combine's both ways, move bf16
+    assert alltoall_parts(fp8, tokens, 2.0) == pytest.approx((max(intra / 2 / NV, net / 2 / NET) + 2e-5, once))
+    assert alltoall_s(fp8, tokens, 2.0)[1] == pytest.approx(2 * once)
     # DeepEP: a token crosses to each of the other 7 nodes at most once: 7 (1 - (7/8)^8) of them on average
     dedup = ExpertSplit(SHAPE, 64, NV, NET, ranks_per_node=8, deduplicate=True)
     crossings = 7 * (1 - (7 / 8) ** 8)
@@ -145,7 +153,7 @@ def test_a_small_moe_priced_under_expert_parallelism(tiny: ModelCounts) -> None:
     one = options.price(Layout())
     for a, b in zip(one.blocks, whole.blocks, strict=True):  # ep = 1: today's profile (summed in another order)
         times = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
-        assert replace(a, expert_params=0, **{f: getattr(b, f) for f in times}) == b
+        assert replace(a, expert_params=0, experts_s=ExpertTimes(), **{f: getattr(b, f) for f in times}) == b
         assert all(getattr(a, f)(2) == pytest.approx(getattr(b, f)(2), rel=1e-9) for f in times)
     assert [b.expert_params for b in one.blocks] == [E * 3 * H * F if n else 0 for n in options.experts.moe_layers]
     names = [b.name for b in whole.blocks]
@@ -159,13 +167,65 @@ def test_a_small_moe_priced_under_expert_parallelism(tiny: ModelCounts) -> None:
         d = Degrees(experts=ExpertSplit(options.experts, ep, NV, NET, ranks_per_node=ep, imbalance=1.0))
         for u, counts in zip((2, 4), tiny.counts, strict=True):
             a2a = alltoall_s(d.experts, u * T, 2.0)  # type: ignore[arg-type]
-            assert a2a[0] > 0 and options.alltoall(Layout(ep=ep), u) == pytest.approx(a2a)
-            want = block_time(device_ops(counts[i].forward, "whole", d), spec, "bf16") + a2a[0]
+            parts = options.alltoall(Layout(ep=ep), u)  # (dispatch, combine)
+            assert a2a[0] > 0 and parts == pytest.approx(alltoall_parts(d.experts, u * T, 2.0))  # type: ignore[arg-type]
+            assert sum(parts) == pytest.approx(a2a[0])
+            ops = device_ops(counts[i].forward, "whole", d)
+            want = block_time(ops, spec, "bf16") + a2a[0]
             assert block.forward_s(u) == pytest.approx(want)
+            # the routed experts' compute: the marked ops' time, inside the block's
+            routed = block_time([op for op in ops if op.expert], spec, "bf16")
+            assert 0 < block.experts_s.forward(u) == pytest.approx(routed) and routed < want - a2a[0]
+            grads = device_ops(counts[i].backward_input, "whole", d)
+            assert block.experts_s.backward_input(u) == pytest.approx(
+                block_time([op for op in grads if op.expert], spec, "bf16")
+            )
+            assert block.experts_s.backward_input(u) < block.experts_s.backward(u) < block.backward_s(u)
+        assert not prof.blocks[names.index("layers.0")].experts_s  # a dense layer: none
     skewed = parallel_options(tiny, spec, links, imbalance=1.5).price(Layout(ep=2))
     added = skewed.blocks[i].forward_flops(2) - options.price(Layout(ep=2)).blocks[i].forward_flops(2)
     assert added == pytest.approx(0.5 * 6 * 2 * T * K * H * F)  # the busiest device: 1.5 x the pairs
     assert "ep=2 (imbalance 1.5)" in skewed.device
+
+
+def test_the_experts_keep_what_megatron_cores_grouped_experts_keep() -> None:
+    # Per routed (token, expert) pair, as Megatron-Core's alltoall dispatcher and grouped experts
+    # hold it: the expert's input (h, the first grouped GEMM's), the fused weighted SwiGLU's input
+    # (2f) and the pair's probability (1), the second GEMM's input (f), in bf16; the dispatch, the
+    # probabilities' gather and the combine keep one int64 index per pair each (the first with one
+    # more slot: the dropped pairs' zero row). Not the expert outputs (h) or SiLU's output (f)
+    # the unfused form keeps: 2 h + 4 f per pair.
+    model = load_model(MOE, {}, device="meta").model
+    moe = sys.modules[type(model).__module__]  # the model file, as loaded
+    cfg = moe.make_config()
+    with torch.device("meta"):
+        experts = moe.Experts(cfg).to(torch.bfloat16)
+    weights = {storage_key(p) for p in experts.parameters()}
+    for n in (64, 128):  # tokens
+        x = torch.empty(n, H, device="meta", dtype=torch.bfloat16, requires_grad=True)
+        probs = torch.empty(n, K, device="meta", dtype=torch.bfloat16, requires_grad=True)
+        chosen = torch.zeros(n, K, device="meta", dtype=torch.int64)
+        pairs = n * K
+        got = saved_bytes(lambda x=x, probs=probs, chosen=chosen: experts(x, probs, chosen), exclude=weights)
+        assert got == pairs * (H + 2 * F + 1 + F) * 2 + (3 * pairs + 1) * 8
+
+
+def test_saved_activations_per_device_under_expert_parallelism(tiny: ModelCounts) -> None:
+    # A device keeps its own tokens' activations whatever ep: its T / (t cp) tokens send k pairs
+    # each, and on average (balanced routing) as many pairs land on its E / ep experts, so the
+    # MoE layer's saved bytes per device are the same at ep 1, 2, 4, 8 (each expert's pairs are
+    # not on every device: that would be ep times more); sequence parallelism (t) and context
+    # parallelism (cp) divide them, each device holding 1 / t (1 / cp) of the sequence.
+    options = parallel_options(tiny, device_spec("h100"), Links(8, NV, NET), imbalance=1.0)
+    names = [b.name for b in tiny.traces[0].blocks]
+    i = names.index("layers.1")
+    whole = options.price(Layout()).blocks[i].saved_bytes
+    for u, counts in zip((2, 4), tiny.counts, strict=True):
+        assert whole(u) == pytest.approx(counts[i].saved_bytes)
+        for ep in (2, 4, 8):
+            assert options.price(Layout(ep=ep)).blocks[i].saved_bytes(u) == pytest.approx(whole(u))
+        assert options.price(Layout(t=2, ep=4)).blocks[i].saved_bytes(u) == pytest.approx(whole(u) / 2)
+        assert options.price(Layout(t=2, cp=2, ep=4)).blocks[i].saved_bytes(u) == pytest.approx(whole(u) / 4)
 
 
 def test_layout_rules(tiny: ModelCounts) -> None:
@@ -176,6 +236,9 @@ def test_layout_rules(tiny: ModelCounts) -> None:
     assert "does not divide 12 devices" in layout_reason(options, Layout(t=2, cp=2, ep=2), 12, 2)
     with pytest.raises(ValueError, match="imbalance must be a number >= 1"):
         parallel_options(tiny, device_spec("h100"), imbalance=0.5)
+    with pytest.raises(ValueError, match=r"alltoall_share must be in \[0, 1\) \(got 1.5\); 0 where not known"):
+        parallel_options(tiny, device_spec("h100"), alltoall_share=1.5)
+    assert parallel_options(tiny, device_spec("h100"), alltoall_share=20 / 132).alltoall_share == 20 / 132
 
 
 def test_expert_params_in_the_profile_file(tiny: ModelCounts) -> None:
@@ -183,6 +246,10 @@ def test_expert_params_in_the_profile_file(tiny: ModelCounts) -> None:
     assert Profile.from_json(prof.to_json()) == prof
     plain = profile_from_counts(tiny, device_spec("h100"))
     assert '"expert_params"' not in plain.to_json()  # left out at 0: files are written as before
+    assert '"experts_s"' in prof.to_json() and '"experts_s"' not in plain.to_json()
+    assert any(b.experts_s for b in prof.blocks) and prof.slowed(2.0).blocks[2].experts_s.forward(1) == pytest.approx(
+        2 * prof.blocks[2].experts_s.forward(1)
+    )
     bad = prof.to_json().replace('"expert_params": 49152', '"expert_params": 10000000')
     with pytest.raises(ProfileError, match=r"has expert_params 10000000, expected 0 to its \d+ params"):
         Profile.from_json(bad, "p.json")

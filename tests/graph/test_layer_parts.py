@@ -33,8 +33,8 @@ def test_kinds_name_units() -> None:
 def test_gpt_layer_parts() -> None:
     found = _units(str(ROOT / "models" / "gpt.py"))
     assert found["wte"] == Counter() and found["lm_head"] == Counter()  # no attention: no layer
-    # one node each: ln_1, c_attn, the fused attention, c_proj, ln_2, c_fc, GELU, c_proj, dropout
-    assert found["blocks.1"] == Counter(dict.fromkeys(UNITS, 1))
+    # one node each: ln_1, c_attn, the fused attention, c_proj, ln_2, c_fc, GELU, c_proj, dropout; no latent attention
+    assert found["blocks.1"] == Counter(dict.fromkeys((u for u in UNITS if u != "mla_up"), 1))
 
 
 def test_llama_layer_parts() -> None:
@@ -43,6 +43,27 @@ def test_llama_layer_parts() -> None:
     assert found == Counter(
         attn_norm=8, qkv_linear=3, core_attn=1, attn_proj=1, mlp_norm=8, mlp_fc1=2, mlp_act=2, mlp_fc2=1
     )
+
+
+def test_latent_attention_up_projection() -> None:
+    # models/moe.py's multi-head latent attention: the down-projections (wq_a, wkv_a) are the
+    # qkv_linear, the latent norms no unit; from the normed latents on, the up-projections
+    # (wq_b, wkv_b), the heads' split, the rotary embedding of q and of the shared key and the
+    # concatenations are mla_up (Megatron-Core's mla_up_proj); grouped-query attention with q/k
+    # norms (Qwen3) has no linear layer after its norms: no mla_up
+    spec = str(ROOT / "models" / "moe.py")
+    loaded = load_model(spec, {})
+    traced = trace_model(loaded.model, loaded.make_inputs(2), micro_batch_size=2)
+    units = node_units(traced.gm, loaded.model, [b.nodes for b in traced.blocks])
+    up = [n for n in traced.blocks[1].nodes if units.get(n) == "mla_up"]
+    assert {"layers_0_attn_wq_b", "layers_0_attn_wkv_b", "cat_2", "cat_3"} <= set(up)
+    assert [n for n in traced.blocks[1].nodes if units.get(n) == "qkv_linear"] == [
+        "layers_0_attn_wq_a",
+        "layers_0_attn_wkv_a",
+    ]
+    assert not any("norm" in n for n in up)
+    gqa = _units(spec, attention="gqa", n_kv_head=2, qk_norm=True)["layers.0"]
+    assert gqa["mla_up"] == 0 and gqa["qkv_linear"] == 3
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,7 @@ RECOMPUTE_SETS: tuple[tuple[str, ...], ...] = tuple(
     for kinds in itertools.combinations(sorted(RECOMPUTE_KINDS), r)
     if not {"mlp", "mlp_act"} <= set(kinds)  # the MLP whole holds its activation already
 )
-"""Every set of module kinds that may be recomputed together (11: the four kinds, mlp and
+"""Every set of module kinds that may be recomputed together (23: the five kinds, mlp and
 mlp_act not both)."""
 
 
@@ -225,7 +225,7 @@ def apply(profile: Profile, choice: MemoryChoice, host_bandwidth: float = 0.0) -
 
 
 def _plus(a: Affine, b: Affine) -> Affine:
-    return Affine(a.intercept + b.intercept, a.slope + b.slope)
+    return a.plus(b)  # an all-to-all hidden (planner.cluster.experts) stays hidden
 
 
 def choices(profile: Profile, u: float, host_bandwidth: float = 0.0) -> tuple[MemoryChoice, ...]:

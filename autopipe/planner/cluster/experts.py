@@ -28,23 +28,46 @@ is not searched (an exact pruning: within a node the fuller expert GEMMs of a la
 win; across nodes its all-to-all usually costs more, and both are searched).
 
 **The all-to-all hidden** (:func:`hidden_profile`): DualPipeV runs the forward chunk of one
-micro-batch beside the backward chunk of another (DeepSeek-V3, Sec. 3.2.1), and Megatron-Core's
-``--overlap-moe-expert-parallel-comm`` does the same within interleaved 1F1B (pipeline depth > 1,
-no full recomputation): each MoE layer's dispatch and combine run under the other micro-batch's
-computation. Per block holding a MoE layer, with ``a_f, a_b`` its all-to-all (forward,
-backward; ``options.alltoall``) and ``c_f, c_b`` its computation (its times less them)::
+micro-batch beside the backward chunk of another (DeepSeek-V3, Sec. 3.2.1 and Fig. 4), and
+Megatron-Core's ``--overlap-moe-expert-parallel-comm`` does the same within interleaved 1F1B
+(pipeline depth > 1, no full recomputation; Megatron-Bridge turns ``--delay-wgrad-compute`` on
+with it). Neither hides an all-to-all behind the whole other micro-batch: each layer is split
+into sub-modules -- the part before the dispatch (attention, norms, router, shared experts), the
+dispatch, the routed experts (``mlp``), the combine -- and two streams run them, compute and
+communication, each in order (Megatron-Core's ``TransformerLayerSchedulePlan.run``,
+``megatron/core/models/common/model_chunk_schedule_plan.py``; DeepSeek-V3's Fig. 4 pairs the
+same pieces)::
 
-    forward  c_f + a_f - min(a_f, c_b)        backward  c_b + a_b - min(a_b, c_f)
+    compute  | attention F   | experts dgrad B, wgrad B | experts F   | attention B |
+    comm     | combine B     | dispatch F, dispatch B   |             | combine F   |
 
-(the same for the input-gradient backward), which the search prices only with the schedule that
-hides it (:func:`hiding_choices`; ``Target.hides_expert_comm``); elsewhere the all-to-all is
-paid in the open, as the profile prices it.
+so each all-to-all hides behind one sub-module of the other micro-batch, and :func:`exposed`
+gives what each direction waits, per MoE layer::
+
+    forward   max(0, dispatch - experts B) + max(0, combine - attention B)
+    backward  max(0, combine_B - attention F)
+              + max(0, max(dispatch, experts dgrad) + dispatch_B - max(experts B, dispatch) - experts F)
+
+(experts B: their input and weight gradients). The pieces come from the block's times:
+``BlockCost.experts_s`` the routed experts' compute (their marked ops, ``costs.experts``), the
+rest of the block less its all-to-alls the part before the dispatch (a recomputed forward joins
+its backward: a MoE layer's routed experts have no module kind to recompute); the
+input-gradient backward (zero bubble's B) pairs the same way without weight gradients. The
+block's forward and backward are priced with their own waits in place of their all-to-alls;
+the search prices this only with the schedule that hides it (:func:`hiding_choices`;
+``Target.hides_expert_comm``); elsewhere the all-to-all is paid in the open, as the profile
+prices it. Not modelled: the SMs the communication kernels take from the compute beside them
+(Megatron-Core gives no figure for its overlap; DeepSeek-V3 dedicates 20 of the H800's 132 SMs
+to its own, Sec. 3.2.2), and the unpaired warm-up forwards and cool-down backwards, priced as
+paired; the experts' activation and permutation (unmarked element-wise ops) count as the part
+before the dispatch.
 
 Tests: tests/planner/cluster/test_expert_search.py.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -59,10 +82,12 @@ from autopipe.schedules.targets import target_spec
 
 __all__ = [
     "MIN_CONTEXT_TOKENS",
+    "Pair",
     "check_expert_pins",
     "context_degrees",
     "dominated",
     "expert_degrees",
+    "exposed",
     "hidden_profile",
     "hiding_choices",
     "state_profile",
@@ -157,16 +182,133 @@ def state_profile(
 
 
 @dataclass(frozen=True)
-class _Hidden(Affine):
-    """A MoE block's time with its all-to-all ``comm`` hidden behind up to ``other`` of the paired
-    micro-batch's computation (the affine part is the time as priced, all-to-all included)."""
+class Pair:
+    """One MoE layer run for one micro-batch's forward beside another's backward (seconds at
+    one micro-batch size): the compute sub-modules of Megatron-Core's fine-grained schedule and
+    the four all-to-alls (module docstring)."""
 
-    comm: Affine
-    other: Affine
+    attention: float  # forward before the dispatch: attention, norms, router, shared experts
+    experts: float  # forward of the routed experts, between the dispatch and the combine
+    attention_grad: float  # backward of the part before the dispatch (input and weight gradients)
+    experts_grad: float  # backward of the routed experts: input gradients
+    experts_wgrad: float  # their weight gradients, run next (``--delay-wgrad-compute``)
+    dispatch: float
+    combine: float
+    dispatch_grad: float  # the dispatch's backward, after the experts' input gradients
+    combine_grad: float  # the combine's backward, first of the backward layer
+
+
+_COMPUTE = ("attention", "experts_grad", "experts_wgrad", "experts", "attention_grad")  # the compute stream, in order
+_COMM = ("combine_grad", "dispatch", "dispatch_grad", "combine")  # the communication stream, in order
+_NEEDS = {  # what each sub-module waits for: its own micro-batch's one before it
+    "experts_grad": "combine_grad",
+    "dispatch": "attention",
+    "experts": "dispatch",
+    "dispatch_grad": "experts_grad",
+    "attention_grad": "dispatch_grad",
+    "combine": "experts",
+}
+
+
+def exposed(pair: Pair, share: float = 0.0) -> tuple[float, float]:
+    """(forward, backward) seconds ``pair``'s all-to-alls add to its compute, as Megatron-Core's
+    ``TransformerLayerSchedulePlan.run`` orders the two streams (each in order; an all-to-all
+    needs its own micro-batch's compute before it, the compute after it needs it)::
+
+        compute  | attention F   | experts dgrad B, wgrad B | experts F   | attention B |
+        comm     | combine B     | dispatch F, dispatch B   |             | combine F   |
+
+    the dispatch's backward starting once the experts' input gradients are done. What the
+    compute stream waits is charged to the all-to-all it waits for (the forward's: its dispatch
+    and combine). ``share``: of the device's SMs, those the all-to-all kernels hold while they
+    run; the compute beside one runs at ``1 - share`` of its speed, the time lost charged to it."""
+    comp, comm = list(_COMPUTE), list(_COMM)
+    done: set[str] = set()
+    charged = dict.fromkeys(_COMM, 0.0)
+    run_c: str | None = None
+    run_m: str | None = None
+    left_c = left_m = 0.0
+    while comp or comm or run_c or run_m:
+        if run_c is None and comp and _NEEDS.get(comp[0], "") in (done | {""}):
+            run_c = comp.pop(0)
+            left_c = max(0.0, getattr(pair, run_c))
+        if run_m is None and comm and _NEEDS.get(comm[0], "") in (done | {""}):
+            run_m = comm.pop(0)
+            left_m = max(0.0, getattr(pair, run_m))
+        if run_c is None and run_m is None:  # cannot happen in this order; never loop forever
+            raise RuntimeError(f"the paired sub-modules wait on each other: {comp} and {comm}")
+        rate = 1.0 - share if run_m is not None else 1.0
+        until_c = left_c / rate if run_c is not None else math.inf
+        until_m = left_m if run_m is not None else math.inf
+        dt = min(until_c, until_m)
+        if run_m is not None:  # the compute waits on it, or runs slower beside it
+            charged[run_m] += dt if run_c is None else share * dt
+        if run_c is not None:
+            left_c = 0.0 if dt == until_c else left_c - rate * dt
+            if left_c == 0.0:
+                done.add(run_c)
+                run_c = None
+        if run_m is not None:
+            left_m = 0.0 if dt == until_m else left_m - dt
+            if left_m == 0.0:
+                done.add(run_m)
+                run_m = None
+    return charged["dispatch"] + charged["combine"], charged["combine_grad"] + charged["dispatch_grad"]
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """A MoE block's :class:`Pair` as affine functions of the micro-batch size."""
+
+    attention: Affine
+    experts: Affine
+    attention_grad: Affine
+    experts_grad: Affine
+    experts_wgrad: Affine
+    dispatch: Affine
+    combine: Affine
+
+    def at(self, u: float) -> Pair:
+        def pos(a: Affine) -> float:
+            return max(0.0, a(u))
+
+        comb = pos(self.combine)
+        return Pair(
+            pos(self.attention),
+            pos(self.experts),
+            pos(self.attention_grad),
+            pos(self.experts_grad),
+            pos(self.experts_wgrad),
+            pos(self.dispatch),
+            comb,
+            comb,
+            comb,
+        )
+
+
+@dataclass(frozen=True)
+class _Hidden(Affine):
+    """A MoE block's time with its all-to-alls hidden as :func:`exposed` says: ``open`` (the
+    all-to-alls as priced) replaced by the waits of side ``side`` (0: forward, 1: backward) of
+    ``pieces`` (the affine part is the time as priced, all-to-all included)."""
+
+    open: Affine
+    pieces: _Pieces
+    side: int
+    share: float = 0.0  # of the SMs, the all-to-all kernels' (``exposed``)
 
     def __call__(self, u: float) -> float:
         whole = self.intercept + self.slope * u
-        return whole - min(self.comm(u), max(0.0, self.other(u)))
+        return whole - self.open(u) + exposed(self.pieces.at(u), self.share)[self.side]
+
+    def plus(self, other: Affine) -> Affine:
+        """With ``other`` added: a recomputed forward, which Megatron-Core runs in the backward of
+        the sub-module it belongs to; a MoE layer's routed experts have no module kind to
+        recompute (``graph/units.py``), so it joins the backward before the dispatch."""
+        pieces = replace(self.pieces, attention_grad=self.pieces.attention_grad.plus(other))
+        return _Hidden(
+            self.intercept + other.intercept, self.slope + other.slope, self.open, pieces, self.side, self.share
+        )
 
 
 def _affine(f: Callable[[float], float]) -> Affine:
@@ -175,28 +317,46 @@ def _affine(f: Callable[[float], float]) -> Affine:
     return Affine(one - (two - one), two - one)
 
 
-def hidden_profile(profile: Profile, alltoall: Callable[[float], tuple[float, float]]) -> Profile | None:
-    """``profile`` with each MoE block's all-to-all (``alltoall(u)``: one MoE layer's (forward,
-    backward) seconds) hidden behind the paired micro-batch's computation (module docstring);
-    None where there is none to hide."""
-    fwd = _affine(lambda u: alltoall(u)[0])
-    bwd = _affine(lambda u: alltoall(u)[1])
-    if fwd(1.0) <= 0.0 and bwd(1.0) <= 0.0:
-        return None
+def _less(a: Affine, *others: Affine) -> Affine:
+    return Affine(a.intercept - sum(b.intercept for b in others), a.slope - sum(b.slope for b in others))
 
-    def less(a: Affine, b: Affine) -> Affine:
-        return Affine(a.intercept - b.intercept, a.slope - b.slope)
+
+def hidden_profile(
+    profile: Profile, alltoall: Callable[[float], tuple[float, float]], share: float = 0.0
+) -> Profile | None:
+    """``profile`` with each MoE block's all-to-alls (``alltoall(u)``: one MoE layer's forward
+    (dispatch, combine) seconds, each backward one the combine's) hidden behind the paired
+    micro-batch's sub-modules as :func:`exposed` says (``share``: of the SMs, the all-to-all
+    kernels'), its compute split by ``BlockCost.experts_s`` (module docstring); None where there
+    is none to hide."""
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"the all-to-all's share of the SMs must be in [0, 1) (got {share!r})")
+    dispatch = _affine(lambda u: alltoall(u)[0])
+    combine = _affine(lambda u: alltoall(u)[1])
+    if dispatch(1.0) <= 0.0 and combine(1.0) <= 0.0:
+        return None
+    fwd = Affine(dispatch.intercept + combine.intercept, dispatch.slope + combine.slope)
+    bwd = Affine(2.0 * combine.intercept, 2.0 * combine.slope)
 
     def one(b: BlockCost) -> BlockCost:
         if not b.expert_params:
             return b
-        f, bw, bi = b.forward_s, b.backward_s, b.backward_input_s
-        cf, cb = less(f, fwd), less(bw, bwd)
+        e, f, bw, bi = b.experts_s, b.forward_s, b.backward_s, b.backward_input_s
+        whole = _Pieces(
+            attention=_less(f, fwd, e.forward),
+            experts=e.forward,
+            attention_grad=_less(bw, bwd, e.backward),
+            experts_grad=e.backward_input,
+            experts_wgrad=_less(e.backward, e.backward_input),
+            dispatch=dispatch,
+            combine=combine,
+        )  # the input-gradient backward (zero bubble's B) without any weight gradient
+        inputs = replace(whole, attention_grad=_less(bi, bwd, e.backward_input), experts_wgrad=Affine(0.0, 0.0))
         return replace(
             b,
-            forward_s=_Hidden(f.intercept, f.slope, fwd, cb),
-            backward_s=_Hidden(bw.intercept, bw.slope, bwd, cf),
-            backward_input_s=_Hidden(bi.intercept, bi.slope, bwd, cf),
+            forward_s=_Hidden(f.intercept, f.slope, fwd, whole, 0, share),
+            backward_s=_Hidden(bw.intercept, bw.slope, bwd, whole, 1, share),
+            backward_input_s=_Hidden(bi.intercept, bi.slope, bwd, inputs, 1, share),
         )
 
     return replace(profile, blocks=tuple(one(b) for b in profile.blocks))
@@ -205,14 +365,17 @@ def hidden_profile(profile: Profile, alltoall: Callable[[float], tuple[float, fl
 def hiding_choices(choices: Choices, stages: int) -> Choices | None:
     """``choices`` with the schedule of the target that hides the expert all-to-all
     (``Target.hides_expert_comm``), or None where it cannot: the schedule or recomputation pinned
-    otherwise; Megatron's interleaved 1F1B on one stage, or with every stage recomputed."""
+    otherwise; Megatron's interleaved 1F1B on one stage, or with every stage (or the first layers
+    of each, the block method) recomputed whole; selective recomputation pinned stays."""
     hides = target_spec(choices.target).hides_expert_comm
     if not hides or stages < 2 or (choices.schedule is not None and choices.schedule not in hides):
         return None
     schedule = choices.schedule or hides[0]
     if schedule == "interleaved-1f1b":  # Megatron-Core refuses the overlap with full recomputation
-        if choices.recompute == Recompute.ALWAYS:
+        if choices.recompute == Recompute.ALWAYS or choices.recompute_layers:
             return None
+        if choices.recompute_modules:  # selective: no stage recomputed whole already (Megatron-Bridge's
+            return replace(choices, schedule=schedule)  # DeepSeek-V3 H100 recipe runs it with the overlap)
         return replace(choices, schedule=schedule, recompute=Recompute.NEVER)
     return replace(choices, schedule=schedule)
 

@@ -89,3 +89,22 @@ def test_offload_moves_the_modules_saved_inputs(gpt_layer: tuple[Anatomy, int]) 
     assert anatomy.offloaded(["attn_proj"]) == 0  # its input is the attention's output, which the core saves too
     assert anatomy.offloaded(["core_attn", "attn_proj"]) == 8 * SBH
     assert anatomy.offloaded(["mlp_norm"]) == 2 * SBH
+
+
+def test_latent_attention_up_projection_recomputed() -> None:
+    # models/moe.py's tiny MLA (4 heads, q/k 32 + 16 rotary channels, values 32), bf16, 2 x 64 tokens:
+    # recomputing mla_up_proj with its output discarded (Megatron-Core's CheckpointWithoutOutput)
+    # frees what the attention core saved of the up-projections -- the queries and keys (4 x 48 each
+    # per token) and the keys-and-values storage the values are a view of (4 x (32 + 32)) -- and keeps
+    # the normed latents it starts from (the rotary embedding saves only its cos / sin tables); the
+    # recomputed forward is the two up-projections' GEMMs, among the region's ops
+    loaded = load_model(str(ROOT / "models" / "moe.py"), {}, device="meta")
+    counts = count_model(loaded, micro_batch_sizes=(B,), dtype="bf16")
+    names = [b.name for b in counts.traces[0].blocks]
+    heads, qk, v = 4, 32 + 16, 32
+    for name in ("layers.0", "layers.1"):  # the dense layer and a MoE layer
+        a = counts.anatomies[0][names.index(name)]
+        assert a is not None
+        assert a.saved() - a.held(("mla_up_proj",)) == B * S * (heads * qk * 2 + heads * (32 + v)) * 2
+        gemms = [op for op in a.recomputed(("mla_up_proj",)) if op.flops]
+        assert sum(op.flops for op in gemms) == 2 * B * S * (64 * heads * qk + 32 * heads * (32 + v))

@@ -8,20 +8,24 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from autopipe.costs.activations.choices import MemoryChoice, apply
 from autopipe.costs.context import ContextShape
 from autopipe.costs.experts import MoEShape
 from autopipe.costs.options import Layout, Links, ParallelOptions
-from autopipe.costs.profile import Affine, Profile
+from autopipe.costs.profile import Affine, ExpertTimes, MemoryOption, Profile
 from autopipe.errors import PlanError
 from autopipe.modes import Recompute, Sharding
 from autopipe.planner.cluster.experts import (
     MIN_CONTEXT_TOKENS,
+    Pair,
     context_degrees,
     dominated,
     expert_degrees,
+    exposed,
     hidden_profile,
     hiding_choices,
     state_profile,
@@ -101,17 +105,82 @@ def test_state_profile_shards_dense_and_expert_state_over_their_own_groups() -> 
     )  # the dense state over d cp = 8 devices
 
 
-def test_the_hidden_all_to_all_hides_behind_the_other_micro_batchs_compute() -> None:
-    profile = _moe_profile(2)  # forward 1 ms per sample, backward 2 ms, input-gradient 1 ms
-    hidden = hidden_profile(profile, lambda u: (0.2e-3 * u, 0.3e-3 * u))
+def _streams(p: Pair) -> float:
+    """The pair's time from a list schedule of Megatron-Core's two streams, each in order, an op
+    starting once its stream is free and what it needs is done (written apart from ``exposed``)."""
+    compute = [("attn F", p.attention), ("experts dB", p.experts_grad), ("experts wB", p.experts_wgrad)]
+    compute += [("experts F", p.experts), ("attn B", p.attention_grad)]
+    comm = [("combine B", p.combine_grad), ("dispatch F", p.dispatch), ("dispatch B", p.dispatch_grad)]
+    comm += [("combine F", p.combine)]
+    needs = {
+        "experts dB": "combine B",
+        "dispatch F": "attn F",
+        "experts F": "dispatch F",
+        "dispatch B": "experts dB",
+        "attn B": "dispatch B",
+        "combine F": "experts F",
+    }
+    done: dict[str, float] = {}
+    free = {"compute": 0.0, "comm": 0.0}
+    queues = {"compute": list(compute), "comm": list(comm)}
+    while queues["compute"] or queues["comm"]:
+        for stream, queue in queues.items():
+            while queue and (queue[0][0] not in needs or needs[queue[0][0]] in done):
+                name, seconds = queue.pop(0)
+                start = max(free[stream], done.get(needs.get(name, ""), 0.0))
+                done[name] = free[stream] = start + seconds
+    return max(free.values())
+
+
+def test_exposed_pairs_each_all_to_all_with_the_sub_module_beside_it() -> None:
+    # combine B beside attention F: 1.5 - 1 = 0.5 (backward); dispatch F beside the experts' backward
+    # (1 + 1): 3 - 2 = 1; the experts' forward done at max(2, 3) + 2 = 5, dispatch B (after the
+    # experts' dgrad) at max(3, 1) + 2 = 5: hidden; combine F beside attention B: 4 - 3 = 1
+    pair = Pair(1.0, 2.0, 3.0, 1.0, 1.0, dispatch=3.0, combine=4.0, dispatch_grad=2.0, combine_grad=1.5)
+    assert exposed(pair) == pytest.approx((2.0, 0.5))
+    # dispatch B waits for the experts' dgrad (2) and runs 3 beside the wgrad and experts F (0.5 + 0.5): 2
+    late = Pair(1.0, 0.5, 1.0, 2.0, 0.5, dispatch=1.0, combine=0.5, dispatch_grad=3.0, combine_grad=1.0)
+    assert exposed(late) == pytest.approx((0.0, 2.0))
+    assert exposed(Pair(1.0, 1.0, 2.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5)) == (0.0, 0.0)  # every one hidden
+    # the all-to-all kernels holding a quarter of the SMs: attention F (1) beside combine B (2) runs at
+    # 0.75, done at 1.33, waits to 2: 1 charged; attention F of 3 does 1.5 in those 2, 1.5 after: 0.5
+    assert exposed(Pair(1.0, 0, 0, 0, 0, 0, 0, 0, combine_grad=2.0), share=0.25) == pytest.approx((0.0, 1.0))
+    assert exposed(Pair(3.0, 0, 0, 0, 0, 0, 0, 0, combine_grad=2.0), share=0.25) == pytest.approx((0.0, 0.5))
+    assert sum(exposed(pair, share=0.25)) > sum(exposed(pair))
+    pieces = (pair, late, Pair(0.1, 0.2, 0.3, 0.4, 0.0, 0.9, 0.1, 0.2, 0.8))
+    for p in pieces:  # a list schedule of the two streams agrees
+        computed = p.attention + p.experts + p.attention_grad + p.experts_grad + p.experts_wgrad
+        assert _streams(p) == pytest.approx(computed + sum(exposed(p)))
+
+
+def test_the_hidden_all_to_all_hides_behind_the_paired_sub_modules() -> None:
+    # forward 1 ms per sample, backward 2, input-gradient 1; the routed experts 0.4, 0.8 (0.4 dgrad)
+    profile = _moe_profile(2)
+    routed = ExpertTimes(Affine(0.0, 0.4e-3), Affine(0.0, 0.8e-3), Affine(0.0, 0.4e-3))
+    moe = replace(profile, blocks=tuple(replace(b, experts_s=routed) for b in profile.blocks))
+    hidden = hidden_profile(moe, lambda u: (0.2e-3 * u, 0.3e-3 * u))  # dispatch 0.2, combine 0.3 (0.3 back)
     assert hidden is not None
     b = hidden.blocks[0]
-    # forward 1.0 - min(0.2, backward compute 2.0 - 0.3) = 0.8 ms; backward 2.0 - min(0.3, 1.0 - 0.2) = 1.7 ms
-    assert (b.forward_s(1.0), b.backward_s(1.0), b.backward_input_s(1.0)) == pytest.approx((0.8e-3, 1.7e-3, 0.7e-3))
-    # more all-to-all than the other's compute: only that much hides
-    big = hidden_profile(profile, lambda u: (0.9e-3 * u, 1.5e-3 * u))
-    assert big is not None and big.blocks[0].forward_s(2.0) == pytest.approx(2e-3 - 2 * 0.5e-3)
+    # pieces at u = 1: attention 1 - 0.5 - 0.4 = 0.1, attention B 2 - 0.6 - 0.8 = 0.6: combine B waits
+    # 0.3 - 0.1 = 0.2, the rest hides; forward 1 - 0.5 = 0.5, backward 2 - 0.6 + 0.2 = 1.6; the
+    # input-gradient one (no wgrad, attention dgrad 1 - 0.6 - 0.4 = 0): 1 - 0.6 + 0.2 = 0.6 (behind the
+    # whole other micro-batch, the backward's 0.6 would hide behind the forward's 0.5: 1.5)
+    assert (b.forward_s(1.0), b.backward_s(1.0), b.backward_input_s(1.0)) == pytest.approx((0.5e-3, 1.6e-3, 0.6e-3))
+    assert b.backward_s(2.0) == pytest.approx(3.2e-3)  # all of it linear in u
+    # a recomputed forward joins the backward before the dispatch: 2.5 - 0.6, combine F still hidden,
+    # as the planner's selective recomputation adds it (it once dropped the hiding: a plain line)
+    again = MemoryOption(recompute=("core_attn",), saved_bytes=Affine(0.0, 1e7), recompute_s=Affine(0.0, 0.5e-3))
+    kept = replace(hidden, blocks=tuple(replace(x, memory=(again,)) for x in hidden.blocks))
+    recomputed = apply(kept, MemoryChoice(recompute=("core_attn",))).blocks[0]
+    assert (recomputed.backward_s(1.0), recomputed.backward_input_s(1.0)) == pytest.approx((2.1e-3, 1.1e-3))
+    # the experts' compute not known (measured): all of it before the dispatch, so dispatch F (0.2)
+    # has nothing beside it and dispatch B (0.3) nothing either: forward 0.7, backward 1.7
+    unknown = hidden_profile(profile, lambda u: (0.2e-3 * u, 0.3e-3 * u))
+    assert unknown is not None
+    assert (unknown.blocks[0].forward_s(1.0), unknown.blocks[0].backward_s(1.0)) == pytest.approx((0.7e-3, 1.7e-3))
     assert hidden_profile(profile, lambda u: (0.0, 0.0)) is None
+    with pytest.raises(ValueError, match=r"the all-to-all's share of the SMs must be in \[0, 1\) \(got 1.0\)"):
+        hidden_profile(profile, lambda u: (0.2e-3 * u, 0.3e-3 * u), share=1.0)
 
 
 def test_the_targets_that_hide_the_all_to_all() -> None:
@@ -120,6 +189,10 @@ def test_the_targets_that_hide_the_all_to_all() -> None:
     assert megatron == Choices(target="megatron", schedule="interleaved-1f1b", recompute=Recompute.NEVER)
     assert hiding_choices(Choices(target="megatron"), 1) is None  # Megatron's overlap needs p > 1
     assert hiding_choices(Choices(target="megatron", recompute=Recompute.ALWAYS), 4) is None  # nor full recompute
+    assert hiding_choices(Choices(target="megatron", recompute_layers=2), 4) is None  # the block method is full
+    # selective recomputation stays (Megatron-Bridge's DeepSeek-V3 H100 recipe: mla_up_proj, mlp, the overlap on)
+    selective = Choices(target="megatron", recompute_modules=("mla_up_proj", "mlp"))
+    assert hiding_choices(selective, 4) == replace(selective, schedule="interleaved-1f1b")
     assert hiding_choices(Choices(target="autopipe", schedule="1f1b"), 4) is None
     assert hiding_choices(Choices(target="torch"), 4) is None
 
@@ -205,3 +278,34 @@ def test_a_larger_ep_no_slower_at_any_size_dominates() -> None:
     assert dominated([(Layout(ep=2), two), (Layout(ep=4), steeper)], [1.0]) == {0}  # faster at 1 sample
     assert dominated([(Layout(ep=2), two), (Layout(ep=4), steeper)], [1.0, 8.0]) == set()  # slower at 8
     assert dominated([(Layout(ep=2), two), (Layout(ep=4, etp=2), four)], [1.0]) == set()  # another etp
+
+
+def test_a_layout_that_fits_by_the_experts_count_is_planned_without_recomputation() -> None:
+    # The tiny MoE (h 128, expert width f 64, top-2) on 8 devices, 2 stages, ep 4, m pinned: what it
+    # needs with every activation kept is the limit, plus half of what the unfused experts' count
+    # kept more for one micro-batch of one MoE layer on a device: (h + f - 1) bf16 elements per
+    # routed pair (the expert outputs and SiLU's output, less the probability Megatron-Core's fused
+    # weighted SwiGLU keeps). Every stage holds a MoE layer, so under that count no stage fitted
+    # without recomputation; under Megatron-Core's it fits, and the search recomputes nothing.
+    import autopipe
+
+    h, f, k, seq = 128, 64, 2, 256
+    common: dict[str, Any] = {
+        "device": "h100",
+        "gpus": 8,
+        "batch_size": 16,
+        "kwargs": {"block_size": seq},
+        "stages": 2,
+        "tensor_parallel": 1,
+        "expert_parallel": 4,
+    }
+    kept = autopipe.plan_cluster(
+        MOE, memory="80GB", choices=Choices(micro_batches=2, recompute=Recompute.NEVER), **common
+    )
+    u = 16 // (kept.data_parallel * kept.micro_batches)  # samples per micro-batch
+    unfused = u * seq * k * (h + f - 1) * 2
+    limit = max(kept.peak_memory_bytes) + unfused / 2
+    plan = autopipe.plan_cluster(MOE, memory=limit, choices=Choices(micro_batches=2), **common)
+    assert (plan.expert_parallel, plan.micro_batches) == (4, 2)
+    assert not any(s.recompute for s in plan.stages) and not plan.memory_choice
+    assert max(plan.peak_memory_bytes) <= limit < max(kept.peak_memory_bytes) + unfused
