@@ -11,7 +11,7 @@ from autopipe.api import executor_probe
 from autopipe.costs.measure.measured import executor_cost, profile_model
 from autopipe.costs.profile import Profile
 from autopipe.runtime import probe
-from tests.costs.test_measured import _loaded
+from tests.costs.measure.test_measured import _loaded
 from tests.helpers import Net
 
 
