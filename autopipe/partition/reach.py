@@ -28,25 +28,32 @@ what the tolerances leave).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 
 from autopipe.partition.problem import SCREEN_SLACK, PartitionProblem, memory_cap
 
 __all__ = ["cannot_fit"]
 
 
-def cannot_fit(problem: PartitionProblem) -> bool:
+def cannot_fit(
+    problem: PartitionProblem, inflight: Sequence[float] | None = None, limits: Sequence[float] | None = None
+) -> bool:
     """True when no contiguous partition of ``problem`` fits its stages' memory limits in any
-    recomputation its mode allows (see the module docstring); False when one may."""
+    recomputation its mode allows (see the module docstring); False when one may. ``inflight``
+    and ``limits``, given, take the place of the problem's (``planner/exact.py``'s floor: one
+    micro-batch of each chunk, the device's limit)."""
     p = problem
     n = p.blocks
+    inflight = p.inflight if inflight is None else inflight
+    limits = p.stage_memory_limit if limits is None else limits
     static, act = p.static_bytes, p.activation_bytes
     spare = 0.0  # what the block method's recomputed layers may keep less, at most
     if p.recompute_layers:
         spare = sum(heapq.nlargest(p.recompute_layers, (a for a, layer in zip(act, p.layers, strict=True) if layer)))
     pos = 0
     for j in range(p.stages):
-        held = p.inflight[j] if p.recompute == "never" else min(p.inflight[j], 1.0)
-        cap = memory_cap(p.stage_memory_limit[j], SCREEN_SLACK)
+        held = inflight[j] if p.recompute == "never" else min(inflight[j], 1.0)
+        cap = memory_cap(limits[j], SCREEN_SLACK)
         st = ac = 0.0
         while pos < n:
             st2, ac2 = st + static[pos], ac + act[pos]

@@ -39,6 +39,7 @@ from numpy.typing import NDArray
 from autopipe.partition._intervals import InBytes, position_comm, prefix
 from autopipe.partition.layers import range_terms
 from autopipe.partition.problem import SCREEN_SLACK, PartitionProblem, memory_cap
+from autopipe.partition.reach import cannot_fit
 from autopipe.planner.pricing import BlockTimes, Decision, Schedules
 from autopipe.schedules import schedule_spec
 from autopipe.schedules.spec import ScheduleSpec
@@ -150,6 +151,8 @@ def split_table(
     n, K, m = p.blocks, p.stages, d.micro_batches
     if split_count(n, K) > ENUMERATE_LIMIT or K * m > ENUMERATE_CHUNK_RUNS:
         return None
+    if cannot_fit(p, (1.0,) * K, (memory_cap(memory_limit),) * K):  # the floor below, proved in one walk
+        return SplitTable(np.zeros((0, K), dtype=np.int64), np.zeros(0), math.inf)
     cuts = _all_cuts(n, K, times.schedules)
     N = len(cuts)
     starts = np.concatenate([np.zeros((N, 1), dtype=np.int64), cuts], axis=1)
