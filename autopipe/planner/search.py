@@ -195,7 +195,7 @@ def plan_search(
     best = min([incumbent] + [x.summary.iteration_s for x in found])
     tight: dict[str, frozenset[tuple[str, int, int]]] = {}  # per ladder: where memory still binds
     previous: dict[str, MemoryChoice] = {}
-    for choice in memory_choices(profile, request):
+    for choice in shared.choices(profile, request) if shared is not None else memory_choices(profile, request):
         ladder = "layers" if choice.layers else "offload" if choice.offload else "recompute"
         before = previous.get(ladder)
         only = (
@@ -219,10 +219,30 @@ def plan_search(
 
 class SharedCuts:
     """The min-bottleneck cuts with no memory limit (``_Search.free_cuts``) of one profile and link,
-    kept across searches that differ only in memory (the cluster search's shardings)."""
+    kept across searches that differ only in memory (the cluster search's shardings); and the
+    memory choices each profile offers (:func:`memory_choices`), kept across its searches on other
+    links and limits."""
 
     def __init__(self) -> None:
         self._by: dict[tuple[int, float, float, float], tuple[Profile, dict[tuple[int, int], tuple[int, ...]]]] = {}
+        self._choices: dict[tuple[object, ...], tuple[Profile, list[MemoryChoice]]] = {}
+
+    def choices(self, profile: Profile, req: PlanRequest) -> list[MemoryChoice]:
+        """:func:`memory_choices` of ``profile`` (this very object) for ``req``, once per what it reads."""
+        key = (
+            id(profile),
+            req.target,
+            req.recompute,
+            req.recompute_modules,
+            req.offload_modules,
+            req.recompute_layers,
+            req.host_bandwidth,
+            req.devices,
+        )
+        hit = self._choices.get(key)
+        if hit is None or hit[0] is not profile:
+            hit = self._choices[key] = (profile, memory_choices(profile, req))
+        return list(hit[1])
 
     def of(self, profile: Profile, req: PlanRequest) -> dict[tuple[int, int], tuple[int, ...]]:
         """The cuts kept for ``profile`` (this very object) on ``req``'s link, per (micro-batch size, chunks)."""
@@ -432,10 +452,13 @@ class _Search:
         self.profile, self.req = ctx.profile, ctx.request
         self.work: Work = work_table(self.profile, self.req.devices)
         self.layers = layer_work(self.profile)  # the block method's share of the bound
-        self.todo = sorted(
-            (d for d in decisions(self.profile, self.req) if only is None or _plain(d) in only),
-            key=lambda d: (decision_bound(self.work, self.req, d, self.layers), _order_key(d)),
+        bounded = sorted(
+            ((decision_bound(self.work, self.req, d, self.layers), _order_key(d), i), d)
+            for i, d in enumerate(decisions(self.profile, self.req))
+            if only is None or _plain(d) in only
         )
+        self.todo = [d for _, d in bounded]
+        self.todo_bounds = [key[0] for key, _ in bounded]  # each decision's bound, in the same order
         # the opened decisions where memory bound (plan_search): a split left out or recomputed, or
         # the unlimited cuts (their sizes per decision) did not fit with nothing recomputed
         self.tight: set[tuple[str, int, int]] = set()
@@ -466,11 +489,7 @@ class _Search:
         decision; stop when neither bound can beat the best plan that fits."""
         self.report("searching", 0, len(self.todo))
         while True:
-            open_bound = (
-                decision_bound(self.work, self.req, self.todo[self.opened], self.layers)
-                if self.opened < len(self.todo)
-                else math.inf
-            )
+            open_bound = self.todo_bounds[self.opened] if self.opened < len(self.todo) else math.inf
             if self.queue and self.queue[0][0] <= open_bound:
                 bound, _, item = heapq.heappop(self.queue)
                 if bound >= self.best * self.margin:
