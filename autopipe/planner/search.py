@@ -203,7 +203,7 @@ def plan_search(
         )
         if not only:
             continue
-        got = _choice_search(profile, request, choice, progress, best, only, plain)
+        got = _choice_search(profile, request, choice, progress, best, only, plain, shared=shared)
         found += got.priced
         errors.append(got.error)
         best = min([best] + [x.summary.iteration_s for x in got.priced])
@@ -220,12 +220,21 @@ def plan_search(
 class SharedCuts:
     """The min-bottleneck cuts with no memory limit (``_Search.free_cuts``) of one profile and link,
     kept across searches that differ only in memory (the cluster search's shardings); and the
-    memory choices each profile offers (:func:`memory_choices`), kept across its searches on other
-    links and limits."""
+    memory choices each profile offers (:func:`memory_choices`) and its profile under each, kept
+    across its searches on other links and limits."""
 
     def __init__(self) -> None:
         self._by: dict[tuple[int, float, float, float], tuple[Profile, dict[tuple[int, int], tuple[int, ...]]]] = {}
         self._choices: dict[tuple[object, ...], tuple[Profile, list[MemoryChoice]]] = {}
+        self._applied: dict[tuple[object, ...], tuple[Profile, Profile]] = {}
+
+    def applied(self, profile: Profile, choice: MemoryChoice, host_bandwidth: float) -> Profile:
+        """``costs.activations.choices.apply`` of ``profile`` (this very object), once per choice."""
+        key = (id(profile), "applied", choice, host_bandwidth)
+        hit = self._applied.get(key)
+        if hit is None or hit[0] is not profile:
+            hit = self._applied[key] = (profile, apply(profile, choice, host_bandwidth))
+        return hit[1]
 
     def choices(self, profile: Profile, req: PlanRequest) -> list[MemoryChoice]:
         """:func:`memory_choices` of ``profile`` (this very object) for ``req``, once per what it reads."""
@@ -351,6 +360,7 @@ def _choice_search(
     plain: _Found | None = None,
     explain: bool = False,
     free: dict[tuple[int, int], tuple[int, ...]] | None = None,
+    shared: SharedCuts | None = None,
 ) -> _Found:
     """The search with the memory choice ``choice`` pinned: none searches the recompute modes; any
     other is one search with nothing recomputed whole, on its profile (``costs.activations.choices.apply``).
@@ -359,7 +369,11 @@ def _choice_search(
     ``explain``: work out the smallest limit that fits where nothing does (else left out)."""
     if choice.none:
         return _modes_search(profile, request.pinned_to(choice), progress, incumbent, only, free, explain)
-    priced = apply(profile, choice, request.host_bandwidth)
+    priced = (
+        shared.applied(profile, choice, request.host_bandwidth)
+        if shared is not None
+        else apply(profile, choice, request.host_bandwidth)
+    )
     pinned = replace(request.pinned_to(choice), recompute=Recompute.NEVER)
     ctx = plain.context.sharing(priced, pinned) if plain is not None and plain.context is not None else None
     if plain is not None:
@@ -409,7 +423,7 @@ def _one_search(
     context shared with another search; ``explain``: as :meth:`_Search.fitting`)."""
     report = progress or (lambda what, done, total: None)
     ctx = SearchContext(profile, request) if ctx is None else ctx
-    search = _Search(ctx, report, incumbent, only, free)
+    search = _Search(ctx, report, incumbent, only, free, explain)
     search.run()
     try:
         fitting = search.fitting(explain)
@@ -447,8 +461,10 @@ class _Search:
         incumbent: float,
         only: frozenset[tuple[str, int, int]] | None = None,
         free: dict[tuple[int, int], tuple[int, ...]] | None = None,
+        explain: bool = True,
     ) -> None:
         self.ctx, self.report, self.best = ctx, report, incumbent
+        self.explain = explain  # work out the smallest limit that fits, for the error where none does
         self.profile, self.req = ctx.profile, ctx.request
         self.work: Work = work_table(self.profile, self.req.devices)
         self.layers = layer_work(self.profile)  # the block method's share of the bound
@@ -540,7 +556,7 @@ class _Search:
         req, size = self.req, self.ctx.size(decision)
         problem = problem_of(self.profile, req, decision, size.numbers)
         times = size.times
-        enumerated = split_table(problem, times, decision, req.devices, req.memory_limit)
+        enumerated = split_table(problem, times, decision, req.devices, req.memory_limit, self.explain)
         if enumerated is not None:
             self.need = min(self.need, enumerated.need)
             if enumerated.tight:
