@@ -25,6 +25,13 @@ once with numpy — no simulation — in two exact-or-bounding ways:
 the one pricing function) and stops when the next bound is no better than the best plan found,
 so the plan it returns is the best contiguous split of its decision set under the simulator.
 Above the limit the search falls back to the chain solver's cuts and local moves.
+
+Before the arrays, what is cheap: where no split holds even one micro-batch
+(``partition/reach.py``'s walk) the table is empty at once; where the caller does not explain an
+empty table (``explain`` False: a search with a time to beat), each chunk's most in-flight
+micro-batches give every split a least peak, and where none fits the table is empty without the
+exact peaks; and only the splits that fit are bounded (tests/planner/test_shortcuts.py: the same
+plans without these).
 """
 
 from __future__ import annotations
