@@ -4,6 +4,8 @@
 - :func:`solve_fast`: bisection + greedy for large chains; exact bottleneck, approximate total.
 - :func:`solve_ilp`: exact MILP over monotone assignments of a DAG (pulp / CBC).
 - :func:`solve_brute`: exhaustive search, the test oracle.
+- ``reach.cannot_fit``: a one-pass proof that no contiguous partition fits memory (the
+  planner's shortcut before a solver would prove it).
 - :func:`evaluate`: prices any assignment; the definitions live in :mod:`.problem`, with the
   one "fits in memory" rule (:func:`memory_fits`, :func:`memory_cap`; tolerances :data:`EPS`,
   :data:`SCREEN_SLACK`).

@@ -25,6 +25,13 @@ once with numpy — no simulation — in two exact-or-bounding ways:
 the one pricing function) and stops when the next bound is no better than the best plan found,
 so the plan it returns is the best contiguous split of its decision set under the simulator.
 Above the limit the search falls back to the chain solver's cuts and local moves.
+
+Before the arrays, what is cheap: where no split holds even one micro-batch
+(``partition/reach.py``'s walk) the table is empty at once; where the caller does not explain an
+empty table (``explain`` False: a search with a time to beat), each chunk's most in-flight
+micro-batches give every split a least peak, and where none fits the table is empty without the
+exact peaks; and only the splits that fit are bounded (tests/planner/test_shortcuts.py: the same
+plans without these).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from numpy.typing import NDArray
 from autopipe.partition._intervals import InBytes, position_comm, prefix
 from autopipe.partition.layers import range_terms
 from autopipe.partition.problem import SCREEN_SLACK, PartitionProblem, memory_cap
+from autopipe.partition.reach import cannot_fit
 from autopipe.planner.pricing import BlockTimes, Decision, Schedules
 from autopipe.schedules import schedule_spec
 from autopipe.schedules.spec import ScheduleSpec
@@ -143,13 +151,22 @@ def _cuts_of(blocks: int, chunks: int) -> Ints:
 
 
 def split_table(
-    problem: PartitionProblem, times: BlockTimes, decision: Decision, devices: int, memory_limit: float
+    problem: PartitionProblem,
+    times: BlockTimes,
+    decision: Decision,
+    devices: int,
+    memory_limit: float,
+    explain: bool = True,
 ) -> SplitTable | None:
-    """All contiguous splits of ``decision`` that fit, by bound (None: more than the limit)."""
+    """All contiguous splits of ``decision`` that fit, by bound (None: more than the limit).
+    ``explain`` False: the table's ``need`` may be inf where no split fits (the caller does not
+    explain), which a walk over the chunks' most in-flight micro-batches then proves at once."""
     p, d = problem, decision
     n, K, m = p.blocks, p.stages, d.micro_batches
     if split_count(n, K) > ENUMERATE_LIMIT or K * m > ENUMERATE_CHUNK_RUNS:
         return None
+    if cannot_fit(p, (1.0,) * K, (memory_cap(memory_limit),) * K):  # the floor below, proved in one walk
+        return SplitTable(np.zeros((0, K), dtype=np.int64), np.zeros(0), math.inf)
     cuts = _all_cuts(n, K, times.schedules)
     N = len(cuts)
     starts = np.concatenate([np.zeros((N, 1), dtype=np.int64), cuts], axis=1)
@@ -174,15 +191,14 @@ def split_table(
     zero = np.zeros_like(act)
     slack = memory_cap(memory_limit, SCREEN_SLACK)  # a split is dropped only when surely over
     placed = spec_of(d).devices_of(devices, d.virtual)
-    floor = np.zeros((N, devices))  # a device holds its static bytes, and a micro-batch of any of its chunks
-    for r in range(devices):
-        idx = [j for j, x in enumerate(placed) if x == r]
-        floor[:, r] = static[:, idx].sum(axis=1) + act[:, idx].max(axis=1)
-    if not (floor.max(axis=1) <= slack).any():  # nothing can fit: no schedule to compile
+    # a device holds its static bytes, and a micro-batch of any of its chunks
+    if not (_floor(static, act, placed, devices).max(axis=1) <= slack).any():  # nothing can fit: no schedule to compile
         return SplitTable(np.zeros((0, K), dtype=np.int64), np.zeros(0), math.inf)
     rows = memory_rows(d.schedule, devices, m, d.virtual, times.schedules)
     if rows is None:
         return None
+    if not explain and not (_floor(static, _least_held(p, rows, act, inb), placed, devices).max(axis=1) <= slack).any():
+        return SplitTable(np.zeros((0, K), dtype=np.int64), np.zeros(0), math.inf)  # nothing fits: memory binds
     worst = _peaks(rows, static, np.where(rc, inb, act), np.where(rc, act, layer_peak), devices).max(axis=1)
     tight = p.recompute == "always" or bool((worst > slack).any())
     if p.recompute == "auto":  # as price_split: nothing recomputed when every device fits without it
@@ -191,11 +207,37 @@ def split_table(
         worst = np.where(plain <= slack, np.minimum(plain, worst), worst)
         tight = bool((plain > slack).any())
     need = float(worst.min()) if N else math.inf
-    ok = worst <= slack
-    bounds = _time_bounds(p, times, spec_of(d).splits_backward, placed, m, starts, ends, rc, layer_extra)
-    order = np.flatnonzero(ok)
-    order = order[np.argsort(bounds[order], kind="stable")]
-    return SplitTable(ends[order] - starts[order], bounds[order] * (1.0 - BOUND_SLACK), need, tight)
+    order = np.flatnonzero(worst <= slack)  # the splits that fit, bounded (each row's bound is its own)
+    splits = spec_of(d).splits_backward
+    bounds = _time_bounds(p, times, splits, placed, m, starts[order], ends[order], rc[order], layer_extra[order])
+    ranked = np.argsort(bounds, kind="stable")
+    order = order[ranked]
+    return SplitTable(ends[order] - starts[order], bounds[ranked] * (1.0 - BOUND_SLACK), need, tight)
+
+
+def _floor(static: Floats, held: Floats, placed: tuple[int, ...], devices: int) -> Floats:
+    """Each split's least peak per device, shape (N, S): its chunks' static bytes and the most
+    ``held`` (bytes per chunk, (N, K)) of any one of them."""
+    floor = np.zeros((len(static), devices))
+    for r in range(devices):
+        idx = [j for j, x in enumerate(placed) if x == r]
+        floor[:, r] = static[:, idx].sum(axis=1) + held[:, idx].max(axis=1)
+    return floor
+
+
+def _least_held(p: PartitionProblem, rows: tuple[DeviceRows, ...], act: Floats, inb: Floats) -> Floats:
+    """Per split and chunk (N, K), bytes its device holds at least besides the static ones, in
+    any recomputation the mode allows (what ``_peaks`` adds, less the other chunks' share): the
+    most micro-batches of the chunk held at once times its activations; recomputed, that many
+    times its inputs, or its activations again while its backward runs."""
+    most = np.zeros(p.stages)
+    for dev in rows:
+        most[list(dev.chunks)] = dev.held.max(axis=0)
+    plain = act * most[None, :]
+    if p.recompute == "never":
+        return plain
+    again = np.maximum(act, inb * most[None, :])
+    return again if p.recompute == "always" else np.minimum(plain, again)
 
 
 def spec_of(d: Decision) -> ScheduleSpec:

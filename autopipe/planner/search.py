@@ -65,6 +65,7 @@ from autopipe.partition.greedy import Memo, solve_fast
 from autopipe.partition.ilp import SolverUnavailable, solve_ilp
 from autopipe.partition.min_memory import min_memory_limit
 from autopipe.partition.problem import Partition, PartitionProblem, evaluate
+from autopipe.partition.reach import cannot_fit
 from autopipe.planner.bounds import (
     PRUNE_TOLERANCE,
     Work,
@@ -87,7 +88,7 @@ from autopipe.planner.request import (
     target_spec,
     validate,
 )
-from autopipe.planner.splits import device_limit, price_split, problem_of
+from autopipe.planner.splits import device_limit, plain_may_fit, price_split, problem_of
 from autopipe.plans import Plan
 from autopipe.schedules import schedule_spec
 
@@ -176,20 +177,25 @@ def plan_search(
     problem's) is searched after the plain one, against the fastest plan so far, and only on the
     decisions where memory bound the plain search (:class:`_Found`'s ``tight``): where every split
     fitted with nothing recomputed, no choice that only adds time can beat it. The block method's
-    k grows while a decision stays tight."""
+    k grows while a decision stays tight.
+
+    With a time to beat (``incumbent`` finite) an InfeasibleError says only that: its caller (the
+    cluster search, ``cluster/split.py``) drops its words, so the smallest limit that would fit is
+    not worked out."""
     target = target_spec(request.target)
     if request.recompute == "auto" and target.never_recomputes:
         request = replace(request, recompute=Recompute.NEVER)
     free = shared.of(profile, request) if shared is not None else None
     pin = request.memory_pin
+    explain = incumbent == math.inf
     if pin is not None:
-        return _raise_or(_choice_search(profile, request, pin, progress, incumbent, None, explain=True, free=free))
-    plain = _modes_search(profile, request.pinned_to(NO_CHOICE), progress, incumbent, free=free)
+        return _raise_or(_choice_search(profile, request, pin, progress, incumbent, None, explain=explain, free=free))
+    plain = _modes_search(profile, request.pinned_to(NO_CHOICE), progress, incumbent, free=free, explain=explain)
     found, errors = list(plain.priced), [plain.error]
     best = min([incumbent] + [x.summary.iteration_s for x in found])
     tight: dict[str, frozenset[tuple[str, int, int]]] = {}  # per ladder: where memory still binds
     previous: dict[str, MemoryChoice] = {}
-    for choice in memory_choices(profile, request):
+    for choice in shared.choices(profile, request) if shared is not None else memory_choices(profile, request):
         ladder = "layers" if choice.layers else "offload" if choice.offload else "recompute"
         before = previous.get(ladder)
         only = (
@@ -197,11 +203,13 @@ def plan_search(
         )
         if not only:
             continue
-        got = _choice_search(profile, request, choice, progress, best, only, plain)
+        got = _choice_search(profile, request, choice, progress, best, only, plain, shared=shared)
         found += got.priced
         errors.append(got.error)
         best = min([best] + [x.summary.iteration_s for x in got.priced])
         tight[ladder], previous[ladder] = got.tight, choice
+    if not found and not explain:
+        raise InfeasibleError(f"no plan faster than {incumbent:.6g} s")
     if not found:  # nothing fits: each choice's smallest limit that would (worked out only now)
         for choice in memory_choices(profile, request):
             errors.append(_choice_search(profile, request, choice, progress, incumbent, plain.tight, plain, True).error)
@@ -211,10 +219,39 @@ def plan_search(
 
 class SharedCuts:
     """The min-bottleneck cuts with no memory limit (``_Search.free_cuts``) of one profile and link,
-    kept across searches that differ only in memory (the cluster search's shardings)."""
+    kept across searches that differ only in memory (the cluster search's shardings); and the
+    memory choices each profile offers (:func:`memory_choices`) and its profile under each, kept
+    across its searches on other links and limits."""
 
     def __init__(self) -> None:
         self._by: dict[tuple[int, float, float, float], tuple[Profile, dict[tuple[int, int], tuple[int, ...]]]] = {}
+        self._choices: dict[tuple[object, ...], tuple[Profile, list[MemoryChoice]]] = {}
+        self._applied: dict[tuple[object, ...], tuple[Profile, Profile]] = {}
+
+    def applied(self, profile: Profile, choice: MemoryChoice, host_bandwidth: float) -> Profile:
+        """``costs.activations.choices.apply`` of ``profile`` (this very object), once per choice."""
+        key = (id(profile), "applied", choice, host_bandwidth)
+        hit = self._applied.get(key)
+        if hit is None or hit[0] is not profile:
+            hit = self._applied[key] = (profile, apply(profile, choice, host_bandwidth))
+        return hit[1]
+
+    def choices(self, profile: Profile, req: PlanRequest) -> list[MemoryChoice]:
+        """:func:`memory_choices` of ``profile`` (this very object) for ``req``, once per what it reads."""
+        key = (
+            id(profile),
+            req.target,
+            req.recompute,
+            req.recompute_modules,
+            req.offload_modules,
+            req.recompute_layers,
+            req.host_bandwidth,
+            req.devices,
+        )
+        hit = self._choices.get(key)
+        if hit is None or hit[0] is not profile:
+            hit = self._choices[key] = (profile, memory_choices(profile, req))
+        return list(hit[1])
 
     def of(self, profile: Profile, req: PlanRequest) -> dict[tuple[int, int], tuple[int, ...]]:
         """The cuts kept for ``profile`` (this very object) on ``req``'s link, per (micro-batch size, chunks)."""
@@ -323,6 +360,7 @@ def _choice_search(
     plain: _Found | None = None,
     explain: bool = False,
     free: dict[tuple[int, int], tuple[int, ...]] | None = None,
+    shared: SharedCuts | None = None,
 ) -> _Found:
     """The search with the memory choice ``choice`` pinned: none searches the recompute modes; any
     other is one search with nothing recomputed whole, on its profile (``costs.activations.choices.apply``).
@@ -330,8 +368,12 @@ def _choice_search(
     (compiled schedules, and the block numbers where the profile is the same) it starts from;
     ``explain``: work out the smallest limit that fits where nothing does (else left out)."""
     if choice.none:
-        return _modes_search(profile, request.pinned_to(choice), progress, incumbent, only, free)
-    priced = apply(profile, choice, request.host_bandwidth)
+        return _modes_search(profile, request.pinned_to(choice), progress, incumbent, only, free, explain)
+    priced = (
+        shared.applied(profile, choice, request.host_bandwidth)
+        if shared is not None
+        else apply(profile, choice, request.host_bandwidth)
+    )
     pinned = replace(request.pinned_to(choice), recompute=Recompute.NEVER)
     ctx = plain.context.sharing(priced, pinned) if plain is not None and plain.context is not None else None
     if plain is not None:
@@ -348,15 +390,20 @@ def _modes_search(
     incumbent: float,
     only: frozenset[tuple[str, int, int]] | None = None,
     free: dict[tuple[int, int], tuple[int, ...]] | None = None,
+    explain: bool = True,
 ) -> _Found:
     """The search in the request's recompute mode; for a target that recomputes every stage or
     none, nothing recomputed and every stage recomputed, each searched, merged fastest first
     (the error, where neither fits: recomputing everything's, the least memory). ``free``: the
-    unlimited cuts to start from (and keep what they find in)."""
+    unlimited cuts to start from (and keep what they find in); ``explain``: as :meth:`_Search.fitting`."""
     if not (request.recompute == "auto" and target_spec(request.target).uniform_recompute):
-        return _one_search(profile, request, progress, incumbent, only, free)
-    never = _one_search(profile, replace(request, recompute=Recompute.NEVER), progress, incumbent, only, free)
-    always = _one_search(profile, replace(request, recompute=Recompute.ALWAYS), progress, incumbent, only)  # own cuts
+        return _one_search(profile, request, progress, incumbent, only, free, explain=explain)
+    never = _one_search(
+        profile, replace(request, recompute=Recompute.NEVER), progress, incumbent, only, free, explain=explain
+    )
+    always = _one_search(  # its own cuts
+        profile, replace(request, recompute=Recompute.ALWAYS), progress, incumbent, only, explain=explain
+    )
     found = sorted(never.priced + always.priced, key=lambda ct: (ct.summary.iteration_s, order(ct.candidate)))
     return _Found(found, None if found else always.error or never.error, never.tight, never.free, never.context)
 
@@ -376,7 +423,7 @@ def _one_search(
     context shared with another search; ``explain``: as :meth:`_Search.fitting`)."""
     report = progress or (lambda what, done, total: None)
     ctx = SearchContext(profile, request) if ctx is None else ctx
-    search = _Search(ctx, report, incumbent, only, free)
+    search = _Search(ctx, report, incumbent, only, free, explain)
     search.run()
     try:
         fitting = search.fitting(explain)
@@ -414,15 +461,20 @@ class _Search:
         incumbent: float,
         only: frozenset[tuple[str, int, int]] | None = None,
         free: dict[tuple[int, int], tuple[int, ...]] | None = None,
+        explain: bool = True,
     ) -> None:
         self.ctx, self.report, self.best = ctx, report, incumbent
+        self.explain = explain  # work out the smallest limit that fits, for the error where none does
         self.profile, self.req = ctx.profile, ctx.request
         self.work: Work = work_table(self.profile, self.req.devices)
         self.layers = layer_work(self.profile)  # the block method's share of the bound
-        self.todo = sorted(
-            (d for d in decisions(self.profile, self.req) if only is None or _plain(d) in only),
-            key=lambda d: (decision_bound(self.work, self.req, d, self.layers), _order_key(d)),
+        bounded = sorted(
+            ((decision_bound(self.work, self.req, d, self.layers), _order_key(d), i), d)
+            for i, d in enumerate(decisions(self.profile, self.req))
+            if only is None or _plain(d) in only
         )
+        self.todo = [d for _, d in bounded]
+        self.todo_bounds = [key[0] for key, _ in bounded]  # each decision's bound, in the same order
         # the opened decisions where memory bound (plan_search): a split left out or recomputed, or
         # the unlimited cuts (their sizes per decision) did not fit with nothing recomputed
         self.tight: set[tuple[str, int, int]] = set()
@@ -453,11 +505,7 @@ class _Search:
         decision; stop when neither bound can beat the best plan that fits."""
         self.report("searching", 0, len(self.todo))
         while True:
-            open_bound = (
-                decision_bound(self.work, self.req, self.todo[self.opened], self.layers)
-                if self.opened < len(self.todo)
-                else math.inf
-            )
+            open_bound = self.todo_bounds[self.opened] if self.opened < len(self.todo) else math.inf
             if self.queue and self.queue[0][0] <= open_bound:
                 bound, _, item = heapq.heappop(self.queue)
                 if bound >= self.best * self.margin:
@@ -508,7 +556,7 @@ class _Search:
         req, size = self.req, self.ctx.size(decision)
         problem = problem_of(self.profile, req, decision, size.numbers)
         times = size.times
-        enumerated = split_table(problem, times, decision, req.devices, req.memory_limit)
+        enumerated = split_table(problem, times, decision, req.devices, req.memory_limit, self.explain)
         if enumerated is not None:
             self.need = min(self.need, enumerated.need)
             if enumerated.tight:
@@ -520,6 +568,9 @@ class _Search:
                 self.infeasible_at(decision, problem)
             return
         self.prepared[decision] = (problem, times)
+        if cannot_fit(problem):  # what the solver would prove at length (partition/reach.py)
+            self.open_infeasible(decision, problem, size)
+            return
         free = self.free_cuts(problem, size.u)
         if free is None or not free.fits:
             self.tight.add(_plain(decision))  # until the unlimited cuts, simulated, say otherwise (take)
@@ -557,19 +608,42 @@ class _Search:
             if sizes != mine:
                 self.push(split_bound(self.req, decision, problem, times, sizes), LazySplit(decision, sizes, name))
 
-    def free_cuts(self, problem: PartitionProblem, u: int) -> Partition | None:
-        """The min-bottleneck cuts of ``problem``'s blocks with no memory limit, nothing recomputed
-        (solved once per micro-batch size ``u`` and chunk count: decisions that share both share
-        them), priced under ``problem``; None where the request recomputes every chunk. Where they
-        fit, they are the solver's answer too (a memory limit or recomputation only raises the
-        bottleneck)."""
+    def open_infeasible(self, decision: Decision, problem: PartitionProblem, size: SizeContext) -> None:
+        """What :meth:`open` does where no split fits the chunk rule (``cannot_fit``), without
+        pricing the unlimited cuts or running the solver: memory binds; the unlimited cuts are
+        queued only where the simulated peak may still fit them (as :func:`bounded` screens
+        them); the solver's InfeasibleError is the decision's end."""
+        self.tight.add(_plain(decision))
+        cuts = self.free_assignment(problem, size.u)
+        if cuts is not None:
+            sizes = tuple(int(x) for x in np.bincount(cuts, minlength=problem.stages))
+            self.free_sizes[decision] = sizes
+            if plain_may_fit(problem, decision, self.req.devices, self.req.memory_limit, sizes):
+                free = evaluate(problem, cuts, (False,) * problem.stages)
+                c = candidate(decision, "solver", problem, free, size.times)
+                bound, split = bounded(self.profile, self.req, c, size.times, False)
+                if bound < math.inf:
+                    self.push(bound, split)
+        self.infeasible_at(decision, problem)
+
+    def free_assignment(self, problem: PartitionProblem, u: int) -> tuple[int, ...] | None:
+        """The stage of each block in the min-bottleneck cuts of ``problem``'s blocks with no
+        memory limit, nothing recomputed (solved once per micro-batch size ``u`` and chunk count:
+        decisions that share both share them); None where the request recomputes every chunk."""
         K = problem.stages
         if problem.recompute == "always":
             return None
         if (u, K) not in self.free:
             free = replace(problem, inflight=(1.0,) * K, stage_memory_limit=(math.inf,) * K, recompute="never")
             self.free[u, K] = _solve(free).stage_of_block
-        return evaluate(problem, self.free[u, K], (False,) * K)
+        return self.free[u, K]
+
+    def free_cuts(self, problem: PartitionProblem, u: int) -> Partition | None:
+        """The unlimited cuts (:meth:`free_assignment`) priced under ``problem``. Where they fit,
+        they are the solver's answer too (a memory limit or recomputation only raises the
+        bottleneck)."""
+        cuts = self.free_assignment(problem, u)
+        return None if cuts is None else evaluate(problem, cuts, (False,) * problem.stages)
 
     def infeasible_at(self, decision: Decision, problem: PartitionProblem) -> None:
         """Keep the most micro-batches per schedule: the least memory, for the error."""
