@@ -53,8 +53,13 @@ def target_string(node: torch.fx.Node) -> str:
     name = getattr(t, "__qualname__", None) or getattr(t, "__name__", None)
     if isinstance(name, str):
         module = getattr(t, "__module__", None) or type(t).__name__
-        return f"{module}.{name}"
+        # a model file's own function (torch.fx.wrap): its module is named per load
+        # (model/load.py's autopipe_user_model_<n>_<stem>), n differing between ranks
+        return f"{_USER_MODULE.sub('autopipe_user_model_', module)}.{name}"
     return _stable(t, {})
+
+
+_USER_MODULE = re.compile(r"^autopipe_user_model_\d+_")
 
 
 def _stable(v: Any, keys: Mapping[torch.fx.Node, str]) -> str:

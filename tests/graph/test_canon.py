@@ -175,3 +175,17 @@ def test_two_hash_seeds_name_alike_once_relabelled(tmp_path: Path) -> None:
     assert [(a, b) for a, b, _ in other["nodes"]] != [(a, b) for a, b, _ in ref["nodes"]]  # type: ignore[misc]
     # The fix: relabelled to rank 0's names, the split is rank 0's, value for value.
     assert other["relabelled"] == ref["raw"]
+
+
+def test_a_model_files_own_wrapped_function_is_named_alike_on_every_load() -> None:
+    """models/moe.py's torch.fx.wrap'd rms_norm lives in a module named per load
+    (autopipe_user_model_<n>_moe): two loads, as two ranks make, give the same nodes."""
+    from autopipe.model.load import load_model
+
+    seen = []
+    for _ in range(2):
+        loaded = load_model(str(Path(__file__).resolve().parents[2] / "models" / "moe.py"))
+        traced = trace_model(loaded.model, loaded.make_inputs(2), micro_batch_size=2, source=loaded.spec.path)
+        seen.append(reference_nodes(traced))
+    assert any("autopipe_user_model_moe.rms_norm" in what for _, _, what in seen[0])
+    assert seen[0] == seen[1]
