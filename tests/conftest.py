@@ -123,3 +123,17 @@ def gpt_plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         code = main(["plan", gpt, "--device", "h100", *args, "-o", str(folder / f"{name}.json")])
         assert code == 0, name
     return {name: folder / f"{name}.json" for name in requests}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Python's Ctrl-C handler in every test process: a suite started as a background job of a
+    script (``.ci/run &``, nohup) inherits SIGINT ignored, and the tests of Ctrl-C during user code
+    (tests/model/test_usercode.py, tests/test_fuzz_causes.py's child processes) need one to arrive."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) in (
+        signal.SIG_IGN,
+        signal.SIG_DFL,
+    ):
+        signal.signal(signal.SIGINT, signal.default_int_handler)

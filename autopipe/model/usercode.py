@@ -211,13 +211,18 @@ class _Expired(BaseException):
 
 class _Interrupted:
     """Whether SIGINT arrived while user code ran (the user's Ctrl-C), as opposed to the code
-    raising ``KeyboardInterrupt`` itself."""
+    raising ``KeyboardInterrupt`` itself; ``then``: the handler it stands in for, called after
+    (None: Python's own, which raises ``KeyboardInterrupt``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, then: Callable[[int, FrameType | None], Any] | None = None) -> None:
         self.seen = False
+        self.then = then
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         self.seen = True
+        if self.then is not None:
+            self.then(signum, frame)
+            return
         raise KeyboardInterrupt
 
 
@@ -251,24 +256,29 @@ def _alarm(limit: float | None) -> Iterator[None]:
 
 @contextmanager
 def _sigint_watch() -> Iterator[_Interrupted]:
+    """Watch for SIGINT while the block runs (main thread: a handler that notes it, then does what
+    the one it replaces did). Ignored or left to the OS (SIG_IGN, SIG_DFL: a background job, nohup),
+    a Ctrl-C cannot raise ``KeyboardInterrupt`` here, so one the code raises is the code's own; off the
+    main thread, or under a handler not set from Python, the two cannot be told apart: taken for
+    the user's."""
     current = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
     if isinstance(current, _Interrupted):  # an outer guard watches already
         yield current
         return
-    seen = _Interrupted()
-    installed = (
-        threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    )
-    if installed:
-        signal.signal(signal.SIGINT, seen)
-    else:
-        seen.seen = True  # the interrupt cannot be told apart here: take it for the user's
+    if current in (signal.SIG_IGN, signal.SIG_DFL):
+        yield _Interrupted()
+        return
+    if not callable(current):
+        seen = _Interrupted()
+        seen.seen = True
+        yield seen
+        return
+    seen = _Interrupted(None if current is signal.default_int_handler else current)
+    signal.signal(signal.SIGINT, seen)
     try:
         yield seen
     finally:
-        if installed:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, current)
 
 
 @contextmanager

@@ -159,6 +159,44 @@ def test_ctrl_c_during_user_code_is_an_interrupt(tmp_path: Path) -> None:
     assert (code, err) == (130, "autopipe: interrupted\n")
 
 
+@pytest.mark.parametrize("disposition", [signal.SIG_IGN, signal.SIG_DFL], ids=["ignored", "default"])
+def test_with_sigint_ignored_a_raised_keyboard_interrupt_is_the_codes_own(
+    disposition: signal.Handlers, tmp_path: Path
+) -> None:
+    """A background job or nohup starts with SIGINT ignored: a Ctrl-C cannot raise there, so the
+    KeyboardInterrupt build_model raises is its own fault (one line), not the user's interrupt."""
+    path = write_model(tmp_path, "def build_model(**kw):\n    raise KeyboardInterrupt\n")
+    previous = signal.signal(signal.SIGINT, disposition)
+    try:
+        message = load_error(path)
+        assert signal.getsignal(signal.SIGINT) == disposition  # left as it was
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert message.startswith("build_model raised KeyboardInterrupt ("), message
+
+
+def test_a_callers_own_sigint_handler_is_called_and_given_back(tmp_path: Path) -> None:
+    """Under a program's own SIGINT handler (a notebook's, say) a Ctrl-C during user code reaches
+    that handler, which stays installed after."""
+    path = write_model(
+        tmp_path,
+        "_plain = build_model\ndef build_model(**kw):\n    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(0.05)\n    return _plain(**kw)\n",
+    )
+    got: list[int] = []
+
+    def own(signum: int, frame: object) -> None:
+        got.append(signum)
+
+    previous = signal.signal(signal.SIGINT, own)
+    try:
+        load_model(str(path))
+        assert signal.getsignal(signal.SIGINT) is own
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert got == [signal.SIGINT]
+
+
 def test_the_time_limit_gives_back_an_outer_timer_and_handler(tmp_path: Path) -> None:
     fired: list[int] = []
     kept = signal.getitimer(signal.ITIMER_REAL)  # pytest-timeout's, given back at the end
