@@ -164,7 +164,7 @@ def count_model(
     is told each trace and each block counted. ``shallow``: a model of identical layers is
     traced and counted as a copy with three of them (``costs.deepen``); its traces and counts
     are the copy's, and :func:`profile_from_counts` prices the whole model, exactly. ``attention``: ``flash``
-    (the fused kernel) or ``unfused`` (scores materialised, as before FlashAttention: ``counting.fused_attention``).
+    (the fused kernel) or ``unfused`` (scores materialised, as before FlashAttention: ``sdpa.fused_attention``).
     ``eager_loss``: the loss's memory-bound kernels kept apart where kernels are fused (``counting.count_loss``;
     a framework's unfused loss, ``costs.losses``, given as ``loaded``'s ``loss_fn``)."""
     if attention not in ATTENTION:

@@ -43,7 +43,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import (
     flop_registry,
@@ -54,6 +53,7 @@ from torch.utils.flop_counter import (
 
 from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.measure.timing import saved_bytes, storage_key
+from autopipe.costs.sdpa import _CPU_FLASH, fused_attention
 
 __all__ = [
     "BlockCount",
@@ -136,13 +136,11 @@ def _cpu_flash_backward_flops(g: Any, q: Any, k: Any, v: Any, *args: Any, out_sh
 
 
 # The CPU fused attention ops have no formula in torch's registry; they do what the CUDA ones do.
-_CPU_FLASH = aten._scaled_dot_product_flash_attention_for_cpu
 _CPU_FLASH_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward
 if _CPU_FLASH not in flop_registry:
     register_flop_formula(_CPU_FLASH)(_cpu_flash_flops)
 if _CPU_FLASH_BACKWARD not in flop_registry:
     register_flop_formula(_CPU_FLASH_BACKWARD)(_cpu_flash_backward_flops)
-_EFFICIENT = aten._scaled_dot_product_efficient_attention
 
 
 def grouped_mm_flops(a_shape: Sequence[int], b_shape: Sequence[int]) -> int:
@@ -354,80 +352,6 @@ def _gemm_shape(packet: Any, args: Any) -> tuple[str, tuple[float, ...]]:
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() < 2 or b.dim() < 2:
         return kind, ()
     return kind, (float(a.shape[-2]), float(a.shape[-1]), float(b.shape[-1]))
-
-
-class _FusedAttention(TorchFunctionMode):
-    def __init__(self, flash: bool = True) -> None:
-        super().__init__()
-        self.flash = flash
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func in (torch.nn.functional.scaled_dot_product_attention, aten.scaled_dot_product_attention.default):
-            fused = _fused_sdpa(*args, **kwargs) if self.flash else _unfused_sdpa(*args, **kwargs)
-            if fused is not None:
-                return fused
-        return func(*args, **kwargs)
-
-
-def _unfused_sdpa(
-    q: Any,
-    k: Any,
-    v: Any,
-    attn_mask: Any = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> Any:
-    """Attention as Megatron-LM's CoreAttention ran it before FlashAttention (megatron/model/transformer.py,
-    2021): the scores ``q k^T`` in the input's dtype, scaled, masked and soft-maxed (its
-    FusedScaleMaskSoftmax), dropped out, times ``v``. torch's own math path computes bf16 in fp32."""
-    if not all(isinstance(t, torch.Tensor) and t.is_meta and t.dim() == 4 for t in (q, k, v)) or enable_gqa:
-        return None
-    if attn_mask is not None and is_causal:
-        return None
-    scores = torch.matmul(q, k.transpose(-2, -1)) * (
-        scale if scale is not None else q.shape[-1] ** -0.5
-    )  # (B, nh, T, S)
-    if is_causal:
-        above = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)  # (T, S)
-        scores = scores.masked_fill(above, float("-inf"))
-    elif attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
-    probs = torch.softmax(scores, dim=-1)
-    if dropout_p > 0:
-        probs = torch.nn.functional.dropout(probs, dropout_p)
-    return torch.matmul(probs, v)  # (B, nh, T, hd)
-
-
-def _fused_sdpa(
-    q: Any,
-    k: Any,
-    v: Any,
-    attn_mask: Any = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> Any:
-    if not all(isinstance(t, torch.Tensor) and t.is_meta and t.dim() == 4 for t in (q, k, v)) or enable_gqa:
-        return None
-    if attn_mask is not None and is_causal:
-        return None
-    if v.shape[-1] != q.shape[-1]:  # the flash op's meta kernel gives the output q's head size
-        return _EFFICIENT(q, k, v, attn_mask, True, dropout_p, is_causal, scale=scale)[0]
-    return _CPU_FLASH(q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
-
-
-@contextlib.contextmanager
-def fused_attention(flash: bool = True) -> Iterator[None]:
-    """Within this context, attention on meta tensors takes the fused (flash) kernel's path;
-    ``flash=False``: torch's math path, as attention ran before fused kernels (Megatron-LM 2021,
-    BLOOM): the (T x T) scores materialised, scaled, masked, soft-maxed and dropped out by
-    kernels of their own, saved for backward, and every score computed, the masked half too."""
-    with _FusedAttention(flash):
-        yield
 
 
 def count_block(

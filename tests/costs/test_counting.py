@@ -35,7 +35,7 @@ def test_counting_agrees_with_flop_counter_mode() -> None:
     count, _ = count_block(seg.module, args, {storage_key(p) for p in traced.gm.parameters()})
     leaf = args[0].requires_grad_(True)
     with FlopCounterMode(display=False) as fc:
-        from autopipe.costs.counting import fused_attention
+        from autopipe.costs.sdpa import fused_attention
 
         with fused_attention():
             out = seg.module(leaf)[0]

@@ -37,9 +37,10 @@ import torch.fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autopipe.costs.activations.choices import layer_options
-from autopipe.costs.counting import OpCount, count_ops, fused_attention, leaf
+from autopipe.costs.counting import OpCount, count_ops, leaf
 from autopipe.costs.measure.timing import flat_inputs_of, storage_key
 from autopipe.costs.profile import MemoryOption
+from autopipe.costs.sdpa import fused_attention
 from autopipe.graph.kinds import DISCARDING, OFFLOAD_KINDS, RECOMPUTE_KINDS
 from autopipe.graph.segment import extract
 from autopipe.graph.trace import TracedModel
