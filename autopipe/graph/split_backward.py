@@ -196,4 +196,9 @@ def backward_input(
     finally:
         for h in hooks:
             h.remove()
-    return [got.get(id(x)) for x in inputs], WeightGrad(groups, roots, grads)
+    # W restarts from the kept gradients and from the roots outside E only: the others' gradients
+    # (a stage's received ones) are let go after B, not held until W
+    needed = {r for g in groups for r in g.roots}
+    return [got.get(id(x)) for x in inputs], WeightGrad(
+        groups, roots, [g if k in needed else None for k, g in enumerate(grads)]
+    )

@@ -237,10 +237,12 @@ def _costs_of(problem: PartitionProblem, part: Partition, t: BlockTimes) -> list
 def executor_bytes(stage_of_block: tuple[int, ...], n: int, t: BlockTimes) -> tuple[list[float], list[float]]:
     """Per stage, what the executor holds besides the saved tensors: the bytes B keeps for W per
     micro-batch (the stage's blocks' sum: held from B to W) and the bytes its backward makes at
-    its peak (the largest block's: the backward runs one block after another)."""
+    its peak (the largest block's: the backward runs one block after another). The first
+    stage keeps nothing: its inputs are the batch, so its B computes nothing and W is the whole
+    backward (``graph/split_backward.py``)."""
     kept, made = [0.0] * n, [0.0] * n
     for i, s in enumerate(stage_of_block):
-        if t.kept:
+        if t.kept and s > 0:
             kept[s] += t.kept[i]
         if t.made:
             made[s] = max(made[s], t.made[i])

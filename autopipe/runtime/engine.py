@@ -365,6 +365,7 @@ class PipelineEngine:
         if self.split_backward and j not in self.recompute:
             if sv.roots:
                 grads, sv.weight = backward_input(sv.roots, sv.grads, [sv.leaves[n] for n in names], self.params[j])
+            sv.grads = []  # the received gradients: W holds what it restarts from (sv.weight)
         else:  # whole: a recomputed stage's B recomputes once and does its W's work too (see _w)
             if sv.roots:
                 torch.autograd.backward(sv.roots, sv.grads)

@@ -107,3 +107,26 @@ def test_w_runs_no_input_gradient_kernel() -> None:
     weight.run()
     assert Counted.calls == 1  # W did not walk the input-gradient path again
     assert all(p.grad is not None for p in (m["a"].weight, m["b"].weight))
+
+
+def test_b_lets_go_of_received_gradients_w_does_not_restart_from() -> None:
+    """A stage's received gradient flows into its last op (here a GELU, in the input path): W
+    restarts from the gradient kept at the linear layer below it, so the received one is not
+    held from B to W (it was: a stage's B kept every root's gradient for W)."""
+    import weakref
+
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 16)
+    x = torch.randn(4, 8, requires_grad=True)
+    out = torch.nn.functional.gelu(lin(x))
+    received = torch.randn_like(out)
+    seed = received.clone()  # for the reference: a storage of its own
+    gone = weakref.ref(received)
+    grads, weight = backward_input([out], [received], [x], list(lin.parameters()))
+    del received
+    assert gone() is None and weight.grads == [None]
+    weight.run()
+    want_x, want_w, want_b = torch.autograd.grad(torch.nn.functional.gelu(lin(x)), [x, lin.weight, lin.bias], seed)
+    assert grads[0] is not None and torch.allclose(grads[0], want_x)
+    assert lin.weight.grad is not None and torch.allclose(lin.weight.grad, want_w)
+    assert lin.bias.grad is not None and torch.allclose(lin.bias.grad, want_b)

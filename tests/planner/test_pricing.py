@@ -158,3 +158,15 @@ def test_zb_h1_pays_a_send_in_stage_0s_f_and_stage_1s_b_not_in_w() -> None:
     assert _times(costs, split=True) == [(1.6, 0.1, 2.1), (1.1, 1.6, 1.1)]
     assert iteration == pytest.approx(9.2)
     assert plan.iteration_time_s == pytest.approx(9.2) and plan_timeline(plan).iteration_s == pytest.approx(9.2)
+
+
+def test_the_first_stage_keeps_nothing_from_b_to_w() -> None:
+    """Its inputs are the batch: B computes nothing, W is the whole backward (split_backward),
+    so none of its blocks' kept bytes are held; the other stages hold their blocks' sum."""
+    from autopipe.planner.pricing import BlockTimes, executor_bytes
+
+    t = BlockTimes(
+        f=(1.0,) * 4, b=(2.0,) * 4, bi=(1.0,) * 4, w=(1.0,) * 4, kept=(5.0, 7.0, 11.0, 13.0), made=(1.0, 4.0, 2.0, 3.0)
+    )
+    kept, made = executor_bytes((0, 0, 1, 1), 2, t)
+    assert kept == [0.0, 24.0] and made == [4.0, 3.0]

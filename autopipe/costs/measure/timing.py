@@ -224,9 +224,11 @@ class _BlockRun:
 
         params = [p for p in self.module.parameters() if p.requires_grad]
         counter = TensorBytes()
-        with counter:
-            grads, weight = backward_input(self.diff, self.grads, self.grad_inputs, params)
-        del grads
+        with counter:  # the seeds made inside: in a stage they are made by B (the next block's
+            # input gradients, the loss's) or received, and W holds those it restarts from
+            seeds = [torch.ones_like(g) for g in self.grads]
+            grads, weight = backward_input(self.diff, seeds, self.grad_inputs, params)
+            del grads, seeds
         kept = counter.live
         del weight
         return kept

@@ -129,3 +129,43 @@ def test_the_training_loss_is_measured_in_the_last_block() -> None:
     last = with_loss[-1]
     assert min(last.forward_s, last.backward_s, last.backward_input_s) >= 0.02
     assert max(m.forward_s for m in with_loss[:-1]) < 0.02
+
+
+def test_kept_bytes_of_blocks_add_up_to_what_a_stages_b_keeps_for_w() -> None:
+    """The bytes B keeps for W, block by block, sum to what the executor's B keeps for the
+    blocks run as one stage (``graph.split_backward``): the gradients W restarts from,
+    the seeds among them (in a stage the next block's B makes them, or they are received)."""
+    from autopipe.costs.measure.timing import _BlockRun
+    from autopipe.graph.live_bytes import TensorBytes
+    from autopipe.graph.split_backward import backward_input
+
+    class Block(nn.Module):  # a traced block's module: a tuple of outputs
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+            return (self.inner(x),)
+
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(8, 32), nn.GELU()), nn.LayerNorm(32), nn.Linear(32, 24)]
+    x = torch.randn(5, 8)
+    per_block, h = 0, x
+    for block in blocks:
+        last_in = h
+        run = _BlockRun.start(Block(block), [h.detach().requires_grad_(True)], exclude=set())
+        per_block += run.kept_bytes()
+        h = run.outs[0]
+    # the head alone: W restarts from its output's gradient, the seed itself
+    assert _BlockRun.start(Block(blocks[-1]), [last_in.detach().requires_grad_(True)], set()).kept_bytes() == 5 * 24 * 4
+
+    leaf = x.clone().requires_grad_(True)
+    out = nn.Sequential(*blocks)(leaf)
+    params = [p for b in blocks for p in b.parameters()]
+    counter = TensorBytes()
+    with counter:
+        seed = torch.ones_like(out)  # received by the stage's B, held by W
+        grads, weight = backward_input([out], [seed], [leaf], params)
+        del grads, seed
+    assert counter.live == per_block > 0
+    del weight
