@@ -19,7 +19,17 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("gpt", "mlp")
-SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-h2", 1), ("zb-v", 2))
+SCHEDULES = (
+    ("gpipe", 1),
+    ("1f1b", 1),
+    ("interleaved-1f1b", 2),
+    ("zb-h1", 1),
+    ("zb-h2", 1),
+    ("zb-v", 2),
+    ("v-half", 2),
+    ("v-min", 2),
+    ("dualpipe-v", 2),
+)
 
 
 def main() -> None:
