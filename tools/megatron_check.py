@@ -128,9 +128,10 @@ def _autopipe(argv: list[str]) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-def plan_layers(plan_path: Path) -> list[int]:
+def plan_layers(plan_path: Path) -> tuple[list[int], int]:
     """Layers per stage (model order) as the plan's block names say, a merged block ``a..b``
-    expanded over the model's modules in their order, the layer list its largest ModuleList."""
+    expanded over the model's modules in their order, the layer list its largest ModuleList;
+    and the model's multi-token-prediction modules (its ``mtp`` list)."""
     from torch import nn
 
     from autopipe.plans import Plan
@@ -146,11 +147,11 @@ def plan_layers(plan_path: Path) -> list[int]:
     for stage in plan.stages:
         held: set[str] = set()
         for block in stage.blocks:
-            first, _, last = block.partition("..")
-            lo, hi = names.index(first), names.index(last or first)
+            first, _, last = block.partition("..")  # a module's second use is named name@1 (graph/blocks.py)
+            lo, hi = names.index(first.split("@")[0]), names.index((last or first).split("@")[0])
             held.update(n for n in names[lo : hi + 1] if layer.match(n))
         counts.append(len(held))
-    return counts
+    return counts, len(getattr(model, "mtp", ()))
 
 
 def _case(case: str, plan_args: str, folder: Path, plan_path: Path | None = None) -> dict[str, Any]:
@@ -169,7 +170,7 @@ def _case(case: str, plan_args: str, folder: Path, plan_path: Path | None = None
         raise SystemExit(f"{case}: autopipe config failed: {text.strip()}")
     printed = out_path.read_text()
     plan = Plan.load(plan_path)
-    p, counts = plan.devices, plan_layers(plan_path)
+    p, (counts, mtp) = plan.devices, plan_layers(plan_path)
     expected, first = [], 0
     for j, n in enumerate(counts):  # Megatron: chunk j on rank j % p, virtual stage j // p
         expected.append([j % p, j // p if plan.virtual > 1 and p > 1 else 0, first, n])
@@ -199,6 +200,14 @@ def _case(case: str, plan_args: str, folder: Path, plan_path: Path | None = None
             "distributed_optimizer": bool(plan.shard_optimizer),
             **_data_parallel(plan),
         },
+        "moe": {  # what Megatron must derive of the plan's experts (issue 25): ep, etp, the hidden all-to-all, MTP
+            "ep": plan.expert_parallel,
+            "etp": plan.expert_tensor_parallel,
+            "overlap_moe_comm": bool(plan.overlap.expert_comm),
+            "mtp": mtp,
+        }
+        if plan.expert_parallel > 1
+        else {},
         "notes": [line[2:] for line in printed.splitlines() if line.startswith("# ")],
         "memory": {  # the plan's uniform memory choice in Megatron's names (a dense mlp_act runs as the mlp)
             "recompute_modules": sorted({"mlp" if k == "mlp_act" else k for k in plan.recompute_modules}),
@@ -232,8 +241,9 @@ def controls(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Outputs Megatron must refuse or misplace, so the check shows it can fail: a tensor-parallel
     output without its launch line's environment, a Megatron-FSDP one with the environment tensor
     parallelism alone wants, a p = 2, v = 2 uneven split in the first/last form (what autopipe
-    printed before), the dense MLP's activation named as autopipe names it, and a coarse plan's
-    output with the 22 layers its block names show."""
+    printed before), the dense MLP's activation named as autopipe names it, a coarse plan's
+    output with the 22 layers its block names show, and a model's layout string without its
+    multi-token-prediction layers (as printed before)."""
     by = {c["case"]: c for c in cases}
     out = []
     if (c := by.get("t2 sp zero1 p4 (16 GPUs)")) is not None:
@@ -254,6 +264,15 @@ def controls(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if (c := by.get("coarse --blocks 8 p4 (recompute)")) is not None:
         args = _replace(c["args"], "--num-layers", ["--num-layers", "22"])
         out.append({**c, "case": "control: " + c["case"] + " with --num-layers 22", "args": args})
+    for c in cases:  # a model with MTP layers: its layout without them, as printed before (Megatron asserts)
+        if c.get("moe", {}).get("mtp") and "--pipeline-model-parallel-layout" in c["args"]:
+            layout = c["args"][c["args"].index("--pipeline-model-parallel-layout") + 1]
+            args = _replace(
+                c["args"],
+                "--pipeline-model-parallel-layout",
+                ["--pipeline-model-parallel-layout", layout.replace("m", "")],
+            )
+            out.append({**c, "case": "control: " + c["case"] + " without its MTP layer in the layout", "args": args})
     return [{**c, "control": True} for c in out]
 
 

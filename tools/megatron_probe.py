@@ -9,7 +9,10 @@ for every pipeline rank and virtual stage the layers Megatron-Core builds there
 compared with the plan's. Nothing distributed is initialised: ``parallel_state``'s rank getters
 are set to each rank in turn. On a CPU machine the device is reported as Hopper (compute
 capability 9.0), so the checks Megatron keys to the architecture (CUDA_DEVICE_MAX_CONNECTIONS for
-tensor parallelism) run as on an H100. Prints one JSON object per case on stdout.
+tensor parallelism) run as on an H100; and Transformer Engine, which every Megatron container
+has and this environment cannot install, is reported as new enough for every version check
+(``is_te_min_version``: FP8 with routed experts, FP8 grouped GEMMs), at :data:`TE_REPORTED`.
+Prints one JSON object per case on stdout.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from types import SimpleNamespace
 from typing import Any
 
 HOPPER = (9, 0)
+TE_REPORTED = "99.0.0"  # above every version Megatron checks for (transformer_config.py: up to 2.14)
 
 
 def _as_hopper() -> None:
@@ -37,6 +41,22 @@ def _as_hopper() -> None:
     torch.cuda.get_device_capability = lambda *a, **k: HOPPER
     torch.cuda.get_device_properties = lambda *a, **k: props
     torch.cuda.device_count = lambda: 1
+
+
+def _te_reported() -> None:
+    """Megatron's Transformer Engine version checks answer as for :data:`TE_REPORTED` (every
+    module that imported ``is_te_min_version`` / ``get_te_version`` by name)."""
+    from packaging.version import Version
+
+    def at_least(version: str, check_equality: bool = True) -> bool:
+        return Version(TE_REPORTED) >= Version(version) if check_equality else Version(TE_REPORTED) > Version(version)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("megatron") and module is not None:
+            if hasattr(module, "is_te_min_version"):
+                module.is_te_min_version = at_least
+            if hasattr(module, "get_te_version"):
+                module.get_te_version = lambda: Version(TE_REPORTED)
 
 
 def _megatron() -> SimpleNamespace:
@@ -55,6 +75,7 @@ def _megatron() -> SimpleNamespace:
             from megatron.training.argument_utils import core_transformer_config_from_args
     if hasattr(arguments, "get_device_arch_version"):
         arguments.get_device_arch_version = lambda: HOPPER[0]
+    _te_reported()
     return SimpleNamespace(
         version=megatron.core.__version__.split("+")[0],  # "+<hash>" is the git commit of the working directory
         where=os.path.dirname(megatron.core.__file__),
@@ -172,6 +193,15 @@ def check(m: SimpleNamespace, case: dict[str, Any]) -> dict[str, Any]:
     if derived != case["degrees"]:
         row["placement"] = f"degrees: Megatron {derived} vs plan {case['degrees']}"
         return row
+    moe = {  # the plan's experts as Megatron's config holds them (issue 25)
+        "ep": config.expert_model_parallel_size,
+        "etp": config.expert_tensor_parallel_size,
+        "overlap_moe_comm": bool(getattr(config, "overlap_moe_expert_parallel_comm", False)),
+        "mtp": config.mtp_num_layers or 0,
+    }
+    if case.get("moe") and moe != case["moe"]:
+        row["placement"] = f"experts: Megatron {moe} vs plan {case['moe']}"
+        return row
     memory = {  # the plan's uniform memory choice, as Megatron's config holds it
         "recompute_modules": row["config"]["recompute_modules"],
         "recompute_layers": config.recompute_num_layers if config.recompute_method == "block" else 0,
@@ -202,7 +232,17 @@ def _short(chunks: list[list[int]]) -> str:
 def main() -> int:
     cases = json.loads(open(sys.argv[1], encoding="utf-8").read())
     m = _megatron()
-    print(json.dumps({"megatron_core": m.version, "from": m.where, "device": "reported as Hopper 9.0"}), flush=True)
+    print(
+        json.dumps(
+            {
+                "megatron_core": m.version,
+                "from": m.where,
+                "device": "reported as Hopper 9.0",
+                "te": f"reported as {TE_REPORTED}",
+            }
+        ),
+        flush=True,
+    )
     for case in cases:
         print(json.dumps(check(m, case)), flush=True)
     return 0

@@ -83,16 +83,19 @@ MEGATRON_SCHEDULES = ("Schedule1F1B", "ScheduleInterleaved1F1B")
 """The torch classes of the schedules Megatron itself runs (non-interleaved and interleaved 1F1B)."""
 
 
-def layout_string(parts: Parts) -> str:
+def layout_string(parts: Parts, mtp: int = 0) -> str:
     """Megatron's ``--pipeline-model-parallel-layout`` for the plan's stages, e.g.
     ``Et|tt|tt|tL``: the embedding on the first stage, the loss on the last; three or more equal
-    stages in a row as ``(tt|)*34``, more than four layers as ``t*5`` (Megatron unrolls both)."""
+    stages in a row as ``(tt|)*34``, more than four layers as ``t*5`` (Megatron unrolls both).
+    ``mtp`` multi-token-prediction layers go on the last stage before the loss (``mL``): Megatron
+    wants each one in the layout (``--mtp-num-layers``), after every decoder layer, all in one
+    virtual stage, as the frameworks run the head part."""
     last = len(parts.chunks) - 1
     stages = []
     for chunk in parts.chunks:
         n = chunk.layers
         layers = "t" * n if n <= 4 else f"t*{n}"
-        stages.append(("E" if chunk.index == 0 else "") + layers + ("L" if chunk.index == last else ""))
+        stages.append(("E" if chunk.index == 0 else "") + layers + ("m" * mtp + "L" if chunk.index == last else ""))
     out, i = "", 0
     while i < len(stages):
         run = 1
@@ -107,8 +110,9 @@ def layout_string(parts: Parts) -> str:
     return out
 
 
-def megatron_split(parts: Parts, p: int, v: int) -> list[str]:
-    """The split arguments (flag, value, flag, value, ...) in the first form that is exact."""
+def megatron_split(parts: Parts, p: int, v: int, mtp: int = 0) -> list[str]:
+    """The split arguments (flag, value, flag, value, ...) in the first form that is exact
+    (``mtp``: the model's multi-token-prediction layers, which a layout string names)."""
     counts = [c.layers for c in parts.chunks]  # chunk j = vpp rank j // p on pipeline rank j % p
     if p == 1:
         return []  # no pipeline: every layer on the one rank, in one piece
@@ -129,7 +133,7 @@ def megatron_split(parts: Parts, p: int, v: int) -> list[str]:
         if v > 1:
             args += ["--num-virtual-stages-per-pipeline-rank", str(v)]
         return args
-    return ["--pipeline-model-parallel-layout", layout_string(parts)]
+    return ["--pipeline-model-parallel-layout", layout_string(parts, mtp)]
 
 
 MEGATRON_RECOMPUTE = {"core_attn": "core_attn", "layernorm": "layernorm", "mla_up_proj": "mla_up_proj", "mlp": "mlp"}
@@ -381,7 +385,8 @@ def megatron_args(
         str(parts.num_layers),
     ]
     definition, notes = _definition(facts, unbuilt)
-    parallel, parallel_notes = megatron_parallel_args(deg, read_moe(model, parts.container) if model else None)
+    moe = read_moe(model, parts.container) if model else None
+    parallel, parallel_notes = megatron_parallel_args(deg, moe)
     definition += parallel
     notes += parallel_notes
     if facts is None and any(".." in b for s in plan.stages for b in s.blocks):
@@ -399,7 +404,7 @@ def megatron_args(
         args.append("--sequence-parallel")
     elif deg.sequence_parallel:
         notes.append("sequence parallelism needs tensor parallelism (t > 1); Megatron turns it off at t = 1")
-    split = megatron_split(parts, deg.pipeline, deg.virtual)
+    split = megatron_split(parts, deg.pipeline, deg.virtual, moe.mtp_layers if moe else 0)
     if split[:1] == ["--pipeline-model-parallel-layout"]:
         notes.append(_layout_note(parts, deg))
     recompute, recompute_notes = _recompute(plan, deg, parts)
@@ -493,13 +498,12 @@ def _layout_note(parts: Parts, deg: Degrees) -> str:
 
 
 def _argument_lines(flat: list[str]) -> list[str]:
-    """``["--a", "1", "--b"]`` -> ``["--a 1", "--b"]`` (values quoted for the shell)."""
-    lines, i = [], 0
-    while i < len(flat):
-        if i + 1 < len(flat) and not flat[i + 1].startswith("--"):
-            lines.append(f"{flat[i]} {shlex.quote(flat[i + 1])}")
-            i += 2
+    """``["--a", "1", "--b", "--c", "x", "y"]`` -> ``["--a 1", "--b", "--c x y"]``: a flag with
+    all its values on one line (``--recompute-modules core_attn mlp``), quoted for the shell."""
+    lines: list[str] = []
+    for word in flat:
+        if word.startswith("--") or not lines:
+            lines.append(word)
         else:
-            lines.append(flat[i])
-            i += 1
+            lines[-1] += " " + shlex.quote(word)
     return lines

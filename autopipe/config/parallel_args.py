@@ -17,8 +17,9 @@ gets no line from here, so every output written before stays as it was.
   where the router says so, the all-to-all dispatcher and grouped GEMMs autopipe priced
   (``--moe-token-dispatcher-type alltoall --moe-grouped-gemm``); multi-head latent attention
   (``--multi-latent-attention`` with its ranks and head sizes), ``--qk-layernorm`` and
-  ``--mtp-num-layers`` where the model has them. The layout string stays ``t`` per layer:
-  Megatron picks a layer's MoE or dense MLP from ``--moe-layer-freq``.
+  ``--mtp-num-layers`` where the model has them. The layout string stays ``t`` per layer
+  (Megatron picks a layer's MoE or dense MLP from ``--moe-layer-freq``), with an ``m`` per MTP
+  layer before the loss (``config/megatron.py``'s ``layout_string``).
 - **torchtitan** (``[parallelism]`` of ``torchtitan/config/job_config.py``):
   ``context_parallel_degree``, ``expert_parallel_degree``, ``expert_tensor_parallel_degree``;
   torchtitan forms the expert-parallel group from the FSDP-sharded and context-parallel ranks,

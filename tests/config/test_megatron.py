@@ -417,6 +417,18 @@ def test_long_layouts_are_compressed_and_unroll_to_the_same_stages() -> None:
     assert [s.count("t") for s in parse_layout("Et*6|(|)*3t*7L")] == [6, 0, 0, 0, 7]
 
 
+def test_a_layout_names_the_models_mtp_layers_on_the_last_stage_before_the_loss() -> None:
+    """Megatron asserts the layout holds ``--mtp-num-layers`` MTP layers ('m'), after every
+    decoder layer and in one virtual stage (pipeline_parallel_layer_layout.py); a layout without
+    them is refused (tools/megatron_check.py's control)."""
+    from autopipe.config.megatron import layout_string, megatron_split
+
+    assert layout_string(_parts([3, 2, 2, 0]), mtp=1) == "Ettt|tt|tt|mL"
+    assert layout_string(_parts([3, 2, 2, 0])) == "Ettt|tt|tt|L"
+    split = megatron_split(_parts([3, 2, 1, 2]), 4, 1, mtp=2)  # uneven in the middle: a layout
+    assert split == ["--pipeline-model-parallel-layout", "Ettt|tt|t|ttmmL"]
+
+
 @pytest.fixture(scope="module")
 def coarse_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real analytic plan of a 24-layer models/gpt.py in 8 coarse blocks on 4 H100 stages, every

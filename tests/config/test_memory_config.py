@@ -83,3 +83,12 @@ def test_torchtitan_recomputes_whole_layers_and_says_why(plan: Plan) -> None:
         job = titan_job(chosen, TORCHTITAN_TOML_VERSION, (None, None, None, None))
         assert job.recompute == "full"
         assert any("torchtitan has no" in n and chosen.memory_choice in n for n in job.notes)
+
+
+def test_a_flag_and_all_its_values_are_one_line(plan: Plan) -> None:
+    """``--recompute-modules core_attn layernorm`` on one line, not its second value alone (a
+    line of its own reads as a stray word to whoever edits the file by flags)."""
+    text = megatron_args(dataclasses.replace(plan, recompute_modules=("core_attn", "layernorm")))
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
+    assert "--recompute-modules core_attn layernorm" in lines
+    assert all(line.startswith("--") for line in lines)
