@@ -33,6 +33,14 @@ Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models", Table 3): SwiGLU
 Report", Table 1): squared-ReLU MLP of width 73728, untied embeddings, no biases, RoPE; its
 LayerNorm is an RMSNorm here (the same parameters less a bias per norm, no FLOPs either way).
 
+The layer runs as the fused kernels of the frameworks that train these models (Megatron-Core
+with Transformer Engine): RMSNorm and SwiGLU are autograd functions that save for backward what
+those kernels save (:class:`FusedRMSNorm`, :class:`FusedSwiGLU`), and grouped-query attention
+passes k and v with their own heads to the attention kernel (``enable_gqa``), so the bytes an
+analytic profile counts are theirs; values and gradients are the eager formulas'
+(``tests/costs/test_activation_reference.py``, which also checks a layer's saved bytes against
+Korthikanti et al. 2022's per-layer accounting).
+
 The rotary tables are computed once, at construction, and registered as non-persistent buffers
 (shared by every layer, so each layer maps x to x alone). A model built on the meta device has
 meta tables: build on a real device to run it.

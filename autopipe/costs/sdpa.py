@@ -110,7 +110,7 @@ def _fused_sdpa(
     if enable_gqa and k.shape[1] != q.shape[1]:
         if attn_mask is not None or dropout_p or v.shape[-1] != q.shape[-1] or q.shape[1] % k.shape[1]:
             return None
-        out: Any = _GroupedFlash.apply(q, k, v, is_causal, scale)
+        out: Any = _GroupedFlash.apply(q, k, v, is_causal, scale)  # type: ignore[no-untyped-call]
         return out
     if v.shape[-1] != q.shape[-1]:  # the flash op's meta kernel gives the output q's head size
         return _EFFICIENT(q, k, v, attn_mask, True, dropout_p, is_causal, scale=scale)[0]
