@@ -25,6 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from autopipe.costs.activations.fp8 import saved_bytes_fp8_linears
 from autopipe.costs.measure.timing import saved_bytes, storage_key
 from autopipe.costs.sdpa import _GroupedFlash, fused_attention
 from tests.helpers import ROOT
@@ -39,10 +40,12 @@ def _model_file(name: str) -> ModuleType:
     return module
 
 
-def _layer_bytes(layer: torch.nn.Module, x: torch.Tensor) -> int:
-    """Bytes a layer saves for backward on the meta device, as the analytic profile counts them."""
+def _layer_bytes(layer: torch.nn.Module, x: torch.Tensor, fp8: bool = False) -> int:
+    """Bytes a layer saves for backward on the meta device, as the analytic profile counts them
+    (``fp8``: its linear layers' inputs kept in FP8, as Transformer Engine keeps them)."""
+    count = saved_bytes_fp8_linears if fp8 else saved_bytes
     with fused_attention():
-        return saved_bytes(lambda: layer(x), exclude={storage_key(p) for p in layer.parameters()})
+        return count(lambda: layer(x), exclude={storage_key(p) for p in layer.parameters()})
 
 
 S, B, H, HEADS = 256, 2, 512, 8
@@ -79,6 +82,23 @@ def test_llama_layer_saves_what_fused_kernels_save(kv_heads: int, mlp: str) -> N
     act = 2 * 2 * sbf + 2 * sbf if mlp == "swiglu" else 2 * sbf + 2 * sbf
     rope = 2 * S * cfg.head_dim * 2  # cos and sin, bf16
     assert _layer_bytes(layer, x) == norms + attention + 2 * sbh + act + rope
+
+
+def test_fp8_linear_layers_keep_their_inputs_in_one_byte() -> None:
+    """Transformer Engine's Linear keeps its FP8-cast input (module docstring of activations.fp8):
+    the QKV and MLP inputs (the norms' outputs) and the down projection's input (SwiGLU's product)
+    at one byte an element; the output projection's input is flash attention's output, which
+    attention keeps in bf16, so its FP8 copy is one byte more; everything else as in bf16."""
+    llama = _model_file("llama")
+    f = 3 * H
+    cfg = llama.make_config(n_layer=1, n_head=HEADS, n_kv_head=2, n_embd=H, block_size=S, intermediate_size=f)
+    with torch.device("meta"):
+        cos, sin = (t.to("meta") for t in llama.rotary_tables(cfg))
+        layer = llama.DecoderLayer(cfg, cos, sin).to(torch.bfloat16)
+        x = torch.empty(B, S, H, dtype=torch.bfloat16, requires_grad=True)
+    sbh, sbf = S * B * H, S * B * f
+    bf16 = _layer_bytes(layer, x)
+    assert _layer_bytes(layer, x, fp8=True) == bf16 - sbh - sbh + sbh - sbf
 
 
 def _eager_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
