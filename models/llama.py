@@ -33,6 +33,14 @@ Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models", Table 3): SwiGLU
 Report", Table 1): squared-ReLU MLP of width 73728, untied embeddings, no biases, RoPE; its
 LayerNorm is an RMSNorm here (the same parameters less a bias per norm, no FLOPs either way).
 
+The layer runs as the fused kernels of the frameworks that train these models (Megatron-Core
+with Transformer Engine): RMSNorm and SwiGLU are autograd functions that save for backward what
+those kernels save (:class:`FusedRMSNorm`, :class:`FusedSwiGLU`), and grouped-query attention
+passes k and v with their own heads to the attention kernel (``enable_gqa``), so the bytes an
+analytic profile counts are theirs; values and gradients are the eager formulas'
+(``tests/costs/test_activation_reference.py``, which also checks a layer's saved bytes against
+Korthikanti et al. 2022's per-layer accounting).
+
 The rotary tables are computed once, at construction, and registered as non-persistent buffers
 (shared by every layer, so each layer maps x to x alone). A model built on the meta device has
 meta tables: build on a real device to run it.
@@ -173,6 +181,43 @@ def make_config(
     return replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
 
 
+class FusedRMSNorm(torch.autograd.Function):
+    """``x / rms(x) * weight``, computed in fp32, saving for backward only its input, the weight and
+    the fp32 reciprocal of each row's RMS: Transformer Engine's RMSNorm, which Megatron-Core runs
+    (``TENorm`` / ``TELayerNormColumnParallelLinear``; ``transformer_engine/pytorch/module/rmsnorm.py``
+    saves ``inp, weight, rsigma``), not eager autograd's fp32 copy of the input and the normalised
+    rows (three more ``(B, T, C)`` tensors). The same values and gradients as the eager formula."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        x32 = x.to(_wide(x))  # fp32 (fp64 stays fp64)
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x32 * rstd).type_as(x) * weight
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        x, weight, rstd = ctx.saved_tensors
+        wide = _wide(x)
+        normed = x.to(wide) * rstd
+        g = grad.to(wide) * weight.to(wide)
+        dx = rstd * (g - normed * (g * normed).mean(-1, keepdim=True))
+        dweight = (grad.to(wide) * normed.type_as(x).to(wide)).flatten(0, -2).sum(0)
+        return dx.type_as(x), dweight.type_as(weight), None
+
+
+def _wide(x: Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    out: Tensor = FusedRMSNorm.apply(x, weight, eps)
+    return out
+
+
+torch.fx.wrap("rms_norm")  # one node in a symbolic trace: the fused kernel, not its parts
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -180,9 +225,34 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:  # x: (..., C)
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight  # (..., C)
+        return rms_norm(x, self.weight, self.eps)  # (..., C)
+
+
+class FusedSwiGLU(torch.autograd.Function):
+    """``silu(gate) * up``, saving for backward only its two inputs and recomputing the rest there:
+    Megatron-Core's fused ``bias_swiglu_impl`` (``megatron/core/fusions/fused_bias_swiglu.py``,
+    ``SwiGLUFunction`` saves its input ``[gate, up]``; ``swiglu_back`` is the backward below) and
+    Transformer Engine's ``LayerNormMLP`` (saves ``fc1_out``), not eager autograd's ``silu(gate)``
+    beside them. The same values and gradients as the eager formula."""
+
+    @staticmethod
+    def forward(ctx: Any, gate: Tensor, up: Tensor) -> Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:
+        gate, up = ctx.saved_tensors
+        sig = torch.sigmoid(gate)
+        return grad * up * sig * (1 + gate * (1 - sig)), grad * F.silu(gate)
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    out: Tensor = FusedSwiGLU.apply(gate, up)
+    return out
+
+
+torch.fx.wrap("swiglu")  # one node in a symbolic trace: the fused kernel, not its parts
 
 
 def rotary_tables(cfg: LlamaConfig) -> tuple[Tensor, Tensor]:
@@ -225,10 +295,12 @@ class Attention(nn.Module):
         k = self.k_proj(x).unflatten(-1, kv_heads).transpose(1, 2)  # (B, nkv, T, hd)
         v = self.v_proj(x).unflatten(-1, kv_heads).transpose(1, 2)  # (B, nkv, T, hd)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if self.n_kv_head != self.n_head:  # each kv head serves n_head / n_kv_head query heads
-            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, T, hd)
-            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, T, hd)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hd)
+        # each kv head serves n_head / n_kv_head query heads, inside the kernel (enable_gqa: the
+        # heads repeated as repeat_interleave on dim 1 would): flash attention saves k and v with
+        # their own heads (flash-attn's FlashAttnFunc saves q, k, v, out, softmax_lse, and runs
+        # MQA/GQA "by passing in KV with fewer heads than Q"), not repeated copies
+        gqa = self.n_kv_head != self.n_head
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)  # (B, nh, T, hd)
         out: Tensor = self.o_proj(y.transpose(1, 2).flatten(2))
         return out  # (B, T, C)
 
@@ -241,7 +313,7 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(cfg.ffn_hidden, cfg.n_embd, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:  # x: (B, T, C)
-        out: Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        out: Tensor = self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
         return out  # (B, T, C)
 
 

@@ -25,8 +25,8 @@ recipe, Micikevicius et al. 2022, "FP8 formats for deep learning"): the linear l
 (``mm`` / ``addmm``, forward and backward) at the device's FP8 peak; everything else, attention
 included (TE's fused attention runs in bf16 by default), at bf16. Memory as bf16 mixed precision:
 TE keeps bf16 weights with fp32 masters, so the 16 bytes below (its FP8 weight copies and
-transposes, about 2 bytes per parameter while cached, are not counted); activations are counted
-in bf16, conservatively, though TE saves a linear layer's input in FP8. Device memory per parameter,
+transposes, about 2 bytes per parameter while cached, are not counted); activations in bf16 but
+the layers' linear inputs, which TE saves in FP8 (``activations.fp8``). Device memory per parameter,
 either way (:data:`BYTES_PER_PARAM`)::
 
     fp32:  4 weight + 4 grad + 4 Adam m + 4 Adam v                       = 16 bytes
@@ -273,7 +273,8 @@ def _count_traced(
     found = moe_config(model)
     experts = expert_storages(traced.gm, found[0]) if found is not None else frozenset()
     units = node_units(traced.gm, shallow_model, [b.nodes for b in traced.blocks])
-    return _count_blocks(traced, inputs, loss, step, experts, units, how[0] == "flash", how[1])
+    fp8 = prec.linear == "fp8"  # Transformer Engine keeps the layers' linear inputs in FP8 (activations.fp8)
+    return _count_blocks(traced, inputs, loss, step, experts, units, how[0] == "flash", how[1], fp8)
 
 
 def _count_blocks(
@@ -285,12 +286,15 @@ def _count_blocks(
     units: Mapping[str, str] | None = None,
     flash: bool = True,
     eager_loss: bool = False,
+    fp8_linears: bool = False,
 ) -> tuple[tuple[BlockCount, Anatomy | None], ...]:
     """Count each block on the values the blocks before it produced; a block that computes
     what an earlier one did (same ops, same shapes) reuses its count and its outputs' layout.
     A block with units (``graph.units``: a transformer layer) also gets its anatomy.
 
-    ``experts``: storage keys of routed-expert weights, whose ops are marked (``counting``).
+    ``experts``: storage keys of routed-expert weights, whose ops are marked (``counting``);
+    ``fp8_linears``: the layer blocks' linear inputs saved in FP8 (``activations.fp8``; Megatron-Core
+    runs its transformer layers, not the embedding or the output layer, under FP8).
     The training loss (computed on the last stage, after the last block) is counted in the
     last block, as the measured profiler does; a loss that cannot run on meta tensors (one
     that reads values, say) is left out and costs nothing.
@@ -313,9 +317,10 @@ def _count_blocks(
         else:
             seg = extract(gm, block.nodes)
             args = [env[name] for name in seg.inputs]
-            count, outs = count_block(seg.module, args, exclude, experts, flash)
+            layer = any(n in units for n in block.nodes)
+            count, outs = count_block(seg.module, args, exclude, experts, flash, fp8_linears and layer)
             anatomy = None
-            if any(n in units for n in block.nodes):
+            if layer:
                 anatomy = anatomy_of(seg.module, [leaf(a) for a in args], units, exclude)
             seen[key] = (count, outs, anatomy)
         env.update(zip(output_names, outs, strict=True))

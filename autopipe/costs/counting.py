@@ -51,6 +51,7 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
+from autopipe.costs.activations.fp8 import saved_bytes_fp8_linears
 from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.measure.timing import saved_bytes, storage_key
 from autopipe.costs.sdpa import _CPU_FLASH, fused_attention
@@ -360,13 +361,15 @@ def count_block(
     exclude: set[int] | frozenset[int] = frozenset(),
     experts: frozenset[int] = frozenset(),
     flash: bool = True,
+    fp8_linears: bool = False,
 ) -> tuple[BlockCount, tuple[Any, ...]]:
     """Count ``module(*args)`` forward and backward on meta tensors; also return its outputs.
 
     ``args`` are meta tensors (floating ones become fresh autograd leaves, as in the measured
     profiler); ``exclude`` holds the storage keys of parameters (``profile.storage_key``),
     ``experts`` those of routed-expert weights, whose ops are marked (module docstring);
-    ``flash``: attention as the fused kernel (else unfused: :func:`fused_attention`).
+    ``flash``: attention as the fused kernel (else unfused: :func:`fused_attention`);
+    ``fp8_linears``: the linear layers' saved inputs in FP8 (``activations.fp8``).
     """
     leaves = [leaf(a) for a in args]
 
@@ -374,8 +377,9 @@ def count_block(
         with fused_attention(flash):
             return module(*leaves)
 
+    counter = saved_bytes_fp8_linears if fp8_linears else saved_bytes
     with fused_attention(flash):
-        nbytes = saved_bytes(forward, exclude=set(exclude))
+        nbytes = counter(forward, exclude=set(exclude))
     fwd = _CountMode(experts)
     with fwd:
         outs = tuple(forward())

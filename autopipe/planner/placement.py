@@ -27,6 +27,12 @@ Adam state; ``e`` bytes per stored element in general), a device holds (:func:`s
     zero1        2e + (b - 2e) / N    zero3   b / N
     zero3-step   as zero1 (the weights are gathered once a step and kept, their gradients whole)
 
+with the gradients ``g`` bytes wide in place of ``e`` where the framework keeps them wider than
+the weights (``grad_ratio`` = g / e; below): Megatron-LM's bf16 weights with fp32 gradients hold
+``2 + 4 + 12 / N`` bytes under its distributed optimizer and 18 without
+(``docs/user-guide/features/dist_optimizer.md``: "bf16 parameters, fp32 gradients | 18 | 6 + 12/d",
+its main-gradient buffer being fp32), not ``4 + 12 / N`` and 16;
+
 plus, while a block runs, its gathered weights and gradients (:func:`transient_bytes`: zero2
 one block's gradients before their reduce-scatter; zero3 the block's weights, the next block's
 prefetched and the block's gradients, three of the largest block). The communication, in
@@ -48,7 +54,8 @@ Within a shard group of one node the collectives take NVLink, across nodes the n
 (Megatron-LM: ``arguments.py`` sets ``accumulate_allreduce_grads_in_fp32`` for ``--bf16`` unless
 ``--grad-reduce-in-bf16``, and its DDP reduces the fp32 ``main_grad`` buffer; torchtitan's FSDP2
 ``mixed_precision_reduce = "float32"``), every collective that reduces gradients moves
-``DataGroup.reduce_ratio`` = 4 / 2 = 2 bytes per parameter byte; the weights' all-gathers stay in
+``DataGroup.reduce_ratio`` = 4 / 2 = 2 bytes per parameter byte, and the gradients it accumulates
+into are fp32 too (``state_bytes``' ``grad_ratio``); the weights' all-gathers stay in
 the weights' dtype::
 
     zero1, bf16 weights reduced in fp32:  reduce-scatter (N-1)/N 2P, all-gather (N-1)/N P
@@ -172,13 +179,17 @@ def data_group(lay: Layout, cluster: Cluster, shard: int | None = None, reduce_r
     return DataGroup(D, n, inner[0], inner[1], outer[0], outer[1], reduce_ratio)
 
 
-def state_bytes(kind: Sharding, shard: int, bytes_per_param: float, element_bytes: float) -> float:
-    """Bytes a device holds per parameter under ``kind`` over ``shard`` replicas (module docstring)."""
-    b, e, n = bytes_per_param, element_bytes, max(shard, 1)
+def state_bytes(
+    kind: Sharding, shard: int, bytes_per_param: float, element_bytes: float, grad_ratio: float = 1.0
+) -> float:
+    """Bytes a device holds per parameter under ``kind`` over ``shard`` replicas (module docstring);
+    ``grad_ratio``: the gradients' bytes per weight byte (2: bf16 weights, fp32 gradients)."""
+    e, g, n = element_bytes, element_bytes * grad_ratio, max(shard, 1)
+    b = bytes_per_param + g - e  # bytes_per_param counts the gradients at the weights' width
     if kind == Sharding.NONE:
         return b
     if kind in (Sharding.ZERO1, Sharding.ZERO3_STEP):
-        return 2 * e + (b - 2 * e) / n
+        return e + g + (b - e - g) / n
     if kind == Sharding.ZERO2:
         return e + (b - e) / n
     return b / n

@@ -58,13 +58,18 @@ class Retrace:
 
 
 def retrace_for_emit(plan: Plan, model: nn.Module, inputs: Any, traced: TracedModel) -> Retrace:
-    """``traced`` (the plan's static trace, fingerprint checked) made general for emitting."""
-    if traced.tracer != "export":
+    """``traced`` (the plan's static trace, fingerprint checked) made general for emitting. An fx
+    trace that calls a function of the model file itself (a ``torch.fx.wrap``'d fused kernel, such
+    as ``models/llama.py``'s ``rms_norm``: one node whose code is the model's, not torch's) is
+    exported instead, when the export groups into the same blocks: stage code holds torch
+    operations only."""
+    if traced.tracer != "export" and not _calls_model_file(traced):
         return Retrace(traced, plan, {}, "")
     u = plan.micro_batch_size
     example = _doubled(inputs) if u == 1 else inputs
     try:
-        dyn = trace_model(model, example, micro_batch_size=u, recipe=plan.recipe, dynamic=True)
+        recipe = dataclasses.replace(plan.recipe, tracer="export")
+        dyn = trace_model(model, example, micro_batch_size=u, recipe=recipe, dynamic=True)
     except TraceError as e:
         return Retrace(
             traced, plan, {}, f"static shapes: the model does not export with symbolic sizes ({str(e)[:160]})"
@@ -81,6 +86,15 @@ def retrace_for_emit(plan: Plan, model: nn.Module, inputs: Any, traced: TracedMo
         for s in plan.stages
     )
     return Retrace(dyn, dataclasses.replace(plan, stages=stages), _symbolic_dims(dyn), _pinned_note(dyn))
+
+
+def _calls_model_file(traced: TracedModel) -> bool:
+    """Whether the graph calls a function defined in the model file (graph/canon.py's
+    ``autopipe_user_model_<n>_<stem>`` modules, model/load.py)."""
+    return any(
+        n.op == "call_function" and str(getattr(n.target, "__module__", "")).startswith("autopipe_user_model_")
+        for n in traced.gm.graph.nodes
+    )
 
 
 def _doubled(inputs: Any) -> Any:

@@ -83,6 +83,21 @@ def test_state_formulas_by_hand() -> None:
     assert transient_bytes(Sharding.ZERO1, 10.0) == 0.0
 
 
+@pytest.mark.parametrize("d", [1, 8, 64])
+def test_bf16_weights_with_fp32_gradients_are_megatrons_bytes(d: int) -> None:
+    """Megatron-LM's docs/user-guide/features/dist_optimizer.md: "bf16 parameters, fp32 gradients":
+    18 bytes a parameter without the distributed optimizer, 6 + 12/d with it (its main-gradient
+    buffer fp32: arguments.py sets accumulate_allreduce_grads_in_fp32 for --bf16)."""
+    assert state_bytes(Sharding.NONE, d, 16.0, 2.0, grad_ratio=2.0) == 18
+    assert state_bytes(Sharding.ZERO1, d, 16.0, 2.0, grad_ratio=2.0) == pytest.approx(6 + 12 / d)
+    # FSDP gathering once a step, fp32 gradients accumulated whole (Llama 3): the same
+    assert state_bytes(Sharding.ZERO3_STEP, d, 16.0, 2.0, grad_ratio=2.0) == pytest.approx(6 + 12 / d)
+    assert state_bytes(Sharding.ZERO2, d, 16.0, 2.0, grad_ratio=2.0) == pytest.approx(2 + 16 / d)
+    assert state_bytes(Sharding.ZERO3, d, 16.0, 2.0, grad_ratio=2.0) == pytest.approx(18 / d)
+    # gradients reduced in bf16 (--grad-reduce-in-bf16): 4 + 12/d, as before
+    assert state_bytes(Sharding.ZERO1, d, 16.0, 2.0) == pytest.approx(4 + 12 / d)
+
+
 def _lay(D: int, node_replicas: int, allreduce_bandwidth: float = 10 * GB) -> Layout:
     return Layout(1, D, "x", 0.0, allreduce_bandwidth, 1, 0.0, 0.0, node_replicas)
 

@@ -162,14 +162,20 @@ def expert_degrees(
 
 
 def state_profile(
-    profile: Profile, degrees: Degrees, replicas: int, kind: Sharding, shards: int, bytes_per_param: float
+    profile: Profile,
+    degrees: Degrees,
+    replicas: int,
+    kind: Sharding,
+    shards: int,
+    bytes_per_param: float,
+    grad_ratio: float = 1.0,
 ) -> tuple[Profile, float]:
     """(``profile`` with its routed experts' bytes weighted as the module docstring says, the dense
     parameters' state factor) for ``kind`` over ``shards`` of the stage's ``replicas`` (times d cp
     devices for the dense part, the expert data-parallel group for the experts')."""
-    dense = state_factor(profile, bytes_per_param, kind, shards * degrees.cp)
+    dense = state_factor(profile, bytes_per_param, kind, shards * degrees.cp, grad_ratio)
     group = expert_gradient_group(degrees, replicas)
-    experts = state_factor(profile, bytes_per_param, kind, min(group, shards * degrees.cp))
+    experts = state_factor(profile, bytes_per_param, kind, min(group, shards * degrees.cp), grad_ratio)
     if experts == dense or not any(b.expert_params for b in profile.blocks):
         return profile, dense
     elt, ratio = element_bytes(profile), experts / dense

@@ -107,10 +107,13 @@ def element_bytes(profile: Profile) -> float:
     return sum(b.param_bytes for b in profile.blocks) / params if params else 4.0
 
 
-def state_factor(profile: Profile, bytes_per_param: float, kind: Sharding, shards: int) -> float:
-    """Bytes a device keeps per byte of parameters (the search's ``state_factor``)."""
+def state_factor(
+    profile: Profile, bytes_per_param: float, kind: Sharding, shards: int, grad_ratio: float = 1.0
+) -> float:
+    """Bytes a device keeps per byte of parameters (the search's ``state_factor``); ``grad_ratio``:
+    the gradients' bytes per weight byte (``placement.state_bytes``)."""
     elt = element_bytes(profile)
-    return state_bytes(kind, shards, bytes_per_param, elt) / elt
+    return state_bytes(kind, shards, bytes_per_param, elt, grad_ratio) / elt
 
 
 def transient(profile: Profile, kind: Sharding) -> float:

@@ -118,21 +118,31 @@ def _in_order(c: Split, ctx: Context, lay: Layout) -> list[tuple[ShardOption, Da
         timed = sharded_profile(base, o.kind, group, ctx.overlap)
         own = timed is base
         keep = ctx if own else None  # the sharded blocks are new each time: not kept
-        prof, factor = _state(timed, c.degrees, c.D, o.kind, group.shard, request.bytes_per_param, keep)
+        per_param = request.bytes_per_param
+        prof, factor = _state(timed, c.degrees, c.D, o.kind, group.shard, per_param, keep, ctx.reduce_ratio)
         out.append((o, group, prof, factor, transient(c.profile, o.kind), own))
     return sorted(out, key=lambda x: (not x[5], x[3], x[4]))
 
 
 def _state(
-    profile: Profile, deg: Degrees, D: int, kind: Sharding, shards: int, bytes_per_param: float, ctx: Context | None
+    profile: Profile,
+    deg: Degrees,
+    D: int,
+    kind: Sharding,
+    shards: int,
+    bytes_per_param: float,
+    ctx: Context | None,
+    grad_ratio: float = 1.0,
 ) -> tuple[Profile, float]:
-    """``state_profile``, kept in ``ctx`` per profile, sharding and group sizes."""
+    """``state_profile``, kept in ``ctx`` per profile, sharding and group sizes (``grad_ratio``: the
+    gradients' bytes per weight byte, the gradients being kept as wide as they are reduced:
+    ``Context.reduce_ratio``)."""
     if ctx is None:
-        return state_profile(profile, deg, D, kind, shards, bytes_per_param)
+        return state_profile(profile, deg, D, kind, shards, bytes_per_param, grad_ratio)
     key = (id(profile), kind.value, shards * deg.cp, expert_gradient_group(deg, D))
     hit = ctx.states.get(key)
     if hit is None or hit[0] is not profile:
-        hit = ctx.states[key] = (profile, *state_profile(profile, deg, D, kind, shards, bytes_per_param))
+        hit = ctx.states[key] = (profile, *state_profile(profile, deg, D, kind, shards, bytes_per_param, grad_ratio))
     return hit[1], hit[2]
 
 
@@ -292,7 +302,8 @@ def static_bound(
     if not shards:
         return math.inf
     D = lays[0].data_parallel
-    state, factor = _state(profile, deg, D, o.kind, shards, request.bytes_per_param, ctx)
+    ratio = ctx.reduce_ratio if ctx is not None else 1.0
+    state, factor = _state(profile, deg, D, o.kind, shards, request.bytes_per_param, ctx, ratio)
     per_block = [(b.param_bytes + b.shared_param_bytes) * factor for b in state.blocks]
     return max(sum(per_block) / S, max(per_block, default=0.0)) + transient(profile, o.kind)
 

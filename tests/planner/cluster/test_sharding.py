@@ -94,3 +94,7 @@ def test_megatron_prices_fp32_gradients_and_its_buckets() -> None:
     assert overlapped.grad_reduce_ratio == 2.0 and bf16.grad_reduce_ratio == 1.0  # what config tells Megatron
     fp32_weights = plan_parallel(dataclasses.replace(profile, dtype="float32"), req).plan  # Megatron: bf16 only
     assert fp32_weights.dp_comm_s == pytest.approx(0.040)
+    # and it keeps the gradients it reduces in fp32: 2 + 4 + 12/2 = 12 bytes a parameter under its
+    # distributed optimizer (dist_optimizer.md: "bf16 parameters, fp32 gradients | 6 + 12/d"), 2 + 2 + 12/2 in bf16
+    assert serial.stages[0].static_bytes == pytest.approx(12 * 2e9)
+    assert bf16.stages[0].static_bytes == pytest.approx(10 * 2e9)
