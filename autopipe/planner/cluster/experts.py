@@ -310,14 +310,18 @@ class Unpaired:
         return min(1.0, self.warmup * u / self.chunks) if self.chunks > 0.0 else 0.0
 
     @staticmethod
-    def interleaved(stages: int, virtual: int | None, sequences: float) -> Unpaired:
+    def interleaved(stages: int, virtual: int | None, batch: float, replicas: int) -> Unpaired:
         """Megatron-Core's interleaved 1F1B on ``stages`` pipeline ranks of ``virtual`` chunks
-        each, ``sequences`` per replica (micro-batches of size 1). Where the virtual stages are
-        not pinned, the count at any ``v``'s lower bound, ``p`` per ``v`` chunks (``p + (p - 1)
-        / v`` falls towards it), so that no ``v`` the search may pick is charged more."""
+        each, ``batch`` sequences over ``replicas`` pipelines (micro-batches of size 1: ``batch /
+        replicas`` a replica). Where the virtual stages are not pinned, the count at any ``v``'s
+        lower bound, ``p`` per ``v`` chunks (``p + (p - 1) / v`` falls towards it), so that no
+        ``v`` the search may pick is charged more. Both counts are kept times ``replicas``: with
+        ``v`` unpinned the share, ``stages x replicas x u / batch``, is then one value for every
+        split of the same devices (the planner builds one hidden profile for them)."""
         if virtual is None:
-            return Unpaired(float(stages), sequences)
-        return Unpaired(2.0 * (stages - 1) + (virtual - 1) * stages + 1.0, sequences * virtual)
+            return Unpaired(float(stages * replicas), float(batch))
+        warmup = 2.0 * (stages - 1) + (virtual - 1) * stages + 1.0
+        return Unpaired(warmup * replicas, float(batch) * virtual)
 
 
 @dataclass(frozen=True)

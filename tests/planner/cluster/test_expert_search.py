@@ -187,12 +187,14 @@ def test_the_hidden_all_to_all_hides_behind_the_paired_sub_modules() -> None:
 def test_the_warm_up_and_cool_down_chunks_pay_their_all_to_all_in_the_open() -> None:
     # Megatron-Core's interleaved 1F1B with the overlap on the first of p = 8 ranks, v = 4, 128
     # micro-batches: 2 (8 - 1) + (4 - 1) 8 + 1 = 39 warm-up forwards of 512 chunk forwards
-    alone = Unpaired.interleaved(8, 4, 128.0)
-    assert (alone.warmup, alone.chunks) == (39.0, 512.0)
+    alone = Unpaired.interleaved(8, 4, 8192, 64)  # counts kept times the 64 replicas
+    assert (alone.warmup, alone.chunks) == (39.0 * 64, 512.0 * 64)
     assert alone.fraction(1.0) == pytest.approx(39 / 512)
     assert alone.fraction(2.0) == pytest.approx(78 / 512)  # half the micro-batches, twice the share
     assert alone.fraction(64.0) == 1.0  # two micro-batches: none paired
-    assert Unpaired.interleaved(8, None, 128.0).fraction(1.0) == pytest.approx(8 / 128)  # v unpinned: p / m
+    assert Unpaired.interleaved(8, None, 8192, 64).fraction(1.0) == pytest.approx(8 / 128)  # v unpinned: p / m
+    # unpinned, one share for every split of the same devices (S x D): one hidden profile for them
+    assert Unpaired.interleaved(16, None, 8192, 32) == Unpaired.interleaved(8, None, 8192, 64)
     assert Unpaired(3.0, 0.0).fraction(1.0) == 0.0
     # the profile of the test above: forward 1 ms open, 0.5 hidden; backward 2 open, 1.6 hidden
     profile = _moe_profile(2)
