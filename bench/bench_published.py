@@ -170,13 +170,16 @@ def counts_of(run: Run) -> ModelCounts:
 def overlap_of(run: Run) -> Overlap:
     """What the run overlapped, as the time model prices it: Megatron-LM's defaults (the target's:
     gradient reduction and parameter gather, asynchronous sends when interleaved; the first two
-    not where the run's framework reduced after the pipeline, ``Run.dp_overlap``) and, where the
+    not where the run's framework reduced after the pipeline, ``Run.dp_overlap``, the reduction not
+    where the source turned it off, ``Run.grad_overlap``) and, where the
     source says it ran ``--tp-comm-overlap``, the tensor-parallel collectives pipelined with the
     GEMMs: Transformer Engine splits each all-gather / reduce-scatter GEMM into t chunks and moves
     one chunk while it multiplies another, so all but one chunk's transfer, (t - 1) / t, is hidden."""
     base = target_overlap("megatron")
     if not run.dp_overlap:
         base = replace(base, grad_reduce=False, param_gather=False)
+    elif not run.grad_overlap:
+        base = replace(base, grad_reduce=False)
     return replace(base, tp_comm=(run.t - 1) / run.t) if run.tp_comm_overlap and run.t > 1 else base
 
 

@@ -91,6 +91,9 @@ class Run:
     attention: str = "flash"  # "flash": a fused attention kernel; "unfused": the scores materialised (before 2022)
     tp_comm_overlap: bool = False  # the source says it ran Megatron's --tp-comm-overlap
     dp_overlap: bool = True  # the gradients reduced (and weights gathered) under the computation, as Megatron-Core
+    # the gradients reduced under the computation (Megatron's --overlap-grad-reduce; False where the
+    # source turned it off and left the weights' gather overlapped)
+    grad_overlap: bool = True
     ep: int = 1  # expert-parallel degree (a MoE's routed experts over ep devices)
     imbalance: float = 1.0  # the routing skew the planner prices (costs.experts), for a MoE
     # the gradients reduced in fp32 (4 bytes per parameter over the data-parallel group; False: in the
@@ -544,9 +547,34 @@ BRIDGE_MOE = (
     "'we force-balance the token distribution among experts and all benchmarks are token-dropless'"
 )
 BRIDGE_MOE_ASSUMED = (
-    "the distributed optimizer (ZeRO-1) and Megatron's overlaps assumed; the MoE all-to-all overlap searched "
-    "(Megatron's interleaved overlap, which the recipes turn on: overlap_moe_expert_parallel_comm)"
+    "the distributed optimizer (ZeRO-1) and Megatron's overlaps assumed but where the recipe says otherwise; "
+    "the MoE all-to-all overlap searched (Megatron's interleaved overlap, which both H100 recipes turn on: "
+    "overlap_moe_expert_parallel_comm with delay_wgrad_compute); the CUDA_DEVICE_MAX_CONNECTIONS the "
+    "DeepSeek-V3 run launched with (25.09's NeMo-Run plugin) not verified"
 )
+# What the two H100 MoE runs ran with, read from the performance scripts of the release that published
+# each figure (github.com/NVIDIA-NeMo/Megatron-Bridge, tags as named; line numbers at those tags):
+# - DeepSeek-V3, v0.1.0rc4 (25.09): scripts/performance/run_script.py:56 enable_deepep on the H100 (the
+#   recipe, src/megatron/bridge/recipes/deepseek/deepseek_v3.py:147, then sets moe_token_dispatcher_type
+#   "flex", moe_enable_deepep), :62 A2A_1F1B on the H100 and :82-85 overlap_moe_expert_parallel_comm,
+#   delay_wgrad_compute on, moe_shared_expert_overlap off; :78 moe_router_force_load_balancing; :91
+#   recompute_modules mla_up_proj, mlp (the yaml's recompute_granularity "selective"); :101-102
+#   comm_overlap.overlap_grad_reduce False on the H100 (the parameter gather stays overlapped,
+#   training/comm_overlap.py's default where d > 1): Run.grad_overlap; cuda_graphs false
+#   (configs/deepseek/deepseek_v3_llm_pretrain.yaml:66); tp_comm_overlap off (the recipe's default
+#   CommOverlapConfig); moe_permute_fusion on (deepseek_v3.py:109).
+# - Qwen3-235B-A22B, v0.3.0 (26.02): configs/qwen/qwen3_workload_base_configs.py:171-180 (H100 FP8_CS
+#   V1; V2, :268-271, GBS 8192) moe_a2a_overlap=True, which utils/overrides.py:148-155 turns into
+#   overlap_moe_expert_parallel_comm, delay_wgrad_compute on, moe_shared_expert_overlap off;
+#   configs/qwen/qwen3_llm_pretrain.py:184 tp_comm_overlap False, no flex backend (Megatron-Core's
+#   alltoall dispatcher, models/qwen/qwen_provider.py:395-397, grouped GEMM, permute fusion), no CUDA
+#   graphs, recompute_granularity None; perf_plugins.py:228-246 CUDA_DEVICE_MAX_CONNECTIONS 8 on the H100
+#   with the overlap (1 only without it).
+# Megatron-LM (core_v0.14.0, megatron/training/arguments.py:862-870) warns that on Hopper tensor
+# parallelism and this overlap want different CUDA_DEVICE_MAX_CONNECTIONS, and both runs use t = 2; it
+# gives no figure for the cost, so none is priced. Priced from the source: the warm-up forwards and
+# cool-down backwards the combined 1F1B cannot pair (core_v0.14.0 pipeline_parallel/schedules.py:725-739,
+# planner.cluster.experts.Unpaired) and DeepSeek-V3's gradient reduction in the open.
 # The recomputation each published run ran, from the performance scripts of the Megatron-Bridge
 # release that published its figure (github.com/NVIDIA-NeMo/Megatron-Bridge):
 # - DeepSeek-V3, 25.09 container (v0.1.0rc4, whose docs/performance-summary.md has the 1,297 row):
@@ -587,6 +615,7 @@ def _bridge_moe(
     src: str,
     recompute: tuple[str, tuple[str, ...]],
     deepep_nodes: int | None = None,
+    grad_overlap: bool = True,
 ) -> Run:
     return Run(
         name=name,
@@ -617,6 +646,7 @@ def _bridge_moe(
         recompute_modules=recompute[1],
         deepep=deepep_nodes is not None,
         max_nodes=deepep_nodes or 0,
+        grad_overlap=grad_overlap,
     )
 
 
@@ -637,6 +667,7 @@ MOE = (
         "25.09 container",
         DEEPSEEK_RECOMPUTE,
         deepep_nodes=4,
+        grad_overlap=False,
     ),
     # 26.02 container, FP8: 256 GPUs, GBS 8192, MBS 1, 4096 tokens, TP 2 PP 8 CP 1 VP 4 EP 32: 1,633
     # tokens/s and 242 TFLOP/s per GPU (the issue's 'about 253', 26.04.01, is not in the stored copy)

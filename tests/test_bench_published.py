@@ -135,6 +135,13 @@ def test_the_run_says_how_it_attended_and_what_it_overlapped(bench: tuple[Module
     for name in ("m21-39.1B", "bloom-176B"):  # the gradients all-reduced after the pipeline, in 2021 and 2022
         serial = b.overlap_of(rows.by_name(name))
         assert not (serial.grad_reduce or serial.param_gather or serial.tp_comm), name
+    # DeepSeek-V3's H100 recipe turned the gradient reduction's overlap off, not the gather's (v0.1.0rc4
+    # scripts/performance/run_script.py); Qwen3's kept Megatron's defaults
+    deepseek = b.overlap_of(rows.by_name("bridge-deepseek-v3-1024"))
+    assert (deepseek.grad_reduce, deepseek.param_gather) == (False, True)
+    qwen3 = b.overlap_of(rows.by_name("bridge-qwen3-235B-256"))
+    assert (qwen3.grad_reduce, qwen3.param_gather) == (True, True)
+    assert all(r.grad_overlap for r in rows.RUNS if r.name != "bridge-deepseek-v3-1024")
     with pytest.raises(ValueError, match="attention 'sdpa' is neither flash nor unfused"):
         dataclasses.replace(rows.by_name("m21-1T"), attention="sdpa")
 

@@ -72,6 +72,7 @@ from autopipe.planner.cluster import (
     target_overlap,
 )
 from autopipe.planner.cluster.experts import (
+    Unpaired,
     check_expert_pins,
     context_degrees,
     dominated,
@@ -256,10 +257,14 @@ def _hiding(found: list[Split], ctx: Context, parallel: ParallelOptions | None) 
     choices = hiding_choices(ctx.request.choices, c.S)
     if choices is None:
         return []
-    key = (id(c.profile), "hidden", 0, 0)  # one hidden profile per priced one, kept with it
+    alone = None  # Megatron-Core's warm-up and cool-down chunks run unpaired (experts.Unpaired)
+    if choices.schedule == "interleaved-1f1b":
+        alone = Unpaired.interleaved(c.S, choices.virtual, ctx.request.global_batch, c.D)
+    counts = (round(alone.warmup), round(alone.chunks)) if alone is not None else (0, 0)
+    key = (id(c.profile), "hidden", *counts)  # one hidden profile per priced one and unpaired share, kept with it
     if key not in ctx.states or ctx.states[key][0] is not c.profile:
         lay = c.degrees
-        hidden = hidden_profile(c.profile, lambda u: parallel.alltoall(lay, u), parallel.alltoall_share)
+        hidden = hidden_profile(c.profile, lambda u: parallel.alltoall(lay, u), parallel.alltoall_share, alone)
         ctx.states[key] = (c.profile, hidden or c.profile, 0.0)
     kept, hidden, _ = ctx.states[key]
     if hidden is kept:

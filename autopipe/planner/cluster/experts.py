@@ -56,11 +56,13 @@ input-gradient backward (zero bubble's B) pairs the same way without weight grad
 block's forward and backward are priced with their own waits in place of their all-to-alls;
 the search prices this only with the schedule that hides it (:func:`hiding_choices`;
 ``Target.hides_expert_comm``); elsewhere the all-to-all is paid in the open, as the profile
-prices it. Not modelled: the SMs the communication kernels take from the compute beside them
-(Megatron-Core gives no figure for its overlap; DeepSeek-V3 dedicates 20 of the H800's 132 SMs
-to its own, Sec. 3.2.2), and the unpaired warm-up forwards and cool-down backwards, priced as
-paired; the experts' activation and permutation (unmarked element-wise ops) count as the part
-before the dispatch.
+prices it. Megatron-Core's warm-up forwards and cool-down backwards run unpaired and pay their
+all-to-alls in the open (:class:`Unpaired`: the first pipeline rank's share, the largest; the
+block's times are that blend of hidden and open); DualPipeV's are priced as paired. The SMs the
+communication kernels take from the compute beside them are priced where the source gives a
+figure (``ParallelOptions.alltoall_share``: DeepEP's 20, DeepSeek-V3's 20 of the H800's 132,
+Sec. 3.2.2), not for Megatron-Core's NCCL all-to-all (no figure); the experts' activation and
+permutation (unmarked element-wise ops) count as the part before the dispatch.
 
 Tests: tests/planner/cluster/test_expert_search.py.
 """
@@ -83,6 +85,7 @@ from autopipe.schedules.targets import target_spec
 __all__ = [
     "MIN_CONTEXT_TOKENS",
     "Pair",
+    "Unpaired",
     "check_expert_pins",
     "context_degrees",
     "dominated",
@@ -293,6 +296,41 @@ class _Pieces:
 
 
 @dataclass(frozen=True)
+class Unpaired:
+    """The chunks Megatron-Core's combined 1F1B runs unpaired on the first pipeline rank, the one
+    with the most: ``warmup`` forward chunks before the steady state (as many backward chunks
+    after it), of ``chunks`` chunk forwards at micro-batch size 1 (``m v`` at size ``u`` is
+    ``chunks / u``). ``core_v0.14.0`` ``megatron/core/pipeline_parallel/schedules.py``,
+    ``get_pp_rank_microbatches``: interleaved, ``2 (p - 1) + (v - 1) g`` warm-up forwards (``g``
+    the micro-batch group per virtual stage, ``p`` by default), plus one "when enabling
+    overlap_moe_expert_parallel_comm ... to ensure the forward and backward computations are
+    independent in all 1f1b steps"; only the steady-state steps run a forward beside a backward
+    (``combined_1f1b_schedule_for_interleaved_pipelining``), so the rest pay their all-to-alls
+    in the open."""
+
+    warmup: float
+    chunks: float
+
+    def fraction(self, u: float) -> float:
+        """Of the chunks at micro-batch size ``u``, the share run unpaired."""
+        return min(1.0, self.warmup * u / self.chunks) if self.chunks > 0.0 else 0.0
+
+    @staticmethod
+    def interleaved(stages: int, virtual: int | None, batch: float, replicas: int) -> Unpaired:
+        """Megatron-Core's interleaved 1F1B on ``stages`` pipeline ranks of ``virtual`` chunks
+        each, ``batch`` sequences over ``replicas`` pipelines (micro-batches of size 1: ``batch /
+        replicas`` a replica). Where the virtual stages are not pinned, the count at any ``v``'s
+        lower bound, ``p`` per ``v`` chunks (``p + (p - 1) / v`` falls towards it), so that no
+        ``v`` the search may pick is charged more. Both counts are kept times ``replicas``: with
+        ``v`` unpinned the share, ``stages x replicas x u / batch``, is then one value for every
+        split of the same devices (the planner builds one hidden profile for them)."""
+        if virtual is None:
+            return Unpaired(float(stages * replicas), float(batch))
+        warmup = 2.0 * (stages - 1) + (virtual - 1) * stages + 1.0
+        return Unpaired(warmup * replicas, float(batch) * virtual)
+
+
+@dataclass(frozen=True)
 class _Hidden(Affine):
     """A MoE block's time with its all-to-alls hidden as :func:`exposed` says: ``open`` (the
     all-to-alls as priced) replaced by the waits of side ``side`` (0: forward, 1: backward) of
@@ -302,10 +340,13 @@ class _Hidden(Affine):
     pieces: _Pieces
     side: int
     share: float = 0.0  # of the SMs, the all-to-all kernels' (``exposed``)
+    unpaired: Unpaired | None = None  # the warm-up forwards and cool-down backwards, paid in the open
 
     def __call__(self, u: float) -> float:
         whole = self.intercept + self.slope * u
-        return whole - self.open(u) + exposed(self.pieces.at(u), self.share)[self.side]
+        saved = self.open(u) - exposed(self.pieces.at(u), self.share)[self.side]
+        alone = self.unpaired.fraction(u) if self.unpaired is not None else 0.0
+        return whole - (1.0 - alone) * saved
 
     def plus(self, other: Affine) -> Affine:
         """With ``other`` added: a recomputed forward, which Megatron-Core runs in the backward of
@@ -313,7 +354,13 @@ class _Hidden(Affine):
         recompute (``graph/units.py``), so it joins the backward before the dispatch."""
         pieces = replace(self.pieces, attention_grad=self.pieces.attention_grad.plus(other))
         return _Hidden(
-            self.intercept + other.intercept, self.slope + other.slope, self.open, pieces, self.side, self.share
+            self.intercept + other.intercept,
+            self.slope + other.slope,
+            self.open,
+            pieces,
+            self.side,
+            self.share,
+            self.unpaired,
         )
 
 
@@ -328,13 +375,17 @@ def _less(a: Affine, *others: Affine) -> Affine:
 
 
 def hidden_profile(
-    profile: Profile, alltoall: Callable[[float], tuple[float, float]], share: float = 0.0
+    profile: Profile,
+    alltoall: Callable[[float], tuple[float, float]],
+    share: float = 0.0,
+    unpaired: Unpaired | None = None,
 ) -> Profile | None:
     """``profile`` with each MoE block's all-to-alls (``alltoall(u)``: one MoE layer's forward
     (dispatch, combine) seconds, each backward one the combine's) hidden behind the paired
     micro-batch's sub-modules as :func:`exposed` says (``share``: of the SMs, the all-to-all
-    kernels'), its compute split by ``BlockCost.experts_s`` (module docstring); None where there
-    is none to hide."""
+    kernels'), its compute split by ``BlockCost.experts_s`` (module docstring), but for the
+    chunks the schedule runs ``unpaired`` (:class:`Unpaired`; None: all paired); None where
+    there is none to hide."""
     if not 0.0 <= share < 1.0:
         raise ValueError(f"the all-to-all's share of the SMs must be in [0, 1) (got {share!r})")
     dispatch = _affine(lambda u: alltoall(u)[0])
@@ -360,9 +411,9 @@ def hidden_profile(
         inputs = replace(whole, attention_grad=_less(bi, bwd, e.backward_input), experts_wgrad=Affine(0.0, 0.0))
         return replace(
             b,
-            forward_s=_Hidden(f.intercept, f.slope, fwd, whole, 0, share),
-            backward_s=_Hidden(bw.intercept, bw.slope, bwd, whole, 1, share),
-            backward_input_s=_Hidden(bi.intercept, bi.slope, bwd, inputs, 1, share),
+            forward_s=_Hidden(f.intercept, f.slope, fwd, whole, 0, share, unpaired),
+            backward_s=_Hidden(bw.intercept, bw.slope, bwd, whole, 1, share, unpaired),
+            backward_input_s=_Hidden(bi.intercept, bi.slope, bwd, inputs, 1, share, unpaired),
         )
 
     return replace(profile, blocks=tuple(one(b) for b in profile.blocks))

@@ -22,6 +22,7 @@ from autopipe.modes import Recompute, Sharding
 from autopipe.planner.cluster.experts import (
     MIN_CONTEXT_TOKENS,
     Pair,
+    Unpaired,
     context_degrees,
     dominated,
     expert_degrees,
@@ -181,6 +182,34 @@ def test_the_hidden_all_to_all_hides_behind_the_paired_sub_modules() -> None:
     assert hidden_profile(profile, lambda u: (0.0, 0.0)) is None
     with pytest.raises(ValueError, match=r"the all-to-all's share of the SMs must be in \[0, 1\) \(got 1.0\)"):
         hidden_profile(profile, lambda u: (0.2e-3 * u, 0.3e-3 * u), share=1.0)
+
+
+def test_the_warm_up_and_cool_down_chunks_pay_their_all_to_all_in_the_open() -> None:
+    # Megatron-Core's interleaved 1F1B with the overlap on the first of p = 8 ranks, v = 4, 128
+    # micro-batches: 2 (8 - 1) + (4 - 1) 8 + 1 = 39 warm-up forwards of 512 chunk forwards
+    alone = Unpaired.interleaved(8, 4, 8192, 64)  # counts kept times the 64 replicas
+    assert (alone.warmup, alone.chunks) == (39.0 * 64, 512.0 * 64)
+    assert alone.fraction(1.0) == pytest.approx(39 / 512)
+    assert alone.fraction(2.0) == pytest.approx(78 / 512)  # half the micro-batches, twice the share
+    assert alone.fraction(64.0) == 1.0  # two micro-batches: none paired
+    assert Unpaired.interleaved(8, None, 8192, 64).fraction(1.0) == pytest.approx(8 / 128)  # v unpinned: p / m
+    # unpinned, one share for every split of the same devices (S x D): one hidden profile for them
+    assert Unpaired.interleaved(16, None, 8192, 32) == Unpaired.interleaved(8, None, 8192, 64)
+    assert Unpaired(3.0, 0.0).fraction(1.0) == 0.0
+    # the profile of the test above: forward 1 ms open, 0.5 hidden; backward 2 open, 1.6 hidden
+    profile = _moe_profile(2)
+    routed = ExpertTimes(Affine(0.0, 0.4e-3), Affine(0.0, 0.8e-3), Affine(0.0, 0.4e-3))
+    moe = replace(profile, blocks=tuple(replace(b, experts_s=routed) for b in profile.blocks))
+    hidden = hidden_profile(moe, lambda u: (0.2e-3 * u, 0.3e-3 * u), unpaired=Unpaired(1.0, 4.0))
+    assert hidden is not None
+    b = hidden.blocks[0]
+    # a quarter unpaired at u = 1: forward 1 - 0.75 x 0.5 = 0.625, backward 2 - 0.75 x 0.4 = 1.7
+    assert (b.forward_s(1.0), b.backward_s(1.0)) == pytest.approx((0.625e-3, 1.7e-3))
+    assert (b.forward_s(4.0), b.backward_s(4.0)) == pytest.approx((4e-3, 8e-3))  # all unpaired: as priced open
+    again = MemoryOption(recompute=("core_attn",), saved_bytes=Affine(0.0, 1e7), recompute_s=Affine(0.0, 0.5e-3))
+    kept = replace(hidden, blocks=tuple(replace(x, memory=(again,)) for x in hidden.blocks))
+    recomputed = apply(kept, MemoryChoice(recompute=("core_attn",))).blocks[0]
+    assert recomputed.backward_s(4.0) == pytest.approx(10e-3)  # the recomputed forward keeps the unpaired share
 
 
 def test_the_targets_that_hide_the_all_to_all() -> None:
