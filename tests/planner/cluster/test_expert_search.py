@@ -22,6 +22,7 @@ from autopipe.modes import Recompute, Sharding
 from autopipe.planner.cluster.experts import (
     MIN_CONTEXT_TOKENS,
     Pair,
+    _Hidden,
     context_degrees,
     dominated,
     expert_degrees,
@@ -181,6 +182,27 @@ def test_the_hidden_all_to_all_hides_behind_the_paired_sub_modules() -> None:
     assert hidden_profile(profile, lambda u: (0.0, 0.0)) is None
     with pytest.raises(ValueError, match=r"the all-to-all's share of the SMs must be in \[0, 1\) \(got 1.0\)"):
         hidden_profile(profile, lambda u: (0.2e-3 * u, 0.3e-3 * u), share=1.0)
+
+
+def test_a_hidden_time_is_worked_out_once_per_size_and_never_differs() -> None:
+    # the search asks a hidden block's time at the same few sizes millions of times (DeepSeek-V3's
+    # full search: 2.4M walks of the two streams): each size walked once, the value bit for bit
+    # the walk's, and the memo no part of the cost's equality, hash or replace
+    profile = _moe_profile(2)
+    routed = ExpertTimes(Affine(0.0, 0.4e-3), Affine(0.0, 0.8e-3), Affine(0.0, 0.4e-3))
+    moe = replace(profile, blocks=tuple(replace(b, experts_s=routed) for b in profile.blocks))
+    hidden = hidden_profile(moe, lambda u: (0.2e-3 * u + 1e-5, 0.3e-3 * u), share=0.2)
+    twin = hidden_profile(moe, lambda u: (0.2e-3 * u + 1e-5, 0.3e-3 * u), share=0.2)
+    assert hidden is not None and twin is not None
+    for cost in (hidden.blocks[0].forward_s, hidden.blocks[0].backward_s, hidden.blocks[0].backward_input_s):
+        assert isinstance(cost, _Hidden)
+        for u in (1, 2.0, 3, 7.5, 2, 1.0):
+            walked = cost.intercept + cost.slope * u - cost.open(u) + exposed(cost.pieces.at(u), cost.share)[cost.side]
+            assert cost(u) == walked and cost(u) == walked  # asked again: the same float
+    assert hidden == twin and hash(hidden.blocks[0].forward_s) == hash(twin.blocks[0].forward_s)
+    old = hidden.blocks[0].forward_s
+    moved = replace(old, intercept=old.intercept + 1.0)
+    assert moved(1.0) == pytest.approx(old(1.0) + 1.0)  # its own memo, not the old values
 
 
 def test_the_targets_that_hide_the_all_to_all() -> None:
