@@ -85,6 +85,11 @@ class DeviceRows:
     held: Floats  # (U, c): micro-batches of each chunk held after an action (distinct rows)
     before_b: Floats  # (V, c): held just before a backward ...
     b_chunk: Ints  # (V,): ... of this chunk (local index), whose recomputed activations it adds
+    # the same rows less those another row holds at least as many of every chunk as (with the
+    # same b_chunk): with bytes per chunk >= 0 they never give the peak (:func:`_frontier`)
+    held_top: Floats | None = None
+    before_top: Floats | None = None
+    b_top: Ints | None = None
 
 
 KNOWN_KINDS = frozenset((0, 1, 2))
@@ -125,8 +130,33 @@ def _memory_rows(
         rows = np.unique(counts.astype(np.float64), axis=0)  # held after each action (and before any)
         is_b = c.kind[i] == 1
         b = np.unique(np.column_stack([counts[:-1][is_b], k[is_b]]).reshape(-1, len(chunks) + 1), axis=0)
-        out.append(DeviceRows(chunks, rows, b[:, :-1].astype(np.float64), b[:, -1]))
+        before, b_chunk = b[:, :-1].astype(np.float64), b[:, -1]
+        tops = [(_frontier(before[b_chunk == j]), j) for j in np.unique(b_chunk).tolist()]
+        before_top = np.concatenate([t for t, _ in tops]) if tops else before
+        b_top = np.concatenate([np.full(len(t), j, dtype=np.int64) for t, j in tops]) if tops else b_chunk
+        out.append(DeviceRows(chunks, rows, before, b_chunk, _frontier(rows), before_top, b_top))
     return tuple(out)
+
+
+FRONTIER_ROUNDS = 256
+"""Most rows :func:`_frontier` keeps before it gives up and keeps them all (each round is a pass
+over the rows left)."""
+
+
+def _frontier(rows: Floats) -> Floats:
+    """The rows of ``rows`` (distinct) that no other row is at least in every column: for any
+    ``h >= 0``, ``max(rows @ h)`` is that of these (a dropped row's product is at most its
+    dominating row's, rounding included: rounding is monotone). All of them where more than
+    :data:`FRONTIER_ROUNDS` would stay."""
+    rest = rows[np.argsort(-rows.sum(axis=1), kind="stable")]
+    kept: list[Floats] = []
+    while len(rest):  # the largest sum left is dominated by no row left: keep it, drop what it dominates
+        if len(kept) == FRONTIER_ROUNDS:
+            return rows
+        top = rest[0]
+        kept.append(top)
+        rest = rest[1:][~(rest[1:] <= top).all(axis=1)]
+    return np.asarray(kept, dtype=np.float64).reshape(-1, rows.shape[1])
 
 
 def split_count(blocks: int, chunks: int) -> int:
@@ -247,12 +277,16 @@ def spec_of(d: Decision) -> ScheduleSpec:
 def _peaks(rows: tuple[DeviceRows, ...], static: Floats, held: Floats, transient: Floats, devices: int) -> Floats:
     """Each split's simulated peak per device, shape (N, S), from per-chunk bytes (N, K)."""
     peak = np.zeros((len(static), devices))
+    least = bool((held >= 0).all())  # no chunk's bytes negative: the frontier rows give the same peaks
     for r, dev in enumerate(rows):
         idx = list(dev.chunks)
         h = held[:, idx]
-        top = (h @ dev.held.T).max(axis=1)
-        if len(dev.b_chunk):
-            top = np.maximum(top, (h @ dev.before_b.T + transient[:, idx][:, dev.b_chunk]).max(axis=1))
+        on, before, b_chunk = dev.held, dev.before_b, dev.b_chunk
+        if least and dev.held_top is not None and dev.before_top is not None and dev.b_top is not None:
+            on, before, b_chunk = dev.held_top, dev.before_top, dev.b_top
+        top = (h @ on.T).max(axis=1)
+        if len(b_chunk):
+            top = np.maximum(top, (h @ before.T + transient[:, idx][:, b_chunk]).max(axis=1))
         peak[:, r] = static[:, idx].sum(axis=1) + np.maximum(top, 0.0)
     return peak
 

@@ -8,6 +8,7 @@ import math
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 import autopipe
@@ -305,3 +306,33 @@ def test_a_pinned_block_method_finds_the_best_split(k: int) -> None:
         except InfeasibleError:
             got = math.inf
         assert got == want or abs(got - want) <= 1e-9 * want, (seed, kw, got, want)
+
+
+@pytest.mark.parametrize(
+    "name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "zb-h2", "v-half", "v-min", "dualpipe-v"]
+)
+def test_the_frontier_rows_give_every_peak_bit_for_bit(name: str) -> None:
+    """The per-device peaks from the rows no other row dominates are exactly (==) those from all
+    rows, on seeded random bytes per chunk (>= 0, with ties and zeros), and the frontier drops
+    rows; with a negative byte count the full rows are read."""
+    from autopipe.planner.exact import _frontier, _peaks, memory_rows
+
+    rng = np.random.default_rng(7)
+    for S, m in ((2, 4), (3, 6), (4, 16)):
+        v = CHUNKED.get(name, 1)
+        rows = memory_rows(name, S, m, v)
+        assert rows is not None
+        full = tuple(replace(d, held_top=None, before_top=None, b_top=None) for d in rows)
+        assert any(d.held_top is not None and len(d.held_top) < len(d.held) for d in rows)
+        for scale in (1.0, 1e9, 3e-7):
+            N, K = 300, S * v
+            held = rng.integers(0, 5, (N, K)) * rng.random((N, K)) * scale
+            held[:, 0] = held[:, -1]  # ties between chunks
+            transient = rng.random((N, K)) * scale
+            static = rng.random((N, K)) * scale
+            want = _peaks(full, static, held, transient, S)
+            assert np.array_equal(_peaks(rows, static, held, transient, S), want)
+            held[0, 0] = -1.0  # a negative count: the full rows
+            assert np.array_equal(_peaks(rows, static, held, transient, S), _peaks(full, static, held, transient, S))
+    points = np.array([[3.0, 0.0], [2.0, 2.0], [1.0, 1.0], [0.0, 3.0], [2.0, 1.0], [0.0, 0.0]])
+    assert sorted(map(tuple, _frontier(points).tolist())) == [(0.0, 3.0), (2.0, 2.0), (3.0, 0.0)]

@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from autopipe.costs.options import Layout as Degrees
 from autopipe.costs.options import ParallelOptions, expert_gradient_group, layout_reason
@@ -341,12 +341,18 @@ class _Hidden(Affine):
     side: int
     share: float = 0.0  # of the SMs, the all-to-all kernels' (``exposed``)
     unpaired: Unpaired | None = None  # the warm-up forwards and cool-down backwards, paid in the open
+    # each size's value, worked out once (``exposed`` walks the two streams; the search asks
+    # the same few sizes millions of times); not a field that compares or prints
+    _values: dict[float, float] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __call__(self, u: float) -> float:
-        whole = self.intercept + self.slope * u
-        saved = self.open(u) - exposed(self.pieces.at(u), self.share)[self.side]
-        alone = self.unpaired.fraction(u) if self.unpaired is not None else 0.0
-        return whole - (1.0 - alone) * saved
+        hit = self._values.get(u)
+        if hit is None:
+            whole = self.intercept + self.slope * u
+            saved = self.open(u) - exposed(self.pieces.at(u), self.share)[self.side]
+            alone = self.unpaired.fraction(u) if self.unpaired is not None else 0.0
+            hit = self._values[u] = whole - (1.0 - alone) * saved
+        return hit
 
     def plus(self, other: Affine) -> Affine:
         """With ``other`` added: a recomputed forward, which Megatron-Core runs in the backward of

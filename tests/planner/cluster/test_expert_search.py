@@ -23,6 +23,7 @@ from autopipe.planner.cluster.experts import (
     MIN_CONTEXT_TOKENS,
     Pair,
     Unpaired,
+    _Hidden,
     context_degrees,
     dominated,
     expert_degrees,
@@ -210,6 +211,28 @@ def test_the_warm_up_and_cool_down_chunks_pay_their_all_to_all_in_the_open() -> 
     kept = replace(hidden, blocks=tuple(replace(x, memory=(again,)) for x in hidden.blocks))
     recomputed = apply(kept, MemoryChoice(recompute=("core_attn",))).blocks[0]
     assert recomputed.backward_s(4.0) == pytest.approx(10e-3)  # the recomputed forward keeps the unpaired share
+
+
+def test_a_hidden_time_is_worked_out_once_per_size_and_never_differs() -> None:
+    # the search asks a hidden block's time at the same few sizes millions of times (DeepSeek-V3's
+    # full search: 2.4M walks of the two streams): each size walked once, the value bit for bit
+    # the walk's, and the memo no part of the cost's equality, hash or replace
+    profile = _moe_profile(2)
+    routed = ExpertTimes(Affine(0.0, 0.4e-3), Affine(0.0, 0.8e-3), Affine(0.0, 0.4e-3))
+    moe = replace(profile, blocks=tuple(replace(b, experts_s=routed) for b in profile.blocks))
+    hidden = hidden_profile(moe, lambda u: (0.2e-3 * u + 1e-5, 0.3e-3 * u), share=0.2)
+    twin = hidden_profile(moe, lambda u: (0.2e-3 * u + 1e-5, 0.3e-3 * u), share=0.2)
+    assert hidden is not None and twin is not None
+    for cost in (hidden.blocks[0].forward_s, hidden.blocks[0].backward_s, hidden.blocks[0].backward_input_s):
+        assert isinstance(cost, _Hidden)
+        for u in (1, 2.0, 3, 7.5, 2, 1.0):
+            saved = cost.open(u) - exposed(cost.pieces.at(u), cost.share)[cost.side]
+            walked = cost.intercept + cost.slope * u - (1.0 - 0.0) * saved  # none unpaired
+            assert cost(u) == walked and cost(u) == walked  # asked again: the same float
+    assert hidden == twin and hash(hidden.blocks[0].forward_s) == hash(twin.blocks[0].forward_s)
+    old = hidden.blocks[0].forward_s
+    moved = replace(old, intercept=old.intercept + 1.0)
+    assert moved(1.0) == pytest.approx(old(1.0) + 1.0)  # its own memo, not the old values
 
 
 def test_the_targets_that_hide_the_all_to_all() -> None:
