@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autopipe.errors import ScheduleError
@@ -40,3 +42,14 @@ def test_with_send_cost_adds_to_the_sending_f_and_b_only() -> None:
     assert with_send_cost([c, c], [0, 1], 0.0) == [c, c]
     with pytest.raises(ScheduleError, match="one rank per virtual stage"):
         with_send_cost([c, c], [0], 0.25)
+
+
+def test_with_send_cost_keeps_every_other_field() -> None:
+    """with_send_cost builds each cost field by field (not dataclasses.replace): a field StageCost
+    gains must come through unchanged, not fall back to its default."""
+    names = [f.name for f in dataclasses.fields(StageCost)]
+    c = StageCost(*(float(n + 1) for n in range(len(names))))
+    s0, s1 = with_send_cost([c, c], [0, 1], 0.25)
+    for name in names:
+        if name not in ("forward_s", "backward_s", "backward_input_s"):
+            assert getattr(s0, name) == getattr(s1, name) == getattr(c, name), name
