@@ -51,7 +51,7 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
-from autopipe.costs.activations.fp8 import saved_bytes_fp8_linears
+from autopipe.costs.activations.fp8 import cast_ops, saved_bytes_fp8_linears
 from autopipe.costs.devices import DeviceSpec
 from autopipe.costs.measure.timing import saved_bytes, storage_key
 from autopipe.costs.sdpa import _CPU_FLASH, fused_attention
@@ -369,7 +369,8 @@ def count_block(
     profiler); ``exclude`` holds the storage keys of parameters (``profile.storage_key``),
     ``experts`` those of routed-expert weights, whose ops are marked (module docstring);
     ``flash``: attention as the fused kernel (else unfused: :func:`fused_attention`);
-    ``fp8_linears``: the linear layers' saved inputs in FP8 (``activations.fp8``).
+    ``fp8_linears``: the linear layers' saved inputs in FP8, and their casts to FP8 counted
+    (``activations.fp8``).
     """
     leaves = [leaf(a) for a in args]
 
@@ -403,7 +404,11 @@ def count_block(
     for p in module.parameters():
         p.grad = None
     detached = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outs)
-    count = numbered(BlockCount(tuple(fwd.ops), tuple(bwd.ops), tuple(bwd_in.ops), nbytes, escapes, weight_grads))
+    forward_ops, backward_ops, input_ops = tuple(fwd.ops), tuple(bwd.ops), tuple(bwd_in.ops)
+    if fp8_linears:  # Transformer Engine's casts to FP8 (activations.fp8.cast_ops)
+        casts, grad_casts = cast_ops(forward_ops)
+        forward_ops, backward_ops, input_ops = casts + forward_ops, grad_casts + backward_ops, grad_casts + input_ops
+    count = numbered(BlockCount(forward_ops, backward_ops, input_ops, nbytes, escapes, weight_grads))
     del handed, weights, fwd, bwd, bwd_in  # the storages stay alive up to here, so every key above is one storage's
     return count, detached
 

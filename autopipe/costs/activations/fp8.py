@@ -17,13 +17,24 @@ storage saved both by a linear layer and by another op at both sizes. Megatron-C
 transformer layers under FP8 (``get_fp8_context`` around each layer; the output layer is a
 bf16 ``ColumnParallelLinear``): the analytic count applies this to the layer blocks alone.
 
-Tests: tests/costs/test_activation_reference.py.
+Casts (:func:`cast_ops`). Each FP8 linear also runs Transformer Engine's cast kernels, memory-bound
+ops priced at the memory bandwidth like any other: ``_Linear.forward`` casts its bf16 input with
+``fp8_cast_transpose_fused`` (the FP8 copy for the forward GEMM and its transpose for the weight
+gradient: read 2 bytes, write 1 + 1 an element), and ``backward`` runs ``grad_output_preprocess``
+(``module/base.py``), which casts the output gradient the same way (``fp8_cast_transpose_fused``)
+for the data- and the weight-gradient GEMMs. The weights are cast once per step, not per
+micro-batch (``update_fp8_weights = is_first_microbatch is None or is_first_microbatch``; Megatron
+passes ``is_first_microbatch``), and the amax/scale bookkeeping touches a few scalars per tensor:
+neither is counted here. Each cast is its own kernel (``kind`` ``"eager"``: ``costs.fusion`` does not
+merge it into a neighbour's run).
+
+Tests: tests/costs/test_activation_reference.py, tests/costs/test_fp8_casts.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +42,13 @@ from torch.overrides import TorchFunctionMode
 
 from autopipe.costs.measure.timing import storage_key
 
-__all__ = ["saved_bytes_fp8_linears"]
+if TYPE_CHECKING:
+    from autopipe.costs.counting import OpCount
+
+__all__ = ["CAST_BYTES_PER_ELEMENT", "cast_ops", "saved_bytes_fp8_linears"]
+
+# fp8_cast_transpose_fused: read the bf16 element (2 bytes), write its FP8 cast (1) and the cast transposed (1).
+CAST_BYTES_PER_ELEMENT = 2 + 1 + 1
 
 
 class _InLinear(TorchFunctionMode):
@@ -74,3 +91,16 @@ def saved_bytes_fp8_linears(fn: Callable[[], object], exclude: set[int] | frozen
         out = fn()
     del out
     return sum(other.values()) + sum(linear.values())
+
+
+def cast_ops(forward: Sequence[OpCount]) -> tuple[tuple[OpCount, ...], tuple[OpCount, ...]]:
+    """The FP8 casts of the linear layers among ``forward`` (a block's counted forward ops; a
+    ``"linear"`` GEMM of dims (M, K, N) reads an (M, K) input and writes an (M, N) output): the
+    forward's input casts (M K elements each) and the backward's output-gradient casts (M N
+    each), one op per cast at :data:`CAST_BYTES_PER_ELEMENT` bytes an element (module docstring)."""
+    from autopipe.costs.counting import OpCount
+
+    linears = [op.dims for op in forward if op.kind == "linear" and len(op.dims) == 3]
+    fwd = tuple(OpCount(0.0, CAST_BYTES_PER_ELEMENT * m * k, kind="eager") for m, k, _ in linears)
+    bwd = tuple(OpCount(0.0, CAST_BYTES_PER_ELEMENT * m * n, kind="eager") for m, _, n in linears)
+    return fwd, bwd
