@@ -32,3 +32,25 @@ def test_one_fp8_linear_casts_its_input_and_its_output_gradient_by_hand() -> Non
 
 def test_bf16_linear_has_no_casts() -> None:
     assert _linear_counts(fp8=False) == ((), (), ())
+
+
+class _TwoHeads(nn.Module):
+    """Two linears reading one input, as q and k do (one fused linear in Megatron-Core)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(64, 32, bias=False, dtype=torch.bfloat16)
+        self.b = nn.Linear(64, 16, bias=False, dtype=torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.a(x), self.b(x)], dim=-1)
+
+
+def test_linears_sharing_an_input_cast_it_once_and_each_output_gradient() -> None:
+    with torch.device("meta"):
+        layer = _TwoHeads()
+    x = torch.empty(4, 16, 64, dtype=torch.bfloat16, device="meta")
+    count, _ = count_block(layer, [x], {storage_key(p) for p in layer.parameters()}, fp8_linears=True)
+    tokens = 4 * 16
+    assert tuple(op.bytes for op in count.forward if op.kind == "eager") == (tokens * 64 * 4,)
+    assert sorted(op.bytes for op in count.backward if op.kind == "eager") == [tokens * 16 * 4, tokens * 32 * 4]

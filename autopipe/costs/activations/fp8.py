@@ -96,11 +96,18 @@ def saved_bytes_fp8_linears(fn: Callable[[], object], exclude: set[int] | frozen
 def cast_ops(forward: Sequence[OpCount]) -> tuple[tuple[OpCount, ...], tuple[OpCount, ...]]:
     """The FP8 casts of the linear layers among ``forward`` (a block's counted forward ops; a
     ``"linear"`` GEMM of dims (M, K, N) reads an (M, K) input and writes an (M, N) output): the
-    forward's input casts (M K elements each) and the backward's output-gradient casts (M N
-    each), one op per cast at :data:`CAST_BYTES_PER_ELEMENT` bytes an element (module docstring)."""
+    forward's input casts (M K elements each, one per input: linears that read one tensor, as the
+    model's separate q, k, v projections do, are one linear in Megatron-Core, ``linear_qkv``, and
+    cast it once) and the backward's output-gradient casts (M N each: the fused linear's output
+    gradient is theirs side by side), one op per cast at :data:`CAST_BYTES_PER_ELEMENT` bytes an
+    element (module docstring)."""
     from autopipe.costs.counting import OpCount
 
-    linears = [op.dims for op in forward if op.kind == "linear" and len(op.dims) == 3]
-    fwd = tuple(OpCount(0.0, CAST_BYTES_PER_ELEMENT * m * k, kind="eager") for m, k, _ in linears)
-    bwd = tuple(OpCount(0.0, CAST_BYTES_PER_ELEMENT * m * n, kind="eager") for m, _, n in linears)
+    linears = [op for op in forward if op.kind == "linear" and len(op.dims) == 3]
+    inputs: dict[object, float] = {}  # one cast per input: Megatron's fused QKV and fc1 (gate + up) are one linear each
+    for op in linears:
+        m, k, _ = op.dims
+        inputs.setdefault(op.reads[0][0] if op.reads else id(op), m * k)
+    fwd = tuple(OpCount(0.0, CAST_BYTES_PER_ELEMENT * n, kind="eager") for n in inputs.values())
+    bwd = tuple(OpCount(0.0, CAST_BYTES_PER_ELEMENT * m * n, kind="eager") for m, _, n in (op.dims for op in linears))
     return fwd, bwd
