@@ -406,7 +406,9 @@ def count_block(
     detached = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outs)
     forward_ops, backward_ops, input_ops = tuple(fwd.ops), tuple(bwd.ops), tuple(bwd_in.ops)
     if fp8_linears:  # Transformer Engine's casts to FP8 (activations.fp8.cast_ops)
-        casts, grad_casts = cast_ops(forward_ops)
+        cast_bytes, grad_cast_bytes = cast_ops(forward_ops)
+        casts = tuple(OpCount(0.0, b, kind="eager") for b in cast_bytes)
+        grad_casts = tuple(OpCount(0.0, b, kind="eager") for b in grad_cast_bytes)
         forward_ops, backward_ops, input_ops = casts + forward_ops, grad_casts + backward_ops, grad_casts + input_ops
     count = numbered(BlockCount(forward_ops, backward_ops, input_ops, nbytes, escapes, weight_grads))
     del handed, weights, fwd, bwd, bwd_in  # the storages stay alive up to here, so every key above is one storage's

@@ -28,22 +28,20 @@ passes ``is_first_microbatch``), and the amax/scale bookkeeping touches a few sc
 neither is counted here. Each cast is its own kernel (``kind`` ``"eager"``: ``costs.fusion`` does not
 merge it into a neighbour's run).
 
-Tests: tests/costs/test_activation_reference.py, tests/costs/test_fp8_casts.py.
+Tests: tests/costs/test_fp8_casts.py.
+(The saved bytes also in tests/costs/test_activation_reference.py.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from autopipe.costs.measure.timing import storage_key
-
-if TYPE_CHECKING:
-    from autopipe.costs.counting import OpCount
 
 __all__ = ["CAST_BYTES_PER_ELEMENT", "cast_ops", "saved_bytes_fp8_linears"]
 
@@ -93,21 +91,20 @@ def saved_bytes_fp8_linears(fn: Callable[[], object], exclude: set[int] | frozen
     return sum(other.values()) + sum(linear.values())
 
 
-def cast_ops(forward: Sequence[OpCount]) -> tuple[tuple[OpCount, ...], tuple[OpCount, ...]]:
-    """The FP8 casts of the linear layers among ``forward`` (a block's counted forward ops; a
-    ``"linear"`` GEMM of dims (M, K, N) reads an (M, K) input and writes an (M, N) output): the
-    forward's input casts (M K elements each, one per input: linears that read one tensor, as the
-    model's separate q, k, v projections do, are one linear in Megatron-Core, ``linear_qkv``, and
-    cast it once) and the backward's output-gradient casts (M N each: the fused linear's output
-    gradient is theirs side by side), one op per cast at :data:`CAST_BYTES_PER_ELEMENT` bytes an
-    element (module docstring)."""
-    from autopipe.costs.counting import OpCount
-
+def cast_ops(forward: Sequence[Any]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The bytes of the FP8 casts of the linear layers among ``forward`` (a block's counted
+    forward ops, ``costs.counting.OpCount``: a ``"linear"`` GEMM of dims (M, K, N) reads an (M, K)
+    input and writes an (M, N) output): the forward's input casts (M K elements each, one per
+    input: linears that read one tensor, as the model's separate q, k, v projections do, are one
+    linear in Megatron-Core, ``linear_qkv``, and cast it once) and the backward's output-gradient
+    casts (M N each: the fused linear's output gradient is theirs side by side), one memory-bound
+    op per cast at :data:`CAST_BYTES_PER_ELEMENT` bytes an element (module docstring); the
+    caller makes them ops (``costs.counting``, kind ``"eager"``)."""
     linears = [op for op in forward if op.kind == "linear" and len(op.dims) == 3]
     inputs: dict[object, float] = {}  # one cast per input: Megatron's fused QKV and fc1 (gate + up) are one linear each
     for op in linears:
         m, k, _ = op.dims
         inputs.setdefault(op.reads[0][0] if op.reads else id(op), m * k)
-    fwd = tuple(OpCount(0.0, CAST_BYTES_PER_ELEMENT * n, kind="eager") for n in inputs.values())
-    bwd = tuple(OpCount(0.0, CAST_BYTES_PER_ELEMENT * m * n, kind="eager") for m, _, n in (op.dims for op in linears))
+    fwd = tuple(CAST_BYTES_PER_ELEMENT * n for n in inputs.values())
+    bwd = tuple(CAST_BYTES_PER_ELEMENT * m * n for m, _, n in (op.dims for op in linears))
     return fwd, bwd
